@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Downpour builds and runs with. Idempotent: when
+# everything is present it prints nothing and returns at once.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java default-jdk-headless
+  build-essential pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev libcivetweb-dev libsqlite3-dev
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+[[ $(id -u) -ne 0 ]] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
