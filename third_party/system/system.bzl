@@ -54,6 +54,7 @@ cc_library(
 )
 """.format(repr(_pkg_config_libs(ctx, ["openblas"]))))
     build.append(_library("civetweb", ["-lcivetweb", "-lpthread", "-ldl"]))
+    build.append(_library("zlib", ["-lz"]))
     build.append(_library("sqlite3", _pkg_config_libs(ctx, ["sqlite3"])))
     ctx.file("BUILD.bazel", "\n".join(build))
 

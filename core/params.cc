@@ -1,0 +1,46 @@
+#include "core/params.h"
+
+#include <cmath>
+
+namespace downpour {
+namespace {
+
+// SplitMix64: a counter-based generator, so element i needs no state.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-1, 1).
+float Symmetric(uint64_t seed, int32_t id, int64_t index) {
+  const uint64_t bits = Mix(Mix(seed ^ (static_cast<uint64_t>(id) << 40)) + index);
+  return static_cast<float>((bits >> 40) * (1.0 / (1ULL << 24)) * 2.0 - 1.0);
+}
+
+}  // namespace
+
+void InitParamRange(const ParamInfo& param, uint64_t seed, int64_t offset, int64_t count,
+                    float* out) {
+  float limit = 0.f;
+  switch (param.init) {
+    case ParamInit::kZeros:
+      for (int64_t i = 0; i < count; ++i) out[i] = 0.f;
+      return;
+    case ParamInit::kOnes:
+      for (int64_t i = 0; i < count; ++i) out[i] = 1.f;
+      return;
+    case ParamInit::kHeUniform:
+      limit = std::sqrt(6.f / static_cast<float>(param.fan_in > 0 ? param.fan_in : 1));
+      break;
+    case ParamInit::kGlorotUniform:
+      limit = std::sqrt(6.f / static_cast<float>(
+                                  param.fan_in + param.fan_out > 0 ? param.fan_in + param.fan_out
+                                                                   : 1));
+      break;
+  }
+  for (int64_t i = 0; i < count; ++i) out[i] = limit * Symmetric(seed, param.id, offset + i);
+}
+
+}  // namespace downpour
