@@ -5,7 +5,7 @@
 namespace downpour {
 
 // The loops below are written so that GCC/Clang vectorise them: restrict
-// pointers, no calls but sqrt (built with -fno-math-errno), no branches on
+// pointers, no calls but sqrt (see the copts in BUILD.bazel), no branches on
 // data. Weight decay is hoisted out so the common wd == 0 case pays nothing.
 
 int NumOptimizerSlots(OptimizerKind kind) {
