@@ -1,0 +1,112 @@
+// downpour-coordinator: the control plane. Flags are parsed here once into
+// options and passed down; see core/coordinator_state.h for the logic.
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "core/coordinator_state.h"
+#include "core/job_store.h"
+#include "rpc/coordinator_service.h"
+#include "rpc/server_util.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address HOST:PORT (port 0 picks one)");
+ABSL_FLAG(std::string, port_file, "", "File to write the bound HOST:PORT to once serving");
+ABSL_FLAG(std::string, metrics_listen, "", "HTTP address for /metrics (empty: off)");
+ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job database (required)");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "How often nodes heartbeat");
+ABSL_FLAG(int64_t, node_timeout_ms, 5000, "A node silent this long is declared dead");
+
+namespace downpour {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "downpour-coordinator: %.*s\n", static_cast<int>(status.message().size()),
+               status.message().data());
+  return 1;
+}
+
+void UpdateGauges(CoordinatorState* state, MetricsRegistry* metrics) {
+  int64_t alive_shards = 0, alive_workers = 0;
+  for (const NodeInfo& node : state->ListNodes()) {
+    if (!node.alive()) continue;
+    (node.role() == SHARD ? alive_shards : alive_workers)++;
+  }
+  metrics->GetGauge("downpour_nodes_alive", "Nodes heartbeating.", {{"role", "shard"}})
+      ->Set(alive_shards);
+  metrics->GetGauge("downpour_nodes_alive", "Nodes heartbeating.", {{"role", "worker"}})
+      ->Set(alive_workers);
+  std::map<JobState, int64_t> counts;
+  for (const JobStatus& job : state->ListJobs()) counts[job.state()]++;
+  for (JobState s : {PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED}) {
+    metrics->GetGauge("downpour_jobs", "Jobs by state.", {{"state", JobState_Name(s)}})
+        ->Set(counts[s]);
+  }
+}
+
+int Main() {
+  BlockTerminationSignals();
+  SetLogPrefix("downpour-coordinator");
+  if (absl::GetFlag(FLAGS_state_dir).empty()) {
+    return Fail(absl::InvalidArgumentError("--state_dir is required"));
+  }
+  if (absl::GetFlag(FLAGS_heartbeat_interval_ms) < 10 ||
+      absl::GetFlag(FLAGS_node_timeout_ms) < absl::GetFlag(FLAGS_heartbeat_interval_ms)) {
+    return Fail(absl::InvalidArgumentError(
+        "--heartbeat_interval_ms must be >= 10 and --node_timeout_ms >= the interval"));
+  }
+  auto store = OpenSqliteJobStore(absl::GetFlag(FLAGS_state_dir));
+  if (!store.ok()) return Fail(store.status());
+  CoordinatorState::Options options;
+  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
+  auto state = CoordinatorState::Create(options, std::move(store).value());
+  if (!state.ok()) return Fail(state.status());
+
+  MetricsRegistry metrics;
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    auto started = MetricsHttpServer::Start(absl::GetFlag(FLAGS_metrics_listen), &metrics);
+    if (!started.ok()) return Fail(started.status());
+    metrics_server = std::move(started).value();
+  }
+  CoordinatorService service(state->get(), &metrics);
+  auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service});
+  if (!server.ok()) return Fail(server.status());
+  absl::Status written = WritePortFile(absl::GetFlag(FLAGS_port_file), server->address);
+  if (!written.ok()) return Fail(written);
+  Log(absl::StrCat("serving on ", server->address,
+                   metrics_server ? absl::StrCat(", metrics on ", metrics_server->address()) : "",
+                   ", state in ", absl::GetFlag(FLAGS_state_dir)));
+
+  absl::Notification stop;
+  std::thread ticker([&] {
+    while (!stop.WaitForNotificationWithTimeout(options.heartbeat_interval / 2)) {
+      (*state)->Tick();
+      UpdateGauges(state->get(), &metrics);
+    }
+  });
+  const std::string signal = WaitForTerminationSignal();
+  Log(absl::StrCat(signal, " received, shutting down"));
+  stop.Notify();
+  ticker.join();
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+}  // namespace
+}  // namespace downpour
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("downpour-coordinator --state_dir=DIR [--listen=HOST:PORT]");
+  absl::ParseCommandLine(argc, argv);
+  return downpour::Main();
+}

@@ -1,0 +1,91 @@
+#include "rpc/coordinator_service.h"
+
+#include <algorithm>
+
+#include "rpc/grpc_status.h"
+
+namespace downpour {
+namespace {
+
+// Long polls never outlive this, whatever the client asks.
+constexpr int64_t kMaxWatchMillis = 60'000;
+
+template <typename T, typename Out>
+grpc::Status Reply(absl::StatusOr<T> result, Out* out) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *out = std::move(result).value();
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+CoordinatorService::CoordinatorService(CoordinatorState* state, MetricsRegistry* metrics)
+    : state_(state),
+      submitted_(metrics->GetCounter("downpour_jobs_submitted_total", "Jobs accepted.")),
+      rejected_(metrics->GetCounter("downpour_jobs_rejected_total",
+                                    "Job submissions rejected (bad spec or id).")),
+      heartbeats_(metrics->GetCounter("downpour_heartbeats_total", "Heartbeats received.")) {}
+
+grpc::Status CoordinatorService::RegisterNode(grpc::ServerContext*,
+                                              const RegisterNodeRequest* request,
+                                              RegisterNodeResponse* response) {
+  return Reply(state_->RegisterNode(request->node()), response);
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* request,
+                                           HeartbeatResponse* response) {
+  heartbeats_->Increment();
+  return Reply(state_->Heartbeat(*request), response);
+}
+
+grpc::Status CoordinatorService::ListNodes(grpc::ServerContext*, const ListNodesRequest*,
+                                           ListNodesResponse* response) {
+  for (NodeInfo& node : state_->ListNodes()) *response->add_nodes() = std::move(node);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const SubmitJobRequest* request,
+                                           SubmitJobResponse* response) {
+  auto job = state_->SubmitJob(request->spec(), request->job_id());
+  (job.ok() ? submitted_ : rejected_)->Increment();
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(job).value();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const ListJobsRequest*,
+                                          ListJobsResponse* response) {
+  for (JobStatus& job : state_->ListJobs()) *response->add_jobs() = std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const GetJobRequest* request,
+                                        JobStatus* response) {
+  return Reply(state_->GetJob(request->job_id()), response);
+}
+
+grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
+                                          const WatchJobRequest* request, JobStatus* response) {
+  const int64_t wait_ms = std::clamp<int64_t>(request->timeout_ms(), 0, kMaxWatchMillis);
+  absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
+  // Answer a little before the caller's own deadline so it gets the state.
+  const absl::Time caller = absl::FromChrono(context->deadline()) - absl::Milliseconds(500);
+  deadline = std::min(deadline, caller);
+  return Reply(state_->WatchJob(request->job_id(), request->known_version(), deadline), response);
+}
+
+grpc::Status CoordinatorService::StopJob(grpc::ServerContext*, const StopJobRequest* request,
+                                         StopJobResponse* response) {
+  auto job = state_->StopJob(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(job).value();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
+                                                const ReportProgressRequest* request,
+                                                ReportProgressResponse* response) {
+  return Reply(state_->ReportProgress(*request), response);
+}
+
+}  // namespace downpour

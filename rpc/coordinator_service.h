@@ -1,0 +1,40 @@
+// gRPC adapter of the Coordinator service over CoordinatorState. Thread-safe;
+// the state is not owned.
+#ifndef DOWNPOUR_RPC_COORDINATOR_SERVICE_H_
+#define DOWNPOUR_RPC_COORDINATOR_SERVICE_H_
+
+#include "common/metrics.h"
+#include "core/coordinator_state.h"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace downpour {
+
+class CoordinatorService : public Coordinator::Service {
+ public:
+  CoordinatorService(CoordinatorState* state, MetricsRegistry* metrics);
+
+  grpc::Status RegisterNode(grpc::ServerContext*, const RegisterNodeRequest*,
+                            RegisterNodeResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest*,
+                         HeartbeatResponse*) override;
+  grpc::Status ListNodes(grpc::ServerContext*, const ListNodesRequest*,
+                         ListNodesResponse*) override;
+  grpc::Status SubmitJob(grpc::ServerContext*, const SubmitJobRequest*,
+                         SubmitJobResponse*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const ListJobsRequest*, ListJobsResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const GetJobRequest*, JobStatus*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const WatchJobRequest*, JobStatus*) override;
+  grpc::Status StopJob(grpc::ServerContext*, const StopJobRequest*, StopJobResponse*) override;
+  grpc::Status ReportProgress(grpc::ServerContext*, const ReportProgressRequest*,
+                              ReportProgressResponse*) override;
+
+ private:
+  CoordinatorState* const state_;
+  Counter* const submitted_;
+  Counter* const rejected_;
+  Counter* const heartbeats_;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_RPC_COORDINATOR_SERVICE_H_
