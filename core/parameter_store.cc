@@ -1,0 +1,463 @@
+#include "core/parameter_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "core/lr_schedule.h"
+#include "kernels/optimizer.h"
+
+namespace downpour {
+namespace {
+
+constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
+
+using KeyPair = std::pair<int32_t, int32_t>;
+
+std::string KeyName(int32_t tensor_id, int32_t partition) {
+  return absl::StrCat(tensor_id, "/", partition);
+}
+
+bool IsFloat32(DType dtype) { return dtype == FLOAT32 || dtype == DTYPE_UNSPECIFIED; }
+
+// Gradient bytes as floats: in place when aligned (the usual case: payload
+// strings are heap buffers and partitions are whole floats), else copied.
+const float* AsFloats(const char* bytes, int64_t n, std::vector<float>* scratch) {
+  if (reinterpret_cast<uintptr_t>(bytes) % alignof(float) == 0) {
+    return reinterpret_cast<const float*>(bytes);
+  }
+  scratch->resize(n);
+  std::memcpy(scratch->data(), bytes, n * kFloatBytes);
+  return scratch->data();
+}
+
+PushResponse DuplicateResponse() {
+  PushResponse response;
+  response.set_duplicate(true);
+  return response;
+}
+
+// Exactly-once bookkeeping of one worker process (worker_id) of one job.
+struct WorkerRequests {
+  int64_t incarnation = 0;
+  // Every sequence <= floor counts as applied (pruned from `recent`).
+  int64_t floor = std::numeric_limits<int64_t>::min();
+  // Sequences above the floor: true once applied, false while in flight.
+  std::map<int64_t, bool> recent;
+};
+
+}  // namespace
+
+struct ParameterStore::Partition {
+  Partition(int32_t tensor_id_in, int32_t partition_in, int64_t offset_in, int64_t n)
+      : tensor_id(tensor_id_in), partition(partition_in), offset(offset_in), num_elements(n) {}
+
+  std::string Name() const { return KeyName(tensor_id, partition); }
+
+  const int32_t tensor_id;
+  const int32_t partition;
+  const int64_t offset;
+  const int64_t num_elements;
+
+  absl::Mutex mu;
+  // Number of updates applied. Written under `mu`; read without it by pulls
+  // waiting on the job's condition variable.
+  std::atomic<int64_t> version{0};
+  std::vector<float> values ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+  // SYNC: sum of the gradients pushed for step == version, and by whom.
+  std::vector<float> grad_sum ABSL_GUARDED_BY(mu);
+  std::vector<bool> contributed ABSL_GUARDED_BY(mu);
+  int num_contributors ABSL_GUARDED_BY(mu) = 0;
+};
+
+struct ParameterStore::Job {
+  // Immutable after AddJob.
+  std::string id;
+  OptimizerSpec optimizer_spec;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  ConsistencySpec::Mode mode = ConsistencySpec::SYNC;
+  int num_workers = 1;
+  // SYNC: contributions that complete a step (num_workers - backup_workers).
+  int sync_quorum = 1;
+  std::vector<std::unique_ptr<Partition>> partitions;  // Sorted by key.
+  absl::flat_hash_map<KeyPair, Partition*> by_key;
+
+  absl::Mutex mu;
+  // Signalled whenever a version, a worker's step count, an in-flight request
+  // or `dropped` changes.
+  absl::CondVar changed;
+  bool dropped ABSL_GUARDED_BY(mu) = false;
+  // Per worker rank: max pushed step + 1.
+  std::vector<int64_t> worker_steps ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, WorkerRequests> requests ABSL_GUARDED_BY(mu);
+};
+
+ParameterStore::ParameterStore() = default;
+ParameterStore::~ParameterStore() = default;
+
+absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& spec, int shard_index,
+                                    const std::vector<ParamInfo>& params,
+                                    const std::vector<PartitionPlacement>& partitions) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (jobs_.contains(job_id)) return absl::OkStatus();
+  }
+  auto invalid = [&job_id](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": ", parts...));
+  };
+  if (job_id.empty()) return absl::InvalidArgumentError("job id is empty");
+  if (spec.num_workers() < 1) {
+    return invalid("num_workers must be at least 1, got ", spec.num_workers());
+  }
+  const ConsistencySpec& consistency = spec.consistency();
+  if (consistency.mode() != ConsistencySpec::SYNC && consistency.mode() != ConsistencySpec::ASYNC &&
+      consistency.mode() != ConsistencySpec::SSP) {
+    return invalid("consistency.mode: unknown mode ", static_cast<int>(consistency.mode()));
+  }
+  if (consistency.backup_workers() < 0 || consistency.backup_workers() >= spec.num_workers()) {
+    return invalid("consistency.backup_workers must be in [0, num_workers = ", spec.num_workers(),
+                   "), got ", consistency.backup_workers());
+  }
+  absl::StatusOr<OptimizerKind> kind = OptimizerKindOf(spec.optimizer());
+  if (!kind.ok()) return Annotate(kind.status(), absl::StrCat("job ", job_id));
+
+  auto job = std::make_shared<Job>();
+  job->id = job_id;
+  job->optimizer_spec = spec.optimizer();
+  job->optimizer = *kind;
+  job->mode = consistency.mode();
+  job->num_workers = spec.num_workers();
+  job->sync_quorum = spec.num_workers() - consistency.backup_workers();
+  const int num_slots = NumOptimizerSlots(job->optimizer);
+  const bool sync = job->mode == ConsistencySpec::SYNC;
+
+  for (const PartitionPlacement& placement : partitions) {
+    if (placement.shard() != shard_index) continue;
+    const std::string name = KeyName(placement.tensor_id(), placement.partition());
+    if (placement.tensor_id() < 0 || placement.tensor_id() >= static_cast<int64_t>(params.size())) {
+      return invalid("partition ", name, ": tensor_id out of range [0, ", params.size(), ")");
+    }
+    const ParamInfo& param = params[placement.tensor_id()];
+    if (placement.num_elements() <= 0 || placement.offset() < 0 ||
+        placement.offset() + placement.num_elements() > param.num_elements) {
+      return invalid("partition ", name, ": range [", placement.offset(), ", ",
+                     placement.offset() + placement.num_elements(), ") is not inside tensor ",
+                     param.name, " of ", param.num_elements, " elements");
+    }
+    auto partition = std::make_unique<Partition>(placement.tensor_id(), placement.partition(),
+                                                 placement.offset(), placement.num_elements());
+    if (!job->by_key.emplace(KeyPair(placement.tensor_id(), placement.partition()), partition.get())
+             .second) {
+      return invalid("partition ", name, " is placed twice");
+    }
+    const int64_t n = placement.num_elements();
+    {
+      absl::MutexLock lock(&partition->mu);
+      partition->values.resize(n);
+      InitParamRange(param, spec.seed(), placement.offset(), n, partition->values.data());
+      partition->slots.assign(num_slots, std::vector<float>(n, 0.f));
+      if (sync) {
+        partition->grad_sum.assign(n, 0.f);
+        partition->contributed.assign(job->num_workers, false);
+      }
+    }
+    job->partitions.push_back(std::move(partition));
+  }
+  std::sort(job->partitions.begin(), job->partitions.end(),
+            [](const std::unique_ptr<Partition>& a, const std::unique_ptr<Partition>& b) {
+              return KeyPair(a->tensor_id, a->partition) < KeyPair(b->tensor_id, b->partition);
+            });
+  {
+    absl::MutexLock lock(&job->mu);
+    job->worker_steps.assign(job->num_workers, 0);
+  }
+
+  absl::MutexLock lock(&mu_);
+  jobs_.emplace(job_id, std::move(job));  // Keeps the first if added concurrently.
+  return absl::OkStatus();
+}
+
+void ParameterStore::DropJob(const std::string& job_id) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  absl::MutexLock lock(&job->mu);
+  job->dropped = true;
+  job->changed.SignalAll();
+}
+
+std::vector<std::string> ParameterStore::JobIds() const {
+  std::vector<std::string> ids;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    ids.reserve(jobs_.size());
+    for (const auto& [id, job] : jobs_) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
+    const std::string& job_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " is not hosted on this shard (yet)"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  const std::string where = absl::StrCat("push to job ", job->id);
+  auto invalid = [&where](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
+  };
+
+  // Validate everything that does not depend on state first.
+  const RequestId& id = request.request_id();
+  if (id.worker_id().empty()) return invalid("request_id.worker_id is empty");
+  const int rank = request.worker_rank();
+  if (rank < 0 || rank >= job->num_workers) {
+    return invalid("worker_rank ", rank, " is outside [0, ", job->num_workers, ")");
+  }
+  if (request.step() < 0) return invalid("step ", request.step(), " is negative");
+  struct Piece {
+    Partition* partition;
+    const char* bytes;
+  };
+  std::vector<Piece> pieces;
+  pieces.reserve(request.partitions_size());
+  absl::flat_hash_set<Partition*> seen;
+  int64_t offset = 0;
+  const std::string& payload = request.payload();
+  for (const PartitionHeader& header : request.partitions()) {
+    const std::string name = KeyName(header.key().tensor_id(), header.key().partition());
+    auto it = job->by_key.find(KeyPair(header.key().tensor_id(), header.key().partition()));
+    if (it == job->by_key.end()) {
+      return absl::NotFoundError(absl::StrCat(where, ": no partition ", name, " on this shard"));
+    }
+    Partition* partition = it->second;
+    if (!IsFloat32(header.dtype())) {
+      return absl::UnimplementedError(absl::StrCat(where, ": partition ", name, " has dtype ",
+                                                   DType_Name(header.dtype()),
+                                                   "; only FLOAT32 gradients are supported"));
+    }
+    if (header.num_elements() != partition->num_elements) {
+      return invalid("partition ", name, " has ", partition->num_elements,
+                     " elements, the header says ", header.num_elements());
+    }
+    if (!seen.insert(partition).second) return invalid("partition ", name, " is listed twice");
+    const int64_t size = partition->num_elements * kFloatBytes;
+    if (offset + size > static_cast<int64_t>(payload.size())) {
+      return invalid("payload has ", payload.size(), " bytes, fewer than the headers describe");
+    }
+    pieces.push_back({partition, payload.data() + offset});
+    offset += size;
+  }
+  if (offset != static_cast<int64_t>(payload.size())) {
+    return invalid("payload has ", payload.size(), " bytes, the headers describe ", offset);
+  }
+
+  // Exactly once: reserve the request id, or find it applied (or applying).
+  {
+    absl::MutexLock lock(&job->mu);
+    while (true) {
+      if (job->dropped) return absl::AbortedError(absl::StrCat("job ", job->id, " was dropped"));
+      auto [it, fresh] = job->requests.try_emplace(id.worker_id());
+      WorkerRequests& worker = it->second;
+      if (fresh || id.incarnation() > worker.incarnation) {
+        worker = WorkerRequests();
+        worker.incarnation = id.incarnation();
+      } else if (id.incarnation() < worker.incarnation) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(where, ": worker ", id.worker_id(), " incarnation ", id.incarnation(),
+                         " was superseded by incarnation ", worker.incarnation));
+      }
+      if (id.sequence() <= worker.floor) return DuplicateResponse();  // Long applied.
+      auto [seq, inserted] = worker.recent.try_emplace(id.sequence(), false);
+      if (!inserted) {
+        if (seq->second) return DuplicateResponse();
+        // The same request is being applied by another thread (a retry that
+        // overtook its original): answer once we know the outcome.
+        job->changed.Wait(&job->mu);
+        continue;
+      }
+      // Prune the oldest applied sequences; in-flight ones stay.
+      while (static_cast<int>(worker.recent.size()) > kDedupWindow &&
+             worker.recent.begin()->second) {
+        worker.floor = worker.recent.begin()->first;
+        worker.recent.erase(worker.recent.begin());
+      }
+      break;
+    }
+  }
+  // Settles the reservation: marks it applied, or forgets it so a retry runs.
+  auto settle = [&](bool applied) {
+    absl::MutexLock lock(&job->mu);
+    auto it = job->requests.find(id.worker_id());
+    if (it != job->requests.end() && it->second.incarnation == id.incarnation()) {
+      auto seq = it->second.recent.find(id.sequence());
+      if (seq != it->second.recent.end()) {
+        if (applied) {
+          seq->second = true;
+        } else {
+          it->second.recent.erase(seq);
+        }
+      }
+    }
+    if (applied) {
+      int64_t& steps = job->worker_steps[rank];
+      steps = std::max(steps, request.step() + 1);
+    }
+    job->changed.SignalAll();
+  };
+
+  const int64_t step = request.step();
+  const bool sync = job->mode == ConsistencySpec::SYNC;
+  if (sync) {
+    // Versions only grow, so a step not ahead now is not ahead when applied:
+    // checking first means a push is applied whole or not at all.
+    for (const Piece& piece : pieces) {
+      const int64_t version = piece.partition->version.load(std::memory_order_acquire);
+      if (step > version) {
+        settle(false);
+        return absl::FailedPreconditionError(
+            absl::StrCat(where, ": step ", step, " of partition ", piece.partition->Name(),
+                         " is ahead of its version ", version, "; pull version ", step, " first"));
+      }
+    }
+  }
+
+  std::vector<float> scratch;
+  for (const Piece& piece : pieces) {
+    Partition& p = *piece.partition;
+    const int64_t n = p.num_elements;
+    absl::MutexLock lock(&p.mu);
+    const int64_t version = p.version.load(std::memory_order_relaxed);
+    const float* grad = AsFloats(piece.bytes, n, &scratch);
+    float* slots[2] = {nullptr, nullptr};
+    for (size_t i = 0; i < p.slots.size(); ++i) slots[i] = p.slots[i].data();
+    if (!sync) {
+      ApplyOptimizer(job->optimizer, HyperparamsAt(job->optimizer_spec, version), grad, n,
+                     p.values.data(), slots);
+      p.version.store(version + 1, std::memory_order_release);
+      continue;
+    }
+    // SYNC: a late push (a straggler the backup workers replaced) or a
+    // second contribution of the same rank is acknowledged and ignored.
+    if (step < version || p.contributed[rank]) continue;
+    float* sum = p.grad_sum.data();
+    if (p.num_contributors == 0) {
+      std::memcpy(sum, grad, n * kFloatBytes);
+    } else {
+      for (int64_t i = 0; i < n; ++i) sum[i] += grad[i];
+    }
+    p.contributed[rank] = true;
+    if (++p.num_contributors < job->sync_quorum) continue;
+    const float scale = 1.f / static_cast<float>(p.num_contributors);
+    for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+    ApplyOptimizer(job->optimizer, HyperparamsAt(job->optimizer_spec, version), sum, n,
+                   p.values.data(), slots);
+    std::fill(p.contributed.begin(), p.contributed.end(), false);
+    p.num_contributors = 0;
+    p.version.store(version + 1, std::memory_order_release);
+  }
+  settle(true);
+  return PushResponse();
+}
+
+absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, absl::Time deadline) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  if (!IsFloat32(request.dtype())) {
+    return absl::UnimplementedError(absl::StrCat("pull from job ", job->id, ": dtype ",
+                                                 DType_Name(request.dtype()),
+                                                 " is not supported yet; pull FLOAT32"));
+  }
+  std::vector<Partition*> wanted;
+  if (request.keys().empty()) {
+    wanted.reserve(job->partitions.size());
+    for (const auto& p : job->partitions) wanted.push_back(p.get());
+  } else {
+    wanted.reserve(request.keys_size());
+    for (const PartitionKey& key : request.keys()) {
+      auto it = job->by_key.find(KeyPair(key.tensor_id(), key.partition()));
+      if (it == job->by_key.end()) {
+        return absl::NotFoundError(absl::StrCat("pull from job ", job->id, ": no partition ",
+                                                KeyName(key.tensor_id(), key.partition()),
+                                                " on this shard"));
+      }
+      wanted.push_back(it->second);
+    }
+  }
+
+  {
+    const absl::Time start = absl::Now();
+    const int64_t min_version = request.min_version();
+    const int64_t min_steps = request.min_worker_steps();
+    // What the pull still waits for, or "" when nothing.
+    auto unmet = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) -> std::string {
+      for (const Partition* p : wanted) {
+        const int64_t version = p->version.load(std::memory_order_acquire);
+        if (version < min_version) {
+          return absl::StrCat("partition ", p->Name(), " still at version ", version, " < ",
+                              min_version);
+        }
+      }
+      for (int rank = 0; rank < job->num_workers; ++rank) {
+        if (job->worker_steps[rank] < min_steps) {
+          return absl::StrCat("worker ", rank, " has pushed ", job->worker_steps[rank], " steps < ",
+                              min_steps);
+        }
+      }
+      return "";
+    };
+    absl::MutexLock lock(&job->mu);
+    while (true) {
+      if (job->dropped) return absl::AbortedError(absl::StrCat("job ", job->id, " was dropped"));
+      const std::string waiting_for = unmet();
+      if (waiting_for.empty()) break;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "job ", job->id, ": ", waiting_for, " after ",
+            absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+            "; a worker may be down"));
+      }
+      job->changed.WaitWithDeadline(&job->mu, deadline);
+    }
+  }
+
+  PullResponse response;
+  int64_t total = 0;
+  for (const Partition* p : wanted) total += p->num_elements * kFloatBytes;
+  std::string* payload = response.mutable_payload();
+  payload->resize(total);
+  char* out = payload->data();
+  for (Partition* p : wanted) {
+    PartitionHeader* header = response.add_partitions();
+    header->mutable_key()->set_tensor_id(p->tensor_id);
+    header->mutable_key()->set_partition(p->partition);
+    header->set_dtype(FLOAT32);
+    header->set_num_elements(p->num_elements);
+    absl::MutexLock lock(&p->mu);
+    header->set_version(p->version.load(std::memory_order_relaxed));
+    std::memcpy(out, p->values.data(), p->num_elements * kFloatBytes);
+    out += p->num_elements * kFloatBytes;
+  }
+  return response;
+}
+
+}  // namespace downpour
