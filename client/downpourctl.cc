@@ -1,0 +1,640 @@
+// downpourctl: the operator's command line over the Coordinator service, and
+// the offline dataset importer. See kUsage for the commands.
+//
+// Exit status: 0 ok; 1 a command failed (the job failed or was stopped, the
+// coordinator answered with an error or could not be reached); 2 a usage error
+// or input rejected (bad flag, bad job spec); 3 `wait` ran out of --timeout.
+// Every failure ends in one sentence on stderr.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "common/net_address.h"
+#include "common/status.h"
+#include "data/idx.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/coordinator.pb.h"
+#include "proto/job.pb.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordinator");
+ABSL_FLAG(std::string, o, "", "output format: table (default) or json");
+ABSL_FLAG(std::string, output, "", "output format: table (default) or json");
+ABSL_FLAG(std::string, job_id, "", "submit: the new job's id (empty: the coordinator picks one)");
+ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, like `wait`");
+ABSL_FLAG(std::string, timeout, "0",
+          "wait: give up after this long (e.g. 90s, 10m; a bare number is "
+          "seconds; 0 = no limit)");
+ABSL_FLAG(std::string, connect_timeout, "5s",
+          "how long to wait for the coordinator to accept the connection");
+ABSL_FLAG(std::string, format, "idx", "dataset import: input format (idx)");
+ABSL_FLAG(std::string, images, "", "dataset import: IDX images file");
+ABSL_FLAG(std::string, labels, "", "dataset import: IDX labels file");
+ABSL_FLAG(std::string, out_dir, "", "dataset import: directory the record shards are written to");
+ABSL_FLAG(std::string, name, "", "dataset import: name of the data set (shard file prefix)");
+ABSL_FLAG(std::string, fashion_mnist, "",
+          "dataset import: directory holding Fashion-MNIST's IDX files "
+          "(default /usr/share/datasets/fashion-mnist); imports train and "
+          "test");
+ABSL_FLAG(int32_t, shards, 1, "dataset import: number of record files");
+ABSL_FLAG(int64_t, limit, 0, "dataset import: import at most this many examples (0 = all)");
+
+namespace downpour {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitTimedOut = 3;
+
+constexpr char kDefaultFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
+// Server-side timeout of each WatchJob long poll.
+constexpr absl::Duration kWatchPoll = absl::Seconds(10);
+// How long `wait` keeps trying to reach a coordinator that went away.
+constexpr absl::Duration kReconnectWindow = absl::Seconds(30);
+
+constexpr char kUsage[] =
+    R"(usage: downpourctl [--coordinator=HOST:PORT] [-o table|json] COMMAND [ARGS]
+
+commands:
+  nodes                 list shards and workers known to the coordinator
+  submit FILE [--job_id=ID] [--wait] [--timeout=DURATION]
+                        submit the job spec in FILE (protobuf text format);
+                        prints the job id
+  list                  list jobs
+  get JOB               show one job
+  wait JOB [--timeout=DURATION]
+                        follow JOB until it ends (progress on stderr, final
+                        line on stdout); exit 0 only if it succeeded
+  stop JOB              stop JOB
+  dataset import --format=idx --images=PATH --labels=PATH --out_dir=DIR
+                 --name=NAME [--shards=N] [--limit=N]
+                        convert an IDX image/label pair into record shards
+  dataset import [--fashion_mnist=DIR] --out_dir=DIR [--shards=N] [--limit=N]
+                        import Fashion-MNIST's train and test sets from DIR
+                        (default /usr/share/datasets/fashion-mnist)
+
+flags: --coordinator (default 127.0.0.1:7070), -o/--output table|json,
+       --connect_timeout (default 5s); see --help for all.
+exit status: 0 ok, 1 failed (job failed or stopped, coordinator error),
+             2 usage error or rejected input, 3 wait timed out.)";
+
+enum class OutputFormat { kTable, kJson };
+
+struct Options {
+  std::string coordinator;
+  OutputFormat output = OutputFormat::kTable;
+  absl::Duration connect_timeout = absl::Seconds(5);
+  absl::Duration wait_timeout = absl::ZeroDuration();  // Zero: no limit.
+};
+
+// Prints one sentence to stderr and returns `code`.
+int Fail(int code, absl::string_view message) {
+  std::cerr << "downpourctl: " << message << std::endl;
+  return code;
+}
+
+int FailStatus(const absl::Status& status) { return Fail(kExitFailed, status.message()); }
+
+int UsageError(absl::string_view message) { return Fail(kExitUsage, message); }
+
+// A bare number is seconds; otherwise absl's duration syntax ("90s", "10m").
+absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& name, const std::string& text) {
+  double seconds;
+  if (absl::SimpleAtod(text, &seconds) && seconds >= 0) {
+    return absl::Seconds(seconds);
+  }
+  absl::Duration d;
+  if (absl::ParseDuration(text, &d) && d >= absl::ZeroDuration()) return d;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", name, "=", text, " is not a duration (e.g. 90s, 10m, or 0)"));
+}
+
+// "45s", "1m05s", "2h03m", "3d04h".
+std::string FormatShortDuration(absl::Duration d) {
+  int64_t s = std::max<int64_t>(0, absl::ToInt64Seconds(d));
+  if (s < 60) return absl::StrFormat("%ds", s);
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh%02dm", s / 3600, s % 3600 / 60);
+  return absl::StrFormat("%dd%02dh", s / 86400, s % 86400 / 3600);
+}
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+bool IsTerminal(JobState state) {
+  return state == SUCCEEDED || state == FAILED || state == STOPPED;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Only fails for Any or other well-known types, which jobs do not hold.
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  while (!json.empty() && json.back() == '\n') json.pop_back();
+  return json;
+}
+
+template <typename Message>
+void PrintJsonArray(const std::vector<Message>& messages) {
+  std::vector<std::string> items;
+  items.reserve(messages.size());
+  for (const Message& m : messages) items.push_back(ToJson(m));
+  std::cout << "[" << (items.empty() ? "" : "\n") << absl::StrJoin(items, ",\n") << "]"
+            << std::endl;
+}
+
+// Left-aligned columns, two spaces apart.
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  auto print_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line.append(width[c] - row[c].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  };
+  print_row(header);
+  for (const auto& row : rows) print_row(row);
+  std::cout.flush();
+}
+
+std::string StepsText(const JobStatus& job) {
+  return absl::StrCat(job.step(), "/", job.spec().steps());
+}
+
+std::string LossText(const JobStatus& job) {
+  if (job.step() == 0 && job.state() == PENDING) return "-";
+  return absl::StrFormat("%.4f", job.loss());
+}
+
+std::string TestAccuracyText(const JobStatus& job) {
+  if (!IsTerminal(job.state()) || job.test_accuracy() < 0) return "-";
+  return absl::StrFormat("%.4f", job.test_accuracy());
+}
+
+// Seconds the job ran: start to end, or since submission if it never started;
+// a job still running counts up to now.
+double WallSeconds(const JobStatus& job) {
+  const int64_t start = job.start_time_ms() > 0 ? job.start_time_ms() : job.submit_time_ms();
+  const int64_t end = job.end_time_ms() > 0 ? job.end_time_ms() : NowMs();
+  if (start <= 0 || end < start) return 0;
+  return (end - start) / 1000.0;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectTo(const Options& options) {
+  return CoordinatorClient::Connect(options.coordinator, options.connect_timeout);
+}
+
+// ------------------------------------------------------------------ nodes
+
+int RunNodes(const Options& options) {
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  absl::StatusOr<std::vector<NodeInfo>> nodes = (*client)->ListNodes();
+  if (!nodes.ok()) return FailStatus(nodes.status());
+  if (options.output == OutputFormat::kJson) {
+    PrintJsonArray(*nodes);
+    return kExitOk;
+  }
+  const int64_t now = NowMs();
+  std::vector<std::vector<std::string>> rows;
+  for (const NodeInfo& node : *nodes) {
+    std::string heartbeat = "-";
+    if (node.last_heartbeat_ms() > 0) {
+      heartbeat = absl::StrCat(
+          FormatShortDuration(absl::Milliseconds(now - node.last_heartbeat_ms())), " ago");
+    }
+    std::string devices = absl::StrJoin(node.devices(), ",");
+    rows.push_back({node.id(), NodeRole_Name(node.role()), node.address(),
+                    node.alive() ? "yes" : "no", heartbeat, devices.empty() ? "-" : devices});
+  }
+  PrintTable({"ID", "ROLE", "ADDRESS", "ALIVE", "LAST_HEARTBEAT", "DEVICES"}, rows);
+  return kExitOk;
+}
+
+// ------------------------------------------------------------------- wait
+
+// Estimates time to completion from the step rate this client has observed.
+class EtaEstimator {
+ public:
+  void Observe(int64_t step) {
+    const absl::Time now = absl::Now();
+    if (!started_) {
+      started_ = true;
+      first_time_ = now;
+      first_step_ = step;
+    }
+    last_time_ = now;
+    last_step_ = step;
+  }
+
+  std::string Eta(int64_t total_steps) const {
+    if (!started_ || last_step_ <= first_step_) return "?";
+    const double seconds = absl::ToDoubleSeconds(last_time_ - first_time_);
+    if (seconds <= 0) return "?";
+    const double rate = (last_step_ - first_step_) / seconds;
+    const int64_t left = std::max<int64_t>(0, total_steps - last_step_);
+    return FormatShortDuration(absl::Seconds(left / rate));
+  }
+
+ private:
+  bool started_ = false;
+  absl::Time first_time_;
+  int64_t first_step_ = 0;
+  absl::Time last_time_;
+  int64_t last_step_ = 0;
+};
+
+void PrintProgress(const JobStatus& job, const EtaEstimator& eta) {
+  std::string line = absl::StrCat("job ", job.id(), " ", JobState_Name(job.state()));
+  if (job.state() == RUNNING) {
+    absl::StrAppendFormat(&line, " step %d/%d loss %.3f %.0f ex/s ETA %s", job.step(),
+                          job.spec().steps(), job.loss(), job.examples_per_sec(),
+                          eta.Eta(job.spec().steps()));
+  } else if (!job.message().empty()) {
+    absl::StrAppend(&line, ": ", job.message());
+  }
+  std::cerr << line << std::endl;
+}
+
+int PrintFinal(const JobStatus& job, const Options& options) {
+  if (options.output == OutputFormat::kJson) {
+    std::cout << ToJson(job) << std::endl;
+  } else {
+    std::cout << absl::StrFormat("job %s %s steps=%d test_accuracy=%.4f wall_s=%.1f", job.id(),
+                                 JobState_Name(job.state()), job.step(), job.test_accuracy(),
+                                 WallSeconds(job))
+              << std::endl;
+  }
+  if (job.state() == SUCCEEDED) return kExitOk;
+  return Fail(kExitFailed, absl::StrCat("job ", job.id(), " ", JobState_Name(job.state()),
+                                        job.message().empty() ? "" : ": ", job.message()));
+}
+
+bool IsTransient(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+int WaitForJob(CoordinatorClient& client, const std::string& job_id, const Options& options) {
+  const absl::Time give_up = options.wait_timeout > absl::ZeroDuration()
+                                 ? absl::Now() + options.wait_timeout
+                                 : absl::InfiniteFuture();
+  EtaEstimator eta;
+  int64_t known_version = 0;
+  int64_t printed_version = -1;
+  JobState printed_state = JOB_STATE_UNSPECIFIED;
+  absl::Time lost_since = absl::InfiniteFuture();
+  while (true) {
+    const absl::Duration left = give_up - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return Fail(kExitTimedOut, absl::StrCat("job ", job_id, " did not end within --timeout=",
+                                              absl::FormatDuration(options.wait_timeout)));
+    }
+    const absl::Duration poll = std::max(absl::Milliseconds(1), std::min(kWatchPoll, left));
+    absl::StatusOr<JobStatus> job = client.WatchJob(job_id, known_version, poll);
+    if (!job.ok()) {
+      if (!IsTransient(job.status())) return FailStatus(job.status());
+      const absl::Time now = absl::Now();
+      if (lost_since == absl::InfiniteFuture()) {
+        lost_since = now;
+        std::cerr << "downpourctl: lost the coordinator at " << client.address() << " ("
+                  << job.status().message() << "); reconnecting for up to "
+                  << absl::FormatDuration(kReconnectWindow) << std::endl;
+      }
+      const absl::Duration reconnect_left = lost_since + kReconnectWindow - now;
+      if (reconnect_left <= absl::ZeroDuration()) {
+        return Fail(kExitFailed, absl::StrCat("lost the coordinator at ", client.address(),
+                                              " while waiting for job ", job_id,
+                                              " and could not reconnect within ",
+                                              absl::FormatDuration(kReconnectWindow)));
+      }
+      if (client.WaitUntilConnected(reconnect_left).ok()) {
+        // Connected but the call still failed (e.g. the server is shutting
+        // down): pause briefly rather than spin.
+        absl::SleepFor(absl::Milliseconds(200));
+      }
+      // A restarted coordinator may count versions afresh.
+      known_version = 0;
+      continue;
+    }
+    if (lost_since != absl::InfiniteFuture()) {
+      lost_since = absl::InfiniteFuture();
+      std::cerr << "downpourctl: reconnected to the coordinator at " << client.address()
+                << std::endl;
+    }
+    known_version = job->version();
+    if (job->state() == RUNNING) eta.Observe(job->step());
+    if (IsTerminal(job->state())) return PrintFinal(*job, options);
+    if (job->version() != printed_version || job->state() != printed_state) {
+      PrintProgress(*job, eta);
+      printed_version = job->version();
+      printed_state = job->state();
+    }
+  }
+}
+
+int RunWait(const Options& options, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return UsageError("wait needs exactly one job id: downpourctl wait JOB");
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  return WaitForJob(**client, args[0], options);
+}
+
+// ----------------------------------------------------------------- submit
+
+int RunSubmit(const Options& options, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return UsageError("submit needs exactly one job spec file: downpourctl submit FILE");
+  }
+  const std::string& path = args[0];
+  absl::StatusOr<JobSpec> spec = LoadJobSpec(path);
+  if (!spec.ok()) return Fail(kExitUsage, spec.status().message());
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  absl::StatusOr<JobStatus> job = (*client)->SubmitJob(*spec, absl::GetFlag(FLAGS_job_id));
+  if (!job.ok()) {
+    if (job.status().code() == absl::StatusCode::kInvalidArgument) {
+      return Fail(kExitUsage, absl::StrCat("the coordinator rejected job spec ", path, ": ",
+                                           job.status().message()));
+    }
+    return FailStatus(job.status());
+  }
+  if (absl::GetFlag(FLAGS_wait)) {
+    std::cerr << "submitted job " << job->id() << std::endl;
+    return WaitForJob(**client, job->id(), options);
+  }
+  if (options.output == OutputFormat::kJson) {
+    std::cout << ToJson(*job) << std::endl;
+  } else {
+    std::cout << job->id() << std::endl;
+  }
+  return kExitOk;
+}
+
+// ------------------------------------------------------------------- list
+
+int RunList(const Options& options) {
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  absl::StatusOr<std::vector<JobStatus>> jobs = (*client)->ListJobs();
+  if (!jobs.ok()) return FailStatus(jobs.status());
+  if (options.output == OutputFormat::kJson) {
+    PrintJsonArray(*jobs);
+    return kExitOk;
+  }
+  const int64_t now = NowMs();
+  std::vector<std::vector<std::string>> rows;
+  for (const JobStatus& job : *jobs) {
+    std::string age = "-";
+    if (job.submit_time_ms() > 0) {
+      age = FormatShortDuration(absl::Milliseconds(now - job.submit_time_ms()));
+    }
+    rows.push_back({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
+                    JobState_Name(job.state()), StepsText(job), LossText(job),
+                    TestAccuracyText(job), age});
+  }
+  PrintTable({"ID", "NAME", "STATE", "STEP/STEPS", "LOSS", "TEST_ACC", "AGE"}, rows);
+  return kExitOk;
+}
+
+// -------------------------------------------------------------------- get
+
+void PrintJobSummary(const JobStatus& job) {
+  const int64_t now = NowMs();
+  auto line = [](absl::string_view key, absl::string_view value) {
+    std::cout << absl::StrFormat("%-15s %s\n", absl::StrCat(key, ":"), value);
+  };
+  line("id", job.id());
+  line("name", job.spec().name().empty() ? "-" : job.spec().name());
+  line("state", JobState_Name(job.state()));
+  line("step", StepsText(job));
+  line("loss", LossText(job));
+  line("examples/s", absl::StrFormat("%.0f", job.examples_per_sec()));
+  line("test accuracy", TestAccuracyText(job));
+  line("message", job.message().empty() ? "-" : job.message());
+  if (job.submit_time_ms() > 0) {
+    line("submitted",
+         absl::StrCat(FormatShortDuration(absl::Milliseconds(now - job.submit_time_ms())), " ago"));
+  }
+  if (job.start_time_ms() > 0) {
+    line("wall time", absl::StrFormat("%.1fs", WallSeconds(job)));
+  }
+  const Placement& placement = job.placement();
+  if (placement.shard_nodes_size() == 0 && placement.worker_nodes_size() == 0) {
+    line("placement", "-");
+  } else {
+    line("shards", absl::StrCat(placement.shard_nodes_size(), " [",
+                                absl::StrJoin(placement.shard_nodes(), ", "), "], ",
+                                placement.partitions_size(), " partitions"));
+    line("workers", absl::StrCat(placement.worker_nodes_size(), " [",
+                                 absl::StrJoin(placement.worker_nodes(), ", "), "]"));
+  }
+  for (const WorkerProgress& w : job.workers()) {
+    std::cout << absl::StrFormat("  rank %d  %s  step %d  loss %.4f  %.0f ex/s%s\n", w.rank(),
+                                 w.node_id(), w.step(), w.loss(), w.examples_per_sec(),
+                                 w.finished() ? "  finished" : "");
+  }
+  std::cout.flush();
+}
+
+int RunGet(const Options& options, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return UsageError("get needs exactly one job id: downpourctl get JOB");
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  absl::StatusOr<JobStatus> job = (*client)->GetJob(args[0]);
+  if (!job.ok()) return FailStatus(job.status());
+  if (options.output == OutputFormat::kJson) {
+    std::cout << ToJson(*job) << std::endl;
+  } else {
+    PrintJobSummary(*job);
+  }
+  return kExitOk;
+}
+
+// ------------------------------------------------------------------- stop
+
+int RunStop(const Options& options, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return UsageError("stop needs exactly one job id: downpourctl stop JOB");
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  absl::StatusOr<JobStatus> job = (*client)->StopJob(args[0]);
+  if (!job.ok()) return FailStatus(job.status());
+  if (options.output == OutputFormat::kJson) {
+    std::cout << ToJson(*job) << std::endl;
+  } else {
+    std::cout << "job " << job->id() << " " << JobState_Name(job->state()) << std::endl;
+  }
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------- dataset
+
+// Imports one image/label pair; prints what was written.
+int ImportOne(const data::IdxImportOptions& import) {
+  absl::StatusOr<int64_t> written = data::ImportIdx(import);
+  if (!written.ok()) return FailStatus(written.status());
+  std::cout << absl::StrFormat("%s: wrote %d examples to %s/%s (%d shards)", import.name, *written,
+                               import.out_dir,
+                               data::ShardFileName(import.name, 0, import.num_shards),
+                               import.num_shards)
+            << (import.num_shards > 1 ? " and the others" : "") << std::endl;
+  return kExitOk;
+}
+
+int RunDataset(const std::vector<std::string>& args) {
+  if (args.size() != 1 || args[0] != "import") {
+    return UsageError(
+        "dataset takes one subcommand, import: downpourctl dataset import "
+        "--out_dir=DIR ...");
+  }
+  const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
+  const int shards = absl::GetFlag(FLAGS_shards);
+  const int64_t limit = absl::GetFlag(FLAGS_limit);
+  if (out_dir.empty()) {
+    return UsageError("dataset import needs --out_dir=DIR");
+  }
+  if (shards < 1) {
+    return UsageError(absl::StrCat("--shards=", shards, " must be at least 1"));
+  }
+  if (limit < 0) {
+    return UsageError(absl::StrCat("--limit=", limit, " must not be negative"));
+  }
+  data::IdxImportOptions import;
+  import.out_dir = out_dir;
+  import.num_shards = shards;
+  import.limit = limit;
+
+  const std::string images = absl::GetFlag(FLAGS_images);
+  const std::string labels = absl::GetFlag(FLAGS_labels);
+  std::string fashion_dir = absl::GetFlag(FLAGS_fashion_mnist);
+  if (!fashion_dir.empty() || (images.empty() && labels.empty())) {
+    if (!images.empty() || !labels.empty()) {
+      return UsageError("--fashion_mnist imports its own files; drop --images and --labels");
+    }
+    if (fashion_dir.empty()) fashion_dir = kDefaultFashionMnistDir;
+    struct Part {
+      const char* name;
+      const char* prefix;
+    };
+    for (const Part& part : {Part{"train", "train"}, Part{"test", "t10k"}}) {
+      import.name = part.name;
+      import.images_path = absl::StrCat(fashion_dir, "/", part.prefix, "-images-idx3-ubyte.gz");
+      import.labels_path = absl::StrCat(fashion_dir, "/", part.prefix, "-labels-idx1-ubyte.gz");
+      const int code = ImportOne(import);
+      if (code != kExitOk) return code;
+    }
+    return kExitOk;
+  }
+
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "idx") {
+    return UsageError(
+        absl::StrCat("--format=", format, " is not supported; the only format is idx"));
+  }
+  if (images.empty() || labels.empty()) {
+    return UsageError("dataset import needs both --images=PATH and --labels=PATH");
+  }
+  import.name = absl::GetFlag(FLAGS_name);
+  if (import.name.empty()) {
+    return UsageError("dataset import needs --name=NAME");
+  }
+  import.images_path = images;
+  import.labels_path = labels;
+  return ImportOne(import);
+}
+
+// ------------------------------------------------------------------- main
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() < 2) {
+    std::cerr << kUsage << std::endl;
+    return kExitUsage;
+  }
+  const std::string command = positional[1];
+  const std::vector<std::string> args(positional.begin() + 2, positional.end());
+
+  Options options;
+  std::string output = absl::GetFlag(FLAGS_o);
+  if (output.empty()) output = absl::GetFlag(FLAGS_output);
+  if (output.empty() || output == "table") {
+    options.output = OutputFormat::kTable;
+  } else if (output == "json") {
+    options.output = OutputFormat::kJson;
+  } else {
+    return UsageError(
+        absl::StrCat("output format '", output, "' is unknown; use -o table or -o json"));
+  }
+  absl::StatusOr<absl::Duration> timeout =
+      ParseDurationFlag("timeout", absl::GetFlag(FLAGS_timeout));
+  if (!timeout.ok()) return UsageError(timeout.status().message());
+  options.wait_timeout = *timeout;
+  absl::StatusOr<absl::Duration> connect_timeout =
+      ParseDurationFlag("connect_timeout", absl::GetFlag(FLAGS_connect_timeout));
+  if (!connect_timeout.ok()) return UsageError(connect_timeout.status().message());
+  options.connect_timeout = *connect_timeout;
+
+  if (command == "dataset") return RunDataset(args);
+
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  absl::StatusOr<HostPort> address = ParseHostPort(options.coordinator);
+  if (!address.ok()) {
+    return UsageError(absl::StrCat("--coordinator=", options.coordinator,
+                                   " is not HOST:PORT: ", address.status().message()));
+  }
+
+  if (command == "nodes" || command == "list") {
+    if (!args.empty()) {
+      return UsageError(absl::StrCat(command, " takes no arguments, got '", args[0], "'"));
+    }
+    return command == "nodes" ? RunNodes(options) : RunList(options);
+  }
+  if (command == "submit") return RunSubmit(options, args);
+  if (command == "get") return RunGet(options, args);
+  if (command == "wait") return RunWait(options, args);
+  if (command == "stop") return RunStop(options, args);
+  return UsageError(absl::StrCat("unknown command '", command,
+                                 "'; commands are nodes, submit, list, get, "
+                                 "wait, stop and dataset import"));
+}
+
+}  // namespace
+}  // namespace downpour
+
+int main(int argc, char** argv) { return downpour::Main(argc, argv); }
