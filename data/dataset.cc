@@ -1,0 +1,247 @@
+#include "data/dataset.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "data/example.h"
+#include "data/record_io.h"
+
+namespace downpour {
+namespace data {
+namespace {
+
+absl::Status ValidateOptions(const BatchReaderOptions& o) {
+  if (o.file_pattern.empty()) {
+    return absl::InvalidArgumentError("BatchReader file_pattern is empty");
+  }
+  if (o.feature_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BatchReader feature_size must be > 0; got ", o.feature_size));
+  }
+  if (o.batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BatchReader batch_size must be > 0; got ", o.batch_size));
+  }
+  if (o.shuffle_buffer < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BatchReader shuffle_buffer must be >= 0; got ", o.shuffle_buffer));
+  }
+  if (o.num_workers < 1 || o.rank < 0 || o.rank >= o.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BatchReader rank ", o.rank, " is not in [0, num_workers = ", o.num_workers, ")"));
+  }
+  if (o.prefetch_depth < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BatchReader prefetch_depth must be >= 1; got ", o.prefetch_depth));
+  }
+  return absl::OkStatus();
+}
+
+// Sorted regular paths matching the pattern. Directories and the ".tmp" files
+// of writers that have not finished are skipped.
+absl::StatusOr<std::vector<std::string>> MatchFiles(const BatchReaderOptions& o) {
+  std::string pattern = o.file_pattern;
+  if (!o.data_dir.empty() && pattern.front() != '/') {
+    pattern = absl::StrCat(o.data_dir, absl::EndsWith(o.data_dir, "/") ? "" : "/", pattern);
+  }
+  glob_t matches;
+  const int rc = glob(pattern.c_str(), GLOB_MARK, nullptr, &matches);
+  std::vector<std::string> files;
+  if (rc == 0) {
+    for (size_t i = 0; i < matches.gl_pathc; ++i) {
+      const std::string path = matches.gl_pathv[i];
+      if (absl::EndsWith(path, "/") || absl::EndsWith(path, ".tmp")) continue;
+      files.push_back(path);
+    }
+  }
+  globfree(&matches);
+  if (rc == GLOB_ABORTED) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot list the directory of ", pattern, " (data dir ", o.data_dir, ")"));
+  }
+  if (rc == GLOB_NOSPACE) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory matching ", pattern));
+  }
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat("no record files match ", o.file_pattern, " (data dir ",
+                                            o.data_dir.empty() ? "." : o.data_dir, ")"));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
+    const BatchReaderOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  ASSIGN_OR_RETURN(std::vector<std::string> all_files, MatchFiles(options));
+  const bool shard_by_record = static_cast<int64_t>(all_files.size()) < options.num_workers;
+  std::vector<std::string> files;
+  if (shard_by_record) {
+    files = std::move(all_files);
+  } else {
+    for (size_t i = options.rank; i < all_files.size(); i += options.num_workers) {
+      files.push_back(all_files[i]);
+    }
+  }
+  std::unique_ptr<BatchReader> reader(new BatchReader(options, std::move(files), shard_by_record));
+  reader->producer_ = std::thread([r = reader.get()] { r->ProducerLoop(); });
+  return reader;
+}
+
+BatchReader::BatchReader(const BatchReaderOptions& options, std::vector<std::string> files,
+                         bool shard_by_record)
+    : options_(options), files_(std::move(files)), shard_by_record_(shard_by_record) {
+  std::seed_seq seq{static_cast<uint32_t>(options.seed), static_cast<uint32_t>(options.seed >> 32),
+                    static_cast<uint32_t>(options.rank)};
+  rng_.seed(seq);
+  shuffle_buffer_.reserve(options.shuffle_buffer);
+}
+
+BatchReader::~BatchReader() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    not_full_.SignalAll();
+  }
+  producer_.join();
+}
+
+absl::StatusOr<bool> BatchReader::Next(Batch* batch) {
+  absl::MutexLock lock(&mu_);
+  while (ready_.empty() && !finished_) not_empty_.Wait(&mu_);
+  if (!ready_.empty()) {
+    *batch = std::move(ready_.front());
+    ready_.pop_front();
+    not_full_.Signal();
+    examples_read_.fetch_add(batch->size, std::memory_order_relaxed);
+    return true;
+  }
+  if (!final_status_.ok()) return final_status_;
+  return false;
+}
+
+int64_t BatchReader::queued_batches() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(ready_.size());
+}
+
+bool BatchReader::StopRequested() const {
+  absl::MutexLock lock(&mu_);
+  return stop_;
+}
+
+void BatchReader::Finish(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  finished_ = true;
+  final_status_ = std::move(status);
+  not_empty_.SignalAll();
+}
+
+bool BatchReader::PushBatch(Batch* batch) {
+  absl::MutexLock lock(&mu_);
+  while (!stop_ && static_cast<int64_t>(ready_.size()) >= options_.prefetch_depth) {
+    not_full_.Wait(&mu_);
+  }
+  if (stop_) return false;
+  ready_.push_back(std::move(*batch));
+  not_empty_.Signal();
+  return true;
+}
+
+void BatchReader::ProducerLoop() {
+  auto new_batch = [this](Batch* b) {
+    b->size = 0;
+    b->features.assign(options_.batch_size * options_.feature_size, 0.0f);
+    b->labels.assign(options_.batch_size, 0);
+  };
+  Batch batch;
+  new_batch(&batch);
+  auto add = [&](const PendingRecord& record) -> absl::StatusOr<bool> {
+    const int64_t slot = batch.size;
+    absl::Status s =
+        DecodeExample(record.data, options_.feature_key, options_.label_key, options_.feature_size,
+                      batch.features.data() + slot * options_.feature_size, &batch.labels[slot]);
+    if (!s.ok()) {
+      return Annotate(
+          s, absl::StrCat("bad example in ", files_[record.file], " at offset ", record.offset));
+    }
+    if (++batch.size == options_.batch_size) {
+      if (!PushBatch(&batch)) return false;
+      new_batch(&batch);
+    }
+    return true;
+  };
+
+  std::vector<int> order(files_.size());
+  std::iota(order.begin(), order.end(), 0);
+  const bool shuffle = options_.shuffle_buffer > 0;
+  PendingRecord record;
+  while (true) {
+    if (shuffle && !shard_by_record_) std::shuffle(order.begin(), order.end(), rng_);
+    int64_t global_index = 0;
+    int64_t kept = 0;
+    for (int f : order) {
+      if (StopRequested()) return Finish(absl::CancelledError("BatchReader stopped"));
+      absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(files_[f]);
+      if (!reader.ok()) return Finish(reader.status());
+      while (true) {
+        absl::StatusOr<bool> got = (*reader)->Read(&record.data);
+        if (!got.ok()) return Finish(got.status());
+        if (!*got) break;
+        if (shard_by_record_ && global_index++ % options_.num_workers != options_.rank) continue;
+        ++kept;
+        record.file = f;
+        record.offset = (*reader)->record_offset();
+        if (!shuffle) {
+          absl::StatusOr<bool> added = add(record);
+          if (!added.ok()) return Finish(added.status());
+          if (!*added) return Finish(absl::CancelledError("BatchReader stopped"));
+        } else if (static_cast<int64_t>(shuffle_buffer_.size()) < options_.shuffle_buffer) {
+          shuffle_buffer_.push_back(std::move(record));
+          record = PendingRecord();
+        } else {
+          // Emit a random buffered record and keep the new one in its place;
+          // the swap reuses the evicted record's string for the next read.
+          std::uniform_int_distribution<size_t> pick(0, shuffle_buffer_.size() - 1);
+          std::swap(shuffle_buffer_[pick(rng_)], record);
+          absl::StatusOr<bool> added = add(record);
+          if (!added.ok()) return Finish(added.status());
+          if (!*added) return Finish(absl::CancelledError("BatchReader stopped"));
+        }
+      }
+    }
+    // Drain the buffer so that each epoch is exactly one permutation of the shard.
+    while (!shuffle_buffer_.empty()) {
+      std::uniform_int_distribution<size_t> pick(0, shuffle_buffer_.size() - 1);
+      std::swap(shuffle_buffer_[pick(rng_)], shuffle_buffer_.back());
+      absl::StatusOr<bool> added = add(shuffle_buffer_.back());
+      shuffle_buffer_.pop_back();
+      if (!added.ok()) return Finish(added.status());
+      if (!*added) return Finish(absl::CancelledError("BatchReader stopped"));
+    }
+    if (!options_.repeat) break;
+    if (kept == 0) {
+      return Finish(absl::FailedPreconditionError(absl::StrCat(
+          "worker rank ", options_.rank, " of ", options_.num_workers,
+          " has no records to read in files matching ", options_.file_pattern, " (data dir ",
+          options_.data_dir.empty() ? "." : options_.data_dir, "); it cannot repeat forever")));
+    }
+  }
+  if (batch.size > 0) {
+    batch.features.resize(batch.size * options_.feature_size);
+    batch.labels.resize(batch.size);
+    if (!PushBatch(&batch)) return Finish(absl::CancelledError("BatchReader stopped"));
+  }
+  Finish(absl::OkStatus());
+}
+
+}  // namespace data
+}  // namespace downpour

@@ -1,0 +1,332 @@
+#include "data/dataset.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "data/record_io.h"
+#include "data/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace downpour {
+namespace data {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::NewTempDir;
+using testing::ReadFileOrDie;
+using testing::TaggedExample;
+using testing::WriteFileOrDie;
+using testing::WriteRecordsOrDie;
+
+constexpr int64_t kFeatureSize = 4;
+
+// Writes `counts.size()` files "part-<i>.tfrecord" with consecutive example ids
+// across them (file 0 holds ids 0.., file 1 continues, ...). Returns the total.
+int64_t WriteParts(const std::string& dir, const std::vector<int>& counts) {
+  int64_t id = 0;
+  for (size_t f = 0; f < counts.size(); ++f) {
+    std::vector<std::string> records;
+    for (int i = 0; i < counts[f]; ++i) records.push_back(TaggedExample(id++, kFeatureSize));
+    WriteRecordsOrDie(absl::StrCat(dir, "/part-", f, ".tfrecord"), records);
+  }
+  return id;
+}
+
+BatchReaderOptions Options(const std::string& dir) {
+  BatchReaderOptions o;
+  o.file_pattern = "part-*.tfrecord";
+  o.data_dir = dir;
+  o.feature_size = kFeatureSize;
+  o.batch_size = 4;
+  o.repeat = false;
+  return o;
+}
+
+// Reads until end of data (or `max_examples`) and returns the labels (= ids) in
+// order, checking that every feature matches its label.
+std::vector<int32_t> ReadIds(BatchReader* reader, int64_t max_examples = -1,
+                             std::vector<int64_t>* batch_sizes = nullptr) {
+  std::vector<int32_t> ids;
+  Batch batch;
+  while (max_examples < 0 || static_cast<int64_t>(ids.size()) < max_examples) {
+    absl::StatusOr<bool> got = reader->Next(&batch);
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok() || !*got) break;
+    EXPECT_EQ(batch.labels.size(), static_cast<size_t>(batch.size));
+    EXPECT_EQ(batch.features.size(), static_cast<size_t>(batch.size * kFeatureSize));
+    if (batch_sizes != nullptr) batch_sizes->push_back(batch.size);
+    for (int64_t i = 0; i < batch.size; ++i) {
+      const int32_t id = batch.labels[i];
+      EXPECT_FLOAT_EQ(batch.features[i * kFeatureSize], (id % 256) / 255.0f);
+      ids.push_back(id);
+    }
+  }
+  return ids;
+}
+
+std::vector<int32_t> Iota(int64_t n) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+TEST(BatchReaderTest, InOrderOnePassWithShortLastBatch) {
+  const std::string dir = NewTempDir();
+  const int64_t total = WriteParts(dir, {3, 7});
+  auto reader = BatchReader::Create(Options(dir));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<int64_t> sizes;
+  EXPECT_EQ(ReadIds(reader->get(), -1, &sizes), Iota(total));
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4, 2}));
+  EXPECT_EQ((*reader)->examples_read(), total);
+  Batch batch;
+  auto again = (*reader)->Next(&batch);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again);
+}
+
+// Every record is read exactly once across ranks, for file sharding (#files >=
+// workers) and record sharding (#files < workers), with and without shuffling.
+struct ShardCase {
+  std::vector<int> counts;
+  int workers;
+  int64_t shuffle;
+};
+
+class ShardingTest : public ::testing::TestWithParam<ShardCase> {};
+
+TEST_P(ShardingTest, EveryRecordExactlyOnce) {
+  const ShardCase& c = GetParam();
+  const std::string dir = NewTempDir();
+  const int64_t total = WriteParts(dir, c.counts);
+  std::vector<int32_t> all;
+  for (int rank = 0; rank < c.workers; ++rank) {
+    BatchReaderOptions o = Options(dir);
+    o.rank = rank;
+    o.num_workers = c.workers;
+    o.shuffle_buffer = c.shuffle;
+    o.seed = 42;
+    auto reader = BatchReader::Create(o);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    const bool file_sharded = static_cast<int>(c.counts.size()) >= c.workers;
+    if (file_sharded) {
+      for (const std::string& f : (*reader)->files()) {
+        const int index = std::stoi(f.substr(f.rfind('-') + 1));
+        EXPECT_EQ(index % c.workers, rank) << f;
+      }
+    } else {
+      EXPECT_EQ((*reader)->files().size(), c.counts.size());
+    }
+    const std::vector<int32_t> ids = ReadIds(reader->get());
+    EXPECT_FALSE(ids.empty()) << "rank " << rank;
+    all.insert(all.end(), ids.begin(), ids.end());
+  }
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, Iota(total));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FileAndRecordSharding, ShardingTest,
+    ::testing::Values(ShardCase{{5, 6, 7, 8, 9, 10, 11}, 3, 0},  // File sharded.
+                      ShardCase{{5, 6, 7, 8, 9, 10, 11}, 3, 8},
+                      ShardCase{{5, 6, 7}, 3, 0},  // #files == #workers.
+                      ShardCase{{13, 20}, 3, 0},   // Record sharded.
+                      ShardCase{{13, 20}, 3, 6}, ShardCase{{50}, 4, 100}));
+
+TEST(BatchReaderTest, ShuffleIsADeterministicPermutation) {
+  const std::string dir = NewTempDir();
+  const int64_t total = WriteParts(dir, {30, 30, 40});
+  auto read_with_seed = [&](uint64_t seed) {
+    BatchReaderOptions o = Options(dir);
+    o.shuffle_buffer = 16;
+    o.seed = seed;
+    auto reader = BatchReader::Create(o);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    return ReadIds(reader->get());
+  };
+  const std::vector<int32_t> a = read_with_seed(1);
+  EXPECT_EQ(read_with_seed(1), a);
+  EXPECT_NE(read_with_seed(2), a);
+  EXPECT_NE(a, Iota(total));
+  std::vector<int32_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, Iota(total));
+}
+
+TEST(BatchReaderTest, RepeatLoopsOverEpochsAndReshuffles) {
+  const std::string dir = NewTempDir();
+  const int64_t total = WriteParts(dir, {4, 6});
+  for (int64_t shuffle : {0, 5}) {
+    BatchReaderOptions o = Options(dir);
+    o.repeat = true;
+    o.batch_size = 3;  // Batches straddle epoch boundaries.
+    o.shuffle_buffer = shuffle;
+    auto reader = BatchReader::Create(o);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::vector<int64_t> sizes;
+    std::vector<int32_t> ids = ReadIds(reader->get(), 5 * total, &sizes);
+    ASSERT_GE(static_cast<int64_t>(ids.size()), 5 * total);
+    const int64_t handed_out = static_cast<int64_t>(ids.size());
+    for (int64_t size : sizes) EXPECT_EQ(size, 3);
+    std::vector<std::vector<int32_t>> epochs;
+    for (int e = 0; e < 5; ++e) {
+      std::vector<int32_t> epoch(ids.begin() + e * total, ids.begin() + (e + 1) * total);
+      epochs.push_back(epoch);
+      std::sort(epoch.begin(), epoch.end());
+      EXPECT_EQ(epoch, Iota(total)) << "epoch " << e << " shuffle " << shuffle;
+    }
+    if (shuffle > 0) {
+      EXPECT_TRUE(epochs[0] != epochs[1] || epochs[1] != epochs[2]) << "epochs not reshuffled";
+    } else {
+      EXPECT_EQ(epochs[0], Iota(total));
+      EXPECT_EQ(epochs[3], Iota(total));
+    }
+    EXPECT_EQ((*reader)->examples_read(), handed_out);
+  }
+}
+
+TEST(BatchReaderTest, CorruptRecordSurfacesFromNextWithFileAndOffset) {
+  const std::string dir = NewTempDir();
+  WriteParts(dir, {20});
+  const std::string path = dir + "/part-0.tfrecord";
+  std::string bytes = ReadFileOrDie(path);
+  const size_t record_bytes = bytes.size() / 20;  // All records have the same size.
+  const size_t bad_offset = 15 * record_bytes;
+  bytes[bad_offset + kRecordHeaderBytes + 3] ^= 0x10;
+  WriteFileOrDie(path, bytes);
+
+  auto reader = BatchReader::Create(Options(dir));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  Batch batch;
+  int good_batches = 0;
+  absl::Status error;
+  while (true) {
+    absl::StatusOr<bool> got = (*reader)->Next(&batch);
+    if (!got.ok()) {
+      error = got.status();
+      break;
+    }
+    ASSERT_TRUE(*got) << "end of data reported instead of the corrupt record";
+    ++good_batches;
+  }
+  EXPECT_EQ(good_batches, 3);  // Records 0..11; the batch holding record 15 fails.
+  EXPECT_EQ(error.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(error.message(), HasSubstr(path));
+  EXPECT_THAT(error.message(), HasSubstr("offset " + std::to_string(bad_offset)));
+  EXPECT_EQ((*reader)->Next(&batch).status(), error);  // Sticky.
+}
+
+TEST(BatchReaderTest, UndecodableExampleNamesFileAndOffset) {
+  const std::string dir = NewTempDir();
+  WriteRecordsOrDie(dir + "/part-0.tfrecord", {TaggedExample(0, kFeatureSize), "not a proto"});
+  auto reader = BatchReader::Create(Options(dir));
+  ASSERT_TRUE(reader.ok());
+  Batch batch;
+  absl::StatusOr<bool> got = (*reader)->Next(&batch);
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(got.status().message(), HasSubstr(dir + "/part-0.tfrecord at offset "));
+
+  // A feature of the wrong size.
+  BatchReaderOptions o = Options(dir);
+  o.file_pattern = "sized.tfrecord";
+  WriteRecordsOrDie(dir + "/sized.tfrecord", {TaggedExample(0, 9)});
+  auto sized = BatchReader::Create(o);
+  ASSERT_TRUE(sized.ok());
+  got = (*sized)->Next(&batch);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("sized.tfrecord at offset 0"));
+  EXPECT_THAT(got.status().message(), HasSubstr("\"image\""));
+}
+
+TEST(BatchReaderTest, DestructorDoesNotHangWithFullQueue) {
+  const std::string dir = NewTempDir();
+  WriteParts(dir, {100});
+  for (int depth : {1, 4}) {
+    BatchReaderOptions o = Options(dir);
+    o.repeat = true;
+    o.prefetch_depth = depth;
+    o.shuffle_buffer = 10;
+    auto reader = BatchReader::Create(o);
+    ASSERT_TRUE(reader.ok());
+    Batch batch;
+    ASSERT_TRUE(*(*reader)->Next(&batch));
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while ((*reader)->queued_batches() < depth && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ((*reader)->queued_batches(), depth);
+    reader->reset();  // Must return: the producer is blocked on the full queue.
+  }
+  // Destroyed right after creation, racing the producer's start.
+  for (int i = 0; i < 20; ++i) {
+    BatchReaderOptions o = Options(dir);
+    o.repeat = true;
+    auto reader = BatchReader::Create(o);
+    ASSERT_TRUE(reader.ok());
+  }
+}
+
+TEST(BatchReaderTest, NoMatchingFilesIsNotFound) {
+  const std::string dir = NewTempDir();
+  BatchReaderOptions o = Options(dir);
+  o.file_pattern = "missing-*.tfrecord";
+  auto reader = BatchReader::Create(o);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reader.status().message(),
+            "no record files match missing-*.tfrecord (data dir " + dir + ")");
+}
+
+TEST(BatchReaderTest, AbsolutePatternIgnoresDataDirAndSkipsTmpFiles) {
+  const std::string dir = NewTempDir();
+  const int64_t total = WriteParts(dir, {5});
+  WriteFileOrDie(dir + "/part-9.tfrecord.tmp", "torn");
+  BatchReaderOptions o = Options("/nonexistent");
+  o.file_pattern = dir + "/part-*";
+  auto reader = BatchReader::Create(o);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->files().size(), 1u);
+  EXPECT_EQ(ReadIds(reader->get()), Iota(total));
+}
+
+TEST(BatchReaderTest, InvalidOptionsAreRejected) {
+  const std::string dir = NewTempDir();
+  WriteParts(dir, {5});
+  BatchReaderOptions o = Options(dir);
+  o.rank = 3;
+  o.num_workers = 3;
+  EXPECT_THAT(BatchReader::Create(o).status().message(), HasSubstr("rank 3"));
+  o = Options(dir);
+  o.batch_size = 0;
+  EXPECT_THAT(BatchReader::Create(o).status().message(), HasSubstr("batch_size"));
+  o = Options(dir);
+  o.feature_size = -1;
+  EXPECT_THAT(BatchReader::Create(o).status().message(), HasSubstr("feature_size"));
+}
+
+TEST(BatchReaderTest, RepeatWithEmptyShardIsAnErrorNotAHang) {
+  const std::string dir = NewTempDir();
+  WriteParts(dir, {1});
+  BatchReaderOptions o = Options(dir);
+  o.repeat = true;
+  o.num_workers = 3;
+  o.rank = 2;
+  auto reader = BatchReader::Create(o);
+  ASSERT_TRUE(reader.ok());
+  Batch batch;
+  auto got = (*reader)->Next(&batch);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(got.status().message(), HasSubstr("rank 2 of 3 has no records"));
+}
+
+}  // namespace
+}  // namespace data
+}  // namespace downpour

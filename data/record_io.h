@@ -1,0 +1,121 @@
+// Record files in the TFRecord framing, so files written by TensorFlow are read
+// as they are and files written here are read by TensorFlow:
+//
+//   uint64  length          (little endian)
+//   uint32  masked_crc32c(length bytes)
+//   byte    payload[length]
+//   uint32  masked_crc32c(payload)
+//
+// RecordWriter writes `path.tmp` and renames it to `path` on a successful
+// Close(), after an fsync, so a reader never sees a torn file; a writer
+// destroyed without Close() removes its temporary file.
+// RecordReader reads sequentially through a large buffer and reports any damage
+// (checksum mismatch, truncation, absurd length) as absl::DataLossError
+// "corrupt record in <file> at offset <N>: <what>".
+//
+// Thread-safety: neither class is thread-safe; use one object from one thread
+// at a time. Ownership: each object owns its file descriptor and buffer.
+#ifndef DOWNPOUR_DATA_RECORD_IO_H_
+#define DOWNPOUR_DATA_RECORD_IO_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace downpour {
+namespace data {
+
+// Bytes of framing around each payload: 8 length + 4 length CRC + 4 payload CRC.
+inline constexpr size_t kRecordHeaderBytes = 12;
+inline constexpr size_t kRecordFooterBytes = 4;
+// A length field above this is taken as corruption, not as a request to
+// allocate that much memory.
+inline constexpr uint64_t kMaxRecordLength = uint64_t{1} << 30;
+
+class RecordWriter {
+ public:
+  // Creates `path + ".tmp"` (truncating any stale one). `path` itself appears
+  // only when Close() succeeds.
+  static absl::StatusOr<std::unique_ptr<RecordWriter>> Open(const std::string& path);
+
+  RecordWriter(const RecordWriter&) = delete;
+  RecordWriter& operator=(const RecordWriter&) = delete;
+  // Without a successful Close(), removes the temporary file: nothing is published.
+  ~RecordWriter();
+
+  // Appends one record. REQUIRES: Close() has not been called.
+  absl::Status Write(absl::string_view record);
+
+  // Flushes, fsyncs, closes, renames `path.tmp` to `path` and fsyncs the
+  // directory. Calling it again after success is a no-op.
+  absl::Status Close();
+
+  const std::string& path() const { return path_; }
+  int64_t records_written() const { return records_written_; }
+  // Bytes of framed records written so far (the final file size after Close()).
+  int64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  RecordWriter(std::string path, std::string tmp_path, int fd);
+  absl::Status FlushBuffer();
+  absl::Status WriteFully(const char* data, size_t n);
+
+  const std::string path_;
+  const std::string tmp_path_;
+  int fd_;
+  bool closed_ = false;
+  std::string buffer_;
+  int64_t records_written_ = 0;
+  int64_t bytes_written_ = 0;
+};
+
+class RecordReader {
+ public:
+  static constexpr size_t kDefaultBufferSize = size_t{4} << 20;
+
+  // Opens `path` for sequential reading with a `buffer_size`-byte read buffer.
+  static absl::StatusOr<std::unique_ptr<RecordReader>> Open(
+      const std::string& path, size_t buffer_size = kDefaultBufferSize);
+
+  RecordReader(const RecordReader&) = delete;
+  RecordReader& operator=(const RecordReader&) = delete;
+  ~RecordReader();
+
+  // Reads the next record into `*record`. Returns true on success, false at a
+  // clean end of file (exactly at a record boundary), DataLossError for a
+  // damaged record. Errors are sticky: later calls return the same error.
+  absl::StatusOr<bool> Read(std::string* record);
+
+  const std::string& path() const { return path_; }
+  // File offset of the next record to read; after Read() returns a record, the
+  // offset that record started at is record_offset().
+  int64_t offset() const { return offset_; }
+  int64_t record_offset() const { return record_offset_; }
+
+ private:
+  RecordReader(std::string path, int fd, size_t buffer_size);
+  // Copies up to `n` bytes into `dst`, refilling the buffer as needed; returns
+  // fewer than `n` only at end of file.
+  absl::StatusOr<size_t> ReadBytes(char* dst, size_t n);
+  absl::Status Corrupt(absl::string_view what) const;
+
+  const std::string path_;
+  int fd_;
+  std::unique_ptr<char[]> buffer_;
+  const size_t buffer_size_;
+  size_t buffer_pos_ = 0;
+  size_t buffer_end_ = 0;
+  int64_t offset_ = 0;
+  int64_t record_offset_ = 0;
+  absl::Status status_;
+};
+
+}  // namespace data
+}  // namespace downpour
+
+#endif  // DOWNPOUR_DATA_RECORD_IO_H_

@@ -1,0 +1,32 @@
+// Helpers shared by the data/ tests: fresh temporary directories under
+// TEST_TMPDIR and small record files. Test-only; not thread-safe.
+#ifndef DOWNPOUR_DATA_TEST_UTIL_H_
+#define DOWNPOUR_DATA_TEST_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace downpour {
+namespace data {
+namespace testing {
+
+// Creates and returns an empty directory unique to this call, under TEST_TMPDIR
+// (or /tmp when run outside Bazel).
+std::string NewTempDir();
+
+std::string ReadFileOrDie(const std::string& path);
+void WriteFileOrDie(const std::string& path, const std::string& contents);
+
+// Writes `records` to `path` with RecordWriter, failing the test on error.
+void WriteRecordsOrDie(const std::string& path, const std::vector<std::string>& records);
+
+// An image example whose `n` pixels all equal `id % 256` and whose label is `id`,
+// so that a decoded example can be traced back to the record it came from.
+std::string TaggedExample(int64_t id, int64_t n);
+
+}  // namespace testing
+}  // namespace data
+}  // namespace downpour
+
+#endif  // DOWNPOUR_DATA_TEST_UTIL_H_
