@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The main job: builds Downpour, starts a local cluster on loopback (one
+# coordinator, two parameter shards, two workers), imports Fashion-MNIST,
+# trains examples/fashion_mnist_mlp.pbtxt in SYNC mode with live progress, and
+# prints one line: job <id> SUCCEEDED steps=<n> test_accuracy=<x> wall_s=<t>.
+#   scripts/demo.sh [JOB_SPEC]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+SPEC=${1:-examples/fashion_mnist_mlp.pbtxt}
+SHARDS=${DEMO_SHARDS:-2}
+WORKERS=${DEMO_WORKERS:-2}
+FASHION=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
+
+echo "demo: building (bazel, offline)..." >&2
+bazel build -q //coordinator:downpour-coordinator //server:downpour-ps \
+  //worker:downpour-worker //client:downpourctl 2>&1 | grep -v '^INFO:' >&2 || true
+for b in coordinator/downpour-coordinator server/downpour-ps worker/downpour-worker client/downpourctl; do
+  [[ -x $BIN/$b ]] || { echo "demo: build failed ($b missing)" >&2; exit 1; }
+done
+
+WORK=$(mktemp -d -t downpour-demo.XXXXXX)
+cleanup() { stop_daemons; rm -rf "$WORK"; }
+trap cleanup EXIT
+trap 'echo "demo: interrupted" >&2; exit 130' INT TERM
+
+echo "demo: importing Fashion-MNIST from $FASHION..." >&2
+"$BIN/client/downpourctl" dataset import --fashion_mnist="$FASHION" \
+  --out_dir="$WORK/data/fashion-mnist" --shards=4 >&2
+
+start_daemon coordinator "$WORK/coordinator.log" "$BIN/coordinator/downpour-coordinator" \
+  --listen=127.0.0.1:0 --port_file="$WORK/coordinator.port" --state_dir="$WORK/state" \
+  --metrics_listen=127.0.0.1:0
+wait_for_file "$WORK/coordinator.port" 30
+COORD=$(cat "$WORK/coordinator.port")
+for i in $(seq 0 $((SHARDS - 1))); do
+  start_daemon "ps$i" "$WORK/ps$i.log" "$BIN/server/downpour-ps" --listen=127.0.0.1:0 \
+    --port_file="$WORK/ps$i.port" --coordinator="$COORD" --metrics_listen=127.0.0.1:0
+done
+for i in $(seq 0 $((WORKERS - 1))); do
+  start_daemon "worker$i" "$WORK/worker$i.log" "$BIN/worker/downpour-worker" \
+    --listen=127.0.0.1:0 --port_file="$WORK/worker$i.port" --coordinator="$COORD" \
+    --data_dir="$WORK/data" --metrics_listen=127.0.0.1:0
+done
+for i in $(seq 0 $((SHARDS - 1))); do wait_for_file "$WORK/ps$i.port" 30; done
+for i in $(seq 0 $((WORKERS - 1))); do wait_for_file "$WORK/worker$i.port" 30; done
+echo "demo: cluster up: coordinator $COORD, $SHARDS shards, $WORKERS workers" >&2
+"$BIN/client/downpourctl" --coordinator="$COORD" nodes >&2
+
+status=0
+"$BIN/client/downpourctl" --coordinator="$COORD" submit "$SPEC" --wait || status=$?
+if ((status != 0)); then
+  echo "demo: the job did not succeed; daemon logs follow" >&2
+  tail -n 20 "$WORK"/*.log >&2
+fi
+exit $status
