@@ -44,6 +44,9 @@ ABSL_FLAG(std::string, timeout, "0",
           "seconds; 0 = no limit)");
 ABSL_FLAG(std::string, connect_timeout, "5s",
           "how long to wait for the coordinator to accept the connection");
+ABSL_FLAG(std::string, reconnect_timeout, "30s",
+          "wait: how long to keep trying to reach a coordinator that went "
+          "away before giving up");
 ABSL_FLAG(std::string, format, "idx", "dataset import: input format (idx)");
 ABSL_FLAG(std::string, images, "", "dataset import: IDX images file");
 ABSL_FLAG(std::string, labels, "", "dataset import: IDX labels file");
@@ -67,8 +70,6 @@ constexpr int kExitTimedOut = 3;
 constexpr char kDefaultFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
 // Server-side timeout of each WatchJob long poll.
 constexpr absl::Duration kWatchPoll = absl::Seconds(10);
-// How long `wait` keeps trying to reach a coordinator that went away.
-constexpr absl::Duration kReconnectWindow = absl::Seconds(30);
 
 constexpr char kUsage[] =
     R"(usage: downpourctl [--coordinator=HOST:PORT] [-o table|json] COMMAND [ARGS]
@@ -92,7 +93,8 @@ commands:
                         (default /usr/share/datasets/fashion-mnist)
 
 flags: --coordinator (default 127.0.0.1:7070), -o/--output table|json,
-       --connect_timeout (default 5s); see --help for all.
+       --connect_timeout (default 5s), --reconnect_timeout (wait; default
+       30s); see --help for all.
 exit status: 0 ok, 1 failed (job failed or stopped, coordinator error),
              2 usage error or rejected input, 3 wait timed out.)";
 
@@ -103,6 +105,7 @@ struct Options {
   OutputFormat output = OutputFormat::kTable;
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration wait_timeout = absl::ZeroDuration();  // Zero: no limit.
+  absl::Duration reconnect_timeout = absl::Seconds(30);
 };
 
 // Prints one sentence to stderr and returns `code`.
@@ -328,14 +331,14 @@ int WaitForJob(CoordinatorClient& client, const std::string& job_id, const Optio
         lost_since = now;
         std::cerr << "downpourctl: lost the coordinator at " << client.address() << " ("
                   << job.status().message() << "); reconnecting for up to "
-                  << absl::FormatDuration(kReconnectWindow) << std::endl;
+                  << absl::FormatDuration(options.reconnect_timeout) << std::endl;
       }
-      const absl::Duration reconnect_left = lost_since + kReconnectWindow - now;
+      const absl::Duration reconnect_left = lost_since + options.reconnect_timeout - now;
       if (reconnect_left <= absl::ZeroDuration()) {
         return Fail(kExitFailed, absl::StrCat("lost the coordinator at ", client.address(),
                                               " while waiting for job ", job_id,
                                               " and could not reconnect within ",
-                                              absl::FormatDuration(kReconnectWindow)));
+                                              absl::FormatDuration(options.reconnect_timeout)));
       }
       if (client.WaitUntilConnected(reconnect_left).ok()) {
         // Connected but the call still failed (e.g. the server is shutting
@@ -508,11 +511,13 @@ int RunStop(const Options& options, const std::vector<std::string>& args) {
 int ImportOne(const data::IdxImportOptions& import) {
   absl::StatusOr<int64_t> written = data::ImportIdx(import);
   if (!written.ok()) return FailStatus(written.status());
-  std::cout << absl::StrFormat("%s: wrote %d examples to %s/%s (%d shards)", import.name, *written,
-                               import.out_dir,
-                               data::ShardFileName(import.name, 0, import.num_shards),
-                               import.num_shards)
-            << (import.num_shards > 1 ? " and the others" : "") << std::endl;
+  const std::string first = data::ShardFileName(import.name, 0, import.num_shards);
+  const std::string last =
+      data::ShardFileName(import.name, import.num_shards - 1, import.num_shards);
+  std::cout << absl::StrFormat("%s: wrote %d examples to %s/%s%s", import.name, *written,
+                               import.out_dir, first,
+                               import.num_shards > 1 ? absl::StrCat(" .. ", last) : "")
+            << std::endl;
   return kExitOk;
 }
 
@@ -609,6 +614,12 @@ int Main(int argc, char** argv) {
       ParseDurationFlag("connect_timeout", absl::GetFlag(FLAGS_connect_timeout));
   if (!connect_timeout.ok()) return UsageError(connect_timeout.status().message());
   options.connect_timeout = *connect_timeout;
+  absl::StatusOr<absl::Duration> reconnect_timeout =
+      ParseDurationFlag("reconnect_timeout", absl::GetFlag(FLAGS_reconnect_timeout));
+  if (!reconnect_timeout.ok()) {
+    return UsageError(reconnect_timeout.status().message());
+  }
+  options.reconnect_timeout = *reconnect_timeout;
 
   if (command == "dataset") return RunDataset(args);
 

@@ -189,6 +189,21 @@ TEST(DownpourctlTest, DatasetImportNeedsOutDir) {
   EXPECT_THAT(r.err, HasSubstr("--out_dir"));
 }
 
+TEST(DownpourctlTest, DatasetImportFashionMnist) {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  if (access((dir + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  const std::string out_dir = absl::StrCat(TempDir(), "/fashion");
+  Result r = RunCtl({"dataset", "import", "--fashion_mnist=" + dir, "--out_dir=" + out_dir,
+                     "--shards=2", "--limit=50"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("train: wrote 50 examples to " + out_dir));
+  EXPECT_THAT(r.out, HasSubstr("test: wrote 50 examples to " + out_dir));
+  EXPECT_EQ(access((out_dir + "/train-00001-of-00002.tfrecord").c_str(), R_OK), 0);
+  EXPECT_EQ(access((out_dir + "/test-00000-of-00002.tfrecord").c_str(), R_OK), 0);
+}
+
 // ------------------------------------------------------- a fake coordinator
 
 // Jobs advance 100 steps per WatchJob from an up-to-date client; a job named
@@ -462,6 +477,20 @@ TEST_F(DownpourctlServerTest, WaitSurvivesCoordinatorRestart) {
   EXPECT_THAT(r.err, HasSubstr("lost the coordinator at " + address_));
   EXPECT_THAT(r.err, HasSubstr("reconnected"));
   EXPECT_THAT(r.out, HasSubstr("job job-1 SUCCEEDED"));
+}
+
+TEST_F(DownpourctlServerTest, WaitGivesUpWhenCoordinatorStaysAway) {
+  ASSERT_EQ(RunCtl({Flag(), "submit", JobFile("mnist", 300)}).exit_code, 0);
+  service_.set_stalled(true);
+  Child child = Start({Flag(), "wait", "job-1", "--reconnect_timeout=2s"});
+  absl::SleepFor(absl::Milliseconds(500));
+  StopServer();
+  Result r = Finish(child);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("lost the coordinator at " + address_ +
+                               " while waiting for job job-1 and could not "
+                               "reconnect within 2s"));
+  EXPECT_LT(r.took, absl::Seconds(10));
 }
 
 }  // namespace
