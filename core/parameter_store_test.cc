@@ -1,5 +1,6 @@
 #include "core/parameter_store.h"
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -432,6 +433,21 @@ TEST_F(ParameterStoreTest, ConcurrentAsyncPushesAreAllApplied) {
   ExpectNear(bias.values, {1.f - 0.1f * 4 * kPushes, 1.f - 0.1f * 4 * kPushes}, 1e-2);
   // Every worker has pushed kPushes steps.
   EXPECT_TRUE(store_.Pull(MakePull({}, 0, kPushes), Soon()).ok());
+}
+
+TEST_F(ParameterStoreTest, ConcurrentRetriesOfOneRequestApplyItOnce) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 1));
+  const PushRequest request = MakePush(0, 1, 0, {{{1, 0}, {1, 1}}});
+  std::atomic<int> applied{0};
+  std::vector<std::thread> retries;
+  for (int i = 0; i < 8; ++i) {
+    retries.emplace_back([&] {
+      if (!PushOk(request).duplicate()) ++applied;
+    });
+  }
+  for (std::thread& t : retries) t.join();
+  EXPECT_EQ(applied.load(), 1);
+  EXPECT_EQ(PullOne({1, 0}).version, 1);
 }
 
 // Every optimizer through the store in SYNC mode with two workers and a
