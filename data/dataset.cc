@@ -102,7 +102,6 @@ BatchReader::BatchReader(const BatchReaderOptions& options, std::vector<std::str
   std::seed_seq seq{static_cast<uint32_t>(options.seed), static_cast<uint32_t>(options.seed >> 32),
                     static_cast<uint32_t>(options.rank)};
   rng_.seed(seq);
-  shuffle_buffer_.reserve(options.shuffle_buffer);
 }
 
 BatchReader::~BatchReader() {
