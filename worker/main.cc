@@ -1,0 +1,203 @@
+// downpour-worker: one per host. Registers with the coordinator, and for every
+// job it is given runs a JobTrainer (a model replica) against the job's
+// parameter shards. Flags are parsed here once into options.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "kernels/cpu.h"
+#include "rpc/node_agent.h"
+#include "rpc/ps_client.h"
+#include "rpc/server_util.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT (port 0 picks one)");
+ABSL_FLAG(std::string, port_file, "", "File to write the bound HOST:PORT to once serving");
+ABSL_FLAG(std::string, metrics_listen, "", "HTTP address for /metrics (empty: off)");
+ABSL_FLAG(std::string, coordinator, "", "Coordinator HOST:PORT (required)");
+ABSL_FLAG(std::string, node_id, "", "Stable node name (default: worker@<listen address>)");
+ABSL_FLAG(std::string, data_dir, ".", "Relative record-file globs of jobs resolve against this");
+ABSL_FLAG(int32_t, compute_threads, 1, "CPU threads for the math of each replica");
+ABSL_FLAG(int64_t, pull_timeout_ms, 120000,
+          "How long a pull may wait for other workers or a shard before the job fails");
+
+namespace downpour {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "downpour-worker: %.*s\n", static_cast<int>(status.message().size()),
+               status.message().data());
+  return 1;
+}
+
+// The jobs this worker runs, reconciled with the coordinator's task list.
+class WorkerRuntime {
+ public:
+  WorkerRuntime(TrainerOptions options) : options_(std::move(options)) {}
+  ~WorkerRuntime() { StopAll(); }
+
+  void set_agent(NodeAgent* agent) { agent_.store(agent); }
+
+  void OnTasks(const std::vector<Task>& tasks) {
+    // Tasks arriving before the agent is published come again next heartbeat.
+    if (agent_.load() == nullptr) return;
+    absl::MutexLock lock(&mu_);
+    std::set<std::string> current;
+    for (const Task& task : tasks) {
+      current.insert(task.job_id());
+      if (running_.count(task.job_id())) continue;
+      Start(task);
+    }
+    for (auto& [id, job] : running_) {
+      if (!current.count(id)) job->trainer->Cancel();
+    }
+    // Forget ended jobs whose thread has returned.
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (!current.count(it->first) && it->second->done.load()) {
+        it->second->thread.join();
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void StopAll() {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : running_) job->trainer->Cancel();
+    for (auto& [id, job] : running_) job->thread.join();
+    running_.clear();
+  }
+
+ private:
+  struct RunningJob {
+    std::vector<std::unique_ptr<RemoteParameterShard>> shards;
+    std::unique_ptr<JobTrainer> trainer;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  void Start(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto job = std::make_unique<RunningJob>();
+    std::vector<ParameterShard*> shards;
+    for (const std::string& address : task.shard_addresses()) {
+      job->shards.push_back(RemoteParameterShard::Create(address));
+      shards.push_back(job->shards.back().get());
+    }
+    TrainerOptions options = options_;
+    options.incarnation = agent_.load()->self().incarnation();
+    job->trainer = std::make_unique<JobTrainer>(
+        task, options, shards, [this](const ReportProgressRequest& request) {
+          auto response = agent_.load()->ReportProgress(request);
+          if (!response.ok()) {
+            Log(absl::StrCat("job ", request.job_id(),
+                             ": progress report failed: ", response.status().message()));
+            return true;
+          }
+          return !response->job_ended();
+        });
+    Log(absl::StrCat("job ", task.job_id(), ": starting as worker rank ", task.rank(), " of ",
+                     task.spec().num_workers(), ", ", task.shard_addresses_size(), " shards"));
+    RunningJob* raw = job.get();
+    const std::string id = task.job_id();
+    job->thread = std::thread([raw, id] {
+      absl::Status status = raw->trainer->Run();
+      Log(absl::StrCat("job ", id, ": ", status.ok() ? "finished" : status.ToString()));
+      raw->done.store(true);
+    });
+    running_[id] = std::move(job);
+  }
+
+  const TrainerOptions options_;
+  std::atomic<NodeAgent*> agent_{nullptr};
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
+};
+
+int Main() {
+  BlockTerminationSignals();
+  SetLogPrefix("downpour-worker");
+  if (absl::GetFlag(FLAGS_coordinator).empty()) {
+    return Fail(absl::InvalidArgumentError("--coordinator=HOST:PORT is required"));
+  }
+  if (absl::GetFlag(FLAGS_compute_threads) < 1) {
+    return Fail(absl::InvalidArgumentError("--compute_threads must be at least 1"));
+  }
+  if (access(absl::GetFlag(FLAGS_data_dir).c_str(), R_OK | X_OK) != 0) {
+    return Fail(absl::NotFoundError(absl::StrCat("--data_dir ", absl::GetFlag(FLAGS_data_dir),
+                                                 " is not a readable directory")));
+  }
+  kernels::cpu::SetCpuThreads(absl::GetFlag(FLAGS_compute_threads));
+
+  MetricsRegistry metrics;
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    auto started = MetricsHttpServer::Start(absl::GetFlag(FLAGS_metrics_listen), &metrics);
+    if (!started.ok()) return Fail(started.status());
+    metrics_server = std::move(started).value();
+  }
+  auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {});
+  if (!server.ok()) return Fail(server.status());
+
+  NodeAgent::Options agent_options;
+  agent_options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  NodeInfo& self = agent_options.self;
+  self.set_id(absl::GetFlag(FLAGS_node_id).empty() ? absl::StrCat("worker@", server->address)
+                                                   : absl::GetFlag(FLAGS_node_id));
+  self.set_role(WORKER);
+  self.set_address(server->address);
+  if (metrics_server) self.set_metrics_address(metrics_server->address());
+  self.add_devices("cpu");
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  self.set_hostname(host);
+  metrics.GetGauge("downpour_worker_devices", "Compute devices in use.", {{"device", "cpu"}})
+      ->Set(1);
+
+  TrainerOptions trainer_options;
+  trainer_options.node_id = self.id();
+  trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  trainer_options.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));
+  trainer_options.metrics = &metrics;
+  auto runtime = std::make_unique<WorkerRuntime>(trainer_options);
+  auto agent = NodeAgent::Start(
+      agent_options, [&runtime](const std::vector<Task>& tasks) { runtime->OnTasks(tasks); });
+  if (!agent.ok()) return Fail(agent.status());
+  runtime->set_agent(agent->get());
+
+  absl::Status written = WritePortFile(absl::GetFlag(FLAGS_port_file), server->address);
+  if (!written.ok()) return Fail(written);
+  Log(absl::StrCat("worker ", self.id(), " serving on ", server->address, ", device cpu",
+                   metrics_server ? absl::StrCat(", metrics on ", metrics_server->address()) : ""));
+
+  const std::string signal = WaitForTerminationSignal();
+  Log(absl::StrCat(signal, " received, shutting down"));
+  agent->reset();
+  runtime->StopAll();
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+}  // namespace
+}  // namespace downpour
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "downpour-worker --coordinator=HOST:PORT [--listen=HOST:PORT] [--data_dir=DIR]");
+  absl::ParseCommandLine(argc, argv);
+  return downpour::Main();
+}

@@ -1,0 +1,76 @@
+// JobTrainer: one worker's part of one job — the training loop of a model
+// replica. Each step it pulls the parameters from the job's shards, runs
+// forward and backward on its next batch, and pushes the gradients back; it
+// reports progress every log_every_steps and, on rank 0, evaluates the final
+// model on the held-out set.
+//
+// The shards are ParameterShard interfaces, so the loop runs the same against
+// local stores (tests) and remote shards (the daemon). Run() is blocking and
+// runs on its own thread; Cancel() may be called from any thread.
+#ifndef DOWNPOUR_WORKER_TRAINER_H_
+#define DOWNPOUR_WORKER_TRAINER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "core/model.h"
+#include "core/parameter_store.h"
+#include "proto/coordinator.pb.h"
+
+namespace downpour {
+
+struct TrainerOptions {
+  std::string node_id;
+  int64_t incarnation = 0;
+  // Relative record-file globs of the job are resolved against this.
+  std::string data_dir;
+  // How long a pull may wait for the other workers (SYNC) or for a shard to
+  // come up, in total, before the job fails.
+  absl::Duration pull_timeout = absl::Seconds(120);
+  // A blocking pull is issued in slices of this length, so Cancel() is noticed.
+  absl::Duration pull_slice = absl::Seconds(2);
+  MetricsRegistry* metrics = nullptr;  // Optional, not owned.
+};
+
+class JobTrainer {
+ public:
+  // Called with each progress report; returns false when the job has ended
+  // elsewhere (stopped, or failed on another node), which stops the loop.
+  using Reporter = std::function<bool(const ReportProgressRequest&)>;
+
+  // `shards[i]` serves shard index i of the task's placement (not owned).
+  JobTrainer(Task task, TrainerOptions options, std::vector<ParameterShard*> shards,
+             Reporter reporter);
+
+  // Trains to the end, reports the outcome (finished, or the error) and
+  // returns it.
+  absl::Status Run();
+  void Cancel() { cancelled_.store(true); }
+
+ private:
+  absl::Status Train();
+  absl::Status PullParameters(Model* model, int64_t min_version, int64_t min_worker_steps);
+  absl::Status PushGradients(const Model& model, int64_t step);
+  absl::StatusOr<double> EvaluateTestSet(Model* model);
+  void Report(ReportProgressRequest request);
+
+  const Task task_;
+  const TrainerOptions options_;
+  const std::vector<ParameterShard*> shards_;
+  const Reporter reporter_;
+  // Keys of the partitions each shard holds, in placement order.
+  std::vector<std::vector<PartitionPlacement>> partitions_by_shard_;
+  int64_t sequence_ = 0;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> job_ended_{false};
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_WORKER_TRAINER_H_
