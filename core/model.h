@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "core/params.h"
 #include "kernels/cpu.h"
+#include "kernels/types.h"
 #include "proto/job.pb.h"
 
 namespace downpour {
@@ -39,6 +40,13 @@ enum class LayerKind {
   kFlatten,
   kDropout,
   kSoftmaxCrossEntropy,
+  kConv2d,
+  kMaxPool,
+  kAvgPool,
+  kGlobalAvgPool,
+  kBatchNorm,
+  kAdd,
+  kEmbedding,
 };
 
 // The name LayerSpec uses for a kind ("dense", "softmax_cross_entropy", ...).
@@ -56,6 +64,14 @@ struct LayerShape {
   std::vector<int32_t> param_ids;     // Into ModelShape::params, in order.
   int64_t units = 0;                  // kDense.
   float dropout_rate = 0.f;           // kDropout.
+  // kConv2d, kMaxPool, kAvgPool: the window over one example (batch 0; the
+  // step sets it). Images are NHWC: input_shape is [height, width, channels].
+  kernels::WindowShape window;
+  float bn_momentum = 0.f;               // kBatchNorm (defaults resolved).
+  float bn_epsilon = 0.f;                // kBatchNorm.
+  std::vector<int32_t> local_state_ids;  // kBatchNorm: running mean, running var.
+  int64_t vocab_size = 0;                // kEmbedding.
+  int64_t embedding_dim = 0;             // kEmbedding.
 };
 
 struct ModelShape {
@@ -64,12 +80,22 @@ struct ModelShape {
   int32_t num_classes = 0;
   std::vector<ParamInfo> params;   // ids 0..n-1, in layer order.
   std::vector<LayerShape> layers;  // In spec order.
+  // Non-trainable tensors each replica keeps for itself (batch norm running
+  // statistics), ids 0..n-1 into this list. They are not parameters: the
+  // parameter server never sees them, and each worker's evaluation uses its
+  // own. `init` is kZeros or kOnes.
+  std::vector<ParamInfo> local_state;
 };
 
 // Validates `spec` and derives its parameters and per-layer output shapes.
 // A dense layer has "<layer>/weight" [in, out] (He uniform) then, unless
-// no_bias, "<layer>/bias" [out] (zeros). Errors are InvalidArgument with one
-// sentence naming the field, e.g.
+// no_bias, "<layer>/bias" [out] (zeros). A conv2d has "<layer>/weight"
+// [filters, kernel_h, kernel_w, in_channels] (He uniform, fan_in = kernel_h *
+// kernel_w * in_channels) and "<layer>/bias" [filters]; batch_norm has
+// "<layer>/gamma" (ones) and "<layer>/beta" (zeros) [channels], plus local
+// state "<layer>/running_mean" (zeros) and "<layer>/running_var" (ones);
+// embedding has "<layer>/table" [vocab_size, dim] (Glorot uniform). Errors
+// are InvalidArgument with one sentence naming the field, e.g.
 //   model.layer[2] ("fc2"): input "fc9" is not an earlier layer
 absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec);
 
@@ -110,15 +136,25 @@ class Model {
   float* grad(int id) { return grads_[id].data(); }
   const float* grad(int id) const { return grads_[id].data(); }
 
-  // Forward in training mode (dropout active, masks from seed and `step`),
-  // then backward: overwrites every grad(id). `features` is
+  // Forward in training mode (dropout active, masks from seed and `step`;
+  // batch norm normalises with the batch's statistics and moves its running
+  // ones), then backward: overwrites every grad(id). `features` is
   // [batch, input_size()], `labels` is [batch].
-  // InvalidArgument for batch <= 0, null pointers, or a label outside
-  // [0, num_classes()).
+  // InvalidArgument for batch <= 0, null pointers, a label outside
+  // [0, num_classes()), or a feature read by an embedding that is not an
+  // integer id in [0, vocab_size).
   absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
                                        int64_t step);
 
-  // Forward in inference mode (dropout is the identity); grads untouched.
+  // Local state (see ModelShape::local_state): batch norm's running
+  // statistics, updated by TrainStep and read by Evaluate.
+  // REQUIRES: 0 <= id < local_state().size().
+  const std::vector<ParamInfo>& local_state() const { return shape_.local_state; }
+  float* local_state_data(int id) { return local_state_[id].data(); }
+  const float* local_state_data(int id) const { return local_state_[id].data(); }
+
+  // Forward in inference mode (dropout is the identity, batch norm uses the
+  // running statistics); grads untouched.
   absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch);
 
  private:
@@ -136,6 +172,7 @@ class Model {
   kernels::cpu::CpuContext ctx_;
   std::vector<std::vector<float>> params_;
   std::vector<std::vector<float>> grads_;
+  std::vector<std::vector<float>> local_state_;
   std::vector<std::unique_ptr<model_internal::Layer>> layers_;
   // Activation buffers; a layer that only reshapes (flatten) shares its
   // input's. Index 0 stands for the model input and owns no memory.

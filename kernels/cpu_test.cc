@@ -310,6 +310,85 @@ TEST(SetCpuThreadsTest, GemmStillCorrectWithOneThread) {
   SetCpuThreads(2);
 }
 
+// Direct double-precision convolution, the definition in cpu.h.
+std::vector<double> NaiveConv(const WindowShape& s, const std::vector<float>& x,
+                              const std::vector<float>& w, const std::vector<float>& bias) {
+  std::vector<double> y(s.batch * s.out_elements());
+  for (int64_t n = 0; n < s.batch; ++n)
+    for (int64_t oh = 0; oh < s.out_h; ++oh)
+      for (int64_t ow = 0; ow < s.out_w; ++ow)
+        for (int64_t f = 0; f < s.out_c; ++f) {
+          double sum = bias[f];
+          for (int64_t i = 0; i < s.kernel_h; ++i)
+            for (int64_t j = 0; j < s.kernel_w; ++j)
+              for (int64_t c = 0; c < s.in_c; ++c) {
+                const int64_t ih = oh * s.stride_h - s.pad_top + i;
+                const int64_t iw = ow * s.stride_w - s.pad_left + j;
+                if (ih < 0 || ih >= s.in_h || iw < 0 || iw >= s.in_w) continue;
+                sum +=
+                    static_cast<double>(w[((f * s.kernel_h + i) * s.kernel_w + j) * s.in_c + c]) *
+                    x[((n * s.in_h + ih) * s.in_w + iw) * s.in_c + c];
+              }
+          y[((n * s.out_h + oh) * s.out_w + ow) * s.out_c + f] = sum;
+        }
+  return y;
+}
+
+TEST(Conv2dTest, ForwardMatchesDirectConvolutionWithStrideAndAsymmetricPadding) {
+  WindowShape s;
+  s.batch = 2;
+  s.in_h = 7, s.in_w = 6, s.in_c = 3;
+  s.kernel_h = 3, s.kernel_w = 2;
+  s.stride_h = 2, s.stride_w = 1;
+  s.pad_top = 1, s.pad_left = 0;
+  s.out_h = 4, s.out_w = 6, s.out_c = 5;  // Bottom padding 1, right padding 1.
+  ASSERT_EQ(s.pad_bottom(), 1);
+  ASSERT_EQ(s.pad_right(), 1);
+  const auto x = RandomVector(s.batch * s.in_elements(), 1);
+  const auto w = RandomVector(s.out_c * s.patch_elements(), 2);
+  const auto bias = RandomVector(s.out_c, 3);
+  std::vector<float> y(s.batch * s.out_elements());
+  std::vector<float> workspace(Conv2dWorkspaceElements(s));
+  Conv2dForward(CpuContext{}, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());
+  ExpectNear(NaiveConv(s, x, w, bias), y.data(), 1e-5);
+}
+
+TEST(PoolTest, MaxAndAverageOfAPaddedWindow) {
+  // One 3x3 single-channel image, window 2, stride 2, SAME: output 2x2, the
+  // last row and column of windows half in the padding.
+  WindowShape s;
+  s.batch = 1;
+  s.in_h = s.in_w = 3;
+  s.in_c = s.out_c = 1;
+  s.kernel_h = s.kernel_w = 2;
+  s.stride_h = s.stride_w = 2;
+  s.out_h = s.out_w = 2;
+  const std::vector<float> x = {1, -2, 3, 4, 5, -6, 7, 8, -9};
+  std::vector<float> y(4);
+  MaxPoolForward(CpuContext{}, s, x.data(), y.data());
+  EXPECT_EQ(y, (std::vector<float>{5, 3, 8, -9}));
+  AvgPoolForward(CpuContext{}, s, x.data(), y.data());
+  EXPECT_EQ(y, (std::vector<float>{2, -1.5f, 7.5f, -9}));
+  std::vector<float> dx(9, 1.f);
+  const std::vector<float> dy = {1, 2, 3, 4};
+  MaxPoolBackward(CpuContext{}, s, x.data(), dy.data(), dx.data(), Write::kAccumulate);
+  EXPECT_EQ(dx, (std::vector<float>{1, 1, 3, 1, 2, 1, 1, 4, 5}));
+  AvgPoolBackward(CpuContext{}, s, dy.data(), dx.data(), Write::kOverwrite);
+  EXPECT_EQ(dx, (std::vector<float>{0.25f, 0.25f, 1, 0.25f, 0.25f, 1, 1.5f, 1.5f, 4}));
+}
+
+TEST(EmbeddingTest, GatherAndScatterAdd) {
+  const std::vector<float> table = {0, 1, 10, 11, 20, 21};  // vocab 3, dim 2
+  const std::vector<float> ids = {2, 0, 2, 3, 0.5f};        // The last two are not ids.
+  std::vector<float> y(10, -1.f);
+  EmbeddingForward(CpuContext{}, 5, 3, 2, ids.data(), table.data(), y.data());
+  EXPECT_EQ(y, (std::vector<float>{20, 21, 0, 1, 20, 21, 0, 0, 0, 0}));
+  const std::vector<float> dy = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  std::vector<float> dtable(6, 100.f);
+  EmbeddingBackward(CpuContext{}, 5, 3, 2, ids.data(), dy.data(), dtable.data(), Write::kOverwrite);
+  EXPECT_EQ(dtable, (std::vector<float>{3, 4, 0, 0, 6, 8}));
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace kernels
