@@ -313,7 +313,7 @@ int WaitForJob(CoordinatorClient& client, const std::string& job_id, const Optio
                                  : absl::InfiniteFuture();
   EtaEstimator eta;
   int64_t known_version = 0;
-  int64_t printed_version = -1;
+  int64_t printed_step = -1;
   JobState printed_state = JOB_STATE_UNSPECIFIED;
   absl::Time lost_since = absl::InfiniteFuture();
   while (true) {
@@ -357,9 +357,10 @@ int WaitForJob(CoordinatorClient& client, const std::string& job_id, const Optio
     known_version = job->version();
     if (job->state() == RUNNING) eta.Observe(job->step());
     if (IsTerminal(job->state())) return PrintFinal(*job, options);
-    if (job->version() != printed_version || job->state() != printed_state) {
+    // One line per step reached (every worker's report bumps the version).
+    if (job->step() != printed_step || job->state() != printed_state) {
       PrintProgress(*job, eta);
-      printed_version = job->version();
+      printed_step = job->step();
       printed_state = job->state();
     }
   }

@@ -1,14 +1,35 @@
 #include "common/metrics_http.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/net_address.h"
 
 namespace downpour {
 namespace {
+
+// Opens and closes a connection to wake civetweb's accept loop, which
+// otherwise notices a stop request only at its next 2 s poll timeout.
+void Poke(const HostPort& address) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(address.port);
+  const std::string host = address.host == "0.0.0.0" ? "127.0.0.1" : address.host;
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) {
+    (void)connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  close(fd);
+}
 
 int HandleMetrics(mg_connection* connection, void* data) {
   const std::string body = static_cast<MetricsRegistry*>(data)->Exposition();
@@ -47,6 +68,18 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 MetricsHttpServer::MetricsHttpServer(mg_context* context, std::string address)
     : context_(context), address_(std::move(address)) {}
 
-MetricsHttpServer::~MetricsHttpServer() { mg_stop(context_); }
+MetricsHttpServer::~MetricsHttpServer() {
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    mg_stop(context_);
+    stopped.store(true);
+  });
+  auto address = ParseHostPort(address_);
+  while (!stopped.load() && address.ok()) {
+    Poke(*address);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  stopper.join();
+}
 
 }  // namespace downpour

@@ -101,14 +101,11 @@ class WorkerRuntime {
     TrainerOptions options = options_;
     options.incarnation = agent_.load()->self().incarnation();
     job->trainer = std::make_unique<JobTrainer>(
-        task, options, shards, [this](const ReportProgressRequest& request) {
+        task, options, shards,
+        [this](const ReportProgressRequest& request) -> absl::StatusOr<bool> {
           auto response = agent_.load()->ReportProgress(request);
-          if (!response.ok()) {
-            Log(absl::StrCat("job ", request.job_id(),
-                             ": progress report failed: ", response.status().message()));
-            return true;
-          }
-          return !response->job_ended();
+          if (!response.ok()) return response.status();
+          return response->job_ended();
         });
     Log(absl::StrCat("job ", task.job_id(), ": starting as worker rank ", task.rank(), " of ",
                      task.spec().num_workers(), ", ", task.shard_addresses_size(), " shards"));

@@ -46,16 +46,40 @@ absl::Status JobTrainer::Run() {
   if (!status.ok() && !cancelled_.load() && !job_ended_.load()) {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
-    Report(failed);
+    Report(failed, /*final=*/true);
   }
   return status;
 }
 
-void JobTrainer::Report(ReportProgressRequest request) {
+void JobTrainer::Report(ReportProgressRequest request, bool final) {
   request.set_job_id(task_.job_id());
   request.set_node_id(options_.node_id);
   request.set_rank(task_.rank());
-  if (!reporter_(request)) job_ended_.store(true);
+  const absl::Time give_up = absl::Now() + options_.final_report_timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    absl::StatusOr<bool> ended = reporter_(request);
+    if (ended.ok()) {
+      if (!coordinator_reachable_) {
+        Log(absl::StrCat("job ", task_.job_id(), ": progress reports delivered again"));
+      }
+      coordinator_reachable_ = true;
+      if (*ended) job_ended_.store(true);
+      return;
+    }
+    if (coordinator_reachable_) {
+      Log(absl::StrCat("job ", task_.job_id(), ": cannot report progress (",
+                       ended.status().message(), ")", final ? "; retrying" : ""));
+    }
+    coordinator_reachable_ = false;
+    // A result the coordinator rejected outright will not be accepted later.
+    if (!final || cancelled_.load() || absl::IsPermissionDenied(ended.status()) ||
+        absl::IsNotFound(ended.status()) || absl::Now() + backoff > give_up) {
+      return;
+    }
+    absl::SleepFor(backoff);  // Backoff between delivery attempts of a result.
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
 }
 
 absl::Status JobTrainer::PullParameters(Model* model, int64_t min_version,
@@ -226,7 +250,7 @@ absl::Status JobTrainer::Train() {
       if (loss_gauge) loss_gauge->Set(progress.loss());
       if (rate_gauge) rate_gauge->Set(progress.examples_per_sec());
       progress.set_finished(step + 1 == spec.steps() && rank != 0);
-      Report(progress);
+      Report(progress, /*final=*/progress.finished());
       window_start = now;
       window_loss = 0;
       window_steps = window_examples = 0;
@@ -245,7 +269,7 @@ absl::Status JobTrainer::Train() {
   done.set_finished(true);
   done.set_has_test_accuracy(true);
   done.set_test_accuracy(accuracy);
-  Report(done);
+  Report(done, /*final=*/true);
   return absl::OkStatus();
 }
 

@@ -35,14 +35,19 @@ struct TrainerOptions {
   absl::Duration pull_timeout = absl::Seconds(120);
   // A blocking pull is issued in slices of this length, so Cancel() is noticed.
   absl::Duration pull_slice = absl::Seconds(2);
+  // A final report (finished, test accuracy, or failure) is retried this long
+  // while the coordinator is unreachable, so a coordinator restart loses no
+  // result. Ordinary progress reports are best effort.
+  absl::Duration final_report_timeout = absl::Minutes(5);
   MetricsRegistry* metrics = nullptr;  // Optional, not owned.
 };
 
 class JobTrainer {
  public:
-  // Called with each progress report; returns false when the job has ended
-  // elsewhere (stopped, or failed on another node), which stops the loop.
-  using Reporter = std::function<bool(const ReportProgressRequest&)>;
+  // Delivers a progress report to the coordinator. Returns whether the job
+  // has ended elsewhere (stopped, or failed on another node), which stops the
+  // loop, or the delivery error.
+  using Reporter = std::function<absl::StatusOr<bool>(const ReportProgressRequest&)>;
 
   // `shards[i]` serves shard index i of the task's placement (not owned).
   JobTrainer(Task task, TrainerOptions options, std::vector<ParameterShard*> shards,
@@ -58,7 +63,8 @@ class JobTrainer {
   absl::Status PullParameters(Model* model, int64_t min_version, int64_t min_worker_steps);
   absl::Status PushGradients(const Model& model, int64_t step);
   absl::StatusOr<double> EvaluateTestSet(Model* model);
-  void Report(ReportProgressRequest request);
+  // Sends a report; a final one is retried until delivered or timed out.
+  void Report(ReportProgressRequest request, bool final);
 
   const Task task_;
   const TrainerOptions options_;
@@ -69,6 +75,7 @@ class JobTrainer {
   int64_t sequence_ = 0;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};
+  bool coordinator_reachable_ = true;
 };
 
 }  // namespace downpour

@@ -1,0 +1,288 @@
+// End-to-end tests: the real daemons as processes on loopback, driven with
+// downpourctl the way an operator would, training real Fashion-MNIST data.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "proto/job.pb.h"
+#include "tests/local_cluster.h"
+
+namespace downpour {
+namespace testing {
+namespace {
+
+// A small MLP on the data imported by ImportFashionMnist.
+std::string MlpSpec(const std::string& mode, int workers, int shards, int steps,
+                    const std::string& extra = "") {
+  return absl::StrCat(R"(
+name: "mlp"
+model {
+  input_shape: [28, 28, 1]
+  num_classes: 10
+  layer { flatten {} }
+  layer { dense { units: 128 } }
+  layer { relu {} }
+  layer { dense { units: 10 } }
+  layer { softmax_cross_entropy {} }
+}
+dataset {
+  train_files: "fashion-mnist/train-*.tfrecord"
+  test_files: "fashion-mnist/test-*.tfrecord"
+  batch_size: 64
+  shuffle_buffer: 2000
+}
+optimizer { kind: ADAM learning_rate: 0.002 }
+consistency { mode: )",
+                      mode, R"( }
+num_workers: )",
+                      workers, "\nnum_shards: ", shards, "\nsteps: ", steps,
+                      "\nlog_every_steps: 20\nseed: 5\n", extra);
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_dir_ = new std::string(MakeTempDir("data"));
+    absl::Status imported = ImportFashionMnist(*data_dir_, 12000);
+    ASSERT_TRUE(imported.ok()) << imported;
+  }
+
+  void StartCluster(int shards, int workers) {
+    LocalCluster::Options options;
+    options.shards = shards;
+    options.workers = workers;
+    options.data_dir = *data_dir_;
+    cluster_ = std::make_unique<LocalCluster>(options);
+    absl::Status started = cluster_->Start();
+    ASSERT_TRUE(started.ok()) << started << cluster_->Logs();
+  }
+
+  std::string WriteSpec(const std::string& text) {
+    const std::string path = absl::StrCat(cluster_->dir(), "/spec", ++specs_, ".pbtxt");
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  JobStatus GetJob(const std::string& id) {
+    CommandResult result = cluster_->Ctl({"-o", "json", "get", id});
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    JobStatus job;
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = true;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(result.out, &job, options).ok())
+        << result.out;
+    return job;
+  }
+
+  // Submits `spec` with --wait and returns the finished job.
+  JobStatus RunJob(const std::string& spec, const std::string& id) {
+    CommandResult result = cluster_->Ctl({"submit", WriteSpec(spec), "--job_id=" + id, "--wait"});
+    EXPECT_EQ(result.exit_code, 0) << result.out << result.err << cluster_->Logs();
+    EXPECT_NE(result.out.find(absl::StrCat("job ", id, " SUCCEEDED")), std::string::npos)
+        << result.out;
+    return GetJob(id);
+  }
+
+  void TearDown() override {
+    if (cluster_) {
+      std::vector<std::string> unclean = cluster_->StopAll();
+      EXPECT_TRUE(unclean.empty()) << absl::StrJoin(unclean, "; ") << cluster_->Logs();
+    }
+  }
+
+  static std::string* data_dir_;
+  std::unique_ptr<LocalCluster> cluster_;
+  int specs_ = 0;
+};
+
+std::string* ClusterTest::data_dir_ = nullptr;
+
+TEST_F(ClusterTest, SyncTwoShardsTwoWorkersTrainsFashionMnist) {
+  StartCluster(2, 2);
+  JobStatus job = RunJob(MlpSpec("SYNC", 2, 2, 300), "sync-job");
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_EQ(job.step(), 300);
+  EXPECT_GE(job.test_accuracy(), 0.78) << cluster_->Logs();
+  ASSERT_EQ(job.workers_size(), 2);
+  EXPECT_TRUE(job.workers(0).finished() && job.workers(1).finished());
+  EXPECT_EQ(job.placement().shard_nodes_size(), 2);
+}
+
+TEST_F(ClusterTest, AsyncThreeShardsThreeWorkersTrainsFashionMnist) {
+  StartCluster(3, 3);
+  JobStatus job = RunJob(MlpSpec("ASYNC", 3, 3, 250), "async-job");
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_GE(job.test_accuracy(), 0.75) << cluster_->Logs();
+}
+
+TEST_F(ClusterTest, SspWithBackupFreeSyncVariantsTrain) {
+  StartCluster(2, 2);
+  JobStatus ssp = RunJob(
+      absl::StrReplaceAll(MlpSpec("SSP", 2, 2, 200), {{"mode: SSP", "mode: SSP staleness: 2"}}),
+      "ssp-job");
+  EXPECT_GE(ssp.test_accuracy(), 0.72);
+  JobStatus backup = RunJob(absl::StrReplaceAll(MlpSpec("SYNC", 2, 2, 200),
+                                                {{"mode: SYNC", "mode: SYNC backup_workers: 1"}}),
+                            "backup-job");
+  EXPECT_GE(backup.test_accuracy(), 0.72);
+}
+
+TEST_F(ClusterTest, BadSpecsAreRejectedNamingTheField) {
+  StartCluster(1, 1);
+  struct Case {
+    std::string spec;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10), {{"relu {}", "swish {}"}}), "swish"},
+      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10), {{"units: 10 }", "units: 12 }"}}),
+       "softmax_cross_entropy"},
+      {MlpSpec("SYNC", 0, 1, 10), "num_workers"},
+      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10),
+                           {{"train_files: \"fashion-mnist/train-*.tfrecord\"", ""}}),
+       "dataset.train_files"},
+      {MlpSpec("SYNC", 1, 99, 10), "num_shards"},
+      {MlpSpec("SYNC", 1, 1, 0), "steps"},
+  };
+  for (const Case& c : cases) {
+    CommandResult result = cluster_->Ctl({"submit", WriteSpec(c.spec)});
+    EXPECT_NE(result.exit_code, 0) << c.expected;
+    EXPECT_NE(result.err.find(c.expected), std::string::npos)
+        << "expected \"" << c.expected << "\" in: " << result.err;
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  }
+  CommandResult list = cluster_->Ctl({"-o", "json", "list"});
+  EXPECT_EQ(list.exit_code, 0);
+  EXPECT_EQ(list.out.find("\"id\""), std::string::npos) << "a rejected job was queued";
+}
+
+TEST_F(ClusterTest, DuplicateJobIdIsRejected) {
+  StartCluster(1, 1);
+  const std::string spec = WriteSpec(MlpSpec("SYNC", 1, 1, 20));
+  CommandResult first = cluster_->Ctl({"submit", spec, "--job_id=same"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  CommandResult second = cluster_->Ctl({"submit", spec, "--job_id=same"});
+  EXPECT_NE(second.exit_code, 0);
+  EXPECT_NE(second.err.find("\"same\" already exists"), std::string::npos) << second.err;
+  EXPECT_EQ(cluster_->Ctl({"wait", "same"}).exit_code, 0);
+}
+
+TEST_F(ClusterTest, CorruptRecordFailsTheJobNamingFileAndOffset) {
+  StartCluster(1, 1);
+  // A copy of the data whose first training shard has a flipped payload byte.
+  const std::string dir = *data_dir_ + "/corrupt";
+  mkdir(dir.c_str(), 0755);
+  const std::string src = *data_dir_ + "/fashion-mnist/train-00000-of-00004.tfrecord";
+  std::string bytes = ReadFile(src);
+  ASSERT_GT(bytes.size(), 5000u);
+  bytes[4000] ^= 0x5a;
+  std::ofstream(dir + "/train-00000-of-00001.tfrecord", std::ios::binary) << bytes;
+  const std::string spec = absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 400),
+                                               {{"fashion-mnist/train-*", "corrupt/train-*"}});
+  CommandResult result = cluster_->Ctl({"submit", WriteSpec(spec), "--job_id=bad-data", "--wait"});
+  EXPECT_NE(result.exit_code, 0);
+  JobStatus job = GetJob("bad-data");
+  EXPECT_EQ(job.state(), FAILED);
+  EXPECT_NE(job.message().find("train-00000-of-00001.tfrecord"), std::string::npos)
+      << job.message();
+  EXPECT_NE(job.message().find("offset"), std::string::npos) << job.message();
+}
+
+TEST_F(ClusterTest, MissingDatasetFailsTheJobNamingThePattern) {
+  StartCluster(1, 1);
+  const std::string spec = absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10),
+                                               {{"fashion-mnist/train-*", "nowhere/train-*"}});
+  CommandResult result = cluster_->Ctl({"submit", WriteSpec(spec), "--job_id=no-data", "--wait"});
+  EXPECT_NE(result.exit_code, 0);
+  JobStatus job = GetJob("no-data");
+  EXPECT_EQ(job.state(), FAILED);
+  EXPECT_NE(job.message().find("nowhere/train-*"), std::string::npos) << job.message();
+}
+
+TEST_F(ClusterTest, JobsSurviveACoordinatorRestartMidJob) {
+  StartCluster(1, 1);
+  CommandResult submitted =
+      cluster_->Ctl({"submit", WriteSpec(MlpSpec("SYNC", 1, 1, 1500)), "--job_id=long"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  // Let it run, then restart the coordinator on the same address.
+  for (int i = 0; i < 200 && GetJob("long").step() < 100; ++i)
+    absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_GE(GetJob("long").step(), 100) << cluster_->Logs();
+  absl::Status restarted = cluster_->RestartCoordinator();
+  ASSERT_TRUE(restarted.ok()) << restarted << cluster_->Logs();
+  JobStatus after = GetJob("long");
+  EXPECT_EQ(after.state(), RUNNING);
+  CommandResult waited = cluster_->Ctl({"wait", "long"});
+  EXPECT_EQ(waited.exit_code, 0) << waited.err << cluster_->Logs();
+  JobStatus done = GetJob("long");
+  EXPECT_EQ(done.state(), SUCCEEDED);
+  EXPECT_GE(done.test_accuracy(), 0.78);
+  // And a finished job is still there after another restart.
+  ASSERT_TRUE(cluster_->RestartCoordinator().ok());
+  EXPECT_EQ(GetJob("long").test_accuracy(), done.test_accuracy());
+}
+
+TEST_F(ClusterTest, DeadWorkerFailsTheJobWithinBoundedTime) {
+  StartCluster(1, 2);
+  CommandResult submitted =
+      cluster_->Ctl({"submit", WriteSpec(MlpSpec("SYNC", 2, 1, 100000)), "--job_id=doomed"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  for (int i = 0; i < 200 && GetJob("doomed").step() < 20; ++i)
+    absl::SleepFor(absl::Milliseconds(50));
+  cluster_->worker(1)->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  CommandResult waited = cluster_->Ctl({"wait", "doomed"}, absl::Seconds(60));
+  EXPECT_EQ(waited.exit_code, 1) << waited.err;
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(15));
+  JobStatus job = GetJob("doomed");
+  EXPECT_EQ(job.state(), FAILED);
+  EXPECT_NE(job.message().find("stopped heartbeating"), std::string::npos) << job.message();
+  // The survivor is free again: a new job runs on it.
+  JobStatus next = RunJob(MlpSpec("ASYNC", 1, 1, 50), "after-death");
+  EXPECT_EQ(next.state(), SUCCEEDED);
+}
+
+TEST_F(ClusterTest, StopEndsARunningJobAndFreesItsWorkers) {
+  StartCluster(1, 1);
+  ASSERT_EQ(
+      cluster_->Ctl({"submit", WriteSpec(MlpSpec("ASYNC", 1, 1, 100000)), "--job_id=s"}).exit_code,
+      0);
+  for (int i = 0; i < 200 && GetJob("s").step() < 20; ++i) absl::SleepFor(absl::Milliseconds(50));
+  CommandResult stopped = cluster_->Ctl({"stop", "s"});
+  EXPECT_EQ(stopped.exit_code, 0) << stopped.err;
+  EXPECT_EQ(GetJob("s").state(), STOPPED);
+  JobStatus next = RunJob(MlpSpec("ASYNC", 1, 1, 40), "after-stop");
+  EXPECT_EQ(next.state(), SUCCEEDED);
+}
+
+TEST_F(ClusterTest, NodesHealthAndMetricsAreServed) {
+  StartCluster(1, 1);
+  CommandResult nodes = cluster_->Ctl({"-o", "json", "nodes"});
+  ASSERT_EQ(nodes.exit_code, 0) << nodes.err;
+  EXPECT_NE(nodes.out.find("\"SHARD\""), std::string::npos) << nodes.out;
+  EXPECT_NE(nodes.out.find("\"WORKER\""), std::string::npos) << nodes.out;
+  EXPECT_NE(nodes.out.find("\"cpu\""), std::string::npos) << nodes.out;
+  RunJob(MlpSpec("SYNC", 1, 1, 20), "metered");
+  for (const char* name : {"coordinator", "ps0", "worker0"}) {
+    const std::string address = cluster_->MetricsAddressOf(name);
+    ASSERT_FALSE(address.empty()) << name << cluster_->Logs();
+    auto body = HttpGet(address, "/metrics");
+    ASSERT_TRUE(body.ok()) << body.status();
+    EXPECT_NE(body->find("# TYPE downpour_"), std::string::npos) << *body;
+  }
+  auto worker_metrics = HttpGet(cluster_->MetricsAddressOf("worker0"), "/metrics");
+  EXPECT_NE(worker_metrics->find("downpour_worker_steps_total{job=\"metered\"} 20"),
+            std::string::npos)
+      << *worker_metrics;
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace downpour

@@ -1,0 +1,314 @@
+#include "tests/local_cluster.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/net_address.h"
+
+namespace downpour {
+namespace testing {
+namespace {
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value ? value : fallback;
+}
+
+absl::StatusOr<std::string> WaitForPortFile(const std::string& path, Process* process,
+                                            absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::string text(absl::StripAsciiWhitespace(ReadFile(path)));
+    if (!text.empty()) return text;
+    if (!process->Running()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("daemon exited before serving; log:\n", process->Log()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("no port file ", path, "; log:\n", process->Log()));
+}
+
+}  // namespace
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(EnvOr("TEST_SRCDIR", "."), "/", EnvOr("TEST_WORKSPACE", "downpour"), "/",
+                      path);
+}
+
+std::string MakeTempDir(const std::string& name) {
+  static int counter = 0;
+  const std::string dir =
+      absl::StrCat(EnvOr("TEST_TMPDIR", "/tmp"), "/", name, "-", getpid(), "-", ++counter);
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Spawn(const std::vector<std::string>& argv,
+                                                        const std::string& log_path) {
+  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (log_fd < 0) return absl::InternalError(absl::StrCat("cannot open ", log_path));
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(log_fd);
+  return std::unique_ptr<Process>(new Process(pid, log_path));
+}
+
+Process::~Process() {
+  if (!reaped_) Stop(absl::Seconds(2));
+}
+
+bool Process::Running() {
+  if (reaped_) return false;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    reaped_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    return false;
+  }
+  return true;
+}
+
+void Process::Signal(int signal) {
+  if (!reaped_) kill(pid_, signal);
+}
+
+absl::StatusOr<int> Process::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (Running()) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return exit_code_;
+}
+
+int Process::Stop(absl::Duration grace) {
+  Signal(SIGTERM);
+  auto code = Wait(grace);
+  if (code.ok()) return *code;
+  Signal(SIGKILL);
+  return Wait(absl::Seconds(10)).value_or(-SIGKILL);
+}
+
+std::string Process::Log() const { return ReadFile(log_path_); }
+
+CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
+  const std::string dir = MakeTempDir("cmd");
+  const std::string out_path = dir + "/out", err_path = dir + "/err";
+  CommandResult result;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (absl::Now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      result.err = "killed: timed out\n";
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  result.out = ReadFile(out_path);
+  result.err += ReadFile(err_path);
+  return result;
+}
+
+LocalCluster::LocalCluster(Options options)
+    : options_(std::move(options)), dir_(MakeTempDir("cluster")) {}
+
+LocalCluster::~LocalCluster() { StopAll(); }
+
+absl::StatusOr<std::unique_ptr<Process>> LocalCluster::StartDaemon(const std::string& name,
+                                                                   const std::string& binary,
+                                                                   std::vector<std::string> flags) {
+  std::remove((dir_ + "/" + name + ".port").c_str());
+  std::vector<std::string> argv = {Runfile(binary)};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(absl::StrCat("--port_file=", dir_, "/", name, ".port"));
+  argv.push_back("--metrics_listen=127.0.0.1:0");
+  return Process::Spawn(argv, dir_ + "/" + name + ".log");
+}
+
+absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
+  auto process =
+      StartDaemon("coordinator", "coordinator/downpour-coordinator",
+                  {absl::StrCat("--listen=", listen), absl::StrCat("--state_dir=", dir_, "/state"),
+                   absl::StrCat("--heartbeat_interval_ms=", options_.heartbeat_interval_ms),
+                   absl::StrCat("--node_timeout_ms=", options_.node_timeout_ms)});
+  if (!process.ok()) return process.status();
+  coordinator_ = std::move(process).value();
+  auto address = WaitForPortFile(dir_ + "/coordinator.port", coordinator_.get(), absl::Seconds(30));
+  if (!address.ok()) return address.status();
+  coordinator_address_ = *address;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::Start() {
+  absl::Status started = StartCoordinator("127.0.0.1:0");
+  if (!started.ok()) return started;
+  const std::string coordinator_flag = absl::StrCat("--coordinator=", coordinator_address_);
+  for (int i = 0; i < options_.shards; ++i) {
+    auto process = StartDaemon(absl::StrCat("ps", i), "server/downpour-ps",
+                               {"--listen=127.0.0.1:0", coordinator_flag});
+    if (!process.ok()) return process.status();
+    shards_.push_back(std::move(process).value());
+  }
+  for (int i = 0; i < options_.workers; ++i) {
+    std::vector<std::string> flags = {"--listen=127.0.0.1:0", coordinator_flag,
+                                      absl::StrCat("--data_dir=", options_.data_dir)};
+    flags.insert(flags.end(), options_.worker_flags.begin(), options_.worker_flags.end());
+    auto process = StartDaemon(absl::StrCat("worker", i), "worker/downpour-worker", flags);
+    if (!process.ok()) return process.status();
+    workers_.push_back(std::move(process).value());
+  }
+  for (int i = 0; i < options_.shards; ++i) {
+    auto a =
+        WaitForPortFile(absl::StrCat(dir_, "/ps", i, ".port"), shards_[i].get(), absl::Seconds(30));
+    if (!a.ok()) return a.status();
+  }
+  for (int i = 0; i < options_.workers; ++i) {
+    auto a = WaitForPortFile(absl::StrCat(dir_, "/worker", i, ".port"), workers_[i].get(),
+                             absl::Seconds(30));
+    if (!a.ok()) return a.status();
+  }
+  return absl::OkStatus();
+}
+
+std::string LocalCluster::AddressOf(const std::string& name) const {
+  return std::string(absl::StripAsciiWhitespace(ReadFile(dir_ + "/" + name + ".port")));
+}
+
+std::string LocalCluster::MetricsAddressOf(const std::string& name) const {
+  // Daemons log "metrics on HOST:PORT".
+  const std::string log = ReadFile(dir_ + "/" + name + ".log");
+  const size_t at = log.find("metrics on ");
+  if (at == std::string::npos) return "";
+  const size_t start = at + 11;
+  size_t end = log.find_first_of(", \n", start);
+  return log.substr(start, end - start);
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  const int code = coordinator_->Stop();
+  if (code != 0) return absl::InternalError(absl::StrCat("coordinator exited with ", code));
+  return StartCoordinator(coordinator_address_);
+}
+
+CommandResult LocalCluster::Ctl(const std::vector<std::string>& args, absl::Duration timeout) {
+  std::vector<std::string> argv = {Runfile("client/downpourctl"),
+                                   absl::StrCat("--coordinator=", coordinator_address_)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, timeout);
+}
+
+std::vector<std::string> LocalCluster::StopAll() {
+  std::vector<std::string> unclean;
+  auto stop = [&](std::unique_ptr<Process>& p, const std::string& name) {
+    if (p && p->Running()) {
+      const int code = p->Stop();
+      if (code != 0) unclean.push_back(absl::StrCat(name, " exited ", code));
+    }
+  };
+  for (size_t i = 0; i < workers_.size(); ++i) stop(workers_[i], absl::StrCat("worker", i));
+  for (size_t i = 0; i < shards_.size(); ++i) stop(shards_[i], absl::StrCat("ps", i));
+  stop(coordinator_, "coordinator");
+  return unclean;
+}
+
+std::string LocalCluster::Logs() const {
+  std::string out;
+  auto add = [&](const std::unique_ptr<Process>& p) {
+    if (p) absl::StrAppend(&out, "==== ", p->log_path(), "\n", p->Log());
+  };
+  add(coordinator_);
+  for (const auto& p : shards_) add(p);
+  for (const auto& p : workers_) add(p);
+  return out;
+}
+
+absl::Status ImportFashionMnist(const std::string& data_dir, int64_t limit) {
+  const std::string out = data_dir + "/fashion-mnist";
+  struct stat st;
+  if (stat(out.c_str(), &st) == 0) return absl::OkStatus();
+  CommandResult result =
+      RunCommand({Runfile("client/downpourctl"), "dataset", "import", "--out_dir=" + out,
+                  "--shards=4", absl::StrCat("--limit=", limit)});
+  if (result.exit_code != 0) {
+    return absl::InternalError(absl::StrCat("dataset import failed: ", result.err));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {
+  auto hp = ParseHostPort(address);
+  if (!hp.ok()) return hp.status();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(hp->port);
+  inet_pton(AF_INET, hp->host.c_str(), &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
+  }
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address, "\r\nConnection: close\r\n\r\n");
+  (void)!write(fd, request.data(), request.size());
+  std::string response;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) {
+    return absl::InternalError(absl::StrCat("bad HTTP response: ", response.substr(0, 200)));
+  }
+  return response.substr(body + 4);
+}
+
+}  // namespace testing
+}  // namespace downpour

@@ -1,0 +1,131 @@
+// Test harness: starts the real Downpour daemons as processes on loopback
+// (every port picked by the kernel, reported through --port_file), runs
+// downpourctl against them, and stops everything it started on destruction.
+// Not thread-safe; one per test.
+#ifndef DOWNPOUR_TESTS_LOCAL_CLUSTER_H_
+#define DOWNPOUR_TESTS_LOCAL_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace downpour {
+namespace testing {
+
+// Path of a file in the test's runfiles (e.g. "client/downpourctl").
+std::string Runfile(const std::string& path);
+
+// A fresh directory under TEST_TMPDIR.
+std::string MakeTempDir(const std::string& name);
+
+// A child process with stdout and stderr sent to a log file.
+class Process {
+ public:
+  static absl::StatusOr<std::unique_ptr<Process>> Spawn(const std::vector<std::string>& argv,
+                                                        const std::string& log_path);
+  ~Process();
+
+  pid_t pid() const { return pid_; }
+  const std::string& log_path() const { return log_path_; }
+  bool Running();
+  void Signal(int signal);
+  // Waits up to `timeout` for the process to exit; returns its exit code, or
+  // -signal when killed by a signal, or DeadlineExceeded.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  // SIGTERM, then SIGKILL after `grace`; returns the exit code.
+  int Stop(absl::Duration grace = absl::Seconds(5));
+  std::string Log() const;
+
+ private:
+  Process(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+  pid_t pid_;
+  std::string log_path_;
+  bool reaped_ = false;
+  int exit_code_ = 0;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs a program to completion (killed after `timeout`), capturing output.
+CommandResult RunCommand(const std::vector<std::string>& argv,
+                         absl::Duration timeout = absl::Seconds(120));
+
+class LocalCluster {
+ public:
+  struct Options {
+    int shards = 2;
+    int workers = 2;
+    std::string data_dir;  // Workers' --data_dir.
+    int64_t heartbeat_interval_ms = 200;
+    int64_t node_timeout_ms = 2000;
+    std::vector<std::string> worker_flags;
+  };
+
+  explicit LocalCluster(Options options);
+  ~LocalCluster();
+
+  // Starts the coordinator, then the shards and workers, and waits until all
+  // have registered.
+  absl::Status Start();
+
+  const std::string& coordinator_address() const { return coordinator_address_; }
+  const std::string& dir() const { return dir_; }
+  Process* coordinator() { return coordinator_.get(); }
+  Process* shard(int i) { return shards_[i].get(); }
+  Process* worker(int i) { return workers_[i].get(); }
+  // HOST:PORT of a daemon's gRPC and metrics servers.
+  std::string AddressOf(const std::string& name) const;
+  std::string MetricsAddressOf(const std::string& name) const;
+
+  // Stops the coordinator (SIGTERM) and starts it again on the same address
+  // and state directory.
+  absl::Status RestartCoordinator();
+
+  // Runs downpourctl --coordinator=<this cluster> ARGS.
+  CommandResult Ctl(const std::vector<std::string>& args,
+                    absl::Duration timeout = absl::Seconds(180));
+
+  // Stops every daemon with SIGTERM; returns the names of those that did not
+  // exit 0.
+  std::vector<std::string> StopAll();
+
+  // All daemon logs, for failure messages.
+  std::string Logs() const;
+
+ private:
+  absl::StatusOr<std::unique_ptr<Process>> StartDaemon(const std::string& name,
+                                                       const std::string& binary,
+                                                       std::vector<std::string> flags);
+  absl::Status StartCoordinator(const std::string& listen);
+
+  const Options options_;
+  const std::string dir_;
+  std::string coordinator_address_;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> shards_;
+  std::vector<std::unique_ptr<Process>> workers_;
+};
+
+// Imports the first `limit` Fashion-MNIST train and test examples into
+// `data_dir`/fashion-mnist (once per directory).
+absl::Status ImportFashionMnist(const std::string& data_dir, int64_t limit);
+
+// Reads a file whole ("" when missing).
+std::string ReadFile(const std::string& path);
+
+// Body of GET http://address/path over loopback.
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
+
+}  // namespace testing
+}  // namespace downpour
+
+#endif  // DOWNPOUR_TESTS_LOCAL_CLUSTER_H_
