@@ -18,7 +18,7 @@ class MetricsHttpServer {
  public:
   // Listens on `host_port` ("127.0.0.1:0" picks a free port).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host_port,
-                                                                   MetricsRegistry* registry);
+                                                                  MetricsRegistry* registry);
   ~MetricsHttpServer();
 
   // The bound address, HOST:PORT.

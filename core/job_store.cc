@@ -24,9 +24,7 @@ class SqliteJobStore : public JobStore {
     return Put("nodes", node.id(), node.SerializeAsString());
   }
   absl::StatusOr<std::vector<JobStatus>> LoadJobs() override { return LoadAll<JobStatus>("jobs"); }
-  absl::StatusOr<std::vector<NodeInfo>> LoadNodes() override {
-    return LoadAll<NodeInfo>("nodes");
-  }
+  absl::StatusOr<std::vector<NodeInfo>> LoadNodes() override { return LoadAll<NodeInfo>("nodes"); }
 
   absl::Status Exec(const std::string& sql) {
     char* error = nullptr;

@@ -24,9 +24,9 @@ absl::StatusOr<std::vector<PartitionPlacement>> PlacePartitions(
     }
   }
   if (static_cast<int>(partitions.size()) < num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_shards (", num_shards, ") exceeds the model's ", partitions.size(),
-        " parameter partitions; use fewer shards or a smaller partition_bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_shards (", num_shards, ") exceeds the model's ", partitions.size(),
+                     " parameter partitions; use fewer shards or a smaller partition_bytes"));
   }
   std::vector<size_t> order(partitions.size());
   std::iota(order.begin(), order.end(), 0);
