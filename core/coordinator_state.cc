@@ -195,7 +195,10 @@ absl::StatusOr<JobStatus> CoordinatorState::StopJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
-  if (!IsTerminal(it->second.state())) FinishJob(&it->second, STOPPED, "stopped by operator");
+  if (!IsTerminal(it->second.state())) {
+    FinishJob(&it->second, STOPPED, "stopped by operator");
+    SchedulePending();  // Its workers are free now.
+  }
   return it->second;
 }
 
@@ -221,6 +224,7 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   if (!request.error().empty()) {
     FinishJob(&job, FAILED,
               absl::StrCat("worker ", rank, " (", request.node_id(), "): ", request.error()));
+    SchedulePending();
     response.set_job_ended(true);
     return response;
   }
@@ -246,6 +250,7 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   job.set_examples_per_sec(rate);
   if (all_finished && job.test_accuracy() >= 0) {
     FinishJob(&job, SUCCEEDED, "");
+    SchedulePending();
     response.set_job_ended(true);
     return response;
   }

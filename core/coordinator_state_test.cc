@@ -1,0 +1,264 @@
+#include "core/coordinator_state.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace downpour {
+namespace {
+
+// A JobStore in memory, shared across "restarts" of the coordinator.
+class MemoryJobStore : public JobStore {
+ public:
+  struct Data {
+    std::vector<JobStatus> jobs;
+    std::vector<NodeInfo> nodes;
+  };
+  explicit MemoryJobStore(Data* data) : data_(data) {}
+  absl::Status SaveJob(const JobStatus& job) override { return Put(&data_->jobs, job); }
+  absl::Status SaveNode(const NodeInfo& node) override { return Put(&data_->nodes, node); }
+  absl::StatusOr<std::vector<JobStatus>> LoadJobs() override { return data_->jobs; }
+  absl::StatusOr<std::vector<NodeInfo>> LoadNodes() override { return data_->nodes; }
+
+ private:
+  template <typename T>
+  absl::Status Put(std::vector<T>* items, const T& item) {
+    for (T& existing : *items) {
+      if (existing.id() == item.id()) {
+        existing = item;
+        return absl::OkStatus();
+      }
+    }
+    items->push_back(item);
+    return absl::OkStatus();
+  }
+  Data* data_;
+};
+
+JobSpec SmallSpec(int workers, int shards) {
+  JobSpec spec;
+  spec.set_name("t");
+  ModelSpec* model = spec.mutable_model();
+  model->add_input_shape(8);
+  model->set_num_classes(3);
+  model->add_layer()->mutable_dense()->set_units(16);
+  model->add_layer()->mutable_relu();
+  model->add_layer()->mutable_dense()->set_units(3);
+  model->add_layer()->mutable_softmax_cross_entropy();
+  spec.mutable_dataset()->set_train_files("train-*");
+  spec.mutable_dataset()->set_test_files("test-*");
+  spec.mutable_dataset()->set_batch_size(4);
+  spec.mutable_optimizer()->set_learning_rate(0.1);
+  spec.set_num_workers(workers);
+  spec.set_num_shards(shards);
+  spec.set_steps(10);
+  return spec;
+}
+
+class CoordinatorStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Restart(); }
+
+  void Restart() {
+    state_.reset();
+    CoordinatorState::Options options;
+    options.node_timeout = absl::Seconds(5);
+    options.now = [this] { return now_; };
+    auto created = CoordinatorState::Create(options, std::make_unique<MemoryJobStore>(&stored_));
+    ASSERT_TRUE(created.ok()) << created.status();
+    state_ = std::move(created).value();
+  }
+
+  void Register(const std::string& id, NodeRole role, int64_t incarnation = 1) {
+    NodeInfo node;
+    node.set_id(id);
+    node.set_role(role);
+    node.set_address(id + ":1");
+    node.set_incarnation(incarnation);
+    ASSERT_TRUE(state_->RegisterNode(node).ok());
+  }
+
+  HeartbeatResponse Beat(const std::string& id, int64_t incarnation = 1) {
+    HeartbeatRequest request;
+    request.set_node_id(id);
+    request.set_incarnation(incarnation);
+    auto response = state_->Heartbeat(request);
+    EXPECT_TRUE(response.ok());
+    return *response;
+  }
+
+  ReportProgressRequest Progress(const std::string& job, const std::string& node, int rank,
+                                 int64_t step) {
+    ReportProgressRequest r;
+    r.set_job_id(job);
+    r.set_node_id(node);
+    r.set_rank(rank);
+    r.set_step(step);
+    r.set_loss(1.0);
+    return r;
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1000000);
+  MemoryJobStore::Data stored_;
+  std::unique_ptr<CoordinatorState> state_;
+};
+
+TEST_F(CoordinatorStateTest, JobWaitsForNodesThenRunsWithPlacement) {
+  auto job = state_->SubmitJob(SmallSpec(2, 2), "j");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), PENDING);
+  EXPECT_NE(job->message().find("waiting for 2 free workers"), std::string::npos);
+  Register("s1", SHARD);
+  Register("s2", SHARD);
+  Register("w1", WORKER);
+  EXPECT_EQ(state_->GetJob("j")->state(), PENDING);
+  Register("w2", WORKER);
+  JobStatus running = *state_->GetJob("j");
+  EXPECT_EQ(running.state(), RUNNING);
+  EXPECT_EQ(running.placement().shard_nodes_size(), 2);
+  EXPECT_EQ(running.placement().worker_nodes_size(), 2);
+  // 4 tensors (2 weights, 2 biases), each on some shard.
+  EXPECT_EQ(running.placement().partitions_size(), 4);
+
+  HeartbeatResponse w2 = Beat("w2");
+  ASSERT_EQ(w2.tasks_size(), 1);
+  EXPECT_EQ(w2.tasks(0).rank(), 1);
+  EXPECT_EQ(w2.tasks(0).shard_addresses_size(), 2);
+  EXPECT_EQ(Beat("s2").tasks_size(), 1);
+}
+
+TEST_F(CoordinatorStateTest, SucceedsWhenAllWorkersFinishAndAccuracyIsReported) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  Register("b", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 1), "j").ok());
+  const JobStatus job = *state_->GetJob("j");
+  const std::string w0 = job.placement().worker_nodes(0), w1 = job.placement().worker_nodes(1);
+
+  ReportProgressRequest p1 = Progress("j", w1, 1, 10);
+  p1.set_finished(true);
+  ASSERT_TRUE(state_->ReportProgress(p1).ok());
+  EXPECT_EQ(state_->GetJob("j")->state(), RUNNING);
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", w0, 0, 7)).ok());
+  EXPECT_EQ(state_->GetJob("j")->step(), 7);
+
+  ReportProgressRequest p0 = Progress("j", w0, 0, 10);
+  p0.set_finished(true);
+  p0.set_has_test_accuracy(true);
+  p0.set_test_accuracy(0.9);
+  auto response = state_->ReportProgress(p0);
+  ASSERT_TRUE(response.ok());
+  EXPECT_TRUE(response->job_ended());
+  JobStatus done = *state_->GetJob("j");
+  EXPECT_EQ(done.state(), SUCCEEDED);
+  EXPECT_DOUBLE_EQ(done.test_accuracy(), 0.9);
+  EXPECT_EQ(Beat(w0).tasks_size(), 0);
+}
+
+TEST_F(CoordinatorStateTest, WrongNodeCannotReportForARank) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  auto response = state_->ReportProgress(Progress("j", "intruder", 0, 1));
+  EXPECT_TRUE(absl::IsPermissionDenied(response.status()));
+}
+
+TEST_F(CoordinatorStateTest, WorkerErrorFailsJob) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  ReportProgressRequest r = Progress("j", "a", 0, 3);
+  r.set_error("corrupt record in x at offset 12");
+  ASSERT_TRUE(state_->ReportProgress(r).ok());
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), FAILED);
+  EXPECT_NE(job.message().find("offset 12"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, SilentNodeIsDeclaredDeadAndFailsItsJobs) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  now_ += absl::Seconds(3);
+  Beat("a");
+  state_->Tick();
+  EXPECT_EQ(state_->GetJob("j")->state(), RUNNING);
+  now_ += absl::Seconds(3);  // s silent for 6 s > 5 s.
+  Beat("a");
+  state_->Tick();
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), FAILED);
+  EXPECT_NE(job.message().find("shard node s"), std::string::npos) << job.message();
+  bool s_alive = true;
+  for (const NodeInfo& n : state_->ListNodes()) {
+    if (n.id() == "s") s_alive = n.alive();
+  }
+  EXPECT_FALSE(s_alive);
+}
+
+TEST_F(CoordinatorStateTest, RestartedNodeFailsItsJobs) {
+  Register("s", SHARD);
+  Register("a", WORKER, 1);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  Register("a", WORKER, 2);
+  EXPECT_EQ(state_->GetJob("j")->state(), FAILED);
+  EXPECT_TRUE(Beat("a", 1).reregister());
+}
+
+TEST_F(CoordinatorStateTest, WorkersRunOneJobAtATimeShardsAreShared) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "first").ok());
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "second").ok());
+  EXPECT_EQ(state_->GetJob("first")->state(), RUNNING);
+  EXPECT_EQ(state_->GetJob("second")->state(), PENDING);
+  ASSERT_TRUE(state_->StopJob("first").ok());
+  EXPECT_EQ(state_->GetJob("first")->state(), STOPPED);
+  EXPECT_EQ(state_->GetJob("second")->state(), RUNNING);
+}
+
+TEST_F(CoordinatorStateTest, RejectsBadSpecsAndIds) {
+  JobSpec bad = SmallSpec(1, 1);
+  bad.set_num_workers(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(state_->SubmitJob(bad, "").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(state_->SubmitJob(SmallSpec(1, 1), "bad id!").status()));
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "x").ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(state_->SubmitJob(SmallSpec(1, 1), "x").status()));
+  EXPECT_TRUE(absl::IsNotFound(state_->GetJob("nope").status()));
+  EXPECT_EQ(state_->ListJobs().size(), 1u);
+}
+
+TEST_F(CoordinatorStateTest, JobsAndNodesSurviveRestart) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  const JobStatus before = *state_->GetJob("j");
+  Restart();
+  JobStatus after = *state_->GetJob("j");
+  EXPECT_EQ(after.state(), RUNNING);
+  EXPECT_EQ(after.placement().SerializeAsString(), before.placement().SerializeAsString());
+  // Known nodes keep heartbeating without re-registering and keep their task.
+  HeartbeatResponse beat = Beat("a");
+  EXPECT_FALSE(beat.reregister());
+  EXPECT_EQ(beat.tasks_size(), 1);
+}
+
+TEST_F(CoordinatorStateTest, WatchReturnsOnChangeOrDeadline) {
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  const int64_t version = state_->GetJob("j")->version();
+  auto timed_out = state_->WatchJob("j", version, absl::Now() + absl::Milliseconds(50));
+  ASSERT_TRUE(timed_out.ok());
+  EXPECT_EQ(timed_out->version(), version);
+  std::thread stopper([this] {
+    absl::SleepFor(absl::Milliseconds(50));
+    (void)state_->StopJob("j");
+  });
+  auto changed = state_->WatchJob("j", version, absl::Now() + absl::Seconds(10));
+  stopper.join();
+  ASSERT_TRUE(changed.ok());
+  EXPECT_EQ(changed->state(), STOPPED);
+}
+
+}  // namespace
+}  // namespace downpour
