@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs every test (unit tests beside the code, multi-process integration tests
 # in tests/) with Bazel, offline, and ends with one line: N passed, N failed.
+# Extra arguments go to `bazel test` (e.g. --test_filter=...).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-bazel test //... --test_output=errors "$@" 2>&1 | grep -vE '^(INFO|Loading|Analyzing)' 
-python3 "$ROOT/scripts/count_tests.py" "$ROOT"
+log=$(mktemp -t downpour-test.XXXXXX)
+trap 'rm -f "$log"' EXIT
+bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
+python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log"
