@@ -6,6 +6,13 @@
 
 #include <cstdint>
 
+// Marks the small inline helpers below usable in CUDA device code too.
+#ifdef __CUDACC__
+#define DOWNPOUR_HOST_DEVICE __host__ __device__
+#else
+#define DOWNPOUR_HOST_DEVICE
+#endif
+
 namespace downpour {
 namespace kernels {
 
@@ -43,13 +50,17 @@ struct WindowShape {
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_top = 0, pad_left = 0;
 
-  int64_t pad_bottom() const { return (out_h - 1) * stride_h + kernel_h - in_h - pad_top; }
-  int64_t pad_right() const { return (out_w - 1) * stride_w + kernel_w - in_w - pad_left; }
+  DOWNPOUR_HOST_DEVICE int64_t pad_bottom() const {
+    return (out_h - 1) * stride_h + kernel_h - in_h - pad_top;
+  }
+  DOWNPOUR_HOST_DEVICE int64_t pad_right() const {
+    return (out_w - 1) * stride_w + kernel_w - in_w - pad_left;
+  }
   // Elements of one input / output image.
-  int64_t in_elements() const { return in_h * in_w * in_c; }
-  int64_t out_elements() const { return out_h * out_w * out_c; }
+  DOWNPOUR_HOST_DEVICE int64_t in_elements() const { return in_h * in_w * in_c; }
+  DOWNPOUR_HOST_DEVICE int64_t out_elements() const { return out_h * out_w * out_c; }
   // Elements of one convolution filter: kernel_h * kernel_w * in_c.
-  int64_t patch_elements() const { return kernel_h * kernel_w * in_c; }
+  DOWNPOUR_HOST_DEVICE int64_t patch_elements() const { return kernel_h * kernel_w * in_c; }
 };
 
 }  // namespace kernels

@@ -1,0 +1,610 @@
+#include "kernels/cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda_kernels.h"
+
+namespace downpour {
+namespace kernels {
+namespace cuda {
+namespace {
+
+namespace k = cuda_internal;
+
+absl::Status FromCuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+absl::Status FromCublas(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusString(s)));
+}
+
+absl::Status FromCudnn(cudnnStatus_t s, const char* what) {
+  if (s == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudnnGetErrorString(s)));
+}
+
+#define CUDA_RETURN_IF_ERROR(expr)                        \
+  do {                                                    \
+    const absl::Status _status = FromCuda((expr), #expr); \
+    if (!_status.ok()) return _status;                    \
+  } while (0)
+#define CUBLAS_RETURN_IF_ERROR(expr)                        \
+  do {                                                      \
+    const absl::Status _status = FromCublas((expr), #expr); \
+    if (!_status.ok()) return _status;                      \
+  } while (0)
+#define CUDNN_RETURN_IF_ERROR(expr)                        \
+  do {                                                     \
+    const absl::Status _status = FromCudnn((expr), #expr); \
+    if (!_status.ok()) return _status;                     \
+  } while (0)
+#define STATUS_RETURN_IF_ERROR(expr)     \
+  do {                                   \
+    const absl::Status _status = (expr); \
+    if (!_status.ok()) return _status;   \
+  } while (0)
+
+bool Acc(Write w) { return w == Write::kAccumulate; }
+
+// Bytes rounded up so that sub-buffers of the workspace stay aligned.
+size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The SplitMix64 key of kernels/cpu.cc's DropoutForward.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Owners of cuDNN descriptors, destroyed with the scope.
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc() { cudnnCreateTensorDescriptor(&d); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+};
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDesc() { cudnnCreateFilterDescriptor(&d); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
+};
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDesc() { cudnnCreateConvolutionDescriptor(&d); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
+};
+
+int AsInt(int64_t v) { return static_cast<int>(v); }
+
+// Everything cuDNN needs for one convolution of `s`, on input of height
+// in_h x in_w (the padded copy, when there is one) with pad (pad_h, pad_w).
+struct ConvPlan {
+  TensorDesc x, y, bias;
+  FilterDesc w;
+  ConvDesc conv;
+  // Asymmetric padding: the input is first copied into a padded buffer of
+  // padded_h x padded_w and convolved without padding.
+  bool padded = false;
+  int64_t padded_h = 0, padded_w = 0;
+  size_t padded_bytes = 0;  // Of one padded batch, aligned.
+};
+
+absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
+  // cuDNN pads symmetrically: use it directly when that gives our windows.
+  const int64_t cudnn_out_h = (s.in_h + 2 * s.pad_top - s.kernel_h) / s.stride_h + 1;
+  const int64_t cudnn_out_w = (s.in_w + 2 * s.pad_left - s.kernel_w) / s.stride_w + 1;
+  int64_t in_h = s.in_h, in_w = s.in_w, pad_h = s.pad_top, pad_w = s.pad_left;
+  if (cudnn_out_h != s.out_h || cudnn_out_w != s.out_w) {
+    p->padded = true;
+    p->padded_h = in_h = (s.out_h - 1) * s.stride_h + s.kernel_h;
+    p->padded_w = in_w = (s.out_w - 1) * s.stride_w + s.kernel_w;
+    pad_h = pad_w = 0;
+    p->padded_bytes = Aligned(sizeof(float) * s.batch * in_h * in_w * s.in_c);
+  }
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(p->x.d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
+                                                   AsInt(s.batch), AsInt(s.in_c), AsInt(in_h),
+                                                   AsInt(in_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(p->y.d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
+                                                   AsInt(s.batch), AsInt(s.out_c), AsInt(s.out_h),
+                                                   AsInt(s.out_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(p->bias.d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
+                                                   1, AsInt(s.out_c), 1, 1));
+  CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(p->w.d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC,
+                                                   AsInt(s.out_c), AsInt(s.in_c), AsInt(s.kernel_h),
+                                                   AsInt(s.kernel_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(p->conv.d, AsInt(pad_h), AsInt(pad_w),
+                                                        AsInt(s.stride_h), AsInt(s.stride_w), 1, 1,
+                                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  // FMA only: no TF32, so results stay within fp32 rounding of the CPU twin.
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(p->conv.d, CUDNN_FMA_MATH));
+  return absl::OkStatus();
+}
+
+absl::Status WorkspaceTooSmall(const CudaContext& ctx, size_t need, const char* what) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " needs ", need, " bytes of workspace; the context has ", ctx.workspace_bytes));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ devices
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // Clear the sticky-free error so later calls start clean.
+    return 0;
+  }
+  return count;
+}
+
+std::string CudaUnavailableReason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::StrCat("no CUDA device: ", cudaGetErrorString(e));
+  }
+  if (count == 0) return "no CUDA device: the runtime reports 0 devices";
+  return "";
+}
+
+std::string CudaDeviceName(int device) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return prop.name;
+}
+
+absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(int device,
+                                                                 size_t workspace_bytes) {
+  const int count = CudaDeviceCount();
+  if (count == 0) return absl::FailedPreconditionError(CudaUnavailableReason());
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, " does not exist; there are ", count));
+  }
+  auto ctx = std::make_unique<CudaContext>();
+  ctx->device = device;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+  CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx->cublas));
+  CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx->cublas, ctx->stream));
+  CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(ctx->cublas, CUBLAS_PEDANTIC_MATH));
+  CUDNN_RETURN_IF_ERROR(cudnnCreate(&ctx->cudnn));
+  CUDNN_RETURN_IF_ERROR(cudnnSetStream(ctx->cudnn, ctx->stream));
+  if (workspace_bytes > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&ctx->workspace, workspace_bytes));
+    ctx->workspace_bytes = workspace_bytes;
+  }
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&ctx->scratch, 64));
+  return ctx;
+}
+
+CudaContext::~CudaContext() {
+  if (device < 0) return;
+  cudaSetDevice(device);
+  if (stream != nullptr) cudaStreamSynchronize(stream);
+  if (scratch != nullptr) cudaFree(scratch);
+  if (workspace != nullptr) cudaFree(workspace);
+  if (cudnn != nullptr) cudnnDestroy(cudnn);
+  if (cublas != nullptr) cublasDestroy(cublas);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+absl::Status CudaContext::Synchronize() const {
+  return FromCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+// ------------------------------------------------------------ dense and element-wise
+
+absl::Status Gemm(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
+                  int64_t n, int64_t k, float alpha, const float* a, const float* b, float beta,
+                  float* c) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) return FromCuda(k::Scale(ctx.stream, m * n, beta, c), "Scale");
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  const int lda = AsInt(trans_a == Transpose::kYes ? m : k);
+  const int ldb = AsInt(trans_b == Transpose::kYes ? k : n);
+  return FromCublas(cublasSgemm(ctx.cublas, trans_b == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                trans_a == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N, AsInt(n),
+                                AsInt(m), AsInt(k), &alpha, b, ldb, a, lda, &beta, c, AsInt(n)),
+                    "cublasSgemm");
+}
+
+absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
+                          const float* x, const float* w, const float* bias, float* y) {
+  if (bias != nullptr) {
+    CUDA_RETURN_IF_ERROR(k::BroadcastRows(ctx.stream, batch, out, bias, y));
+  }
+  return Gemm(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, x, w,
+              bias != nullptr ? 1.f : 0.f, y);
+}
+
+absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
+                           const float* x, const float* w, const float* dy, float* dx,
+                           Write dx_write, float* dw, float* dbias, Write param_write) {
+  STATUS_RETURN_IF_ERROR(Gemm(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f, x, dy,
+                              Acc(param_write) ? 1.f : 0.f, dw));
+  if (dbias != nullptr) {
+    CUDA_RETURN_IF_ERROR(k::ColumnSum(ctx.stream, batch, out, dy, dbias, Acc(param_write)));
+  }
+  if (dx != nullptr) {
+    STATUS_RETURN_IF_ERROR(Gemm(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy, w,
+                                Acc(dx_write) ? 1.f : 0.f, dx));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReluForward(const CudaContext& ctx, int64_t n, const float* x, float* y) {
+  return FromCuda(k::ReluForward(ctx.stream, n, x, y), "ReluForward");
+}
+
+absl::Status ReluBackward(const CudaContext& ctx, int64_t n, const float* x, const float* dy,
+                          float* dx, Write dx_write) {
+  return FromCuda(k::ReluBackward(ctx.stream, n, x, dy, dx, Acc(dx_write)), "ReluBackward");
+}
+
+absl::Status DropoutForward(const CudaContext& ctx, int64_t n, float rate, uint64_t seed,
+                            uint64_t step, const float* x, float* y, uint8_t* mask) {
+  return FromCuda(k::DropoutForward(ctx.stream, n, rate, Mix(seed ^ Mix(step)), x, y, mask),
+                  "DropoutForward");
+}
+
+absl::Status DropoutBackward(const CudaContext& ctx, int64_t n, float rate, const uint8_t* mask,
+                             const float* dy, float* dx, Write dx_write) {
+  return FromCuda(k::DropoutBackward(ctx.stream, n, rate, mask, dy, dx, Acc(dx_write)),
+                  "DropoutBackward");
+}
+
+absl::Status SoftmaxCrossEntropy(const CudaContext& ctx, int64_t batch, int64_t classes,
+                                 const float* logits, const int32_t* labels, float* dlogits,
+                                 LossStats* stats) {
+  auto* loss_sum = static_cast<double*>(ctx.scratch);
+  auto* correct = reinterpret_cast<unsigned long long*>(loss_sum + 1);
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ctx.scratch, 0, 16, ctx.stream));
+  CUDA_RETURN_IF_ERROR(k::SoftmaxCrossEntropy(ctx.stream, batch, classes, logits, labels, dlogits,
+                                              loss_sum, correct));
+  struct {
+    double loss_sum;
+    unsigned long long correct;
+  } host;
+  static_assert(sizeof(host) == 16, "two 8-byte fields");
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&host, ctx.scratch, sizeof(host), cudaMemcpyDeviceToHost, ctx.stream));
+  STATUS_RETURN_IF_ERROR(ctx.Synchronize());
+  stats->loss_sum = host.loss_sum;
+  stats->correct = static_cast<int64_t>(host.correct);
+  return absl::OkStatus();
+}
+
+absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const float* x, float* y, Write write) {
+  if (!Acc(write)) {
+    if (x == y || n == 0) return absl::OkStatus();
+    return FromCuda(cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream),
+                    "cudaMemcpyAsync");
+  }
+  return FromCuda(k::CopyOrAdd(ctx.stream, n, x, y, true), "CopyOrAdd");
+}
+
+absl::Status Zero(const CudaContext& ctx, int64_t n, float* x) {
+  return FromCuda(cudaMemsetAsync(x, 0, n * sizeof(float), ctx.stream), "cudaMemsetAsync");
+}
+
+absl::Status Add(const CudaContext& ctx, int64_t n, const float* a, const float* b, float* y) {
+  return FromCuda(k::Add(ctx.stream, n, a, b, y), "Add");
+}
+
+// ------------------------------------------------------------ convolution
+
+absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const float* x,
+                           const float* w, const float* bias, float* y) {
+  ConvPlan p;
+  STATUS_RETURN_IF_ERROR(MakePlan(s, &p));
+  const float* input = x;
+  char* free_space = static_cast<char*>(ctx.workspace);
+  size_t free_bytes = ctx.workspace_bytes;
+  if (p.padded) {
+    if (p.padded_bytes > free_bytes)
+      return WorkspaceTooSmall(ctx, p.padded_bytes, "conv2d padding");
+    auto* padded = reinterpret_cast<float*>(free_space);
+    CUDA_RETURN_IF_ERROR(k::PadImages(ctx.stream, s, p.padded_h, p.padded_w, x, padded));
+    input = padded;
+    free_space += p.padded_bytes;
+    free_bytes -= p.padded_bytes;
+  }
+  cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  cudnnConvolutionFwdAlgoPerf_t perf[8];
+  int returned = 0;
+  CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(ctx.cudnn, p.x.d, p.w.d, p.conv.d,
+                                                               p.y.d, 8, &returned, perf));
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes) {
+      algo = perf[i].algo;
+      break;
+    }
+  }
+  size_t need = 0;
+  CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardWorkspaceSize(ctx.cudnn, p.x.d, p.w.d, p.conv.d,
+                                                                p.y.d, algo, &need));
+  if (need > free_bytes) return WorkspaceTooSmall(ctx, need, "conv2d forward");
+  const float one = 1.f, zero = 0.f;
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, p.x.d, input, p.w.d, w, p.conv.d,
+                                                algo, free_space, free_bytes, &zero, p.y.d, y));
+  if (bias != nullptr) {
+    CUDNN_RETURN_IF_ERROR(cudnnAddTensor(ctx.cudnn, &one, p.bias.d, bias, &one, p.y.d, y));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
+                            const float* w, const float* dy, float* dx, Write dx_write, float* dw,
+                            float* dbias, Write param_write) {
+  ConvPlan p;
+  STATUS_RETURN_IF_ERROR(MakePlan(s, &p));
+  const float one = 1.f, zero = 0.f;
+  const float param_beta = Acc(param_write) ? 1.f : 0.f;
+  char* free_space = static_cast<char*>(ctx.workspace);
+  size_t free_bytes = ctx.workspace_bytes;
+  const float* input = x;
+  float* dpadded = nullptr;
+  if (p.padded) {
+    if (2 * p.padded_bytes > free_bytes) {
+      return WorkspaceTooSmall(ctx, 2 * p.padded_bytes, "conv2d padding");
+    }
+    auto* padded = reinterpret_cast<float*>(free_space);
+    CUDA_RETURN_IF_ERROR(k::PadImages(ctx.stream, s, p.padded_h, p.padded_w, x, padded));
+    input = padded;
+    dpadded = reinterpret_cast<float*>(free_space + p.padded_bytes);
+    free_space += 2 * p.padded_bytes;
+    free_bytes -= 2 * p.padded_bytes;
+  }
+  if (dbias != nullptr) {
+    CUDNN_RETURN_IF_ERROR(
+        cudnnConvolutionBackwardBias(ctx.cudnn, &one, p.y.d, dy, &param_beta, p.bias.d, dbias));
+  }
+  {
+    cudnnConvolutionBwdFilterAlgo_t algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[8];
+    int returned = 0;
+    CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, 8, &returned, perf));
+    for (int i = 0; i < returned; ++i) {
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes) {
+        algo = perf[i].algo;
+        break;
+      }
+    }
+    size_t need = 0;
+    CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, algo, &need));
+    if (need > free_bytes) return WorkspaceTooSmall(ctx, need, "conv2d backward filter");
+    CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, p.x.d, input, p.y.d, dy,
+                                                         p.conv.d, algo, free_space, free_bytes,
+                                                         &param_beta, p.w.d, dw));
+  }
+  if (dx == nullptr) return absl::OkStatus();
+  cudnnConvolutionBwdDataAlgo_t algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+  cudnnConvolutionBwdDataAlgoPerf_t perf[8];
+  int returned = 0;
+  CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+      ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, 8, &returned, perf));
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes) {
+      algo = perf[i].algo;
+      break;
+    }
+  }
+  size_t need = 0;
+  CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx.cudnn, p.w.d, p.y.d,
+                                                                     p.conv.d, p.x.d, algo, &need));
+  if (need > free_bytes) return WorkspaceTooSmall(ctx, need, "conv2d backward data");
+  if (!p.padded) {
+    const float dx_beta = Acc(dx_write) ? 1.f : 0.f;
+    CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, p.w.d, w, p.y.d, dy,
+                                                       p.conv.d, algo, free_space, free_bytes,
+                                                       &dx_beta, p.x.d, dx));
+    return absl::OkStatus();
+  }
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, p.w.d, w, p.y.d, dy, p.conv.d,
+                                                     algo, free_space, free_bytes, &zero, p.x.d,
+                                                     dpadded));
+  return FromCuda(k::CropImages(ctx.stream, s, p.padded_h, p.padded_w, dpadded, dx, Acc(dx_write)),
+                  "CropImages");
+}
+
+// ------------------------------------------------------------ pooling
+
+absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const float* x,
+                            float* y) {
+  return FromCuda(k::MaxPoolForward(ctx.stream, s, x, y), "MaxPoolForward");
+}
+
+absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
+                             const float* dy, float* dx, Write dx_write) {
+  return FromCuda(k::MaxPoolBackward(ctx.stream, s, x, dy, dx, Acc(dx_write)), "MaxPoolBackward");
+}
+
+absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const float* x,
+                            float* y) {
+  return FromCuda(k::AvgPoolForward(ctx.stream, s, x, y), "AvgPoolForward");
+}
+
+absl::Status AvgPoolBackward(const CudaContext& ctx, const WindowShape& s, const float* dy,
+                             float* dx, Write dx_write) {
+  return FromCuda(k::AvgPoolBackward(ctx.stream, s, dy, dx, Acc(dx_write)), "AvgPoolBackward");
+}
+
+absl::Status GlobalAvgPoolForward(const CudaContext& ctx, int64_t batch, int64_t spatial,
+                                  int64_t channels, const float* x, float* y) {
+  return FromCuda(k::GlobalAvgPoolForward(ctx.stream, batch, spatial, channels, x, y),
+                  "GlobalAvgPoolForward");
+}
+
+absl::Status GlobalAvgPoolBackward(const CudaContext& ctx, int64_t batch, int64_t spatial,
+                                   int64_t channels, const float* dy, float* dx, Write dx_write) {
+  return FromCuda(
+      k::GlobalAvgPoolBackward(ctx.stream, batch, spatial, channels, dy, dx, Acc(dx_write)),
+      "GlobalAvgPoolBackward");
+}
+
+// ------------------------------------------------------------ batch norm
+
+namespace {
+
+// x as [rows, channels, 1, 1]: NCHW with H = W = 1 is exactly [rows,
+// channels] row-major, and spatial mode then normalises per channel.
+absl::Status MakeBatchNormDescs(int64_t rows, int64_t channels, TensorDesc* x, TensorDesc* bn) {
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(x->d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                   AsInt(rows), AsInt(channels), 1, 1));
+  CUDNN_RETURN_IF_ERROR(cudnnDeriveBNTensorDescriptor(bn->d, x->d, CUDNN_BATCHNORM_SPATIAL));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status BatchNormForwardTraining(const CudaContext& ctx, int64_t rows, int64_t channels,
+                                      const float* x, const float* gamma, const float* beta,
+                                      float epsilon, float momentum, float* y, float* running_mean,
+                                      float* running_var, float* save_mean, float* save_inv_std) {
+  TensorDesc xd, bn;
+  STATUS_RETURN_IF_ERROR(MakeBatchNormDescs(rows, channels, &xd, &bn));
+  const float one = 1.f, zero = 0.f;
+  // cuDNN: running = (1 - factor) * running + factor * batch.
+  CUDNN_RETURN_IF_ERROR(cudnnBatchNormalizationForwardTraining(
+      ctx.cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x, xd.d, y, bn.d, gamma, beta,
+      1.0 - static_cast<double>(momentum), running_mean, running_var, epsilon, save_mean,
+      save_inv_std));
+  return absl::OkStatus();
+}
+
+absl::Status BatchNormForwardInference(const CudaContext& ctx, int64_t rows, int64_t channels,
+                                       const float* x, const float* gamma, const float* beta,
+                                       const float* mean, const float* var, float epsilon,
+                                       float* y) {
+  TensorDesc xd, bn;
+  STATUS_RETURN_IF_ERROR(MakeBatchNormDescs(rows, channels, &xd, &bn));
+  const float one = 1.f, zero = 0.f;
+  CUDNN_RETURN_IF_ERROR(cudnnBatchNormalizationForwardInference(ctx.cudnn, CUDNN_BATCHNORM_SPATIAL,
+                                                                &one, &zero, xd.d, x, xd.d, y, bn.d,
+                                                                gamma, beta, mean, var, epsilon));
+  return absl::OkStatus();
+}
+
+absl::Status BatchNormBackward(const CudaContext& ctx, int64_t rows, int64_t channels,
+                               const float* x, const float* dy, const float* gamma,
+                               const float* save_mean, const float* save_inv_std, float* dx,
+                               Write dx_write, float* dgamma, float* dbeta, Write param_write) {
+  TensorDesc xd, bn;
+  STATUS_RETURN_IF_ERROR(MakeBatchNormDescs(rows, channels, &xd, &bn));
+  float* dx_target = dx;
+  if (dx_target == nullptr) {
+    // cuDNN always writes dx; give it the workspace.
+    const size_t need = sizeof(float) * rows * channels;
+    if (need > ctx.workspace_bytes) return WorkspaceTooSmall(ctx, need, "batch_norm backward");
+    dx_target = static_cast<float*>(ctx.workspace);
+  }
+  const float one = 1.f;
+  const float dx_beta = dx != nullptr && Acc(dx_write) ? 1.f : 0.f;
+  const float param_beta = Acc(param_write) ? 1.f : 0.f;
+  // The epsilon only matters when cuDNN recomputes statistics; ours are saved.
+  CUDNN_RETURN_IF_ERROR(cudnnBatchNormalizationBackward(
+      ctx.cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &dx_beta, &one, &param_beta, xd.d, x, xd.d, dy,
+      xd.d, dx_target, bn.d, gamma, dgamma, dbeta, CUDNN_BN_MIN_EPSILON, save_mean, save_inv_std));
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ embedding
+
+absl::Status EmbeddingForward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
+                              const float* ids, const float* table, float* y) {
+  return FromCuda(k::EmbeddingForward(ctx.stream, num_ids, vocab, dim, ids, table, y),
+                  "EmbeddingForward");
+}
+
+absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
+                               const float* ids, const float* dy, float* dtable,
+                               Write param_write) {
+  if (!Acc(param_write)) STATUS_RETURN_IF_ERROR(Zero(ctx, vocab * dim, dtable));
+  return FromCuda(k::EmbeddingBackward(ctx.stream, num_ids, vocab, dim, ids, dy, dtable),
+                  "EmbeddingBackward");
+}
+
+// ------------------------------------------------------------ optimizers
+
+absl::Status ApplyOptimizer(const CudaContext& ctx, OptimizerKind kind,
+                            const OptimizerHyperparams& hp, const float* grad, int64_t n,
+                            float* param, float* const* slots) {
+  TensorUpdate t;
+  t.grad = grad;
+  t.param = param;
+  t.n = n;
+  for (int i = 0; i < NumOptimizerSlots(kind); ++i) t.slots[i] = slots[i];
+  return ApplyOptimizerMultiTensor(ctx, kind, hp, {t});
+}
+
+absl::Status ApplyOptimizerMultiTensor(const CudaContext& ctx, OptimizerKind kind,
+                                       const OptimizerHyperparams& hp,
+                                       const std::vector<TensorUpdate>& tensors) {
+  k::OptimizerArgs args;
+  args.kind = static_cast<int>(kind);
+  args.lr = hp.learning_rate;
+  args.momentum = hp.momentum;
+  args.beta1 = hp.beta1;
+  args.beta2 = hp.beta2;
+  args.epsilon = hp.epsilon;
+  args.weight_decay = hp.weight_decay;
+  // As kernels/optimizer.cc: bias corrections in double, once.
+  const double t = static_cast<double>(hp.step < 1 ? 1 : hp.step);
+  args.adam_step_size =
+      static_cast<float>(hp.learning_rate / (1.0 - std::pow(static_cast<double>(hp.beta1), t)));
+  args.adam_inv_sqrt_bc2 =
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), t)));
+
+  std::vector<k::OptimizerTensor> descs;
+  std::vector<int32_t> chunk_tensor;
+  std::vector<int64_t> chunk_start;
+  for (const TensorUpdate& u : tensors) {
+    if (u.n <= 0) continue;
+    const int32_t index = static_cast<int32_t>(descs.size());
+    descs.push_back({u.grad, u.param, u.slots[0], u.slots[1], u.n});
+    for (int64_t start = 0; start < u.n; start += k::kOptimizerChunk) {
+      chunk_tensor.push_back(index);
+      chunk_start.push_back(start);
+    }
+  }
+  if (descs.empty()) return absl::OkStatus();
+  // One host buffer, one copy: descriptors, then chunk starts, then chunk tensors.
+  const size_t desc_bytes = Aligned(descs.size() * sizeof(k::OptimizerTensor));
+  const size_t start_bytes = Aligned(chunk_start.size() * sizeof(int64_t));
+  const size_t tensor_bytes = chunk_tensor.size() * sizeof(int32_t);
+  const size_t total = desc_bytes + start_bytes + tensor_bytes;
+  if (total > ctx.workspace_bytes) return WorkspaceTooSmall(ctx, total, "fused optimizer");
+  std::vector<char> host(total);
+  std::memcpy(host.data(), descs.data(), descs.size() * sizeof(k::OptimizerTensor));
+  std::memcpy(host.data() + desc_bytes, chunk_start.data(), chunk_start.size() * sizeof(int64_t));
+  std::memcpy(host.data() + desc_bytes + start_bytes, chunk_tensor.data(), tensor_bytes);
+  char* device = static_cast<char*>(ctx.workspace);
+  // From pageable memory the copy has read `host` when it returns.
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device, host.data(), total, cudaMemcpyHostToDevice, ctx.stream));
+  return FromCuda(
+      k::MultiTensorUpdate(ctx.stream, args, reinterpret_cast<const k::OptimizerTensor*>(device),
+                           reinterpret_cast<const int32_t*>(device + desc_bytes + start_bytes),
+                           reinterpret_cast<const int64_t*>(device + desc_bytes),
+                           static_cast<int64_t>(chunk_start.size())),
+      "MultiTensorUpdate");
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace downpour

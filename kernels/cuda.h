@@ -1,0 +1,201 @@
+// CUDA twin of kernels/cpu.h and kernels/optimizer.h: the same layer math on
+// one GPU, over cuBLAS (GEMM, dense), cuDNN (convolution, batch norm) and our
+// own kernels (element-wise ops, pooling, dropout, softmax cross-entropy,
+// embedding, optimizers).
+//
+// Each function takes the arguments of its CPU twin, with a CudaContext in
+// place of CpuContext; pointers name device memory of ctx.device (labels and
+// ids included), except where a comment says host. Conv2d keeps its scratch in
+// the context, so it has no workspace argument. Work is queued on ctx.stream
+// and is asynchronous unless a comment says otherwise (SoftmaxCrossEntropy
+// waits, because it returns the loss on the host).
+//
+// Every function returns a status instead of void: the launch is checked with
+// cudaGetLastError() and each library call's result is converted, so a bad
+// launch surfaces as an Internal error naming the call, never a crash.
+// Inputs are validated by the caller on the host, as for the CPU kernels.
+//
+// Numerics: fp32 throughout and no TF32 (cuBLAS default math, cuDNN FMA
+// math), so results agree with the CPU twin within float rounding. Dropout
+// draws the same mask as the CPU twin for the same (seed, step).
+//
+// Thread safety: a CudaContext is used by one host thread at a time (its
+// handles and workspace are not shared); distinct contexts are independent.
+// A program that links this library starts and runs on a machine without a
+// GPU; CudaDeviceCount() is then 0.
+#ifndef DOWNPOUR_KERNELS_CUDA_H_
+#define DOWNPOUR_KERNELS_CUDA_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/optimizer.h"
+#include "kernels/types.h"
+
+namespace downpour {
+namespace kernels {
+namespace cuda {
+
+// Number of usable CUDA devices; 0 when there is no driver, no device, or the
+// runtime reports any error (which it does on a machine without a GPU).
+int CudaDeviceCount();
+inline bool CudaAvailable() { return CudaDeviceCount() > 0; }
+
+// Why no device is usable ("no CUDA device: <runtime message>"), or "" when
+// one is. For logs and test skips.
+std::string CudaUnavailableReason();
+
+// The name of device `device` ("NVIDIA H100 80GB HBM3"), or "" on error.
+std::string CudaDeviceName(int device);
+
+// One device's execution state: a non-blocking stream, cuBLAS and cuDNN
+// handles bound to it, and a device workspace for cuDNN and the fused
+// kernels. Owns everything it holds; not copyable.
+struct CudaContext {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Small device scratch for reductions returned to the host (loss, count).
+  void* scratch = nullptr;
+
+  // Sets up a context on `device` with `workspace_bytes` of workspace.
+  // FailedPrecondition when there is no such device.
+  static absl::StatusOr<std::unique_ptr<CudaContext>> Create(int device,
+                                                             size_t workspace_bytes = 64 << 20);
+  CudaContext() = default;
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  // Waits for everything queued on the stream.
+  absl::Status Synchronize() const;
+};
+
+// ------------------------------------------------------- dense and element-wise
+
+absl::Status Gemm(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
+                  int64_t n, int64_t k, float alpha, const float* a, const float* b, float beta,
+                  float* c);
+
+absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
+                          const float* x, const float* w, const float* bias, float* y);
+
+absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
+                           const float* x, const float* w, const float* dy, float* dx,
+                           Write dx_write, float* dw, float* dbias, Write param_write);
+
+absl::Status ReluForward(const CudaContext& ctx, int64_t n, const float* x, float* y);
+
+absl::Status ReluBackward(const CudaContext& ctx, int64_t n, const float* x, const float* dy,
+                          float* dx, Write dx_write);
+
+absl::Status DropoutForward(const CudaContext& ctx, int64_t n, float rate, uint64_t seed,
+                            uint64_t step, const float* x, float* y, uint8_t* mask);
+
+absl::Status DropoutBackward(const CudaContext& ctx, int64_t n, float rate, const uint8_t* mask,
+                             const float* dy, float* dx, Write dx_write);
+
+// `stats` is host memory; waits for the stream.
+absl::Status SoftmaxCrossEntropy(const CudaContext& ctx, int64_t batch, int64_t classes,
+                                 const float* logits, const int32_t* labels, float* dlogits,
+                                 LossStats* stats);
+
+absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const float* x, float* y, Write write);
+
+absl::Status Zero(const CudaContext& ctx, int64_t n, float* x);
+
+absl::Status Add(const CudaContext& ctx, int64_t n, const float* a, const float* b, float* y);
+
+// ------------------------------------------------------- images (NHWC)
+
+// cuDNN with NHWC tensors and [out_c, kernel_h, kernel_w, in_c] filters.
+// Asymmetric padding (TensorFlow's SAME with an odd total), which cuDNN
+// cannot express, goes through an explicitly padded copy in the workspace.
+absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const float* x,
+                           const float* w, const float* bias, float* y);
+
+absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
+                            const float* w, const float* dy, float* dx, Write dx_write, float* dw,
+                            float* dbias, Write param_write);
+
+// Pooling is ours, not cuDNN's: cuDNN has no asymmetric padding, and the
+// backward must pick the same maximum as the CPU twin (the first in the
+// window).
+absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const float* x, float* y);
+absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
+                             const float* dy, float* dx, Write dx_write);
+absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const float* x, float* y);
+absl::Status AvgPoolBackward(const CudaContext& ctx, const WindowShape& s, const float* dy,
+                             float* dx, Write dx_write);
+absl::Status GlobalAvgPoolForward(const CudaContext& ctx, int64_t batch, int64_t spatial,
+                                  int64_t channels, const float* x, float* y);
+absl::Status GlobalAvgPoolBackward(const CudaContext& ctx, int64_t batch, int64_t spatial,
+                                   int64_t channels, const float* dy, float* dx, Write dx_write);
+
+// ------------------------------------------------------- batch norm (cuDNN)
+
+absl::Status BatchNormForwardTraining(const CudaContext& ctx, int64_t rows, int64_t channels,
+                                      const float* x, const float* gamma, const float* beta,
+                                      float epsilon, float momentum, float* y, float* running_mean,
+                                      float* running_var, float* save_mean, float* save_inv_std);
+
+absl::Status BatchNormForwardInference(const CudaContext& ctx, int64_t rows, int64_t channels,
+                                       const float* x, const float* gamma, const float* beta,
+                                       const float* mean, const float* var, float epsilon,
+                                       float* y);
+
+absl::Status BatchNormBackward(const CudaContext& ctx, int64_t rows, int64_t channels,
+                               const float* x, const float* dy, const float* gamma,
+                               const float* save_mean, const float* save_inv_std, float* dx,
+                               Write dx_write, float* dgamma, float* dbeta, Write param_write);
+
+// ------------------------------------------------------- embedding
+
+absl::Status EmbeddingForward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
+                              const float* ids, const float* table, float* y);
+
+// Scatter-add with atomics: the sum is the CPU twin's up to the order of
+// float additions.
+absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
+                               const float* ids, const float* dy, float* dtable, Write param_write);
+
+// ------------------------------------------------------- optimizers
+
+// ApplyOptimizer of kernels/optimizer.h on device arrays; `slots` is a host
+// array of NumOptimizerSlots(kind) device pointers.
+absl::Status ApplyOptimizer(const CudaContext& ctx, OptimizerKind kind,
+                            const OptimizerHyperparams& hp, const float* grad, int64_t n,
+                            float* param, float* const* slots);
+
+// One tensor of a fused update: device pointers, NumOptimizerSlots(kind)
+// slots used.
+struct TensorUpdate {
+  const float* grad = nullptr;
+  float* param = nullptr;
+  float* slots[2] = {nullptr, nullptr};
+  int64_t n = 0;
+};
+
+// The same update on every tensor in one kernel launch (the descriptors
+// travel through the context's workspace). Same hyperparameters for all.
+absl::Status ApplyOptimizerMultiTensor(const CudaContext& ctx, OptimizerKind kind,
+                                       const OptimizerHyperparams& hp,
+                                       const std::vector<TensorUpdate>& tensors);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace downpour
+
+#endif  // DOWNPOUR_KERNELS_CUDA_H_

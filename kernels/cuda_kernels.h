@@ -1,0 +1,97 @@
+// Internal to kernels/cuda: launchers of our own CUDA kernels, compiled by
+// nvcc (cuda_kernels.cu) and called from cuda.cc, which does the library
+// calls (cuBLAS, cuDNN) and the status conversion. This header sees neither
+// Abseil nor the CUDA libraries, so nvcc compiles only device code and plain
+// C++. Each launcher queues work on `stream` and returns the launch's
+// cudaGetLastError(). Pointers are device memory; sizes as in kernels/cpu.h.
+#ifndef DOWNPOUR_KERNELS_CUDA_KERNELS_H_
+#define DOWNPOUR_KERNELS_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/types.h"
+
+namespace downpour {
+namespace kernels {
+namespace cuda_internal {
+
+// y[r, c] = bias[c].
+cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const float* bias,
+                          float* y);
+// y[c] (+)= sum over rows of x[r, c].
+cudaError_t ColumnSum(cudaStream_t stream, int64_t rows, int64_t cols, const float* x, float* y,
+                      bool accumulate);
+// x[i] *= alpha.
+cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x);
+cudaError_t ReluForward(cudaStream_t stream, int64_t n, const float* x, float* y);
+cudaError_t ReluBackward(cudaStream_t stream, int64_t n, const float* x, const float* dy, float* dx,
+                         bool accumulate);
+cudaError_t DropoutForward(cudaStream_t stream, int64_t n, float rate, uint64_t key, const float* x,
+                           float* y, uint8_t* mask);
+cudaError_t DropoutBackward(cudaStream_t stream, int64_t n, float rate, const uint8_t* mask,
+                            const float* dy, float* dx, bool accumulate);
+// Adds each row's loss to *loss_sum and its correctness to *correct.
+cudaError_t SoftmaxCrossEntropy(cudaStream_t stream, int64_t batch, int64_t classes,
+                                const float* logits, const int32_t* labels, float* dlogits,
+                                double* loss_sum, unsigned long long* correct);
+cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const float* x, float* y, bool accumulate);
+cudaError_t Add(cudaStream_t stream, int64_t n, const float* a, const float* b, float* y);
+
+// The images of `s` copied into `padded`, [batch, padded_h, padded_w, in_c]
+// with padded_h = (out_h - 1) * stride_h + kernel_h (likewise w): input row
+// h lands at h + pad_top; the rest is zero.
+cudaError_t PadImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h, int64_t padded_w,
+                      const float* x, float* padded);
+// The adjoint: dx (+)= the image part of dpadded.
+cudaError_t CropImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h,
+                       int64_t padded_w, const float* dpadded, float* dx, bool accumulate);
+
+cudaError_t MaxPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y);
+cudaError_t MaxPoolBackward(cudaStream_t stream, const WindowShape& s, const float* x,
+                            const float* dy, float* dx, bool accumulate);
+cudaError_t AvgPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y);
+cudaError_t AvgPoolBackward(cudaStream_t stream, const WindowShape& s, const float* dy, float* dx,
+                            bool accumulate);
+cudaError_t GlobalAvgPoolForward(cudaStream_t stream, int64_t batch, int64_t spatial,
+                                 int64_t channels, const float* x, float* y);
+cudaError_t GlobalAvgPoolBackward(cudaStream_t stream, int64_t batch, int64_t spatial,
+                                  int64_t channels, const float* dy, float* dx, bool accumulate);
+
+cudaError_t EmbeddingForward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
+                             const float* ids, const float* table, float* y);
+// dtable must already be zeroed for an overwrite.
+cudaError_t EmbeddingBackward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
+                              const float* ids, const float* dy, float* dtable);
+
+// One tensor of a fused optimizer update (device pointers).
+struct OptimizerTensor {
+  const float* grad;
+  float* param;
+  float* slot0;
+  float* slot1;
+  int64_t n;
+};
+
+// Hyperparameters resolved on the host, as kernels/optimizer.cc does.
+struct OptimizerArgs {
+  int kind;  // OptimizerKind as int.
+  float lr, momentum, beta1, beta2, epsilon, weight_decay;
+  float adam_step_size, adam_inv_sqrt_bc2;  // lr / (1 - b1^t), 1 / sqrt(1 - b2^t).
+};
+
+// Elements per block of the fused update.
+constexpr int64_t kOptimizerChunk = 1 << 16;
+
+// `tensors` (num_tensors) and `chunk_tensor`/`chunk_start` (num_chunks: the
+// tensor and first element of each chunk) are device arrays.
+cudaError_t MultiTensorUpdate(cudaStream_t stream, const OptimizerArgs& args,
+                              const OptimizerTensor* tensors, const int32_t* chunk_tensor,
+                              const int64_t* chunk_start, int64_t num_chunks);
+
+}  // namespace cuda_internal
+}  // namespace kernels
+}  // namespace downpour
+
+#endif  // DOWNPOUR_KERNELS_CUDA_KERNELS_H_
