@@ -241,6 +241,58 @@ TEST(LayersTest, BatchNormKeepsRunningStatisticsAsLocalState) {
   EXPECT_NE(before->loss_sum, after->loss_sum);  // Evaluate reads the running statistics.
 }
 
+// Images with one bright 2x2 blob; the label is the quadrant it lies in. A
+// small CNN with batch norm and a residual add learns it with plain SGD.
+TEST(LayersTest, SmallCnnLearnsWhereTheBlobIs) {
+  auto model = MakeModel(
+      "input_shape: [8, 8, 1] num_classes: 4"
+      " layer { name: 'c1' conv2d { filters: 8 kernel_size: 3 no_bias: true } }"
+      " layer { name: 'bn1' batch_norm { momentum: 0.9 } }"
+      " layer { name: 'r1' relu {} }"
+      " layer { name: 'c2' conv2d { filters: 8 kernel_size: 3 } }"
+      " layer { name: 'r2' relu {} }"
+      " layer { name: 'res' inputs: ['r1', 'r2'] add {} }"
+      " layer { max_pool { window: 2 } }"
+      " layer { flatten {} }"
+      " layer { dense { units: 4 } }"
+      " layer { softmax_cross_entropy {} }",
+      21);
+  ASSERT_NE(model, nullptr);
+  auto make = [](int64_t n, uint32_t seed, std::vector<float>* x, std::vector<int32_t>* y) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> noise(0.f, 0.1f);
+    std::uniform_int_distribution<int> pos(0, 2);
+    x->assign(n * 64, 0.f);
+    y->resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int p = 0; p < 64; ++p) (*x)[i * 64 + p] = noise(gen);
+      const int quadrant = static_cast<int>(i % 4);
+      const int top = (quadrant / 2) * 4 + pos(gen), left = (quadrant % 2) * 4 + pos(gen);
+      for (int dh = 0; dh < 2; ++dh) {
+        for (int dw = 0; dw < 2; ++dw) (*x)[i * 64 + (top + dh) * 8 + left + dw] += 1.f;
+      }
+      (*y)[i] = quadrant;
+    }
+  };
+  std::vector<float> train_x, test_x;
+  std::vector<int32_t> train_y, test_y;
+  make(1024, 1, &train_x, &train_y);
+  make(256, 2, &test_x, &test_y);
+  const int64_t batch = 32;
+  for (int64_t step = 0; step < 300; ++step) {
+    const int64_t offset = (step * batch) % 1024;
+    ASSERT_TRUE(
+        model->TrainStep(train_x.data() + offset * 64, train_y.data() + offset, batch, step).ok());
+    for (const ParamInfo& p : model->params()) {
+      for (int64_t i = 0; i < p.num_elements; ++i)
+        model->param(p.id)[i] -= 0.05f * model->grad(p.id)[i];
+    }
+  }
+  const auto eval = model->Evaluate(test_x.data(), test_y.data(), 256);
+  ASSERT_TRUE(eval.ok());
+  EXPECT_GT(static_cast<double>(eval->correct) / 256, 0.9) << "loss " << eval->loss_sum / 256;
+}
+
 struct ErrorCase {
   std::string spec;
   std::string message;
