@@ -10,7 +10,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/job.pb.h"
 #include "tests/local_cluster.h"
 
@@ -269,6 +271,16 @@ TEST_F(ClusterTest, NodesHealthAndMetricsAreServed) {
   EXPECT_NE(nodes.out.find("\"SHARD\""), std::string::npos) << nodes.out;
   EXPECT_NE(nodes.out.find("\"WORKER\""), std::string::npos) << nodes.out;
   EXPECT_NE(nodes.out.find("\"cpu\""), std::string::npos) << nodes.out;
+  for (const char* name : {"coordinator", "ps0", "worker0"}) {
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(cluster_->AddressOf(name), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+    ASSERT_TRUE(health->Check(&context, request, &response).ok()) << name;
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << name;
+  }
   RunJob(MlpSpec("SYNC", 1, 1, 20), "metered");
   for (const char* name : {"coordinator", "ps0", "worker0"}) {
     const std::string address = cluster_->MetricsAddressOf(name);

@@ -29,6 +29,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT (port 0 pi
 ABSL_FLAG(std::string, port_file, "", "File to write the bound HOST:PORT to once serving");
 ABSL_FLAG(std::string, metrics_listen, "", "HTTP address for /metrics (empty: off)");
 ABSL_FLAG(std::string, coordinator, "", "Coordinator HOST:PORT (required)");
+ABSL_FLAG(int64_t, coordinator_timeout_ms, 30000,
+          "Start-up fails unless the coordinator accepts the registration within this");
 ABSL_FLAG(std::string, node_id, "", "Stable node name (default: worker@<listen address>)");
 ABSL_FLAG(std::string, data_dir, ".", "Relative record-file globs of jobs resolve against this");
 ABSL_FLAG(int32_t, compute_threads, 1, "CPU threads for the math of each replica");
@@ -152,6 +154,7 @@ int Main() {
 
   NodeAgent::Options agent_options;
   agent_options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  agent_options.startup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_coordinator_timeout_ms));
   NodeInfo& self = agent_options.self;
   self.set_id(absl::GetFlag(FLAGS_node_id).empty() ? absl::StrCat("worker@", server->address)
                                                    : absl::GetFlag(FLAGS_node_id));

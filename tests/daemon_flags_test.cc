@@ -1,0 +1,83 @@
+// What operators get wrong when starting daemons: each mistake ends in one
+// clear sentence naming the thing and a non-zero exit, within seconds.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/local_cluster.h"
+
+namespace downpour {
+namespace testing {
+namespace {
+
+struct Case {
+  std::string binary;
+  std::vector<std::string> flags;
+  std::string expected;  // In stderr.
+};
+
+class DaemonFlagsTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DaemonFlagsTest, FailsWithOneClearSentence) {
+  const Case& c = GetParam();
+  std::vector<std::string> argv = {Runfile(c.binary)};
+  argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+  const absl::Time start = absl::Now();
+  CommandResult result = RunCommand(argv, absl::Seconds(20));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_NE(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find(c.expected), std::string::npos)
+      << "expected \"" << c.expected << "\" in: " << result.err;
+}
+
+std::string Dir() { return MakeTempDir("flags"); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Daemons, DaemonFlagsTest,
+    ::testing::Values(
+        Case{"coordinator/downpour-coordinator", {"--listen=127.0.0.1:0"}, "--state_dir"},
+        Case{"coordinator/downpour-coordinator",
+             {"--listen=nonsense", "--state_dir=" + Dir()},
+             "\"nonsense\""},
+        Case{"coordinator/downpour-coordinator",
+             {"--listen=127.0.0.1:0", "--state_dir=/proc/forbidden/state"},
+             "/proc/forbidden/state"},
+        Case{"server/downpour-ps", {"--listen=127.0.0.1:0"}, "--coordinator"},
+        Case{"server/downpour-ps",
+             {"--listen=127.0.0.1:0", "--coordinator=127.0.0.1:1", "--coordinator_timeout_ms=1000"},
+             "cannot register with coordinator at 127.0.0.1:1"},
+        Case{"worker/downpour-worker",
+             {"--listen=127.0.0.1:0", "--coordinator=127.0.0.1:1", "--coordinator_timeout_ms=1000"},
+             "cannot register with coordinator at 127.0.0.1:1"},
+        Case{"worker/downpour-worker",
+             {"--coordinator=127.0.0.1:1", "--data_dir=/no/such/dir"},
+             "/no/such/dir"},
+        Case{"worker/downpour-worker",
+             {"--coordinator=127.0.0.1:1", "--metrics_listen=300.1.1.1:99999"},
+             "300.1.1.1:99999"}));
+
+TEST(DaemonTest, ListenAddressInUseIsReported) {
+  const std::string dir = MakeTempDir("inuse");
+  auto first = Process::Spawn({Runfile("coordinator/downpour-coordinator"), "--listen=127.0.0.1:0",
+                               "--state_dir=" + dir + "/a", "--port_file=" + dir + "/port"},
+                              dir + "/first.log");
+  ASSERT_TRUE(first.ok());
+  std::string address;
+  for (int i = 0; i < 500 && address.empty(); ++i) {
+    address = ReadFile(dir + "/port");
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_FALSE(address.empty());
+  address = address.substr(0, address.find('\n'));
+  CommandResult second = RunCommand({Runfile("coordinator/downpour-coordinator"),
+                                     "--listen=" + address, "--state_dir=" + dir + "/b"},
+                                    absl::Seconds(20));
+  EXPECT_NE(second.exit_code, 0);
+  EXPECT_NE(second.err.find(address), std::string::npos) << second.err;
+  EXPECT_EQ((*first)->Stop(), 0);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace downpour
