@@ -179,7 +179,7 @@ absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(int device,
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
   CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx->cublas));
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx->cublas, ctx->stream));
-  CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(ctx->cublas, CUBLAS_PEDANTIC_MATH));
+  CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH));
   CUDNN_RETURN_IF_ERROR(cudnnCreate(&ctx->cudnn));
   CUDNN_RETURN_IF_ERROR(cudnnSetStream(ctx->cudnn, ctx->stream));
   if (workspace_bytes > 0) {
