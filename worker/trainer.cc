@@ -20,11 +20,6 @@ int64_t FeatureSize(const ModelSpec& model) {
   return n;
 }
 
-bool Retryable(const absl::Status& status) {
-  return absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
-         absl::IsNotFound(status);
-}
-
 }  // namespace
 
 JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterShard*> shards,
@@ -33,12 +28,18 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
       options_(std::move(options)),
       shards_(std::move(shards)),
       reporter_(std::move(reporter)) {
-  partitions_by_shard_.resize(shards_.size());
-  for (const PartitionPlacement& p : task_.placement().partitions()) {
-    if (p.shard() >= 0 && p.shard() < static_cast<int>(shards_.size())) {
-      partitions_by_shard_[p.shard()].push_back(p);
-    }
-  }
+  ExchangeOptions exchange;
+  exchange.job_id = task_.job_id();
+  exchange.rank = task_.rank();
+  exchange.worker_id = options_.node_id;
+  exchange.incarnation = options_.incarnation;
+  exchange.pull_timeout = options_.pull_timeout;
+  exchange.pull_slice = options_.pull_slice;
+  exchange_ = std::make_unique<ParameterExchange>(
+      exchange,
+      std::vector<PartitionPlacement>(task_.placement().partitions().begin(),
+                                      task_.placement().partitions().end()),
+      shards_);
 }
 
 absl::Status JobTrainer::Run() {
@@ -84,78 +85,16 @@ void JobTrainer::Report(ReportProgressRequest request, bool final) {
 
 absl::Status JobTrainer::PullParameters(Model* model, int64_t min_version,
                                         int64_t min_worker_steps) {
-  for (size_t shard = 0; shard < shards_.size(); ++shard) {
-    PullRequest request;
-    request.set_job_id(task_.job_id());
-    request.set_worker_rank(task_.rank());
-    request.set_min_version(min_version);
-    request.set_min_worker_steps(min_worker_steps);
-    request.set_dtype(FLOAT32);
-    for (const PartitionPlacement& p : partitions_by_shard_[shard]) {
-      PartitionKey* key = request.add_keys();
-      key->set_tensor_id(p.tensor_id());
-      key->set_partition(p.partition());
-    }
-    const absl::Time give_up = absl::Now() + options_.pull_timeout;
-    absl::StatusOr<PullResponse> response;
-    while (true) {
-      if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
-      response =
-          shards_[shard]->Pull(request, std::min(give_up, absl::Now() + options_.pull_slice));
-      if (response.ok() || !Retryable(response.status()) || absl::Now() >= give_up) break;
-    }
-    if (!response.ok()) {
-      return Annotate(response.status(), absl::StrCat("pulling from shard ", shard));
-    }
-    if (response->partitions_size() != request.keys_size()) {
-      return absl::InternalError(absl::StrCat("shard ", shard, " returned ",
-                                              response->partitions_size(), " partitions, asked ",
-                                              request.keys_size()));
-    }
-    const char* bytes = response->payload().data();
-    size_t offset = 0;
-    for (int i = 0; i < response->partitions_size(); ++i) {
-      const PartitionPlacement& p = partitions_by_shard_[shard][i];
-      const size_t size = p.num_elements() * sizeof(float);
-      if (response->partitions(i).num_elements() != p.num_elements() ||
-          offset + size > response->payload().size()) {
-        return absl::InternalError(absl::StrCat("shard ", shard, " returned a malformed pull"));
-      }
-      std::memcpy(model->param(p.tensor_id()) + p.offset(), bytes + offset, size);
-      offset += size;
-    }
-  }
-  return absl::OkStatus();
+  std::vector<float*> params(model->params().size());
+  for (size_t i = 0; i < params.size(); ++i) params[i] = model->param(static_cast<int>(i));
+  return exchange_->Pull(min_version, min_worker_steps, params,
+                         [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
 absl::Status JobTrainer::PushGradients(const Model& model, int64_t step) {
-  for (size_t shard = 0; shard < shards_.size(); ++shard) {
-    PushRequest request;
-    request.set_job_id(task_.job_id());
-    request.set_worker_rank(task_.rank());
-    request.set_step(step);
-    RequestId* id = request.mutable_request_id();
-    id->set_worker_id(options_.node_id);
-    id->set_incarnation(options_.incarnation);
-    id->set_sequence(++sequence_);
-    std::string* payload = request.mutable_payload();
-    int64_t total = 0;
-    for (const PartitionPlacement& p : partitions_by_shard_[shard]) total += p.num_elements();
-    payload->reserve(total * sizeof(float));
-    for (const PartitionPlacement& p : partitions_by_shard_[shard]) {
-      PartitionHeader* header = request.add_partitions();
-      header->mutable_key()->set_tensor_id(p.tensor_id());
-      header->mutable_key()->set_partition(p.partition());
-      header->set_dtype(FLOAT32);
-      header->set_num_elements(p.num_elements());
-      payload->append(reinterpret_cast<const char*>(model.grad(p.tensor_id()) + p.offset()),
-                      p.num_elements() * sizeof(float));
-    }
-    auto response = shards_[shard]->Push(request);
-    if (!response.ok())
-      return Annotate(response.status(), absl::StrCat("pushing to shard ", shard));
-  }
-  return absl::OkStatus();
+  std::vector<const float*> grads(model.params().size());
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = model.grad(static_cast<int>(i));
+  return exchange_->Push(step, grads);
 }
 
 absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model) {

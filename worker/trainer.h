@@ -22,6 +22,7 @@
 #include "core/model.h"
 #include "core/parameter_store.h"
 #include "proto/coordinator.pb.h"
+#include "worker/param_exchange.h"
 
 namespace downpour {
 
@@ -70,9 +71,7 @@ class JobTrainer {
   const TrainerOptions options_;
   const std::vector<ParameterShard*> shards_;
   const Reporter reporter_;
-  // Keys of the partitions each shard holds, in placement order.
-  std::vector<std::vector<PartitionPlacement>> partitions_by_shard_;
-  int64_t sequence_ = 0;
+  std::unique_ptr<ParameterExchange> exchange_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};
   bool coordinator_reachable_ = true;
