@@ -4,7 +4,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 "$ROOT/scripts/install-deps.sh"
 
-BIN="$ROOT/bazel-bin"
 PIDS=()
 
 # wait_for_file FILE SECONDS: waits until FILE exists (a daemon's --port_file).

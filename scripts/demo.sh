@@ -12,8 +12,12 @@ WORKERS=${DEMO_WORKERS:-2}
 FASHION=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 
 echo "demo: building (bazel, offline)..." >&2
-bazel build -q //coordinator:downpour-coordinator //server:downpour-ps \
-  //worker:downpour-worker //client:downpourctl 2>&1 | grep -v '^INFO:' >&2 || true
+if ! bazel build --noshow_progress --ui_event_filters=-info //coordinator:downpour-coordinator \
+  //server:downpour-ps //worker:downpour-worker //client:downpourctl >&2; then
+  echo "demo: build failed" >&2
+  exit 1
+fi
+BIN=$(bazel info bazel-bin 2>/dev/null)
 for b in coordinator/downpour-coordinator server/downpour-ps worker/downpour-worker client/downpourctl; do
   [[ -x $BIN/$b ]] || { echo "demo: build failed ($b missing)" >&2; exit 1; }
 done
