@@ -30,6 +30,9 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   if (spec.steps() < 1) return Bad("steps", "must be at least 1");
   if (spec.log_every_steps() < 1) return Bad("log_every_steps", "must be at least 1");
   if (spec.partition_bytes() < 1024) return Bad("partition_bytes", "must be at least 1024");
+  if (!DType_IsValid(spec.gradient_wire_dtype())) {
+    return Bad("gradient_wire_dtype", "must be FLOAT32, BFLOAT16 or FLOAT16");
+  }
 
   const DatasetSpec& data = spec.dataset();
   if (data.train_files().empty()) return Bad("dataset.train_files", "is required");

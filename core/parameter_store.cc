@@ -27,15 +27,120 @@ std::string KeyName(int32_t tensor_id, int32_t partition) {
 
 bool IsFloat32(DType dtype) { return dtype == FLOAT32 || dtype == DTYPE_UNSPECIFIED; }
 
-// Gradient bytes as floats: in place when aligned (the usual case: payload
-// strings are heap buffers and partitions are whole floats), else copied.
-const float* AsFloats(const char* bytes, int64_t n, std::vector<float>* scratch) {
-  if (reinterpret_cast<uintptr_t>(bytes) % alignof(float) == 0) {
-    return reinterpret_cast<const float*>(bytes);
+uint16_t FloatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN.
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float Bf16ToFloat(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t FloatToFp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // Inf or NaN.
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   }
-  scratch->resize(n);
-  std::memcpy(scratch->data(), bytes, n * kFloatBytes);
-  return scratch->data();
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // Overflow: inf.
+  if (abs < 0x38800000u) {  // Subnormal half (or zero): round at the 2^-24 grid.
+    float magnitude;
+    std::memcpy(&magnitude, &abs, 4);
+    // Adding 0.5 moves the value's bits so the low mantissa bits are the
+    // half's subnormal mantissa, rounded to nearest even by the FPU.
+    const float shifted = magnitude + 0.5f;
+    uint32_t bits;
+    std::memcpy(&bits, &shifted, 4);
+    return static_cast<uint16_t>(sign | (bits - 0x3f000000u));
+  }
+  const uint32_t mantissa_odd = (abs >> 13) & 1u;
+  abs += 0xc8000fffu + mantissa_odd;  // Rebias exponent (-112 << 23) and round.
+  return static_cast<uint16_t>(sign | (abs >> 13));
+}
+
+float Fp16ToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  uint32_t u;
+  if (exponent == 0) {
+    const float magnitude = static_cast<float>(mantissa) * (1.f / 16777216.f);  // 2^-24.
+    std::memcpy(&u, &magnitude, 4);
+    u |= sign;
+  } else if (exponent == 31) {
+    u = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    u = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Calls fn(grad, start, count) over the gradient of elements [0, n) held in
+// bytes [offset, ...) of `payload` as `dtype`: in place where a piece holds
+// aligned float32 elements, else through `scratch` in bounded chunks, so a
+// payload received as many network buffers is applied without first being
+// joined into one.
+template <typename Fn>
+void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, DType dtype,
+                        std::vector<float>* scratch, Fn fn) {
+  constexpr int64_t kChunk = 16 << 10;
+  const int width = WireBytesPerElement(dtype);
+  if (!IsFloat32(dtype)) {
+    std::vector<char> raw;
+    for (int64_t start = 0; start < n; start += kChunk) {
+      const int64_t count = std::min(kChunk, n - start);
+      raw.resize(count * width);
+      scratch->resize(count);
+      payload.CopyTo(offset + start * width, count * width, raw.data());
+      DecodeGradients(dtype, raw.data(), count, scratch->data());
+      fn(scratch->data(), start, count);
+    }
+    return;
+  }
+  int64_t done = 0;
+  size_t piece_start = 0;
+  for (const Payload::Piece& piece : payload.pieces()) {
+    if (done == n) break;
+    const size_t piece_end = piece_start + piece.size;
+    const size_t want = offset + done * kFloatBytes;
+    if (want >= piece_end) {
+      piece_start = piece_end;
+      continue;
+    }
+    const char* at = piece.data + (want - piece_start);
+    const int64_t whole = std::min<int64_t>(n - done, (piece_end - want) / kFloatBytes);
+    if (whole > 0 && reinterpret_cast<uintptr_t>(at) % alignof(float) == 0) {
+      fn(reinterpret_cast<const float*>(at), done, whole);
+      done += whole;
+      if (done < n && (piece_end - want) % kFloatBytes == 0) {
+        piece_start = piece_end;
+        continue;
+      }
+    }
+    // Unaligned, or an element split across pieces: copy what remains of
+    // this piece (plus the split element) in chunks.
+    while (done < n && offset + done * kFloatBytes < piece_end) {
+      const int64_t count = std::min<int64_t>(
+          {kChunk, n - done,
+           static_cast<int64_t>((piece_end - (offset + done * kFloatBytes)) / kFloatBytes) + 1});
+      scratch->resize(count);
+      payload.CopyTo(offset + done * kFloatBytes, count * kFloatBytes,
+                     reinterpret_cast<char*>(scratch->data()));
+      fn(scratch->data(), done, count);
+      done += count;
+    }
+    piece_start = piece_end;
+  }
 }
 
 PushResponse DuplicateResponse() {
@@ -54,6 +159,86 @@ struct WorkerRequests {
 };
 
 }  // namespace
+
+int WireBytesPerElement(DType dtype) {
+  switch (dtype) {
+    case DTYPE_UNSPECIFIED:
+    case FLOAT32:
+      return 4;
+    case BFLOAT16:
+    case FLOAT16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+void EncodeGradients(DType dtype, const float* in, int64_t n, char* out) {
+  if (IsFloat32(dtype)) {
+    std::memcpy(out, in, n * kFloatBytes);
+    return;
+  }
+  uint16_t* halves = reinterpret_cast<uint16_t*>(out);
+  if (dtype == BFLOAT16) {
+    for (int64_t i = 0; i < n; ++i) halves[i] = FloatToBf16(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) halves[i] = FloatToFp16(in[i]);
+  }
+}
+
+void DecodeGradients(DType dtype, const char* in, int64_t n, float* out) {
+  if (IsFloat32(dtype)) {
+    std::memcpy(out, in, n * kFloatBytes);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    out[i] = dtype == BFLOAT16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+  }
+}
+
+void Payload::Append(const char* data, size_t size, std::shared_ptr<const void> owner) {
+  if (size == 0) return;
+  pieces_.push_back({data, size, std::move(owner)});
+  size_ += size;
+}
+
+void Payload::CopyTo(size_t offset, size_t n, char* out) const {
+  size_t piece_start = 0;
+  for (const Piece& piece : pieces_) {
+    if (n == 0) return;
+    const size_t piece_end = piece_start + piece.size;
+    if (offset < piece_end) {
+      const size_t take = std::min(n, piece_end - offset);
+      std::memcpy(out, piece.data + (offset - piece_start), take);
+      out += take;
+      offset += take;
+      n -= take;
+    }
+    piece_start = piece_end;
+  }
+}
+
+std::string Payload::ToString() const {
+  std::string out(size_, '\0');
+  CopyTo(0, size_, out.data());
+  return out;
+}
+
+absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
+  Payload payload;
+  payload.Append(request.payload().data(), request.payload().size());
+  return Push(request, payload);
+}
+
+absl::StatusOr<PullResponse> ParameterShard::Pull(const PullRequest& request,
+                                                  absl::Time deadline) {
+  Payload payload;
+  absl::StatusOr<PullResponse> response = Pull(request, deadline, &payload);
+  if (response.ok()) response->set_payload(payload.ToString());
+  return response;
+}
 
 struct ParameterStore::Partition {
   Partition(int32_t tensor_id_in, int32_t partition_in, int64_t offset_in, int64_t n)
@@ -97,6 +282,9 @@ struct ParameterStore::Job {
   bool dropped ABSL_GUARDED_BY(mu) = false;
   // Per worker rank: max pushed step + 1.
   std::vector<int64_t> worker_steps ABSL_GUARDED_BY(mu);
+  // Per worker rank: partitions applied so far of steps pushed in several
+  // requests (PushRequest.partitions_in_step), by step.
+  std::vector<std::map<int64_t, int64_t>> partial_steps ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, WorkerRequests> requests ABSL_GUARDED_BY(mu);
 };
 
@@ -178,6 +366,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& sp
   {
     absl::MutexLock lock(&job->mu);
     job->worker_steps.assign(job->num_workers, 0);
+    job->partial_steps.assign(job->num_workers, {});
   }
 
   absl::MutexLock lock(&mu_);
@@ -220,7 +409,8 @@ absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
   return it->second;
 }
 
-absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request) {
+absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
+                                                  const Payload& payload) {
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   const std::string where = absl::StrCat("push to job ", job->id);
   auto invalid = [&where](auto&&... parts) {
@@ -235,15 +425,18 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request) {
     return invalid("worker_rank ", rank, " is outside [0, ", job->num_workers, ")");
   }
   if (request.step() < 0) return invalid("step ", request.step(), " is negative");
+  if (request.partitions_in_step() < 0) {
+    return invalid("partitions_in_step ", request.partitions_in_step(), " is negative");
+  }
   struct Piece {
     Partition* partition;
-    const char* bytes;
+    size_t offset;  // In the payload.
+    DType dtype;
   };
   std::vector<Piece> pieces;
   pieces.reserve(request.partitions_size());
   absl::flat_hash_set<Partition*> seen;
   int64_t offset = 0;
-  const std::string& payload = request.payload();
   for (const PartitionHeader& header : request.partitions()) {
     const std::string name = KeyName(header.key().tensor_id(), header.key().partition());
     auto it = job->by_key.find(KeyPair(header.key().tensor_id(), header.key().partition()));
@@ -251,21 +444,22 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request) {
       return absl::NotFoundError(absl::StrCat(where, ": no partition ", name, " on this shard"));
     }
     Partition* partition = it->second;
-    if (!IsFloat32(header.dtype())) {
-      return absl::UnimplementedError(absl::StrCat(where, ": partition ", name, " has dtype ",
-                                                   DType_Name(header.dtype()),
-                                                   "; only FLOAT32 gradients are supported"));
+    const int width = WireBytesPerElement(header.dtype());
+    if (width == 0) {
+      return absl::UnimplementedError(absl::StrCat(where, ": partition ", name,
+                                                   " has unknown dtype ",
+                                                   static_cast<int>(header.dtype())));
     }
     if (header.num_elements() != partition->num_elements) {
       return invalid("partition ", name, " has ", partition->num_elements,
                      " elements, the header says ", header.num_elements());
     }
     if (!seen.insert(partition).second) return invalid("partition ", name, " is listed twice");
-    const int64_t size = partition->num_elements * kFloatBytes;
+    const int64_t size = partition->num_elements * width;
     if (offset + size > static_cast<int64_t>(payload.size())) {
       return invalid("payload has ", payload.size(), " bytes, fewer than the headers describe");
     }
-    pieces.push_back({partition, payload.data() + offset});
+    pieces.push_back({partition, static_cast<size_t>(offset), header.dtype()});
     offset += size;
   }
   if (offset != static_cast<int64_t>(payload.size())) {
@@ -321,7 +515,18 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request) {
     }
     if (applied) {
       int64_t& steps = job->worker_steps[rank];
-      steps = std::max(steps, request.step() + 1);
+      const int64_t expected = request.partitions_in_step();
+      if (expected == 0) {
+        steps = std::max(steps, request.step() + 1);
+      } else {
+        std::map<int64_t, int64_t>& partial = job->partial_steps[rank];
+        int64_t& count = partial[request.step()];
+        count += request.partitions_size();
+        if (count >= expected) {
+          steps = std::max(steps, request.step() + 1);
+          partial.erase(partial.begin(), partial.upper_bound(request.step()));
+        }
+      }
     }
     job->changed.SignalAll();
   };
@@ -348,12 +553,19 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request) {
     const int64_t n = p.num_elements;
     absl::MutexLock lock(&p.mu);
     const int64_t version = p.version.load(std::memory_order_relaxed);
-    const float* grad = AsFloats(piece.bytes, n, &scratch);
-    float* slots[2] = {nullptr, nullptr};
-    for (size_t i = 0; i < p.slots.size(); ++i) slots[i] = p.slots[i].data();
+    float* values = p.values.data();
+    std::vector<float>* slot_arrays = p.slots.data();
+    const size_t num_slots = p.slots.size();
     if (!sync) {
-      ApplyOptimizer(job->optimizer, HyperparamsAt(job->optimizer_spec, version), grad, n,
-                     p.values.data(), slots);
+      const OptimizerHyperparams hp = HyperparamsAt(job->optimizer_spec, version);
+      ForEachGradientRun(payload, piece.offset, n, piece.dtype, &scratch,
+                         [&](const float* grad, int64_t start, int64_t count) {
+                           float* slots[2] = {nullptr, nullptr};
+                           for (size_t i = 0; i < num_slots; ++i) {
+                             slots[i] = slot_arrays[i].data() + start;
+                           }
+                           ApplyOptimizer(job->optimizer, hp, grad, count, values + start, slots);
+                         });
       p.version.store(version + 1, std::memory_order_release);
       continue;
     }
@@ -361,17 +573,24 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request) {
     // second contribution of the same rank is acknowledged and ignored.
     if (step < version || p.contributed[rank]) continue;
     float* sum = p.grad_sum.data();
-    if (p.num_contributors == 0) {
-      std::memcpy(sum, grad, n * kFloatBytes);
-    } else {
-      for (int64_t i = 0; i < n; ++i) sum[i] += grad[i];
-    }
+    const bool first = p.num_contributors == 0;
+    ForEachGradientRun(payload, piece.offset, n, piece.dtype, &scratch,
+                       [&](const float* grad, int64_t start, int64_t count) {
+                         float* out = sum + start;
+                         if (first) {
+                           std::memcpy(out, grad, count * kFloatBytes);
+                         } else {
+                           for (int64_t i = 0; i < count; ++i) out[i] += grad[i];
+                         }
+                       });
     p.contributed[rank] = true;
     if (++p.num_contributors < job->sync_quorum) continue;
     const float scale = 1.f / static_cast<float>(p.num_contributors);
     for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
-    ApplyOptimizer(job->optimizer, HyperparamsAt(job->optimizer_spec, version), sum, n,
-                   p.values.data(), slots);
+    float* slots[2] = {nullptr, nullptr};
+    for (size_t i = 0; i < num_slots; ++i) slots[i] = slot_arrays[i].data();
+    ApplyOptimizer(job->optimizer, HyperparamsAt(job->optimizer_spec, version), sum, n, values,
+                   slots);
     std::fill(p.contributed.begin(), p.contributed.end(), false);
     p.num_contributors = 0;
     p.version.store(version + 1, std::memory_order_release);
@@ -380,7 +599,8 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request) {
   return PushResponse();
 }
 
-absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, absl::Time deadline) {
+absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, absl::Time deadline,
+                                                  Payload* payload) {
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   if (!IsFloat32(request.dtype())) {
     return absl::UnimplementedError(absl::StrCat("pull from job ", job->id, ": dtype ",
@@ -443,9 +663,11 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
   PullResponse response;
   int64_t total = 0;
   for (const Partition* p : wanted) total += p->num_elements * kFloatBytes;
-  std::string* payload = response.mutable_payload();
-  payload->resize(total);
-  char* out = payload->data();
+  // One snapshot buffer, handed to the transport as is (no further copy).
+  std::shared_ptr<char> buffer(new char[std::max<int64_t>(total, 1)], std::default_delete<char[]>());
+  char* out = buffer.get();
+  *payload = Payload();
+  payload->Append(buffer.get(), total, buffer);
   for (Partition* p : wanted) {
     PartitionHeader* header = response.add_partitions();
     header->mutable_key()->set_tensor_id(p->tensor_id);

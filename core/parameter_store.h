@@ -32,21 +32,69 @@
 
 namespace downpour {
 
+// Tensor bytes travelling beside a request or response header: one or more
+// read-only pieces (e.g. the network buffers a message arrived in) whose
+// concatenation is the partitions' bytes in header order. A piece is either
+// borrowed (the caller keeps it alive while the payload is used) or kept
+// alive by a shared owner. Copyable (pieces are shared, never copied);
+// thread-compatible.
+class Payload {
+ public:
+  void Append(const char* data, size_t size) { Append(data, size, nullptr); }
+  void Append(const char* data, size_t size, std::shared_ptr<const void> owner);
+
+  size_t size() const { return size_; }
+  struct Piece {
+    const char* data;
+    size_t size;
+    std::shared_ptr<const void> owner;  // Null when borrowed.
+  };
+  const std::vector<Piece>& pieces() const { return pieces_; }
+
+  // Copies bytes [offset, offset + n) to `out`.
+  // REQUIRES: offset + n <= size().
+  void CopyTo(size_t offset, size_t n, char* out) const;
+
+  // The bytes as one string (a copy; for tests and small payloads).
+  std::string ToString() const;
+
+ private:
+  std::vector<Piece> pieces_;
+  size_t size_ = 0;
+};
+
+// Bytes per element of a wire dtype (DTYPE_UNSPECIFIED is FLOAT32); 0 for an
+// unknown one.
+int WireBytesPerElement(DType dtype);
+
+// Converts `n` floats to `dtype` at `out` (WireBytesPerElement(dtype) * n
+// bytes), rounding to nearest even; and back. REQUIRES: a known dtype.
+void EncodeGradients(DType dtype, const float* in, int64_t n, char* out);
+void DecodeGradients(DType dtype, const char* in, int64_t n, float* out);
+
 // One shard of the parameters of every running job.
 class ParameterShard {
  public:
   virtual ~ParameterShard() = default;
 
-  // Applies (or, in SYNC mode, accumulates) the gradients of `request`.
-  // A request whose request_id was applied before answers duplicate = true
-  // and changes nothing.
-  virtual absl::StatusOr<PushResponse> Push(const PushRequest& request) = 0;
+  // Applies (or, in SYNC mode, accumulates) the gradients of `request`, whose
+  // partitions' bytes are `payload`. A request whose request_id was applied
+  // before answers duplicate = true and changes nothing.
+  virtual absl::StatusOr<PushResponse> Push(const PushRequest& request,
+                                            const Payload& payload) = 0;
 
-  // Returns the requested partitions (all of the job's partitions on this
-  // shard when `keys` is empty) once each has version >= min_version and every
-  // worker has pushed >= min_worker_steps steps; DeadlineExceeded, naming what
-  // it waited for, if that has not happened by `deadline`.
-  virtual absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline) = 0;
+  // Returns the requested partitions' headers (all of the job's partitions on
+  // this shard when `keys` is empty) and sets `payload` to their bytes, once
+  // each has version >= min_version and every worker has pushed >=
+  // min_worker_steps steps; DeadlineExceeded, naming what it waited for, if
+  // that has not happened by `deadline`.
+  virtual absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                            Payload* payload) = 0;
+
+  // Conveniences for in-process callers: the bytes in the messages' own
+  // `payload` fields (never used on the wire).
+  absl::StatusOr<PushResponse> Push(const PushRequest& request);
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline);
 };
 
 class ParameterStore : public ParameterShard {
@@ -77,8 +125,11 @@ class ParameterStore : public ParameterShard {
   // Ids of the hosted jobs, sorted.
   std::vector<std::string> JobIds() const;
 
-  absl::StatusOr<PushResponse> Push(const PushRequest& request) override;
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline) override;
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override;
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override;
 
  private:
   struct Job;

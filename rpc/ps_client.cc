@@ -4,44 +4,72 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "grpcpp/impl/client_unary_call.h"
 #include "rpc/grpc_status.h"
 
 namespace downpour {
 
 std::unique_ptr<RemoteParameterShard> RemoteParameterShard::Create(const std::string& address,
                                                                    const Options& options) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options.max_message_bytes);
-  args.SetMaxSendMessageSize(options.max_message_bytes);
-  return std::make_unique<RemoteParameterShard>(
-      address, grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args),
-      options);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < std::max(1, options.num_channels); ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(options.max_message_bytes);
+    args.SetMaxSendMessageSize(options.max_message_bytes);
+    // Without this, channels with equal arguments share one connection.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    channels.push_back(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+  return std::make_unique<RemoteParameterShard>(address, std::move(channels), options);
 }
 
 RemoteParameterShard::RemoteParameterShard(std::string address,
-                                           std::shared_ptr<grpc::Channel> channel,
+                                           std::vector<std::shared_ptr<grpc::Channel>> channels,
                                            const Options& options)
-    : address_(std::move(address)),
-      options_(options),
-      channel_(std::move(channel)),
-      stub_(ParameterServer::NewStub(channel_)) {}
+    : address_(std::move(address)), options_(options) {
+  for (auto& channel : channels) {
+    // What a generated stub holds per method.
+    connections_.push_back(std::unique_ptr<Connection>(new Connection{
+        channel, grpc::internal::RpcMethod(kPushMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel),
+        grpc::internal::RpcMethod(kPullMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel)}));
+  }
+}
 
-absl::StatusOr<PushResponse> RemoteParameterShard::Push(const PushRequest& request) {
+absl::Status RemoteParameterShard::Call(bool push, const TensorMessage& request,
+                                        absl::Time deadline, TensorMessage* response) {
+  Connection& c = *connections_[next_.fetch_add(1, std::memory_order_relaxed) % connections_.size()];
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.push_timeout));
-  PushResponse response;
-  const grpc::Status status = stub_->Push(&context, request, &response);
+  context.set_deadline(absl::ToChronoTime(deadline));
+  const grpc::Status status = grpc::internal::BlockingUnaryCall<TensorMessage, TensorMessage>(
+      c.channel.get(), push ? c.push : c.pull, &context, request, response);
   if (!status.ok()) return Annotate(FromGrpcStatus(status), absl::StrCat("shard ", address_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PushResponse> RemoteParameterShard::Push(const PushRequest& request,
+                                                        const Payload& payload) {
+  TensorMessage message, reply;
+  message.header = request.SerializeAsString();
+  message.payload = payload;
+  RETURN_IF_ERROR(Call(/*push=*/true, message, absl::Now() + options_.push_timeout, &reply));
+  PushResponse response;
+  if (!response.ParseFromString(reply.header)) {
+    return absl::InternalError(absl::StrCat("shard ", address_, ": malformed PushResponse"));
+  }
   return response;
 }
 
 absl::StatusOr<PullResponse> RemoteParameterShard::Pull(const PullRequest& request,
-                                                        absl::Time deadline) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
+                                                        absl::Time deadline, Payload* payload) {
+  TensorMessage message, reply;
+  message.header = request.SerializeAsString();
+  RETURN_IF_ERROR(Call(/*push=*/false, message, deadline, &reply));
   PullResponse response;
-  const grpc::Status status = stub_->Pull(&context, request, &response);
-  if (!status.ok()) return Annotate(FromGrpcStatus(status), absl::StrCat("shard ", address_));
+  if (!response.ParseFromString(reply.header)) {
+    return absl::InternalError(absl::StrCat("shard ", address_, ": malformed PullResponse"));
+  }
+  *payload = std::move(reply.payload);
   return response;
 }
 

@@ -1,21 +1,28 @@
 // RemoteParameterShard: a ParameterShard on another machine, reached over
 // gRPC (the remote client of the three layers), so a worker cannot tell it
-// from a local ParameterStore.
+// from a local ParameterStore. Tensor bytes travel beside the header
+// (rpc/tensor_wire.h): a push is sent from the caller's memory, a pull's
+// payload refers to the buffers it arrived in.
 //
-// Thread-safe: calls may be made concurrently from any thread. Shares
-// ownership of its channel. Every call has a deadline; errors come back as
-// absl::Status prefixed with the shard's address ("shard HOST:PORT: ...").
+// Thread-safe: calls may be made concurrently from any thread; they are
+// spread over Options::num_channels connections, because one HTTP/2
+// connection (one socket, one gRPC poller) does not fill loopback or a fast
+// link. Every call has a deadline; errors come back as absl::Status prefixed
+// with the shard's address ("shard HOST:PORT: ...").
 #ifndef DOWNPOUR_RPC_PS_CLIENT_H_
 #define DOWNPOUR_RPC_PS_CLIENT_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/parameter_store.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/parameter_server.grpc.pb.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "rpc/tensor_wire.h"
 
 namespace downpour {
 
@@ -26,6 +33,8 @@ class RemoteParameterShard final : public ParameterShard {
     absl::Duration push_timeout = absl::Seconds(30);
     // Largest message received (a Pull of many partitions can be large).
     int max_message_bytes = 256 << 20;
+    // Connections to the shard; calls go round-robin.
+    int num_channels = 2;
   };
 
   // Connects (lazily, insecure credentials) to the shard at `address`
@@ -36,22 +45,35 @@ class RemoteParameterShard final : public ParameterShard {
     return Create(address, Options());
   }
 
-  // Uses an existing channel to `address` (named in errors).
-  RemoteParameterShard(std::string address, std::shared_ptr<grpc::Channel> channel,
+  // Uses existing channels to `address` (named in errors).
+  // REQUIRES: !channels.empty().
+  RemoteParameterShard(std::string address, std::vector<std::shared_ptr<grpc::Channel>> channels,
                        const Options& options);
 
-  absl::StatusOr<PushResponse> Push(const PushRequest& request) override;
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+  // REQUIRES: borrowed payload pieces stay valid until the call returns.
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override;
   // `deadline` becomes the call's gRPC deadline; the shard answers
   // DeadlineExceeded, naming what it waited for, shortly before it.
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline) override;
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override;
 
   const std::string& address() const { return address_; }
 
  private:
+  struct Connection {
+    std::shared_ptr<grpc::Channel> channel;
+    grpc::internal::RpcMethod push;
+    grpc::internal::RpcMethod pull;
+  };
+  absl::Status Call(bool push, const TensorMessage& request, absl::Time deadline,
+                    TensorMessage* response);
+
   const std::string address_;
   const Options options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<ParameterServer::Stub> stub_;
+  std::vector<std::unique_ptr<Connection>> connections_;
+  std::atomic<uint64_t> next_{0};
 };
 
 }  // namespace downpour

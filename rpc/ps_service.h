@@ -1,5 +1,10 @@
 // ParameterServerService: the gRPC face of a ParameterShard (the server
 // adapter of the three layers; the logic lives in core/parameter_store).
+// Push and Pull are unary RPCs whose tensor bytes travel beside the header
+// (rpc/tensor_wire.h): a push is applied straight from the buffers it arrived
+// in, a pull answers from one snapshot buffer without another copy. Each call
+// runs on its own server thread, so concurrent pushes of different
+// partitions are applied in parallel (the store locks per partition).
 //
 // Thread-safe (the shard is). Does not own the shard, which must outlive the
 // service. A Pull waits on the handling thread until its condition holds or
@@ -11,11 +16,12 @@
 #include "absl/time/time.h"
 #include "core/parameter_store.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/parameter_server.grpc.pb.h"
+#include "grpcpp/impl/service_type.h"
+#include "rpc/tensor_wire.h"
 
 namespace downpour {
 
-class ParameterServerService final : public ParameterServer::Service {
+class ParameterServerService final : public grpc::Service {
  public:
   struct Options {
     // Longest a Pull waits, whatever (or without) the caller's deadline.
@@ -25,10 +31,10 @@ class ParameterServerService final : public ParameterServer::Service {
   explicit ParameterServerService(ParameterShard* shard) : ParameterServerService(shard, {}) {}
   ParameterServerService(ParameterShard* shard, Options options);
 
-  grpc::Status Push(grpc::ServerContext* context, const PushRequest* request,
-                    PushResponse* response) override;
-  grpc::Status Pull(grpc::ServerContext* context, const PullRequest* request,
-                    PullResponse* response) override;
+  grpc::Status Push(grpc::ServerContext* context, const TensorMessage* request,
+                    TensorMessage* response);
+  grpc::Status Pull(grpc::ServerContext* context, const TensorMessage* request,
+                    TensorMessage* response);
 
  private:
   ParameterShard* const shard_;

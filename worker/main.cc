@@ -36,6 +36,10 @@ ABSL_FLAG(std::string, data_dir, ".", "Relative record-file globs of jobs resolv
 ABSL_FLAG(int32_t, compute_threads, 1, "CPU threads for the math of each replica");
 ABSL_FLAG(int64_t, pull_timeout_ms, 120000,
           "How long a pull may wait for other workers or a shard before the job fails");
+ABSL_FLAG(int64_t, push_timeout_ms, 30000,
+          "How long a push may be retried against a dead or frozen shard before the job fails");
+ABSL_FLAG(int32_t, channels_per_shard, 2, "gRPC connections to each parameter shard");
+ABSL_FLAG(int32_t, max_inflight, 4, "Push/pull messages in flight at once per job");
 
 namespace downpour {
 namespace {
@@ -97,7 +101,11 @@ class WorkerRuntime {
     auto job = std::make_unique<RunningJob>();
     std::vector<ParameterShard*> shards;
     for (const std::string& address : task.shard_addresses()) {
-      job->shards.push_back(RemoteParameterShard::Create(address));
+      RemoteParameterShard::Options shard_options;
+      // One attempt; the trainer retries within the same total budget.
+      shard_options.push_timeout = options_.push_timeout;
+      shard_options.num_channels = options_.channels_per_shard;
+      job->shards.push_back(RemoteParameterShard::Create(address, shard_options));
       shards.push_back(job->shards.back().get());
     }
     TrainerOptions options = options_;
@@ -172,6 +180,9 @@ int Main() {
   trainer_options.node_id = self.id();
   trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
   trainer_options.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));
+  trainer_options.push_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_push_timeout_ms));
+  trainer_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
+  trainer_options.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   trainer_options.metrics = &metrics;
   auto runtime = std::make_unique<WorkerRuntime>(trainer_options);
   auto agent = NodeAgent::Start(

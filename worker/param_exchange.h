@@ -3,19 +3,32 @@
 // parameters back — shared by JobTrainer and the transport benchmark, so the
 // benchmark measures exactly what training does.
 //
+// Partitions are grouped per shard into messages of at most
+// `message_bytes`, and the messages of a push or pull run concurrently on a
+// small pool of threads (`max_inflight`), over several connections per shard
+// (RemoteParameterShard), so a shard receives, applies and answers several
+// partitions at once. Pushes go out last layer first (the order backward
+// produces them); pulls come back first layer first (the order the next
+// forward needs them). Every push message carries its own
+// (worker_id, incarnation, sequence), so one retried after a timeout or lost
+// connection is applied once.
+//
 // Thread-compatible: one exchange belongs to one trainer; Push and Pull are
 // not called concurrently with each other. The shards are not owned and must
 // outlive the exchange.
 #ifndef DOWNPOUR_WORKER_PARAM_EXCHANGE_H_
 #define DOWNPOUR_WORKER_PARAM_EXCHANGE_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/parameter_store.h"
 #include "proto/job.pb.h"
@@ -34,6 +47,15 @@ struct ExchangeOptions {
   // A blocking pull is issued in slices of this length, so cancellation is
   // noticed.
   absl::Duration pull_slice = absl::Seconds(2);
+  // How long a push message is retried (timeouts, lost connections) before
+  // the push fails. Each attempt is bounded by the shard's own deadline.
+  absl::Duration push_timeout = absl::Seconds(60);
+  // Element type of gradients on the wire (FLOAT32, BFLOAT16, FLOAT16).
+  DType gradient_dtype = FLOAT32;
+  // Largest message, in float32 bytes (partitions are never split).
+  int64_t message_bytes = 4 << 20;
+  // Messages in flight at once.
+  int max_inflight = 4;
 };
 
 class ParameterExchange {
@@ -41,10 +63,12 @@ class ParameterExchange {
   // `partitions` is the job's placement; `shards[i]` serves shard index i.
   ParameterExchange(ExchangeOptions options, const std::vector<PartitionPlacement>& partitions,
                     std::vector<ParameterShard*> shards);
+  ~ParameterExchange();
 
   // Pushes the gradients of `step`: grads[tensor_id] points at the whole
   // tensor's gradient. REQUIRES: every placed tensor has a pointer.
-  absl::Status Push(int64_t step, const std::vector<const float*>& grads);
+  absl::Status Push(int64_t step, const std::vector<const float*>& grads,
+                    const std::function<bool()>& cancelled = [] { return false; });
 
   // Pulls every partition into params[tensor_id] once the shards meet
   // (min_version, min_worker_steps); gives up when `cancelled` returns true.
@@ -52,10 +76,31 @@ class ParameterExchange {
                     const std::vector<float*>& params, const std::function<bool()>& cancelled);
 
  private:
+  struct Message {
+    int shard;
+    std::vector<PartitionPlacement> partitions;
+    std::vector<char> encoded;  // Gradients in a 16-bit wire dtype.
+  };
+
+  // Runs task(i) for every i in [0, n) on the pool (and the calling thread),
+  // starting them in order of i; returns the first error.
+  absl::Status RunAll(int n, const std::function<absl::Status(int)>& task);
+  void PoolLoop();
+
   const ExchangeOptions options_;
   const std::vector<ParameterShard*> shards_;
-  std::vector<std::vector<PartitionPlacement>> partitions_by_shard_;
+  std::vector<Message> messages_;             // Sorted by (first tensor, partition).
+  std::vector<int> partitions_per_shard_;
   int64_t sequence_ = 0;
+
+  absl::Mutex mu_;
+  const std::function<absl::Status(int)>* task_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int num_tasks_ ABSL_GUARDED_BY(mu_) = 0;
+  int next_task_ ABSL_GUARDED_BY(mu_) = 0;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> pool_;
 };
 
 }  // namespace downpour

@@ -35,6 +35,12 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
   exchange.incarnation = options_.incarnation;
   exchange.pull_timeout = options_.pull_timeout;
   exchange.pull_slice = options_.pull_slice;
+  exchange.push_timeout = options_.push_timeout;
+  exchange.max_inflight = options_.max_inflight;
+  exchange.gradient_dtype = task_.spec().gradient_wire_dtype() == DTYPE_UNSPECIFIED
+                                ? FLOAT32
+                                : task_.spec().gradient_wire_dtype();
+  if (task_.spec().partition_bytes() > 0) exchange.message_bytes = task_.spec().partition_bytes();
   exchange_ = std::make_unique<ParameterExchange>(
       exchange,
       std::vector<PartitionPlacement>(task_.placement().partitions().begin(),
@@ -94,7 +100,7 @@ absl::Status JobTrainer::PullParameters(Model* model, int64_t min_version,
 absl::Status JobTrainer::PushGradients(const Model& model, int64_t step) {
   std::vector<const float*> grads(model.params().size());
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = model.grad(static_cast<int>(i));
-  return exchange_->Push(step, grads);
+  return exchange_->Push(step, grads, [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
 absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model) {

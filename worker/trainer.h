@@ -36,6 +36,12 @@ struct TrainerOptions {
   absl::Duration pull_timeout = absl::Seconds(120);
   // A blocking pull is issued in slices of this length, so Cancel() is noticed.
   absl::Duration pull_slice = absl::Seconds(2);
+  // How long a push may be retried against an unresponsive shard (each
+  // attempt has this deadline too) before the job fails.
+  absl::Duration push_timeout = absl::Seconds(30);
+  // Transport tuning (see ParameterExchange and RemoteParameterShard).
+  int channels_per_shard = 2;
+  int max_inflight = 4;
   // A final report (finished, test accuracy, or failure) is retried this long
   // while the coordinator is unreachable, so a coordinator restart loses no
   // result. Ordinary progress reports are best effort.

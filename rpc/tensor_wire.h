@@ -1,0 +1,49 @@
+// Tensor framing for the parameter server's RPCs: a message is a protobuf
+// header (PushRequest, PullResponse, ...) plus the partitions' raw bytes
+// (core's Payload), framed as
+//
+//   [4-byte little-endian header length][serialized header][payload bytes]
+//
+// and handed to gRPC through SerializationTraits<TensorMessage>: the payload
+// pieces become grpc::Slices over their own memory (no copy), and a received
+// message's payload refers to the slices it arrived in (no copy). Only the
+// small header is serialized.
+//
+// The RPC method names live here too; the service is registered by hand
+// (rpc/ps_service) and called through a raw channel (rpc/ps_client), because
+// generated proto stubs would serialize the bytes into the message.
+#ifndef DOWNPOUR_RPC_TENSOR_WIRE_H_
+#define DOWNPOUR_RPC_TENSOR_WIRE_H_
+
+#include <string>
+
+#include "core/parameter_store.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/serialization_traits.h"
+
+namespace downpour {
+
+inline constexpr char kPushMethod[] = "/downpour.ParameterServer/Push";
+inline constexpr char kPullMethod[] = "/downpour.ParameterServer/Pull";
+
+struct TensorMessage {
+  // The serialized header message.
+  std::string header;
+  Payload payload;
+};
+
+}  // namespace downpour
+
+namespace grpc {
+
+template <>
+class SerializationTraits<downpour::TensorMessage, void> {
+ public:
+  static Status Serialize(const downpour::TensorMessage& message, ByteBuffer* buffer,
+                          bool* own_buffer);
+  static Status Deserialize(ByteBuffer* buffer, downpour::TensorMessage* message);
+};
+
+}  // namespace grpc
+
+#endif  // DOWNPOUR_RPC_TENSOR_WIRE_H_
