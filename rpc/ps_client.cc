@@ -18,6 +18,10 @@ std::unique_ptr<RemoteParameterShard> RemoteParameterShard::Create(const std::st
     args.SetMaxSendMessageSize(options.max_message_bytes);
     // Without this, channels with equal arguments share one connection.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // Large HTTP/2 frames and windows: fewer frames and window updates per
+    // megabyte of tensor.
+    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
     channels.push_back(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   }

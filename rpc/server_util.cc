@@ -24,6 +24,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
+  // Large HTTP/2 frames and windows: tensor messages are megabytes.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   for (grpc::Service* service : services) builder.RegisterService(service);
   RunningServer running;
   running.server = builder.BuildAndStart();

@@ -1,0 +1,96 @@
+// Deadlines on the parameter traffic: a frozen shard (SIGSTOP) becomes a clear
+// job failure naming the shard within the worker's configured push/pull
+// timeouts, never a hang.
+#include <signal.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "proto/job.pb.h"
+#include "tests/local_cluster.h"
+
+namespace downpour {
+namespace testing {
+namespace {
+
+constexpr char kSpec[] = R"(
+name: "mlp"
+model {
+  input_shape: [28, 28, 1]
+  num_classes: 10
+  layer { flatten {} }
+  layer { dense { units: 64 } }
+  layer { relu {} }
+  layer { dense { units: 10 } }
+  layer { softmax_cross_entropy {} }
+}
+dataset {
+  train_files: "fashion-mnist/train-*.tfrecord"
+  test_files: "fashion-mnist/test-*.tfrecord"
+  batch_size: 32
+}
+optimizer { kind: ADAM learning_rate: 0.002 }
+consistency { mode: ASYNC }
+num_workers: 1
+num_shards: 2
+steps: 1000000
+log_every_steps: 5
+)";
+
+JobStatus GetJob(LocalCluster* cluster, const std::string& id) {
+  CommandResult result = cluster->Ctl({"-o", "json", "get", id});
+  JobStatus job;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  (void)google::protobuf::util::JsonStringToMessage(result.out, &job, options);
+  return job;
+}
+
+TEST(TransportFaultTest, FrozenShardFailsTheJobWithinTheDeadline) {
+  const std::string data_dir = MakeTempDir("data");
+  ASSERT_TRUE(ImportFashionMnist(data_dir, 2000).ok());
+  LocalCluster::Options options;
+  options.shards = 2;
+  options.workers = 1;
+  options.data_dir = data_dir;
+  // The heartbeat timeout is far longer than the transport's, so the failure
+  // seen is the worker's deadline, not the coordinator's failure detector.
+  options.node_timeout_ms = 60000;
+  options.worker_flags = {"--pull_timeout_ms=3000", "--push_timeout_ms=3000"};
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start().ok()) << cluster.Logs();
+  const std::string spec = cluster.dir() + "/spec.pbtxt";
+  std::ofstream(spec) << kSpec;
+  ASSERT_EQ(cluster.Ctl({"submit", spec, "--job_id=frozen"}).exit_code, 0) << cluster.Logs();
+
+  // Let it train a little, then freeze a shard.
+  const absl::Time started = absl::Now();
+  while (GetJob(&cluster, "frozen").step() < 10) {
+    ASSERT_LT(absl::Now() - started, absl::Seconds(60)) << cluster.Logs();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  cluster.shard(1)->Signal(SIGSTOP);
+  const absl::Time frozen = absl::Now();
+  JobStatus job;
+  while (true) {
+    job = GetJob(&cluster, "frozen");
+    if (job.state() == FAILED) break;
+    ASSERT_LT(absl::Now() - frozen, absl::Seconds(30))
+        << "job still " << JobState_Name(job.state()) << cluster.Logs();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  const absl::Duration took = absl::Now() - frozen;
+  EXPECT_LT(took, absl::Seconds(15));
+  EXPECT_NE(job.message().find("shard"), std::string::npos) << job.message();
+  EXPECT_NE(job.message().find("eadline"), std::string::npos) << job.message();
+  cluster.shard(1)->Signal(SIGCONT);
+  std::printf("frozen shard -> job FAILED after %s: %s\n", absl::FormatDuration(took).c_str(),
+              job.message().c_str());
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace downpour
