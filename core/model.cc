@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <unordered_map>
 #include <utility>
@@ -10,19 +12,377 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "kernels/cuda.h"
+#include "kernels/optimizer.h"
 
 namespace downpour {
 namespace model_internal {
 
 namespace cpu = kernels::cpu;
+namespace cuda = kernels::cuda;
 using kernels::Write;
 
+// Owned memory of one kind: plain host, page-locked host (fast, asynchronous
+// copies to and from a GPU) or device. Move-only.
+class Memory {
+ public:
+  enum class Kind { kHost, kPinned, kDevice };
+
+  static absl::StatusOr<Memory> Allocate(Kind kind, size_t bytes) {
+    Memory m;
+    m.kind_ = kind;
+    m.bytes_ = bytes;
+    if (bytes == 0) return m;
+    switch (kind) {
+      case Kind::kHost:
+        m.ptr_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (m.ptr_ == nullptr) return absl::ResourceExhaustedError("out of host memory");
+        break;
+      case Kind::kPinned:
+        if (cudaMallocHost(&m.ptr_, bytes) != cudaSuccess) {
+          cudaGetLastError();
+          return absl::ResourceExhaustedError(
+              absl::StrCat("cannot allocate ", bytes, " bytes of pinned host memory"));
+        }
+        break;
+      case Kind::kDevice:
+        if (cudaMalloc(&m.ptr_, bytes) != cudaSuccess) {
+          cudaGetLastError();
+          return absl::ResourceExhaustedError(
+              absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory"));
+        }
+        break;
+    }
+    return m;
+  }
+
+  Memory() = default;
+  Memory(Memory&& other) noexcept { *this = std::move(other); }
+  Memory& operator=(Memory&& other) noexcept {
+    if (this != &other) {
+      Release();
+      kind_ = other.kind_;
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  ~Memory() { Release(); }
+
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Release() {
+    if (ptr_ == nullptr) return;
+    switch (kind_) {
+      case Kind::kHost:
+        std::free(ptr_);
+        break;
+      case Kind::kPinned:
+        cudaFreeHost(ptr_);
+        break;
+      case Kind::kDevice:
+        cudaFree(ptr_);
+        break;
+    }
+    ptr_ = nullptr;
+  }
+
+  Kind kind_ = Kind::kHost;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The kernels with the same arguments on both backends (kernels/cpu.h and
+// kernels/cuda.h, less the context): X(name, parameters, arguments).
+#define DOWNPOUR_MODEL_OPS(X)                                                                      \
+  X(DenseForward,                                                                                  \
+    (int64_t batch, int64_t in, int64_t out, const float* x, const float* w, const float* bias,    \
+     float* y),                                                                                    \
+    (batch, in, out, x, w, bias, y))                                                               \
+  X(DenseBackward,                                                                                 \
+    (int64_t batch, int64_t in, int64_t out, const float* x, const float* w, const float* dy,      \
+     float* dx, Write dx_write, float* dw, float* dbias, Write param_write),                       \
+    (batch, in, out, x, w, dy, dx, dx_write, dw, dbias, param_write))                              \
+  X(ReluForward, (int64_t n, const float* x, float* y), (n, x, y))                                 \
+  X(ReluBackward, (int64_t n, const float* x, const float* dy, float* dx, Write dx_write),         \
+    (n, x, dy, dx, dx_write))                                                                      \
+  X(DropoutForward,                                                                                \
+    (int64_t n, float rate, uint64_t seed, uint64_t step, const float* x, float* y,                \
+     uint8_t* mask),                                                                               \
+    (n, rate, seed, step, x, y, mask))                                                             \
+  X(DropoutBackward,                                                                               \
+    (int64_t n, float rate, const uint8_t* mask, const float* dy, float* dx, Write dx_write),      \
+    (n, rate, mask, dy, dx, dx_write))                                                             \
+  X(CopyOrAdd, (int64_t n, const float* x, float* y, Write write), (n, x, y, write))               \
+  X(Zero, (int64_t n, float* x), (n, x))                                                           \
+  X(Add, (int64_t n, const float* a, const float* b, float* y), (n, a, b, y))                      \
+  X(MaxPoolForward, (const kernels::WindowShape& s, const float* x, float* y), (s, x, y))          \
+  X(MaxPoolBackward,                                                                               \
+    (const kernels::WindowShape& s, const float* x, const float* dy, float* dx, Write dx_write),   \
+    (s, x, dy, dx, dx_write))                                                                      \
+  X(AvgPoolForward, (const kernels::WindowShape& s, const float* x, float* y), (s, x, y))          \
+  X(AvgPoolBackward, (const kernels::WindowShape& s, const float* dy, float* dx, Write dx_write),  \
+    (s, dy, dx, dx_write))                                                                         \
+  X(GlobalAvgPoolForward,                                                                          \
+    (int64_t batch, int64_t spatial, int64_t channels, const float* x, float* y),                  \
+    (batch, spatial, channels, x, y))                                                              \
+  X(GlobalAvgPoolBackward,                                                                         \
+    (int64_t batch, int64_t spatial, int64_t channels, const float* dy, float* dx,                 \
+     Write dx_write),                                                                              \
+    (batch, spatial, channels, dy, dx, dx_write))                                                  \
+  X(BatchNormForwardTraining,                                                                      \
+    (int64_t rows, int64_t channels, const float* x, const float* gamma, const float* beta,        \
+     float epsilon, float momentum, float* y, float* running_mean, float* running_var,             \
+     float* save_mean, float* save_inv_std),                                                       \
+    (rows, channels, x, gamma, beta, epsilon, momentum, y, running_mean, running_var, save_mean,   \
+     save_inv_std))                                                                                \
+  X(BatchNormForwardInference,                                                                     \
+    (int64_t rows, int64_t channels, const float* x, const float* gamma, const float* beta,        \
+     const float* mean, const float* var, float epsilon, float* y),                                \
+    (rows, channels, x, gamma, beta, mean, var, epsilon, y))                                       \
+  X(BatchNormBackward,                                                                             \
+    (int64_t rows, int64_t channels, const float* x, const float* dy, const float* gamma,          \
+     const float* save_mean, const float* save_inv_std, float* dx, Write dx_write, float* dgamma,  \
+     float* dbeta, Write param_write),                                                             \
+    (rows, channels, x, dy, gamma, save_mean, save_inv_std, dx, dx_write, dgamma, dbeta,           \
+     param_write))                                                                                 \
+  X(EmbeddingForward,                                                                              \
+    (int64_t num_ids, int64_t vocab, int64_t dim, const float* ids, const float* table, float* y), \
+    (num_ids, vocab, dim, ids, table, y))                                                          \
+  X(EmbeddingBackward,                                                                             \
+    (int64_t num_ids, int64_t vocab, int64_t dim, const float* ids, const float* dy,               \
+     float* dtable, Write param_write),                                                            \
+    (num_ids, vocab, dim, ids, dy, dtable, param_write))
+
+#define DOWNPOUR_UNPAREN(...) __VA_ARGS__
+
+// The kernels of one device, its memory and its copies: what a Model and its
+// layers run on. The CPU backend runs everything at once; the CUDA backend
+// queues work on its context's stream (see kernels/cuda.h).
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+#define DOWNPOUR_DECLARE_OP(name, params, args) virtual absl::Status name params = 0;
+  DOWNPOUR_MODEL_OPS(DOWNPOUR_DECLARE_OP)
+#undef DOWNPOUR_DECLARE_OP
+
+  virtual absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
+                                     const float* bias, float* y) = 0;
+  virtual absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
+                                      const float* dy, float* dx, Write dx_write, float* dw,
+                                      float* dbias, Write param_write) = 0;
+  // The loss counters: reset, added to by SoftmaxCrossEntropy, read (which
+  // waits for the device).
+  virtual absl::Status ResetLoss() = 0;
+  virtual absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
+                                           const int32_t* labels, float* dlogits) = 0;
+  virtual absl::StatusOr<kernels::LossStats> ReadLoss() = 0;
+
+  virtual bool gpu() const = 0;
+  // Compute memory the backend holds for itself (a GPU's workspace).
+  virtual int64_t fixed_bytes() const = 0;
+  // Memory the kernels read and write.
+  virtual absl::StatusOr<Memory> Allocate(size_t bytes) = 0;
+  // Host memory that copies to and from the device fast.
+  virtual absl::StatusOr<Memory> AllocateHost(size_t bytes) = 0;
+  // Queued copies between host and device memory (plain copies on the CPU).
+  virtual absl::Status ToDevice(void* device, const void* host, size_t bytes) = 0;
+  virtual absl::Status ToHost(void* host, const void* device, size_t bytes) = 0;
+  // Waits for all queued work.
+  virtual absl::Status Synchronize() = 0;
+  virtual absl::Status ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp,
+                                      const std::vector<cuda::TensorUpdate>& tensors) = 0;
+};
+
+class CpuOps : public Ops {
+ public:
+#define DOWNPOUR_CPU_OP(name, params, args) \
+  absl::Status name params override {       \
+    cpu::name(ctx_, DOWNPOUR_UNPAREN args); \
+    return absl::OkStatus();                \
+  }
+  DOWNPOUR_MODEL_OPS(DOWNPOUR_CPU_OP)
+#undef DOWNPOUR_CPU_OP
+
+  absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
+                             const float* bias, float* y) override {
+    cpu::Conv2dForward(ctx_, s, x, w, bias, y, Workspace(s));
+    return absl::OkStatus();
+  }
+  absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
+                              const float* dy, float* dx, Write dx_write, float* dw, float* dbias,
+                              Write param_write) override {
+    cpu::Conv2dBackward(ctx_, s, x, w, dy, dx, dx_write, dw, dbias, param_write, Workspace(s));
+    return absl::OkStatus();
+  }
+  absl::Status ResetLoss() override {
+    loss_ = kernels::LossStats();
+    return absl::OkStatus();
+  }
+  absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
+                                   const int32_t* labels, float* dlogits) override {
+    kernels::LossStats stats;
+    cpu::SoftmaxCrossEntropy(ctx_, batch, classes, logits, labels, dlogits, &stats);
+    loss_.loss_sum += stats.loss_sum;
+    loss_.correct += stats.correct;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<kernels::LossStats> ReadLoss() override { return loss_; }
+
+  bool gpu() const override { return false; }
+  int64_t fixed_bytes() const override { return 0; }
+  absl::StatusOr<Memory> Allocate(size_t bytes) override {
+    return Memory::Allocate(Memory::Kind::kHost, bytes);
+  }
+  absl::StatusOr<Memory> AllocateHost(size_t bytes) override {
+    return Memory::Allocate(Memory::Kind::kHost, bytes);
+  }
+  absl::Status ToDevice(void* device, const void* host, size_t bytes) override {
+    if (device != host) std::memcpy(device, host, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status ToHost(void* host, const void* device, size_t bytes) override {
+    if (device != host) std::memcpy(host, device, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp,
+                              const std::vector<cuda::TensorUpdate>& tensors) override {
+    for (const cuda::TensorUpdate& t : tensors) {
+      downpour::ApplyOptimizer(kind, hp, t.grad, t.n, t.param, t.slots);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  float* Workspace(const kernels::WindowShape& s) {
+    const size_t need = static_cast<size_t>(cpu::Conv2dWorkspaceElements(s));
+    if (workspace_.size() < need) workspace_.resize(need);
+    return workspace_.data();
+  }
+
+  cpu::CpuContext ctx_;
+  std::vector<float> workspace_;  // im2col scratch, shared by every conv2d.
+  kernels::LossStats loss_;
+};
+
+class CudaOps : public Ops {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaOps>> Create(int device) {
+    auto ops = std::unique_ptr<CudaOps>(new CudaOps());
+    // A large workspace lets cuDNN pick its fastest convolution algorithms.
+    ASSIGN_OR_RETURN(ops->ctx_, cuda::CudaContext::Create(device, size_t{256} << 20));
+    ASSIGN_OR_RETURN(ops->counters_, Memory::Allocate(Memory::Kind::kDevice, 16));
+    ASSIGN_OR_RETURN(ops->counters_host_, Memory::Allocate(Memory::Kind::kPinned, 16));
+    return ops;
+  }
+
+#define DOWNPOUR_CUDA_OP(name, params, args) \
+  absl::Status name params override { return cuda::name(*ctx_, DOWNPOUR_UNPAREN args); }
+  DOWNPOUR_MODEL_OPS(DOWNPOUR_CUDA_OP)
+#undef DOWNPOUR_CUDA_OP
+
+  absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
+                             const float* bias, float* y) override {
+    return cuda::Conv2dForward(*ctx_, s, x, w, bias, y);
+  }
+  absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
+                              const float* dy, float* dx, Write dx_write, float* dw, float* dbias,
+                              Write param_write) override {
+    return cuda::Conv2dBackward(*ctx_, s, x, w, dy, dx, dx_write, dw, dbias, param_write);
+  }
+  absl::Status ResetLoss() override {
+    return Check(cudaMemsetAsync(counters_.as<void>(), 0, 16, ctx_->stream), "cudaMemsetAsync");
+  }
+  absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
+                                   const int32_t* labels, float* dlogits) override {
+    return cuda::SoftmaxCrossEntropyAsync(
+        *ctx_, batch, classes, logits, labels, dlogits, counters_.as<double>(),
+        reinterpret_cast<unsigned long long*>(counters_.as<double>() + 1));
+  }
+  absl::StatusOr<kernels::LossStats> ReadLoss() override {
+    RETURN_IF_ERROR(ToHost(counters_host_.as<void>(), counters_.as<void>(), 16));
+    RETURN_IF_ERROR(Synchronize());
+    kernels::LossStats stats;
+    stats.loss_sum = counters_host_.as<double>()[0];
+    unsigned long long correct = 0;
+    std::memcpy(&correct, counters_host_.as<double>() + 1, sizeof(correct));
+    stats.correct = static_cast<int64_t>(correct);
+    return stats;
+  }
+
+  bool gpu() const override { return true; }
+  int64_t fixed_bytes() const override { return static_cast<int64_t>(ctx_->workspace_bytes); }
+  absl::StatusOr<Memory> Allocate(size_t bytes) override {
+    return Memory::Allocate(Memory::Kind::kDevice, bytes);
+  }
+  absl::StatusOr<Memory> AllocateHost(size_t bytes) override {
+    return Memory::Allocate(Memory::Kind::kPinned, bytes);
+  }
+  absl::Status ToDevice(void* device, const void* host, size_t bytes) override {
+    return Check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, ctx_->stream),
+                 "cudaMemcpyAsync to the device");
+  }
+  absl::Status ToHost(void* host, const void* device, size_t bytes) override {
+    return Check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, ctx_->stream),
+                 "cudaMemcpyAsync to the host");
+  }
+  absl::Status Synchronize() override { return ctx_->Synchronize(); }
+  absl::Status ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp,
+                              const std::vector<cuda::TensorUpdate>& tensors) override {
+    // The tensors of a model never move: their descriptors go up once.
+    if (plan_ == nullptr || !SameTensors(tensors)) {
+      ASSIGN_OR_RETURN(plan_, cuda::MultiTensorPlan::Create(*ctx_, tensors));
+      plan_tensors_ = tensors;
+    }
+    return plan_->Apply(*ctx_, kind, hp);
+  }
+
+  cuda::CudaContext& ctx() { return *ctx_; }
+
+ private:
+  CudaOps() = default;
+  static absl::Status Check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+  }
+
+  std::unique_ptr<cuda::CudaContext> ctx_;
+  Memory counters_;       // double loss sum, uint64 correct.
+  Memory counters_host_;  // Pinned, for ReadLoss.
+  bool SameTensors(const std::vector<cuda::TensorUpdate>& tensors) const {
+    if (tensors.size() != plan_tensors_.size()) return false;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const cuda::TensorUpdate &a = tensors[i], &b = plan_tensors_[i];
+      if (a.grad != b.grad || a.param != b.param || a.slots[0] != b.slots[0] ||
+          a.slots[1] != b.slots[1] || a.n != b.n) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::unique_ptr<cuda::MultiTensorPlan> plan_;
+  std::vector<cuda::TensorUpdate> plan_tensors_;  // What plan_ was made for.
+};
+
+#undef DOWNPOUR_UNPAREN
+#undef DOWNPOUR_MODEL_OPS
+
 // One activation tensor: per-example size, values and (in training) the
-// gradient of the loss with respect to them.
+// gradient of the loss with respect to them, in the compute memory.
 struct Buffer {
   int64_t elements = 0;
-  std::vector<float> value;
-  std::vector<float> grad;
+  Memory value;
+  Memory grad;
+  float* value_ptr() const { return value.as<float>(); }
+  float* grad_ptr() const { return grad.as<float>(); }
 };
 
 struct ForwardArgs {
@@ -32,7 +392,6 @@ struct ForwardArgs {
   std::vector<const float*> x;  // One per LayerShape::inputs entry.
   float* y = nullptr;           // Null for the loss and for aliasing layers.
   const int32_t* labels = nullptr;
-  kernels::LossStats* loss = nullptr;
 };
 
 struct BackwardArgs {
@@ -44,18 +403,19 @@ struct BackwardArgs {
   std::vector<Write> dx_write;  // Overwrite for the first contribution, then add.
 };
 
-// A layer's computation over the kernels. Owns its scratch (dropout mask,
-// dlogits); parameters and activations belong to the Model.
+// A layer's computation over the kernels of `ops`. Owns its scratch (dropout
+// mask, dlogits, batch statistics) in the compute memory; parameters and
+// activations belong to the Model.
 class Layer {
  public:
   virtual ~Layer() = default;
   // Grows per-batch scratch to hold `batch` examples.
-  virtual void Reserve(int64_t /*batch*/) {}
+  virtual absl::Status Reserve(Ops& /*ops*/, int64_t /*batch*/) { return absl::OkStatus(); }
   // True for layers that only reinterpret their input's shape: they share the
   // input's buffer and do nothing in forward or backward.
   virtual bool aliases_input() const { return false; }
-  virtual void Forward(const cpu::CpuContext& ctx, const ForwardArgs& args) = 0;
-  virtual void Backward(const cpu::CpuContext& ctx, const BackwardArgs& args) = 0;
+  virtual absl::Status Forward(Ops& ops, const ForwardArgs& args) = 0;
+  virtual absl::Status Backward(Ops& ops, const BackwardArgs& args) = 0;
 };
 
 namespace {
@@ -65,12 +425,12 @@ class DenseLayer : public Layer {
   DenseLayer(int64_t in, int64_t out, const float* w, const float* b, float* dw, float* db)
       : in_(in), out_(out), w_(w), b_(b), dw_(dw), db_(db) {}
 
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
-    cpu::DenseForward(ctx, a.batch, in_, out_, a.x[0], w_, b_, a.y);
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
+    return ops.DenseForward(a.batch, in_, out_, a.x[0], w_, b_, a.y);
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    cpu::DenseBackward(ctx, a.batch, in_, out_, a.x[0], w_, a.dy, a.dx[0], a.dx_write[0], dw_, db_,
-                       Write::kOverwrite);
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    return ops.DenseBackward(a.batch, in_, out_, a.x[0], w_, a.dy, a.dx[0], a.dx_write[0], dw_, db_,
+                             Write::kOverwrite);
   }
 
  private:
@@ -85,12 +445,12 @@ class ReluLayer : public Layer {
  public:
   explicit ReluLayer(int64_t elements) : elements_(elements) {}
 
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
-    cpu::ReluForward(ctx, a.batch * elements_, a.x[0], a.y);
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
+    return ops.ReluForward(a.batch * elements_, a.x[0], a.y);
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    if (a.dx[0] == nullptr) return;
-    cpu::ReluBackward(ctx, a.batch * elements_, a.x[0], a.dy, a.dx[0], a.dx_write[0]);
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    if (a.dx[0] == nullptr) return absl::OkStatus();
+    return ops.ReluBackward(a.batch * elements_, a.x[0], a.dy, a.dx[0], a.dx_write[0]);
   }
 
  private:
@@ -100,8 +460,8 @@ class ReluLayer : public Layer {
 class FlattenLayer : public Layer {
  public:
   bool aliases_input() const override { return true; }
-  void Forward(const cpu::CpuContext&, const ForwardArgs&) override {}
-  void Backward(const cpu::CpuContext&, const BackwardArgs&) override {}
+  absl::Status Forward(Ops&, const ForwardArgs&) override { return absl::OkStatus(); }
+  absl::Status Backward(Ops&, const BackwardArgs&) override { return absl::OkStatus(); }
 };
 
 class DropoutLayer : public Layer {
@@ -109,104 +469,92 @@ class DropoutLayer : public Layer {
   DropoutLayer(int64_t elements, float rate, uint64_t seed)
       : elements_(elements), rate_(rate), seed_(seed) {}
 
-  void Reserve(int64_t batch) override { mask_.resize(batch * elements_); }
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
+  absl::Status Reserve(Ops& ops, int64_t batch) override {
+    ASSIGN_OR_RETURN(mask_, ops.Allocate(batch * elements_));
+    return absl::OkStatus();
+  }
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
     const int64_t n = a.batch * elements_;
     if (a.training) {
-      cpu::DropoutForward(ctx, n, rate_, seed_, a.step, a.x[0], a.y, mask_.data());
-    } else {
-      cpu::CopyOrAdd(ctx, n, a.x[0], a.y, Write::kOverwrite);
+      return ops.DropoutForward(n, rate_, seed_, a.step, a.x[0], a.y, mask_.as<uint8_t>());
     }
+    return ops.CopyOrAdd(n, a.x[0], a.y, Write::kOverwrite);
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    if (a.dx[0] == nullptr) return;
-    cpu::DropoutBackward(ctx, a.batch * elements_, rate_, mask_.data(), a.dy, a.dx[0],
-                         a.dx_write[0]);
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    if (a.dx[0] == nullptr) return absl::OkStatus();
+    return ops.DropoutBackward(a.batch * elements_, rate_, mask_.as<uint8_t>(), a.dy, a.dx[0],
+                               a.dx_write[0]);
   }
 
  private:
   const int64_t elements_;
   const float rate_;
   const uint64_t seed_;
-  std::vector<uint8_t> mask_;
+  Memory mask_;
 };
 
 class SoftmaxCrossEntropyLayer : public Layer {
  public:
   explicit SoftmaxCrossEntropyLayer(int64_t classes) : classes_(classes) {}
 
-  void Reserve(int64_t batch) override { dlogits_.resize(batch * classes_); }
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
-    cpu::SoftmaxCrossEntropy(ctx, a.batch, classes_, a.x[0], a.labels,
-                             a.training ? dlogits_.data() : nullptr, a.loss);
+  absl::Status Reserve(Ops& ops, int64_t batch) override {
+    ASSIGN_OR_RETURN(dlogits_, ops.Allocate(sizeof(float) * batch * classes_));
+    return absl::OkStatus();
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    if (a.dx[0] == nullptr) return;
-    cpu::CopyOrAdd(ctx, a.batch * classes_, dlogits_.data(), a.dx[0], a.dx_write[0]);
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
+    return ops.SoftmaxCrossEntropy(a.batch, classes_, a.x[0], a.labels,
+                                   a.training ? dlogits_.as<float>() : nullptr);
+  }
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    if (a.dx[0] == nullptr) return absl::OkStatus();
+    return ops.CopyOrAdd(a.batch * classes_, dlogits_.as<float>(), a.dx[0], a.dx_write[0]);
   }
 
  private:
   const int64_t classes_;
-  std::vector<float> dlogits_;  // Written by a training forward, read by backward.
+  Memory dlogits_;  // Written by a training forward, read by backward.
 };
 
-// Conv2d over NHWC images; im2col scratch for one image.
+kernels::WindowShape Batched(kernels::WindowShape s, int64_t batch) {
+  s.batch = batch;
+  return s;
+}
+
 class Conv2dLayer : public Layer {
  public:
   Conv2dLayer(const kernels::WindowShape& window, const float* w, const float* b, float* dw,
               float* db)
-      : window_(window),
-        w_(w),
-        b_(b),
-        dw_(dw),
-        db_(db),
-        workspace_(cpu::Conv2dWorkspaceElements(window)) {}
+      : window_(window), w_(w), b_(b), dw_(dw), db_(db) {}
 
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
-    cpu::Conv2dForward(ctx, Batched(a.batch), a.x[0], w_, b_, a.y, workspace_.data());
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
+    return ops.Conv2dForward(Batched(window_, a.batch), a.x[0], w_, b_, a.y);
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    cpu::Conv2dBackward(ctx, Batched(a.batch), a.x[0], w_, a.dy, a.dx[0], a.dx_write[0], dw_, db_,
-                        Write::kOverwrite, workspace_.data());
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    return ops.Conv2dBackward(Batched(window_, a.batch), a.x[0], w_, a.dy, a.dx[0], a.dx_write[0],
+                              dw_, db_, Write::kOverwrite);
   }
 
  private:
-  kernels::WindowShape Batched(int64_t batch) const {
-    kernels::WindowShape s = window_;
-    s.batch = batch;
-    return s;
-  }
-
   const kernels::WindowShape window_;
   const float* const w_;
   const float* const b_;  // Null without bias.
   float* const dw_;
   float* const db_;
-  std::vector<float> workspace_;
 };
 
 class PoolLayer : public Layer {
  public:
   PoolLayer(const kernels::WindowShape& window, bool max) : window_(window), max_(max) {}
 
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
-    kernels::WindowShape s = window_;
-    s.batch = a.batch;
-    if (max_) {
-      cpu::MaxPoolForward(ctx, s, a.x[0], a.y);
-    } else {
-      cpu::AvgPoolForward(ctx, s, a.x[0], a.y);
-    }
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
+    const kernels::WindowShape s = Batched(window_, a.batch);
+    return max_ ? ops.MaxPoolForward(s, a.x[0], a.y) : ops.AvgPoolForward(s, a.x[0], a.y);
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    if (a.dx[0] == nullptr) return;
-    kernels::WindowShape s = window_;
-    s.batch = a.batch;
-    if (max_) {
-      cpu::MaxPoolBackward(ctx, s, a.x[0], a.dy, a.dx[0], a.dx_write[0]);
-    } else {
-      cpu::AvgPoolBackward(ctx, s, a.dy, a.dx[0], a.dx_write[0]);
-    }
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    if (a.dx[0] == nullptr) return absl::OkStatus();
+    const kernels::WindowShape s = Batched(window_, a.batch);
+    return max_ ? ops.MaxPoolBackward(s, a.x[0], a.dy, a.dx[0], a.dx_write[0])
+                : ops.AvgPoolBackward(s, a.dy, a.dx[0], a.dx_write[0]);
   }
 
  private:
@@ -218,12 +566,12 @@ class GlobalAvgPoolLayer : public Layer {
  public:
   GlobalAvgPoolLayer(int64_t spatial, int64_t channels) : spatial_(spatial), channels_(channels) {}
 
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
-    cpu::GlobalAvgPoolForward(ctx, a.batch, spatial_, channels_, a.x[0], a.y);
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
+    return ops.GlobalAvgPoolForward(a.batch, spatial_, channels_, a.x[0], a.y);
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    if (a.dx[0] == nullptr) return;
-    cpu::GlobalAvgPoolBackward(ctx, a.batch, spatial_, channels_, a.dy, a.dx[0], a.dx_write[0]);
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    if (a.dx[0] == nullptr) return absl::OkStatus();
+    return ops.GlobalAvgPoolBackward(a.batch, spatial_, channels_, a.dy, a.dx[0], a.dx_write[0]);
   }
 
  private:
@@ -245,28 +593,33 @@ class BatchNormLayer : public Layer {
         dgamma_(dgamma),
         dbeta_(dbeta),
         running_mean_(running_mean),
-        running_var_(running_var),
-        save_mean_(channels),
-        save_inv_std_(channels) {}
+        running_var_(running_var) {}
 
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
+  absl::Status Reserve(Ops& ops, int64_t /*batch*/) override {
+    if (saved_.bytes() != 0) return absl::OkStatus();
+    ASSIGN_OR_RETURN(saved_, ops.Allocate(2 * sizeof(float) * channels_));
+    return absl::OkStatus();
+  }
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
     const int64_t rows = a.batch * positions_;
     if (a.training) {
-      cpu::BatchNormForwardTraining(ctx, rows, channels_, a.x[0], gamma_, beta_, epsilon_,
-                                    momentum_, a.y, running_mean_, running_var_, save_mean_.data(),
-                                    save_inv_std_.data());
-    } else {
-      cpu::BatchNormForwardInference(ctx, rows, channels_, a.x[0], gamma_, beta_, running_mean_,
-                                     running_var_, epsilon_, a.y);
+      return ops.BatchNormForwardTraining(rows, channels_, a.x[0], gamma_, beta_, epsilon_,
+                                          momentum_, a.y, running_mean_, running_var_, save_mean(),
+                                          save_inv_std());
     }
+    return ops.BatchNormForwardInference(rows, channels_, a.x[0], gamma_, beta_, running_mean_,
+                                         running_var_, epsilon_, a.y);
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    cpu::BatchNormBackward(ctx, a.batch * positions_, channels_, a.x[0], a.dy, gamma_,
-                           save_mean_.data(), save_inv_std_.data(), a.dx[0], a.dx_write[0], dgamma_,
-                           dbeta_, Write::kOverwrite);
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    return ops.BatchNormBackward(a.batch * positions_, channels_, a.x[0], a.dy, gamma_, save_mean(),
+                                 save_inv_std(), a.dx[0], a.dx_write[0], dgamma_, dbeta_,
+                                 Write::kOverwrite);
   }
 
  private:
+  float* save_mean() const { return saved_.as<float>(); }
+  float* save_inv_std() const { return saved_.as<float>() + channels_; }
+
   const int64_t positions_, channels_;
   const float momentum_, epsilon_;
   const float* const gamma_;
@@ -275,24 +628,27 @@ class BatchNormLayer : public Layer {
   float* const dbeta_;
   float* const running_mean_;
   float* const running_var_;
-  // The last training forward's batch statistics, read by backward.
-  std::vector<float> save_mean_, save_inv_std_;
+  // The last training forward's batch mean and inverse std, read by backward.
+  Memory saved_;
 };
 
 class AddLayer : public Layer {
  public:
   explicit AddLayer(int64_t elements) : elements_(elements) {}
 
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
     const int64_t n = a.batch * elements_;
-    cpu::Add(ctx, n, a.x[0], a.x[1], a.y);
-    for (size_t i = 2; i < a.x.size(); ++i) cpu::Add(ctx, n, a.y, a.x[i], a.y);
+    RETURN_IF_ERROR(ops.Add(n, a.x[0], a.x[1], a.y));
+    for (size_t i = 2; i < a.x.size(); ++i) RETURN_IF_ERROR(ops.Add(n, a.y, a.x[i], a.y));
+    return absl::OkStatus();
   }
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
     for (size_t i = 0; i < a.dx.size(); ++i) {
-      if (a.dx[i] != nullptr)
-        cpu::CopyOrAdd(ctx, a.batch * elements_, a.dy, a.dx[i], a.dx_write[i]);
+      if (a.dx[i] != nullptr) {
+        RETURN_IF_ERROR(ops.CopyOrAdd(a.batch * elements_, a.dy, a.dx[i], a.dx_write[i]));
+      }
     }
+    return absl::OkStatus();
   }
 
  private:
@@ -309,16 +665,17 @@ class EmbeddingLayer : public Layer {
         table_(table),
         dtable_(dtable) {}
 
-  void Forward(const cpu::CpuContext& ctx, const ForwardArgs& a) override {
-    cpu::EmbeddingForward(ctx, a.batch * ids_per_example_, vocab_, dim_, a.x[0], table_, a.y);
+  absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
+    return ops.EmbeddingForward(a.batch * ids_per_example_, vocab_, dim_, a.x[0], table_, a.y);
   }
   // Ids have no gradient: dx is left alone.
-  void Backward(const cpu::CpuContext& ctx, const BackwardArgs& a) override {
-    cpu::EmbeddingBackward(ctx, a.batch * ids_per_example_, vocab_, dim_, a.x[0], a.dy, dtable_,
-                           Write::kOverwrite);
+  absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
+    RETURN_IF_ERROR(ops.EmbeddingBackward(a.batch * ids_per_example_, vocab_, dim_, a.x[0], a.dy,
+                                          dtable_, Write::kOverwrite));
     if (a.dx[0] != nullptr && a.dx_write[0] == Write::kOverwrite) {
-      cpu::Zero(ctx, a.batch * ids_per_example_, a.dx[0]);
+      return ops.Zero(a.batch * ids_per_example_, a.dx[0]);
     }
+    return absl::OkStatus();
   }
 
  private:
@@ -793,52 +1150,157 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
   return model;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint64_t seed) {
-  ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec));
-  return std::unique_ptr<Model>(new Model(std::move(shape), seed));
+namespace model_internal {
+
+// Every block of memory a Model owns besides its layers' scratch.
+struct Storage {
+  Memory params, grads, state;                 // Compute memory.
+  Memory params_host, grads_host, state_host;  // GPU only: page-locked copies.
+  Memory features, labels;                     // GPU only: the staged batch.
+  Memory features_host, labels_host;           // GPU only: page-locked staging.
+  Memory slots;                                // ApplyOptimizerOnDevice's.
+  int num_slots = 0;
+  std::vector<Buffer> buffers;       // Activations; [0] is the model input (no memory).
+  std::vector<int> buffer_of_layer;  // -1 for the loss (scalar output).
+  int64_t capacity = 0;              // Largest batch the buffers hold.
+  int64_t staged_capacity = 0;       // Largest batch features/labels hold.
+  // GPU only: the copy stream for batches, and its event.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t copied = nullptr;
+
+  ~Storage() {
+    if (copied != nullptr) cudaEventDestroy(copied);
+    if (copy_stream != nullptr) {
+      cudaStreamSynchronize(copy_stream);
+      cudaStreamDestroy(copy_stream);
+    }
+  }
+};
+
+}  // namespace model_internal
+
+absl::StatusOr<std::string> DescribeDevice(int device) {
+  if (device < 0) return std::string("cpu");
+  const int count = kernels::cuda::CudaDeviceCount();
+  if (count == 0) return absl::FailedPreconditionError(kernels::cuda::CudaUnavailableReason());
+  if (device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, " does not exist; this process sees ", count));
+  }
+  return absl::StrCat("cuda:", device, " ", kernels::cuda::CudaDeviceName(device));
 }
 
-Model::Model(ModelShape shape, uint64_t seed) : shape_(std::move(shape)), seed_(seed) {
-  using model_internal::Buffer;
-  params_.resize(shape_.params.size());
-  grads_.resize(shape_.params.size());
-  for (const ParamInfo& p : shape_.params) {
-    params_[p.id].resize(p.num_elements);
-    InitParamRange(p, seed_, 0, p.num_elements, params_[p.id].data());
-    grads_[p.id].assign(p.num_elements, 0.f);
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint64_t seed,
+                                                     const ModelOptions& options) {
+  ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec));
+  ASSIGN_OR_RETURN(std::string name, DescribeDevice(options.device));
+  std::unique_ptr<model_internal::Ops> ops;
+  if (options.device < 0) {
+    ops = std::make_unique<model_internal::CpuOps>();
+  } else {
+    ASSIGN_OR_RETURN(ops, model_internal::CudaOps::Create(options.device));
   }
-  local_state_.resize(shape_.local_state.size());
-  for (const ParamInfo& p : shape_.local_state) {
-    local_state_[p.id].resize(p.num_elements);
-    InitParamRange(p, seed_, 0, p.num_elements, local_state_[p.id].data());
-  }
+  std::unique_ptr<Model> model(
+      new Model(std::move(shape), seed, std::max(options.device, -1), std::move(name)));
+  RETURN_IF_ERROR(model->Init(std::move(ops)));
+  return model;
+}
 
-  buffers_.emplace_back();
-  buffers_[0].elements = shape_.input_size;
+Model::Model(ModelShape shape, uint64_t seed, int device, std::string device_name)
+    : shape_(std::move(shape)),
+      seed_(seed),
+      device_(device),
+      device_name_(std::move(device_name)),
+      storage_(std::make_unique<model_internal::Storage>()) {}
+
+absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
+  using model_internal::Buffer;
+  ops_ = std::move(ops);
+  model_internal::Storage& st = *storage_;
+  const bool gpu = ops_->gpu();
+  int64_t& param_total = param_total_;
+  int64_t& state_total = state_total_;
+  for (const ParamInfo& p : shape_.params) {
+    param_offset_.push_back(param_total);
+    param_total += p.num_elements;
+  }
+  for (const ParamInfo& p : shape_.local_state) {
+    state_offset_.push_back(state_total);
+    state_total += p.num_elements;
+  }
+  const size_t param_bytes = sizeof(float) * param_total;
+  const size_t state_bytes = sizeof(float) * state_total;
+  ASSIGN_OR_RETURN(st.params, ops_->Allocate(param_bytes));
+  ASSIGN_OR_RETURN(st.grads, ops_->Allocate(param_bytes));
+  ASSIGN_OR_RETURN(st.state, ops_->Allocate(state_bytes));
+  param_compute_ = st.params.as<float>();
+  grad_compute_ = st.grads.as<float>();
+  state_compute_ = st.state.as<float>();
+  if (gpu) {
+    ASSIGN_OR_RETURN(st.params_host, ops_->AllocateHost(param_bytes));
+    ASSIGN_OR_RETURN(st.grads_host, ops_->AllocateHost(param_bytes));
+    ASSIGN_OR_RETURN(st.state_host, ops_->AllocateHost(state_bytes));
+    param_host_ = st.params_host.as<float>();
+    grad_host_ = st.grads_host.as<float>();
+    state_host_ = st.state_host.as<float>();
+    if (cudaStreamCreateWithFlags(&st.copy_stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError("cannot create the batch copy stream");
+    }
+  } else {
+    param_host_ = param_compute_;
+    grad_host_ = grad_compute_;
+    state_host_ = state_compute_;
+  }
+  for (const ParamInfo& p : shape_.params) {
+    InitParamRange(p, seed_, 0, p.num_elements, param(p.id));
+  }
+  if (param_total > 0) std::memset(grad_host_, 0, param_bytes);
+  for (const ParamInfo& p : shape_.local_state) {
+    InitParamRange(p, seed_, 0, p.num_elements, local_state_data(p.id));
+  }
+  RETURN_IF_ERROR(ops_->ToDevice(param_compute_, param_host_, param_bytes));
+  RETURN_IF_ERROR(ops_->ToDevice(grad_compute_, grad_host_, param_bytes));
+  RETURN_IF_ERROR(ops_->ToDevice(state_compute_, state_host_, state_bytes));
+  RETURN_IF_ERROR(ops_->Synchronize());
+
+  std::vector<Buffer>& buffers = st.buffers;
+  std::vector<int>& buffer_of_layer = st.buffer_of_layer;
+  buffers.emplace_back();
+  buffers[0].elements = shape_.input_size;
   for (size_t i = 0; i < shape_.layers.size(); ++i) {
     const LayerShape& layer = shape_.layers[i];
     const int input = layer.inputs[0];
-    const int in_buffer = input == LayerShape::kModelInput ? 0 : buffer_of_layer_[input];
+    const int in_buffer = input == LayerShape::kModelInput ? 0 : buffer_of_layer[input];
     const int64_t elements = CheckedProduct(layer.output_shape);
     int buffer = -1;
     if (layer.kind == LayerKind::kFlatten) {
       buffer = in_buffer;
     } else if (layer.kind != LayerKind::kSoftmaxCrossEntropy) {
-      buffer = static_cast<int>(buffers_.size());
-      buffers_.emplace_back();
-      buffers_.back().elements = elements;
+      buffer = static_cast<int>(buffers.size());
+      buffers.emplace_back();
+      buffers.back().elements = elements;
     }
-    buffer_of_layer_.push_back(buffer);
+    buffer_of_layer.push_back(buffer);
 
+    auto p = [this, &layer](size_t k) {
+      return k < layer.param_ids.size() ? param_compute_ + param_offset_[layer.param_ids[k]]
+                                        : nullptr;
+    };
+    auto g = [this, &layer](size_t k) {
+      return k < layer.param_ids.size() ? grad_compute_ + param_offset_[layer.param_ids[k]]
+                                        : nullptr;
+    };
+    auto s = [this, &layer](size_t k) {
+      return state_compute_ + state_offset_[layer.local_state_ids[k]];
+    };
     std::unique_ptr<model_internal::Layer> impl;
     switch (layer.kind) {
       case LayerKind::kDense: {
         const int64_t in = shape_.params[layer.param_ids[0]].shape[0];
-        const bool has_bias = layer.param_ids.size() > 1;
-        impl = std::make_unique<model_internal::DenseLayer>(
-            in, layer.units, param(layer.param_ids[0]),
-            has_bias ? param(layer.param_ids[1]) : nullptr, grad(layer.param_ids[0]),
-            has_bias ? grad(layer.param_ids[1]) : nullptr);
+        impl =
+            std::make_unique<model_internal::DenseLayer>(in, layer.units, p(0), p(1), g(0), g(1));
         break;
       }
       case LayerKind::kRelu:
@@ -854,13 +1316,9 @@ Model::Model(ModelShape shape, uint64_t seed) : shape_(std::move(shape)), seed_(
       case LayerKind::kSoftmaxCrossEntropy:
         impl = std::make_unique<model_internal::SoftmaxCrossEntropyLayer>(shape_.num_classes);
         break;
-      case LayerKind::kConv2d: {
-        const bool has_bias = layer.param_ids.size() > 1;
-        impl = std::make_unique<model_internal::Conv2dLayer>(
-            layer.window, param(layer.param_ids[0]), has_bias ? param(layer.param_ids[1]) : nullptr,
-            grad(layer.param_ids[0]), has_bias ? grad(layer.param_ids[1]) : nullptr);
+      case LayerKind::kConv2d:
+        impl = std::make_unique<model_internal::Conv2dLayer>(layer.window, p(0), p(1), g(0), g(1));
         break;
-      }
       case LayerKind::kMaxPool:
       case LayerKind::kAvgPool:
         impl = std::make_unique<model_internal::PoolLayer>(layer.window,
@@ -874,26 +1332,33 @@ Model::Model(ModelShape shape, uint64_t seed) : shape_(std::move(shape)), seed_(
         break;
       }
       case LayerKind::kBatchNorm:
-        impl = std::make_unique<model_internal::BatchNormLayer>(
-            elements, layer.output_shape.back(), layer.bn_momentum, layer.bn_epsilon,
-            param(layer.param_ids[0]), param(layer.param_ids[1]), grad(layer.param_ids[0]),
-            grad(layer.param_ids[1]), local_state_data(layer.local_state_ids[0]),
-            local_state_data(layer.local_state_ids[1]));
+        impl = std::make_unique<model_internal::BatchNormLayer>(elements, layer.output_shape.back(),
+                                                                layer.bn_momentum, layer.bn_epsilon,
+                                                                p(0), p(1), g(0), g(1), s(0), s(1));
         break;
       case LayerKind::kAdd:
         impl = std::make_unique<model_internal::AddLayer>(elements);
         break;
       case LayerKind::kEmbedding:
         impl = std::make_unique<model_internal::EmbeddingLayer>(
-            elements / layer.embedding_dim, layer.vocab_size, layer.embedding_dim,
-            param(layer.param_ids[0]), grad(layer.param_ids[0]));
+            elements / layer.embedding_dim, layer.vocab_size, layer.embedding_dim, p(0), g(0));
         break;
     }
     layers_.push_back(std::move(impl));
   }
+  return absl::OkStatus();
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  if (ops_ != nullptr) ops_->Synchronize().IgnoreError();
+  // Layers and storage free compute memory; the ops (and the GPU context)
+  // go last.
+  layers_.clear();
+  storage_.reset();
+}
+
+float* Model::device_param(int id) { return param_compute_ + param_offset_[id]; }
+float* Model::device_grad(int id) { return grad_compute_ + param_offset_[id]; }
 
 absl::Status Model::CheckBatch(const float* features, const int32_t* labels, int64_t batch) const {
   if (batch <= 0)
@@ -902,7 +1367,7 @@ absl::Status Model::CheckBatch(const float* features, const int32_t* labels, int
     return absl::InvalidArgumentError("features and labels must not be null");
   }
   int64_t widest = 0;
-  for (const model_internal::Buffer& b : buffers_) widest = std::max(widest, b.elements);
+  for (const model_internal::Buffer& b : storage_->buffers) widest = std::max(widest, b.elements);
   if (batch > kMaxElements / std::max<int64_t>(widest, shape_.num_classes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch of ", batch, " examples is too large for this model"));
@@ -930,94 +1395,212 @@ absl::Status Model::CheckBatch(const float* features, const int32_t* labels, int
   return absl::OkStatus();
 }
 
-void Model::Reserve(int64_t batch) {
-  if (batch <= capacity_) return;
-  for (size_t b = 1; b < buffers_.size(); ++b) {
-    buffers_[b].value.resize(batch * buffers_[b].elements);
-    buffers_[b].grad.resize(batch * buffers_[b].elements);
+absl::Status Model::Reserve(int64_t batch) {
+  model_internal::Storage& st = *storage_;
+  if (batch <= st.capacity) return absl::OkStatus();
+  // Outstanding work may still read the old buffers.
+  RETURN_IF_ERROR(ops_->Synchronize());
+  for (size_t b = 1; b < st.buffers.size(); ++b) {
+    const size_t bytes = sizeof(float) * batch * st.buffers[b].elements;
+    st.buffers[b].value = {};
+    st.buffers[b].grad = {};
+    ASSIGN_OR_RETURN(st.buffers[b].value, ops_->Allocate(bytes));
+    ASSIGN_OR_RETURN(st.buffers[b].grad, ops_->Allocate(bytes));
   }
-  for (auto& layer : layers_) layer->Reserve(batch);
-  capacity_ = batch;
+  for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*ops_, batch));
+  st.capacity = batch;
+  return absl::OkStatus();
 }
 
-const float* Model::Activation(int buffer, const float* features) const {
-  return buffer == 0 ? features : buffers_[buffer].value.data();
+absl::Status Model::StageBatch(const float* features, const int32_t* labels, int64_t batch) {
+  if (!ops_->gpu()) {
+    input_ = features;
+    labels_ = labels;
+    return absl::OkStatus();
+  }
+  model_internal::Storage& st = *storage_;
+  const size_t feature_bytes = sizeof(float) * batch * shape_.input_size;
+  const size_t label_bytes = sizeof(int32_t) * batch;
+  if (batch > st.staged_capacity) {
+    RETURN_IF_ERROR(ops_->Synchronize());
+    st.features = {};
+    st.labels = {};
+    ASSIGN_OR_RETURN(st.features, ops_->Allocate(feature_bytes));
+    ASSIGN_OR_RETURN(st.labels, ops_->Allocate(label_bytes));
+    ASSIGN_OR_RETURN(st.features_host, ops_->AllocateHost(feature_bytes));
+    ASSIGN_OR_RETURN(st.labels_host, ops_->AllocateHost(label_bytes));
+    st.staged_capacity = batch;
+  }
+  // The staging buffers are free: the previous step waited for its copies.
+  std::memcpy(st.features_host.as<void>(), features, feature_bytes);
+  std::memcpy(st.labels_host.as<void>(), labels, label_bytes);
+  // The batch goes up on its own stream, beside the parameters on the
+  // compute stream; the forward waits for both.
+  cudaStream_t compute = static_cast<model_internal::CudaOps&>(*ops_).ctx().stream;
+  if (cudaMemcpyAsync(st.features.as<void>(), st.features_host.as<void>(), feature_bytes,
+                      cudaMemcpyHostToDevice, st.copy_stream) != cudaSuccess ||
+      cudaMemcpyAsync(st.labels.as<void>(), st.labels_host.as<void>(), label_bytes,
+                      cudaMemcpyHostToDevice, st.copy_stream) != cudaSuccess ||
+      cudaEventRecord(st.copied, st.copy_stream) != cudaSuccess ||
+      cudaStreamWaitEvent(compute, st.copied, 0) != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("copying a batch to the GPU: ", cudaGetErrorString(cudaGetLastError())));
+  }
+  input_ = st.features.as<float>();
+  labels_ = st.labels.as<int32_t>();
+  return absl::OkStatus();
 }
 
-void Model::Forward(const float* features, const int32_t* labels, int64_t batch, bool training,
-                    int64_t step, kernels::LossStats* loss) {
+const float* Model::Activation(int buffer) const {
+  return buffer == 0 ? input_ : storage_->buffers[buffer].value_ptr();
+}
+
+absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
+  const model_internal::Storage& st = *storage_;
   model_internal::ForwardArgs args;
   args.batch = batch;
   args.training = training;
   args.step = static_cast<uint64_t>(step);
-  args.labels = labels;
-  args.loss = loss;
+  args.labels = labels_;
+  RETURN_IF_ERROR(ops_->ResetLoss());
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (layers_[i]->aliases_input()) continue;
     args.x.clear();
     for (int input : shape_.layers[i].inputs) {
       args.x.push_back(
-          Activation(input == LayerShape::kModelInput ? 0 : buffer_of_layer_[input], features));
+          Activation(input == LayerShape::kModelInput ? 0 : st.buffer_of_layer[input]));
     }
-    const int out = buffer_of_layer_[i];
-    args.y = out > 0 ? buffers_[out].value.data() : nullptr;
-    layers_[i]->Forward(ctx_, args);
+    const int out = st.buffer_of_layer[i];
+    args.y = out > 0 ? st.buffers[out].value_ptr() : nullptr;
+    RETURN_IF_ERROR(layers_[i]->Forward(*ops_, args));
   }
+  return absl::OkStatus();
 }
 
-void Model::Backward(const float* features, int64_t batch) {
+absl::Status Model::Backward(int64_t batch) {
+  const model_internal::Storage& st = *storage_;
   // A buffer's gradient is overwritten by the first layer that contributes to
   // it (in reverse order) and added to by the others.
-  std::vector<bool> written(buffers_.size(), false);
+  std::vector<bool> written(st.buffers.size(), false);
   model_internal::BackwardArgs args;
   args.batch = batch;
   for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
     if (layers_[i]->aliases_input()) continue;
-    const int out = buffer_of_layer_[i];
+    const int out = st.buffer_of_layer[i];
     args.y = nullptr;
     args.dy = nullptr;
     if (out > 0) {
-      model_internal::Buffer& b = buffers_[out];
+      const model_internal::Buffer& b = st.buffers[out];
       if (!written[out]) {
         // Nothing reads this output: its gradient is zero.
-        kernels::cpu::Zero(ctx_, batch * b.elements, b.grad.data());
+        RETURN_IF_ERROR(ops_->Zero(batch * b.elements, b.grad_ptr()));
         written[out] = true;
       }
-      args.y = b.value.data();
-      args.dy = b.grad.data();
+      args.y = b.value_ptr();
+      args.dy = b.grad_ptr();
     }
     args.x.clear();
     args.dx.clear();
     args.dx_write.clear();
     for (int input : shape_.layers[i].inputs) {
-      const int in = input == LayerShape::kModelInput ? 0 : buffer_of_layer_[input];
-      args.x.push_back(Activation(in, features));
-      args.dx.push_back(in > 0 ? buffers_[in].grad.data() : nullptr);
+      const int in = input == LayerShape::kModelInput ? 0 : st.buffer_of_layer[input];
+      args.x.push_back(Activation(in));
+      args.dx.push_back(in > 0 ? st.buffers[in].grad_ptr() : nullptr);
       args.dx_write.push_back(written[in] ? kernels::Write::kAccumulate
                                           : kernels::Write::kOverwrite);
       written[in] = true;
     }
-    layers_[i]->Backward(ctx_, args);
+    RETURN_IF_ERROR(layers_[i]->Backward(*ops_, args));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ParamsToDevice() {
+  return ops_->ToDevice(param_compute_, param_host_, sizeof(float) * param_total_);
 }
 
 absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t* labels,
                                             int64_t batch, int64_t step) {
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
-  Reserve(batch);
-  kernels::LossStats loss;
-  Forward(features, labels, batch, /*training=*/true, step, &loss);
-  Backward(features, batch);
+  RETURN_IF_ERROR(Reserve(batch));
+  RETURN_IF_ERROR(StageBatch(features, labels, batch));
+  RETURN_IF_ERROR(ParamsToDevice());
+  RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
+  RETURN_IF_ERROR(Backward(batch));
+  RETURN_IF_ERROR(ops_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
+  RETURN_IF_ERROR(ops_->ToHost(state_host_, state_compute_, sizeof(float) * state_total_));
+  ASSIGN_OR_RETURN(kernels::LossStats loss, ops_->ReadLoss());  // Waits.
   return StepResult{loss.loss_sum / static_cast<double>(batch), loss.correct};
 }
 
 absl::StatusOr<EvalResult> Model::Evaluate(const float* features, const int32_t* labels,
                                            int64_t batch) {
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
-  Reserve(batch);
-  kernels::LossStats loss;
-  Forward(features, labels, batch, /*training=*/false, /*step=*/0, &loss);
+  RETURN_IF_ERROR(Reserve(batch));
+  RETURN_IF_ERROR(StageBatch(features, labels, batch));
+  RETURN_IF_ERROR(ParamsToDevice());
+  RETURN_IF_ERROR(Forward(batch, /*training=*/false, /*step=*/0));
+  ASSIGN_OR_RETURN(kernels::LossStats loss, ops_->ReadLoss());
   return EvalResult{loss.loss_sum, loss.correct};
+}
+
+absl::Status Model::TrainStepOnDevice(const float* features, const int32_t* labels, int64_t batch,
+                                      int64_t step) {
+  if (batch <= 0 || features == nullptr || labels == nullptr) {
+    return absl::InvalidArgumentError("TrainStepOnDevice needs a batch and its labels");
+  }
+  RETURN_IF_ERROR(Reserve(batch));
+  input_ = features;
+  labels_ = labels;
+  last_batch_ = batch;
+  RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
+  return Backward(batch);
+}
+
+absl::StatusOr<StepResult> Model::LastStepResult() {
+  ASSIGN_OR_RETURN(kernels::LossStats loss, ops_->ReadLoss());
+  return StepResult{loss.loss_sum / static_cast<double>(std::max<int64_t>(last_batch_, 1)),
+                    loss.correct};
+}
+
+absl::Status Model::ApplyOptimizerOnDevice(OptimizerKind kind, const OptimizerHyperparams& hp) {
+  model_internal::Storage& st = *storage_;
+  const int slots = NumOptimizerSlots(kind);
+  const int64_t total = param_total_;
+  if (slots > st.num_slots) {
+    RETURN_IF_ERROR(ops_->Synchronize());
+    ASSIGN_OR_RETURN(st.slots, ops_->Allocate(sizeof(float) * slots * total));
+    // Zeros: the host copy is zeroed and sent up once.
+    ASSIGN_OR_RETURN(model_internal::Memory zeros,
+                     model_internal::Memory::Allocate(model_internal::Memory::Kind::kHost,
+                                                      sizeof(float) * slots * total));
+    if (total > 0) std::memset(zeros.as<void>(), 0, zeros.bytes());
+    RETURN_IF_ERROR(ops_->ToDevice(st.slots.as<void>(), zeros.as<void>(), zeros.bytes()));
+    RETURN_IF_ERROR(ops_->Synchronize());
+    st.num_slots = slots;
+  }
+  std::vector<kernels::cuda::TensorUpdate> tensors;
+  for (const ParamInfo& p : shape_.params) {
+    kernels::cuda::TensorUpdate t;
+    t.grad = device_grad(p.id);
+    t.param = device_param(p.id);
+    for (int k = 0; k < st.num_slots; ++k) {
+      t.slots[k] = st.slots.as<float>() + k * total + param_offset_[p.id];
+    }
+    t.n = p.num_elements;
+    tensors.push_back(t);
+  }
+  return ops_->ApplyOptimizer(kind, hp, tensors);
+}
+
+absl::Status Model::Synchronize() { return ops_->Synchronize(); }
+
+int64_t Model::compute_bytes() const {
+  const model_internal::Storage& st = *storage_;
+  int64_t bytes = st.params.bytes() + st.grads.bytes() + st.state.bytes() + st.slots.bytes() +
+                  st.features.bytes() + st.labels.bytes();
+  for (const model_internal::Buffer& b : st.buffers) bytes += b.value.bytes() + b.grad.bytes();
+  return bytes + ops_->fixed_bytes();
 }
 
 }  // namespace downpour

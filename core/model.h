@@ -10,6 +10,15 @@
 // default the previous layer's output). The gradient of an output read by
 // several layers is the sum of their contributions.
 //
+// A Model computes on the CPU (kernels/cpu.h) or on one CUDA device
+// (kernels/cuda.h), chosen by ModelOptions::device. On a GPU its parameters,
+// gradients, activations and batch-norm statistics live in device memory;
+// param(id), grad(id) and local_state_data(id) are page-locked host copies,
+// and TrainStep / Evaluate move them: parameters host->device before the
+// step, gradients (and the statistics) device->host after it, the batch on a
+// separate copy stream. The *OnDevice methods skip those copies, for loops
+// that keep everything on the GPU (benchmarks, a local optimizer).
+//
 // Thread safety: InferModel is a pure function. Model is thread-compatible:
 // const methods may run concurrently; TrainStep and Evaluate mutate internal
 // buffers and need external synchronisation. Model owns every buffer it
@@ -25,13 +34,16 @@
 #include "absl/status/statusor.h"
 #include "core/params.h"
 #include "kernels/cpu.h"
+#include "kernels/optimizer.h"
 #include "kernels/types.h"
 #include "proto/job.pb.h"
 
 namespace downpour {
 namespace model_internal {
 class Layer;
+class Ops;
 struct Buffer;
+struct Storage;
 }  // namespace model_internal
 
 enum class LayerKind {
@@ -109,13 +121,30 @@ struct EvalResult {
   int64_t correct = 0;
 };
 
+struct ModelOptions {
+  // -1: the CPU kernels. d >= 0: CUDA device d, numbered as this process sees
+  // them (after CUDA_VISIBLE_DEVICES).
+  int device = -1;
+};
+
+// What runs a model: "cpu", or "cuda:<d> <name>" ("cuda:0 NVIDIA H100 80GB
+// HBM3"); FailedPrecondition naming the reason when device d is unusable.
+absl::StatusOr<std::string> DescribeDevice(int device);
+
 class Model {
  public:
   // Validates `spec` (InferModel) and initialises every parameter with
   // InitParamRange(param, seed, ...), so a model built with the same seed holds
   // the same values as the parameter server. Dropout masks are drawn from
-  // (seed, layer, step).
-  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec, uint64_t seed);
+  // (seed, layer, step). FailedPrecondition when options.device names no
+  // usable CUDA device; ResourceExhausted when memory runs out.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec, uint64_t seed,
+                                                       const ModelOptions& options = {});
+
+  // -1 for the CPU, else the CUDA device.
+  int device() const { return device_; }
+  // As DescribeDevice.
+  const std::string& device_name() const { return device_name_; }
 
   ~Model();
   Model(const Model&) = delete;
@@ -129,12 +158,13 @@ class Model {
 
   // Contiguous buffers of params()[id].num_elements floats, row-major.
   // REQUIRES: 0 <= id < params().size().
-  float* param(int id) { return params_[id].data(); }
-  const float* param(int id) const { return params_[id].data(); }
+  // Host memory (see the top of this file for a GPU model).
+  float* param(int id) { return param_host_ + param_offset_[id]; }
+  const float* param(int id) const { return param_host_ + param_offset_[id]; }
   // The gradient of the mean loss with respect to param(id), as of the last
   // TrainStep (zeros before the first).
-  float* grad(int id) { return grads_[id].data(); }
-  const float* grad(int id) const { return grads_[id].data(); }
+  float* grad(int id) { return grad_host_ + param_offset_[id]; }
+  const float* grad(int id) const { return grad_host_ + param_offset_[id]; }
 
   // Forward in training mode (dropout active, masks from seed and `step`;
   // batch norm normalises with the batch's statistics and moves its running
@@ -150,29 +180,73 @@ class Model {
   // statistics, updated by TrainStep and read by Evaluate.
   // REQUIRES: 0 <= id < local_state().size().
   const std::vector<ParamInfo>& local_state() const { return shape_.local_state; }
-  float* local_state_data(int id) { return local_state_[id].data(); }
-  const float* local_state_data(int id) const { return local_state_[id].data(); }
+  // On a GPU model, a copy refreshed by each TrainStep; writes to it do not
+  // reach the device.
+  float* local_state_data(int id) { return state_host_ + state_offset_[id]; }
+  const float* local_state_data(int id) const { return state_host_ + state_offset_[id]; }
 
   // Forward in inference mode (dropout is the identity, batch norm uses the
   // running statistics); grads untouched.
   absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch);
 
+  // ---- Device-resident training: nothing is copied to or from the host.
+  // The compute memory of param(id) / grad(id) (the same pointers on the CPU).
+  float* device_param(int id);
+  float* device_grad(int id);
+  // Queues forward and backward on `features` and `labels` in the compute
+  // memory and returns without waiting (on a GPU). Labels and ids are not
+  // checked. REQUIRES: 0 < batch, valid labels (as TrainStep checks).
+  absl::Status TrainStepOnDevice(const float* features, const int32_t* labels, int64_t batch,
+                                 int64_t step);
+  // Waits for the last TrainStepOnDevice and returns its loss.
+  absl::StatusOr<StepResult> LastStepResult();
+  // Queues the optimizer update of every parameter with its gradient, in the
+  // compute memory, in one fused launch on a GPU; the slots (momentum, Adam
+  // moments) live beside the parameters, zeros at first. `hp.step` counts
+  // from 1.
+  absl::Status ApplyOptimizerOnDevice(OptimizerKind kind, const OptimizerHyperparams& hp);
+  // Waits for everything queued.
+  absl::Status Synchronize();
+  // Copies param(id) (host) to the compute memory, queued.
+  absl::Status ParamsToDevice();
+  // Bytes of compute memory the model holds now (parameters, gradients,
+  // slots, activations, scratch, the GPU workspace).
+  int64_t compute_bytes() const;
+
  private:
-  Model(ModelShape shape, uint64_t seed);
+  Model(ModelShape shape, uint64_t seed, int device, std::string device_name);
+  absl::Status Init(std::unique_ptr<model_internal::Ops> ops);
   absl::Status CheckBatch(const float* features, const int32_t* labels, int64_t batch) const;
-  void Reserve(int64_t batch);
-  // Runs every layer's forward and fills *loss; dropout is active only when training.
-  void Forward(const float* features, const int32_t* labels, int64_t batch, bool training,
-               int64_t step, kernels::LossStats* loss);
-  void Backward(const float* features, int64_t batch);
-  const float* Activation(int buffer, const float* features) const;
+  absl::Status Reserve(int64_t batch);
+  // Puts a host batch into the compute memory (a copy on the GPU) and points
+  // input_/labels_ at it.
+  absl::Status StageBatch(const float* features, const int32_t* labels, int64_t batch);
+  // Runs every layer's forward, adding the loss to the ops' counters; dropout
+  // is active only when training.
+  absl::Status Forward(int64_t batch, bool training, int64_t step);
+  absl::Status Backward(int64_t batch);
+  const float* Activation(int buffer) const;
 
   const ModelShape shape_;
   const uint64_t seed_;
-  kernels::cpu::CpuContext ctx_;
-  std::vector<std::vector<float>> params_;
-  std::vector<std::vector<float>> grads_;
-  std::vector<std::vector<float>> local_state_;
+  const int device_;
+  const std::string device_name_;
+  std::unique_ptr<model_internal::Ops> ops_;
+  std::unique_ptr<model_internal::Storage> storage_;
+  // Every parameter (gradient, state tensor) in one block, tensor `id` at
+  // offset [id]. Host copies: the compute memory itself on the CPU.
+  std::vector<int64_t> param_offset_, state_offset_;
+  int64_t param_total_ = 0, state_total_ = 0;  // Elements.
+  float* param_host_ = nullptr;
+  float* grad_host_ = nullptr;
+  float* state_host_ = nullptr;
+  float* param_compute_ = nullptr;
+  float* grad_compute_ = nullptr;
+  float* state_compute_ = nullptr;
+  // The current step's input, in the compute memory.
+  const float* input_ = nullptr;
+  const int32_t* labels_ = nullptr;
+  int64_t last_batch_ = 0;
   std::vector<std::unique_ptr<model_internal::Layer>> layers_;
   // Activation buffers; a layer that only reshapes (flatten) shares its
   // input's. Index 0 stands for the model input and owns no memory.

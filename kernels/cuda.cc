@@ -1,8 +1,10 @@
 #include "kernels/cuda.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -94,6 +96,12 @@ struct ConvPlan {
   bool padded = false;
   int64_t padded_h = 0, padded_w = 0;
   size_t padded_bytes = 0;  // Of one padded batch, aligned.
+  // Algorithms, chosen on first use of each direction.
+  bool have_fwd = false, have_bwd_filter = false, have_bwd_data = false;
+  cudnnConvolutionFwdAlgo_t fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+  cudnnConvolutionBwdDataAlgo_t bwd_data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+  size_t fwd_bytes = 0, bwd_filter_bytes = 0, bwd_data_bytes = 0;
 };
 
 absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
@@ -127,9 +135,57 @@ absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
   return absl::OkStatus();
 }
 
+// The fastest measured algorithm that succeeded, uses FMA math (no TF32) and
+// fits in `free_bytes`; the first heuristic choice that fits otherwise.
+template <typename Perf, typename Algo>
+bool PickAlgo(const Perf* perf, int returned, size_t free_bytes, Algo* algo, size_t* bytes) {
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes &&
+        perf[i].mathType == CUDNN_FMA_MATH) {
+      *algo = perf[i].algo;
+      *bytes = perf[i].memory;
+      return true;
+    }
+  }
+  return false;
+}
+
+template <typename Perf, typename Algo>
+void PickHeuristic(const Perf* perf, int returned, size_t free_bytes, Algo* algo) {
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes) {
+      *algo = perf[i].algo;
+      return;
+    }
+  }
+}
+
 absl::Status WorkspaceTooSmall(const CudaContext& ctx, size_t need, const char* what) {
   return absl::ResourceExhaustedError(absl::StrCat(
       what, " needs ", need, " bytes of workspace; the context has ", ctx.workspace_bytes));
+}
+
+}  // namespace
+
+struct ConvPlanCache {
+  std::map<std::array<int64_t, 13>, std::unique_ptr<ConvPlan>> plans;
+};
+
+namespace {
+
+// The cached plan of `s` (descriptors made on first use).
+absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) {
+  if (ctx.conv_plans == nullptr) ctx.conv_plans = std::make_unique<ConvPlanCache>();
+  const std::array<int64_t, 13> key = {s.batch,    s.in_h,    s.in_w,     s.in_c,     s.out_h,
+                                       s.out_w,    s.out_c,   s.kernel_h, s.kernel_w, s.stride_h,
+                                       s.stride_w, s.pad_top, s.pad_left};
+  auto it = ctx.conv_plans->plans.find(key);
+  if (it != ctx.conv_plans->plans.end()) return it->second.get();
+  auto plan = std::make_unique<ConvPlan>();
+  STATUS_RETURN_IF_ERROR(MakePlan(s, plan.get()));
+  ConvPlan* raw = plan.get();
+  ctx.conv_plans->plans.emplace(key, std::move(plan));
+  return raw;
 }
 
 }  // namespace
@@ -287,6 +343,14 @@ absl::Status SoftmaxCrossEntropy(const CudaContext& ctx, int64_t batch, int64_t 
   return absl::OkStatus();
 }
 
+absl::Status SoftmaxCrossEntropyAsync(const CudaContext& ctx, int64_t batch, int64_t classes,
+                                      const float* logits, const int32_t* labels, float* dlogits,
+                                      double* loss_sum, unsigned long long* correct) {
+  return FromCuda(k::SoftmaxCrossEntropy(ctx.stream, batch, classes, logits, labels, dlogits,
+                                         loss_sum, correct),
+                  "SoftmaxCrossEntropy");
+}
+
 absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const float* x, float* y, Write write) {
   if (!Acc(write)) {
     if (x == y || n == 0) return absl::OkStatus();
@@ -308,8 +372,9 @@ absl::Status Add(const CudaContext& ctx, int64_t n, const float* a, const float*
 
 absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const float* x,
                            const float* w, const float* bias, float* y) {
-  ConvPlan p;
-  STATUS_RETURN_IF_ERROR(MakePlan(s, &p));
+  absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
+  if (!plan.ok()) return plan.status();
+  ConvPlan& p = **plan;
   const float* input = x;
   char* free_space = static_cast<char*>(ctx.workspace);
   size_t free_bytes = ctx.workspace_bytes;
@@ -322,24 +387,27 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
     free_space += p.padded_bytes;
     free_bytes -= p.padded_bytes;
   }
-  cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  cudnnConvolutionFwdAlgoPerf_t perf[8];
-  int returned = 0;
-  CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(ctx.cudnn, p.x.d, p.w.d, p.conv.d,
-                                                               p.y.d, 8, &returned, perf));
-  for (int i = 0; i < returned; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes) {
-      algo = perf[i].algo;
-      break;
+  if (!p.have_fwd) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int returned = 0;
+    CUDNN_RETURN_IF_ERROR(
+        cudnnFindConvolutionForwardAlgorithm(ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d,
+                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
+    if (!PickAlgo(perf, returned, free_bytes, &p.fwd_algo, &p.fwd_bytes)) {
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
+          ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned,
+          perf));
+      PickHeuristic(perf, returned, free_bytes, &p.fwd_algo);
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardWorkspaceSize(
+          ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d, p.fwd_algo, &p.fwd_bytes));
     }
+    p.have_fwd = true;
   }
-  size_t need = 0;
-  CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardWorkspaceSize(ctx.cudnn, p.x.d, p.w.d, p.conv.d,
-                                                                p.y.d, algo, &need));
-  if (need > free_bytes) return WorkspaceTooSmall(ctx, need, "conv2d forward");
+  if (p.fwd_bytes > free_bytes) return WorkspaceTooSmall(ctx, p.fwd_bytes, "conv2d forward");
   const float one = 1.f, zero = 0.f;
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, p.x.d, input, p.w.d, w, p.conv.d,
-                                                algo, free_space, free_bytes, &zero, p.y.d, y));
+                                                p.fwd_algo, free_space, free_bytes, &zero, p.y.d,
+                                                y));
   if (bias != nullptr) {
     CUDNN_RETURN_IF_ERROR(cudnnAddTensor(ctx.cudnn, &one, p.bias.d, bias, &one, p.y.d, y));
   }
@@ -349,8 +417,9 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
 absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
                             const float* w, const float* dy, float* dx, Write dx_write, float* dw,
                             float* dbias, Write param_write) {
-  ConvPlan p;
-  STATUS_RETURN_IF_ERROR(MakePlan(s, &p));
+  absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
+  if (!plan.ok()) return plan.status();
+  ConvPlan& p = **plan;
   const float one = 1.f, zero = 0.f;
   const float param_beta = Acc(param_write) ? 1.f : 0.f;
   char* free_space = static_cast<char*>(ctx.workspace);
@@ -372,52 +441,58 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
     CUDNN_RETURN_IF_ERROR(
         cudnnConvolutionBackwardBias(ctx.cudnn, &one, p.y.d, dy, &param_beta, p.bias.d, dbias));
   }
-  {
-    cudnnConvolutionBwdFilterAlgo_t algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[8];
+  if (!p.have_bwd_filter) {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int returned = 0;
-    CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, 8, &returned, perf));
-    for (int i = 0; i < returned; ++i) {
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes) {
-        algo = perf[i].algo;
-        break;
-      }
+    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardFilterAlgorithm(
+        ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        &returned, perf));
+    if (!PickAlgo(perf, returned, free_bytes, &p.bwd_filter_algo, &p.bwd_filter_bytes)) {
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+          &returned, perf));
+      PickHeuristic(perf, returned, free_bytes, &p.bwd_filter_algo);
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, p.bwd_filter_algo, &p.bwd_filter_bytes));
     }
-    size_t need = 0;
-    CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, algo, &need));
-    if (need > free_bytes) return WorkspaceTooSmall(ctx, need, "conv2d backward filter");
-    CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, p.x.d, input, p.y.d, dy,
-                                                         p.conv.d, algo, free_space, free_bytes,
-                                                         &param_beta, p.w.d, dw));
+    p.have_bwd_filter = true;
   }
+  if (p.bwd_filter_bytes > free_bytes) {
+    return WorkspaceTooSmall(ctx, p.bwd_filter_bytes, "conv2d backward filter");
+  }
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, p.x.d, input, p.y.d, dy,
+                                                       p.conv.d, p.bwd_filter_algo, free_space,
+                                                       free_bytes, &param_beta, p.w.d, dw));
   if (dx == nullptr) return absl::OkStatus();
-  cudnnConvolutionBwdDataAlgo_t algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
-  cudnnConvolutionBwdDataAlgoPerf_t perf[8];
-  int returned = 0;
-  CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-      ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, 8, &returned, perf));
-  for (int i = 0; i < returned; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes) {
-      algo = perf[i].algo;
-      break;
+  if (!p.have_bwd_data) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int returned = 0;
+    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardDataAlgorithm(
+        ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned,
+        perf));
+    if (!PickAlgo(perf, returned, free_bytes, &p.bwd_data_algo, &p.bwd_data_bytes)) {
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          &returned, perf));
+      PickHeuristic(perf, returned, free_bytes, &p.bwd_data_algo);
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(
+          ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, p.bwd_data_algo, &p.bwd_data_bytes));
     }
+    p.have_bwd_data = true;
   }
-  size_t need = 0;
-  CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx.cudnn, p.w.d, p.y.d,
-                                                                     p.conv.d, p.x.d, algo, &need));
-  if (need > free_bytes) return WorkspaceTooSmall(ctx, need, "conv2d backward data");
+  if (p.bwd_data_bytes > free_bytes) {
+    return WorkspaceTooSmall(ctx, p.bwd_data_bytes, "conv2d backward data");
+  }
   if (!p.padded) {
     const float dx_beta = Acc(dx_write) ? 1.f : 0.f;
     CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, p.w.d, w, p.y.d, dy,
-                                                       p.conv.d, algo, free_space, free_bytes,
-                                                       &dx_beta, p.x.d, dx));
+                                                       p.conv.d, p.bwd_data_algo, free_space,
+                                                       free_bytes, &dx_beta, p.x.d, dx));
     return absl::OkStatus();
   }
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, p.w.d, w, p.y.d, dy, p.conv.d,
-                                                     algo, free_space, free_bytes, &zero, p.x.d,
-                                                     dpadded));
+                                                     p.bwd_data_algo, free_space, free_bytes, &zero,
+                                                     p.x.d, dpadded));
   return FromCuda(k::CropImages(ctx.stream, s, p.padded_h, p.padded_w, dpadded, dx, Acc(dx_write)),
                   "CropImages");
 }
@@ -461,10 +536,11 @@ absl::Status GlobalAvgPoolBackward(const CudaContext& ctx, int64_t batch, int64_
 
 namespace {
 
-// x as [rows, channels, 1, 1]: NCHW with H = W = 1 is exactly [rows,
-// channels] row-major, and spatial mode then normalises per channel.
+// x as NHWC [rows, 1, 1, channels]: exactly [rows, channels] row-major, and
+// spatial mode then normalises per channel (NHWC picks cuDNN's channels-last
+// kernels).
 absl::Status MakeBatchNormDescs(int64_t rows, int64_t channels, TensorDesc* x, TensorDesc* bn) {
-  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(x->d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(x->d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
                                                    AsInt(rows), AsInt(channels), 1, 1));
   CUDNN_RETURN_IF_ERROR(cudnnDeriveBNTensorDescriptor(bn->d, x->d, CUDNN_BATCHNORM_SPATIAL));
   return absl::OkStatus();
@@ -552,9 +628,9 @@ absl::Status ApplyOptimizer(const CudaContext& ctx, OptimizerKind kind,
   return ApplyOptimizerMultiTensor(ctx, kind, hp, {t});
 }
 
-absl::Status ApplyOptimizerMultiTensor(const CudaContext& ctx, OptimizerKind kind,
-                                       const OptimizerHyperparams& hp,
-                                       const std::vector<TensorUpdate>& tensors) {
+namespace {
+
+k::OptimizerArgs ResolveArgs(OptimizerKind kind, const OptimizerHyperparams& hp) {
   k::OptimizerArgs args;
   args.kind = static_cast<int>(kind);
   args.lr = hp.learning_rate;
@@ -569,7 +645,19 @@ absl::Status ApplyOptimizerMultiTensor(const CudaContext& ctx, OptimizerKind kin
       static_cast<float>(hp.learning_rate / (1.0 - std::pow(static_cast<double>(hp.beta1), t)));
   args.adam_inv_sqrt_bc2 =
       static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), t)));
+  return args;
+}
 
+// The descriptors of `tensors` and their chunks, packed as one host buffer:
+// descriptors, then chunk starts, then chunk tensors.
+struct PackedUpdate {
+  std::vector<char> host;
+  size_t desc_bytes = 0, start_bytes = 0;
+  int64_t num_chunks = 0;
+};
+
+PackedUpdate Pack(const std::vector<TensorUpdate>& tensors) {
+  PackedUpdate packed;
   std::vector<k::OptimizerTensor> descs;
   std::vector<int32_t> chunk_tensor;
   std::vector<int64_t> chunk_start;
@@ -582,26 +670,72 @@ absl::Status ApplyOptimizerMultiTensor(const CudaContext& ctx, OptimizerKind kin
       chunk_start.push_back(start);
     }
   }
-  if (descs.empty()) return absl::OkStatus();
-  // One host buffer, one copy: descriptors, then chunk starts, then chunk tensors.
+  if (descs.empty()) return packed;
   const size_t desc_bytes = Aligned(descs.size() * sizeof(k::OptimizerTensor));
   const size_t start_bytes = Aligned(chunk_start.size() * sizeof(int64_t));
   const size_t tensor_bytes = chunk_tensor.size() * sizeof(int32_t);
-  const size_t total = desc_bytes + start_bytes + tensor_bytes;
-  if (total > ctx.workspace_bytes) return WorkspaceTooSmall(ctx, total, "fused optimizer");
-  std::vector<char> host(total);
+  std::vector<char>& host = packed.host;
+  host.resize(desc_bytes + start_bytes + tensor_bytes);
   std::memcpy(host.data(), descs.data(), descs.size() * sizeof(k::OptimizerTensor));
   std::memcpy(host.data() + desc_bytes, chunk_start.data(), chunk_start.size() * sizeof(int64_t));
   std::memcpy(host.data() + desc_bytes + start_bytes, chunk_tensor.data(), tensor_bytes);
+  packed.desc_bytes = desc_bytes;
+  packed.start_bytes = start_bytes;
+  packed.num_chunks = static_cast<int64_t>(chunk_start.size());
+  return packed;
+}
+
+}  // namespace
+
+absl::Status ApplyOptimizerMultiTensor(const CudaContext& ctx, OptimizerKind kind,
+                                       const OptimizerHyperparams& hp,
+                                       const std::vector<TensorUpdate>& tensors) {
+  const k::OptimizerArgs args = ResolveArgs(kind, hp);
+  const PackedUpdate packed = Pack(tensors);
+  if (packed.num_chunks == 0) return absl::OkStatus();
+  const std::vector<char>& host = packed.host;
+  const size_t total = host.size();
+  const size_t desc_bytes = packed.desc_bytes, start_bytes = packed.start_bytes;
+  if (total > ctx.workspace_bytes) return WorkspaceTooSmall(ctx, total, "fused optimizer");
   char* device = static_cast<char*>(ctx.workspace);
   // From pageable memory the copy has read `host` when it returns.
   CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(device, host.data(), total, cudaMemcpyHostToDevice, ctx.stream));
+  return FromCuda(k::MultiTensorUpdate(
+                      ctx.stream, args, reinterpret_cast<const k::OptimizerTensor*>(device),
+                      reinterpret_cast<const int32_t*>(device + desc_bytes + start_bytes),
+                      reinterpret_cast<const int64_t*>(device + desc_bytes), packed.num_chunks),
+                  "MultiTensorUpdate");
+}
+
+absl::StatusOr<std::unique_ptr<MultiTensorPlan>> MultiTensorPlan::Create(
+    const CudaContext& ctx, const std::vector<TensorUpdate>& tensors) {
+  const PackedUpdate packed = Pack(tensors);
+  std::unique_ptr<MultiTensorPlan> plan(new MultiTensorPlan());
+  plan->desc_bytes_ = packed.desc_bytes;
+  plan->start_bytes_ = packed.start_bytes;
+  plan->num_chunks_ = packed.num_chunks;
+  if (packed.num_chunks == 0) return plan;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(ctx.device));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&plan->device_, packed.host.size()));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(plan->device_, packed.host.data(), packed.host.size(), cudaMemcpyHostToDevice));
+  return plan;
+}
+
+MultiTensorPlan::~MultiTensorPlan() {
+  if (device_ != nullptr) cudaFree(device_);
+}
+
+absl::Status MultiTensorPlan::Apply(const CudaContext& ctx, OptimizerKind kind,
+                                    const OptimizerHyperparams& hp) const {
+  if (num_chunks_ == 0) return absl::OkStatus();
+  const char* device = static_cast<const char*>(device_);
   return FromCuda(
-      k::MultiTensorUpdate(ctx.stream, args, reinterpret_cast<const k::OptimizerTensor*>(device),
-                           reinterpret_cast<const int32_t*>(device + desc_bytes + start_bytes),
-                           reinterpret_cast<const int64_t*>(device + desc_bytes),
-                           static_cast<int64_t>(chunk_start.size())),
+      k::MultiTensorUpdate(ctx.stream, ResolveArgs(kind, hp),
+                           reinterpret_cast<const k::OptimizerTensor*>(device),
+                           reinterpret_cast<const int32_t*>(device + desc_bytes_ + start_bytes_),
+                           reinterpret_cast<const int64_t*>(device + desc_bytes_), num_chunks_),
       "MultiTensorUpdate");
 }
 

@@ -57,9 +57,18 @@ std::string CudaUnavailableReason();
 // The name of device `device` ("NVIDIA H100 80GB HBM3"), or "" on error.
 std::string CudaDeviceName(int device);
 
+// Per-shape cuDNN convolution plans (descriptors and algorithms), internal
+// to cuda.cc.
+struct ConvPlanCache;
+
 // One device's execution state: a non-blocking stream, cuBLAS and cuDNN
 // handles bound to it, and a device workspace for cuDNN and the fused
 // kernels. Owns everything it holds; not copyable.
+//
+// Convolutions cache a plan per WindowShape: descriptors, and the fastest
+// FMA-math algorithm of each direction that fits the workspace, measured by
+// cudnnFind* the first time a shape is seen (as PyTorch's
+// cudnn.benchmark); later calls with that shape reuse it.
 struct CudaContext {
   int device = -1;
   cudaStream_t stream = nullptr;
@@ -69,6 +78,9 @@ struct CudaContext {
   size_t workspace_bytes = 0;
   // Small device scratch for reductions returned to the host (loss, count).
   void* scratch = nullptr;
+  // Filled lazily by Conv2dForward/Backward; mutable because those take the
+  // context by const reference (it is still one thread's).
+  mutable std::unique_ptr<ConvPlanCache> conv_plans;
 
   // Sets up a context on `device` with `workspace_bytes` of workspace.
   // FailedPrecondition when there is no such device.
@@ -111,6 +123,13 @@ absl::Status DropoutBackward(const CudaContext& ctx, int64_t n, float rate, cons
 absl::Status SoftmaxCrossEntropy(const CudaContext& ctx, int64_t batch, int64_t classes,
                                  const float* logits, const int32_t* labels, float* dlogits,
                                  LossStats* stats);
+
+// As SoftmaxCrossEntropy, without waiting: adds the batch's loss sum and
+// correct count to the device counters *loss_sum and *correct (which the
+// caller zeroes and reads back when it wants them).
+absl::Status SoftmaxCrossEntropyAsync(const CudaContext& ctx, int64_t batch, int64_t classes,
+                                      const float* logits, const int32_t* labels, float* dlogits,
+                                      double* loss_sum, unsigned long long* correct);
 
 absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const float* x, float* y, Write write);
 
@@ -193,6 +212,30 @@ struct TensorUpdate {
 absl::Status ApplyOptimizerMultiTensor(const CudaContext& ctx, OptimizerKind kind,
                                        const OptimizerHyperparams& hp,
                                        const std::vector<TensorUpdate>& tensors);
+
+// A fused update over a fixed set of tensors (a model's parameters): the
+// descriptors are uploaded once at Create, so each Apply is one kernel
+// launch with no host-to-device copy and no synchronisation. Owns its device
+// arrays; the tensors' memory must outlive it.
+class MultiTensorPlan {
+ public:
+  static absl::StatusOr<std::unique_ptr<MultiTensorPlan>> Create(
+      const CudaContext& ctx, const std::vector<TensorUpdate>& tensors);
+  ~MultiTensorPlan();
+  MultiTensorPlan(const MultiTensorPlan&) = delete;
+  MultiTensorPlan& operator=(const MultiTensorPlan&) = delete;
+
+  // Queues the update on ctx.stream. REQUIRES: the slots each tensor needs
+  // for `kind` were given at Create.
+  absl::Status Apply(const CudaContext& ctx, OptimizerKind kind,
+                     const OptimizerHyperparams& hp) const;
+
+ private:
+  MultiTensorPlan() = default;
+  void* device_ = nullptr;  // Descriptors, chunk starts, chunk tensors.
+  size_t desc_bytes_ = 0, start_bytes_ = 0;
+  int64_t num_chunks_ = 0;
+};
 
 }  // namespace cuda
 }  // namespace kernels

@@ -1,0 +1,153 @@
+// //bench:step_time — one model replica's training step on one device:
+// forward + backward + Adam (fused, on the device), data already in device
+// memory, nothing copied to the host inside the timed loop. The same models,
+// batches and optimizer as bench/pytorch_step_time.py, so the two can run in
+// one go on the same card (bench/run_step_time.sh prints the ratios).
+//
+//   bazel build -c opt //bench:step_time
+//   bazel-bin/bench/step_time [--models=mlp,cnn,resnet18,vgg11]
+//       [--models_dir=bench/models] [--device=0] [--steps=20] [--repeats=5]
+//
+// One JSON line per model: step_ms_loop is the median over `repeats` timed
+// loops of `steps` steps (device synchronised before and after each loop)
+// of the loop's wall time / steps. mem_mb is the device memory the run took
+// (cudaMemGetInfo before the model and after the timing).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "core/model.h"
+#include "google/protobuf/text_format.h"
+#include "kernels/cuda.h"
+
+ABSL_FLAG(std::string, models, "mlp,cnn,resnet18,vgg11", "Models (files <name>.pbtxt)");
+ABSL_FLAG(std::string, models_dir, "bench/models", "Folder of the ModelSpec text files");
+ABSL_FLAG(int32_t, device, 0, "CUDA device, or -1 for the CPU kernels");
+ABSL_FLAG(int32_t, steps, 20, "Steps per timed loop");
+ABSL_FLAG(int32_t, repeats, 5, "Timed loops (the median is reported)");
+ABSL_FLAG(int32_t, warmup, 5, "Untimed steps first (cuDNN algorithm search happens here)");
+ABSL_FLAG(int32_t, batch, 0, "Batch for every model (0: each model's own, VGG 64, others 256)");
+
+namespace downpour {
+namespace {
+
+int Fail(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "step_time: %s: %s\n", what.c_str(), std::string(status.message()).c_str());
+  return 1;
+}
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+size_t UsedDeviceBytes(int device) {
+  if (device < 0) return 0;
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+  return total - free;
+}
+
+int Run() {
+  const int device = absl::GetFlag(FLAGS_device);
+  auto name = DescribeDevice(device);
+  if (!name.ok()) return Fail("device", name.status());
+  if (device >= 0) cudaSetDevice(device);
+  std::printf("{\"engine\": \"downpour\", \"device\": \"%s\"}\n", name->c_str());
+  const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_models), ',');
+  for (const std::string& model_name : names) {
+    const std::string path = absl::GetFlag(FLAGS_models_dir) + "/" + model_name + ".pbtxt";
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    ModelSpec spec;
+    if (!in || !google::protobuf::TextFormat::ParseFromString(text.str(), &spec)) {
+      return Fail(path, absl::InvalidArgumentError("cannot read or parse the ModelSpec"));
+    }
+    int64_t batch = absl::GetFlag(FLAGS_batch);
+    if (batch <= 0) batch = model_name == "vgg11" ? 64 : 256;
+    const size_t used_before = UsedDeviceBytes(device);
+    auto model = Model::Create(spec, /*seed=*/1, ModelOptions{device});
+    if (!model.ok()) return Fail(model_name, model.status());
+    Model& m = **model;
+
+    // A fixed random batch in the compute memory.
+    std::mt19937 gen(1);
+    std::uniform_real_distribution<float> value(-1.f, 1.f);
+    std::vector<float> features(batch * m.input_size());
+    for (float& f : features) f = value(gen);
+    std::vector<int32_t> labels(batch);
+    for (int32_t& l : labels) l = static_cast<int32_t>(gen() % m.num_classes());
+    float* features_dev = features.data();
+    int32_t* labels_dev = labels.data();
+    if (device >= 0) {
+      cudaMalloc(reinterpret_cast<void**>(&features_dev), features.size() * sizeof(float));
+      cudaMalloc(reinterpret_cast<void**>(&labels_dev), labels.size() * sizeof(int32_t));
+      cudaMemcpy(features_dev, features.data(), features.size() * sizeof(float),
+                 cudaMemcpyHostToDevice);
+      cudaMemcpy(labels_dev, labels.data(), labels.size() * sizeof(int32_t),
+                 cudaMemcpyHostToDevice);
+    }
+
+    OptimizerHyperparams hp;
+    hp.learning_rate = 1e-3f;
+    int64_t step = 0;
+    auto one_step = [&]() -> absl::Status {
+      absl::Status s = m.TrainStepOnDevice(features_dev, labels_dev, batch, step);
+      if (!s.ok()) return s;
+      hp.step = ++step;
+      return m.ApplyOptimizerOnDevice(OptimizerKind::kAdam, hp);
+    };
+    for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
+      absl::Status s = one_step();
+      if (!s.ok()) return Fail(model_name, s);
+    }
+    absl::Status s = m.Synchronize();
+    if (!s.ok()) return Fail(model_name, s);
+    std::vector<double> loops;
+    for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
+      const double start = Seconds();
+      for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
+        s = one_step();
+        if (!s.ok()) return Fail(model_name, s);
+      }
+      s = m.Synchronize();
+      if (!s.ok()) return Fail(model_name, s);
+      loops.push_back((Seconds() - start) * 1e3 / absl::GetFlag(FLAGS_steps));
+    }
+    auto result = m.LastStepResult();
+    if (!result.ok()) return Fail(model_name, result.status());
+    const size_t used_after = UsedDeviceBytes(device);
+    std::sort(loops.begin(), loops.end());
+    std::printf(
+        "{\"engine\": \"downpour\", \"model\": \"%s\", \"precision\": \"fp32\", \"format\": "
+        "\"nhwc\", \"batch\": %lld, \"step_ms_loop\": %.4f, \"step_ms_min\": %.4f, "
+        "\"mem_mb\": %.1f, \"compute_mb\": %.1f, \"final_loss\": %.6g}\n",
+        model_name.c_str(), static_cast<long long>(batch), loops[loops.size() / 2], loops[0],
+        (static_cast<double>(used_after) - static_cast<double>(used_before)) / (1 << 20),
+        m.compute_bytes() / double{1 << 20}, result->loss);
+    std::fflush(stdout);
+    model->reset();
+    if (device >= 0) {
+      cudaFree(features_dev);
+      cudaFree(labels_dev);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace downpour
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return downpour::Run();
+}
