@@ -377,6 +377,9 @@ JobSpec BenchJobSpec(int64_t size_bytes, int workers, int shards) {
   spec.set_num_shards(shards);
   spec.set_steps(1'000'000'000);
   spec.set_seed(7);
+  // At least 8 partitions, so even the 1 MiB model spreads over 4 shards and
+  // pipelines; never more than the default 4 MiB.
+  spec.set_partition_bytes(std::clamp<int64_t>(size_bytes / 8, 64 << 10, kDefaultPartitionBytes));
   ApplyJobDefaults(&spec);
   return spec;
 }
