@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
@@ -14,12 +15,17 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
+#include "core/model.h"
 #include "kernels/cpu.h"
+#include "kernels/cuda.h"
 #include "rpc/node_agent.h"
 #include "rpc/ps_client.h"
 #include "rpc/server_util.h"
@@ -34,6 +40,10 @@ ABSL_FLAG(int64_t, coordinator_timeout_ms, 30000,
 ABSL_FLAG(std::string, node_id, "", "Stable node name (default: worker@<listen address>)");
 ABSL_FLAG(std::string, data_dir, ".", "Relative record-file globs of jobs resolve against this");
 ABSL_FLAG(int32_t, compute_threads, 1, "CPU threads for the math of each replica");
+ABSL_FLAG(std::string, devices, "auto",
+          "Compute devices: 'auto' (every visible GPU, else the CPU), 'cpu', or CUDA device "
+          "numbers as this process sees them after CUDA_VISIBLE_DEVICES, e.g. '0,1'; with no "
+          "GPU present the worker falls back to the CPU and says so in its log");
 ABSL_FLAG(int64_t, pull_timeout_ms, 120000,
           "How long a pull may wait for other workers or a shard before the job fails");
 ABSL_FLAG(int64_t, push_timeout_ms, 30000,
@@ -43,6 +53,37 @@ ABSL_FLAG(int32_t, max_inflight, 4, "Push/pull messages in flight at once per jo
 
 namespace downpour {
 namespace {
+
+// The --devices flag resolved: CUDA device numbers, empty for the CPU.
+absl::StatusOr<std::vector<int>> ResolveDevices(const std::string& flag) {
+  if (flag == "cpu") return std::vector<int>();
+  const int count = kernels::cuda::CudaDeviceCount();
+  std::vector<int> devices;
+  if (flag == "auto" || flag.empty()) {
+    for (int d = 0; d < count; ++d) devices.push_back(d);
+  } else {
+    for (absl::string_view part : absl::StrSplit(flag, ',')) {
+      int d = -1;
+      if (!absl::SimpleAtoi(part, &d) || d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--devices must be 'auto', 'cpu' or CUDA device numbers like 0,1; got '", flag, "'"));
+      }
+      if (count > 0 && d >= count) {
+        const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--devices: CUDA device ", d, " does not exist; this process sees ", count,
+            visible ? absl::StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : std::string()));
+      }
+      devices.push_back(d);
+    }
+  }
+  if (count == 0) {
+    Log(absl::StrCat("--devices=", flag, ": ", kernels::cuda::CudaUnavailableReason(),
+                     "; computing on the CPU"));
+    return std::vector<int>();
+  }
+  return devices;
+}
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "downpour-worker: %.*s\n", static_cast<int>(status.message().size()),
@@ -149,6 +190,15 @@ int Main() {
                                                  " is not a readable directory")));
   }
   kernels::cpu::SetCpuThreads(absl::GetFlag(FLAGS_compute_threads));
+  auto devices = ResolveDevices(absl::GetFlag(FLAGS_devices));
+  if (!devices.ok()) return Fail(devices.status());
+  std::vector<std::string> device_names;
+  for (int d : *devices) {
+    auto name = DescribeDevice(d);
+    if (!name.ok()) return Fail(name.status());
+    device_names.push_back(*name);
+  }
+  if (device_names.empty()) device_names.push_back("cpu");
 
   MetricsRegistry metrics;
   std::unique_ptr<MetricsHttpServer> metrics_server;
@@ -169,15 +219,20 @@ int Main() {
   self.set_role(WORKER);
   self.set_address(server->address);
   if (metrics_server) self.set_metrics_address(metrics_server->address());
-  self.add_devices("cpu");
+  for (const std::string& name : device_names) self.add_devices(name);
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   self.set_hostname(host);
-  metrics.GetGauge("downpour_worker_devices", "Compute devices in use.", {{"device", "cpu"}})
-      ->Set(1);
+  for (const std::string& name : device_names) {
+    metrics.GetGauge("downpour_worker_devices", "Compute devices in use.", {{"device", name}})
+        ->Set(1);
+  }
 
   TrainerOptions trainer_options;
   trainer_options.node_id = self.id();
+  // One replica per job, on the first device; more GPUs a host are listed but
+  // idle until replicas per GPU (NCCL) exist.
+  trainer_options.device = devices->empty() ? -1 : devices->front();
   trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
   trainer_options.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));
   trainer_options.push_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_push_timeout_ms));
@@ -192,7 +247,8 @@ int Main() {
 
   absl::Status written = WritePortFile(absl::GetFlag(FLAGS_port_file), server->address);
   if (!written.ok()) return Fail(written);
-  Log(absl::StrCat("worker ", self.id(), " serving on ", server->address, ", device cpu",
+  Log(absl::StrCat("worker ", self.id(), " serving on ", server->address, ", device ",
+                   absl::StrJoin(device_names, ", "),
                    metrics_server ? absl::StrCat(", metrics on ", metrics_server->address()) : ""));
 
   const std::string signal = WaitForTerminationSignal();

@@ -134,7 +134,9 @@ absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model) {
 absl::Status JobTrainer::Train() {
   const JobSpec& spec = task_.spec();
   const int rank = task_.rank();
-  ASSIGN_OR_RETURN(auto model, Model::Create(spec.model(), spec.seed()));
+  ASSIGN_OR_RETURN(auto model,
+                   Model::Create(spec.model(), spec.seed(), ModelOptions{options_.device}));
+  Log(absl::StrCat("job ", task_.job_id(), ": model replica on ", model->device_name()));
 
   BatchReaderOptions data;
   data.file_pattern = spec.dataset().train_files();

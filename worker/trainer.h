@@ -47,6 +47,9 @@ struct TrainerOptions {
   // result. Ordinary progress reports are best effort.
   absl::Duration final_report_timeout = absl::Minutes(5);
   MetricsRegistry* metrics = nullptr;  // Optional, not owned.
+  // Where the model replica computes: -1 the CPU, else a CUDA device
+  // (ModelOptions::device).
+  int device = -1;
 };
 
 class JobTrainer {

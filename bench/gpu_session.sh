@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Everything issue 3 needs from one GPU machine, in one call of the device
+# tool: the CUDA tests, //bench:step_time beside the PyTorch baseline on the
+# same card, and examples/fashion_mnist_cnn.pbtxt trained through the real
+# daemons on the GPU. Logs go to $OUT (or ./gpu-out).
+#
+# Here (no GPU needed):
+#   bazel build -c opt //kernels:cuda_test //core:model_gpu_test //bench:step_time \
+#     //coordinator:downpour-coordinator //server:downpour-ps //worker:downpour-worker \
+#     //client:downpourctl
+#   ../shared/tools/device-bundle .device/bundle bazel-bin/kernels/cuda_test \
+#     bazel-bin/core/model_gpu_test bazel-bin/bench/step_time \
+#     bazel-bin/coordinator/downpour-coordinator bazel-bin/server/downpour-ps \
+#     bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl
+#   mkdir -p .device/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .device/fashion-mnist/
+# Then the device tool: run with carry [".device"], command "bash bench/gpu_session.sh".
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+source .device/bundle/env.sh
+STAGES=${STAGES:-tests bench train}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+if [[ $STAGES == *tests* ]]; then
+  for t in cuda_test model_gpu_test; do
+    $t --gtest_color=no >"$OUT/$t.log" 2>&1
+    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$t.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$t.log" | head -20
+  done
+fi
+
+if [[ $STAGES == *bench* ]]; then
+  step_time ${STEP_TIME_ARGS:-} 2>&1 | tee "$OUT/ours.jsonl"
+  PYTHONUNBUFFERED=1 python3 bench/pytorch_step_time.py ${PYTORCH_ARGS:---precisions fp32} \
+    2>&1 | tee "$OUT/pytorch.jsonl"
+  python3 bench/compare_step_time.py "$OUT/ours.jsonl" "$OUT/pytorch.jsonl" | tee "$OUT/table.md"
+fi
+
+if [[ $STAGES == *train* ]]; then
+  W=$(mktemp -d)
+  downpourctl dataset import --fashion_mnist=.device/fashion-mnist --out_dir="$W/data/fashion-mnist" \
+    --shards=4 >"$OUT/import.log" 2>&1 || { echo "import failed"; cat "$OUT/import.log"; }
+  downpour-coordinator --listen=127.0.0.1:0 --port_file="$W/c.port" --state_dir="$W/state" \
+    >"$W/coordinator.log" 2>&1 &
+  PIDS=($!)
+  for _ in $(seq 100); do [[ -s $W/c.port ]] && break; sleep 0.1; done
+  C=$(cat "$W/c.port")
+  downpour-ps --listen=127.0.0.1:0 --port_file="$W/ps.port" --coordinator="$C" >"$W/ps.log" 2>&1 &
+  PIDS+=($!)
+  downpour-worker --listen=127.0.0.1:0 --port_file="$W/w.port" --coordinator="$C" \
+    --data_dir="$W/data" --devices=0 --metrics_listen=127.0.0.1:0 >"$W/worker.log" 2>&1 &
+  PIDS+=($!)
+  for f in ps.port w.port; do for _ in $(seq 100); do [[ -s $W/$f ]] && break; sleep 0.1; done; done
+  sleep 1
+  downpourctl --coordinator="$C" nodes 2>&1 | tee "$OUT/nodes.txt"
+  start=$SECONDS
+  timeout ${TRAIN_TIMEOUT:-400} downpourctl --coordinator="$C" submit examples/fashion_mnist_cnn.pbtxt \
+    --wait --timeout=390s >"$OUT/train.txt" 2>"$OUT/train_progress.txt"
+  echo "train rc=$? wall_s=$((SECONDS - start))"
+  tail -3 "$OUT/train_progress.txt"; cat "$OUT/train.txt"
+  M=$(grep -o 'metrics on [0-9.:]*' "$W/worker.log" | head -1 | awk '{print $3}')
+  [[ -n $M ]] && python3 -c "import urllib.request;print(urllib.request.urlopen('http://$M/metrics').read().decode())" \
+    2>/dev/null | grep -E 'downpour_worker_devices|examples_per_second' | tee "$OUT/metrics.txt"
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  sleep 1
+  cp "$W/worker.log" "$W/ps.log" "$OUT/" 2>/dev/null
+  grep -E 'device|model replica|accuracy' "$W/worker.log" | head
+fi
