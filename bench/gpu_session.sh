@@ -13,10 +13,12 @@
 #     bazel-bin/coordinator/downpour-coordinator bazel-bin/server/downpour-ps \
 #     bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl
 #   mkdir -p .device/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .device/fashion-mnist/
+#   (cd .device && tar -cf - bundle | xz -T2 > bundle.tar.xz && rm -rf bundle)  # under 64 MiB
 # Then the device tool: run with carry [".device"], command "bash bench/gpu_session.sh".
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
+[[ -f .device/bundle.tar.xz && ! -d .device/bundle ]] && tar -xJf .device/bundle.tar.xz -C .device
 source .device/bundle/env.sh
 STAGES=${STAGES:-tests bench train}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
