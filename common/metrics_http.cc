@@ -52,10 +52,14 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   const std::string ports = absl::StrCat(parsed->host, ":", parsed->port);
   const char* options[] = {"listening_ports", ports.c_str(), "num_threads", "2", nullptr};
   mg_callbacks callbacks{};
-  mg_context* context = mg_start(&callbacks, nullptr, options);
+  mg_init_data init{&callbacks, nullptr, options};
+  unsigned code = 0;
+  char text[256] = {};
+  mg_error_data error{&code, text, sizeof(text)};
+  mg_context* context = mg_start2(&init, &error);
   if (context == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", host_port, " (address in use or invalid)"));
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", host_port, ": ",
+                                               text[0] ? text : "address in use or invalid"));
   }
   mg_set_request_handler(context, "/metrics", HandleMetrics, registry);
   mg_server_port bound[4] = {};
