@@ -35,6 +35,7 @@ ABSL_FLAG(int32_t, device, 0, "CUDA device, or -1 for the CPU kernels");
 ABSL_FLAG(int32_t, steps, 20, "Steps per timed loop");
 ABSL_FLAG(int32_t, repeats, 5, "Timed loops (the median is reported)");
 ABSL_FLAG(int32_t, warmup, 5, "Untimed steps first (cuDNN algorithm search happens here)");
+ABSL_FLAG(bool, log_conv, false, "Print each convolution's measured cuDNN algorithms");
 ABSL_FLAG(int32_t, batch, 0, "Batch for every model (0: each model's own, VGG 64, others 256)");
 
 namespace downpour {
@@ -61,6 +62,7 @@ int Run() {
   auto name = DescribeDevice(device);
   if (!name.ok()) return Fail("device", name.status());
   if (device >= 0) cudaSetDevice(device);
+  kernels::cuda::SetConvPlanLogging(absl::GetFlag(FLAGS_log_conv));
   std::printf("{\"engine\": \"downpour\", \"device\": \"%s\"}\n", name->c_str());
   const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_models), ',');
   for (const std::string& model_name : names) {

@@ -276,8 +276,9 @@ class CudaOps : public Ops {
  public:
   static absl::StatusOr<std::unique_ptr<CudaOps>> Create(int device) {
     auto ops = std::unique_ptr<CudaOps>(new CudaOps());
-    // A large workspace lets cuDNN pick its fastest convolution algorithms.
-    ASSIGN_OR_RETURN(ops->ctx_, cuda::CudaContext::Create(device, size_t{256} << 20));
+    // Small at first: convolutions grow it to what their fastest
+    // algorithms need (kernels/cuda.h).
+    ASSIGN_OR_RETURN(ops->ctx_, cuda::CudaContext::Create(device, size_t{16} << 20));
     ASSIGN_OR_RETURN(ops->counters_, Memory::Allocate(Memory::Kind::kDevice, 16));
     ASSIGN_OR_RETURN(ops->counters_host_, Memory::Allocate(Memory::Kind::kPinned, 16));
     return ops;

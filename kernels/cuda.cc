@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -137,6 +139,29 @@ absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
 
 // The fastest measured algorithm that succeeded, uses FMA math (no TF32) and
 // fits in `free_bytes`; the first heuristic choice that fits otherwise.
+std::atomic<bool> log_conv_plans{false};
+
+template <typename Perf, typename Algo>
+void LogPlan(const char* direction, const WindowShape& s, const Perf* perf, int returned,
+             Algo chosen) {
+  if (!log_conv_plans.load()) return;
+  std::fprintf(stderr,
+               "conv %s n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lldx%lld stride=%lld: "
+               "chose %d;",
+               direction, static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
+               static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
+               static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
+               static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h),
+               static_cast<long long>(s.kernel_w), static_cast<long long>(s.stride_h),
+               static_cast<int>(chosen));
+  for (int i = 0; i < returned; ++i) {
+    std::fprintf(stderr, " [algo %d %.3f ms %zu B math %d status %d]",
+                 static_cast<int>(perf[i].algo), perf[i].time, perf[i].memory,
+                 static_cast<int>(perf[i].mathType), static_cast<int>(perf[i].status));
+  }
+  std::fprintf(stderr, "\n");
+}
+
 template <typename Perf, typename Algo>
 bool PickAlgo(const Perf* perf, int returned, size_t free_bytes, Algo* algo, size_t* bytes) {
   for (int i = 0; i < returned; ++i) {
@@ -158,6 +183,26 @@ void PickHeuristic(const Perf* perf, int returned, size_t free_bytes, Algo* algo
       return;
     }
   }
+}
+
+// cuDNN's fastest algorithms can want several hundred MiB (VGG's backward
+// data: 617 MiB at batch 64); the slow ones that fit a small workspace are up
+// to 50x slower. The workspace grows to what the chosen algorithms need, up
+// to this.
+constexpr size_t kMaxWorkspaceBytes = size_t{2} << 30;
+
+// Grows ctx's workspace to at least `bytes` (waiting for queued work, which
+// may still use the old one).
+absl::Status EnsureWorkspace(const CudaContext& ctx, size_t bytes) {
+  if (bytes <= ctx.workspace_bytes) return absl::OkStatus();
+  const size_t grown = Aligned(std::max(bytes, ctx.workspace_bytes + ctx.workspace_bytes / 2));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+  if (ctx.workspace != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(ctx.workspace));
+  ctx.workspace = nullptr;
+  ctx.workspace_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&ctx.workspace, grown));
+  ctx.workspace_bytes = grown;
+  return absl::OkStatus();
 }
 
 absl::Status WorkspaceTooSmall(const CudaContext& ctx, size_t need, const char* what) {
@@ -191,6 +236,8 @@ absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) 
 }  // namespace
 
 // ------------------------------------------------------------ devices
+
+void SetConvPlanLogging(bool on) { log_conv_plans.store(on); }
 
 int CudaDeviceCount() {
   int count = 0;
@@ -375,6 +422,26 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
   absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
   if (!plan.ok()) return plan.status();
   ConvPlan& p = **plan;
+  const size_t limit = kMaxWorkspaceBytes - p.padded_bytes;
+  if (!p.have_fwd) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int returned = 0;
+    CUDNN_RETURN_IF_ERROR(
+        cudnnFindConvolutionForwardAlgorithm(ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d,
+                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
+    LogPlan("forward-find", s, perf, returned, -1);
+    if (!PickAlgo(perf, returned, limit, &p.fwd_algo, &p.fwd_bytes)) {
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
+          ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned,
+          perf));
+      PickHeuristic(perf, returned, limit, &p.fwd_algo);
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardWorkspaceSize(
+          ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d, p.fwd_algo, &p.fwd_bytes));
+    }
+    LogPlan("forward", s, perf, returned, p.fwd_algo);
+    p.have_fwd = true;
+  }
+  STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, p.padded_bytes + p.fwd_bytes));
   const float* input = x;
   char* free_space = static_cast<char*>(ctx.workspace);
   size_t free_bytes = ctx.workspace_bytes;
@@ -386,22 +453,6 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
     input = padded;
     free_space += p.padded_bytes;
     free_bytes -= p.padded_bytes;
-  }
-  if (!p.have_fwd) {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int returned = 0;
-    CUDNN_RETURN_IF_ERROR(
-        cudnnFindConvolutionForwardAlgorithm(ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d,
-                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
-    if (!PickAlgo(perf, returned, free_bytes, &p.fwd_algo, &p.fwd_bytes)) {
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
-          ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned,
-          perf));
-      PickHeuristic(perf, returned, free_bytes, &p.fwd_algo);
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardWorkspaceSize(
-          ctx.cudnn, p.x.d, p.w.d, p.conv.d, p.y.d, p.fwd_algo, &p.fwd_bytes));
-    }
-    p.have_fwd = true;
   }
   if (p.fwd_bytes > free_bytes) return WorkspaceTooSmall(ctx, p.fwd_bytes, "conv2d forward");
   const float one = 1.f, zero = 0.f;
@@ -422,6 +473,46 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
   ConvPlan& p = **plan;
   const float one = 1.f, zero = 0.f;
   const float param_beta = Acc(param_write) ? 1.f : 0.f;
+  const size_t limit = kMaxWorkspaceBytes - 2 * p.padded_bytes;
+  if (!p.have_bwd_filter) {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int returned = 0;
+    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardFilterAlgorithm(
+        ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        &returned, perf));
+    LogPlan("backward-filter-find", s, perf, returned, -1);
+    if (!PickAlgo(perf, returned, limit, &p.bwd_filter_algo, &p.bwd_filter_bytes)) {
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+          &returned, perf));
+      PickHeuristic(perf, returned, limit, &p.bwd_filter_algo);
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, p.bwd_filter_algo, &p.bwd_filter_bytes));
+    }
+    LogPlan("backward-filter", s, perf, returned, p.bwd_filter_algo);
+    p.have_bwd_filter = true;
+  }
+  if (dx != nullptr && !p.have_bwd_data) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int returned = 0;
+    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardDataAlgorithm(
+        ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned,
+        perf));
+    LogPlan("backward-data-find", s, perf, returned, -1);
+    if (!PickAlgo(perf, returned, limit, &p.bwd_data_algo, &p.bwd_data_bytes)) {
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          &returned, perf));
+      PickHeuristic(perf, returned, limit, &p.bwd_data_algo);
+      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(
+          ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, p.bwd_data_algo, &p.bwd_data_bytes));
+    }
+    LogPlan("backward-data", s, perf, returned, p.bwd_data_algo);
+    p.have_bwd_data = true;
+  }
+  STATUS_RETURN_IF_ERROR(EnsureWorkspace(
+      ctx, 2 * p.padded_bytes +
+               std::max(p.bwd_filter_bytes, dx != nullptr ? p.bwd_data_bytes : size_t{0})));
   char* free_space = static_cast<char*>(ctx.workspace);
   size_t free_bytes = ctx.workspace_bytes;
   const float* input = x;
@@ -441,22 +532,6 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
     CUDNN_RETURN_IF_ERROR(
         cudnnConvolutionBackwardBias(ctx.cudnn, &one, p.y.d, dy, &param_beta, p.bias.d, dbias));
   }
-  if (!p.have_bwd_filter) {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int returned = 0;
-    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardFilterAlgorithm(
-        ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-        &returned, perf));
-    if (!PickAlgo(perf, returned, free_bytes, &p.bwd_filter_algo, &p.bwd_filter_bytes)) {
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-          ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-          &returned, perf));
-      PickHeuristic(perf, returned, free_bytes, &p.bwd_filter_algo);
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-          ctx.cudnn, p.x.d, p.y.d, p.conv.d, p.w.d, p.bwd_filter_algo, &p.bwd_filter_bytes));
-    }
-    p.have_bwd_filter = true;
-  }
   if (p.bwd_filter_bytes > free_bytes) {
     return WorkspaceTooSmall(ctx, p.bwd_filter_bytes, "conv2d backward filter");
   }
@@ -464,22 +539,6 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
                                                        p.conv.d, p.bwd_filter_algo, free_space,
                                                        free_bytes, &param_beta, p.w.d, dw));
   if (dx == nullptr) return absl::OkStatus();
-  if (!p.have_bwd_data) {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    int returned = 0;
-    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardDataAlgorithm(
-        ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned,
-        perf));
-    if (!PickAlgo(perf, returned, free_bytes, &p.bwd_data_algo, &p.bwd_data_bytes)) {
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-          ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-          &returned, perf));
-      PickHeuristic(perf, returned, free_bytes, &p.bwd_data_algo);
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(
-          ctx.cudnn, p.w.d, p.y.d, p.conv.d, p.x.d, p.bwd_data_algo, &p.bwd_data_bytes));
-    }
-    p.have_bwd_data = true;
-  }
   if (p.bwd_data_bytes > free_bytes) {
     return WorkspaceTooSmall(ctx, p.bwd_data_bytes, "conv2d backward data");
   }

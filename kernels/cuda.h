@@ -74,8 +74,9 @@ struct CudaContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
+  // Grown by convolutions whose fastest algorithm needs more (up to 2 GiB).
+  mutable void* workspace = nullptr;
+  mutable size_t workspace_bytes = 0;
   // Small device scratch for reductions returned to the host (loss, count).
   void* scratch = nullptr;
   // Filled lazily by Conv2dForward/Backward; mutable because those take the
@@ -94,6 +95,11 @@ struct CudaContext {
   // Waits for everything queued on the stream.
   absl::Status Synchronize() const;
 };
+
+// Diagnostics: when on, every convolution plan prints its measured
+// algorithms (algo, ms, workspace bytes, math type, status) and its choice
+// to stderr the first time a shape is seen. Process-wide; off by default.
+void SetConvPlanLogging(bool on);
 
 // ------------------------------------------------------- dense and element-wise
 
