@@ -3,7 +3,7 @@
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
-#include "core/model.h"
+#include "core/model_shape.h"
 #include "core/shard_map.h"
 
 namespace downpour {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/model_shape.h"
 #include "core/params.h"
 #include "kernels/cpu.h"
 #include "kernels/optimizer.h"
@@ -45,71 +46,6 @@ class Ops;
 struct Buffer;
 struct Storage;
 }  // namespace model_internal
-
-enum class LayerKind {
-  kDense,
-  kRelu,
-  kFlatten,
-  kDropout,
-  kSoftmaxCrossEntropy,
-  kConv2d,
-  kMaxPool,
-  kAvgPool,
-  kGlobalAvgPool,
-  kBatchNorm,
-  kAdd,
-  kEmbedding,
-};
-
-// The name LayerSpec uses for a kind ("dense", "softmax_cross_entropy", ...).
-const char* LayerKindName(LayerKind kind);
-
-// One layer after validation.
-struct LayerShape {
-  // Index in `inputs` meaning the model's input features.
-  static constexpr int kModelInput = -1;
-
-  std::string name;  // As given, or "<type><index>".
-  LayerKind kind = LayerKind::kDense;
-  std::vector<int> inputs;            // Earlier layer indices, or kModelInput.
-  std::vector<int64_t> output_shape;  // Per example, without the batch; {} for the loss.
-  std::vector<int32_t> param_ids;     // Into ModelShape::params, in order.
-  int64_t units = 0;                  // kDense.
-  float dropout_rate = 0.f;           // kDropout.
-  // kConv2d, kMaxPool, kAvgPool: the window over one example (batch 0; the
-  // step sets it). Images are NHWC: input_shape is [height, width, channels].
-  kernels::WindowShape window;
-  float bn_momentum = 0.f;               // kBatchNorm (defaults resolved).
-  float bn_epsilon = 0.f;                // kBatchNorm.
-  std::vector<int32_t> local_state_ids;  // kBatchNorm: running mean, running var.
-  int64_t vocab_size = 0;                // kEmbedding.
-  int64_t embedding_dim = 0;             // kEmbedding.
-};
-
-struct ModelShape {
-  std::vector<int64_t> input_shape;  // Per example, without the batch.
-  int64_t input_size = 0;            // Product of input_shape.
-  int32_t num_classes = 0;
-  std::vector<ParamInfo> params;   // ids 0..n-1, in layer order.
-  std::vector<LayerShape> layers;  // In spec order.
-  // Non-trainable tensors each replica keeps for itself (batch norm running
-  // statistics), ids 0..n-1 into this list. They are not parameters: the
-  // parameter server never sees them, and each worker's evaluation uses its
-  // own. `init` is kZeros or kOnes.
-  std::vector<ParamInfo> local_state;
-};
-
-// Validates `spec` and derives its parameters and per-layer output shapes.
-// A dense layer has "<layer>/weight" [in, out] (He uniform) then, unless
-// no_bias, "<layer>/bias" [out] (zeros). A conv2d has "<layer>/weight"
-// [filters, kernel_h, kernel_w, in_channels] (He uniform, fan_in = kernel_h *
-// kernel_w * in_channels) and "<layer>/bias" [filters]; batch_norm has
-// "<layer>/gamma" (ones) and "<layer>/beta" (zeros) [channels], plus local
-// state "<layer>/running_mean" (zeros) and "<layer>/running_var" (ones);
-// embedding has "<layer>/table" [vocab_size, dim] (Glorot uniform). Errors
-// are InvalidArgument with one sentence naming the field, e.g.
-//   model.layer[2] ("fc2"): input "fc9" is not an earlier layer
-absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec);
 
 struct StepResult {
   double loss = 0.0;    // Mean over the batch.

@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
-#include "core/model.h"
+#include "core/model_shape.h"
 #include "core/parameter_store.h"
 #include "core/shard_map.h"
 #include "rpc/node_agent.h"
