@@ -29,4 +29,11 @@ void Log(absl::string_view message) {
   std::fflush(stderr);
 }
 
+int ExitWithError(const absl::Status& status) {
+  absl::MutexLock lock(&log_mu);
+  std::fprintf(stderr, "%s: %.*s\n", log_prefix ? log_prefix->c_str() : "downpour",
+               static_cast<int>(status.message().size()), status.message().data());
+  return 1;
+}
+
 }  // namespace downpour

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace downpour {
@@ -13,6 +14,10 @@ namespace downpour {
 void SetLogPrefix(const std::string& prefix);
 
 void Log(absl::string_view message);
+
+// Prints "<prefix>: <message of status>" on stderr — one sentence, no stack
+// trace — and returns 1, the exit status of a daemon that cannot start.
+int ExitWithError(const absl::Status& status);
 
 }  // namespace downpour
 

@@ -69,6 +69,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       new MetricsHttpServer(context, absl::StrCat(parsed->host, ":", port)));
 }
 
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::StartIfRequested(
+    const std::string& host_port, MetricsRegistry* registry) {
+  if (host_port.empty()) return std::unique_ptr<MetricsHttpServer>();
+  return Start(host_port, registry);
+}
+
 MetricsHttpServer::MetricsHttpServer(mg_context* context, std::string address)
     : context_(context), address_(std::move(address)) {}
 

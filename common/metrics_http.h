@@ -19,6 +19,9 @@ class MetricsHttpServer {
   // Listens on `host_port` ("127.0.0.1:0" picks a free port).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host_port,
                                                                   MetricsRegistry* registry);
+  // Start, or nullptr when `host_port` is empty (metrics off).
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartIfRequested(
+      const std::string& host_port, MetricsRegistry* registry);
   ~MetricsHttpServer();
 
   // The bound address, HOST:PORT.

@@ -28,12 +28,6 @@ ABSL_FLAG(int64_t, node_timeout_ms, 5000, "A node silent this long is declared d
 namespace downpour {
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "downpour-coordinator: %.*s\n", static_cast<int>(status.message().size()),
-               status.message().data());
-  return 1;
-}
-
 void UpdateGauges(CoordinatorState* state, MetricsRegistry* metrics) {
   int64_t alive_shards = 0, alive_workers = 0;
   for (const NodeInfo& node : state->ListNodes()) {
@@ -56,36 +50,34 @@ int Main() {
   BlockTerminationSignals();
   SetLogPrefix("downpour-coordinator");
   if (absl::GetFlag(FLAGS_state_dir).empty()) {
-    return Fail(absl::InvalidArgumentError("--state_dir is required"));
+    return ExitWithError(absl::InvalidArgumentError("--state_dir is required"));
   }
   if (absl::GetFlag(FLAGS_heartbeat_interval_ms) < 10 ||
       absl::GetFlag(FLAGS_node_timeout_ms) < absl::GetFlag(FLAGS_heartbeat_interval_ms)) {
-    return Fail(absl::InvalidArgumentError(
+    return ExitWithError(absl::InvalidArgumentError(
         "--heartbeat_interval_ms must be >= 10 and --node_timeout_ms >= the interval"));
   }
   auto store = OpenSqliteJobStore(absl::GetFlag(FLAGS_state_dir));
-  if (!store.ok()) return Fail(store.status());
+  if (!store.ok()) return ExitWithError(store.status());
   CoordinatorState::Options options;
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
   auto state = CoordinatorState::Create(options, std::move(store).value());
-  if (!state.ok()) return Fail(state.status());
+  if (!state.ok()) return ExitWithError(state.status());
 
   MetricsRegistry metrics;
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    auto started = MetricsHttpServer::Start(absl::GetFlag(FLAGS_metrics_listen), &metrics);
-    if (!started.ok()) return Fail(started.status());
-    metrics_server = std::move(started).value();
-  }
+  auto metrics_server =
+      MetricsHttpServer::StartIfRequested(absl::GetFlag(FLAGS_metrics_listen), &metrics);
+  if (!metrics_server.ok()) return ExitWithError(metrics_server.status());
   CoordinatorService service(state->get(), &metrics);
   auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service});
-  if (!server.ok()) return Fail(server.status());
+  if (!server.ok()) return ExitWithError(server.status());
   absl::Status written = WritePortFile(absl::GetFlag(FLAGS_port_file), server->address);
-  if (!written.ok()) return Fail(written);
-  Log(absl::StrCat("serving on ", server->address,
-                   metrics_server ? absl::StrCat(", metrics on ", metrics_server->address()) : "",
-                   ", state in ", absl::GetFlag(FLAGS_state_dir)));
+  if (!written.ok()) return ExitWithError(written);
+  Log(absl::StrCat(
+      "serving on ", server->address,
+      *metrics_server ? absl::StrCat(", metrics on ", (*metrics_server)->address()) : "",
+      ", state in ", absl::GetFlag(FLAGS_state_dir)));
 
   absl::Notification stop;
   std::thread ticker([&] {

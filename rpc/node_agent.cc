@@ -1,5 +1,7 @@
 #include "rpc/node_agent.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "rpc/grpc_status.h"
@@ -15,6 +17,11 @@ NodeAgent::NodeAgent(Options options, TasksCallback on_tasks)
 absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(Options options,
                                                             TasksCallback on_tasks) {
   options.self.set_incarnation(absl::ToUnixNanos(absl::Now()));
+  if (options.self.hostname().empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    options.self.set_hostname(host);
+  }
   auto agent = std::unique_ptr<NodeAgent>(new NodeAgent(std::move(options), std::move(on_tasks)));
   const absl::Time give_up = absl::Now() + agent->options_.startup_timeout;
   absl::Status status;

@@ -25,7 +25,9 @@ class NodeAgent {
  public:
   struct Options {
     std::string coordinator;  // HOST:PORT
-    NodeInfo self;            // id, role, address, devices...; incarnation set by Start.
+    // id, role, address, devices...; Start sets the incarnation and, when
+    // empty, the hostname.
+    NodeInfo self;
     absl::Duration rpc_timeout = absl::Seconds(5);
     // The first registration must succeed within this, or Start fails.
     absl::Duration startup_timeout = absl::Seconds(30);

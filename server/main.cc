@@ -33,12 +33,6 @@ ABSL_FLAG(std::string, node_id, "", "Stable node name (default: ps@<listen addre
 namespace downpour {
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "downpour-ps: %.*s\n", static_cast<int>(status.message().size()),
-               status.message().data());
-  return 1;
-}
-
 // Keeps the store's jobs equal to the coordinator's task list.
 class ShardRuntime {
  public:
@@ -107,19 +101,16 @@ int Main() {
   BlockTerminationSignals();
   SetLogPrefix("downpour-ps");
   if (absl::GetFlag(FLAGS_coordinator).empty()) {
-    return Fail(absl::InvalidArgumentError("--coordinator=HOST:PORT is required"));
+    return ExitWithError(absl::InvalidArgumentError("--coordinator=HOST:PORT is required"));
   }
   MetricsRegistry metrics;
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    auto started = MetricsHttpServer::Start(absl::GetFlag(FLAGS_metrics_listen), &metrics);
-    if (!started.ok()) return Fail(started.status());
-    metrics_server = std::move(started).value();
-  }
+  auto metrics_server =
+      MetricsHttpServer::StartIfRequested(absl::GetFlag(FLAGS_metrics_listen), &metrics);
+  if (!metrics_server.ok()) return ExitWithError(metrics_server.status());
   ParameterStore store;
   ParameterServerService service(&store);
   auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service});
-  if (!server.ok()) return Fail(server.status());
+  if (!server.ok()) return ExitWithError(server.status());
 
   ShardRuntime runtime(&store, &metrics);
   NodeAgent::Options agent_options;
@@ -130,18 +121,16 @@ int Main() {
                                                    : absl::GetFlag(FLAGS_node_id));
   self.set_role(SHARD);
   self.set_address(server->address);
-  if (metrics_server) self.set_metrics_address(metrics_server->address());
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  self.set_hostname(host);
+  if (*metrics_server) self.set_metrics_address((*metrics_server)->address());
   auto agent = NodeAgent::Start(
       agent_options, [&runtime](const std::vector<Task>& tasks) { runtime.OnTasks(tasks); });
-  if (!agent.ok()) return Fail(agent.status());
+  if (!agent.ok()) return ExitWithError(agent.status());
 
   absl::Status written = WritePortFile(absl::GetFlag(FLAGS_port_file), server->address);
-  if (!written.ok()) return Fail(written);
-  Log(absl::StrCat("shard ", self.id(), " serving on ", server->address,
-                   metrics_server ? absl::StrCat(", metrics on ", metrics_server->address()) : ""));
+  if (!written.ok()) return ExitWithError(written);
+  Log(absl::StrCat(
+      "shard ", self.id(), " serving on ", server->address,
+      *metrics_server ? absl::StrCat(", metrics on ", (*metrics_server)->address()) : ""));
 
   const std::string signal = WaitForTerminationSignal();
   Log(absl::StrCat(signal, " received, shutting down"));

@@ -85,12 +85,6 @@ absl::StatusOr<std::vector<int>> ResolveDevices(const std::string& flag) {
   return devices;
 }
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "downpour-worker: %.*s\n", static_cast<int>(status.message().size()),
-               status.message().data());
-  return 1;
-}
-
 // The jobs this worker runs, reconciled with the coordinator's task list.
 class WorkerRuntime {
  public:
@@ -180,35 +174,32 @@ int Main() {
   BlockTerminationSignals();
   SetLogPrefix("downpour-worker");
   if (absl::GetFlag(FLAGS_coordinator).empty()) {
-    return Fail(absl::InvalidArgumentError("--coordinator=HOST:PORT is required"));
+    return ExitWithError(absl::InvalidArgumentError("--coordinator=HOST:PORT is required"));
   }
   if (absl::GetFlag(FLAGS_compute_threads) < 1) {
-    return Fail(absl::InvalidArgumentError("--compute_threads must be at least 1"));
+    return ExitWithError(absl::InvalidArgumentError("--compute_threads must be at least 1"));
   }
   if (access(absl::GetFlag(FLAGS_data_dir).c_str(), R_OK | X_OK) != 0) {
-    return Fail(absl::NotFoundError(absl::StrCat("--data_dir ", absl::GetFlag(FLAGS_data_dir),
-                                                 " is not a readable directory")));
+    return ExitWithError(absl::NotFoundError(absl::StrCat(
+        "--data_dir ", absl::GetFlag(FLAGS_data_dir), " is not a readable directory")));
   }
   kernels::cpu::SetCpuThreads(absl::GetFlag(FLAGS_compute_threads));
   auto devices = ResolveDevices(absl::GetFlag(FLAGS_devices));
-  if (!devices.ok()) return Fail(devices.status());
+  if (!devices.ok()) return ExitWithError(devices.status());
   std::vector<std::string> device_names;
   for (int d : *devices) {
     auto name = DescribeDevice(d);
-    if (!name.ok()) return Fail(name.status());
+    if (!name.ok()) return ExitWithError(name.status());
     device_names.push_back(*name);
   }
   if (device_names.empty()) device_names.push_back("cpu");
 
   MetricsRegistry metrics;
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    auto started = MetricsHttpServer::Start(absl::GetFlag(FLAGS_metrics_listen), &metrics);
-    if (!started.ok()) return Fail(started.status());
-    metrics_server = std::move(started).value();
-  }
+  auto metrics_server =
+      MetricsHttpServer::StartIfRequested(absl::GetFlag(FLAGS_metrics_listen), &metrics);
+  if (!metrics_server.ok()) return ExitWithError(metrics_server.status());
   auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {});
-  if (!server.ok()) return Fail(server.status());
+  if (!server.ok()) return ExitWithError(server.status());
 
   NodeAgent::Options agent_options;
   agent_options.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -218,11 +209,8 @@ int Main() {
                                                    : absl::GetFlag(FLAGS_node_id));
   self.set_role(WORKER);
   self.set_address(server->address);
-  if (metrics_server) self.set_metrics_address(metrics_server->address());
+  if (*metrics_server) self.set_metrics_address((*metrics_server)->address());
   for (const std::string& name : device_names) self.add_devices(name);
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  self.set_hostname(host);
   for (const std::string& name : device_names) {
     metrics.GetGauge("downpour_worker_devices", "Compute devices in use.", {{"device", name}})
         ->Set(1);
@@ -242,14 +230,15 @@ int Main() {
   auto runtime = std::make_unique<WorkerRuntime>(trainer_options);
   auto agent = NodeAgent::Start(
       agent_options, [&runtime](const std::vector<Task>& tasks) { runtime->OnTasks(tasks); });
-  if (!agent.ok()) return Fail(agent.status());
+  if (!agent.ok()) return ExitWithError(agent.status());
   runtime->set_agent(agent->get());
 
   absl::Status written = WritePortFile(absl::GetFlag(FLAGS_port_file), server->address);
-  if (!written.ok()) return Fail(written);
-  Log(absl::StrCat("worker ", self.id(), " serving on ", server->address, ", device ",
-                   absl::StrJoin(device_names, ", "),
-                   metrics_server ? absl::StrCat(", metrics on ", metrics_server->address()) : ""));
+  if (!written.ok()) return ExitWithError(written);
+  Log(absl::StrCat(
+      "worker ", self.id(), " serving on ", server->address, ", device ",
+      absl::StrJoin(device_names, ", "),
+      *metrics_server ? absl::StrCat(", metrics on ", (*metrics_server)->address()) : ""));
 
   const std::string signal = WaitForTerminationSignal();
   Log(absl::StrCat(signal, " received, shutting down"));
