@@ -22,6 +22,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  // gRPC sets SO_REUSEPORT by default, which would let a second daemon share
+  // a busy port silently; an address in use must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
   // Large HTTP/2 frames and windows: tensor messages are megabytes.
