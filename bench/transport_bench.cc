@@ -24,8 +24,8 @@
 #include "client/coordinator_client.h"
 #include "common/status.h"
 #include "core/job_validation.h"
-#include "core/shard_map.h"
 #include "core/parameter_store.h"
+#include "core/shard_map.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/node_agent.h"
 #include "rpc/ps_client.h"
@@ -293,8 +293,7 @@ absl::StatusOr<Timing> RunNaiveGrpc(const BenchConfig& config) {
         for (int64_t i = 0; i < n; ++i) request.add_values(grads[offset + i]);
         grpc::ClientContext context;
         context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-        if (!stubs[s]->Exchange(&context, request, &response).ok() ||
-            response.values_size() != n) {
+        if (!stubs[s]->Exchange(&context, request, &response).ok() || response.values_size() != n) {
           failed = true;
           return;
         }
@@ -344,11 +343,12 @@ std::string ToJson(const BenchResult& r) {
       "\"raw_tcp_gbps\": %.3f, \"naive_grpc_gbps\": %.3f, \"downpour_gbps\": %.3f, "
       "\"rtt_p50_us\": %.0f, \"rtt_p99_us\": %.0f, \"raw_rtt_p50_us\": %.0f, "
       "\"raw_rtt_p99_us\": %.0f, \"naive_rtt_p50_us\": %.0f, \"apply_gbps\": %.3f, "
-      "\"memcpy_gbps\": %.3f, \"max_abs_diff_vs_local\": %g}",
+      "\"memcpy_gbps\": %.3f, \"apply_1t_gbps\": %.3f, \"memcpy_1t_gbps\": %.3f, "
+      "\"max_abs_diff_vs_local\": %g}",
       r.config.size_bytes, r.config.workers, r.config.shards, r.config.steps, r.raw_tcp_gbps,
       r.naive_grpc_gbps, r.downpour_gbps, r.rtt_p50_us, r.rtt_p99_us, r.raw_rtt_p50_us,
-      r.raw_rtt_p99_us, r.naive_rtt_p50_us, r.apply_gbps, r.memcpy_gbps,
-      r.max_abs_diff_vs_local);
+      r.raw_rtt_p99_us, r.naive_rtt_p50_us, r.apply_gbps, r.memcpy_gbps, r.apply_1t_gbps,
+      r.memcpy_1t_gbps, r.max_abs_diff_vs_local);
 }
 
 int DefaultSteps(int64_t size_bytes, int workers) {
@@ -417,44 +417,50 @@ absl::StatusOr<ApplyBandwidth> MeasureApply(int64_t size_bytes) {
   }
   ApplyBandwidth out;
   out.threads = std::max(1, std::min(2, static_cast<int>(std::thread::hardware_concurrency())));
-  int64_t sequence = 0;
-  double best_apply = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    std::atomic<size_t> next{0};
-    std::atomic<bool> failed{false};
-    for (PushRequest& r : requests) r.mutable_request_id()->set_sequence(++sequence);
-    const absl::Time t0 = absl::Now();
-    std::vector<std::thread> threads;
-    for (int t = 0; t < out.threads; ++t) {
-      threads.emplace_back([&] {
-        for (size_t i = next++; i < requests.size(); i = next++) {
-          if (!store.Push(requests[i], payloads[i]).ok()) failed = true;
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    if (failed) return absl::InternalError("apply benchmark: a push failed");
-    if (rep > 0) best_apply = std::min(best_apply, Seconds(absl::Now() - t0));
-  }
   std::vector<char> from(total * 4, 1), to(total * 4, 2);
-  double best_copy = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    const absl::Time t0 = absl::Now();
-    std::vector<std::thread> threads;
-    const size_t part = from.size() / out.threads;
-    for (int t = 0; t < out.threads; ++t) {
-      threads.emplace_back([&, t] {
-        const size_t begin = t * part;
-        const size_t end = t + 1 == out.threads ? from.size() : begin + part;
-        std::memcpy(to.data() + begin, from.data() + begin, end - begin);
-      });
+  int64_t sequence = 0;
+  // Best of 3 timed repetitions after a warm-up, for `threads` threads.
+  auto measure = [&](int threads, double* apply_gbps, double* memcpy_gbps) -> absl::Status {
+    double best_apply = 1e30;
+    for (int rep = 0; rep < 4; ++rep) {
+      std::atomic<size_t> next{0};
+      std::atomic<bool> failed{false};
+      for (PushRequest& r : requests) r.mutable_request_id()->set_sequence(++sequence);
+      const absl::Time t0 = absl::Now();
+      std::vector<std::thread> workers;
+      for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&] {
+          for (size_t i = next++; i < requests.size(); i = next++) {
+            if (!store.Push(requests[i], payloads[i]).ok()) failed = true;
+          }
+        });
+      }
+      for (std::thread& t : workers) t.join();
+      if (failed) return absl::InternalError("apply benchmark: a push failed");
+      if (rep > 0) best_apply = std::min(best_apply, Seconds(absl::Now() - t0));
     }
-    for (std::thread& t : threads) t.join();
-    if (rep > 0) best_copy = std::min(best_copy, Seconds(absl::Now() - t0));
-    from[rep] = to[rep + 1];
-  }
-  out.apply_gbps = total * 4 / best_apply / 1e9;
-  out.memcpy_gbps = total * 4 / best_copy / 1e9;
+    double best_copy = 1e30;
+    for (int rep = 0; rep < 4; ++rep) {
+      const absl::Time t0 = absl::Now();
+      std::vector<std::thread> workers;
+      const size_t part = from.size() / threads;
+      for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] {
+          const size_t begin = t * part;
+          const size_t end = t + 1 == threads ? from.size() : begin + part;
+          std::memcpy(to.data() + begin, from.data() + begin, end - begin);
+        });
+      }
+      for (std::thread& t : workers) t.join();
+      if (rep > 0) best_copy = std::min(best_copy, Seconds(absl::Now() - t0));
+      from[rep] = to[rep + 1];
+    }
+    *apply_gbps = total * 4 / best_apply / 1e9;
+    *memcpy_gbps = total * 4 / best_copy / 1e9;
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(measure(1, &out.apply_1t_gbps, &out.memcpy_1t_gbps));
+  RETURN_IF_ERROR(measure(out.threads, &out.apply_gbps, &out.memcpy_gbps));
   return out;
 }
 
@@ -478,9 +484,7 @@ TransportBench::~TransportBench() {
   if (state_->cluster) state_->cluster->StopAll();
 }
 
-std::string TransportBench::Logs() const {
-  return state_->cluster ? state_->cluster->Logs() : "";
-}
+std::string TransportBench::Logs() const { return state_->cluster ? state_->cluster->Logs() : ""; }
 
 absl::StatusOr<std::unique_ptr<TransportBench>> TransportBench::Start(const Options& options) {
   std::unique_ptr<TransportBench> bench(new TransportBench(options));
@@ -606,8 +610,13 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
     const auto param_ptrs = TensorPointers(params, pulled[w].data());
     for (int i = -1; i < config.steps; ++i) {  // Step -1 is the warm-up.
       const absl::Time t0 = absl::Now();
-      absl::Status s = exchanges[w]->Push(i + 1, grad_ptrs);
-      if (s.ok()) s = exchanges[w]->Pull(0, 0, param_ptrs, never);
+      absl::Status s;
+      if (options_.push_pull) {
+        s = exchanges[w]->PushPull(i + 1, grad_ptrs, 0, 0, param_ptrs, never);
+      } else {
+        s = exchanges[w]->Push(i + 1, grad_ptrs);
+        if (s.ok()) s = exchanges[w]->Pull(0, 0, param_ptrs, never);
+      }
       if (!s.ok()) {
         errors[w] = s;
         return;

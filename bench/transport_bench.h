@@ -44,6 +44,8 @@ struct BenchResult {
   // Filled in by the caller from MeasureApply (the same for every line).
   double apply_gbps = 0;
   double memcpy_gbps = 0;
+  double apply_1t_gbps = 0;
+  double memcpy_1t_gbps = 0;
   // workers == 1 only: largest |difference| between the parameters pulled
   // from the real shards and a replay of the same pushes on in-process
   // shards (0 when the transport is exact); -1 when not checked.
@@ -62,7 +64,12 @@ struct ApplyBandwidth {
   double apply_gbps = 0;
   // memcpy of the same bytes, same number of threads.
   double memcpy_gbps = 0;
+  // Threads of the two above: min(2, cores), as the shard applies a
+  // pipelined push's partitions on concurrent server threads.
   int threads = 1;
+  // The same on one thread.
+  double apply_1t_gbps = 0;
+  double memcpy_1t_gbps = 0;
 };
 absl::StatusOr<ApplyBandwidth> MeasureApply(int64_t size_bytes);
 
@@ -77,6 +84,9 @@ class TransportBench {
     int max_shards = 4;
     // Run the naive gRPC baseline (slow at large sizes).
     bool naive = true;
+    // A step is one ParameterExchange::PushPull (what JobTrainer does
+    // between steps); false: a Push, then a Pull.
+    bool push_pull = true;
   };
 
   // Starts the coordinator, `max_shards` downpour-ps processes and

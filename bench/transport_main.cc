@@ -21,6 +21,8 @@ ABSL_FLAG(int32_t, workers, 0, "Workers (0: sweep 1, 2, 4)");
 ABSL_FLAG(int32_t, shards, 0, "Shards (0: sweep 1, 2, 4)");
 ABSL_FLAG(int32_t, steps, 0, "Timed steps per worker (0: chosen by size)");
 ABSL_FLAG(bool, naive, true, "Also run the naive gRPC baseline");
+ABSL_FLAG(bool, push_pull, true,
+          "A step is one combined push+pull call per message (false: a push, then a pull)");
 
 namespace downpour {
 namespace bench {
@@ -55,13 +57,17 @@ int Main() {
 
   auto apply = MeasureApply(100 << 20);
   if (!apply.ok()) return Fail(apply.status());
-  std::printf("# Adam apply over 100 MiB: %.2f GB/s; memcpy: %.2f GB/s\n", apply->apply_gbps,
-              apply->memcpy_gbps);
+  std::printf(
+      "# Adam apply over 100 MiB: %.2f GB/s, memcpy %.2f GB/s (%d threads); "
+      "1 thread: %.2f, %.2f GB/s\n",
+      apply->apply_gbps, apply->memcpy_gbps, apply->threads, apply->apply_1t_gbps,
+      apply->memcpy_1t_gbps);
 
   TransportBench::Options options;
   options.max_workers = *std::max_element(workers.begin(), workers.end());
   options.max_shards = *std::max_element(shards.begin(), shards.end());
   options.naive = absl::GetFlag(FLAGS_naive);
+  options.push_pull = absl::GetFlag(FLAGS_push_pull);
   auto bench = TransportBench::Start(options);
   if (!bench.ok()) return Fail(bench.status());
 
@@ -82,14 +88,17 @@ int Main() {
         }
         result->apply_gbps = apply->apply_gbps;
         result->memcpy_gbps = apply->memcpy_gbps;
+        result->apply_1t_gbps = apply->apply_1t_gbps;
+        result->memcpy_1t_gbps = apply->memcpy_1t_gbps;
         std::printf("%s\n", ToJson(*result).c_str());
         std::fflush(stdout);
         results.push_back(*result);
       }
     }
   }
-  std::printf("\n| MiB | workers | shards | raw TCP GB/s | naive gRPC GB/s | Downpour GB/s | "
-              "Downpour/raw | Downpour/naive | RTT p50 us | RTT p99 us | raw RTT p50 us |\n");
+  std::printf(
+      "\n| MiB | workers | shards | raw TCP GB/s | naive gRPC GB/s | Downpour GB/s | "
+      "Downpour/raw | Downpour/naive | RTT p50 us | RTT p99 us | raw RTT p50 us |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BenchResult& r : results) {
     std::printf("| %.0f | %d | %d | %.2f | %.2f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f |\n",

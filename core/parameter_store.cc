@@ -232,8 +232,18 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
   return Push(request, payload);
 }
 
-absl::StatusOr<PullResponse> ParameterShard::Pull(const PullRequest& request,
-                                                  absl::Time deadline) {
+absl::StatusOr<PushPullResponse> ParameterShard::PushPull(const PushRequest& push,
+                                                          const Payload& push_payload,
+                                                          const PullRequest& pull,
+                                                          absl::Time deadline,
+                                                          Payload* pull_payload) {
+  PushPullResponse response;
+  ASSIGN_OR_RETURN(*response.mutable_push(), Push(push, push_payload));
+  ASSIGN_OR_RETURN(*response.mutable_pull(), Pull(pull, deadline, pull_payload));
+  return response;
+}
+
+absl::StatusOr<PullResponse> ParameterShard::Pull(const PullRequest& request, absl::Time deadline) {
   Payload payload;
   absl::StatusOr<PullResponse> response = Pull(request, deadline, &payload);
   if (response.ok()) response->set_payload(payload.ToString());
@@ -446,9 +456,8 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
     Partition* partition = it->second;
     const int width = WireBytesPerElement(header.dtype());
     if (width == 0) {
-      return absl::UnimplementedError(absl::StrCat(where, ": partition ", name,
-                                                   " has unknown dtype ",
-                                                   static_cast<int>(header.dtype())));
+      return absl::UnimplementedError(absl::StrCat(
+          where, ": partition ", name, " has unknown dtype ", static_cast<int>(header.dtype())));
     }
     if (header.num_elements() != partition->num_elements) {
       return invalid("partition ", name, " has ", partition->num_elements,
@@ -664,7 +673,8 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
   int64_t total = 0;
   for (const Partition* p : wanted) total += p->num_elements * kFloatBytes;
   // One snapshot buffer, handed to the transport as is (no further copy).
-  std::shared_ptr<char> buffer(new char[std::max<int64_t>(total, 1)], std::default_delete<char[]>());
+  std::shared_ptr<char> buffer(new char[std::max<int64_t>(total, 1)],
+                               std::default_delete<char[]>());
   char* out = buffer.get();
   *payload = Payload();
   payload->Append(buffer.get(), total, buffer);

@@ -80,8 +80,7 @@ class ParameterShard {
   // Applies (or, in SYNC mode, accumulates) the gradients of `request`, whose
   // partitions' bytes are `payload`. A request whose request_id was applied
   // before answers duplicate = true and changes nothing.
-  virtual absl::StatusOr<PushResponse> Push(const PushRequest& request,
-                                            const Payload& payload) = 0;
+  virtual absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) = 0;
 
   // Returns the requested partitions' headers (all of the job's partitions on
   // this shard when `keys` is empty) and sets `payload` to their bytes, once
@@ -90,6 +89,15 @@ class ParameterShard {
   // that has not happened by `deadline`.
   virtual absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
                                             Payload* payload) = 0;
+
+  // Push(push, push_payload), then Pull(pull, deadline, pull_payload): one
+  // network round trip for a remote shard. An error means the pull did not
+  // complete; the push may or may not have been applied (retrying it with
+  // the same request_id is safe). The default runs the two calls in turn.
+  virtual absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push,
+                                                    const Payload& push_payload,
+                                                    const PullRequest& pull, absl::Time deadline,
+                                                    Payload* pull_payload);
 
   // Conveniences for in-process callers: the bytes in the messages' own
   // `payload` fields (never used on the wire).

@@ -35,18 +35,25 @@ RemoteParameterShard::RemoteParameterShard(std::string address,
   for (auto& channel : channels) {
     // What a generated stub holds per method.
     connections_.push_back(std::unique_ptr<Connection>(new Connection{
-        channel, grpc::internal::RpcMethod(kPushMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel),
-        grpc::internal::RpcMethod(kPullMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel)}));
+        channel,
+        grpc::internal::RpcMethod(kPushMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel),
+        grpc::internal::RpcMethod(kPullMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel),
+        grpc::internal::RpcMethod(kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
+                                  channel)}));
   }
 }
 
-absl::Status RemoteParameterShard::Call(bool push, const TensorMessage& request,
+absl::Status RemoteParameterShard::Call(Method method, const TensorMessage& request,
                                         absl::Time deadline, TensorMessage* response) {
-  Connection& c = *connections_[next_.fetch_add(1, std::memory_order_relaxed) % connections_.size()];
+  Connection& c =
+      *connections_[next_.fetch_add(1, std::memory_order_relaxed) % connections_.size()];
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
+  const grpc::internal::RpcMethod& rpc = method == Method::kPush   ? c.push
+                                         : method == Method::kPull ? c.pull
+                                                                   : c.push_pull;
   const grpc::Status status = grpc::internal::BlockingUnaryCall<TensorMessage, TensorMessage>(
-      c.channel.get(), push ? c.push : c.pull, &context, request, response);
+      c.channel.get(), rpc, &context, request, response);
   if (!status.ok()) return Annotate(FromGrpcStatus(status), absl::StrCat("shard ", address_));
   return absl::OkStatus();
 }
@@ -56,7 +63,7 @@ absl::StatusOr<PushResponse> RemoteParameterShard::Push(const PushRequest& reque
   TensorMessage message, reply;
   message.header = request.SerializeAsString();
   message.payload = payload;
-  RETURN_IF_ERROR(Call(/*push=*/true, message, absl::Now() + options_.push_timeout, &reply));
+  RETURN_IF_ERROR(Call(Method::kPush, message, absl::Now() + options_.push_timeout, &reply));
   PushResponse response;
   if (!response.ParseFromString(reply.header)) {
     return absl::InternalError(absl::StrCat("shard ", address_, ": malformed PushResponse"));
@@ -68,12 +75,34 @@ absl::StatusOr<PullResponse> RemoteParameterShard::Pull(const PullRequest& reque
                                                         absl::Time deadline, Payload* payload) {
   TensorMessage message, reply;
   message.header = request.SerializeAsString();
-  RETURN_IF_ERROR(Call(/*push=*/false, message, deadline, &reply));
+  RETURN_IF_ERROR(Call(Method::kPull, message, deadline, &reply));
   PullResponse response;
   if (!response.ParseFromString(reply.header)) {
     return absl::InternalError(absl::StrCat("shard ", address_, ": malformed PullResponse"));
   }
   *payload = std::move(reply.payload);
+  return response;
+}
+
+absl::StatusOr<PushPullResponse> RemoteParameterShard::PushPull(const PushRequest& push,
+                                                                const Payload& push_payload,
+                                                                const PullRequest& pull,
+                                                                absl::Time deadline,
+                                                                Payload* pull_payload) {
+  TensorMessage message, reply;
+  {
+    PushPullRequest header;
+    *header.mutable_push() = push;
+    *header.mutable_pull() = pull;
+    message.header = header.SerializeAsString();
+  }
+  message.payload = push_payload;
+  RETURN_IF_ERROR(Call(Method::kPushPull, message, deadline, &reply));
+  PushPullResponse response;
+  if (!response.ParseFromString(reply.header)) {
+    return absl::InternalError(absl::StrCat("shard ", address_, ": malformed PushPullResponse"));
+  }
+  *pull_payload = std::move(reply.payload);
   return response;
 }
 

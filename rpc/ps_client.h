@@ -58,6 +58,11 @@ class RemoteParameterShard final : public ParameterShard {
   // DeadlineExceeded, naming what it waited for, shortly before it.
   absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
                                     Payload* payload) override;
+  // One call: the shard applies the push, then answers the pull. `deadline`
+  // bounds both, as for Pull.
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
+                                            const PullRequest& pull, absl::Time deadline,
+                                            Payload* pull_payload) override;
 
   const std::string& address() const { return address_; }
 
@@ -66,8 +71,10 @@ class RemoteParameterShard final : public ParameterShard {
     std::shared_ptr<grpc::Channel> channel;
     grpc::internal::RpcMethod push;
     grpc::internal::RpcMethod pull;
+    grpc::internal::RpcMethod push_pull;
   };
-  absl::Status Call(bool push, const TensorMessage& request, absl::Time deadline,
+  enum class Method { kPush, kPull, kPushPull };
+  absl::Status Call(Method method, const TensorMessage& request, absl::Time deadline,
                     TensorMessage* response);
 
   const std::string address_;

@@ -1,6 +1,7 @@
 // ParameterServerService: the gRPC face of a ParameterShard (the server
 // adapter of the three layers; the logic lives in core/parameter_store).
-// Push and Pull are unary RPCs whose tensor bytes travel beside the header
+// Push, Pull and PushPull (a push then a pull, one round trip) are unary
+// RPCs whose tensor bytes travel beside the header
 // (rpc/tensor_wire.h): a push is applied straight from the buffers it arrived
 // in, a pull answers from one snapshot buffer without another copy. Each call
 // runs on its own server thread, so concurrent pushes of different
@@ -35,8 +36,14 @@ class ParameterServerService final : public grpc::Service {
                     TensorMessage* response);
   grpc::Status Pull(grpc::ServerContext* context, const TensorMessage* request,
                     TensorMessage* response);
+  grpc::Status PushPull(grpc::ServerContext* context, const TensorMessage* request,
+                        TensorMessage* response);
 
  private:
+  // The deadline a pull waits until: the caller's (capped at max_pull_wait),
+  // less a margin.
+  absl::Time PullDeadline(const grpc::ServerContext& context) const;
+
   ParameterShard* const shard_;
   const Options options_;
 };

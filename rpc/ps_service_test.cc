@@ -124,6 +124,26 @@ TEST_F(PsServiceTest, PushAndPullThroughGrpc) {
   EXPECT_THAT(Floats(pulled->payload()), ::testing::ElementsAre(1.f, 1.f, 0.5f, 2.f));
 }
 
+TEST_F(PsServiceTest, PushPullIsOneCallThatAppliesOnce) {
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Params(), Placements()).ok());
+  const PushRequest push = MakePush(kJob, 0, 1, 0, 1, {1.f, -2.f});
+  Payload grads;
+  grads.Append(push.payload().data(), push.payload().size());
+  PullRequest pull;
+  pull.set_job_id(kJob);
+  pull.set_min_version(0);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // The second is a retry.
+    Payload params;
+    absl::StatusOr<PushPullResponse> result =
+        shard_->PushPull(push, grads, pull, absl::Now() + absl::Seconds(10), &params);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->push().duplicate(), attempt == 1);
+    ASSERT_EQ(result->pull().partitions_size(), 2);
+    EXPECT_EQ(result->pull().partitions(1).version(), 1);
+    EXPECT_THAT(Floats(params.ToString()), ::testing::ElementsAre(1.f, 1.f, 0.5f, 2.f));
+  }
+}
+
 TEST_F(PsServiceTest, ErrorsNameTheShard) {
   absl::StatusOr<PushResponse> pushed = shard_->Push(MakePush("nope", 0, 1, 0, 0, {1.f, 1.f}));
   EXPECT_EQ(pushed.status().code(), absl::StatusCode::kNotFound);

@@ -25,6 +25,7 @@ namespace downpour {
 
 inline constexpr char kPushMethod[] = "/downpour.ParameterServer/Push";
 inline constexpr char kPullMethod[] = "/downpour.ParameterServer/Pull";
+inline constexpr char kPushPullMethod[] = "/downpour.ParameterServer/PushPull";
 
 struct TensorMessage {
   // The serialized header message.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status.h"
 
 namespace downpour {
@@ -93,14 +94,127 @@ absl::Status ParameterExchange::RunAll(int n, const std::function<absl::Status(i
     if (!status.ok() && first_error_.ok()) first_error_ = status;
   }
   mu_.Await(absl::Condition(
-      +[](ParameterExchange* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-        return self->running_ == 0;
-      },
+      +[](ParameterExchange* self)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->running_ == 0; },
       this));
   task_ = nullptr;
   num_tasks_ = 0;
   next_task_ = 0;
   return first_error_;
+}
+
+PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequence,
+                                               const std::vector<const float*>& grads,
+                                               Payload* payload) {
+  Message& message = messages_[i];
+  PushRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_worker_rank(options_.rank);
+  request.set_step(step);
+  request.set_partitions_in_step(partitions_per_shard_[message.shard]);
+  RequestId* id = request.mutable_request_id();
+  id->set_worker_id(options_.worker_id);
+  id->set_incarnation(options_.incarnation);
+  id->set_sequence(sequence);
+  const int width = WireBytesPerElement(options_.gradient_dtype);
+  int64_t total = 0;
+  for (const PartitionPlacement& p : message.partitions) total += p.num_elements();
+  if (width != 4) message.encoded.resize(total * width);
+  int64_t at = 0;
+  for (const PartitionPlacement& p : message.partitions) {
+    PartitionHeader* header = request.add_partitions();
+    header->mutable_key()->set_tensor_id(p.tensor_id());
+    header->mutable_key()->set_partition(p.partition());
+    header->set_dtype(options_.gradient_dtype);
+    header->set_num_elements(p.num_elements());
+    const float* grad = grads[p.tensor_id()] + p.offset();
+    if (width == 4) {
+      // Sent from the model's memory; the call returns before it changes.
+      payload->Append(reinterpret_cast<const char*>(grad), p.num_elements() * sizeof(float));
+    } else {
+      char* out = message.encoded.data() + at * width;
+      EncodeGradients(options_.gradient_dtype, grad, p.num_elements(), out);
+      payload->Append(out, p.num_elements() * width);
+    }
+    at += p.num_elements();
+  }
+  return request;
+}
+
+PullRequest ParameterExchange::MakePullRequest(int i, int64_t min_version,
+                                               int64_t min_worker_steps) const {
+  PullRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_worker_rank(options_.rank);
+  request.set_min_version(min_version);
+  request.set_min_worker_steps(min_worker_steps);
+  request.set_dtype(FLOAT32);
+  for (const PartitionPlacement& p : messages_[i].partitions) {
+    PartitionKey* key = request.add_keys();
+    key->set_tensor_id(p.tensor_id());
+    key->set_partition(p.partition());
+  }
+  return request;
+}
+
+absl::Status ParameterExchange::SendPush(int i, const PushRequest& request, const Payload& payload,
+                                         absl::Time give_up,
+                                         const std::function<bool()>& cancelled) {
+  const int shard = messages_[i].shard;
+  // The same request id on every attempt: the shard applies it once.
+  while (true) {
+    if (cancelled()) return absl::CancelledError("job ended");
+    absl::StatusOr<PushResponse> response = shards_[shard]->Push(request, payload);
+    if (response.ok()) return absl::OkStatus();
+    const bool retry =
+        absl::IsDeadlineExceeded(response.status()) || absl::IsUnavailable(response.status());
+    if (!retry || absl::Now() >= give_up) {
+      return Annotate(response.status(), absl::StrCat("pushing to shard ", shard));
+    }
+    // A refused connection fails at once; do not spin on it.
+    if (absl::IsUnavailable(response.status())) absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+absl::Status ParameterExchange::ReceivePull(int i, const PullRequest& request, absl::Time give_up,
+                                            const std::vector<float*>& params,
+                                            const std::function<bool()>& cancelled) {
+  const int shard = messages_[i].shard;
+  Payload payload;
+  absl::StatusOr<PullResponse> response;
+  while (true) {
+    if (cancelled()) return absl::CancelledError("job ended");
+    response = shards_[shard]->Pull(request, std::min(give_up, absl::Now() + options_.pull_slice),
+                                    &payload);
+    if (response.ok() || !Retryable(response.status()) || absl::Now() >= give_up) break;
+  }
+  if (!response.ok())
+    return Annotate(response.status(), absl::StrCat("pulling from shard ", shard));
+  return CopyPulled(i, *response, payload, params);
+}
+
+absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
+                                           const Payload& payload,
+                                           const std::vector<float*>& params) const {
+  const Message& message = messages_[i];
+  if (response.partitions_size() != static_cast<int>(message.partitions.size())) {
+    return absl::InternalError(absl::StrCat("shard ", message.shard, " returned ",
+                                            response.partitions_size(), " partitions, asked ",
+                                            message.partitions.size()));
+  }
+  size_t offset = 0;
+  for (int k = 0; k < response.partitions_size(); ++k) {
+    const PartitionPlacement& p = message.partitions[k];
+    const size_t size = p.num_elements() * sizeof(float);
+    if (response.partitions(k).num_elements() != p.num_elements() ||
+        offset + size > payload.size()) {
+      return absl::InternalError(
+          absl::StrCat("shard ", message.shard, " returned a malformed pull"));
+    }
+    payload.CopyTo(offset, size, reinterpret_cast<char*>(params[p.tensor_id()] + p.offset()));
+    offset += size;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterExchange::Pull(int64_t min_version, int64_t min_worker_steps,
@@ -109,48 +223,8 @@ absl::Status ParameterExchange::Pull(int64_t min_version, int64_t min_worker_ste
   const absl::Time give_up = absl::Now() + options_.pull_timeout;
   // First layers first: messages_ is in tensor order.
   return RunAll(static_cast<int>(messages_.size()), [&](int i) -> absl::Status {
-    const Message& message = messages_[i];
-    PullRequest request;
-    request.set_job_id(options_.job_id);
-    request.set_worker_rank(options_.rank);
-    request.set_min_version(min_version);
-    request.set_min_worker_steps(min_worker_steps);
-    request.set_dtype(FLOAT32);
-    for (const PartitionPlacement& p : message.partitions) {
-      PartitionKey* key = request.add_keys();
-      key->set_tensor_id(p.tensor_id());
-      key->set_partition(p.partition());
-    }
-    ParameterShard* shard = shards_[message.shard];
-    Payload payload;
-    absl::StatusOr<PullResponse> response;
-    while (true) {
-      if (cancelled()) return absl::CancelledError("job ended");
-      response = shard->Pull(request, std::min(give_up, absl::Now() + options_.pull_slice),
-                             &payload);
-      if (response.ok() || !Retryable(response.status()) || absl::Now() >= give_up) break;
-    }
-    if (!response.ok()) {
-      return Annotate(response.status(), absl::StrCat("pulling from shard ", message.shard));
-    }
-    if (response->partitions_size() != request.keys_size()) {
-      return absl::InternalError(absl::StrCat("shard ", message.shard, " returned ",
-                                              response->partitions_size(), " partitions, asked ",
-                                              request.keys_size()));
-    }
-    size_t offset = 0;
-    for (int k = 0; k < response->partitions_size(); ++k) {
-      const PartitionPlacement& p = message.partitions[k];
-      const size_t size = p.num_elements() * sizeof(float);
-      if (response->partitions(k).num_elements() != p.num_elements() ||
-          offset + size > payload.size()) {
-        return absl::InternalError(
-            absl::StrCat("shard ", message.shard, " returned a malformed pull"));
-      }
-      payload.CopyTo(offset, size, reinterpret_cast<char*>(params[p.tensor_id()] + p.offset()));
-      offset += size;
-    }
-    return absl::OkStatus();
+    return ReceivePull(i, MakePullRequest(i, min_version, min_worker_steps), give_up, params,
+                       cancelled);
   });
 }
 
@@ -159,56 +233,46 @@ absl::Status ParameterExchange::Push(int64_t step, const std::vector<const float
   const int n = static_cast<int>(messages_.size());
   const int64_t first_sequence = sequence_ + 1;
   sequence_ += n;
-  const int width = WireBytesPerElement(options_.gradient_dtype);
   const absl::Time give_up = absl::Now() + options_.push_timeout;
   // Last layers first: the order backward produces the gradients.
   return RunAll(n, [&](int k) -> absl::Status {
     const int i = n - 1 - k;
-    Message& message = messages_[i];
-    PushRequest request;
-    request.set_job_id(options_.job_id);
-    request.set_worker_rank(options_.rank);
-    request.set_step(step);
-    request.set_partitions_in_step(partitions_per_shard_[message.shard]);
-    RequestId* id = request.mutable_request_id();
-    id->set_worker_id(options_.worker_id);
-    id->set_incarnation(options_.incarnation);
-    id->set_sequence(first_sequence + i);
     Payload payload;
-    int64_t total = 0;
-    for (const PartitionPlacement& p : message.partitions) total += p.num_elements();
-    if (width != 4) message.encoded.resize(total * width);
-    int64_t at = 0;
-    for (const PartitionPlacement& p : message.partitions) {
-      PartitionHeader* header = request.add_partitions();
-      header->mutable_key()->set_tensor_id(p.tensor_id());
-      header->mutable_key()->set_partition(p.partition());
-      header->set_dtype(options_.gradient_dtype);
-      header->set_num_elements(p.num_elements());
-      const float* grad = grads[p.tensor_id()] + p.offset();
-      if (width == 4) {
-        // Sent from the model's memory; the call returns before it changes.
-        payload.Append(reinterpret_cast<const char*>(grad), p.num_elements() * sizeof(float));
-      } else {
-        char* out = message.encoded.data() + at * width;
-        EncodeGradients(options_.gradient_dtype, grad, p.num_elements(), out);
-        payload.Append(out, p.num_elements() * width);
-      }
-      at += p.num_elements();
+    const PushRequest request = MakePushRequest(i, step, first_sequence + i, grads, &payload);
+    return SendPush(i, request, payload, give_up, cancelled);
+  });
+}
+
+absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const float*>& grads,
+                                         int64_t min_version, int64_t min_worker_steps,
+                                         const std::vector<float*>& params,
+                                         const std::function<bool()>& cancelled) {
+  const int n = static_cast<int>(messages_.size());
+  const int64_t first_sequence = sequence_ + 1;
+  sequence_ += n;
+  const absl::Time now = absl::Now();
+  const absl::Time push_give_up = now + options_.push_timeout;
+  const absl::Time pull_give_up = now + options_.pull_timeout;
+  // First layers first: the order the next forward pass needs them.
+  return RunAll(n, [&](int i) -> absl::Status {
+    Payload payload;
+    const PushRequest push = MakePushRequest(i, step, first_sequence + i, grads, &payload);
+    const PullRequest pull = MakePullRequest(i, min_version, min_worker_steps);
+    if (cancelled()) return absl::CancelledError("job ended");
+    Payload pulled;
+    absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
+        push, payload, pull,
+        std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &pulled);
+    if (response.ok()) return CopyPulled(i, response->pull(), pulled, params);
+    if (!Retryable(response.status())) {
+      return Annotate(response.status(),
+                      absl::StrCat("exchanging with shard ", messages_[i].shard));
     }
-    // The same request id on every attempt: the shard applies it once.
-    while (true) {
-      if (cancelled()) return absl::CancelledError("job ended");
-      absl::StatusOr<PushResponse> response = shards_[message.shard]->Push(request, payload);
-      if (response.ok()) return absl::OkStatus();
-      const bool retry = absl::IsDeadlineExceeded(response.status()) ||
-                         absl::IsUnavailable(response.status());
-      if (!retry || absl::Now() >= give_up) {
-        return Annotate(response.status(), absl::StrCat("pushing to shard ", message.shard));
-      }
-      // A refused connection fails at once; do not spin on it.
-      if (absl::IsUnavailable(response.status())) absl::SleepFor(absl::Milliseconds(50));
-    }
+    // A timeout or lost connection (or a pull still waiting for other
+    // workers): finish with separate calls. The push keeps its request id,
+    // so it is applied once whether or not the combined call applied it.
+    RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
+    return ReceivePull(i, pull, pull_give_up, params, cancelled);
   });
 }
 

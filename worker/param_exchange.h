@@ -12,9 +12,11 @@
 // forward needs them). Every push message carries its own
 // (worker_id, incarnation, sequence), so one retried after a timeout or lost
 // connection is applied once.
+// PushPull does a step's push and the next step's pull in one round trip per
+// message.
 //
-// Thread-compatible: one exchange belongs to one trainer; Push and Pull are
-// not called concurrently with each other. The shards are not owned and must
+// Thread-compatible: one exchange belongs to one trainer; Push, Pull and
+// PushPull are not called concurrently with each other. The shards are not owned and must
 // outlive the exchange.
 #ifndef DOWNPOUR_WORKER_PARAM_EXCHANGE_H_
 #define DOWNPOUR_WORKER_PARAM_EXCHANGE_H_
@@ -67,13 +69,23 @@ class ParameterExchange {
 
   // Pushes the gradients of `step`: grads[tensor_id] points at the whole
   // tensor's gradient. REQUIRES: every placed tensor has a pointer.
-  absl::Status Push(int64_t step, const std::vector<const float*>& grads,
-                    const std::function<bool()>& cancelled = [] { return false; });
+  absl::Status Push(
+      int64_t step, const std::vector<const float*>& grads,
+      const std::function<bool()>& cancelled = [] { return false; });
 
   // Pulls every partition into params[tensor_id] once the shards meet
   // (min_version, min_worker_steps); gives up when `cancelled` returns true.
   absl::Status Pull(int64_t min_version, int64_t min_worker_steps,
                     const std::vector<float*>& params, const std::function<bool()>& cancelled);
+
+  // Push(step, grads) then Pull(min_version, min_worker_steps, params) with
+  // one round trip per message (ParameterShard::PushPull) where it can: a
+  // worker's step boundary. Should a combined call time out or lose its
+  // connection, the message finishes with a separate push (same request id,
+  // so applied once) and pull, under the same push and pull timeouts.
+  absl::Status PushPull(int64_t step, const std::vector<const float*>& grads, int64_t min_version,
+                        int64_t min_worker_steps, const std::vector<float*>& params,
+                        const std::function<bool()>& cancelled);
 
  private:
   struct Message {
@@ -82,6 +94,23 @@ class ParameterExchange {
     std::vector<char> encoded;  // Gradients in a 16-bit wire dtype.
   };
 
+  // Message i's requests; the push's payload points at `grads` (or at the
+  // message's encoded buffer).
+  PushRequest MakePushRequest(int i, int64_t step, int64_t sequence,
+                              const std::vector<const float*>& grads, Payload* payload);
+  PullRequest MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps) const;
+  // Sends message i's push, retrying timeouts and lost connections until
+  // `give_up`.
+  absl::Status SendPush(int i, const PushRequest& request, const Payload& payload,
+                        absl::Time give_up, const std::function<bool()>& cancelled);
+  // Pulls message i in slices of pull_slice until `give_up`, into `params`.
+  absl::Status ReceivePull(int i, const PullRequest& request, absl::Time give_up,
+                           const std::vector<float*>& params,
+                           const std::function<bool()>& cancelled);
+  // Checks a pull's answer for message i and copies it into `params`.
+  absl::Status CopyPulled(int i, const PullResponse& response, const Payload& payload,
+                          const std::vector<float*>& params) const;
+
   // Runs task(i) for every i in [0, n) on the pool (and the calling thread),
   // starting them in order of i; returns the first error.
   absl::Status RunAll(int n, const std::function<absl::Status(int)>& task);
@@ -89,7 +118,7 @@ class ParameterExchange {
 
   const ExchangeOptions options_;
   const std::vector<ParameterShard*> shards_;
-  std::vector<Message> messages_;             // Sorted by (first tensor, partition).
+  std::vector<Message> messages_;  // Sorted by (first tensor, partition).
   std::vector<int> partitions_per_shard_;
   int64_t sequence_ = 0;
 

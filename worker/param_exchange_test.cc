@@ -1,6 +1,7 @@
 #include "worker/param_exchange.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <random>
 
@@ -77,6 +78,41 @@ class DuplicatingReorderingShard final : public ParameterShard {
   int late_duplicates_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A combined push+pull that applies the push, then times out, as one whose
+// pull outlived its deadline would: the exchange must finish with a separate
+// push (a duplicate, not applied again) and pull.
+class TimingOutPushPullShard final : public ParameterShard {
+ public:
+  explicit TimingOutPushPullShard(ParameterShard* inner) : inner_(inner) {}
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    absl::StatusOr<PushResponse> response = inner_->Push(request, payload);
+    if (response.ok() && response->duplicate()) ++duplicates_;
+    return response;
+  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    return inner_->Pull(request, deadline, payload);
+  }
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
+                                            const PullRequest& /*pull*/, absl::Time /*deadline*/,
+                                            Payload* /*pull_payload*/) override {
+    absl::StatusOr<PushResponse> response = inner_->Push(push, push_payload);
+    if (!response.ok()) return response.status();
+    return absl::DeadlineExceededError("pull timed out");
+  }
+
+  int duplicates() const { return duplicates_.load(); }
+
+ private:
+  ParameterShard* const inner_;
+  std::atomic<int> duplicates_{0};
+};
+
+enum class Transport { kClean, kDuplicatingReordering, kTimingOutPushPull };
+
 JobSpec SmallSpec() {
   JobSpec spec;
   ModelSpec* model = spec.mutable_model();
@@ -99,23 +135,36 @@ JobSpec SmallSpec() {
   return spec;
 }
 
-// Trains 5 steps of fixed gradients through `wrap` (or directly) and returns
-// the pulled parameters.
-std::vector<float> Train(bool faulty, int* late_duplicates) {
+// Trains 5 steps of fixed gradients over `transport`, with a Push then a Pull
+// per step or (`combined`) one PushPull, and returns the pulled parameters.
+// Adds to `duplicates` the pushes the faulty transport saw answered as
+// duplicates.
+std::vector<float> Train(Transport transport, bool combined, int* duplicates) {
   const JobSpec spec = SmallSpec();
   auto params = ValidateJobSpec(spec);
   EXPECT_TRUE(params.ok()) << params.status();
   auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
   EXPECT_TRUE(placed.ok());
   std::vector<std::unique_ptr<ParameterStore>> stores;
-  std::vector<std::unique_ptr<DuplicatingReorderingShard>> wrappers;
+  std::vector<std::unique_ptr<DuplicatingReorderingShard>> reordering;
+  std::vector<std::unique_ptr<TimingOutPushPullShard>> timing_out;
   std::vector<ParameterShard*> shards;
   for (int s = 0; s < 2; ++s) {
     stores.push_back(std::make_unique<ParameterStore>());
     EXPECT_TRUE(stores.back()->AddJob("j", spec, s, *params, *placed).ok());
-    wrappers.push_back(std::make_unique<DuplicatingReorderingShard>(stores.back().get()));
-    shards.push_back(faulty ? static_cast<ParameterShard*>(wrappers.back().get())
-                            : stores.back().get());
+    reordering.push_back(std::make_unique<DuplicatingReorderingShard>(stores.back().get()));
+    timing_out.push_back(std::make_unique<TimingOutPushPullShard>(stores.back().get()));
+    switch (transport) {
+      case Transport::kClean:
+        shards.push_back(stores.back().get());
+        break;
+      case Transport::kDuplicatingReordering:
+        shards.push_back(reordering.back().get());
+        break;
+      case Transport::kTimingOutPushPull:
+        shards.push_back(timing_out.back().get());
+        break;
+    }
   }
   ExchangeOptions options;
   options.job_id = "j";
@@ -136,24 +185,48 @@ std::vector<float> Train(bool faulty, int* late_duplicates) {
       for (float& x : t) x = dist(rng);
       g.push_back(t.data());
     }
-    EXPECT_TRUE(exchange.Push(step, g).ok());
     std::vector<float*> v;
     for (auto& t : values) v.push_back(t.data());
-    EXPECT_TRUE(exchange.Pull(0, step + 1, v, [] { return false; }).ok());
+    if (combined) {
+      EXPECT_TRUE(exchange.PushPull(step, g, 0, step + 1, v, [] { return false; }).ok());
+    } else {
+      EXPECT_TRUE(exchange.Push(step, g).ok());
+      EXPECT_TRUE(exchange.Pull(0, step + 1, v, [] { return false; }).ok());
+    }
   }
   std::vector<float> out;
   for (auto& t : values) out.insert(out.end(), t.begin(), t.end());
-  for (auto& w : wrappers) *late_duplicates += w->late_duplicates();
+  for (auto& w : reordering) *duplicates += w->late_duplicates();
+  for (auto& w : timing_out) *duplicates += w->duplicates();
   return out;
+}
+
+void ExpectEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
 }
 
 TEST(ParameterExchangeTest, DuplicatedAndReorderedPushesApplyExactlyOnce) {
   int late = 0;
-  const std::vector<float> clean = Train(false, &late);
-  const std::vector<float> faulty = Train(true, &late);
+  const std::vector<float> clean = Train(Transport::kClean, false, &late);
+  const std::vector<float> faulty = Train(Transport::kDuplicatingReordering, false, &late);
   EXPECT_GT(late, 0);
-  ASSERT_EQ(clean.size(), faulty.size());
-  for (size_t i = 0; i < clean.size(); ++i) ASSERT_EQ(clean[i], faulty[i]) << i;
+  ExpectEqual(clean, faulty);
+}
+
+TEST(ParameterExchangeTest, PushPullEqualsPushThenPull) {
+  int duplicates = 0;
+  const std::vector<float> separate = Train(Transport::kClean, false, &duplicates);
+  ExpectEqual(separate, Train(Transport::kClean, true, &duplicates));
+  ExpectEqual(separate, Train(Transport::kDuplicatingReordering, true, &duplicates));
+  EXPECT_GT(duplicates, 0);  // The faulty transport replayed pushes; none applied twice.
+}
+
+TEST(ParameterExchangeTest, TimedOutPushPullFinishesWithoutApplyingTwice) {
+  int duplicates = 0;
+  const std::vector<float> separate = Train(Transport::kClean, false, &duplicates);
+  ExpectEqual(separate, Train(Transport::kTimingOutPushPull, true, &duplicates));
+  EXPECT_GT(duplicates, 0);  // Every fallback push was recognised.
 }
 
 TEST(ParameterExchangeTest, Float16WireRoundTrips) {

@@ -103,6 +103,18 @@ absl::Status JobTrainer::PushGradients(const Model& model, int64_t step) {
   return exchange_->Push(step, grads, [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
+absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step, int64_t min_version,
+                                              int64_t min_worker_steps) {
+  std::vector<const float*> grads(model->params().size());
+  std::vector<float*> params(model->params().size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    grads[i] = model->grad(static_cast<int>(i));
+    params[i] = model->param(static_cast<int>(i));
+  }
+  return exchange_->PushPull(step, grads, min_version, min_worker_steps, params,
+                             [this] { return cancelled_.load() || job_ended_.load(); });
+}
+
 absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model) {
   const JobSpec& spec = task_.spec();
   BatchReaderOptions options;
@@ -170,18 +182,34 @@ absl::Status JobTrainer::Train() {
   double window_start = MonotonicSeconds();
   double window_loss = 0, last_loss = 0;
   int64_t window_steps = 0, window_examples = 0;
+  // What a step's pull waits for.
+  auto min_version = [&](int64_t step) -> int64_t {
+    return mode == ConsistencySpec::SYNC ? step : 0;
+  };
+  auto min_worker_steps = [&](int64_t step) -> int64_t {
+    return mode == ConsistencySpec::SSP
+               ? std::max<int64_t>(0, step - spec.consistency().staleness())
+               : 0;
+  };
+  // The first step pulls on its own; every later step's parameters come back
+  // with the previous step's push (one round trip per message).
+  bool pulled = false;
   for (int64_t step = 0; step < spec.steps(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
-    const int64_t min_version = mode == ConsistencySpec::SYNC ? step : 0;
-    const int64_t min_worker_steps =
-        mode == ConsistencySpec::SSP ? std::max<int64_t>(0, step - spec.consistency().staleness())
-                                     : 0;
-    RETURN_IF_ERROR(PullParameters(model.get(), min_version, min_worker_steps));
+    if (!pulled) {
+      RETURN_IF_ERROR(PullParameters(model.get(), min_version(step), min_worker_steps(step)));
+    }
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
     if (!have_batch) return absl::InternalError("training data ended");
     ASSIGN_OR_RETURN(StepResult result, model->TrainStep(batch.features.data(), batch.labels.data(),
                                                          batch.size, step));
-    RETURN_IF_ERROR(PushGradients(*model, step));
+    if (step + 1 < spec.steps()) {
+      RETURN_IF_ERROR(PushGradientsAndPull(model.get(), step, min_version(step + 1),
+                                           min_worker_steps(step + 1)));
+      pulled = true;
+    } else {
+      RETURN_IF_ERROR(PushGradients(*model, step));
+    }
 
     window_loss += result.loss;
     ++window_steps;

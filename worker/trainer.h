@@ -72,6 +72,10 @@ class JobTrainer {
   absl::Status Train();
   absl::Status PullParameters(Model* model, int64_t min_version, int64_t min_worker_steps);
   absl::Status PushGradients(const Model& model, int64_t step);
+  // PushGradients(step), then PullParameters(min_version, min_worker_steps),
+  // in one round trip per message.
+  absl::Status PushGradientsAndPull(Model* model, int64_t step, int64_t min_version,
+                                    int64_t min_worker_steps);
   absl::StatusOr<double> EvaluateTestSet(Model* model);
   // Sends a report; a final one is retried until delivered or timed out.
   void Report(ReportProgressRequest request, bool final);
