@@ -62,6 +62,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  // A long job history makes `list` answers large.
+  args.SetMaxReceiveMessageSize(256 << 20);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   auto client =

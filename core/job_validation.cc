@@ -9,6 +9,9 @@
 namespace downpour {
 namespace {
 
+constexpr int64_t kMaxBatchBytes = int64_t{1} << 30;
+constexpr int64_t kMaxModelBytes = int64_t{32} << 30;
+
 absl::Status Bad(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, " ", what));
 }
@@ -40,7 +43,17 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   if (data.batch_size() < 1) return Bad("dataset.batch_size", "must be at least 1");
   if (data.shuffle_buffer() < 0) return Bad("dataset.shuffle_buffer", "must not be negative");
 
+  if (!Precision_IsValid(spec.precision())) {
+    return Bad("precision", absl::StrCat("has unknown value ", spec.precision()));
+  }
   const OptimizerSpec& opt = spec.optimizer();
+  if (!OptimizerSpec::Kind_IsValid(opt.kind())) {
+    return Bad("optimizer.kind", absl::StrCat("has unknown value ", opt.kind()));
+  }
+  if (!LearningRateSchedule::Kind_IsValid(opt.schedule().kind())) {
+    return Bad("optimizer.schedule.kind",
+               absl::StrCat("has unknown value ", opt.schedule().kind()));
+  }
   if (!(opt.learning_rate() > 0)) return Bad("optimizer.learning_rate", "must be positive");
   if (opt.momentum() < 0 || opt.momentum() >= 1) {
     return Bad("optimizer.momentum", "must be in [0, 1)");
@@ -62,6 +75,9 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   }
 
   const ConsistencySpec& consistency = spec.consistency();
+  if (!ConsistencySpec::Mode_IsValid(consistency.mode())) {
+    return Bad("consistency.mode", absl::StrCat("has unknown value ", consistency.mode()));
+  }
   if (consistency.staleness() < 0) return Bad("consistency.staleness", "must not be negative");
   if (consistency.staleness() > 0 && consistency.mode() != ConsistencySpec::SSP) {
     return Bad("consistency.staleness", "applies to mode SSP only");
@@ -76,6 +92,21 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
 
   auto shape = InferModel(spec.model());
   if (!shape.ok()) return shape.status();
+  // Bounds that keep a typo from exhausting a worker's or a shard's memory.
+  const double batch_bytes = 4.0 * data.batch_size() * shape->input_size;
+  if (batch_bytes > kMaxBatchBytes) {
+    return Bad("dataset.batch_size",
+               absl::StrCat(data.batch_size(), " makes one batch of ", shape->input_size,
+                            "-element examples ", static_cast<int64_t>(batch_bytes) >> 20,
+                            " MiB; the limit is ", kMaxBatchBytes >> 20, " MiB"));
+  }
+  double param_bytes = 0;
+  for (const ParamInfo& p : shape->params) param_bytes += 4.0 * p.num_elements;
+  if (param_bytes > kMaxModelBytes) {
+    return Bad("model",
+               absl::StrCat("has ", static_cast<int64_t>(param_bytes) >> 20,
+                            " MiB of parameters; the limit is ", kMaxModelBytes >> 20, " MiB"));
+  }
   auto placed = PlacePartitions(shape->params, spec.num_shards(), spec.partition_bytes());
   if (!placed.ok()) return placed.status();
   return shape->params;

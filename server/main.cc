@@ -56,6 +56,10 @@ class ShardRuntime {
         failed_.insert(task.job_id());
       }
     }
+    // A job that could not be hosted is forgotten once it ends.
+    for (auto it = failed_.begin(); it != failed_.end();) {
+      it = current.count(*it) ? std::next(it) : failed_.erase(it);
+    }
     for (auto it = hosted_.begin(); it != hosted_.end();) {
       if (current.count(it->first)) {
         ++it;

@@ -152,6 +152,11 @@ TEST_F(ClusterTest, BadSpecsAreRejectedNamingTheField) {
        "dataset.train_files"},
       {MlpSpec("SYNC", 1, 99, 10), "num_shards"},
       {MlpSpec("SYNC", 1, 1, 0), "steps"},
+      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10), {{"kind: ADAM", "kind: 9"}}),
+       "optimizer.kind"},
+      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10),
+                           {{"batch_size: 64", "batch_size: 100000000"}}),
+       "dataset.batch_size"},
   };
   for (const Case& c : cases) {
     CommandResult result = cluster_->Ctl({"submit", WriteSpec(c.spec)});
@@ -251,6 +256,21 @@ TEST_F(ClusterTest, DeadWorkerFailsTheJobWithinBoundedTime) {
   EXPECT_EQ(next.state(), SUCCEEDED);
 }
 
+TEST_F(ClusterTest, SigtermStopsAWorkerCleanlyMidJob) {
+  StartCluster(1, 1);
+  ASSERT_EQ(
+      cluster_->Ctl({"submit", WriteSpec(MlpSpec("ASYNC", 1, 1, 100000)), "--job_id=t"}).exit_code,
+      0);
+  for (int i = 0; i < 200 && GetJob("t").step() < 20; ++i) absl::SleepFor(absl::Milliseconds(50));
+  cluster_->worker(0)->Signal(SIGTERM);
+  auto code = cluster_->worker(0)->Wait(absl::Seconds(10));
+  ASSERT_TRUE(code.ok()) << "worker did not exit on SIGTERM" << cluster_->Logs();
+  EXPECT_EQ(*code, 0) << cluster_->worker(0)->Log();
+  CommandResult waited = cluster_->Ctl({"wait", "t"}, absl::Seconds(30));
+  EXPECT_EQ(waited.exit_code, 1) << waited.err;
+  EXPECT_EQ(GetJob("t").state(), FAILED);
+}
+
 TEST_F(ClusterTest, StopEndsARunningJobAndFreesItsWorkers) {
   StartCluster(1, 1);
   ASSERT_EQ(
@@ -260,6 +280,16 @@ TEST_F(ClusterTest, StopEndsARunningJobAndFreesItsWorkers) {
   CommandResult stopped = cluster_->Ctl({"stop", "s"});
   EXPECT_EQ(stopped.exit_code, 0) << stopped.err;
   EXPECT_EQ(GetJob("s").state(), STOPPED);
+  // The worker's trainer ends and the shard drops the job's partitions.
+  bool dropped = false, cancelled = false;
+  for (int i = 0; i < 100 && !(dropped && cancelled); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    auto shard = HttpGet(cluster_->MetricsAddressOf("ps0"), "/metrics");
+    dropped = shard.ok() && shard->find("downpour_ps_jobs 0\n") != std::string::npos;
+    cancelled = cluster_->worker(0)->Log().find("job s: CANCELLED") != std::string::npos;
+  }
+  EXPECT_TRUE(dropped) << cluster_->Logs();
+  EXPECT_TRUE(cancelled) << cluster_->Logs();
   JobStatus next = RunJob(MlpSpec("ASYNC", 1, 1, 40), "after-stop");
   EXPECT_EQ(next.state(), SUCCEEDED);
 }
@@ -281,18 +311,27 @@ TEST_F(ClusterTest, NodesHealthAndMetricsAreServed) {
     ASSERT_TRUE(health->Check(&context, request, &response).ok()) << name;
     EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << name;
   }
-  RunJob(MlpSpec("SYNC", 1, 1, 20), "metered");
-  for (const char* name : {"coordinator", "ps0", "worker0"}) {
-    const std::string address = cluster_->MetricsAddressOf(name);
-    ASSERT_FALSE(address.empty()) << name << cluster_->Logs();
-    auto body = HttpGet(address, "/metrics");
-    ASSERT_TRUE(body.ok()) << body.status();
-    EXPECT_NE(body->find("# TYPE downpour_"), std::string::npos) << *body;
+  // Per-job series while the job runs.
+  ASSERT_EQ(cluster_->Ctl({"submit", WriteSpec(MlpSpec("ASYNC", 1, 1, 100000)), "--job_id=metered"})
+                .exit_code,
+            0);
+  for (int i = 0; i < 200 && GetJob("metered").step() < 40; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
   }
   auto worker_metrics = HttpGet(cluster_->MetricsAddressOf("worker0"), "/metrics");
-  EXPECT_NE(worker_metrics->find("downpour_worker_steps_total{job=\"metered\"} 20"),
+  ASSERT_TRUE(worker_metrics.ok()) << worker_metrics.status();
+  EXPECT_NE(worker_metrics->find("downpour_worker_steps_total{job=\"metered\"} "),
             std::string::npos)
       << *worker_metrics;
+  auto shard_metrics = HttpGet(cluster_->MetricsAddressOf("ps0"), "/metrics");
+  ASSERT_TRUE(shard_metrics.ok());
+  EXPECT_NE(shard_metrics->find("downpour_ps_jobs 1\n"), std::string::npos) << *shard_metrics;
+  for (const char* name : {"coordinator", "ps0", "worker0"}) {
+    auto body = HttpGet(cluster_->MetricsAddressOf(name), "/metrics");
+    ASSERT_TRUE(body.ok()) << name << ": " << body.status();
+    EXPECT_NE(body->find("# TYPE downpour_"), std::string::npos) << *body;
+  }
+  ASSERT_EQ(cluster_->Ctl({"stop", "metered"}).exit_code, 0);
 }
 
 }  // namespace

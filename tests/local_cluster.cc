@@ -99,9 +99,16 @@ bool Process::Running() {
   return true;
 }
 
-void Process::Signal(int signal) {
+void Process::Kill(int signal) {
   if (!reaped_) kill(pid_, signal);
 }
+
+void Process::Signal(int signal) {
+  signalled_by_test_ = true;
+  Kill(signal);
+}
+
+bool Process::DiedUnexpectedly() { return !Running() && exit_code_ != 0 && !signalled_by_test_; }
 
 absl::StatusOr<int> Process::Wait(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -115,10 +122,10 @@ absl::StatusOr<int> Process::Wait(absl::Duration timeout) {
 }
 
 int Process::Stop(absl::Duration grace) {
-  Signal(SIGTERM);
+  Kill(SIGTERM);
   auto code = Wait(grace);
   if (code.ok()) return *code;
-  Signal(SIGKILL);
+  Kill(SIGKILL);
   return Wait(absl::Seconds(10)).value_or(-SIGKILL);
 }
 
@@ -248,9 +255,12 @@ CommandResult LocalCluster::Ctl(const std::vector<std::string>& args, absl::Dura
 std::vector<std::string> LocalCluster::StopAll() {
   std::vector<std::string> unclean;
   auto stop = [&](std::unique_ptr<Process>& p, const std::string& name) {
-    if (p && p->Running()) {
+    if (p == nullptr) return;
+    if (p->DiedUnexpectedly()) {
+      unclean.push_back(absl::StrCat(name, " died during the test"));
+    } else if (p->Running()) {
       const int code = p->Stop();
-      if (code != 0) unclean.push_back(absl::StrCat(name, " exited ", code));
+      if (code != 0) unclean.push_back(absl::StrCat(name, " exited ", code, " on SIGTERM"));
     }
   };
   for (size_t i = 0; i < workers_.size(); ++i) stop(workers_[i], absl::StrCat("worker", i));

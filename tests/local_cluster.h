@@ -33,7 +33,11 @@ class Process {
   pid_t pid() const { return pid_; }
   const std::string& log_path() const { return log_path_; }
   bool Running();
+  // Sends `signal` on the test's behalf: an exit it causes is expected.
   void Signal(int signal);
+  // True when the process exited on its own with a non-zero status or died
+  // of a signal the test did not send (a crash).
+  bool DiedUnexpectedly();
   // Waits up to `timeout` for the process to exit; returns its exit code, or
   // -signal when killed by a signal, or DeadlineExceeded.
   absl::StatusOr<int> Wait(absl::Duration timeout);
@@ -45,7 +49,10 @@ class Process {
   Process(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
   pid_t pid_;
   std::string log_path_;
+  void Kill(int signal);
+
   bool reaped_ = false;
+  bool signalled_by_test_ = false;
   int exit_code_ = 0;
 };
 
@@ -95,7 +102,7 @@ class LocalCluster {
                     absl::Duration timeout = absl::Seconds(180));
 
   // Stops every daemon with SIGTERM; returns the names of those that did not
-  // exit 0.
+  // exit 0, including any that crashed earlier in the test.
   std::vector<std::string> StopAll();
 
   // All daemon logs, for failure messages.

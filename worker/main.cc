@@ -97,6 +97,7 @@ class WorkerRuntime {
     // Tasks arriving before the agent is published come again next heartbeat.
     if (agent_.load() == nullptr) return;
     absl::MutexLock lock(&mu_);
+    if (stopping_) return;
     std::set<std::string> current;
     for (const Task& task : tasks) {
       current.insert(task.job_id());
@@ -110,6 +111,7 @@ class WorkerRuntime {
     for (auto it = running_.begin(); it != running_.end();) {
       if (!current.count(it->first) && it->second->done.load()) {
         it->second->thread.join();
+        Forget(it->first);
         it = running_.erase(it);
       } else {
         ++it;
@@ -117,14 +119,30 @@ class WorkerRuntime {
     }
   }
 
+  // Cancels and joins every trainer; no job starts afterwards. Call before
+  // the agent goes away: trainers report through it.
   void StopAll() {
     absl::MutexLock lock(&mu_);
+    stopping_ = true;
     for (auto& [id, job] : running_) job->trainer->Cancel();
-    for (auto& [id, job] : running_) job->thread.join();
+    for (auto& [id, job] : running_) {
+      job->thread.join();
+      Forget(id);
+    }
     running_.clear();
   }
 
  private:
+  // Drops the per-job metric series of an ended job, so a long-lived worker
+  // does not accumulate them.
+  void Forget(const std::string& job_id) {
+    if (options_.metrics == nullptr) return;
+    for (const char* name : {"downpour_worker_steps_total", "downpour_worker_loss",
+                             "downpour_worker_examples_per_second"}) {
+      options_.metrics->RemoveSeries(name, {{"job", job_id}});
+    }
+  }
+
   struct RunningJob {
     std::vector<std::unique_ptr<RemoteParameterShard>> shards;
     std::unique_ptr<JobTrainer> trainer;
@@ -168,6 +186,7 @@ class WorkerRuntime {
   std::atomic<NodeAgent*> agent_{nullptr};
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 int Main() {
@@ -242,8 +261,8 @@ int Main() {
 
   const std::string signal = WaitForTerminationSignal();
   Log(absl::StrCat(signal, " received, shutting down"));
-  agent->reset();
   runtime->StopAll();
+  agent->reset();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }
