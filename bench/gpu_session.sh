@@ -38,6 +38,23 @@ if [[ $STAGES == *bench* ]]; then
   python3 bench/compare_step_time.py "$OUT/ours.jsonl" "$OUT/pytorch.jsonl" | tee "$OUT/table.md"
 fi
 
+if [[ $STAGES == *profile* ]]; then
+  # Per-layer device times of one step, and every convolution's measured
+  # algorithms in both layouts.
+  step_time --profile --log_conv --repeats=1 --steps=5 ${PROFILE_ARGS:-} >"$OUT/profile.jsonl" \
+    2>"$OUT/conv.log"
+  python3 - "$OUT/profile.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"profile"')]
+for model in dict.fromkeys(r['profile'] for r in rows):
+    mine = [r for r in rows if r['profile'] == model and r['layer'] != 'TOTAL']
+    total = next(r for r in rows if r['profile'] == model and r['layer'] == 'TOTAL')
+    top = sorted(mine, key=lambda r: -(r['forward_ms'] + r['backward_ms']))[:8]
+    print(f"{model}: forward {total['forward_ms']:.2f} ms backward {total['backward_ms']:.2f} ms; top: " +
+          ', '.join(f"{r['layer']} {r['forward_ms']:.2f}+{r['backward_ms']:.2f}" for r in top))
+PY
+fi
+
 if [[ $STAGES == *train* ]]; then
   W=$(mktemp -d)
   downpourctl dataset import --fashion_mnist=.device/fashion-mnist --out_dir="$W/data/fashion-mnist" \

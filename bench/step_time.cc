@@ -36,6 +36,10 @@ ABSL_FLAG(int32_t, steps, 20, "Steps per timed loop");
 ABSL_FLAG(int32_t, repeats, 5, "Timed loops (the median is reported)");
 ABSL_FLAG(int32_t, warmup, 5, "Untimed steps first (cuDNN algorithm search happens here)");
 ABSL_FLAG(bool, log_conv, false, "Print each convolution's measured cuDNN algorithms");
+ABSL_FLAG(std::string, conv_layout, "auto",
+          "GPU convolution layout: auto (measured per shape), nhwc or nchw");
+ABSL_FLAG(bool, profile, false,
+          "After the timing, one profiled step: a JSON line per layer (forward/backward ms)");
 ABSL_FLAG(int32_t, batch, 0, "Batch for every model (0: each model's own, VGG 64, others 256)");
 
 namespace downpour {
@@ -63,6 +67,15 @@ int Run() {
   if (!name.ok()) return Fail("device", name.status());
   if (device >= 0) cudaSetDevice(device);
   kernels::cuda::SetConvPlanLogging(absl::GetFlag(FLAGS_log_conv));
+  const std::string layout_name = absl::GetFlag(FLAGS_conv_layout);
+  ModelOptions::ConvLayout layout = ModelOptions::ConvLayout::kAuto;
+  if (layout_name == "nhwc") {
+    layout = ModelOptions::ConvLayout::kNhwc;
+  } else if (layout_name == "nchw") {
+    layout = ModelOptions::ConvLayout::kNchw;
+  } else if (layout_name != "auto") {
+    return Fail("--conv_layout", absl::InvalidArgumentError("must be auto, nhwc or nchw"));
+  }
   std::printf("{\"engine\": \"downpour\", \"device\": \"%s\"}\n", name->c_str());
   const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_models), ',');
   for (const std::string& model_name : names) {
@@ -77,7 +90,10 @@ int Run() {
     int64_t batch = absl::GetFlag(FLAGS_batch);
     if (batch <= 0) batch = model_name == "vgg11" ? 64 : 256;
     const size_t used_before = UsedDeviceBytes(device);
-    auto model = Model::Create(spec, /*seed=*/1, ModelOptions{device});
+    ModelOptions options;
+    options.device = device;
+    options.conv_layout = layout;
+    auto model = Model::Create(spec, /*seed=*/1, options);
     if (!model.ok()) return Fail(model_name, model.status());
     Model& m = **model;
 
@@ -131,12 +147,31 @@ int Run() {
     std::sort(loops.begin(), loops.end());
     std::printf(
         "{\"engine\": \"downpour\", \"model\": \"%s\", \"precision\": \"fp32\", \"format\": "
-        "\"nhwc\", \"batch\": %lld, \"step_ms_loop\": %.4f, \"step_ms_min\": %.4f, "
+        "\"%s\", \"batch\": %lld, \"step_ms_loop\": %.4f, \"step_ms_min\": %.4f, "
         "\"mem_mb\": %.1f, \"compute_mb\": %.1f, \"final_loss\": %.6g}\n",
-        model_name.c_str(), static_cast<long long>(batch), loops[loops.size() / 2], loops[0],
+        model_name.c_str(), layout_name.c_str(), static_cast<long long>(batch),
+        loops[loops.size() / 2], loops[0],
         (static_cast<double>(used_after) - static_cast<double>(used_before)) / (1 << 20),
         m.compute_bytes() / double{1 << 20}, result->loss);
     std::fflush(stdout);
+    if (absl::GetFlag(FLAGS_profile)) {
+      auto times = m.ProfileStepOnDevice(features_dev, labels_dev, batch, step);
+      if (!times.ok()) return Fail(model_name, times.status());
+      double forward = 0, backward = 0;
+      for (const LayerTime& t : *times) {
+        forward += t.forward_ms;
+        backward += t.backward_ms;
+        std::printf(
+            "{\"profile\": \"%s\", \"layer\": \"%s\", \"forward_ms\": %.4f, "
+            "\"backward_ms\": %.4f}\n",
+            model_name.c_str(), t.name.c_str(), t.forward_ms, t.backward_ms);
+      }
+      std::printf(
+          "{\"profile\": \"%s\", \"layer\": \"TOTAL\", \"forward_ms\": %.4f, "
+          "\"backward_ms\": %.4f}\n",
+          model_name.c_str(), forward, backward);
+      std::fflush(stdout);
+    }
     model->reset();
     if (device >= 0) {
       cudaFree(features_dev);

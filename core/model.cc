@@ -1,6 +1,7 @@
 #include "core/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -198,6 +199,11 @@ class Ops {
   virtual absl::Status Synchronize() = 0;
   virtual absl::Status ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp,
                                       const std::vector<cuda::TensorUpdate>& tensors) = 0;
+  // Profiling: Mark(i) notes when the work queued so far ends (at the time
+  // it runs); MarkMs(i, j) is the time from mark i to mark j, after a
+  // Synchronize.
+  virtual absl::Status Mark(int slot) = 0;
+  virtual absl::StatusOr<double> MarkMs(int from, int to) = 0;
 };
 
 class CpuOps : public Ops {
@@ -259,6 +265,14 @@ class CpuOps : public Ops {
     }
     return absl::OkStatus();
   }
+  absl::Status Mark(int slot) override {
+    if (static_cast<size_t>(slot) >= marks_.size()) marks_.resize(slot + 1);
+    marks_[slot] = std::chrono::steady_clock::now();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<double> MarkMs(int from, int to) override {
+    return std::chrono::duration<double, std::milli>(marks_.at(to) - marks_.at(from)).count();
+  }
 
  private:
   float* Workspace(const kernels::WindowShape& s) {
@@ -270,15 +284,21 @@ class CpuOps : public Ops {
   cpu::CpuContext ctx_;
   std::vector<float> workspace_;  // im2col scratch, shared by every conv2d.
   kernels::LossStats loss_;
+  std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
 class CudaOps : public Ops {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaOps>> Create(int device) {
+  static absl::StatusOr<std::unique_ptr<CudaOps>> Create(int device,
+                                                         ModelOptions::ConvLayout conv_layout) {
     auto ops = std::unique_ptr<CudaOps>(new CudaOps());
     // Small at first: convolutions grow it to what their fastest
     // algorithms need (kernels/cuda.h).
     ASSIGN_OR_RETURN(ops->ctx_, cuda::CudaContext::Create(device, size_t{16} << 20));
+    ops->ctx_->conv_layout =
+        conv_layout == ModelOptions::ConvLayout::kNhwc   ? cuda::ConvLayout::kNhwc
+        : conv_layout == ModelOptions::ConvLayout::kNchw ? cuda::ConvLayout::kNchw
+                                                         : cuda::ConvLayout::kAuto;
     ASSIGN_OR_RETURN(ops->counters_, Memory::Allocate(Memory::Kind::kDevice, 16));
     ASSIGN_OR_RETURN(ops->counters_host_, Memory::Allocate(Memory::Kind::kPinned, 16));
     return ops;
@@ -345,6 +365,24 @@ class CudaOps : public Ops {
     return plan_->Apply(*ctx_, kind, hp);
   }
 
+  absl::Status Mark(int slot) override {
+    while (static_cast<size_t>(slot) >= marks_.size()) {
+      cudaEvent_t e = nullptr;
+      RETURN_IF_ERROR(Check(cudaEventCreate(&e), "cudaEventCreate"));
+      marks_.push_back(e);
+    }
+    return Check(cudaEventRecord(marks_[slot], ctx_->stream), "cudaEventRecord");
+  }
+  absl::StatusOr<double> MarkMs(int from, int to) override {
+    float ms = 0.f;
+    RETURN_IF_ERROR(
+        Check(cudaEventElapsedTime(&ms, marks_.at(from), marks_.at(to)), "cudaEventElapsedTime"));
+    return static_cast<double>(ms);
+  }
+  ~CudaOps() override {
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+  }
+
   cuda::CudaContext& ctx() { return *ctx_; }
 
  private:
@@ -371,6 +409,7 @@ class CudaOps : public Ops {
 
   std::unique_ptr<cuda::MultiTensorPlan> plan_;
   std::vector<cuda::TensorUpdate> plan_tensors_;  // What plan_ was made for.
+  std::vector<cudaEvent_t> marks_;
 };
 
 #undef DOWNPOUR_UNPAREN
@@ -748,7 +787,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
   if (options.device < 0) {
     ops = std::make_unique<model_internal::CpuOps>();
   } else {
-    ASSIGN_OR_RETURN(ops, model_internal::CudaOps::Create(options.device));
+    ASSIGN_OR_RETURN(ops, model_internal::CudaOps::Create(options.device, options.conv_layout));
   }
   std::unique_ptr<Model> model(
       new Model(std::move(shape), seed, std::max(options.device, -1), std::move(name)));
@@ -1022,7 +1061,9 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
     }
     const int out = st.buffer_of_layer[i];
     args.y = out > 0 ? st.buffers[out].value_ptr() : nullptr;
+    if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i));
     RETURN_IF_ERROR(layers_[i]->Forward(*ops_, args));
+    if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 1));
   }
   return absl::OkStatus();
 }
@@ -1039,6 +1080,7 @@ absl::Status Model::Backward(int64_t batch) {
     const int out = st.buffer_of_layer[i];
     args.y = nullptr;
     args.dy = nullptr;
+    if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 2));
     if (out > 0) {
       const model_internal::Buffer& b = st.buffers[out];
       if (!written[out]) {
@@ -1061,6 +1103,7 @@ absl::Status Model::Backward(int64_t batch) {
       written[in] = true;
     }
     RETURN_IF_ERROR(layers_[i]->Backward(*ops_, args));
+    if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 3));
   }
   return absl::OkStatus();
 }
@@ -1105,6 +1148,28 @@ absl::Status Model::TrainStepOnDevice(const float* features, const int32_t* labe
   last_batch_ = batch;
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
   return Backward(batch);
+}
+
+absl::StatusOr<std::vector<LayerTime>> Model::ProfileStepOnDevice(const float* features,
+                                                                  const int32_t* labels,
+                                                                  int64_t batch, int64_t step) {
+  profiling_ = true;
+  absl::Status s = TrainStepOnDevice(features, labels, batch, step);
+  profiling_ = false;
+  RETURN_IF_ERROR(s);
+  RETURN_IF_ERROR(ops_->Synchronize());
+  std::vector<LayerTime> times;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    LayerTime t;
+    t.name = shape_.layers[i].name;
+    if (!layers_[i]->aliases_input()) {
+      const int k = static_cast<int>(4 * i);
+      ASSIGN_OR_RETURN(t.forward_ms, ops_->MarkMs(k, k + 1));
+      ASSIGN_OR_RETURN(t.backward_ms, ops_->MarkMs(k + 2, k + 3));
+    }
+    times.push_back(std::move(t));
+  }
+  return times;
 }
 
 absl::StatusOr<StepResult> Model::LastStepResult() {

@@ -57,10 +57,21 @@ struct EvalResult {
   int64_t correct = 0;
 };
 
+// One layer's share of a profiled step (Model::ProfileStepOnDevice).
+struct LayerTime {
+  std::string name;
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;
+};
+
 struct ModelOptions {
   // -1: the CPU kernels. d >= 0: CUDA device d, numbered as this process sees
   // them (after CUDA_VISIBLE_DEVICES).
   int device = -1;
+  // GPU convolutions: the layout measured fastest per shape, or one forced
+  // (diagnostics and tests); see kernels::cuda::ConvLayout.
+  enum class ConvLayout { kAuto, kNhwc, kNchw };
+  ConvLayout conv_layout = ConvLayout::kAuto;
 };
 
 // What runs a model: "cpu", or "cuda:<d> <name>" ("cuda:0 NVIDIA H100 80GB
@@ -134,6 +145,12 @@ class Model {
   // checked. REQUIRES: 0 < batch, valid labels (as TrainStep checks).
   absl::Status TrainStepOnDevice(const float* features, const int32_t* labels, int64_t batch,
                                  int64_t step);
+  // As TrainStepOnDevice, timing every layer's forward and backward (device
+  // events on a GPU, so each time is the layer's own queued work); waits.
+  // For diagnostics: the events cost a little launch time.
+  absl::StatusOr<std::vector<LayerTime>> ProfileStepOnDevice(const float* features,
+                                                             const int32_t* labels, int64_t batch,
+                                                             int64_t step);
   // Waits for the last TrainStepOnDevice and returns its loss.
   absl::StatusOr<StepResult> LastStepResult();
   // Queues the optimizer update of every parameter with its gradient, in the
@@ -189,6 +206,7 @@ class Model {
   std::vector<model_internal::Buffer> buffers_;
   std::vector<int> buffer_of_layer_;  // -1 for the loss (scalar output).
   int64_t capacity_ = 0;              // Largest batch the buffers hold.
+  bool profiling_ = false;            // Forward/Backward mark each layer.
 };
 
 }  // namespace downpour

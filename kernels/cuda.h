@@ -57,6 +57,11 @@ std::string CudaUnavailableReason();
 // The name of device `device` ("NVIDIA H100 80GB HBM3"), or "" on error.
 std::string CudaDeviceName(int device);
 
+// Memory layout GPU convolutions run in. Tensors are NHWC at the API either
+// way; kNchw convolves transposed copies in the workspace. kAuto measures
+// both per shape (transposes included) and keeps the faster.
+enum class ConvLayout { kAuto, kNhwc, kNchw };
+
 // Per-shape cuDNN convolution plans (descriptors and algorithms), internal
 // to cuda.cc.
 struct ConvPlanCache;
@@ -66,9 +71,10 @@ struct ConvPlanCache;
 // kernels. Owns everything it holds; not copyable.
 //
 // Convolutions cache a plan per WindowShape: descriptors, and the fastest
-// FMA-math algorithm of each direction that fits the workspace, measured by
-// cudnnFind* the first time a shape is seen (as PyTorch's
-// cudnn.benchmark); later calls with that shape reuse it.
+// FMA-math algorithm of each direction that fits the workspace, in NHWC and
+// in NCHW, measured by cudnnFind* the first time a shape is seen (as
+// PyTorch's cudnn.benchmark), and the faster layout; later calls with that
+// shape reuse it.
 struct CudaContext {
   int device = -1;
   cudaStream_t stream = nullptr;
@@ -82,6 +88,8 @@ struct CudaContext {
   // Filled lazily by Conv2dForward/Backward; mutable because those take the
   // context by const reference (it is still one thread's).
   mutable std::unique_ptr<ConvPlanCache> conv_plans;
+  // Set before the first convolution of a shape (its plan keeps the choice).
+  ConvLayout conv_layout = ConvLayout::kAuto;
 
   // Sets up a context on `device` with `workspace_bytes` of workspace.
   // FailedPrecondition when there is no such device.
@@ -94,6 +102,9 @@ struct CudaContext {
 
   // Waits for everything queued on the stream.
   absl::Status Synchronize() const;
+  // Drops the cached convolution plans (the next call of a shape measures
+  // again, in conv_layout).
+  void ForgetConvPlans();
 };
 
 // Diagnostics: when on, every convolution plan prints its measured

@@ -46,15 +46,6 @@ __global__ void BroadcastRowsKernel(int64_t rows, int64_t cols, const float* bia
   GRID_STRIDE(i, rows * cols) { y[i] = bias[i % cols]; }
 }
 
-__global__ void ColumnSumKernel(int64_t rows, int64_t cols, const float* x, float* y,
-                                bool accumulate) {
-  GRID_STRIDE(c, cols) {
-    float sum = 0.f;
-    for (int64_t r = 0; r < rows; ++r) sum += x[r * cols + c];
-    y[c] = accumulate ? y[c] + sum : sum;
-  }
-}
-
 __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
   GRID_STRIDE(i, n) { x[i] = alpha == 0.f ? 0.f : alpha * x[i]; }
 }
@@ -88,31 +79,49 @@ __global__ void DropoutBackwardKernel(int64_t n, float scale, const uint8_t* mas
   }
 }
 
-// One thread per example (classes are few); double accumulation as on the CPU.
+// One warp per example: the first maximum (as the CPU twin picks it) and the
+// sum of exponentials by shuffles, double accumulation as on the CPU.
 __global__ void SoftmaxCrossEntropyKernel(int64_t batch, int64_t classes, const float* logits,
                                           const int32_t* labels, float* dlogits, double* loss_sum,
                                           unsigned long long* correct) {
   const float inv_batch = 1.f / static_cast<float>(batch);
-  GRID_STRIDE(r, batch) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; r < batch;
+       r += warps) {
     const float* row = logits + r * classes;
-    int64_t argmax = 0;
-    for (int64_t j = 1; j < classes; ++j) {
-      if (row[j] > row[argmax]) argmax = j;
+    float best = -INFINITY;
+    int64_t argmax = classes;
+    for (int64_t j = lane; j < classes; j += 32) {
+      if (argmax == classes || row[j] > best) {
+        best = row[j];
+        argmax = j;
+      }
     }
-    const float max = row[argmax];
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int64_t other_index = __shfl_xor_sync(0xffffffffu, argmax, offset);
+      if (other > best || (other == best && other_index < argmax)) {
+        best = other;
+        argmax = other_index;
+      }
+    }
+    const float max = best;
     double sum = 0.0;
-    for (int64_t j = 0; j < classes; ++j) sum += exp(static_cast<double>(row[j] - max));
+    for (int64_t j = lane; j < classes; j += 32) sum += exp(static_cast<double>(row[j] - max));
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     const int32_t label = labels[r];
-    atomicAdd(loss_sum, log(sum) - static_cast<double>(row[label] - max));
-    if (argmax == label) atomicAdd(correct, 1ULL);
+    if (lane == 0) {
+      atomicAdd(loss_sum, log(sum) - static_cast<double>(row[label] - max));
+      if (argmax == label) atomicAdd(correct, 1ULL);
+    }
     if (dlogits != nullptr) {
       float* grad = dlogits + r * classes;
       const double inv_sum = 1.0 / sum;
-      for (int64_t j = 0; j < classes; ++j) {
+      for (int64_t j = lane; j < classes; j += 32) {
         const double p = exp(static_cast<double>(row[j] - max)) * inv_sum;
-        grad[j] = static_cast<float>(p) * inv_batch;
+        grad[j] = static_cast<float>(p) * inv_batch - (j == label ? inv_batch : 0.f);
       }
-      grad[label] -= inv_batch;
     }
   }
 }
@@ -315,6 +324,286 @@ __global__ void EmbeddingBackwardKernel(int64_t num_ids, int64_t vocab, int64_t 
   }
 }
 
+// ---- Column reductions. Block (32, 8): threadIdx.x picks the column (so a
+// warp reads 128 contiguous bytes of one row), threadIdx.y one of 8 row
+// lanes; block (bx, by) reduces rows [bx * chunk, (bx + 1) * chunk) of
+// columns [by * 32, by * 32 + 32).
+constexpr int kColumnTile = 32;
+constexpr int kRowLanes = 8;
+constexpr int64_t kColumnBlocksTarget = 2048;
+
+struct ColumnGrid {
+  int64_t chunk = 0, row_blocks = 0, col_tiles = 0;
+};
+
+ColumnGrid ColumnGridOf(int64_t rows, int64_t cols) {
+  ColumnGrid g;
+  g.col_tiles = (cols + kColumnTile - 1) / kColumnTile;
+  const int64_t max_blocks = std::max<int64_t>(1, (rows + kRowLanes - 1) / kRowLanes);
+  int64_t want = std::max<int64_t>(1, kColumnBlocksTarget / g.col_tiles);
+  want = std::min(want, max_blocks);
+  int64_t chunk = (rows + want - 1) / want;
+  chunk = (chunk + kRowLanes - 1) / kRowLanes * kRowLanes;
+  g.chunk = std::max<int64_t>(chunk, kRowLanes);
+  g.row_blocks = (rows + g.chunk - 1) / g.chunk;
+  return g;
+}
+
+__global__ void ColumnSumPartialKernel(int64_t rows, int64_t cols, int64_t chunk, const float* x,
+                                       float* partials) {
+  __shared__ float lane_sum[kRowLanes][kColumnTile];
+  const int64_t c = blockIdx.y * static_cast<int64_t>(kColumnTile) + threadIdx.x;
+  const int64_t r0 = blockIdx.x * chunk;
+  const int64_t r1 = min(r0 + chunk, rows);
+  float sum = 0.f;
+  if (c < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) sum += x[r * cols + c];
+  }
+  lane_sum[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0.f;
+    for (int l = 0; l < kRowLanes; ++l) total += lane_sum[l][threadIdx.x];
+    partials[blockIdx.x * cols + c] = total;
+  }
+}
+
+__global__ void ColumnSumFinishKernel(int64_t cols, int64_t row_blocks, const float* partials,
+                                      float* y, bool accumulate) {
+  GRID_STRIDE(c, cols) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < row_blocks; ++b) sum += partials[b * cols + c];
+    y[c] = accumulate ? y[c] + static_cast<float>(sum) : static_cast<float>(sum);
+  }
+}
+
+// Statistics of one slab: per column, (mean, M2) from sums shifted by the
+// lane's first value (no cancellation when |mean| >> std), merged across
+// lanes with Chan's formula. partials: [2][row_blocks][cols].
+__global__ void BatchNormStatsPartialKernel(int64_t rows, int64_t cols, int64_t chunk,
+                                            int64_t row_blocks, const float* x, float* partials) {
+  __shared__ float lane_n[kRowLanes][kColumnTile];
+  __shared__ float lane_mean[kRowLanes][kColumnTile];
+  __shared__ float lane_m2[kRowLanes][kColumnTile];
+  const int64_t c = blockIdx.y * static_cast<int64_t>(kColumnTile) + threadIdx.x;
+  const int64_t r0 = blockIdx.x * chunk;
+  const int64_t r1 = min(r0 + chunk, rows);
+  float n = 0.f, mean = 0.f, m2 = 0.f;
+  if (c < cols && r0 + threadIdx.y < r1) {
+    const float shift = x[(r0 + threadIdx.y) * cols + c];
+    float s1 = 0.f, s2 = 0.f;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+      const float d = x[r * cols + c] - shift;
+      s1 += d;
+      s2 += d * d;
+      n += 1.f;
+    }
+    mean = shift + s1 / n;
+    m2 = fmaxf(s2 - s1 * s1 / n, 0.f);
+  }
+  lane_n[threadIdx.y][threadIdx.x] = n;
+  lane_mean[threadIdx.y][threadIdx.x] = mean;
+  lane_m2[threadIdx.y][threadIdx.x] = m2;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float na = 0.f, ma = 0.f, qa = 0.f;
+    for (int l = 0; l < kRowLanes; ++l) {
+      const float nb = lane_n[l][threadIdx.x];
+      if (nb == 0.f) continue;
+      const float mb = lane_mean[l][threadIdx.x];
+      const float n_ab = na + nb;
+      const float delta = mb - ma;
+      ma += delta * (nb / n_ab);
+      qa += lane_m2[l][threadIdx.x] + delta * delta * (na * nb / n_ab);
+      na = n_ab;
+    }
+    partials[blockIdx.x * cols + c] = ma;
+    partials[(row_blocks + blockIdx.x) * cols + c] = qa;
+  }
+}
+
+__global__ void BatchNormStatsFinishKernel(int64_t rows, int64_t cols, int64_t chunk,
+                                           int64_t row_blocks, const float* partials, float epsilon,
+                                           float momentum, float* running_mean, float* running_var,
+                                           float* save_mean, float* save_inv_std) {
+  GRID_STRIDE(c, cols) {
+    double na = 0.0, ma = 0.0, qa = 0.0;
+    for (int64_t b = 0; b < row_blocks; ++b) {
+      const double nb = static_cast<double>(min(chunk, rows - b * chunk));
+      const double mb = partials[b * cols + c];
+      const double n_ab = na + nb;
+      const double delta = mb - ma;
+      ma += delta * (nb / n_ab);
+      qa += partials[(row_blocks + b) * cols + c] + delta * delta * (na * nb / n_ab);
+      na = n_ab;
+    }
+    const double var = qa / static_cast<double>(rows);
+    const double unbias = rows > 1 ? static_cast<double>(rows) / (rows - 1) : 1.0;
+    save_mean[c] = static_cast<float>(ma);
+    save_inv_std[c] = static_cast<float>(1.0 / sqrt(var + epsilon));
+    running_mean[c] = momentum * running_mean[c] + (1.f - momentum) * static_cast<float>(ma);
+    running_var[c] =
+        momentum * running_var[c] + (1.f - momentum) * static_cast<float>(var * unbias);
+  }
+}
+
+// y = gamma * (x - mean) * inv_std + beta, four channels per thread when
+// channels % 4 == 0.
+__global__ void BatchNormApplyKernel(int64_t n, int64_t cols, const float* x, const float* gamma,
+                                     const float* beta, const float* mean, const float* inv_std,
+                                     float* y) {
+  GRID_STRIDE(i, n) {
+    const int64_t c = i % cols;
+    y[i] = gamma[c] * (x[i] - mean[c]) * inv_std[c] + beta[c];
+  }
+}
+
+__global__ void BatchNormApply4Kernel(int64_t n4, int64_t cols, const float4* x, const float* gamma,
+                                      const float* beta, const float* mean, const float* inv_std,
+                                      float4* y) {
+  GRID_STRIDE(i, n4) {
+    const int64_t c = (i * 4) % cols;
+    const float4 v = x[i];
+    float4 o;
+    o.x = gamma[c] * (v.x - mean[c]) * inv_std[c] + beta[c];
+    o.y = gamma[c + 1] * (v.y - mean[c + 1]) * inv_std[c + 1] + beta[c + 1];
+    o.z = gamma[c + 2] * (v.z - mean[c + 2]) * inv_std[c + 2] + beta[c + 2];
+    o.w = gamma[c + 3] * (v.w - mean[c + 3]) * inv_std[c + 3] + beta[c + 3];
+    y[i] = o;
+  }
+}
+
+__global__ void BatchNormInferenceKernel(int64_t n, int64_t cols, const float* x,
+                                         const float* gamma, const float* beta, const float* mean,
+                                         const float* var, float epsilon, float* y) {
+  GRID_STRIDE(i, n) {
+    const int64_t c = i % cols;
+    const float scale = gamma[c] / sqrtf(var[c] + epsilon);
+    y[i] = x[i] * scale + (beta[c] - mean[c] * scale);
+  }
+}
+
+// partials: [2][row_blocks][cols], sum(dy) then sum(dy * xhat).
+__global__ void BatchNormBackwardPartialKernel(int64_t rows, int64_t cols, int64_t chunk,
+                                               int64_t row_blocks, const float* x, const float* dy,
+                                               const float* mean, const float* inv_std,
+                                               float* partials) {
+  __shared__ float lane_dy[kRowLanes][kColumnTile];
+  __shared__ float lane_dyx[kRowLanes][kColumnTile];
+  const int64_t c = blockIdx.y * static_cast<int64_t>(kColumnTile) + threadIdx.x;
+  const int64_t r0 = blockIdx.x * chunk;
+  const int64_t r1 = min(r0 + chunk, rows);
+  float s_dy = 0.f, s_dyx = 0.f;
+  if (c < cols) {
+    const float m = mean[c], is = inv_std[c];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+      const float g = dy[r * cols + c];
+      s_dy += g;
+      s_dyx += g * ((x[r * cols + c] - m) * is);
+    }
+  }
+  lane_dy[threadIdx.y][threadIdx.x] = s_dy;
+  lane_dyx[threadIdx.y][threadIdx.x] = s_dyx;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float a = 0.f, b = 0.f;
+    for (int l = 0; l < kRowLanes; ++l) {
+      a += lane_dy[l][threadIdx.x];
+      b += lane_dyx[l][threadIdx.x];
+    }
+    partials[blockIdx.x * cols + c] = a;
+    partials[(row_blocks + blockIdx.x) * cols + c] = b;
+  }
+}
+
+__global__ void BatchNormBackwardFinishKernel(int64_t cols, int64_t row_blocks,
+                                              const float* partials, float* dgamma, float* dbeta,
+                                              bool accumulate, float* sums) {
+  GRID_STRIDE(c, cols) {
+    double a = 0.0, b = 0.0;
+    for (int64_t k = 0; k < row_blocks; ++k) {
+      a += partials[k * cols + c];
+      b += partials[(row_blocks + k) * cols + c];
+    }
+    const float db = static_cast<float>(a), dg = static_cast<float>(b);
+    dbeta[c] = accumulate ? dbeta[c] + db : db;
+    dgamma[c] = accumulate ? dgamma[c] + dg : dg;
+    sums[c] = db;
+    sums[cols + c] = dg;
+  }
+}
+
+__global__ void BatchNormBackwardDxKernel(int64_t n, int64_t cols, float inv_rows, const float* x,
+                                          const float* dy, const float* gamma, const float* mean,
+                                          const float* inv_std, const float* sums, float* dx,
+                                          bool accumulate) {
+  GRID_STRIDE(i, n) {
+    const int64_t c = i % cols;
+    const float xhat = (x[i] - mean[c]) * inv_std[c];
+    const float v = gamma[c] * inv_std[c] * (dy[i] - (sums[c] + xhat * sums[cols + c]) * inv_rows);
+    dx[i] = accumulate ? dx[i] + v : v;
+  }
+}
+
+// ---- Layout changes.
+constexpr int kTransposeTile = 32;
+
+// grid (col tiles, row tiles, batch), block (32, 8).
+__global__ void BatchedTransposeKernel(int64_t rows, int64_t cols, const float* in, float* out,
+                                       const float* bias, bool accumulate) {
+  __shared__ float tile[kTransposeTile][kTransposeTile + 1];
+  const int64_t b = blockIdx.z;
+  const float* src = in + b * rows * cols;
+  float* dst = out + b * rows * cols;
+  const int64_t c0 = blockIdx.x * static_cast<int64_t>(kTransposeTile);
+  const int64_t r0 = blockIdx.y * static_cast<int64_t>(kTransposeTile);
+  for (int j = threadIdx.y; j < kTransposeTile; j += blockDim.y) {
+    const int64_t r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[j][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < kTransposeTile; j += blockDim.y) {
+    const int64_t c = c0 + j, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      float v = tile[threadIdx.x][j];
+      if (bias != nullptr) v += bias[r];
+      float* o = dst + c * rows + r;
+      *o = accumulate ? *o + v : v;
+    }
+  }
+}
+
+__global__ void PadToNchwKernel(WindowShape s, int64_t ph, int64_t pw, const float* x,
+                                float* padded) {
+  GRID_STRIDE(i, s.batch * s.in_c * ph * pw) {
+    const int64_t w = i % pw - s.pad_left;
+    int64_t rest = i / pw;
+    const int64_t h = rest % ph - s.pad_top;
+    rest /= ph;
+    const int64_t c = rest % s.in_c;
+    const int64_t n = rest / s.in_c;
+    padded[i] = (h >= 0 && h < s.in_h && w >= 0 && w < s.in_w)
+                    ? x[((n * s.in_h + h) * s.in_w + w) * s.in_c + c]
+                    : 0.f;
+  }
+}
+
+__global__ void CropFromNchwKernel(WindowShape s, int64_t ph, int64_t pw, const float* dpadded,
+                                   float* dx, bool accumulate) {
+  GRID_STRIDE(i, s.batch * s.in_elements()) {
+    const int64_t c = i % s.in_c;
+    int64_t rest = i / s.in_c;
+    const int64_t w = rest % s.in_w;
+    rest /= s.in_w;
+    const int64_t h = rest % s.in_h;
+    const int64_t n = rest / s.in_h;
+    const int64_t hp = h + s.pad_top;
+    const int64_t wp = w + s.pad_left;
+    const float g = (hp < ph && wp < pw) ? dpadded[((n * s.in_c + c) * ph + hp) * pw + wp] : 0.f;
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
 // kind values follow OptimizerKind: 0 SGD, 1 momentum, 2 Adagrad, 3 Adam.
 __global__ void MultiTensorUpdateKernel(OptimizerArgs a, const OptimizerTensor* tensors,
                                         const int32_t* chunk_tensor, const int64_t* chunk_start) {
@@ -363,12 +652,6 @@ cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const
   return cudaGetLastError();
 }
 
-cudaError_t ColumnSum(cudaStream_t stream, int64_t rows, int64_t cols, const float* x, float* y,
-                      bool accumulate) {
-  ColumnSumKernel<<<Blocks(cols), kThreads, 0, stream>>>(rows, cols, x, y, accumulate);
-  return cudaGetLastError();
-}
-
 cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x) {
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(n, alpha, x);
   return cudaGetLastError();
@@ -402,8 +685,9 @@ cudaError_t DropoutBackward(cudaStream_t stream, int64_t n, float rate, const ui
 cudaError_t SoftmaxCrossEntropy(cudaStream_t stream, int64_t batch, int64_t classes,
                                 const float* logits, const int32_t* labels, float* dlogits,
                                 double* loss_sum, unsigned long long* correct) {
-  SoftmaxCrossEntropyKernel<<<Blocks(batch), kThreads, 0, stream>>>(batch, classes, logits, labels,
-                                                                    dlogits, loss_sum, correct);
+  // A warp (32 threads) per example.
+  SoftmaxCrossEntropyKernel<<<Blocks(batch * 32), kThreads, 0, stream>>>(
+      batch, classes, logits, labels, dlogits, loss_sum, correct);
   return cudaGetLastError();
 }
 
@@ -480,6 +764,112 @@ cudaError_t EmbeddingBackward(cudaStream_t stream, int64_t num_ids, int64_t voca
                               const float* ids, const float* dy, float* dtable) {
   EmbeddingBackwardKernel<<<Blocks(num_ids * dim), kThreads, 0, stream>>>(num_ids, vocab, dim, ids,
                                                                           dy, dtable);
+  return cudaGetLastError();
+}
+
+int64_t ColumnRowBlocks(int64_t rows, int64_t cols) { return ColumnGridOf(rows, cols).row_blocks; }
+
+int64_t ColumnPartialsElements(int64_t rows, int64_t cols) {
+  return 2 * ColumnRowBlocks(rows, cols) * cols;
+}
+
+cudaError_t ColumnSumFast(cudaStream_t stream, int64_t rows, int64_t cols, const float* x, float* y,
+                          bool accumulate, float* partials) {
+  if (cols == 0) return cudaSuccess;
+  if (rows == 0) {
+    if (!accumulate) return cudaMemsetAsync(y, 0, cols * sizeof(float), stream);
+    return cudaSuccess;
+  }
+  const ColumnGrid g = ColumnGridOf(rows, cols);
+  const dim3 grid(static_cast<unsigned>(g.row_blocks), static_cast<unsigned>(g.col_tiles));
+  const dim3 block(kColumnTile, kRowLanes);
+  ColumnSumPartialKernel<<<grid, block, 0, stream>>>(rows, cols, g.chunk, x, partials);
+  ColumnSumFinishKernel<<<Blocks(cols), kThreads, 0, stream>>>(cols, g.row_blocks, partials, y,
+                                                               accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormForwardTraining(cudaStream_t stream, int64_t rows, int64_t channels,
+                                     const float* x, const float* gamma, const float* beta,
+                                     float epsilon, float momentum, float* y, float* running_mean,
+                                     float* running_var, float* save_mean, float* save_inv_std,
+                                     float* partials) {
+  if (rows == 0 || channels == 0) return cudaSuccess;
+  const ColumnGrid g = ColumnGridOf(rows, channels);
+  const dim3 grid(static_cast<unsigned>(g.row_blocks), static_cast<unsigned>(g.col_tiles));
+  const dim3 block(kColumnTile, kRowLanes);
+  BatchNormStatsPartialKernel<<<grid, block, 0, stream>>>(rows, channels, g.chunk, g.row_blocks, x,
+                                                          partials);
+  BatchNormStatsFinishKernel<<<Blocks(channels), kThreads, 0, stream>>>(
+      rows, channels, g.chunk, g.row_blocks, partials, epsilon, momentum, running_mean, running_var,
+      save_mean, save_inv_std);
+  const int64_t n = rows * channels;
+  if (channels % 4 == 0) {
+    BatchNormApply4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(
+        n / 4, channels, reinterpret_cast<const float4*>(x), gamma, beta, save_mean, save_inv_std,
+        reinterpret_cast<float4*>(y));
+  } else {
+    BatchNormApplyKernel<<<Blocks(n), kThreads, 0, stream>>>(n, channels, x, gamma, beta, save_mean,
+                                                             save_inv_std, y);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormForwardInference(cudaStream_t stream, int64_t rows, int64_t channels,
+                                      const float* x, const float* gamma, const float* beta,
+                                      const float* mean, const float* var, float epsilon,
+                                      float* y) {
+  const int64_t n = rows * channels;
+  if (n == 0) return cudaSuccess;
+  BatchNormInferenceKernel<<<Blocks(n), kThreads, 0, stream>>>(n, channels, x, gamma, beta, mean,
+                                                               var, epsilon, y);
+  return cudaGetLastError();
+}
+
+cudaError_t BatchNormBackward(cudaStream_t stream, int64_t rows, int64_t channels, const float* x,
+                              const float* dy, const float* gamma, const float* save_mean,
+                              const float* save_inv_std, float* dx, bool dx_accumulate,
+                              float* dgamma, float* dbeta, bool param_accumulate, float* partials,
+                              float* sums) {
+  if (channels == 0) return cudaSuccess;
+  const ColumnGrid g = ColumnGridOf(std::max<int64_t>(rows, 1), channels);
+  const dim3 grid(static_cast<unsigned>(g.row_blocks), static_cast<unsigned>(g.col_tiles));
+  const dim3 block(kColumnTile, kRowLanes);
+  BatchNormBackwardPartialKernel<<<grid, block, 0, stream>>>(
+      rows, channels, g.chunk, g.row_blocks, x, dy, save_mean, save_inv_std, partials);
+  BatchNormBackwardFinishKernel<<<Blocks(channels), kThreads, 0, stream>>>(
+      channels, g.row_blocks, partials, dgamma, dbeta, param_accumulate, sums);
+  if (dx != nullptr && rows > 0) {
+    const int64_t n = rows * channels;
+    BatchNormBackwardDxKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        n, channels, 1.f / static_cast<float>(rows), x, dy, gamma, save_mean, save_inv_std, sums,
+        dx, dx_accumulate);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t BatchedTranspose(cudaStream_t stream, int64_t batch, int64_t rows, int64_t cols,
+                             const float* in, float* out, const float* bias, bool accumulate) {
+  if (batch == 0 || rows == 0 || cols == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>((cols + kTransposeTile - 1) / kTransposeTile),
+                  static_cast<unsigned>((rows + kTransposeTile - 1) / kTransposeTile),
+                  static_cast<unsigned>(batch));
+  BatchedTransposeKernel<<<grid, dim3(kTransposeTile, 8), 0, stream>>>(rows, cols, in, out, bias,
+                                                                       accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t PadToNchw(cudaStream_t stream, const WindowShape& s, int64_t ph, int64_t pw,
+                      const float* x, float* padded) {
+  PadToNchwKernel<<<Blocks(s.batch * s.in_c * ph * pw), kThreads, 0, stream>>>(s, ph, pw, x,
+                                                                               padded);
+  return cudaGetLastError();
+}
+
+cudaError_t CropFromNchw(cudaStream_t stream, const WindowShape& s, int64_t ph, int64_t pw,
+                         const float* dpadded, float* dx, bool accumulate) {
+  CropFromNchwKernel<<<Blocks(s.batch * s.in_elements()), kThreads, 0, stream>>>(s, ph, pw, dpadded,
+                                                                                 dx, accumulate);
   return cudaGetLastError();
 }
 

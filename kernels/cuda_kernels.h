@@ -20,9 +20,6 @@ namespace cuda_internal {
 // y[r, c] = bias[c].
 cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const float* bias,
                           float* y);
-// y[c] (+)= sum over rows of x[r, c].
-cudaError_t ColumnSum(cudaStream_t stream, int64_t rows, int64_t cols, const float* x, float* y,
-                      bool accumulate);
 // x[i] *= alpha.
 cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x);
 cudaError_t ReluForward(cudaStream_t stream, int64_t n, const float* x, float* y);
@@ -58,6 +55,48 @@ cudaError_t GlobalAvgPoolForward(cudaStream_t stream, int64_t batch, int64_t spa
                                  int64_t channels, const float* x, float* y);
 cudaError_t GlobalAvgPoolBackward(cudaStream_t stream, int64_t batch, int64_t spatial,
                                   int64_t channels, const float* dy, float* dx, bool accumulate);
+
+// ---- Per-column reductions over a row-major [rows, cols] matrix (NHWC
+// activations seen as [batch * H * W, channels]). Two launches: blocks of
+// 32 columns x 8 row lanes each reduce a slab of rows into partials
+// [row_blocks, cols], and one thread per column finishes. `partials` is
+// device scratch of ColumnPartialsElements(rows, cols) floats.
+int64_t ColumnRowBlocks(int64_t rows, int64_t cols);
+int64_t ColumnPartialsElements(int64_t rows, int64_t cols);
+// y[c] (+)= sum over rows of x[r, c].
+cudaError_t ColumnSumFast(cudaStream_t stream, int64_t rows, int64_t cols, const float* x, float* y,
+                          bool accumulate, float* partials);
+
+// Batch norm over [rows, channels] (kernels/cpu.cc's math; statistics merged
+// with Chan's formula from per-slab shifted sums).
+cudaError_t BatchNormForwardTraining(cudaStream_t stream, int64_t rows, int64_t channels,
+                                     const float* x, const float* gamma, const float* beta,
+                                     float epsilon, float momentum, float* y, float* running_mean,
+                                     float* running_var, float* save_mean, float* save_inv_std,
+                                     float* partials);
+cudaError_t BatchNormForwardInference(cudaStream_t stream, int64_t rows, int64_t channels,
+                                      const float* x, const float* gamma, const float* beta,
+                                      const float* mean, const float* var, float epsilon, float* y);
+// `sums` is device scratch of 2 * channels floats.
+cudaError_t BatchNormBackward(cudaStream_t stream, int64_t rows, int64_t channels, const float* x,
+                              const float* dy, const float* gamma, const float* save_mean,
+                              const float* save_inv_std, float* dx, bool dx_accumulate,
+                              float* dgamma, float* dbeta, bool param_accumulate, float* partials,
+                              float* sums);
+
+// out[b, j, i] (+)= in[b, i, j] (+ bias[i] when bias is not null): a batch of
+// [rows, cols] -> [cols, rows] transposes through shared-memory tiles. NHWC
+// <-> NCHW activations (rows = H * W, cols = C, or back) and
+// [K, R, S, C] <-> [K, C, R, S] filters.
+cudaError_t BatchedTranspose(cudaStream_t stream, int64_t batch, int64_t rows, int64_t cols,
+                             const float* in, float* out, const float* bias, bool accumulate);
+// NHWC x (the images of `s`) -> NCHW [batch, in_c, ph, pw] with the image
+// at (pad_top, pad_left) and zeros around it.
+cudaError_t PadToNchw(cudaStream_t stream, const WindowShape& s, int64_t ph, int64_t pw,
+                      const float* x, float* padded);
+// The adjoint: NHWC dx (+)= the image part of NCHW dpadded.
+cudaError_t CropFromNchw(cudaStream_t stream, const WindowShape& s, int64_t ph, int64_t pw,
+                         const float* dpadded, float* dx, bool accumulate);
 
 cudaError_t EmbeddingForward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
                              const float* ids, const float* table, float* y);

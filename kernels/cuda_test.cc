@@ -96,6 +96,11 @@ class CudaKernelTest : public ::testing::Test {
   }
 
   const cuda::CudaContext& ctx() const { return *ctx_; }
+  // Forgets the convolution plans and runs the next ones in `layout`.
+  void UseConvLayout(cuda::ConvLayout layout) {
+    ctx_->ForgetConvPlans();
+    ctx_->conv_layout = layout;
+  }
 
   cpu::CpuContext cpu_;
   std::unique_ptr<cuda::CudaContext> ctx_;
@@ -228,50 +233,55 @@ std::vector<WindowShape> ConvShapes() {
 
 TEST_F(CudaKernelTest, Conv2dForwardAndBackward) {
   uint32_t seed = 10;
-  for (const WindowShape& s : ConvShapes()) {
-    SCOPED_TRACE(testing::Message() << "in " << s.in_h << "x" << s.in_w << "x" << s.in_c
-                                    << " kernel " << s.kernel_h << "x" << s.kernel_w << " stride "
-                                    << s.stride_h << " out " << s.out_h << "x" << s.out_w);
-    const auto x = Random(s.batch * s.in_elements(), ++seed);
-    const auto w = Random(s.out_c * s.patch_elements(), ++seed);
-    const auto bias = Random(s.out_c, ++seed);
-    const auto dy = Random(s.batch * s.out_elements(), ++seed);
-    std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
-    std::vector<float> y(s.batch * s.out_elements());
-    float* x_ = Upload(x);
-    float* w_ = Upload(w);
-    float* bias_ = Upload(bias);
-    float* dy_ = Upload(dy);
-    float* y_ = Alloc<float>(y.size());
-    const absl::Status forward = cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_);
-    ASSERT_TRUE(forward.ok()) << forward;
-    cpu::Conv2dForward(cpu_, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());
-    ExpectClose(y, Download(y_, y.size()), "y");
+  for (cuda::ConvLayout layout :
+       {cuda::ConvLayout::kNhwc, cuda::ConvLayout::kNchw, cuda::ConvLayout::kAuto}) {
+    UseConvLayout(layout);
+    for (const WindowShape& s : ConvShapes()) {
+      SCOPED_TRACE(testing::Message()
+                   << "layout " << static_cast<int>(layout) << " in " << s.in_h << "x" << s.in_w
+                   << "x" << s.in_c << " kernel " << s.kernel_h << "x" << s.kernel_w << " stride "
+                   << s.stride_h << " out " << s.out_h << "x" << s.out_w);
+      const auto x = Random(s.batch * s.in_elements(), ++seed);
+      const auto w = Random(s.out_c * s.patch_elements(), ++seed);
+      const auto bias = Random(s.out_c, ++seed);
+      const auto dy = Random(s.batch * s.out_elements(), ++seed);
+      std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
+      std::vector<float> y(s.batch * s.out_elements());
+      float* x_ = Upload(x);
+      float* w_ = Upload(w);
+      float* bias_ = Upload(bias);
+      float* dy_ = Upload(dy);
+      float* y_ = Alloc<float>(y.size());
+      const absl::Status forward = cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_);
+      ASSERT_TRUE(forward.ok()) << forward;
+      cpu::Conv2dForward(cpu_, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());
+      ExpectClose(y, Download(y_, y.size()), "y");
 
-    for (Write write : {Write::kOverwrite, Write::kAccumulate}) {
-      auto dx = Random(x.size(), ++seed), dw = Random(w.size(), ++seed),
-           db = Random(bias.size(), ++seed);
-      float* dx_ = Upload(dx);
+      for (Write write : {Write::kOverwrite, Write::kAccumulate}) {
+        auto dx = Random(x.size(), ++seed), dw = Random(w.size(), ++seed),
+             db = Random(bias.size(), ++seed);
+        float* dx_ = Upload(dx);
+        float* dw_ = Upload(dw);
+        float* db_ = Upload(db);
+        const absl::Status backward =
+            cuda::Conv2dBackward(ctx(), s, x_, w_, dy_, dx_, write, dw_, db_, write);
+        ASSERT_TRUE(backward.ok()) << backward;
+        cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), dx.data(), write, dw.data(),
+                            db.data(), write, workspace.data());
+        ExpectClose(dx, Download(dx_, dx.size()), "dx");
+        ExpectClose(dw, Download(dw_, dw.size()), "dw");
+        ExpectClose(db, Download(db_, db.size()), "dbias");
+      }
+      // No input gradient (first layer), no bias.
+      auto dw = Random(w.size(), ++seed);
       float* dw_ = Upload(dw);
-      float* db_ = Upload(db);
-      const absl::Status backward =
-          cuda::Conv2dBackward(ctx(), s, x_, w_, dy_, dx_, write, dw_, db_, write);
-      ASSERT_TRUE(backward.ok()) << backward;
-      cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), dx.data(), write, dw.data(),
-                          db.data(), write, workspace.data());
-      ExpectClose(dx, Download(dx_, dx.size()), "dx");
-      ExpectClose(dw, Download(dw_, dw.size()), "dw");
-      ExpectClose(db, Download(db_, db.size()), "dbias");
+      ASSERT_TRUE(cuda::Conv2dBackward(ctx(), s, x_, w_, dy_, nullptr, Write::kOverwrite, dw_,
+                                       nullptr, Write::kOverwrite)
+                      .ok());
+      cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), nullptr, Write::kOverwrite,
+                          dw.data(), nullptr, Write::kOverwrite, workspace.data());
+      ExpectClose(dw, Download(dw_, dw.size()), "dw without dx");
     }
-    // No input gradient (first layer), no bias.
-    auto dw = Random(w.size(), ++seed);
-    float* dw_ = Upload(dw);
-    ASSERT_TRUE(cuda::Conv2dBackward(ctx(), s, x_, w_, dy_, nullptr, Write::kOverwrite, dw_,
-                                     nullptr, Write::kOverwrite)
-                    .ok());
-    cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), nullptr, Write::kOverwrite,
-                        dw.data(), nullptr, Write::kOverwrite, workspace.data());
-    ExpectClose(dw, Download(dw_, dw.size()), "dw without dx");
   }
 }
 
@@ -332,8 +342,12 @@ TEST_F(CudaKernelTest, Pooling) {
 
 TEST_F(CudaKernelTest, BatchNorm) {
   // Rows of an image batch (batch * H * W) and of a dense layer.
-  for (const auto& [rows, channels] :
-       std::vector<std::pair<int64_t, int64_t>>{{8 * 14 * 14, 32}, {64, 128}, {5, 3}}) {
+  for (const auto& [rows, channels] : std::vector<std::pair<int64_t, int64_t>>{{8 * 14 * 14, 32},
+                                                                               {64, 128},
+                                                                               {5, 3},
+                                                                               {64 * 32 * 32, 64},
+                                                                               {256 * 4 * 4, 512},
+                                                                               {1000, 70}}) {
     SCOPED_TRACE(testing::Message() << rows << " x " << channels);
     const auto x = Random(rows * channels, 1, -2.f, 3.f);
     const auto gamma = Random(channels, 2, 0.5f, 1.5f), beta = Random(channels, 3);
