@@ -66,8 +66,16 @@ Status SerializationTraits<downpour::TensorMessage, void>::Deserialize(
   if (!take(4, reinterpret_cast<char*>(prefix))) {
     return Status(StatusCode::INTERNAL, "tensor message shorter than its 4-byte header length");
   }
-  const uint32_t length = prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) |
-                          (static_cast<uint32_t>(prefix[3]) << 24);
+  const uint32_t length =
+      prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) | (static_cast<uint32_t>(prefix[3]) << 24);
+  // The length comes from the peer: check it against what arrived before
+  // allocating.
+  size_t remaining = 0;
+  for (size_t i = slice; i < slices->size(); ++i) remaining += (*slices)[i].size();
+  remaining -= at;
+  if (length > remaining) {
+    return Status(StatusCode::INVALID_ARGUMENT, "tensor message header length exceeds the message");
+  }
   message->header.resize(length);
   if (!take(length, message->header.data())) {
     return Status(StatusCode::INTERNAL, "tensor message shorter than its header");

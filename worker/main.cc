@@ -124,7 +124,7 @@ class WorkerRuntime {
   void StopAll() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (auto& [id, job] : running_) job->trainer->Cancel();
+    for (auto& [id, job] : running_) job->trainer->Shutdown();
     for (auto& [id, job] : running_) {
       job->thread.join();
       Forget(id);

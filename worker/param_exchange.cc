@@ -182,11 +182,20 @@ absl::Status ParameterExchange::ReceivePull(int i, const PullRequest& request, a
   const int shard = messages_[i].shard;
   Payload payload;
   absl::StatusOr<PullResponse> response;
+  // A shard that answers at once without the data (it does not host the job
+  // yet, or is unreachable) is asked again after a growing pause, not in a
+  // busy loop; a pull that waited its slice out is reissued at once.
+  absl::Duration backoff = absl::Milliseconds(20);
   while (true) {
     if (cancelled()) return absl::CancelledError("job ended");
-    response = shards_[shard]->Pull(request, std::min(give_up, absl::Now() + options_.pull_slice),
-                                    &payload);
+    const absl::Time started = absl::Now();
+    response =
+        shards_[shard]->Pull(request, std::min(give_up, started + options_.pull_slice), &payload);
     if (response.ok() || !Retryable(response.status()) || absl::Now() >= give_up) break;
+    if (absl::Now() - started < options_.pull_slice / 2) {
+      absl::SleepFor(std::min(backoff, give_up - absl::Now()));
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
   }
   if (!response.ok())
     return Annotate(response.status(), absl::StrCat("pulling from shard ", shard));

@@ -50,7 +50,12 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
 
 absl::Status JobTrainer::Run() {
   absl::Status status = Train();
-  if (!status.ok() && !cancelled_.load() && !job_ended_.load()) {
+  if (shutting_down_.load() && !job_ended_.load()) {
+    // One attempt: the process is exiting.
+    ReportProgressRequest failed;
+    failed.set_error(absl::StrCat("worker ", options_.node_id, " was shut down"));
+    Report(failed, /*final=*/true);
+  } else if (!status.ok() && !cancelled_.load() && !job_ended_.load()) {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
     Report(failed, /*final=*/true);
@@ -62,7 +67,6 @@ void JobTrainer::Report(ReportProgressRequest request, bool final) {
   request.set_job_id(task_.job_id());
   request.set_node_id(options_.node_id);
   request.set_rank(task_.rank());
-  const absl::Time give_up = absl::Now() + options_.final_report_timeout;
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
     absl::StatusOr<bool> ended = reporter_(request);
@@ -79,9 +83,11 @@ void JobTrainer::Report(ReportProgressRequest request, bool final) {
                        ended.status().message(), ")", final ? "; retrying" : ""));
     }
     coordinator_reachable_ = false;
-    // A result the coordinator rejected outright will not be accepted later.
+    // A result is retried for as long as the job is this worker's task (a
+    // coordinator restart loses nothing); one the coordinator rejected
+    // outright will not be accepted later.
     if (!final || cancelled_.load() || absl::IsPermissionDenied(ended.status()) ||
-        absl::IsNotFound(ended.status()) || absl::Now() + backoff > give_up) {
+        absl::IsNotFound(ended.status())) {
       return;
     }
     absl::SleepFor(backoff);  // Backoff between delivery attempts of a result.
@@ -115,7 +121,7 @@ absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step, int64_
                              [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
-absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model) {
+absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
   const JobSpec& spec = task_.spec();
   BatchReaderOptions options;
   options.file_pattern = spec.dataset().test_files();
@@ -125,7 +131,10 @@ absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model) {
   options.feature_size = FeatureSize(spec.model());
   options.batch_size = 1000;
   options.repeat = false;
-  ASSIGN_OR_RETURN(auto reader, BatchReader::Create(options));
+  return BatchReader::Create(options);
+}
+
+absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model, BatchReader* reader) {
   Batch batch;
   int64_t correct = 0, total = 0;
   while (true) {
@@ -138,7 +147,7 @@ absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model) {
   }
   if (total == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("test set ", spec.dataset().test_files(), " holds no examples"));
+        absl::StrCat("test set ", task_.spec().dataset().test_files(), " holds no examples"));
   }
   return static_cast<double>(correct) / total;
 }
@@ -163,6 +172,12 @@ absl::Status JobTrainer::Train() {
   data.num_workers = spec.num_workers();
   data.repeat = true;
   ASSIGN_OR_RETURN(auto reader, BatchReader::Create(data));
+  // Rank 0 evaluates at the end; a wrong test-set path fails the job now,
+  // not after the last step.
+  std::unique_ptr<BatchReader> test_reader;
+  if (rank == 0) {
+    ASSIGN_OR_RETURN(test_reader, OpenTestSet());
+  }
 
   const ConsistencySpec::Mode mode = spec.consistency().mode();
   const MetricLabels labels = {{"job", task_.job_id()}};
@@ -236,7 +251,7 @@ absl::Status JobTrainer::Train() {
   // Rank 0 evaluates the final model: every worker's last update applied.
   RETURN_IF_ERROR(PullParameters(model.get(), mode == ConsistencySpec::SYNC ? spec.steps() : 0,
                                  mode == ConsistencySpec::SYNC ? 0 : spec.steps()));
-  ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model.get()));
+  ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model.get(), test_reader.get()));
   Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy));
   ReportProgressRequest done;
   done.set_step(spec.steps());

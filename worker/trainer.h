@@ -21,6 +21,7 @@
 #include "common/metrics.h"
 #include "core/model.h"
 #include "core/parameter_store.h"
+#include "data/dataset.h"
 #include "proto/coordinator.pb.h"
 #include "worker/param_exchange.h"
 
@@ -42,10 +43,6 @@ struct TrainerOptions {
   // Transport tuning (see ParameterExchange and RemoteParameterShard).
   int channels_per_shard = 2;
   int max_inflight = 4;
-  // A final report (finished, test accuracy, or failure) is retried this long
-  // while the coordinator is unreachable, so a coordinator restart loses no
-  // result. Ordinary progress reports are best effort.
-  absl::Duration final_report_timeout = absl::Minutes(5);
   MetricsRegistry* metrics = nullptr;  // Optional, not owned.
   // Where the model replica computes: -1 the CPU, else a CUDA device
   // (ModelOptions::device).
@@ -66,7 +63,14 @@ class JobTrainer {
   // Trains to the end, reports the outcome (finished, or the error) and
   // returns it.
   absl::Status Run();
+  // The job ended elsewhere: stop without reporting.
   void Cancel() { cancelled_.store(true); }
+  // The worker process is exiting: stop, and tell the coordinator the job
+  // lost this worker (so it fails now, not after the heartbeat timeout).
+  void Shutdown() {
+    shutting_down_.store(true);
+    cancelled_.store(true);
+  }
 
  private:
   absl::Status Train();
@@ -76,8 +80,11 @@ class JobTrainer {
   // in one round trip per message.
   absl::Status PushGradientsAndPull(Model* model, int64_t step, int64_t min_version,
                                     int64_t min_worker_steps);
-  absl::StatusOr<double> EvaluateTestSet(Model* model);
-  // Sends a report; a final one is retried until delivered or timed out.
+  absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
+  absl::StatusOr<double> EvaluateTestSet(Model* model, data::BatchReader* reader);
+  // Sends a report; a final one (finished, accuracy, failure) is retried
+  // until delivered or the trainer is cancelled. Ordinary progress is best
+  // effort.
   void Report(ReportProgressRequest request, bool final);
 
   const Task task_;
@@ -87,6 +94,7 @@ class JobTrainer {
   std::unique_ptr<ParameterExchange> exchange_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};
+  std::atomic<bool> shutting_down_{false};
   bool coordinator_reachable_ = true;
 };
 
