@@ -384,10 +384,25 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& sp
   return absl::OkStatus();
 }
 
+void ParameterStore::RefuseJob(const std::string& job_id, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  refused_[job_id] = why;
+}
+
+int64_t ParameterStore::RememberedRequests(const std::string& job_id) const {
+  auto job = FindJob(job_id);
+  if (!job.ok()) return 0;
+  absl::MutexLock lock(&(*job)->mu);
+  int64_t n = 0;
+  for (const auto& [worker, requests] : (*job)->requests) n += requests.recent.size();
+  return n;
+}
+
 void ParameterStore::DropJob(const std::string& job_id) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
+    refused_.erase(job_id);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return;
     job = std::move(it->second);
@@ -414,6 +429,11 @@ absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
   absl::ReaderMutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
+    auto refused = refused_.find(job_id);
+    if (refused != refused_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the shard cannot host job ", job_id, ": ", refused->second.message()));
+    }
     return absl::NotFoundError(absl::StrCat("job ", job_id, " is not hosted on this shard (yet)"));
   }
   return it->second;

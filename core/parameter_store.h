@@ -130,8 +130,18 @@ class ParameterStore : public ParameterShard {
   // pulls return Aborted ("job X was dropped"). No-op for an unknown job.
   void DropJob(const std::string& job_id);
 
+  // Records that this shard cannot host `job_id` (AddJob failed): pushes and
+  // pulls for it fail with FailedPrecondition carrying `why`, so workers fail
+  // the job at once with the shard's reason instead of waiting for it.
+  // DropJob forgets it.
+  void RefuseJob(const std::string& job_id, const absl::Status& why);
+
   // Ids of the hosted jobs, sorted.
   std::vector<std::string> JobIds() const;
+
+  // Request ids remembered for exactly-once delivery, over all workers of
+  // `job_id` (bounded by kDedupWindow per worker plus those in flight).
+  int64_t RememberedRequests(const std::string& job_id) const;
 
   using ParameterShard::Pull;
   using ParameterShard::Push;
@@ -147,6 +157,7 @@ class ParameterStore : public ParameterShard {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace downpour

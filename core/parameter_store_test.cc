@@ -325,6 +325,20 @@ TEST_F(ParameterStoreTest, DedupMemoryIsBoundedAndOldSequencesStayDuplicates) {
   EXPECT_TRUE(PushOk(MakePush(0, 1, 0, {{{1, 0}, {0, 0}}})).duplicate());
   EXPECT_TRUE(PushOk(MakePush(0, total, 0, {{{1, 0}, {0, 0}}})).duplicate());
   EXPECT_EQ(PullOne({1, 0}).version, total);
+  EXPECT_LE(store_.RememberedRequests("job-1"), ParameterStore::kDedupWindow);
+  EXPECT_GT(store_.RememberedRequests("job-1"), 0);
+}
+
+TEST_F(ParameterStoreTest, RefusedJobFailsPushesAndPullsWithTheReason) {
+  store_.RefuseJob("other", absl::ResourceExhaustedError("out of memory for 9 GiB"));
+  PullRequest pull;
+  pull.set_job_id("other");
+  auto pulled = store_.Pull(pull, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(pulled.status().message().find("out of memory for 9 GiB"), std::string::npos);
+  store_.DropJob("other");
+  EXPECT_EQ(store_.Pull(pull, absl::Now() + absl::Seconds(1)).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(ParameterStoreTest, MinWorkerStepsWaitsForTheSlowestWorker) {

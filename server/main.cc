@@ -51,14 +51,21 @@ class ShardRuntime {
       absl::Status added = Host(task);
       if (!added.ok()) {
         // The coordinator validated the spec, so this is a version mismatch
-        // or a resource problem; workers will report the job failing.
+        // or a resource problem; workers get the reason with their next
+        // request and fail the job with it.
         Log(absl::StrCat("job ", task.job_id(), ": cannot host: ", added.message()));
+        store_->RefuseJob(task.job_id(), added);
         failed_.insert(task.job_id());
       }
     }
     // A job that could not be hosted is forgotten once it ends.
     for (auto it = failed_.begin(); it != failed_.end();) {
-      it = current.count(*it) ? std::next(it) : failed_.erase(it);
+      if (current.count(*it)) {
+        ++it;
+        continue;
+      }
+      store_->DropJob(*it);
+      it = failed_.erase(it);
     }
     for (auto it = hosted_.begin(); it != hosted_.end();) {
       if (current.count(it->first)) {
