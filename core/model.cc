@@ -416,13 +416,18 @@ class CudaOps : public Ops {
 #undef DOWNPOUR_MODEL_OPS
 
 // One activation tensor: per-example size, values and (in training) the
-// gradient of the loss with respect to them, in the compute memory.
+// gradient of the loss with respect to them, in the compute memory. Both
+// live in the Model's activation arena (see PlanActivations), which reuses
+// memory between tensors whose lifetimes in the step do not overlap.
 struct Buffer {
   int64_t elements = 0;
-  Memory value;
-  Memory grad;
-  float* value_ptr() const { return value.as<float>(); }
-  float* grad_ptr() const { return grad.as<float>(); }
+  // >= 1: the values are that buffer's, overwritten in place (a ReLU that is
+  // its input's only reader).
+  int value_alias = -1;
+  float* value_data = nullptr;
+  float* grad_data = nullptr;
+  float* value_ptr() const { return value_data; }
+  float* grad_ptr() const { return grad_data; }
 };
 
 struct ForwardArgs {
@@ -488,9 +493,11 @@ class ReluLayer : public Layer {
   absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
     return ops.ReluForward(a.batch * elements_, a.x[0], a.y);
   }
+  // From the output (y > 0 exactly where x > 0), so the forward may run in
+  // place.
   absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
     if (a.dx[0] == nullptr) return absl::OkStatus();
-    return ops.ReluBackward(a.batch * elements_, a.x[0], a.dy, a.dx[0], a.dx_write[0]);
+    return ops.ReluBackward(a.batch * elements_, a.y, a.dy, a.dx[0], a.dx_write[0]);
   }
 
  private:
@@ -750,6 +757,7 @@ struct Storage {
   Memory slots;                                // ApplyOptimizerOnDevice's.
   int num_slots = 0;
   std::vector<Buffer> buffers;       // Activations; [0] is the model input (no memory).
+  Memory arena;                      // Every buffer's values and gradients.
   std::vector<int> buffer_of_layer;  // -1 for the loss (scalar output).
   int64_t capacity = 0;              // Largest batch the buffers hold.
   int64_t staged_capacity = 0;       // Largest batch features/labels hold.
@@ -856,6 +864,7 @@ absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
 
   std::vector<Buffer>& buffers = st.buffers;
   std::vector<int>& buffer_of_layer = st.buffer_of_layer;
+
   buffers.emplace_back();
   buffers[0].elements = shape_.input_size;
   for (size_t i = 0; i < shape_.layers.size(); ++i) {
@@ -935,6 +944,26 @@ absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
     }
     layers_.push_back(std::move(impl));
   }
+  // A ReLU that is the only reader of its input overwrites it (its backward
+  // needs only its output).
+  std::vector<int> readers(buffers.size(), 0);
+  for (const LayerShape& layer : shape_.layers) {
+    if (layer.kind == LayerKind::kFlatten) continue;
+    for (int input : layer.inputs) {
+      if (input != LayerShape::kModelInput) ++readers[buffer_of_layer[input]];
+    }
+  }
+  for (size_t i = 0; i < shape_.layers.size(); ++i) {
+    const LayerShape& layer = shape_.layers[i];
+    if (layer.kind != LayerKind::kRelu || layer.inputs[0] == LayerShape::kModelInput) continue;
+    const int input = layer.inputs[0];
+    const int in_buffer = buffer_of_layer[input];
+    if (in_buffer <= 0 || readers[in_buffer] != 1) continue;
+    // The input's own producer: a flatten's is further up; keep it simple.
+    const LayerKind producer = shape_.layers[input].kind;
+    if (producer == LayerKind::kRelu || producer == LayerKind::kFlatten) continue;
+    buffers[buffer_of_layer[i]].value_alias = in_buffer;
+  }
   return absl::OkStatus();
 }
 
@@ -984,17 +1013,125 @@ absl::Status Model::CheckBatch(const float* features, const int32_t* labels, int
   return absl::OkStatus();
 }
 
+namespace {
+
+// One block of the activation arena: live (inclusive) from step `first` to
+// `last` of the step's schedule (forward of layer i at i, backward of layer
+// i at 2 * layers - 1 - i).
+struct ArenaBlock {
+  size_t bytes = 0;
+  int first = 0, last = 0;
+  size_t offset = 0;
+};
+
+// Offsets for `blocks` such that blocks live at the same time never share
+// bytes: largest first, each at the lowest offset that fits among the blocks
+// already placed that it meets in time. Returns the arena's size.
+size_t PlaceBlocks(std::vector<ArenaBlock>& blocks) {
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return blocks[a].bytes > blocks[b].bytes; });
+  std::vector<size_t> placed;
+  size_t total = 0;
+  for (size_t i : order) {
+    ArenaBlock& block = blocks[i];
+    std::vector<std::pair<size_t, size_t>> taken;  // [offset, end) of overlapping blocks.
+    for (size_t j : placed) {
+      const ArenaBlock& other = blocks[j];
+      if (other.first <= block.last && block.first <= other.last) {
+        taken.emplace_back(other.offset, other.offset + other.bytes);
+      }
+    }
+    std::sort(taken.begin(), taken.end());
+    size_t offset = 0;
+    for (const auto& [start, end] : taken) {
+      if (offset + block.bytes <= start) break;
+      offset = std::max(offset, end);
+    }
+    block.offset = offset;
+    total = std::max(total, offset + block.bytes);
+    placed.push_back(i);
+  }
+  return total;
+}
+
+// Layers whose backward reads their input values (the rest need only the
+// output gradient, their own output, or their scratch).
+bool BackwardReadsInput(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kDense:
+    case LayerKind::kConv2d:
+    case LayerKind::kBatchNorm:
+    case LayerKind::kMaxPool:
+    case LayerKind::kEmbedding:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 absl::Status Model::Reserve(int64_t batch) {
   model_internal::Storage& st = *storage_;
   if (batch <= st.capacity) return absl::OkStatus();
   // Outstanding work may still read the old buffers.
   RETURN_IF_ERROR(ops_->Synchronize());
-  for (size_t b = 1; b < st.buffers.size(); ++b) {
-    const size_t bytes = sizeof(float) * batch * st.buffers[b].elements;
-    st.buffers[b].value = {};
-    st.buffers[b].grad = {};
-    ASSIGN_OR_RETURN(st.buffers[b].value, ops_->Allocate(bytes));
-    ASSIGN_OR_RETURN(st.buffers[b].grad, ops_->Allocate(bytes));
+  const int n = static_cast<int>(shape_.layers.size());
+  const int buffers = static_cast<int>(st.buffers.size());
+  auto backward_time = [n](int layer) { return 2 * n - 1 - layer; };
+  // The layer that writes each buffer, and the step's first and last use of
+  // its values and of its gradient.
+  std::vector<int> producer(buffers, -1);
+  for (int i = 0; i < n; ++i) {
+    const int out = st.buffer_of_layer[i];
+    if (out > 0 && shape_.layers[i].kind != LayerKind::kFlatten) producer[out] = i;
+  }
+  std::vector<int> value_last(buffers, -1), grad_first(buffers, -1);
+  for (int b = 1; b < buffers; ++b) {
+    const int p = producer[b];
+    value_last[b] = p;
+    if (shape_.layers[p].kind == LayerKind::kRelu) value_last[b] = backward_time(p);
+    grad_first[b] = backward_time(p);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (shape_.layers[i].kind == LayerKind::kFlatten) continue;
+    for (int input : shape_.layers[i].inputs) {
+      const int b = input == LayerShape::kModelInput ? 0 : st.buffer_of_layer[input];
+      if (b <= 0) continue;
+      value_last[b] = std::max(value_last[b], i);
+      if (BackwardReadsInput(shape_.layers[i].kind)) {
+        value_last[b] = std::max(value_last[b], backward_time(i));
+      }
+      grad_first[b] = std::min(grad_first[b], backward_time(i));
+    }
+  }
+  // In-place ReLUs: one block holds the input's and the output's values, for
+  // both lifetimes.
+  std::vector<ArenaBlock> blocks;
+  std::vector<int> value_block(buffers, -1), grad_block(buffers, -1);
+  for (int b = 1; b < buffers; ++b) {
+    const size_t bytes = (sizeof(float) * batch * st.buffers[b].elements + 255) / 256 * 256;
+    const int alias = st.buffers[b].value_alias;
+    if (alias > 0) {
+      ArenaBlock& shared = blocks[value_block[alias]];
+      shared.last = std::max(shared.last, value_last[b]);
+      value_block[b] = value_block[alias];
+    } else {
+      value_block[b] = static_cast<int>(blocks.size());
+      blocks.push_back({bytes, producer[b], value_last[b], 0});
+    }
+    grad_block[b] = static_cast<int>(blocks.size());
+    blocks.push_back({bytes, grad_first[b], backward_time(producer[b]), 0});
+  }
+  const size_t arena_bytes = PlaceBlocks(blocks);
+  st.arena = {};
+  ASSIGN_OR_RETURN(st.arena, ops_->Allocate(arena_bytes));
+  char* base = st.arena.as<char>();
+  for (int b = 1; b < buffers; ++b) {
+    st.buffers[b].value_data = reinterpret_cast<float*>(base + blocks[value_block[b]].offset);
+    st.buffers[b].grad_data = reinterpret_cast<float*>(base + blocks[grad_block[b]].offset);
   }
   for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*ops_, batch));
   st.capacity = batch;
@@ -1214,7 +1351,7 @@ int64_t Model::compute_bytes() const {
   const model_internal::Storage& st = *storage_;
   int64_t bytes = st.params.bytes() + st.grads.bytes() + st.state.bytes() + st.slots.bytes() +
                   st.features.bytes() + st.labels.bytes();
-  for (const model_internal::Buffer& b : st.buffers) bytes += b.value.bytes() + b.grad.bytes();
+  bytes += st.arena.bytes();
   return bytes + ops_->fixed_bytes();
 }
 

@@ -62,6 +62,43 @@ __global__ void ReluBackwardKernel(int64_t n, const float* x, const float* dy, f
   }
 }
 
+// Four floats per thread (16-byte accesses) for the element-wise kernels,
+// where n % 4 == 0 and every pointer is 16-byte aligned.
+__device__ __forceinline__ float4 Relu4(float4 v) {
+  return make_float4(v.x > 0.f ? v.x : 0.f, v.y > 0.f ? v.y : 0.f, v.z > 0.f ? v.z : 0.f,
+                     v.w > 0.f ? v.w : 0.f);
+}
+
+__global__ void ReluForward4Kernel(int64_t n4, const float4* x, float4* y) {
+  GRID_STRIDE(i, n4) { y[i] = Relu4(x[i]); }
+}
+
+__global__ void ReluBackward4Kernel(int64_t n4, const float4* x, const float4* dy, float4* dx,
+                                    bool accumulate) {
+  GRID_STRIDE(i, n4) {
+    const float4 v = x[i], g = dy[i];
+    float4 o = make_float4(v.x > 0.f ? g.x : 0.f, v.y > 0.f ? g.y : 0.f, v.z > 0.f ? g.z : 0.f,
+                           v.w > 0.f ? g.w : 0.f);
+    if (accumulate) {
+      const float4 d = dx[i];
+      o.x += d.x, o.y += d.y, o.z += d.z, o.w += d.w;
+    }
+    dx[i] = o;
+  }
+}
+
+__global__ void Add4Kernel(int64_t n4, const float4* a, const float4* b, float4* y) {
+  GRID_STRIDE(i, n4) {
+    const float4 u = a[i], v = b[i];
+    y[i] = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+  }
+}
+
+bool Vec4(int64_t n, const void* a, const void* b = nullptr, const void* c = nullptr) {
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return n % 4 == 0 && aligned(a) && aligned(b) && aligned(c);
+}
+
 __global__ void DropoutForwardKernel(int64_t n, float rate, float scale, uint64_t key,
                                      const float* x, float* y, uint8_t* mask) {
   GRID_STRIDE(i, n) {
@@ -195,16 +232,88 @@ __device__ __forceinline__ int64_t ArgMax(const WindowShape& s, const float* xn,
   return best;
 }
 
-__global__ void MaxPoolForwardKernel(WindowShape s, const float* x, float* y) {
-  GRID_STRIDE(i, s.batch * s.out_elements()) {
-    const int64_t c = i % s.out_c;
-    int64_t rest = i / s.out_c;
-    const int64_t ow = rest % s.out_w;
-    rest /= s.out_w;
-    const int64_t oh = rest % s.out_h;
-    const int64_t n = rest / s.out_h;
-    const float* xn = x + n * s.in_elements();
-    y[i] = xn[ArgMax(s, xn, oh, ow, c) * s.in_c + c];
+// Index arithmetic in I: 32-bit where the tensors allow (64-bit divisions
+// dominated the pooling kernels).
+template <typename I>
+struct Window {
+  I batch, in_h, in_w, in_c, out_h, out_w, kernel_h, kernel_w, stride_h, stride_w, pad_top,
+      pad_left;
+  explicit Window(const WindowShape& s)
+      : batch(static_cast<I>(s.batch)),
+        in_h(static_cast<I>(s.in_h)),
+        in_w(static_cast<I>(s.in_w)),
+        in_c(static_cast<I>(s.in_c)),
+        out_h(static_cast<I>(s.out_h)),
+        out_w(static_cast<I>(s.out_w)),
+        kernel_h(static_cast<I>(s.kernel_h)),
+        kernel_w(static_cast<I>(s.kernel_w)),
+        stride_h(static_cast<I>(s.stride_h)),
+        stride_w(static_cast<I>(s.stride_w)),
+        pad_top(static_cast<I>(s.pad_top)),
+        pad_left(static_cast<I>(s.pad_left)) {}
+};
+
+// Thread per output: the first maximum of its window (as the CPU twin) ...
+// and, for MaxPoolScatterKernel, the gradient written over the whole window.
+template <typename I>
+__device__ __forceinline__ void WindowArgMax(const Window<I>& s, const float* x, I i, I* n_out,
+                                             I* h0, I* h1, I* w0, I* w1, I* c_out, I* best) {
+  const I c = i % s.in_c;
+  I rest = i / s.in_c;
+  const I ow = rest % s.out_w;
+  rest /= s.out_w;
+  const I oh = rest % s.out_h;
+  const I n = rest / s.out_h;
+  const I hs = oh * s.stride_h - s.pad_top, ws = ow * s.stride_w - s.pad_left;
+  *h0 = hs > 0 ? hs : 0;
+  *h1 = min(hs + s.kernel_h, s.in_h);
+  *w0 = ws > 0 ? ws : 0;
+  *w1 = min(ws + s.kernel_w, s.in_w);
+  const float* xn = x + n * s.in_h * s.in_w * s.in_c;
+  I arg = *h0 * s.in_w + *w0;
+  float best_value = xn[arg * s.in_c + c];
+  for (I h = *h0; h < *h1; ++h) {
+    for (I w = *w0; w < *w1; ++w) {
+      const float v = xn[(h * s.in_w + w) * s.in_c + c];
+      if (v > best_value) {
+        best_value = v;
+        arg = h * s.in_w + w;
+      }
+    }
+  }
+  *n_out = n;
+  *c_out = c;
+  *best = arg;
+}
+
+template <typename I>
+__global__ void MaxPoolForwardFastKernel(Window<I> s, I total, const float* x, float* y) {
+  for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+    I n, h0, h1, w0, w1, c, arg;
+    WindowArgMax(s, x, i, &n, &h0, &h1, &w0, &w1, &c, &arg);
+    y[i] = x[(n * s.in_h * s.in_w + arg) * s.in_c + c];
+  }
+}
+
+// Windows that do not overlap (stride >= kernel): each input is in at most
+// one window, so a thread per output writes its window's gradient with no
+// race. Inputs in no window are left alone (zeroed first for an overwrite).
+template <typename I>
+__global__ void MaxPoolScatterKernel(Window<I> s, I total, const float* x, const float* dy,
+                                     float* dx, bool accumulate) {
+  for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+    I n, h0, h1, w0, w1, c, arg;
+    WindowArgMax(s, x, i, &n, &h0, &h1, &w0, &w1, &c, &arg);
+    const float g = dy[i];
+    float* dxn = dx + n * s.in_h * s.in_w * s.in_c;
+    for (I h = h0; h < h1; ++h) {
+      for (I w = w0; w < w1; ++w) {
+        const I p = h * s.in_w + w;
+        const float v = p == arg ? g : 0.f;
+        float* o = dxn + p * s.in_c + c;
+        *o = accumulate ? *o + v : v;
+      }
+    }
   }
 }
 
@@ -330,7 +439,7 @@ __global__ void EmbeddingBackwardKernel(int64_t num_ids, int64_t vocab, int64_t 
 // columns [by * 32, by * 32 + 32).
 constexpr int kColumnTile = 32;
 constexpr int kRowLanes = 8;
-constexpr int64_t kColumnBlocksTarget = 2048;
+constexpr int64_t kColumnBlocksTarget = 1024;
 
 struct ColumnGrid {
   int64_t chunk = 0, row_blocks = 0, col_tiles = 0;
@@ -364,17 +473,37 @@ __global__ void ColumnSumPartialKernel(int64_t rows, int64_t cols, int64_t chunk
   if (threadIdx.y == 0 && c < cols) {
     float total = 0.f;
     for (int l = 0; l < kRowLanes; ++l) total += lane_sum[l][threadIdx.x];
-    partials[blockIdx.x * cols + c] = total;
+    partials[c * gridDim.x + blockIdx.x] = total;
   }
 }
 
-__global__ void ColumnSumFinishKernel(int64_t cols, int64_t row_blocks, const float* partials,
-                                      float* y, bool accumulate) {
-  GRID_STRIDE(c, cols) {
-    double sum = 0.0;
-    for (int64_t b = 0; b < row_blocks; ++b) sum += partials[b * cols + c];
-    y[c] = accumulate ? y[c] + static_cast<float>(sum) : static_cast<float>(sum);
+// The sum over a block (kFinishThreads threads) of one double per thread;
+// every thread gets it.
+constexpr int kFinishThreads = 128;
+
+__device__ double BlockSum(double v) {
+  __shared__ double warp_sums[kFinishThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  __syncthreads();  // warp_sums may still be read from a previous call.
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kFinishThreads / 32; ++w) total += warp_sums[w];
+  return total;
+}
+
+// Partials are [quantity][cols][row_blocks]: a block per column reads its
+// row_blocks partials coalesced. grid = cols.
+__global__ void ColumnSumFinishKernel(int64_t row_blocks, const float* partials, float* y,
+                                      bool accumulate) {
+  const int64_t c = blockIdx.x;
+  double sum = 0.0;
+  for (int64_t b = threadIdx.x; b < row_blocks; b += kFinishThreads) {
+    sum += partials[c * row_blocks + b];
   }
+  sum = BlockSum(sum);
+  if (threadIdx.x == 0)
+    y[c] = accumulate ? y[c] + static_cast<float>(sum) : static_cast<float>(sum);
 }
 
 // Statistics of one slab: per column, (mean, M2) from sums shifted by the
@@ -417,34 +546,37 @@ __global__ void BatchNormStatsPartialKernel(int64_t rows, int64_t cols, int64_t 
       qa += lane_m2[l][threadIdx.x] + delta * delta * (na * nb / n_ab);
       na = n_ab;
     }
-    partials[blockIdx.x * cols + c] = ma;
-    partials[(row_blocks + blockIdx.x) * cols + c] = qa;
+    partials[c * row_blocks + blockIdx.x] = ma;
+    partials[(cols + c) * row_blocks + blockIdx.x] = qa;
   }
 }
 
+// Chan's merge of the slabs in two block sums: the mean, then M2 about it.
 __global__ void BatchNormStatsFinishKernel(int64_t rows, int64_t cols, int64_t chunk,
                                            int64_t row_blocks, const float* partials, float epsilon,
                                            float momentum, float* running_mean, float* running_var,
                                            float* save_mean, float* save_inv_std) {
-  GRID_STRIDE(c, cols) {
-    double na = 0.0, ma = 0.0, qa = 0.0;
-    for (int64_t b = 0; b < row_blocks; ++b) {
-      const double nb = static_cast<double>(min(chunk, rows - b * chunk));
-      const double mb = partials[b * cols + c];
-      const double n_ab = na + nb;
-      const double delta = mb - ma;
-      ma += delta * (nb / n_ab);
-      qa += partials[(row_blocks + b) * cols + c] + delta * delta * (na * nb / n_ab);
-      na = n_ab;
-    }
-    const double var = qa / static_cast<double>(rows);
-    const double unbias = rows > 1 ? static_cast<double>(rows) / (rows - 1) : 1.0;
-    save_mean[c] = static_cast<float>(ma);
-    save_inv_std[c] = static_cast<float>(1.0 / sqrt(var + epsilon));
-    running_mean[c] = momentum * running_mean[c] + (1.f - momentum) * static_cast<float>(ma);
-    running_var[c] =
-        momentum * running_var[c] + (1.f - momentum) * static_cast<float>(var * unbias);
+  const int64_t c = blockIdx.x;
+  const float* slab_mean = partials + c * row_blocks;
+  const float* slab_m2 = partials + (cols + c) * row_blocks;
+  double sum = 0.0;
+  for (int64_t b = threadIdx.x; b < row_blocks; b += kFinishThreads) {
+    sum += static_cast<double>(min(chunk, rows - b * chunk)) * slab_mean[b];
   }
+  const double mean = BlockSum(sum) / static_cast<double>(rows);
+  double m2 = 0.0;
+  for (int64_t b = threadIdx.x; b < row_blocks; b += kFinishThreads) {
+    const double d = slab_mean[b] - mean;
+    m2 += slab_m2[b] + static_cast<double>(min(chunk, rows - b * chunk)) * d * d;
+  }
+  m2 = BlockSum(m2);
+  if (threadIdx.x != 0) return;
+  const double var = m2 / static_cast<double>(rows);
+  const double unbias = rows > 1 ? static_cast<double>(rows) / (rows - 1) : 1.0;
+  save_mean[c] = static_cast<float>(mean);
+  save_inv_std[c] = static_cast<float>(1.0 / sqrt(var + epsilon));
+  running_mean[c] = momentum * running_mean[c] + (1.f - momentum) * static_cast<float>(mean);
+  running_var[c] = momentum * running_var[c] + (1.f - momentum) * static_cast<float>(var * unbias);
 }
 
 // y = gamma * (x - mean) * inv_std + beta, four channels per thread when
@@ -511,26 +643,28 @@ __global__ void BatchNormBackwardPartialKernel(int64_t rows, int64_t cols, int64
       a += lane_dy[l][threadIdx.x];
       b += lane_dyx[l][threadIdx.x];
     }
-    partials[blockIdx.x * cols + c] = a;
-    partials[(row_blocks + blockIdx.x) * cols + c] = b;
+    partials[c * row_blocks + blockIdx.x] = a;
+    partials[(cols + c) * row_blocks + blockIdx.x] = b;
   }
 }
 
 __global__ void BatchNormBackwardFinishKernel(int64_t cols, int64_t row_blocks,
                                               const float* partials, float* dgamma, float* dbeta,
                                               bool accumulate, float* sums) {
-  GRID_STRIDE(c, cols) {
-    double a = 0.0, b = 0.0;
-    for (int64_t k = 0; k < row_blocks; ++k) {
-      a += partials[k * cols + c];
-      b += partials[(row_blocks + k) * cols + c];
-    }
-    const float db = static_cast<float>(a), dg = static_cast<float>(b);
-    dbeta[c] = accumulate ? dbeta[c] + db : db;
-    dgamma[c] = accumulate ? dgamma[c] + dg : dg;
-    sums[c] = db;
-    sums[cols + c] = dg;
+  const int64_t c = blockIdx.x;
+  double a = 0.0, b = 0.0;
+  for (int64_t k = threadIdx.x; k < row_blocks; k += kFinishThreads) {
+    a += partials[c * row_blocks + k];
+    b += partials[(cols + c) * row_blocks + k];
   }
+  a = BlockSum(a);
+  b = BlockSum(b);
+  if (threadIdx.x != 0) return;
+  const float db = static_cast<float>(a), dg = static_cast<float>(b);
+  dbeta[c] = accumulate ? dbeta[c] + db : db;
+  dgamma[c] = accumulate ? dgamma[c] + dg : dg;
+  sums[c] = db;
+  sums[cols + c] = dg;
 }
 
 __global__ void BatchNormBackwardDxKernel(int64_t n, int64_t cols, float inv_rows, const float* x,
@@ -658,12 +792,23 @@ cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x) {
 }
 
 cudaError_t ReluForward(cudaStream_t stream, int64_t n, const float* x, float* y) {
+  if (Vec4(n, x, y)) {
+    ReluForward4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(
+        n / 4, reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y));
+    return cudaGetLastError();
+  }
   ReluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, y);
   return cudaGetLastError();
 }
 
 cudaError_t ReluBackward(cudaStream_t stream, int64_t n, const float* x, const float* dy, float* dx,
                          bool accumulate) {
+  if (Vec4(n, x, dy, dx)) {
+    ReluBackward4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(
+        n / 4, reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(dy),
+        reinterpret_cast<float4*>(dx), accumulate);
+    return cudaGetLastError();
+  }
   ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, dy, dx, accumulate);
   return cudaGetLastError();
 }
@@ -697,6 +842,12 @@ cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const float* x, float* y, 
 }
 
 cudaError_t Add(cudaStream_t stream, int64_t n, const float* a, const float* b, float* y) {
+  if (Vec4(n, a, b, y)) {
+    Add4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(n / 4, reinterpret_cast<const float4*>(a),
+                                                       reinterpret_cast<const float4*>(b),
+                                                       reinterpret_cast<float4*>(y));
+    return cudaGetLastError();
+  }
   AddKernel<<<Blocks(n), kThreads, 0, stream>>>(n, a, b, y);
   return cudaGetLastError();
 }
@@ -715,15 +866,61 @@ cudaError_t CropImages(cudaStream_t stream, const WindowShape& s, int64_t padded
   return cudaGetLastError();
 }
 
+namespace {
+
+bool Fits32(const WindowShape& s) {
+  const int64_t limit = int64_t{1} << 30;
+  return s.batch * s.in_elements() < limit && s.batch * s.out_elements() < limit;
+}
+
+template <typename I>
+void LaunchMaxPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y) {
+  const int64_t total = s.batch * s.out_elements();
+  MaxPoolForwardFastKernel<I>
+      <<<Blocks(total), kThreads, 0, stream>>>(Window<I>(s), static_cast<I>(total), x, y);
+}
+
+template <typename I>
+void LaunchMaxPoolScatter(cudaStream_t stream, const WindowShape& s, const float* x,
+                          const float* dy, float* dx, bool accumulate) {
+  const int64_t total = s.batch * s.out_elements();
+  MaxPoolScatterKernel<I><<<Blocks(total), kThreads, 0, stream>>>(
+      Window<I>(s), static_cast<I>(total), x, dy, dx, accumulate);
+}
+
+}  // namespace
+
 cudaError_t MaxPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y) {
-  MaxPoolForwardKernel<<<Blocks(s.batch * s.out_elements()), kThreads, 0, stream>>>(s, x, y);
+  if (s.batch * s.out_elements() == 0) return cudaSuccess;
+  if (Fits32(s)) {
+    LaunchMaxPoolForward<int32_t>(stream, s, x, y);
+  } else {
+    LaunchMaxPoolForward<int64_t>(stream, s, x, y);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t MaxPoolBackward(cudaStream_t stream, const WindowShape& s, const float* x,
                             const float* dy, float* dx, bool accumulate) {
-  MaxPoolBackwardKernel<<<Blocks(s.batch * s.in_elements()), kThreads, 0, stream>>>(s, x, dy, dx,
-                                                                                    accumulate);
+  if (s.batch * s.in_elements() == 0) return cudaSuccess;
+  if (s.stride_h < s.kernel_h || s.stride_w < s.kernel_w) {
+    MaxPoolBackwardKernel<<<Blocks(s.batch * s.in_elements()), kThreads, 0, stream>>>(s, x, dy, dx,
+                                                                                      accumulate);
+    return cudaGetLastError();
+  }
+  const bool covers_all = s.stride_h == s.kernel_h && s.stride_w == s.kernel_w && s.pad_top == 0 &&
+                          s.pad_left == 0 && s.out_h * s.kernel_h == s.in_h &&
+                          s.out_w * s.kernel_w == s.in_w;
+  if (!accumulate && !covers_all) {
+    const cudaError_t e = cudaMemsetAsync(dx, 0, sizeof(float) * s.batch * s.in_elements(), stream);
+    if (e != cudaSuccess) return e;
+  }
+  if (s.batch * s.out_elements() == 0) return cudaSuccess;
+  if (Fits32(s)) {
+    LaunchMaxPoolScatter<int32_t>(stream, s, x, dy, dx, accumulate);
+  } else {
+    LaunchMaxPoolScatter<int64_t>(stream, s, x, dy, dx, accumulate);
+  }
   return cudaGetLastError();
 }
 
@@ -784,8 +981,8 @@ cudaError_t ColumnSumFast(cudaStream_t stream, int64_t rows, int64_t cols, const
   const dim3 grid(static_cast<unsigned>(g.row_blocks), static_cast<unsigned>(g.col_tiles));
   const dim3 block(kColumnTile, kRowLanes);
   ColumnSumPartialKernel<<<grid, block, 0, stream>>>(rows, cols, g.chunk, x, partials);
-  ColumnSumFinishKernel<<<Blocks(cols), kThreads, 0, stream>>>(cols, g.row_blocks, partials, y,
-                                                               accumulate);
+  ColumnSumFinishKernel<<<static_cast<unsigned>(cols), kFinishThreads, 0, stream>>>(
+      g.row_blocks, partials, y, accumulate);
   return cudaGetLastError();
 }
 
@@ -800,7 +997,7 @@ cudaError_t BatchNormForwardTraining(cudaStream_t stream, int64_t rows, int64_t 
   const dim3 block(kColumnTile, kRowLanes);
   BatchNormStatsPartialKernel<<<grid, block, 0, stream>>>(rows, channels, g.chunk, g.row_blocks, x,
                                                           partials);
-  BatchNormStatsFinishKernel<<<Blocks(channels), kThreads, 0, stream>>>(
+  BatchNormStatsFinishKernel<<<static_cast<unsigned>(channels), kFinishThreads, 0, stream>>>(
       rows, channels, g.chunk, g.row_blocks, partials, epsilon, momentum, running_mean, running_var,
       save_mean, save_inv_std);
   const int64_t n = rows * channels;
@@ -837,7 +1034,7 @@ cudaError_t BatchNormBackward(cudaStream_t stream, int64_t rows, int64_t channel
   const dim3 block(kColumnTile, kRowLanes);
   BatchNormBackwardPartialKernel<<<grid, block, 0, stream>>>(
       rows, channels, g.chunk, g.row_blocks, x, dy, save_mean, save_inv_std, partials);
-  BatchNormBackwardFinishKernel<<<Blocks(channels), kThreads, 0, stream>>>(
+  BatchNormBackwardFinishKernel<<<static_cast<unsigned>(channels), kFinishThreads, 0, stream>>>(
       channels, g.row_blocks, partials, dgamma, dbeta, param_accumulate, sums);
   if (dx != nullptr && rows > 0) {
     const int64_t n = rows * channels;

@@ -297,6 +297,13 @@ TEST_F(CudaKernelTest, Pooling) {
   pool2.kernel_h = pool2.kernel_w = pool2.stride_h = pool2.stride_w = 2;
   pool2.out_h = pool2.out_w = 4;
   shapes.push_back(pool2);
+  WindowShape exact = pool2;  // 2x2 stride 2 tiling 8x6 exactly (VGG's, the CNN's).
+  exact.in_h = 8, exact.in_w = 6, exact.out_h = 4, exact.out_w = 3;
+  shapes.push_back(exact);
+  WindowShape gaps = exact;  // 2x2 stride 3: rows and columns in no window.
+  gaps.stride_h = gaps.stride_w = 3;
+  gaps.out_h = 3, gaps.out_w = 2;
+  shapes.push_back(gaps);
   uint32_t seed = 100;
   for (const WindowShape& s : shapes) {
     const auto x = Random(s.batch * s.in_elements(), ++seed);
