@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, conv_layout, "auto",
           "GPU convolution layout: auto (measured per shape), nhwc or nchw");
 ABSL_FLAG(bool, profile, false,
           "After the timing, one profiled step: a JSON line per layer (forward/backward ms)");
+ABSL_FLAG(std::string, precision, "fp32",
+          "Compute precision of dense layers and convolutions: fp32, bf16 or fp16 (fp32 master "
+          "weights; fp16 with dynamic loss scaling, read back every step)");
 ABSL_FLAG(int32_t, batch, 0, "Batch for every model (0: each model's own, VGG 64, others 256)");
 
 namespace downpour {
@@ -76,6 +79,15 @@ int Run() {
   } else if (layout_name != "auto") {
     return Fail("--conv_layout", absl::InvalidArgumentError("must be auto, nhwc or nchw"));
   }
+  const std::string precision_name = absl::GetFlag(FLAGS_precision);
+  Precision precision = FP32;
+  if (precision_name == "bf16") {
+    precision = BF16;
+  } else if (precision_name == "fp16") {
+    precision = FP16;
+  } else if (precision_name != "fp32") {
+    return Fail("--precision", absl::InvalidArgumentError("must be fp32, bf16 or fp16"));
+  }
   std::printf("{\"engine\": \"downpour\", \"device\": \"%s\"}\n", name->c_str());
   const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_models), ',');
   for (const std::string& model_name : names) {
@@ -93,6 +105,7 @@ int Run() {
     ModelOptions options;
     options.device = device;
     options.conv_layout = layout;
+    options.precision = precision;
     auto model = Model::Create(spec, /*seed=*/1, options);
     if (!model.ok()) return Fail(model_name, model.status());
     Model& m = **model;
@@ -121,6 +134,11 @@ int Run() {
     auto one_step = [&]() -> absl::Status {
       absl::Status s = m.TrainStepOnDevice(features_dev, labels_dev, batch, step);
       if (!s.ok()) return s;
+      if (precision == FP16) {
+        // The skip decision needs the device's non-finite flag (waits).
+        absl::StatusOr<StepResult> r = m.LastStepResult();
+        if (!r.ok()) return r.status();
+      }
       hp.step = ++step;
       return m.ApplyOptimizerOnDevice(OptimizerKind::kAdam, hp);
     };
@@ -146,10 +164,11 @@ int Run() {
     const size_t used_after = UsedDeviceBytes(device);
     std::sort(loops.begin(), loops.end());
     std::printf(
-        "{\"engine\": \"downpour\", \"model\": \"%s\", \"precision\": \"fp32\", \"format\": "
+        "{\"engine\": \"downpour\", \"model\": \"%s\", \"precision\": \"%s\", \"format\": "
         "\"%s\", \"batch\": %lld, \"step_ms_loop\": %.4f, \"step_ms_min\": %.4f, "
         "\"mem_mb\": %.1f, \"compute_mb\": %.1f, \"final_loss\": %.6g}\n",
-        model_name.c_str(), layout_name.c_str(), static_cast<long long>(batch),
+        model_name.c_str(), precision_name.c_str(), layout_name.c_str(),
+        static_cast<long long>(batch),
         loops[loops.size() / 2], loops[0],
         (static_cast<double>(used_after) - static_cast<double>(used_before)) / (1 << 20),
         m.compute_bytes() / double{1 << 20}, result->loss);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -184,6 +185,12 @@ class Ops {
   virtual absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
                                            const int32_t* labels, float* dlogits) = 0;
   virtual absl::StatusOr<kernels::LossStats> ReadLoss() = 0;
+  // Loss scaling: x *= alpha; g *= inv_scale with non-finite values noted in
+  // a flag that ResetNonFinite clears and ReadNonFinite reads (waits).
+  virtual absl::Status ScaleBy(int64_t n, float alpha, float* x) = 0;
+  virtual absl::Status UnscaleCheckFinite(int64_t n, float inv_scale, float* g) = 0;
+  virtual absl::Status ResetNonFinite() = 0;
+  virtual absl::StatusOr<bool> ReadNonFinite() = 0;
 
   virtual bool gpu() const = 0;
   // Compute memory the backend holds for itself (a GPU's workspace).
@@ -240,6 +247,22 @@ class CpuOps : public Ops {
     return absl::OkStatus();
   }
   absl::StatusOr<kernels::LossStats> ReadLoss() override { return loss_; }
+  absl::Status ScaleBy(int64_t n, float alpha, float* x) override {
+    for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+    return absl::OkStatus();
+  }
+  absl::Status UnscaleCheckFinite(int64_t n, float inv_scale, float* g) override {
+    for (int64_t i = 0; i < n; ++i) {
+      non_finite_ |= !std::isfinite(g[i]);
+      g[i] *= inv_scale;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status ResetNonFinite() override {
+    non_finite_ = false;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> ReadNonFinite() override { return non_finite_; }
 
   bool gpu() const override { return false; }
   int64_t fixed_bytes() const override { return 0; }
@@ -284,13 +307,15 @@ class CpuOps : public Ops {
   cpu::CpuContext ctx_;
   std::vector<float> workspace_;  // im2col scratch, shared by every conv2d.
   kernels::LossStats loss_;
+  bool non_finite_ = false;
   std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
 class CudaOps : public Ops {
  public:
   static absl::StatusOr<std::unique_ptr<CudaOps>> Create(int device,
-                                                         ModelOptions::ConvLayout conv_layout) {
+                                                         ModelOptions::ConvLayout conv_layout,
+                                                         Precision precision) {
     auto ops = std::unique_ptr<CudaOps>(new CudaOps());
     // Small at first: convolutions grow it to what their fastest
     // algorithms need (kernels/cuda.h).
@@ -299,8 +324,12 @@ class CudaOps : public Ops {
         conv_layout == ModelOptions::ConvLayout::kNhwc   ? cuda::ConvLayout::kNhwc
         : conv_layout == ModelOptions::ConvLayout::kNchw ? cuda::ConvLayout::kNchw
                                                          : cuda::ConvLayout::kAuto;
-    ASSIGN_OR_RETURN(ops->counters_, Memory::Allocate(Memory::Kind::kDevice, 16));
-    ASSIGN_OR_RETURN(ops->counters_host_, Memory::Allocate(Memory::Kind::kPinned, 16));
+    ops->ctx_->compute = precision == BF16   ? cuda::ComputePrecision::kBf16
+                         : precision == FP16 ? cuda::ComputePrecision::kFp16
+                                             : cuda::ComputePrecision::kFp32;
+    // Loss sum, correct count, then the non-finite flag at byte 16.
+    ASSIGN_OR_RETURN(ops->counters_, Memory::Allocate(Memory::Kind::kDevice, 32));
+    ASSIGN_OR_RETURN(ops->counters_host_, Memory::Allocate(Memory::Kind::kPinned, 32));
     return ops;
   }
 
@@ -336,6 +365,21 @@ class CudaOps : public Ops {
     std::memcpy(&correct, counters_host_.as<double>() + 1, sizeof(correct));
     stats.correct = static_cast<int64_t>(correct);
     return stats;
+  }
+  absl::Status ScaleBy(int64_t n, float alpha, float* x) override {
+    return cuda::Scale(*ctx_, n, alpha, x);
+  }
+  absl::Status UnscaleCheckFinite(int64_t n, float inv_scale, float* g) override {
+    return cuda::UnscaleCheckFinite(*ctx_, n, inv_scale, g, Flag());
+  }
+  absl::Status ResetNonFinite() override {
+    return Check(cudaMemsetAsync(Flag(), 0, sizeof(int), ctx_->stream), "cudaMemsetAsync");
+  }
+  absl::StatusOr<bool> ReadNonFinite() override {
+    int* host = reinterpret_cast<int*>(counters_host_.as<char>() + 16);
+    RETURN_IF_ERROR(ToHost(host, Flag(), sizeof(int)));
+    RETURN_IF_ERROR(Synchronize());
+    return *host != 0;
   }
 
   bool gpu() const override { return true; }
@@ -392,8 +436,10 @@ class CudaOps : public Ops {
     return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
   }
 
+  int* Flag() { return reinterpret_cast<int*>(counters_.as<char>() + 16); }
+
   std::unique_ptr<cuda::CudaContext> ctx_;
-  Memory counters_;       // double loss sum, uint64 correct.
+  Memory counters_;       // double loss sum, uint64 correct, int non-finite flag.
   Memory counters_host_;  // Pinned, for ReadLoss.
   bool SameTensors(const std::vector<cuda::TensorUpdate>& tensors) const {
     if (tensors.size() != plan_tensors_.size()) return false;
@@ -792,22 +838,52 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
   ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec));
   ASSIGN_OR_RETURN(std::string name, DescribeDevice(options.device));
   std::unique_ptr<model_internal::Ops> ops;
+  Precision precision = options.precision;
+  if (!Precision_IsValid(precision)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown precision ", precision));
+  }
   if (options.device < 0) {
     ops = std::make_unique<model_internal::CpuOps>();
+    if (precision != FP32) {
+      std::fprintf(stderr, "model on the cpu: precision %s runs in fp32 there\n",
+                   Precision_Name(precision).c_str());
+      precision = FP32;
+    }
   } else {
-    ASSIGN_OR_RETURN(ops, model_internal::CudaOps::Create(options.device, options.conv_layout));
+    ASSIGN_OR_RETURN(ops, model_internal::CudaOps::Create(options.device, options.conv_layout,
+                                                          precision));
   }
-  std::unique_ptr<Model> model(
-      new Model(std::move(shape), seed, std::max(options.device, -1), std::move(name)));
+  if (!(options.initial_loss_scale >= 1.0) || !std::isfinite(options.initial_loss_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial loss scale must be finite and >= 1, got ", options.initial_loss_scale));
+  }
+  std::unique_ptr<Model> model(new Model(std::move(shape), seed, std::max(options.device, -1),
+                                         std::move(name), precision, options.initial_loss_scale));
   RETURN_IF_ERROR(model->Init(std::move(ops)));
   return model;
 }
 
-Model::Model(ModelShape shape, uint64_t seed, int device, std::string device_name)
+void DynamicLossScale::Update(bool overflow) {
+  if (overflow) {
+    scale_ = std::max(1.0, scale_ / 2);
+    clean_steps_ = 0;
+    return;
+  }
+  if (++clean_steps_ >= kGrowthInterval) {
+    scale_ = std::min(kMaxScale, scale_ * 2);
+    clean_steps_ = 0;
+  }
+}
+
+Model::Model(ModelShape shape, uint64_t seed, int device, std::string device_name,
+             Precision precision, double initial_loss_scale)
     : shape_(std::move(shape)),
       seed_(seed),
       device_(device),
       device_name_(std::move(device_name)),
+      precision_(precision),
+      loss_scaling_(precision == FP16),
+      loss_scale_(initial_loss_scale),
       storage_(std::make_unique<model_internal::Storage>()) {}
 
 absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
@@ -1240,6 +1316,13 @@ absl::Status Model::Backward(int64_t batch) {
       written[in] = true;
     }
     RETURN_IF_ERROR(layers_[i]->Backward(*ops_, args));
+    // Loss scaling multiplies dlogits (the loss layer writes them first, as
+    // the last layer); everything upstream carries the scale.
+    if (loss_scaling_ && shape_.layers[i].kind == LayerKind::kSoftmaxCrossEntropy &&
+        args.dx[0] != nullptr) {
+      RETURN_IF_ERROR(ops_->ScaleBy(batch * shape_.num_classes, static_cast<float>(step_scale_),
+                                    args.dx[0]));
+    }
     if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 3));
   }
   return absl::OkStatus();
@@ -1255,12 +1338,40 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   RETURN_IF_ERROR(Reserve(batch));
   RETURN_IF_ERROR(StageBatch(features, labels, batch));
   RETURN_IF_ERROR(ParamsToDevice());
+  RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
   RETURN_IF_ERROR(Backward(batch));
+  RETURN_IF_ERROR(UnscaleGradients());
+  bool skipped = false;
+  if (loss_scaling_) {
+    ASSIGN_OR_RETURN(skipped, FinishLossScaling());  // Waits; zeroes a skipped step's grads.
+  }
   RETURN_IF_ERROR(ops_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
   RETURN_IF_ERROR(ops_->ToHost(state_host_, state_compute_, sizeof(float) * state_total_));
   ASSIGN_OR_RETURN(kernels::LossStats loss, ops_->ReadLoss());  // Waits.
-  return StepResult{loss.loss_sum / static_cast<double>(batch), loss.correct};
+  StepResult result{loss.loss_sum / static_cast<double>(batch), loss.correct};
+  result.skipped = skipped;
+  result.loss_scale = step_scale_;
+  return result;
+}
+
+absl::Status Model::BeginLossScaling() {
+  if (!loss_scaling_) return absl::OkStatus();
+  step_scale_ = loss_scale_.scale();
+  return ops_->ResetNonFinite();
+}
+
+absl::Status Model::UnscaleGradients() {
+  if (!loss_scaling_) return absl::OkStatus();
+  return ops_->UnscaleCheckFinite(param_total_, static_cast<float>(1.0 / step_scale_),
+                                  grad_compute_);
+}
+
+absl::StatusOr<bool> Model::FinishLossScaling() {
+  ASSIGN_OR_RETURN(bool overflow, ops_->ReadNonFinite());
+  loss_scale_.Update(overflow);
+  if (overflow) RETURN_IF_ERROR(ops_->Zero(param_total_, grad_compute_));
+  return overflow;
 }
 
 absl::StatusOr<EvalResult> Model::Evaluate(const float* features, const int32_t* labels,
@@ -1283,8 +1394,10 @@ absl::Status Model::TrainStepOnDevice(const float* features, const int32_t* labe
   input_ = features;
   labels_ = labels;
   last_batch_ = batch;
+  RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
-  return Backward(batch);
+  RETURN_IF_ERROR(Backward(batch));
+  return UnscaleGradients();
 }
 
 absl::StatusOr<std::vector<LayerTime>> Model::ProfileStepOnDevice(const float* features,
@@ -1311,11 +1424,21 @@ absl::StatusOr<std::vector<LayerTime>> Model::ProfileStepOnDevice(const float* f
 
 absl::StatusOr<StepResult> Model::LastStepResult() {
   ASSIGN_OR_RETURN(kernels::LossStats loss, ops_->ReadLoss());
-  return StepResult{loss.loss_sum / static_cast<double>(std::max<int64_t>(last_batch_, 1)),
+  StepResult result{loss.loss_sum / static_cast<double>(std::max<int64_t>(last_batch_, 1)),
                     loss.correct};
+  result.loss_scale = step_scale_;
+  if (loss_scaling_) {
+    ASSIGN_OR_RETURN(result.skipped, FinishLossScaling());
+    last_skipped_ = result.skipped;
+  }
+  return result;
 }
 
 absl::Status Model::ApplyOptimizerOnDevice(OptimizerKind kind, const OptimizerHyperparams& hp) {
+  if (last_skipped_) {
+    last_skipped_ = false;
+    return absl::OkStatus();
+  }
   model_internal::Storage& st = *storage_;
   const int slots = NumOptimizerSlots(kind);
   const int64_t total = param_total_;

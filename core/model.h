@@ -50,6 +50,29 @@ struct Storage;
 struct StepResult {
   double loss = 0.0;    // Mean over the batch.
   int64_t correct = 0;  // Examples whose argmax is the label.
+  // FP16 loss scaling found an inf or NaN gradient: the step's gradients are
+  // zeros (never to be applied or pushed) and the scale was lowered.
+  bool skipped = false;
+  double loss_scale = 1.0;  // The scale the step ran with (1 without scaling).
+};
+
+// The dynamic loss-scale schedule of FP16 training: start at `initial`,
+// halve on a step with non-finite gradients (not below 1), double after
+// kGrowthInterval consecutive clean steps. Pure and thread-compatible.
+class DynamicLossScale {
+ public:
+  static constexpr double kDefaultInitial = 32768.0;  // 2^15.
+  static constexpr int64_t kGrowthInterval = 2000;
+  static constexpr double kMaxScale = 16777216.0;  // 2^24.
+
+  explicit DynamicLossScale(double initial = kDefaultInitial) : scale_(initial) {}
+  double scale() const { return scale_; }
+  // Records one step's outcome and moves the scale.
+  void Update(bool overflow);
+
+ private:
+  double scale_;
+  int64_t clean_steps_ = 0;
 };
 
 struct EvalResult {
@@ -72,6 +95,12 @@ struct ModelOptions {
   // (diagnostics and tests); see kernels::cuda::ConvLayout.
   enum class ConvLayout { kAuto, kNhwc, kNchw };
   ConvLayout conv_layout = ConvLayout::kAuto;
+  // Compute precision of dense layers and convolutions on a GPU (see
+  // proto/job.proto). The CPU path runs every precision in fp32 (and says so
+  // on stderr once per model).
+  Precision precision = FP32;
+  // FP16's first loss scale (tests force an overflow with a huge one).
+  double initial_loss_scale = DynamicLossScale::kDefaultInitial;
 };
 
 // What runs a model: "cpu", or "cuda:<d> <name>" ("cuda:0 NVIDIA H100 80GB
@@ -92,6 +121,11 @@ class Model {
   int device() const { return device_; }
   // As DescribeDevice.
   const std::string& device_name() const { return device_name_; }
+  // The precision the model computes in: options.precision on a GPU, FP32
+  // on the CPU.
+  Precision precision() const { return precision_; }
+  // FP16's current loss scale (1 for other precisions).
+  double loss_scale() const { return loss_scaling_ ? loss_scale_.scale() : 1.0; }
 
   ~Model();
   Model(const Model&) = delete;
@@ -151,12 +185,14 @@ class Model {
   absl::StatusOr<std::vector<LayerTime>> ProfileStepOnDevice(const float* features,
                                                              const int32_t* labels, int64_t batch,
                                                              int64_t step);
-  // Waits for the last TrainStepOnDevice and returns its loss.
+  // Waits for the last TrainStepOnDevice and returns its loss. With FP16 it
+  // also reads the non-finite flag and moves the loss scale, so it must be
+  // called once per step before ApplyOptimizerOnDevice.
   absl::StatusOr<StepResult> LastStepResult();
   // Queues the optimizer update of every parameter with its gradient, in the
   // compute memory, in one fused launch on a GPU; the slots (momentum, Adam
   // moments) live beside the parameters, zeros at first. `hp.step` counts
-  // from 1.
+  // from 1. Does nothing after a step LastStepResult reported skipped.
   absl::Status ApplyOptimizerOnDevice(OptimizerKind kind, const OptimizerHyperparams& hp);
   // Waits for everything queued.
   absl::Status Synchronize();
@@ -167,7 +203,15 @@ class Model {
   int64_t compute_bytes() const;
 
  private:
-  Model(ModelShape shape, uint64_t seed, int device, std::string device_name);
+  Model(ModelShape shape, uint64_t seed, int device, std::string device_name, Precision precision,
+        double initial_loss_scale);
+  // FP16: takes the step's scale and clears the non-finite flag.
+  absl::Status BeginLossScaling();
+  // FP16: after Backward, unscales the gradients and flags non-finite ones.
+  absl::Status UnscaleGradients();
+  // FP16: reads the flag (waits), moves the scale; true when the step is
+  // skipped (its gradients are then zeroed on the device).
+  absl::StatusOr<bool> FinishLossScaling();
   absl::Status Init(std::unique_ptr<model_internal::Ops> ops);
   absl::Status CheckBatch(const float* features, const int32_t* labels, int64_t batch) const;
   absl::Status Reserve(int64_t batch);
@@ -184,6 +228,11 @@ class Model {
   const uint64_t seed_;
   const int device_;
   const std::string device_name_;
+  const Precision precision_;
+  const bool loss_scaling_;  // FP16 on a GPU.
+  DynamicLossScale loss_scale_;
+  double step_scale_ = 1.0;    // The scale the current step runs with.
+  bool last_skipped_ = false;  // LastStepResult's verdict.
   std::unique_ptr<model_internal::Ops> ops_;
   std::unique_ptr<model_internal::Storage> storage_;
   // Every parameter (gradient, state tensor) in one block, tensor `id` at

@@ -4,6 +4,7 @@
 // and through the device-resident loop with the fused optimizer. Skips, with
 // the reason, where there is no CUDA device.
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -226,6 +227,193 @@ TEST_F(ModelGpuTest, DeviceResidentTrainingMatchesTheCpuAndLearns) {
     last = g->loss;
   }
   EXPECT_LT(last, 0.5 * first) << "one repeated batch should be learned";
+  cudaFree(features);
+  cudaFree(labels);
+}
+
+// ---- Mixed precision.
+
+std::unique_ptr<Model> MakeModelIn(int device, Precision precision, double initial_scale) {
+  ModelOptions options;
+  options.device = device;
+  options.precision = precision;
+  options.initial_loss_scale = initial_scale;
+  auto model = Model::Create(ParseSpec(kSmallNet), /*seed=*/7, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+// ||a - b|| <= tolerance * ||b|| (+ a floor for all-zero tensors): reduced
+// precision rounds every product input, so elementwise bounds are too
+// strict for small entries, the tensor's norm is what matters.
+void ExpectNormClose(const float* ref, const float* got, int64_t n, double tolerance,
+                     const std::string& what) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << "[" << i << "]";
+    diff += (ref[i] - got[i]) * double{ref[i] - got[i]};
+    norm += ref[i] * double{ref[i]};
+  }
+  EXPECT_LE(std::sqrt(diff), tolerance * std::sqrt(norm) + 1e-6) << what;
+}
+
+// The schedule alone, no device: halve on overflow (not below 1), double
+// after kGrowthInterval clean steps in a row, an overflow restarts the count.
+TEST(DynamicLossScaleTest, HalvesOnOverflowDoublesAfterCleanSteps) {
+  DynamicLossScale s;
+  EXPECT_EQ(s.scale(), 32768.0);
+  s.Update(true);
+  EXPECT_EQ(s.scale(), 16384.0);
+  for (int64_t i = 0; i < DynamicLossScale::kGrowthInterval - 1; ++i) s.Update(false);
+  EXPECT_EQ(s.scale(), 16384.0);
+  s.Update(false);
+  EXPECT_EQ(s.scale(), 32768.0);
+  for (int64_t i = 0; i < DynamicLossScale::kGrowthInterval - 1; ++i) s.Update(false);
+  s.Update(true);  // Resets the clean count.
+  EXPECT_EQ(s.scale(), 16384.0);
+  for (int64_t i = 0; i < DynamicLossScale::kGrowthInterval - 1; ++i) s.Update(false);
+  EXPECT_EQ(s.scale(), 16384.0);
+  DynamicLossScale low(2.0);
+  low.Update(true);
+  low.Update(true);
+  EXPECT_EQ(low.scale(), 1.0);
+  DynamicLossScale high(DynamicLossScale::kMaxScale);
+  for (int64_t i = 0; i < DynamicLossScale::kGrowthInterval; ++i) high.Update(false);
+  EXPECT_EQ(high.scale(), DynamicLossScale::kMaxScale);
+}
+
+// The CPU path runs reduced precisions in fp32: same numbers as FP32, never
+// an error.
+TEST(ModelPrecisionTest, CpuRunsEveryPrecisionInFp32) {
+  auto fp32 = MakeModelIn(-1, FP32, DynamicLossScale::kDefaultInitial);
+  auto bf16 = MakeModelIn(-1, BF16, DynamicLossScale::kDefaultInitial);
+  auto fp16 = MakeModelIn(-1, FP16, DynamicLossScale::kDefaultInitial);
+  ASSERT_TRUE(fp32 && bf16 && fp16);
+  EXPECT_EQ(bf16->precision(), FP32);
+  EXPECT_EQ(fp16->precision(), FP32);
+  EXPECT_EQ(fp16->loss_scale(), 1.0);
+  const Batch b = RandomBatch(16, fp32->input_size(), 5, 3);
+  auto a = fp32->TrainStep(b.features.data(), b.labels.data(), 16, 0);
+  auto c = fp16->TrainStep(b.features.data(), b.labels.data(), 16, 0);
+  ASSERT_TRUE(a.ok() && c.ok());
+  EXPECT_EQ(a->loss, c->loss);
+  EXPECT_FALSE(c->skipped);
+}
+
+// bf16 / fp16 compute against fp32 on the same GPU: losses within 2% (bf16,
+// 8-bit mantissa) / 0.5% (fp16), every gradient tensor within 5% / 1% of
+// the fp32 one in norm, over steps with the same SGD updates applied.
+class ReducedPrecisionTest : public ModelGpuTest,
+                             public ::testing::WithParamInterface<Precision> {};
+
+TEST_P(ReducedPrecisionTest, LossesAndGradientsMatchFp32) {
+  const Precision precision = GetParam();
+  const double loss_tol = precision == BF16 ? 2e-2 : 5e-3;
+  const double grad_tol = precision == BF16 ? 5e-2 : 1e-2;
+  auto ref = MakeModelIn(0, FP32, 1.0);
+  auto low = MakeModelIn(0, precision, DynamicLossScale::kDefaultInitial);
+  ASSERT_TRUE(ref && low);
+  EXPECT_EQ(low->precision(), precision);
+  for (int step = 0; step < 5; ++step) {
+    const Batch b = RandomBatch(32, ref->input_size(), 5, 200 + step);
+    auto r = ref->TrainStep(b.features.data(), b.labels.data(), 32, step);
+    auto l = low->TrainStep(b.features.data(), b.labels.data(), 32, step);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(l.ok()) << l.status();
+    EXPECT_FALSE(l->skipped) << "step " << step;
+    EXPECT_NEAR(r->loss, l->loss, loss_tol * (1 + std::abs(r->loss))) << "step " << step;
+    for (const ParamInfo& p : ref->params()) {
+      ExpectNormClose(ref->grad(p.id), low->grad(p.id), p.num_elements, grad_tol,
+                      p.name + " grad, step " + std::to_string(step));
+      for (int64_t i = 0; i < p.num_elements; ++i) {
+        ref->param(p.id)[i] -= 0.1f * ref->grad(p.id)[i];
+        low->param(p.id)[i] = ref->param(p.id)[i];
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothHalves, ReducedPrecisionTest, ::testing::Values(BF16, FP16),
+                         [](const ::testing::TestParamInfo<Precision>& info) {
+                           return Precision_Name(info.param);
+                         });
+
+// FP16 with a scale far too large: the first step overflows, is skipped
+// (zero gradients, parameters untouched by the optimizer), the scale halves
+// each such step, and training then proceeds with finite gradients that
+// match fp32's.
+TEST_F(ModelGpuTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
+  const double huge = std::ldexp(1.0, 40);
+  auto low = MakeModelIn(0, FP16, huge);
+  auto ref = MakeModelIn(0, FP32, 1.0);
+  ASSERT_TRUE(low && ref);
+  const int64_t batch = 32;
+  const Batch b = RandomBatch(batch, low->input_size(), 5, 77);
+  float* features = nullptr;
+  int32_t* labels = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&features), b.features.size() * sizeof(float)),
+            cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&labels), b.labels.size() * sizeof(int32_t)),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(features, b.features.data(), b.features.size() * sizeof(float),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(labels, b.labels.data(), b.labels.size() * sizeof(int32_t),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  auto device_params = [&](Model& m) {
+    std::vector<float> all;
+    for (const ParamInfo& p : m.params()) {
+      std::vector<float> v(p.num_elements);
+      EXPECT_EQ(cudaMemcpy(v.data(), m.device_param(p.id), v.size() * sizeof(float),
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  OptimizerHyperparams hp;
+  hp.learning_rate = 0.01f;
+  // Device-resident: the skipped step leaves the parameters as they were.
+  const std::vector<float> before = device_params(*low);
+  ASSERT_TRUE(low->TrainStepOnDevice(features, labels, batch, 0).ok());
+  auto first = low->LastStepResult();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->skipped);
+  EXPECT_EQ(first->loss_scale, huge);
+  EXPECT_EQ(low->loss_scale(), huge / 2);
+  hp.step = 1;
+  ASSERT_TRUE(low->ApplyOptimizerOnDevice(OptimizerKind::kAdam, hp).ok());
+  ASSERT_TRUE(low->Synchronize().ok());
+  EXPECT_EQ(device_params(*low), before) << "a skipped step must not move the parameters";
+
+  // TrainStep (the worker's path): skipped steps report zero gradients and
+  // lower the scale until one is clean.
+  int skipped = 1;
+  bool clean = false;
+  for (int step = 1; step < 60 && !clean; ++step) {
+    auto l = low->TrainStep(b.features.data(), b.labels.data(), batch, step);
+    ASSERT_TRUE(l.ok()) << l.status();
+    if (l->skipped) {
+      ++skipped;
+      for (const ParamInfo& p : low->params()) {
+        for (int64_t i = 0; i < p.num_elements; ++i) ASSERT_EQ(low->grad(p.id)[i], 0.f);
+      }
+      continue;
+    }
+    clean = true;
+    EXPECT_LT(l->loss_scale, huge);
+    auto r = ref->TrainStep(b.features.data(), b.labels.data(), batch, step);
+    ASSERT_TRUE(r.ok());
+    EXPECT_NEAR(r->loss, l->loss, 5e-3 * (1 + std::abs(r->loss)));
+    for (const ParamInfo& p : ref->params()) {
+      ExpectNormClose(ref->grad(p.id), low->grad(p.id), p.num_elements, 1e-2, p.name + " grad");
+    }
+  }
+  EXPECT_TRUE(clean) << "no clean step after " << skipped << " skipped ones";
+  EXPECT_GT(skipped, 1);
+  std::printf("fp16 loss scaling: %d skipped steps from 2^40 down to %g\n", skipped,
+              low->loss_scale());
   cudaFree(features);
   cudaFree(labels);
 }

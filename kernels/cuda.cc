@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -120,6 +121,13 @@ struct ConvPlan {
   size_t in_bytes = 0, out_bytes = 0, filter_bytes = 0;
   bool chosen = false;
   bool fwd_nchw = false, bwd_nchw = false;
+  // bf16/fp16 contexts: NHWC tensor-core convolution on reduced copies in
+  // the workspace (input, output, filter, each aligned). Not for padded
+  // plans, nor where cuDNN has no algorithm (reduced_ok false): those run
+  // in fp32.
+  ConvVariant reduced;
+  bool reduced_chosen = false, reduced_ok = false;
+  size_t in16_bytes = 0, out16_bytes = 0, filter16_bytes = 0;
 };
 
 absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64_t in_h,
@@ -136,6 +144,25 @@ absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64
                                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   // FMA only: no TF32, so results stay within fp32 rounding of the CPU twin.
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, CUDNN_FMA_MATH));
+  return absl::OkStatus();
+}
+
+cudnnDataType_t ReducedCudnnType(ComputePrecision c) {
+  return c == ComputePrecision::kFp16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
+}
+
+absl::Status MakeReducedVariant(const WindowShape& s, cudnnDataType_t type, ConvVariant* v) {
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->x.d, CUDNN_TENSOR_NHWC, type, AsInt(s.batch),
+                                                   AsInt(s.in_c), AsInt(s.in_h), AsInt(s.in_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->y.d, CUDNN_TENSOR_NHWC, type, AsInt(s.batch),
+                                                   AsInt(s.out_c), AsInt(s.out_h), AsInt(s.out_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(v->w.d, type, CUDNN_TENSOR_NHWC, AsInt(s.out_c),
+                                                   AsInt(s.in_c), AsInt(s.kernel_h),
+                                                   AsInt(s.kernel_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
+      v->conv.d, AsInt(s.pad_top), AsInt(s.pad_left), AsInt(s.stride_h), AsInt(s.stride_w), 1, 1,
+      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, CUDNN_TENSOR_OP_MATH));
   return absl::OkStatus();
 }
 
@@ -188,10 +215,10 @@ void LogPlan(const char* direction, const char* layout, const WindowShape& s, co
 
 template <typename Perf, typename Algo>
 bool PickAlgo(const Perf* perf, int returned, size_t free_bytes, Algo* algo, size_t* bytes,
-              int* index) {
+              int* index, bool fma_only) {
   for (int i = 0; i < returned; ++i) {
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes &&
-        perf[i].mathType == CUDNN_FMA_MATH) {
+        (!fma_only || perf[i].mathType == CUDNN_FMA_MATH)) {
       *algo = perf[i].algo;
       *bytes = perf[i].memory;
       *index = i;
@@ -250,7 +277,7 @@ absl::Status WorkspaceTooSmall(const CudaContext& ctx, size_t need, const char* 
 }  // namespace
 
 struct ConvPlanCache {
-  std::map<std::array<int64_t, 13>, std::unique_ptr<ConvPlan>> plans;
+  std::map<std::array<int64_t, 14>, std::unique_ptr<ConvPlan>> plans;
 };
 
 namespace {
@@ -258,9 +285,10 @@ namespace {
 // The cached plan of `s` (descriptors made on first use).
 absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) {
   if (ctx.conv_plans == nullptr) ctx.conv_plans = std::make_unique<ConvPlanCache>();
-  const std::array<int64_t, 13> key = {s.batch,    s.in_h,    s.in_w,     s.in_c,     s.out_h,
-                                       s.out_w,    s.out_c,   s.kernel_h, s.kernel_w, s.stride_h,
-                                       s.stride_w, s.pad_top, s.pad_left};
+  const std::array<int64_t, 14> key = {
+      s.batch,    s.in_h,     s.in_w,    s.in_c,    s.out_h,  s.out_w, s.out_c,
+      s.kernel_h, s.kernel_w, s.stride_h, s.stride_w, s.pad_top, s.pad_left,
+      static_cast<int64_t>(ctx.compute)};
   auto it = ctx.conv_plans->plans.find(key);
   if (it != ctx.conv_plans->plans.end()) return it->second.get();
   auto plan = std::make_unique<ConvPlan>();
@@ -363,8 +391,56 @@ absl::Status Gemm(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, 
                     "cublasSgemm");
 }
 
+namespace {
+
+bool Reduced(const CudaContext& ctx) { return ctx.compute != ComputePrecision::kFp32; }
+bool Fp16(const CudaContext& ctx) { return ctx.compute == ComputePrecision::kFp16; }
+size_t Reduced16Bytes(int64_t elements) { return Aligned(2 * static_cast<size_t>(elements)); }
+
+absl::Status ToReduced(const CudaContext& ctx, int64_t n, const float* x, void* y) {
+  return FromCuda(k::CastToReduced(ctx.stream, n, x, y, Fp16(ctx)), "CastToReduced");
+}
+
+absl::Status FromReduced(const CudaContext& ctx, int64_t n, const void* x, float* y,
+                         const float* bias, int64_t channels, bool accumulate) {
+  return FromCuda(k::CastFromReduced(ctx.stream, n, x, y, Fp16(ctx), bias, channels, accumulate),
+                  "CastFromReduced");
+}
+
+// Row-major C (fp32) = alpha op(A) op(B) + beta C, A and B of the context's
+// reduced type, fp32 accumulation on tensor cores.
+absl::Status GemmReduced(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
+                         int64_t n, int64_t k_dim, float alpha, const void* a, const void* b,
+                         float beta, float* c) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k_dim == 0) return FromCuda(k::Scale(ctx.stream, m * n, beta, c), "Scale");
+  const int lda = AsInt(trans_a == Transpose::kYes ? m : k_dim);
+  const int ldb = AsInt(trans_b == Transpose::kYes ? k_dim : n);
+  const cudaDataType_t type = Fp16(ctx) ? CUDA_R_16F : CUDA_R_16BF;
+  return FromCublas(
+      cublasGemmEx(ctx.cublas, trans_b == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   trans_a == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N, AsInt(n), AsInt(m),
+                   AsInt(k_dim), &alpha, b, type, ldb, a, type, lda, &beta, c, CUDA_R_32F, AsInt(n),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+}  // namespace
+
 absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
                           const float* x, const float* w, const float* bias, float* y) {
+  if (Reduced(ctx)) {
+    const size_t x_bytes = Reduced16Bytes(batch * in);
+    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, x_bytes + Reduced16Bytes(in * out)));
+    char* base = static_cast<char*>(ctx.workspace);
+    STATUS_RETURN_IF_ERROR(ToReduced(ctx, batch * in, x, base));
+    STATUS_RETURN_IF_ERROR(ToReduced(ctx, in * out, w, base + x_bytes));
+    if (bias != nullptr) {
+      CUDA_RETURN_IF_ERROR(k::BroadcastRows(ctx.stream, batch, out, bias, y));
+    }
+    return GemmReduced(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, base,
+                       base + x_bytes, bias != nullptr ? 1.f : 0.f, y);
+  }
   if (bias != nullptr) {
     CUDA_RETURN_IF_ERROR(k::BroadcastRows(ctx.stream, batch, out, bias, y));
   }
@@ -375,6 +451,29 @@ absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int
 absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
                            const float* x, const float* w, const float* dy, float* dx,
                            Write dx_write, float* dw, float* dbias, Write param_write) {
+  if (Reduced(ctx)) {
+    // dbias first: its partials use the workspace the casts then reuse.
+    if (dbias != nullptr) {
+      absl::StatusOr<float*> partials = ColumnScratch(ctx, batch, out, 0);
+      if (!partials.ok()) return partials.status();
+      CUDA_RETURN_IF_ERROR(
+          k::ColumnSumFast(ctx.stream, batch, out, dy, dbias, Acc(param_write), *partials));
+    }
+    const size_t x_bytes = Reduced16Bytes(batch * in), dy_bytes = Reduced16Bytes(batch * out);
+    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, x_bytes + dy_bytes + Reduced16Bytes(in * out)));
+    char* base = static_cast<char*>(ctx.workspace);
+    char* x16 = base;
+    char* dy16 = base + x_bytes;
+    char* w16 = dy16 + dy_bytes;
+    STATUS_RETURN_IF_ERROR(ToReduced(ctx, batch * in, x, x16));
+    STATUS_RETURN_IF_ERROR(ToReduced(ctx, batch * out, dy, dy16));
+    STATUS_RETURN_IF_ERROR(GemmReduced(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f,
+                                       x16, dy16, Acc(param_write) ? 1.f : 0.f, dw));
+    if (dx == nullptr) return absl::OkStatus();
+    STATUS_RETURN_IF_ERROR(ToReduced(ctx, in * out, w, w16));
+    return GemmReduced(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy16, w16,
+                       Acc(dx_write) ? 1.f : 0.f, dx);
+  }
   STATUS_RETURN_IF_ERROR(Gemm(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f, x, dy,
                               Acc(param_write) ? 1.f : 0.f, dw));
   if (dbias != nullptr) {
@@ -449,6 +548,16 @@ absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const float* x, float*
   return FromCuda(k::CopyOrAdd(ctx.stream, n, x, y, true), "CopyOrAdd");
 }
 
+absl::Status Scale(const CudaContext& ctx, int64_t n, float alpha, float* x) {
+  if (n == 0) return absl::OkStatus();
+  return FromCuda(k::Scale(ctx.stream, n, alpha, x), "Scale");
+}
+
+absl::Status UnscaleCheckFinite(const CudaContext& ctx, int64_t n, float inv_scale, float* g,
+                                int* flag) {
+  return FromCuda(k::UnscaleCheckFinite(ctx.stream, n, inv_scale, g, flag), "UnscaleCheckFinite");
+}
+
 absl::Status Zero(const CudaContext& ctx, int64_t n, float* x) {
   return FromCuda(cudaMemsetAsync(x, 0, n * sizeof(float), ctx.stream), "cudaMemsetAsync");
 }
@@ -472,7 +581,7 @@ double TransposeMs(size_t bytes) { return 2.0 * static_cast<double>(bytes) / kTr
 // PyTorch's cudnn.benchmark) and keeps the fastest FMA one that fits `limit`
 // bytes of workspace, or the first heuristic choice that fits.
 absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const char* layout,
-                            size_t limit, ConvVariant* v) {
+                            size_t limit, ConvVariant* v, bool fma_only = true) {
   int returned = 0;
   {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -480,7 +589,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
         cudnnFindConvolutionForwardAlgorithm(ctx.cudnn, v->x.d, v->w.d, v->conv.d, v->y.d,
                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
     int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->fwd_algo, &v->fwd_bytes, &chosen)) {
+    if (PickAlgo(perf, returned, limit, &v->fwd_algo, &v->fwd_bytes, &chosen, fma_only)) {
       v->fwd_ms = perf[chosen].time;
     } else {
       CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
@@ -499,7 +608,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
         ctx.cudnn, v->x.d, v->y.d, v->conv.d, v->w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         &returned, perf));
     int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen)) {
+    if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen, fma_only)) {
       v->bwd_filter_ms = perf[chosen].time;
     } else {
       CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -518,7 +627,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
         ctx.cudnn, v->w.d, v->y.d, v->conv.d, v->x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         &returned, perf));
     int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->bwd_data_algo, &v->bwd_data_bytes, &chosen)) {
+    if (PickAlgo(perf, returned, limit, &v->bwd_data_algo, &v->bwd_data_bytes, &chosen, fma_only)) {
       v->bwd_data_ms = perf[chosen].time;
     } else {
       CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -588,6 +697,89 @@ absl::Status ChooseLayouts(const CudaContext& ctx, const WindowShape& s, ConvPla
   return absl::OkStatus();
 }
 
+size_t ReducedBackwardScratch(const ConvPlan& p) {
+  return 2 * p.in16_bytes + p.out16_bytes + 2 * p.filter16_bytes;
+}
+
+// bf16/fp16 contexts: measures the tensor-core NHWC variant the first time
+// `s` is seen. A shape cuDNN cannot run reduced stays on the fp32 path.
+void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
+  if (p->reduced_chosen) return;
+  p->reduced_chosen = true;
+  if (p->padded) return;
+  p->in16_bytes = Reduced16Bytes(s.batch * s.in_h * s.in_w * s.in_c);
+  p->out16_bytes = Reduced16Bytes(s.batch * s.out_elements());
+  p->filter16_bytes = Reduced16Bytes(s.out_c * s.patch_elements());
+  absl::Status st = MakeReducedVariant(s, ReducedCudnnType(ctx.compute), &p->reduced);
+  if (st.ok()) {
+    st = FindAlgorithms(ctx, s, "reduced", kMaxWorkspaceBytes - ReducedBackwardScratch(*p),
+                        &p->reduced, /*fma_only=*/false);
+  }
+  p->reduced_ok = st.ok();
+  if (!st.ok() && log_conv_plans.load()) {
+    std::fprintf(stderr, "conv reduced precision unavailable, fp32 instead: %s\n",
+                 std::string(st.message()).c_str());
+  }
+}
+
+absl::Status Conv2dForwardReduced(const CudaContext& ctx, const WindowShape& s, const ConvPlan& p,
+                                  const float* x, const float* w, const float* bias, float* y) {
+  const ConvVariant& v = p.reduced;
+  const size_t scratch = p.in16_bytes + p.filter16_bytes + p.out16_bytes;
+  STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, scratch + v.fwd_bytes));
+  char* base = static_cast<char*>(ctx.workspace);
+  char* x16 = base;
+  char* w16 = x16 + p.in16_bytes;
+  char* y16 = w16 + p.filter16_bytes;
+  STATUS_RETURN_IF_ERROR(ToReduced(ctx, s.batch * s.in_h * s.in_w * s.in_c, x, x16));
+  STATUS_RETURN_IF_ERROR(ToReduced(ctx, s.out_c * s.patch_elements(), w, w16));
+  const float one = 1.f, zero = 0.f;
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, x16, v.w.d, w16, v.conv.d,
+                                                v.fwd_algo, base + scratch,
+                                                ctx.workspace_bytes - scratch, &zero, v.y.d, y16));
+  return FromReduced(ctx, s.batch * s.out_elements(), y16, y, bias, s.out_c, false);
+}
+
+absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
+                                   const ConvPlan& p, const float* x, const float* w,
+                                   const float* dy, float* dx, Write dx_write, float* dw,
+                                   float* dbias, Write param_write) {
+  const ConvVariant& v = p.reduced;
+  const size_t scratch = ReducedBackwardScratch(p);
+  const size_t bias_scratch = dbias != nullptr ? BiasScratch(s) : 0;
+  STATUS_RETURN_IF_ERROR(EnsureWorkspace(
+      ctx, scratch + std::max({v.bwd_filter_bytes, dx != nullptr ? v.bwd_data_bytes : size_t{0},
+                               bias_scratch})));
+  char* base = static_cast<char*>(ctx.workspace);
+  char* x16 = base;
+  char* dx16 = x16 + p.in16_bytes;
+  char* dy16 = dx16 + p.in16_bytes;
+  char* w16 = dy16 + p.out16_bytes;
+  char* dw16 = w16 + p.filter16_bytes;
+  char* free_space = base + scratch;
+  const size_t free_bytes = ctx.workspace_bytes - scratch;
+  if (dbias != nullptr) {
+    CUDA_RETURN_IF_ERROR(k::ColumnSumFast(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
+                                          dbias, Acc(param_write),
+                                          reinterpret_cast<float*>(free_space)));
+  }
+  const int64_t in_n = s.batch * s.in_h * s.in_w * s.in_c;
+  const int64_t filter_n = s.out_c * s.patch_elements();
+  STATUS_RETURN_IF_ERROR(ToReduced(ctx, in_n, x, x16));
+  STATUS_RETURN_IF_ERROR(ToReduced(ctx, s.batch * s.out_elements(), dy, dy16));
+  const float one = 1.f, zero = 0.f;
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, x16, v.y.d, dy16,
+                                                       v.conv.d, v.bwd_filter_algo, free_space,
+                                                       free_bytes, &zero, v.w.d, dw16));
+  STATUS_RETURN_IF_ERROR(FromReduced(ctx, filter_n, dw16, dw, nullptr, 1, Acc(param_write)));
+  if (dx == nullptr) return absl::OkStatus();
+  STATUS_RETURN_IF_ERROR(ToReduced(ctx, filter_n, w, w16));
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w16, v.y.d, dy16,
+                                                     v.conv.d, v.bwd_data_algo, free_space,
+                                                     free_bytes, &zero, v.x.d, dx16));
+  return FromReduced(ctx, in_n, dx16, dx, nullptr, 1, Acc(dx_write));
+}
+
 // NHWC x (padded as the plan says) -> NCHW xn.
 absl::Status ToNchwInput(const CudaContext& ctx, const WindowShape& s, const ConvPlan& p,
                          const float* x, float* xn) {
@@ -613,6 +805,10 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
   absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
   if (!plan.ok()) return plan.status();
   ConvPlan& p = **plan;
+  if (Reduced(ctx)) {
+    ChooseReduced(ctx, s, &p);
+    if (p.reduced_ok) return Conv2dForwardReduced(ctx, s, p, x, w, bias, y);
+  }
   STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const float one = 1.f, zero = 0.f;
   if (p.fwd_nchw) {
@@ -659,6 +855,12 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
   absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
   if (!plan.ok()) return plan.status();
   ConvPlan& p = **plan;
+  if (Reduced(ctx)) {
+    ChooseReduced(ctx, s, &p);
+    if (p.reduced_ok) {
+      return Conv2dBackwardReduced(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
+    }
+  }
   STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const float one = 1.f, zero = 0.f;
   const float param_beta = Acc(param_write) ? 1.f : 0.f;

@@ -16,7 +16,12 @@
 // Inputs are validated by the caller on the host, as for the CPU kernels.
 //
 // Numerics: fp32 throughout and no TF32 (cuBLAS default math, cuDNN FMA
-// math), so results agree with the CPU twin within float rounding. Dropout
+// math), so results agree with the CPU twin within float rounding, unless
+// the context's `compute` asks for bf16 or fp16: then dense layers and
+// convolutions (the tensor-core work) cast their inputs and weights to that
+// type at the op boundary, multiply on tensor cores with fp32 accumulation,
+// and write fp32 results; every other op, and every tensor at the API, stays
+// fp32. Dropout
 // draws the same mask as the CPU twin for the same (seed, step).
 //
 // Thread safety: a CudaContext is used by one host thread at a time (its
@@ -62,6 +67,9 @@ std::string CudaDeviceName(int device);
 // both per shape (transposes included) and keeps the faster.
 enum class ConvLayout { kAuto, kNhwc, kNchw };
 
+// What dense layers and convolutions multiply in (see Numerics above).
+enum class ComputePrecision { kFp32, kBf16, kFp16 };
+
 // Per-shape cuDNN convolution plans (descriptors and algorithms), internal
 // to cuda.cc.
 struct ConvPlanCache;
@@ -90,6 +98,8 @@ struct CudaContext {
   mutable std::unique_ptr<ConvPlanCache> conv_plans;
   // Set before the first convolution of a shape (its plan keeps the choice).
   ConvLayout conv_layout = ConvLayout::kAuto;
+  // Set before the first dense layer or convolution.
+  ComputePrecision compute = ComputePrecision::kFp32;
 
   // Sets up a context on `device` with `workspace_bytes` of workspace.
   // FailedPrecondition when there is no such device.
@@ -149,6 +159,15 @@ absl::Status SoftmaxCrossEntropyAsync(const CudaContext& ctx, int64_t batch, int
                                       double* loss_sum, unsigned long long* correct);
 
 absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const float* x, float* y, Write write);
+
+// x *= alpha (loss scaling of dlogits).
+absl::Status Scale(const CudaContext& ctx, int64_t n, float alpha, float* x);
+
+// Loss scaling: g *= inv_scale over n gradients, and *flag (device int) set
+// to 1 when any of them was inf or NaN (never cleared here; the caller
+// zeroes it before the step).
+absl::Status UnscaleCheckFinite(const CudaContext& ctx, int64_t n, float inv_scale, float* g,
+                                int* flag);
 
 absl::Status Zero(const CudaContext& ctx, int64_t n, float* x);
 

@@ -1,5 +1,7 @@
 // Our own CUDA kernels behind kernels/cuda (see cuda_kernels.h). Each mirrors
 // a loop of kernels/cpu.cc or kernels/optimizer.cc, element for element.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -48,6 +50,42 @@ __global__ void BroadcastRowsKernel(int64_t rows, int64_t cols, const float* bia
 
 __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
   GRID_STRIDE(i, n) { x[i] = alpha == 0.f ? 0.f : alpha * x[i]; }
+}
+
+template <typename T>
+__device__ T FromFloat(float v);
+template <>
+__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+template <typename T>
+__global__ void CastToReducedKernel(int64_t n, const float* x, T* y) {
+  GRID_STRIDE(i, n) { y[i] = FromFloat<T>(x[i]); }
+}
+
+template <typename T>
+__global__ void CastFromReducedKernel(int64_t n, const T* x, float* y, const float* bias,
+                                      int64_t channels, bool accumulate) {
+  GRID_STRIDE(i, n) {
+    float v = static_cast<float>(x[i]);
+    if (bias != nullptr) v += bias[i % channels];
+    y[i] = accumulate ? y[i] + v : v;
+  }
+}
+
+__global__ void UnscaleCheckFiniteKernel(int64_t n, float inv_scale, float* g, int* flag) {
+  bool bad = false;
+  GRID_STRIDE(i, n) {
+    const float v = g[i];
+    bad |= !isfinite(v);
+    g[i] = v * inv_scale;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
 __global__ void ReluForwardKernel(int64_t n, const float* x, float* y) {
@@ -788,6 +826,36 @@ cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const
 
 cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x) {
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(n, alpha, x);
+  return cudaGetLastError();
+}
+
+cudaError_t CastToReduced(cudaStream_t stream, int64_t n, const float* x, void* y, bool fp16) {
+  if (n <= 0) return cudaSuccess;
+  if (fp16) {
+    CastToReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, static_cast<__half*>(y));
+  } else {
+    CastToReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, static_cast<__nv_bfloat16*>(y));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t CastFromReduced(cudaStream_t stream, int64_t n, const void* x, float* y, bool fp16,
+                            const float* bias, int64_t channels, bool accumulate) {
+  if (n <= 0) return cudaSuccess;
+  if (fp16) {
+    CastFromReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(n, static_cast<const __half*>(x), y,
+                                                              bias, channels, accumulate);
+  } else {
+    CastFromReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        n, static_cast<const __nv_bfloat16*>(x), y, bias, channels, accumulate);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t UnscaleCheckFinite(cudaStream_t stream, int64_t n, float inv_scale, float* g,
+                               int* flag) {
+  if (n <= 0) return cudaSuccess;
+  UnscaleCheckFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(n, inv_scale, g, flag);
   return cudaGetLastError();
 }
 

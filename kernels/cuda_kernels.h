@@ -22,6 +22,16 @@ cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const
                           float* y);
 // x[i] *= alpha.
 cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x);
+// Mixed precision: fp32 <-> bf16 (fp16 when `fp16`), `y`/`x` of the reduced
+// type. CastFromReduced adds bias[i % channels] when bias is not null and
+// adds to y when `accumulate`.
+cudaError_t CastToReduced(cudaStream_t stream, int64_t n, const float* x, void* y, bool fp16);
+cudaError_t CastFromReduced(cudaStream_t stream, int64_t n, const void* x, float* y, bool fp16,
+                            const float* bias, int64_t channels, bool accumulate);
+// g *= inv_scale; *flag = 1 if any g was inf or NaN before (flag is set,
+// never cleared).
+cudaError_t UnscaleCheckFinite(cudaStream_t stream, int64_t n, float inv_scale, float* g,
+                               int* flag);
 cudaError_t ReluForward(cudaStream_t stream, int64_t n, const float* x, float* y);
 cudaError_t ReluBackward(cudaStream_t stream, int64_t n, const float* x, const float* dy, float* dx,
                          bool accumulate);

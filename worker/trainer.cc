@@ -155,9 +155,12 @@ absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model, BatchReader* re
 absl::Status JobTrainer::Train() {
   const JobSpec& spec = task_.spec();
   const int rank = task_.rank();
-  ASSIGN_OR_RETURN(auto model,
-                   Model::Create(spec.model(), spec.seed(), ModelOptions{options_.device}));
-  Log(absl::StrCat("job ", task_.job_id(), ": model replica on ", model->device_name()));
+  ModelOptions model_options;
+  model_options.device = options_.device;
+  model_options.precision = spec.precision();
+  ASSIGN_OR_RETURN(auto model, Model::Create(spec.model(), spec.seed(), model_options));
+  Log(absl::StrCat("job ", task_.job_id(), ": model replica on ", model->device_name(), ", ",
+                   Precision_Name(model->precision())));
 
   BatchReaderOptions data;
   data.file_pattern = spec.dataset().train_files();
@@ -218,7 +221,13 @@ absl::Status JobTrainer::Train() {
     if (!have_batch) return absl::InternalError("training data ended");
     ASSIGN_OR_RETURN(StepResult result, model->TrainStep(batch.features.data(), batch.labels.data(),
                                                          batch.size, step));
-    if (step + 1 < spec.steps()) {
+    // A step that FP16 loss scaling skipped has zero gradients (core/model.h).
+    // SYNC still pushes them, so the shard's step completes with this worker
+    // counted (zeros add nothing to the sum); ASYNC and SSP skip the push and
+    // pull afresh.
+    if (result.skipped && mode != ConsistencySpec::SYNC) {
+      pulled = false;
+    } else if (step + 1 < spec.steps()) {
       RETURN_IF_ERROR(PushGradientsAndPull(model.get(), step, min_version(step + 1),
                                            min_worker_steps(step + 1)));
       pulled = true;
