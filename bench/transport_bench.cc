@@ -587,6 +587,7 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
     options.worker_id = absl::StrCat("bench-worker-rank-", task.rank());
     options.incarnation = 1;
     options.pull_timeout = absl::Seconds(60);
+    if (options_.message_bytes > 0) options.message_bytes = options_.message_bytes;
     return std::make_unique<ParameterExchange>(options, placement, std::move(shards));
   };
   auto never = [] { return false; };
@@ -597,7 +598,9 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
   for (int w = 0; w < config.workers; ++w) {
     std::vector<ParameterShard*> shards;
     for (const std::string& address : tasks[w].shard_addresses()) {
-      remotes[w].push_back(RemoteParameterShard::Create(address));
+      RemoteParameterShard::Options remote_options;
+      remote_options.use_streams = options_.streams;
+      remotes[w].push_back(RemoteParameterShard::Create(address, remote_options));
       shards.push_back(remotes[w].back().get());
     }
     exchanges.push_back(make_exchange(tasks[w], shards));

@@ -87,6 +87,11 @@ class TransportBench {
     // A step is one ParameterExchange::PushPull (what JobTrainer does
     // between steps); false: a Push, then a Pull.
     bool push_pull = true;
+    // PushPull exchanges travel on long-lived streams
+    // (RemoteParameterShard::Options::use_streams); false: a unary call each.
+    bool streams = true;
+    // ExchangeOptions::message_bytes; 0: its default.
+    int64_t message_bytes = 0;
   };
 
   // Starts the coordinator, `max_shards` downpour-ps processes and

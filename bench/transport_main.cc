@@ -23,6 +23,9 @@ ABSL_FLAG(int32_t, steps, 0, "Timed steps per worker (0: chosen by size)");
 ABSL_FLAG(bool, naive, true, "Also run the naive gRPC baseline");
 ABSL_FLAG(bool, push_pull, true,
           "A step is one combined push+pull call per message (false: a push, then a pull)");
+ABSL_FLAG(int64_t, message_kb, 0, "Largest message of a worker's exchange, KiB (0: the default)");
+ABSL_FLAG(bool, streams, true,
+          "Combined push+pull exchanges go over long-lived streams (false: a unary call each)");
 
 namespace downpour {
 namespace bench {
@@ -68,6 +71,8 @@ int Main() {
   options.max_shards = *std::max_element(shards.begin(), shards.end());
   options.naive = absl::GetFlag(FLAGS_naive);
   options.push_pull = absl::GetFlag(FLAGS_push_pull);
+  options.streams = absl::GetFlag(FLAGS_streams);
+  options.message_bytes = absl::GetFlag(FLAGS_message_kb) << 10;
   auto bench = TransportBench::Start(options);
   if (!bench.ok()) return Fail(bench.status());
 

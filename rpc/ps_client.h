@@ -7,7 +7,9 @@
 // Thread-safe: calls may be made concurrently from any thread; they are
 // spread over Options::num_channels connections, because one HTTP/2
 // connection (one socket, one gRPC poller) does not fill loopback or a fast
-// link. Every call has a deadline; errors come back as absl::Status prefixed
+// link. PushPull exchanges travel on long-lived bidirectional streams, so a
+// step boundary pays for no new HTTP/2 stream and the calling thread polls
+// for its own answer. Every call has a deadline; errors come back as absl::Status prefixed
 // with the shard's address ("shard HOST:PORT: ...").
 #ifndef DOWNPOUR_RPC_PS_CLIENT_H_
 #define DOWNPOUR_RPC_PS_CLIENT_H_
@@ -17,7 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/parameter_store.h"
 #include "grpcpp/grpcpp.h"
@@ -35,6 +39,12 @@ class RemoteParameterShard final : public ParameterShard {
     int max_message_bytes = 256 << 20;
     // Connections to the shard; calls go round-robin.
     int num_channels = 2;
+    // PushPull exchanges go over long-lived /PushPullStream streams (one per
+    // concurrent caller, kept open between calls) instead of a unary call
+    // each. A stream that fails or times out is closed and the call fails
+    // as a unary one would (the caller's retry opens a new stream); a shard
+    // without the method is called unary from then on.
+    bool use_streams = true;
   };
 
   // Connects (lazily, insecure credentials) to the shard at `address`
@@ -65,6 +75,7 @@ class RemoteParameterShard final : public ParameterShard {
                                             Payload* pull_payload) override;
 
   const std::string& address() const { return address_; }
+  ~RemoteParameterShard() override;
 
  private:
   struct Connection {
@@ -72,15 +83,24 @@ class RemoteParameterShard final : public ParameterShard {
     grpc::internal::RpcMethod push;
     grpc::internal::RpcMethod pull;
     grpc::internal::RpcMethod push_pull;
+    grpc::internal::RpcMethod push_pull_stream;
   };
   enum class Method { kPush, kPull, kPushPull };
   absl::Status Call(Method method, const TensorMessage& request, absl::Time deadline,
                     TensorMessage* response);
+  // One exchange on an idle stream (or a new one); the stream goes back to
+  // the idle list only if the exchange left it usable.
+  class Stream;
+  absl::Status StreamCall(const TensorMessage& request, absl::Time deadline,
+                          TensorMessage* response);
 
   const std::string address_;
   const Options options_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::atomic<uint64_t> next_{0};
+  std::atomic<bool> streams_unsupported_{false};
+  absl::Mutex streams_mu_;
+  std::vector<std::unique_ptr<Stream>> idle_streams_ ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace downpour

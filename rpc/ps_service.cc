@@ -1,7 +1,10 @@
 #include "rpc/ps_service.h"
 
 #include <algorithm>
+#include <thread>
+#include <utility>
 
+#include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/impl/rpc_service_method.h"
 #include "grpcpp/support/method_handler.h"
 #include "rpc/grpc_status.h"
@@ -19,6 +22,98 @@ grpc::Status BadHeader(const char* what) {
 
 }  // namespace
 
+class ParameterServerService::PushPullStreamReactor final
+    : public grpc::ServerBidiReactor<TensorMessage, TensorMessage> {
+ public:
+  PushPullStreamReactor(ParameterServerService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The worker closed or dropped the stream.
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const absl::Time received = absl::Now();
+    PushPullStreamRequest header;
+    if (!header.ParseFromString(request_.header)) {
+      Finish(BadHeader("PushPullStreamRequest"));
+      return;
+    }
+    const absl::Time deadline = service_->PullDeadline(
+        std::min(absl::FromChrono(context_->deadline()),
+                 header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
+                                         : absl::InfiniteFuture()));
+    ParameterShard* shard = service_->shard_;
+    absl::StatusOr<PushResponse> pushed = shard->Push(header.exchange().push(), request_.payload);
+    // The request's buffers go back to gRPC before the answer is written.
+    request_ = TensorMessage();
+    if (!pushed.ok()) {
+      AnswerError(pushed.status());
+      return;
+    }
+    // A pull that is ready now is answered here; one that has to wait for
+    // other workers waits on its own thread, never blocking gRPC's.
+    response_ = TensorMessage();
+    absl::StatusOr<PullResponse> pulled =
+        shard->Pull(header.exchange().pull(), absl::InfinitePast(), &response_.payload);
+    if (pulled.ok() || !absl::IsDeadlineExceeded(pulled.status())) {
+      Answer(*pushed, std::move(pulled));
+      return;
+    }
+    if (waiter_.joinable()) waiter_.join();  // Ended with the previous answer.
+    waiter_ = std::thread([this, shard, pull = header.exchange().pull(), deadline,
+                           push = *std::move(pushed)]() mutable {
+      absl::StatusOr<PullResponse> pulled = shard->Pull(pull, deadline, &response_.payload);
+      Answer(push, std::move(pulled));
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    response_ = TensorMessage();
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override {
+    if (waiter_.joinable()) waiter_.join();
+    delete this;
+  }
+
+ private:
+  // Writes the exchange's answer (response_.payload holds the pull's bytes).
+  void Answer(const PushResponse& push, absl::StatusOr<PullResponse> pull) {
+    if (!pull.ok()) {
+      AnswerError(pull.status());
+      return;
+    }
+    PushPullStreamResponse reply;
+    *reply.mutable_exchange()->mutable_push() = push;
+    *reply.mutable_exchange()->mutable_pull() = *std::move(pull);
+    response_.header = reply.SerializeAsString();
+    StartWrite(&response_);
+  }
+  void AnswerError(const absl::Status& error) {
+    PushPullStreamResponse reply;
+    reply.set_code(static_cast<int>(error.code()));
+    reply.set_message(std::string(error.message()));
+    response_ = TensorMessage();
+    response_.header = reply.SerializeAsString();
+    StartWrite(&response_);
+  }
+
+  ParameterServerService* const service_;
+  grpc::CallbackServerContext* const context_;
+  TensorMessage request_;
+  TensorMessage response_;
+  std::thread waiter_;
+};
+
 ParameterServerService::ParameterServerService(ParameterShard* shard, Options options)
     : shard_(shard), options_(options) {
   // What generated code does for a proto service, with our message type.
@@ -31,12 +126,22 @@ ParameterServerService::ParameterServerService(ParameterShard* shard, Options op
   AddMethod(new grpc::internal::RpcServiceMethod(
       kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
       new Handler(std::mem_fn(&ParameterServerService::PushPull), this)));
+  AddMethod(new grpc::internal::RpcServiceMethod(
+      kPushPullStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING, nullptr));
+  // The fourth method added (index 3) is served with the callback API.
+  MarkMethodCallback(3, new grpc::internal::CallbackBidiHandler<TensorMessage, TensorMessage>(
+                            [this](grpc::CallbackServerContext* context) {
+                              return new PushPullStreamReactor(this, context);
+                            }));
 }
 
 absl::Time ParameterServerService::PullDeadline(const grpc::ServerContext& context) const {
+  return PullDeadline(absl::FromChrono(context.deadline()));
+}
+
+absl::Time ParameterServerService::PullDeadline(absl::Time caller_deadline) const {
   const absl::Time now = absl::Now();
-  absl::Time deadline =
-      std::min(absl::FromChrono(context.deadline()), now + options_.max_pull_wait);
+  absl::Time deadline = std::min(caller_deadline, now + options_.max_pull_wait);
   // Give up a little before the caller does, so it gets the shard's sentence
   // saying what was missing rather than a bare "Deadline Exceeded".
   const absl::Duration margin = std::min(absl::Milliseconds(100), (deadline - now) / 10);

@@ -1,7 +1,8 @@
 // ParameterServerService: the gRPC face of a ParameterShard (the server
 // adapter of the three layers; the logic lives in core/parameter_store).
 // Push, Pull and PushPull (a push then a pull, one round trip) are unary
-// RPCs whose tensor bytes travel beside the header
+// RPCs, PushPullStream carries PushPull exchanges on long-lived streams
+// (callback API); their tensor bytes travel beside the header
 // (rpc/tensor_wire.h): a push is applied straight from the buffers it arrived
 // in, a pull answers from one snapshot buffer without another copy. Each call
 // runs on its own server thread, so concurrent pushes of different
@@ -43,6 +44,13 @@ class ParameterServerService final : public grpc::Service {
   // The deadline a pull waits until: the caller's (capped at max_pull_wait),
   // less a margin.
   absl::Time PullDeadline(const grpc::ServerContext& context) const;
+  absl::Time PullDeadline(absl::Time deadline) const;
+
+  // Serves /PushPullStream: PushPull exchanges, one after the other, on a
+  // long-lived stream, handled by the callback API on the thread that read
+  // the request (no hand-off to a handler thread). A pull that has to wait
+  // (SYNC, SSP) waits on a thread of its own, not on gRPC's.
+  class PushPullStreamReactor;
 
   ParameterShard* const shard_;
   const Options options_;

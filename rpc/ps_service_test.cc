@@ -1,8 +1,14 @@
 #include "rpc/ps_service.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -132,12 +138,18 @@ TEST_F(PsServiceTest, PushPullIsOneCallThatAppliesOnce) {
   PullRequest pull;
   pull.set_job_id(kJob);
   pull.set_min_version(0);
-  for (int attempt = 0; attempt < 2; ++attempt) {  // The second is a retry.
+  RemoteParameterShard::Options unary_options;
+  unary_options.use_streams = false;
+  std::unique_ptr<RemoteParameterShard> unary =
+      RemoteParameterShard::Create(address_, unary_options);
+  // The first on a stream, the retries on the same stream and unary.
+  const std::vector<RemoteParameterShard*> attempts = {shard_.get(), shard_.get(), unary.get()};
+  for (size_t attempt = 0; attempt < attempts.size(); ++attempt) {
     Payload params;
     absl::StatusOr<PushPullResponse> result =
-        shard_->PushPull(push, grads, pull, absl::Now() + absl::Seconds(10), &params);
+        attempts[attempt]->PushPull(push, grads, pull, absl::Now() + absl::Seconds(10), &params);
     ASSERT_TRUE(result.ok()) << result.status();
-    EXPECT_EQ(result->push().duplicate(), attempt == 1);
+    EXPECT_EQ(result->push().duplicate(), attempt > 0);
     ASSERT_EQ(result->pull().partitions_size(), 2);
     EXPECT_EQ(result->pull().partitions(1).version(), 1);
     EXPECT_THAT(Floats(params.ToString()), ::testing::ElementsAre(1.f, 1.f, 0.5f, 2.f));
@@ -174,6 +186,78 @@ TEST_F(PsServiceTest, PullOfAStepThatNeverCompletesTimesOutQuickly) {
   // The shard answers just before the deadline, with what it waited for.
   EXPECT_THAT(std::string(pulled.status().message()),
               HasSubstr("partition 0/0 still at version 0 < 1"));
+}
+
+TEST_F(PsServiceTest, StreamedPushPullWaitsForOtherWorkersAndStaysUsable) {
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2), 0, Params(), Placements()).ok());
+  PullRequest pull;
+  pull.set_job_id(kJob);
+  pull.set_min_worker_steps(1);
+  auto exchange = [&](int64_t seq, absl::Duration timeout) {
+    const PushRequest push = MakePush(kJob, 0, seq, 0, 0, {1.f, 1.f});
+    Payload grads, params;
+    grads.Append(push.payload().data(), push.payload().size());
+    return shard_->PushPull(push, grads, pull, absl::Now() + timeout, &params);
+  };
+  // Worker 1 has not pushed: the shard answers on the stream just before
+  // the deadline, saying what it waited for.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<PushPullResponse> waited = exchange(1, absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(waited.status().message()), HasSubstr("worker 1 has pushed 0 steps"));
+  // The same stream carries the retry, which is answered once worker 1
+  // pushes; the push is not applied again.
+  std::thread other([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(store_.Push(MakePush(kJob, 1, 1, 0, 0, {1.f, 1.f})).ok());
+  });
+  absl::StatusOr<PushPullResponse> done = exchange(1, absl::Seconds(10));
+  other.join();
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->push().duplicate());
+  EXPECT_EQ(done->pull().partitions_size(), 2);
+}
+
+TEST_F(PsServiceTest, StreamedPushPullToAnUnreachableShardFailsWithinTheDeadline) {
+  std::unique_ptr<RemoteParameterShard> dead = RemoteParameterShard::Create("127.0.0.1:1");
+  const PushRequest push = MakePush(kJob, 0, 1, 0, 0, {1.f, 1.f});
+  Payload grads, params;
+  grads.Append(push.payload().data(), push.payload().size());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<PushPullResponse> result =
+      dead->PushPull(push, grads, PullRequest(), start + absl::Milliseconds(300), &params);
+  EXPECT_FALSE(result.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_THAT(std::string(result.status().message()), StartsWith("shard 127.0.0.1:1: "));
+}
+
+TEST_F(PsServiceTest, StreamedPushPullToAFrozenShardFailsWithinTheDeadline) {
+  // A listening socket nobody accepts from: connections open, nothing answers.
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 16), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string frozen_address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  std::unique_ptr<RemoteParameterShard> frozen = RemoteParameterShard::Create(frozen_address);
+  std::vector<float> big(1 << 20, 1.f);  // More than the socket buffers take.
+  PushRequest push = MakePush(kJob, 0, 1, 0, 0, {});
+  Payload grads, params;
+  grads.Append(reinterpret_cast<const char*>(big.data()), big.size() * sizeof(float));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<PushPullResponse> result =
+        frozen->PushPull(push, grads, PullRequest(), start + absl::Milliseconds(300), &params);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  }
+  frozen.reset();
+  close(listener);
 }
 
 TEST_F(PsServiceTest, UnreachableShardFailsWithinTheDeadline) {

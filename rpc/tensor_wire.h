@@ -26,6 +26,7 @@ namespace downpour {
 inline constexpr char kPushMethod[] = "/downpour.ParameterServer/Push";
 inline constexpr char kPullMethod[] = "/downpour.ParameterServer/Pull";
 inline constexpr char kPushPullMethod[] = "/downpour.ParameterServer/PushPull";
+inline constexpr char kPushPullStreamMethod[] = "/downpour.ParameterServer/PushPullStream";
 
 struct TensorMessage {
   // The serialized header message.
