@@ -32,7 +32,11 @@ if [[ $STAGES == *tests* ]]; then
 fi
 
 if [[ $STAGES == *bench* ]]; then
-  step_time ${STEP_TIME_ARGS:-} 2>&1 | tee "$OUT/ours.jsonl"
+  # Ours once per precision (PRECISIONS, e.g. "fp32 bf16"), PyTorch's in
+  # PYTORCH_ARGS (--precisions fp32,bf16 to match).
+  for p in ${PRECISIONS:-fp32}; do
+    step_time --precision=$p ${STEP_TIME_ARGS:-} 2>&1
+  done | tee "$OUT/ours.jsonl"
   PYTHONUNBUFFERED=1 python3 bench/pytorch_step_time.py ${PYTORCH_ARGS:---precisions fp32} \
     2>&1 | tee "$OUT/pytorch.jsonl"
   python3 bench/compare_step_time.py "$OUT/ours.jsonl" "$OUT/pytorch.jsonl" | tee "$OUT/table.md"

@@ -168,8 +168,7 @@ int Run() {
         "\"%s\", \"batch\": %lld, \"step_ms_loop\": %.4f, \"step_ms_min\": %.4f, "
         "\"mem_mb\": %.1f, \"compute_mb\": %.1f, \"final_loss\": %.6g}\n",
         model_name.c_str(), precision_name.c_str(), layout_name.c_str(),
-        static_cast<long long>(batch),
-        loops[loops.size() / 2], loops[0],
+        static_cast<long long>(batch), loops[loops.size() / 2], loops[0],
         (static_cast<double>(used_after) - static_cast<double>(used_before)) / (1 << 20),
         m.compute_bytes() / double{1 << 20}, result->loss);
     std::fflush(stdout);

@@ -315,7 +315,8 @@ class CudaOps : public Ops {
  public:
   static absl::StatusOr<std::unique_ptr<CudaOps>> Create(int device,
                                                          ModelOptions::ConvLayout conv_layout,
-                                                         Precision precision) {
+                                                         Precision precision,
+                                                         bool always_reduced_convs) {
     auto ops = std::unique_ptr<CudaOps>(new CudaOps());
     // Small at first: convolutions grow it to what their fastest
     // algorithms need (kernels/cuda.h).
@@ -327,6 +328,7 @@ class CudaOps : public Ops {
     ops->ctx_->compute = precision == BF16   ? cuda::ComputePrecision::kBf16
                          : precision == FP16 ? cuda::ComputePrecision::kFp16
                                              : cuda::ComputePrecision::kFp32;
+    ops->ctx_->always_reduced_convs = always_reduced_convs;
     // Loss sum, correct count, then the non-finite flag at byte 16.
     ASSIGN_OR_RETURN(ops->counters_, Memory::Allocate(Memory::Kind::kDevice, 32));
     ASSIGN_OR_RETURN(ops->counters_host_, Memory::Allocate(Memory::Kind::kPinned, 32));
@@ -851,11 +853,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
     }
   } else {
     ASSIGN_OR_RETURN(ops, model_internal::CudaOps::Create(options.device, options.conv_layout,
-                                                          precision));
+                                                          precision, options.always_reduced_convs));
   }
   if (!(options.initial_loss_scale >= 1.0) || !std::isfinite(options.initial_loss_scale)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("initial loss scale must be finite and >= 1, got ", options.initial_loss_scale));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial loss scale must be finite and >= 1, got ", options.initial_loss_scale));
   }
   std::unique_ptr<Model> model(new Model(std::move(shape), seed, std::max(options.device, -1),
                                          std::move(name), precision, options.initial_loss_scale));
@@ -1320,8 +1322,8 @@ absl::Status Model::Backward(int64_t batch) {
     // the last layer); everything upstream carries the scale.
     if (loss_scaling_ && shape_.layers[i].kind == LayerKind::kSoftmaxCrossEntropy &&
         args.dx[0] != nullptr) {
-      RETURN_IF_ERROR(ops_->ScaleBy(batch * shape_.num_classes, static_cast<float>(step_scale_),
-                                    args.dx[0]));
+      RETURN_IF_ERROR(
+          ops_->ScaleBy(batch * shape_.num_classes, static_cast<float>(step_scale_), args.dx[0]));
     }
     if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 3));
   }

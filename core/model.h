@@ -99,6 +99,9 @@ struct ModelOptions {
   // proto/job.proto). The CPU path runs every precision in fp32 (and says so
   // on stderr once per model).
   Precision precision = FP32;
+  // Tests: every convolution that can runs in the reduced precision, never
+  // the fp32 plan measured faster (see kernels::cuda::CudaContext).
+  bool always_reduced_convs = false;
   // FP16's first loss scale (tests force an overflow with a huge one).
   double initial_loss_scale = DynamicLossScale::kDefaultInitial;
 };

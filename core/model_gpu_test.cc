@@ -238,6 +238,7 @@ std::unique_ptr<Model> MakeModelIn(int device, Precision precision, double initi
   options.device = device;
   options.precision = precision;
   options.initial_loss_scale = initial_scale;
+  options.always_reduced_convs = true;
   auto model = Model::Create(ParseSpec(kSmallNet), /*seed=*/7, options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(model).value() : nullptr;
@@ -255,6 +256,11 @@ void ExpectNormClose(const float* ref, const float* got, int64_t n, double toler
     norm += ref[i] * double{ref[i]};
   }
   EXPECT_LE(std::sqrt(diff), tolerance * std::sqrt(norm) + 1e-6) << what;
+}
+
+// kSmallNet's parameters whose gradients pass through a batch norm's backward.
+bool BeforeBatchNorm(const std::string& name) {
+  return name.rfind("conv1", 0) == 0 || name.rfind("conv2", 0) == 0 || name.rfind("bn", 0) == 0;
 }
 
 // The schedule alone, no device: halve on overflow (not below 1), double
@@ -300,9 +306,14 @@ TEST(ModelPrecisionTest, CpuRunsEveryPrecisionInFp32) {
   EXPECT_FALSE(c->skipped);
 }
 
-// bf16 / fp16 compute against fp32 on the same GPU: losses within 2% (bf16,
-// 8-bit mantissa) / 0.5% (fp16), every gradient tensor within 5% / 1% of
-// the fp32 one in norm, over steps with the same SGD updates applied.
+// bf16 / fp16 compute against fp32 on the same GPU, over steps with the
+// same SGD updates applied: losses within 2% (bf16, 8-bit mantissa) / 0.5%
+// (fp16); gradients in norm within 5% / 1% of fp32's, except those of conv1,
+// conv2 and the batch norms they feed: batch norm's backward subtracts
+// near-equal terms (the batch means of dy and dy * xhat), which turns the
+// rounding of the reduced conv outputs into up to 10% / 6% (seen on an H200;
+// the bound is 20% / 12%), as with PyTorch's autocast, where convolution
+// outputs are bf16 too.
 class ReducedPrecisionTest : public ModelGpuTest,
                              public ::testing::WithParamInterface<Precision> {};
 
@@ -310,6 +321,7 @@ TEST_P(ReducedPrecisionTest, LossesAndGradientsMatchFp32) {
   const Precision precision = GetParam();
   const double loss_tol = precision == BF16 ? 2e-2 : 5e-3;
   const double grad_tol = precision == BF16 ? 5e-2 : 1e-2;
+  const double grad_tol_before_bn = precision == BF16 ? 0.20 : 0.12;
   auto ref = MakeModelIn(0, FP32, 1.0);
   auto low = MakeModelIn(0, precision, DynamicLossScale::kDefaultInitial);
   ASSERT_TRUE(ref && low);
@@ -323,7 +335,9 @@ TEST_P(ReducedPrecisionTest, LossesAndGradientsMatchFp32) {
     EXPECT_FALSE(l->skipped) << "step " << step;
     EXPECT_NEAR(r->loss, l->loss, loss_tol * (1 + std::abs(r->loss))) << "step " << step;
     for (const ParamInfo& p : ref->params()) {
-      ExpectNormClose(ref->grad(p.id), low->grad(p.id), p.num_elements, grad_tol,
+      const bool before_bn = BeforeBatchNorm(p.name);
+      ExpectNormClose(ref->grad(p.id), low->grad(p.id), p.num_elements,
+                      before_bn ? grad_tol_before_bn : grad_tol,
                       p.name + " grad, step " + std::to_string(step));
       for (int64_t i = 0; i < p.num_elements; ++i) {
         ref->param(p.id)[i] -= 0.1f * ref->grad(p.id)[i];
@@ -407,7 +421,8 @@ TEST_F(ModelGpuTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
     ASSERT_TRUE(r.ok());
     EXPECT_NEAR(r->loss, l->loss, 5e-3 * (1 + std::abs(r->loss)));
     for (const ParamInfo& p : ref->params()) {
-      ExpectNormClose(ref->grad(p.id), low->grad(p.id), p.num_elements, 1e-2, p.name + " grad");
+      ExpectNormClose(ref->grad(p.id), low->grad(p.id), p.num_elements,
+                      BeforeBatchNorm(p.name) ? 0.12 : 1e-2, p.name + " grad");
     }
   }
   EXPECT_TRUE(clean) << "no clean step after " << skipped << " skipped ones";

@@ -127,6 +127,7 @@ struct ConvPlan {
   // in fp32.
   ConvVariant reduced;
   bool reduced_chosen = false, reduced_ok = false;
+  bool fwd_reduced = false, bwd_reduced = false;  // Measured faster than fp32.
   size_t in16_bytes = 0, out16_bytes = 0, filter16_bytes = 0;
 };
 
@@ -285,10 +286,13 @@ namespace {
 // The cached plan of `s` (descriptors made on first use).
 absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) {
   if (ctx.conv_plans == nullptr) ctx.conv_plans = std::make_unique<ConvPlanCache>();
-  const std::array<int64_t, 14> key = {
-      s.batch,    s.in_h,     s.in_w,    s.in_c,    s.out_h,  s.out_w, s.out_c,
-      s.kernel_h, s.kernel_w, s.stride_h, s.stride_w, s.pad_top, s.pad_left,
-      static_cast<int64_t>(ctx.compute)};
+  const std::array<int64_t, 14> key = {s.batch,    s.in_h,
+                                       s.in_w,     s.in_c,
+                                       s.out_h,    s.out_w,
+                                       s.out_c,    s.kernel_h,
+                                       s.kernel_w, s.stride_h,
+                                       s.stride_w, s.pad_top,
+                                       s.pad_left, static_cast<int64_t>(ctx.compute)};
   auto it = ctx.conv_plans->plans.find(key);
   if (it != ctx.conv_plans->plans.end()) return it->second.get();
   auto plan = std::make_unique<ConvPlan>();
@@ -417,12 +421,11 @@ absl::Status GemmReduced(const CudaContext& ctx, Transpose trans_a, Transpose tr
   const int lda = AsInt(trans_a == Transpose::kYes ? m : k_dim);
   const int ldb = AsInt(trans_b == Transpose::kYes ? k_dim : n);
   const cudaDataType_t type = Fp16(ctx) ? CUDA_R_16F : CUDA_R_16BF;
-  return FromCublas(
-      cublasGemmEx(ctx.cublas, trans_b == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N,
-                   trans_a == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N, AsInt(n), AsInt(m),
-                   AsInt(k_dim), &alpha, b, type, ldb, a, type, lda, &beta, c, CUDA_R_32F, AsInt(n),
-                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
+  return FromCublas(cublasGemmEx(ctx.cublas, trans_b == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 trans_a == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N, AsInt(n),
+                                 AsInt(m), AsInt(k_dim), &alpha, b, type, ldb, a, type, lda, &beta,
+                                 c, CUDA_R_32F, AsInt(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                    "cublasGemmEx");
 }
 
 }  // namespace
@@ -608,7 +611,8 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
         ctx.cudnn, v->x.d, v->y.d, v->conv.d, v->w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         &returned, perf));
     int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen, fma_only)) {
+    if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen,
+                 fma_only)) {
       v->bwd_filter_ms = perf[chosen].time;
     } else {
       CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -716,9 +720,46 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
                         &p->reduced, /*fma_only=*/false);
   }
   p->reduced_ok = st.ok();
-  if (!st.ok() && log_conv_plans.load()) {
-    std::fprintf(stderr, "conv reduced precision unavailable, fp32 instead: %s\n",
-                 std::string(st.message()).c_str());
+  if (!st.ok()) {
+    if (log_conv_plans.load()) {
+      std::fprintf(stderr, "conv reduced precision unavailable, fp32 instead: %s\n",
+                   std::string(st.message()).c_str());
+    }
+    return;
+  }
+  p->fwd_reduced = p->bwd_reduced = true;
+  if (ctx.always_reduced_convs) return;
+  // Some shapes (one input channel, tiny images) have no fast reduced
+  // kernel: weigh each direction against the fp32 plan, casts included
+  // (4-byte read + 2-byte write, or back).
+  if (!ChooseLayouts(ctx, s, p).ok()) return;
+  auto cast_ms = [](size_t bytes16) {
+    return 3.0 * static_cast<double>(bytes16) / kTransposeBytesPerMs;
+  };
+  const double fwd_fp32 = p->fwd_nchw ? p->nchw.fwd_ms + TransposeMs(p->in_bytes) +
+                                            TransposeMs(p->filter_bytes) + TransposeMs(p->out_bytes)
+                                      : p->nhwc.fwd_ms;
+  const double bwd_fp32 =
+      p->bwd_nchw ? p->nchw.bwd_filter_ms + p->nchw.bwd_data_ms + 2 * TransposeMs(p->in_bytes) +
+                        TransposeMs(p->out_bytes) + 2 * TransposeMs(p->filter_bytes)
+                  : p->nhwc.bwd_filter_ms + p->nhwc.bwd_data_ms;
+  const double fwd_reduced = p->reduced.fwd_ms + cast_ms(p->in16_bytes) +
+                             cast_ms(p->filter16_bytes) + cast_ms(p->out16_bytes);
+  const double bwd_reduced = p->reduced.bwd_filter_ms + p->reduced.bwd_data_ms +
+                             2 * cast_ms(p->in16_bytes) + cast_ms(p->out16_bytes) +
+                             2 * cast_ms(p->filter16_bytes);
+  p->fwd_reduced = fwd_reduced < fwd_fp32;
+  p->bwd_reduced = bwd_reduced < bwd_fp32;
+  if (log_conv_plans.load()) {
+    std::fprintf(stderr,
+                 "conv precision n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: forward "
+                 "reduced %.3f fp32 %.3f ms -> %s; backward reduced %.3f fp32 %.3f ms -> %s\n",
+                 static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
+                 static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
+                 static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
+                 static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h), fwd_reduced,
+                 fwd_fp32, p->fwd_reduced ? "reduced" : "fp32", bwd_reduced, bwd_fp32,
+                 p->bwd_reduced ? "reduced" : "fp32");
   }
 }
 
@@ -740,10 +781,9 @@ absl::Status Conv2dForwardReduced(const CudaContext& ctx, const WindowShape& s, 
   return FromReduced(ctx, s.batch * s.out_elements(), y16, y, bias, s.out_c, false);
 }
 
-absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
-                                   const ConvPlan& p, const float* x, const float* w,
-                                   const float* dy, float* dx, Write dx_write, float* dw,
-                                   float* dbias, Write param_write) {
+absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s, const ConvPlan& p,
+                                   const float* x, const float* w, const float* dy, float* dx,
+                                   Write dx_write, float* dw, float* dbias, Write param_write) {
   const ConvVariant& v = p.reduced;
   const size_t scratch = ReducedBackwardScratch(p);
   const size_t bias_scratch = dbias != nullptr ? BiasScratch(s) : 0;
@@ -807,7 +847,7 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
   ConvPlan& p = **plan;
   if (Reduced(ctx)) {
     ChooseReduced(ctx, s, &p);
-    if (p.reduced_ok) return Conv2dForwardReduced(ctx, s, p, x, w, bias, y);
+    if (p.reduced_ok && p.fwd_reduced) return Conv2dForwardReduced(ctx, s, p, x, w, bias, y);
   }
   STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const float one = 1.f, zero = 0.f;
@@ -857,7 +897,7 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
   ConvPlan& p = **plan;
   if (Reduced(ctx)) {
     ChooseReduced(ctx, s, &p);
-    if (p.reduced_ok) {
+    if (p.reduced_ok && p.bwd_reduced) {
       return Conv2dBackwardReduced(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
     }
   }

@@ -100,6 +100,10 @@ struct CudaContext {
   ConvLayout conv_layout = ConvLayout::kAuto;
   // Set before the first dense layer or convolution.
   ComputePrecision compute = ComputePrecision::kFp32;
+  // bf16/fp16: a convolution runs reduced (casts included) only where
+  // cudnnFind measures that faster than its fp32 plan, per direction, unless
+  // this is set (tests: every convolution that can runs reduced).
+  bool always_reduced_convs = false;
 
   // Sets up a context on `device` with `workspace_bytes` of workspace.
   // FailedPrecondition when there is no such device.
