@@ -40,7 +40,9 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
   exchange.gradient_dtype = task_.spec().gradient_wire_dtype() == DTYPE_UNSPECIFIED
                                 ? FLOAT32
                                 : task_.spec().gradient_wire_dtype();
-  if (task_.spec().partition_bytes() > 0) exchange.message_bytes = task_.spec().partition_bytes();
+  // Messages keep ExchangeOptions' size (partitions are never split, so a
+  // larger partition is a message of its own): a model of many small
+  // partitions then costs a few exchanges per step, not one per partition.
   exchange_ = std::make_unique<ParameterExchange>(
       exchange,
       std::vector<PartitionPlacement>(task_.placement().partitions().begin(),
