@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "core/model_shape.h"
@@ -156,5 +157,6 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("downpour-ps --coordinator=HOST:PORT [--listen=HOST:PORT]");
   absl::ParseCommandLine(argc, argv);
+  downpour::KeepTensorBuffersMapped();
   return downpour::Main();
 }

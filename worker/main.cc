@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "core/model.h"
@@ -274,5 +275,6 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "downpour-worker --coordinator=HOST:PORT [--listen=HOST:PORT] [--data_dir=DIR]");
   absl::ParseCommandLine(argc, argv);
+  downpour::KeepTensorBuffersMapped();
   return downpour::Main();
 }
