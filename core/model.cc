@@ -209,6 +209,12 @@ class Ops {
   // Profiling: Mark(i) notes when the work queued so far ends (at the time
   // it runs); MarkMs(i, j) is the time from mark i to mark j, after a
   // Synchronize.
+  // bf16/fp16 on a GPU: reduced copies of the weights in `ranges` that
+  // dense layers and convolutions read, refreshed by CastReducedWeights
+  // (once per forward pass); nothing on the CPU or in fp32.
+  virtual absl::Status RegisterReducedWeights(
+      const std::vector<std::pair<const float*, int64_t>>& ranges) = 0;
+  virtual absl::Status CastReducedWeights() = 0;
   virtual absl::Status Mark(int slot) = 0;
   virtual absl::StatusOr<double> MarkMs(int from, int to) = 0;
 };
@@ -288,6 +294,11 @@ class CpuOps : public Ops {
     }
     return absl::OkStatus();
   }
+  absl::Status RegisterReducedWeights(
+      const std::vector<std::pair<const float*, int64_t>>& /*ranges*/) override {
+    return absl::OkStatus();
+  }
+  absl::Status CastReducedWeights() override { return absl::OkStatus(); }
   absl::Status Mark(int slot) override {
     if (static_cast<size_t>(slot) >= marks_.size()) marks_.resize(slot + 1);
     marks_[slot] = std::chrono::steady_clock::now();
@@ -385,7 +396,9 @@ class CudaOps : public Ops {
   }
 
   bool gpu() const override { return true; }
-  int64_t fixed_bytes() const override { return static_cast<int64_t>(ctx_->workspace_bytes); }
+  int64_t fixed_bytes() const override {
+    return static_cast<int64_t>(ctx_->workspace_bytes + cuda::ReducedWeightBytes(*ctx_));
+  }
   absl::StatusOr<Memory> Allocate(size_t bytes) override {
     return Memory::Allocate(Memory::Kind::kDevice, bytes);
   }
@@ -411,6 +424,11 @@ class CudaOps : public Ops {
     return plan_->Apply(*ctx_, kind, hp);
   }
 
+  absl::Status RegisterReducedWeights(
+      const std::vector<std::pair<const float*, int64_t>>& ranges) override {
+    return cuda::RegisterReducedWeights(*ctx_, ranges);
+  }
+  absl::Status CastReducedWeights() override { return cuda::CastReducedWeights(*ctx_); }
   absl::Status Mark(int slot) override {
     while (static_cast<size_t>(slot) >= marks_.size()) {
       cudaEvent_t e = nullptr;
@@ -939,6 +957,17 @@ absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
   RETURN_IF_ERROR(ops_->ToDevice(grad_compute_, grad_host_, param_bytes));
   RETURN_IF_ERROR(ops_->ToDevice(state_compute_, state_host_, state_bytes));
   RETURN_IF_ERROR(ops_->Synchronize());
+  if (gpu && precision_ != FP32) {
+    std::vector<std::pair<const float*, int64_t>> weights;
+    for (const LayerShape& layer : shape_.layers) {
+      if ((layer.kind == LayerKind::kDense || layer.kind == LayerKind::kConv2d) &&
+          !layer.param_ids.empty()) {
+        const int id = layer.param_ids[0];
+        weights.emplace_back(param_compute_ + param_offset_[id], shape_.params[id].num_elements);
+      }
+    }
+    RETURN_IF_ERROR(ops_->RegisterReducedWeights(weights));
+  }
 
   std::vector<Buffer>& buffers = st.buffers;
   std::vector<int>& buffer_of_layer = st.buffer_of_layer;
@@ -1267,6 +1296,9 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
   args.step = static_cast<uint64_t>(step);
   args.labels = labels_;
   RETURN_IF_ERROR(ops_->ResetLoss());
+  // The weights changed since the last pass (shards' values or the device
+  // optimizer): one cast for the whole step instead of one per op.
+  RETURN_IF_ERROR(ops_->CastReducedWeights());
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (layers_[i]->aliases_input()) continue;
     args.x.clear();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -129,6 +130,13 @@ struct ConvPlan {
   bool reduced_chosen = false, reduced_ok = false;
   bool fwd_reduced = false, bwd_reduced = false;  // Measured faster than fp32.
   size_t in16_bytes = 0, out16_bytes = 0, filter16_bytes = 0;
+  // cudnnFind's time can miss what the chosen reduced backward takes on the
+  // real tensors (ResNet-18's 1x1 stride-2 shortcut: 0.33 ms found, 1.97 ms
+  // in the step), so its second call (the first loads kernels) is timed
+  // with events and the backward goes fp32 for good where that measured
+  // time exceeds the fp32 plan's estimate (bwd_fp32_ms).
+  int bwd_reduced_calls = 0;
+  double bwd_fp32_ms = kUnmeasured;
 };
 
 absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64_t in_h,
@@ -362,6 +370,25 @@ absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(int device,
   return ctx;
 }
 
+// One device block of reduced copies, each at a 256-byte boundary (as the
+// workspace's), and the table the cast kernel reads.
+struct ReducedWeightCopies {
+  void* copies = nullptr;
+  int64_t* table = nullptr;  // src_begin[n], dst_begin[n], count[n].
+  int num_ranges = 0;
+  int64_t max_count = 0;
+  size_t bytes = 0;
+  const float* src_base = nullptr;
+  std::unordered_map<const float*, const void*> copy_of;
+  ReducedWeightCopies() = default;
+  ReducedWeightCopies(const ReducedWeightCopies&) = delete;
+  ReducedWeightCopies& operator=(const ReducedWeightCopies&) = delete;
+  ~ReducedWeightCopies() {
+    if (copies != nullptr) cudaFree(copies);
+    if (table != nullptr) cudaFree(table);
+  }
+};
+
 CudaContext::~CudaContext() {
   if (device < 0) return;
   cudaSetDevice(device);
@@ -374,6 +401,59 @@ CudaContext::~CudaContext() {
 }
 
 void CudaContext::ForgetConvPlans() { conv_plans.reset(); }
+
+absl::Status RegisterReducedWeights(CudaContext& ctx,
+                                    const std::vector<std::pair<const float*, int64_t>>& ranges) {
+  if (ctx.compute == ComputePrecision::kFp32) return absl::OkStatus();
+  if (ctx.stream != nullptr) CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+  ctx.reduced_weights.reset();
+  std::vector<std::pair<const float*, int64_t>> kept;
+  for (const auto& r : ranges) {
+    if (r.first != nullptr && r.second > 0) kept.push_back(r);
+  }
+  if (kept.empty()) return absl::OkStatus();
+  auto w = std::make_unique<ReducedWeightCopies>();
+  // Offsets from the lowest range start: one kernel argument for every range.
+  const float* base = kept[0].first;
+  for (const auto& r : kept) base = std::min(base, r.first);
+  const int n = static_cast<int>(kept.size());
+  std::vector<int64_t> table(3 * static_cast<size_t>(n));
+  int64_t dst = 0;  // In elements; 128 of 2 bytes keep each copy 256-byte aligned.
+  for (int i = 0; i < n; ++i) {
+    table[i] = kept[i].first - base;
+    table[n + i] = dst;
+    table[2 * n + i] = kept[i].second;
+    w->max_count = std::max(w->max_count, kept[i].second);
+    dst += (kept[i].second + 127) / 128 * 128;
+  }
+  w->bytes = 2 * static_cast<size_t>(dst) + sizeof(int64_t) * table.size();
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&w->copies, 2 * static_cast<size_t>(dst)));
+  CUDA_RETURN_IF_ERROR(
+      cudaMalloc(reinterpret_cast<void**>(&w->table), sizeof(int64_t) * table.size()));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(w->table, table.data(), sizeof(int64_t) * table.size(), cudaMemcpyHostToDevice));
+  for (int i = 0; i < n; ++i) {
+    w->copy_of[kept[i].first] = static_cast<char*>(w->copies) + 2 * table[n + i];
+  }
+  w->num_ranges = n;
+  w->src_base = base;
+  ctx.reduced_weights = std::move(w);
+  return absl::OkStatus();
+}
+
+size_t ReducedWeightBytes(const CudaContext& ctx) {
+  return ctx.reduced_weights != nullptr ? ctx.reduced_weights->bytes : 0;
+}
+
+absl::Status CastReducedWeights(const CudaContext& ctx) {
+  const ReducedWeightCopies* w = ctx.reduced_weights.get();
+  if (w == nullptr) return absl::OkStatus();
+  return FromCuda(
+      k::CastRangesToReduced(ctx.stream, w->num_ranges, w->table, w->table + w->num_ranges,
+                             w->table + 2 * w->num_ranges, w->max_count, w->src_base, w->copies,
+                             ctx.compute == ComputePrecision::kFp16),
+      "CastRangesToReduced");
+}
 
 absl::Status CudaContext::Synchronize() const {
   return FromCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -411,6 +491,18 @@ absl::Status FromReduced(const CudaContext& ctx, int64_t n, const void* x, float
                   "CastFromReduced");
 }
 
+// The reduced copy of the `n` weights at `w`: the registered one
+// (CastReducedWeights), or `w` cast into `scratch`.
+absl::StatusOr<const void*> WeightsToReduced(const CudaContext& ctx, int64_t n, const float* w,
+                                             void* scratch) {
+  if (ctx.reduced_weights != nullptr) {
+    auto it = ctx.reduced_weights->copy_of.find(w);
+    if (it != ctx.reduced_weights->copy_of.end()) return it->second;
+  }
+  STATUS_RETURN_IF_ERROR(ToReduced(ctx, n, w, scratch));
+  return static_cast<const void*>(scratch);
+}
+
 // Row-major C (fp32) = alpha op(A) op(B) + beta C, A and B of the context's
 // reduced type, fp32 accumulation on tensor cores.
 absl::Status GemmReduced(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
@@ -437,12 +529,13 @@ absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int
     STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, x_bytes + Reduced16Bytes(in * out)));
     char* base = static_cast<char*>(ctx.workspace);
     STATUS_RETURN_IF_ERROR(ToReduced(ctx, batch * in, x, base));
-    STATUS_RETURN_IF_ERROR(ToReduced(ctx, in * out, w, base + x_bytes));
+    absl::StatusOr<const void*> w16 = WeightsToReduced(ctx, in * out, w, base + x_bytes);
+    if (!w16.ok()) return w16.status();
     if (bias != nullptr) {
       CUDA_RETURN_IF_ERROR(k::BroadcastRows(ctx.stream, batch, out, bias, y));
     }
-    return GemmReduced(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, base,
-                       base + x_bytes, bias != nullptr ? 1.f : 0.f, y);
+    return GemmReduced(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, base, *w16,
+                       bias != nullptr ? 1.f : 0.f, y);
   }
   if (bias != nullptr) {
     CUDA_RETURN_IF_ERROR(k::BroadcastRows(ctx.stream, batch, out, bias, y));
@@ -473,8 +566,9 @@ absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, in
     STATUS_RETURN_IF_ERROR(GemmReduced(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f,
                                        x16, dy16, Acc(param_write) ? 1.f : 0.f, dw));
     if (dx == nullptr) return absl::OkStatus();
-    STATUS_RETURN_IF_ERROR(ToReduced(ctx, in * out, w, w16));
-    return GemmReduced(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy16, w16,
+    absl::StatusOr<const void*> w_reduced = WeightsToReduced(ctx, in * out, w, w16);
+    if (!w_reduced.ok()) return w_reduced.status();
+    return GemmReduced(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy16, *w_reduced,
                        Acc(dx_write) ? 1.f : 0.f, dx);
   }
   STATUS_RETURN_IF_ERROR(Gemm(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f, x, dy,
@@ -750,6 +844,7 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
                              2 * cast_ms(p->filter16_bytes);
   p->fwd_reduced = fwd_reduced < fwd_fp32;
   p->bwd_reduced = bwd_reduced < bwd_fp32;
+  p->bwd_fp32_ms = bwd_fp32;
   if (log_conv_plans.load()) {
     std::fprintf(stderr,
                  "conv precision n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: forward "
@@ -773,10 +868,12 @@ absl::Status Conv2dForwardReduced(const CudaContext& ctx, const WindowShape& s, 
   char* w16 = x16 + p.in16_bytes;
   char* y16 = w16 + p.filter16_bytes;
   STATUS_RETURN_IF_ERROR(ToReduced(ctx, s.batch * s.in_h * s.in_w * s.in_c, x, x16));
-  STATUS_RETURN_IF_ERROR(ToReduced(ctx, s.out_c * s.patch_elements(), w, w16));
+  absl::StatusOr<const void*> w_reduced =
+      WeightsToReduced(ctx, s.out_c * s.patch_elements(), w, w16);
+  if (!w_reduced.ok()) return w_reduced.status();
   const float one = 1.f, zero = 0.f;
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, x16, v.w.d, w16, v.conv.d,
-                                                v.fwd_algo, base + scratch,
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, x16, v.w.d, *w_reduced,
+                                                v.conv.d, v.fwd_algo, base + scratch,
                                                 ctx.workspace_bytes - scratch, &zero, v.y.d, y16));
   return FromReduced(ctx, s.batch * s.out_elements(), y16, y, bias, s.out_c, false);
 }
@@ -813,11 +910,50 @@ absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
                                                        free_bytes, &zero, v.w.d, dw16));
   STATUS_RETURN_IF_ERROR(FromReduced(ctx, filter_n, dw16, dw, nullptr, 1, Acc(param_write)));
   if (dx == nullptr) return absl::OkStatus();
-  STATUS_RETURN_IF_ERROR(ToReduced(ctx, filter_n, w, w16));
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w16, v.y.d, dy16,
-                                                     v.conv.d, v.bwd_data_algo, free_space,
+  absl::StatusOr<const void*> w_reduced = WeightsToReduced(ctx, filter_n, w, w16);
+  if (!w_reduced.ok()) return w_reduced.status();
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, *w_reduced, v.y.d,
+                                                     dy16, v.conv.d, v.bwd_data_algo, free_space,
                                                      free_bytes, &zero, v.x.d, dx16));
   return FromReduced(ctx, in_n, dx16, dx, nullptr, 1, Acc(dx_write));
+}
+
+// Conv2dBackwardReduced timed with events on the real tensors; a backward
+// slower than the fp32 plan's estimate runs fp32 from the next call on.
+absl::Status TimedBackwardReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p,
+                                  const float* x, const float* w, const float* dy, float* dx,
+                                  Write dx_write, float* dw, float* dbias, Write param_write) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  cudaError_t e = cudaEventCreate(&stop);
+  if (e != cudaSuccess) {
+    cudaEventDestroy(start);
+    return FromCuda(e, "cudaEventCreate");
+  }
+  e = cudaEventRecord(start, ctx.stream);
+  absl::Status st =
+      Conv2dBackwardReduced(ctx, s, *p, x, w, dy, dx, dx_write, dw, dbias, param_write);
+  if (e == cudaSuccess) e = cudaEventRecord(stop, ctx.stream);
+  if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+  float ms = 0;
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!st.ok()) return st;
+  if (e != cudaSuccess) return FromCuda(e, "timing the reduced convolution backward");
+  const bool slower = ms > p->bwd_fp32_ms;
+  if (slower) p->bwd_reduced = false;
+  if (log_conv_plans.load()) {
+    std::fprintf(stderr,
+                 "conv backward timed n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: reduced "
+                 "%.3f ms on the real tensors, fp32 estimate %.3f ms -> %s\n",
+                 static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
+                 static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
+                 static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
+                 static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h), ms,
+                 p->bwd_fp32_ms, slower ? "fp32" : "reduced");
+  }
+  return absl::OkStatus();
 }
 
 // NHWC x (padded as the plan says) -> NCHW xn.
@@ -898,7 +1034,12 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
   if (Reduced(ctx)) {
     ChooseReduced(ctx, s, &p);
     if (p.reduced_ok && p.bwd_reduced) {
-      return Conv2dBackwardReduced(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
+      const bool time_it =
+          !ctx.always_reduced_convs && ++p.bwd_reduced_calls == 2 && p.bwd_fp32_ms < kUnmeasured;
+      if (!time_it) {
+        return Conv2dBackwardReduced(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
+      }
+      return TimedBackwardReduced(ctx, s, &p, x, w, dy, dx, dx_write, dw, dbias, param_write);
     }
   }
   STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -74,6 +75,10 @@ enum class ComputePrecision { kFp32, kBf16, kFp16 };
 // to cuda.cc.
 struct ConvPlanCache;
 
+// Reduced copies of registered weights (RegisterReducedWeights), internal to
+// cuda.cc.
+struct ReducedWeightCopies;
+
 // One device's execution state: a non-blocking stream, cuBLAS and cuDNN
 // handles bound to it, and a device workspace for cuDNN and the fused
 // kernels. Owns everything it holds; not copyable.
@@ -96,6 +101,8 @@ struct CudaContext {
   // Filled lazily by Conv2dForward/Backward; mutable because those take the
   // context by const reference (it is still one thread's).
   mutable std::unique_ptr<ConvPlanCache> conv_plans;
+  // Set by RegisterReducedWeights.
+  std::unique_ptr<ReducedWeightCopies> reduced_weights;
   // Set before the first convolution of a shape (its plan keeps the choice).
   ConvLayout conv_layout = ConvLayout::kAuto;
   // Set before the first dense layer or convolution.
@@ -120,6 +127,20 @@ struct CudaContext {
   // again, in conv_layout).
   void ForgetConvPlans();
 };
+
+// bf16/fp16 contexts: keeps one reduced copy of each fp32 device range in
+// `ranges` (start, elements), so that DenseForward/Backward and
+// Conv2dForward/Backward read the copy of a weight that starts a registered
+// range instead of casting it at every op. Replaces an earlier registration;
+// does nothing in fp32 contexts.
+// REQUIRES: CastReducedWeights after every change of the ranges' values and
+// before the next op that reads them; the ranges outlive the registration.
+absl::Status RegisterReducedWeights(CudaContext& ctx,
+                                    const std::vector<std::pair<const float*, int64_t>>& ranges);
+// Refreshes every registered copy from its fp32 range (one kernel).
+absl::Status CastReducedWeights(const CudaContext& ctx);
+// Device bytes the registered copies take.
+size_t ReducedWeightBytes(const CudaContext& ctx);
 
 // Diagnostics: when on, every convolution plan prints its measured
 // algorithms (algo, ms, workspace bytes, math type, status) and its choice

@@ -78,6 +78,20 @@ __global__ void CastFromReducedKernel(int64_t n, const T* x, float* y, const flo
   }
 }
 
+// blockIdx.y is the range; blockIdx.x strides over its elements.
+template <typename T>
+__global__ void CastRangesToReducedKernel(const int64_t* src_begin, const int64_t* dst_begin,
+                                          const int64_t* count, const float* x, T* y) {
+  const int r = blockIdx.y;
+  const float* in = x + src_begin[r];
+  T* out = y + dst_begin[r];
+  const int64_t n = count[r];
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = FromFloat<T>(in[i]);
+  }
+}
+
 __global__ void UnscaleCheckFiniteKernel(int64_t n, float inv_scale, float* g, int* flag) {
   bool bad = false;
   GRID_STRIDE(i, n) {
@@ -848,6 +862,23 @@ cudaError_t CastFromReduced(cudaStream_t stream, int64_t n, const void* x, float
   } else {
     CastFromReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(
         n, static_cast<const __nv_bfloat16*>(x), y, bias, channels, accumulate);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t CastRangesToReduced(cudaStream_t stream, int num_ranges, const int64_t* src_begin,
+                                const int64_t* dst_begin, const int64_t* count, int64_t max_count,
+                                const float* x, void* y, bool fp16) {
+  if (num_ranges <= 0 || max_count <= 0) return cudaSuccess;
+  // A few thousand blocks per range saturate the card; more would mostly
+  // launch empty blocks for the short ranges.
+  const dim3 grid(std::min(Blocks(max_count), 2048u), static_cast<unsigned>(num_ranges));
+  if (fp16) {
+    CastRangesToReducedKernel<<<grid, kThreads, 0, stream>>>(src_begin, dst_begin, count, x,
+                                                             static_cast<__half*>(y));
+  } else {
+    CastRangesToReducedKernel<<<grid, kThreads, 0, stream>>>(src_begin, dst_begin, count, x,
+                                                             static_cast<__nv_bfloat16*>(y));
   }
   return cudaGetLastError();
 }

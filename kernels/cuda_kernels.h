@@ -28,6 +28,11 @@ cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x);
 cudaError_t CastToReduced(cudaStream_t stream, int64_t n, const float* x, void* y, bool fp16);
 cudaError_t CastFromReduced(cudaStream_t stream, int64_t n, const void* x, float* y, bool fp16,
                             const float* bias, int64_t channels, bool accumulate);
+// For each range r < num_ranges (device arrays): y[dst_begin[r] + i] =
+// x[src_begin[r] + i] cast to the reduced type, i < count[r] <= max_count.
+cudaError_t CastRangesToReduced(cudaStream_t stream, int num_ranges, const int64_t* src_begin,
+                                const int64_t* dst_begin, const int64_t* count, int64_t max_count,
+                                const float* x, void* y, bool fp16);
 // g *= inv_scale; *flag = 1 if any g was inf or NaN before (flag is set,
 // never cleared).
 cudaError_t UnscaleCheckFinite(cudaStream_t stream, int64_t n, float inv_scale, float* g,
