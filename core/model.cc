@@ -174,8 +174,9 @@ class Ops {
   DOWNPOUR_MODEL_OPS(DOWNPOUR_DECLARE_OP)
 #undef DOWNPOUR_DECLARE_OP
 
+  // `relu`: y = max(0, conv + bias) (the ReLU that follows, fused).
   virtual absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
-                                     const float* bias, float* y) = 0;
+                                     const float* bias, float* y, bool relu) = 0;
   virtual absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
                                       const float* dy, float* dx, Write dx_write, float* dw,
                                       float* dbias, Write param_write) = 0;
@@ -230,8 +231,9 @@ class CpuOps : public Ops {
 #undef DOWNPOUR_CPU_OP
 
   absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
-                             const float* bias, float* y) override {
+                             const float* bias, float* y, bool relu) override {
     cpu::Conv2dForward(ctx_, s, x, w, bias, y, Workspace(s));
+    if (relu) cpu::ReluForward(ctx_, s.batch * s.out_elements(), y, y);
     return absl::OkStatus();
   }
   absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
@@ -352,8 +354,8 @@ class CudaOps : public Ops {
 #undef DOWNPOUR_CUDA_OP
 
   absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
-                             const float* bias, float* y) override {
-    return cuda::Conv2dForward(*ctx_, s, x, w, bias, y);
+                             const float* bias, float* y, bool relu) override {
+    return cuda::Conv2dForward(*ctx_, s, x, w, bias, y, relu);
   }
   absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
                               const float* dy, float* dx, Write dx_write, float* dw, float* dbias,
@@ -556,7 +558,11 @@ class ReluLayer : public Layer {
  public:
   explicit ReluLayer(int64_t elements) : elements_(elements) {}
 
+  // The convolution before it applies it (it runs in place on that
+  // convolution's output): the forward has nothing left to do.
+  void set_forward_fused() { forward_fused_ = true; }
   absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
+    if (forward_fused_) return absl::OkStatus();
     return ops.ReluForward(a.batch * elements_, a.x[0], a.y);
   }
   // From the output (y > 0 exactly where x > 0), so the forward may run in
@@ -568,6 +574,7 @@ class ReluLayer : public Layer {
 
  private:
   const int64_t elements_;
+  bool forward_fused_ = false;
 };
 
 class FlattenLayer : public Layer {
@@ -640,12 +647,15 @@ class Conv2dLayer : public Layer {
       : window_(window), w_(w), b_(b), dw_(dw), db_(db) {}
 
   absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
-    return ops.Conv2dForward(Batched(window_, a.batch), a.x[0], w_, b_, a.y);
+    return ops.Conv2dForward(Batched(window_, a.batch), a.x[0], w_, b_, a.y, fused_relu_);
   }
   absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
     return ops.Conv2dBackward(Batched(window_, a.batch), a.x[0], w_, a.dy, a.dx[0], a.dx_write[0],
                               dw_, db_, Write::kOverwrite);
   }
+
+  // Applies the in-place ReLU that follows (see ReluLayer::set_forward_fused).
+  void set_fused_relu() { fused_relu_ = true; }
 
  private:
   const kernels::WindowShape window_;
@@ -653,6 +663,7 @@ class Conv2dLayer : public Layer {
   const float* const b_;  // Null without bias.
   float* const dw_;
   float* const db_;
+  bool fused_relu_ = false;
 };
 
 class PoolLayer : public Layer {
@@ -1070,6 +1081,13 @@ absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
     const LayerKind producer = shape_.layers[input].kind;
     if (producer == LayerKind::kRelu || producer == LayerKind::kFlatten) continue;
     buffers[buffer_of_layer[i]].value_alias = in_buffer;
+    // Nothing else reads the convolution's output before the ReLU: the
+    // convolution applies it in the pass that writes its output (one pass
+    // over the activation fewer; the ReLU's backward is unchanged).
+    if (producer == LayerKind::kConv2d) {
+      static_cast<model_internal::Conv2dLayer*>(layers_[input].get())->set_fused_relu();
+      static_cast<model_internal::ReluLayer*>(layers_[i].get())->set_forward_fused();
+    }
   }
   return absl::OkStatus();
 }

@@ -486,9 +486,10 @@ absl::Status ToReduced(const CudaContext& ctx, int64_t n, const float* x, void* 
 }
 
 absl::Status FromReduced(const CudaContext& ctx, int64_t n, const void* x, float* y,
-                         const float* bias, int64_t channels, bool accumulate) {
-  return FromCuda(k::CastFromReduced(ctx.stream, n, x, y, Fp16(ctx), bias, channels, accumulate),
-                  "CastFromReduced");
+                         const float* bias, int64_t channels, bool accumulate, bool relu = false) {
+  return FromCuda(
+      k::CastFromReduced(ctx.stream, n, x, y, Fp16(ctx), bias, channels, accumulate, relu),
+      "CastFromReduced");
 }
 
 // The reduced copy of the `n` weights at `w`: the registered one
@@ -859,7 +860,8 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
 }
 
 absl::Status Conv2dForwardReduced(const CudaContext& ctx, const WindowShape& s, const ConvPlan& p,
-                                  const float* x, const float* w, const float* bias, float* y) {
+                                  const float* x, const float* w, const float* bias, float* y,
+                                  bool relu) {
   const ConvVariant& v = p.reduced;
   const size_t scratch = p.in16_bytes + p.filter16_bytes + p.out16_bytes;
   STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, scratch + v.fwd_bytes));
@@ -875,7 +877,7 @@ absl::Status Conv2dForwardReduced(const CudaContext& ctx, const WindowShape& s, 
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, x16, v.w.d, *w_reduced,
                                                 v.conv.d, v.fwd_algo, base + scratch,
                                                 ctx.workspace_bytes - scratch, &zero, v.y.d, y16));
-  return FromReduced(ctx, s.batch * s.out_elements(), y16, y, bias, s.out_c, false);
+  return FromReduced(ctx, s.batch * s.out_elements(), y16, y, bias, s.out_c, false, relu);
 }
 
 absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s, const ConvPlan& p,
@@ -977,13 +979,13 @@ absl::Status ToNchwFilter(const CudaContext& ctx, const WindowShape& s, const fl
 }  // namespace
 
 absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                           const float* w, const float* bias, float* y) {
+                           const float* w, const float* bias, float* y, bool relu) {
   absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
   if (!plan.ok()) return plan.status();
   ConvPlan& p = **plan;
   if (Reduced(ctx)) {
     ChooseReduced(ctx, s, &p);
-    if (p.reduced_ok && p.fwd_reduced) return Conv2dForwardReduced(ctx, s, p, x, w, bias, y);
+    if (p.reduced_ok && p.fwd_reduced) return Conv2dForwardReduced(ctx, s, p, x, w, bias, y, relu);
   }
   STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const float one = 1.f, zero = 0.f;
@@ -1000,9 +1002,9 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
     CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, xn, v.w.d, wn, v.conv.d,
                                                   v.fwd_algo, base + scratch,
                                                   ctx.workspace_bytes - scratch, &zero, v.y.d, yn));
-    return FromCuda(
-        k::BatchedTranspose(ctx.stream, s.batch, s.out_c, s.out_h * s.out_w, yn, y, bias, false),
-        "BatchedTranspose");
+    CUDA_RETURN_IF_ERROR(
+        k::BatchedTranspose(ctx.stream, s.batch, s.out_c, s.out_h * s.out_w, yn, y, bias, false));
+    return relu ? ReluForward(ctx, s.batch * s.out_elements(), y, y) : absl::OkStatus();
   }
   const ConvVariant& v = p.nhwc;
   STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, p.padded_bytes + v.fwd_bytes));
@@ -1022,7 +1024,7 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
   if (bias != nullptr) {
     CUDNN_RETURN_IF_ERROR(cudnnAddTensor(ctx.cudnn, &one, p.bias.d, bias, &one, v.y.d, y));
   }
-  return absl::OkStatus();
+  return relu ? ReluForward(ctx, s.batch * s.out_elements(), y, y) : absl::OkStatus();
 }
 
 absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const float* x,

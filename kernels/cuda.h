@@ -203,8 +203,10 @@ absl::Status Add(const CudaContext& ctx, int64_t n, const float* a, const float*
 // cuDNN with NHWC tensors and [out_c, kernel_h, kernel_w, in_c] filters.
 // Asymmetric padding (TensorFlow's SAME with an odd total), which cuDNN
 // cannot express, goes through an explicitly padded copy in the workspace.
+// `relu`: y = max(0, conv + bias), in the pass that writes y where the
+// plan has one (the reduced output's cast), else one pass after.
 absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                           const float* w, const float* bias, float* y);
+                           const float* w, const float* bias, float* y, bool relu = false);
 
 absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
                             const float* w, const float* dy, float* dx, Write dx_write, float* dw,

@@ -70,10 +70,11 @@ __global__ void CastToReducedKernel(int64_t n, const float* x, T* y) {
 
 template <typename T>
 __global__ void CastFromReducedKernel(int64_t n, const T* x, float* y, const float* bias,
-                                      int64_t channels, bool accumulate) {
+                                      int64_t channels, bool accumulate, bool relu) {
   GRID_STRIDE(i, n) {
     float v = static_cast<float>(x[i]);
     if (bias != nullptr) v += bias[i % channels];
+    if (relu) v = v > 0.f ? v : 0.f;
     y[i] = accumulate ? y[i] + v : v;
   }
 }
@@ -854,14 +855,14 @@ cudaError_t CastToReduced(cudaStream_t stream, int64_t n, const float* x, void* 
 }
 
 cudaError_t CastFromReduced(cudaStream_t stream, int64_t n, const void* x, float* y, bool fp16,
-                            const float* bias, int64_t channels, bool accumulate) {
+                            const float* bias, int64_t channels, bool accumulate, bool relu) {
   if (n <= 0) return cudaSuccess;
   if (fp16) {
     CastFromReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(n, static_cast<const __half*>(x), y,
-                                                              bias, channels, accumulate);
+                                                              bias, channels, accumulate, relu);
   } else {
     CastFromReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(
-        n, static_cast<const __nv_bfloat16*>(x), y, bias, channels, accumulate);
+        n, static_cast<const __nv_bfloat16*>(x), y, bias, channels, accumulate, relu);
   }
   return cudaGetLastError();
 }

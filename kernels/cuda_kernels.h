@@ -23,11 +23,12 @@ cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const
 // x[i] *= alpha.
 cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x);
 // Mixed precision: fp32 <-> bf16 (fp16 when `fp16`), `y`/`x` of the reduced
-// type. CastFromReduced adds bias[i % channels] when bias is not null and
-// adds to y when `accumulate`.
+// type. CastFromReduced adds bias[i % channels] when bias is not null, then
+// clamps at 0 when `relu`, and adds to y when `accumulate`.
 cudaError_t CastToReduced(cudaStream_t stream, int64_t n, const float* x, void* y, bool fp16);
 cudaError_t CastFromReduced(cudaStream_t stream, int64_t n, const void* x, float* y, bool fp16,
-                            const float* bias, int64_t channels, bool accumulate);
+                            const float* bias, int64_t channels, bool accumulate,
+                            bool relu = false);
 // For each range r < num_ranges (device arrays): y[dst_begin[r] + i] =
 // x[src_begin[r] + i] cast to the reduced type, i < count[r] <= max_count.
 cudaError_t CastRangesToReduced(cudaStream_t stream, int num_ranges, const int64_t* src_begin,
