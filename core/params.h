@@ -22,8 +22,8 @@ enum class ParamInit {
 };
 
 struct ParamInfo {
-  int32_t id = 0;       // Index in the model's parameter list (= tensor_id).
-  std::string name;     // "<layer>/<weight|bias|...>"
+  int32_t id = 0;    // Index in the model's parameter list (= tensor_id).
+  std::string name;  // "<layer>/<weight|bias|...>"
   std::vector<int64_t> shape;
   int64_t num_elements = 0;
   ParamInit init = ParamInit::kZeros;

@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/health.grpc.pb.h"
@@ -19,34 +18,6 @@
 namespace downpour {
 namespace testing {
 namespace {
-
-// A small MLP on the data imported by ImportFashionMnist.
-std::string MlpSpec(const std::string& mode, int workers, int shards, int steps,
-                    const std::string& extra = "") {
-  return absl::StrCat(R"(
-name: "mlp"
-model {
-  input_shape: [28, 28, 1]
-  num_classes: 10
-  layer { flatten {} }
-  layer { dense { units: 128 } }
-  layer { relu {} }
-  layer { dense { units: 10 } }
-  layer { softmax_cross_entropy {} }
-}
-dataset {
-  train_files: "fashion-mnist/train-*.tfrecord"
-  test_files: "fashion-mnist/test-*.tfrecord"
-  batch_size: 64
-  shuffle_buffer: 2000
-}
-optimizer { kind: ADAM learning_rate: 0.002 }
-consistency { mode: )",
-                      mode, R"( }
-num_workers: )",
-                      workers, "\nnum_shards: ", shards, "\nsteps: ", steps,
-                      "\nlog_every_steps: 20\nseed: 5\n", extra);
-}
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -72,16 +43,7 @@ class ClusterTest : public ::testing::Test {
     return path;
   }
 
-  JobStatus GetJob(const std::string& id) {
-    CommandResult result = cluster_->Ctl({"-o", "json", "get", id});
-    EXPECT_EQ(result.exit_code, 0) << result.err;
-    JobStatus job;
-    google::protobuf::util::JsonParseOptions options;
-    options.ignore_unknown_fields = true;
-    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(result.out, &job, options).ok())
-        << result.out;
-    return job;
-  }
+  JobStatus GetJob(const std::string& id) { return cluster_->GetJob(id); }
 
   // Submits `spec` with --wait and returns the finished job.
   JobStatus RunJob(const std::string& spec, const std::string& id) {
@@ -108,7 +70,7 @@ std::string* ClusterTest::data_dir_ = nullptr;
 
 TEST_F(ClusterTest, SyncTwoShardsTwoWorkersTrainsFashionMnist) {
   StartCluster(2, 2);
-  JobStatus job = RunJob(MlpSpec("SYNC", 2, 2, 300), "sync-job");
+  JobStatus job = RunJob(FashionMlpSpec("SYNC", 2, 2, 300), "sync-job");
   EXPECT_EQ(job.state(), SUCCEEDED);
   EXPECT_EQ(job.step(), 300);
   EXPECT_GE(job.test_accuracy(), 0.78) << cluster_->Logs();
@@ -119,18 +81,18 @@ TEST_F(ClusterTest, SyncTwoShardsTwoWorkersTrainsFashionMnist) {
 
 TEST_F(ClusterTest, AsyncThreeShardsThreeWorkersTrainsFashionMnist) {
   StartCluster(3, 3);
-  JobStatus job = RunJob(MlpSpec("ASYNC", 3, 3, 250), "async-job");
+  JobStatus job = RunJob(FashionMlpSpec("ASYNC", 3, 3, 250), "async-job");
   EXPECT_EQ(job.state(), SUCCEEDED);
   EXPECT_GE(job.test_accuracy(), 0.75) << cluster_->Logs();
 }
 
 TEST_F(ClusterTest, SspWithBackupFreeSyncVariantsTrain) {
   StartCluster(2, 2);
-  JobStatus ssp = RunJob(
-      absl::StrReplaceAll(MlpSpec("SSP", 2, 2, 200), {{"mode: SSP", "mode: SSP staleness: 2"}}),
-      "ssp-job");
+  JobStatus ssp = RunJob(absl::StrReplaceAll(FashionMlpSpec("SSP", 2, 2, 200),
+                                             {{"mode: SSP", "mode: SSP staleness: 2"}}),
+                         "ssp-job");
   EXPECT_GE(ssp.test_accuracy(), 0.72);
-  JobStatus backup = RunJob(absl::StrReplaceAll(MlpSpec("SYNC", 2, 2, 200),
+  JobStatus backup = RunJob(absl::StrReplaceAll(FashionMlpSpec("SYNC", 2, 2, 200),
                                                 {{"mode: SYNC", "mode: SYNC backup_workers: 1"}}),
                             "backup-job");
   EXPECT_GE(backup.test_accuracy(), 0.72);
@@ -143,18 +105,18 @@ TEST_F(ClusterTest, BadSpecsAreRejectedNamingTheField) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10), {{"relu {}", "swish {}"}}), "swish"},
-      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10), {{"units: 10 }", "units: 12 }"}}),
+      {absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 10), {{"relu {}", "swish {}"}}), "swish"},
+      {absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 10), {{"units: 10 }", "units: 12 }"}}),
        "softmax_cross_entropy"},
-      {MlpSpec("SYNC", 0, 1, 10), "num_workers"},
-      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10),
+      {FashionMlpSpec("SYNC", 0, 1, 10), "num_workers"},
+      {absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 10),
                            {{"train_files: \"fashion-mnist/train-*.tfrecord\"", ""}}),
        "dataset.train_files"},
-      {MlpSpec("SYNC", 1, 99, 10), "num_shards"},
-      {MlpSpec("SYNC", 1, 1, 0), "steps"},
-      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10), {{"kind: ADAM", "kind: 9"}}),
+      {FashionMlpSpec("SYNC", 1, 99, 10), "num_shards"},
+      {FashionMlpSpec("SYNC", 1, 1, 0), "steps"},
+      {absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 10), {{"kind: ADAM", "kind: 9"}}),
        "optimizer.kind"},
-      {absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10),
+      {absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 10),
                            {{"batch_size: 64", "batch_size: 100000000"}}),
        "dataset.batch_size"},
   };
@@ -172,7 +134,7 @@ TEST_F(ClusterTest, BadSpecsAreRejectedNamingTheField) {
 
 TEST_F(ClusterTest, DuplicateJobIdIsRejected) {
   StartCluster(1, 1);
-  const std::string spec = WriteSpec(MlpSpec("SYNC", 1, 1, 20));
+  const std::string spec = WriteSpec(FashionMlpSpec("SYNC", 1, 1, 20));
   CommandResult first = cluster_->Ctl({"submit", spec, "--job_id=same"});
   ASSERT_EQ(first.exit_code, 0) << first.err;
   CommandResult second = cluster_->Ctl({"submit", spec, "--job_id=same"});
@@ -191,7 +153,7 @@ TEST_F(ClusterTest, CorruptRecordFailsTheJobNamingFileAndOffset) {
   ASSERT_GT(bytes.size(), 5000u);
   bytes[4000] ^= 0x5a;
   std::ofstream(dir + "/train-00000-of-00001.tfrecord", std::ios::binary) << bytes;
-  const std::string spec = absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 400),
+  const std::string spec = absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 400),
                                                {{"fashion-mnist/train-*", "corrupt/train-*"}});
   CommandResult result = cluster_->Ctl({"submit", WriteSpec(spec), "--job_id=bad-data", "--wait"});
   EXPECT_NE(result.exit_code, 0);
@@ -204,7 +166,7 @@ TEST_F(ClusterTest, CorruptRecordFailsTheJobNamingFileAndOffset) {
 
 TEST_F(ClusterTest, MissingDatasetFailsTheJobNamingThePattern) {
   StartCluster(1, 1);
-  const std::string spec = absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 10),
+  const std::string spec = absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 10),
                                                {{"fashion-mnist/train-*", "nowhere/train-*"}});
   CommandResult result = cluster_->Ctl({"submit", WriteSpec(spec), "--job_id=no-data", "--wait"});
   EXPECT_NE(result.exit_code, 0);
@@ -212,7 +174,7 @@ TEST_F(ClusterTest, MissingDatasetFailsTheJobNamingThePattern) {
   EXPECT_EQ(job.state(), FAILED);
   EXPECT_NE(job.message().find("nowhere/train-*"), std::string::npos) << job.message();
   // A wrong test-set path fails the job before training, not after it.
-  const std::string no_test = absl::StrReplaceAll(MlpSpec("SYNC", 1, 1, 100000),
+  const std::string no_test = absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 100000),
                                                   {{"fashion-mnist/test-*", "nowhere/test-*"}});
   const absl::Time start = absl::Now();
   CommandResult waited =
@@ -227,7 +189,7 @@ TEST_F(ClusterTest, MissingDatasetFailsTheJobNamingThePattern) {
 TEST_F(ClusterTest, JobsSurviveACoordinatorRestartMidJob) {
   StartCluster(1, 1);
   CommandResult submitted =
-      cluster_->Ctl({"submit", WriteSpec(MlpSpec("SYNC", 1, 1, 1500)), "--job_id=long"});
+      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("SYNC", 1, 1, 1500)), "--job_id=long"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   // Let it run, then restart the coordinator on the same address.
   for (int i = 0; i < 200 && GetJob("long").step() < 100; ++i)
@@ -250,7 +212,7 @@ TEST_F(ClusterTest, JobsSurviveACoordinatorRestartMidJob) {
 TEST_F(ClusterTest, DeadWorkerFailsTheJobWithinBoundedTime) {
   StartCluster(1, 2);
   CommandResult submitted =
-      cluster_->Ctl({"submit", WriteSpec(MlpSpec("SYNC", 2, 1, 100000)), "--job_id=doomed"});
+      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("SYNC", 2, 1, 100000)), "--job_id=doomed"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   for (int i = 0; i < 200 && GetJob("doomed").step() < 20; ++i)
     absl::SleepFor(absl::Milliseconds(50));
@@ -263,14 +225,15 @@ TEST_F(ClusterTest, DeadWorkerFailsTheJobWithinBoundedTime) {
   EXPECT_EQ(job.state(), FAILED);
   EXPECT_NE(job.message().find("stopped heartbeating"), std::string::npos) << job.message();
   // The survivor is free again: a new job runs on it.
-  JobStatus next = RunJob(MlpSpec("ASYNC", 1, 1, 50), "after-death");
+  JobStatus next = RunJob(FashionMlpSpec("ASYNC", 1, 1, 50), "after-death");
   EXPECT_EQ(next.state(), SUCCEEDED);
 }
 
 TEST_F(ClusterTest, SigtermStopsAWorkerCleanlyMidJob) {
   StartCluster(1, 1);
   ASSERT_EQ(
-      cluster_->Ctl({"submit", WriteSpec(MlpSpec("ASYNC", 1, 1, 100000)), "--job_id=t"}).exit_code,
+      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("ASYNC", 1, 1, 100000)), "--job_id=t"})
+          .exit_code,
       0);
   for (int i = 0; i < 200 && GetJob("t").step() < 20; ++i) absl::SleepFor(absl::Milliseconds(50));
   cluster_->worker(0)->Signal(SIGTERM);
@@ -286,7 +249,8 @@ TEST_F(ClusterTest, SigtermStopsAWorkerCleanlyMidJob) {
 TEST_F(ClusterTest, StopEndsARunningJobAndFreesItsWorkers) {
   StartCluster(1, 1);
   ASSERT_EQ(
-      cluster_->Ctl({"submit", WriteSpec(MlpSpec("ASYNC", 1, 1, 100000)), "--job_id=s"}).exit_code,
+      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("ASYNC", 1, 1, 100000)), "--job_id=s"})
+          .exit_code,
       0);
   for (int i = 0; i < 200 && GetJob("s").step() < 20; ++i) absl::SleepFor(absl::Milliseconds(50));
   CommandResult stopped = cluster_->Ctl({"stop", "s"});
@@ -304,7 +268,7 @@ TEST_F(ClusterTest, StopEndsARunningJobAndFreesItsWorkers) {
   }
   EXPECT_TRUE(dropped) << cluster_->Logs();
   EXPECT_TRUE(ended) << cluster_->Logs();
-  JobStatus next = RunJob(MlpSpec("ASYNC", 1, 1, 40), "after-stop");
+  JobStatus next = RunJob(FashionMlpSpec("ASYNC", 1, 1, 40), "after-stop");
   EXPECT_EQ(next.state(), SUCCEEDED);
 }
 
@@ -326,9 +290,11 @@ TEST_F(ClusterTest, NodesHealthAndMetricsAreServed) {
     EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << name;
   }
   // Per-job series while the job runs.
-  ASSERT_EQ(cluster_->Ctl({"submit", WriteSpec(MlpSpec("ASYNC", 1, 1, 100000)), "--job_id=metered"})
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      cluster_
+          ->Ctl({"submit", WriteSpec(FashionMlpSpec("ASYNC", 1, 1, 100000)), "--job_id=metered"})
+          .exit_code,
+      0);
   for (int i = 0; i < 200 && GetJob("metered").step() < 40; ++i) {
     absl::SleepFor(absl::Milliseconds(50));
   }

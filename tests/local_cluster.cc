@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/net_address.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace downpour {
 namespace testing {
@@ -250,6 +251,45 @@ CommandResult LocalCluster::Ctl(const std::vector<std::string>& args, absl::Dura
                                    absl::StrCat("--coordinator=", coordinator_address_)};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, timeout);
+}
+
+JobStatus LocalCluster::GetJob(const std::string& id) {
+  CommandResult result = Ctl({"-o", "json", "get", id});
+  JobStatus job;
+  if (result.exit_code != 0) return job;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  if (!google::protobuf::util::JsonStringToMessage(result.out, &job, options).ok()) {
+    return JobStatus();
+  }
+  return job;
+}
+
+std::string FashionMlpSpec(const std::string& mode, int workers, int shards, int64_t steps,
+                           int units, int batch_size) {
+  return absl::StrCat(R"(
+name: "mlp"
+model {
+  input_shape: [28, 28, 1]
+  num_classes: 10
+  layer { flatten {} }
+  layer { dense { units: )",
+                      units, R"( } }
+  layer { relu {} }
+  layer { dense { units: 10 } }
+  layer { softmax_cross_entropy {} }
+}
+dataset {
+  train_files: "fashion-mnist/train-*.tfrecord"
+  test_files: "fashion-mnist/test-*.tfrecord"
+  batch_size: )",
+                      batch_size, R"(
+  shuffle_buffer: 2000
+}
+optimizer { kind: ADAM learning_rate: 0.002 }
+consistency { mode: )",
+                      mode, " }\nnum_workers: ", workers, "\nnum_shards: ", shards,
+                      "\nsteps: ", steps, "\nlog_every_steps: 5\nseed: 5\n");
 }
 
 std::vector<std::string> LocalCluster::StopAll() {

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/job.pb.h"
 
 namespace downpour {
 namespace testing {
@@ -101,6 +102,10 @@ class LocalCluster {
   CommandResult Ctl(const std::vector<std::string>& args,
                     absl::Duration timeout = absl::Seconds(180));
 
+  // The job as `downpourctl -o json get ID` reports it; an empty JobStatus
+  // when the command or its JSON fails (the test then fails on the fields).
+  JobStatus GetJob(const std::string& id);
+
   // Stops every daemon with SIGTERM; returns the names of those that did not
   // exit 0, including any that crashed earlier in the test.
   std::vector<std::string> StopAll();
@@ -125,6 +130,11 @@ class LocalCluster {
 // Imports the first `limit` Fashion-MNIST train and test examples into
 // `data_dir`/fashion-mnist (once per directory).
 absl::Status ImportFashionMnist(const std::string& data_dir, int64_t limit);
+
+// A Fashion-MNIST MLP job spec (784-units-10, Adam) over the files
+// ImportFashionMnist writes, in consistency `mode` (SYNC, ASYNC, SSP).
+std::string FashionMlpSpec(const std::string& mode, int workers, int shards, int64_t steps,
+                           int units = 128, int batch_size = 64);
 
 // Reads a file whole ("" when missing).
 std::string ReadFile(const std::string& path);

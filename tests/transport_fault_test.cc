@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "tests/local_cluster.h"
@@ -15,39 +14,6 @@
 namespace downpour {
 namespace testing {
 namespace {
-
-constexpr char kSpec[] = R"(
-name: "mlp"
-model {
-  input_shape: [28, 28, 1]
-  num_classes: 10
-  layer { flatten {} }
-  layer { dense { units: 64 } }
-  layer { relu {} }
-  layer { dense { units: 10 } }
-  layer { softmax_cross_entropy {} }
-}
-dataset {
-  train_files: "fashion-mnist/train-*.tfrecord"
-  test_files: "fashion-mnist/test-*.tfrecord"
-  batch_size: 32
-}
-optimizer { kind: ADAM learning_rate: 0.002 }
-consistency { mode: ASYNC }
-num_workers: 1
-num_shards: 2
-steps: 1000000
-log_every_steps: 5
-)";
-
-JobStatus GetJob(LocalCluster* cluster, const std::string& id) {
-  CommandResult result = cluster->Ctl({"-o", "json", "get", id});
-  JobStatus job;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;
-  (void)google::protobuf::util::JsonStringToMessage(result.out, &job, options);
-  return job;
-}
 
 TEST(TransportFaultTest, FrozenShardFailsTheJobWithinTheDeadline) {
   const std::string data_dir = MakeTempDir("data");
@@ -63,12 +29,12 @@ TEST(TransportFaultTest, FrozenShardFailsTheJobWithinTheDeadline) {
   LocalCluster cluster(options);
   ASSERT_TRUE(cluster.Start().ok()) << cluster.Logs();
   const std::string spec = cluster.dir() + "/spec.pbtxt";
-  std::ofstream(spec) << kSpec;
+  std::ofstream(spec) << FashionMlpSpec("ASYNC", 1, 2, 1000000, /*units=*/64, /*batch_size=*/32);
   ASSERT_EQ(cluster.Ctl({"submit", spec, "--job_id=frozen"}).exit_code, 0) << cluster.Logs();
 
   // Let it train a little, then freeze a shard.
   const absl::Time started = absl::Now();
-  while (GetJob(&cluster, "frozen").step() < 10) {
+  while (cluster.GetJob("frozen").step() < 10) {
     ASSERT_LT(absl::Now() - started, absl::Seconds(60)) << cluster.Logs();
     absl::SleepFor(absl::Milliseconds(100));
   }
@@ -76,7 +42,7 @@ TEST(TransportFaultTest, FrozenShardFailsTheJobWithinTheDeadline) {
   const absl::Time frozen = absl::Now();
   JobStatus job;
   while (true) {
-    job = GetJob(&cluster, "frozen");
+    job = cluster.GetJob("frozen");
     if (job.state() == FAILED) break;
     ASSERT_LT(absl::Now() - frozen, absl::Seconds(30))
         << "job still " << JobState_Name(job.state()) << cluster.Logs();
