@@ -67,7 +67,9 @@ class CudaKernelTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    if (ctx_ != nullptr) EXPECT_TRUE(ctx_->Synchronize().ok());
+    if (ctx_ != nullptr) {
+      EXPECT_TRUE(ctx_->Synchronize().ok());
+    }
     for (void* p : allocations_) cudaFree(p);
   }
 

@@ -40,7 +40,9 @@ class DuplicatingReorderingShard final : public ParameterShard {
         for (int copy = 0; copy < 2; ++copy) {
           absl::StatusOr<PushResponse> r = Deliver(h);
           if (!r.ok()) return r.status();
-          if (copy == 1) EXPECT_TRUE(r->duplicate());
+          if (copy == 1) {
+            EXPECT_TRUE(r->duplicate());
+          }
         }
       }
       for (const Held& h : previous_) {
