@@ -194,6 +194,8 @@ class Ops {
   virtual absl::StatusOr<bool> ReadNonFinite() = 0;
 
   virtual bool gpu() const = 0;
+  // Binds the calling thread to this backend's device (a no-op on the CPU).
+  virtual absl::Status MakeCurrent() = 0;
   // Compute memory the backend holds for itself (a GPU's workspace).
   virtual int64_t fixed_bytes() const = 0;
   // Memory the kernels read and write.
@@ -273,6 +275,7 @@ class CpuOps : public Ops {
   absl::StatusOr<bool> ReadNonFinite() override { return non_finite_; }
 
   bool gpu() const override { return false; }
+  absl::Status MakeCurrent() override { return absl::OkStatus(); }
   int64_t fixed_bytes() const override { return 0; }
   absl::StatusOr<Memory> Allocate(size_t bytes) override {
     return Memory::Allocate(Memory::Kind::kHost, bytes);
@@ -398,6 +401,7 @@ class CudaOps : public Ops {
   }
 
   bool gpu() const override { return true; }
+  absl::Status MakeCurrent() override { return ctx_->MakeCurrent(); }
   int64_t fixed_bytes() const override {
     return static_cast<int64_t>(ctx_->workspace_bytes + cuda::ReducedWeightBytes(*ctx_));
   }
@@ -1386,6 +1390,7 @@ absl::Status Model::ParamsToDevice() {
 
 absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t* labels,
                                             int64_t batch, int64_t step) {
+  RETURN_IF_ERROR(ops_->MakeCurrent());
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
   RETURN_IF_ERROR(Reserve(batch));
   RETURN_IF_ERROR(StageBatch(features, labels, batch));
@@ -1428,6 +1433,7 @@ absl::StatusOr<bool> Model::FinishLossScaling() {
 
 absl::StatusOr<EvalResult> Model::Evaluate(const float* features, const int32_t* labels,
                                            int64_t batch) {
+  RETURN_IF_ERROR(ops_->MakeCurrent());
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
   RETURN_IF_ERROR(Reserve(batch));
   RETURN_IF_ERROR(StageBatch(features, labels, batch));

@@ -459,6 +459,10 @@ absl::Status CudaContext::Synchronize() const {
   return FromCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
+absl::Status CudaContext::MakeCurrent() const {
+  return FromCuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
 // ------------------------------------------------------------ dense and element-wise
 
 absl::Status Gemm(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,

@@ -123,6 +123,12 @@ struct CudaContext {
 
   // Waits for everything queued on the stream.
   absl::Status Synchronize() const;
+
+  // Makes this context's device the calling thread's current device. The
+  // kernels launch on the current device, so a thread other than the one that
+  // created the context calls this first (one replica per GPU, each driven
+  // from its own thread).
+  absl::Status MakeCurrent() const;
   // Drops the cached convolution plans (the next call of a shape measures
   // again, in conv_layout).
   void ForgetConvPlans();

@@ -238,9 +238,8 @@ int Main() {
 
   TrainerOptions trainer_options;
   trainer_options.node_id = self.id();
-  // One replica per job, on the first device; more GPUs a host are listed but
-  // idle until replicas per GPU (NCCL) exist.
-  trainer_options.device = devices->empty() ? -1 : devices->front();
+  // One model replica per listed GPU (or one on the CPU).
+  trainer_options.devices = *devices;
   trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
   trainer_options.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));
   trainer_options.push_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_push_timeout_ms));

@@ -1,12 +1,15 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "data/dataset.h"
+#include "worker/replicas.h"
 
 namespace downpour {
 using data::Batch;
@@ -157,12 +160,18 @@ absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model, BatchReader* re
 absl::Status JobTrainer::Train() {
   const JobSpec& spec = task_.spec();
   const int rank = task_.rank();
-  ModelOptions model_options;
-  model_options.device = options_.device;
-  model_options.precision = spec.precision();
-  ASSIGN_OR_RETURN(auto model, Model::Create(spec.model(), spec.seed(), model_options));
-  Log(absl::StrCat("job ", task_.job_id(), ": model replica on ", model->device_name(), ", ",
-                   Precision_Name(model->precision())));
+  std::vector<std::unique_ptr<Model>> replicas;
+  for (int device : options_.devices.empty() ? std::vector<int>{-1} : options_.devices) {
+    ModelOptions model_options;
+    model_options.device = device;
+    model_options.precision = spec.precision();
+    ASSIGN_OR_RETURN(auto replica, Model::Create(spec.model(), spec.seed(), model_options));
+    Log(absl::StrCat("job ", task_.job_id(), ": model replica on ", replica->device_name(), ", ",
+                     Precision_Name(replica->precision())));
+    replicas.push_back(std::move(replica));
+  }
+  // Replica 0 exchanges with the shards and evaluates.
+  Model* model = replicas[0].get();
 
   BatchReaderOptions data;
   data.file_pattern = spec.dataset().train_files();
@@ -217,12 +226,12 @@ absl::Status JobTrainer::Train() {
   for (int64_t step = 0; step < spec.steps(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     if (!pulled) {
-      RETURN_IF_ERROR(PullParameters(model.get(), min_version(step), min_worker_steps(step)));
+      RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
     }
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
     if (!have_batch) return absl::InternalError("training data ended");
-    ASSIGN_OR_RETURN(StepResult result, model->TrainStep(batch.features.data(), batch.labels.data(),
-                                                         batch.size, step));
+    ASSIGN_OR_RETURN(StepResult result, TrainStepOnReplicas(replicas, batch.features.data(),
+                                                            batch.labels.data(), batch.size, step));
     // A step that FP16 loss scaling skipped has zero gradients (core/model.h).
     // SYNC still pushes them, so the shard's step completes with this worker
     // counted (zeros add nothing to the sum); ASYNC and SSP skip the push and
@@ -230,8 +239,8 @@ absl::Status JobTrainer::Train() {
     if (result.skipped && mode != ConsistencySpec::SYNC) {
       pulled = false;
     } else if (step + 1 < spec.steps()) {
-      RETURN_IF_ERROR(PushGradientsAndPull(model.get(), step, min_version(step + 1),
-                                           min_worker_steps(step + 1)));
+      RETURN_IF_ERROR(
+          PushGradientsAndPull(model, step, min_version(step + 1), min_worker_steps(step + 1)));
       pulled = true;
     } else {
       RETURN_IF_ERROR(PushGradients(*model, step));
@@ -260,9 +269,9 @@ absl::Status JobTrainer::Train() {
   if (rank != 0) return absl::OkStatus();
 
   // Rank 0 evaluates the final model: every worker's last update applied.
-  RETURN_IF_ERROR(PullParameters(model.get(), mode == ConsistencySpec::SYNC ? spec.steps() : 0,
+  RETURN_IF_ERROR(PullParameters(model, mode == ConsistencySpec::SYNC ? spec.steps() : 0,
                                  mode == ConsistencySpec::SYNC ? 0 : spec.steps()));
-  ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model.get(), test_reader.get()));
+  ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model, test_reader.get()));
   Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy));
   ReportProgressRequest done;
   done.set_step(spec.steps());

@@ -44,9 +44,11 @@ struct TrainerOptions {
   int channels_per_shard = 2;
   int max_inflight = 4;
   MetricsRegistry* metrics = nullptr;  // Optional, not owned.
-  // Where the model replica computes: -1 the CPU, else a CUDA device
-  // (ModelOptions::device).
-  int device = -1;
+  // Where the model replicas compute: one replica per CUDA device listed
+  // (ModelOptions::device), or one on the CPU when empty. With several, each
+  // step's batch is split across them and their gradients are averaged on
+  // the host before the push.
+  std::vector<int> devices;
 };
 
 class JobTrainer {
