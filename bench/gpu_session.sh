@@ -71,7 +71,7 @@ if [[ $STAGES == *train* ]]; then
   downpour-ps --listen=127.0.0.1:0 --port_file="$W/ps.port" --coordinator="$C" >"$W/ps.log" 2>&1 &
   PIDS+=($!)
   downpour-worker --listen=127.0.0.1:0 --port_file="$W/w.port" --coordinator="$C" \
-    --data_dir="$W/data" --devices=0 --metrics_listen=127.0.0.1:0 >"$W/worker.log" 2>&1 &
+    --data_dir="$W/data" --devices=${WORKER_DEVICES:-0} --metrics_listen=127.0.0.1:0 >"$W/worker.log" 2>&1 &
   PIDS+=($!)
   for f in ps.port w.port; do for _ in $(seq 100); do [[ -s $W/$f ]] && break; sleep 0.1; done; done
   sleep 1
