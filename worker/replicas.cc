@@ -22,7 +22,9 @@ absl::StatusOr<StepResult> TrainStepOnReplicas(const std::vector<std::unique_ptr
     }
   }
   // Replica r takes examples [begin[r], begin[r + 1]); each runs on its own
-  // thread (its device's work is queued from there).
+  // thread (its device's work is queued from there). The step number only
+  // seeds dropout masks: each replica gets its own stream, so slices do not
+  // repeat one another's masks.
   std::vector<int64_t> begin(n + 1);
   for (int r = 0; r <= n; ++r) begin[r] = batch * r / n;
   std::vector<absl::StatusOr<StepResult>> results(n, absl::UnknownError("not run"));
@@ -30,10 +32,10 @@ absl::StatusOr<StepResult> TrainStepOnReplicas(const std::vector<std::unique_ptr
   for (int r = 1; r < n; ++r) {
     threads.emplace_back([&, r] {
       results[r] = replicas[r]->TrainStep(features + begin[r] * feature_size, labels + begin[r],
-                                          begin[r + 1] - begin[r], step);
+                                          begin[r + 1] - begin[r], step * n + r);
     });
   }
-  results[0] = primary->TrainStep(features, labels, begin[1], step);
+  results[0] = primary->TrainStep(features, labels, begin[1], step * n);
   for (std::thread& t : threads) t.join();
   StepResult total;
   for (int r = 0; r < n; ++r) {
