@@ -55,7 +55,11 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const SubmitJob
 
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const ListJobsRequest*,
                                           ListJobsResponse* response) {
-  for (JobStatus& job : state_->ListJobs()) *response->add_jobs() = std::move(job);
+  for (JobStatus& job : state_->ListJobs()) {
+    // A big model's partition list is long; GetJob has it.
+    job.mutable_placement()->clear_partitions();
+    *response->add_jobs() = std::move(job);
+  }
   return grpc::Status::OK;
 }
 
