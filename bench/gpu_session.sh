@@ -77,7 +77,7 @@ if [[ $STAGES == *train* ]]; then
   sleep 1
   downpourctl --coordinator="$C" nodes 2>&1 | tee "$OUT/nodes.txt"
   start=$SECONDS
-  timeout ${TRAIN_TIMEOUT:-400} downpourctl --coordinator="$C" submit examples/fashion_mnist_cnn.pbtxt \
+  timeout ${TRAIN_TIMEOUT:-400} downpourctl --coordinator="$C" submit "${TRAIN_SPEC:-examples/fashion_mnist_cnn.pbtxt}" \
     --wait --timeout=390s >"$OUT/train.txt" 2>"$OUT/train_progress.txt"
   echo "train rc=$? wall_s=$((SECONDS - start))"
   tail -3 "$OUT/train_progress.txt"; cat "$OUT/train.txt"
