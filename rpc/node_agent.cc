@@ -8,6 +8,21 @@
 
 namespace downpour {
 
+NodeAgent::Options NodeAgent::Options::For(NodeRole role, const std::string& coordinator,
+                                           absl::Duration startup_timeout,
+                                           const std::string& node_id, const std::string& address,
+                                           const std::string& metrics_address) {
+  Options options;
+  options.coordinator = coordinator;
+  options.startup_timeout = startup_timeout;
+  options.self.set_id(!node_id.empty() ? node_id
+                                       : absl::StrCat(role == SHARD ? "ps@" : "worker@", address));
+  options.self.set_role(role);
+  options.self.set_address(address);
+  options.self.set_metrics_address(metrics_address);
+  return options;
+}
+
 NodeAgent::NodeAgent(Options options, TasksCallback on_tasks)
     : options_(std::move(options)), on_tasks_(std::move(on_tasks)) {
   stub_ = Coordinator::NewStub(

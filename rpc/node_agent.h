@@ -31,6 +31,12 @@ class NodeAgent {
     absl::Duration rpc_timeout = absl::Seconds(5);
     // The first registration must succeed within this, or Start fails.
     absl::Duration startup_timeout = absl::Seconds(30);
+
+    // Options for a node of `role` serving gRPC at `address`: its id is
+    // `node_id`, or "ps@<address>" / "worker@<address>" when that is empty.
+    static Options For(NodeRole role, const std::string& coordinator,
+                       absl::Duration startup_timeout, const std::string& node_id,
+                       const std::string& address, const std::string& metrics_address);
   };
   using TasksCallback = std::function<void(const std::vector<Task>&)>;
 

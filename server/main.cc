@@ -125,15 +125,11 @@ int Main() {
   if (!server.ok()) return ExitWithError(server.status());
 
   ShardRuntime runtime(&store, &metrics);
-  NodeAgent::Options agent_options;
-  agent_options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  agent_options.startup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_coordinator_timeout_ms));
+  NodeAgent::Options agent_options = NodeAgent::Options::For(
+      SHARD, absl::GetFlag(FLAGS_coordinator),
+      absl::Milliseconds(absl::GetFlag(FLAGS_coordinator_timeout_ms)), absl::GetFlag(FLAGS_node_id),
+      server->address, *metrics_server ? (*metrics_server)->address() : "");
   NodeInfo& self = agent_options.self;
-  self.set_id(absl::GetFlag(FLAGS_node_id).empty() ? absl::StrCat("ps@", server->address)
-                                                   : absl::GetFlag(FLAGS_node_id));
-  self.set_role(SHARD);
-  self.set_address(server->address);
-  if (*metrics_server) self.set_metrics_address((*metrics_server)->address());
   auto agent = NodeAgent::Start(
       agent_options, [&runtime](const std::vector<Task>& tasks) { runtime.OnTasks(tasks); });
   if (!agent.ok()) return ExitWithError(agent.status());

@@ -221,15 +221,11 @@ int Main() {
   auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {});
   if (!server.ok()) return ExitWithError(server.status());
 
-  NodeAgent::Options agent_options;
-  agent_options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  agent_options.startup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_coordinator_timeout_ms));
+  NodeAgent::Options agent_options = NodeAgent::Options::For(
+      WORKER, absl::GetFlag(FLAGS_coordinator),
+      absl::Milliseconds(absl::GetFlag(FLAGS_coordinator_timeout_ms)), absl::GetFlag(FLAGS_node_id),
+      server->address, *metrics_server ? (*metrics_server)->address() : "");
   NodeInfo& self = agent_options.self;
-  self.set_id(absl::GetFlag(FLAGS_node_id).empty() ? absl::StrCat("worker@", server->address)
-                                                   : absl::GetFlag(FLAGS_node_id));
-  self.set_role(WORKER);
-  self.set_address(server->address);
-  if (*metrics_server) self.set_metrics_address((*metrics_server)->address());
   for (const std::string& name : device_names) self.add_devices(name);
   for (const std::string& name : device_names) {
     metrics.GetGauge("downpour_worker_devices", "Compute devices in use.", {{"device", name}})
