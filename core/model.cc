@@ -194,6 +194,8 @@ class Ops {
   virtual absl::StatusOr<bool> ReadNonFinite() = 0;
 
   virtual bool gpu() const = 0;
+  // The stream work is queued on (null on the CPU).
+  virtual cudaStream_t stream() const = 0;
   // Binds the calling thread to this backend's device (a no-op on the CPU).
   virtual absl::Status MakeCurrent() = 0;
   // Compute memory the backend holds for itself (a GPU's workspace).
@@ -275,6 +277,7 @@ class CpuOps : public Ops {
   absl::StatusOr<bool> ReadNonFinite() override { return non_finite_; }
 
   bool gpu() const override { return false; }
+  cudaStream_t stream() const override { return nullptr; }
   absl::Status MakeCurrent() override { return absl::OkStatus(); }
   int64_t fixed_bytes() const override { return 0; }
   absl::StatusOr<Memory> Allocate(size_t bytes) override {
@@ -401,6 +404,7 @@ class CudaOps : public Ops {
   }
 
   bool gpu() const override { return true; }
+  cudaStream_t stream() const override { return ctx_->stream; }
   absl::Status MakeCurrent() override { return ctx_->MakeCurrent(); }
   int64_t fixed_bytes() const override {
     return static_cast<int64_t>(ctx_->workspace_bytes + cuda::ReducedWeightBytes(*ctx_));
@@ -1389,12 +1393,13 @@ absl::Status Model::ParamsToDevice() {
 }
 
 absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t* labels,
-                                            int64_t batch, int64_t step) {
+                                            int64_t batch, int64_t step,
+                                            const TrainStepOptions& options) {
   RETURN_IF_ERROR(ops_->MakeCurrent());
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
   RETURN_IF_ERROR(Reserve(batch));
   RETURN_IF_ERROR(StageBatch(features, labels, batch));
-  RETURN_IF_ERROR(ParamsToDevice());
+  if (options.params_from_host) RETURN_IF_ERROR(ParamsToDevice());
   RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
   RETURN_IF_ERROR(Backward(batch));
@@ -1403,7 +1408,9 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   if (loss_scaling_) {
     ASSIGN_OR_RETURN(skipped, FinishLossScaling());  // Waits; zeroes a skipped step's grads.
   }
-  RETURN_IF_ERROR(ops_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
+  if (options.grads_to_host) {
+    RETURN_IF_ERROR(ops_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
+  }
   RETURN_IF_ERROR(ops_->ToHost(state_host_, state_compute_, sizeof(float) * state_total_));
   ASSIGN_OR_RETURN(kernels::LossStats loss, ops_->ReadLoss());  // Waits.
   StepResult result{loss.loss_sum / static_cast<double>(batch), loss.correct};
@@ -1411,6 +1418,14 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   result.loss_scale = step_scale_;
   return result;
 }
+
+absl::Status Model::GradsToHost() {
+  RETURN_IF_ERROR(ops_->MakeCurrent());
+  RETURN_IF_ERROR(ops_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
+  return ops_->Synchronize();
+}
+
+cudaStream_t Model::stream() const { return ops_->stream(); }
 
 absl::Status Model::BeginLossScaling() {
   if (!loss_scaling_) return absl::OkStatus();

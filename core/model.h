@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "absl/status/statusor.h"
 #include "core/model_shape.h"
 #include "core/params.h"
@@ -85,6 +87,14 @@ struct LayerTime {
   std::string name;
   double forward_ms = 0.0;
   double backward_ms = 0.0;
+};
+
+// What TrainStep moves between the host and the device (a GPU model; the CPU
+// computes in place). Multi-GPU replicas move parameters and gradients
+// between their devices instead (worker/replicas.h).
+struct TrainStepOptions {
+  bool params_from_host = true;  // Copy param(id) to the device first.
+  bool grads_to_host = true;     // Copy the gradients to grad(id) after.
 };
 
 struct ModelOptions {
@@ -158,7 +168,13 @@ class Model {
   // [0, num_classes()), or a feature read by an embedding that is not an
   // integer id in [0, vocab_size).
   absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
-                                       int64_t step);
+                                       int64_t step, const TrainStepOptions& options = {});
+  // Copies the device gradients to grad(id) and waits (after a TrainStep
+  // that left them on the device).
+  absl::Status GradsToHost();
+  // The CUDA stream the model's work is queued on (null on the CPU): work
+  // queued on it after a call runs after that call's work.
+  cudaStream_t stream() const;
 
   // Local state (see ModelShape::local_state): batch norm's running
   // statistics, updated by TrainStep and read by Evaluate.
