@@ -2,66 +2,255 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
+#include <string>
 #include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status.h"
 
 namespace downpour {
+namespace {
 
-absl::StatusOr<StepResult> TrainStepOnReplicas(const std::vector<std::unique_ptr<Model>>& replicas,
-                                               const float* features, const int32_t* labels,
-                                               int64_t batch, int64_t step) {
-  Model* primary = replicas[0].get();
-  const int n = std::min<int64_t>(replicas.size(), batch);
-  if (n == 1) {
-    return primary->TrainStep(features, labels, batch, step);
-  }
-  const int64_t feature_size = primary->input_size();
-  const auto& params = primary->params();
-  for (int r = 1; r < n; ++r) {
-    for (const ParamInfo& p : params) {
-      std::memcpy(replicas[r]->param(p.id), primary->param(p.id), p.num_elements * sizeof(float));
-    }
-  }
-  // Replica r takes examples [begin[r], begin[r + 1]); each runs on its own
-  // thread (its device's work is queued from there). The step number only
-  // seeds dropout masks: each replica gets its own stream, so slices do not
-  // repeat one another's masks.
+int64_t ParamCount(const Model& model) {
+  int64_t n = 0;
+  for (const ParamInfo& p : model.params()) n += p.num_elements;
+  return n;
+}
+
+// Slice r of `batch` over n replicas is [begin[r], begin[r + 1]).
+std::vector<int64_t> SliceStarts(int64_t batch, int n) {
   std::vector<int64_t> begin(n + 1);
   for (int r = 0; r <= n; ++r) begin[r] = batch * r / n;
-  std::vector<absl::StatusOr<StepResult>> results(n, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 1; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      results[r] = replicas[r]->TrainStep(features + begin[r] * feature_size, labels + begin[r],
-                                          begin[r + 1] - begin[r], step * n + r);
-    });
+  return begin;
+}
+
+// Each replica's gradient is the mean over its slice, so the batch mean
+// weighs replica r's by its share of the batch.
+std::vector<float> SliceWeights(const std::vector<int64_t>& begin) {
+  const int64_t batch = begin.back();
+  std::vector<float> weights(begin.size() - 1);
+  for (size_t r = 0; r + 1 < begin.size(); ++r) {
+    weights[r] = static_cast<float>(begin[r + 1] - begin[r]) / static_cast<float>(batch);
   }
-  results[0] = primary->TrainStep(features, labels, begin[1], step * n);
-  for (std::thread& t : threads) t.join();
+  return weights;
+}
+
+// The batch's result from its slices': the first error, else the loss
+// weighted by slice, the correct counts summed, skipped if any slice was.
+absl::StatusOr<StepResult> CombineSlices(const std::vector<absl::StatusOr<StepResult>>& results,
+                                         const std::vector<int64_t>& begin) {
+  const int64_t batch = begin.back();
   StepResult total;
-  for (int r = 0; r < n; ++r) {
+  for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r].ok()) return results[r].status();
+    const double share = static_cast<double>(begin[r + 1] - begin[r]) / static_cast<double>(batch);
+    total.loss += share * results[r]->loss;
+    total.correct += results[r]->correct;
     // A replica whose FP16 step overflowed zeroed its gradients; the whole
     // step is skipped so no partial gradient is pushed.
     total.skipped = total.skipped || results[r]->skipped;
   }
-  // Each replica's gradient is the mean over its slice: weight by slice size.
+  total.loss_scale = results[0]->loss_scale;
+  return total;
+}
+
+void ZeroGrads(Model* model) {
+  for (const ParamInfo& p : model->params()) {
+    std::fill(model->grad(p.id), model->grad(p.id) + p.num_elements, 0.f);
+  }
+}
+
+// Why the replicas cannot share NCCL communicators, or "" when they can.
+std::string WhyNotNccl(const std::vector<std::unique_ptr<Model>>& replicas) {
+  if (replicas.size() < 2) return "one replica";
+  std::set<int> devices;
+  for (const auto& r : replicas) {
+    if (r->device() < 0) return "a replica computes on the CPU";
+    if (!devices.insert(r->device()).second) return "two replicas share a GPU";
+  }
+  return "";
+}
+
+// The collectives move each replica's parameters and gradients as one block
+// (core/model.h promises they are contiguous, in params() order); checked
+// here, once, rather than trusted.
+absl::Status CheckContiguous(Model* model) {
+  if (model->params().empty()) return absl::OkStatus();
+  int64_t offset = 0;
+  for (const ParamInfo& p : model->params()) {
+    if (model->device_param(p.id) != model->device_param(0) + offset ||
+        model->device_grad(p.id) != model->device_grad(0) + offset) {
+      return absl::InternalError(absl::StrCat("parameter ", p.name, " of the replica on ",
+                                              model->device_name(),
+                                              " is not where one contiguous block puts it"));
+    }
+    offset += p.num_elements;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaStatus(cudaError_t error, absl::string_view call) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(error)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplicaSet>> ReplicaSet::Create(
+    std::vector<std::unique_ptr<Model>> replicas) {
+  if (replicas.empty()) return absl::InvalidArgumentError("a replica set needs a replica");
+  for (const auto& r : replicas) {
+    const auto& a = r->params();
+    const auto& b = replicas[0]->params();
+    const bool same = a.size() == b.size() &&
+                      std::equal(a.begin(), a.end(), b.begin(), [](const auto& x, const auto& y) {
+                        return x.num_elements == y.num_elements;
+                      });
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat("the replica on ", r->device_name(),
+                                                     " has other parameters than the one on ",
+                                                     replicas[0]->device_name()));
+    }
+  }
+  std::unique_ptr<NcclCommunicators> nccl;
+  const std::string why_not_nccl = WhyNotNccl(replicas);
+  if (why_not_nccl.empty()) {
+    std::vector<int> devices;
+    std::vector<std::string> names;
+    for (const auto& r : replicas) {
+      RETURN_IF_ERROR(CheckContiguous(r.get()));
+      devices.push_back(r->device());
+      names.push_back(r->device_name());
+    }
+    auto created = NcclCommunicators::Create(devices);
+    if (created.ok()) {
+      nccl = std::move(created).value();
+      Log(absl::StrCat("gradients of the replicas on ", absl::StrJoin(names, ", "),
+                       " are reduced with NCCL"));
+    } else {
+      Log(absl::StrCat("cannot reduce gradients with NCCL (", created.status().message(),
+                       "); averaging them on the host instead"));
+    }
+  } else if (replicas.size() >= 2) {
+    Log(absl::StrCat("gradients of ", replicas.size(), " replicas are averaged on the host (",
+                     why_not_nccl, ")"));
+  }
+  return std::unique_ptr<ReplicaSet>(new ReplicaSet(std::move(replicas), std::move(nccl)));
+}
+
+ReplicaSet::ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
+                       std::unique_ptr<NcclCommunicators> nccl)
+    : replicas_(std::move(replicas)),
+      param_count_(ParamCount(*replicas_[0])),
+      nccl_(std::move(nccl)) {}
+
+absl::StatusOr<StepResult> ReplicaSet::TrainStep(const float* features, const int32_t* labels,
+                                                 int64_t batch, int64_t step) {
+  const int n = static_cast<int>(std::min<int64_t>(size(), batch));
+  // One replica, one example, or no batch at all (which TrainStep rejects).
+  if (n <= 1) return primary()->TrainStep(features, labels, batch, step);
+  const std::vector<int64_t> begin = SliceStarts(batch, n);
+  // The communicators span every replica: a batch smaller than the set
+  // (rare: a short last batch) takes the host path.
+  if (nccl_ != nullptr && n == size()) return TrainStepWithNccl(features, labels, step, begin);
+  return TrainStepOnHost(features, labels, step, begin);
+}
+
+std::vector<absl::StatusOr<StepResult>> ReplicaSet::TrainSlices(const float* features,
+                                                                const int32_t* labels, int64_t step,
+                                                                const std::vector<int64_t>& begin,
+                                                                const TrainStepOptions& options) {
+  const int n = static_cast<int>(begin.size()) - 1;
+  const int64_t feature_size = primary()->input_size();
+  // The step number only seeds dropout masks: each replica gets its own
+  // stream of them, so slices do not repeat one another's masks.
+  auto train = [&](int r) {
+    return replicas_[r]->TrainStep(features + begin[r] * feature_size, labels + begin[r],
+                                   begin[r + 1] - begin[r], step * n + r, options);
+  };
+  std::vector<absl::StatusOr<StepResult>> results(n, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 1; r < n; ++r) {
+    threads.emplace_back([&, r] { results[r] = train(r); });
+  }
+  results[0] = train(0);
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+absl::StatusOr<StepResult> ReplicaSet::TrainStepOnHost(const float* features, const int32_t* labels,
+                                                       int64_t step,
+                                                       const std::vector<int64_t>& begin) {
+  const int n = static_cast<int>(begin.size()) - 1;
+  Model* primary = this->primary();
+  const auto& params = primary->params();
+  for (int r = 1; r < n; ++r) {
+    for (const ParamInfo& p : params) {
+      std::memcpy(replicas_[r]->param(p.id), primary->param(p.id), p.num_elements * sizeof(float));
+    }
+  }
+  ASSIGN_OR_RETURN(StepResult total,
+                   CombineSlices(TrainSlices(features, labels, step, begin, {}), begin));
+  if (total.skipped) {
+    ZeroGrads(primary);
+    return total;
+  }
+  const std::vector<float> weights = SliceWeights(begin);
   for (const ParamInfo& p : params) {
     float* g = primary->grad(p.id);
-    const float w0 = static_cast<float>(begin[1]) / batch;
-    for (int64_t i = 0; i < p.num_elements; ++i) g[i] *= w0;
+    for (int64_t i = 0; i < p.num_elements; ++i) g[i] *= weights[0];
     for (int r = 1; r < n; ++r) {
-      const float w = static_cast<float>(begin[r + 1] - begin[r]) / batch;
-      const float* gr = replicas[r]->grad(p.id);
-      for (int64_t i = 0; i < p.num_elements; ++i) g[i] += w * gr[i];
+      const float* gr = replicas_[r]->grad(p.id);
+      for (int64_t i = 0; i < p.num_elements; ++i) g[i] += weights[r] * gr[i];
     }
-    if (total.skipped) std::fill(g, g + p.num_elements, 0.f);
   }
+  return total;
+}
+
+// Every collective below is issued by this one thread for every replica at
+// once (NcclCommunicators groups them), and whether the reduce is issued at
+// all is decided here after every slice has finished: so all ranks always
+// issue the same collectives in the same order, and an error or a skipped
+// step leaves none pending.
+absl::StatusOr<StepResult> ReplicaSet::TrainStepWithNccl(const float* features,
+                                                         const int32_t* labels, int64_t step,
+                                                         const std::vector<int64_t>& begin) {
+  const int n = size();
+  Model* primary = this->primary();
+  std::vector<float*> params(n, nullptr), grads(n, nullptr);
+  std::vector<cudaStream_t> streams(n);
   for (int r = 0; r < n; ++r) {
-    const double share = static_cast<double>(begin[r + 1] - begin[r]) / batch;
-    total.loss += share * results[r]->loss;
-    total.correct += results[r]->correct;
+    if (param_count_ > 0) {
+      params[r] = replicas_[r]->device_param(0);
+      grads[r] = replicas_[r]->device_grad(0);
+    }
+    streams[r] = replicas_[r]->stream();
   }
-  total.loss_scale = results[0]->loss_scale;
+
+  // Parameters: replica 0's host copy to its device, then to the others',
+  // queued on each replica's stream ahead of its step.
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(primary->device()), "cudaSetDevice"));
+  RETURN_IF_ERROR(primary->ParamsToDevice());
+  RETURN_IF_ERROR(nccl_->Broadcast(params, param_count_, streams));
+
+  TrainStepOptions on_device;
+  on_device.params_from_host = false;
+  on_device.grads_to_host = false;
+  ASSIGN_OR_RETURN(StepResult total,
+                   CombineSlices(TrainSlices(features, labels, step, begin, on_device), begin));
+  if (total.skipped) {
+    // No reduce: the step's gradients are zeros, whatever the replicas that
+    // did not overflow computed.
+    ZeroGrads(primary);
+    return total;
+  }
+  // The weights are applied on each device, inside the reduce.
+  RETURN_IF_ERROR(nccl_->WeightedSumToRankZero(grads, SliceWeights(begin), param_count_, streams));
+  RETURN_IF_ERROR(primary->GradsToHost());
   return total;
 }
 

@@ -170,8 +170,9 @@ absl::Status JobTrainer::Train() {
                      Precision_Name(replica->precision())));
     replicas.push_back(std::move(replica));
   }
+  ASSIGN_OR_RETURN(auto replica_set, ReplicaSet::Create(std::move(replicas)));
   // Replica 0 exchanges with the shards and evaluates.
-  Model* model = replicas[0].get();
+  Model* model = replica_set->primary();
 
   BatchReaderOptions data;
   data.file_pattern = spec.dataset().train_files();
@@ -230,8 +231,9 @@ absl::Status JobTrainer::Train() {
     }
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
     if (!have_batch) return absl::InternalError("training data ended");
-    ASSIGN_OR_RETURN(StepResult result, TrainStepOnReplicas(replicas, batch.features.data(),
-                                                            batch.labels.data(), batch.size, step));
+    ASSIGN_OR_RETURN(
+        StepResult result,
+        replica_set->TrainStep(batch.features.data(), batch.labels.data(), batch.size, step));
     // A step that FP16 loss scaling skipped has zero gradients (core/model.h).
     // SYNC still pushes them, so the shard's step completes with this worker
     // counted (zeros add nothing to the sum); ASYNC and SSP skip the push and
