@@ -46,8 +46,9 @@ struct TrainerOptions {
   MetricsRegistry* metrics = nullptr;  // Optional, not owned.
   // Where the model replicas compute: one replica per CUDA device listed
   // (ModelOptions::device), or one on the CPU when empty. With several, each
-  // step's batch is split across them and their gradients are averaged on
-  // the host before the push.
+  // step's batch is split across them and their gradients are reduced into
+  // the first replica before the push (NCCL between GPUs; see
+  // worker/replicas.h).
   std::vector<int> devices;
 };
 
