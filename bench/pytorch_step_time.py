@@ -5,7 +5,8 @@ optimizer step on one GPU, data already on the device.
 
 Models match bench/models/*.pbtxt layer for layer (NCHW here, NHWC in ours;
 the arithmetic is the same). fp32 means strict fp32: TF32 is off for cuBLAS
-and cuDNN, as in our engine (kernels/cuda.h). bf16 is autocast.
+and cuDNN, as in our engine (kernels/cuda.h). bf16 is autocast; fp16 is
+autocast with a GradScaler (dynamic loss scaling).
 
 Prints one JSON line per (model, precision, memory format):
   {"model", "precision", "format", "batch", "step_ms_median", "step_ms_p10",
@@ -94,13 +95,18 @@ def time_model(name, precision, channels_last, steps, warmup):
         x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
+    # fp16: dynamic loss scaling, as ours (its step reads the inf/NaN flag
+    # back on the host, as ours does).
+    scaler = torch.amp.GradScaler('cuda', enabled=precision == 'fp16')
+    dtype = torch.float16 if precision == 'fp16' else torch.bfloat16
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast('cuda', dtype=torch.bfloat16, enabled=precision == 'bf16'):
+        with torch.autocast('cuda', dtype=dtype, enabled=precision != 'fp32'):
             loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss
 
     for _ in range(warmup):

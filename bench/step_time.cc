@@ -53,6 +53,8 @@ int Fail(const std::string& what, const absl::Status& status) {
   return 1;
 }
 
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -162,15 +164,18 @@ int Run() {
     auto result = m.LastStepResult();
     if (!result.ok()) return Fail(model_name, result.status());
     const size_t used_after = UsedDeviceBytes(device);
+    const Model::ComputeMemory memory = m.compute_memory();
     std::sort(loops.begin(), loops.end());
     std::printf(
         "{\"engine\": \"downpour\", \"model\": \"%s\", \"precision\": \"%s\", \"format\": "
         "\"%s\", \"batch\": %lld, \"step_ms_loop\": %.4f, \"step_ms_min\": %.4f, "
-        "\"mem_mb\": %.1f, \"compute_mb\": %.1f, \"final_loss\": %.6g}\n",
+        "\"mem_mb\": %.1f, \"compute_mb\": %.1f, \"params_mb\": %.1f, \"activations_mb\": "
+        "%.1f, \"workspace_mb\": %.1f, \"weight_copies_mb\": %.1f, \"final_loss\": %.6g}\n",
         model_name.c_str(), precision_name.c_str(), layout_name.c_str(),
         static_cast<long long>(batch), loops[loops.size() / 2], loops[0],
         (static_cast<double>(used_after) - static_cast<double>(used_before)) / (1 << 20),
-        m.compute_bytes() / double{1 << 20}, result->loss);
+        MiB(memory.total()), MiB(memory.parameters), MiB(memory.activations),
+        MiB(memory.workspace), MiB(memory.weight_copies), result->loss);
     std::fflush(stdout);
     if (absl::GetFlag(FLAGS_profile)) {
       auto times = m.ProfileStepOnDevice(features_dev, labels_dev, batch, step);

@@ -99,66 +99,79 @@ class Memory {
   size_t bytes_ = 0;
 };
 
+// An activation tensor or its gradient in the compute memory: floats on the
+// CPU and in fp32, the reduced type on a GPU computing in bf16/fp16 (see
+// kernels/cuda.h). The backend knows which (Ops::activation_bytes), so an
+// Act converts to whatever element pointer the backend's kernel takes.
+class Act {
+ public:
+  Act() = default;
+  Act(std::nullptr_t) {}  // NOLINT: a null activation, as a null pointer.
+  explicit Act(const void* p) : p_(const_cast<void*>(p)) {}
+  template <typename T>
+  operator T*() const {  // NOLINT: the point of the class.
+    return static_cast<T*>(p_);
+  }
+  bool operator==(std::nullptr_t) const { return p_ == nullptr; }
+  bool operator!=(std::nullptr_t) const { return p_ != nullptr; }
+
+ private:
+  void* p_ = nullptr;
+};
+
 // The kernels with the same arguments on both backends (kernels/cpu.h and
 // kernels/cuda.h, less the context): X(name, parameters, arguments).
 #define DOWNPOUR_MODEL_OPS(X)                                                                      \
   X(DenseForward,                                                                                  \
-    (int64_t batch, int64_t in, int64_t out, const float* x, const float* w, const float* bias,    \
-     float* y),                                                                                    \
+    (int64_t batch, int64_t in, int64_t out, Act x, const float* w, const float* bias, Act y),      \
     (batch, in, out, x, w, bias, y))                                                               \
   X(DenseBackward,                                                                                 \
-    (int64_t batch, int64_t in, int64_t out, const float* x, const float* w, const float* dy,      \
-     float* dx, Write dx_write, float* dw, float* dbias, Write param_write),                       \
+    (int64_t batch, int64_t in, int64_t out, Act x, const float* w, Act dy, Act dx,                \
+     Write dx_write, float* dw, float* dbias, Write param_write),                                  \
     (batch, in, out, x, w, dy, dx, dx_write, dw, dbias, param_write))                              \
-  X(ReluForward, (int64_t n, const float* x, float* y), (n, x, y))                                 \
-  X(ReluBackward, (int64_t n, const float* x, const float* dy, float* dx, Write dx_write),         \
-    (n, x, dy, dx, dx_write))                                                                      \
+  X(ReluForward, (int64_t n, Act x, Act y), (n, x, y))                                             \
+  X(ReluBackward, (int64_t n, Act y, Act dy, Act dx, Write dx_write), (n, y, dy, dx, dx_write))    \
   X(DropoutForward,                                                                                \
-    (int64_t n, float rate, uint64_t seed, uint64_t step, const float* x, float* y,                \
-     uint8_t* mask),                                                                               \
+    (int64_t n, float rate, uint64_t seed, uint64_t step, Act x, Act y, uint8_t* mask),            \
     (n, rate, seed, step, x, y, mask))                                                             \
-  X(DropoutBackward,                                                                               \
-    (int64_t n, float rate, const uint8_t* mask, const float* dy, float* dx, Write dx_write),      \
+  X(DropoutBackward, (int64_t n, float rate, const uint8_t* mask, Act dy, Act dx, Write dx_write), \
     (n, rate, mask, dy, dx, dx_write))                                                             \
-  X(CopyOrAdd, (int64_t n, const float* x, float* y, Write write), (n, x, y, write))               \
-  X(Zero, (int64_t n, float* x), (n, x))                                                           \
-  X(Add, (int64_t n, const float* a, const float* b, float* y), (n, a, b, y))                      \
-  X(MaxPoolForward, (const kernels::WindowShape& s, const float* x, float* y), (s, x, y))          \
-  X(MaxPoolBackward,                                                                               \
-    (const kernels::WindowShape& s, const float* x, const float* dy, float* dx, Write dx_write),   \
+  X(CopyOrAdd, (int64_t n, Act x, Act y, Write write), (n, x, y, write))                           \
+  X(Zero, (int64_t n, Act x), (n, x))                                                              \
+  X(Add, (int64_t n, Act a, Act b, Act y), (n, a, b, y))                                           \
+  X(MaxPoolForward, (const kernels::WindowShape& s, Act x, Act y), (s, x, y))                      \
+  X(MaxPoolBackward, (const kernels::WindowShape& s, Act x, Act dy, Act dx, Write dx_write),       \
     (s, x, dy, dx, dx_write))                                                                      \
-  X(AvgPoolForward, (const kernels::WindowShape& s, const float* x, float* y), (s, x, y))          \
-  X(AvgPoolBackward, (const kernels::WindowShape& s, const float* dy, float* dx, Write dx_write),  \
+  X(AvgPoolForward, (const kernels::WindowShape& s, Act x, Act y), (s, x, y))                      \
+  X(AvgPoolBackward, (const kernels::WindowShape& s, Act dy, Act dx, Write dx_write),              \
     (s, dy, dx, dx_write))                                                                         \
-  X(GlobalAvgPoolForward,                                                                          \
-    (int64_t batch, int64_t spatial, int64_t channels, const float* x, float* y),                  \
+  X(GlobalAvgPoolForward, (int64_t batch, int64_t spatial, int64_t channels, Act x, Act y),        \
     (batch, spatial, channels, x, y))                                                              \
   X(GlobalAvgPoolBackward,                                                                         \
-    (int64_t batch, int64_t spatial, int64_t channels, const float* dy, float* dx,                 \
-     Write dx_write),                                                                              \
+    (int64_t batch, int64_t spatial, int64_t channels, Act dy, Act dx, Write dx_write),            \
     (batch, spatial, channels, dy, dx, dx_write))                                                  \
   X(BatchNormForwardTraining,                                                                      \
-    (int64_t rows, int64_t channels, const float* x, const float* gamma, const float* beta,        \
-     float epsilon, float momentum, float* y, float* running_mean, float* running_var,             \
-     float* save_mean, float* save_inv_std),                                                       \
+    (int64_t rows, int64_t channels, Act x, const float* gamma, const float* beta, float epsilon,  \
+     float momentum, Act y, float* running_mean, float* running_var, float* save_mean,             \
+     float* save_inv_std),                                                                         \
     (rows, channels, x, gamma, beta, epsilon, momentum, y, running_mean, running_var, save_mean,   \
      save_inv_std))                                                                                \
   X(BatchNormForwardInference,                                                                     \
-    (int64_t rows, int64_t channels, const float* x, const float* gamma, const float* beta,        \
-     const float* mean, const float* var, float epsilon, float* y),                                \
+    (int64_t rows, int64_t channels, Act x, const float* gamma, const float* beta,                 \
+     const float* mean, const float* var, float epsilon, Act y),                                   \
     (rows, channels, x, gamma, beta, mean, var, epsilon, y))                                       \
   X(BatchNormBackward,                                                                             \
-    (int64_t rows, int64_t channels, const float* x, const float* dy, const float* gamma,          \
-     const float* save_mean, const float* save_inv_std, float* dx, Write dx_write, float* dgamma,  \
-     float* dbeta, Write param_write),                                                             \
+    (int64_t rows, int64_t channels, Act x, Act dy, const float* gamma, const float* save_mean,    \
+     const float* save_inv_std, Act dx, Write dx_write, float* dgamma, float* dbeta,               \
+     Write param_write),                                                                           \
     (rows, channels, x, dy, gamma, save_mean, save_inv_std, dx, dx_write, dgamma, dbeta,           \
      param_write))                                                                                 \
   X(EmbeddingForward,                                                                              \
-    (int64_t num_ids, int64_t vocab, int64_t dim, const float* ids, const float* table, float* y), \
+    (int64_t num_ids, int64_t vocab, int64_t dim, const float* ids, const float* table, Act y),    \
     (num_ids, vocab, dim, ids, table, y))                                                          \
   X(EmbeddingBackward,                                                                             \
-    (int64_t num_ids, int64_t vocab, int64_t dim, const float* ids, const float* dy,               \
-     float* dtable, Write param_write),                                                            \
+    (int64_t num_ids, int64_t vocab, int64_t dim, const float* ids, Act dy, float* dtable,         \
+     Write param_write),                                                                           \
     (num_ids, vocab, dim, ids, dy, dtable, param_write))
 
 #define DOWNPOUR_UNPAREN(...) __VA_ARGS__
@@ -175,31 +188,40 @@ class Ops {
 #undef DOWNPOUR_DECLARE_OP
 
   // `relu`: y = max(0, conv + bias) (the ReLU that follows, fused).
-  virtual absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
-                                     const float* bias, float* y, bool relu) = 0;
-  virtual absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
-                                      const float* dy, float* dx, Write dx_write, float* dw,
-                                      float* dbias, Write param_write) = 0;
+  virtual absl::Status Conv2dForward(const kernels::WindowShape& s, Act x, const float* w,
+                                     const float* bias, Act y, bool relu) = 0;
+  virtual absl::Status Conv2dBackward(const kernels::WindowShape& s, Act x, const float* w, Act dy,
+                                      Act dx, Write dx_write, float* dw, float* dbias,
+                                      Write param_write) = 0;
   // The loss counters: reset, added to by SoftmaxCrossEntropy, read (which
   // waits for the device).
   virtual absl::Status ResetLoss() = 0;
-  virtual absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
-                                           const int32_t* labels, float* dlogits) = 0;
+  // dlogits (when not null) carry the loss scale `dlogits_scale`.
+  virtual absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, Act logits,
+                                           const int32_t* labels, Act dlogits,
+                                           float dlogits_scale) = 0;
   virtual absl::StatusOr<kernels::LossStats> ReadLoss() = 0;
-  // Loss scaling: x *= alpha; g *= inv_scale with non-finite values noted in
-  // a flag that ResetNonFinite clears and ReadNonFinite reads (waits).
-  virtual absl::Status ScaleBy(int64_t n, float alpha, float* x) = 0;
+  // Loss scaling: g *= inv_scale with non-finite values noted in a flag
+  // that ResetNonFinite clears and ReadNonFinite reads (waits).
   virtual absl::Status UnscaleCheckFinite(int64_t n, float inv_scale, float* g) = 0;
   virtual absl::Status ResetNonFinite() = 0;
   virtual absl::StatusOr<bool> ReadNonFinite() = 0;
 
   virtual bool gpu() const = 0;
+  // Bytes of one activation element: 4, or 2 where they are bf16/fp16.
+  virtual size_t activation_bytes() const = 0;
+  // y = the n floats at x in the activation type (the model input).
+  virtual absl::Status ToActivations(int64_t n, const float* x, Act y) = 0;
+  // n floats (gradients) set to zero.
+  virtual absl::Status ZeroFloats(int64_t n, float* x) = 0;
   // The stream work is queued on (null on the CPU).
   virtual cudaStream_t stream() const = 0;
   // Binds the calling thread to this backend's device (a no-op on the CPU).
   virtual absl::Status MakeCurrent() = 0;
-  // Compute memory the backend holds for itself (a GPU's workspace).
-  virtual int64_t fixed_bytes() const = 0;
+  // Compute memory the backend holds for itself: a GPU's scratch, and its
+  // reduced weight copies.
+  virtual int64_t workspace_bytes() const = 0;
+  virtual int64_t weight_copy_bytes() const = 0;
   // Memory the kernels read and write.
   virtual absl::StatusOr<Memory> Allocate(size_t bytes) = 0;
   // Host memory that copies to and from the device fast.
@@ -234,14 +256,14 @@ class CpuOps : public Ops {
   DOWNPOUR_MODEL_OPS(DOWNPOUR_CPU_OP)
 #undef DOWNPOUR_CPU_OP
 
-  absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
-                             const float* bias, float* y, bool relu) override {
+  absl::Status Conv2dForward(const kernels::WindowShape& s, Act x, const float* w,
+                             const float* bias, Act y, bool relu) override {
     cpu::Conv2dForward(ctx_, s, x, w, bias, y, Workspace(s));
     if (relu) cpu::ReluForward(ctx_, s.batch * s.out_elements(), y, y);
     return absl::OkStatus();
   }
-  absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
-                              const float* dy, float* dx, Write dx_write, float* dw, float* dbias,
+  absl::Status Conv2dBackward(const kernels::WindowShape& s, Act x, const float* w, Act dy, Act dx,
+                              Write dx_write, float* dw, float* dbias,
                               Write param_write) override {
     cpu::Conv2dBackward(ctx_, s, x, w, dy, dx, dx_write, dw, dbias, param_write, Workspace(s));
     return absl::OkStatus();
@@ -250,19 +272,20 @@ class CpuOps : public Ops {
     loss_ = kernels::LossStats();
     return absl::OkStatus();
   }
-  absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
-                                   const int32_t* labels, float* dlogits) override {
+  absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, Act logits,
+                                   const int32_t* labels, Act dlogits,
+                                   float dlogits_scale) override {
     kernels::LossStats stats;
-    cpu::SoftmaxCrossEntropy(ctx_, batch, classes, logits, labels, dlogits, &stats);
+    float* grad = dlogits;
+    cpu::SoftmaxCrossEntropy(ctx_, batch, classes, logits, labels, grad, &stats);
+    if (grad != nullptr && dlogits_scale != 1.f) {
+      for (int64_t i = 0; i < batch * classes; ++i) grad[i] *= dlogits_scale;
+    }
     loss_.loss_sum += stats.loss_sum;
     loss_.correct += stats.correct;
     return absl::OkStatus();
   }
   absl::StatusOr<kernels::LossStats> ReadLoss() override { return loss_; }
-  absl::Status ScaleBy(int64_t n, float alpha, float* x) override {
-    for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
-    return absl::OkStatus();
-  }
   absl::Status UnscaleCheckFinite(int64_t n, float inv_scale, float* g) override {
     for (int64_t i = 0; i < n; ++i) {
       non_finite_ |= !std::isfinite(g[i]);
@@ -277,9 +300,20 @@ class CpuOps : public Ops {
   absl::StatusOr<bool> ReadNonFinite() override { return non_finite_; }
 
   bool gpu() const override { return false; }
+  size_t activation_bytes() const override { return sizeof(float); }
+  absl::Status ToActivations(int64_t n, const float* x, Act y) override {
+    float* out = y;
+    if (out != x) std::memcpy(out, x, sizeof(float) * n);
+    return absl::OkStatus();
+  }
+  absl::Status ZeroFloats(int64_t n, float* x) override {
+    cpu::Zero(ctx_, n, x);
+    return absl::OkStatus();
+  }
   cudaStream_t stream() const override { return nullptr; }
   absl::Status MakeCurrent() override { return absl::OkStatus(); }
-  int64_t fixed_bytes() const override { return 0; }
+  int64_t workspace_bytes() const override { return 0; }
+  int64_t weight_copy_bytes() const override { return 0; }
   absl::StatusOr<Memory> Allocate(size_t bytes) override {
     return Memory::Allocate(Memory::Kind::kHost, bytes);
   }
@@ -334,8 +368,7 @@ class CudaOps : public Ops {
  public:
   static absl::StatusOr<std::unique_ptr<CudaOps>> Create(int device,
                                                          ModelOptions::ConvLayout conv_layout,
-                                                         Precision precision,
-                                                         bool always_reduced_convs) {
+                                                         Precision precision) {
     auto ops = std::unique_ptr<CudaOps>(new CudaOps());
     // Small at first: convolutions grow it to what their fastest
     // algorithms need (kernels/cuda.h).
@@ -347,35 +380,45 @@ class CudaOps : public Ops {
     ops->ctx_->compute = precision == BF16   ? cuda::ComputePrecision::kBf16
                          : precision == FP16 ? cuda::ComputePrecision::kFp16
                                              : cuda::ComputePrecision::kFp32;
-    ops->ctx_->always_reduced_convs = always_reduced_convs;
     // Loss sum, correct count, then the non-finite flag at byte 16.
     ASSIGN_OR_RETURN(ops->counters_, Memory::Allocate(Memory::Kind::kDevice, 32));
     ASSIGN_OR_RETURN(ops->counters_host_, Memory::Allocate(Memory::Kind::kPinned, 32));
     return ops;
   }
 
-#define DOWNPOUR_CUDA_OP(name, params, args) \
-  absl::Status name params override { return cuda::name(*ctx_, DOWNPOUR_UNPAREN args); }
+#define DOWNPOUR_CUDA_OP(name, params, args)                                                  \
+  absl::Status name params override {                                                        \
+    return ForActivationType(                                                                \
+        [&](auto tag) { return cuda::name<decltype(tag)>(*ctx_, DOWNPOUR_UNPAREN args); }); \
+  }
   DOWNPOUR_MODEL_OPS(DOWNPOUR_CUDA_OP)
 #undef DOWNPOUR_CUDA_OP
 
-  absl::Status Conv2dForward(const kernels::WindowShape& s, const float* x, const float* w,
-                             const float* bias, float* y, bool relu) override {
-    return cuda::Conv2dForward(*ctx_, s, x, w, bias, y, relu);
+  absl::Status Conv2dForward(const kernels::WindowShape& s, Act x, const float* w,
+                             const float* bias, Act y, bool relu) override {
+    return ForActivationType([&](auto tag) {
+      return cuda::Conv2dForward<decltype(tag)>(*ctx_, s, x, w, bias, y, relu);
+    });
   }
-  absl::Status Conv2dBackward(const kernels::WindowShape& s, const float* x, const float* w,
-                              const float* dy, float* dx, Write dx_write, float* dw, float* dbias,
+  absl::Status Conv2dBackward(const kernels::WindowShape& s, Act x, const float* w, Act dy, Act dx,
+                              Write dx_write, float* dw, float* dbias,
                               Write param_write) override {
-    return cuda::Conv2dBackward(*ctx_, s, x, w, dy, dx, dx_write, dw, dbias, param_write);
+    return ForActivationType([&](auto tag) {
+      return cuda::Conv2dBackward<decltype(tag)>(*ctx_, s, x, w, dy, dx, dx_write, dw, dbias,
+                                                 param_write);
+    });
   }
   absl::Status ResetLoss() override {
     return Check(cudaMemsetAsync(counters_.as<void>(), 0, 16, ctx_->stream), "cudaMemsetAsync");
   }
-  absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
-                                   const int32_t* labels, float* dlogits) override {
-    return cuda::SoftmaxCrossEntropyAsync(
-        *ctx_, batch, classes, logits, labels, dlogits, counters_.as<double>(),
-        reinterpret_cast<unsigned long long*>(counters_.as<double>() + 1));
+  absl::Status SoftmaxCrossEntropy(int64_t batch, int64_t classes, Act logits,
+                                   const int32_t* labels, Act dlogits,
+                                   float dlogits_scale) override {
+    return ForActivationType([&](auto tag) {
+      return cuda::SoftmaxCrossEntropyAsync<decltype(tag)>(
+          *ctx_, batch, classes, logits, labels, dlogits, dlogits_scale, counters_.as<double>(),
+          reinterpret_cast<unsigned long long*>(counters_.as<double>() + 1));
+    });
   }
   absl::StatusOr<kernels::LossStats> ReadLoss() override {
     RETURN_IF_ERROR(ToHost(counters_host_.as<void>(), counters_.as<void>(), 16));
@@ -386,9 +429,6 @@ class CudaOps : public Ops {
     std::memcpy(&correct, counters_host_.as<double>() + 1, sizeof(correct));
     stats.correct = static_cast<int64_t>(correct);
     return stats;
-  }
-  absl::Status ScaleBy(int64_t n, float alpha, float* x) override {
-    return cuda::Scale(*ctx_, n, alpha, x);
   }
   absl::Status UnscaleCheckFinite(int64_t n, float inv_scale, float* g) override {
     return cuda::UnscaleCheckFinite(*ctx_, n, inv_scale, g, Flag());
@@ -404,10 +444,21 @@ class CudaOps : public Ops {
   }
 
   bool gpu() const override { return true; }
+  size_t activation_bytes() const override {
+    return ctx_->compute == cuda::ComputePrecision::kFp32 ? sizeof(float) : 2;
+  }
+  absl::Status ToActivations(int64_t n, const float* x, Act y) override {
+    return ForActivationType(
+        [&](auto tag) { return cuda::Convert<float, decltype(tag)>(*ctx_, n, x, y); });
+  }
+  absl::Status ZeroFloats(int64_t n, float* x) override { return cuda::Zero<float>(*ctx_, n, x); }
   cudaStream_t stream() const override { return ctx_->stream; }
   absl::Status MakeCurrent() override { return ctx_->MakeCurrent(); }
-  int64_t fixed_bytes() const override {
-    return static_cast<int64_t>(ctx_->workspace_bytes + cuda::ReducedWeightBytes(*ctx_));
+  int64_t workspace_bytes() const override {
+    return static_cast<int64_t>(ctx_->workspace_bytes + ctx_->staging_bytes);
+  }
+  int64_t weight_copy_bytes() const override {
+    return static_cast<int64_t>(cuda::ReducedWeightBytes(*ctx_));
   }
   absl::StatusOr<Memory> Allocate(size_t bytes) override {
     return Memory::Allocate(Memory::Kind::kDevice, bytes);
@@ -468,6 +519,20 @@ class CudaOps : public Ops {
 
   int* Flag() { return reinterpret_cast<int*>(counters_.as<char>() + 16); }
 
+  // f(T{}) with T the activation element type of the context's precision.
+  template <typename F>
+  absl::Status ForActivationType(F&& f) {
+    switch (ctx_->compute) {
+      case cuda::ComputePrecision::kBf16:
+        return f(__nv_bfloat16{});
+      case cuda::ComputePrecision::kFp16:
+        return f(__half{});
+      case cuda::ComputePrecision::kFp32:
+        break;
+    }
+    return f(float{});
+  }
+
   std::unique_ptr<cuda::CudaContext> ctx_;
   Memory counters_;       // double loss sum, uint64 correct, int non-finite flag.
   Memory counters_host_;  // Pinned, for ReadLoss.
@@ -500,28 +565,32 @@ struct Buffer {
   // >= 1: the values are that buffer's, overwritten in place (a ReLU that is
   // its input's only reader).
   int value_alias = -1;
-  float* value_data = nullptr;
-  float* grad_data = nullptr;
-  float* value_ptr() const { return value_data; }
-  float* grad_ptr() const { return grad_data; }
+  void* value_data = nullptr;
+  void* grad_data = nullptr;
+  Act value_ptr() const { return Act(value_data); }
+  Act grad_ptr() const { return Act(grad_data); }
 };
 
 struct ForwardArgs {
   int64_t batch = 0;
   bool training = false;
   uint64_t step = 0;
-  std::vector<const float*> x;  // One per LayerShape::inputs entry.
-  float* y = nullptr;           // Null for the loss and for aliasing layers.
+  std::vector<Act> x;  // One per LayerShape::inputs entry.
+  Act y;               // Null for the loss and for aliasing layers.
   const int32_t* labels = nullptr;
+  // The model input as given (floats), for embeddings' ids.
+  const float* model_input = nullptr;
+  float loss_scale = 1.f;  // FP16: what the loss's gradient is multiplied by.
 };
 
 struct BackwardArgs {
   int64_t batch = 0;
-  std::vector<const float*> x;
-  const float* y = nullptr;
-  const float* dy = nullptr;    // Null for the loss.
-  std::vector<float*> dx;       // Null entries: no gradient wanted (model input).
+  std::vector<Act> x;
+  Act y;
+  Act dy;                       // Null for the loss.
+  std::vector<Act> dx;          // Null entries: no gradient wanted (model input).
   std::vector<Write> dx_write;  // Overwrite for the first contribution, then add.
+  const float* model_input = nullptr;
 };
 
 // A layer's computation over the kernels of `ops`. Owns its scratch (dropout
@@ -626,16 +695,16 @@ class SoftmaxCrossEntropyLayer : public Layer {
   explicit SoftmaxCrossEntropyLayer(int64_t classes) : classes_(classes) {}
 
   absl::Status Reserve(Ops& ops, int64_t batch) override {
-    ASSIGN_OR_RETURN(dlogits_, ops.Allocate(sizeof(float) * batch * classes_));
+    ASSIGN_OR_RETURN(dlogits_, ops.Allocate(ops.activation_bytes() * batch * classes_));
     return absl::OkStatus();
   }
   absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
     return ops.SoftmaxCrossEntropy(a.batch, classes_, a.x[0], a.labels,
-                                   a.training ? dlogits_.as<float>() : nullptr);
+                                   a.training ? Act(dlogits_.as<void>()) : nullptr, a.loss_scale);
   }
   absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
     if (a.dx[0] == nullptr) return absl::OkStatus();
-    return ops.CopyOrAdd(a.batch * classes_, dlogits_.as<float>(), a.dx[0], a.dx_write[0]);
+    return ops.CopyOrAdd(a.batch * classes_, Act(dlogits_.as<void>()), a.dx[0], a.dx_write[0]);
   }
 
  private:
@@ -789,20 +858,25 @@ class AddLayer : public Layer {
 
 class EmbeddingLayer : public Layer {
  public:
+  // `ids_from_input`: the ids are the model input (read as given, never in
+  // a reduced activation type); otherwise a float activation.
   EmbeddingLayer(int64_t ids_per_example, int64_t vocab, int64_t dim, const float* table,
-                 float* dtable)
+                 float* dtable, bool ids_from_input)
       : ids_per_example_(ids_per_example),
         vocab_(vocab),
         dim_(dim),
         table_(table),
-        dtable_(dtable) {}
+        dtable_(dtable),
+        ids_from_input_(ids_from_input) {}
 
   absl::Status Forward(Ops& ops, const ForwardArgs& a) override {
-    return ops.EmbeddingForward(a.batch * ids_per_example_, vocab_, dim_, a.x[0], table_, a.y);
+    const float* ids = ids_from_input_ ? a.model_input : a.x[0];
+    return ops.EmbeddingForward(a.batch * ids_per_example_, vocab_, dim_, ids, table_, a.y);
   }
   // Ids have no gradient: dx is left alone.
   absl::Status Backward(Ops& ops, const BackwardArgs& a) override {
-    RETURN_IF_ERROR(ops.EmbeddingBackward(a.batch * ids_per_example_, vocab_, dim_, a.x[0], a.dy,
+    const float* ids = ids_from_input_ ? a.model_input : a.x[0];
+    RETURN_IF_ERROR(ops.EmbeddingBackward(a.batch * ids_per_example_, vocab_, dim_, ids, a.dy,
                                           dtable_, Write::kOverwrite));
     if (a.dx[0] != nullptr && a.dx_write[0] == Write::kOverwrite) {
       return ops.Zero(a.batch * ids_per_example_, a.dx[0]);
@@ -814,6 +888,7 @@ class EmbeddingLayer : public Layer {
   const int64_t ids_per_example_, vocab_, dim_;
   const float* const table_;
   float* const dtable_;
+  const bool ids_from_input_;
 };
 
 }  // namespace
@@ -838,6 +913,7 @@ struct Storage {
   Memory params, grads, state;                 // Compute memory.
   Memory params_host, grads_host, state_host;  // GPU only: page-locked copies.
   Memory features, labels;                     // GPU only: the staged batch.
+  Memory input_activations;  // Reduced activations: the input in their type.
   Memory features_host, labels_host;           // GPU only: page-locked staging.
   Memory slots;                                // ApplyOptimizerOnDevice's.
   int num_slots = 0;
@@ -889,8 +965,20 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
       precision = FP32;
     }
   } else {
+    // An embedding's ids are floats; fed by another layer they would be
+    // activations, which a reduced type cannot hold exactly.
+    for (const LayerShape& layer : shape.layers) {
+      if (precision != FP32 && layer.kind == LayerKind::kEmbedding &&
+          layer.inputs[0] != LayerShape::kModelInput) {
+        std::fprintf(stderr,
+                     "model: embedding \"%s\" reads ids from another layer; precision %s runs in "
+                     "fp32\n",
+                     layer.name.c_str(), Precision_Name(precision).c_str());
+        precision = FP32;
+      }
+    }
     ASSIGN_OR_RETURN(ops, model_internal::CudaOps::Create(options.device, options.conv_layout,
-                                                          precision, options.always_reduced_convs));
+                                                          precision));
   }
   if (!(options.initial_loss_scale >= 1.0) || !std::isfinite(options.initial_loss_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -990,6 +1078,16 @@ absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
 
   std::vector<Buffer>& buffers = st.buffers;
   std::vector<int>& buffer_of_layer = st.buffer_of_layer;
+  // Reduced activations: layers other than embeddings read a converted copy
+  // of the input.
+  if (ops_->activation_bytes() != sizeof(float)) {
+    for (const LayerShape& layer : shape_.layers) {
+      for (int input : layer.inputs) {
+        input_to_activations_ |=
+            input == LayerShape::kModelInput && layer.kind != LayerKind::kEmbedding;
+      }
+    }
+  }
 
   buffers.emplace_back();
   buffers[0].elements = shape_.input_size;
@@ -1065,7 +1163,8 @@ absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
         break;
       case LayerKind::kEmbedding:
         impl = std::make_unique<model_internal::EmbeddingLayer>(
-            elements / layer.embedding_dim, layer.vocab_size, layer.embedding_dim, p(0), g(0));
+            elements / layer.embedding_dim, layer.vocab_size, layer.embedding_dim, p(0), g(0),
+            input == LayerShape::kModelInput);
         break;
     }
     layers_.push_back(std::move(impl));
@@ -1245,7 +1344,8 @@ absl::Status Model::Reserve(int64_t batch) {
   std::vector<ArenaBlock> blocks;
   std::vector<int> value_block(buffers, -1), grad_block(buffers, -1);
   for (int b = 1; b < buffers; ++b) {
-    const size_t bytes = (sizeof(float) * batch * st.buffers[b].elements + 255) / 256 * 256;
+    const size_t bytes =
+        (ops_->activation_bytes() * batch * st.buffers[b].elements + 255) / 256 * 256;
     const int alias = st.buffers[b].value_alias;
     if (alias > 0) {
       ArenaBlock& shared = blocks[value_block[alias]];
@@ -1263,8 +1363,13 @@ absl::Status Model::Reserve(int64_t batch) {
   ASSIGN_OR_RETURN(st.arena, ops_->Allocate(arena_bytes));
   char* base = st.arena.as<char>();
   for (int b = 1; b < buffers; ++b) {
-    st.buffers[b].value_data = reinterpret_cast<float*>(base + blocks[value_block[b]].offset);
-    st.buffers[b].grad_data = reinterpret_cast<float*>(base + blocks[grad_block[b]].offset);
+    st.buffers[b].value_data = base + blocks[value_block[b]].offset;
+    st.buffers[b].grad_data = base + blocks[grad_block[b]].offset;
+  }
+  if (input_to_activations_) {
+    st.input_activations = {};
+    ASSIGN_OR_RETURN(st.input_activations,
+                     ops_->Allocate(ops_->activation_bytes() * batch * shape_.input_size));
   }
   for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*ops_, batch));
   st.capacity = batch;
@@ -1310,8 +1415,10 @@ absl::Status Model::StageBatch(const float* features, const int32_t* labels, int
   return absl::OkStatus();
 }
 
-const float* Model::Activation(int buffer) const {
-  return buffer == 0 ? input_ : storage_->buffers[buffer].value_ptr();
+model_internal::Act Model::Activation(int buffer) const {
+  if (buffer != 0) return storage_->buffers[buffer].value_ptr();
+  return model_internal::Act(input_to_activations_ ? storage_->input_activations.as<void>()
+                                                   : static_cast<const void*>(input_));
 }
 
 absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
@@ -1321,7 +1428,13 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
   args.training = training;
   args.step = static_cast<uint64_t>(step);
   args.labels = labels_;
+  args.model_input = input_;
+  if (training && loss_scaling_) args.loss_scale = static_cast<float>(step_scale_);
   RETURN_IF_ERROR(ops_->ResetLoss());
+  if (input_to_activations_) {
+    RETURN_IF_ERROR(ops_->ToActivations(batch * shape_.input_size, input_,
+                                        model_internal::Act(st.input_activations.as<void>())));
+  }
   // The weights changed since the last pass (shards' values or the device
   // optimizer): one cast for the whole step instead of one per op.
   RETURN_IF_ERROR(ops_->CastReducedWeights());
@@ -1348,6 +1461,7 @@ absl::Status Model::Backward(int64_t batch) {
   std::vector<bool> written(st.buffers.size(), false);
   model_internal::BackwardArgs args;
   args.batch = batch;
+  args.model_input = input_;
   for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
     if (layers_[i]->aliases_input()) continue;
     const int out = st.buffer_of_layer[i];
@@ -1370,19 +1484,12 @@ absl::Status Model::Backward(int64_t batch) {
     for (int input : shape_.layers[i].inputs) {
       const int in = input == LayerShape::kModelInput ? 0 : st.buffer_of_layer[input];
       args.x.push_back(Activation(in));
-      args.dx.push_back(in > 0 ? st.buffers[in].grad_ptr() : nullptr);
+      args.dx.push_back(in > 0 ? st.buffers[in].grad_ptr() : model_internal::Act());
       args.dx_write.push_back(written[in] ? kernels::Write::kAccumulate
                                           : kernels::Write::kOverwrite);
       written[in] = true;
     }
     RETURN_IF_ERROR(layers_[i]->Backward(*ops_, args));
-    // Loss scaling multiplies dlogits (the loss layer writes them first, as
-    // the last layer); everything upstream carries the scale.
-    if (loss_scaling_ && shape_.layers[i].kind == LayerKind::kSoftmaxCrossEntropy &&
-        args.dx[0] != nullptr) {
-      RETURN_IF_ERROR(
-          ops_->ScaleBy(batch * shape_.num_classes, static_cast<float>(step_scale_), args.dx[0]));
-    }
     if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 3));
   }
   return absl::OkStatus();
@@ -1442,7 +1549,7 @@ absl::Status Model::UnscaleGradients() {
 absl::StatusOr<bool> Model::FinishLossScaling() {
   ASSIGN_OR_RETURN(bool overflow, ops_->ReadNonFinite());
   loss_scale_.Update(overflow);
-  if (overflow) RETURN_IF_ERROR(ops_->Zero(param_total_, grad_compute_));
+  if (overflow) RETURN_IF_ERROR(ops_->ZeroFloats(param_total_, grad_compute_));
   return overflow;
 }
 
@@ -1543,12 +1650,15 @@ absl::Status Model::ApplyOptimizerOnDevice(OptimizerKind kind, const OptimizerHy
 
 absl::Status Model::Synchronize() { return ops_->Synchronize(); }
 
-int64_t Model::compute_bytes() const {
+Model::ComputeMemory Model::compute_memory() const {
   const model_internal::Storage& st = *storage_;
-  int64_t bytes = st.params.bytes() + st.grads.bytes() + st.state.bytes() + st.slots.bytes() +
-                  st.features.bytes() + st.labels.bytes();
-  bytes += st.arena.bytes();
-  return bytes + ops_->fixed_bytes();
+  ComputeMemory m;
+  m.parameters = st.params.bytes() + st.grads.bytes() + st.state.bytes() + st.slots.bytes();
+  m.activations =
+      st.arena.bytes() + st.input_activations.bytes() + st.features.bytes() + st.labels.bytes();
+  m.workspace = ops_->workspace_bytes();
+  m.weight_copies = ops_->weight_copy_bytes();
+  return m;
 }
 
 }  // namespace downpour

@@ -43,6 +43,7 @@
 
 namespace downpour {
 namespace model_internal {
+class Act;
 class Layer;
 class Ops;
 struct Buffer;
@@ -105,13 +106,12 @@ struct ModelOptions {
   // (diagnostics and tests); see kernels::cuda::ConvLayout.
   enum class ConvLayout { kAuto, kNhwc, kNchw };
   ConvLayout conv_layout = ConvLayout::kAuto;
-  // Compute precision of dense layers and convolutions on a GPU (see
-  // proto/job.proto). The CPU path runs every precision in fp32 (and says so
-  // on stderr once per model).
+  // Compute precision on a GPU (see proto/job.proto): bf16/fp16 keep
+  // activations and their gradients in that type and multiply on tensor
+  // cores; parameters, their gradients, statistics and optimizer state stay
+  // fp32. The CPU path runs every precision in fp32 (and says so on stderr
+  // once per model).
   Precision precision = FP32;
-  // Tests: every convolution that can runs in the reduced precision, never
-  // the fp32 plan measured faster (see kernels::cuda::CudaContext).
-  bool always_reduced_convs = false;
   // FP16's first loss scale (tests force an overflow with a huge one).
   double initial_loss_scale = DynamicLossScale::kDefaultInitial;
 };
@@ -217,9 +217,15 @@ class Model {
   absl::Status Synchronize();
   // Copies param(id) (host) to the compute memory, queued.
   absl::Status ParamsToDevice();
-  // Bytes of compute memory the model holds now (parameters, gradients,
-  // slots, activations, scratch, the GPU workspace).
-  int64_t compute_bytes() const;
+  // Compute memory the model holds now, by use.
+  struct ComputeMemory {
+    int64_t parameters = 0;     // Parameters, gradients, optimizer slots, state.
+    int64_t activations = 0;    // The activation arena and the staged batch.
+    int64_t workspace = 0;      // The GPU's scratch (cuDNN's and ours).
+    int64_t weight_copies = 0;  // bf16/fp16 copies of the weights.
+    int64_t total() const { return parameters + activations + workspace + weight_copies; }
+  };
+  ComputeMemory compute_memory() const;
 
  private:
   Model(ModelShape shape, uint64_t seed, int device, std::string device_name, Precision precision,
@@ -241,7 +247,7 @@ class Model {
   // is active only when training.
   absl::Status Forward(int64_t batch, bool training, int64_t step);
   absl::Status Backward(int64_t batch);
-  const float* Activation(int buffer) const;
+  model_internal::Act Activation(int buffer) const;
 
   const ModelShape shape_;
   const uint64_t seed_;
@@ -275,6 +281,9 @@ class Model {
   std::vector<int> buffer_of_layer_;  // -1 for the loss (scalar output).
   int64_t capacity_ = 0;              // Largest batch the buffers hold.
   bool profiling_ = false;            // Forward/Backward mark each layer.
+  // Activations are of a reduced type and some layer other than an
+  // embedding reads the model input: Forward converts it first.
+  bool input_to_activations_ = false;
 };
 
 }  // namespace downpour

@@ -238,7 +238,6 @@ std::unique_ptr<Model> MakeModelIn(int device, Precision precision, double initi
   options.device = device;
   options.precision = precision;
   options.initial_loss_scale = initial_scale;
-  options.always_reduced_convs = true;
   auto model = Model::Create(ParseSpec(kSmallNet), /*seed=*/7, options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(model).value() : nullptr;
@@ -477,7 +476,6 @@ TEST_F(ModelGpuTest, ConvolutionWithFusedReluMatchesTheCpuAndFp32) {
     ModelOptions options;
     options.device = device;
     options.precision = precision;
-    options.always_reduced_convs = true;
     auto model = Model::Create(ParseSpec(kConvReluNet), /*seed=*/11, options);
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? std::move(model).value() : nullptr;

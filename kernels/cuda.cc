@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -122,21 +123,15 @@ struct ConvPlan {
   size_t in_bytes = 0, out_bytes = 0, filter_bytes = 0;
   bool chosen = false;
   bool fwd_nchw = false, bwd_nchw = false;
-  // bf16/fp16 contexts: NHWC tensor-core convolution on reduced copies in
-  // the workspace (input, output, filter, each aligned). Not for padded
-  // plans, nor where cuDNN has no algorithm (reduced_ok false): those run
-  // in fp32.
+  // What cuDNN convolves: the (padded) input's size and its padding.
+  int64_t conv_in_h = 0, conv_in_w = 0, conv_pad_h = 0, conv_pad_w = 0;
+  // bf16/fp16 contexts: the NHWC tensor-op variant on the reduced tensors;
+  // reduced_ok false where cuDNN has no algorithm for it (fp32 then runs on
+  // converted copies). Bytes of one reduced (padded) input and filter,
+  // aligned.
   ConvVariant reduced;
   bool reduced_chosen = false, reduced_ok = false;
-  bool fwd_reduced = false, bwd_reduced = false;  // Measured faster than fp32.
-  size_t in16_bytes = 0, out16_bytes = 0, filter16_bytes = 0;
-  // cudnnFind's time can miss what the chosen reduced backward takes on the
-  // real tensors (ResNet-18's 1x1 stride-2 shortcut: 0.33 ms found, 1.97 ms
-  // in the step), so its second call (the first loads kernels) is timed
-  // with events and the backward goes fp32 for good where that measured
-  // time exceeds the fp32 plan's estimate (bwd_fp32_ms).
-  int bwd_reduced_calls = 0;
-  double bwd_fp32_ms = kUnmeasured;
+  size_t in16_bytes = 0, filter16_bytes = 0;
 };
 
 absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64_t in_h,
@@ -160,17 +155,19 @@ cudnnDataType_t ReducedCudnnType(ComputePrecision c) {
   return c == ComputePrecision::kFp16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
 }
 
-absl::Status MakeReducedVariant(const WindowShape& s, cudnnDataType_t type, ConvVariant* v) {
+absl::Status MakeReducedVariant(const WindowShape& s, cudnnDataType_t type, const ConvPlan& p,
+                                ConvVariant* v) {
   CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->x.d, CUDNN_TENSOR_NHWC, type, AsInt(s.batch),
-                                                   AsInt(s.in_c), AsInt(s.in_h), AsInt(s.in_w)));
+                                                   AsInt(s.in_c), AsInt(p.conv_in_h),
+                                                   AsInt(p.conv_in_w)));
   CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->y.d, CUDNN_TENSOR_NHWC, type, AsInt(s.batch),
                                                    AsInt(s.out_c), AsInt(s.out_h), AsInt(s.out_w)));
   CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(v->w.d, type, CUDNN_TENSOR_NHWC, AsInt(s.out_c),
                                                    AsInt(s.in_c), AsInt(s.kernel_h),
                                                    AsInt(s.kernel_w)));
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
-      v->conv.d, AsInt(s.pad_top), AsInt(s.pad_left), AsInt(s.stride_h), AsInt(s.stride_w), 1, 1,
-      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+      v->conv.d, AsInt(p.conv_pad_h), AsInt(p.conv_pad_w), AsInt(s.stride_h), AsInt(s.stride_w), 1,
+      1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, CUDNN_TENSOR_OP_MATH));
   return absl::OkStatus();
 }
@@ -187,6 +184,10 @@ absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
     pad_h = pad_w = 0;
     p->padded_bytes = Aligned(sizeof(float) * s.batch * in_h * in_w * s.in_c);
   }
+  p->conv_in_h = in_h;
+  p->conv_in_w = in_w;
+  p->conv_pad_h = pad_h;
+  p->conv_pad_w = pad_w;
   p->in_bytes = Aligned(sizeof(float) * s.batch * in_h * in_w * s.in_c);
   p->out_bytes = Aligned(sizeof(float) * s.batch * s.out_elements());
   p->filter_bytes = Aligned(sizeof(float) * s.out_c * s.patch_elements());
@@ -395,6 +396,7 @@ CudaContext::~CudaContext() {
   if (stream != nullptr) cudaStreamSynchronize(stream);
   if (scratch != nullptr) cudaFree(scratch);
   if (workspace != nullptr) cudaFree(workspace);
+  if (staging != nullptr) cudaFree(staging);
   if (cudnn != nullptr) cudnnDestroy(cudnn);
   if (cublas != nullptr) cublasDestroy(cublas);
   if (stream != nullptr) cudaStreamDestroy(stream);
@@ -481,134 +483,155 @@ absl::Status Gemm(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, 
 
 namespace {
 
-bool Reduced(const CudaContext& ctx) { return ctx.compute != ComputePrecision::kFp32; }
-bool Fp16(const CudaContext& ctx) { return ctx.compute == ComputePrecision::kFp16; }
+template <typename T>
+constexpr bool kIsFloat = std::is_same_v<T, float>;
+
+// The cuBLAS / cuDNN names of the activation types.
+template <typename T>
+constexpr cudaDataType_t CudaType() {
+  return kIsFloat<T> ? CUDA_R_32F : std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
+}
+template <typename T>
+constexpr ComputePrecision PrecisionOf() {
+  return kIsFloat<T>                    ? ComputePrecision::kFp32
+         : std::is_same_v<T, __half> ? ComputePrecision::kFp16
+                                        : ComputePrecision::kBf16;
+}
+
+// The ops that multiply read reduced weight copies of the context's type:
+// their activations must be of that type too.
+template <typename T>
+absl::Status CheckType(const CudaContext& ctx, const char* what) {
+  if (ctx.compute == PrecisionOf<T>()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": activations of ", sizeof(T), "-byte type in a context of precision ",
+                   static_cast<int>(ctx.compute)));
+}
+
 size_t Reduced16Bytes(int64_t elements) { return Aligned(2 * static_cast<size_t>(elements)); }
 
-absl::Status ToReduced(const CudaContext& ctx, int64_t n, const float* x, void* y) {
-  return FromCuda(k::CastToReduced(ctx.stream, n, x, y, Fp16(ctx)), "CastToReduced");
+template <typename S, typename D>
+absl::Status ConvertOn(const CudaContext& ctx, int64_t n, const S* x, D* y, const float* bias,
+                       int64_t channels, bool accumulate, bool relu) {
+  if (n == 0) return absl::OkStatus();
+  return FromCuda(k::Convert<S, D>(ctx.stream, n, x, y, bias, channels, accumulate, relu),
+                  "Convert");
 }
 
-absl::Status FromReduced(const CudaContext& ctx, int64_t n, const void* x, float* y,
-                         const float* bias, int64_t channels, bool accumulate, bool relu = false) {
-  return FromCuda(
-      k::CastFromReduced(ctx.stream, n, x, y, Fp16(ctx), bias, channels, accumulate, relu),
-      "CastFromReduced");
-}
-
-// The reduced copy of the `n` weights at `w`: the registered one
-// (CastReducedWeights), or `w` cast into `scratch`.
-absl::StatusOr<const void*> WeightsToReduced(const CudaContext& ctx, int64_t n, const float* w,
-                                             void* scratch) {
+// The reduced copy (of type T) of the `n` weights at `w`: the registered one
+// (CastReducedWeights), or `w` converted into `scratch`.
+template <typename T>
+absl::StatusOr<const T*> WeightsToReduced(const CudaContext& ctx, int64_t n, const float* w,
+                                          void* scratch) {
   if (ctx.reduced_weights != nullptr) {
     auto it = ctx.reduced_weights->copy_of.find(w);
-    if (it != ctx.reduced_weights->copy_of.end()) return it->second;
+    if (it != ctx.reduced_weights->copy_of.end()) return static_cast<const T*>(it->second);
   }
-  STATUS_RETURN_IF_ERROR(ToReduced(ctx, n, w, scratch));
-  return static_cast<const void*>(scratch);
+  T* copy = static_cast<T*>(scratch);
+  STATUS_RETURN_IF_ERROR(ConvertOn(ctx, n, w, copy, nullptr, 1, false, false));
+  return static_cast<const T*>(copy);
 }
 
-// Row-major C (fp32) = alpha op(A) op(B) + beta C, A and B of the context's
-// reduced type, fp32 accumulation on tensor cores.
-absl::Status GemmReduced(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
-                         int64_t n, int64_t k_dim, float alpha, const void* a, const void* b,
-                         float beta, float* c) {
+// Row-major C = alpha op(A) op(B) + beta C on tensor cores with fp32
+// accumulation; A and B of type `ab`, C of type `c_type`.
+absl::Status GemmMixed(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
+                       int64_t n, int64_t k_dim, float alpha, const void* a, const void* b,
+                       cudaDataType_t ab, float beta, void* c, cudaDataType_t c_type) {
   if (m == 0 || n == 0) return absl::OkStatus();
-  if (k_dim == 0) return FromCuda(k::Scale(ctx.stream, m * n, beta, c), "Scale");
+  if (k_dim == 0) {
+    // Shapes are validated non-empty; keep the BLAS meaning all the same.
+    if (beta != 0.f) return absl::InvalidArgumentError("GemmMixed: k = 0 with beta != 0");
+    const size_t element = c_type == CUDA_R_32F ? 4 : 2;
+    return FromCuda(cudaMemsetAsync(c, 0, element * m * n, ctx.stream), "cudaMemsetAsync");
+  }
   const int lda = AsInt(trans_a == Transpose::kYes ? m : k_dim);
   const int ldb = AsInt(trans_b == Transpose::kYes ? k_dim : n);
-  const cudaDataType_t type = Fp16(ctx) ? CUDA_R_16F : CUDA_R_16BF;
   return FromCublas(cublasGemmEx(ctx.cublas, trans_b == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N,
                                  trans_a == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N, AsInt(n),
-                                 AsInt(m), AsInt(k_dim), &alpha, b, type, ldb, a, type, lda, &beta,
-                                 c, CUDA_R_32F, AsInt(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                 AsInt(m), AsInt(k_dim), &alpha, b, ab, ldb, a, ab, lda, &beta, c,
+                                 c_type, AsInt(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                     "cublasGemmEx");
 }
 
 }  // namespace
 
-absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
-                          const float* x, const float* w, const float* bias, float* y) {
-  if (Reduced(ctx)) {
-    const size_t x_bytes = Reduced16Bytes(batch * in);
-    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, x_bytes + Reduced16Bytes(in * out)));
-    char* base = static_cast<char*>(ctx.workspace);
-    STATUS_RETURN_IF_ERROR(ToReduced(ctx, batch * in, x, base));
-    absl::StatusOr<const void*> w16 = WeightsToReduced(ctx, in * out, w, base + x_bytes);
-    if (!w16.ok()) return w16.status();
-    if (bias != nullptr) {
-      CUDA_RETURN_IF_ERROR(k::BroadcastRows(ctx.stream, batch, out, bias, y));
-    }
-    return GemmReduced(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, base, *w16,
-                       bias != nullptr ? 1.f : 0.f, y);
-  }
-  if (bias != nullptr) {
-    CUDA_RETURN_IF_ERROR(k::BroadcastRows(ctx.stream, batch, out, bias, y));
-  }
-  return Gemm(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, x, w,
-              bias != nullptr ? 1.f : 0.f, y);
+template <typename S, typename D>
+absl::Status Convert(const CudaContext& ctx, int64_t n, const S* x, D* y) {
+  return ConvertOn(ctx, n, x, y, nullptr, 1, false, false);
 }
 
-absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
-                           const float* x, const float* w, const float* dy, float* dx,
-                           Write dx_write, float* dw, float* dbias, Write param_write) {
-  if (Reduced(ctx)) {
-    // dbias first: its partials use the workspace the casts then reuse.
-    if (dbias != nullptr) {
-      absl::StatusOr<float*> partials = ColumnScratch(ctx, batch, out, 0);
-      if (!partials.ok()) return partials.status();
-      CUDA_RETURN_IF_ERROR(
-          k::ColumnSumFast(ctx.stream, batch, out, dy, dbias, Acc(param_write), *partials));
-    }
-    const size_t x_bytes = Reduced16Bytes(batch * in), dy_bytes = Reduced16Bytes(batch * out);
-    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, x_bytes + dy_bytes + Reduced16Bytes(in * out)));
-    char* base = static_cast<char*>(ctx.workspace);
-    char* x16 = base;
-    char* dy16 = base + x_bytes;
-    char* w16 = dy16 + dy_bytes;
-    STATUS_RETURN_IF_ERROR(ToReduced(ctx, batch * in, x, x16));
-    STATUS_RETURN_IF_ERROR(ToReduced(ctx, batch * out, dy, dy16));
-    STATUS_RETURN_IF_ERROR(GemmReduced(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f,
-                                       x16, dy16, Acc(param_write) ? 1.f : 0.f, dw));
-    if (dx == nullptr) return absl::OkStatus();
-    absl::StatusOr<const void*> w_reduced = WeightsToReduced(ctx, in * out, w, w16);
-    if (!w_reduced.ok()) return w_reduced.status();
-    return GemmReduced(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy16, *w_reduced,
-                       Acc(dx_write) ? 1.f : 0.f, dx);
+template <typename T>
+absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
+                          const T* x, const float* w, const float* bias, T* y) {
+  STATUS_RETURN_IF_ERROR(CheckType<T>(ctx, "DenseForward"));
+  if (bias != nullptr) {
+    CUDA_RETURN_IF_ERROR(k::BroadcastRows<T>(ctx.stream, batch, out, bias, y));
   }
-  STATUS_RETURN_IF_ERROR(Gemm(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f, x, dy,
-                              Acc(param_write) ? 1.f : 0.f, dw));
+  const float beta = bias != nullptr ? 1.f : 0.f;
+  if constexpr (kIsFloat<T>) {
+    return Gemm(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, x, w, beta, y);
+  } else {
+    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Reduced16Bytes(in * out)));
+    absl::StatusOr<const T*> w16 = WeightsToReduced<T>(ctx, in * out, w, ctx.workspace);
+    if (!w16.ok()) return w16.status();
+    return GemmMixed(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, x, *w16,
+                     CudaType<T>(), beta, y, CudaType<T>());
+  }
+}
+
+template <typename T>
+absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
+                           const T* x, const float* w, const T* dy, T* dx, Write dx_write,
+                           float* dw, float* dbias, Write param_write) {
+  STATUS_RETURN_IF_ERROR(CheckType<T>(ctx, "DenseBackward"));
+  // dbias first: its partials use the workspace the weight copy then reuses.
   if (dbias != nullptr) {
     absl::StatusOr<float*> partials = ColumnScratch(ctx, batch, out, 0);
     if (!partials.ok()) return partials.status();
     CUDA_RETURN_IF_ERROR(
-        k::ColumnSumFast(ctx.stream, batch, out, dy, dbias, Acc(param_write), *partials));
+        k::ColumnSumFast<T>(ctx.stream, batch, out, dy, dbias, Acc(param_write), *partials));
   }
-  if (dx != nullptr) {
-    STATUS_RETURN_IF_ERROR(Gemm(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy, w,
-                                Acc(dx_write) ? 1.f : 0.f, dx));
+  const float param_beta = Acc(param_write) ? 1.f : 0.f;
+  const float dx_beta = Acc(dx_write) ? 1.f : 0.f;
+  if constexpr (kIsFloat<T>) {
+    STATUS_RETURN_IF_ERROR(
+        Gemm(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f, x, dy, param_beta, dw));
+    if (dx == nullptr) return absl::OkStatus();
+    return Gemm(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy, w, dx_beta, dx);
+  } else {
+    STATUS_RETURN_IF_ERROR(GemmMixed(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f, x,
+                                     dy, CudaType<T>(), param_beta, dw, CUDA_R_32F));
+    if (dx == nullptr) return absl::OkStatus();
+    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Reduced16Bytes(in * out)));
+    absl::StatusOr<const T*> w16 = WeightsToReduced<T>(ctx, in * out, w, ctx.workspace);
+    if (!w16.ok()) return w16.status();
+    return GemmMixed(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy, *w16,
+                     CudaType<T>(), dx_beta, dx, CudaType<T>());
   }
-  return absl::OkStatus();
 }
 
-absl::Status ReluForward(const CudaContext& ctx, int64_t n, const float* x, float* y) {
-  return FromCuda(k::ReluForward(ctx.stream, n, x, y), "ReluForward");
+template <typename T>
+absl::Status ReluForward(const CudaContext& ctx, int64_t n, const T* x, T* y) {
+  return FromCuda(k::ReluForward<T>(ctx.stream, n, x, y), "ReluForward");
 }
 
-absl::Status ReluBackward(const CudaContext& ctx, int64_t n, const float* x, const float* dy,
-                          float* dx, Write dx_write) {
-  return FromCuda(k::ReluBackward(ctx.stream, n, x, dy, dx, Acc(dx_write)), "ReluBackward");
+template <typename T>
+absl::Status ReluBackward(const CudaContext& ctx, int64_t n, const T* y, const T* dy, T* dx,
+                          Write dx_write) {
+  return FromCuda(k::ReluBackward<T>(ctx.stream, n, y, dy, dx, Acc(dx_write)), "ReluBackward");
 }
 
+template <typename T>
 absl::Status DropoutForward(const CudaContext& ctx, int64_t n, float rate, uint64_t seed,
-                            uint64_t step, const float* x, float* y, uint8_t* mask) {
-  return FromCuda(k::DropoutForward(ctx.stream, n, rate, Mix(seed ^ Mix(step)), x, y, mask),
+                            uint64_t step, const T* x, T* y, uint8_t* mask) {
+  return FromCuda(k::DropoutForward<T>(ctx.stream, n, rate, Mix(seed ^ Mix(step)), x, y, mask),
                   "DropoutForward");
 }
 
+template <typename T>
 absl::Status DropoutBackward(const CudaContext& ctx, int64_t n, float rate, const uint8_t* mask,
-                             const float* dy, float* dx, Write dx_write) {
-  return FromCuda(k::DropoutBackward(ctx.stream, n, rate, mask, dy, dx, Acc(dx_write)),
+                             const T* dy, T* dx, Write dx_write) {
+  return FromCuda(k::DropoutBackward<T>(ctx.stream, n, rate, mask, dy, dx, Acc(dx_write)),
                   "DropoutBackward");
 }
 
@@ -618,8 +641,8 @@ absl::Status SoftmaxCrossEntropy(const CudaContext& ctx, int64_t batch, int64_t 
   auto* loss_sum = static_cast<double*>(ctx.scratch);
   auto* correct = reinterpret_cast<unsigned long long*>(loss_sum + 1);
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ctx.scratch, 0, 16, ctx.stream));
-  CUDA_RETURN_IF_ERROR(k::SoftmaxCrossEntropy(ctx.stream, batch, classes, logits, labels, dlogits,
-                                              loss_sum, correct));
+  CUDA_RETURN_IF_ERROR(k::SoftmaxCrossEntropy<float>(ctx.stream, batch, classes, logits, labels,
+                                                     dlogits, 1.f, loss_sum, correct));
   struct {
     double loss_sum;
     unsigned long long correct;
@@ -633,26 +656,24 @@ absl::Status SoftmaxCrossEntropy(const CudaContext& ctx, int64_t batch, int64_t 
   return absl::OkStatus();
 }
 
+template <typename T>
 absl::Status SoftmaxCrossEntropyAsync(const CudaContext& ctx, int64_t batch, int64_t classes,
-                                      const float* logits, const int32_t* labels, float* dlogits,
-                                      double* loss_sum, unsigned long long* correct) {
-  return FromCuda(k::SoftmaxCrossEntropy(ctx.stream, batch, classes, logits, labels, dlogits,
-                                         loss_sum, correct),
+                                      const T* logits, const int32_t* labels, T* dlogits,
+                                      float dlogits_scale, double* loss_sum,
+                                      unsigned long long* correct) {
+  return FromCuda(k::SoftmaxCrossEntropy<T>(ctx.stream, batch, classes, logits, labels, dlogits,
+                                            dlogits_scale, loss_sum, correct),
                   "SoftmaxCrossEntropy");
 }
 
-absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const float* x, float* y, Write write) {
+template <typename T>
+absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const T* x, T* y, Write write) {
   if (!Acc(write)) {
     if (x == y || n == 0) return absl::OkStatus();
-    return FromCuda(cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream),
+    return FromCuda(cudaMemcpyAsync(y, x, n * sizeof(T), cudaMemcpyDeviceToDevice, ctx.stream),
                     "cudaMemcpyAsync");
   }
-  return FromCuda(k::CopyOrAdd(ctx.stream, n, x, y, true), "CopyOrAdd");
-}
-
-absl::Status Scale(const CudaContext& ctx, int64_t n, float alpha, float* x) {
-  if (n == 0) return absl::OkStatus();
-  return FromCuda(k::Scale(ctx.stream, n, alpha, x), "Scale");
+  return FromCuda(k::CopyOrAdd<T>(ctx.stream, n, x, y, true), "CopyOrAdd");
 }
 
 absl::Status UnscaleCheckFinite(const CudaContext& ctx, int64_t n, float inv_scale, float* g,
@@ -660,12 +681,14 @@ absl::Status UnscaleCheckFinite(const CudaContext& ctx, int64_t n, float inv_sca
   return FromCuda(k::UnscaleCheckFinite(ctx.stream, n, inv_scale, g, flag), "UnscaleCheckFinite");
 }
 
-absl::Status Zero(const CudaContext& ctx, int64_t n, float* x) {
-  return FromCuda(cudaMemsetAsync(x, 0, n * sizeof(float), ctx.stream), "cudaMemsetAsync");
+template <typename T>
+absl::Status Zero(const CudaContext& ctx, int64_t n, T* x) {
+  return FromCuda(cudaMemsetAsync(x, 0, n * sizeof(T), ctx.stream), "cudaMemsetAsync");
 }
 
-absl::Status Add(const CudaContext& ctx, int64_t n, const float* a, const float* b, float* y) {
-  return FromCuda(k::Add(ctx.stream, n, a, b, y), "Add");
+template <typename T>
+absl::Status Add(const CudaContext& ctx, int64_t n, const T* a, const T* b, T* y) {
+  return FromCuda(k::Add<T>(ctx.stream, n, a, b, y), "Add");
 }
 
 // ------------------------------------------------------------ convolution
@@ -800,93 +823,63 @@ absl::Status ChooseLayouts(const CudaContext& ctx, const WindowShape& s, ConvPla
   return absl::OkStatus();
 }
 
+// The reduced backward's scratch before cuDNN's workspace: the padded input
+// and its gradient (padded plans), the filter gradient, and room for a
+// filter copy.
 size_t ReducedBackwardScratch(const ConvPlan& p) {
-  return 2 * p.in16_bytes + p.out16_bytes + 2 * p.filter16_bytes;
+  return 2 * (p.padded ? p.in16_bytes : 0) + 2 * p.filter16_bytes;
 }
 
-// bf16/fp16 contexts: measures the tensor-core NHWC variant the first time
-// `s` is seen. A shape cuDNN cannot run reduced stays on the fp32 path.
+// bf16/fp16 contexts: the tensor-op NHWC variant on the reduced tensors
+// (padded plans convolve a padded copy), measured the first time `s` is
+// seen. A shape cuDNN cannot run reduced (reduced_ok false) runs the fp32
+// plan on converted copies.
 void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
   if (p->reduced_chosen) return;
   p->reduced_chosen = true;
-  if (p->padded) return;
-  p->in16_bytes = Reduced16Bytes(s.batch * s.in_h * s.in_w * s.in_c);
-  p->out16_bytes = Reduced16Bytes(s.batch * s.out_elements());
+  p->in16_bytes = Reduced16Bytes(s.batch * p->conv_in_h * p->conv_in_w * s.in_c);
   p->filter16_bytes = Reduced16Bytes(s.out_c * s.patch_elements());
-  absl::Status st = MakeReducedVariant(s, ReducedCudnnType(ctx.compute), &p->reduced);
+  absl::Status st = MakeReducedVariant(s, ReducedCudnnType(ctx.compute), *p, &p->reduced);
   if (st.ok()) {
     st = FindAlgorithms(ctx, s, "reduced", kMaxWorkspaceBytes - ReducedBackwardScratch(*p),
                         &p->reduced, /*fma_only=*/false);
   }
   p->reduced_ok = st.ok();
-  if (!st.ok()) {
-    if (log_conv_plans.load()) {
-      std::fprintf(stderr, "conv reduced precision unavailable, fp32 instead: %s\n",
-                   std::string(st.message()).c_str());
-    }
-    return;
-  }
-  p->fwd_reduced = p->bwd_reduced = true;
-  if (ctx.always_reduced_convs) return;
-  // Some shapes (one input channel, tiny images) have no fast reduced
-  // kernel: weigh each direction against the fp32 plan, casts included
-  // (4-byte read + 2-byte write, or back).
-  if (!ChooseLayouts(ctx, s, p).ok()) return;
-  auto cast_ms = [](size_t bytes16) {
-    return 3.0 * static_cast<double>(bytes16) / kTransposeBytesPerMs;
-  };
-  const double fwd_fp32 = p->fwd_nchw ? p->nchw.fwd_ms + TransposeMs(p->in_bytes) +
-                                            TransposeMs(p->filter_bytes) + TransposeMs(p->out_bytes)
-                                      : p->nhwc.fwd_ms;
-  const double bwd_fp32 =
-      p->bwd_nchw ? p->nchw.bwd_filter_ms + p->nchw.bwd_data_ms + 2 * TransposeMs(p->in_bytes) +
-                        TransposeMs(p->out_bytes) + 2 * TransposeMs(p->filter_bytes)
-                  : p->nhwc.bwd_filter_ms + p->nhwc.bwd_data_ms;
-  const double fwd_reduced = p->reduced.fwd_ms + cast_ms(p->in16_bytes) +
-                             cast_ms(p->filter16_bytes) + cast_ms(p->out16_bytes);
-  const double bwd_reduced = p->reduced.bwd_filter_ms + p->reduced.bwd_data_ms +
-                             2 * cast_ms(p->in16_bytes) + cast_ms(p->out16_bytes) +
-                             2 * cast_ms(p->filter16_bytes);
-  p->fwd_reduced = fwd_reduced < fwd_fp32;
-  p->bwd_reduced = bwd_reduced < bwd_fp32;
-  p->bwd_fp32_ms = bwd_fp32;
-  if (log_conv_plans.load()) {
-    std::fprintf(stderr,
-                 "conv precision n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: forward "
-                 "reduced %.3f fp32 %.3f ms -> %s; backward reduced %.3f fp32 %.3f ms -> %s\n",
-                 static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
-                 static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
-                 static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
-                 static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h), fwd_reduced,
-                 fwd_fp32, p->fwd_reduced ? "reduced" : "fp32", bwd_reduced, bwd_fp32,
-                 p->bwd_reduced ? "reduced" : "fp32");
+  if (!st.ok() && log_conv_plans.load()) {
+    std::fprintf(stderr, "conv reduced precision unavailable, fp32 instead: %s\n",
+                 std::string(st.message()).c_str());
   }
 }
 
+template <typename T>
 absl::Status Conv2dForwardReduced(const CudaContext& ctx, const WindowShape& s, const ConvPlan& p,
-                                  const float* x, const float* w, const float* bias, float* y,
-                                  bool relu) {
+                                  const T* x, const float* w, const float* bias, T* y, bool relu) {
   const ConvVariant& v = p.reduced;
-  const size_t scratch = p.in16_bytes + p.filter16_bytes + p.out16_bytes;
+  const size_t padded = p.padded ? p.in16_bytes : 0;
+  const size_t scratch = padded + p.filter16_bytes;
   STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, scratch + v.fwd_bytes));
   char* base = static_cast<char*>(ctx.workspace);
-  char* x16 = base;
-  char* w16 = x16 + p.in16_bytes;
-  char* y16 = w16 + p.filter16_bytes;
-  STATUS_RETURN_IF_ERROR(ToReduced(ctx, s.batch * s.in_h * s.in_w * s.in_c, x, x16));
-  absl::StatusOr<const void*> w_reduced =
-      WeightsToReduced(ctx, s.out_c * s.patch_elements(), w, w16);
-  if (!w_reduced.ok()) return w_reduced.status();
+  const T* input = x;
+  if (p.padded) {
+    T* copy = reinterpret_cast<T*>(base);
+    CUDA_RETURN_IF_ERROR(k::PadImages<T>(ctx.stream, s, p.padded_h, p.padded_w, x, copy));
+    input = copy;
+  }
+  absl::StatusOr<const T*> w16 =
+      WeightsToReduced<T>(ctx, s.out_c * s.patch_elements(), w, base + padded);
+  if (!w16.ok()) return w16.status();
   const float one = 1.f, zero = 0.f;
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, x16, v.w.d, *w_reduced,
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, input, v.w.d, *w16,
                                                 v.conv.d, v.fwd_algo, base + scratch,
-                                                ctx.workspace_bytes - scratch, &zero, v.y.d, y16));
-  return FromReduced(ctx, s.batch * s.out_elements(), y16, y, bias, s.out_c, false, relu);
+                                                ctx.workspace_bytes - scratch, &zero, v.y.d, y));
+  if (bias == nullptr && !relu) return absl::OkStatus();
+  return ConvertOn(ctx, s.batch * s.out_elements(), y, y, bias, s.out_c, false, relu);
 }
 
+template <typename T>
 absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s, const ConvPlan& p,
-                                   const float* x, const float* w, const float* dy, float* dx,
-                                   Write dx_write, float* dw, float* dbias, Write param_write) {
+                                   const T* x, const float* w, const T* dy, T* dx, Write dx_write,
+                                   float* dw, float* dbias, Write param_write) {
   const ConvVariant& v = p.reduced;
   const size_t scratch = ReducedBackwardScratch(p);
   const size_t bias_scratch = dbias != nullptr ? BiasScratch(s) : 0;
@@ -894,72 +887,59 @@ absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
       ctx, scratch + std::max({v.bwd_filter_bytes, dx != nullptr ? v.bwd_data_bytes : size_t{0},
                                bias_scratch})));
   char* base = static_cast<char*>(ctx.workspace);
-  char* x16 = base;
-  char* dx16 = x16 + p.in16_bytes;
-  char* dy16 = dx16 + p.in16_bytes;
-  char* w16 = dy16 + p.out16_bytes;
-  char* dw16 = w16 + p.filter16_bytes;
+  const size_t padded = p.padded ? p.in16_bytes : 0;
+  T* x_padded = reinterpret_cast<T*>(base);
+  T* dx_padded = reinterpret_cast<T*>(base + padded);
+  T* dw16 = reinterpret_cast<T*>(base + 2 * padded);
+  char* w16_scratch = base + 2 * padded + p.filter16_bytes;
   char* free_space = base + scratch;
   const size_t free_bytes = ctx.workspace_bytes - scratch;
   if (dbias != nullptr) {
-    CUDA_RETURN_IF_ERROR(k::ColumnSumFast(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
-                                          dbias, Acc(param_write),
-                                          reinterpret_cast<float*>(free_space)));
+    CUDA_RETURN_IF_ERROR(k::ColumnSumFast<T>(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
+                                             dbias, Acc(param_write),
+                                             reinterpret_cast<float*>(free_space)));
   }
-  const int64_t in_n = s.batch * s.in_h * s.in_w * s.in_c;
+  const T* input = x;
+  if (p.padded) {
+    CUDA_RETURN_IF_ERROR(k::PadImages<T>(ctx.stream, s, p.padded_h, p.padded_w, x, x_padded));
+    input = x_padded;
+  }
   const int64_t filter_n = s.out_c * s.patch_elements();
-  STATUS_RETURN_IF_ERROR(ToReduced(ctx, in_n, x, x16));
-  STATUS_RETURN_IF_ERROR(ToReduced(ctx, s.batch * s.out_elements(), dy, dy16));
   const float one = 1.f, zero = 0.f;
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, x16, v.y.d, dy16,
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, input, v.y.d, dy,
                                                        v.conv.d, v.bwd_filter_algo, free_space,
                                                        free_bytes, &zero, v.w.d, dw16));
-  STATUS_RETURN_IF_ERROR(FromReduced(ctx, filter_n, dw16, dw, nullptr, 1, Acc(param_write)));
+  STATUS_RETURN_IF_ERROR(ConvertOn(ctx, filter_n, dw16, dw, nullptr, 1, Acc(param_write), false));
   if (dx == nullptr) return absl::OkStatus();
-  absl::StatusOr<const void*> w_reduced = WeightsToReduced(ctx, filter_n, w, w16);
-  if (!w_reduced.ok()) return w_reduced.status();
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, *w_reduced, v.y.d,
-                                                     dy16, v.conv.d, v.bwd_data_algo, free_space,
-                                                     free_bytes, &zero, v.x.d, dx16));
-  return FromReduced(ctx, in_n, dx16, dx, nullptr, 1, Acc(dx_write));
+  absl::StatusOr<const T*> w16 = WeightsToReduced<T>(ctx, filter_n, w, w16_scratch);
+  if (!w16.ok()) return w16.status();
+  if (!p.padded) {
+    const float dx_beta = Acc(dx_write) ? 1.f : 0.f;
+    CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, *w16, v.y.d, dy,
+                                                       v.conv.d, v.bwd_data_algo, free_space,
+                                                       free_bytes, &dx_beta, v.x.d, dx));
+    return absl::OkStatus();
+  }
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, *w16, v.y.d, dy,
+                                                     v.conv.d, v.bwd_data_algo, free_space,
+                                                     free_bytes, &zero, v.x.d, dx_padded));
+  return FromCuda(
+      k::CropImages<T>(ctx.stream, s, p.padded_h, p.padded_w, dx_padded, dx, Acc(dx_write)),
+      "CropImages");
 }
 
-// Conv2dBackwardReduced timed with events on the real tensors; a backward
-// slower than the fp32 plan's estimate runs fp32 from the next call on.
-absl::Status TimedBackwardReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p,
-                                  const float* x, const float* w, const float* dy, float* dx,
-                                  Write dx_write, float* dw, float* dbias, Write param_write) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  cudaError_t e = cudaEventCreate(&stop);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(start);
-    return FromCuda(e, "cudaEventCreate");
+// The context's staging scratch, grown to `bytes` (waiting for queued work,
+// which may still use the old one).
+absl::StatusOr<char*> Staging(const CudaContext& ctx, size_t bytes) {
+  if (bytes > ctx.staging_bytes) {
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    if (ctx.staging != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(ctx.staging));
+    ctx.staging = nullptr;
+    ctx.staging_bytes = 0;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&ctx.staging, bytes));
+    ctx.staging_bytes = bytes;
   }
-  e = cudaEventRecord(start, ctx.stream);
-  absl::Status st =
-      Conv2dBackwardReduced(ctx, s, *p, x, w, dy, dx, dx_write, dw, dbias, param_write);
-  if (e == cudaSuccess) e = cudaEventRecord(stop, ctx.stream);
-  if (e == cudaSuccess) e = cudaEventSynchronize(stop);
-  float ms = 0;
-  if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (!st.ok()) return st;
-  if (e != cudaSuccess) return FromCuda(e, "timing the reduced convolution backward");
-  const bool slower = ms > p->bwd_fp32_ms;
-  if (slower) p->bwd_reduced = false;
-  if (log_conv_plans.load()) {
-    std::fprintf(stderr,
-                 "conv backward timed n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: reduced "
-                 "%.3f ms on the real tensors, fp32 estimate %.3f ms -> %s\n",
-                 static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
-                 static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
-                 static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
-                 static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h), ms,
-                 p->bwd_fp32_ms, slower ? "fp32" : "reduced");
-  }
-  return absl::OkStatus();
+  return static_cast<char*>(ctx.staging);
 }
 
 // NHWC x (padded as the plan says) -> NCHW xn.
@@ -980,17 +960,14 @@ absl::Status ToNchwFilter(const CudaContext& ctx, const WindowShape& s, const fl
                   "BatchedTranspose");
 }
 
-}  // namespace
+absl::Status ReluInPlace(const CudaContext& ctx, int64_t n, float* y) {
+  return FromCuda(k::ReluForward<float>(ctx.stream, n, y, y), "ReluForward");
+}
 
-absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                           const float* w, const float* bias, float* y, bool relu) {
-  absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
-  if (!plan.ok()) return plan.status();
-  ConvPlan& p = **plan;
-  if (Reduced(ctx)) {
-    ChooseReduced(ctx, s, &p);
-    if (p.reduced_ok && p.fwd_reduced) return Conv2dForwardReduced(ctx, s, p, x, w, bias, y, relu);
-  }
+// The fp32 plan: NHWC or NCHW, as measured.
+absl::Status Conv2dForwardFp32(const CudaContext& ctx, const WindowShape& s, ConvPlan& p,
+                               const float* x, const float* w, const float* bias, float* y,
+                               bool relu) {
   STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const float one = 1.f, zero = 0.f;
   if (p.fwd_nchw) {
@@ -1008,7 +985,7 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
                                                   ctx.workspace_bytes - scratch, &zero, v.y.d, yn));
     CUDA_RETURN_IF_ERROR(
         k::BatchedTranspose(ctx.stream, s.batch, s.out_c, s.out_h * s.out_w, yn, y, bias, false));
-    return relu ? ReluForward(ctx, s.batch * s.out_elements(), y, y) : absl::OkStatus();
+    return relu ? ReluInPlace(ctx, s.batch * s.out_elements(), y) : absl::OkStatus();
   }
   const ConvVariant& v = p.nhwc;
   STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, p.padded_bytes + v.fwd_bytes));
@@ -1017,7 +994,7 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
   size_t free_bytes = ctx.workspace_bytes;
   if (p.padded) {
     auto* padded = reinterpret_cast<float*>(free_space);
-    CUDA_RETURN_IF_ERROR(k::PadImages(ctx.stream, s, p.padded_h, p.padded_w, x, padded));
+    CUDA_RETURN_IF_ERROR(k::PadImages<float>(ctx.stream, s, p.padded_h, p.padded_w, x, padded));
     input = padded;
     free_space += p.padded_bytes;
     free_bytes -= p.padded_bytes;
@@ -1028,26 +1005,12 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const f
   if (bias != nullptr) {
     CUDNN_RETURN_IF_ERROR(cudnnAddTensor(ctx.cudnn, &one, p.bias.d, bias, &one, v.y.d, y));
   }
-  return relu ? ReluForward(ctx, s.batch * s.out_elements(), y, y) : absl::OkStatus();
+  return relu ? ReluInPlace(ctx, s.batch * s.out_elements(), y) : absl::OkStatus();
 }
 
-absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                            const float* w, const float* dy, float* dx, Write dx_write, float* dw,
-                            float* dbias, Write param_write) {
-  absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
-  if (!plan.ok()) return plan.status();
-  ConvPlan& p = **plan;
-  if (Reduced(ctx)) {
-    ChooseReduced(ctx, s, &p);
-    if (p.reduced_ok && p.bwd_reduced) {
-      const bool time_it =
-          !ctx.always_reduced_convs && ++p.bwd_reduced_calls == 2 && p.bwd_fp32_ms < kUnmeasured;
-      if (!time_it) {
-        return Conv2dBackwardReduced(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
-      }
-      return TimedBackwardReduced(ctx, s, &p, x, w, dy, dx, dx_write, dw, dbias, param_write);
-    }
-  }
+absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, ConvPlan& p,
+                                const float* x, const float* w, const float* dy, float* dx,
+                                Write dx_write, float* dw, float* dbias, Write param_write) {
   STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const float one = 1.f, zero = 0.f;
   const float param_beta = Acc(param_write) ? 1.f : 0.f;
@@ -1067,7 +1030,7 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
     char* free_space = base + scratch;
     const size_t free_bytes = ctx.workspace_bytes - scratch;
     if (dbias != nullptr) {
-      CUDA_RETURN_IF_ERROR(k::ColumnSumFast(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
+      CUDA_RETURN_IF_ERROR(k::ColumnSumFast<float>(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
                                             dbias, Acc(param_write),
                                             reinterpret_cast<float*>(free_space)));
     }
@@ -1104,14 +1067,14 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
   float* dpadded = nullptr;
   if (p.padded) {
     auto* padded = reinterpret_cast<float*>(free_space);
-    CUDA_RETURN_IF_ERROR(k::PadImages(ctx.stream, s, p.padded_h, p.padded_w, x, padded));
+    CUDA_RETURN_IF_ERROR(k::PadImages<float>(ctx.stream, s, p.padded_h, p.padded_w, x, padded));
     input = padded;
     dpadded = reinterpret_cast<float*>(free_space + p.padded_bytes);
     free_space += 2 * p.padded_bytes;
     free_bytes -= 2 * p.padded_bytes;
   }
   if (dbias != nullptr) {
-    CUDA_RETURN_IF_ERROR(k::ColumnSumFast(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
+    CUDA_RETURN_IF_ERROR(k::ColumnSumFast<float>(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
                                           dbias, Acc(param_write),
                                           reinterpret_cast<float*>(free_space)));
   }
@@ -1129,42 +1092,122 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w, v.y.d, dy, v.conv.d,
                                                      v.bwd_data_algo, free_space, free_bytes, &zero,
                                                      v.x.d, dpadded));
-  return FromCuda(k::CropImages(ctx.stream, s, p.padded_h, p.padded_w, dpadded, dx, Acc(dx_write)),
+  return FromCuda(k::CropImages<float>(ctx.stream, s, p.padded_h, p.padded_w, dpadded, dx, Acc(dx_write)),
                   "CropImages");
+}
+
+// A reduced-precision convolution cuDNN cannot run: the fp32 plan on
+// converted copies in the staging scratch.
+template <typename T>
+absl::Status Conv2dForwardViaFp32(const CudaContext& ctx, const WindowShape& s, ConvPlan& p,
+                                  const T* x, const float* w, const float* bias, T* y, bool relu) {
+  const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
+  const size_t x_bytes = Aligned(sizeof(float) * in_n);
+  absl::StatusOr<char*> staging = Staging(ctx, x_bytes + Aligned(sizeof(float) * out_n));
+  if (!staging.ok()) return staging.status();
+  auto* x32 = reinterpret_cast<float*>(*staging);
+  auto* y32 = reinterpret_cast<float*>(*staging + x_bytes);
+  STATUS_RETURN_IF_ERROR(ConvertOn(ctx, in_n, x, x32, nullptr, 1, false, false));
+  STATUS_RETURN_IF_ERROR(Conv2dForwardFp32(ctx, s, p, x32, w, bias, y32, false));
+  return ConvertOn(ctx, out_n, y32, y, nullptr, 1, false, relu);
+}
+
+template <typename T>
+absl::Status Conv2dBackwardViaFp32(const CudaContext& ctx, const WindowShape& s, ConvPlan& p,
+                                   const T* x, const float* w, const T* dy, T* dx, Write dx_write,
+                                   float* dw, float* dbias, Write param_write) {
+  const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
+  const size_t in_bytes = Aligned(sizeof(float) * in_n);
+  const size_t out_bytes = Aligned(sizeof(float) * out_n);
+  absl::StatusOr<char*> staging =
+      Staging(ctx, in_bytes + out_bytes + (dx != nullptr ? in_bytes : 0));
+  if (!staging.ok()) return staging.status();
+  auto* x32 = reinterpret_cast<float*>(*staging);
+  auto* dy32 = reinterpret_cast<float*>(*staging + in_bytes);
+  float* dx32 = dx != nullptr ? reinterpret_cast<float*>(*staging + in_bytes + out_bytes) : nullptr;
+  STATUS_RETURN_IF_ERROR(ConvertOn(ctx, in_n, x, x32, nullptr, 1, false, false));
+  STATUS_RETURN_IF_ERROR(ConvertOn(ctx, out_n, dy, dy32, nullptr, 1, false, false));
+  STATUS_RETURN_IF_ERROR(Conv2dBackwardFp32(ctx, s, p, x32, w, dy32, dx32, Write::kOverwrite, dw,
+                                            dbias, param_write));
+  if (dx == nullptr) return absl::OkStatus();
+  return ConvertOn(ctx, in_n, dx32, dx, nullptr, 1, Acc(dx_write), false);
+}
+
+}  // namespace
+
+template <typename T>
+absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T* x,
+                           const float* w, const float* bias, T* y, bool relu) {
+  STATUS_RETURN_IF_ERROR(CheckType<T>(ctx, "Conv2dForward"));
+  absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
+  if (!plan.ok()) return plan.status();
+  ConvPlan& p = **plan;
+  if constexpr (kIsFloat<T>) {
+    return Conv2dForwardFp32(ctx, s, p, x, w, bias, y, relu);
+  } else {
+    ChooseReduced(ctx, s, &p);
+    if (p.reduced_ok) return Conv2dForwardReduced<T>(ctx, s, p, x, w, bias, y, relu);
+    return Conv2dForwardViaFp32<T>(ctx, s, p, x, w, bias, y, relu);
+  }
+}
+
+template <typename T>
+absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const T* x,
+                            const float* w, const T* dy, T* dx, Write dx_write, float* dw,
+                            float* dbias, Write param_write) {
+  STATUS_RETURN_IF_ERROR(CheckType<T>(ctx, "Conv2dBackward"));
+  absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
+  if (!plan.ok()) return plan.status();
+  ConvPlan& p = **plan;
+  if constexpr (kIsFloat<T>) {
+    return Conv2dBackwardFp32(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
+  } else {
+    ChooseReduced(ctx, s, &p);
+    if (p.reduced_ok) {
+      return Conv2dBackwardReduced<T>(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
+    }
+    return Conv2dBackwardViaFp32<T>(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
+  }
 }
 
 // ------------------------------------------------------------ pooling
 
-absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                            float* y) {
-  return FromCuda(k::MaxPoolForward(ctx.stream, s, x, y), "MaxPoolForward");
+template <typename T>
+absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x,
+                            T* y) {
+  return FromCuda(k::MaxPoolForward<T>(ctx.stream, s, x, y), "MaxPoolForward");
 }
 
-absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                             const float* dy, float* dx, Write dx_write) {
-  return FromCuda(k::MaxPoolBackward(ctx.stream, s, x, dy, dx, Acc(dx_write)), "MaxPoolBackward");
+template <typename T>
+absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* x,
+                             const T* dy, T* dx, Write dx_write) {
+  return FromCuda(k::MaxPoolBackward<T>(ctx.stream, s, x, dy, dx, Acc(dx_write)), "MaxPoolBackward");
 }
 
-absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                            float* y) {
-  return FromCuda(k::AvgPoolForward(ctx.stream, s, x, y), "AvgPoolForward");
+template <typename T>
+absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x,
+                            T* y) {
+  return FromCuda(k::AvgPoolForward<T>(ctx.stream, s, x, y), "AvgPoolForward");
 }
 
-absl::Status AvgPoolBackward(const CudaContext& ctx, const WindowShape& s, const float* dy,
-                             float* dx, Write dx_write) {
-  return FromCuda(k::AvgPoolBackward(ctx.stream, s, dy, dx, Acc(dx_write)), "AvgPoolBackward");
+template <typename T>
+absl::Status AvgPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* dy,
+                             T* dx, Write dx_write) {
+  return FromCuda(k::AvgPoolBackward<T>(ctx.stream, s, dy, dx, Acc(dx_write)), "AvgPoolBackward");
 }
 
+template <typename T>
 absl::Status GlobalAvgPoolForward(const CudaContext& ctx, int64_t batch, int64_t spatial,
-                                  int64_t channels, const float* x, float* y) {
-  return FromCuda(k::GlobalAvgPoolForward(ctx.stream, batch, spatial, channels, x, y),
+                                  int64_t channels, const T* x, T* y) {
+  return FromCuda(k::GlobalAvgPoolForward<T>(ctx.stream, batch, spatial, channels, x, y),
                   "GlobalAvgPoolForward");
 }
 
+template <typename T>
 absl::Status GlobalAvgPoolBackward(const CudaContext& ctx, int64_t batch, int64_t spatial,
-                                   int64_t channels, const float* dy, float* dx, Write dx_write) {
+                                   int64_t channels, const T* dy, T* dx, Write dx_write) {
   return FromCuda(
-      k::GlobalAvgPoolBackward(ctx.stream, batch, spatial, channels, dy, dx, Acc(dx_write)),
+      k::GlobalAvgPoolBackward<T>(ctx.stream, batch, spatial, channels, dy, dx, Acc(dx_write)),
       "GlobalAvgPoolBackward");
 }
 
@@ -1175,53 +1218,58 @@ absl::Status GlobalAvgPoolBackward(const CudaContext& ctx, int64_t batch, int64_
 // rows (ResNet-18 at batch 256) and took most of the step. The partials of
 // the column reductions go to the workspace.
 
+template <typename T>
 absl::Status BatchNormForwardTraining(const CudaContext& ctx, int64_t rows, int64_t channels,
-                                      const float* x, const float* gamma, const float* beta,
-                                      float epsilon, float momentum, float* y, float* running_mean,
+                                      const T* x, const float* gamma, const float* beta,
+                                      float epsilon, float momentum, T* y, float* running_mean,
                                       float* running_var, float* save_mean, float* save_inv_std) {
   absl::StatusOr<float*> partials = ColumnScratch(ctx, rows, channels, 0);
   if (!partials.ok()) return partials.status();
   return FromCuda(
-      k::BatchNormForwardTraining(ctx.stream, rows, channels, x, gamma, beta, epsilon, momentum, y,
+      k::BatchNormForwardTraining<T>(ctx.stream, rows, channels, x, gamma, beta, epsilon, momentum, y,
                                   running_mean, running_var, save_mean, save_inv_std, *partials),
       "BatchNormForwardTraining");
 }
 
+template <typename T>
 absl::Status BatchNormForwardInference(const CudaContext& ctx, int64_t rows, int64_t channels,
-                                       const float* x, const float* gamma, const float* beta,
+                                       const T* x, const float* gamma, const float* beta,
                                        const float* mean, const float* var, float epsilon,
-                                       float* y) {
-  return FromCuda(k::BatchNormForwardInference(ctx.stream, rows, channels, x, gamma, beta, mean,
+                                       T* y) {
+  return FromCuda(k::BatchNormForwardInference<T>(ctx.stream, rows, channels, x, gamma, beta, mean,
                                                var, epsilon, y),
                   "BatchNormForwardInference");
 }
 
+template <typename T>
 absl::Status BatchNormBackward(const CudaContext& ctx, int64_t rows, int64_t channels,
-                               const float* x, const float* dy, const float* gamma,
-                               const float* save_mean, const float* save_inv_std, float* dx,
+                               const T* x, const T* dy, const float* gamma,
+                               const float* save_mean, const float* save_inv_std, T* dx,
                                Write dx_write, float* dgamma, float* dbeta, Write param_write) {
   absl::StatusOr<float*> scratch = ColumnScratch(ctx, rows, channels, 2 * channels);
   if (!scratch.ok()) return scratch.status();
   float* sums = *scratch + k::ColumnPartialsElements(std::max<int64_t>(rows, 1), channels);
   return FromCuda(
-      k::BatchNormBackward(ctx.stream, rows, channels, x, dy, gamma, save_mean, save_inv_std, dx,
+      k::BatchNormBackward<T>(ctx.stream, rows, channels, x, dy, gamma, save_mean, save_inv_std, dx,
                            Acc(dx_write), dgamma, dbeta, Acc(param_write), *scratch, sums),
       "BatchNormBackward");
 }
 
 // ------------------------------------------------------------ embedding
 
+template <typename T>
 absl::Status EmbeddingForward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
-                              const float* ids, const float* table, float* y) {
-  return FromCuda(k::EmbeddingForward(ctx.stream, num_ids, vocab, dim, ids, table, y),
+                              const float* ids, const float* table, T* y) {
+  return FromCuda(k::EmbeddingForward<T>(ctx.stream, num_ids, vocab, dim, ids, table, y),
                   "EmbeddingForward");
 }
 
+template <typename T>
 absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
-                               const float* ids, const float* dy, float* dtable,
+                               const float* ids, const T* dy, float* dtable,
                                Write param_write) {
-  if (!Acc(param_write)) STATUS_RETURN_IF_ERROR(Zero(ctx, vocab * dim, dtable));
-  return FromCuda(k::EmbeddingBackward(ctx.stream, num_ids, vocab, dim, ids, dy, dtable),
+  if (!Acc(param_write)) STATUS_RETURN_IF_ERROR(Zero<float>(ctx, vocab * dim, dtable));
+  return FromCuda(k::EmbeddingBackward<T>(ctx.stream, num_ids, vocab, dim, ids, dy, dtable),
                   "EmbeddingBackward");
 }
 
@@ -1348,6 +1396,72 @@ absl::Status MultiTensorPlan::Apply(const CudaContext& ctx, OptimizerKind kind,
                            reinterpret_cast<const int64_t*>(device + desc_bytes_), num_chunks_),
       "MultiTensorUpdate");
 }
+
+// ------------------------------------------------------------ instantiations
+
+#define DOWNPOUR_CONVERT_TO(S, D) \
+  template absl::Status Convert<S, D>(const CudaContext&, int64_t, const S*, D*);
+#define DOWNPOUR_CONVERT_FROM(S)          \
+  DOWNPOUR_CONVERT_TO(S, float)           \
+  DOWNPOUR_CONVERT_TO(S, __nv_bfloat16) \
+  DOWNPOUR_CONVERT_TO(S, __half)
+DOWNPOUR_CONVERT_FROM(float)
+DOWNPOUR_CONVERT_FROM(__nv_bfloat16)
+DOWNPOUR_CONVERT_FROM(__half)
+#undef DOWNPOUR_CONVERT_FROM
+#undef DOWNPOUR_CONVERT_TO
+
+#define DOWNPOUR_INSTANTIATE(T)                                                                   \
+  template absl::Status DenseForward<T>(const CudaContext&, int64_t, int64_t, int64_t, const T*,   \
+                                        const float*, const float*, T*);                           \
+  template absl::Status DenseBackward<T>(const CudaContext&, int64_t, int64_t, int64_t, const T*,  \
+                                         const float*, const T*, T*, Write, float*, float*,        \
+                                         Write);                                                   \
+  template absl::Status ReluForward<T>(const CudaContext&, int64_t, const T*, T*);                 \
+  template absl::Status ReluBackward<T>(const CudaContext&, int64_t, const T*, const T*, T*,       \
+                                        Write);                                                    \
+  template absl::Status DropoutForward<T>(const CudaContext&, int64_t, float, uint64_t, uint64_t,  \
+                                          const T*, T*, uint8_t*);                                 \
+  template absl::Status DropoutBackward<T>(const CudaContext&, int64_t, float, const uint8_t*,     \
+                                           const T*, T*, Write);                                   \
+  template absl::Status SoftmaxCrossEntropyAsync<T>(const CudaContext&, int64_t, int64_t,          \
+                                                    const T*, const int32_t*, T*, float, double*,  \
+                                                    unsigned long long*);                          \
+  template absl::Status CopyOrAdd<T>(const CudaContext&, int64_t, const T*, T*, Write);            \
+  template absl::Status Zero<T>(const CudaContext&, int64_t, T*);                                  \
+  template absl::Status Add<T>(const CudaContext&, int64_t, const T*, const T*, T*);               \
+  template absl::Status Conv2dForward<T>(const CudaContext&, const WindowShape&, const T*,         \
+                                         const float*, const float*, T*, bool);                    \
+  template absl::Status Conv2dBackward<T>(const CudaContext&, const WindowShape&, const T*,        \
+                                          const float*, const T*, T*, Write, float*, float*,       \
+                                          Write);                                                  \
+  template absl::Status MaxPoolForward<T>(const CudaContext&, const WindowShape&, const T*, T*);   \
+  template absl::Status MaxPoolBackward<T>(const CudaContext&, const WindowShape&, const T*,       \
+                                           const T*, T*, Write);                                   \
+  template absl::Status AvgPoolForward<T>(const CudaContext&, const WindowShape&, const T*, T*);   \
+  template absl::Status AvgPoolBackward<T>(const CudaContext&, const WindowShape&, const T*, T*,   \
+                                           Write);                                                 \
+  template absl::Status GlobalAvgPoolForward<T>(const CudaContext&, int64_t, int64_t, int64_t,     \
+                                                const T*, T*);                                     \
+  template absl::Status GlobalAvgPoolBackward<T>(const CudaContext&, int64_t, int64_t, int64_t,    \
+                                                 const T*, T*, Write);                             \
+  template absl::Status BatchNormForwardTraining<T>(const CudaContext&, int64_t, int64_t,          \
+                                                    const T*, const float*, const float*, float,   \
+                                                    float, T*, float*, float*, float*, float*);    \
+  template absl::Status BatchNormForwardInference<T>(const CudaContext&, int64_t, int64_t,         \
+                                                     const T*, const float*, const float*,         \
+                                                     const float*, const float*, float, T*);       \
+  template absl::Status BatchNormBackward<T>(const CudaContext&, int64_t, int64_t, const T*,       \
+                                             const T*, const float*, const float*, const float*,   \
+                                             T*, Write, float*, float*, Write);                    \
+  template absl::Status EmbeddingForward<T>(const CudaContext&, int64_t, int64_t, int64_t,         \
+                                            const float*, const float*, T*);                       \
+  template absl::Status EmbeddingBackward<T>(const CudaContext&, int64_t, int64_t, int64_t,        \
+                                             const float*, const T*, float*, Write);
+DOWNPOUR_INSTANTIATE(float)
+DOWNPOUR_INSTANTIATE(__nv_bfloat16)
+DOWNPOUR_INSTANTIATE(__half)
+#undef DOWNPOUR_INSTANTIATE
 
 }  // namespace cuda
 }  // namespace kernels

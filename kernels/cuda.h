@@ -17,11 +17,12 @@
 //
 // Numerics: fp32 throughout and no TF32 (cuBLAS default math, cuDNN FMA
 // math), so results agree with the CPU twin within float rounding, unless
-// the context's `compute` asks for bf16 or fp16: then dense layers and
-// convolutions (the tensor-core work) cast their inputs and weights to that
-// type at the op boundary, multiply on tensor cores with fp32 accumulation,
-// and write fp32 results; every other op, and every tensor at the API, stays
-// fp32. Dropout
+// the context's `compute` asks for bf16 or fp16: then activations and their
+// gradients are stored in that type (see "activations" below), dense layers
+// and convolutions multiply on tensor cores with fp32 accumulation, and
+// every other op computes in fp32 between a reduced load and a reduced
+// store, as PyTorch's autocast does; weights are read from reduced copies
+// and weight gradients, statistics and optimizer state stay fp32. Dropout
 // draws the same mask as the CPU twin for the same (seed, step).
 //
 // Thread safety: a CudaContext is used by one host thread at a time (its
@@ -32,6 +33,8 @@
 #define DOWNPOUR_KERNELS_CUDA_H_
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -68,7 +71,8 @@ std::string CudaDeviceName(int device);
 // both per shape (transposes included) and keeps the faster.
 enum class ConvLayout { kAuto, kNhwc, kNchw };
 
-// What dense layers and convolutions multiply in (see Numerics above).
+// What activations are stored in and dense layers and convolutions multiply
+// in (see Numerics above).
 enum class ComputePrecision { kFp32, kBf16, kFp16 };
 
 // Per-shape cuDNN convolution plans (descriptors and algorithms), internal
@@ -107,10 +111,11 @@ struct CudaContext {
   ConvLayout conv_layout = ConvLayout::kAuto;
   // Set before the first dense layer or convolution.
   ComputePrecision compute = ComputePrecision::kFp32;
-  // bf16/fp16: a convolution runs reduced (casts included) only where
-  // cudnnFind measures that faster than its fp32 plan, per direction, unless
-  // this is set (tests: every convolution that can runs reduced).
-  bool always_reduced_convs = false;
+  // Scratch for the fp32 fallback of reduced convolutions (converted
+  // copies), grown as needed; apart from the workspace, which the fp32 path
+  // uses for itself.
+  mutable void* staging = nullptr;
+  mutable size_t staging_bytes = 0;
 
   // Sets up a context on `device` with `workspace_bytes` of workspace.
   // FailedPrecondition when there is no such device.
@@ -153,29 +158,49 @@ size_t ReducedWeightBytes(const CudaContext& ctx);
 // to stderr the first time a shape is seen. Process-wide; off by default.
 void SetConvPlanLogging(bool on);
 
+// ------------------------------------------------------- activations
+//
+// `T` is the element type of activations and their gradients (x, y, dx, dy
+// below): float in an fp32 context, __nv_bfloat16 in a bf16 one, __half in
+// an fp16 one (the functions that multiply, dense and conv2d, say
+// InvalidArgument when T does not match ctx.compute). Weights, biases, their
+// gradients and every statistic stay fp32. Each template is instantiated for
+// the three types in cuda.cc.
+
+// y = x converted from S to D (any of the three types), n elements.
+template <typename S, typename D>
+absl::Status Convert(const CudaContext& ctx, int64_t n, const S* x, D* y);
+
 // ------------------------------------------------------- dense and element-wise
 
 absl::Status Gemm(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
                   int64_t n, int64_t k, float alpha, const float* a, const float* b, float beta,
                   float* c);
 
+template <typename T>
 absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
-                          const float* x, const float* w, const float* bias, float* y);
+                          const T* x, const float* w, const float* bias, T* y);
 
+template <typename T>
 absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, int64_t out,
-                           const float* x, const float* w, const float* dy, float* dx,
-                           Write dx_write, float* dw, float* dbias, Write param_write);
+                           const T* x, const float* w, const T* dy, T* dx, Write dx_write,
+                           float* dw, float* dbias, Write param_write);
 
-absl::Status ReluForward(const CudaContext& ctx, int64_t n, const float* x, float* y);
+template <typename T>
+absl::Status ReluForward(const CudaContext& ctx, int64_t n, const T* x, T* y);
 
-absl::Status ReluBackward(const CudaContext& ctx, int64_t n, const float* x, const float* dy,
-                          float* dx, Write dx_write);
+// `y` is the forward's output (or its input: the sign test is the same).
+template <typename T>
+absl::Status ReluBackward(const CudaContext& ctx, int64_t n, const T* y, const T* dy, T* dx,
+                          Write dx_write);
 
+template <typename T>
 absl::Status DropoutForward(const CudaContext& ctx, int64_t n, float rate, uint64_t seed,
-                            uint64_t step, const float* x, float* y, uint8_t* mask);
+                            uint64_t step, const T* x, T* y, uint8_t* mask);
 
+template <typename T>
 absl::Status DropoutBackward(const CudaContext& ctx, int64_t n, float rate, const uint8_t* mask,
-                             const float* dy, float* dx, Write dx_write);
+                             const T* dy, T* dx, Write dx_write);
 
 // `stats` is host memory; waits for the stream.
 absl::Status SoftmaxCrossEntropy(const CudaContext& ctx, int64_t batch, int64_t classes,
@@ -184,15 +209,16 @@ absl::Status SoftmaxCrossEntropy(const CudaContext& ctx, int64_t batch, int64_t 
 
 // As SoftmaxCrossEntropy, without waiting: adds the batch's loss sum and
 // correct count to the device counters *loss_sum and *correct (which the
-// caller zeroes and reads back when it wants them).
+// caller zeroes and reads back when it wants them). dlogits (when not null)
+// are multiplied by `dlogits_scale` (FP16 loss scaling) before rounding.
+template <typename T>
 absl::Status SoftmaxCrossEntropyAsync(const CudaContext& ctx, int64_t batch, int64_t classes,
-                                      const float* logits, const int32_t* labels, float* dlogits,
-                                      double* loss_sum, unsigned long long* correct);
+                                      const T* logits, const int32_t* labels, T* dlogits,
+                                      float dlogits_scale, double* loss_sum,
+                                      unsigned long long* correct);
 
-absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const float* x, float* y, Write write);
-
-// x *= alpha (loss scaling of dlogits).
-absl::Status Scale(const CudaContext& ctx, int64_t n, float alpha, float* x);
+template <typename T>
+absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const T* x, T* y, Write write);
 
 // Loss scaling: g *= inv_scale over n gradients, and *flag (device int) set
 // to 1 when any of them was inf or NaN (never cleared here; the caller
@@ -200,64 +226,83 @@ absl::Status Scale(const CudaContext& ctx, int64_t n, float alpha, float* x);
 absl::Status UnscaleCheckFinite(const CudaContext& ctx, int64_t n, float inv_scale, float* g,
                                 int* flag);
 
-absl::Status Zero(const CudaContext& ctx, int64_t n, float* x);
+template <typename T>
+absl::Status Zero(const CudaContext& ctx, int64_t n, T* x);
 
-absl::Status Add(const CudaContext& ctx, int64_t n, const float* a, const float* b, float* y);
+template <typename T>
+absl::Status Add(const CudaContext& ctx, int64_t n, const T* a, const T* b, T* y);
 
 // ------------------------------------------------------- images (NHWC)
 
 // cuDNN with NHWC tensors and [out_c, kernel_h, kernel_w, in_c] filters.
 // Asymmetric padding (TensorFlow's SAME with an odd total), which cuDNN
 // cannot express, goes through an explicitly padded copy in the workspace.
-// `relu`: y = max(0, conv + bias), in the pass that writes y where the
-// plan has one (the reduced output's cast), else one pass after.
-absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                           const float* w, const float* bias, float* y, bool relu = false);
+// `relu`: y = max(0, conv + bias), in the pass that adds the bias (or one
+// pass after).
+// fp32: the faster of NHWC and NCHW per shape (see CudaContext). bf16/fp16:
+// NHWC tensor-core convolutions straight on the reduced tensors; a shape
+// cuDNN cannot run in the reduced type runs the fp32 plan on converted
+// copies.
+template <typename T>
+absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T* x,
+                           const float* w, const float* bias, T* y, bool relu = false);
 
-absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                            const float* w, const float* dy, float* dx, Write dx_write, float* dw,
+template <typename T>
+absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const T* x,
+                            const float* w, const T* dy, T* dx, Write dx_write, float* dw,
                             float* dbias, Write param_write);
 
 // Pooling is ours, not cuDNN's: cuDNN has no asymmetric padding, and the
 // backward must pick the same maximum as the CPU twin (the first in the
 // window).
-absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const float* x, float* y);
-absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const float* x,
-                             const float* dy, float* dx, Write dx_write);
-absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const float* x, float* y);
-absl::Status AvgPoolBackward(const CudaContext& ctx, const WindowShape& s, const float* dy,
-                             float* dx, Write dx_write);
+template <typename T>
+absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x, T* y);
+template <typename T>
+absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* x,
+                             const T* dy, T* dx, Write dx_write);
+template <typename T>
+absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x, T* y);
+template <typename T>
+absl::Status AvgPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* dy, T* dx,
+                             Write dx_write);
+template <typename T>
 absl::Status GlobalAvgPoolForward(const CudaContext& ctx, int64_t batch, int64_t spatial,
-                                  int64_t channels, const float* x, float* y);
+                                  int64_t channels, const T* x, T* y);
+template <typename T>
 absl::Status GlobalAvgPoolBackward(const CudaContext& ctx, int64_t batch, int64_t spatial,
-                                   int64_t channels, const float* dy, float* dx, Write dx_write);
+                                   int64_t channels, const T* dy, T* dx, Write dx_write);
 
-// ------------------------------------------------------- batch norm (cuDNN)
+// ------------------------------------------------------- batch norm (ours)
 
+template <typename T>
 absl::Status BatchNormForwardTraining(const CudaContext& ctx, int64_t rows, int64_t channels,
-                                      const float* x, const float* gamma, const float* beta,
-                                      float epsilon, float momentum, float* y, float* running_mean,
+                                      const T* x, const float* gamma, const float* beta,
+                                      float epsilon, float momentum, T* y, float* running_mean,
                                       float* running_var, float* save_mean, float* save_inv_std);
 
+template <typename T>
 absl::Status BatchNormForwardInference(const CudaContext& ctx, int64_t rows, int64_t channels,
-                                       const float* x, const float* gamma, const float* beta,
-                                       const float* mean, const float* var, float epsilon,
-                                       float* y);
+                                       const T* x, const float* gamma, const float* beta,
+                                       const float* mean, const float* var, float epsilon, T* y);
 
-absl::Status BatchNormBackward(const CudaContext& ctx, int64_t rows, int64_t channels,
-                               const float* x, const float* dy, const float* gamma,
-                               const float* save_mean, const float* save_inv_std, float* dx,
-                               Write dx_write, float* dgamma, float* dbeta, Write param_write);
+template <typename T>
+absl::Status BatchNormBackward(const CudaContext& ctx, int64_t rows, int64_t channels, const T* x,
+                               const T* dy, const float* gamma, const float* save_mean,
+                               const float* save_inv_std, T* dx, Write dx_write, float* dgamma,
+                               float* dbeta, Write param_write);
 
 // ------------------------------------------------------- embedding
 
+// Ids are fp32 (exact integers; never reduced).
+template <typename T>
 absl::Status EmbeddingForward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
-                              const float* ids, const float* table, float* y);
+                              const float* ids, const float* table, T* y);
 
 // Scatter-add with atomics: the sum is the CPU twin's up to the order of
 // float additions.
+template <typename T>
 absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
-                               const float* ids, const float* dy, float* dtable, Write param_write);
+                               const float* ids, const T* dy, float* dtable, Write param_write);
 
 // ------------------------------------------------------- optimizers
 

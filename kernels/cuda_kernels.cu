@@ -1,5 +1,9 @@
 // Our own CUDA kernels behind kernels/cuda (see cuda_kernels.h). Each mirrors
-// a loop of kernels/cpu.cc or kernels/optimizer.cc, element for element.
+// a loop of kernels/cpu.cc or kernels/optimizer.cc, element for element. The
+// activation kernels are templates over the element type T (float,
+// __nv_bfloat16, __half): they read T into fp32, compute in fp32 as the float
+// version does and round once on store, so T = float runs the exact fp32
+// arithmetic. The explicit instantiations are at the end of the file.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,6 +30,72 @@ unsigned Blocks(int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
+// ---- Element types: every load goes through ToF and every store through
+// FromF (round to nearest even), so the arithmetic between is fp32.
+__device__ __forceinline__ float ToF(float v) { return v; }
+__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromF(float v);
+template <>
+__device__ __forceinline__ float FromF<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half FromF<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// 16-byte accesses for the element-wise kernels: a Pack is kPack<T> elements
+// (4 floats or 8 halves), loaded and stored as one 128-bit access. Used where
+// n is a multiple of the pack and every pointer is 16-byte aligned (Packed).
+template <typename T>
+constexpr int kPack = 16 / sizeof(T);
+
+template <typename T>
+struct alignas(16) Pack {
+  T e[kPack<T>];
+};
+
+// The N elements at p (16-byte aligned; N a multiple of kPack<T>) as floats.
+template <int N, typename T>
+__device__ __forceinline__ void LoadF(const T* p, float (&v)[N]) {
+  static_assert(N % kPack<T> == 0, "whole packs only");
+  const Pack<T>* packs = reinterpret_cast<const Pack<T>*>(p);
+#pragma unroll
+  for (int j = 0; j < N / kPack<T>; ++j) {
+    const Pack<T> pack = packs[j];
+#pragma unroll
+    for (int k = 0; k < kPack<T>; ++k) v[j * kPack<T> + k] = ToF(pack.e[k]);
+  }
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void StoreF(T* p, const float (&v)[N]) {
+  static_assert(N % kPack<T> == 0, "whole packs only");
+  Pack<T>* packs = reinterpret_cast<Pack<T>*>(p);
+#pragma unroll
+  for (int j = 0; j < N / kPack<T>; ++j) {
+    Pack<T> pack;
+#pragma unroll
+    for (int k = 0; k < kPack<T>; ++k) pack.e[k] = FromF<T>(v[j * kPack<T> + k]);
+    packs[j] = pack;
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Whether the 16-byte kernels apply: n is a whole number of packs of `pack`
+// elements and every pointer (null ones are unused) is 16-byte aligned.
+bool Packed(int64_t n, int pack, const void* a, const void* b = nullptr, const void* c = nullptr) {
+  return n % pack == 0 && Aligned16(a) && Aligned16(b) && Aligned16(c);
+}
+
 // The same SplitMix64 and uniform draw as kernels/cpu.cc, so masks agree.
 __device__ __forceinline__ uint64_t Mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -44,38 +114,58 @@ __device__ __forceinline__ int64_t EmbeddingRow(float id, int64_t vocab) {
   return static_cast<float>(row) == id ? row : -1;
 }
 
-__global__ void BroadcastRowsKernel(int64_t rows, int64_t cols, const float* bias, float* y) {
-  GRID_STRIDE(i, rows * cols) { y[i] = bias[i % cols]; }
+template <typename T>
+__global__ void BroadcastRowsKernel(int64_t rows, int64_t cols, const float* bias, T* y) {
+  GRID_STRIDE(i, rows * cols) { y[i] = FromF<T>(bias[i % cols]); }
 }
 
 __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
   GRID_STRIDE(i, n) { x[i] = alpha == 0.f ? 0.f : alpha * x[i]; }
 }
 
-template <typename T>
-__device__ T FromFloat(float v);
-template <>
-__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __half FromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
-
-template <typename T>
-__global__ void CastToReducedKernel(int64_t n, const float* x, T* y) {
-  GRID_STRIDE(i, n) { y[i] = FromFloat<T>(x[i]); }
-}
-
-template <typename T>
-__global__ void CastFromReducedKernel(int64_t n, const T* x, float* y, const float* bias,
-                                      int64_t channels, bool accumulate, bool relu) {
+template <typename S, typename D>
+__global__ void ConvertKernel(int64_t n, const S* x, D* y, const float* bias, int64_t channels,
+                              bool accumulate, bool relu) {
   GRID_STRIDE(i, n) {
-    float v = static_cast<float>(x[i]);
+    float v = ToF(x[i]);
     if (bias != nullptr) v += bias[i % channels];
     if (relu) v = v > 0.f ? v : 0.f;
-    y[i] = accumulate ? y[i] + v : v;
+    y[i] = FromF<D>(accumulate ? ToF(y[i]) + v : v);
+  }
+}
+
+// Elements per thread of the packed Convert: one 16-byte access on the
+// narrower side (two on the wider side when the sizes differ).
+template <typename S, typename D>
+constexpr int kConvertPack = kPack<S> > kPack<D> ? kPack<S> : kPack<D>;
+
+template <typename S, typename D>
+__global__ void ConvertPackKernel(int64_t packs, const S* x, D* y, const float* bias,
+                                  int64_t channels, bool accumulate, bool relu) {
+  constexpr int N = kConvertPack<S, D>;
+  GRID_STRIDE(i, packs) {
+    float v[N];
+    LoadF(x + i * N, v);
+    if (bias != nullptr) {
+      // The channel of the first element, then stepped (no division each).
+      int64_t c = (i * N) % channels;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        v[k] += bias[c];
+        if (++c == channels) c = 0;
+      }
+    }
+    if (relu) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] = v[k] > 0.f ? v[k] : 0.f;
+    }
+    if (accumulate) {
+      float old[N];
+      LoadF(y + i * N, old);
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] = old[k] + v[k];
+    }
+    StoreF(y + i * N, v);
   }
 }
 
@@ -89,7 +179,7 @@ __global__ void CastRangesToReducedKernel(const int64_t* src_begin, const int64_
   const int64_t n = count[r];
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = FromFloat<T>(in[i]);
+    out[i] = FromF<T>(in[i]);
   }
 }
 
@@ -103,88 +193,122 @@ __global__ void UnscaleCheckFiniteKernel(int64_t n, float inv_scale, float* g, i
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-__global__ void ReluForwardKernel(int64_t n, const float* x, float* y) {
-  GRID_STRIDE(i, n) { y[i] = x[i] > 0.f ? x[i] : 0.f; }
-}
-
-__global__ void ReluBackwardKernel(int64_t n, const float* x, const float* dy, float* dx,
-                                   bool accumulate) {
+template <typename T>
+__global__ void ReluForwardKernel(int64_t n, const T* x, T* y) {
   GRID_STRIDE(i, n) {
-    const float g = x[i] > 0.f ? dy[i] : 0.f;
-    dx[i] = accumulate ? dx[i] + g : g;
+    const float v = ToF(x[i]);
+    y[i] = FromF<T>(v > 0.f ? v : 0.f);
   }
 }
 
-// Four floats per thread (16-byte accesses) for the element-wise kernels,
-// where n % 4 == 0 and every pointer is 16-byte aligned.
-__device__ __forceinline__ float4 Relu4(float4 v) {
-  return make_float4(v.x > 0.f ? v.x : 0.f, v.y > 0.f ? v.y : 0.f, v.z > 0.f ? v.z : 0.f,
-                     v.w > 0.f ? v.w : 0.f);
+template <typename T>
+__global__ void ReluBackwardKernel(int64_t n, const T* y, const T* dy, T* dx, bool accumulate) {
+  GRID_STRIDE(i, n) {
+    const float g = ToF(y[i]) > 0.f ? ToF(dy[i]) : 0.f;
+    dx[i] = FromF<T>(accumulate ? ToF(dx[i]) + g : g);
+  }
 }
 
-__global__ void ReluForward4Kernel(int64_t n4, const float4* x, float4* y) {
-  GRID_STRIDE(i, n4) { y[i] = Relu4(x[i]); }
+// The packed (16-byte) versions of the element-wise kernels: the same
+// arithmetic per element, kPack<T> elements per thread.
+template <typename T>
+__global__ void ReluForwardPackKernel(int64_t packs, const T* x, T* y) {
+  constexpr int N = kPack<T>;
+  GRID_STRIDE(i, packs) {
+    float v[N];
+    LoadF(x + i * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = v[k] > 0.f ? v[k] : 0.f;
+    StoreF(y + i * N, v);
+  }
 }
 
-__global__ void ReluBackward4Kernel(int64_t n4, const float4* x, const float4* dy, float4* dx,
-                                    bool accumulate) {
-  GRID_STRIDE(i, n4) {
-    const float4 v = x[i], g = dy[i];
-    float4 o = make_float4(v.x > 0.f ? g.x : 0.f, v.y > 0.f ? g.y : 0.f, v.z > 0.f ? g.z : 0.f,
-                           v.w > 0.f ? g.w : 0.f);
+template <typename T>
+__global__ void ReluBackwardPackKernel(int64_t packs, const T* y, const T* dy, T* dx,
+                                       bool accumulate) {
+  constexpr int N = kPack<T>;
+  GRID_STRIDE(i, packs) {
+    float v[N], g[N];
+    LoadF(y + i * N, v);
+    LoadF(dy + i * N, g);
+#pragma unroll
+    for (int k = 0; k < N; ++k) g[k] = v[k] > 0.f ? g[k] : 0.f;
     if (accumulate) {
-      const float4 d = dx[i];
-      o.x += d.x, o.y += d.y, o.z += d.z, o.w += d.w;
+      float d[N];
+      LoadF(dx + i * N, d);
+#pragma unroll
+      for (int k = 0; k < N; ++k) g[k] = d[k] + g[k];
     }
-    dx[i] = o;
+    StoreF(dx + i * N, g);
   }
 }
 
-__global__ void Add4Kernel(int64_t n4, const float4* a, const float4* b, float4* y) {
-  GRID_STRIDE(i, n4) {
-    const float4 u = a[i], v = b[i];
-    y[i] = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+template <typename T>
+__global__ void CopyOrAddPackKernel(int64_t packs, const T* x, T* y, bool accumulate) {
+  constexpr int N = kPack<T>;
+  GRID_STRIDE(i, packs) {
+    float v[N];
+    LoadF(x + i * N, v);
+    if (accumulate) {
+      float old[N];
+      LoadF(y + i * N, old);
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] = old[k] + v[k];
+    }
+    StoreF(y + i * N, v);
   }
 }
 
-bool Vec4(int64_t n, const void* a, const void* b = nullptr, const void* c = nullptr) {
-  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  return n % 4 == 0 && aligned(a) && aligned(b) && aligned(c);
+template <typename T>
+__global__ void AddPackKernel(int64_t packs, const T* a, const T* b, T* y) {
+  constexpr int N = kPack<T>;
+  GRID_STRIDE(i, packs) {
+    float u[N], v[N];
+    LoadF(a + i * N, u);
+    LoadF(b + i * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) u[k] += v[k];
+    StoreF(y + i * N, u);
+  }
 }
 
-__global__ void DropoutForwardKernel(int64_t n, float rate, float scale, uint64_t key,
-                                     const float* x, float* y, uint8_t* mask) {
+template <typename T>
+__global__ void DropoutForwardKernel(int64_t n, float rate, float scale, uint64_t key, const T* x,
+                                     T* y, uint8_t* mask) {
   GRID_STRIDE(i, n) {
     const bool keep = rate <= 0.f || UniformAt(key, i) >= rate;
     mask[i] = keep ? 1 : 0;
-    y[i] = keep ? (rate <= 0.f ? x[i] : x[i] * scale) : 0.f;
+    y[i] = FromF<T>(keep ? (rate <= 0.f ? ToF(x[i]) : ToF(x[i]) * scale) : 0.f);
   }
 }
 
-__global__ void DropoutBackwardKernel(int64_t n, float scale, const uint8_t* mask, const float* dy,
-                                      float* dx, bool accumulate) {
+template <typename T>
+__global__ void DropoutBackwardKernel(int64_t n, float scale, const uint8_t* mask, const T* dy,
+                                      T* dx, bool accumulate) {
   GRID_STRIDE(i, n) {
-    const float g = mask[i] ? dy[i] * scale : 0.f;
-    dx[i] = accumulate ? dx[i] + g : g;
+    const float g = mask[i] ? ToF(dy[i]) * scale : 0.f;
+    dx[i] = FromF<T>(accumulate ? ToF(dx[i]) + g : g);
   }
 }
 
 // One warp per example: the first maximum (as the CPU twin picks it) and the
 // sum of exponentials by shuffles, double accumulation as on the CPU.
-__global__ void SoftmaxCrossEntropyKernel(int64_t batch, int64_t classes, const float* logits,
-                                          const int32_t* labels, float* dlogits, double* loss_sum,
-                                          unsigned long long* correct) {
+template <typename T>
+__global__ void SoftmaxCrossEntropyKernel(int64_t batch, int64_t classes, const T* logits,
+                                          const int32_t* labels, T* dlogits, float dlogits_scale,
+                                          double* loss_sum, unsigned long long* correct) {
   const float inv_batch = 1.f / static_cast<float>(batch);
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; r < batch;
        r += warps) {
-    const float* row = logits + r * classes;
+    const T* row = logits + r * classes;
     float best = -INFINITY;
     int64_t argmax = classes;
     for (int64_t j = lane; j < classes; j += 32) {
-      if (argmax == classes || row[j] > best) {
-        best = row[j];
+      const float v = ToF(row[j]);
+      if (argmax == classes || v > best) {
+        best = v;
         argmax = j;
       }
     }
@@ -198,34 +322,42 @@ __global__ void SoftmaxCrossEntropyKernel(int64_t batch, int64_t classes, const 
     }
     const float max = best;
     double sum = 0.0;
-    for (int64_t j = lane; j < classes; j += 32) sum += exp(static_cast<double>(row[j] - max));
+    for (int64_t j = lane; j < classes; j += 32) {
+      sum += exp(static_cast<double>(ToF(row[j]) - max));
+    }
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     const int32_t label = labels[r];
     if (lane == 0) {
-      atomicAdd(loss_sum, log(sum) - static_cast<double>(row[label] - max));
+      atomicAdd(loss_sum, log(sum) - static_cast<double>(ToF(row[label]) - max));
       if (argmax == label) atomicAdd(correct, 1ULL);
     }
     if (dlogits != nullptr) {
-      float* grad = dlogits + r * classes;
+      T* grad = dlogits + r * classes;
       const double inv_sum = 1.0 / sum;
       for (int64_t j = lane; j < classes; j += 32) {
-        const double p = exp(static_cast<double>(row[j] - max)) * inv_sum;
-        grad[j] = static_cast<float>(p) * inv_batch - (j == label ? inv_batch : 0.f);
+        const double p = exp(static_cast<double>(ToF(row[j]) - max)) * inv_sum;
+        const float g = static_cast<float>(p) * inv_batch - (j == label ? inv_batch : 0.f);
+        grad[j] = FromF<T>(g * dlogits_scale);
       }
     }
   }
 }
 
-__global__ void CopyOrAddKernel(int64_t n, const float* x, float* y, bool accumulate) {
-  GRID_STRIDE(i, n) { y[i] = accumulate ? y[i] + x[i] : x[i]; }
+template <typename T>
+__global__ void CopyOrAddKernel(int64_t n, const T* x, T* y, bool accumulate) {
+  GRID_STRIDE(i, n) {
+    const float v = ToF(x[i]);
+    y[i] = FromF<T>(accumulate ? ToF(y[i]) + v : v);
+  }
 }
 
-__global__ void AddKernel(int64_t n, const float* a, const float* b, float* y) {
-  GRID_STRIDE(i, n) { y[i] = a[i] + b[i]; }
+template <typename T>
+__global__ void AddKernel(int64_t n, const T* a, const T* b, T* y) {
+  GRID_STRIDE(i, n) { y[i] = FromF<T>(ToF(a[i]) + ToF(b[i])); }
 }
 
-__global__ void PadImagesKernel(WindowShape s, int64_t ph, int64_t pw, const float* x,
-                                float* padded) {
+template <typename T>
+__global__ void PadImagesKernel(WindowShape s, int64_t ph, int64_t pw, const T* x, T* padded) {
   GRID_STRIDE(i, s.batch * ph * pw * s.in_c) {
     const int64_t c = i % s.in_c;
     int64_t rest = i / s.in_c;
@@ -233,14 +365,15 @@ __global__ void PadImagesKernel(WindowShape s, int64_t ph, int64_t pw, const flo
     rest /= pw;
     const int64_t h = rest % ph - s.pad_top;
     const int64_t n = rest / ph;
-    padded[i] = (h >= 0 && h < s.in_h && w >= 0 && w < s.in_w)
-                    ? x[((n * s.in_h + h) * s.in_w + w) * s.in_c + c]
-                    : 0.f;
+    padded[i] = FromF<T>((h >= 0 && h < s.in_h && w >= 0 && w < s.in_w)
+                             ? ToF(x[((n * s.in_h + h) * s.in_w + w) * s.in_c + c])
+                             : 0.f);
   }
 }
 
-__global__ void CropImagesKernel(WindowShape s, int64_t ph, int64_t pw, const float* dpadded,
-                                 float* dx, bool accumulate) {
+template <typename T>
+__global__ void CropImagesKernel(WindowShape s, int64_t ph, int64_t pw, const T* dpadded, T* dx,
+                                 bool accumulate) {
   GRID_STRIDE(i, s.batch * s.in_elements()) {
     const int64_t c = i % s.in_c;
     int64_t rest = i / s.in_c;
@@ -251,8 +384,9 @@ __global__ void CropImagesKernel(WindowShape s, int64_t ph, int64_t pw, const fl
     const int64_t hp = h + s.pad_top;
     const int64_t wp = w + s.pad_left;
     // Rows past the last window (negative bottom padding) get no gradient.
-    const float g = (hp < ph && wp < pw) ? dpadded[((n * ph + hp) * pw + wp) * s.in_c + c] : 0.f;
-    dx[i] = accumulate ? dx[i] + g : g;
+    const float g =
+        (hp < ph && wp < pw) ? ToF(dpadded[((n * ph + hp) * pw + wp) * s.in_c + c]) : 0.f;
+    dx[i] = FromF<T>(accumulate ? ToF(dx[i]) + g : g);
   }
 }
 
@@ -267,15 +401,17 @@ __device__ __forceinline__ Range RangeOf(const WindowShape& s, int64_t oh, int64
 }
 
 // The flat (h * in_w + w) position of the first maximum of window (oh, ow)
-// in channel c of image xn, as MaxPoolBackward on the CPU picks it.
-__device__ __forceinline__ int64_t ArgMax(const WindowShape& s, const float* xn, int64_t oh,
-                                          int64_t ow, int64_t c) {
+// in channel c of image xn, as MaxPoolBackward on the CPU picks it (values
+// compared as floats, as WindowArgMax does for the forward).
+template <typename T>
+__device__ __forceinline__ int64_t ArgMax(const WindowShape& s, const T* xn, int64_t oh, int64_t ow,
+                                          int64_t c) {
   const Range r = RangeOf(s, oh, ow);
   int64_t best = r.h0 * s.in_w + r.w0;
-  float best_value = xn[best * s.in_c + c];
+  float best_value = ToF(xn[best * s.in_c + c]);
   for (int64_t h = r.h0; h < r.h1; ++h) {
     for (int64_t w = r.w0; w < r.w1; ++w) {
-      const float v = xn[(h * s.in_w + w) * s.in_c + c];
+      const float v = ToF(xn[(h * s.in_w + w) * s.in_c + c]);
       if (v > best_value) {
         best_value = v;
         best = h * s.in_w + w;
@@ -308,9 +444,9 @@ struct Window {
 
 // Thread per output: the first maximum of its window (as the CPU twin) ...
 // and, for MaxPoolScatterKernel, the gradient written over the whole window.
-template <typename I>
-__device__ __forceinline__ void WindowArgMax(const Window<I>& s, const float* x, I i, I* n_out,
-                                             I* h0, I* h1, I* w0, I* w1, I* c_out, I* best) {
+template <typename I, typename T>
+__device__ __forceinline__ void WindowArgMax(const Window<I>& s, const T* x, I i, I* n_out, I* h0,
+                                             I* h1, I* w0, I* w1, I* c_out, I* best) {
   const I c = i % s.in_c;
   I rest = i / s.in_c;
   const I ow = rest % s.out_w;
@@ -322,12 +458,12 @@ __device__ __forceinline__ void WindowArgMax(const Window<I>& s, const float* x,
   *h1 = min(hs + s.kernel_h, s.in_h);
   *w0 = ws > 0 ? ws : 0;
   *w1 = min(ws + s.kernel_w, s.in_w);
-  const float* xn = x + n * s.in_h * s.in_w * s.in_c;
+  const T* xn = x + n * s.in_h * s.in_w * s.in_c;
   I arg = *h0 * s.in_w + *w0;
-  float best_value = xn[arg * s.in_c + c];
+  float best_value = ToF(xn[arg * s.in_c + c]);
   for (I h = *h0; h < *h1; ++h) {
     for (I w = *w0; w < *w1; ++w) {
-      const float v = xn[(h * s.in_w + w) * s.in_c + c];
+      const float v = ToF(xn[(h * s.in_w + w) * s.in_c + c]);
       if (v > best_value) {
         best_value = v;
         arg = h * s.in_w + w;
@@ -339,8 +475,9 @@ __device__ __forceinline__ void WindowArgMax(const Window<I>& s, const float* x,
   *best = arg;
 }
 
-template <typename I>
-__global__ void MaxPoolForwardFastKernel(Window<I> s, I total, const float* x, float* y) {
+// The maximum is one of the inputs, so it is copied as T (no rounding).
+template <typename I, typename T>
+__global__ void MaxPoolForwardFastKernel(Window<I> s, I total, const T* x, T* y) {
   for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
     I n, h0, h1, w0, w1, c, arg;
     WindowArgMax(s, x, i, &n, &h0, &h1, &w0, &w1, &c, &arg);
@@ -351,20 +488,20 @@ __global__ void MaxPoolForwardFastKernel(Window<I> s, I total, const float* x, f
 // Windows that do not overlap (stride >= kernel): each input is in at most
 // one window, so a thread per output writes its window's gradient with no
 // race. Inputs in no window are left alone (zeroed first for an overwrite).
-template <typename I>
-__global__ void MaxPoolScatterKernel(Window<I> s, I total, const float* x, const float* dy,
-                                     float* dx, bool accumulate) {
+template <typename I, typename T>
+__global__ void MaxPoolScatterKernel(Window<I> s, I total, const T* x, const T* dy, T* dx,
+                                     bool accumulate) {
   for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
     I n, h0, h1, w0, w1, c, arg;
     WindowArgMax(s, x, i, &n, &h0, &h1, &w0, &w1, &c, &arg);
-    const float g = dy[i];
-    float* dxn = dx + n * s.in_h * s.in_w * s.in_c;
+    const float g = ToF(dy[i]);
+    T* dxn = dx + n * s.in_h * s.in_w * s.in_c;
     for (I h = h0; h < h1; ++h) {
       for (I w = w0; w < w1; ++w) {
         const I p = h * s.in_w + w;
         const float v = p == arg ? g : 0.f;
-        float* o = dxn + p * s.in_c + c;
-        *o = accumulate ? *o + v : v;
+        T* o = dxn + p * s.in_c + c;
+        *o = FromF<T>(accumulate ? ToF(*o) + v : v);
       }
     }
   }
@@ -381,7 +518,8 @@ __device__ __forceinline__ void Covering(int64_t p, int64_t pad, int64_t kernel,
 
 // Gathers, per input element, the gradient of every window that picked it:
 // no atomics, and the same choice of maximum as the CPU twin.
-__global__ void MaxPoolBackwardKernel(WindowShape s, const float* x, const float* dy, float* dx,
+template <typename T>
+__global__ void MaxPoolBackwardKernel(WindowShape s, const T* x, const T* dy, T* dx,
                                       bool accumulate) {
   GRID_STRIDE(i, s.batch * s.in_elements()) {
     const int64_t c = i % s.in_c;
@@ -390,7 +528,7 @@ __global__ void MaxPoolBackwardKernel(WindowShape s, const float* x, const float
     rest /= s.in_w;
     const int64_t h = rest % s.in_h;
     const int64_t n = rest / s.in_h;
-    const float* xn = x + n * s.in_elements();
+    const T* xn = x + n * s.in_elements();
     int64_t oh0, oh1, ow0, ow1;
     Covering(h, s.pad_top, s.kernel_h, s.stride_h, s.out_h, &oh0, &oh1);
     Covering(w, s.pad_left, s.kernel_w, s.stride_w, s.out_w, &ow0, &ow1);
@@ -398,15 +536,16 @@ __global__ void MaxPoolBackwardKernel(WindowShape s, const float* x, const float
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
       for (int64_t ow = ow0; ow <= ow1; ++ow) {
         if (ArgMax(s, xn, oh, ow, c) == h * s.in_w + w) {
-          g += dy[((n * s.out_h + oh) * s.out_w + ow) * s.out_c + c];
+          g += ToF(dy[((n * s.out_h + oh) * s.out_w + ow) * s.out_c + c]);
         }
       }
     }
-    dx[i] = accumulate ? dx[i] + g : g;
+    dx[i] = FromF<T>(accumulate ? ToF(dx[i]) + g : g);
   }
 }
 
-__global__ void AvgPoolForwardKernel(WindowShape s, const float* x, float* y) {
+template <typename T>
+__global__ void AvgPoolForwardKernel(WindowShape s, const T* x, T* y) {
   GRID_STRIDE(i, s.batch * s.out_elements()) {
     const int64_t c = i % s.out_c;
     int64_t rest = i / s.out_c;
@@ -414,17 +553,18 @@ __global__ void AvgPoolForwardKernel(WindowShape s, const float* x, float* y) {
     rest /= s.out_w;
     const int64_t oh = rest % s.out_h;
     const int64_t n = rest / s.out_h;
-    const float* xn = x + n * s.in_elements();
+    const T* xn = x + n * s.in_elements();
     const Range r = RangeOf(s, oh, ow);
     float sum = 0.f;
     for (int64_t h = r.h0; h < r.h1; ++h) {
-      for (int64_t w = r.w0; w < r.w1; ++w) sum += xn[(h * s.in_w + w) * s.in_c + c];
+      for (int64_t w = r.w0; w < r.w1; ++w) sum += ToF(xn[(h * s.in_w + w) * s.in_c + c]);
     }
-    y[i] = sum * (1.f / static_cast<float>((r.h1 - r.h0) * (r.w1 - r.w0)));
+    y[i] = FromF<T>(sum * (1.f / static_cast<float>((r.h1 - r.h0) * (r.w1 - r.w0))));
   }
 }
 
-__global__ void AvgPoolBackwardKernel(WindowShape s, const float* dy, float* dx, bool accumulate) {
+template <typename T>
+__global__ void AvgPoolBackwardKernel(WindowShape s, const T* dy, T* dx, bool accumulate) {
   GRID_STRIDE(i, s.batch * s.in_elements()) {
     const int64_t c = i % s.in_c;
     int64_t rest = i / s.in_c;
@@ -439,55 +579,59 @@ __global__ void AvgPoolBackwardKernel(WindowShape s, const float* dy, float* dx,
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
       for (int64_t ow = ow0; ow <= ow1; ++ow) {
         const Range r = RangeOf(s, oh, ow);
-        g += dy[((n * s.out_h + oh) * s.out_w + ow) * s.out_c + c] *
+        g += ToF(dy[((n * s.out_h + oh) * s.out_w + ow) * s.out_c + c]) *
              (1.f / static_cast<float>((r.h1 - r.h0) * (r.w1 - r.w0)));
       }
     }
-    dx[i] = accumulate ? dx[i] + g : g;
+    dx[i] = FromF<T>(accumulate ? ToF(dx[i]) + g : g);
   }
 }
 
+template <typename T>
 __global__ void GlobalAvgPoolForwardKernel(int64_t batch, int64_t spatial, int64_t channels,
-                                           const float* x, float* y) {
+                                           const T* x, T* y) {
   const float inv = 1.f / static_cast<float>(spatial);
   GRID_STRIDE(i, batch * channels) {
     const int64_t c = i % channels;
     const int64_t n = i / channels;
     float sum = 0.f;
-    for (int64_t p = 0; p < spatial; ++p) sum += x[(n * spatial + p) * channels + c];
-    y[i] = sum * inv;
+    for (int64_t p = 0; p < spatial; ++p) sum += ToF(x[(n * spatial + p) * channels + c]);
+    y[i] = FromF<T>(sum * inv);
   }
 }
 
+template <typename T>
 __global__ void GlobalAvgPoolBackwardKernel(int64_t batch, int64_t spatial, int64_t channels,
-                                            const float* dy, float* dx, bool accumulate) {
+                                            const T* dy, T* dx, bool accumulate) {
   const float inv = 1.f / static_cast<float>(spatial);
   GRID_STRIDE(i, batch * spatial * channels) {
     const int64_t c = i % channels;
     const int64_t n = i / (spatial * channels);
-    const float g = dy[n * channels + c] * inv;
-    dx[i] = accumulate ? dx[i] + g : g;
+    const float g = ToF(dy[n * channels + c]) * inv;
+    dx[i] = FromF<T>(accumulate ? ToF(dx[i]) + g : g);
   }
 }
 
+template <typename T>
 __global__ void EmbeddingForwardKernel(int64_t num_ids, int64_t vocab, int64_t dim,
-                                       const float* ids, const float* table, float* y) {
+                                       const float* ids, const float* table, T* y) {
   GRID_STRIDE(i, num_ids * dim) {
     const int64_t row = EmbeddingRow(ids[i / dim], vocab);
-    y[i] = row < 0 ? 0.f : table[row * dim + i % dim];
+    y[i] = FromF<T>(row < 0 ? 0.f : table[row * dim + i % dim]);
   }
 }
 
+template <typename T>
 __global__ void EmbeddingBackwardKernel(int64_t num_ids, int64_t vocab, int64_t dim,
-                                        const float* ids, const float* dy, float* dtable) {
+                                        const float* ids, const T* dy, float* dtable) {
   GRID_STRIDE(i, num_ids * dim) {
     const int64_t row = EmbeddingRow(ids[i / dim], vocab);
-    if (row >= 0) atomicAdd(dtable + row * dim + i % dim, dy[i]);
+    if (row >= 0) atomicAdd(dtable + row * dim + i % dim, ToF(dy[i]));
   }
 }
 
 // ---- Column reductions. Block (32, 8): threadIdx.x picks the column (so a
-// warp reads 128 contiguous bytes of one row), threadIdx.y one of 8 row
+// warp reads 32 contiguous elements of one row), threadIdx.y one of 8 row
 // lanes; block (bx, by) reduces rows [bx * chunk, (bx + 1) * chunk) of
 // columns [by * 32, by * 32 + 32).
 constexpr int kColumnTile = 32;
@@ -511,7 +655,8 @@ ColumnGrid ColumnGridOf(int64_t rows, int64_t cols) {
   return g;
 }
 
-__global__ void ColumnSumPartialKernel(int64_t rows, int64_t cols, int64_t chunk, const float* x,
+template <typename T>
+__global__ void ColumnSumPartialKernel(int64_t rows, int64_t cols, int64_t chunk, const T* x,
                                        float* partials) {
   __shared__ float lane_sum[kRowLanes][kColumnTile];
   const int64_t c = blockIdx.y * static_cast<int64_t>(kColumnTile) + threadIdx.x;
@@ -519,7 +664,7 @@ __global__ void ColumnSumPartialKernel(int64_t rows, int64_t cols, int64_t chunk
   const int64_t r1 = min(r0 + chunk, rows);
   float sum = 0.f;
   if (c < cols) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) sum += x[r * cols + c];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) sum += ToF(x[r * cols + c]);
   }
   lane_sum[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
@@ -562,8 +707,9 @@ __global__ void ColumnSumFinishKernel(int64_t row_blocks, const float* partials,
 // Statistics of one slab: per column, (mean, M2) from sums shifted by the
 // lane's first value (no cancellation when |mean| >> std), merged across
 // lanes with Chan's formula. partials: [2][row_blocks][cols].
+template <typename T>
 __global__ void BatchNormStatsPartialKernel(int64_t rows, int64_t cols, int64_t chunk,
-                                            int64_t row_blocks, const float* x, float* partials) {
+                                            int64_t row_blocks, const T* x, float* partials) {
   __shared__ float lane_n[kRowLanes][kColumnTile];
   __shared__ float lane_mean[kRowLanes][kColumnTile];
   __shared__ float lane_m2[kRowLanes][kColumnTile];
@@ -572,10 +718,10 @@ __global__ void BatchNormStatsPartialKernel(int64_t rows, int64_t cols, int64_t 
   const int64_t r1 = min(r0 + chunk, rows);
   float n = 0.f, mean = 0.f, m2 = 0.f;
   if (c < cols && r0 + threadIdx.y < r1) {
-    const float shift = x[(r0 + threadIdx.y) * cols + c];
+    const float shift = ToF(x[(r0 + threadIdx.y) * cols + c]);
     float s1 = 0.f, s2 = 0.f;
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
-      const float d = x[r * cols + c] - shift;
+      const float d = ToF(x[r * cols + c]) - shift;
       s1 += d;
       s2 += d * d;
       n += 1.f;
@@ -632,45 +778,51 @@ __global__ void BatchNormStatsFinishKernel(int64_t rows, int64_t cols, int64_t c
   running_var[c] = momentum * running_var[c] + (1.f - momentum) * static_cast<float>(var * unbias);
 }
 
-// y = gamma * (x - mean) * inv_std + beta, four channels per thread when
-// channels % 4 == 0.
-__global__ void BatchNormApplyKernel(int64_t n, int64_t cols, const float* x, const float* gamma,
+// y = gamma * (x - mean) * inv_std + beta; the packed version where channels
+// is a multiple of the pack (so a pack never wraps past the last channel) and
+// x, y are 16-byte aligned.
+template <typename T>
+__global__ void BatchNormApplyKernel(int64_t n, int64_t cols, const T* x, const float* gamma,
                                      const float* beta, const float* mean, const float* inv_std,
-                                     float* y) {
+                                     T* y) {
   GRID_STRIDE(i, n) {
     const int64_t c = i % cols;
-    y[i] = gamma[c] * (x[i] - mean[c]) * inv_std[c] + beta[c];
+    y[i] = FromF<T>(gamma[c] * (ToF(x[i]) - mean[c]) * inv_std[c] + beta[c]);
   }
 }
 
-__global__ void BatchNormApply4Kernel(int64_t n4, int64_t cols, const float4* x, const float* gamma,
-                                      const float* beta, const float* mean, const float* inv_std,
-                                      float4* y) {
-  GRID_STRIDE(i, n4) {
-    const int64_t c = (i * 4) % cols;
-    const float4 v = x[i];
-    float4 o;
-    o.x = gamma[c] * (v.x - mean[c]) * inv_std[c] + beta[c];
-    o.y = gamma[c + 1] * (v.y - mean[c + 1]) * inv_std[c + 1] + beta[c + 1];
-    o.z = gamma[c + 2] * (v.z - mean[c + 2]) * inv_std[c + 2] + beta[c + 2];
-    o.w = gamma[c + 3] * (v.w - mean[c + 3]) * inv_std[c + 3] + beta[c + 3];
-    y[i] = o;
-  }
-}
-
-__global__ void BatchNormInferenceKernel(int64_t n, int64_t cols, const float* x,
+template <typename T>
+__global__ void BatchNormApplyPackKernel(int64_t packs, int64_t cols, const T* x,
                                          const float* gamma, const float* beta, const float* mean,
-                                         const float* var, float epsilon, float* y) {
+                                         const float* inv_std, T* y) {
+  constexpr int N = kPack<T>;
+  GRID_STRIDE(i, packs) {
+    const int64_t c = (i * N) % cols;
+    float v[N];
+    LoadF(x + i * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      v[k] = gamma[c + k] * (v[k] - mean[c + k]) * inv_std[c + k] + beta[c + k];
+    }
+    StoreF(y + i * N, v);
+  }
+}
+
+template <typename T>
+__global__ void BatchNormInferenceKernel(int64_t n, int64_t cols, const T* x, const float* gamma,
+                                         const float* beta, const float* mean, const float* var,
+                                         float epsilon, T* y) {
   GRID_STRIDE(i, n) {
     const int64_t c = i % cols;
     const float scale = gamma[c] / sqrtf(var[c] + epsilon);
-    y[i] = x[i] * scale + (beta[c] - mean[c] * scale);
+    y[i] = FromF<T>(ToF(x[i]) * scale + (beta[c] - mean[c] * scale));
   }
 }
 
 // partials: [2][row_blocks][cols], sum(dy) then sum(dy * xhat).
+template <typename T>
 __global__ void BatchNormBackwardPartialKernel(int64_t rows, int64_t cols, int64_t chunk,
-                                               int64_t row_blocks, const float* x, const float* dy,
+                                               int64_t row_blocks, const T* x, const T* dy,
                                                const float* mean, const float* inv_std,
                                                float* partials) {
   __shared__ float lane_dy[kRowLanes][kColumnTile];
@@ -682,9 +834,9 @@ __global__ void BatchNormBackwardPartialKernel(int64_t rows, int64_t cols, int64
   if (c < cols) {
     const float m = mean[c], is = inv_std[c];
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
-      const float g = dy[r * cols + c];
+      const float g = ToF(dy[r * cols + c]);
       s_dy += g;
-      s_dyx += g * ((x[r * cols + c] - m) * is);
+      s_dyx += g * ((ToF(x[r * cols + c]) - m) * is);
     }
   }
   lane_dy[threadIdx.y][threadIdx.x] = s_dy;
@@ -720,15 +872,17 @@ __global__ void BatchNormBackwardFinishKernel(int64_t cols, int64_t row_blocks,
   sums[cols + c] = dg;
 }
 
-__global__ void BatchNormBackwardDxKernel(int64_t n, int64_t cols, float inv_rows, const float* x,
-                                          const float* dy, const float* gamma, const float* mean,
-                                          const float* inv_std, const float* sums, float* dx,
+template <typename T>
+__global__ void BatchNormBackwardDxKernel(int64_t n, int64_t cols, float inv_rows, const T* x,
+                                          const T* dy, const float* gamma, const float* mean,
+                                          const float* inv_std, const float* sums, T* dx,
                                           bool accumulate) {
   GRID_STRIDE(i, n) {
     const int64_t c = i % cols;
-    const float xhat = (x[i] - mean[c]) * inv_std[c];
-    const float v = gamma[c] * inv_std[c] * (dy[i] - (sums[c] + xhat * sums[cols + c]) * inv_rows);
-    dx[i] = accumulate ? dx[i] + v : v;
+    const float xhat = (ToF(x[i]) - mean[c]) * inv_std[c];
+    const float v =
+        gamma[c] * inv_std[c] * (ToF(dy[i]) - (sums[c] + xhat * sums[cols + c]) * inv_rows);
+    dx[i] = FromF<T>(accumulate ? ToF(dx[i]) + v : v);
   }
 }
 
@@ -833,8 +987,9 @@ __global__ void MultiTensorUpdateKernel(OptimizerArgs a, const OptimizerTensor* 
 
 }  // namespace
 
+template <typename T>
 cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const float* bias,
-                          float* y) {
+                          T* y) {
   BroadcastRowsKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(rows, cols, bias, y);
   return cudaGetLastError();
 }
@@ -844,25 +999,16 @@ cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x) {
   return cudaGetLastError();
 }
 
-cudaError_t CastToReduced(cudaStream_t stream, int64_t n, const float* x, void* y, bool fp16) {
+template <typename S, typename D>
+cudaError_t Convert(cudaStream_t stream, int64_t n, const S* x, D* y, const float* bias,
+                    int64_t channels, bool accumulate, bool relu) {
   if (n <= 0) return cudaSuccess;
-  if (fp16) {
-    CastToReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, static_cast<__half*>(y));
+  constexpr int kN = kConvertPack<S, D>;
+  if (Packed(n, kN, x, y)) {
+    ConvertPackKernel<<<Blocks(n / kN), kThreads, 0, stream>>>(n / kN, x, y, bias, channels,
+                                                               accumulate, relu);
   } else {
-    CastToReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, static_cast<__nv_bfloat16*>(y));
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t CastFromReduced(cudaStream_t stream, int64_t n, const void* x, float* y, bool fp16,
-                            const float* bias, int64_t channels, bool accumulate, bool relu) {
-  if (n <= 0) return cudaSuccess;
-  if (fp16) {
-    CastFromReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(n, static_cast<const __half*>(x), y,
-                                                              bias, channels, accumulate, relu);
-  } else {
-    CastFromReducedKernel<<<Blocks(n), kThreads, 0, stream>>>(
-        n, static_cast<const __nv_bfloat16*>(x), y, bias, channels, accumulate, relu);
+    ConvertKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, y, bias, channels, accumulate, relu);
   }
   return cudaGetLastError();
 }
@@ -891,76 +1037,89 @@ cudaError_t UnscaleCheckFinite(cudaStream_t stream, int64_t n, float inv_scale, 
   return cudaGetLastError();
 }
 
-cudaError_t ReluForward(cudaStream_t stream, int64_t n, const float* x, float* y) {
-  if (Vec4(n, x, y)) {
-    ReluForward4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(
-        n / 4, reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y));
-    return cudaGetLastError();
+template <typename T>
+cudaError_t ReluForward(cudaStream_t stream, int64_t n, const T* x, T* y) {
+  constexpr int kN = kPack<T>;
+  if (Packed(n, kN, x, y)) {
+    ReluForwardPackKernel<<<Blocks(n / kN), kThreads, 0, stream>>>(n / kN, x, y);
+  } else {
+    ReluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, y);
   }
-  ReluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, y);
   return cudaGetLastError();
 }
 
-cudaError_t ReluBackward(cudaStream_t stream, int64_t n, const float* x, const float* dy, float* dx,
+template <typename T>
+cudaError_t ReluBackward(cudaStream_t stream, int64_t n, const T* y, const T* dy, T* dx,
                          bool accumulate) {
-  if (Vec4(n, x, dy, dx)) {
-    ReluBackward4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(
-        n / 4, reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(dy),
-        reinterpret_cast<float4*>(dx), accumulate);
-    return cudaGetLastError();
+  constexpr int kN = kPack<T>;
+  if (Packed(n, kN, y, dy, dx)) {
+    ReluBackwardPackKernel<<<Blocks(n / kN), kThreads, 0, stream>>>(n / kN, y, dy, dx, accumulate);
+  } else {
+    ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, y, dy, dx, accumulate);
   }
-  ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, dy, dx, accumulate);
   return cudaGetLastError();
 }
 
-cudaError_t DropoutForward(cudaStream_t stream, int64_t n, float rate, uint64_t key, const float* x,
-                           float* y, uint8_t* mask) {
+template <typename T>
+cudaError_t DropoutForward(cudaStream_t stream, int64_t n, float rate, uint64_t key, const T* x,
+                           T* y, uint8_t* mask) {
   DropoutForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, rate, 1.f / (1.f - rate), key, x, y,
                                                            mask);
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t DropoutBackward(cudaStream_t stream, int64_t n, float rate, const uint8_t* mask,
-                            const float* dy, float* dx, bool accumulate) {
+                            const T* dy, T* dx, bool accumulate) {
   DropoutBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(n, 1.f / (1.f - rate), mask, dy, dx,
                                                             accumulate);
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t SoftmaxCrossEntropy(cudaStream_t stream, int64_t batch, int64_t classes,
-                                const float* logits, const int32_t* labels, float* dlogits,
-                                double* loss_sum, unsigned long long* correct) {
+                                const T* logits, const int32_t* labels, T* dlogits,
+                                float dlogits_scale, double* loss_sum,
+                                unsigned long long* correct) {
   // A warp (32 threads) per example.
   SoftmaxCrossEntropyKernel<<<Blocks(batch * 32), kThreads, 0, stream>>>(
-      batch, classes, logits, labels, dlogits, loss_sum, correct);
+      batch, classes, logits, labels, dlogits, dlogits_scale, loss_sum, correct);
   return cudaGetLastError();
 }
 
-cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const float* x, float* y, bool accumulate) {
-  CopyOrAddKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, y, accumulate);
-  return cudaGetLastError();
-}
-
-cudaError_t Add(cudaStream_t stream, int64_t n, const float* a, const float* b, float* y) {
-  if (Vec4(n, a, b, y)) {
-    Add4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(n / 4, reinterpret_cast<const float4*>(a),
-                                                       reinterpret_cast<const float4*>(b),
-                                                       reinterpret_cast<float4*>(y));
-    return cudaGetLastError();
+template <typename T>
+cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const T* x, T* y, bool accumulate) {
+  constexpr int kN = kPack<T>;
+  if (Packed(n, kN, x, y)) {
+    CopyOrAddPackKernel<<<Blocks(n / kN), kThreads, 0, stream>>>(n / kN, x, y, accumulate);
+  } else {
+    CopyOrAddKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, y, accumulate);
   }
-  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(n, a, b, y);
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t Add(cudaStream_t stream, int64_t n, const T* a, const T* b, T* y) {
+  constexpr int kN = kPack<T>;
+  if (Packed(n, kN, a, b, y)) {
+    AddPackKernel<<<Blocks(n / kN), kThreads, 0, stream>>>(n / kN, a, b, y);
+  } else {
+    AddKernel<<<Blocks(n), kThreads, 0, stream>>>(n, a, b, y);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t PadImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h, int64_t padded_w,
-                      const float* x, float* padded) {
+                      const T* x, T* padded) {
   PadImagesKernel<<<Blocks(s.batch * padded_h * padded_w * s.in_c), kThreads, 0, stream>>>(
       s, padded_h, padded_w, x, padded);
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t CropImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h,
-                       int64_t padded_w, const float* dpadded, float* dx, bool accumulate) {
+                       int64_t padded_w, const T* dpadded, T* dx, bool accumulate) {
   CropImagesKernel<<<Blocks(s.batch * s.in_elements()), kThreads, 0, stream>>>(
       s, padded_h, padded_w, dpadded, dx, accumulate);
   return cudaGetLastError();
@@ -973,24 +1132,25 @@ bool Fits32(const WindowShape& s) {
   return s.batch * s.in_elements() < limit && s.batch * s.out_elements() < limit;
 }
 
-template <typename I>
-void LaunchMaxPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y) {
+template <typename I, typename T>
+void LaunchMaxPoolForward(cudaStream_t stream, const WindowShape& s, const T* x, T* y) {
   const int64_t total = s.batch * s.out_elements();
-  MaxPoolForwardFastKernel<I>
+  MaxPoolForwardFastKernel<I, T>
       <<<Blocks(total), kThreads, 0, stream>>>(Window<I>(s), static_cast<I>(total), x, y);
 }
 
-template <typename I>
-void LaunchMaxPoolScatter(cudaStream_t stream, const WindowShape& s, const float* x,
-                          const float* dy, float* dx, bool accumulate) {
+template <typename I, typename T>
+void LaunchMaxPoolScatter(cudaStream_t stream, const WindowShape& s, const T* x, const T* dy, T* dx,
+                          bool accumulate) {
   const int64_t total = s.batch * s.out_elements();
-  MaxPoolScatterKernel<I><<<Blocks(total), kThreads, 0, stream>>>(
+  MaxPoolScatterKernel<I, T><<<Blocks(total), kThreads, 0, stream>>>(
       Window<I>(s), static_cast<I>(total), x, dy, dx, accumulate);
 }
 
 }  // namespace
 
-cudaError_t MaxPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y) {
+template <typename T>
+cudaError_t MaxPoolForward(cudaStream_t stream, const WindowShape& s, const T* x, T* y) {
   if (s.batch * s.out_elements() == 0) return cudaSuccess;
   if (Fits32(s)) {
     LaunchMaxPoolForward<int32_t>(stream, s, x, y);
@@ -1000,8 +1160,9 @@ cudaError_t MaxPoolForward(cudaStream_t stream, const WindowShape& s, const floa
   return cudaGetLastError();
 }
 
-cudaError_t MaxPoolBackward(cudaStream_t stream, const WindowShape& s, const float* x,
-                            const float* dy, float* dx, bool accumulate) {
+template <typename T>
+cudaError_t MaxPoolBackward(cudaStream_t stream, const WindowShape& s, const T* x, const T* dy,
+                            T* dx, bool accumulate) {
   if (s.batch * s.in_elements() == 0) return cudaSuccess;
   if (s.stride_h < s.kernel_h || s.stride_w < s.kernel_w) {
     MaxPoolBackwardKernel<<<Blocks(s.batch * s.in_elements()), kThreads, 0, stream>>>(s, x, dy, dx,
@@ -1012,7 +1173,8 @@ cudaError_t MaxPoolBackward(cudaStream_t stream, const WindowShape& s, const flo
                           s.pad_left == 0 && s.out_h * s.kernel_h == s.in_h &&
                           s.out_w * s.kernel_w == s.in_w;
   if (!accumulate && !covers_all) {
-    const cudaError_t e = cudaMemsetAsync(dx, 0, sizeof(float) * s.batch * s.in_elements(), stream);
+    // All-zero bytes are +0 in each of the three types.
+    const cudaError_t e = cudaMemsetAsync(dx, 0, sizeof(T) * s.batch * s.in_elements(), stream);
     if (e != cudaSuccess) return e;
   }
   if (s.batch * s.out_elements() == 0) return cudaSuccess;
@@ -1024,41 +1186,47 @@ cudaError_t MaxPoolBackward(cudaStream_t stream, const WindowShape& s, const flo
   return cudaGetLastError();
 }
 
-cudaError_t AvgPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y) {
+template <typename T>
+cudaError_t AvgPoolForward(cudaStream_t stream, const WindowShape& s, const T* x, T* y) {
   AvgPoolForwardKernel<<<Blocks(s.batch * s.out_elements()), kThreads, 0, stream>>>(s, x, y);
   return cudaGetLastError();
 }
 
-cudaError_t AvgPoolBackward(cudaStream_t stream, const WindowShape& s, const float* dy, float* dx,
+template <typename T>
+cudaError_t AvgPoolBackward(cudaStream_t stream, const WindowShape& s, const T* dy, T* dx,
                             bool accumulate) {
   AvgPoolBackwardKernel<<<Blocks(s.batch * s.in_elements()), kThreads, 0, stream>>>(s, dy, dx,
                                                                                     accumulate);
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t GlobalAvgPoolForward(cudaStream_t stream, int64_t batch, int64_t spatial,
-                                 int64_t channels, const float* x, float* y) {
+                                 int64_t channels, const T* x, T* y) {
   GlobalAvgPoolForwardKernel<<<Blocks(batch * channels), kThreads, 0, stream>>>(batch, spatial,
                                                                                 channels, x, y);
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t GlobalAvgPoolBackward(cudaStream_t stream, int64_t batch, int64_t spatial,
-                                  int64_t channels, const float* dy, float* dx, bool accumulate) {
+                                  int64_t channels, const T* dy, T* dx, bool accumulate) {
   GlobalAvgPoolBackwardKernel<<<Blocks(batch * spatial * channels), kThreads, 0, stream>>>(
       batch, spatial, channels, dy, dx, accumulate);
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t EmbeddingForward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
-                             const float* ids, const float* table, float* y) {
+                             const float* ids, const float* table, T* y) {
   EmbeddingForwardKernel<<<Blocks(num_ids * dim), kThreads, 0, stream>>>(num_ids, vocab, dim, ids,
                                                                          table, y);
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t EmbeddingBackward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
-                              const float* ids, const float* dy, float* dtable) {
+                              const float* ids, const T* dy, float* dtable) {
   EmbeddingBackwardKernel<<<Blocks(num_ids * dim), kThreads, 0, stream>>>(num_ids, vocab, dim, ids,
                                                                           dy, dtable);
   return cudaGetLastError();
@@ -1070,7 +1238,8 @@ int64_t ColumnPartialsElements(int64_t rows, int64_t cols) {
   return 2 * ColumnRowBlocks(rows, cols) * cols;
 }
 
-cudaError_t ColumnSumFast(cudaStream_t stream, int64_t rows, int64_t cols, const float* x, float* y,
+template <typename T>
+cudaError_t ColumnSumFast(cudaStream_t stream, int64_t rows, int64_t cols, const T* x, float* y,
                           bool accumulate, float* partials) {
   if (cols == 0) return cudaSuccess;
   if (rows == 0) {
@@ -1086,9 +1255,10 @@ cudaError_t ColumnSumFast(cudaStream_t stream, int64_t rows, int64_t cols, const
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t BatchNormForwardTraining(cudaStream_t stream, int64_t rows, int64_t channels,
-                                     const float* x, const float* gamma, const float* beta,
-                                     float epsilon, float momentum, float* y, float* running_mean,
+                                     const T* x, const float* gamma, const float* beta,
+                                     float epsilon, float momentum, T* y, float* running_mean,
                                      float* running_var, float* save_mean, float* save_inv_std,
                                      float* partials) {
   if (rows == 0 || channels == 0) return cudaSuccess;
@@ -1101,10 +1271,10 @@ cudaError_t BatchNormForwardTraining(cudaStream_t stream, int64_t rows, int64_t 
       rows, channels, g.chunk, g.row_blocks, partials, epsilon, momentum, running_mean, running_var,
       save_mean, save_inv_std);
   const int64_t n = rows * channels;
-  if (channels % 4 == 0) {
-    BatchNormApply4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(
-        n / 4, channels, reinterpret_cast<const float4*>(x), gamma, beta, save_mean, save_inv_std,
-        reinterpret_cast<float4*>(y));
+  constexpr int kN = kPack<T>;
+  if (Packed(channels, kN, x, y)) {
+    BatchNormApplyPackKernel<<<Blocks(n / kN), kThreads, 0, stream>>>(
+        n / kN, channels, x, gamma, beta, save_mean, save_inv_std, y);
   } else {
     BatchNormApplyKernel<<<Blocks(n), kThreads, 0, stream>>>(n, channels, x, gamma, beta, save_mean,
                                                              save_inv_std, y);
@@ -1112,10 +1282,10 @@ cudaError_t BatchNormForwardTraining(cudaStream_t stream, int64_t rows, int64_t 
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t BatchNormForwardInference(cudaStream_t stream, int64_t rows, int64_t channels,
-                                      const float* x, const float* gamma, const float* beta,
-                                      const float* mean, const float* var, float epsilon,
-                                      float* y) {
+                                      const T* x, const float* gamma, const float* beta,
+                                      const float* mean, const float* var, float epsilon, T* y) {
   const int64_t n = rows * channels;
   if (n == 0) return cudaSuccess;
   BatchNormInferenceKernel<<<Blocks(n), kThreads, 0, stream>>>(n, channels, x, gamma, beta, mean,
@@ -1123,11 +1293,11 @@ cudaError_t BatchNormForwardInference(cudaStream_t stream, int64_t rows, int64_t
   return cudaGetLastError();
 }
 
-cudaError_t BatchNormBackward(cudaStream_t stream, int64_t rows, int64_t channels, const float* x,
-                              const float* dy, const float* gamma, const float* save_mean,
-                              const float* save_inv_std, float* dx, bool dx_accumulate,
-                              float* dgamma, float* dbeta, bool param_accumulate, float* partials,
-                              float* sums) {
+template <typename T>
+cudaError_t BatchNormBackward(cudaStream_t stream, int64_t rows, int64_t channels, const T* x,
+                              const T* dy, const float* gamma, const float* save_mean,
+                              const float* save_inv_std, T* dx, bool dx_accumulate, float* dgamma,
+                              float* dbeta, bool param_accumulate, float* partials, float* sums) {
   if (channels == 0) return cudaSuccess;
   const ColumnGrid g = ColumnGridOf(std::max<int64_t>(rows, 1), channels);
   const dim3 grid(static_cast<unsigned>(g.row_blocks), static_cast<unsigned>(g.col_tiles));
@@ -1178,6 +1348,71 @@ cudaError_t MultiTensorUpdate(cudaStream_t stream, const OptimizerArgs& args,
       args, tensors, chunk_tensor, chunk_start);
   return cudaGetLastError();
 }
+
+// ---- Explicit instantiations: every activation template for each element
+// type, and Convert for every (source, destination) pair.
+#define DOWNPOUR_INSTANTIATE(T)                                                                    \
+  template cudaError_t BroadcastRows<T>(cudaStream_t, int64_t, int64_t, const float*, T*);         \
+  template cudaError_t ReluForward<T>(cudaStream_t, int64_t, const T*, T*);                        \
+  template cudaError_t ReluBackward<T>(cudaStream_t, int64_t, const T*, const T*, T*, bool);       \
+  template cudaError_t DropoutForward<T>(cudaStream_t, int64_t, float, uint64_t, const T*, T*,     \
+                                         uint8_t*);                                                \
+  template cudaError_t DropoutBackward<T>(cudaStream_t, int64_t, float, const uint8_t*, const T*,  \
+                                          T*, bool);                                               \
+  template cudaError_t SoftmaxCrossEntropy<T>(cudaStream_t, int64_t, int64_t, const T*,            \
+                                              const int32_t*, T*, float, double*,                  \
+                                              unsigned long long*);                                \
+  template cudaError_t CopyOrAdd<T>(cudaStream_t, int64_t, const T*, T*, bool);                    \
+  template cudaError_t Add<T>(cudaStream_t, int64_t, const T*, const T*, T*);                      \
+  template cudaError_t PadImages<T>(cudaStream_t, const WindowShape&, int64_t, int64_t, const T*,  \
+                                    T*);                                                           \
+  template cudaError_t CropImages<T>(cudaStream_t, const WindowShape&, int64_t, int64_t, const T*, \
+                                     T*, bool);                                                    \
+  template cudaError_t MaxPoolForward<T>(cudaStream_t, const WindowShape&, const T*, T*);          \
+  template cudaError_t MaxPoolBackward<T>(cudaStream_t, const WindowShape&, const T*, const T*,    \
+                                          T*, bool);                                               \
+  template cudaError_t AvgPoolForward<T>(cudaStream_t, const WindowShape&, const T*, T*);          \
+  template cudaError_t AvgPoolBackward<T>(cudaStream_t, const WindowShape&, const T*, T*, bool);   \
+  template cudaError_t GlobalAvgPoolForward<T>(cudaStream_t, int64_t, int64_t, int64_t, const T*,  \
+                                               T*);                                                \
+  template cudaError_t GlobalAvgPoolBackward<T>(cudaStream_t, int64_t, int64_t, int64_t, const T*, \
+                                                T*, bool);                                         \
+  template cudaError_t ColumnSumFast<T>(cudaStream_t, int64_t, int64_t, const T*, float*, bool,    \
+                                        float*);                                                   \
+  template cudaError_t BatchNormForwardTraining<T>(cudaStream_t, int64_t, int64_t, const T*,       \
+                                                   const float*, const float*, float, float, T*,   \
+                                                   float*, float*, float*, float*, float*);        \
+  template cudaError_t BatchNormForwardInference<T>(cudaStream_t, int64_t, int64_t, const T*,      \
+                                                    const float*, const float*, const float*,      \
+                                                    const float*, float, T*);                      \
+  template cudaError_t BatchNormBackward<T>(cudaStream_t, int64_t, int64_t, const T*, const T*,    \
+                                            const float*, const float*, const float*, T*, bool,    \
+                                            float*, float*, bool, float*, float*);                 \
+  template cudaError_t EmbeddingForward<T>(cudaStream_t, int64_t, int64_t, int64_t, const float*,  \
+                                           const float*, T*);                                      \
+  template cudaError_t EmbeddingBackward<T>(cudaStream_t, int64_t, int64_t, int64_t, const float*, \
+                                            const T*, float*);
+
+#define DOWNPOUR_INSTANTIATE_CONVERT(S, D)                                                       \
+  template cudaError_t Convert<S, D>(cudaStream_t, int64_t, const S*, D*, const float*, int64_t, \
+                                     bool, bool);
+
+DOWNPOUR_INSTANTIATE(float)
+DOWNPOUR_INSTANTIATE(__nv_bfloat16)
+DOWNPOUR_INSTANTIATE(__half)
+
+DOWNPOUR_INSTANTIATE_CONVERT(float, float)
+DOWNPOUR_INSTANTIATE_CONVERT(float, __nv_bfloat16)
+DOWNPOUR_INSTANTIATE_CONVERT(float, __half)
+DOWNPOUR_INSTANTIATE_CONVERT(__nv_bfloat16, float)
+DOWNPOUR_INSTANTIATE_CONVERT(__nv_bfloat16, __nv_bfloat16)
+DOWNPOUR_INSTANTIATE_CONVERT(__nv_bfloat16, __half)
+DOWNPOUR_INSTANTIATE_CONVERT(__half, float)
+DOWNPOUR_INSTANTIATE_CONVERT(__half, __nv_bfloat16)
+DOWNPOUR_INSTANTIATE_CONVERT(__half, __half)
+
+#undef DOWNPOUR_INSTANTIATE_CONVERT
+#undef DOWNPOUR_INSTANTIATE
 
 }  // namespace cuda_internal
 }  // namespace kernels

@@ -17,18 +17,23 @@ namespace downpour {
 namespace kernels {
 namespace cuda_internal {
 
+// Activation element types: `T` below is float, __nv_bfloat16 or __half
+// (each template is instantiated for the three in cuda_kernels.cu). Values
+// are read into fp32, computed in fp32 and rounded once when stored; sums
+// (batch norm statistics, column sums, pooling windows) accumulate in fp32.
+
 // y[r, c] = bias[c].
+template <typename T>
 cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const float* bias,
-                          float* y);
+                          T* y);
 // x[i] *= alpha.
 cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x);
-// Mixed precision: fp32 <-> bf16 (fp16 when `fp16`), `y`/`x` of the reduced
-// type. CastFromReduced adds bias[i % channels] when bias is not null, then
-// clamps at 0 when `relu`, and adds to y when `accumulate`.
-cudaError_t CastToReduced(cudaStream_t stream, int64_t n, const float* x, void* y, bool fp16);
-cudaError_t CastFromReduced(cudaStream_t stream, int64_t n, const void* x, float* y, bool fp16,
-                            const float* bias, int64_t channels, bool accumulate,
-                            bool relu = false);
+// y[i] (+)= max(0, x[i] + bias[i % channels]) converted from S to D: the bias
+// only when not null, the clamp only when `relu`, the add when `accumulate`.
+// x == y (S == D) is allowed. S and D are any of the three types.
+template <typename S, typename D>
+cudaError_t Convert(cudaStream_t stream, int64_t n, const S* x, D* y, const float* bias,
+                    int64_t channels, bool accumulate, bool relu);
 // For each range r < num_ranges (device arrays): y[dst_begin[r] + i] =
 // x[src_begin[r] + i] cast to the reduced type, i < count[r] <= max_count.
 cudaError_t CastRangesToReduced(cudaStream_t stream, int num_ranges, const int64_t* src_begin,
@@ -38,39 +43,58 @@ cudaError_t CastRangesToReduced(cudaStream_t stream, int num_ranges, const int64
 // never cleared).
 cudaError_t UnscaleCheckFinite(cudaStream_t stream, int64_t n, float inv_scale, float* g,
                                int* flag);
-cudaError_t ReluForward(cudaStream_t stream, int64_t n, const float* x, float* y);
-cudaError_t ReluBackward(cudaStream_t stream, int64_t n, const float* x, const float* dy, float* dx,
+template <typename T>
+cudaError_t ReluForward(cudaStream_t stream, int64_t n, const T* x, T* y);
+// dx (+)= dy where y > 0 (y is the forward's output or input: same sign).
+template <typename T>
+cudaError_t ReluBackward(cudaStream_t stream, int64_t n, const T* y, const T* dy, T* dx,
                          bool accumulate);
-cudaError_t DropoutForward(cudaStream_t stream, int64_t n, float rate, uint64_t key, const float* x,
-                           float* y, uint8_t* mask);
+template <typename T>
+cudaError_t DropoutForward(cudaStream_t stream, int64_t n, float rate, uint64_t key, const T* x,
+                           T* y, uint8_t* mask);
+template <typename T>
 cudaError_t DropoutBackward(cudaStream_t stream, int64_t n, float rate, const uint8_t* mask,
-                            const float* dy, float* dx, bool accumulate);
-// Adds each row's loss to *loss_sum and its correctness to *correct.
+                            const T* dy, T* dx, bool accumulate);
+// Adds each row's loss to *loss_sum and its correctness to *correct; when
+// dlogits is not null writes dlogits_scale * (softmax - onehot) / batch
+// (the loss scale folded in before rounding to T).
+template <typename T>
 cudaError_t SoftmaxCrossEntropy(cudaStream_t stream, int64_t batch, int64_t classes,
-                                const float* logits, const int32_t* labels, float* dlogits,
-                                double* loss_sum, unsigned long long* correct);
-cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const float* x, float* y, bool accumulate);
-cudaError_t Add(cudaStream_t stream, int64_t n, const float* a, const float* b, float* y);
+                                const T* logits, const int32_t* labels, T* dlogits,
+                                float dlogits_scale, double* loss_sum,
+                                unsigned long long* correct);
+template <typename T>
+cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const T* x, T* y, bool accumulate);
+template <typename T>
+cudaError_t Add(cudaStream_t stream, int64_t n, const T* a, const T* b, T* y);
 
 // The images of `s` copied into `padded`, [batch, padded_h, padded_w, in_c]
 // with padded_h = (out_h - 1) * stride_h + kernel_h (likewise w): input row
 // h lands at h + pad_top; the rest is zero.
-cudaError_t PadImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h, int64_t padded_w,
-                      const float* x, float* padded);
+template <typename T>
+cudaError_t PadImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h,
+                      int64_t padded_w, const T* x, T* padded);
 // The adjoint: dx (+)= the image part of dpadded.
+template <typename T>
 cudaError_t CropImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h,
-                       int64_t padded_w, const float* dpadded, float* dx, bool accumulate);
+                       int64_t padded_w, const T* dpadded, T* dx, bool accumulate);
 
-cudaError_t MaxPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y);
-cudaError_t MaxPoolBackward(cudaStream_t stream, const WindowShape& s, const float* x,
-                            const float* dy, float* dx, bool accumulate);
-cudaError_t AvgPoolForward(cudaStream_t stream, const WindowShape& s, const float* x, float* y);
-cudaError_t AvgPoolBackward(cudaStream_t stream, const WindowShape& s, const float* dy, float* dx,
+template <typename T>
+cudaError_t MaxPoolForward(cudaStream_t stream, const WindowShape& s, const T* x, T* y);
+template <typename T>
+cudaError_t MaxPoolBackward(cudaStream_t stream, const WindowShape& s, const T* x, const T* dy,
+                            T* dx, bool accumulate);
+template <typename T>
+cudaError_t AvgPoolForward(cudaStream_t stream, const WindowShape& s, const T* x, T* y);
+template <typename T>
+cudaError_t AvgPoolBackward(cudaStream_t stream, const WindowShape& s, const T* dy, T* dx,
                             bool accumulate);
+template <typename T>
 cudaError_t GlobalAvgPoolForward(cudaStream_t stream, int64_t batch, int64_t spatial,
-                                 int64_t channels, const float* x, float* y);
+                                 int64_t channels, const T* x, T* y);
+template <typename T>
 cudaError_t GlobalAvgPoolBackward(cudaStream_t stream, int64_t batch, int64_t spatial,
-                                  int64_t channels, const float* dy, float* dx, bool accumulate);
+                                  int64_t channels, const T* dy, T* dx, bool accumulate);
 
 // ---- Per-column reductions over a row-major [rows, cols] matrix (NHWC
 // activations seen as [batch * H * W, channels]). Two launches: blocks of
@@ -79,27 +103,32 @@ cudaError_t GlobalAvgPoolBackward(cudaStream_t stream, int64_t batch, int64_t sp
 // device scratch of ColumnPartialsElements(rows, cols) floats.
 int64_t ColumnRowBlocks(int64_t rows, int64_t cols);
 int64_t ColumnPartialsElements(int64_t rows, int64_t cols);
-// y[c] (+)= sum over rows of x[r, c].
-cudaError_t ColumnSumFast(cudaStream_t stream, int64_t rows, int64_t cols, const float* x, float* y,
+// y[c] (+)= sum over rows of x[r, c] (fp32 sums and output).
+template <typename T>
+cudaError_t ColumnSumFast(cudaStream_t stream, int64_t rows, int64_t cols, const T* x, float* y,
                           bool accumulate, float* partials);
 
 // Batch norm over [rows, channels] (kernels/cpu.cc's math; statistics merged
-// with Chan's formula from per-slab shifted sums).
+// with Chan's formula from per-slab shifted sums). x, y, dy, dx are T;
+// gamma, beta, the statistics and their gradients fp32.
+template <typename T>
 cudaError_t BatchNormForwardTraining(cudaStream_t stream, int64_t rows, int64_t channels,
-                                     const float* x, const float* gamma, const float* beta,
-                                     float epsilon, float momentum, float* y, float* running_mean,
+                                     const T* x, const float* gamma, const float* beta,
+                                     float epsilon, float momentum, T* y, float* running_mean,
                                      float* running_var, float* save_mean, float* save_inv_std,
                                      float* partials);
+template <typename T>
 cudaError_t BatchNormForwardInference(cudaStream_t stream, int64_t rows, int64_t channels,
-                                      const float* x, const float* gamma, const float* beta,
-                                      const float* mean, const float* var, float epsilon, float* y);
+                                      const T* x, const float* gamma, const float* beta,
+                                      const float* mean, const float* var, float epsilon, T* y);
 // `sums` is device scratch of 2 * channels floats.
-cudaError_t BatchNormBackward(cudaStream_t stream, int64_t rows, int64_t channels, const float* x,
-                              const float* dy, const float* gamma, const float* save_mean,
-                              const float* save_inv_std, float* dx, bool dx_accumulate,
-                              float* dgamma, float* dbeta, bool param_accumulate, float* partials,
-                              float* sums);
+template <typename T>
+cudaError_t BatchNormBackward(cudaStream_t stream, int64_t rows, int64_t channels, const T* x,
+                              const T* dy, const float* gamma, const float* save_mean,
+                              const float* save_inv_std, T* dx, bool dx_accumulate, float* dgamma,
+                              float* dbeta, bool param_accumulate, float* partials, float* sums);
 
+// fp32 only (the NCHW convolution path):
 // out[b, j, i] (+)= in[b, i, j] (+ bias[i] when bias is not null): a batch of
 // [rows, cols] -> [cols, rows] transposes through shared-memory tiles. NHWC
 // <-> NCHW activations (rows = H * W, cols = C, or back) and
@@ -114,11 +143,14 @@ cudaError_t PadToNchw(cudaStream_t stream, const WindowShape& s, int64_t ph, int
 cudaError_t CropFromNchw(cudaStream_t stream, const WindowShape& s, int64_t ph, int64_t pw,
                          const float* dpadded, float* dx, bool accumulate);
 
+// Ids are fp32 (exact integers); the table and its gradient fp32.
+template <typename T>
 cudaError_t EmbeddingForward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
-                             const float* ids, const float* table, float* y);
+                             const float* ids, const float* table, T* y);
 // dtable must already be zeroed for an overwrite.
+template <typename T>
 cudaError_t EmbeddingBackward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
-                              const float* ids, const float* dy, float* dtable);
+                              const float* ids, const T* dy, float* dtable);
 
 // One tensor of a fused optimizer update (device pointers).
 struct OptimizerTensor {
