@@ -262,6 +262,55 @@ bool BeforeBatchNorm(const std::string& name) {
   return name.rfind("conv1", 0) == 0 || name.rfind("conv2", 0) == 0 || name.rfind("bn", 0) == 0;
 }
 
+double Norm(const float* v, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += v[i] * double{v[i]};
+  return std::sqrt(sum);
+}
+
+// ||got - ref|| / ||ref|| (for the log).
+double RelativeError(const float* ref, const float* got, int64_t n) {
+  double diff = 0;
+  for (int64_t i = 0; i < n; ++i) diff += (ref[i] - got[i]) * double{ref[i] - got[i]};
+  const double norm = Norm(ref, n);
+  return norm > 0 ? std::sqrt(diff) / norm : std::sqrt(diff);
+}
+
+// cos(a, b) >= min_cosine.
+void ExpectAligned(const float* ref, const float* got, int64_t n, double min_cosine,
+                   const std::string& what) {
+  double dot = 0;
+  for (int64_t i = 0; i < n; ++i) dot += ref[i] * double{got[i]};
+  const double norms = Norm(ref, n) * Norm(got, n);
+  EXPECT_GE(norms > 0 ? dot / norms : 1.0, min_cosine) << what;
+}
+
+// A reduced-precision gradient of kSmallNet against fp32's (both on the GPU,
+// same parameters and batch), for each kind of parameter:
+// - conv1's bias feeds a batch norm, which removes any per-channel constant:
+//   its exact gradient is 0 and fp32's is rounding noise, so the reduced one
+//   (noise of dy summed over the batch's rows) need only be small next to
+//   its layer's weight gradient (5%);
+// - the rest upstream of a batch norm: its backward subtracts near-equal
+//   terms (the batch means of dy and dy * xhat) from rounded activations, so
+//   the error is not small in norm (up to ~30% with every activation in
+//   fp16/bf16, as with PyTorch's autocast); their direction must still agree
+//   (cosine >= 0.9; a wrong kernel gives about 0);
+// - everything else within `tolerance` in norm.
+void ExpectReducedGradClose(const Model& ref, const Model& low, const ParamInfo& p,
+                            double tolerance, const std::string& what) {
+  if (p.name == "conv1/bias") {
+    const ParamInfo& w = ref.params()[p.id - 1];
+    EXPECT_LE(Norm(low.grad(p.id), p.num_elements),
+              0.05 * Norm(ref.grad(w.id), w.num_elements))
+        << what;
+  } else if (BeforeBatchNorm(p.name)) {
+    ExpectAligned(ref.grad(p.id), low.grad(p.id), p.num_elements, 0.9, what);
+  } else {
+    ExpectNormClose(ref.grad(p.id), low.grad(p.id), p.num_elements, tolerance, what);
+  }
+}
+
 // The schedule alone, no device: halve on overflow (not below 1), double
 // after kGrowthInterval clean steps in a row, an overflow restarts the count.
 TEST(DynamicLossScaleTest, HalvesOnOverflowDoublesAfterCleanSteps) {
@@ -307,20 +356,16 @@ TEST(ModelPrecisionTest, CpuRunsEveryPrecisionInFp32) {
 
 // bf16 / fp16 compute against fp32 on the same GPU, over steps with the
 // same SGD updates applied: losses within 2% (bf16, 8-bit mantissa) / 0.5%
-// (fp16); gradients in norm within 5% / 1% of fp32's, except those of conv1,
-// conv2 and the batch norms they feed: batch norm's backward subtracts
-// near-equal terms (the batch means of dy and dy * xhat), which turns the
-// rounding of the reduced conv outputs into up to 10% / 6% (seen on an H200;
-// the bound is 20% / 12%), as with PyTorch's autocast, where convolution
-// outputs are bf16 too.
+// (fp16); gradients as ExpectReducedGradClose says, within 10% / 3% of
+// fp32's in norm where no batch norm is in the way (every activation is
+// rounded to the reduced type, and a ReLU flips where rounding crosses 0).
 class ReducedPrecisionTest : public ModelGpuTest,
                              public ::testing::WithParamInterface<Precision> {};
 
 TEST_P(ReducedPrecisionTest, LossesAndGradientsMatchFp32) {
   const Precision precision = GetParam();
   const double loss_tol = precision == BF16 ? 2e-2 : 5e-3;
-  const double grad_tol = precision == BF16 ? 5e-2 : 1e-2;
-  const double grad_tol_before_bn = precision == BF16 ? 0.20 : 0.12;
+  const double grad_tol = precision == BF16 ? 0.10 : 0.03;
   auto ref = MakeModelIn(0, FP32, 1.0);
   auto low = MakeModelIn(0, precision, DynamicLossScale::kDefaultInitial);
   ASSERT_TRUE(ref && low);
@@ -334,10 +379,10 @@ TEST_P(ReducedPrecisionTest, LossesAndGradientsMatchFp32) {
     EXPECT_FALSE(l->skipped) << "step " << step;
     EXPECT_NEAR(r->loss, l->loss, loss_tol * (1 + std::abs(r->loss))) << "step " << step;
     for (const ParamInfo& p : ref->params()) {
-      const bool before_bn = BeforeBatchNorm(p.name);
-      ExpectNormClose(ref->grad(p.id), low->grad(p.id), p.num_elements,
-                      before_bn ? grad_tol_before_bn : grad_tol,
-                      p.name + " grad, step " + std::to_string(step));
+      const std::string what = p.name + " grad, step " + std::to_string(step);
+      ExpectReducedGradClose(*ref, *low, p, grad_tol, what);
+      std::printf("%s %s: relative error %.4f\n", Precision_Name(precision).c_str(), what.c_str(),
+                  RelativeError(ref->grad(p.id), low->grad(p.id), p.num_elements));
       for (int64_t i = 0; i < p.num_elements; ++i) {
         ref->param(p.id)[i] -= 0.1f * ref->grad(p.id)[i];
         low->param(p.id)[i] = ref->param(p.id)[i];
@@ -420,8 +465,7 @@ TEST_F(ModelGpuTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
     ASSERT_TRUE(r.ok());
     EXPECT_NEAR(r->loss, l->loss, 5e-3 * (1 + std::abs(r->loss)));
     for (const ParamInfo& p : ref->params()) {
-      ExpectNormClose(ref->grad(p.id), low->grad(p.id), p.num_elements,
-                      BeforeBatchNorm(p.name) ? 0.12 : 1e-2, p.name + " grad");
+      ExpectReducedGradClose(*ref, *low, p, 0.03, p.name + " grad");
     }
   }
   EXPECT_TRUE(clean) << "no clean step after " << skipped << " skipped ones";
@@ -435,9 +479,10 @@ TEST_F(ModelGpuTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
 // Convolutions whose output only a ReLU reads apply it themselves (the
 // ReLU's forward does nothing): the fp32 GPU matches the CPU, which runs
 // them apart, and bf16 (reduced convolutions, the ReLU in the output's
-// cast) stays within the reduced-precision bounds above; conv1's gradient
-// passes two reduced convolutions and two ReLU masks that bf16 rounding
-// flips near zero (6.1% seen on an H200, bound 12%).
+// epilogue) stays within 10% of it in norm (every activation and its
+// gradient rounded to bf16; 6.7% seen on an H200), conv1's within 15% (its
+// gradient crosses both ReLU masks, which rounding flips near zero; 10.6%
+// seen).
 constexpr char kConvReluNet[] = R"pb(
   input_shape: [ 8, 8, 3 ]
   num_classes: 5
@@ -497,7 +542,7 @@ TEST_F(ModelGpuTest, ConvolutionWithFusedReluMatchesTheCpuAndFp32) {
     for (const ParamInfo& p : cpu->params()) {
       const std::string what = p.name + " grad, step " + std::to_string(step);
       ExpectClose(cpu->grad(p.id), gpu->grad(p.id), p.num_elements, 1e-3, what);
-      const double bf16_tol = p.name.rfind("conv1", 0) == 0 ? 0.12 : 5e-2;
+      const double bf16_tol = p.name.rfind("conv1", 0) == 0 ? 0.15 : 0.10;
       ExpectNormClose(cpu->grad(p.id), bf16->grad(p.id), p.num_elements, bf16_tol, what + " bf16");
       for (int64_t i = 0; i < p.num_elements; ++i) {
         cpu->param(p.id)[i] -= 0.1f * cpu->grad(p.id)[i];
@@ -509,3 +554,4 @@ TEST_F(ModelGpuTest, ConvolutionWithFusedReluMatchesTheCpuAndFp32) {
 
 }  // namespace
 }  // namespace downpour
+

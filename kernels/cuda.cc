@@ -131,6 +131,10 @@ struct ConvPlan {
   // aligned.
   ConvVariant reduced;
   bool reduced_chosen = false, reduced_ok = false;
+  // Per direction: the reduced variant, or the fp32 plan on converted
+  // copies where cudnnFind measured that faster, conversions included (a
+  // layer with one or three input channels has no fast tensor-op kernel).
+  bool fwd_reduced = false, bwd_reduced = false;
   size_t in16_bytes = 0, filter16_bytes = 0;
 };
 
@@ -845,9 +849,44 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
                         &p->reduced, /*fma_only=*/false);
   }
   p->reduced_ok = st.ok();
-  if (!st.ok() && log_conv_plans.load()) {
-    std::fprintf(stderr, "conv reduced precision unavailable, fp32 instead: %s\n",
-                 std::string(st.message()).c_str());
+  if (!st.ok()) {
+    if (log_conv_plans.load()) {
+      std::fprintf(stderr, "conv reduced precision unavailable, fp32 instead: %s\n",
+                   std::string(st.message()).c_str());
+    }
+    return;
+  }
+  p->fwd_reduced = p->bwd_reduced = true;
+  if (!ChooseLayouts(ctx, s, p).ok()) return;
+  // A conversion reads 2 bytes and writes 4 per element, or back.
+  auto convert_ms = [](int64_t elements) {
+    return 6.0 * static_cast<double>(elements) / kTransposeBytesPerMs;
+  };
+  const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
+  const double fwd_fp32 = (p->fwd_nchw ? p->nchw.fwd_ms + TransposeMs(p->in_bytes) +
+                                             TransposeMs(p->filter_bytes) +
+                                             TransposeMs(p->out_bytes)
+                                       : p->nhwc.fwd_ms) +
+                          convert_ms(in_n) + convert_ms(out_n);
+  const double bwd_fp32 =
+      (p->bwd_nchw ? p->nchw.bwd_filter_ms + p->nchw.bwd_data_ms + 2 * TransposeMs(p->in_bytes) +
+                         TransposeMs(p->out_bytes) + 2 * TransposeMs(p->filter_bytes)
+                   : p->nhwc.bwd_filter_ms + p->nhwc.bwd_data_ms) +
+      2 * convert_ms(in_n) + convert_ms(out_n);
+  const double fwd_reduced = p->reduced.fwd_ms;
+  const double bwd_reduced = p->reduced.bwd_filter_ms + p->reduced.bwd_data_ms;
+  p->fwd_reduced = fwd_reduced <= fwd_fp32;
+  p->bwd_reduced = bwd_reduced <= bwd_fp32;
+  if (log_conv_plans.load()) {
+    std::fprintf(stderr,
+                 "conv precision n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: forward "
+                 "reduced %.3f fp32 %.3f ms -> %s; backward reduced %.3f fp32 %.3f ms -> %s\n",
+                 static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
+                 static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
+                 static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
+                 static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h), fwd_reduced,
+                 fwd_fp32, p->fwd_reduced ? "reduced" : "fp32", bwd_reduced, bwd_fp32,
+                 p->bwd_reduced ? "reduced" : "fp32");
   }
 }
 
@@ -1146,7 +1185,7 @@ absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T
     return Conv2dForwardFp32(ctx, s, p, x, w, bias, y, relu);
   } else {
     ChooseReduced(ctx, s, &p);
-    if (p.reduced_ok) return Conv2dForwardReduced<T>(ctx, s, p, x, w, bias, y, relu);
+    if (p.fwd_reduced) return Conv2dForwardReduced<T>(ctx, s, p, x, w, bias, y, relu);
     return Conv2dForwardViaFp32<T>(ctx, s, p, x, w, bias, y, relu);
   }
 }
@@ -1163,7 +1202,7 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
     return Conv2dBackwardFp32(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
   } else {
     ChooseReduced(ctx, s, &p);
-    if (p.reduced_ok) {
+    if (p.bwd_reduced) {
       return Conv2dBackwardReduced<T>(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);
     }
     return Conv2dBackwardViaFp32<T>(ctx, s, p, x, w, dy, dx, dx_write, dw, dbias, param_write);

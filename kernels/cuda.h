@@ -240,9 +240,10 @@ absl::Status Add(const CudaContext& ctx, int64_t n, const T* a, const T* b, T* y
 // `relu`: y = max(0, conv + bias), in the pass that adds the bias (or one
 // pass after).
 // fp32: the faster of NHWC and NCHW per shape (see CudaContext). bf16/fp16:
-// NHWC tensor-core convolutions straight on the reduced tensors; a shape
-// cuDNN cannot run in the reduced type runs the fp32 plan on converted
-// copies.
+// NHWC tensor-core convolutions straight on the reduced tensors, except per
+// direction where cudnnFind measures the fp32 plan on converted copies
+// faster, conversions included (one or three input channels), or cuDNN
+// cannot run the shape in the reduced type.
 template <typename T>
 absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T* x,
                            const float* w, const float* bias, T* y, bool relu = false);
