@@ -1447,9 +1447,9 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
     }
     const int out = st.buffer_of_layer[i];
     args.y = out > 0 ? st.buffers[out].value_ptr() : nullptr;
-    if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i));
+    if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i));
     RETURN_IF_ERROR(layers_[i]->Forward(*ops_, args));
-    if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 1));
+    if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 1));
   }
   return absl::OkStatus();
 }
@@ -1467,7 +1467,7 @@ absl::Status Model::Backward(int64_t batch) {
     const int out = st.buffer_of_layer[i];
     args.y = nullptr;
     args.dy = nullptr;
-    if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 2));
+    if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 2));
     if (out > 0) {
       const model_internal::Buffer& b = st.buffers[out];
       if (!written[out]) {
@@ -1490,7 +1490,7 @@ absl::Status Model::Backward(int64_t batch) {
       written[in] = true;
     }
     RETURN_IF_ERROR(layers_[i]->Backward(*ops_, args));
-    if (profiling_) RETURN_IF_ERROR(ops_->Mark(4 * i + 3));
+    if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 3));
   }
   return absl::OkStatus();
 }
@@ -1580,6 +1580,13 @@ absl::Status Model::TrainStepOnDevice(const float* features, const int32_t* labe
   return UnscaleGradients();
 }
 
+absl::Status Model::MarkLayer(int slot) {
+  if (static_cast<size_t>(slot) >= host_marks_.size()) host_marks_.resize(slot + 1);
+  host_marks_[slot] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return ops_->Mark(slot);
+}
+
 absl::StatusOr<std::vector<LayerTime>> Model::ProfileStepOnDevice(const float* features,
                                                                   const int32_t* labels,
                                                                   int64_t batch, int64_t step) {
@@ -1596,6 +1603,8 @@ absl::StatusOr<std::vector<LayerTime>> Model::ProfileStepOnDevice(const float* f
       const int k = static_cast<int>(4 * i);
       ASSIGN_OR_RETURN(t.forward_ms, ops_->MarkMs(k, k + 1));
       ASSIGN_OR_RETURN(t.backward_ms, ops_->MarkMs(k + 2, k + 3));
+      t.host_forward_ms = 1e3 * (host_marks_[k + 1] - host_marks_[k]);
+      t.host_backward_ms = 1e3 * (host_marks_[k + 3] - host_marks_[k + 2]);
     }
     times.push_back(std::move(t));
   }

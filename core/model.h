@@ -86,8 +86,12 @@ struct EvalResult {
 // One layer's share of a profiled step (Model::ProfileStepOnDevice).
 struct LayerTime {
   std::string name;
-  double forward_ms = 0.0;
+  double forward_ms = 0.0;  // Device time (CUDA events) on a GPU.
   double backward_ms = 0.0;
+  // Host time spent queueing the layer's work (the same as the above on the
+  // CPU, where nothing is queued).
+  double host_forward_ms = 0.0;
+  double host_backward_ms = 0.0;
 };
 
 // What TrainStep moves between the host and the device (a GPU model; the CPU
@@ -281,6 +285,9 @@ class Model {
   std::vector<int> buffer_of_layer_;  // -1 for the loss (scalar output).
   int64_t capacity_ = 0;              // Largest batch the buffers hold.
   bool profiling_ = false;            // Forward/Backward mark each layer.
+  std::vector<double> host_marks_;    // Profiling: host seconds at each mark.
+  // Profiling: marks slot on the device and on the host.
+  absl::Status MarkLayer(int slot);
   // Activations are of a reduced type and some layer other than an
   // embedding reads the model input: Forward converts it first.
   bool input_to_activations_ = false;
