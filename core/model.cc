@@ -214,6 +214,14 @@ class Ops {
   virtual absl::Status ToActivations(int64_t n, const float* x, Act y) = 0;
   // n floats (gradients) set to zero.
   virtual absl::Status ZeroFloats(int64_t n, float* x) = 0;
+  // Scratch planning (a GPU's workspace; nothing on the CPU): the most any
+  // call asked for since the reset; memory lent as the scratch of the calls
+  // that follow, until returned; the backend's own scratch freed.
+  virtual void ResetWorkspacePeak() = 0;
+  virtual int64_t WorkspacePeak() const = 0;
+  virtual void LendWorkspace(void* memory, size_t bytes) = 0;
+  virtual void ReturnWorkspace() = 0;
+  virtual absl::Status ReleaseWorkspace() = 0;
   // The stream work is queued on (null on the CPU).
   virtual cudaStream_t stream() const = 0;
   // Binds the calling thread to this backend's device (a no-op on the CPU).
@@ -310,6 +318,11 @@ class CpuOps : public Ops {
     cpu::Zero(ctx_, n, x);
     return absl::OkStatus();
   }
+  void ResetWorkspacePeak() override {}
+  int64_t WorkspacePeak() const override { return 0; }
+  void LendWorkspace(void* /*memory*/, size_t /*bytes*/) override {}
+  void ReturnWorkspace() override {}
+  absl::Status ReleaseWorkspace() override { return absl::OkStatus(); }
   cudaStream_t stream() const override { return nullptr; }
   absl::Status MakeCurrent() override { return absl::OkStatus(); }
   int64_t workspace_bytes() const override { return 0; }
@@ -452,10 +465,15 @@ class CudaOps : public Ops {
         [&](auto tag) { return cuda::Convert<float, decltype(tag)>(*ctx_, n, x, y); });
   }
   absl::Status ZeroFloats(int64_t n, float* x) override { return cuda::Zero<float>(*ctx_, n, x); }
+  void ResetWorkspacePeak() override { ctx_->workspace_peak = 0; }
+  int64_t WorkspacePeak() const override { return static_cast<int64_t>(ctx_->workspace_peak); }
+  void LendWorkspace(void* memory, size_t bytes) override { ctx_->LendWorkspace(memory, bytes); }
+  void ReturnWorkspace() override { ctx_->ReturnWorkspace(); }
+  absl::Status ReleaseWorkspace() override { return ctx_->ReleaseWorkspace(); }
   cudaStream_t stream() const override { return ctx_->stream; }
   absl::Status MakeCurrent() override { return ctx_->MakeCurrent(); }
   int64_t workspace_bytes() const override {
-    return static_cast<int64_t>(ctx_->workspace_bytes + ctx_->staging_bytes);
+    return static_cast<int64_t>(ctx_->owned_workspace_bytes() + ctx_->staging_bytes);
   }
   int64_t weight_copy_bytes() const override {
     return static_cast<int64_t>(cuda::ReducedWeightBytes(*ctx_));
@@ -1308,6 +1326,32 @@ bool BackwardReadsInput(LayerKind kind) {
 absl::Status Model::Reserve(int64_t batch) {
   model_internal::Storage& st = *storage_;
   if (batch <= st.capacity) return absl::OkStatus();
+  // The layers' scratch needs depend on the batch: measured again.
+  scratch_need_.assign(2 * layers_.size(), 0);
+  scratch_at_.assign(2 * layers_.size(), nullptr);
+  scratch_planned_ = false;
+  measure_scratch_ = ops_->gpu();
+  RETURN_IF_ERROR(PlanArena(batch));
+  if (input_to_activations_) {
+    st.input_activations = {};
+    ASSIGN_OR_RETURN(st.input_activations,
+                     ops_->Allocate(ops_->activation_bytes() * batch * shape_.input_size));
+  }
+  for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*ops_, batch));
+  st.capacity = batch;
+  return absl::OkStatus();
+}
+
+absl::Status Model::PlanScratch() {
+  measure_scratch_ = false;
+  RETURN_IF_ERROR(PlanArena(storage_->capacity));
+  scratch_planned_ = true;
+  // The calls measured now take their scratch from the arena.
+  return ops_->ReleaseWorkspace();
+}
+
+absl::Status Model::PlanArena(int64_t batch) {
+  model_internal::Storage& st = *storage_;
   // Outstanding work may still read the old buffers.
   RETURN_IF_ERROR(ops_->Synchronize());
   const int n = static_cast<int>(shape_.layers.size());
@@ -1358,6 +1402,16 @@ absl::Status Model::Reserve(int64_t batch) {
     grad_block[b] = static_cast<int>(blocks.size());
     blocks.push_back({bytes, grad_first[b], backward_time(producer[b]), 0});
   }
+  // Each layer's measured scratch, live during its own forward or backward
+  // (where it mostly fits in room the activations leave free then, as a
+  // caching allocator would find it).
+  std::vector<int> scratch_block(scratch_need_.size(), -1);
+  for (int i = 0; i < static_cast<int>(scratch_need_.size()); ++i) {
+    if (scratch_need_[i] == 0) continue;
+    const int time = i % 2 == 0 ? i / 2 : backward_time(i / 2);
+    scratch_block[i] = static_cast<int>(blocks.size());
+    blocks.push_back({(static_cast<size_t>(scratch_need_[i]) + 255) / 256 * 256, time, time, 0});
+  }
   const size_t arena_bytes = PlaceBlocks(blocks);
   st.arena = {};
   ASSIGN_OR_RETURN(st.arena, ops_->Allocate(arena_bytes));
@@ -1366,14 +1420,23 @@ absl::Status Model::Reserve(int64_t batch) {
     st.buffers[b].value_data = base + blocks[value_block[b]].offset;
     st.buffers[b].grad_data = base + blocks[grad_block[b]].offset;
   }
-  if (input_to_activations_) {
-    st.input_activations = {};
-    ASSIGN_OR_RETURN(st.input_activations,
-                     ops_->Allocate(ops_->activation_bytes() * batch * shape_.input_size));
+  for (size_t i = 0; i < scratch_block.size(); ++i) {
+    scratch_at_[i] = scratch_block[i] < 0 ? nullptr : base + blocks[scratch_block[i]].offset;
   }
-  for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*ops_, batch));
-  st.capacity = batch;
   return absl::OkStatus();
+}
+
+absl::Status Model::RunLayer(size_t i, bool forward, const model_internal::ForwardArgs* f,
+                             const model_internal::BackwardArgs* b) {
+  const size_t slot = 2 * i + (forward ? 0 : 1);
+  if (measure_scratch_) ops_->ResetWorkspacePeak();
+  if (scratch_planned_ && scratch_at_[slot] != nullptr) {
+    ops_->LendWorkspace(scratch_at_[slot], static_cast<size_t>(scratch_need_[slot]));
+  }
+  absl::Status s = forward ? layers_[i]->Forward(*ops_, *f) : layers_[i]->Backward(*ops_, *b);
+  ops_->ReturnWorkspace();
+  if (measure_scratch_) scratch_need_[slot] = std::max(scratch_need_[slot], ops_->WorkspacePeak());
+  return s;
 }
 
 absl::Status Model::StageBatch(const float* features, const int32_t* labels, int64_t batch) {
@@ -1448,7 +1511,7 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
     const int out = st.buffer_of_layer[i];
     args.y = out > 0 ? st.buffers[out].value_ptr() : nullptr;
     if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i));
-    RETURN_IF_ERROR(layers_[i]->Forward(*ops_, args));
+    RETURN_IF_ERROR(RunLayer(i, /*forward=*/true, &args, nullptr));
     if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 1));
   }
   return absl::OkStatus();
@@ -1489,7 +1552,7 @@ absl::Status Model::Backward(int64_t batch) {
                                           : kernels::Write::kOverwrite);
       written[in] = true;
     }
-    RETURN_IF_ERROR(layers_[i]->Backward(*ops_, args));
+    RETURN_IF_ERROR(RunLayer(i, /*forward=*/false, nullptr, &args));
     if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 3));
   }
   return absl::OkStatus();
@@ -1510,6 +1573,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
   RETURN_IF_ERROR(Backward(batch));
+  if (measure_scratch_) RETURN_IF_ERROR(PlanScratch());
   RETURN_IF_ERROR(UnscaleGradients());
   bool skipped = false;
   if (loss_scaling_) {
@@ -1577,6 +1641,7 @@ absl::Status Model::TrainStepOnDevice(const float* features, const int32_t* labe
   RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
   RETURN_IF_ERROR(Backward(batch));
+  if (measure_scratch_ && !profiling_) RETURN_IF_ERROR(PlanScratch());
   return UnscaleGradients();
 }
 

@@ -44,6 +44,8 @@
 namespace downpour {
 namespace model_internal {
 class Act;
+struct BackwardArgs;
+struct ForwardArgs;
 class Layer;
 class Ops;
 struct Buffer;
@@ -224,7 +226,9 @@ class Model {
   // Compute memory the model holds now, by use.
   struct ComputeMemory {
     int64_t parameters = 0;     // Parameters, gradients, optimizer slots, state.
-    int64_t activations = 0;    // The activation arena and the staged batch.
+    // The activation arena (with every layer's scratch, once measured) and
+    // the staged batch.
+    int64_t activations = 0;
     int64_t workspace = 0;      // The GPU's scratch (cuDNN's and ours).
     int64_t weight_copies = 0;  // bf16/fp16 copies of the weights.
     int64_t total() const { return parameters + activations + workspace + weight_copies; }
@@ -244,6 +248,17 @@ class Model {
   absl::Status Init(std::unique_ptr<model_internal::Ops> ops);
   absl::Status CheckBatch(const float* features, const int32_t* labels, int64_t batch) const;
   absl::Status Reserve(int64_t batch);
+  // Places the activation arena for `batch` examples, with each layer's
+  // measured scratch (scratch_need_) as blocks of their own.
+  absl::Status PlanArena(int64_t batch);
+  // After a measured training step: the arena again, with room for every
+  // layer's scratch, which the layers then borrow instead of the backend's
+  // own (freed).
+  absl::Status PlanScratch();
+  // Runs layer i's forward (f) or backward (b), measuring or lending its
+  // scratch.
+  absl::Status RunLayer(size_t i, bool forward, const model_internal::ForwardArgs* f,
+                        const model_internal::BackwardArgs* b);
   // Puts a host batch into the compute memory (a copy on the GPU) and points
   // input_/labels_ at it.
   absl::Status StageBatch(const float* features, const int32_t* labels, int64_t batch);
@@ -291,6 +306,13 @@ class Model {
   // Activations are of a reduced type and some layer other than an
   // embedding reads the model input: Forward converts it first.
   bool input_to_activations_ = false;
+  // Per layer, [2i] forward and [2i + 1] backward: the most scratch its
+  // calls asked for (measured during the first training step of a
+  // capacity), and where the arena keeps it once planned.
+  std::vector<int64_t> scratch_need_;
+  std::vector<char*> scratch_at_;
+  bool measure_scratch_ = false;
+  bool scratch_planned_ = false;
 };
 
 }  // namespace downpour

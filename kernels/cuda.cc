@@ -259,9 +259,14 @@ void PickHeuristic(const Perf* perf, int returned, size_t free_bytes, Algo* algo
 constexpr size_t kMaxWorkspaceBytes = size_t{2} << 30;
 
 // Grows ctx's workspace to at least `bytes` (waiting for queued work, which
-// may still use the old one).
+// may still use the old one); a lent one too small is given back first.
 absl::Status EnsureWorkspace(const CudaContext& ctx, size_t bytes) {
+  ctx.workspace_peak = std::max(ctx.workspace_peak, bytes);
   if (bytes <= ctx.workspace_bytes) return absl::OkStatus();
+  if (ctx.workspace_is_lent()) {
+    ctx.ReturnWorkspace();
+    if (bytes <= ctx.workspace_bytes) return absl::OkStatus();
+  }
   const size_t grown = Aligned(std::max(bytes, ctx.workspace_bytes + ctx.workspace_bytes / 2));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
   if (ctx.workspace != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(ctx.workspace));
@@ -283,10 +288,6 @@ absl::StatusOr<float*> ColumnScratch(const CudaContext& ctx, int64_t rows, int64
   return static_cast<float*>(ctx.workspace);
 }
 
-absl::Status WorkspaceTooSmall(const CudaContext& ctx, size_t need, const char* what) {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      what, " needs ", need, " bytes of workspace; the context has ", ctx.workspace_bytes));
-}
 
 }  // namespace
 
@@ -398,6 +399,7 @@ CudaContext::~CudaContext() {
   if (device < 0) return;
   cudaSetDevice(device);
   if (stream != nullptr) cudaStreamSynchronize(stream);
+  ReturnWorkspace();
   if (scratch != nullptr) cudaFree(scratch);
   if (workspace != nullptr) cudaFree(workspace);
   if (staging != nullptr) cudaFree(staging);
@@ -407,6 +409,39 @@ CudaContext::~CudaContext() {
 }
 
 void CudaContext::ForgetConvPlans() { conv_plans.reset(); }
+
+void CudaContext::LendWorkspace(void* memory, size_t bytes) const {
+  if (!workspace_lent) {
+    own_workspace = workspace;
+    own_workspace_bytes = workspace_bytes;
+    workspace_lent = true;
+  }
+  workspace = memory;
+  workspace_bytes = bytes;
+}
+
+void CudaContext::ReturnWorkspace() const {
+  if (!workspace_lent) return;
+  workspace = own_workspace;
+  workspace_bytes = own_workspace_bytes;
+  own_workspace = nullptr;
+  own_workspace_bytes = 0;
+  workspace_lent = false;
+}
+
+absl::Status CudaContext::ReleaseWorkspace() {
+  ReturnWorkspace();
+  if (workspace == nullptr) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  CUDA_RETURN_IF_ERROR(cudaFree(workspace));
+  workspace = nullptr;
+  workspace_bytes = 0;
+  return absl::OkStatus();
+}
+
+size_t CudaContext::owned_workspace_bytes() const {
+  return workspace_lent ? own_workspace_bytes : workspace_bytes;
+}
 
 absl::Status RegisterReducedWeights(CudaContext& ctx,
                                     const std::vector<std::pair<const float*, int64_t>>& ranges) {
@@ -834,6 +869,10 @@ size_t ReducedBackwardScratch(const ConvPlan& p) {
   return 2 * (p.padded ? p.in16_bytes : 0) + 2 * p.filter16_bytes;
 }
 
+// The most the fp32 copies of a reduced convolution's tensors may take where
+// the fp32 plan is merely faster (not where it is the only one).
+constexpr int64_t kMaxStagingBytes = int64_t{64} << 20;
+
 // bf16/fp16 contexts: the tensor-op NHWC variant on the reduced tensors
 // (padded plans convolve a padded copy), measured the first time `s` is
 // seen. A shape cuDNN cannot run reduced (reduced_ok false) runs the fp32
@@ -875,8 +914,12 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
       2 * convert_ms(in_n) + convert_ms(out_n);
   const double fwd_reduced = p->reduced.fwd_ms;
   const double bwd_reduced = p->reduced.bwd_filter_ms + p->reduced.bwd_data_ms;
-  p->fwd_reduced = fwd_reduced <= fwd_fp32;
-  p->bwd_reduced = bwd_reduced <= bwd_fp32;
+  // The fp32 copies cost memory the reduced path does not: worth it on small
+  // tensors only (the Fashion-MNIST CNN's 1-channel input, not ResNet's or
+  // VGG's 3-channel stems, whose copies would add 70-900 MB).
+  const bool small = 4 * (2 * in_n + out_n) <= kMaxStagingBytes;
+  p->fwd_reduced = !small || fwd_reduced <= fwd_fp32;
+  p->bwd_reduced = !small || bwd_reduced <= bwd_fp32;
   if (log_conv_plans.load()) {
     std::fprintf(stderr,
                  "conv precision n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: forward "
@@ -1393,7 +1436,7 @@ absl::Status ApplyOptimizerMultiTensor(const CudaContext& ctx, OptimizerKind kin
   const std::vector<char>& host = packed.host;
   const size_t total = host.size();
   const size_t desc_bytes = packed.desc_bytes, start_bytes = packed.start_bytes;
-  if (total > ctx.workspace_bytes) return WorkspaceTooSmall(ctx, total, "fused optimizer");
+  STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, total));
   char* device = static_cast<char*>(ctx.workspace);
   // From pageable memory the copy has read `host` when it returns.
   CUDA_RETURN_IF_ERROR(

@@ -97,9 +97,14 @@ struct CudaContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
-  // Grown by convolutions whose fastest algorithm needs more (up to 2 GiB).
+  // Scratch of every call that needs some: the context's own, grown by
+  // calls that need more (a convolution's fastest algorithm: up to 2 GiB),
+  // or memory lent by the caller (LendWorkspace).
   mutable void* workspace = nullptr;
   mutable size_t workspace_bytes = 0;
+  // The most workspace any call has asked for since the caller last set
+  // this to 0 (callers plan memory with it).
+  mutable size_t workspace_peak = 0;
   // Small device scratch for reductions returned to the host (loss, count).
   void* scratch = nullptr;
   // Filled lazily by Conv2dForward/Backward; mutable because those take the
@@ -137,6 +142,25 @@ struct CudaContext {
   // Drops the cached convolution plans (the next call of a shape measures
   // again, in conv_layout).
   void ForgetConvPlans();
+
+  // Lends `bytes` of device memory as the workspace until ReturnWorkspace:
+  // a caller that plans its memory (a model's activation arena) gives each
+  // call the scratch it measured. A call that needs more takes the
+  // context's own workspace back (and grows it). The memory must stay valid
+  // until the work queued with it has run.
+  void LendWorkspace(void* memory, size_t bytes) const;
+  void ReturnWorkspace() const;
+  // Frees the context's own workspace (waits for queued work); the next
+  // call that needs one allocates it again.
+  absl::Status ReleaseWorkspace();
+  // Bytes of the context's own workspace (not counting a lent one).
+  size_t owned_workspace_bytes() const;
+  bool workspace_is_lent() const { return workspace_lent; }
+
+ private:
+  mutable bool workspace_lent = false;
+  mutable void* own_workspace = nullptr;  // Put aside while lent.
+  mutable size_t own_workspace_bytes = 0;
 };
 
 // bf16/fp16 contexts: keeps one reduced copy of each fp32 device range in
