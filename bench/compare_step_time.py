@@ -24,7 +24,7 @@ theirs = [r for r in load(sys.argv[2]) if 'model' in r]
 device = next((r['device'] for r in load(sys.argv[2]) if 'device' in r), '?')
 print(f'card: {device}\n')
 print('| model | batch | precision | ours ms/step | PyTorch eager ms/step (layout) | ours / PyTorch '
-      '| ours MiB | PyTorch peak MiB |')
+      '| ours MiB (compute) | PyTorch peak MiB |')
 print('| --- | --- | --- | --- | --- | --- | --- | --- |')
 for o in ours:
     cands = [t for t in theirs if t['model'] == o['model'] and t['precision'] == o['precision']]
@@ -33,5 +33,6 @@ for o in ours:
     best = min(cands, key=lambda t: t['step_ms_loop'])
     ratio = o['step_ms_loop'] / best['step_ms_loop']
     print(f"| {o['model']} | {o['batch']} | {o['precision']} | {o['step_ms_loop']:.3f} | "
-          f"{best['step_ms_loop']:.3f} ({best['format']}) | {ratio:.2f} | {o['mem_mb']:.0f} | "
+          f"{best['step_ms_loop']:.3f} ({best['format']}) | {ratio:.2f} | "
+          f"{o['mem_mb']:.0f} ({o['compute_mb']:.0f}) | "
           f"{best['peak_mem_mb']:.0f} |")
