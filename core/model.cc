@@ -473,7 +473,7 @@ class CudaOps : public Ops {
   cudaStream_t stream() const override { return ctx_->stream; }
   absl::Status MakeCurrent() override { return ctx_->MakeCurrent(); }
   int64_t workspace_bytes() const override {
-    return static_cast<int64_t>(ctx_->owned_workspace_bytes() + ctx_->staging_bytes);
+    return static_cast<int64_t>(ctx_->owned_workspace_bytes());
   }
   int64_t weight_copy_bytes() const override {
     return static_cast<int64_t>(cuda::ReducedWeightBytes(*ctx_));

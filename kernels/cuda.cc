@@ -402,7 +402,6 @@ CudaContext::~CudaContext() {
   ReturnWorkspace();
   if (scratch != nullptr) cudaFree(scratch);
   if (workspace != nullptr) cudaFree(workspace);
-  if (staging != nullptr) cudaFree(staging);
   if (cudnn != nullptr) cudnnDestroy(cudnn);
   if (cublas != nullptr) cublasDestroy(cublas);
   if (stream != nullptr) cudaStreamDestroy(stream);
@@ -1010,19 +1009,32 @@ absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
       "CropImages");
 }
 
-// The context's staging scratch, grown to `bytes` (waiting for queued work,
-// which may still use the old one).
-absl::StatusOr<char*> Staging(const CudaContext& ctx, size_t bytes) {
-  if (bytes > ctx.staging_bytes) {
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-    if (ctx.staging != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(ctx.staging));
-    ctx.staging = nullptr;
-    ctx.staging_bytes = 0;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&ctx.staging, bytes));
-    ctx.staging_bytes = bytes;
+// The first `bytes` of ctx's workspace (ensured) for the caller; the rest is
+// the workspace of the nested calls made while this lives, which must ask
+// for no more than `rest` (so that none of them reallocates it).
+class WorkspaceHead {
+ public:
+  static absl::StatusOr<std::unique_ptr<WorkspaceHead>> Take(const CudaContext& ctx, size_t bytes,
+                                                            size_t rest) {
+    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Aligned(bytes) + rest));
+    return std::unique_ptr<WorkspaceHead>(new WorkspaceHead(ctx, Aligned(bytes)));
   }
-  return static_cast<char*>(ctx.staging);
-}
+  ~WorkspaceHead() {
+    ctx_.workspace = head_;
+    ctx_.workspace_bytes += bytes_;
+  }
+  char* data() const { return head_; }
+
+ private:
+  WorkspaceHead(const CudaContext& ctx, size_t bytes)
+      : ctx_(ctx), head_(static_cast<char*>(ctx.workspace)), bytes_(bytes) {
+    ctx_.workspace = head_ + bytes;
+    ctx_.workspace_bytes -= bytes;
+  }
+  const CudaContext& ctx_;
+  char* const head_;
+  const size_t bytes_;
+};
 
 // NHWC x (padded as the plan says) -> NCHW xn.
 absl::Status ToNchwInput(const CudaContext& ctx, const WindowShape& s, const ConvPlan& p,
@@ -1042,6 +1054,17 @@ absl::Status ToNchwFilter(const CudaContext& ctx, const WindowShape& s, const fl
                   "BatchedTranspose");
 }
 
+// The workspace the fp32 plan's forward / backward asks for.
+size_t Fp32ForwardWorkspace(const ConvPlan& p) {
+  return p.fwd_nchw ? NchwForwardScratch(p) + p.nchw.fwd_bytes : p.padded_bytes + p.nhwc.fwd_bytes;
+}
+size_t Fp32BackwardWorkspace(const WindowShape& s, const ConvPlan& p, bool dx, bool dbias) {
+  const ConvVariant& v = p.bwd_nchw ? p.nchw : p.nhwc;
+  const size_t cudnn = std::max(
+      {v.bwd_filter_bytes, dx ? v.bwd_data_bytes : size_t{0}, dbias ? BiasScratch(s) : size_t{0}});
+  return (p.bwd_nchw ? NchwBackwardScratch(p) : 2 * p.padded_bytes) + cudnn;
+}
+
 absl::Status ReluInPlace(const CudaContext& ctx, int64_t n, float* y) {
   return FromCuda(k::ReluForward<float>(ctx.stream, n, y, y), "ReluForward");
 }
@@ -1055,7 +1078,7 @@ absl::Status Conv2dForwardFp32(const CudaContext& ctx, const WindowShape& s, Con
   if (p.fwd_nchw) {
     const ConvVariant& v = p.nchw;
     const size_t scratch = NchwForwardScratch(p);
-    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, scratch + v.fwd_bytes));
+    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Fp32ForwardWorkspace(p)));
     char* base = static_cast<char*>(ctx.workspace);
     auto* xn = reinterpret_cast<float*>(base);
     auto* wn = reinterpret_cast<float*>(base + p.in_bytes);
@@ -1070,7 +1093,7 @@ absl::Status Conv2dForwardFp32(const CudaContext& ctx, const WindowShape& s, Con
     return relu ? ReluInPlace(ctx, s.batch * s.out_elements(), y) : absl::OkStatus();
   }
   const ConvVariant& v = p.nhwc;
-  STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, p.padded_bytes + v.fwd_bytes));
+  STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Fp32ForwardWorkspace(p)));
   const float* input = x;
   char* free_space = static_cast<char*>(ctx.workspace);
   size_t free_bytes = ctx.workspace_bytes;
@@ -1096,13 +1119,11 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
   STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const float one = 1.f, zero = 0.f;
   const float param_beta = Acc(param_write) ? 1.f : 0.f;
-  const size_t bias_scratch = dbias != nullptr ? BiasScratch(s) : 0;
+  STATUS_RETURN_IF_ERROR(
+      EnsureWorkspace(ctx, Fp32BackwardWorkspace(s, p, dx != nullptr, dbias != nullptr)));
   if (p.bwd_nchw) {
     const ConvVariant& v = p.nchw;
     const size_t scratch = NchwBackwardScratch(p);
-    STATUS_RETURN_IF_ERROR(EnsureWorkspace(
-        ctx, scratch + std::max({v.bwd_filter_bytes, dx != nullptr ? v.bwd_data_bytes : size_t{0},
-                                 bias_scratch})));
     char* base = static_cast<char*>(ctx.workspace);
     auto* xn = reinterpret_cast<float*>(base);
     auto* dxn = reinterpret_cast<float*>(base + p.in_bytes);
@@ -1139,10 +1160,6 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
                     "BatchedTranspose");
   }
   const ConvVariant& v = p.nhwc;
-  STATUS_RETURN_IF_ERROR(EnsureWorkspace(
-      ctx,
-      2 * p.padded_bytes + std::max({v.bwd_filter_bytes,
-                                     dx != nullptr ? v.bwd_data_bytes : size_t{0}, bias_scratch})));
   char* free_space = static_cast<char*>(ctx.workspace);
   size_t free_bytes = ctx.workspace_bytes;
   const float* input = x;
@@ -1178,17 +1195,19 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
                   "CropImages");
 }
 
-// A reduced-precision convolution cuDNN cannot run: the fp32 plan on
-// converted copies in the staging scratch.
+// A reduced-precision convolution as the fp32 plan on converted copies
+// (kept at the head of the workspace).
 template <typename T>
 absl::Status Conv2dForwardViaFp32(const CudaContext& ctx, const WindowShape& s, ConvPlan& p,
                                   const T* x, const float* w, const float* bias, T* y, bool relu) {
+  STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
   const size_t x_bytes = Aligned(sizeof(float) * in_n);
-  absl::StatusOr<char*> staging = Staging(ctx, x_bytes + Aligned(sizeof(float) * out_n));
-  if (!staging.ok()) return staging.status();
-  auto* x32 = reinterpret_cast<float*>(*staging);
-  auto* y32 = reinterpret_cast<float*>(*staging + x_bytes);
+  absl::StatusOr<std::unique_ptr<WorkspaceHead>> copies =
+      WorkspaceHead::Take(ctx, x_bytes + sizeof(float) * out_n, Fp32ForwardWorkspace(p));
+  if (!copies.ok()) return copies.status();
+  auto* x32 = reinterpret_cast<float*>((*copies)->data());
+  auto* y32 = reinterpret_cast<float*>((*copies)->data() + x_bytes);
   STATUS_RETURN_IF_ERROR(ConvertOn(ctx, in_n, x, x32, nullptr, 1, false, false));
   STATUS_RETURN_IF_ERROR(Conv2dForwardFp32(ctx, s, p, x32, w, bias, y32, false));
   return ConvertOn(ctx, out_n, y32, y, nullptr, 1, false, relu);
@@ -1198,15 +1217,18 @@ template <typename T>
 absl::Status Conv2dBackwardViaFp32(const CudaContext& ctx, const WindowShape& s, ConvPlan& p,
                                    const T* x, const float* w, const T* dy, T* dx, Write dx_write,
                                    float* dw, float* dbias, Write param_write) {
+  STATUS_RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
   const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
   const size_t in_bytes = Aligned(sizeof(float) * in_n);
   const size_t out_bytes = Aligned(sizeof(float) * out_n);
-  absl::StatusOr<char*> staging =
-      Staging(ctx, in_bytes + out_bytes + (dx != nullptr ? in_bytes : 0));
-  if (!staging.ok()) return staging.status();
-  auto* x32 = reinterpret_cast<float*>(*staging);
-  auto* dy32 = reinterpret_cast<float*>(*staging + in_bytes);
-  float* dx32 = dx != nullptr ? reinterpret_cast<float*>(*staging + in_bytes + out_bytes) : nullptr;
+  absl::StatusOr<std::unique_ptr<WorkspaceHead>> copies =
+      WorkspaceHead::Take(ctx, in_bytes + out_bytes + (dx != nullptr ? in_bytes : 0),
+                          Fp32BackwardWorkspace(s, p, dx != nullptr, dbias != nullptr));
+  if (!copies.ok()) return copies.status();
+  char* base = (*copies)->data();
+  auto* x32 = reinterpret_cast<float*>(base);
+  auto* dy32 = reinterpret_cast<float*>(base + in_bytes);
+  float* dx32 = dx != nullptr ? reinterpret_cast<float*>(base + in_bytes + out_bytes) : nullptr;
   STATUS_RETURN_IF_ERROR(ConvertOn(ctx, in_n, x, x32, nullptr, 1, false, false));
   STATUS_RETURN_IF_ERROR(ConvertOn(ctx, out_n, dy, dy32, nullptr, 1, false, false));
   STATUS_RETURN_IF_ERROR(Conv2dBackwardFp32(ctx, s, p, x32, w, dy32, dx32, Write::kOverwrite, dw,

@@ -116,12 +116,6 @@ struct CudaContext {
   ConvLayout conv_layout = ConvLayout::kAuto;
   // Set before the first dense layer or convolution.
   ComputePrecision compute = ComputePrecision::kFp32;
-  // Scratch for the fp32 fallback of reduced convolutions (converted
-  // copies), grown as needed; apart from the workspace, which the fp32 path
-  // uses for itself.
-  mutable void* staging = nullptr;
-  mutable size_t staging_bytes = 0;
-
   // Sets up a context on `device` with `workspace_bytes` of workspace.
   // FailedPrecondition when there is no such device.
   static absl::StatusOr<std::unique_ptr<CudaContext>> Create(int device,
