@@ -5,11 +5,11 @@
 # daemons on the GPU. Logs go to $OUT (or ./gpu-out).
 #
 # Here (no GPU needed):
-#   bazel build -c opt //kernels:cuda_test //core:model_gpu_test //bench:step_time \
+#   bazel build -c opt //kernels:cuda_test //core:model_gpu_test //worker:replicas_test //bench:step_time \
 #     //coordinator:downpour-coordinator //server:downpour-ps //worker:downpour-worker \
 #     //client:downpourctl
 #   ../shared/tools/device-bundle .device/bundle bazel-bin/kernels/cuda_test \
-#     bazel-bin/core/model_gpu_test bazel-bin/bench/step_time \
+#     bazel-bin/core/model_gpu_test bazel-bin/worker/replicas_test bazel-bin/bench/step_time \
 #     bazel-bin/coordinator/downpour-coordinator bazel-bin/server/downpour-ps \
 #     bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl
 #   mkdir -p .device/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .device/fashion-mnist/
@@ -24,7 +24,7 @@ STAGES=${STAGES:-tests bench train}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 if [[ $STAGES == *tests* ]]; then
-  for t in cuda_test model_gpu_test; do
+  for t in cuda_test model_gpu_test replicas_test; do
     $t --gtest_color=no >"$OUT/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$t.log" | head -20
