@@ -202,8 +202,7 @@ absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
   return absl::OkStatus();
 }
 
-// The fastest measured algorithm that succeeded, uses FMA math (no TF32) and
-// fits in `free_bytes`; the first heuristic choice that fits otherwise.
+// Conv plan logging (SetConvPlanLogging).
 std::atomic<bool> log_conv_plans{false};
 
 template <typename Perf, typename Algo>
@@ -227,19 +226,36 @@ void LogPlan(const char* direction, const char* layout, const WindowShape& s, co
   std::fprintf(stderr, "\n");
 }
 
+// PickAlgo: the fastest measured algorithm that succeeded, uses FMA math (no
+// TF32) unless the caller allows tensor ops, and fits in `free_bytes`
+// (PickHeuristic: the first heuristic choice that fits otherwise).
+// Algorithms measured within this fraction of the fastest count as ties
+// (cudnnFind's times move more than that between calls); among ties the one
+// with the least workspace wins, since every byte of it is device memory.
+constexpr float kAlgoTimeTolerance = 1.05f;
+
 template <typename Perf, typename Algo>
 bool PickAlgo(const Perf* perf, int returned, size_t free_bytes, Algo* algo, size_t* bytes,
               int* index, bool fma_only) {
+  auto eligible = [&](const Perf& p) {
+    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= free_bytes &&
+           (!fma_only || p.mathType == CUDNN_FMA_MATH);
+  };
+  int best = -1;
   for (int i = 0; i < returned; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes &&
-        (!fma_only || perf[i].mathType == CUDNN_FMA_MATH)) {
-      *algo = perf[i].algo;
-      *bytes = perf[i].memory;
-      *index = i;
-      return true;
+    if (eligible(perf[i]) && (best < 0 || perf[i].time < perf[best].time)) best = i;
+  }
+  if (best < 0) return false;
+  const float limit = kAlgoTimeTolerance * perf[best].time;
+  for (int i = 0; i < returned; ++i) {
+    if (eligible(perf[i]) && perf[i].time <= limit && perf[i].memory < perf[best].memory) {
+      best = i;
     }
   }
-  return false;
+  *algo = perf[best].algo;
+  *bytes = perf[best].memory;
+  *index = best;
+  return true;
 }
 
 template <typename Perf, typename Algo>
