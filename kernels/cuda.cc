@@ -586,6 +586,19 @@ absl::StatusOr<const T*> WeightsToReduced(const CudaContext& ctx, int64_t n, con
   return static_cast<const T*>(copy);
 }
 
+// A dense layer's reduced weights: the registered copy, or a conversion at
+// the head of the workspace (asked for only then: a large layer's copy is
+// hundreds of MB).
+template <typename T>
+absl::StatusOr<const T*> DenseWeights(const CudaContext& ctx, int64_t n, const float* w) {
+  if (ctx.reduced_weights != nullptr) {
+    auto it = ctx.reduced_weights->copy_of.find(w);
+    if (it != ctx.reduced_weights->copy_of.end()) return static_cast<const T*>(it->second);
+  }
+  STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Reduced16Bytes(n)));
+  return WeightsToReduced<T>(ctx, n, w, ctx.workspace);
+}
+
 // Row-major C = alpha op(A) op(B) + beta C on tensor cores with fp32
 // accumulation; A and B of type `ab`, C of type `c_type`.
 absl::Status GemmMixed(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
@@ -625,8 +638,7 @@ absl::Status DenseForward(const CudaContext& ctx, int64_t batch, int64_t in, int
   if constexpr (kIsFloat<T>) {
     return Gemm(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, x, w, beta, y);
   } else {
-    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Reduced16Bytes(in * out)));
-    absl::StatusOr<const T*> w16 = WeightsToReduced<T>(ctx, in * out, w, ctx.workspace);
+    absl::StatusOr<const T*> w16 = DenseWeights<T>(ctx, in * out, w);
     if (!w16.ok()) return w16.status();
     return GemmMixed(ctx, Transpose::kNo, Transpose::kNo, batch, out, in, 1.f, x, *w16,
                      CudaType<T>(), beta, y, CudaType<T>());
@@ -656,8 +668,7 @@ absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, in
     STATUS_RETURN_IF_ERROR(GemmMixed(ctx, Transpose::kYes, Transpose::kNo, in, out, batch, 1.f, x,
                                      dy, CudaType<T>(), param_beta, dw, CUDA_R_32F));
     if (dx == nullptr) return absl::OkStatus();
-    STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Reduced16Bytes(in * out)));
-    absl::StatusOr<const T*> w16 = WeightsToReduced<T>(ctx, in * out, w, ctx.workspace);
+    absl::StatusOr<const T*> w16 = DenseWeights<T>(ctx, in * out, w);
     if (!w16.ok()) return w16.status();
     return GemmMixed(ctx, Transpose::kNo, Transpose::kYes, batch, in, out, 1.f, dy, *w16,
                      CudaType<T>(), dx_beta, dx, CudaType<T>());
