@@ -193,15 +193,19 @@ int Run() {
       auto print = [&](const LayerTime& t) {
         std::printf(
             "{\"profile\": \"%s\", \"layer\": \"%s\", \"forward_ms\": %.4f, "
-            "\"backward_ms\": %.4f, \"host_forward_ms\": %.4f, \"host_backward_ms\": %.4f}\n",
+            "\"backward_ms\": %.4f, \"host_forward_ms\": %.4f, \"host_backward_ms\": %.4f, "
+            "\"forward_scratch_mb\": %.1f, \"backward_scratch_mb\": %.1f}\n",
             model_name.c_str(), t.name.c_str(), t.forward_ms, t.backward_ms, t.host_forward_ms,
-            t.host_backward_ms);
+            t.host_backward_ms, MiB(t.forward_scratch_bytes), MiB(t.backward_scratch_bytes));
       };
       for (const LayerTime& t : *times) {
         total.forward_ms += t.forward_ms;
         total.backward_ms += t.backward_ms;
         total.host_forward_ms += t.host_forward_ms;
         total.host_backward_ms += t.host_backward_ms;
+        total.forward_scratch_bytes = std::max(total.forward_scratch_bytes, t.forward_scratch_bytes);
+        total.backward_scratch_bytes =
+            std::max(total.backward_scratch_bytes, t.backward_scratch_bytes);
         print(t);
       }
       print(total);

@@ -1668,6 +1668,10 @@ absl::StatusOr<std::vector<LayerTime>> Model::ProfileStepOnDevice(const float* f
       const int k = static_cast<int>(4 * i);
       ASSIGN_OR_RETURN(t.forward_ms, ops_->MarkMs(k, k + 1));
       ASSIGN_OR_RETURN(t.backward_ms, ops_->MarkMs(k + 2, k + 3));
+      if (2 * i + 1 < scratch_need_.size()) {
+        t.forward_scratch_bytes = scratch_need_[2 * i];
+        t.backward_scratch_bytes = scratch_need_[2 * i + 1];
+      }
       t.host_forward_ms = 1e3 * (host_marks_[k + 1] - host_marks_[k]);
       t.host_backward_ms = 1e3 * (host_marks_[k + 3] - host_marks_[k + 2]);
     }

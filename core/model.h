@@ -94,6 +94,10 @@ struct LayerTime {
   // CPU, where nothing is queued).
   double host_forward_ms = 0.0;
   double host_backward_ms = 0.0;
+  // Scratch (GPU workspace) the layer's forward and backward ask for, as
+  // measured and planned into the activation arena.
+  int64_t forward_scratch_bytes = 0;
+  int64_t backward_scratch_bytes = 0;
 };
 
 // What TrainStep moves between the host and the device (a GPU model; the CPU
