@@ -226,9 +226,12 @@ void LogPlan(const char* direction, const char* layout, const WindowShape& s, co
   std::fprintf(stderr, "\n");
 }
 
-// PickAlgo: the fastest measured algorithm that succeeded, uses FMA math (no
-// TF32) unless the caller allows tensor ops, and fits in `free_bytes`
-// (PickHeuristic: the first heuristic choice that fits otherwise).
+// PickAlgo: the fastest measured algorithm that succeeded, was measured with
+// the math type the convolution descriptor has (`math`: FMA for fp32, so no
+// TF32; tensor ops for bf16/fp16 — cudnnFind also reports algorithms in
+// other math types, which the descriptor would not run as measured) and
+// fits in `free_bytes` (PickHeuristic: the first heuristic choice that fits
+// otherwise).
 // Algorithms measured within this fraction of the fastest count as ties
 // (cudnnFind's times move more than that between calls); among ties the one
 // with the least workspace wins, since every byte of it is device memory.
@@ -236,10 +239,10 @@ constexpr float kAlgoTimeTolerance = 1.05f;
 
 template <typename Perf, typename Algo>
 bool PickAlgo(const Perf* perf, int returned, size_t free_bytes, Algo* algo, size_t* bytes,
-              int* index, bool fma_only) {
+              int* index, cudnnMathType_t math) {
   auto eligible = [&](const Perf& p) {
     return p.status == CUDNN_STATUS_SUCCESS && p.memory <= free_bytes &&
-           (!fma_only || p.mathType == CUDNN_FMA_MATH);
+           p.mathType == math;
   };
   int best = -1;
   for (int i = 0; i < returned; ++i) {
@@ -768,10 +771,11 @@ constexpr double kTransposeBytesPerMs = 2.5e9;
 double TransposeMs(size_t bytes) { return 2.0 * static_cast<double>(bytes) / kTransposeBytesPerMs; }
 
 // Measures the algorithms of all three directions of `v` (cudnnFind, as
-// PyTorch's cudnn.benchmark) and keeps the fastest FMA one that fits `limit`
-// bytes of workspace, or the first heuristic choice that fits.
+// PyTorch's cudnn.benchmark) and keeps the fastest in `math` (the
+// descriptor's) that fits `limit` bytes of workspace, or the first
+// heuristic choice that fits.
 absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const char* layout,
-                            size_t limit, ConvVariant* v, bool fma_only = true) {
+                            size_t limit, ConvVariant* v, cudnnMathType_t math = CUDNN_FMA_MATH) {
   int returned = 0;
   {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -779,7 +783,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
         cudnnFindConvolutionForwardAlgorithm(ctx.cudnn, v->x.d, v->w.d, v->conv.d, v->y.d,
                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
     int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->fwd_algo, &v->fwd_bytes, &chosen, fma_only)) {
+    if (PickAlgo(perf, returned, limit, &v->fwd_algo, &v->fwd_bytes, &chosen, math)) {
       v->fwd_ms = perf[chosen].time;
     } else {
       CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
@@ -799,7 +803,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
         &returned, perf));
     int chosen = -1;
     if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen,
-                 fma_only)) {
+                 math)) {
       v->bwd_filter_ms = perf[chosen].time;
     } else {
       CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -818,7 +822,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
         ctx.cudnn, v->w.d, v->y.d, v->conv.d, v->x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         &returned, perf));
     int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->bwd_data_algo, &v->bwd_data_bytes, &chosen, fma_only)) {
+    if (PickAlgo(perf, returned, limit, &v->bwd_data_algo, &v->bwd_data_bytes, &chosen, math)) {
       v->bwd_data_ms = perf[chosen].time;
     } else {
       CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -911,7 +915,7 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
   absl::Status st = MakeReducedVariant(s, ReducedCudnnType(ctx.compute), *p, &p->reduced);
   if (st.ok()) {
     st = FindAlgorithms(ctx, s, "reduced", kMaxWorkspaceBytes - ReducedBackwardScratch(*p),
-                        &p->reduced, /*fma_only=*/false);
+                        &p->reduced, CUDNN_TENSOR_OP_MATH);
   }
   p->reduced_ok = st.ok();
   if (!st.ok()) {
