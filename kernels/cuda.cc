@@ -850,6 +850,17 @@ size_t BiasScratch(const WindowShape& s) {
   return Aligned(sizeof(float) * k::ColumnPartialsElements(s.batch * s.out_h * s.out_w, s.out_c));
 }
 
+// The workspace the fp32 plan's forward / backward asks for.
+size_t Fp32ForwardWorkspace(const ConvPlan& p) {
+  return p.fwd_nchw ? NchwForwardScratch(p) + p.nchw.fwd_bytes : p.padded_bytes + p.nhwc.fwd_bytes;
+}
+size_t Fp32BackwardWorkspace(const WindowShape& s, const ConvPlan& p, bool dx, bool dbias) {
+  const ConvVariant& v = p.bwd_nchw ? p.nchw : p.nhwc;
+  const size_t cudnn = std::max(
+      {v.bwd_filter_bytes, dx ? v.bwd_data_bytes : size_t{0}, dbias ? BiasScratch(s) : size_t{0}});
+  return (p.bwd_nchw ? NchwBackwardScratch(p) : 2 * p.padded_bytes) + cudnn;
+}
+
 // Measures both layouts the first time `s` is seen and picks one for the
 // forward and one for the backward (or takes ctx.conv_layout's).
 absl::Status ChooseLayouts(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
@@ -899,8 +910,9 @@ size_t ReducedBackwardScratch(const ConvPlan& p) {
   return 2 * (p.padded ? p.in16_bytes : 0) + 2 * p.filter16_bytes;
 }
 
-// The most the fp32 copies of a reduced convolution's tensors may take where
-// the fp32 plan is merely faster (not where it is the only one).
+// The most the fp32 copies of a reduced convolution's tensors and the fp32
+// plan's workspace may take where that plan is merely faster (not where it
+// is the only one).
 constexpr int64_t kMaxStagingBytes = int64_t{64} << 20;
 
 // bf16/fp16 contexts: the tensor-op NHWC variant on the reduced tensors
@@ -944,12 +956,14 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
       2 * convert_ms(in_n) + convert_ms(out_n);
   const double fwd_reduced = p->reduced.fwd_ms;
   const double bwd_reduced = p->reduced.bwd_filter_ms + p->reduced.bwd_data_ms;
-  // The fp32 copies cost memory the reduced path does not: worth it on small
-  // tensors only (the Fashion-MNIST CNN's 1-channel input, not ResNet's or
-  // VGG's 3-channel stems, whose copies would add 70-900 MB).
-  const bool small = 4 * (2 * in_n + out_n) <= kMaxStagingBytes;
-  p->fwd_reduced = !small || fwd_reduced <= fwd_fp32;
-  p->bwd_reduced = !small || bwd_reduced <= bwd_fp32;
+  // The fp32 copies and the fp32 plan's workspace cost memory the reduced
+  // path does not: worth it on small tensors only (the Fashion-MNIST CNN's
+  // first convolution, not ResNet's or VGG's 3-channel stems, whose copies
+  // alone would take 70-900 MB).
+  const int64_t fwd_memory = 4 * (in_n + out_n) + Fp32ForwardWorkspace(*p);
+  const int64_t bwd_memory = 4 * (2 * in_n + out_n) + Fp32BackwardWorkspace(s, *p, true, true);
+  p->fwd_reduced = fwd_memory > kMaxStagingBytes || fwd_reduced <= fwd_fp32;
+  p->bwd_reduced = bwd_memory > kMaxStagingBytes || bwd_reduced <= bwd_fp32;
   if (log_conv_plans.load()) {
     std::fprintf(stderr,
                  "conv precision n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: forward "
@@ -1083,17 +1097,6 @@ absl::Status ToNchwFilter(const CudaContext& ctx, const WindowShape& s, const fl
   return FromCuda(k::BatchedTranspose(ctx.stream, s.out_c, s.kernel_h * s.kernel_w, s.in_c, w, wn,
                                       nullptr, false),
                   "BatchedTranspose");
-}
-
-// The workspace the fp32 plan's forward / backward asks for.
-size_t Fp32ForwardWorkspace(const ConvPlan& p) {
-  return p.fwd_nchw ? NchwForwardScratch(p) + p.nchw.fwd_bytes : p.padded_bytes + p.nhwc.fwd_bytes;
-}
-size_t Fp32BackwardWorkspace(const WindowShape& s, const ConvPlan& p, bool dx, bool dbias) {
-  const ConvVariant& v = p.bwd_nchw ? p.nchw : p.nhwc;
-  const size_t cudnn = std::max(
-      {v.bwd_filter_bytes, dx ? v.bwd_data_bytes : size_t{0}, dbias ? BiasScratch(s) : size_t{0}});
-  return (p.bwd_nchw ? NchwBackwardScratch(p) : 2 * p.padded_bytes) + cudnn;
 }
 
 absl::Status ReluInPlace(const CudaContext& ctx, int64_t n, float* y) {
