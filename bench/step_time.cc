@@ -177,13 +177,14 @@ int Run() {
     std::printf(
         "{\"engine\": \"downpour\", \"model\": \"%s\", \"precision\": \"%s\", \"format\": "
         "\"%s\", \"batch\": %lld, \"step_ms_loop\": %.4f, \"step_ms_min\": %.4f, "
-        "\"host_ms\": %.4f, \"mem_mb\": %.1f, \"compute_mb\": %.1f, \"params_mb\": %.1f, \"activations_mb\": "
+        "\"host_ms\": %.4f, \"mem_mb\": %.1f, \"compute_mb\": %.1f, \"params_mb\": %.1f, "
+        "\"activations_mb\": "
         "%.1f, \"workspace_mb\": %.1f, \"weight_copies_mb\": %.1f, \"final_loss\": %.6g}\n",
         model_name.c_str(), precision_name.c_str(), layout_name.c_str(),
         static_cast<long long>(batch), loops[loops.size() / 2], loops[0], host_ms,
         (static_cast<double>(used_after) - static_cast<double>(used_before)) / (1 << 20),
-        MiB(memory.total()), MiB(memory.parameters), MiB(memory.activations),
-        MiB(memory.workspace), MiB(memory.weight_copies), result->loss);
+        MiB(memory.total()), MiB(memory.parameters), MiB(memory.activations), MiB(memory.workspace),
+        MiB(memory.weight_copies), result->loss);
     std::fflush(stdout);
     if (absl::GetFlag(FLAGS_profile)) {
       auto times = m.ProfileStepOnDevice(features_dev, labels_dev, batch, step);
@@ -203,7 +204,8 @@ int Run() {
         total.backward_ms += t.backward_ms;
         total.host_forward_ms += t.host_forward_ms;
         total.host_backward_ms += t.host_backward_ms;
-        total.forward_scratch_bytes = std::max(total.forward_scratch_bytes, t.forward_scratch_bytes);
+        total.forward_scratch_bytes =
+            std::max(total.forward_scratch_bytes, t.forward_scratch_bytes);
         total.backward_scratch_bytes =
             std::max(total.backward_scratch_bytes, t.backward_scratch_bytes);
         print(t);

@@ -123,7 +123,7 @@ class Act {
 // kernels/cuda.h, less the context): X(name, parameters, arguments).
 #define DOWNPOUR_MODEL_OPS(X)                                                                      \
   X(DenseForward,                                                                                  \
-    (int64_t batch, int64_t in, int64_t out, Act x, const float* w, const float* bias, Act y),      \
+    (int64_t batch, int64_t in, int64_t out, Act x, const float* w, const float* bias, Act y),     \
     (batch, in, out, x, w, bias, y))                                                               \
   X(DenseBackward,                                                                                 \
     (int64_t batch, int64_t in, int64_t out, Act x, const float* w, Act dy, Act dx,                \
@@ -271,8 +271,7 @@ class CpuOps : public Ops {
     return absl::OkStatus();
   }
   absl::Status Conv2dBackward(const kernels::WindowShape& s, Act x, const float* w, Act dy, Act dx,
-                              Write dx_write, float* dw, float* dbias,
-                              Write param_write) override {
+                              Write dx_write, float* dw, float* dbias, Write param_write) override {
     cpu::Conv2dBackward(ctx_, s, x, w, dy, dx, dx_write, dw, dbias, param_write, Workspace(s));
     return absl::OkStatus();
   }
@@ -399,9 +398,9 @@ class CudaOps : public Ops {
     return ops;
   }
 
-#define DOWNPOUR_CUDA_OP(name, params, args)                                                  \
-  absl::Status name params override {                                                        \
-    return ForActivationType(                                                                \
+#define DOWNPOUR_CUDA_OP(name, params, args)                                                \
+  absl::Status name params override {                                                       \
+    return ForActivationType(                                                               \
         [&](auto tag) { return cuda::name<decltype(tag)>(*ctx_, DOWNPOUR_UNPAREN args); }); \
   }
   DOWNPOUR_MODEL_OPS(DOWNPOUR_CUDA_OP)
@@ -414,8 +413,7 @@ class CudaOps : public Ops {
     });
   }
   absl::Status Conv2dBackward(const kernels::WindowShape& s, Act x, const float* w, Act dy, Act dx,
-                              Write dx_write, float* dw, float* dbias,
-                              Write param_write) override {
+                              Write dx_write, float* dw, float* dbias, Write param_write) override {
     return ForActivationType([&](auto tag) {
       return cuda::Conv2dBackward<decltype(tag)>(*ctx_, s, x, w, dy, dx, dx_write, dw, dbias,
                                                  param_write);
@@ -931,7 +929,7 @@ struct Storage {
   Memory params, grads, state;                 // Compute memory.
   Memory params_host, grads_host, state_host;  // GPU only: page-locked copies.
   Memory features, labels;                     // GPU only: the staged batch.
-  Memory input_activations;  // Reduced activations: the input in their type.
+  Memory input_activations;                    // Reduced activations: the input in their type.
   Memory features_host, labels_host;           // GPU only: page-locked staging.
   Memory slots;                                // ApplyOptimizerOnDevice's.
   int num_slots = 0;
@@ -995,8 +993,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
         precision = FP32;
       }
     }
-    ASSIGN_OR_RETURN(ops, model_internal::CudaOps::Create(options.device, options.conv_layout,
-                                                          precision));
+    ASSIGN_OR_RETURN(
+        ops, model_internal::CudaOps::Create(options.device, options.conv_layout, precision));
   }
   if (!(options.initial_loss_scale >= 1.0) || !std::isfinite(options.initial_loss_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -26,12 +26,12 @@
 #ifndef DOWNPOUR_CORE_MODEL_H_
 #define DOWNPOUR_CORE_MODEL_H_
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "absl/status/statusor.h"
 #include "core/model_shape.h"
@@ -229,7 +229,7 @@ class Model {
   absl::Status ParamsToDevice();
   // Compute memory the model holds now, by use.
   struct ComputeMemory {
-    int64_t parameters = 0;     // Parameters, gradients, optimizer slots, state.
+    int64_t parameters = 0;  // Parameters, gradients, optimizer slots, state.
     // The activation arena (with every layer's scratch, once measured) and
     // the staged batch.
     int64_t activations = 0;

@@ -301,8 +301,7 @@ void ExpectReducedGradClose(const Model& ref, const Model& low, const ParamInfo&
                             double tolerance, const std::string& what) {
   if (p.name == "conv1/bias") {
     const ParamInfo& w = ref.params()[p.id - 1];
-    EXPECT_LE(Norm(low.grad(p.id), p.num_elements),
-              0.05 * Norm(ref.grad(w.id), w.num_elements))
+    EXPECT_LE(Norm(low.grad(p.id), p.num_elements), 0.05 * Norm(ref.grad(w.id), w.num_elements))
         << what;
   } else if (BeforeBatchNorm(p.name)) {
     ExpectAligned(ref.grad(p.id), low.grad(p.id), p.num_elements, 0.9, what);
@@ -554,4 +553,3 @@ TEST_F(ModelGpuTest, ConvolutionWithFusedReluMatchesTheCpuAndFp32) {
 
 }  // namespace
 }  // namespace downpour
-

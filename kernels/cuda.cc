@@ -241,8 +241,7 @@ template <typename Perf, typename Algo>
 bool PickAlgo(const Perf* perf, int returned, size_t free_bytes, Algo* algo, size_t* bytes,
               int* index, cudnnMathType_t math) {
   auto eligible = [&](const Perf& p) {
-    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= free_bytes &&
-           p.mathType == math;
+    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= free_bytes && p.mathType == math;
   };
   int best = -1;
   for (int i = 0; i < returned; ++i) {
@@ -306,7 +305,6 @@ absl::StatusOr<float*> ColumnScratch(const CudaContext& ctx, int64_t rows, int64
   STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, need));
   return static_cast<float*>(ctx.workspace);
 }
-
 
 }  // namespace
 
@@ -550,9 +548,9 @@ constexpr cudaDataType_t CudaType() {
 }
 template <typename T>
 constexpr ComputePrecision PrecisionOf() {
-  return kIsFloat<T>                    ? ComputePrecision::kFp32
+  return kIsFloat<T>                 ? ComputePrecision::kFp32
          : std::is_same_v<T, __half> ? ComputePrecision::kFp16
-                                        : ComputePrecision::kBf16;
+                                     : ComputePrecision::kBf16;
 }
 
 // The ops that multiply read reduced weight copies of the context's type:
@@ -560,9 +558,9 @@ constexpr ComputePrecision PrecisionOf() {
 template <typename T>
 absl::Status CheckType(const CudaContext& ctx, const char* what) {
   if (ctx.compute == PrecisionOf<T>()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": activations of ", sizeof(T), "-byte type in a context of precision ",
-                   static_cast<int>(ctx.compute)));
+  return absl::InvalidArgumentError(absl::StrCat(what, ": activations of ", sizeof(T),
+                                                 "-byte type in a context of precision ",
+                                                 static_cast<int>(ctx.compute)));
 }
 
 size_t Reduced16Bytes(int64_t elements) { return Aligned(2 * static_cast<size_t>(elements)); }
@@ -802,8 +800,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
         ctx.cudnn, v->x.d, v->y.d, v->conv.d, v->w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         &returned, perf));
     int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen,
-                 math)) {
+    if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen, math)) {
       v->bwd_filter_ms = perf[chosen].time;
     } else {
       CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -944,11 +941,11 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
     return 6.0 * static_cast<double>(elements) / kTransposeBytesPerMs;
   };
   const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
-  const double fwd_fp32 = (p->fwd_nchw ? p->nchw.fwd_ms + TransposeMs(p->in_bytes) +
-                                             TransposeMs(p->filter_bytes) +
-                                             TransposeMs(p->out_bytes)
-                                       : p->nhwc.fwd_ms) +
-                          convert_ms(in_n) + convert_ms(out_n);
+  const double fwd_fp32 =
+      (p->fwd_nchw ? p->nchw.fwd_ms + TransposeMs(p->in_bytes) + TransposeMs(p->filter_bytes) +
+                         TransposeMs(p->out_bytes)
+                   : p->nhwc.fwd_ms) +
+      convert_ms(in_n) + convert_ms(out_n);
   const double bwd_fp32 =
       (p->bwd_nchw ? p->nchw.bwd_filter_ms + p->nchw.bwd_data_ms + 2 * TransposeMs(p->in_bytes) +
                          TransposeMs(p->out_bytes) + 2 * TransposeMs(p->filter_bytes)
@@ -1060,7 +1057,7 @@ absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
 class WorkspaceHead {
  public:
   static absl::StatusOr<std::unique_ptr<WorkspaceHead>> Take(const CudaContext& ctx, size_t bytes,
-                                                            size_t rest) {
+                                                             size_t rest) {
     STATUS_RETURN_IF_ERROR(EnsureWorkspace(ctx, Aligned(bytes) + rest));
     return std::unique_ptr<WorkspaceHead>(new WorkspaceHead(ctx, Aligned(bytes)));
   }
@@ -1167,9 +1164,9 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
     char* free_space = base + scratch;
     const size_t free_bytes = ctx.workspace_bytes - scratch;
     if (dbias != nullptr) {
-      CUDA_RETURN_IF_ERROR(k::ColumnSumFast<float>(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
-                                            dbias, Acc(param_write),
-                                            reinterpret_cast<float*>(free_space)));
+      CUDA_RETURN_IF_ERROR(k::ColumnSumFast<float>(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c,
+                                                   dy, dbias, Acc(param_write),
+                                                   reinterpret_cast<float*>(free_space)));
     }
     STATUS_RETURN_IF_ERROR(ToNchwInput(ctx, s, p, x, xn));
     CUDA_RETURN_IF_ERROR(k::BatchedTranspose(ctx.stream, s.batch, s.out_h * s.out_w, s.out_c, dy,
@@ -1207,9 +1204,9 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
     free_bytes -= 2 * p.padded_bytes;
   }
   if (dbias != nullptr) {
-    CUDA_RETURN_IF_ERROR(k::ColumnSumFast<float>(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c, dy,
-                                          dbias, Acc(param_write),
-                                          reinterpret_cast<float*>(free_space)));
+    CUDA_RETURN_IF_ERROR(k::ColumnSumFast<float>(ctx.stream, s.batch * s.out_h * s.out_w, s.out_c,
+                                                 dy, dbias, Acc(param_write),
+                                                 reinterpret_cast<float*>(free_space)));
   }
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, input, v.y.d, dy,
                                                        v.conv.d, v.bwd_filter_algo, free_space,
@@ -1225,8 +1222,9 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w, v.y.d, dy, v.conv.d,
                                                      v.bwd_data_algo, free_space, free_bytes, &zero,
                                                      v.x.d, dpadded));
-  return FromCuda(k::CropImages<float>(ctx.stream, s, p.padded_h, p.padded_w, dpadded, dx, Acc(dx_write)),
-                  "CropImages");
+  return FromCuda(
+      k::CropImages<float>(ctx.stream, s, p.padded_h, p.padded_w, dpadded, dx, Acc(dx_write)),
+      "CropImages");
 }
 
 // A reduced-precision convolution as the fp32 plan on converted copies
@@ -1265,8 +1263,8 @@ absl::Status Conv2dBackwardViaFp32(const CudaContext& ctx, const WindowShape& s,
   float* dx32 = dx != nullptr ? reinterpret_cast<float*>(base + in_bytes + out_bytes) : nullptr;
   STATUS_RETURN_IF_ERROR(ConvertOn(ctx, in_n, x, x32, nullptr, 1, false, false));
   STATUS_RETURN_IF_ERROR(ConvertOn(ctx, out_n, dy, dy32, nullptr, 1, false, false));
-  STATUS_RETURN_IF_ERROR(Conv2dBackwardFp32(ctx, s, p, x32, w, dy32, dx32, Write::kOverwrite, dw,
-                                            dbias, param_write));
+  STATUS_RETURN_IF_ERROR(
+      Conv2dBackwardFp32(ctx, s, p, x32, w, dy32, dx32, Write::kOverwrite, dw, dbias, param_write));
   if (dx == nullptr) return absl::OkStatus();
   return ConvertOn(ctx, in_n, dx32, dx, nullptr, 1, Acc(dx_write), false);
 }
@@ -1274,8 +1272,8 @@ absl::Status Conv2dBackwardViaFp32(const CudaContext& ctx, const WindowShape& s,
 }  // namespace
 
 template <typename T>
-absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T* x,
-                           const float* w, const float* bias, T* y, bool relu) {
+absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T* x, const float* w,
+                           const float* bias, T* y, bool relu) {
   STATUS_RETURN_IF_ERROR(CheckType<T>(ctx, "Conv2dForward"));
   absl::StatusOr<ConvPlan*> plan = PlanFor(ctx, s);
   if (!plan.ok()) return plan.status();
@@ -1311,26 +1309,25 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
 // ------------------------------------------------------------ pooling
 
 template <typename T>
-absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x,
-                            T* y) {
+absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x, T* y) {
   return FromCuda(k::MaxPoolForward<T>(ctx.stream, s, x, y), "MaxPoolForward");
 }
 
 template <typename T>
-absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* x,
-                             const T* dy, T* dx, Write dx_write) {
-  return FromCuda(k::MaxPoolBackward<T>(ctx.stream, s, x, dy, dx, Acc(dx_write)), "MaxPoolBackward");
+absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* x, const T* dy,
+                             T* dx, Write dx_write) {
+  return FromCuda(k::MaxPoolBackward<T>(ctx.stream, s, x, dy, dx, Acc(dx_write)),
+                  "MaxPoolBackward");
 }
 
 template <typename T>
-absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x,
-                            T* y) {
+absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x, T* y) {
   return FromCuda(k::AvgPoolForward<T>(ctx.stream, s, x, y), "AvgPoolForward");
 }
 
 template <typename T>
-absl::Status AvgPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* dy,
-                             T* dx, Write dx_write) {
+absl::Status AvgPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* dy, T* dx,
+                             Write dx_write) {
   return FromCuda(k::AvgPoolBackward<T>(ctx.stream, s, dy, dx, Acc(dx_write)), "AvgPoolBackward");
 }
 
@@ -1363,33 +1360,32 @@ absl::Status BatchNormForwardTraining(const CudaContext& ctx, int64_t rows, int6
                                       float* running_var, float* save_mean, float* save_inv_std) {
   absl::StatusOr<float*> partials = ColumnScratch(ctx, rows, channels, 0);
   if (!partials.ok()) return partials.status();
-  return FromCuda(
-      k::BatchNormForwardTraining<T>(ctx.stream, rows, channels, x, gamma, beta, epsilon, momentum, y,
-                                  running_mean, running_var, save_mean, save_inv_std, *partials),
-      "BatchNormForwardTraining");
+  return FromCuda(k::BatchNormForwardTraining<T>(ctx.stream, rows, channels, x, gamma, beta,
+                                                 epsilon, momentum, y, running_mean, running_var,
+                                                 save_mean, save_inv_std, *partials),
+                  "BatchNormForwardTraining");
 }
 
 template <typename T>
 absl::Status BatchNormForwardInference(const CudaContext& ctx, int64_t rows, int64_t channels,
                                        const T* x, const float* gamma, const float* beta,
-                                       const float* mean, const float* var, float epsilon,
-                                       T* y) {
+                                       const float* mean, const float* var, float epsilon, T* y) {
   return FromCuda(k::BatchNormForwardInference<T>(ctx.stream, rows, channels, x, gamma, beta, mean,
-                                               var, epsilon, y),
+                                                  var, epsilon, y),
                   "BatchNormForwardInference");
 }
 
 template <typename T>
-absl::Status BatchNormBackward(const CudaContext& ctx, int64_t rows, int64_t channels,
-                               const T* x, const T* dy, const float* gamma,
-                               const float* save_mean, const float* save_inv_std, T* dx,
-                               Write dx_write, float* dgamma, float* dbeta, Write param_write) {
+absl::Status BatchNormBackward(const CudaContext& ctx, int64_t rows, int64_t channels, const T* x,
+                               const T* dy, const float* gamma, const float* save_mean,
+                               const float* save_inv_std, T* dx, Write dx_write, float* dgamma,
+                               float* dbeta, Write param_write) {
   absl::StatusOr<float*> scratch = ColumnScratch(ctx, rows, channels, 2 * channels);
   if (!scratch.ok()) return scratch.status();
   float* sums = *scratch + k::ColumnPartialsElements(std::max<int64_t>(rows, 1), channels);
   return FromCuda(
       k::BatchNormBackward<T>(ctx.stream, rows, channels, x, dy, gamma, save_mean, save_inv_std, dx,
-                           Acc(dx_write), dgamma, dbeta, Acc(param_write), *scratch, sums),
+                              Acc(dx_write), dgamma, dbeta, Acc(param_write), *scratch, sums),
       "BatchNormBackward");
 }
 
@@ -1404,8 +1400,7 @@ absl::Status EmbeddingForward(const CudaContext& ctx, int64_t num_ids, int64_t v
 
 template <typename T>
 absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
-                               const float* ids, const T* dy, float* dtable,
-                               Write param_write) {
+                               const float* ids, const T* dy, float* dtable, Write param_write) {
   if (!Acc(param_write)) STATUS_RETURN_IF_ERROR(Zero<float>(ctx, vocab * dim, dtable));
   return FromCuda(k::EmbeddingBackward<T>(ctx.stream, num_ids, vocab, dim, ids, dy, dtable),
                   "EmbeddingBackward");
@@ -1539,8 +1534,8 @@ absl::Status MultiTensorPlan::Apply(const CudaContext& ctx, OptimizerKind kind,
 
 #define DOWNPOUR_CONVERT_TO(S, D) \
   template absl::Status Convert<S, D>(const CudaContext&, int64_t, const S*, D*);
-#define DOWNPOUR_CONVERT_FROM(S)          \
-  DOWNPOUR_CONVERT_TO(S, float)           \
+#define DOWNPOUR_CONVERT_FROM(S)        \
+  DOWNPOUR_CONVERT_TO(S, float)         \
   DOWNPOUR_CONVERT_TO(S, __nv_bfloat16) \
   DOWNPOUR_CONVERT_TO(S, __half)
 DOWNPOUR_CONVERT_FROM(float)
@@ -1550,51 +1545,51 @@ DOWNPOUR_CONVERT_FROM(__half)
 #undef DOWNPOUR_CONVERT_TO
 
 #define DOWNPOUR_INSTANTIATE(T)                                                                   \
-  template absl::Status DenseForward<T>(const CudaContext&, int64_t, int64_t, int64_t, const T*,   \
-                                        const float*, const float*, T*);                           \
-  template absl::Status DenseBackward<T>(const CudaContext&, int64_t, int64_t, int64_t, const T*,  \
-                                         const float*, const T*, T*, Write, float*, float*,        \
-                                         Write);                                                   \
-  template absl::Status ReluForward<T>(const CudaContext&, int64_t, const T*, T*);                 \
-  template absl::Status ReluBackward<T>(const CudaContext&, int64_t, const T*, const T*, T*,       \
-                                        Write);                                                    \
-  template absl::Status DropoutForward<T>(const CudaContext&, int64_t, float, uint64_t, uint64_t,  \
-                                          const T*, T*, uint8_t*);                                 \
-  template absl::Status DropoutBackward<T>(const CudaContext&, int64_t, float, const uint8_t*,     \
-                                           const T*, T*, Write);                                   \
-  template absl::Status SoftmaxCrossEntropyAsync<T>(const CudaContext&, int64_t, int64_t,          \
-                                                    const T*, const int32_t*, T*, float, double*,  \
-                                                    unsigned long long*);                          \
-  template absl::Status CopyOrAdd<T>(const CudaContext&, int64_t, const T*, T*, Write);            \
-  template absl::Status Zero<T>(const CudaContext&, int64_t, T*);                                  \
-  template absl::Status Add<T>(const CudaContext&, int64_t, const T*, const T*, T*);               \
-  template absl::Status Conv2dForward<T>(const CudaContext&, const WindowShape&, const T*,         \
-                                         const float*, const float*, T*, bool);                    \
-  template absl::Status Conv2dBackward<T>(const CudaContext&, const WindowShape&, const T*,        \
-                                          const float*, const T*, T*, Write, float*, float*,       \
-                                          Write);                                                  \
-  template absl::Status MaxPoolForward<T>(const CudaContext&, const WindowShape&, const T*, T*);   \
-  template absl::Status MaxPoolBackward<T>(const CudaContext&, const WindowShape&, const T*,       \
-                                           const T*, T*, Write);                                   \
-  template absl::Status AvgPoolForward<T>(const CudaContext&, const WindowShape&, const T*, T*);   \
-  template absl::Status AvgPoolBackward<T>(const CudaContext&, const WindowShape&, const T*, T*,   \
-                                           Write);                                                 \
-  template absl::Status GlobalAvgPoolForward<T>(const CudaContext&, int64_t, int64_t, int64_t,     \
-                                                const T*, T*);                                     \
-  template absl::Status GlobalAvgPoolBackward<T>(const CudaContext&, int64_t, int64_t, int64_t,    \
-                                                 const T*, T*, Write);                             \
-  template absl::Status BatchNormForwardTraining<T>(const CudaContext&, int64_t, int64_t,          \
-                                                    const T*, const float*, const float*, float,   \
-                                                    float, T*, float*, float*, float*, float*);    \
-  template absl::Status BatchNormForwardInference<T>(const CudaContext&, int64_t, int64_t,         \
-                                                     const T*, const float*, const float*,         \
-                                                     const float*, const float*, float, T*);       \
-  template absl::Status BatchNormBackward<T>(const CudaContext&, int64_t, int64_t, const T*,       \
-                                             const T*, const float*, const float*, const float*,   \
-                                             T*, Write, float*, float*, Write);                    \
-  template absl::Status EmbeddingForward<T>(const CudaContext&, int64_t, int64_t, int64_t,         \
-                                            const float*, const float*, T*);                       \
-  template absl::Status EmbeddingBackward<T>(const CudaContext&, int64_t, int64_t, int64_t,        \
+  template absl::Status DenseForward<T>(const CudaContext&, int64_t, int64_t, int64_t, const T*,  \
+                                        const float*, const float*, T*);                          \
+  template absl::Status DenseBackward<T>(const CudaContext&, int64_t, int64_t, int64_t, const T*, \
+                                         const float*, const T*, T*, Write, float*, float*,       \
+                                         Write);                                                  \
+  template absl::Status ReluForward<T>(const CudaContext&, int64_t, const T*, T*);                \
+  template absl::Status ReluBackward<T>(const CudaContext&, int64_t, const T*, const T*, T*,      \
+                                        Write);                                                   \
+  template absl::Status DropoutForward<T>(const CudaContext&, int64_t, float, uint64_t, uint64_t, \
+                                          const T*, T*, uint8_t*);                                \
+  template absl::Status DropoutBackward<T>(const CudaContext&, int64_t, float, const uint8_t*,    \
+                                           const T*, T*, Write);                                  \
+  template absl::Status SoftmaxCrossEntropyAsync<T>(const CudaContext&, int64_t, int64_t,         \
+                                                    const T*, const int32_t*, T*, float, double*, \
+                                                    unsigned long long*);                         \
+  template absl::Status CopyOrAdd<T>(const CudaContext&, int64_t, const T*, T*, Write);           \
+  template absl::Status Zero<T>(const CudaContext&, int64_t, T*);                                 \
+  template absl::Status Add<T>(const CudaContext&, int64_t, const T*, const T*, T*);              \
+  template absl::Status Conv2dForward<T>(const CudaContext&, const WindowShape&, const T*,        \
+                                         const float*, const float*, T*, bool);                   \
+  template absl::Status Conv2dBackward<T>(const CudaContext&, const WindowShape&, const T*,       \
+                                          const float*, const T*, T*, Write, float*, float*,      \
+                                          Write);                                                 \
+  template absl::Status MaxPoolForward<T>(const CudaContext&, const WindowShape&, const T*, T*);  \
+  template absl::Status MaxPoolBackward<T>(const CudaContext&, const WindowShape&, const T*,      \
+                                           const T*, T*, Write);                                  \
+  template absl::Status AvgPoolForward<T>(const CudaContext&, const WindowShape&, const T*, T*);  \
+  template absl::Status AvgPoolBackward<T>(const CudaContext&, const WindowShape&, const T*, T*,  \
+                                           Write);                                                \
+  template absl::Status GlobalAvgPoolForward<T>(const CudaContext&, int64_t, int64_t, int64_t,    \
+                                                const T*, T*);                                    \
+  template absl::Status GlobalAvgPoolBackward<T>(const CudaContext&, int64_t, int64_t, int64_t,   \
+                                                 const T*, T*, Write);                            \
+  template absl::Status BatchNormForwardTraining<T>(const CudaContext&, int64_t, int64_t,         \
+                                                    const T*, const float*, const float*, float,  \
+                                                    float, T*, float*, float*, float*, float*);   \
+  template absl::Status BatchNormForwardInference<T>(const CudaContext&, int64_t, int64_t,        \
+                                                     const T*, const float*, const float*,        \
+                                                     const float*, const float*, float, T*);      \
+  template absl::Status BatchNormBackward<T>(const CudaContext&, int64_t, int64_t, const T*,      \
+                                             const T*, const float*, const float*, const float*,  \
+                                             T*, Write, float*, float*, Write);                   \
+  template absl::Status EmbeddingForward<T>(const CudaContext&, int64_t, int64_t, int64_t,        \
+                                            const float*, const float*, T*);                      \
+  template absl::Status EmbeddingBackward<T>(const CudaContext&, int64_t, int64_t, int64_t,       \
                                              const float*, const T*, float*, Write);
 DOWNPOUR_INSTANTIATE(float)
 DOWNPOUR_INSTANTIATE(__nv_bfloat16)

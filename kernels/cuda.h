@@ -263,8 +263,8 @@ absl::Status Add(const CudaContext& ctx, int64_t n, const T* a, const T* b, T* y
 // faster, conversions included (one or three input channels), or cuDNN
 // cannot run the shape in the reduced type.
 template <typename T>
-absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T* x,
-                           const float* w, const float* bias, T* y, bool relu = false);
+absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T* x, const float* w,
+                           const float* bias, T* y, bool relu = false);
 
 template <typename T>
 absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const T* x,
@@ -277,8 +277,8 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
 template <typename T>
 absl::Status MaxPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x, T* y);
 template <typename T>
-absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* x,
-                             const T* dy, T* dx, Write dx_write);
+absl::Status MaxPoolBackward(const CudaContext& ctx, const WindowShape& s, const T* x, const T* dy,
+                             T* dx, Write dx_write);
 template <typename T>
 absl::Status AvgPoolForward(const CudaContext& ctx, const WindowShape& s, const T* x, T* y);
 template <typename T>

@@ -24,8 +24,7 @@ namespace cuda_internal {
 
 // y[r, c] = bias[c].
 template <typename T>
-cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const float* bias,
-                          T* y);
+cudaError_t BroadcastRows(cudaStream_t stream, int64_t rows, int64_t cols, const float* bias, T* y);
 // x[i] *= alpha.
 cudaError_t Scale(cudaStream_t stream, int64_t n, float alpha, float* x);
 // y[i] (+)= max(0, x[i] + bias[i % channels]) converted from S to D: the bias
@@ -61,8 +60,7 @@ cudaError_t DropoutBackward(cudaStream_t stream, int64_t n, float rate, const ui
 template <typename T>
 cudaError_t SoftmaxCrossEntropy(cudaStream_t stream, int64_t batch, int64_t classes,
                                 const T* logits, const int32_t* labels, T* dlogits,
-                                float dlogits_scale, double* loss_sum,
-                                unsigned long long* correct);
+                                float dlogits_scale, double* loss_sum, unsigned long long* correct);
 template <typename T>
 cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const T* x, T* y, bool accumulate);
 template <typename T>
@@ -72,8 +70,8 @@ cudaError_t Add(cudaStream_t stream, int64_t n, const T* a, const T* b, T* y);
 // with padded_h = (out_h - 1) * stride_h + kernel_h (likewise w): input row
 // h lands at h + pad_top; the rest is zero.
 template <typename T>
-cudaError_t PadImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h,
-                      int64_t padded_w, const T* x, T* padded);
+cudaError_t PadImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h, int64_t padded_w,
+                      const T* x, T* padded);
 // The adjoint: dx (+)= the image part of dpadded.
 template <typename T>
 cudaError_t CropImages(cudaStream_t stream, const WindowShape& s, int64_t padded_h,
