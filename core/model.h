@@ -19,6 +19,12 @@
 // separate copy stream. The *OnDevice methods skip those copies, for loops
 // that keep everything on the GPU (benchmarks, a local optimizer).
 //
+// Memory: every activation's values and gradient share one arena, placed by
+// their lifetimes in the step; on a GPU the first training step of a batch
+// size also measures each layer's scratch (cuDNN workspace and the like),
+// which later steps take from the arena too, live only during that layer's
+// call. In bf16/fp16 the activations are stored in that type.
+//
 // Thread safety: InferModel is a pure function. Model is thread-compatible:
 // const methods may run concurrently; TrainStep and Evaluate mutate internal
 // buffers and need external synchronisation. Model owns every buffer it

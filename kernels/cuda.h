@@ -87,11 +87,14 @@ struct ReducedWeightCopies;
 // handles bound to it, and a device workspace for cuDNN and the fused
 // kernels. Owns everything it holds; not copyable.
 //
-// Convolutions cache a plan per WindowShape: descriptors, and the fastest
-// FMA-math algorithm of each direction that fits the workspace, in NHWC and
-// in NCHW, measured by cudnnFind* the first time a shape is seen (as
-// PyTorch's cudnn.benchmark), and the faster layout; later calls with that
-// shape reuse it.
+// Convolutions cache a plan per WindowShape and precision: descriptors, and
+// the fastest algorithm of each direction that fits the workspace (FMA math
+// in fp32, in NHWC and in NCHW, and the faster layout; tensor-op math on the
+// reduced NHWC tensors in bf16/fp16, beside the fp32 plan on converted
+// copies where that is faster and small), measured by cudnnFind* the first
+// time a shape is seen (as PyTorch's cudnn.benchmark; algorithms within 5%
+// of the fastest count as ties and the one with the least workspace wins);
+// later calls with that shape reuse it.
 struct CudaContext {
   int device = -1;
   cudaStream_t stream = nullptr;
