@@ -241,15 +241,15 @@ class Ops {
   virtual absl::Status Synchronize() = 0;
   virtual absl::Status ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp,
                                       const std::vector<cuda::TensorUpdate>& tensors) = 0;
-  // Profiling: Mark(i) notes when the work queued so far ends (at the time
-  // it runs); MarkMs(i, j) is the time from mark i to mark j, after a
-  // Synchronize.
   // bf16/fp16 on a GPU: reduced copies of the weights in `ranges` that
   // dense layers and convolutions read, refreshed by CastReducedWeights
   // (once per forward pass); nothing on the CPU or in fp32.
   virtual absl::Status RegisterReducedWeights(
       const std::vector<std::pair<const float*, int64_t>>& ranges) = 0;
   virtual absl::Status CastReducedWeights() = 0;
+  // Profiling: Mark(i) notes when the work queued so far ends (at the time
+  // it runs); MarkMs(i, j) is the time from mark i to mark j, after a
+  // Synchronize.
   virtual absl::Status Mark(int slot) = 0;
   virtual absl::StatusOr<double> MarkMs(int from, int to) = 0;
 };
@@ -1324,11 +1324,12 @@ bool BackwardReadsInput(LayerKind kind) {
 absl::Status Model::Reserve(int64_t batch) {
   model_internal::Storage& st = *storage_;
   if (batch <= st.capacity) return absl::OkStatus();
+  // A failure below leaves no capacity (nothing half-placed is used).
+  st.capacity = 0;
   // The layers' scratch needs depend on the batch: measured again.
   scratch_need_.assign(2 * layers_.size(), 0);
   scratch_at_.assign(2 * layers_.size(), nullptr);
   scratch_planned_ = false;
-  measure_scratch_ = ops_->gpu();
   RETURN_IF_ERROR(PlanArena(batch));
   if (input_to_activations_) {
     st.input_activations = {};
@@ -1341,11 +1342,26 @@ absl::Status Model::Reserve(int64_t batch) {
 }
 
 absl::Status Model::PlanScratch() {
-  measure_scratch_ = false;
-  RETURN_IF_ERROR(PlanArena(storage_->capacity));
+  model_internal::Storage& st = *storage_;
+  const int64_t batch = st.capacity;
+  // Until the arena is placed again nothing points anywhere valid: a
+  // failure here leaves the next step to Reserve from scratch.
+  st.capacity = 0;
+  scratch_planned_ = false;
+  // The calls measured now take their scratch from the arena; the backend's
+  // own goes first, so the two are never held together.
+  RETURN_IF_ERROR(ops_->ReleaseWorkspace());
+  RETURN_IF_ERROR(PlanArena(batch));
+  st.capacity = batch;
   scratch_planned_ = true;
-  // The calls measured now take their scratch from the arena.
-  return ops_->ReleaseWorkspace();
+  return absl::OkStatus();
+}
+
+bool Model::ScratchToPlan() const {
+  // The first training step of a capacity measured every layer; later, a
+  // call that outgrew its planned block (another batch size, an Evaluate)
+  // grew the backend's own scratch back, and the arena takes its need too.
+  return ops_->gpu() && !profiling_ && (!scratch_planned_ || ops_->workspace_bytes() > 0);
 }
 
 absl::Status Model::PlanArena(int64_t batch) {
@@ -1427,13 +1443,13 @@ absl::Status Model::PlanArena(int64_t batch) {
 absl::Status Model::RunLayer(size_t i, bool forward, const model_internal::ForwardArgs* f,
                              const model_internal::BackwardArgs* b) {
   const size_t slot = 2 * i + (forward ? 0 : 1);
-  if (measure_scratch_) ops_->ResetWorkspacePeak();
+  ops_->ResetWorkspacePeak();
   if (scratch_planned_ && scratch_at_[slot] != nullptr) {
     ops_->LendWorkspace(scratch_at_[slot], static_cast<size_t>(scratch_need_[slot]));
   }
   absl::Status s = forward ? layers_[i]->Forward(*ops_, *f) : layers_[i]->Backward(*ops_, *b);
   ops_->ReturnWorkspace();
-  if (measure_scratch_) scratch_need_[slot] = std::max(scratch_need_[slot], ops_->WorkspacePeak());
+  scratch_need_[slot] = std::max(scratch_need_[slot], ops_->WorkspacePeak());
   return s;
 }
 
@@ -1571,7 +1587,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
   RETURN_IF_ERROR(Backward(batch));
-  if (measure_scratch_) RETURN_IF_ERROR(PlanScratch());
+  if (ScratchToPlan()) RETURN_IF_ERROR(PlanScratch());
   RETURN_IF_ERROR(UnscaleGradients());
   bool skipped = false;
   if (loss_scaling_) {
@@ -1639,7 +1655,7 @@ absl::Status Model::TrainStepOnDevice(const float* features, const int32_t* labe
   RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
   RETURN_IF_ERROR(Backward(batch));
-  if (measure_scratch_ && !profiling_) RETURN_IF_ERROR(PlanScratch());
+  if (ScratchToPlan()) RETURN_IF_ERROR(PlanScratch());
   return UnscaleGradients();
 }
 

@@ -20,10 +20,12 @@
 // that keep everything on the GPU (benchmarks, a local optimizer).
 //
 // Memory: every activation's values and gradient share one arena, placed by
-// their lifetimes in the step; on a GPU the first training step of a batch
-// size also measures each layer's scratch (cuDNN workspace and the like),
-// which later steps take from the arena too, live only during that layer's
-// call. In bf16/fp16 the activations are stored in that type.
+// their lifetimes in the step. On a GPU every call also measures each
+// layer's scratch (cuDNN workspace and the like); after the first training
+// step since the capacity grew, and after any step in which some call
+// outgrew its planned block, the arena is placed again with every layer's
+// scratch in it, live only during that layer's call. In bf16/fp16 the
+// activations are stored in that type.
 //
 // Thread safety: InferModel is a pure function. Model is thread-compatible:
 // const methods may run concurrently; TrainStep and Evaluate mutate internal
@@ -265,6 +267,8 @@ class Model {
   // layer's scratch, which the layers then borrow instead of the backend's
   // own (freed).
   absl::Status PlanScratch();
+  // Whether the step just run calls for PlanScratch.
+  bool ScratchToPlan() const;
   // Runs layer i's forward (f) or backward (b), measuring or lending its
   // scratch.
   absl::Status RunLayer(size_t i, bool forward, const model_internal::ForwardArgs* f,
@@ -317,11 +321,10 @@ class Model {
   // embedding reads the model input: Forward converts it first.
   bool input_to_activations_ = false;
   // Per layer, [2i] forward and [2i + 1] backward: the most scratch its
-  // calls asked for (measured during the first training step of a
-  // capacity), and where the arena keeps it once planned.
+  // calls have asked for since the capacity last grew, and where the arena
+  // keeps it once planned.
   std::vector<int64_t> scratch_need_;
   std::vector<char*> scratch_at_;
-  bool measure_scratch_ = false;
   bool scratch_planned_ = false;
 };
 

@@ -768,6 +768,8 @@ constexpr double kTransposeBytesPerMs = 2.5e9;
 
 double TransposeMs(size_t bytes) { return 2.0 * static_cast<double>(bytes) / kTransposeBytesPerMs; }
 
+// cudnnFind reports each algorithm in up to two math types, hence room for
+// twice the algorithm count.
 // Measures the algorithms of all three directions of `v` (cudnnFind, as
 // PyTorch's cudnn.benchmark) and keeps the fastest in `math` (the
 // descriptor's) that fits `limit` bytes of workspace, or the first
@@ -776,10 +778,10 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
                             size_t limit, ConvVariant* v, cudnnMathType_t math = CUDNN_FMA_MATH) {
   int returned = 0;
   {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    CUDNN_RETURN_IF_ERROR(
-        cudnnFindConvolutionForwardAlgorithm(ctx.cudnn, v->x.d, v->w.d, v->conv.d, v->y.d,
-                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
+    cudnnConvolutionFwdAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionForwardAlgorithm(
+        ctx.cudnn, v->x.d, v->w.d, v->conv.d, v->y.d, 2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+        &returned, perf));
     int chosen = -1;
     if (PickAlgo(perf, returned, limit, &v->fwd_algo, &v->fwd_bytes, &chosen, math)) {
       v->fwd_ms = perf[chosen].time;
@@ -795,9 +797,9 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
     LogPlan("forward", layout, s, perf, returned, v->fwd_algo);
   }
   {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardFilterAlgorithm(
-        ctx.cudnn, v->x.d, v->y.d, v->conv.d, v->w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        ctx.cudnn, v->x.d, v->y.d, v->conv.d, v->w.d, 2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         &returned, perf));
     int chosen = -1;
     if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen, math)) {
@@ -814,9 +816,9 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
     LogPlan("backward-filter", layout, s, perf, returned, v->bwd_filter_algo);
   }
   {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardDataAlgorithm(
-        ctx.cudnn, v->w.d, v->y.d, v->conv.d, v->x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        ctx.cudnn, v->w.d, v->y.d, v->conv.d, v->x.d, 2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         &returned, perf));
     int chosen = -1;
     if (PickAlgo(perf, returned, limit, &v->bwd_data_algo, &v->bwd_data_bytes, &chosen, math)) {
@@ -935,12 +937,14 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
     return;
   }
   p->fwd_reduced = p->bwd_reduced = true;
+  const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
+  // Too large for fp32 copies whatever the fp32 plan measures.
+  if (4 * (in_n + out_n) > kMaxStagingBytes) return;
   if (!ChooseLayouts(ctx, s, p).ok()) return;
   // A conversion reads 2 bytes and writes 4 per element, or back.
   auto convert_ms = [](int64_t elements) {
     return 6.0 * static_cast<double>(elements) / kTransposeBytesPerMs;
   };
-  const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
   const double fwd_fp32 =
       (p->fwd_nchw ? p->nchw.fwd_ms + TransposeMs(p->in_bytes) + TransposeMs(p->filter_bytes) +
                          TransposeMs(p->out_bytes)
@@ -1062,6 +1066,9 @@ class WorkspaceHead {
     return std::unique_ptr<WorkspaceHead>(new WorkspaceHead(ctx, Aligned(bytes)));
   }
   ~WorkspaceHead() {
+    // A nested call that broke the contract and replaced the workspace
+    // keeps its own (the head then leaks rather than being freed twice).
+    if (ctx_.workspace != head_ + bytes_) return;
     ctx_.workspace = head_;
     ctx_.workspace_bytes += bytes_;
   }

@@ -101,8 +101,8 @@ struct CudaContext {
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
   // Scratch of every call that needs some: the context's own, grown by
-  // calls that need more (a convolution's fastest algorithm: up to 2 GiB),
-  // or memory lent by the caller (LendWorkspace).
+  // calls that need more (a convolution's algorithms are searched within
+  // 2 GiB), or memory lent by the caller (LendWorkspace).
   mutable void* workspace = nullptr;
   mutable size_t workspace_bytes = 0;
   // The most workspace any call has asked for since the caller last set
@@ -263,8 +263,9 @@ absl::Status Add(const CudaContext& ctx, int64_t n, const T* a, const T* b, T* y
 // fp32: the faster of NHWC and NCHW per shape (see CudaContext). bf16/fp16:
 // NHWC tensor-core convolutions straight on the reduced tensors, except per
 // direction where cudnnFind measures the fp32 plan on converted copies
-// faster, conversions included (one or three input channels), or cuDNN
-// cannot run the shape in the reduced type.
+// faster, conversions included, and the copies and that plan's workspace
+// stay under 64 MiB (a small 1-channel input), or where cuDNN cannot run
+// the shape in the reduced type at all.
 template <typename T>
 absl::Status Conv2dForward(const CudaContext& ctx, const WindowShape& s, const T* x, const float* w,
                            const float* bias, T* y, bool relu = false);
