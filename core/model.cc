@@ -910,18 +910,6 @@ class EmbeddingLayer : public Layer {
 }  // namespace
 }  // namespace model_internal
 
-namespace {
-
-// SplitMix64, to give each dropout layer its own mask stream.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 namespace model_internal {
 
 // Every block of memory a Model owns besides its layers' scratch.
@@ -1148,8 +1136,8 @@ absl::Status Model::Init(std::unique_ptr<model_internal::Ops> ops) {
         impl = std::make_unique<model_internal::FlattenLayer>();
         break;
       case LayerKind::kDropout:
-        impl = std::make_unique<model_internal::DropoutLayer>(elements, layer.dropout_rate,
-                                                              Mix(seed_ ^ Mix(i + 1)));
+        impl = std::make_unique<model_internal::DropoutLayer>(
+            elements, layer.dropout_rate, kernels::SplitMix64(seed_ ^ kernels::SplitMix64(i + 1)));
         break;
       case LayerKind::kSoftmaxCrossEntropy:
         impl = std::make_unique<model_internal::SoftmaxCrossEntropyLayer>(shape_.num_classes);

@@ -2,20 +2,15 @@
 
 #include <cmath>
 
+#include "kernels/types.h"
+
 namespace downpour {
 namespace {
 
-// SplitMix64: a counter-based generator, so element i needs no state.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // Uniform in [-1, 1).
 float Symmetric(uint64_t seed, int32_t id, int64_t index) {
-  const uint64_t bits = Mix(Mix(seed ^ (static_cast<uint64_t>(id) << 40)) + index);
+  using kernels::SplitMix64;
+  const uint64_t bits = SplitMix64(SplitMix64(seed ^ (static_cast<uint64_t>(id) << 40)) + index);
   return static_cast<float>((bits >> 40) * (1.0 / (1ULL << 24)) * 2.0 - 1.0);
 }
 

@@ -14,19 +14,6 @@ namespace {
 
 CBLAS_TRANSPOSE ToCblas(Transpose t) { return t == Transpose::kYes ? CblasTrans : CblasNoTrans; }
 
-// SplitMix64 finaliser: the counter-based hash behind dropout masks.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Uniform in [0, 1) with 24 bits, from (key, i) alone.
-float UniformAt(uint64_t key, int64_t i) {
-  return static_cast<float>(Mix(key + static_cast<uint64_t>(i)) >> 40) * (1.0f / (1 << 24));
-}
-
 }  // namespace
 
 void SetCpuThreads(int num_threads) {
@@ -96,9 +83,9 @@ void DropoutForward(const CpuContext& /*ctx*/, int64_t n, float rate, uint64_t s
     return;
   }
   const float scale = 1.f / (1.f - rate);
-  const uint64_t key = Mix(seed ^ Mix(step));
+  const uint64_t key = DropoutKey(seed, step);
   for (int64_t i = 0; i < n; ++i) {
-    const bool keep = UniformAt(key, i) >= rate;
+    const bool keep = DropoutUniform(key, i) >= rate;
     mask[i] = keep ? 1 : 0;
     y[i] = keep ? x[i] * scale : 0.f;
   }

@@ -63,14 +63,6 @@ bool Acc(Write w) { return w == Write::kAccumulate; }
 // Bytes rounded up so that sub-buffers of the workspace stay aligned.
 size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// The SplitMix64 key of kernels/cpu.cc's DropoutForward.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // Owners of cuDNN descriptors, destroyed with the scope.
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
@@ -690,7 +682,7 @@ absl::Status ReluBackward(const CudaContext& ctx, int64_t n, const T* y, const T
 template <typename T>
 absl::Status DropoutForward(const CudaContext& ctx, int64_t n, float rate, uint64_t seed,
                             uint64_t step, const T* x, T* y, uint8_t* mask) {
-  return FromCuda(k::DropoutForward<T>(ctx.stream, n, rate, Mix(seed ^ Mix(step)), x, y, mask),
+  return FromCuda(k::DropoutForward<T>(ctx.stream, n, rate, DropoutKey(seed, step), x, y, mask),
                   "DropoutForward");
 }
 
@@ -1437,12 +1429,9 @@ k::OptimizerArgs ResolveArgs(OptimizerKind kind, const OptimizerHyperparams& hp)
   args.beta2 = hp.beta2;
   args.epsilon = hp.epsilon;
   args.weight_decay = hp.weight_decay;
-  // As kernels/optimizer.cc: bias corrections in double, once.
-  const double t = static_cast<double>(hp.step < 1 ? 1 : hp.step);
-  args.adam_step_size =
-      static_cast<float>(hp.learning_rate / (1.0 - std::pow(static_cast<double>(hp.beta1), t)));
-  args.adam_inv_sqrt_bc2 =
-      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), t)));
+  const AdamCorrections c = AdamBiasCorrections(hp);
+  args.adam_step_size = c.step_size;
+  args.adam_inv_sqrt_bc2 = c.inv_sqrt_bc2;
   return args;
 }
 

@@ -96,17 +96,6 @@ bool Packed(int64_t n, int pack, const void* a, const void* b = nullptr, const v
   return n % pack == 0 && Aligned16(a) && Aligned16(b) && Aligned16(c);
 }
 
-// The same SplitMix64 and uniform draw as kernels/cpu.cc, so masks agree.
-__device__ __forceinline__ uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-__device__ __forceinline__ float UniformAt(uint64_t key, int64_t i) {
-  return static_cast<float>(Mix(key + static_cast<uint64_t>(i)) >> 40) * (1.0f / (1 << 24));
-}
 
 __device__ __forceinline__ int64_t EmbeddingRow(float id, int64_t vocab) {
   if (!(id >= 0.f) || id >= static_cast<float>(vocab)) return -1;
@@ -276,7 +265,7 @@ template <typename T>
 __global__ void DropoutForwardKernel(int64_t n, float rate, float scale, uint64_t key, const T* x,
                                      T* y, uint8_t* mask) {
   GRID_STRIDE(i, n) {
-    const bool keep = rate <= 0.f || UniformAt(key, i) >= rate;
+    const bool keep = rate <= 0.f || DropoutUniform(key, i) >= rate;
     mask[i] = keep ? 1 : 0;
     y[i] = FromF<T>(keep ? (rate <= 0.f ? ToF(x[i]) : ToF(x[i]) * scale) : 0.f);
   }

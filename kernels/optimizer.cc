@@ -73,6 +73,12 @@ DOWNPOUR_VECTOR_CLONES void AdagradUpdate(const OptimizerHyperparams& hp,
   }
 }
 
+AdamCorrections AdamBiasCorrections(const OptimizerHyperparams& hp) {
+  const double t = static_cast<double>(hp.step < 1 ? 1 : hp.step);
+  return {static_cast<float>(hp.learning_rate / (1.0 - std::pow(static_cast<double>(hp.beta1), t))),
+          static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), t)))};
+}
+
 DOWNPOUR_VECTOR_CLONES void AdamUpdate(const OptimizerHyperparams& hp, const float* __restrict grad,
                                        int64_t n, float* __restrict param, float* __restrict m,
                                        float* __restrict v) {
@@ -80,12 +86,10 @@ DOWNPOUR_VECTOR_CLONES void AdamUpdate(const OptimizerHyperparams& hp, const flo
   const float b2 = hp.beta2;
   const float eps = hp.epsilon;
   const float wd = hp.weight_decay;
-  const double t = static_cast<double>(hp.step < 1 ? 1 : hp.step);
-  // Bias corrections in double once per call; the loop stays in float.
-  const float step_size =
-      static_cast<float>(hp.learning_rate / (1.0 - std::pow(static_cast<double>(b1), t)));
-  const float inv_sqrt_bc2 =
-      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
+  // Bias corrections once per call; the loop stays in float.
+  const AdamCorrections c = AdamBiasCorrections(hp);
+  const float step_size = c.step_size;
+  const float inv_sqrt_bc2 = c.inv_sqrt_bc2;
   const float one_minus_b1 = 1.f - b1;
   const float one_minus_b2 = 1.f - b2;
   for (int64_t i = 0; i < n; ++i) {

@@ -48,6 +48,15 @@ void AdagradUpdate(const OptimizerHyperparams& hp, const float* grad, int64_t n,
 // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + epsilon), t = hp.step.
 // REQUIRES: hp.step >= 1.
+// Adam's bias corrections at hp.step (1 at the least), in double once per
+// update: step_size = lr / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
+// Shared by every backend so their updates round alike.
+struct AdamCorrections {
+  float step_size;
+  float inv_sqrt_bc2;
+};
+AdamCorrections AdamBiasCorrections(const OptimizerHyperparams& hp);
+
 void AdamUpdate(const OptimizerHyperparams& hp, const float* grad, int64_t n, float* param,
                 float* m, float* v);
 

@@ -16,6 +16,26 @@
 namespace downpour {
 namespace kernels {
 
+// SplitMix64: a counter-based generator (element i needs no state). Dropout
+// masks (CPU and GPU alike) and parameter initialisation draw from it.
+DOWNPOUR_HOST_DEVICE inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The key of a dropout layer's mask at `step` (element i draws
+// SplitMix64(key + i)), the same on every backend.
+DOWNPOUR_HOST_DEVICE inline uint64_t DropoutKey(uint64_t seed, uint64_t step) {
+  return SplitMix64(seed ^ SplitMix64(step));
+}
+
+// Element i's uniform draw in [0, 1) (24 bits) under `key`.
+DOWNPOUR_HOST_DEVICE inline float DropoutUniform(uint64_t key, int64_t i) {
+  return static_cast<float>(SplitMix64(key + static_cast<uint64_t>(i)) >> 40) * (1.0f / (1 << 24));
+}
+
 // How a kernel stores a result: replace what the output holds, or add to it.
 // Adding is how the gradient of a tensor read by several layers is summed, and
 // how gradients are accumulated over micro-batches.
