@@ -760,73 +760,80 @@ constexpr double kTransposeBytesPerMs = 2.5e9;
 
 double TransposeMs(size_t bytes) { return 2.0 * static_cast<double>(bytes) / kTransposeBytesPerMs; }
 
-// cudnnFind reports each algorithm in up to two math types, hence room for
-// twice the algorithm count.
+// One direction of FindAlgorithms: `find(count, &returned, perf)` is
+// cudnnFind (which reports each algorithm in up to two math types, hence
+// room for twice the algorithm count), `heuristic(count, &returned, perf)`
+// cuDNN's heuristic list, `workspace(algo, &bytes)` an algorithm's
+// workspace size.
+template <int kCount, typename Perf, typename Algo, typename Find, typename Heuristic,
+          typename Workspace>
+absl::Status FindDirection(const char* direction, const char* layout, const WindowShape& s,
+                           size_t limit, cudnnMathType_t math, Find find, Heuristic heuristic,
+                           Workspace workspace, Algo* algo, size_t* bytes, float* ms) {
+  Perf perf[2 * kCount];
+  int returned = 0;
+  CUDNN_RETURN_IF_ERROR(find(2 * kCount, &returned, perf));
+  int chosen = -1;
+  if (PickAlgo(perf, returned, limit, algo, bytes, &chosen, math)) {
+    *ms = perf[chosen].time;
+  } else {
+    CUDNN_RETURN_IF_ERROR(heuristic(kCount, &returned, perf));
+    PickHeuristic(perf, returned, limit, algo);
+    CUDNN_RETURN_IF_ERROR(workspace(*algo, bytes));
+    *ms = kUnmeasured;
+  }
+  LogPlan(direction, layout, s, perf, returned, *algo);
+  return absl::OkStatus();
+}
+
 // Measures the algorithms of all three directions of `v` (cudnnFind, as
 // PyTorch's cudnn.benchmark) and keeps the fastest in `math` (the
 // descriptor's) that fits `limit` bytes of workspace, or the first
 // heuristic choice that fits.
 absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const char* layout,
                             size_t limit, ConvVariant* v, cudnnMathType_t math = CUDNN_FMA_MATH) {
-  int returned = 0;
-  {
-    cudnnConvolutionFwdAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionForwardAlgorithm(
-        ctx.cudnn, v->x.d, v->w.d, v->conv.d, v->y.d, 2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-        &returned, perf));
-    int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->fwd_algo, &v->fwd_bytes, &chosen, math)) {
-      v->fwd_ms = perf[chosen].time;
-    } else {
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
-          ctx.cudnn, v->x.d, v->w.d, v->conv.d, v->y.d, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned,
-          perf));
-      PickHeuristic(perf, returned, limit, &v->fwd_algo);
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionForwardWorkspaceSize(
-          ctx.cudnn, v->x.d, v->w.d, v->conv.d, v->y.d, v->fwd_algo, &v->fwd_bytes));
-      v->fwd_ms = kUnmeasured;
-    }
-    LogPlan("forward", layout, s, perf, returned, v->fwd_algo);
-  }
-  {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardFilterAlgorithm(
-        ctx.cudnn, v->x.d, v->y.d, v->conv.d, v->w.d, 2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-        &returned, perf));
-    int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->bwd_filter_algo, &v->bwd_filter_bytes, &chosen, math)) {
-      v->bwd_filter_ms = perf[chosen].time;
-    } else {
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-          ctx.cudnn, v->x.d, v->y.d, v->conv.d, v->w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-          &returned, perf));
-      PickHeuristic(perf, returned, limit, &v->bwd_filter_algo);
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-          ctx.cudnn, v->x.d, v->y.d, v->conv.d, v->w.d, v->bwd_filter_algo, &v->bwd_filter_bytes));
-      v->bwd_filter_ms = kUnmeasured;
-    }
-    LogPlan("backward-filter", layout, s, perf, returned, v->bwd_filter_algo);
-  }
-  {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardDataAlgorithm(
-        ctx.cudnn, v->w.d, v->y.d, v->conv.d, v->x.d, 2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-        &returned, perf));
-    int chosen = -1;
-    if (PickAlgo(perf, returned, limit, &v->bwd_data_algo, &v->bwd_data_bytes, &chosen, math)) {
-      v->bwd_data_ms = perf[chosen].time;
-    } else {
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-          ctx.cudnn, v->w.d, v->y.d, v->conv.d, v->x.d, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-          &returned, perf));
-      PickHeuristic(perf, returned, limit, &v->bwd_data_algo);
-      CUDNN_RETURN_IF_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(
-          ctx.cudnn, v->w.d, v->y.d, v->conv.d, v->x.d, v->bwd_data_algo, &v->bwd_data_bytes));
-      v->bwd_data_ms = kUnmeasured;
-    }
-    LogPlan("backward-data", layout, s, perf, returned, v->bwd_data_algo);
-  }
-  return absl::OkStatus();
+  cudnnHandle_t h = ctx.cudnn;
+  const cudnnTensorDescriptor_t x = v->x.d, y = v->y.d;
+  const cudnnFilterDescriptor_t w = v->w.d;
+  const cudnnConvolutionDescriptor_t c = v->conv.d;
+  STATUS_RETURN_IF_ERROR(
+      (FindDirection<CUDNN_CONVOLUTION_FWD_ALGO_COUNT, cudnnConvolutionFwdAlgoPerf_t>(
+          "forward", layout, s, limit, math,
+          [&](int n, int* r, auto* p) {
+            return cudnnFindConvolutionForwardAlgorithm(h, x, w, c, y, n, r, p);
+          },
+          [&](int n, int* r, auto* p) {
+            return cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, c, y, n, r, p);
+          },
+          [&](auto algo, size_t* bytes) {
+            return cudnnGetConvolutionForwardWorkspaceSize(h, x, w, c, y, algo, bytes);
+          },
+          &v->fwd_algo, &v->fwd_bytes, &v->fwd_ms)));
+  STATUS_RETURN_IF_ERROR(
+      (FindDirection<CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, cudnnConvolutionBwdFilterAlgoPerf_t>(
+          "backward-filter", layout, s, limit, math,
+          [&](int n, int* r, auto* p) {
+            return cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, c, w, n, r, p);
+          },
+          [&](int n, int* r, auto* p) {
+            return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, c, w, n, r, p);
+          },
+          [&](auto algo, size_t* bytes) {
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, c, w, algo, bytes);
+          },
+          &v->bwd_filter_algo, &v->bwd_filter_bytes, &v->bwd_filter_ms)));
+  return FindDirection<CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, cudnnConvolutionBwdDataAlgoPerf_t>(
+      "backward-data", layout, s, limit, math,
+      [&](int n, int* r, auto* p) {
+        return cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, c, x, n, r, p);
+      },
+      [&](int n, int* r, auto* p) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, c, x, n, r, p);
+      },
+      [&](auto algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, c, x, algo, bytes);
+      },
+      &v->bwd_data_algo, &v->bwd_data_bytes, &v->bwd_data_ms);
 }
 
 // The scratch the NCHW path keeps beside cuDNN's own workspace.
