@@ -116,6 +116,34 @@ Batch RandomBatch(int64_t batch, int64_t features, int classes, uint32_t seed) {
   return b;
 }
 
+// A Batch copied to the current device's memory, freed with the object.
+struct DeviceBatch {
+  explicit DeviceBatch(const Batch& b) {
+    if (cudaMalloc(reinterpret_cast<void**>(&features), b.features.size() * sizeof(float)) !=
+            cudaSuccess ||
+        cudaMalloc(reinterpret_cast<void**>(&labels), b.labels.size() * sizeof(int32_t)) !=
+            cudaSuccess ||
+        cudaMemcpy(features, b.features.data(), b.features.size() * sizeof(float),
+                   cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(labels, b.labels.data(), b.labels.size() * sizeof(int32_t),
+                   cudaMemcpyHostToDevice) != cudaSuccess) {
+      cudaGetLastError();
+      copied = false;
+    }
+  }
+  ~DeviceBatch() {
+    cudaFree(features);
+    cudaFree(labels);
+  }
+  DeviceBatch(const DeviceBatch&) = delete;
+  DeviceBatch& operator=(const DeviceBatch&) = delete;
+  bool ok() const { return copied; }
+
+  float* features = nullptr;
+  int32_t* labels = nullptr;
+  bool copied = true;
+};
+
 void ExpectClose(const float* cpu, const float* gpu, int64_t n, double tolerance,
                  const std::string& what) {
   int reported = 0;
@@ -198,18 +226,10 @@ TEST_F(ModelGpuTest, DeviceResidentTrainingMatchesTheCpuAndLearns) {
   ASSERT_NE(gpu, nullptr);
   const int64_t batch = 64;
   const Batch b = RandomBatch(batch, cpu->input_size(), 5, 5);
-  float* features = nullptr;
-  int32_t* labels = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&features), b.features.size() * sizeof(float)),
-            cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&labels), b.labels.size() * sizeof(int32_t)),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(features, b.features.data(), b.features.size() * sizeof(float),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(labels, b.labels.data(), b.labels.size() * sizeof(int32_t),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
+  const DeviceBatch on_device(b);
+  ASSERT_TRUE(on_device.ok());
+  float* const features = on_device.features;
+  const int32_t* const labels = on_device.labels;
   OptimizerHyperparams hp;
   hp.learning_rate = 0.01f;
   double first = 0, last = 0;
@@ -227,8 +247,6 @@ TEST_F(ModelGpuTest, DeviceResidentTrainingMatchesTheCpuAndLearns) {
     last = g->loss;
   }
   EXPECT_LT(last, 0.5 * first) << "one repeated batch should be learned";
-  cudaFree(features);
-  cudaFree(labels);
 }
 
 // ---- Mixed precision.
@@ -406,18 +424,10 @@ TEST_F(ModelGpuTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   ASSERT_TRUE(low && ref);
   const int64_t batch = 32;
   const Batch b = RandomBatch(batch, low->input_size(), 5, 77);
-  float* features = nullptr;
-  int32_t* labels = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&features), b.features.size() * sizeof(float)),
-            cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&labels), b.labels.size() * sizeof(int32_t)),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(features, b.features.data(), b.features.size() * sizeof(float),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(labels, b.labels.data(), b.labels.size() * sizeof(int32_t),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
+  const DeviceBatch on_device(b);
+  ASSERT_TRUE(on_device.ok());
+  float* const features = on_device.features;
+  const int32_t* const labels = on_device.labels;
   auto device_params = [&](Model& m) {
     std::vector<float> all;
     for (const ParamInfo& p : m.params()) {
@@ -471,8 +481,6 @@ TEST_F(ModelGpuTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   EXPECT_GT(skipped, 1);
   std::printf("fp16 loss scaling: %d skipped steps from 2^40 down to %g\n", skipped,
               low->loss_scale());
-  cudaFree(features);
-  cudaFree(labels);
 }
 
 // Convolutions whose output only a ReLU reads apply it themselves (the
