@@ -15,7 +15,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "bench/transport_bench.h"
-#include "common/malloc_tuning.h"
+#include "common/platform/malloc_tuning.h"
 
 ABSL_FLAG(double, size_mb, 0, "Model size in MiB (0: sweep 1, 25, 100)");
 ABSL_FLAG(int32_t, workers, 0, "Workers (0: sweep 1, 2, 4)");

@@ -1,32 +1,20 @@
-// Types shared by every kernel backend (the CPU reference in kernels/cpu.h and
-// the CUDA version that follows it), so callers can switch backend without
+// Types shared by every kernel backend (the CPU reference in kernels/cpu/ and
+// its CUDA twin in kernels/cuda/), so callers can switch backend without
 // changing the arguments they pass. Plain values; thread-compatible.
 #ifndef DOWNPOUR_KERNELS_TYPES_H_
 #define DOWNPOUR_KERNELS_TYPES_H_
 
 #include <cstdint>
 
-// Marks the small inline helpers below usable in CUDA device code too.
-#ifdef __CUDACC__
-#define DOWNPOUR_HOST_DEVICE __host__ __device__
-#else
-#define DOWNPOUR_HOST_DEVICE
-#endif
+#include "common/host_device.h"
+#include "common/splitmix64.h"
+#include "common/window_shape.h"
 
 namespace downpour {
 namespace kernels {
 
-// SplitMix64: a counter-based generator (element i needs no state). Dropout
-// masks (CPU and GPU alike) and parameter initialisation draw from it.
-DOWNPOUR_HOST_DEVICE inline uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // The key of a dropout layer's mask at `step` (element i draws
-// SplitMix64(key + i)), the same on every backend.
+// DropoutUniform(key, i)), the same on every backend.
 DOWNPOUR_HOST_DEVICE inline uint64_t DropoutKey(uint64_t seed, uint64_t step) {
   return SplitMix64(seed ^ SplitMix64(step));
 }
@@ -34,6 +22,14 @@ DOWNPOUR_HOST_DEVICE inline uint64_t DropoutKey(uint64_t seed, uint64_t step) {
 // Element i's uniform draw in [0, 1) (24 bits) under `key`.
 DOWNPOUR_HOST_DEVICE inline float DropoutUniform(uint64_t key, int64_t i) {
   return static_cast<float>(SplitMix64(key + static_cast<uint64_t>(i)) >> 40) * (1.0f / (1 << 24));
+}
+
+// The table row an embedding id names (ids are integers stored as floats),
+// or -1 when it is not an integer in [0, vocab).
+DOWNPOUR_HOST_DEVICE inline int64_t EmbeddingRow(float id, int64_t vocab) {
+  if (!(id >= 0.f) || id >= static_cast<float>(vocab)) return -1;
+  const int64_t row = static_cast<int64_t>(id);
+  return static_cast<float>(row) == id ? row : -1;
 }
 
 // How a kernel stores a result: replace what the output holds, or add to it.
@@ -56,32 +52,15 @@ struct LossStats {
   int64_t correct = 0;    // Examples whose argmax (first on ties) is the label.
 };
 
-// A sliding window over a batch of NHWC images: a convolution (out_c
-// filters) or a pooling (out_c == in_c). Element (n, h, w, c) of an image is
-// at ((n * H + h) * W + w) * C + c. Output (oh, ow) covers input rows
-// oh * stride_h - pad_top + [0, kernel_h) and likewise for columns; positions
-// outside the image are padding. Padding at the bottom/right is implied by
-// out_h/out_w, so it may differ from pad_top/pad_left (TensorFlow's SAME).
-struct WindowShape {
-  int64_t batch = 0;
-  int64_t in_h = 0, in_w = 0, in_c = 0;
-  int64_t out_h = 0, out_w = 0, out_c = 0;
-  int64_t kernel_h = 1, kernel_w = 1;
-  int64_t stride_h = 1, stride_w = 1;
-  int64_t pad_top = 0, pad_left = 0;
+// What a GPU backend stores activations in and multiplies in: fp32, or
+// bf16/fp16 activations with tensor-core products (fp32 accumulation,
+// parameters and statistics). The CPU computes everything in fp32.
+enum class ComputePrecision { kFp32, kBf16, kFp16 };
 
-  DOWNPOUR_HOST_DEVICE int64_t pad_bottom() const {
-    return (out_h - 1) * stride_h + kernel_h - in_h - pad_top;
-  }
-  DOWNPOUR_HOST_DEVICE int64_t pad_right() const {
-    return (out_w - 1) * stride_w + kernel_w - in_w - pad_left;
-  }
-  // Elements of one input / output image.
-  DOWNPOUR_HOST_DEVICE int64_t in_elements() const { return in_h * in_w * in_c; }
-  DOWNPOUR_HOST_DEVICE int64_t out_elements() const { return out_h * out_w * out_c; }
-  // Elements of one convolution filter: kernel_h * kernel_w * in_c.
-  DOWNPOUR_HOST_DEVICE int64_t patch_elements() const { return kernel_h * kernel_w * in_c; }
-};
+// Memory layout GPU convolutions run in. Tensors are NHWC at the API either
+// way; kNchw convolves transposed copies in the workspace. kAuto measures
+// both per shape (transposes included) and keeps the faster.
+enum class ConvLayout { kAuto, kNhwc, kNchw };
 
 }  // namespace kernels
 }  // namespace downpour

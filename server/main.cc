@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
-#include "common/malloc_tuning.h"
+#include "common/platform/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "core/model_shape.h"

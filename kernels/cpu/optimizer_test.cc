@@ -1,0 +1,148 @@
+#include "kernels/cpu/optimizer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace downpour {
+namespace kernels {
+namespace cpu {
+namespace {
+
+// Naive double-precision references, written straight from the formulas.
+struct Reference {
+  std::vector<double> p, s0, s1;
+};
+
+void ReferenceStep(OptimizerKind kind, const OptimizerHyperparams& hp,
+                   const std::vector<float>& grad, Reference* r) {
+  const double lr = hp.learning_rate;
+  for (size_t i = 0; i < grad.size(); ++i) {
+    const double g = grad[i] + static_cast<double>(hp.weight_decay) * r->p[i];
+    switch (kind) {
+      case OptimizerKind::kSgd:
+        r->p[i] -= lr * g;
+        break;
+      case OptimizerKind::kMomentum:
+        r->s0[i] = hp.momentum * r->s0[i] + g;
+        r->p[i] -= lr * r->s0[i];
+        break;
+      case OptimizerKind::kAdagrad:
+        r->s0[i] += g * g;
+        r->p[i] -= lr * g / (std::sqrt(r->s0[i]) + hp.epsilon);
+        break;
+      case OptimizerKind::kAdam: {
+        const double b1 = hp.beta1, b2 = hp.beta2, t = static_cast<double>(hp.step);
+        r->s0[i] = b1 * r->s0[i] + (1 - b1) * g;
+        r->s1[i] = b2 * r->s1[i] + (1 - b2) * g * g;
+        const double m_hat = r->s0[i] / (1 - std::pow(b1, t));
+        const double v_hat = r->s1[i] / (1 - std::pow(b2, t));
+        r->p[i] -= lr * m_hat / (std::sqrt(v_hat) + hp.epsilon);
+        break;
+      }
+    }
+  }
+}
+
+struct Case {
+  OptimizerKind kind;
+  float weight_decay;
+  int64_t n;
+};
+
+class OptimizerTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OptimizerTest, MatchesDoubleReferenceOverSeveralSteps) {
+  const Case c = GetParam();
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+
+  std::vector<float> param(c.n);
+  for (float& x : param) x = dist(rng);
+  std::vector<std::vector<float>> slots(NumOptimizerSlots(c.kind), std::vector<float>(c.n, 0.f));
+  std::vector<float*> slot_ptrs;
+  for (auto& s : slots) slot_ptrs.push_back(s.data());
+
+  Reference ref;
+  ref.p.assign(param.begin(), param.end());
+  ref.s0.assign(c.n, 0.0);
+  ref.s1.assign(c.n, 0.0);
+
+  OptimizerHyperparams hp;
+  hp.learning_rate = 0.05f;
+  hp.momentum = 0.9f;
+  hp.beta1 = 0.9f;
+  hp.beta2 = 0.999f;
+  hp.epsilon = c.kind == OptimizerKind::kAdagrad ? 1e-10f : 1e-8f;
+  hp.weight_decay = c.weight_decay;
+
+  for (int step = 1; step <= 5; ++step) {
+    std::vector<float> grad(c.n);
+    for (float& g : grad) g = dist(rng);
+    hp.step = step;
+    ApplyOptimizer(c.kind, hp, grad.data(), c.n, param.data(), slot_ptrs.data());
+    ReferenceStep(c.kind, hp, grad, &ref);
+  }
+  for (int64_t i = 0; i < c.n; ++i) {
+    ASSERT_NEAR(param[i], ref.p[i], 1e-5 * (1 + std::fabs(ref.p[i]))) << "element " << i;
+  }
+  if (!slots.empty()) {
+    for (int64_t i = 0; i < c.n; ++i) {
+      ASSERT_NEAR(slots[0][i], ref.s0[i], 1e-5 * (1 + std::fabs(ref.s0[i]))) << "slot0 " << i;
+    }
+  }
+  if (slots.size() > 1) {
+    for (int64_t i = 0; i < c.n; ++i) {
+      ASSERT_NEAR(slots[1][i], ref.s1[i], 1e-5 * (1 + std::fabs(ref.s1[i]))) << "slot1 " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOptimizers, OptimizerTest,
+                         ::testing::Values(Case{OptimizerKind::kSgd, 0.f, 1},
+                                           Case{OptimizerKind::kSgd, 0.f, 1031},
+                                           Case{OptimizerKind::kSgd, 0.01f, 1031},
+                                           Case{OptimizerKind::kMomentum, 0.f, 7},
+                                           Case{OptimizerKind::kMomentum, 0.01f, 1031},
+                                           Case{OptimizerKind::kAdagrad, 0.f, 7},
+                                           Case{OptimizerKind::kAdagrad, 0.01f, 1031},
+                                           Case{OptimizerKind::kAdam, 0.f, 7},
+                                           Case{OptimizerKind::kAdam, 0.01f, 1031}));
+
+TEST(OptimizerTest, SgdSimpleValues) {
+  OptimizerHyperparams hp;
+  hp.learning_rate = 0.5f;
+  float p[2] = {1.f, 2.f};
+  const float g[2] = {2.f, -4.f};
+  SgdUpdate(hp, g, 2, p);
+  EXPECT_FLOAT_EQ(p[0], 0.f);
+  EXPECT_FLOAT_EQ(p[1], 4.f);
+}
+
+TEST(OptimizerTest, AdamFirstStepMovesByLearningRate) {
+  // With bias correction, Adam's first step is lr * sign(g) (up to epsilon).
+  OptimizerHyperparams hp;
+  hp.learning_rate = 0.1f;
+  hp.step = 1;
+  float p[2] = {0.f, 0.f};
+  float m[2] = {0.f, 0.f};
+  float v[2] = {0.f, 0.f};
+  const float g[2] = {3.f, -0.002f};
+  AdamUpdate(hp, g, 2, p, m, v);
+  EXPECT_NEAR(p[0], -0.1f, 1e-6);
+  EXPECT_NEAR(p[1], 0.1f, 1e-4);
+}
+
+TEST(OptimizerTest, ZeroLengthIsANoOp) {
+  OptimizerHyperparams hp;
+  ApplyOptimizer(OptimizerKind::kAdam, hp, nullptr, 0, nullptr, nullptr);
+  ApplyOptimizer(OptimizerKind::kSgd, hp, nullptr, 0, nullptr, nullptr);
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace downpour

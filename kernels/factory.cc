@@ -1,0 +1,55 @@
+#include "kernels/factory.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/backend.h"
+#include "kernels/cpu/layers.h"
+#include "kernels/cuda/backend.h"
+#include "kernels/cuda/collectives.h"
+#include "kernels/cuda/context.h"
+
+namespace downpour {
+namespace kernels {
+
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptions& options) {
+  if (options.device < 0) return cpu::CreateCpuBackend();
+  const int count = cuda::CudaDeviceCount();
+  if (count == 0) return absl::FailedPreconditionError(cuda::CudaUnavailableReason());
+  if (options.device >= count) {
+    return absl::FailedPreconditionError(absl::StrCat("CUDA device ", options.device,
+                                                      " does not exist; this process sees ", count));
+  }
+  return cuda::CreateCudaBackend(options);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
+    const std::vector<ComputeBackend*>& backends) {
+  std::set<int> devices;
+  for (const ComputeBackend* backend : backends) {
+    if (backend == nullptr || !backend->gpu()) {
+      return absl::InvalidArgumentError("a device group spans GPU backends only");
+    }
+    if (!devices.insert(backend->device()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a device group needs distinct GPUs; device ", backend->device(),
+                       " is given twice"));
+    }
+  }
+  if (backends.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a device group needs two or more GPUs, got ", backends.size()));
+  }
+  return cuda::CreateNcclGroup(backends);
+}
+
+int GpuCount() { return cuda::CudaDeviceCount(); }
+
+std::string GpuUnavailableReason() { return cuda::CudaUnavailableReason(); }
+
+std::string GpuName(int device) { return cuda::CudaDeviceName(device); }
+
+void SetCpuThreads(int num_threads) { cpu::SetCpuThreads(num_threads); }
+
+}  // namespace kernels
+}  // namespace downpour

@@ -1,0 +1,46 @@
+// Where compute backends come from: the one place that names the CPU and
+// CUDA implementations, so a model asks for a device and never for an
+// implementation. Also what a daemon asks about the machine's devices.
+//
+// Thread-safe (the device queries and factories keep no state of their own).
+#ifndef DOWNPOUR_KERNELS_FACTORY_H_
+#define DOWNPOUR_KERNELS_FACTORY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace downpour {
+namespace kernels {
+
+// The CPU backend (options.device < 0) or the CUDA one on options.device:
+// FailedPrecondition naming the reason when that device is unusable;
+// ResourceExhausted when its memory runs out.
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptions& options);
+
+// Collectives over `backends` (not owned; they must outlive the group): two
+// or more GPU backends on distinct devices. InvalidArgument otherwise; the
+// NCCL error when the communicators cannot be created.
+absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
+    const std::vector<ComputeBackend*>& backends);
+
+// Number of usable CUDA devices; 0 when there is no driver, no device, or the
+// runtime reports any error (which it does on a machine without a GPU).
+int GpuCount();
+// Why no device is usable ("no CUDA device: <runtime message>"), or "" when
+// one is. For logs and test skips.
+std::string GpuUnavailableReason();
+// The name of CUDA device `device` ("NVIDIA H100 80GB HBM3"), or "" on error.
+std::string GpuName(int device);
+
+// Threads the CPU backend's matrix products use, process-wide (OpenBLAS);
+// `num_threads` <= 0 leaves the library's choice (all cores).
+void SetCpuThreads(int num_threads);
+
+}  // namespace kernels
+}  // namespace downpour
+
+#endif  // DOWNPOUR_KERNELS_FACTORY_H_

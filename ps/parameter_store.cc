@@ -1,0 +1,559 @@
+#include "ps/parameter_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/wire_dtype.h"
+#include "kernels/cpu/optimizer.h"
+#include "ps/lr_schedule.h"
+#include "ps/request_dedup.h"
+#include "spec/job_validation.h"
+#include "spec/params.h"
+#include "spec/wire_dtype.h"
+
+namespace downpour {
+namespace {
+
+constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
+
+using KeyPair = std::pair<int32_t, int32_t>;
+
+std::string KeyName(int32_t tensor_id, int32_t partition) {
+  return absl::StrCat(tensor_id, "/", partition);
+}
+
+RequestKey KeyOf(const PushRequest& request) {
+  const RequestId& id = request.request_id();
+  return {id.worker_id(), id.incarnation(), id.sequence()};
+}
+
+// Calls fn(grad, start, count) over the gradient of elements [0, n) held in
+// bytes [offset, ...) of `payload` as `dtype`: in place where a piece holds
+// aligned float32 elements, else through `scratch` in bounded chunks, so a
+// payload received as many network buffers is applied without first being
+// joined into one.
+template <typename Fn>
+void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, WireDtype dtype,
+                        std::vector<float>* scratch, Fn fn) {
+  constexpr int64_t kChunk = 16 << 10;
+  const int width = BytesPerElement(dtype);
+  if (dtype != WireDtype::kFloat32) {
+    std::vector<char> raw;
+    for (int64_t start = 0; start < n; start += kChunk) {
+      const int64_t count = std::min(kChunk, n - start);
+      raw.resize(count * width);
+      scratch->resize(count);
+      payload.CopyTo(offset + start * width, count * width, raw.data());
+      DecodeFloats(dtype, raw.data(), count, scratch->data());
+      fn(scratch->data(), start, count);
+    }
+    return;
+  }
+  int64_t done = 0;
+  size_t piece_start = 0;
+  for (const Payload::Piece& piece : payload.pieces()) {
+    if (done == n) break;
+    const size_t piece_end = piece_start + piece.size;
+    const size_t want = offset + done * kFloatBytes;
+    if (want >= piece_end) {
+      piece_start = piece_end;
+      continue;
+    }
+    const char* at = piece.data + (want - piece_start);
+    const int64_t whole = std::min<int64_t>(n - done, (piece_end - want) / kFloatBytes);
+    if (whole > 0 && reinterpret_cast<uintptr_t>(at) % alignof(float) == 0) {
+      fn(reinterpret_cast<const float*>(at), done, whole);
+      done += whole;
+      if (done < n && (piece_end - want) % kFloatBytes == 0) {
+        piece_start = piece_end;
+        continue;
+      }
+    }
+    // Unaligned, or an element split across pieces: copy what remains of
+    // this piece (plus the split element) in chunks.
+    while (done < n && offset + done * kFloatBytes < piece_end) {
+      const int64_t count = std::min<int64_t>(
+          {kChunk, n - done,
+           static_cast<int64_t>((piece_end - (offset + done * kFloatBytes)) / kFloatBytes) + 1});
+      scratch->resize(count);
+      payload.CopyTo(offset + done * kFloatBytes, count * kFloatBytes,
+                     reinterpret_cast<char*>(scratch->data()));
+      fn(scratch->data(), done, count);
+      done += count;
+    }
+    piece_start = piece_end;
+  }
+}
+
+PushResponse DuplicateResponse() {
+  PushResponse response;
+  response.set_duplicate(true);
+  return response;
+}
+
+}  // namespace
+
+struct ParameterStore::Partition {
+  Partition(int32_t tensor_id_in, int32_t partition_in, int64_t offset_in, int64_t n)
+      : tensor_id(tensor_id_in), partition(partition_in), offset(offset_in), num_elements(n) {}
+
+  std::string Name() const { return KeyName(tensor_id, partition); }
+
+  const int32_t tensor_id;
+  const int32_t partition;
+  const int64_t offset;
+  const int64_t num_elements;
+
+  absl::Mutex mu;
+  // SYNC: steps completed; ASYNC/SSP: pushes received (skipped ones too).
+  // Written under `mu`; read without it by pulls waiting on the job's
+  // condition variable.
+  std::atomic<int64_t> version{0};
+  // Optimizer updates applied (Adam's t): fewer than the version when steps
+  // were skipped.
+  int64_t updates ABSL_GUARDED_BY(mu) = 0;
+  std::vector<float> values ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+  // SYNC: the sum of the gradients pushed for step == version, which ranks
+  // have pushed it (skipped or not) and how many brought a gradient.
+  std::vector<float> grad_sum ABSL_GUARDED_BY(mu);
+  std::vector<bool> arrived ABSL_GUARDED_BY(mu);
+  int num_arrived ABSL_GUARDED_BY(mu) = 0;
+  int num_contributors ABSL_GUARDED_BY(mu) = 0;
+};
+
+struct ParameterStore::Job {
+  // Immutable after AddJob.
+  std::string id;
+  OptimizerSpec optimizer_spec;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  ConsistencySpec::Mode mode = ConsistencySpec::SYNC;
+  int num_workers = 1;
+  // SYNC: arrivals that complete a step (num_workers - backup_workers).
+  int sync_quorum = 1;
+  std::vector<std::unique_ptr<Partition>> partitions;  // Sorted by key.
+  absl::flat_hash_map<KeyPair, Partition*> by_key;
+
+  bool sync() const { return mode == ConsistencySpec::SYNC; }
+  // The job's progress as of a partition at `version` (see the header).
+  int64_t Progress(int64_t version) const { return sync() ? version : version / num_workers; }
+
+  absl::Mutex mu;
+  // Signalled whenever a version, a worker's step count, an in-flight request
+  // or `dropped` changes.
+  absl::CondVar changed;
+  bool dropped ABSL_GUARDED_BY(mu) = false;
+  // Per worker rank: max pushed step + 1.
+  std::vector<int64_t> worker_steps ABSL_GUARDED_BY(mu);
+  // Per worker rank: partitions applied so far of steps pushed in several
+  // requests (PushRequest.partitions_in_step), by step.
+  std::vector<std::map<int64_t, int64_t>> partial_steps ABSL_GUARDED_BY(mu);
+  RequestDedup requests ABSL_GUARDED_BY(mu);
+};
+
+// One partition of a push and where its bytes start in the payload.
+struct ParameterStore::Piece {
+  Partition* partition;
+  size_t offset;
+  WireDtype dtype;
+};
+
+ParameterStore::ParameterStore() = default;
+ParameterStore::~ParameterStore() = default;
+
+absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& given,
+                                    int shard_index,
+                                    const std::vector<PartitionPlacement>& partitions) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (jobs_.contains(job_id)) return absl::OkStatus();
+  }
+  if (job_id.empty()) return absl::InvalidArgumentError("job id is empty");
+  const std::string where = absl::StrCat("job ", job_id);
+  JobSpec spec = given;
+  ApplyJobDefaults(&spec);
+  absl::StatusOr<std::vector<ParamInfo>> params = ValidateJobSpec(spec);
+  if (!params.ok()) return Annotate(params.status(), where);
+  auto invalid = [&where](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
+  };
+
+  auto job = std::make_shared<Job>();
+  job->id = job_id;
+  job->optimizer_spec = spec.optimizer();
+  job->optimizer = *OptimizerKindOf(spec.optimizer());  // Validated above.
+  job->mode = spec.consistency().mode();
+  job->num_workers = spec.num_workers();
+  job->sync_quorum = spec.num_workers() - spec.consistency().backup_workers();
+  const int num_slots = NumOptimizerSlots(job->optimizer);
+
+  for (const PartitionPlacement& placement : partitions) {
+    if (placement.shard() != shard_index) continue;
+    const std::string name = KeyName(placement.tensor_id(), placement.partition());
+    if (placement.tensor_id() < 0 || placement.tensor_id() >= static_cast<int64_t>(params->size())) {
+      return invalid("partition ", name, ": tensor_id out of range [0, ", params->size(), ")");
+    }
+    const ParamInfo& param = (*params)[placement.tensor_id()];
+    if (placement.num_elements() <= 0 || placement.offset() < 0 ||
+        placement.offset() + placement.num_elements() > param.num_elements) {
+      return invalid("partition ", name, ": range [", placement.offset(), ", ",
+                     placement.offset() + placement.num_elements(), ") is not inside tensor ",
+                     param.name, " of ", param.num_elements, " elements");
+    }
+    auto partition = std::make_unique<Partition>(placement.tensor_id(), placement.partition(),
+                                                 placement.offset(), placement.num_elements());
+    if (!job->by_key.emplace(KeyPair(placement.tensor_id(), placement.partition()), partition.get())
+             .second) {
+      return invalid("partition ", name, " is placed twice");
+    }
+    const int64_t n = placement.num_elements();
+    {
+      absl::MutexLock lock(&partition->mu);
+      partition->values.resize(n);
+      InitParamRange(param, spec.seed(), placement.offset(), n, partition->values.data());
+      partition->slots.assign(num_slots, std::vector<float>(n, 0.f));
+      if (job->sync()) {
+        partition->grad_sum.assign(n, 0.f);
+        partition->arrived.assign(job->num_workers, false);
+      }
+    }
+    job->partitions.push_back(std::move(partition));
+  }
+  std::sort(job->partitions.begin(), job->partitions.end(),
+            [](const std::unique_ptr<Partition>& a, const std::unique_ptr<Partition>& b) {
+              return KeyPair(a->tensor_id, a->partition) < KeyPair(b->tensor_id, b->partition);
+            });
+  {
+    absl::MutexLock lock(&job->mu);
+    job->worker_steps.assign(job->num_workers, 0);
+    job->partial_steps.assign(job->num_workers, {});
+  }
+
+  absl::MutexLock lock(&mu_);
+  jobs_.emplace(job_id, std::move(job));  // Keeps the first if added concurrently.
+  return absl::OkStatus();
+}
+
+void ParameterStore::RefuseJob(const std::string& job_id, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  refused_[job_id] = why;
+}
+
+int64_t ParameterStore::RememberedRequests(const std::string& job_id) const {
+  auto job = FindJob(job_id);
+  if (!job.ok()) return 0;
+  absl::MutexLock lock(&(*job)->mu);
+  return (*job)->requests.Remembered();
+}
+
+void ParameterStore::DropJob(const std::string& job_id) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    refused_.erase(job_id);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  absl::MutexLock lock(&job->mu);
+  job->dropped = true;
+  job->changed.SignalAll();
+}
+
+absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
+    const std::string& job_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    auto refused = refused_.find(job_id);
+    if (refused != refused_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the shard cannot host job ", job_id, ": ", refused->second.message()));
+    }
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " is not hosted on this shard (yet)"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
+    const Job& job, const PushRequest& request, const Payload& payload) const {
+  const std::string where = absl::StrCat("push to job ", job.id);
+  auto invalid = [&where](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
+  };
+  if (request.request_id().worker_id().empty()) return invalid("request_id.worker_id is empty");
+  const int rank = request.worker_rank();
+  if (rank < 0 || rank >= job.num_workers) {
+    return invalid("worker_rank ", rank, " is outside [0, ", job.num_workers, ")");
+  }
+  if (request.step() < 0) return invalid("step ", request.step(), " is negative");
+  if (request.partitions_in_step() < 0) {
+    return invalid("partitions_in_step ", request.partitions_in_step(), " is negative");
+  }
+  std::vector<Piece> pieces;
+  pieces.reserve(request.partitions_size());
+  absl::flat_hash_set<Partition*> seen;
+  int64_t offset = 0;
+  for (const PartitionHeader& header : request.partitions()) {
+    const std::string name = KeyName(header.key().tensor_id(), header.key().partition());
+    auto it = job.by_key.find(KeyPair(header.key().tensor_id(), header.key().partition()));
+    if (it == job.by_key.end()) {
+      return absl::NotFoundError(absl::StrCat(where, ": no partition ", name, " on this shard"));
+    }
+    Partition* partition = it->second;
+    absl::StatusOr<WireDtype> dtype = WireDtypeOf(header.dtype());
+    if (!dtype.ok()) return Annotate(dtype.status(), absl::StrCat(where, ": partition ", name));
+    if (header.num_elements() != partition->num_elements) {
+      return invalid("partition ", name, " has ", partition->num_elements,
+                     " elements, the header says ", header.num_elements());
+    }
+    if (!seen.insert(partition).second) return invalid("partition ", name, " is listed twice");
+    const int64_t size = request.skipped() ? 0 : partition->num_elements * BytesPerElement(*dtype);
+    if (offset + size > static_cast<int64_t>(payload.size())) {
+      return invalid("payload has ", payload.size(), " bytes, fewer than the headers describe");
+    }
+    pieces.push_back({partition, static_cast<size_t>(offset), *dtype});
+    offset += size;
+  }
+  if (offset != static_cast<int64_t>(payload.size())) {
+    return invalid("payload has ", payload.size(), " bytes, the headers describe ", offset);
+  }
+  return pieces;
+}
+
+absl::StatusOr<bool> ParameterStore::Reserve(Job& job, const PushRequest& request) const {
+  absl::MutexLock lock(&job.mu);
+  while (true) {
+    if (job.dropped) return absl::AbortedError(absl::StrCat("job ", job.id, " was dropped"));
+    absl::StatusOr<RequestDedup::Verdict> verdict = job.requests.Reserve(KeyOf(request));
+    if (!verdict.ok()) return Annotate(verdict.status(), absl::StrCat("push to job ", job.id));
+    switch (*verdict) {
+      case RequestDedup::Verdict::kFresh:
+        return true;
+      case RequestDedup::Verdict::kDuplicate:
+        return false;
+      case RequestDedup::Verdict::kInFlight:
+        // A retry that overtook its original: answer once the outcome is known.
+        job.changed.Wait(&job.mu);
+        break;
+    }
+  }
+}
+
+void ParameterStore::Settle(Job& job, const PushRequest& request, bool applied) const {
+  absl::MutexLock lock(&job.mu);
+  job.requests.Settle(KeyOf(request), applied);
+  if (applied) {
+    const int rank = request.worker_rank();
+    int64_t& steps = job.worker_steps[rank];
+    const int64_t expected = request.partitions_in_step();
+    if (expected == 0) {
+      steps = std::max(steps, request.step() + 1);
+    } else {
+      std::map<int64_t, int64_t>& partial = job.partial_steps[rank];
+      int64_t& count = partial[request.step()];
+      count += request.partitions_size();
+      if (count >= expected) {
+        steps = std::max(steps, request.step() + 1);
+        partial.erase(partial.begin(), partial.upper_bound(request.step()));
+      }
+    }
+  }
+  job.changed.SignalAll();
+}
+
+void ParameterStore::ApplyNow(const Job& job, const PushRequest& request, const Payload& payload,
+                              const Piece& piece, std::vector<float>* scratch) const {
+  Partition& p = *piece.partition;
+  absl::MutexLock lock(&p.mu);
+  const int64_t version = p.version.load(std::memory_order_relaxed);
+  if (!request.skipped()) {
+    const OptimizerHyperparams hp =
+        HyperparamsAt(job.optimizer_spec, job.Progress(version), ++p.updates);
+    float* values = p.values.data();
+    std::vector<float>* slot_arrays = p.slots.data();
+    const size_t num_slots = p.slots.size();
+    ForEachGradientRun(payload, piece.offset, p.num_elements, piece.dtype, scratch,
+                       [&](const float* grad, int64_t start, int64_t count) {
+                         float* slots[2] = {nullptr, nullptr};
+                         for (size_t i = 0; i < num_slots; ++i) {
+                           slots[i] = slot_arrays[i].data() + start;
+                         }
+                         kernels::cpu::ApplyOptimizer(job.optimizer, hp, grad, count,
+                                                      values + start, slots);
+                       });
+  }
+  p.version.store(version + 1, std::memory_order_release);
+}
+
+void ParameterStore::Accumulate(const Job& job, const PushRequest& request,
+                                const Payload& payload, const Piece& piece,
+                                std::vector<float>* scratch) const {
+  Partition& p = *piece.partition;
+  const int rank = request.worker_rank();
+  absl::MutexLock lock(&p.mu);
+  const int64_t version = p.version.load(std::memory_order_relaxed);
+  // A late push (a straggler the backup workers replaced) or a second one
+  // of the same rank for this step is acknowledged and ignored.
+  if (request.step() < version || p.arrived[rank]) return;
+  p.arrived[rank] = true;
+  ++p.num_arrived;
+  const int64_t n = p.num_elements;
+  float* sum = p.grad_sum.data();
+  if (!request.skipped()) {
+    const bool first = p.num_contributors++ == 0;
+    ForEachGradientRun(payload, piece.offset, n, piece.dtype, scratch,
+                       [&](const float* grad, int64_t start, int64_t count) {
+                         float* out = sum + start;
+                         if (first) {
+                           std::memcpy(out, grad, count * kFloatBytes);
+                         } else {
+                           for (int64_t i = 0; i < count; ++i) out[i] += grad[i];
+                         }
+                       });
+  }
+  if (p.num_arrived < job.sync_quorum) return;
+  // The step is complete: the mean over the workers that brought a gradient
+  // (a skipped step is no contributor), or no update when none did.
+  if (p.num_contributors > 0) {
+    const float scale = 1.f / static_cast<float>(p.num_contributors);
+    for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+    float* slots[2] = {nullptr, nullptr};
+    for (size_t i = 0; i < p.slots.size(); ++i) slots[i] = p.slots[i].data();
+    kernels::cpu::ApplyOptimizer(job.optimizer,
+                   HyperparamsAt(job.optimizer_spec, job.Progress(version), ++p.updates), sum, n,
+                   p.values.data(), slots);
+  }
+  std::fill(p.arrived.begin(), p.arrived.end(), false);
+  p.num_arrived = 0;
+  p.num_contributors = 0;
+  p.version.store(version + 1, std::memory_order_release);
+}
+
+absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
+                                                  const Payload& payload) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  // Everything that does not depend on state is checked first.
+  ASSIGN_OR_RETURN(std::vector<Piece> pieces, ParsePush(*job, request, payload));
+  ASSIGN_OR_RETURN(bool fresh, Reserve(*job, request));
+  if (!fresh) return DuplicateResponse();
+
+  if (job->sync()) {
+    // Versions only grow, so a step not ahead now is not ahead when applied:
+    // checking first means a push is applied whole or not at all.
+    for (const Piece& piece : pieces) {
+      const int64_t version = piece.partition->version.load(std::memory_order_acquire);
+      if (request.step() > version) {
+        Settle(*job, request, /*applied=*/false);
+        return absl::FailedPreconditionError(absl::StrCat(
+            "push to job ", job->id, ": step ", request.step(), " of partition ",
+            piece.partition->Name(), " is ahead of its version ", version, "; pull version ",
+            request.step(), " first"));
+      }
+    }
+  }
+  std::vector<float> scratch;
+  for (const Piece& piece : pieces) {
+    if (job->sync()) {
+      Accumulate(*job, request, payload, piece, &scratch);
+    } else {
+      ApplyNow(*job, request, payload, piece, &scratch);
+    }
+  }
+  Settle(*job, request, /*applied=*/true);
+  return PushResponse();
+}
+
+absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, absl::Time deadline,
+                                                  Payload* payload) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  if (request.dtype() != FLOAT32 && request.dtype() != DTYPE_UNSPECIFIED) {
+    return absl::UnimplementedError(absl::StrCat("pull from job ", job->id, ": dtype ",
+                                                 DType_Name(request.dtype()),
+                                                 " is not supported yet; pull FLOAT32"));
+  }
+  std::vector<Partition*> wanted;
+  if (request.keys().empty()) {
+    wanted.reserve(job->partitions.size());
+    for (const auto& p : job->partitions) wanted.push_back(p.get());
+  } else {
+    wanted.reserve(request.keys_size());
+    for (const PartitionKey& key : request.keys()) {
+      auto it = job->by_key.find(KeyPair(key.tensor_id(), key.partition()));
+      if (it == job->by_key.end()) {
+        return absl::NotFoundError(absl::StrCat("pull from job ", job->id, ": no partition ",
+                                                KeyName(key.tensor_id(), key.partition()),
+                                                " on this shard"));
+      }
+      wanted.push_back(it->second);
+    }
+  }
+
+  {
+    const absl::Time start = absl::Now();
+    const int64_t min_version = request.min_version();
+    const int64_t min_steps = request.min_worker_steps();
+    // What the pull still waits for, or "" when nothing.
+    auto unmet = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) -> std::string {
+      for (const Partition* p : wanted) {
+        const int64_t version = p->version.load(std::memory_order_acquire);
+        if (version < min_version) {
+          return absl::StrCat("partition ", p->Name(), " still at version ", version, " < ",
+                              min_version);
+        }
+      }
+      for (int rank = 0; rank < job->num_workers; ++rank) {
+        if (job->worker_steps[rank] < min_steps) {
+          return absl::StrCat("worker ", rank, " has pushed ", job->worker_steps[rank], " steps < ",
+                              min_steps);
+        }
+      }
+      return "";
+    };
+    absl::MutexLock lock(&job->mu);
+    while (true) {
+      if (job->dropped) return absl::AbortedError(absl::StrCat("job ", job->id, " was dropped"));
+      const std::string waiting_for = unmet();
+      if (waiting_for.empty()) break;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "job ", job->id, ": ", waiting_for, " after ",
+            absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+            "; a worker may be down"));
+      }
+      job->changed.WaitWithDeadline(&job->mu, deadline);
+    }
+  }
+
+  PullResponse response;
+  int64_t total = 0;
+  for (const Partition* p : wanted) total += p->num_elements * kFloatBytes;
+  // One snapshot buffer, handed to the transport as is (no further copy).
+  std::shared_ptr<char> buffer(new char[std::max<int64_t>(total, 1)],
+                               std::default_delete<char[]>());
+  char* out = buffer.get();
+  *payload = Payload();
+  payload->Append(buffer.get(), total, buffer);
+  for (Partition* p : wanted) {
+    PartitionHeader* header = response.add_partitions();
+    header->mutable_key()->set_tensor_id(p->tensor_id);
+    header->mutable_key()->set_partition(p->partition);
+    header->set_dtype(FLOAT32);
+    header->set_num_elements(p->num_elements);
+    absl::MutexLock lock(&p->mu);
+    header->set_version(p->version.load(std::memory_order_relaxed));
+    std::memcpy(out, p->values.data(), p->num_elements * kFloatBytes);
+    out += p->num_elements * kFloatBytes;
+  }
+  return response;
+}
+
+}  // namespace downpour

@@ -1,0 +1,104 @@
+// ParameterStore: the network-free heart of `downpour-ps`, one shard of the
+// parameters of any number of jobs, implementing ParameterShard in memory.
+//
+// Each job's partitions hold their values, optimizer slots and version (the
+// number of steps, SYNC, or pushes, ASYNC/SSP, applied to it). A job's
+// progress, which drives its learning-rate schedule, is the version in SYNC
+// and the pushes received from all workers divided by num_workers in
+// ASYNC/SSP (see OptimizerSpec in proto/job.proto), so a schedule ends with
+// the job whatever the mode; Adam's bias correction counts the updates
+// actually applied to the partition. Retried pushes are applied once
+// (ps/request_dedup.h).
+//
+// Thread-safety: thread-safe. The store locks per job and per partition, so
+// pushes to different partitions apply in parallel; no store-wide lock is
+// held while an optimizer runs. Ownership: the store owns every partition,
+// its optimizer slots and the per-job bookkeeping; a dropped job's memory is
+// freed once the last request using it returns.
+#ifndef DOWNPOUR_PS_PARAMETER_STORE_H_
+#define DOWNPOUR_PS_PARAMETER_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ps/parameter_shard.h"
+#include "proto/job.pb.h"
+
+namespace downpour {
+
+class ParameterStore : public ParameterShard {
+ public:
+  ParameterStore();
+  ~ParameterStore() override;
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  // Hosts the partitions of `job_id` whose `shard == shard_index`,
+  // initialised with InitParamRange(param, spec.seed(), ...) and zeroed
+  // optimizer slots. Does nothing (OK) if the job is already hosted.
+  // InvalidArgument, naming the field, for a spec that fails validation
+  // (spec/job_validation.h; defaults are applied first) or a placement the
+  // store cannot serve (a range outside its tensor, a partition placed twice).
+  absl::Status AddJob(const std::string& job_id, const JobSpec& spec, int shard_index,
+                      const std::vector<PartitionPlacement>& partitions);
+
+  // Stops hosting `job_id`: pending and later requests for it fail; waiting
+  // pulls return Aborted ("job X was dropped"). No-op for an unknown job.
+  void DropJob(const std::string& job_id);
+
+  // Records that this shard cannot host `job_id` (AddJob failed): pushes and
+  // pulls for it fail with FailedPrecondition carrying `why`, so workers fail
+  // the job at once with the shard's reason instead of waiting for it.
+  // DropJob forgets it.
+  void RefuseJob(const std::string& job_id, const absl::Status& why);
+
+  // Request ids remembered for exactly-once delivery, over all workers of
+  // `job_id` (bounded by RequestDedup::kWindow per worker plus those in
+  // flight).
+  int64_t RememberedRequests(const std::string& job_id) const;
+
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override;
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override;
+
+ private:
+  struct Job;
+  struct Partition;
+  struct Piece;
+
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  // The partitions of `request` and where their bytes start in `payload`;
+  // InvalidArgument / NotFound naming what is wrong.
+  absl::StatusOr<std::vector<Piece>> ParsePush(const Job& job, const PushRequest& request,
+                                               const Payload& payload) const;
+  // Exactly once: true when `request` is fresh (reserved for this caller),
+  // false when it was applied before; waits while another caller applies it.
+  absl::StatusOr<bool> Reserve(Job& job, const PushRequest& request) const;
+  // Ends the reservation; an applied push counts towards its worker's steps.
+  void Settle(Job& job, const PushRequest& request, bool applied) const;
+  // ASYNC/SSP: applies one partition's gradient (nothing for a skipped push).
+  void ApplyNow(const Job& job, const PushRequest& request, const Payload& payload,
+                const Piece& piece, std::vector<float>* scratch) const;
+  // SYNC: adds one partition's gradient to its step's sum, and applies the
+  // mean once the step's quorum has arrived.
+  void Accumulate(const Job& job, const PushRequest& request, const Payload& payload,
+                  const Piece& piece, std::vector<float>* scratch) const;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_PS_PARAMETER_STORE_H_

@@ -1,0 +1,604 @@
+#include "ps/parameter_store.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/optimizer.h"
+#include "ps/lr_schedule.h"
+#include "ps/request_dedup.h"
+#include "spec/model_shape.h"
+
+namespace downpour {
+namespace {
+
+using ::testing::HasSubstr;
+using Key = std::pair<int32_t, int32_t>;
+
+constexpr char kJob[] = "job-1";
+
+// The model of Spec(): tensor 0 is dense0/weight, 6 elements (He uniform,
+// fan_in 2), in partitions 0/0 [0, 3) and 0/1 [3, 6), both on shard 0;
+// tensor 1 is bn/gamma, 3 elements (ones), 1/0 [0, 2) on shard 0 and 1/1
+// [2, 3) on shard 1.
+constexpr char kModel[] = R"pb(
+  input_shape: 2
+  num_classes: 3
+  layer { name: "dense0" dense { units: 3 no_bias: true } }
+  layer { name: "bn" batch_norm {} }
+  layer { softmax_cross_entropy {} }
+)pb";
+
+std::vector<ParamInfo> Params() {
+  ModelSpec model;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kModel, &model));
+  return InferModel(model).value().params;
+}
+
+std::vector<PartitionPlacement> Placements() {
+  auto make = [](int32_t t, int32_t p, int64_t offset, int64_t n, int32_t shard) {
+    PartitionPlacement placement;
+    placement.set_tensor_id(t);
+    placement.set_partition(p);
+    placement.set_offset(offset);
+    placement.set_num_elements(n);
+    placement.set_shard(shard);
+    return placement;
+  };
+  return {make(0, 0, 0, 3, 0), make(0, 1, 3, 3, 0), make(1, 0, 0, 2, 0), make(1, 1, 2, 1, 1)};
+}
+
+JobSpec Spec(ConsistencySpec::Mode mode, int num_workers, int backup_workers = 0,
+             OptimizerSpec::Kind optimizer = OptimizerSpec::SGD) {
+  JobSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kModel, spec.mutable_model()));
+  spec.mutable_dataset()->set_train_files("train-*");
+  spec.mutable_dataset()->set_test_files("test-*");
+  spec.mutable_dataset()->set_batch_size(4);
+  spec.set_num_shards(2);
+  spec.set_steps(100);
+  spec.set_num_workers(num_workers);
+  spec.set_seed(7);
+  spec.mutable_consistency()->set_mode(mode);
+  spec.mutable_consistency()->set_backup_workers(backup_workers);
+  spec.mutable_optimizer()->set_kind(optimizer);
+  spec.mutable_optimizer()->set_learning_rate(0.1f);
+  return spec;
+}
+
+std::vector<float> Initial(int32_t tensor_id, int64_t offset, int64_t n) {
+  std::vector<float> values(n);
+  InitParamRange(Params()[tensor_id], 7, offset, n, values.data());
+  return values;
+}
+
+struct Grad {
+  Key key;
+  std::vector<float> values;
+};
+
+PushRequest MakePush(int rank, int64_t sequence, int64_t step, const std::vector<Grad>& grads,
+                     const std::string& worker_id = "", int64_t incarnation = 1) {
+  PushRequest request;
+  request.set_job_id(kJob);
+  request.set_worker_rank(rank);
+  request.mutable_request_id()->set_worker_id(worker_id.empty() ? absl::StrCat("w", rank)
+                                                                : worker_id);
+  request.mutable_request_id()->set_incarnation(incarnation);
+  request.mutable_request_id()->set_sequence(sequence);
+  request.set_step(step);
+  for (const Grad& g : grads) {
+    PartitionHeader* header = request.add_partitions();
+    header->mutable_key()->set_tensor_id(g.key.first);
+    header->mutable_key()->set_partition(g.key.second);
+    header->set_dtype(FLOAT32);
+    header->set_num_elements(g.values.size());
+    request.mutable_payload()->append(reinterpret_cast<const char*>(g.values.data()),
+                                      g.values.size() * sizeof(float));
+  }
+  return request;
+}
+
+PullRequest MakePull(std::vector<Key> keys, int64_t min_version = 0, int64_t min_steps = 0) {
+  PullRequest request;
+  request.set_job_id(kJob);
+  for (const Key& k : keys) {
+    PartitionKey* key = request.add_keys();
+    key->set_tensor_id(k.first);
+    key->set_partition(k.second);
+  }
+  request.set_min_version(min_version);
+  request.set_min_worker_steps(min_steps);
+  request.set_dtype(FLOAT32);
+  return request;
+}
+
+struct Pulled {
+  std::vector<float> values;
+  int64_t version = 0;
+};
+
+std::map<Key, Pulled> Decode(const PullResponse& response) {
+  std::map<Key, Pulled> out;
+  size_t offset = 0;
+  for (const PartitionHeader& header : response.partitions()) {
+    Pulled& p = out[{header.key().tensor_id(), header.key().partition()}];
+    EXPECT_EQ(header.dtype(), FLOAT32);
+    p.version = header.version();
+    p.values.resize(header.num_elements());
+    std::memcpy(p.values.data(), response.payload().data() + offset,
+                header.num_elements() * sizeof(float));
+    offset += header.num_elements() * sizeof(float);
+  }
+  EXPECT_EQ(offset, response.payload().size());
+  return out;
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+class ParameterStoreTest : public ::testing::Test {
+ protected:
+  void AddJob(const JobSpec& spec) {
+    absl::Status added = store_.AddJob(kJob, spec, 0, Placements());
+    ASSERT_TRUE(added.ok()) << added;
+  }
+  Pulled PullOne(Key key, int64_t min_version = 0) {
+    absl::StatusOr<PullResponse> response = store_.Pull(MakePull({key}, min_version), Soon());
+    EXPECT_TRUE(response.ok()) << response.status();
+    if (!response.ok()) return {};
+    return Decode(*response)[key];
+  }
+  PushResponse PushOk(const PushRequest& request) {
+    absl::StatusOr<PushResponse> response = store_.Push(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? *response : PushResponse();
+  }
+
+  ParameterStore store_;
+};
+
+void ExpectNear(const std::vector<float>& actual, const std::vector<float>& expected,
+                double tolerance = 1e-6) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], tolerance) << "element " << i;
+  }
+}
+
+TEST_F(ParameterStoreTest, HostsOnlyThisShardsPartitionsWithInitialValues) {
+  AddJob(Spec(ConsistencySpec::SYNC, 1));
+  // Idempotent.
+  EXPECT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 1), 0, Placements()).ok());
+
+  absl::StatusOr<PullResponse> response = store_.Pull(MakePull({}), Soon());
+  ASSERT_TRUE(response.ok()) << response.status();
+  std::map<Key, Pulled> pulled = Decode(*response);
+  ASSERT_EQ(pulled.size(), 3u);
+  ExpectNear(pulled[{0, 0}].values, Initial(0, 0, 3));
+  ExpectNear(pulled[{0, 1}].values, Initial(0, 3, 3));
+  ExpectNear(pulled[{1, 0}].values, {1.f, 1.f});
+  EXPECT_EQ((pulled[{0, 0}].version), 0);
+
+  absl::StatusOr<PullResponse> missing = store_.Pull(MakePull({{1, 1}}), Soon());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("1/1"));
+}
+
+TEST_F(ParameterStoreTest, RejectsBadPlacement) {
+  std::vector<PartitionPlacement> placements = Placements();
+  placements[0].set_num_elements(100);
+  absl::Status status = store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 1), 0, placements);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("partition 0/0"));
+  // The spec is validated as the coordinator validates it (one rule set).
+  status = store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 0), 0, Placements());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("job job-1: num_workers must be at least 1"));
+  status = store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2, 2), 0, Placements());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("consistency.backup_workers"));
+  EXPECT_EQ(store_.Pull(MakePull({}), Soon()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ParameterStoreTest, SyncAppliesOneAveragedUpdateOnceAllWorkersPushed) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
+  const std::vector<float> g0 = {1.f, 2.f, 3.f};
+  const std::vector<float> g1 = {3.f, -2.f, 0.5f};
+
+  PushOk(MakePush(0, 1, 0, {{{0, 0}, g0}}));
+  Pulled after_one = PullOne({0, 0});
+  EXPECT_EQ(after_one.version, 0);
+  ExpectNear(after_one.values, Initial(0, 0, 3));
+
+  // A second push of the same rank for the same step changes nothing.
+  PushOk(MakePush(0, 2, 0, {{{0, 0}, g1}}));
+  EXPECT_EQ(PullOne({0, 0}).version, 0);
+
+  PushOk(MakePush(1, 1, 0, {{{0, 0}, g1}}));
+  Pulled after_two = PullOne({0, 0}, 1);
+  EXPECT_EQ(after_two.version, 1);
+  std::vector<float> expected = Initial(0, 0, 3);
+  for (int i = 0; i < 3; ++i) expected[i] -= 0.1f * (g0[i] + g1[i]) / 2;
+  ExpectNear(after_two.values, expected);
+  // Other partitions untouched.
+  EXPECT_EQ(PullOne({0, 1}).version, 0);
+}
+
+TEST_F(ParameterStoreTest, SyncRejectsPushesAheadOfTheVersion) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
+  absl::StatusOr<PushResponse> ahead = store_.Push(MakePush(0, 1, 1, {{{0, 0}, {1, 1, 1}}}));
+  EXPECT_EQ(ahead.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ahead.status().message(), HasSubstr("0/0"));
+  // The rejected request id is not burnt: resent for the right step, it applies.
+  PushResponse response = PushOk(MakePush(0, 1, 0, {{{0, 0}, {1, 1, 1}}}));
+  EXPECT_FALSE(response.duplicate());
+}
+
+TEST_F(ParameterStoreTest, PullBlocksUntilMinVersionAndTimesOut) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
+  absl::Notification done;
+  Pulled pulled;
+  std::thread waiter([&] {
+    pulled = PullOne({0, 0}, 1);
+    done.Notify();
+  });
+  PushOk(MakePush(0, 1, 0, {{{0, 0}, {1, 1, 1}}}));
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  PushOk(MakePush(1, 1, 0, {{{0, 0}, {1, 1, 1}}}));
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  waiter.join();
+  EXPECT_EQ(pulled.version, 1);
+
+  const absl::Time start = absl::Now();
+  absl::StatusOr<PullResponse> late =
+      store_.Pull(MakePull({{0, 0}}, 2), absl::Now() + absl::Milliseconds(50));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(late.status().message(),
+              HasSubstr("job job-1: partition 0/0 still at version 1 < 2"));
+  EXPECT_THAT(late.status().message(), HasSubstr("a worker may be down"));
+}
+
+TEST_F(ParameterStoreTest, BackupWorkerAppliesAfterFirstPushAndIgnoresTheLateOne) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2, /*backup_workers=*/1));
+  PushOk(MakePush(0, 1, 0, {{{0, 0}, {1, 2, 3}}}));
+  std::vector<float> expected = Initial(0, 0, 3);
+  for (int i = 0; i < 3; ++i) expected[i] -= 0.1f * (i + 1);
+  Pulled after = PullOne({0, 0}, 1);
+  EXPECT_EQ(after.version, 1);
+  ExpectNear(after.values, expected);
+
+  PushResponse late = PushOk(MakePush(1, 1, 0, {{{0, 0}, {100, 100, 100}}}));
+  EXPECT_FALSE(late.duplicate());
+  Pulled still = PullOne({0, 0});
+  EXPECT_EQ(still.version, 1);
+  ExpectNear(still.values, expected);
+}
+
+TEST_F(ParameterStoreTest, AsyncAppliesEachPushOnArrival) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 2));
+  PushOk(MakePush(0, 1, 0, {{{1, 0}, {1, 2}}}));
+  Pulled one = PullOne({1, 0});
+  EXPECT_EQ(one.version, 1);
+  ExpectNear(one.values, {0.9f, 0.8f});
+  PushOk(MakePush(1, 1, 0, {{{1, 0}, {1, 1}}}));
+  PushOk(MakePush(0, 2, 5, {{{1, 0}, {1, 1}}}));
+  Pulled three = PullOne({1, 0});
+  EXPECT_EQ(three.version, 3);
+  ExpectNear(three.values, {0.7f, 0.6f});
+}
+
+TEST_F(ParameterStoreTest, DuplicateRequestIsAppliedOnce) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 1));
+  const PushRequest request = MakePush(0, 1, 0, {{{1, 0}, {1, 1}}});
+  EXPECT_FALSE(PushOk(request).duplicate());
+  EXPECT_TRUE(PushOk(request).duplicate());
+  Pulled pulled = PullOne({1, 0});
+  EXPECT_EQ(pulled.version, 1);
+  ExpectNear(pulled.values, {0.9f, 0.9f});
+}
+
+TEST_F(ParameterStoreTest, ReorderedSequencesAreEachAppliedOnce) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 1));
+  for (int64_t seq : {3, 1, 2}) {
+    EXPECT_FALSE(PushOk(MakePush(0, seq, 0, {{{1, 0}, {1, 1}}})).duplicate()) << seq;
+  }
+  for (int64_t seq : {1, 2, 3}) {
+    EXPECT_TRUE(PushOk(MakePush(0, seq, 0, {{{1, 0}, {1, 1}}})).duplicate()) << seq;
+  }
+  EXPECT_EQ(PullOne({1, 0}).version, 3);
+
+  // A restarted worker (new incarnation) starts its sequences over; its old
+  // incarnation is refused.
+  EXPECT_FALSE(PushOk(MakePush(0, 1, 0, {{{1, 0}, {1, 1}}}, "w0", 2)).duplicate());
+  EXPECT_EQ(store_.Push(MakePush(0, 4, 0, {{{1, 0}, {1, 1}}}, "w0", 1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PullOne({1, 0}).version, 4);
+}
+
+TEST_F(ParameterStoreTest, DedupMemoryIsBoundedAndOldSequencesStayDuplicates) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 1));
+  const int total = RequestDedup::kWindow + 100;
+  for (int64_t seq = 1; seq <= total; ++seq) {
+    ASSERT_FALSE(PushOk(MakePush(0, seq, 0, {{{1, 0}, {0, 0}}})).duplicate());
+  }
+  EXPECT_TRUE(PushOk(MakePush(0, 1, 0, {{{1, 0}, {0, 0}}})).duplicate());
+  EXPECT_TRUE(PushOk(MakePush(0, total, 0, {{{1, 0}, {0, 0}}})).duplicate());
+  EXPECT_EQ(PullOne({1, 0}).version, total);
+  EXPECT_LE(store_.RememberedRequests("job-1"), RequestDedup::kWindow);
+  EXPECT_GT(store_.RememberedRequests("job-1"), 0);
+}
+
+TEST_F(ParameterStoreTest, RefusedJobFailsPushesAndPullsWithTheReason) {
+  store_.RefuseJob("other", absl::ResourceExhaustedError("out of memory for 9 GiB"));
+  PullRequest pull;
+  pull.set_job_id("other");
+  auto pulled = store_.Pull(pull, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(pulled.status().message().find("out of memory for 9 GiB"), std::string::npos);
+  store_.DropJob("other");
+  EXPECT_EQ(store_.Pull(pull, absl::Now() + absl::Seconds(1)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ParameterStoreTest, MinWorkerStepsWaitsForTheSlowestWorker) {
+  AddJob(Spec(ConsistencySpec::SSP, 2));
+  PushOk(MakePush(0, 1, 0, {{{1, 0}, {0, 0}}}));
+  PushOk(MakePush(0, 2, 1, {{{1, 0}, {0, 0}}}));
+
+  absl::StatusOr<PullResponse> timed_out =
+      store_.Pull(MakePull({{1, 0}}, 0, 1), absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(timed_out.status().message(), HasSubstr("worker 1 has pushed 0 steps < 1"));
+
+  absl::Notification done;
+  std::thread waiter([&] {
+    absl::StatusOr<PullResponse> r = store_.Pull(MakePull({{1, 0}}, 0, 1), Soon());
+    EXPECT_TRUE(r.ok()) << r.status();
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  PushOk(MakePush(1, 1, 0, {{{1, 0}, {0, 0}}}));
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  waiter.join();
+}
+
+TEST_F(ParameterStoreTest, DropJobWakesWaitersAndForgetsTheJob) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
+  absl::Status status;
+  absl::Notification done;
+  std::thread waiter([&] {
+    status = store_.Pull(MakePull({{0, 0}}, 5), absl::Now() + absl::Seconds(30)).status();
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  store_.DropJob(kJob);
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  waiter.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(status.message(), HasSubstr("job job-1 was dropped"));
+
+  absl::StatusOr<PullResponse> gone = store_.Pull(MakePull({}), Soon());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(gone.status().message(), HasSubstr("job job-1 is not hosted on this shard"));
+  store_.DropJob(kJob);  // No-op.
+}
+
+TEST_F(ParameterStoreTest, RejectsMalformedPushes) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 2));
+  auto code_and_message = [&](const PushRequest& request) {
+    absl::StatusOr<PushResponse> r = store_.Push(request);
+    EXPECT_FALSE(r.ok());
+    return std::make_pair(r.status().code(), std::string(r.status().message()));
+  };
+
+  PushRequest short_payload = MakePush(0, 1, 0, {{{0, 0}, {1, 2, 3}}});
+  short_payload.mutable_payload()->resize(8);
+  auto [code, message] = code_and_message(short_payload);
+  EXPECT_EQ(code, absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(message, HasSubstr("job-1"));
+
+  PushRequest long_payload = MakePush(0, 2, 0, {{{0, 0}, {1, 2, 3}}});
+  long_payload.mutable_payload()->append("xxxx");
+  std::tie(code, message) = code_and_message(long_payload);
+  EXPECT_EQ(code, absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(message, HasSubstr("16 bytes, the headers describe 12"));
+
+  std::tie(code, message) = code_and_message(MakePush(0, 3, 0, {{{0, 0}, {1, 2}}}));
+  EXPECT_EQ(code, absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(message, HasSubstr("partition 0/0 has 3 elements, the header says 2"));
+
+  std::tie(code, message) = code_and_message(MakePush(0, 4, 0, {{{1, 1}, {1, 2}}}));
+  EXPECT_EQ(code, absl::StatusCode::kNotFound);
+  EXPECT_THAT(message, HasSubstr("no partition 1/1"));
+
+  std::tie(code, message) = code_and_message(MakePush(5, 5, 0, {{{1, 0}, {1, 2}}}));
+  EXPECT_EQ(code, absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(message, HasSubstr("worker_rank 5"));
+
+  PushRequest other_job = MakePush(0, 6, 0, {{{1, 0}, {1, 2}}});
+  other_job.set_job_id("nope");
+  std::tie(code, message) = code_and_message(other_job);
+  EXPECT_EQ(code, absl::StatusCode::kNotFound);
+  EXPECT_THAT(message, HasSubstr("job nope is not hosted on this shard"));
+
+  // Nothing was applied, and the rejected ids were not remembered.
+  EXPECT_EQ(PullOne({0, 0}).version, 0);
+  EXPECT_FALSE(PushOk(MakePush(0, 1, 0, {{{0, 0}, {1, 2, 3}}})).duplicate());
+}
+
+TEST_F(ParameterStoreTest, ConcurrentAsyncPushesAreAllApplied) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 4));
+  std::vector<std::thread> workers;
+  constexpr int kPushes = 200;
+  for (int rank = 0; rank < 4; ++rank) {
+    workers.emplace_back([&, rank] {
+      for (int seq = 1; seq <= kPushes; ++seq) {
+        PushOk(MakePush(rank, seq, seq - 1,
+                        {{{0, 0}, {0.f, 0.f, 0.f}}, {{0, 1}, {0.f, 0.f, 0.f}}, {{1, 0}, {1, 1}}}));
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  Pulled bias = PullOne({1, 0}, 4 * kPushes);
+  EXPECT_EQ(bias.version, 4 * kPushes);
+  // 800 float subtractions of 0.1: rounding adds up.
+  ExpectNear(bias.values, {1.f - 0.1f * 4 * kPushes, 1.f - 0.1f * 4 * kPushes}, 1e-2);
+  // Every worker has pushed kPushes steps.
+  EXPECT_TRUE(store_.Pull(MakePull({}, 0, kPushes), Soon()).ok());
+}
+
+TEST_F(ParameterStoreTest, ConcurrentRetriesOfOneRequestApplyItOnce) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 1));
+  const PushRequest request = MakePush(0, 1, 0, {{{1, 0}, {1, 1}}});
+  std::atomic<int> applied{0};
+  std::vector<std::thread> retries;
+  for (int i = 0; i < 8; ++i) {
+    retries.emplace_back([&] {
+      if (!PushOk(request).duplicate()) ++applied;
+    });
+  }
+  for (std::thread& t : retries) t.join();
+  EXPECT_EQ(applied.load(), 1);
+  EXPECT_EQ(PullOne({1, 0}).version, 1);
+}
+
+// A push of `step` that FP16 loss scaling skipped: the partitions, no bytes.
+PushRequest MakeSkipped(int rank, int64_t sequence, int64_t step, const std::vector<Grad>& grads) {
+  PushRequest request = MakePush(rank, sequence, step, grads);
+  request.set_skipped(true);
+  request.clear_payload();
+  return request;
+}
+
+TEST_F(ParameterStoreTest, SyncSkippedStepIsNoContributor) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
+  const std::vector<float> g = {1.f, 2.f, 3.f};
+  PushOk(MakePush(0, 1, 0, {{{0, 0}, g}}));
+  PushOk(MakeSkipped(1, 1, 0, {{{0, 0}, {0, 0, 0}}}));
+  // The step completes with both workers present, and its update is the
+  // gradient of the one that brought one, not half of it.
+  Pulled pulled = PullOne({0, 0}, 1);
+  EXPECT_EQ(pulled.version, 1);
+  std::vector<float> expected = Initial(0, 0, 3);
+  for (int i = 0; i < 3; ++i) expected[i] -= 0.1f * g[i];
+  ExpectNear(pulled.values, expected);
+  // Both count as having pushed step 0.
+  EXPECT_TRUE(store_.Pull(MakePull({{0, 0}}, 0, 1), Soon()).ok());
+}
+
+TEST_F(ParameterStoreTest, SyncStepEveryWorkerSkippedAdvancesWithoutAnUpdate) {
+  JobSpec spec = Spec(ConsistencySpec::SYNC, 2, 0, OptimizerSpec::ADAM);
+  AddJob(spec);
+  PushOk(MakeSkipped(0, 1, 0, {{{0, 0}, {0, 0, 0}}}));
+  PushOk(MakeSkipped(1, 1, 0, {{{0, 0}, {0, 0, 0}}}));
+  Pulled skipped = PullOne({0, 0}, 1);
+  EXPECT_EQ(skipped.version, 1);
+  ExpectNear(skipped.values, Initial(0, 0, 3), 0);
+
+  // The next step is the partition's first update: Adam's t is 1, while the
+  // schedule is at step 1.
+  const std::vector<float> g = {0.5f, -1.f, 2.f};
+  PushOk(MakePush(0, 2, 1, {{{0, 0}, g}}));
+  PushOk(MakePush(1, 2, 1, {{{0, 0}, g}}));
+  std::vector<float> expected = Initial(0, 0, 3);
+  std::vector<float> m(3, 0.f), v(3, 0.f);
+  float* slots[2] = {m.data(), v.data()};
+  kernels::cpu::ApplyOptimizer(OptimizerKind::kAdam,
+                               HyperparamsAt(spec.optimizer(), /*progress=*/1, /*update=*/1),
+                               g.data(), 3, expected.data(), slots);
+  Pulled updated = PullOne({0, 0}, 2);
+  EXPECT_EQ(updated.version, 2);
+  ExpectNear(updated.values, expected);
+}
+
+TEST_F(ParameterStoreTest, AsyncSkippedPushCountsTheWorkersStepAndAppliesNothing) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 2));
+  PushOk(MakePush(0, 1, 0, {{{1, 0}, {0, 0}}}));
+  // Worker 1's only step was skipped: the final pull (every worker has
+  // pushed 1 step) must not wait for a push that never comes.
+  PushOk(MakeSkipped(1, 1, 0, {{{1, 0}, {0, 0}}}));
+  absl::StatusOr<PullResponse> final_pull =
+      store_.Pull(MakePull({{1, 0}}, 0, 1), absl::Now() + absl::Milliseconds(200));
+  ASSERT_TRUE(final_pull.ok()) << final_pull.status();
+  ExpectNear(Decode(*final_pull)[{1, 0}].values, {1.f, 1.f}, 0);
+
+  PushRequest with_bytes = MakeSkipped(0, 2, 1, {{{1, 0}, {1, 1}}});
+  with_bytes.set_payload("12345678");
+  absl::StatusOr<PushResponse> rejected = store_.Push(with_bytes);
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(rejected.status().message(), HasSubstr("the headers describe 0"));
+}
+
+// ASYNC: the schedule follows the job's progress (pushes / num_workers), not
+// the pushes, so with 2 workers a step decay every step halves the rate
+// after both workers' first push, as in SYNC; Adam's t still counts pushes.
+TEST_F(ParameterStoreTest, AsyncScheduleFollowsTheJobsProgress) {
+  JobSpec spec = Spec(ConsistencySpec::ASYNC, 2);
+  spec.mutable_optimizer()->mutable_schedule()->set_kind(LearningRateSchedule::STEP);
+  spec.mutable_optimizer()->mutable_schedule()->set_decay_steps(1);
+  spec.mutable_optimizer()->mutable_schedule()->set_decay_rate(0.5f);
+  AddJob(spec);
+  PushOk(MakePush(0, 1, 0, {{{1, 0}, {1, 1}}}));  // Progress 0: lr 0.1.
+  PushOk(MakePush(1, 1, 0, {{{1, 0}, {1, 1}}}));  // Still progress 0: lr 0.1.
+  PushOk(MakePush(0, 2, 1, {{{1, 0}, {1, 1}}}));  // Progress 1: lr 0.05.
+  PushOk(MakePush(1, 2, 1, {{{1, 0}, {1, 1}}}));  // Progress 1: lr 0.05.
+  PushOk(MakePush(0, 3, 2, {{{1, 0}, {1, 1}}}));  // Progress 2: lr 0.025.
+  const float expected = 1.f - 0.1f - 0.1f - 0.05f - 0.05f - 0.025f;
+  Pulled pulled = PullOne({1, 0});
+  EXPECT_EQ(pulled.version, 5);
+  ExpectNear(pulled.values, {expected, expected});
+}
+
+// Every optimizer through the store in SYNC mode with two workers and a
+// schedule, against the kernel applied by hand to the averaged gradients.
+class ParameterStoreOptimizerTest : public ::testing::TestWithParam<OptimizerSpec::Kind> {};
+
+TEST_P(ParameterStoreOptimizerTest, MatchesKernelAppliedByHand) {
+  JobSpec spec = Spec(ConsistencySpec::SYNC, 2, 0, GetParam());
+  spec.mutable_optimizer()->set_weight_decay(0.01f);
+  spec.mutable_optimizer()->mutable_schedule()->set_kind(LearningRateSchedule::STEP);
+  spec.mutable_optimizer()->mutable_schedule()->set_decay_steps(1);
+  spec.mutable_optimizer()->mutable_schedule()->set_decay_rate(0.5f);
+  ParameterStore store;
+  ASSERT_TRUE(store.AddJob(kJob, spec, 0, Placements()).ok());
+
+  const OptimizerKind kind = OptimizerKindOf(spec.optimizer()).value();
+  std::vector<float> param = Initial(0, 3, 3);
+  std::vector<std::vector<float>> slots(NumOptimizerSlots(kind), std::vector<float>(3, 0.f));
+  std::vector<float*> slot_ptrs;
+  for (auto& s : slots) slot_ptrs.push_back(s.data());
+
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g0 = {0.5f * step + 1, -1.f, 0.25f};
+    const std::vector<float> g1 = {-0.5f, 2.f * step, 0.75f};
+    ASSERT_TRUE(store.Push(MakePush(0, step + 1, step, {{{0, 1}, g0}})).ok());
+    ASSERT_TRUE(store.Push(MakePush(1, step + 1, step, {{{0, 1}, g1}})).ok());
+    std::vector<float> mean(3);
+    for (int i = 0; i < 3; ++i) mean[i] = (g0[i] + g1[i]) / 2;
+    kernels::cpu::ApplyOptimizer(kind, HyperparamsAt(spec.optimizer(), step, step + 1),
+                                 mean.data(), 3, param.data(), slot_ptrs.data());
+  }
+  absl::StatusOr<PullResponse> response = store.Pull(MakePull({{0, 1}}, 3), Soon());
+  ASSERT_TRUE(response.ok()) << response.status();
+  Pulled pulled = Decode(*response)[{0, 1}];
+  EXPECT_EQ(pulled.version, 3);
+  ExpectNear(pulled.values, param);
+  // And the update really moved the parameters.
+  EXPECT_GT(std::fabs(pulled.values[0] - Initial(0, 3, 3)[0]), 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOptimizers, ParameterStoreOptimizerTest,
+                         ::testing::Values(OptimizerSpec::SGD, OptimizerSpec::MOMENTUM,
+                                           OptimizerSpec::ADAGRAD, OptimizerSpec::ADAM));
+
+}  // namespace
+}  // namespace downpour

@@ -1,0 +1,129 @@
+#include "spec/job_validation.h"
+
+#include <cctype>
+
+#include "absl/strings/str_cat.h"
+#include "spec/model_shape.h"
+#include "spec/shard_map.h"
+
+namespace downpour {
+namespace {
+
+constexpr int64_t kMaxBatchBytes = int64_t{1} << 30;
+constexpr int64_t kMaxModelBytes = int64_t{32} << 30;
+
+absl::Status Bad(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", what));
+}
+
+}  // namespace
+
+void ApplyJobDefaults(JobSpec* spec) {
+  if (spec->partition_bytes() == 0) spec->set_partition_bytes(kDefaultPartitionBytes);
+  if (spec->log_every_steps() == 0) spec->set_log_every_steps(10);
+  DatasetSpec* data = spec->mutable_dataset();
+  if (data->feature_key().empty()) data->set_feature_key("image");
+  if (data->label_key().empty()) data->set_label_key("label");
+  if (spec->name().empty()) spec->set_name("job");
+}
+
+absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
+  if (spec.num_workers() < 1) return Bad("num_workers", "must be at least 1");
+  if (spec.num_shards() < 1) return Bad("num_shards", "must be at least 1");
+  if (spec.steps() < 1) return Bad("steps", "must be at least 1");
+  if (spec.log_every_steps() < 1) return Bad("log_every_steps", "must be at least 1");
+  if (spec.partition_bytes() < 1024) return Bad("partition_bytes", "must be at least 1024");
+  if (!DType_IsValid(spec.gradient_wire_dtype())) {
+    return Bad("gradient_wire_dtype", "must be FLOAT32, BFLOAT16 or FLOAT16");
+  }
+
+  const DatasetSpec& data = spec.dataset();
+  if (data.train_files().empty()) return Bad("dataset.train_files", "is required");
+  if (data.test_files().empty()) return Bad("dataset.test_files", "is required");
+  if (data.batch_size() < 1) return Bad("dataset.batch_size", "must be at least 1");
+  if (data.shuffle_buffer() < 0) return Bad("dataset.shuffle_buffer", "must not be negative");
+
+  if (!Precision_IsValid(spec.precision())) {
+    return Bad("precision", absl::StrCat("has unknown value ", spec.precision()));
+  }
+  const OptimizerSpec& opt = spec.optimizer();
+  if (!OptimizerSpec::Kind_IsValid(opt.kind())) {
+    return Bad("optimizer.kind", absl::StrCat("has unknown value ", opt.kind()));
+  }
+  if (!LearningRateSchedule::Kind_IsValid(opt.schedule().kind())) {
+    return Bad("optimizer.schedule.kind",
+               absl::StrCat("has unknown value ", opt.schedule().kind()));
+  }
+  if (!(opt.learning_rate() > 0)) return Bad("optimizer.learning_rate", "must be positive");
+  if (opt.momentum() < 0 || opt.momentum() >= 1) {
+    return Bad("optimizer.momentum", "must be in [0, 1)");
+  }
+  if (opt.beta1() < 0 || opt.beta1() >= 1) return Bad("optimizer.beta1", "must be in [0, 1)");
+  if (opt.beta2() < 0 || opt.beta2() >= 1) return Bad("optimizer.beta2", "must be in [0, 1)");
+  if (opt.epsilon() < 0) return Bad("optimizer.epsilon", "must not be negative");
+  if (opt.weight_decay() < 0) return Bad("optimizer.weight_decay", "must not be negative");
+  const LearningRateSchedule& schedule = opt.schedule();
+  if (schedule.warmup_steps() < 0) {
+    return Bad("optimizer.schedule.warmup_steps", "must not be negative");
+  }
+  if (schedule.kind() != LearningRateSchedule::CONSTANT && schedule.decay_steps() < 1) {
+    return Bad("optimizer.schedule.decay_steps", "must be at least 1 for STEP and COSINE");
+  }
+  if (schedule.kind() == LearningRateSchedule::STEP &&
+      !(schedule.decay_rate() > 0 && schedule.decay_rate() <= 1)) {
+    return Bad("optimizer.schedule.decay_rate", "must be in (0, 1] for STEP");
+  }
+
+  const ConsistencySpec& consistency = spec.consistency();
+  if (!ConsistencySpec::Mode_IsValid(consistency.mode())) {
+    return Bad("consistency.mode", absl::StrCat("has unknown value ", consistency.mode()));
+  }
+  if (consistency.staleness() < 0) return Bad("consistency.staleness", "must not be negative");
+  if (consistency.staleness() > 0 && consistency.mode() != ConsistencySpec::SSP) {
+    return Bad("consistency.staleness", "applies to mode SSP only");
+  }
+  if (consistency.backup_workers() < 0 || consistency.backup_workers() >= spec.num_workers()) {
+    return Bad("consistency.backup_workers",
+               absl::StrCat("must be in [0, num_workers) = [0, ", spec.num_workers(), ")"));
+  }
+  if (consistency.backup_workers() > 0 && consistency.mode() != ConsistencySpec::SYNC) {
+    return Bad("consistency.backup_workers", "applies to mode SYNC only");
+  }
+
+  auto shape = InferModel(spec.model());
+  if (!shape.ok()) return shape.status();
+  // Bounds that keep a typo from exhausting a worker's or a shard's memory.
+  const double batch_bytes = 4.0 * data.batch_size() * shape->input_size;
+  if (batch_bytes > kMaxBatchBytes) {
+    return Bad("dataset.batch_size",
+               absl::StrCat(data.batch_size(), " makes one batch of ", shape->input_size,
+                            "-element examples ", static_cast<int64_t>(batch_bytes) >> 20,
+                            " MiB; the limit is ", kMaxBatchBytes >> 20, " MiB"));
+  }
+  double param_bytes = 0;
+  for (const ParamInfo& p : shape->params) param_bytes += 4.0 * p.num_elements;
+  if (param_bytes > kMaxModelBytes) {
+    return Bad("model",
+               absl::StrCat("has ", static_cast<int64_t>(param_bytes) >> 20,
+                            " MiB of parameters; the limit is ", kMaxModelBytes >> 20, " MiB"));
+  }
+  auto placed = PlacePartitions(shape->params, spec.num_shards(), spec.partition_bytes());
+  if (!placed.ok()) return placed.status();
+  return shape->params;
+}
+
+absl::Status ValidateJobId(const std::string& job_id) {
+  if (job_id.empty() || job_id.size() > 64 || !std::isalnum(static_cast<uint8_t>(job_id[0]))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job id \"", job_id, "\" must be 1 to 64 characters starting with a letter or digit"));
+  }
+  for (char c : job_id) {
+    if (!std::isalnum(static_cast<uint8_t>(c)) && c != '.' && c != '_' && c != '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job id \"", job_id, "\" may hold only letters, digits, '.', '_', '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace downpour

@@ -1,0 +1,27 @@
+// Checks a submitted JobSpec before it is queued, so a bad spec is rejected at
+// submit time with one message that names the field.
+#ifndef DOWNPOUR_SPEC_JOB_VALIDATION_H_
+#define DOWNPOUR_SPEC_JOB_VALIDATION_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "spec/params.h"
+#include "proto/job.pb.h"
+
+namespace downpour {
+
+// Fills the defaults of unset optional fields (partition size, log cadence,
+// dataset keys). Idempotent.
+void ApplyJobDefaults(JobSpec* spec);
+
+// Returns the model's parameters when `spec` (after ApplyJobDefaults) is
+// valid, or InvalidArgument naming the first bad field.
+absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec);
+
+// Job ids: 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit.
+absl::Status ValidateJobId(const std::string& job_id);
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_SPEC_JOB_VALIDATION_H_

@@ -1,0 +1,465 @@
+#include "spec/model_shape.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace downpour {
+
+int64_t CheckedProduct(const std::vector<int64_t>& dims) {
+  int64_t product = 1;
+  for (int64_t d : dims) {
+    if (d != 0 && product > kMaxTensorElements / d) return -1;
+    product *= d;
+  }
+  return product;
+}
+
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+ParamInfo MakeParam(int32_t id, std::string name, std::vector<int64_t> shape, ParamInit init,
+                    int64_t fan_in, int64_t fan_out) {
+  ParamInfo p;
+  p.id = id;
+  p.name = std::move(name);
+  p.num_elements = CheckedProduct(shape);
+  p.shape = std::move(shape);
+  p.init = init;
+  p.fan_in = fan_in;
+  p.fan_out = fan_out;
+  return p;
+}
+
+// Reads a [v] or [h, w] field of `layer_kind` into *h, *w; both `fallback`
+// values when the field is empty.
+absl::Status PairOf(const std::string& where, const std::string& field,
+                    const google::protobuf::RepeatedField<int32_t>& values, int64_t fallback_h,
+                    int64_t fallback_w, int64_t* h, int64_t* w) {
+  if (values.empty()) {
+    *h = fallback_h;
+    *w = fallback_w;
+  } else if (values.size() == 1) {
+    *h = *w = values[0];
+  } else if (values.size() == 2) {
+    *h = values[0];
+    *w = values[1];
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", field, " takes 1 or 2 values, got ", values.size()));
+  }
+  if (*h <= 0 || *w <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be positive, got [",
+                                                   absl::StrJoin(values, ", "), "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Output size and leading padding of one spatial axis; see Padding in job.proto.
+absl::Status ResolveAxis(const std::string& where, const std::string& kind, const char* axis,
+                         int64_t in, int64_t window, int64_t stride, Padding padding,
+                         int64_t pad_before, int64_t pad_after, bool pool, int64_t* out,
+                         int64_t* pad_top) {
+  switch (padding) {
+    case SAME: {
+      *out = (in + stride - 1) / stride;
+      const int64_t total = std::max<int64_t>((*out - 1) * stride + window - in, 0);
+      *pad_top = total / 2;
+      return absl::OkStatus();
+    }
+    case VALID:
+      pad_before = pad_after = 0;
+      break;
+    case EXPLICIT:
+      if (pool && (pad_before >= window || pad_after >= window)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": ", kind, ".explicit_padding must be smaller than the window along ", axis,
+            " (", window, "), got ", pad_before, " and ", pad_after));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", kind, ".padding ", static_cast<int>(padding), " is unknown"));
+  }
+  if (in + pad_before + pad_after < window) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", kind, " window ", window,
+                                                   " is larger than the padded input ", axis, " ",
+                                                   in + pad_before + pad_after));
+  }
+  *out = (in + pad_before + pad_after - window) / stride + 1;
+  *pad_top = pad_before;
+  return absl::OkStatus();
+}
+
+// The window of a conv2d (out_c = filters) or pooling (out_c = in channels)
+// layer over one [h, w, c] example.
+absl::Status ResolveWindow(const std::string& where, const std::string& kind,
+                           const std::vector<int64_t>& in_shape,
+                           const google::protobuf::RepeatedField<int32_t>& window_field,
+                           const google::protobuf::RepeatedField<int32_t>& stride_field,
+                           Padding padding,
+                           const google::protobuf::RepeatedField<int32_t>& explicit_padding,
+                           int64_t out_c, bool pool, WindowShape* s) {
+  const std::string window_name = absl::StrCat(kind, pool ? ".window" : ".kernel_size");
+  if (window_field.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", window_name, " is required"));
+  }
+  RETURN_IF_ERROR(PairOf(where, window_name, window_field, 0, 0, &s->kernel_h, &s->kernel_w));
+  RETURN_IF_ERROR(PairOf(where, absl::StrCat(kind, ".stride"), stride_field, pool ? s->kernel_h : 1,
+                         pool ? s->kernel_w : 1, &s->stride_h, &s->stride_w));
+  int64_t pads[4] = {0, 0, 0, 0};  // top, bottom, left, right
+  if (padding == EXPLICIT) {
+    if (explicit_padding.size() == 2) {
+      pads[0] = pads[1] = explicit_padding[0];
+      pads[2] = pads[3] = explicit_padding[1];
+    } else if (explicit_padding.size() == 4) {
+      for (int k = 0; k < 4; ++k) pads[k] = explicit_padding[k];
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", kind,
+                       ".explicit_padding takes [pad_h, pad_w] or [top, bottom, left, "
+                       "right] with padding EXPLICIT, got ",
+                       explicit_padding.size(), " values"));
+    }
+    for (int64_t p : pads) {
+      if (p < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", kind, ".explicit_padding must not be negative, got ", p));
+      }
+    }
+  } else if (!explicit_padding.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", kind, ".explicit_padding needs padding: EXPLICIT"));
+  }
+  s->in_h = in_shape[0];
+  s->in_w = in_shape[1];
+  s->in_c = in_shape[2];
+  s->out_c = out_c;
+  RETURN_IF_ERROR(ResolveAxis(where, kind, "height", s->in_h, s->kernel_h, s->stride_h, padding,
+                              pads[0], pads[1], pool, &s->out_h, &s->pad_top));
+  RETURN_IF_ERROR(ResolveAxis(where, kind, "width", s->in_w, s->kernel_w, s->stride_w, padding,
+                              pads[2], pads[3], pool, &s->out_w, &s->pad_left));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* LayerKindName(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kDense:
+      return "dense";
+    case LayerKind::kRelu:
+      return "relu";
+    case LayerKind::kFlatten:
+      return "flatten";
+    case LayerKind::kDropout:
+      return "dropout";
+    case LayerKind::kSoftmaxCrossEntropy:
+      return "softmax_cross_entropy";
+    case LayerKind::kConv2d:
+      return "conv2d";
+    case LayerKind::kMaxPool:
+      return "max_pool";
+    case LayerKind::kAvgPool:
+      return "avg_pool";
+    case LayerKind::kGlobalAvgPool:
+      return "global_avg_pool";
+    case LayerKind::kBatchNorm:
+      return "batch_norm";
+    case LayerKind::kAdd:
+      return "add";
+    case LayerKind::kEmbedding:
+      return "embedding";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
+  ModelShape model;
+  if (spec.input_shape_size() == 0) {
+    return absl::InvalidArgumentError("model.input_shape is required");
+  }
+  for (int i = 0; i < spec.input_shape_size(); ++i) {
+    if (spec.input_shape(i) <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "model.input_shape[%d] must be positive, got %d", i, spec.input_shape(i)));
+    }
+  }
+  model.input_shape.assign(spec.input_shape().begin(), spec.input_shape().end());
+  model.input_size = CheckedProduct(model.input_shape);
+  if (model.input_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.input_shape ", ShapeString(model.input_shape), " has more than 2^31-1 elements"));
+  }
+  if (spec.num_classes() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("model.num_classes must be positive, got %d", spec.num_classes()));
+  }
+  model.num_classes = spec.num_classes();
+  if (spec.layer_size() == 0) {
+    return absl::InvalidArgumentError(
+        "model.layer is empty: a model needs at least a softmax_cross_entropy layer");
+  }
+
+  std::unordered_map<std::string, int> index_of_name;
+  const int last = spec.layer_size() - 1;
+  for (int i = 0; i <= last; ++i) {
+    const LayerSpec& ls = spec.layer(i);
+    LayerShape layer;
+    switch (ls.kind_case()) {
+      case LayerSpec::kDense:
+        layer.kind = LayerKind::kDense;
+        break;
+      case LayerSpec::kRelu:
+        layer.kind = LayerKind::kRelu;
+        break;
+      case LayerSpec::kFlatten:
+        layer.kind = LayerKind::kFlatten;
+        break;
+      case LayerSpec::kDropout:
+        layer.kind = LayerKind::kDropout;
+        break;
+      case LayerSpec::kSoftmaxCrossEntropy:
+        layer.kind = LayerKind::kSoftmaxCrossEntropy;
+        break;
+      case LayerSpec::kConv2D:
+        layer.kind = LayerKind::kConv2d;
+        break;
+      case LayerSpec::kMaxPool:
+        layer.kind = LayerKind::kMaxPool;
+        break;
+      case LayerSpec::kAvgPool:
+        layer.kind = LayerKind::kAvgPool;
+        break;
+      case LayerSpec::kGlobalAvgPool:
+        layer.kind = LayerKind::kGlobalAvgPool;
+        break;
+      case LayerSpec::kBatchNorm:
+        layer.kind = LayerKind::kBatchNorm;
+        break;
+      case LayerSpec::kAdd:
+        layer.kind = LayerKind::kAdd;
+        break;
+      case LayerSpec::kEmbedding:
+        layer.kind = LayerKind::kEmbedding;
+        break;
+      case LayerSpec::KIND_NOT_SET:
+        return absl::InvalidArgumentError(
+            absl::StrFormat("model.layer[%d]%s: no layer type set", i,
+                            ls.name().empty() ? "" : absl::StrCat(" (\"", ls.name(), "\")")));
+    }
+    const char* kind = LayerKindName(layer.kind);
+    layer.name = ls.name().empty() ? absl::StrCat(kind, i) : ls.name();
+    const std::string where = absl::StrFormat("model.layer[%d] (\"%s\")", i, layer.name);
+    auto error = [&where](auto&&... parts) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
+    };
+
+    if (auto it = index_of_name.find(layer.name); it != index_of_name.end()) {
+      return error("duplicate layer name (model.layer[", it->second, "] has it too)");
+    }
+    if (ls.inputs_size() == 0) {
+      layer.inputs.push_back(i == 0 ? LayerShape::kModelInput : i - 1);
+    }
+    for (const std::string& input : ls.inputs()) {
+      auto it = index_of_name.find(input);
+      if (it == index_of_name.end()) {
+        return error("input \"", input, "\" is not an earlier layer");
+      }
+      layer.inputs.push_back(it->second);
+    }
+    auto shape_of = [&model](int input) -> const std::vector<int64_t>& {
+      return input == LayerShape::kModelInput ? model.input_shape
+                                              : model.layers[input].output_shape;
+    };
+    // Add sums two or more tensors; every other layer type reads one.
+    if (layer.kind == LayerKind::kAdd) {
+      if (layer.inputs.size() < 2) {
+        return error("add takes at least 2 inputs (set inputs), got ", layer.inputs.size());
+      }
+    } else if (layer.inputs.size() != 1) {
+      return error(kind, " takes exactly 1 input, got ", layer.inputs.size());
+    }
+    const std::vector<int64_t>& in_shape = shape_of(layer.inputs[0]);
+
+    switch (layer.kind) {
+      case LayerKind::kDense: {
+        const int64_t units = ls.dense().units();
+        if (units <= 0) return error("dense.units must be positive, got ", units);
+        if (in_shape.size() != 1) {
+          return error("dense needs a rank-1 input, got ", ShapeString(in_shape),
+                       "; add a flatten layer before it");
+        }
+        const int64_t in = in_shape[0];
+        if (CheckedProduct({in, units}) < 0) {
+          return error("dense.units = ", units, " makes a weight of [", in, ", ", units,
+                       "], more than 2^31-1 elements");
+        }
+        layer.units = units;
+        layer.output_shape = {units};
+        const int32_t weight_id = static_cast<int32_t>(model.params.size());
+        model.params.push_back(MakeParam(weight_id, absl::StrCat(layer.name, "/weight"),
+                                         {in, units}, ParamInit::kHeUniform, in, units));
+        layer.param_ids.push_back(weight_id);
+        if (!ls.dense().no_bias()) {
+          const int32_t bias_id = weight_id + 1;
+          model.params.push_back(MakeParam(bias_id, absl::StrCat(layer.name, "/bias"), {units},
+                                           ParamInit::kZeros, in, units));
+          layer.param_ids.push_back(bias_id);
+        }
+        break;
+      }
+      case LayerKind::kRelu:
+        layer.output_shape = in_shape;
+        break;
+      case LayerKind::kFlatten:
+        layer.output_shape = {CheckedProduct(in_shape)};
+        break;
+      case LayerKind::kDropout: {
+        const float rate = ls.dropout().rate();
+        if (!(rate >= 0.f && rate < 1.f)) {
+          return error("dropout.rate must be in [0, 1), got ", rate);
+        }
+        layer.dropout_rate = rate;
+        layer.output_shape = in_shape;
+        break;
+      }
+      case LayerKind::kConv2d: {
+        const Conv2dLayer& conv = ls.conv2d();
+        if (conv.filters() <= 0)
+          return error("conv2d.filters must be positive, got ", conv.filters());
+        if (in_shape.size() != 3) {
+          return error("conv2d needs a [height, width, channels] input, got ",
+                       ShapeString(in_shape));
+        }
+        RETURN_IF_ERROR(ResolveWindow(where, "conv2d", in_shape, conv.kernel_size(), conv.stride(),
+                                      conv.padding(), conv.explicit_padding(), conv.filters(),
+                                      /*pool=*/false, &layer.window));
+        const WindowShape& w = layer.window;
+        layer.output_shape = {w.out_h, w.out_w, w.out_c};
+        if (CheckedProduct(layer.output_shape) < 0 ||
+            CheckedProduct({w.out_c, w.patch_elements()}) < 0) {
+          return error("conv2d output ", ShapeString(layer.output_shape),
+                       " or weight has more than 2^31-1 elements");
+        }
+        const int32_t weight_id = static_cast<int32_t>(model.params.size());
+        model.params.push_back(MakeParam(weight_id, absl::StrCat(layer.name, "/weight"),
+                                         {w.out_c, w.kernel_h, w.kernel_w, w.in_c},
+                                         ParamInit::kHeUniform, w.patch_elements(),
+                                         w.kernel_h * w.kernel_w * w.out_c));
+        layer.param_ids.push_back(weight_id);
+        if (!conv.no_bias()) {
+          model.params.push_back(MakeParam(weight_id + 1, absl::StrCat(layer.name, "/bias"),
+                                           {w.out_c}, ParamInit::kZeros, w.patch_elements(),
+                                           w.kernel_h * w.kernel_w * w.out_c));
+          layer.param_ids.push_back(weight_id + 1);
+        }
+        break;
+      }
+      case LayerKind::kMaxPool:
+      case LayerKind::kAvgPool: {
+        const PoolLayer& pool = layer.kind == LayerKind::kMaxPool ? ls.max_pool() : ls.avg_pool();
+        if (in_shape.size() != 3) {
+          return error(kind, " needs a [height, width, channels] input, got ",
+                       ShapeString(in_shape));
+        }
+        RETURN_IF_ERROR(ResolveWindow(where, kind, in_shape, pool.window(), pool.stride(),
+                                      pool.padding(), pool.explicit_padding(), in_shape[2],
+                                      /*pool=*/true, &layer.window));
+        layer.output_shape = {layer.window.out_h, layer.window.out_w, layer.window.out_c};
+        break;
+      }
+      case LayerKind::kGlobalAvgPool:
+        if (in_shape.size() != 3) {
+          return error("global_avg_pool needs a [height, width, channels] input, got ",
+                       ShapeString(in_shape));
+        }
+        layer.output_shape = {in_shape[2]};
+        break;
+      case LayerKind::kBatchNorm: {
+        const BatchNormLayer& bn = ls.batch_norm();
+        layer.bn_momentum = bn.momentum() == 0.f ? 0.99f : bn.momentum();
+        layer.bn_epsilon = bn.epsilon() == 0.f ? 1e-3f : bn.epsilon();
+        if (!(layer.bn_momentum > 0.f && layer.bn_momentum < 1.f)) {
+          return error("batch_norm.momentum must be in (0, 1), got ", bn.momentum());
+        }
+        if (!(layer.bn_epsilon >= 1e-5f && std::isfinite(layer.bn_epsilon))) {
+          return error("batch_norm.epsilon must be at least 1e-5, got ", bn.epsilon());
+        }
+        const int64_t channels = in_shape.back();
+        layer.output_shape = in_shape;
+        const int32_t gamma_id = static_cast<int32_t>(model.params.size());
+        model.params.push_back(MakeParam(gamma_id, absl::StrCat(layer.name, "/gamma"), {channels},
+                                         ParamInit::kOnes, channels, channels));
+        model.params.push_back(MakeParam(gamma_id + 1, absl::StrCat(layer.name, "/beta"),
+                                         {channels}, ParamInit::kZeros, channels, channels));
+        layer.param_ids = {gamma_id, gamma_id + 1};
+        const int32_t mean_id = static_cast<int32_t>(model.local_state.size());
+        model.local_state.push_back(MakeParam(mean_id, absl::StrCat(layer.name, "/running_mean"),
+                                              {channels}, ParamInit::kZeros, channels, channels));
+        model.local_state.push_back(MakeParam(mean_id + 1, absl::StrCat(layer.name, "/running_var"),
+                                              {channels}, ParamInit::kOnes, channels, channels));
+        layer.local_state_ids = {mean_id, mean_id + 1};
+        break;
+      }
+      case LayerKind::kAdd:
+        for (size_t k = 1; k < layer.inputs.size(); ++k) {
+          if (shape_of(layer.inputs[k]) != in_shape) {
+            return error("add inputs must have the same shape; \"", ls.inputs(0), "\" is ",
+                         ShapeString(in_shape), " but \"", ls.inputs(k), "\" is ",
+                         ShapeString(shape_of(layer.inputs[k])));
+          }
+        }
+        layer.output_shape = in_shape;
+        break;
+      case LayerKind::kEmbedding: {
+        const EmbeddingLayer& emb = ls.embedding();
+        if (emb.vocab_size() <= 0) {
+          return error("embedding.vocab_size must be positive, got ", emb.vocab_size());
+        }
+        if (emb.dim() <= 0) return error("embedding.dim must be positive, got ", emb.dim());
+        layer.vocab_size = emb.vocab_size();
+        layer.embedding_dim = emb.dim();
+        layer.output_shape = in_shape;
+        layer.output_shape.push_back(emb.dim());
+        if (CheckedProduct(layer.output_shape) < 0 ||
+            CheckedProduct({layer.vocab_size, layer.embedding_dim}) < 0) {
+          return error("embedding output ", ShapeString(layer.output_shape),
+                       " or table has more than 2^31-1 elements");
+        }
+        const int32_t table_id = static_cast<int32_t>(model.params.size());
+        model.params.push_back(MakeParam(
+            table_id, absl::StrCat(layer.name, "/table"), {layer.vocab_size, layer.embedding_dim},
+            ParamInit::kGlorotUniform, layer.vocab_size, layer.embedding_dim));
+        layer.param_ids.push_back(table_id);
+        break;
+      }
+      case LayerKind::kSoftmaxCrossEntropy:
+        if (i != last) {
+          return error("softmax_cross_entropy must be the last layer (model.layer[", last,
+                       "] follows it)");
+        }
+        if (in_shape != std::vector<int64_t>{model.num_classes}) {
+          return error("softmax_cross_entropy expects [num_classes=", model.num_classes,
+                       "] logits, got ", ShapeString(in_shape));
+        }
+        break;
+    }
+    if (i == last && layer.kind != LayerKind::kSoftmaxCrossEntropy) {
+      return error("the last layer must be softmax_cross_entropy, got ", kind);
+    }
+    index_of_name.emplace(layer.name, i);
+    model.layers.push_back(std::move(layer));
+  }
+  return model;
+}
+
+}  // namespace downpour
