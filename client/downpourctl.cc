@@ -24,19 +24,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/coordinator_client.h"
+#include "client/job_spec_file.h"
 #include "common/net_address.h"
 #include "common/status.h"
+#include "control/coordinator.h"
 #include "data/idx.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/coordinator.pb.h"
 #include "proto/job.pb.h"
+#include "rpc/remote_coordinator.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordinator");
-ABSL_FLAG(std::string, o, "", "output format: table (default) or json");
-ABSL_FLAG(std::string, output, "", "output format: table (default) or json");
+ABSL_FLAG(std::string, output, "table", "output format: table or json (-o for short)");
 ABSL_FLAG(std::string, job_id, "", "submit: the new job's id (empty: the coordinator picks one)");
 ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, like `wait`");
 ABSL_FLAG(std::string, timeout, "0",
@@ -141,10 +143,6 @@ std::string FormatShortDuration(absl::Duration d) {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-bool IsTerminal(JobState state) {
-  return state == SUCCEEDED || state == FAILED || state == STOPPED;
-}
-
 std::string ToJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
@@ -199,7 +197,7 @@ std::string LossText(const JobStatus& job) {
 }
 
 std::string TestAccuracyText(const JobStatus& job) {
-  if (!IsTerminal(job.state()) || job.test_accuracy() < 0) return "-";
+  if (!control::IsTerminal(job.state()) || job.test_accuracy() < 0) return "-";
   return absl::StrFormat("%.4f", job.test_accuracy());
 }
 
@@ -212,14 +210,14 @@ double WallSeconds(const JobStatus& job) {
   return (end - start) / 1000.0;
 }
 
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectTo(const Options& options) {
-  return CoordinatorClient::Connect(options.coordinator, options.connect_timeout);
+absl::StatusOr<std::unique_ptr<RemoteCoordinator>> ConnectTo(const Options& options) {
+  return RemoteCoordinator::Connect(options.coordinator, options.connect_timeout);
 }
 
 // ------------------------------------------------------------------ nodes
 
 int RunNodes(const Options& options) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<std::vector<NodeInfo>> nodes = (*client)->ListNodes();
   if (!nodes.ok()) return FailStatus(nodes.status());
@@ -307,7 +305,7 @@ bool IsTransient(const absl::Status& status) {
          status.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
-int WaitForJob(CoordinatorClient& client, const std::string& job_id, const Options& options) {
+int WaitForJob(RemoteCoordinator& client, const std::string& job_id, const Options& options) {
   const absl::Time give_up = options.wait_timeout > absl::ZeroDuration()
                                  ? absl::Now() + options.wait_timeout
                                  : absl::InfiniteFuture();
@@ -356,7 +354,7 @@ int WaitForJob(CoordinatorClient& client, const std::string& job_id, const Optio
     }
     known_version = job->version();
     if (job->state() == RUNNING) eta.Observe(job->step());
-    if (IsTerminal(job->state())) return PrintFinal(*job, options);
+    if (control::IsTerminal(job->state())) return PrintFinal(*job, options);
     // One line per step reached (every worker's report bumps the version).
     if (job->step() != printed_step || job->state() != printed_state) {
       PrintProgress(*job, eta);
@@ -370,7 +368,7 @@ int RunWait(const Options& options, const std::vector<std::string>& args) {
   if (args.size() != 1) {
     return UsageError("wait needs exactly one job id: downpourctl wait JOB");
   }
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
   if (!client.ok()) return FailStatus(client.status());
   return WaitForJob(**client, args[0], options);
 }
@@ -384,7 +382,7 @@ int RunSubmit(const Options& options, const std::vector<std::string>& args) {
   const std::string& path = args[0];
   absl::StatusOr<JobSpec> spec = LoadJobSpec(path);
   if (!spec.ok()) return Fail(kExitUsage, spec.status().message());
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<JobStatus> job = (*client)->SubmitJob(*spec, absl::GetFlag(FLAGS_job_id));
   if (!job.ok()) {
@@ -409,7 +407,7 @@ int RunSubmit(const Options& options, const std::vector<std::string>& args) {
 // ------------------------------------------------------------------- list
 
 int RunList(const Options& options) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<std::vector<JobStatus>> jobs = (*client)->ListJobs();
   if (!jobs.ok()) return FailStatus(jobs.status());
@@ -476,7 +474,7 @@ int RunGet(const Options& options, const std::vector<std::string>& args) {
   if (args.size() != 1) {
     return UsageError("get needs exactly one job id: downpourctl get JOB");
   }
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<JobStatus> job = (*client)->GetJob(args[0]);
   if (!job.ok()) return FailStatus(job.status());
@@ -494,7 +492,7 @@ int RunStop(const Options& options, const std::vector<std::string>& args) {
   if (args.size() != 1) {
     return UsageError("stop needs exactly one job id: downpourctl stop JOB");
   }
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = ConnectTo(options);
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<JobStatus> job = (*client)->StopJob(args[0]);
   if (!job.ok()) return FailStatus(job.status());
@@ -586,9 +584,30 @@ int RunDataset(const std::vector<std::string>& args) {
 
 // ------------------------------------------------------------------- main
 
+// `-o X` and `-o=X` are --output's short form: rewritten before parsing, so
+// one flag holds the setting.
+std::vector<std::string> ExpandShortFlags(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-o" && i + 1 < argc) {
+      args.push_back(absl::StrCat("--output=", argv[++i]));
+    } else if (absl::StartsWith(arg, "-o=")) {
+      args.push_back(absl::StrCat("--output=", arg.substr(3)));
+    } else {
+      args.push_back(arg);
+    }
+  }
+  return args;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> expanded = ExpandShortFlags(argc, argv);
+  std::vector<char*> expanded_argv;
+  for (std::string& arg : expanded) expanded_argv.push_back(arg.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(expanded_argv.size()), expanded_argv.data());
   if (positional.size() < 2) {
     std::cerr << kUsage << std::endl;
     return kExitUsage;
@@ -597,9 +616,8 @@ int Main(int argc, char** argv) {
   const std::vector<std::string> args(positional.begin() + 2, positional.end());
 
   Options options;
-  std::string output = absl::GetFlag(FLAGS_o);
-  if (output.empty()) output = absl::GetFlag(FLAGS_output);
-  if (output.empty() || output == "table") {
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output == "table") {
     options.output = OutputFormat::kTable;
   } else if (output == "json") {
     options.output = OutputFormat::kJson;

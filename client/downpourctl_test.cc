@@ -20,7 +20,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "proto/coordinator.grpc.pb.h"
+#include "proto/coordinator_service.grpc.pb.h"
 
 namespace downpour {
 namespace {

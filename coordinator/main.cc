@@ -1,5 +1,5 @@
 // downpour-coordinator: the control plane. Flags are parsed here once into
-// options and passed down; see core/coordinator_state.h for the logic.
+// options and passed down; see control/coordinator_state.h for the logic.
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -13,10 +13,10 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
-#include "core/coordinator_state.h"
-#include "core/job_store.h"
+#include "control/coordinator_state.h"
+#include "control/job_store.h"
 #include "rpc/coordinator_service.h"
-#include "rpc/server_util.h"
+#include "rpc/daemon.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address HOST:PORT (port 0 picks one)");
 ABSL_FLAG(std::string, port_file, "", "File to write the bound HOST:PORT to once serving");
@@ -28,9 +28,10 @@ ABSL_FLAG(int64_t, node_timeout_ms, 5000, "A node silent this long is declared d
 namespace downpour {
 namespace {
 
-void UpdateGauges(CoordinatorState* state, MetricsRegistry* metrics) {
+void UpdateGauges(control::CoordinatorState* state, MetricsRegistry* metrics) {
   int64_t alive_shards = 0, alive_workers = 0;
-  for (const NodeInfo& node : state->ListNodes()) {
+  const std::vector<NodeInfo> nodes = state->ListNodes().value();  // Local: never fails.
+  for (const NodeInfo& node : nodes) {
     if (!node.alive()) continue;
     (node.role() == SHARD ? alive_shards : alive_workers)++;
   }
@@ -39,7 +40,8 @@ void UpdateGauges(CoordinatorState* state, MetricsRegistry* metrics) {
   metrics->GetGauge("downpour_nodes_alive", "Nodes heartbeating.", {{"role", "worker"}})
       ->Set(alive_workers);
   std::map<JobState, int64_t> counts;
-  for (const JobStatus& job : state->ListJobs()) counts[job.state()]++;
+  const std::vector<JobStatus> jobs = state->ListJobs().value();
+  for (const JobStatus& job : jobs) counts[job.state()]++;
   for (JobState s : {PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED}) {
     metrics->GetGauge("downpour_jobs", "Jobs by state.", {{"state", JobState_Name(s)}})
         ->Set(counts[s]);
@@ -57,12 +59,12 @@ int Main() {
     return ExitWithError(absl::InvalidArgumentError(
         "--heartbeat_interval_ms must be >= 10 and --node_timeout_ms >= the interval"));
   }
-  auto store = OpenSqliteJobStore(absl::GetFlag(FLAGS_state_dir));
+  auto store = control::OpenSqliteJobStore(absl::GetFlag(FLAGS_state_dir));
   if (!store.ok()) return ExitWithError(store.status());
-  CoordinatorState::Options options;
+  control::CoordinatorState::Options options;
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
-  auto state = CoordinatorState::Create(options, std::move(store).value());
+  auto state = control::CoordinatorState::Create(options, std::move(store).value());
   if (!state.ok()) return ExitWithError(state.status());
 
   MetricsRegistry metrics;

@@ -19,8 +19,9 @@ grpc::Status Reply(absl::StatusOr<T> result, Out* out) {
 
 }  // namespace
 
-CoordinatorService::CoordinatorService(CoordinatorState* state, MetricsRegistry* metrics)
-    : state_(state),
+CoordinatorService::CoordinatorService(control::Coordinator* coordinator,
+                                       MetricsRegistry* metrics)
+    : coordinator_(coordinator),
       submitted_(metrics->GetCounter("downpour_jobs_submitted_total", "Jobs accepted.")),
       rejected_(metrics->GetCounter("downpour_jobs_rejected_total",
                                     "Job submissions rejected (bad spec or id).")),
@@ -29,24 +30,26 @@ CoordinatorService::CoordinatorService(CoordinatorState* state, MetricsRegistry*
 grpc::Status CoordinatorService::RegisterNode(grpc::ServerContext*,
                                               const RegisterNodeRequest* request,
                                               RegisterNodeResponse* response) {
-  return Reply(state_->RegisterNode(request->node()), response);
+  return Reply(coordinator_->RegisterNode(request->node()), response);
 }
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* request,
                                            HeartbeatResponse* response) {
   heartbeats_->Increment();
-  return Reply(state_->Heartbeat(*request), response);
+  return Reply(coordinator_->Heartbeat(*request), response);
 }
 
 grpc::Status CoordinatorService::ListNodes(grpc::ServerContext*, const ListNodesRequest*,
                                            ListNodesResponse* response) {
-  for (NodeInfo& node : state_->ListNodes()) *response->add_nodes() = std::move(node);
+  absl::StatusOr<std::vector<NodeInfo>> nodes = coordinator_->ListNodes();
+  if (!nodes.ok()) return ToGrpcStatus(nodes.status());
+  for (NodeInfo& node : *nodes) *response->add_nodes() = std::move(node);
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const SubmitJobRequest* request,
                                            SubmitJobResponse* response) {
-  auto job = state_->SubmitJob(request->spec(), request->job_id());
+  auto job = coordinator_->SubmitJob(request->spec(), request->job_id());
   (job.ok() ? submitted_ : rejected_)->Increment();
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response->mutable_job() = std::move(job).value();
@@ -55,7 +58,9 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const SubmitJob
 
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const ListJobsRequest*,
                                           ListJobsResponse* response) {
-  for (JobStatus& job : state_->ListJobs()) {
+  absl::StatusOr<std::vector<JobStatus>> jobs = coordinator_->ListJobs();
+  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+  for (JobStatus& job : *jobs) {
     // A big model's partition list is long; GetJob has it.
     job.mutable_placement()->clear_partitions();
     *response->add_jobs() = std::move(job);
@@ -65,22 +70,24 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const ListJobsRe
 
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const GetJobRequest* request,
                                         JobStatus* response) {
-  return Reply(state_->GetJob(request->job_id()), response);
+  return Reply(coordinator_->GetJob(request->job_id()), response);
 }
 
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
                                           const WatchJobRequest* request, JobStatus* response) {
   const int64_t wait_ms = std::clamp<int64_t>(request->timeout_ms(), 0, kMaxWatchMillis);
-  absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
   // Answer a little before the caller's own deadline so it gets the state.
-  const absl::Time caller = absl::FromChrono(context->deadline()) - absl::Milliseconds(500);
-  deadline = std::min(deadline, caller);
-  return Reply(state_->WatchJob(request->job_id(), request->known_version(), deadline), response);
+  const absl::Duration caller_left =
+      absl::FromChrono(context->deadline()) - absl::Now() - absl::Milliseconds(500);
+  const absl::Duration timeout =
+      std::max(absl::ZeroDuration(), std::min(absl::Milliseconds(wait_ms), caller_left));
+  return Reply(coordinator_->WatchJob(request->job_id(), request->known_version(), timeout),
+               response);
 }
 
 grpc::Status CoordinatorService::StopJob(grpc::ServerContext*, const StopJobRequest* request,
                                          StopJobResponse* response) {
-  auto job = state_->StopJob(request->job_id());
+  auto job = coordinator_->StopJob(request->job_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response->mutable_job() = std::move(job).value();
   return grpc::Status::OK;
@@ -89,7 +96,7 @@ grpc::Status CoordinatorService::StopJob(grpc::ServerContext*, const StopJobRequ
 grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
                                                 const ReportProgressRequest* request,
                                                 ReportProgressResponse* response) {
-  return Reply(state_->ReportProgress(*request), response);
+  return Reply(coordinator_->ReportProgress(*request), response);
 }
 
 }  // namespace downpour

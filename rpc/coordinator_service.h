@@ -1,17 +1,18 @@
-// gRPC adapter of the Coordinator service over CoordinatorState. Thread-safe;
-// the state is not owned.
+// CoordinatorService: the gRPC face of a control::Coordinator (the server
+// adapter of the three layers; the logic lives in control/). Thread-safe;
+// the coordinator is not owned and must outlive the service.
 #ifndef DOWNPOUR_RPC_COORDINATOR_SERVICE_H_
 #define DOWNPOUR_RPC_COORDINATOR_SERVICE_H_
 
 #include "common/metrics.h"
-#include "core/coordinator_state.h"
-#include "proto/coordinator.grpc.pb.h"
+#include "control/coordinator.h"
+#include "proto/coordinator_service.grpc.pb.h"
 
 namespace downpour {
 
-class CoordinatorService : public Coordinator::Service {
+class CoordinatorService : public downpour::Coordinator::Service {
  public:
-  CoordinatorService(CoordinatorState* state, MetricsRegistry* metrics);
+  CoordinatorService(control::Coordinator* coordinator, MetricsRegistry* metrics);
 
   grpc::Status RegisterNode(grpc::ServerContext*, const RegisterNodeRequest*,
                             RegisterNodeResponse*) override;
@@ -29,7 +30,7 @@ class CoordinatorService : public Coordinator::Service {
                               ReportProgressResponse*) override;
 
  private:
-  CoordinatorState* const state_;
+  control::Coordinator* const coordinator_;
   Counter* const submitted_;
   Counter* const rejected_;
   Counter* const heartbeats_;

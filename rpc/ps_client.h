@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "core/parameter_store.h"
+#include "ps/parameter_shard.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "rpc/tensor_wire.h"
@@ -33,8 +33,9 @@ namespace downpour {
 class RemoteParameterShard final : public ParameterShard {
  public:
   struct Options {
-    // Deadline of each Push.
-    absl::Duration push_timeout = absl::Seconds(30);
+    // Deadline of one Push call (one attempt; the caller decides whether
+    // and for how long to retry: ExchangeOptions::push_timeout).
+    absl::Duration push_attempt_timeout = absl::Seconds(30);
     // Largest message received (a Pull of many partitions can be large).
     int max_message_bytes = 256 << 20;
     // Connections to the shard; calls go round-robin.

@@ -1,5 +1,5 @@
 // ParameterServerService: the gRPC face of a ParameterShard (the server
-// adapter of the three layers; the logic lives in core/parameter_store).
+// adapter of the three layers; the logic lives in ps/parameter_store).
 // Push, Pull and PushPull (a push then a pull, one round trip) are unary
 // RPCs, PushPullStream carries PushPull exchanges on long-lived streams
 // (callback API); their tensor bytes travel beside the header
@@ -16,7 +16,7 @@
 #define DOWNPOUR_RPC_PS_SERVICE_H_
 
 #include "absl/time/time.h"
-#include "core/parameter_store.h"
+#include "ps/parameter_shard.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/service_type.h"
 #include "rpc/tensor_wire.h"

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/parameter_store.h"
-#include "core/params.h"
+#include "google/protobuf/text_format.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "ps/parameter_store.h"
 #include "rpc/ps_client.h"
 
 namespace downpour {
@@ -27,24 +27,26 @@ using ::testing::StartsWith;
 
 constexpr char kJob[] = "job-1";
 
+// Tensor 0 is bn/gamma: 4 ones, in partitions 0/0 [0, 2) and 0/1 [2, 4).
 JobSpec Spec(ConsistencySpec::Mode mode, int num_workers) {
   JobSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(R"pb(
+    model {
+      input_shape: 4
+      num_classes: 4
+      layer { name: "bn" batch_norm {} }
+      layer { softmax_cross_entropy {} }
+    }
+    dataset { train_files: "train-*" test_files: "test-*" batch_size: 2 }
+    num_shards: 1
+    steps: 10
+  )pb", &spec));
   spec.set_num_workers(num_workers);
   spec.set_seed(3);
   spec.mutable_consistency()->set_mode(mode);
   spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
   spec.mutable_optimizer()->set_learning_rate(0.5f);
   return spec;
-}
-
-std::vector<ParamInfo> Params() {
-  ParamInfo p;
-  p.id = 0;
-  p.name = "dense0/weight";
-  p.shape = {4};
-  p.num_elements = 4;
-  p.init = ParamInit::kOnes;
-  return {p};
 }
 
 std::vector<PartitionPlacement> Placements() {
@@ -109,7 +111,7 @@ class PsServiceTest : public ::testing::Test {
 };
 
 TEST_F(PsServiceTest, PushAndPullThroughGrpc) {
-  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Params(), Placements()).ok());
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   const PushRequest push = MakePush(kJob, 0, 1, 0, 1, {1.f, -2.f});
   absl::StatusOr<PushResponse> pushed = shard_->Push(push);
   ASSERT_TRUE(pushed.ok()) << pushed.status();
@@ -131,7 +133,7 @@ TEST_F(PsServiceTest, PushAndPullThroughGrpc) {
 }
 
 TEST_F(PsServiceTest, PushPullIsOneCallThatAppliesOnce) {
-  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Params(), Placements()).ok());
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   const PushRequest push = MakePush(kJob, 0, 1, 0, 1, {1.f, -2.f});
   Payload grads;
   grads.Append(push.payload().data(), push.payload().size());
@@ -164,14 +166,14 @@ TEST_F(PsServiceTest, ErrorsNameTheShard) {
   EXPECT_THAT(std::string(pushed.status().message()),
               HasSubstr("job nope is not hosted on this shard"));
 
-  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Params(), Placements()).ok());
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   PushRequest bad = MakePush(kJob, 0, 1, 0, 0, {1.f, 1.f});
   bad.mutable_payload()->resize(4);
   EXPECT_EQ(shard_->Push(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PsServiceTest, PullOfAStepThatNeverCompletesTimesOutQuickly) {
-  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2), 0, Params(), Placements()).ok());
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2), 0, Placements()).ok());
   ASSERT_TRUE(shard_->Push(MakePush(kJob, 0, 1, 0, 0, {1.f, 1.f})).ok());
   PullRequest pull;
   pull.set_job_id(kJob);
@@ -189,7 +191,7 @@ TEST_F(PsServiceTest, PullOfAStepThatNeverCompletesTimesOutQuickly) {
 }
 
 TEST_F(PsServiceTest, StreamedPushPullWaitsForOtherWorkersAndStaysUsable) {
-  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2), 0, Params(), Placements()).ok());
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2), 0, Placements()).ok());
   PullRequest pull;
   pull.set_job_id(kJob);
   pull.set_min_worker_steps(1);
@@ -262,7 +264,7 @@ TEST_F(PsServiceTest, StreamedPushPullToAFrozenShardFailsWithinTheDeadline) {
 
 TEST_F(PsServiceTest, UnreachableShardFailsWithinTheDeadline) {
   RemoteParameterShard::Options options;
-  options.push_timeout = absl::Milliseconds(200);
+  options.push_attempt_timeout = absl::Milliseconds(200);
   std::unique_ptr<RemoteParameterShard> dead = RemoteParameterShard::Create("127.0.0.1:1", options);
   const absl::Time start = absl::Now();
   absl::StatusOr<PushResponse> pushed = dead->Push(MakePush(kJob, 0, 1, 0, 0, {1.f, 1.f}));

@@ -1,6 +1,6 @@
 // Tensor framing for the parameter server's RPCs: a message is a protobuf
 // header (PushRequest, PullResponse, ...) plus the partitions' raw bytes
-// (core's Payload), framed as
+// (common/payload.h), framed as
 //
 //   [4-byte little-endian header length][serialized header][payload bytes]
 //
@@ -17,7 +17,7 @@
 
 #include <string>
 
-#include "core/parameter_store.h"
+#include "common/payload.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/serialization_traits.h"
 

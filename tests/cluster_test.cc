@@ -11,7 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "proto/health.grpc.pb.h"
+#include "proto/health_service.grpc.pb.h"
 #include "proto/job.pb.h"
 #include "tests/local_cluster.h"
 

@@ -1,15 +1,10 @@
-#include "client/coordinator_client.h"
-
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "client/job_spec_file.h"
 
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,20 +23,6 @@ std::string WriteFile(const std::string& name, const std::string& contents) {
   std::ofstream out(path);
   out << contents;
   return path;
-}
-
-// A loopback port nobody listens on: bound, then closed.
-int UnusedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 TEST(LoadJobSpecTest, ReadsTextFormat) {
@@ -86,26 +67,6 @@ TEST(LoadJobSpecTest, DirectoryIsRejected) {
   absl::StatusOr<JobSpec> spec = LoadJobSpec(TempPath(""));
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("is a directory"));
-}
-
-TEST(ConnectTest, UnusedLoopbackPortFailsQuicklyNamingTheAddress) {
-  const std::string address = absl::StrCat("127.0.0.1:", UnusedPort());
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
-      CoordinatorClient::Connect(address, absl::Seconds(2));
-  const absl::Duration took = absl::Now() - start;
-  ASSERT_FALSE(client.ok());
-  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(client.status().message()),
-              HasSubstr("cannot reach coordinator at " + address));
-  EXPECT_THAT(std::string(client.status().message()), HasSubstr("within 2s"));
-  EXPECT_LT(took, absl::Seconds(4));
-}
-
-TEST(ConnectTest, EmptyAddressIsInvalid) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect("");
-  ASSERT_FALSE(client.ok());
-  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

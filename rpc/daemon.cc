@@ -1,4 +1,4 @@
-#include "rpc/server_util.h"
+#include "rpc/daemon.h"
 
 #include <signal.h>
 
@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/net_address.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -75,6 +76,54 @@ std::string WaitForTerminationSignal() {
   while (sigwait(&set, &signal) != 0) {
   }
   return signal == SIGTERM ? "SIGTERM" : "SIGINT";
+}
+
+absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
+    const Options& options, const std::vector<grpc::Service*>& services,
+    MetricsRegistry* metrics, NodeAgent::TasksCallback on_tasks) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("--coordinator=HOST:PORT is required");
+  }
+  auto daemon = std::unique_ptr<NodeDaemon>(new NodeDaemon());
+  ASSIGN_OR_RETURN(daemon->metrics_server_,
+                   MetricsHttpServer::StartIfRequested(options.metrics_listen, metrics));
+  ASSIGN_OR_RETURN(daemon->server_, StartGrpcServer(options.listen, services));
+  ASSIGN_OR_RETURN(daemon->coordinator_, RemoteCoordinator::Create(options.coordinator));
+  // A heartbeat that takes longer than this counts as missed.
+  daemon->coordinator_->set_rpc_timeout(absl::Seconds(5));
+
+  NodeAgent::Options agent;
+  agent.coordinator_name = options.coordinator;
+  agent.startup_timeout = options.coordinator_timeout;
+  const std::string& address = daemon->server_.address;
+  agent.self.set_id(!options.node_id.empty()
+                        ? options.node_id
+                        : absl::StrCat(options.role == SHARD ? "ps@" : "worker@", address));
+  agent.self.set_role(options.role);
+  agent.self.set_address(address);
+  agent.self.set_metrics_address(daemon->metrics_server_ ? daemon->metrics_server_->address()
+                                                         : "");
+  for (const std::string& device : options.devices) agent.self.add_devices(device);
+  ASSIGN_OR_RETURN(daemon->agent_,
+                   NodeAgent::Start(agent, daemon->coordinator_.get(), std::move(on_tasks)));
+  RETURN_IF_ERROR(WritePortFile(options.port_file, address));
+  return daemon;
+}
+
+NodeDaemon::~NodeDaemon() { Shutdown(); }
+
+std::string NodeDaemon::Describe() const {
+  return absl::StrCat(
+      "serving on ", server_.address,
+      metrics_server_ ? absl::StrCat(", metrics on ", metrics_server_->address()) : "");
+}
+
+void NodeDaemon::Shutdown() {
+  agent_.reset();
+  if (server_.server != nullptr) {
+    server_.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.server.reset();
+  }
 }
 
 }  // namespace downpour

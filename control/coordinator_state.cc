@@ -1,14 +1,16 @@
-#include "core/coordinator_state.h"
+#include "control/coordinator_state.h"
 
 #include <algorithm>
-#include <set>
+#include <cctype>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "core/job_validation.h"
-#include "core/shard_map.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "control/scheduler.h"
+#include "spec/job_validation.h"
 
 namespace downpour {
+namespace control {
 namespace {
 
 int64_t ToMillis(absl::Time t) { return absl::ToUnixMillis(t); }
@@ -19,24 +21,26 @@ bool InPlacement(const Placement& placement, const std::string& node_id) {
          0;
 }
 
+absl::Status NoSuchJob(const std::string& job_id) {
+  return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
     Options options, std::unique_ptr<JobStore> store) {
   auto state =
       std::unique_ptr<CoordinatorState>(new CoordinatorState(std::move(options), std::move(store)));
-  auto jobs = state->store_->LoadJobs();
-  if (!jobs.ok()) return jobs.status();
-  auto nodes = state->store_->LoadNodes();
-  if (!nodes.ok()) return nodes.status();
+  ASSIGN_OR_RETURN(std::vector<JobStatus> jobs, state->store_->LoadJobs());
+  ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, state->store_->LoadNodes());
   absl::MutexLock lock(&state->mu_);
   const absl::Time now = state->options_.now();
-  for (NodeInfo& node : *nodes) {
+  for (NodeInfo& node : nodes) {
     NodeEntry& entry = state->nodes_[node.id()];
     entry.info = std::move(node);
     entry.last_heartbeat = now;
   }
-  for (JobStatus& job : *jobs) {
+  for (JobStatus& job : jobs) {
     state->job_order_.push_back(job.id());
     state->jobs_[job.id()] = std::move(job);
   }
@@ -57,6 +61,18 @@ NodeInfo CoordinatorState::Describe(const NodeEntry& node) const {
   return info;
 }
 
+absl::StatusOr<JobStatus*> CoordinatorState::FindJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return NoSuchJob(job_id);
+  return &it->second;
+}
+
+absl::Status CoordinatorState::SaveNode(const NodeInfo& info) {
+  RETURN_IF_ERROR(store_->SaveNode(info));
+  nodes_[info.id()].info = info;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeInfo& node) {
   if (node.id().empty()) return absl::InvalidArgumentError("node id is required");
   if (node.role() != SHARD && node.role() != WORKER) {
@@ -69,14 +85,12 @@ absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeIn
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node.id());
   if (it != nodes_.end() && it->second.info.incarnation() != node.incarnation()) {
-    FailJobsOfNode(node.id(), absl::StrCat("node ", node.id(), " restarted"));
+    RETURN_IF_ERROR(FailJobsOfNode(node.id(), absl::StrCat("node ", node.id(), " restarted")));
   }
-  NodeEntry& entry = nodes_[node.id()];
-  entry.info = node;
-  entry.info.set_alive(true);
-  entry.last_heartbeat = options_.now();
-  absl::Status saved = store_->SaveNode(entry.info);
-  if (!saved.ok()) return saved;
+  NodeInfo info = node;
+  info.set_alive(true);
+  RETURN_IF_ERROR(SaveNode(info));
+  nodes_[node.id()].last_heartbeat = options_.now();
   SchedulePending();
   RegisterNodeResponse response;
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -94,9 +108,16 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   NodeEntry& node = it->second;
   node.last_heartbeat = options_.now();
   if (!node.info.alive()) {
-    node.info.set_alive(true);
-    (void)store_->SaveNode(node.info);
-    SchedulePending();
+    // Back from the dead: alive again once that is recorded (the next
+    // heartbeat tries again otherwise).
+    NodeInfo info = node.info;
+    info.set_alive(true);
+    absl::Status saved = SaveNode(info);
+    if (saved.ok()) {
+      SchedulePending();
+    } else {
+      LogWriteFailure(absl::StrCat("node ", info.id(), " alive again"), saved);
+    }
   }
   for (const std::string& id : job_order_) {
     const JobStatus& job = jobs_[id];
@@ -115,7 +136,7 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   return response;
 }
 
-std::vector<NodeInfo> CoordinatorState::ListNodes() {
+absl::StatusOr<std::vector<NodeInfo>> CoordinatorState::ListNodes() {
   absl::MutexLock lock(&mu_);
   std::vector<NodeInfo> out;
   for (const auto& [id, node] : nodes_) out.push_back(Describe(node));
@@ -139,15 +160,13 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const JobSpec& submitted,
                                                       const std::string& job_id) {
   JobSpec spec = submitted;
   ApplyJobDefaults(&spec);
-  auto params = ValidateJobSpec(spec);
-  if (!params.ok()) return params.status();
+  RETURN_IF_ERROR(ValidateJobSpec(spec).status());
   absl::MutexLock lock(&mu_);
   std::string id = job_id;
   if (id.empty()) {
     id = NewJobId(spec.name());
   } else {
-    absl::Status valid = ValidateJobId(id);
-    if (!valid.ok()) return valid;
+    RETURN_IF_ERROR(ValidateJobId(id));
     if (jobs_.count(id)) {
       return absl::AlreadyExistsError(absl::StrCat("job id \"", id, "\" already exists"));
     }
@@ -158,15 +177,13 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const JobSpec& submitted,
   job.set_state(PENDING);
   job.set_test_accuracy(-1);
   job.set_submit_time_ms(ToMillis(options_.now()));
-  absl::Status saved = Commit(&job, /*durable=*/true);
-  if (!saved.ok()) return saved;
-  jobs_[id] = job;
+  RETURN_IF_ERROR(Commit(job, /*durable=*/true));
   job_order_.push_back(id);
   SchedulePending();
   return jobs_[id];
 }
 
-std::vector<JobStatus> CoordinatorState::ListJobs() {
+absl::StatusOr<std::vector<JobStatus>> CoordinatorState::ListJobs() {
   absl::MutexLock lock(&mu_);
   std::vector<JobStatus> out;
   for (const std::string& id : job_order_) out.push_back(jobs_[id]);
@@ -175,59 +192,58 @@ std::vector<JobStatus> CoordinatorState::ListJobs() {
 
 absl::StatusOr<JobStatus> CoordinatorState::GetJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
-  return it->second;
+  ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
+  return *job;
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::WatchJob(const std::string& job_id,
-                                                     int64_t known_version, absl::Time deadline) {
+                                                     int64_t known_version,
+                                                     absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
+  const absl::Time deadline = options_.now() + timeout;
   while (true) {
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
-    if (it->second.version() > known_version || absl::Now() >= deadline) return it->second;
-    changed_.WaitWithDeadline(&mu_, deadline);
+    ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
+    const absl::Time now = options_.now();
+    if (job->version() > known_version || now >= deadline) return *job;
+    // Tick wakes watchers too, so an injected clock that jumps is noticed.
+    changed_.WaitWithTimeout(&mu_, deadline - now);
   }
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::StopJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
-  if (!IsTerminal(it->second.state())) {
-    FinishJob(&it->second, STOPPED, "stopped by operator");
+  ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
+  if (!IsTerminal(job->state())) {
+    RETURN_IF_ERROR(FinishJob(*job, STOPPED, "stopped by operator"));
     SchedulePending();  // Its workers are free now.
   }
-  return it->second;
+  return jobs_[job_id];
 }
 
 absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     const ReportProgressRequest& request) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(request.job_id());
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no job \"", request.job_id(), "\""));
-  }
-  JobStatus& job = it->second;
+  ASSIGN_OR_RETURN(JobStatus * current, FindJob(request.job_id()));
   ReportProgressResponse response;
-  if (job.state() != RUNNING) {
+  if (current->state() != RUNNING) {
     response.set_job_ended(true);
     return response;
   }
   const int rank = request.rank();
-  if (rank < 0 || rank >= job.workers_size() ||
-      job.placement().worker_nodes(rank) != request.node_id()) {
+  if (rank < 0 || rank >= current->workers_size() ||
+      current->placement().worker_nodes(rank) != request.node_id()) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "node ", request.node_id(), " is not worker rank ", rank, " of job ", job.id()));
+        "node ", request.node_id(), " is not worker rank ", rank, " of job ", current->id()));
   }
   if (!request.error().empty()) {
-    FinishJob(&job, FAILED,
-              absl::StrCat("worker ", rank, " (", request.node_id(), "): ", request.error()));
+    RETURN_IF_ERROR(
+        FinishJob(*current, FAILED,
+                  absl::StrCat("worker ", rank, " (", request.node_id(), "): ", request.error())));
     SchedulePending();
     response.set_job_ended(true);
     return response;
   }
+  JobStatus job = *current;
   WorkerProgress* worker = job.mutable_workers(rank);
   const bool milestone = (request.finished() && !worker->finished()) || request.has_test_accuracy();
   worker->set_step(request.step());
@@ -249,13 +265,12 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   job.set_loss(loss / job.workers_size());
   job.set_examples_per_sec(rate);
   if (all_finished && job.test_accuracy() >= 0) {
-    FinishJob(&job, SUCCEEDED, "");
+    RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, ""));
     SchedulePending();
     response.set_job_ended(true);
     return response;
   }
-  absl::Status saved = Commit(&job, milestone);
-  if (!saved.ok()) return saved;
+  RETURN_IF_ERROR(Commit(std::move(job), milestone));
   return response;
 }
 
@@ -263,109 +278,108 @@ void CoordinatorState::Tick() {
   absl::MutexLock lock(&mu_);
   DetectDeadNodes();
   SchedulePending();
-}
-
-absl::Status CoordinatorState::Commit(JobStatus* job, bool durable) {
-  job->set_version(job->version() + 1);
   changed_.SignalAll();
+}
+
+absl::Status CoordinatorState::Commit(JobStatus updated, bool durable) {
+  updated.set_version(updated.version() + 1);
   const absl::Time now = options_.now();
-  absl::Time& last = last_persisted_[job->id()];
-  if (!durable && now - last < options_.progress_persist_interval) return absl::OkStatus();
-  last = now;
-  return store_->SaveJob(*job);
+  auto last = last_persisted_.find(updated.id());
+  if (durable || last == last_persisted_.end() ||
+      now - last->second >= options_.progress_persist_interval) {
+    RETURN_IF_ERROR(store_->SaveJob(updated));
+    last_persisted_[updated.id()] = now;
+  }
+  jobs_[updated.id()] = std::move(updated);
+  changed_.SignalAll();
+  return absl::OkStatus();
 }
 
-void CoordinatorState::FinishJob(JobStatus* job, JobState state, const std::string& message) {
-  job->set_state(state);
-  job->set_message(message);
-  job->set_end_time_ms(ToMillis(options_.now()));
-  job->set_examples_per_sec(0);
-  (void)Commit(job, /*durable=*/true);
+absl::Status CoordinatorState::FinishJob(const JobStatus& job, JobState state,
+                                         const std::string& message) {
+  JobStatus ended = job;
+  ended.set_state(state);
+  ended.set_message(message);
+  ended.set_end_time_ms(ToMillis(options_.now()));
+  ended.set_examples_per_sec(0);
+  return Commit(std::move(ended), /*durable=*/true);
 }
 
-void CoordinatorState::FailJobsOfNode(const std::string& node_id, const std::string& why) {
+absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const std::string& why) {
+  absl::Status first;
   for (auto& [id, job] : jobs_) {
     if (job.state() == RUNNING && InPlacement(job.placement(), node_id)) {
-      FinishJob(&job, FAILED, why);
+      first.Update(FinishJob(job, FAILED, why));
     }
   }
+  return first;
 }
 
 void CoordinatorState::DetectDeadNodes() {
   const absl::Time now = options_.now();
   for (auto& [id, node] : nodes_) {
     if (!node.info.alive() || now - node.last_heartbeat <= options_.node_timeout) continue;
-    node.info.set_alive(false);
-    (void)store_->SaveNode(node.info);
-    FailJobsOfNode(id, absl::StrCat(node.info.role() == SHARD ? "shard" : "worker", " node ", id,
-                                    " at ", node.info.address(), " stopped heartbeating for ",
-                                    absl::FormatDuration(now - node.last_heartbeat)));
+    const std::string why =
+        absl::StrCat(node.info.role() == SHARD ? "shard" : "worker", " node ", id, " at ",
+                     node.info.address(), " stopped heartbeating for ",
+                     absl::FormatDuration(now - node.last_heartbeat));
+    // Its jobs end first; the node counts as dead once that is recorded.
+    absl::Status failed = FailJobsOfNode(id, why);
+    if (failed.ok()) {
+      NodeInfo dead = node.info;
+      dead.set_alive(false);
+      failed = SaveNode(dead);
+    }
+    if (!failed.ok()) LogWriteFailure(why, failed);
   }
 }
 
 void CoordinatorState::SchedulePending() {
-  std::set<std::string> busy_workers;
-  std::map<std::string, int> shard_load;
-  for (const auto& [id, job] : jobs_) {
-    if (job.state() != RUNNING) continue;
-    for (const auto& w : job.placement().worker_nodes()) busy_workers.insert(w);
-    for (const auto& s : job.placement().shard_nodes()) ++shard_load[s];
+  std::vector<const JobStatus*> jobs;
+  for (const std::string& id : job_order_) jobs.push_back(&jobs_[id]);
+  std::vector<NodeInfo> alive;
+  for (const auto& [id, node] : nodes_) {
+    if (Alive(node)) alive.push_back(node.info);
   }
-  for (const std::string& id : job_order_) {
-    JobStatus& job = jobs_[id];
-    if (job.state() != PENDING) continue;
-    std::vector<std::string> workers, shards;
-    int alive_workers = 0;
-    for (const auto& [node_id, node] : nodes_) {
-      if (!Alive(node)) continue;
-      if (node.info.role() == WORKER) {
-        ++alive_workers;
-        if (!busy_workers.count(node_id)) workers.push_back(node_id);
-      } else {
-        shards.push_back(node_id);
-      }
+  for (ScheduleDecision& decision : control::SchedulePending(jobs, alive)) {
+    JobStatus job = jobs_[decision.job_id];
+    absl::Status written;
+    std::string what = absl::StrCat("the start of job ", decision.job_id);
+    switch (decision.action) {
+      case ScheduleDecision::Action::kWait:
+        if (job.message() == decision.message) continue;
+        job.set_message(decision.message);
+        written = Commit(std::move(job), /*durable=*/false);
+        what = absl::StrCat("why job ", decision.job_id, " waits");
+        break;
+      case ScheduleDecision::Action::kFail:
+        written = FinishJob(job, FAILED, decision.message);
+        what = absl::StrCat("the failure of job ", decision.job_id);
+        break;
+      case ScheduleDecision::Action::kStart:
+        *job.mutable_placement() = std::move(decision.placement);
+        job.clear_workers();
+        for (int rank = 0; rank < job.placement().worker_nodes_size(); ++rank) {
+          WorkerProgress* progress = job.add_workers();
+          progress->set_rank(rank);
+          progress->set_node_id(job.placement().worker_nodes(rank));
+        }
+        job.set_state(RUNNING);
+        job.set_message("");
+        job.set_start_time_ms(ToMillis(options_.now()));
+        written = Commit(std::move(job), /*durable=*/true);
+        break;
     }
-    const JobSpec& spec = job.spec();
-    if (static_cast<int>(workers.size()) < spec.num_workers() ||
-        static_cast<int>(shards.size()) < spec.num_shards()) {
-      const std::string waiting = absl::StrCat(
-          "waiting for ", spec.num_workers(), " free workers (", workers.size(), " free of ",
-          alive_workers, " alive) and ", spec.num_shards(), " shards (", shards.size(), " alive)");
-      if (job.message() != waiting) {
-        job.set_message(waiting);
-        (void)Commit(&job, /*durable=*/false);
-      }
-      continue;
-    }
-    auto params = ValidateJobSpec(spec);
-    auto placed = params.ok() ? PlacePartitions(*params, spec.num_shards(), spec.partition_bytes())
-                              : params.status();
-    if (!placed.ok()) {
-      FinishJob(&job, FAILED, std::string(placed.status().message()));
-      continue;
-    }
-    std::stable_sort(shards.begin(), shards.end(),
-                     [&](const auto& a, const auto& b) { return shard_load[a] < shard_load[b]; });
-    Placement* placement = job.mutable_placement();
-    placement->Clear();
-    for (int i = 0; i < spec.num_shards(); ++i) {
-      placement->add_shard_nodes(shards[i]);
-      ++shard_load[shards[i]];
-    }
-    job.clear_workers();
-    for (int rank = 0; rank < spec.num_workers(); ++rank) {
-      placement->add_worker_nodes(workers[rank]);
-      busy_workers.insert(workers[rank]);
-      WorkerProgress* progress = job.add_workers();
-      progress->set_rank(rank);
-      progress->set_node_id(workers[rank]);
-    }
-    for (auto& p : *placed) *placement->add_partitions() = std::move(p);
-    job.set_state(RUNNING);
-    job.set_message("");
-    job.set_start_time_ms(ToMillis(options_.now()));
-    (void)Commit(&job, /*durable=*/true);
+    if (!written.ok()) LogWriteFailure(what, written);
   }
 }
 
+void CoordinatorState::LogWriteFailure(const std::string& what, const absl::Status& status) {
+  std::string message =
+      absl::StrCat("cannot record ", what, ": ", status.message(), "; will try again");
+  if (message != last_write_failure_) Log(message);
+  last_write_failure_ = std::move(message);
+}
+
+}  // namespace control
 }  // namespace downpour

@@ -1,22 +1,34 @@
-#include "core/coordinator_state.h"
+#include "control/coordinator_state.h"
 
 #include <cstdlib>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace downpour {
+namespace control {
 namespace {
 
-// A JobStore in memory, shared across "restarts" of the coordinator.
+using ::testing::HasSubstr;
+
+// A JobStore in memory, shared across "restarts" of the coordinator; its
+// writes fail while `failing` is set (a full disk, a lost volume).
 class MemoryJobStore : public JobStore {
  public:
   struct Data {
     std::vector<JobStatus> jobs;
     std::vector<NodeInfo> nodes;
+    bool failing = false;
+    std::string failing_job;  // Writes of this job fail.
   };
   explicit MemoryJobStore(Data* data) : data_(data) {}
-  absl::Status SaveJob(const JobStatus& job) override { return Put(&data_->jobs, job); }
+  absl::Status SaveJob(const JobStatus& job) override {
+    if (job.id() == data_->failing_job) return absl::InternalError("state database: disk full");
+    return Put(&data_->jobs, job);
+  }
   absl::Status SaveNode(const NodeInfo& node) override { return Put(&data_->nodes, node); }
   absl::StatusOr<std::vector<JobStatus>> LoadJobs() override { return data_->jobs; }
   absl::StatusOr<std::vector<NodeInfo>> LoadNodes() override { return data_->nodes; }
@@ -24,6 +36,7 @@ class MemoryJobStore : public JobStore {
  private:
   template <typename T>
   absl::Status Put(std::vector<T>* items, const T& item) {
+    if (data_->failing) return absl::InternalError("state database: disk I/O error");
     for (T& existing : *items) {
       if (existing.id() == item.id()) {
         existing = item;
@@ -64,7 +77,7 @@ class CoordinatorStateTest : public ::testing::Test {
     state_.reset();
     CoordinatorState::Options options;
     options.node_timeout = absl::Seconds(5);
-    options.now = [this] { return now_; };
+    options.now = [this] { return Now(); };
     auto created = CoordinatorState::Create(options, std::make_unique<MemoryJobStore>(&stored_));
     ASSERT_TRUE(created.ok()) << created.status();
     state_ = std::move(created).value();
@@ -99,7 +112,25 @@ class CoordinatorStateTest : public ::testing::Test {
     return r;
   }
 
-  absl::Time now_ = absl::FromUnixSeconds(1000000);
+  // The injected clock (read by the state's threads and the test's).
+  absl::Time Now() {
+    absl::MutexLock lock(&clock_mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&clock_mu_);
+    now_ += d;
+  }
+  JobState StateOf(const std::string& job) { return state_->GetJob(job)->state(); }
+  const JobStatus* StoredJob(const std::string& id) {
+    for (const JobStatus& job : stored_.jobs) {
+      if (job.id() == id) return &job;
+    }
+    return nullptr;
+  }
+
+  absl::Mutex clock_mu_;
+  absl::Time now_ ABSL_GUARDED_BY(clock_mu_) = absl::FromUnixSeconds(1000000);
   MemoryJobStore::Data stored_;
   std::unique_ptr<CoordinatorState> state_;
 };
@@ -180,18 +211,19 @@ TEST_F(CoordinatorStateTest, SilentNodeIsDeclaredDeadAndFailsItsJobs) {
   Register("s", SHARD);
   Register("a", WORKER);
   ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
-  now_ += absl::Seconds(3);
+  Advance(absl::Seconds(3));
   Beat("a");
   state_->Tick();
   EXPECT_EQ(state_->GetJob("j")->state(), RUNNING);
-  now_ += absl::Seconds(3);  // s silent for 6 s > 5 s.
+  Advance(absl::Seconds(3));  // s silent for 6 s > 5 s.
   Beat("a");
   state_->Tick();
   JobStatus job = *state_->GetJob("j");
   EXPECT_EQ(job.state(), FAILED);
   EXPECT_NE(job.message().find("shard node s"), std::string::npos) << job.message();
   bool s_alive = true;
-  for (const NodeInfo& n : state_->ListNodes()) {
+  const std::vector<NodeInfo> nodes = state_->ListNodes().value();
+  for (const NodeInfo& n : nodes) {
     if (n.id() == "s") s_alive = n.alive();
   }
   EXPECT_FALSE(s_alive);
@@ -226,7 +258,7 @@ TEST_F(CoordinatorStateTest, RejectsBadSpecsAndIds) {
   ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "x").ok());
   EXPECT_TRUE(absl::IsAlreadyExists(state_->SubmitJob(SmallSpec(1, 1), "x").status()));
   EXPECT_TRUE(absl::IsNotFound(state_->GetJob("nope").status()));
-  EXPECT_EQ(state_->ListJobs().size(), 1u);
+  EXPECT_EQ(state_->ListJobs()->size(), 1u);
 }
 
 TEST_F(CoordinatorStateTest, JobsAndNodesSurviveRestart) {
@@ -244,21 +276,117 @@ TEST_F(CoordinatorStateTest, JobsAndNodesSurviveRestart) {
   EXPECT_EQ(beat.tasks_size(), 1);
 }
 
-TEST_F(CoordinatorStateTest, WatchReturnsOnChangeOrDeadline) {
+TEST_F(CoordinatorStateTest, WatchReturnsOnChange) {
   ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
   const int64_t version = state_->GetJob("j")->version();
-  auto timed_out = state_->WatchJob("j", version, absl::Now() + absl::Milliseconds(50));
-  ASSERT_TRUE(timed_out.ok());
-  EXPECT_EQ(timed_out->version(), version);
   std::thread stopper([this] {
     absl::SleepFor(absl::Milliseconds(50));
-    (void)state_->StopJob("j");
+    EXPECT_TRUE(state_->StopJob("j").ok());
   });
-  auto changed = state_->WatchJob("j", version, absl::Now() + absl::Seconds(10));
+  auto changed = state_->WatchJob("j", version, absl::Hours(1));
   stopper.join();
   ASSERT_TRUE(changed.ok());
   EXPECT_EQ(changed->state(), STOPPED);
 }
 
+// The watch's timeout runs on the injected clock, not the machine's.
+TEST_F(CoordinatorStateTest, WatchTimesOutOnTheInjectedClock) {
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  const int64_t version = state_->GetJob("j")->version();
+  absl::Notification returned;
+  absl::StatusOr<JobStatus> watched;
+  std::thread watcher([&] {
+    watched = state_->WatchJob("j", version, absl::Seconds(30));
+    returned.Notify();
+  });
+  // The machine's clock passing does not end it...
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  // ...the injected one does, once a tick lets the watcher look.
+  Advance(absl::Seconds(31));
+  state_->Tick();
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  watcher.join();
+  ASSERT_TRUE(watched.ok()) << watched.status();
+  EXPECT_EQ(watched->version(), version);
+}
+
+// A change the store cannot record does not happen: the request fails with
+// the store's error, and memory and disk keep agreeing.
+TEST_F(CoordinatorStateTest, FailedWritesFailTheRequestAndChangeNothing) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  ASSERT_EQ(StateOf("j"), RUNNING);
+  stored_.failing = true;
+
+  auto submitted = state_->SubmitJob(SmallSpec(1, 1), "k");
+  EXPECT_THAT(submitted.status().message(), HasSubstr("disk I/O error"));
+  EXPECT_TRUE(absl::IsNotFound(state_->GetJob("k").status()));
+
+  auto stopped = state_->StopJob("j");
+  EXPECT_THAT(stopped.status().message(), HasSubstr("disk I/O error"));
+  EXPECT_EQ(StateOf("j"), RUNNING);
+
+  ReportProgressRequest done = Progress("j", "a", 0, 10);
+  done.set_finished(true);
+  done.set_has_test_accuracy(true);
+  done.set_test_accuracy(0.9);
+  EXPECT_FALSE(state_->ReportProgress(done).ok());  // The worker retries a result.
+  EXPECT_EQ(StateOf("j"), RUNNING);
+  ReportProgressRequest failed = Progress("j", "a", 0, 3);
+  failed.set_error("boom");
+  EXPECT_FALSE(state_->ReportProgress(failed).ok());
+  EXPECT_EQ(StateOf("j"), RUNNING);
+  EXPECT_EQ(StoredJob("j")->state(), RUNNING);
+
+  stored_.failing = false;
+  ASSERT_TRUE(state_->ReportProgress(done).ok());
+  EXPECT_EQ(StateOf("j"), SUCCEEDED);
+  EXPECT_EQ(StoredJob("j")->state(), SUCCEEDED);
+}
+
+// Changes the coordinator makes by itself are retried on the next tick.
+TEST_F(CoordinatorStateTest, DeadNodeFailsItsJobOnceThatCanBeWritten) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  ASSERT_EQ(StateOf("j"), RUNNING);
+  stored_.failing = true;
+  // The shard goes silent; declaring it dead fails job j, which cannot be
+  // written: j stays RUNNING in memory as on disk, until a tick can write.
+  Advance(absl::Seconds(6));
+  Beat("a");
+  state_->Tick();
+  EXPECT_EQ(StateOf("j"), RUNNING);
+  EXPECT_EQ(StoredJob("j")->state(), RUNNING);
+  stored_.failing = false;
+  state_->Tick();
+  EXPECT_EQ(StateOf("j"), FAILED);
+  EXPECT_EQ(StoredJob("j")->state(), FAILED);
+  EXPECT_THAT(StateOf("j") == FAILED ? state_->GetJob("j")->message() : "",
+              HasSubstr("shard node s"));
+}
+
+TEST_F(CoordinatorStateTest, PendingJobStartsOnceItsStartCanBeWritten) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "k").ok());
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "m").ok());
+  ASSERT_EQ(StateOf("k"), RUNNING);
+  ASSERT_EQ(StateOf("m"), PENDING);
+  stored_.failing_job = "m";
+  // k's end is written; m's start, which it makes possible, is not.
+  ASSERT_TRUE(state_->StopJob("k").ok());
+  EXPECT_EQ(StateOf("m"), PENDING);
+  EXPECT_EQ(StoredJob("m")->state(), PENDING);
+  state_->Tick();
+  EXPECT_EQ(StateOf("m"), PENDING);
+  stored_.failing_job.clear();
+  state_->Tick();
+  EXPECT_EQ(StateOf("m"), RUNNING);
+  EXPECT_EQ(StoredJob("m")->state(), RUNNING);
+}
+
 }  // namespace
+}  // namespace control
 }  // namespace downpour

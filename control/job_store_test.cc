@@ -1,4 +1,4 @@
-#include "core/job_store.h"
+#include "control/job_store.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 
 namespace downpour {
+namespace control {
 namespace {
 
 std::string TempDir(const std::string& name) {
@@ -55,4 +56,5 @@ TEST(SqliteJobStoreTest, UnusableStateDirIsReported) {
 }
 
 }  // namespace
+}  // namespace control
 }  // namespace downpour

@@ -3,8 +3,8 @@
 // JobStore is the interface; OpenSqliteJobStore keeps everything in one
 // SQLite database under the coordinator's --state_dir so jobs and their state
 // survive a restart. Implementations are thread-safe.
-#ifndef DOWNPOUR_CORE_JOB_STORE_H_
-#define DOWNPOUR_CORE_JOB_STORE_H_
+#ifndef DOWNPOUR_CONTROL_JOB_STORE_H_
+#define DOWNPOUR_CONTROL_JOB_STORE_H_
 
 #include <memory>
 #include <string>
@@ -15,6 +15,7 @@
 #include "proto/job.pb.h"
 
 namespace downpour {
+namespace control {
 
 class JobStore {
  public:
@@ -30,6 +31,7 @@ class JobStore {
 // Opens (creating if needed) `state_dir`/coordinator.db.
 absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& state_dir);
 
+}  // namespace control
 }  // namespace downpour
 
-#endif  // DOWNPOUR_CORE_JOB_STORE_H_
+#endif  // DOWNPOUR_CONTROL_JOB_STORE_H_

@@ -1,4 +1,4 @@
-#include "core/job_store.h"
+#include "control/job_store.h"
 
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 
 namespace downpour {
+namespace control {
 namespace {
 
 class SqliteJobStore : public JobStore {
@@ -113,4 +114,5 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& 
   return std::unique_ptr<JobStore>(std::move(store));
 }
 
+}  // namespace control
 }  // namespace downpour

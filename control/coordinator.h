@@ -1,0 +1,60 @@
+// Coordinator: what nodes and operators ask of the control plane —
+// membership (register, heartbeat), the job queue and each job's state
+// machine (PENDING -> RUNNING -> SUCCEEDED / FAILED / STOPPED), and workers'
+// progress reports.
+//
+// CoordinatorState (control/coordinator_state.h) implements it in process;
+// rpc/ adapts it to gRPC (CoordinatorService) and back (RemoteCoordinator),
+// so a node agent or downpourctl cannot tell a local coordinator from a
+// remote one, and their tests need no sockets. It lives in namespace
+// downpour::control because the gRPC service generated from
+// proto/coordinator_service.proto is downpour::Coordinator.
+//
+// Thread-safety: implementations are thread-safe.
+#ifndef DOWNPOUR_CONTROL_COORDINATOR_H_
+#define DOWNPOUR_CONTROL_COORDINATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/coordinator.pb.h"
+#include "proto/job.pb.h"
+
+namespace downpour {
+namespace control {
+
+class Coordinator {
+ public:
+  virtual ~Coordinator() = default;
+
+  virtual absl::StatusOr<RegisterNodeResponse> RegisterNode(const NodeInfo& node) = 0;
+  virtual absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request) = 0;
+  virtual absl::StatusOr<std::vector<NodeInfo>> ListNodes() = 0;
+
+  // `job_id` empty: the coordinator picks one. Returns the job as submitted;
+  // InvalidArgument naming the field for a bad spec.
+  virtual absl::StatusOr<JobStatus> SubmitJob(const JobSpec& spec, const std::string& job_id) = 0;
+  // In submission order.
+  virtual absl::StatusOr<std::vector<JobStatus>> ListJobs() = 0;
+  virtual absl::StatusOr<JobStatus> GetJob(const std::string& job_id) = 0;
+  // Long poll: returns once the job's version exceeds `known_version`, or
+  // after `timeout` with its current state.
+  virtual absl::StatusOr<JobStatus> WatchJob(const std::string& job_id, int64_t known_version,
+                                             absl::Duration timeout) = 0;
+  virtual absl::StatusOr<JobStatus> StopJob(const std::string& job_id) = 0;
+  virtual absl::StatusOr<ReportProgressResponse> ReportProgress(
+      const ReportProgressRequest& request) = 0;
+};
+
+// Whether a job in `state` has ended (SUCCEEDED, FAILED or STOPPED).
+inline bool IsTerminal(JobState state) {
+  return state == SUCCEEDED || state == FAILED || state == STOPPED;
+}
+
+}  // namespace control
+}  // namespace downpour
+
+#endif  // DOWNPOUR_CONTROL_COORDINATOR_H_

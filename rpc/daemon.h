@@ -1,0 +1,96 @@
+// What the Downpour daemons do around their services: bind --listen (port 0
+// picks a free port), serve grpc.health.v1, write --port_file once serving,
+// serve /metrics, and wait for SIGTERM/SIGINT; and, for a shard and a worker,
+// the start-up they share (NodeDaemon): the gRPC server, the metrics
+// endpoint and the registration with the coordinator (rpc/node_agent.h),
+// each failing with one sentence that names what failed.
+#ifndef DOWNPOUR_RPC_DAEMON_H_
+#define DOWNPOUR_RPC_DAEMON_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/coordinator.pb.h"
+#include "rpc/node_agent.h"
+#include "rpc/remote_coordinator.h"
+
+namespace downpour {
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  // HOST:PORT actually bound.
+  std::string address;
+};
+
+// Builds and starts a server on `listen` with `services` (not owned) and the
+// standard health service. Messages up to `max_message_bytes` are accepted.
+absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
+                                              const std::vector<grpc::Service*>& services,
+                                              int max_message_bytes = 256 << 20);
+
+// Writes `address` to `path` atomically (temp file + rename). No-op when
+// `path` is empty.
+absl::Status WritePortFile(const std::string& path, const std::string& address);
+
+// Blocks SIGTERM and SIGINT in the calling thread; call first thing in main,
+// before any thread starts, so every thread inherits the mask.
+void BlockTerminationSignals();
+
+// Waits for SIGTERM or SIGINT (blocked by BlockTerminationSignals) and
+// returns its name.
+std::string WaitForTerminationSignal();
+
+// A shard's or a worker's daemon around its runtime. Not thread-safe (main
+// starts and shuts it down); the agent it owns is.
+class NodeDaemon {
+ public:
+  struct Options {
+    NodeRole role = SHARD;
+    std::string listen = "127.0.0.1:0";
+    std::string port_file;
+    std::string metrics_listen;  // Empty: no /metrics.
+    std::string coordinator;     // HOST:PORT; required.
+    // Start-up fails unless the coordinator accepts the registration within
+    // this.
+    absl::Duration coordinator_timeout = absl::Seconds(30);
+    // Stable node name; empty: "ps@<address>" or "worker@<address>".
+    std::string node_id;
+    std::vector<std::string> devices;  // A worker's compute devices, advertised.
+  };
+
+  // Serves /metrics (when asked) from `metrics` (not owned), then `services`
+  // (not owned) and gRPC health on options.listen, then registers with the
+  // coordinator (its tasks go to `on_tasks`, on the agent's thread), then
+  // writes the port file.
+  static absl::StatusOr<std::unique_ptr<NodeDaemon>> Start(
+      const Options& options, const std::vector<grpc::Service*>& services,
+      MetricsRegistry* metrics, NodeAgent::TasksCallback on_tasks);
+  ~NodeDaemon();
+
+  NodeAgent& agent() { return *agent_; }
+  const NodeInfo& self() const { return agent_->self(); }
+  // "serving on HOST:PORT[, metrics on HOST:PORT]".
+  std::string Describe() const;
+
+  // Stops the agent (no more tasks or heartbeats), then the server (calls in
+  // flight get 2 s). Call after the runtime stopped using the agent.
+  void Shutdown();
+
+ private:
+  NodeDaemon() = default;
+
+  std::unique_ptr<MetricsHttpServer> metrics_server_;
+  RunningServer server_;
+  std::unique_ptr<RemoteCoordinator> coordinator_;
+  std::unique_ptr<NodeAgent> agent_;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_RPC_DAEMON_H_

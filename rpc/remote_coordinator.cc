@@ -1,0 +1,151 @@
+#include "rpc/remote_coordinator.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "rpc/grpc_status.h"
+
+namespace downpour {
+namespace {
+
+// Keeps reconnection attempts frequent, so a coordinator that comes back is
+// found within a couple of seconds rather than after gRPC's default backoff
+// (which grows to two minutes).
+constexpr int kMaxReconnectBackoffMs = 2000;
+// WatchJob's deadline is its server-side timeout plus this much.
+constexpr absl::Duration kWatchGrace = absl::Seconds(5);
+
+using Stub = downpour::Coordinator::StubInterface;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RemoteCoordinator>> RemoteCoordinator::Create(
+    const std::string& address) {
+  if (address.empty()) {
+    return absl::InvalidArgumentError(
+        "the coordinator address is empty; pass --coordinator=HOST:PORT");
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  // A long job history makes ListJobs answers large.
+  args.SetMaxReceiveMessageSize(256 << 20);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return std::make_unique<RemoteCoordinator>(address, channel,
+                                             downpour::Coordinator::NewStub(channel));
+}
+
+absl::StatusOr<std::unique_ptr<RemoteCoordinator>> RemoteCoordinator::Connect(
+    const std::string& address, absl::Duration connect_timeout) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RemoteCoordinator> client, Create(address));
+  RETURN_IF_ERROR(client->WaitUntilConnected(connect_timeout));
+  return client;
+}
+
+RemoteCoordinator::RemoteCoordinator(std::string address, std::shared_ptr<grpc::Channel> channel,
+                                     std::unique_ptr<Stub> stub)
+    : address_(std::move(address)), channel_(std::move(channel)), stub_(std::move(stub)) {}
+
+absl::Status RemoteCoordinator::WaitUntilConnected(absl::Duration timeout) {
+  if (channel_ == nullptr) return absl::OkStatus();
+  if (!channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                  absl::ToChronoMilliseconds(timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot reach coordinator at ", address_, " within ",
+                                               absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> RemoteCoordinator::Call(const char* name, Method method,
+                                                 const Request& request, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::ToChronoMilliseconds(timeout));
+  Response response;
+  const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK:
+      return response;
+    case grpc::StatusCode::UNAVAILABLE:
+      return absl::UnavailableError(absl::StrCat("coordinator at ", address_, " is unavailable (",
+                                                 name, ": ", status.error_message(), ")"));
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::DeadlineExceededError(absl::StrCat("coordinator at ", address_,
+                                                      " did not answer ", name, " within ",
+                                                      absl::FormatDuration(timeout)));
+    default:
+      return FromGrpcStatus(status);
+  }
+}
+
+absl::StatusOr<RegisterNodeResponse> RemoteCoordinator::RegisterNode(const NodeInfo& node) {
+  RegisterNodeRequest request;
+  *request.mutable_node() = node;
+  return Call<RegisterNodeRequest, RegisterNodeResponse>("RegisterNode", &Stub::RegisterNode,
+                                                         request, rpc_timeout_);
+}
+
+absl::StatusOr<HeartbeatResponse> RemoteCoordinator::Heartbeat(const HeartbeatRequest& request) {
+  return Call<HeartbeatRequest, HeartbeatResponse>("Heartbeat", &Stub::Heartbeat, request,
+                                                   rpc_timeout_);
+}
+
+absl::StatusOr<std::vector<NodeInfo>> RemoteCoordinator::ListNodes() {
+  ASSIGN_OR_RETURN(ListNodesResponse response,
+                   (Call<ListNodesRequest, ListNodesResponse>("ListNodes", &Stub::ListNodes,
+                                                              ListNodesRequest(), rpc_timeout_)));
+  return std::vector<NodeInfo>(response.nodes().begin(), response.nodes().end());
+}
+
+absl::StatusOr<JobStatus> RemoteCoordinator::SubmitJob(const JobSpec& spec,
+                                                       const std::string& job_id) {
+  SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  request.set_job_id(job_id);
+  ASSIGN_OR_RETURN(SubmitJobResponse response,
+                   (Call<SubmitJobRequest, SubmitJobResponse>("SubmitJob", &Stub::SubmitJob,
+                                                              request, rpc_timeout_)));
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<std::vector<JobStatus>> RemoteCoordinator::ListJobs() {
+  ASSIGN_OR_RETURN(ListJobsResponse response,
+                   (Call<ListJobsRequest, ListJobsResponse>("ListJobs", &Stub::ListJobs,
+                                                            ListJobsRequest(), rpc_timeout_)));
+  return std::vector<JobStatus>(response.jobs().begin(), response.jobs().end());
+}
+
+absl::StatusOr<JobStatus> RemoteCoordinator::GetJob(const std::string& job_id) {
+  GetJobRequest request;
+  request.set_job_id(job_id);
+  return Call<GetJobRequest, JobStatus>("GetJob", &Stub::GetJob, request, rpc_timeout_);
+}
+
+absl::StatusOr<JobStatus> RemoteCoordinator::WatchJob(const std::string& job_id,
+                                                      int64_t known_version,
+                                                      absl::Duration timeout) {
+  WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_known_version(known_version);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  return Call<WatchJobRequest, JobStatus>("WatchJob", &Stub::WatchJob, request,
+                                          timeout + kWatchGrace);
+}
+
+absl::StatusOr<JobStatus> RemoteCoordinator::StopJob(const std::string& job_id) {
+  StopJobRequest request;
+  request.set_job_id(job_id);
+  ASSIGN_OR_RETURN(StopJobResponse response, (Call<StopJobRequest, StopJobResponse>(
+                                                 "StopJob", &Stub::StopJob, request, rpc_timeout_)));
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<ReportProgressResponse> RemoteCoordinator::ReportProgress(
+    const ReportProgressRequest& request) {
+  return Call<ReportProgressRequest, ReportProgressResponse>(
+      "ReportProgress", &Stub::ReportProgress, request, rpc_timeout_);
+}
+
+}  // namespace downpour

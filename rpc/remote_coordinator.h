@@ -1,0 +1,89 @@
+// RemoteCoordinator: a coordinator on another machine, reached over gRPC (the
+// remote client of the three layers): it implements control::Coordinator, so
+// a node agent or downpourctl cannot tell it from a local CoordinatorState.
+//
+// Every call carries a deadline (rpc_timeout, default 10s; WatchJob: its own
+// timeout plus 5s), so nothing waits forever. gRPC errors come back as
+// absl::Status with the coordinator's code and message; transport failures
+// (Unavailable, DeadlineExceeded) name the coordinator's address and the
+// call. The channel reconnects by itself, at most 2s apart, after the
+// coordinator went away.
+//
+// Thread-safe: calls may be made from several threads at once (the gRPC stub
+// is thread-safe and nothing else changes after construction, except
+// rpc_timeout, which is set before use).
+#ifndef DOWNPOUR_RPC_REMOTE_COORDINATOR_H_
+#define DOWNPOUR_RPC_REMOTE_COORDINATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "control/coordinator.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/coordinator_service.grpc.pb.h"
+
+namespace downpour {
+
+class RemoteCoordinator : public control::Coordinator {
+ public:
+  // A client of the coordinator at `address` (HOST:PORT) that connects when
+  // first used. InvalidArgument for an empty address.
+  static absl::StatusOr<std::unique_ptr<RemoteCoordinator>> Create(const std::string& address);
+  // As Create, then waits up to `connect_timeout` for the connection: an
+  // unreachable coordinator gives Unavailable "cannot reach coordinator at
+  // HOST:PORT within 5s".
+  static absl::StatusOr<std::unique_ptr<RemoteCoordinator>> Connect(
+      const std::string& address, absl::Duration connect_timeout = absl::Seconds(5));
+
+  // Wraps an existing stub (a test may pass a fake). `channel` may be null, in
+  // which case WaitUntilConnected returns OK at once.
+  RemoteCoordinator(std::string address, std::shared_ptr<grpc::Channel> channel,
+                    std::unique_ptr<downpour::Coordinator::StubInterface> stub);
+
+  RemoteCoordinator(const RemoteCoordinator&) = delete;
+  RemoteCoordinator& operator=(const RemoteCoordinator&) = delete;
+
+  const std::string& address() const { return address_; }
+
+  // Deadline of each call other than WatchJob. Default 10s.
+  // REQUIRES: no call is in flight.
+  void set_rpc_timeout(absl::Duration timeout) { rpc_timeout_ = timeout; }
+
+  // Waits up to `timeout` for the channel to be connected. Unavailable when
+  // it does not.
+  absl::Status WaitUntilConnected(absl::Duration timeout);
+
+  absl::StatusOr<RegisterNodeResponse> RegisterNode(const NodeInfo& node) override;
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request) override;
+  absl::StatusOr<std::vector<NodeInfo>> ListNodes() override;
+  absl::StatusOr<JobStatus> SubmitJob(const JobSpec& spec, const std::string& job_id) override;
+  // Placements' partition lists are left out (GetJob has them).
+  absl::StatusOr<std::vector<JobStatus>> ListJobs() override;
+  absl::StatusOr<JobStatus> GetJob(const std::string& job_id) override;
+  absl::StatusOr<JobStatus> WatchJob(const std::string& job_id, int64_t known_version,
+                                     absl::Duration timeout) override;
+  absl::StatusOr<JobStatus> StopJob(const std::string& job_id) override;
+  absl::StatusOr<ReportProgressResponse> ReportProgress(
+      const ReportProgressRequest& request) override;
+
+ private:
+  // Runs one unary call with `timeout` as its deadline and converts a
+  // failure (naming the address and the call on transport errors).
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> Call(const char* name, Method method, const Request& request,
+                                absl::Duration timeout);
+
+  const std::string address_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<downpour::Coordinator::StubInterface> stub_;
+  absl::Duration rpc_timeout_ = absl::Seconds(10);
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_RPC_REMOTE_COORDINATOR_H_
