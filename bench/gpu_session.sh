@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Everything issue 3 needs from one GPU machine, in one call of the device
-# tool: the CUDA tests, //bench:step_time beside the PyTorch baseline on the
-# same card, and examples/fashion_mnist_cnn.pbtxt trained through the real
-# daemons on the GPU. Logs go to $OUT (or ./gpu-out).
+# What the GPU work needs from one GPU machine, in one call of the device
+# tool: the GPU tests, //bench:step_time beside the PyTorch baseline on the
+# same card, two builds' step times alternated on the same card, and
+# examples/fashion_mnist_cnn.pbtxt trained through the real daemons on the
+# GPU. Logs go to $OUT (or ./gpu-out).
 #
 # Here (no GPU needed):
-#   bazel build -c opt //kernels:cuda_test //core:model_gpu_test //worker:replicas_test //bench:step_time \
+#   GPU_TESTS="kernels/cuda/context_test kernels/cuda/layers_test kernels/cuda/reduced_layers_test
+#     kernels/cuda/conv_test kernels/cuda/optimizer_test kernels/cuda/backend_test
+#     kernels/cuda/collectives_test model/model_gpu_test model/replica_set_test"
+#   bazel build -c opt $(for t in $GPU_TESTS; do echo //${t%/*}:${t##*/}; done) //bench:step_time \
 #     //coordinator:downpour-coordinator //server:downpour-ps //worker:downpour-worker \
 #     //client:downpourctl
-#   ../shared/tools/device-bundle .device/bundle bazel-bin/kernels/cuda_test \
-#     bazel-bin/core/model_gpu_test bazel-bin/worker/replicas_test bazel-bin/bench/step_time \
-#     bazel-bin/coordinator/downpour-coordinator bazel-bin/server/downpour-ps \
-#     bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl
+#   ../shared/tools/device-bundle .device/bundle $(for t in $GPU_TESTS; do echo bazel-bin/$t; done) \
+#     bazel-bin/bench/step_time bazel-bin/coordinator/downpour-coordinator \
+#     bazel-bin/server/downpour-ps bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl
+#   For STAGES=ab, another build's step_time goes in too, as bin/step_time_old
+#   (build it in a worktree of the old commit, copy it to step_time_old, and
+#   name that copy to device-bundle as well).
 #   mkdir -p .device/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .device/fashion-mnist/
 #   (cd .device && tar -cf - bundle | xz -T2 > bundle.tar.xz && rm -rf bundle)  # under 64 MiB
 # Then the device tool: run with carry [".device"], command "bash bench/gpu_session.sh".
@@ -24,7 +30,8 @@ STAGES=${STAGES:-tests bench train}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 if [[ $STAGES == *tests* ]]; then
-  for t in cuda_test model_gpu_test replicas_test; do
+  for t in context_test layers_test reduced_layers_test conv_test optimizer_test backend_test \
+    collectives_test model_gpu_test replica_set_test; do
     $t --gtest_color=no >"$OUT/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$t.log" | head -20
@@ -40,6 +47,19 @@ if [[ $STAGES == *bench* ]]; then
   PYTHONUNBUFFERED=1 python3 bench/pytorch_step_time.py ${PYTORCH_ARGS:---precisions fp32} \
     2>&1 | tee "$OUT/pytorch.jsonl"
   python3 bench/compare_step_time.py "$OUT/ours.jsonl" "$OUT/pytorch.jsonl" | tee "$OUT/table.md"
+fi
+
+if [[ $STAGES == *ab* ]]; then
+  # The old and the new build's step times, alternated (old new new old per
+  # precision, so drift of the card cancels), then compared: medians of each.
+  for p in ${PRECISIONS:-fp32}; do
+    for build in old new new old; do
+      bin=step_time
+      [[ $build == old ]] && bin=step_time_old
+      $bin --precision=$p ${STEP_TIME_ARGS:-} 2>/dev/null >>"$OUT/ab_$build.jsonl"
+    done
+  done
+  python3 bench/compare_builds.py "$OUT/ab_old.jsonl" "$OUT/ab_new.jsonl" | tee "$OUT/ab.md"
 fi
 
 if [[ $STAGES == *profile* ]]; then

@@ -2,7 +2,8 @@
 // forward + backward + Adam (fused, on the device), data already in device
 // memory, nothing copied to the host inside the timed loop. The same models,
 // batches and optimizer as bench/pytorch_step_time.py, so the two can run in
-// one go on the same card (bench/run_step_time.sh prints the ratios).
+// one go on the same card (bench/gpu_session.sh runs both and
+// bench/compare_step_time.py prints the ratios).
 //
 //   bazel build -c opt //bench:step_time
 //   bazel-bin/bench/step_time [--models=mlp,cnn,resnet18,vgg11]
@@ -25,9 +26,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
-#include "core/model.h"
+#include <cuda_runtime_api.h>
+
 #include "google/protobuf/text_format.h"
-#include "kernels/cuda.h"
+#include "kernels/cuda/conv_plan.h"
+#include "model/devices.h"
+#include "model/model.h"
 
 ABSL_FLAG(std::string, models, "mlp,cnn,resnet18,vgg11", "Models (files <name>.pbtxt)");
 ABSL_FLAG(std::string, models_dir, "bench/models", "Folder of the ModelSpec text files");
@@ -73,11 +77,11 @@ int Run() {
   if (device >= 0) cudaSetDevice(device);
   kernels::cuda::SetConvPlanLogging(absl::GetFlag(FLAGS_log_conv));
   const std::string layout_name = absl::GetFlag(FLAGS_conv_layout);
-  ModelOptions::ConvLayout layout = ModelOptions::ConvLayout::kAuto;
+  kernels::ConvLayout layout = kernels::ConvLayout::kAuto;
   if (layout_name == "nhwc") {
-    layout = ModelOptions::ConvLayout::kNhwc;
+    layout = kernels::ConvLayout::kNhwc;
   } else if (layout_name == "nchw") {
-    layout = ModelOptions::ConvLayout::kNchw;
+    layout = kernels::ConvLayout::kNchw;
   } else if (layout_name != "auto") {
     return Fail("--conv_layout", absl::InvalidArgumentError("must be auto, nhwc or nchw"));
   }

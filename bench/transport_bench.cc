@@ -21,14 +21,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/naive.grpc.pb.h"
-#include "client/coordinator_client.h"
 #include "common/status.h"
-#include "core/job_validation.h"
-#include "core/parameter_store.h"
-#include "core/shard_map.h"
 #include "grpcpp/grpcpp.h"
+#include "ps/parameter_store.h"
 #include "rpc/node_agent.h"
 #include "rpc/ps_client.h"
+#include "rpc/remote_coordinator.h"
+#include "spec/job_validation.h"
+#include "spec/shard_map.h"
 #include "tests/local_cluster.h"
 #include "worker/param_exchange.h"
 
@@ -390,7 +390,7 @@ absl::StatusOr<ApplyBandwidth> MeasureApply(int64_t size_bytes) {
   ASSIGN_OR_RETURN(std::vector<PartitionPlacement> placed,
                    PlacePartitions(params, 1, spec.partition_bytes()));
   ParameterStore store;
-  RETURN_IF_ERROR(store.AddJob("apply", spec, 0, params, placed));
+  RETURN_IF_ERROR(store.AddJob("apply", spec, 0, placed));
   int64_t total = 0;
   for (const ParamInfo& p : params) total += p.num_elements;
   const std::vector<float> grads = Gradient(total, 0);
@@ -468,7 +468,7 @@ absl::StatusOr<ApplyBandwidth> MeasureApply(int64_t size_bytes) {
 
 struct TransportBench::State {
   std::unique_ptr<testing::LocalCluster> cluster;
-  std::unique_ptr<CoordinatorClient> coordinator;
+  std::unique_ptr<RemoteCoordinator> coordinator;
   std::vector<std::unique_ptr<NodeAgent>> agents;
   absl::Mutex mu;
   // Tasks received by worker node index.
@@ -497,20 +497,21 @@ absl::StatusOr<std::unique_ptr<TransportBench>> TransportBench::Start(const Opti
   cluster.node_timeout_ms = 20000;
   st.cluster = std::make_unique<testing::LocalCluster>(cluster);
   RETURN_IF_ERROR(st.cluster->Start());
-  ASSIGN_OR_RETURN(st.coordinator, CoordinatorClient::Connect(st.cluster->coordinator_address()));
+  ASSIGN_OR_RETURN(st.coordinator, RemoteCoordinator::Connect(st.cluster->coordinator_address()));
   {
     absl::MutexLock lock(&st.mu);
     st.tasks.resize(options.max_workers);
   }
   for (int w = 0; w < options.max_workers; ++w) {
     NodeAgent::Options agent;
-    agent.coordinator = st.cluster->coordinator_address();
+    agent.coordinator_name = st.cluster->coordinator_address();
     agent.self.set_id(absl::StrCat("bench-worker-", w));
     agent.self.set_role(WORKER);
     agent.self.set_address("127.0.0.1:1");  // Serves nothing; the field is required.
     agent.self.set_hostname("localhost");
     ASSIGN_OR_RETURN(auto started,
-                     NodeAgent::Start(agent, [&st, w](const std::vector<Task>& tasks) {
+                     NodeAgent::Start(agent, st.coordinator.get(),
+                                      [&st, w](const std::vector<Task>& tasks) {
                        absl::MutexLock lock(&st.mu);
                        st.tasks[w] = tasks;
                      }));
@@ -643,7 +644,7 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
     std::vector<ParameterShard*> shards;
     for (int s = 0; s < config.shards; ++s) {
       stores.push_back(std::make_unique<ParameterStore>());
-      RETURN_IF_ERROR(stores.back()->AddJob(job_id, spec, s, params, placement));
+      RETURN_IF_ERROR(stores.back()->AddJob(job_id, spec, s, placement));
       shards.push_back(stores.back().get());
     }
     auto local = make_exchange(tasks[0], shards);

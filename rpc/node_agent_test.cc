@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
+#include "control/fake_coordinator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -13,96 +13,13 @@ namespace downpour {
 namespace {
 
 using ::testing::HasSubstr;
+using control::FakeCoordinator;
 
-// An in-process coordinator that answers as told and records what it was
-// asked (no sockets: the agent talks to a control::Coordinator).
-class FakeCoordinator : public control::Coordinator {
- public:
-  absl::StatusOr<RegisterNodeResponse> RegisterNode(const NodeInfo& node) override {
-    absl::MutexLock lock(&mu_);
-    if (!up_) return absl::UnavailableError("coordinator down");
-    registered_.push_back(node);
-    registered_incarnation_ = node.incarnation();
-    RegisterNodeResponse response;
-    response.set_heartbeat_interval_ms(10);
-    return response;
-  }
-  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    ++heartbeats_;
-    if (!up_) return absl::UnavailableError("coordinator down");
-    HeartbeatResponse response;
-    if (forget_node_ || request.incarnation() != registered_incarnation_) {
-      forget_node_ = false;
-      response.set_reregister(true);
-      return response;
-    }
-    for (const std::string& job : jobs_) response.add_tasks()->set_job_id(job);
-    return response;
-  }
-  absl::StatusOr<ReportProgressResponse> ReportProgress(
-      const ReportProgressRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    reports_.push_back(request);
-    return ReportProgressResponse();
-  }
-  absl::StatusOr<std::vector<NodeInfo>> ListNodes() override { return Unused(); }
-  absl::StatusOr<JobStatus> SubmitJob(const JobSpec&, const std::string&) override {
-    return Unused();
-  }
-  absl::StatusOr<std::vector<JobStatus>> ListJobs() override { return Unused(); }
-  absl::StatusOr<JobStatus> GetJob(const std::string&) override { return Unused(); }
-  absl::StatusOr<JobStatus> WatchJob(const std::string&, int64_t, absl::Duration) override {
-    return Unused();
-  }
-  absl::StatusOr<JobStatus> StopJob(const std::string&) override { return Unused(); }
-
-  void set_up(bool up) {
-    absl::MutexLock lock(&mu_);
-    up_ = up;
-  }
-  void set_jobs(std::vector<std::string> jobs) {
-    absl::MutexLock lock(&mu_);
-    jobs_ = std::move(jobs);
-  }
-  void ForgetNode() {
-    absl::MutexLock lock(&mu_);
-    forget_node_ = true;
-  }
-  int registrations() {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int>(registered_.size());
-  }
-  NodeInfo last_registered() {
-    absl::MutexLock lock(&mu_);
-    return registered_.back();
-  }
-  // Waits (boundedly) until `n` more heartbeats arrived.
-  bool AwaitHeartbeats(int n) {
-    absl::MutexLock lock(&mu_);
-    awaited_ = heartbeats_ + n;
-    return mu_.AwaitWithTimeout(absl::Condition(this, &FakeCoordinator::Reached),
-                                absl::Seconds(20));
-  }
-  std::vector<ReportProgressRequest> reports() {
-    absl::MutexLock lock(&mu_);
-    return reports_;
-  }
-
- private:
-  static absl::Status Unused() { return absl::UnimplementedError("not used by the agent"); }
-  bool Reached() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeats_ >= awaited_; }
-
-  absl::Mutex mu_;
-  bool up_ ABSL_GUARDED_BY(mu_) = true;
-  bool forget_node_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t registered_incarnation_ ABSL_GUARDED_BY(mu_) = -1;
-  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<NodeInfo> registered_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> jobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<ReportProgressRequest> reports_ ABSL_GUARDED_BY(mu_);
-  int awaited_ ABSL_GUARDED_BY(mu_) = 0;
-};
+Task JobTask(const std::string& job) {
+  Task task;
+  task.set_job_id(job);
+  return task;
+}
 
 // What the agent handed the node, most recent last.
 class TaskLog {
@@ -140,7 +57,7 @@ NodeAgent::Options AgentOptions() {
 
 TEST(NodeAgentTest, RegistersThenHandsOverTheTasksOfEveryHeartbeat) {
   FakeCoordinator coordinator;
-  coordinator.set_jobs({"j1", "j2"});
+  coordinator.SetTasks("worker@a:1", {JobTask("j1"), JobTask("j2")});
   TaskLog tasks;
   auto agent = NodeAgent::Start(AgentOptions(), &coordinator,
                                 [&](const std::vector<Task>& t) { tasks.Record(t); });
@@ -152,14 +69,14 @@ TEST(NodeAgentTest, RegistersThenHandsOverTheTasksOfEveryHeartbeat) {
   EXPECT_FALSE(self.hostname().empty());
   ASSERT_TRUE(coordinator.AwaitHeartbeats(3));
   EXPECT_THAT(tasks.last(), ::testing::ElementsAre("j1", "j2"));
-  coordinator.set_jobs({});
+  coordinator.SetTasks("worker@a:1", {});
   ASSERT_TRUE(coordinator.AwaitHeartbeats(3));
   EXPECT_TRUE(tasks.last().empty());
 }
 
 TEST(NodeAgentTest, StartFailsNamingTheCoordinatorWhenItNeverAnswers) {
   FakeCoordinator coordinator;
-  coordinator.set_up(false);
+  coordinator.SetUp(false);
   auto agent = NodeAgent::Start(AgentOptions(), &coordinator, [](const std::vector<Task>&) {});
   ASSERT_FALSE(agent.ok());
   EXPECT_EQ(agent.status().code(), absl::StatusCode::kUnavailable);
@@ -169,20 +86,20 @@ TEST(NodeAgentTest, StartFailsNamingTheCoordinatorWhenItNeverAnswers) {
 
 TEST(NodeAgentTest, OutageKeepsTheTasksAndReregistersWhenAsked) {
   FakeCoordinator coordinator;
-  coordinator.set_jobs({"j"});
+  coordinator.SetTasks("worker@a:1", {JobTask("j")});
   TaskLog tasks;
   auto agent = NodeAgent::Start(AgentOptions(), &coordinator,
                                 [&](const std::vector<Task>& t) { tasks.Record(t); });
   ASSERT_TRUE(agent.ok()) << agent.status();
   ASSERT_TRUE(coordinator.AwaitHeartbeats(2));
   const int handed = tasks.calls();
-  coordinator.set_up(false);
+  coordinator.SetUp(false);
   ASSERT_TRUE(coordinator.AwaitHeartbeats(3));
   // No answer: nothing handed over, so the node keeps running its job.
   EXPECT_LE(tasks.calls(), handed + 1);
   EXPECT_THAT(tasks.last(), ::testing::ElementsAre("j"));
-  coordinator.set_up(true);
-  coordinator.ForgetNode();  // As a restarted coordinator that lost it would.
+  coordinator.SetUp(true);
+  coordinator.ForgetNodes();  // As a restarted coordinator that lost it would.
   ASSERT_TRUE(coordinator.AwaitHeartbeats(3));
   EXPECT_EQ(coordinator.registrations(), 2);
   EXPECT_THAT(tasks.last(), ::testing::ElementsAre("j"));

@@ -2,8 +2,10 @@
 
 A test target Bazel reports as not run (failed to build, no status, timeout)
 or that left no test.xml counts as one failure, so a stale result from an
-earlier run never hides a broken build. Exits non-zero on any failure.
-usage: count_tests.py REPO_ROOT BAZEL_OUTPUT_LOG
+earlier run never hides a broken build. The cases of every EXTRA_XML (JUnit
+files of checks run outside Bazel, such as tests/layering_test.py) count too;
+a missing one counts as a failure. Exits non-zero on any failure.
+usage: count_tests.py REPO_ROOT BAZEL_OUTPUT_LOG [EXTRA_XML...]
 """
 import os
 import re
@@ -11,7 +13,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-root, log_path = sys.argv[1], sys.argv[2]
+root, log_path, extra_xml = sys.argv[1], sys.argv[2], sys.argv[3:]
 targets = subprocess.run(
     ["bazel", "query", "tests(//...)"], cwd=root, capture_output=True, text=True
 ).stdout.split()
@@ -23,6 +25,26 @@ with open(log_path, errors="replace") as log:
             summary[m.group(1)] = m.group(2)
 
 passed = failed = skipped = 0
+
+
+def count_cases(tree, label):
+    global passed, failed, skipped
+    for case in tree.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+            print(f"{label}: {case.get('classname')}.{case.get('name')} FAILED", file=sys.stderr)
+        elif case.get("result") == "skipped" or case.find("skipped") is not None:
+            skipped += 1
+        else:
+            passed += 1
+
+
+for path in extra_xml:
+    try:
+        count_cases(ET.parse(path), path)
+    except (OSError, ET.ParseError):
+        print(f"{path}: no results", file=sys.stderr)
+        failed += 1
 if not targets:
     print("no test targets found (bazel query failed?)", file=sys.stderr)
     failed += 1
@@ -47,13 +69,6 @@ for target in targets:
         else:
             failed += 1
         continue
-    for case in cases:
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed += 1
-            print(f"{target}: {case.get('classname')}.{case.get('name')} FAILED", file=sys.stderr)
-        elif case.get("result") == "skipped" or case.find("skipped") is not None:
-            skipped += 1
-        else:
-            passed += 1
+    count_cases(tree, target)
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)

@@ -6,6 +6,10 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 log=$(mktemp -t downpour-test.XXXXXX)
-trap 'rm -f "$log"' EXIT
+layering=$(mktemp -t downpour-layering.XXXXXX)
+trap 'rm -f "$log" "$layering"' EXIT
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
-python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log"
+# The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
+# so outside `bazel test`).
+python3 "$ROOT/tests/layering_test.py" --junit "$layering"
+python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering"

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "spec/wire_dtype.h"
 
 namespace downpour {
 namespace {
@@ -116,24 +117,26 @@ PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequ
   id->set_worker_id(options_.worker_id);
   id->set_incarnation(options_.incarnation);
   id->set_sequence(sequence);
-  const int width = WireBytesPerElement(options_.gradient_dtype);
+  request.set_skipped(grads.empty());
+  const int width = BytesPerElement(options_.gradient_dtype);
   int64_t total = 0;
   for (const PartitionPlacement& p : message.partitions) total += p.num_elements();
-  if (width != 4) message.encoded.resize(total * width);
+  if (width != 4 && !grads.empty()) message.encoded.resize(total * width);
   int64_t at = 0;
   for (const PartitionPlacement& p : message.partitions) {
     PartitionHeader* header = request.add_partitions();
     header->mutable_key()->set_tensor_id(p.tensor_id());
     header->mutable_key()->set_partition(p.partition());
-    header->set_dtype(options_.gradient_dtype);
+    header->set_dtype(DTypeOf(options_.gradient_dtype));
     header->set_num_elements(p.num_elements());
+    if (grads.empty()) continue;
     const float* grad = grads[p.tensor_id()] + p.offset();
     if (width == 4) {
       // Sent from the model's memory; the call returns before it changes.
       payload->Append(reinterpret_cast<const char*>(grad), p.num_elements() * sizeof(float));
     } else {
       char* out = message.encoded.data() + at * width;
-      EncodeGradients(options_.gradient_dtype, grad, p.num_elements(), out);
+      EncodeFloats(options_.gradient_dtype, grad, p.num_elements(), out);
       payload->Append(out, p.num_elements() * width);
     }
     at += p.num_elements();

@@ -32,8 +32,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "core/parameter_store.h"
+#include "common/payload.h"
+#include "common/wire_dtype.h"
 #include "proto/job.pb.h"
+#include "ps/parameter_shard.h"
 
 namespace downpour {
 
@@ -52,8 +54,8 @@ struct ExchangeOptions {
   // How long a push message is retried (timeouts, lost connections) before
   // the push fails. Each attempt is bounded by the shard's own deadline.
   absl::Duration push_timeout = absl::Seconds(60);
-  // Element type of gradients on the wire (FLOAT32, BFLOAT16, FLOAT16).
-  DType gradient_dtype = FLOAT32;
+  // Element type of gradients on the wire.
+  WireDtype gradient_dtype = WireDtype::kFloat32;
   // Largest message, in float32 bytes (partitions are never split).
   int64_t message_bytes = 4 << 20;
   // Messages in flight at once.
@@ -68,7 +70,10 @@ class ParameterExchange {
   ~ParameterExchange();
 
   // Pushes the gradients of `step`: grads[tensor_id] points at the whole
-  // tensor's gradient. REQUIRES: every placed tensor has a pointer.
+  // tensor's gradient. Empty `grads` pushes the step as skipped (FP16 loss
+  // scaling found a non-finite gradient): the shards count the step as
+  // this worker's, with no gradient (PushRequest.skipped).
+  // REQUIRES: grads is empty or every placed tensor has a pointer.
   absl::Status Push(
       int64_t step, const std::vector<const float*>& grads,
       const std::function<bool()>& cancelled = [] { return false; });
@@ -95,7 +100,7 @@ class ParameterExchange {
   };
 
   // Message i's requests; the push's payload points at `grads` (or at the
-  // message's encoded buffer).
+  // message's encoded buffer); empty `grads`: a skipped push.
   PushRequest MakePushRequest(int i, int64_t step, int64_t sequence,
                               const std::vector<const float*>& grads, Payload* payload);
   PullRequest MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps) const;

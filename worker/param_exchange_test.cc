@@ -6,10 +6,10 @@
 #include <random>
 
 #include "absl/synchronization/mutex.h"
-#include "core/job_validation.h"
-#include "core/model.h"
-#include "core/shard_map.h"
 #include "gtest/gtest.h"
+#include "ps/parameter_store.h"
+#include "spec/job_validation.h"
+#include "spec/shard_map.h"
 
 namespace downpour {
 namespace {
@@ -153,7 +153,7 @@ std::vector<float> Train(Transport transport, bool combined, int* duplicates) {
   std::vector<ParameterShard*> shards;
   for (int s = 0; s < 2; ++s) {
     stores.push_back(std::make_unique<ParameterStore>());
-    EXPECT_TRUE(stores.back()->AddJob("j", spec, s, *params, *placed).ok());
+    EXPECT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
     reordering.push_back(std::make_unique<DuplicatingReorderingShard>(stores.back().get()));
     timing_out.push_back(std::make_unique<TimingOutPushPullShard>(stores.back().get()));
     switch (transport) {
@@ -231,19 +231,86 @@ TEST(ParameterExchangeTest, TimedOutPushPullFinishesWithoutApplyingTwice) {
   EXPECT_GT(duplicates, 0);  // Every fallback push was recognised.
 }
 
-TEST(ParameterExchangeTest, Float16WireRoundTrips) {
-  const float values[] = {0.f, 1.f, -2.5f, 1e-3f, 65504.f, 3e-6f, 1e-8f};
-  for (DType dtype : {BFLOAT16, FLOAT16}) {
-    char wire[sizeof(values) / 2];
-    float back[7];
-    EncodeGradients(dtype, values, 7, wire);
-    DecodeGradients(dtype, wire, 7, back);
-    for (int i = 0; i < 7; ++i) {
-      const float tolerance = dtype == BFLOAT16 ? 1.f / 128 : 1.f / 1024;
-      EXPECT_NEAR(back[i], values[i], std::abs(values[i]) * tolerance + 6e-8f)
-          << DType_Name(dtype) << " " << values[i];
-    }
+// A step that FP16 loss scaling skipped is pushed as skipped: the shards
+// apply nothing but count the step, so the final pull (every worker has
+// pushed every step) returns instead of waiting for a push that never comes.
+TEST(ParameterExchangeTest, SkippedStepCountsWithoutAGradient) {
+  const JobSpec spec = SmallSpec();
+  auto params = ValidateJobSpec(spec);
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
+  ASSERT_TRUE(placed.ok());
+  std::vector<std::unique_ptr<ParameterStore>> stores;
+  std::vector<ParameterShard*> shards;
+  for (int s = 0; s < 2; ++s) {
+    stores.push_back(std::make_unique<ParameterStore>());
+    ASSERT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
+    shards.push_back(stores.back().get());
   }
+  ExchangeOptions options;
+  options.job_id = "j";
+  options.worker_id = "w";
+  options.incarnation = 1;
+  options.pull_timeout = absl::Seconds(5);
+  ParameterExchange exchange(options, *placed, shards);
+  std::vector<std::vector<float>> initial, after;
+  std::vector<float*> out_initial, out_after;
+  for (const ParamInfo& p : *params) {
+    initial.emplace_back(p.num_elements);
+    after.emplace_back(p.num_elements);
+  }
+  for (auto& t : initial) out_initial.push_back(t.data());
+  for (auto& t : after) out_after.push_back(t.data());
+  ASSERT_TRUE(exchange.Pull(0, 0, out_initial, [] { return false; }).ok());
+  // The job's only step, skipped.
+  ASSERT_TRUE(exchange.Push(0, {}).ok());
+  absl::Status final_pull = exchange.Pull(0, /*min_worker_steps=*/1, out_after,
+                                          [] { return false; });
+  ASSERT_TRUE(final_pull.ok()) << final_pull;
+  EXPECT_EQ(initial, after);
+}
+
+TEST(ParameterExchangeTest, HalfWidthGradientsApplyAsTheirRoundedValues) {
+  // The same gradients pushed as bf16 move the parameters as their rounded
+  // float32 values would.
+  const JobSpec spec = SmallSpec();
+  auto params = ValidateJobSpec(spec);
+  ASSERT_TRUE(params.ok());
+  auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
+  ASSERT_TRUE(placed.ok());
+  std::vector<float> results[2];
+  for (WireDtype dtype : {WireDtype::kFloat32, WireDtype::kBfloat16}) {
+    std::vector<std::unique_ptr<ParameterStore>> stores;
+    std::vector<ParameterShard*> shards;
+    for (int s = 0; s < 2; ++s) {
+      stores.push_back(std::make_unique<ParameterStore>());
+      ASSERT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
+      shards.push_back(stores.back().get());
+    }
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = "w";
+    options.gradient_dtype = dtype;
+    ParameterExchange exchange(options, *placed, shards);
+    std::vector<std::vector<float>> grads, values;
+    std::vector<const float*> g;
+    std::vector<float*> v;
+    for (const ParamInfo& p : *params) {
+      grads.emplace_back(p.num_elements);
+      values.emplace_back(p.num_elements);
+      for (int64_t i = 0; i < p.num_elements; ++i) {
+        // Exactly representable in bf16 for the float32 run to match.
+        grads.back()[i] = static_cast<float>((i % 7) - 3) * 0.25f;
+      }
+    }
+    for (auto& t : grads) g.push_back(t.data());
+    for (auto& t : values) v.push_back(t.data());
+    ASSERT_TRUE(exchange.Push(0, g).ok());
+    ASSERT_TRUE(exchange.Pull(0, 1, v, [] { return false; }).ok());
+    for (auto& t : values) results[dtype == WireDtype::kFloat32 ? 0 : 1].insert(
+        results[dtype == WireDtype::kFloat32 ? 0 : 1].end(), t.begin(), t.end());
+  }
+  ExpectEqual(results[0], results[1]);
 }
 
 }  // namespace

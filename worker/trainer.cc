@@ -9,7 +9,8 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "data/dataset.h"
-#include "worker/replicas.h"
+#include "model/replica_set.h"
+#include "spec/wire_dtype.h"
 
 namespace downpour {
 using data::Batch;
@@ -23,6 +24,16 @@ int64_t FeatureSize(const ModelSpec& model) {
   return n;
 }
 
+// The model's gradients by tensor id, or none for a skipped step.
+std::vector<const float*> Gradients(const Model& model, bool skipped) {
+  std::vector<const float*> grads;
+  if (skipped) return grads;
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    grads.push_back(model.grad(static_cast<int>(i)));
+  }
+  return grads;
+}
+
 }  // namespace
 
 JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterShard*> shards,
@@ -31,18 +42,14 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
       options_(std::move(options)),
       shards_(std::move(shards)),
       reporter_(std::move(reporter)) {
-  ExchangeOptions exchange;
+  ExchangeOptions exchange = options_.exchange;
   exchange.job_id = task_.job_id();
   exchange.rank = task_.rank();
   exchange.worker_id = options_.node_id;
   exchange.incarnation = options_.incarnation;
-  exchange.pull_timeout = options_.pull_timeout;
-  exchange.pull_slice = options_.pull_slice;
-  exchange.push_timeout = options_.push_timeout;
-  exchange.max_inflight = options_.max_inflight;
-  exchange.gradient_dtype = task_.spec().gradient_wire_dtype() == DTYPE_UNSPECIFIED
-                                ? FLOAT32
-                                : task_.spec().gradient_wire_dtype();
+  // Validated at submission (and by the shards).
+  exchange.gradient_dtype =
+      WireDtypeOf(task_.spec().gradient_wire_dtype()).value_or(WireDtype::kFloat32);
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small
   // partitions then costs a few exchanges per step, not one per partition.
@@ -108,22 +115,17 @@ absl::Status JobTrainer::PullParameters(Model* model, int64_t min_version,
                          [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
-absl::Status JobTrainer::PushGradients(const Model& model, int64_t step) {
-  std::vector<const float*> grads(model.params().size());
-  for (size_t i = 0; i < grads.size(); ++i) grads[i] = model.grad(static_cast<int>(i));
-  return exchange_->Push(step, grads, [this] { return cancelled_.load() || job_ended_.load(); });
+absl::Status JobTrainer::PushGradients(const Model& model, int64_t step, bool skipped) {
+  return exchange_->Push(step, Gradients(model, skipped),
+                         [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
-absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step, int64_t min_version,
-                                              int64_t min_worker_steps) {
-  std::vector<const float*> grads(model->params().size());
+absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step, bool skipped,
+                                              int64_t min_version, int64_t min_worker_steps) {
   std::vector<float*> params(model->params().size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    grads[i] = model->grad(static_cast<int>(i));
-    params[i] = model->param(static_cast<int>(i));
-  }
-  return exchange_->PushPull(step, grads, min_version, min_worker_steps, params,
-                             [this] { return cancelled_.load() || job_ended_.load(); });
+  for (size_t i = 0; i < params.size(); ++i) params[i] = model->param(static_cast<int>(i));
+  return exchange_->PushPull(step, Gradients(*model, skipped), min_version, min_worker_steps,
+                             params, [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
 absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
@@ -223,29 +225,23 @@ absl::Status JobTrainer::Train() {
   };
   // The first step pulls on its own; every later step's parameters come back
   // with the previous step's push (one round trip per message).
-  bool pulled = false;
+  RETURN_IF_ERROR(PullParameters(model, min_version(0), min_worker_steps(0)));
   for (int64_t step = 0; step < spec.steps(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
-    if (!pulled) {
-      RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
-    }
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
     if (!have_batch) return absl::InternalError("training data ended");
     ASSIGN_OR_RETURN(
         StepResult result,
         replica_set->TrainStep(batch.features.data(), batch.labels.data(), batch.size, step));
-    // A step that FP16 loss scaling skipped has zero gradients (core/model.h).
-    // SYNC still pushes them, so the shard's step completes with this worker
-    // counted (zeros add nothing to the sum); ASYNC and SSP skip the push and
-    // pull afresh.
-    if (result.skipped && mode != ConsistencySpec::SYNC) {
-      pulled = false;
-    } else if (step + 1 < spec.steps()) {
-      RETURN_IF_ERROR(
-          PushGradientsAndPull(model, step, min_version(step + 1), min_worker_steps(step + 1)));
-      pulled = true;
+    // A step that FP16 loss scaling skipped is pushed as skipped in every
+    // mode: the shards count it as this worker's step but take no gradient
+    // from it (a SYNC step completes with the workers that brought one; SSP's
+    // bound and the final pull see the worker's progress).
+    if (step + 1 < spec.steps()) {
+      RETURN_IF_ERROR(PushGradientsAndPull(model, step, result.skipped, min_version(step + 1),
+                                           min_worker_steps(step + 1)));
     } else {
-      RETURN_IF_ERROR(PushGradients(*model, step));
+      RETURN_IF_ERROR(PushGradients(*model, step, result.skipped));
     }
 
     window_loss += result.loss;

@@ -19,10 +19,10 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
-#include "core/model.h"
-#include "core/parameter_store.h"
 #include "data/dataset.h"
+#include "model/model.h"
 #include "proto/coordinator.pb.h"
+#include "ps/parameter_shard.h"
 #include "worker/param_exchange.h"
 
 namespace downpour {
@@ -32,17 +32,10 @@ struct TrainerOptions {
   int64_t incarnation = 0;
   // Relative record-file globs of the job are resolved against this.
   std::string data_dir;
-  // How long a pull may wait for the other workers (SYNC) or for a shard to
-  // come up, in total, before the job fails.
-  absl::Duration pull_timeout = absl::Seconds(120);
-  // A blocking pull is issued in slices of this length, so Cancel() is noticed.
-  absl::Duration pull_slice = absl::Seconds(2);
-  // How long a push may be retried against an unresponsive shard (each
-  // attempt has this deadline too) before the job fails.
-  absl::Duration push_timeout = absl::Seconds(30);
-  // Transport tuning (see ParameterExchange and RemoteParameterShard).
-  int channels_per_shard = 2;
-  int max_inflight = 4;
+  // The exchange's timeouts and tuning (pull_timeout, pull_slice,
+  // push_timeout, max_inflight, message_bytes); the trainer fills in the
+  // job's own fields (job, rank, identity, wire dtype).
+  ExchangeOptions exchange;
   MetricsRegistry* metrics = nullptr;  // Optional, not owned.
   // Where the model replicas compute: one replica per CUDA device listed
   // (ModelOptions::device), or one on the CPU when empty. With several, each
@@ -78,11 +71,12 @@ class JobTrainer {
  private:
   absl::Status Train();
   absl::Status PullParameters(Model* model, int64_t min_version, int64_t min_worker_steps);
-  absl::Status PushGradients(const Model& model, int64_t step);
-  // PushGradients(step), then PullParameters(min_version, min_worker_steps),
-  // in one round trip per message.
-  absl::Status PushGradientsAndPull(Model* model, int64_t step, int64_t min_version,
-                                    int64_t min_worker_steps);
+  // Pushes the step's gradients, or the step as skipped (no gradient).
+  absl::Status PushGradients(const Model& model, int64_t step, bool skipped);
+  // PushGradients(step, skipped), then PullParameters(min_version,
+  // min_worker_steps), in one round trip per message.
+  absl::Status PushGradientsAndPull(Model* model, int64_t step, bool skipped,
+                                    int64_t min_version, int64_t min_worker_steps);
   absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
   absl::StatusOr<double> EvaluateTestSet(Model* model, data::BatchReader* reader);
   // Sends a report; a final one (finished, accuracy, failure) is retried

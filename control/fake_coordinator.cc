@@ -1,0 +1,125 @@
+#include "control/fake_coordinator.h"
+
+#include <utility>
+
+namespace downpour {
+namespace control {
+namespace {
+
+absl::Status Down() { return absl::UnavailableError("coordinator down"); }
+absl::Status NoQueue() { return absl::UnimplementedError("the fake coordinator has no job queue"); }
+
+}  // namespace
+
+absl::StatusOr<RegisterNodeResponse> FakeCoordinator::RegisterNode(const NodeInfo& node) {
+  absl::MutexLock lock(&mu_);
+  if (!up_) return Down();
+  registered_.push_back(node);
+  incarnations_[node.id()] = node.incarnation();
+  RegisterNodeResponse response;
+  response.set_heartbeat_interval_ms(10);
+  return response;
+}
+
+absl::StatusOr<HeartbeatResponse> FakeCoordinator::Heartbeat(const HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ++heartbeats_;
+  if (!up_) return Down();
+  HeartbeatResponse response;
+  auto known = incarnations_.find(request.node_id());
+  if (known == incarnations_.end() || known->second != request.incarnation()) {
+    response.set_reregister(true);
+    return response;
+  }
+  for (const Task& task : tasks_[request.node_id()]) *response.add_tasks() = task;
+  return response;
+}
+
+absl::StatusOr<ReportProgressResponse> FakeCoordinator::ReportProgress(
+    const ReportProgressRequest& request) {
+  ReportHandler handler;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!up_) return Down();
+    reports_.push_back(request);
+    handler = report_handler_;
+  }
+  if (handler) return handler(request);
+  return ReportProgressResponse();
+}
+
+absl::StatusOr<std::vector<NodeInfo>> FakeCoordinator::ListNodes() { return NoQueue(); }
+absl::StatusOr<JobStatus> FakeCoordinator::SubmitJob(const JobSpec&, const std::string&) {
+  return NoQueue();
+}
+absl::StatusOr<std::vector<JobStatus>> FakeCoordinator::ListJobs() { return NoQueue(); }
+absl::StatusOr<JobStatus> FakeCoordinator::GetJob(const std::string&) { return NoQueue(); }
+absl::StatusOr<JobStatus> FakeCoordinator::WatchJob(const std::string&, int64_t,
+                                                    absl::Duration) {
+  return NoQueue();
+}
+absl::StatusOr<JobStatus> FakeCoordinator::StopJob(const std::string&) { return NoQueue(); }
+
+void FakeCoordinator::SetTasks(const std::string& node_id, std::vector<Task> tasks) {
+  absl::MutexLock lock(&mu_);
+  tasks_[node_id] = std::move(tasks);
+}
+
+void FakeCoordinator::SetUp(bool up) {
+  absl::MutexLock lock(&mu_);
+  up_ = up;
+}
+
+void FakeCoordinator::ForgetNodes() {
+  absl::MutexLock lock(&mu_);
+  incarnations_.clear();
+}
+
+void FakeCoordinator::SetReportHandler(ReportHandler handler) {
+  absl::MutexLock lock(&mu_);
+  report_handler_ = std::move(handler);
+}
+
+int FakeCoordinator::registrations() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(registered_.size());
+}
+
+NodeInfo FakeCoordinator::last_registered() {
+  absl::MutexLock lock(&mu_);
+  return registered_.empty() ? NodeInfo() : registered_.back();
+}
+
+std::vector<ReportProgressRequest> FakeCoordinator::reports() {
+  absl::MutexLock lock(&mu_);
+  return reports_;
+}
+
+bool FakeCoordinator::HeartbeatsReached() const { return heartbeats_ >= awaited_heartbeats_; }
+
+bool FakeCoordinator::AwaitHeartbeats(int n, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  awaited_heartbeats_ = heartbeats_ + n;
+  return mu_.AwaitWithTimeout(absl::Condition(this, &FakeCoordinator::HeartbeatsReached),
+                              timeout);
+}
+
+bool FakeCoordinator::AwaitReport(const std::function<bool(const ReportProgressRequest&)>& done,
+                                  absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  size_t seen = 0;
+  while (true) {
+    for (; seen < reports_.size(); ++seen) {
+      if (done(reports_[seen])) return true;
+    }
+    const size_t count = reports_.size();
+    auto more = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return reports_.size() > count;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&more), give_up)) return false;
+  }
+}
+
+}  // namespace control
+}  // namespace downpour

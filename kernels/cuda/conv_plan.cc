@@ -1,0 +1,406 @@
+#include "kernels/cuda/conv_plan.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "common/status.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/status.h"
+
+namespace downpour {
+namespace kernels {
+namespace cuda {
+namespace {
+
+namespace k = internal;
+
+int AsInt(int64_t v) { return static_cast<int>(v); }
+
+// The time of an algorithm cudnnFind did not measure (a heuristic choice):
+// slower than any measured one.
+constexpr float kUnmeasured = 1e9f;
+
+absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64_t in_h,
+                         int64_t in_w, int64_t pad_h, int64_t pad_w, ConvVariant* v) {
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->x.d, format, CUDNN_DATA_FLOAT, AsInt(s.batch),
+                                                   AsInt(s.in_c), AsInt(in_h), AsInt(in_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->y.d, format, CUDNN_DATA_FLOAT, AsInt(s.batch),
+                                                   AsInt(s.out_c), AsInt(s.out_h), AsInt(s.out_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(v->w.d, CUDNN_DATA_FLOAT, format, AsInt(s.out_c),
+                                                   AsInt(s.in_c), AsInt(s.kernel_h),
+                                                   AsInt(s.kernel_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(v->conv.d, AsInt(pad_h), AsInt(pad_w),
+                                                        AsInt(s.stride_h), AsInt(s.stride_w), 1, 1,
+                                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  // FMA only: no TF32, so results stay within fp32 rounding of the CPU twin.
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, CUDNN_FMA_MATH));
+  return absl::OkStatus();
+}
+
+cudnnDataType_t ReducedCudnnType(ComputePrecision c) {
+  return c == ComputePrecision::kFp16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
+}
+
+absl::Status MakeReducedVariant(const WindowShape& s, cudnnDataType_t type, const ConvPlan& p,
+                                ConvVariant* v) {
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->x.d, CUDNN_TENSOR_NHWC, type, AsInt(s.batch),
+                                                   AsInt(s.in_c), AsInt(p.conv_in_h),
+                                                   AsInt(p.conv_in_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->y.d, CUDNN_TENSOR_NHWC, type, AsInt(s.batch),
+                                                   AsInt(s.out_c), AsInt(s.out_h), AsInt(s.out_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(v->w.d, type, CUDNN_TENSOR_NHWC, AsInt(s.out_c),
+                                                   AsInt(s.in_c), AsInt(s.kernel_h),
+                                                   AsInt(s.kernel_w)));
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
+      v->conv.d, AsInt(p.conv_pad_h), AsInt(p.conv_pad_w), AsInt(s.stride_h), AsInt(s.stride_w), 1,
+      1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, CUDNN_TENSOR_OP_MATH));
+  return absl::OkStatus();
+}
+
+absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
+  // cuDNN pads symmetrically: use it directly when that gives our windows.
+  const int64_t cudnn_out_h = (s.in_h + 2 * s.pad_top - s.kernel_h) / s.stride_h + 1;
+  const int64_t cudnn_out_w = (s.in_w + 2 * s.pad_left - s.kernel_w) / s.stride_w + 1;
+  int64_t in_h = s.in_h, in_w = s.in_w, pad_h = s.pad_top, pad_w = s.pad_left;
+  if (cudnn_out_h != s.out_h || cudnn_out_w != s.out_w) {
+    p->padded = true;
+    p->padded_h = in_h = (s.out_h - 1) * s.stride_h + s.kernel_h;
+    p->padded_w = in_w = (s.out_w - 1) * s.stride_w + s.kernel_w;
+    pad_h = pad_w = 0;
+    p->padded_bytes = Aligned(sizeof(float) * s.batch * in_h * in_w * s.in_c);
+  }
+  p->conv_in_h = in_h;
+  p->conv_in_w = in_w;
+  p->conv_pad_h = pad_h;
+  p->conv_pad_w = pad_w;
+  p->in_bytes = Aligned(sizeof(float) * s.batch * in_h * in_w * s.in_c);
+  p->out_bytes = Aligned(sizeof(float) * s.batch * s.out_elements());
+  p->filter_bytes = Aligned(sizeof(float) * s.out_c * s.patch_elements());
+  RETURN_IF_ERROR(MakeVariant(s, CUDNN_TENSOR_NHWC, in_h, in_w, pad_h, pad_w, &p->nhwc));
+  RETURN_IF_ERROR(MakeVariant(s, CUDNN_TENSOR_NCHW, in_h, in_w, pad_h, pad_w, &p->nchw));
+  CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(p->bias.d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
+                                                   1, AsInt(s.out_c), 1, 1));
+  return absl::OkStatus();
+}
+
+// Conv plan logging (SetConvPlanLogging).
+std::atomic<bool> log_conv_plans{false};
+
+template <typename Perf, typename Algo>
+void LogPlan(const char* direction, const char* layout, const WindowShape& s, const Perf* perf,
+             int returned, Algo chosen) {
+  if (!log_conv_plans.load()) return;
+  std::fprintf(stderr,
+               "conv %s %s n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lldx%lld stride=%lld: "
+               "chose %d;",
+               direction, layout, static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
+               static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
+               static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
+               static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h),
+               static_cast<long long>(s.kernel_w), static_cast<long long>(s.stride_h),
+               static_cast<int>(chosen));
+  for (int i = 0; i < returned; ++i) {
+    std::fprintf(stderr, " [algo %d %.3f ms %zu B math %d status %d]",
+                 static_cast<int>(perf[i].algo), perf[i].time, perf[i].memory,
+                 static_cast<int>(perf[i].mathType), static_cast<int>(perf[i].status));
+  }
+  std::fprintf(stderr, "\n");
+}
+
+// PickAlgo: the fastest measured algorithm that succeeded, was measured with
+// the math type the convolution descriptor has (`math`: FMA for fp32, so no
+// TF32; tensor ops for bf16/fp16 — cudnnFind also reports algorithms in
+// other math types, which the descriptor would not run as measured) and
+// fits in `free_bytes` (PickHeuristic: the first heuristic choice that fits
+// otherwise).
+// Algorithms measured within this fraction of the fastest count as ties
+// (cudnnFind's times move more than that between calls); among ties the one
+// with the least workspace wins, since every byte of it is device memory.
+constexpr float kAlgoTimeTolerance = 1.05f;
+
+template <typename Perf, typename Algo>
+bool PickAlgo(const Perf* perf, int returned, size_t free_bytes, Algo* algo, size_t* bytes,
+              int* index, cudnnMathType_t math) {
+  auto eligible = [&](const Perf& p) {
+    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= free_bytes && p.mathType == math;
+  };
+  int best = -1;
+  for (int i = 0; i < returned; ++i) {
+    if (eligible(perf[i]) && (best < 0 || perf[i].time < perf[best].time)) best = i;
+  }
+  if (best < 0) return false;
+  const float limit = kAlgoTimeTolerance * perf[best].time;
+  for (int i = 0; i < returned; ++i) {
+    if (eligible(perf[i]) && perf[i].time <= limit && perf[i].memory < perf[best].memory) {
+      best = i;
+    }
+  }
+  *algo = perf[best].algo;
+  *bytes = perf[best].memory;
+  *index = best;
+  return true;
+}
+
+template <typename Perf, typename Algo>
+void PickHeuristic(const Perf* perf, int returned, size_t free_bytes, Algo* algo) {
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= free_bytes) {
+      *algo = perf[i].algo;
+      return;
+    }
+  }
+}
+
+// cuDNN's fastest algorithms can want several hundred MiB (VGG's backward
+// data: 617 MiB at batch 64); the slow ones that fit a small workspace are up
+// to 50x slower. The workspace grows to what the chosen algorithms need, up
+// to this.
+constexpr size_t kMaxWorkspaceBytes = size_t{2} << 30;
+
+// Device bandwidth assumed when a layout change is weighed against a faster
+// convolution: bytes read plus written per millisecond (2.5 TB/s, under the
+// H100's and H200's measured copy rates).
+constexpr double kTransposeBytesPerMs = 2.5e9;
+
+double TransposeMs(size_t bytes) { return 2.0 * static_cast<double>(bytes) / kTransposeBytesPerMs; }
+
+// One direction of FindAlgorithms: `find(count, &returned, perf)` is
+// cudnnFind (which reports each algorithm in up to two math types, hence
+// room for twice the algorithm count), `heuristic(count, &returned, perf)`
+// cuDNN's heuristic list, `workspace(algo, &bytes)` an algorithm's
+// workspace size.
+template <int kCount, typename Perf, typename Algo, typename Find, typename Heuristic,
+          typename Workspace>
+absl::Status FindDirection(const char* direction, const char* layout, const WindowShape& s,
+                           size_t limit, cudnnMathType_t math, Find find, Heuristic heuristic,
+                           Workspace workspace, Algo* algo, size_t* bytes, float* ms) {
+  Perf perf[2 * kCount];
+  int returned = 0;
+  CUDNN_RETURN_IF_ERROR(find(2 * kCount, &returned, perf));
+  int chosen = -1;
+  if (PickAlgo(perf, returned, limit, algo, bytes, &chosen, math)) {
+    *ms = perf[chosen].time;
+  } else {
+    CUDNN_RETURN_IF_ERROR(heuristic(kCount, &returned, perf));
+    PickHeuristic(perf, returned, limit, algo);
+    CUDNN_RETURN_IF_ERROR(workspace(*algo, bytes));
+    *ms = kUnmeasured;
+  }
+  LogPlan(direction, layout, s, perf, returned, *algo);
+  return absl::OkStatus();
+}
+
+// Measures the algorithms of all three directions of `v` (cudnnFind, as
+// PyTorch's cudnn.benchmark) and keeps the fastest in `math` (the
+// descriptor's) that fits `limit` bytes of workspace, or the first
+// heuristic choice that fits.
+absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const char* layout,
+                            size_t limit, ConvVariant* v, cudnnMathType_t math = CUDNN_FMA_MATH) {
+  cudnnHandle_t h = ctx.cudnn;
+  const cudnnTensorDescriptor_t x = v->x.d, y = v->y.d;
+  const cudnnFilterDescriptor_t w = v->w.d;
+  const cudnnConvolutionDescriptor_t c = v->conv.d;
+  RETURN_IF_ERROR((FindDirection<CUDNN_CONVOLUTION_FWD_ALGO_COUNT, cudnnConvolutionFwdAlgoPerf_t>(
+      "forward", layout, s, limit, math,
+      [&](int n, int* r, auto* p) {
+        return cudnnFindConvolutionForwardAlgorithm(h, x, w, c, y, n, r, p);
+      },
+      [&](int n, int* r, auto* p) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, c, y, n, r, p);
+      },
+      [&](auto algo, size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(h, x, w, c, y, algo, bytes);
+      },
+      &v->fwd_algo, &v->fwd_bytes, &v->fwd_ms)));
+  RETURN_IF_ERROR(
+      (FindDirection<CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, cudnnConvolutionBwdFilterAlgoPerf_t>(
+          "backward-filter", layout, s, limit, math,
+          [&](int n, int* r, auto* p) {
+            return cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, c, w, n, r, p);
+          },
+          [&](int n, int* r, auto* p) {
+            return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, c, w, n, r, p);
+          },
+          [&](auto algo, size_t* bytes) {
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, c, w, algo, bytes);
+          },
+          &v->bwd_filter_algo, &v->bwd_filter_bytes, &v->bwd_filter_ms)));
+  return FindDirection<CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, cudnnConvolutionBwdDataAlgoPerf_t>(
+      "backward-data", layout, s, limit, math,
+      [&](int n, int* r, auto* p) {
+        return cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, c, x, n, r, p);
+      },
+      [&](int n, int* r, auto* p) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, c, x, n, r, p);
+      },
+      [&](auto algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, c, x, algo, bytes);
+      },
+      &v->bwd_data_algo, &v->bwd_data_bytes, &v->bwd_data_ms);
+}
+
+// The most the fp32 copies of a reduced convolution's tensors and the fp32
+// plan's workspace may take where that plan is merely faster (not where it
+// is the only one).
+constexpr int64_t kMaxStagingBytes = int64_t{64} << 20;
+
+}  // namespace
+
+// Every plan of a context, by shape and precision.
+struct ConvPlanCache {
+  std::map<std::array<int64_t, 14>, std::unique_ptr<ConvPlan>> plans;
+};
+
+void SetConvPlanLogging(bool on) { log_conv_plans.store(on); }
+
+absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) {
+  if (ctx.conv_plans == nullptr) ctx.conv_plans = std::make_shared<ConvPlanCache>();
+  const std::array<int64_t, 14> key = {s.batch,    s.in_h,
+                                       s.in_w,     s.in_c,
+                                       s.out_h,    s.out_w,
+                                       s.out_c,    s.kernel_h,
+                                       s.kernel_w, s.stride_h,
+                                       s.stride_w, s.pad_top,
+                                       s.pad_left, static_cast<int64_t>(ctx.compute)};
+  auto it = ctx.conv_plans->plans.find(key);
+  if (it != ctx.conv_plans->plans.end()) return it->second.get();
+  auto plan = std::make_unique<ConvPlan>();
+  RETURN_IF_ERROR(MakePlan(s, plan.get()));
+  ConvPlan* raw = plan.get();
+  ctx.conv_plans->plans.emplace(key, std::move(plan));
+  return raw;
+}
+
+size_t NchwForwardScratch(const ConvPlan& p) { return p.in_bytes + p.filter_bytes + p.out_bytes; }
+size_t NchwBackwardScratch(const ConvPlan& p) {
+  return 2 * p.in_bytes + p.out_bytes + 2 * p.filter_bytes;
+}
+
+size_t BiasScratch(const WindowShape& s) {
+  return Aligned(sizeof(float) * k::ColumnPartialsElements(s.batch * s.out_h * s.out_w, s.out_c));
+}
+
+size_t Fp32ForwardWorkspace(const ConvPlan& p) {
+  return p.fwd_nchw ? NchwForwardScratch(p) + p.nchw.fwd_bytes : p.padded_bytes + p.nhwc.fwd_bytes;
+}
+size_t Fp32BackwardWorkspace(const WindowShape& s, const ConvPlan& p, bool dx, bool dbias) {
+  const ConvVariant& v = p.bwd_nchw ? p.nchw : p.nhwc;
+  const size_t cudnn = std::max(
+      {v.bwd_filter_bytes, dx ? v.bwd_data_bytes : size_t{0}, dbias ? BiasScratch(s) : size_t{0}});
+  return (p.bwd_nchw ? NchwBackwardScratch(p) : 2 * p.padded_bytes) + cudnn;
+}
+
+absl::Status ChooseLayouts(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
+  if (p->chosen) return absl::OkStatus();
+  const bool measure_nhwc = ctx.conv_layout != ConvLayout::kNchw;
+  const bool measure_nchw = ctx.conv_layout != ConvLayout::kNhwc;
+  if (measure_nhwc) {
+    RETURN_IF_ERROR(
+        FindAlgorithms(ctx, s, "nhwc", kMaxWorkspaceBytes - 2 * p->padded_bytes, &p->nhwc));
+  }
+  if (measure_nchw) {
+    RETURN_IF_ERROR(
+        FindAlgorithms(ctx, s, "nchw", kMaxWorkspaceBytes - NchwBackwardScratch(*p), &p->nchw));
+  }
+  if (measure_nhwc && measure_nchw) {
+    const double fwd_nhwc = p->nhwc.fwd_ms;
+    const double fwd_nchw = p->nchw.fwd_ms + TransposeMs(p->in_bytes) +
+                            TransposeMs(p->filter_bytes) + TransposeMs(p->out_bytes);
+    const double bwd_nhwc = p->nhwc.bwd_filter_ms + p->nhwc.bwd_data_ms;
+    const double bwd_nchw = p->nchw.bwd_filter_ms + p->nchw.bwd_data_ms +
+                            2 * TransposeMs(p->in_bytes) + TransposeMs(p->out_bytes) +
+                            2 * TransposeMs(p->filter_bytes);
+    p->fwd_nchw = fwd_nchw < fwd_nhwc;
+    p->bwd_nchw = bwd_nchw < bwd_nhwc;
+    if (log_conv_plans.load()) {
+      std::fprintf(stderr,
+                   "conv layouts n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: forward "
+                   "nhwc %.3f nchw %.3f ms -> %s; backward nhwc %.3f nchw %.3f ms -> %s\n",
+                   static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
+                   static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
+                   static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
+                   static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h), fwd_nhwc,
+                   fwd_nchw, p->fwd_nchw ? "nchw" : "nhwc", bwd_nhwc, bwd_nchw,
+                   p->bwd_nchw ? "nchw" : "nhwc");
+    }
+  } else {
+    p->fwd_nchw = p->bwd_nchw = measure_nchw;
+  }
+  p->chosen = true;
+  return absl::OkStatus();
+}
+
+size_t ReducedBackwardScratch(const ConvPlan& p) {
+  return 2 * (p.padded ? p.in16_bytes : 0) + 2 * p.filter16_bytes;
+}
+
+void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
+  if (p->reduced_chosen) return;
+  p->reduced_chosen = true;
+  p->in16_bytes = Reduced16Bytes(s.batch * p->conv_in_h * p->conv_in_w * s.in_c);
+  p->filter16_bytes = Reduced16Bytes(s.out_c * s.patch_elements());
+  absl::Status st = MakeReducedVariant(s, ReducedCudnnType(ctx.compute), *p, &p->reduced);
+  if (st.ok()) {
+    st = FindAlgorithms(ctx, s, "reduced", kMaxWorkspaceBytes - ReducedBackwardScratch(*p),
+                        &p->reduced, CUDNN_TENSOR_OP_MATH);
+  }
+  p->reduced_ok = st.ok();
+  if (!st.ok()) {
+    if (log_conv_plans.load()) {
+      std::fprintf(stderr, "conv reduced precision unavailable, fp32 instead: %s\n",
+                   std::string(st.message()).c_str());
+    }
+    return;
+  }
+  p->fwd_reduced = p->bwd_reduced = true;
+  const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
+  // Too large for fp32 copies whatever the fp32 plan measures.
+  if (4 * (in_n + out_n) > kMaxStagingBytes) return;
+  if (!ChooseLayouts(ctx, s, p).ok()) return;
+  // A conversion reads 2 bytes and writes 4 per element, or back.
+  auto convert_ms = [](int64_t elements) {
+    return 6.0 * static_cast<double>(elements) / kTransposeBytesPerMs;
+  };
+  const double fwd_fp32 =
+      (p->fwd_nchw ? p->nchw.fwd_ms + TransposeMs(p->in_bytes) + TransposeMs(p->filter_bytes) +
+                         TransposeMs(p->out_bytes)
+                   : p->nhwc.fwd_ms) +
+      convert_ms(in_n) + convert_ms(out_n);
+  const double bwd_fp32 =
+      (p->bwd_nchw ? p->nchw.bwd_filter_ms + p->nchw.bwd_data_ms + 2 * TransposeMs(p->in_bytes) +
+                         TransposeMs(p->out_bytes) + 2 * TransposeMs(p->filter_bytes)
+                   : p->nhwc.bwd_filter_ms + p->nhwc.bwd_data_ms) +
+      2 * convert_ms(in_n) + convert_ms(out_n);
+  const double fwd_reduced = p->reduced.fwd_ms;
+  const double bwd_reduced = p->reduced.bwd_filter_ms + p->reduced.bwd_data_ms;
+  // The fp32 copies and the fp32 plan's workspace cost memory the reduced
+  // path does not: worth it on small tensors only (the Fashion-MNIST CNN's
+  // first convolution, not ResNet's or VGG's 3-channel stems, whose copies
+  // alone would take 70-900 MB).
+  const int64_t fwd_memory = 4 * (in_n + out_n) + Fp32ForwardWorkspace(*p);
+  const int64_t bwd_memory = 4 * (2 * in_n + out_n) + Fp32BackwardWorkspace(s, *p, true, true);
+  p->fwd_reduced = fwd_memory > kMaxStagingBytes || fwd_reduced <= fwd_fp32;
+  p->bwd_reduced = bwd_memory > kMaxStagingBytes || bwd_reduced <= bwd_fp32;
+  if (log_conv_plans.load()) {
+    std::fprintf(stderr,
+                 "conv precision n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: forward "
+                 "reduced %.3f fp32 %.3f ms -> %s; backward reduced %.3f fp32 %.3f ms -> %s\n",
+                 static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
+                 static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
+                 static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
+                 static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h), fwd_reduced,
+                 fwd_fp32, p->fwd_reduced ? "reduced" : "fp32", bwd_reduced, bwd_fp32,
+                 p->bwd_reduced ? "reduced" : "fp32");
+  }
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace downpour

@@ -1,0 +1,170 @@
+// Conv2dForward/Conv2dBackward against the CPU twin: fp32 in each layout
+// (NHWC, NCHW, and the measured choice), and bf16/fp16 activations (whose
+// tolerances test_util.h states). Skips, with the reason, where there is no
+// CUDA device.
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/layers.h"
+#include "kernels/cuda/layers.h"
+#include "kernels/cuda/test_util.h"
+
+namespace downpour {
+namespace kernels {
+namespace cuda {
+namespace test {
+namespace {
+
+TEST_F(CudaKernelTest, Conv2dForwardAndBackward) {
+  uint32_t seed = 10;
+  for (ConvLayout layout : {ConvLayout::kNhwc, ConvLayout::kNchw, ConvLayout::kAuto}) {
+    UseConvLayout(layout);
+    if (HasFatalFailure()) return;
+    for (const WindowShape& s : ConvShapes()) {
+      SCOPED_TRACE(testing::Message()
+                   << "layout " << static_cast<int>(layout) << " in " << Describe(s));
+      const auto x = Random(s.batch * s.in_elements(), ++seed);
+      const auto w = Random(s.out_c * s.patch_elements(), ++seed);
+      const auto bias = Random(s.out_c, ++seed);
+      const auto dy = Random(s.batch * s.out_elements(), ++seed);
+      std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
+      std::vector<float> y(s.batch * s.out_elements());
+      float* x_ = Upload(x);
+      float* w_ = Upload(w);
+      float* bias_ = Upload(bias);
+      float* dy_ = Upload(dy);
+      float* y_ = Alloc<float>(y.size());
+      const absl::Status forward = cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_);
+      ASSERT_TRUE(forward.ok()) << forward;
+      cpu::Conv2dForward(cpu_, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());
+      ExpectClose(y, Download(y_, y.size()), "y");
+
+      for (Write write : {Write::kOverwrite, Write::kAccumulate}) {
+        auto dx = Random(x.size(), ++seed), dw = Random(w.size(), ++seed),
+             db = Random(bias.size(), ++seed);
+        float* dx_ = Upload(dx);
+        float* dw_ = Upload(dw);
+        float* db_ = Upload(db);
+        const absl::Status backward =
+            cuda::Conv2dBackward(ctx(), s, x_, w_, dy_, dx_, write, dw_, db_, write);
+        ASSERT_TRUE(backward.ok()) << backward;
+        cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), dx.data(), write, dw.data(),
+                            db.data(), write, workspace.data());
+        ExpectClose(dx, Download(dx_, dx.size()), "dx");
+        ExpectClose(dw, Download(dw_, dw.size()), "dw");
+        ExpectClose(db, Download(db_, db.size()), "dbias");
+      }
+      // No input gradient (first layer), no bias.
+      auto dw = Random(w.size(), ++seed);
+      float* dw_ = Upload(dw);
+      ASSERT_TRUE(cuda::Conv2dBackward<float>(ctx(), s, x_, w_, dy_, nullptr, Write::kOverwrite,
+                                              dw_, nullptr, Write::kOverwrite)
+                      .ok());
+      cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), nullptr, Write::kOverwrite,
+                          dw.data(), nullptr, Write::kOverwrite, workspace.data());
+      ExpectClose(dw, Download(dw_, dw.size()), "dw without dx");
+    }
+  }
+}
+
+TYPED_TEST_SUITE(ReducedKernelTest, ReducedTypes, ReducedNames);
+
+TYPED_TEST(ReducedKernelTest, ActivationsOfAnotherTypeAreInvalidArgument) {
+  using T = TypeParam;
+  using Other = typename Reduced<T>::Other;
+  const WindowShape s = ConvShapes()[2];
+  const size_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
+  const size_t w_n = s.out_c * s.patch_elements();
+  float* x = this->AllocF(in_n);
+  float* y = this->AllocF(out_n);
+  float* w = this->AllocF(w_n);
+  float* dw = this->AllocF(w_n);
+  const CudaContext& ctx = this->ctx();
+  ASSERT_EQ(cudaMemsetAsync(x, 0, in_n * sizeof(float), ctx.stream), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(w, 0, w_n * sizeof(float), ctx.stream), cudaSuccess);
+  const auto invalid = absl::StatusCode::kInvalidArgument;
+  // Dense [batch, 5] x [5, 4] in the same buffers.
+  EXPECT_EQ(cuda::DenseForward<float>(ctx, s.batch, 5, 4, x, w, nullptr, y).code(), invalid);
+  EXPECT_EQ(cuda::DenseBackward<float>(ctx, s.batch, 5, 4, x, w, y, x, Write::kOverwrite, dw,
+                                       nullptr, Write::kOverwrite)
+                .code(),
+            invalid);
+  EXPECT_EQ(cuda::Conv2dForward<float>(ctx, s, x, w, nullptr, y).code(), invalid);
+  EXPECT_EQ(cuda::Conv2dBackward<float>(ctx, s, x, w, y, x, Write::kOverwrite, dw, nullptr,
+                                        Write::kOverwrite)
+                .code(),
+            invalid);
+  auto* xo = reinterpret_cast<Other*>(x);
+  auto* yo = reinterpret_cast<Other*>(y);
+  EXPECT_EQ(cuda::DenseForward<Other>(ctx, s.batch, 5, 4, xo, w, nullptr, yo).code(), invalid);
+  EXPECT_EQ(cuda::Conv2dForward<Other>(ctx, s, xo, w, nullptr, yo).code(), invalid);
+  // The context's own type, on the same (zeroed) buffers, is fine.
+  auto* xt = reinterpret_cast<T*>(x);
+  auto* yt = reinterpret_cast<T*>(y);
+  ASSERT_OK(cuda::DenseForward<T>(ctx, s.batch, 5, 4, xt, w, nullptr, yt));
+  ASSERT_OK(cuda::Conv2dForward<T>(ctx, s, xt, w, nullptr, yt));
+}
+
+TYPED_TEST(ReducedKernelTest, Conv2dForwardAndBackward) {
+  using T = TypeParam;
+  const CudaContext& ctx = this->ctx();
+  uint32_t seed = 10;
+  for (const WindowShape& s : ConvShapes()) {
+    SCOPED_TRACE(Describe(s));
+    const auto x = TestFixture::RandomT(s.batch * s.in_elements(), ++seed);
+    const auto w = TestFixture::RandomT(s.out_c * s.patch_elements(), ++seed);
+    const auto bias = TestFixture::RandomT(s.out_c, ++seed);
+    const auto dy = TestFixture::RandomT(s.batch * s.out_elements(), ++seed);
+    std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
+    T* x_ = this->UploadT(x);
+    float* w_ = this->Upload(w);
+    float* bias_ = this->Upload(bias);
+    T* dy_ = this->UploadT(dy);
+    T* y_ = this->AllocT(dy.size());
+    const double forward_scale = ProductScale(s.patch_elements());
+    for (const auto& [with_bias, relu] :
+         std::vector<std::pair<bool, bool>>{{true, false}, {true, true}, {false, false}}) {
+      std::vector<float> y(dy.size());
+      ASSERT_OK(cuda::Conv2dForward(ctx, s, x_, w_, with_bias ? bias_ : nullptr, y_, relu));
+      cpu::Conv2dForward(this->cpu_, s, x.data(), w.data(), with_bias ? bias.data() : nullptr,
+                         y.data(), workspace.data());
+      if (relu) cpu::ReluForward(this->cpu_, y.size(), y.data(), y.data());
+      const char* what = relu ? "y (relu)" : with_bias ? "y" : "y without bias";
+      this->Expect(y, y_, what, kProductUlps, forward_scale);
+    }
+    // Each input gradient sums at most out_c * kernel_h * kernel_w products,
+    // each filter gradient batch * out_h * out_w.
+    const double dx_scale = ProductScale(s.out_c * s.kernel_h * s.kernel_w);
+    const double dw_scale = ProductScale(s.batch * s.out_h * s.out_w);
+    const double dw_tolerance = kProductUlps * TestFixture::u;
+    for (Write write : {Write::kOverwrite, Write::kAccumulate}) {
+      auto dx = TestFixture::RandomT(x.size(), ++seed);
+      auto dw = Random(w.size(), ++seed), db = Random(bias.size(), ++seed);
+      T* dx_ = this->UploadT(dx);
+      float* dw_ = this->Upload(dw);
+      float* db_ = this->Upload(db);
+      ASSERT_OK(cuda::Conv2dBackward(ctx, s, x_, w_, dy_, dx_, write, dw_, db_, write));
+      cpu::Conv2dBackward(this->cpu_, s, x.data(), w.data(), dy.data(), dx.data(), write, dw.data(),
+                          db.data(), write, workspace.data());
+      this->Expect(dx, dx_, "dx", kProductUlps, dx_scale);
+      ExpectClose(dw, this->Download(dw_, dw.size()), "dw", dw_tolerance, dw_scale);
+      ExpectClose(db, this->Download(db_, db.size()), "dbias");
+    }
+    // No input gradient (first layer), no bias.
+    auto dw = Random(w.size(), ++seed);
+    float* dw_ = this->Upload(dw);
+    ASSERT_OK(cuda::Conv2dBackward<T>(ctx, s, x_, w_, dy_, nullptr, Write::kOverwrite, dw_, nullptr,
+                                      Write::kOverwrite));
+    cpu::Conv2dBackward(this->cpu_, s, x.data(), w.data(), dy.data(), nullptr, Write::kOverwrite,
+                        dw.data(), nullptr, Write::kOverwrite, workspace.data());
+    ExpectClose(dw, this->Download(dw_, dw.size()), "dw without dx", dw_tolerance, dw_scale);
+  }
+}
+
+}  // namespace
+}  // namespace test
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace downpour

@@ -1,0 +1,42 @@
+// Embedding layer ops: wrappers over our kernels (embedding.cu).
+#include "kernels/cuda/layers.h"
+#include "kernels/cuda/layers_internal.h"
+
+namespace downpour {
+namespace kernels {
+namespace cuda {
+namespace {
+
+namespace k = internal;
+using internal::Acc;
+
+}  // namespace
+
+template <typename T>
+absl::Status EmbeddingForward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
+                              const float* ids, const float* table, T* y) {
+  return FromCuda(k::EmbeddingForward<T>(ctx.stream, num_ids, vocab, dim, ids, table, y),
+                  "EmbeddingForward");
+}
+
+template <typename T>
+absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
+                               const float* ids, const T* dy, float* dtable, Write param_write) {
+  if (!Acc(param_write)) RETURN_IF_ERROR(Zero<float>(ctx, vocab * dim, dtable));
+  return FromCuda(k::EmbeddingBackward<T>(ctx.stream, num_ids, vocab, dim, ids, dy, dtable),
+                  "EmbeddingBackward");
+}
+
+#define DOWNPOUR_INSTANTIATE(T)                                                             \
+  template absl::Status EmbeddingForward<T>(const CudaContext&, int64_t, int64_t, int64_t,  \
+                                            const float*, const float*, T*);                \
+  template absl::Status EmbeddingBackward<T>(const CudaContext&, int64_t, int64_t, int64_t, \
+                                             const float*, const T*, float*, Write);
+DOWNPOUR_INSTANTIATE(float)
+DOWNPOUR_INSTANTIATE(__nv_bfloat16)
+DOWNPOUR_INSTANTIATE(__half)
+#undef DOWNPOUR_INSTANTIATE
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace downpour

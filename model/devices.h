@@ -1,0 +1,28 @@
+// What a worker asks about the compute devices its models can run on, so the
+// daemon never names a device API (kernels/factory.h answers).
+// Thread-safe.
+#ifndef DOWNPOUR_MODEL_DEVICES_H_
+#define DOWNPOUR_MODEL_DEVICES_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace downpour {
+
+// Number of usable CUDA devices (0 on a machine without a GPU).
+int GpuCount();
+// Why no GPU is usable ("no CUDA device: ..."), or "" when one is.
+std::string GpuUnavailableReason();
+
+// What runs a model: "cpu" (device -1), or "cuda:<d> <name>" ("cuda:0
+// NVIDIA H100 80GB HBM3"); FailedPrecondition naming the reason when device d
+// is unusable.
+absl::StatusOr<std::string> DescribeDevice(int device);
+
+// Threads the CPU's matrix products use, process-wide (<= 0: all cores).
+void SetCpuThreads(int num_threads);
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_MODEL_DEVICES_H_

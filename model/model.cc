@@ -1,0 +1,657 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "kernels/factory.h"
+#include "model/arena.h"
+#include "model/devices.h"
+#include "model/layers.h"
+
+namespace downpour {
+namespace model_internal {
+
+using kernels::DeviceMemory;
+
+// One activation tensor: per-example size, values and (in training) the
+// gradient of the loss with respect to them, in the compute memory. Both
+// live in the Model's activation arena (model/arena.h), which reuses
+// memory between tensors whose lifetimes in the step do not overlap.
+struct Buffer {
+  int64_t elements = 0;
+  // >= 1: the values are that buffer's, overwritten in place (a ReLU that is
+  // its input's only reader).
+  int value_alias = -1;
+  void* value_data = nullptr;
+  void* grad_data = nullptr;
+  kernels::Act value_ptr() const { return kernels::Act(value_data); }
+  kernels::Act grad_ptr() const { return kernels::Act(grad_data); }
+};
+
+// Every block of memory a Model owns besides its layers' scratch.
+struct Storage {
+  DeviceMemory params, grads, state;                 // Compute memory.
+  DeviceMemory params_host, grads_host, state_host;  // GPU only: page-locked copies.
+  DeviceMemory features, labels;                     // GPU only: the staged batch.
+  DeviceMemory input_activations;  // Reduced activations: the input in their type.
+  DeviceMemory features_host, labels_host;  // GPU only: page-locked staging.
+  DeviceMemory slots;                       // ApplyOptimizerOnDevice's.
+  int num_slots = 0;
+  std::vector<Buffer> buffers;       // Activations; [0] is the model input (no memory).
+  DeviceMemory arena;                // Every buffer's values and gradients.
+  std::vector<int> buffer_of_layer;  // -1 for the loss (scalar output).
+  int64_t capacity = 0;              // Largest batch the buffers hold.
+  int64_t staged_capacity = 0;       // Largest batch features/labels hold.
+};
+
+}  // namespace model_internal
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint64_t seed,
+                                                     const ModelOptions& options) {
+  ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec));
+  ASSIGN_OR_RETURN(std::string name, DescribeDevice(options.device));
+  Precision precision = options.precision;
+  if (!Precision_IsValid(precision)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown precision ", precision));
+  }
+  if (options.device < 0) {
+    if (precision != FP32) {
+      std::fprintf(stderr, "model on the cpu: precision %s runs in fp32 there\n",
+                   Precision_Name(precision).c_str());
+      precision = FP32;
+    }
+  } else {
+    // An embedding's ids are floats; fed by another layer they would be
+    // activations, which a reduced type cannot hold exactly.
+    for (const LayerShape& layer : shape.layers) {
+      if (precision != FP32 && layer.kind == LayerKind::kEmbedding &&
+          layer.inputs[0] != LayerShape::kModelInput) {
+        std::fprintf(stderr,
+                     "model: embedding \"%s\" reads ids from another layer; precision %s runs in "
+                     "fp32\n",
+                     layer.name.c_str(), Precision_Name(precision).c_str());
+        precision = FP32;
+      }
+    }
+  }
+  kernels::BackendOptions backend_options;
+  backend_options.device = options.device;
+  backend_options.conv_layout = options.conv_layout;
+  backend_options.precision = precision == BF16   ? kernels::ComputePrecision::kBf16
+                              : precision == FP16 ? kernels::ComputePrecision::kFp16
+                                                  : kernels::ComputePrecision::kFp32;
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
+                   kernels::CreateBackend(backend_options));
+  if (!(options.initial_loss_scale >= 1.0) || !std::isfinite(options.initial_loss_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial loss scale must be finite and >= 1, got ", options.initial_loss_scale));
+  }
+  std::unique_ptr<Model> model(new Model(std::move(shape), seed, std::max(options.device, -1),
+                                         std::move(name), precision, options.initial_loss_scale));
+  RETURN_IF_ERROR(model->Init(std::move(backend)));
+  return model;
+}
+
+Model::Model(ModelShape shape, uint64_t seed, int device, std::string device_name,
+             Precision precision, double initial_loss_scale)
+    : shape_(std::move(shape)),
+      seed_(seed),
+      device_(device),
+      device_name_(std::move(device_name)),
+      precision_(precision),
+      loss_scaling_(precision == FP16),
+      loss_scale_(initial_loss_scale),
+      storage_(std::make_unique<model_internal::Storage>()) {}
+
+absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
+  using model_internal::Buffer;
+  backend_ = std::move(backend);
+  model_internal::Storage& st = *storage_;
+  const bool gpu = backend_->gpu();
+  int64_t& param_total = param_total_;
+  int64_t& state_total = state_total_;
+  for (const ParamInfo& p : shape_.params) {
+    param_offset_.push_back(param_total);
+    param_total += p.num_elements;
+  }
+  for (const ParamInfo& p : shape_.local_state) {
+    state_offset_.push_back(state_total);
+    state_total += p.num_elements;
+  }
+  const size_t param_bytes = sizeof(float) * param_total;
+  const size_t state_bytes = sizeof(float) * state_total;
+  ASSIGN_OR_RETURN(st.params, backend_->Allocate(param_bytes));
+  ASSIGN_OR_RETURN(st.grads, backend_->Allocate(param_bytes));
+  ASSIGN_OR_RETURN(st.state, backend_->Allocate(state_bytes));
+  param_compute_ = st.params.as<float>();
+  grad_compute_ = st.grads.as<float>();
+  state_compute_ = st.state.as<float>();
+  if (gpu) {
+    ASSIGN_OR_RETURN(st.params_host, backend_->AllocateHost(param_bytes));
+    ASSIGN_OR_RETURN(st.grads_host, backend_->AllocateHost(param_bytes));
+    ASSIGN_OR_RETURN(st.state_host, backend_->AllocateHost(state_bytes));
+    param_host_ = st.params_host.as<float>();
+    grad_host_ = st.grads_host.as<float>();
+    state_host_ = st.state_host.as<float>();
+  } else {
+    param_host_ = param_compute_;
+    grad_host_ = grad_compute_;
+    state_host_ = state_compute_;
+  }
+  for (const ParamInfo& p : shape_.params) {
+    InitParamRange(p, seed_, 0, p.num_elements, param(p.id));
+  }
+  if (param_total > 0) std::memset(grad_host_, 0, param_bytes);
+  for (const ParamInfo& p : shape_.local_state) {
+    InitParamRange(p, seed_, 0, p.num_elements, local_state_data(p.id));
+  }
+  RETURN_IF_ERROR(backend_->ToDevice(param_compute_, param_host_, param_bytes));
+  RETURN_IF_ERROR(backend_->ToDevice(grad_compute_, grad_host_, param_bytes));
+  RETURN_IF_ERROR(backend_->ToDevice(state_compute_, state_host_, state_bytes));
+  RETURN_IF_ERROR(backend_->Synchronize());
+  if (gpu && precision_ != FP32) {
+    std::vector<std::pair<const float*, int64_t>> weights;
+    for (const LayerShape& layer : shape_.layers) {
+      if ((layer.kind == LayerKind::kDense || layer.kind == LayerKind::kConv2d) &&
+          !layer.param_ids.empty()) {
+        const int id = layer.param_ids[0];
+        weights.emplace_back(param_compute_ + param_offset_[id], shape_.params[id].num_elements);
+      }
+    }
+    RETURN_IF_ERROR(backend_->RegisterReducedWeights(weights));
+  }
+
+  std::vector<Buffer>& buffers = st.buffers;
+  std::vector<int>& buffer_of_layer = st.buffer_of_layer;
+  // Reduced activations: layers other than embeddings read a converted copy
+  // of the input.
+  if (backend_->activation_bytes() != sizeof(float)) {
+    for (const LayerShape& layer : shape_.layers) {
+      for (int input : layer.inputs) {
+        input_to_activations_ |=
+            input == LayerShape::kModelInput && layer.kind != LayerKind::kEmbedding;
+      }
+    }
+  }
+
+  buffers.emplace_back();
+  buffers[0].elements = shape_.input_size;
+  for (size_t i = 0; i < shape_.layers.size(); ++i) {
+    const LayerShape& layer = shape_.layers[i];
+    const int input = layer.inputs[0];
+    const int in_buffer = input == LayerShape::kModelInput ? 0 : buffer_of_layer[input];
+    const int64_t elements = CheckedProduct(layer.output_shape);
+    int buffer = -1;
+    if (layer.kind == LayerKind::kFlatten) {
+      buffer = in_buffer;
+    } else if (layer.kind != LayerKind::kSoftmaxCrossEntropy) {
+      buffer = static_cast<int>(buffers.size());
+      buffers.emplace_back();
+      buffers.back().elements = elements;
+    }
+    buffer_of_layer.push_back(buffer);
+
+    model_internal::LayerTensors tensors;
+    for (int32_t id : layer.param_ids) {
+      tensors.params.push_back(param_compute_ + param_offset_[id]);
+      tensors.grads.push_back(grad_compute_ + param_offset_[id]);
+    }
+    for (int32_t id : layer.local_state_ids) {
+      tensors.state.push_back(state_compute_ + state_offset_[id]);
+    }
+    std::unique_ptr<model_internal::Layer> impl =
+        model_internal::MakeLayer(shape_, i, seed_, tensors);
+    layers_.push_back(std::move(impl));
+  }
+  // A ReLU that is the only reader of its input overwrites it (its backward
+  // needs only its output).
+  std::vector<int> readers(buffers.size(), 0);
+  for (const LayerShape& layer : shape_.layers) {
+    if (layer.kind == LayerKind::kFlatten) continue;
+    for (int input : layer.inputs) {
+      if (input != LayerShape::kModelInput) ++readers[buffer_of_layer[input]];
+    }
+  }
+  for (size_t i = 0; i < shape_.layers.size(); ++i) {
+    const LayerShape& layer = shape_.layers[i];
+    if (layer.kind != LayerKind::kRelu || layer.inputs[0] == LayerShape::kModelInput) continue;
+    const int input = layer.inputs[0];
+    const int in_buffer = buffer_of_layer[input];
+    if (in_buffer <= 0 || readers[in_buffer] != 1) continue;
+    // The input's own producer: a flatten's is further up; keep it simple.
+    const LayerKind producer = shape_.layers[input].kind;
+    if (producer == LayerKind::kRelu || producer == LayerKind::kFlatten) continue;
+    buffers[buffer_of_layer[i]].value_alias = in_buffer;
+    // Nothing else reads the convolution's output before the ReLU: the
+    // convolution applies it in the pass that writes its output (one pass
+    // over the activation fewer; the ReLU's backward is unchanged).
+    if (producer == LayerKind::kConv2d && layers_[input]->FuseFollowingRelu()) {
+      layers_[i]->ForwardDoneByInput();
+    }
+  }
+  return absl::OkStatus();
+}
+
+Model::~Model() {
+  if (backend_ != nullptr) backend_->Synchronize().IgnoreError();
+  // Layers and storage free compute memory; the backend (and the GPU
+  // context) goes last.
+  layers_.clear();
+  storage_.reset();
+}
+
+float* Model::device_param(int id) { return param_compute_ + param_offset_[id]; }
+float* Model::device_grad(int id) { return grad_compute_ + param_offset_[id]; }
+
+absl::Status Model::CheckBatch(const float* features, const int32_t* labels, int64_t batch) const {
+  if (batch <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("batch must be positive, got ", batch));
+  if (features == nullptr || labels == nullptr) {
+    return absl::InvalidArgumentError("features and labels must not be null");
+  }
+  int64_t widest = 0;
+  for (const model_internal::Buffer& b : storage_->buffers) widest = std::max(widest, b.elements);
+  if (batch > kMaxTensorElements / std::max<int64_t>(widest, shape_.num_classes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch of ", batch, " examples is too large for this model"));
+  }
+  for (int64_t i = 0; i < batch; ++i) {
+    if (labels[i] < 0 || labels[i] >= shape_.num_classes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("labels[%d] = %d is outside [0, %d)", i, labels[i], shape_.num_classes));
+    }
+  }
+  // Ids read straight from the features; an embedding fed by another layer
+  // reads an id that is not in its table as zeros.
+  for (const LayerShape& layer : shape_.layers) {
+    if (layer.kind != LayerKind::kEmbedding || layer.inputs[0] != LayerShape::kModelInput) {
+      continue;
+    }
+    for (int64_t i = 0; i < batch * shape_.input_size; ++i) {
+      if (kernels::EmbeddingRow(features[i], layer.vocab_size) < 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "features[%d] = %g is not an id of embedding \"%s\" (an integer in [0, %d))", i,
+            features[i], layer.name, layer.vocab_size));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Reserve(int64_t batch) {
+  model_internal::Storage& st = *storage_;
+  if (batch <= st.capacity) return absl::OkStatus();
+  // A failure below leaves no capacity (nothing half-placed is used).
+  st.capacity = 0;
+  // The layers' scratch needs depend on the batch: measured again.
+  scratch_need_.assign(2 * layers_.size(), 0);
+  scratch_at_.assign(2 * layers_.size(), nullptr);
+  scratch_planned_ = false;
+  RETURN_IF_ERROR(PlanArena(batch));
+  if (input_to_activations_) {
+    st.input_activations = {};
+    ASSIGN_OR_RETURN(st.input_activations,
+                     backend_->Allocate(backend_->activation_bytes() * batch * shape_.input_size));
+  }
+  for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*backend_, batch));
+  st.capacity = batch;
+  return absl::OkStatus();
+}
+
+absl::Status Model::PlanScratch() {
+  model_internal::Storage& st = *storage_;
+  const int64_t batch = st.capacity;
+  // Until the arena is placed again nothing points anywhere valid: a
+  // failure here leaves the next step to Reserve from scratch.
+  st.capacity = 0;
+  scratch_planned_ = false;
+  // The calls measured now take their scratch from the arena; the backend's
+  // own goes first, so the two are never held together.
+  RETURN_IF_ERROR(backend_->ReleaseWorkspace());
+  RETURN_IF_ERROR(PlanArena(batch));
+  st.capacity = batch;
+  scratch_planned_ = true;
+  return absl::OkStatus();
+}
+
+bool Model::ScratchToPlan() const {
+  // The first training step of a capacity measured every layer; later, a
+  // call that outgrew its planned block (another batch size, an Evaluate)
+  // grew the backend's own scratch back, and the arena takes its need too.
+  return backend_->gpu() && !profiling_ && (!scratch_planned_ || backend_->workspace_bytes() > 0);
+}
+
+absl::Status Model::PlanArena(int64_t batch) {
+  model_internal::Storage& st = *storage_;
+  // Outstanding work may still read the old buffers.
+  RETURN_IF_ERROR(backend_->Synchronize());
+  std::vector<model_internal::ArenaBuffer> buffers;
+  for (const model_internal::Buffer& b : st.buffers) buffers.push_back({b.elements, b.value_alias});
+  const model_internal::ArenaPlan plan =
+      model_internal::PlanArena(shape_, buffers, st.buffer_of_layer, scratch_need_,
+                                backend_->activation_bytes(), batch);
+  st.arena = {};
+  ASSIGN_OR_RETURN(st.arena, backend_->Allocate(plan.bytes));
+  char* base = st.arena.as<char>();
+  for (size_t b = 1; b < st.buffers.size(); ++b) {
+    st.buffers[b].value_data = base + plan.value_offset[b];
+    st.buffers[b].grad_data = base + plan.grad_offset[b];
+  }
+  for (size_t i = 0; i < plan.scratch_offset.size(); ++i) {
+    scratch_at_[i] = plan.scratch_offset[i] < 0 ? nullptr : base + plan.scratch_offset[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::RunLayer(size_t i, bool forward, const model_internal::ForwardArgs* f,
+                             const model_internal::BackwardArgs* b) {
+  const size_t slot = 2 * i + (forward ? 0 : 1);
+  backend_->ResetWorkspacePeak();
+  if (scratch_planned_ && scratch_at_[slot] != nullptr) {
+    backend_->LendWorkspace(scratch_at_[slot], static_cast<size_t>(scratch_need_[slot]));
+  }
+  absl::Status s = forward ? layers_[i]->Forward(*backend_, *f) : layers_[i]->Backward(*backend_, *b);
+  backend_->ReturnWorkspace();
+  scratch_need_[slot] = std::max(scratch_need_[slot], backend_->WorkspacePeak());
+  return s;
+}
+
+absl::Status Model::StageBatch(const float* features, const int32_t* labels, int64_t batch) {
+  if (!backend_->gpu()) {
+    input_ = features;
+    labels_ = labels;
+    return absl::OkStatus();
+  }
+  model_internal::Storage& st = *storage_;
+  const size_t feature_bytes = sizeof(float) * batch * shape_.input_size;
+  const size_t label_bytes = sizeof(int32_t) * batch;
+  if (batch > st.staged_capacity) {
+    RETURN_IF_ERROR(backend_->Synchronize());
+    st.features = {};
+    st.labels = {};
+    ASSIGN_OR_RETURN(st.features, backend_->Allocate(feature_bytes));
+    ASSIGN_OR_RETURN(st.labels, backend_->Allocate(label_bytes));
+    ASSIGN_OR_RETURN(st.features_host, backend_->AllocateHost(feature_bytes));
+    ASSIGN_OR_RETURN(st.labels_host, backend_->AllocateHost(label_bytes));
+    st.staged_capacity = batch;
+  }
+  // The staging buffers are free: the previous step waited for its copies.
+  std::memcpy(st.features_host.as<void>(), features, feature_bytes);
+  std::memcpy(st.labels_host.as<void>(), labels, label_bytes);
+  // The batch goes up beside the parameters' copy on the compute stream; the
+  // forward waits for both.
+  RETURN_IF_ERROR(
+      backend_->UploadAside(st.features.as<void>(), st.features_host.as<void>(), feature_bytes));
+  RETURN_IF_ERROR(
+      backend_->UploadAside(st.labels.as<void>(), st.labels_host.as<void>(), label_bytes));
+  RETURN_IF_ERROR(backend_->JoinUploads());
+  input_ = st.features.as<float>();
+  labels_ = st.labels.as<int32_t>();
+  return absl::OkStatus();
+}
+
+kernels::Act Model::Activation(int buffer) const {
+  if (buffer != 0) return storage_->buffers[buffer].value_ptr();
+  return kernels::Act(input_to_activations_ ? storage_->input_activations.as<void>()
+                                            : static_cast<const void*>(input_));
+}
+
+absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
+  const model_internal::Storage& st = *storage_;
+  model_internal::ForwardArgs args;
+  args.batch = batch;
+  args.training = training;
+  args.step = static_cast<uint64_t>(step);
+  args.labels = labels_;
+  args.model_input = input_;
+  if (training && loss_scaling_) args.loss_scale = static_cast<float>(step_scale_);
+  RETURN_IF_ERROR(backend_->ResetLoss());
+  if (input_to_activations_) {
+    RETURN_IF_ERROR(backend_->ToActivations(batch * shape_.input_size, input_,
+                                        kernels::Act(st.input_activations.as<void>())));
+  }
+  // The weights changed since the last pass (shards' values or the device
+  // optimizer): one cast for the whole step instead of one per op.
+  RETURN_IF_ERROR(backend_->CastReducedWeights());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i]->aliases_input()) continue;
+    args.x.clear();
+    for (int input : shape_.layers[i].inputs) {
+      args.x.push_back(
+          Activation(input == LayerShape::kModelInput ? 0 : st.buffer_of_layer[input]));
+    }
+    const int out = st.buffer_of_layer[i];
+    args.y = out > 0 ? st.buffers[out].value_ptr() : nullptr;
+    if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i));
+    RETURN_IF_ERROR(RunLayer(i, /*forward=*/true, &args, nullptr));
+    if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Backward(int64_t batch) {
+  const model_internal::Storage& st = *storage_;
+  // A buffer's gradient is overwritten by the first layer that contributes to
+  // it (in reverse order) and added to by the others.
+  std::vector<bool> written(st.buffers.size(), false);
+  model_internal::BackwardArgs args;
+  args.batch = batch;
+  args.model_input = input_;
+  for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
+    if (layers_[i]->aliases_input()) continue;
+    const int out = st.buffer_of_layer[i];
+    args.y = nullptr;
+    args.dy = nullptr;
+    if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 2));
+    if (out > 0) {
+      const model_internal::Buffer& b = st.buffers[out];
+      if (!written[out]) {
+        // Nothing reads this output: its gradient is zero.
+        RETURN_IF_ERROR(backend_->Zero(batch * b.elements, b.grad_ptr()));
+        written[out] = true;
+      }
+      args.y = b.value_ptr();
+      args.dy = b.grad_ptr();
+    }
+    args.x.clear();
+    args.dx.clear();
+    args.dx_write.clear();
+    for (int input : shape_.layers[i].inputs) {
+      const int in = input == LayerShape::kModelInput ? 0 : st.buffer_of_layer[input];
+      args.x.push_back(Activation(in));
+      args.dx.push_back(in > 0 ? st.buffers[in].grad_ptr() : kernels::Act());
+      args.dx_write.push_back(written[in] ? kernels::Write::kAccumulate
+                                          : kernels::Write::kOverwrite);
+      written[in] = true;
+    }
+    RETURN_IF_ERROR(RunLayer(i, /*forward=*/false, nullptr, &args));
+    if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 3));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ParamsToDevice() {
+  return backend_->ToDevice(param_compute_, param_host_, sizeof(float) * param_total_);
+}
+
+absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t* labels,
+                                            int64_t batch, int64_t step,
+                                            const TrainStepOptions& options) {
+  RETURN_IF_ERROR(backend_->MakeCurrent());
+  RETURN_IF_ERROR(CheckBatch(features, labels, batch));
+  RETURN_IF_ERROR(Reserve(batch));
+  RETURN_IF_ERROR(StageBatch(features, labels, batch));
+  if (options.params_from_host) RETURN_IF_ERROR(ParamsToDevice());
+  RETURN_IF_ERROR(BeginLossScaling());
+  RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
+  RETURN_IF_ERROR(Backward(batch));
+  if (ScratchToPlan()) RETURN_IF_ERROR(PlanScratch());
+  RETURN_IF_ERROR(UnscaleGradients());
+  bool skipped = false;
+  if (loss_scaling_) {
+    ASSIGN_OR_RETURN(skipped, FinishLossScaling());  // Waits; zeroes a skipped step's grads.
+  }
+  if (options.grads_to_host) {
+    RETURN_IF_ERROR(backend_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
+  }
+  RETURN_IF_ERROR(backend_->ToHost(state_host_, state_compute_, sizeof(float) * state_total_));
+  ASSIGN_OR_RETURN(kernels::LossStats loss, backend_->ReadLoss());  // Waits.
+  StepResult result{loss.loss_sum / static_cast<double>(batch), loss.correct};
+  result.skipped = skipped;
+  result.loss_scale = step_scale_;
+  return result;
+}
+
+absl::Status Model::GradsToHost() {
+  RETURN_IF_ERROR(backend_->MakeCurrent());
+  RETURN_IF_ERROR(backend_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
+  return backend_->Synchronize();
+}
+
+absl::Status Model::BeginLossScaling() {
+  if (!loss_scaling_) return absl::OkStatus();
+  step_scale_ = loss_scale_.scale();
+  return backend_->ResetNonFinite();
+}
+
+absl::Status Model::UnscaleGradients() {
+  if (!loss_scaling_) return absl::OkStatus();
+  return backend_->UnscaleCheckFinite(param_total_, static_cast<float>(1.0 / step_scale_),
+                                  grad_compute_);
+}
+
+absl::StatusOr<bool> Model::FinishLossScaling() {
+  ASSIGN_OR_RETURN(bool overflow, backend_->ReadNonFinite());
+  loss_scale_.Update(overflow);
+  if (overflow) RETURN_IF_ERROR(backend_->ZeroFloats(param_total_, grad_compute_));
+  return overflow;
+}
+
+absl::StatusOr<EvalResult> Model::Evaluate(const float* features, const int32_t* labels,
+                                           int64_t batch) {
+  RETURN_IF_ERROR(backend_->MakeCurrent());
+  RETURN_IF_ERROR(CheckBatch(features, labels, batch));
+  RETURN_IF_ERROR(Reserve(batch));
+  RETURN_IF_ERROR(StageBatch(features, labels, batch));
+  RETURN_IF_ERROR(ParamsToDevice());
+  RETURN_IF_ERROR(Forward(batch, /*training=*/false, /*step=*/0));
+  ASSIGN_OR_RETURN(kernels::LossStats loss, backend_->ReadLoss());
+  return EvalResult{loss.loss_sum, loss.correct};
+}
+
+absl::Status Model::TrainStepOnDevice(const float* features, const int32_t* labels, int64_t batch,
+                                      int64_t step) {
+  if (batch <= 0 || features == nullptr || labels == nullptr) {
+    return absl::InvalidArgumentError("TrainStepOnDevice needs a batch and its labels");
+  }
+  RETURN_IF_ERROR(Reserve(batch));
+  input_ = features;
+  labels_ = labels;
+  last_batch_ = batch;
+  RETURN_IF_ERROR(BeginLossScaling());
+  RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
+  RETURN_IF_ERROR(Backward(batch));
+  if (ScratchToPlan()) RETURN_IF_ERROR(PlanScratch());
+  return UnscaleGradients();
+}
+
+absl::Status Model::MarkLayer(int slot) {
+  if (static_cast<size_t>(slot) >= host_marks_.size()) host_marks_.resize(slot + 1);
+  host_marks_[slot] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return backend_->Mark(slot);
+}
+
+absl::StatusOr<std::vector<LayerTime>> Model::ProfileStepOnDevice(const float* features,
+                                                                  const int32_t* labels,
+                                                                  int64_t batch, int64_t step) {
+  profiling_ = true;
+  absl::Status s = TrainStepOnDevice(features, labels, batch, step);
+  profiling_ = false;
+  RETURN_IF_ERROR(s);
+  RETURN_IF_ERROR(backend_->Synchronize());
+  std::vector<LayerTime> times;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    LayerTime t;
+    t.name = shape_.layers[i].name;
+    if (!layers_[i]->aliases_input()) {
+      const int k = static_cast<int>(4 * i);
+      ASSIGN_OR_RETURN(t.forward_ms, backend_->MarkMs(k, k + 1));
+      ASSIGN_OR_RETURN(t.backward_ms, backend_->MarkMs(k + 2, k + 3));
+      if (2 * i + 1 < scratch_need_.size()) {
+        t.forward_scratch_bytes = scratch_need_[2 * i];
+        t.backward_scratch_bytes = scratch_need_[2 * i + 1];
+      }
+      t.host_forward_ms = 1e3 * (host_marks_[k + 1] - host_marks_[k]);
+      t.host_backward_ms = 1e3 * (host_marks_[k + 3] - host_marks_[k + 2]);
+    }
+    times.push_back(std::move(t));
+  }
+  return times;
+}
+
+absl::StatusOr<StepResult> Model::LastStepResult() {
+  ASSIGN_OR_RETURN(kernels::LossStats loss, backend_->ReadLoss());
+  StepResult result{loss.loss_sum / static_cast<double>(std::max<int64_t>(last_batch_, 1)),
+                    loss.correct};
+  result.loss_scale = step_scale_;
+  if (loss_scaling_) {
+    ASSIGN_OR_RETURN(result.skipped, FinishLossScaling());
+    last_skipped_ = result.skipped;
+  }
+  return result;
+}
+
+absl::Status Model::ApplyOptimizerOnDevice(OptimizerKind kind, const OptimizerHyperparams& hp) {
+  if (last_skipped_) {
+    last_skipped_ = false;
+    return absl::OkStatus();
+  }
+  model_internal::Storage& st = *storage_;
+  const int slots = NumOptimizerSlots(kind);
+  const int64_t total = param_total_;
+  if (slots > st.num_slots) {
+    RETURN_IF_ERROR(backend_->Synchronize());
+    ASSIGN_OR_RETURN(st.slots, backend_->Allocate(sizeof(float) * slots * total));
+    // Zeros: a zeroed host copy is sent up once.
+    const std::vector<float> zeros(static_cast<size_t>(slots) * total, 0.f);
+    RETURN_IF_ERROR(
+        backend_->ToDevice(st.slots.as<void>(), zeros.data(), sizeof(float) * zeros.size()));
+    RETURN_IF_ERROR(backend_->Synchronize());
+    st.num_slots = slots;
+  }
+  std::vector<kernels::TensorUpdate> tensors;
+  for (const ParamInfo& p : shape_.params) {
+    kernels::TensorUpdate t;
+    t.grad = device_grad(p.id);
+    t.param = device_param(p.id);
+    for (int k = 0; k < st.num_slots; ++k) {
+      t.slots[k] = st.slots.as<float>() + k * total + param_offset_[p.id];
+    }
+    t.n = p.num_elements;
+    tensors.push_back(t);
+  }
+  return backend_->ApplyOptimizer(kind, hp, tensors);
+}
+
+absl::Status Model::Synchronize() { return backend_->Synchronize(); }
+
+Model::ComputeMemory Model::compute_memory() const {
+  const model_internal::Storage& st = *storage_;
+  ComputeMemory m;
+  m.parameters = st.params.bytes() + st.grads.bytes() + st.state.bytes() + st.slots.bytes();
+  m.activations =
+      st.arena.bytes() + st.input_activations.bytes() + st.features.bytes() + st.labels.bytes();
+  m.workspace = backend_->workspace_bytes();
+  m.weight_copies = backend_->weight_copy_bytes();
+  return m;
+}
+
+}  // namespace downpour

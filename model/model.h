@@ -1,0 +1,304 @@
+// The model of a job on one device: a Model owns one replica's parameters,
+// gradients and activations and runs a training step (forward, then
+// backward) or an evaluation on a batch. Its graph is the ModelShape that
+// spec/model_shape.h derives from the job's ModelSpec (the same parameter
+// list the coordinator places and the shards initialise).
+//
+// Layers form a DAG: each reads the outputs named in LayerSpec.inputs (by
+// default the previous layer's output). The gradient of an output read by
+// several layers is the sum of their contributions.
+//
+// A Model computes on a compute backend (kernels/backend.h), the CPU's or one
+// CUDA device's, chosen by ModelOptions::device and created through
+// kernels/factory.h. On a GPU its parameters, gradients, activations and
+// batch-norm statistics live in device memory; param(id), grad(id) and
+// local_state_data(id) are page-locked host copies, and TrainStep / Evaluate
+// move them: parameters host->device before the step, gradients (and the
+// statistics) device->host after it, the batch beside the compute
+// (ComputeBackend::UploadAside). The *OnDevice methods skip those copies,
+// for loops that keep everything on the GPU (benchmarks, a local optimizer).
+//
+// Memory: every activation's values and gradient share one arena, placed by
+// their lifetimes in the step. On a GPU every call also measures each
+// layer's scratch (cuDNN workspace and the like); after the first training
+// step since the capacity grew, and after any step in which some call
+// outgrew its planned block, the arena is placed again with every layer's
+// scratch in it, live only during that layer's call. In bf16/fp16 the
+// activations are stored in that type.
+//
+// Thread safety: Model is thread-compatible: const methods may run
+// concurrently; TrainStep and Evaluate mutate internal buffers and need
+// external synchronisation. Model owns every buffer it returns pointers to
+// and its backend; they stay valid for the Model's lifetime.
+#ifndef DOWNPOUR_MODEL_MODEL_H_
+#define DOWNPOUR_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/optimizer.h"
+#include "model/loss_scale.h"
+#include "proto/job.pb.h"
+#include "spec/model_shape.h"
+#include "spec/params.h"
+
+namespace downpour {
+namespace model_internal {
+struct BackwardArgs;
+struct ForwardArgs;
+class Layer;
+struct Buffer;
+struct Storage;
+}  // namespace model_internal
+
+struct StepResult {
+  double loss = 0.0;    // Mean over the batch.
+  int64_t correct = 0;  // Examples whose argmax is the label.
+  // FP16 loss scaling found an inf or NaN gradient: the step's gradients are
+  // zeros (never to be applied or pushed) and the scale was lowered.
+  bool skipped = false;
+  double loss_scale = 1.0;  // The scale the step ran with (1 without scaling).
+};
+
+struct EvalResult {
+  double loss_sum = 0.0;  // Sum over the batch.
+  int64_t correct = 0;
+};
+
+// One layer's share of a profiled step (Model::ProfileStepOnDevice).
+struct LayerTime {
+  std::string name;
+  double forward_ms = 0.0;  // Device time (CUDA events) on a GPU.
+  double backward_ms = 0.0;
+  // Host time spent queueing the layer's work (the same as the above on the
+  // CPU, where nothing is queued).
+  double host_forward_ms = 0.0;
+  double host_backward_ms = 0.0;
+  // Scratch (GPU workspace) the layer's forward and backward ask for, as
+  // measured and planned into the activation arena.
+  int64_t forward_scratch_bytes = 0;
+  int64_t backward_scratch_bytes = 0;
+};
+
+// What TrainStep moves between the host and the device (a GPU model; the CPU
+// computes in place). Multi-GPU replicas move parameters and gradients
+// between their devices instead (worker/replicas.h).
+struct TrainStepOptions {
+  bool params_from_host = true;  // Copy param(id) to the device first.
+  bool grads_to_host = true;     // Copy the gradients to grad(id) after.
+};
+
+struct ModelOptions {
+  // -1: the CPU kernels. d >= 0: CUDA device d, numbered as this process sees
+  // them (after CUDA_VISIBLE_DEVICES).
+  int device = -1;
+  // GPU convolutions: the layout measured fastest per shape, or one forced
+  // (diagnostics and tests).
+  kernels::ConvLayout conv_layout = kernels::ConvLayout::kAuto;
+  // Compute precision on a GPU (see proto/job.proto): bf16/fp16 keep
+  // activations and their gradients in that type and multiply on tensor
+  // cores; parameters, their gradients, statistics and optimizer state stay
+  // fp32. The CPU path runs every precision in fp32 (and says so on stderr
+  // once per model).
+  Precision precision = FP32;
+  // FP16's first loss scale (tests force an overflow with a huge one).
+  double initial_loss_scale = DynamicLossScale::kDefaultInitial;
+};
+
+class Model {
+ public:
+  // Validates `spec` (spec/model_shape.h) and initialises every parameter with
+  // InitParamRange(param, seed, ...), so a model built with the same seed holds
+  // the same values as the parameter server. Dropout masks are drawn from
+  // (seed, layer, step). FailedPrecondition when options.device names no
+  // usable CUDA device; ResourceExhausted when memory runs out.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec, uint64_t seed,
+                                                       const ModelOptions& options = {});
+
+  // -1 for the CPU, else the CUDA device.
+  int device() const { return device_; }
+  // As DescribeDevice (model/devices.h).
+  const std::string& device_name() const { return device_name_; }
+  // The precision the model computes in: options.precision on a GPU, FP32
+  // on the CPU.
+  Precision precision() const { return precision_; }
+  // FP16's current loss scale (1 for other precisions).
+  double loss_scale() const { return loss_scaling_ ? loss_scale_.scale() : 1.0; }
+
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelShape& shape() const { return shape_; }
+  const std::vector<ParamInfo>& params() const { return shape_.params; }
+  // Elements of one example's features (the product of input_shape).
+  int64_t input_size() const { return shape_.input_size; }
+  int32_t num_classes() const { return shape_.num_classes; }
+
+  // Contiguous buffers of params()[id].num_elements floats, row-major.
+  // REQUIRES: 0 <= id < params().size().
+  // Host memory (see the top of this file for a GPU model).
+  float* param(int id) { return param_host_ + param_offset_[id]; }
+  const float* param(int id) const { return param_host_ + param_offset_[id]; }
+  // The gradient of the mean loss with respect to param(id), as of the last
+  // TrainStep (zeros before the first).
+  float* grad(int id) { return grad_host_ + param_offset_[id]; }
+  const float* grad(int id) const { return grad_host_ + param_offset_[id]; }
+
+  // Forward in training mode (dropout active, masks from seed and `step`;
+  // batch norm normalises with the batch's statistics and moves its running
+  // ones), then backward: overwrites every grad(id). `features` is
+  // [batch, input_size()], `labels` is [batch].
+  // InvalidArgument for batch <= 0, null pointers, a label outside
+  // [0, num_classes()), or a feature read by an embedding that is not an
+  // integer id in [0, vocab_size).
+  absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
+                                       int64_t step, const TrainStepOptions& options = {});
+  // Copies the device gradients to grad(id) and waits (after a TrainStep
+  // that left them on the device).
+  absl::Status GradsToHost();
+  // The backend the model computes on: work queued on it (a device group's
+  // collectives, model/replica_set.h) runs after the model's work so far.
+  kernels::ComputeBackend& backend() { return *backend_; }
+
+  // Local state (see ModelShape::local_state): batch norm's running
+  // statistics, updated by TrainStep and read by Evaluate.
+  // REQUIRES: 0 <= id < local_state().size().
+  const std::vector<ParamInfo>& local_state() const { return shape_.local_state; }
+  // On a GPU model, a copy refreshed by each TrainStep; writes to it do not
+  // reach the device.
+  float* local_state_data(int id) { return state_host_ + state_offset_[id]; }
+  const float* local_state_data(int id) const { return state_host_ + state_offset_[id]; }
+
+  // Forward in inference mode (dropout is the identity, batch norm uses the
+  // running statistics); grads untouched.
+  absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch);
+
+  // ---- Device-resident training: nothing is copied to or from the host.
+  // The compute memory of param(id) / grad(id) (the same pointers on the CPU).
+  float* device_param(int id);
+  float* device_grad(int id);
+  // Queues forward and backward on `features` and `labels` in the compute
+  // memory and returns without waiting (on a GPU). Labels and ids are not
+  // checked. REQUIRES: 0 < batch, valid labels (as TrainStep checks).
+  absl::Status TrainStepOnDevice(const float* features, const int32_t* labels, int64_t batch,
+                                 int64_t step);
+  // As TrainStepOnDevice, timing every layer's forward and backward (device
+  // events on a GPU, so each time is the layer's own queued work); waits.
+  // For diagnostics: the events cost a little launch time.
+  absl::StatusOr<std::vector<LayerTime>> ProfileStepOnDevice(const float* features,
+                                                             const int32_t* labels, int64_t batch,
+                                                             int64_t step);
+  // Waits for the last TrainStepOnDevice and returns its loss. With FP16 it
+  // also reads the non-finite flag and moves the loss scale, so it must be
+  // called once per step before ApplyOptimizerOnDevice.
+  absl::StatusOr<StepResult> LastStepResult();
+  // Queues the optimizer update of every parameter with its gradient, in the
+  // compute memory, in one fused launch on a GPU; the slots (momentum, Adam
+  // moments) live beside the parameters, zeros at first. `hp.step` counts
+  // from 1. Does nothing after a step LastStepResult reported skipped.
+  absl::Status ApplyOptimizerOnDevice(OptimizerKind kind, const OptimizerHyperparams& hp);
+  // Waits for everything queued.
+  absl::Status Synchronize();
+  // Copies param(id) (host) to the compute memory, queued.
+  absl::Status ParamsToDevice();
+  // Compute memory the model holds now, by use.
+  struct ComputeMemory {
+    int64_t parameters = 0;  // Parameters, gradients, optimizer slots, state.
+    // The activation arena (with every layer's scratch, once measured) and
+    // the staged batch.
+    int64_t activations = 0;
+    int64_t workspace = 0;      // The GPU's scratch (cuDNN's and ours).
+    int64_t weight_copies = 0;  // bf16/fp16 copies of the weights.
+    int64_t total() const { return parameters + activations + workspace + weight_copies; }
+  };
+  ComputeMemory compute_memory() const;
+
+ private:
+  Model(ModelShape shape, uint64_t seed, int device, std::string device_name, Precision precision,
+        double initial_loss_scale);
+  // FP16: takes the step's scale and clears the non-finite flag.
+  absl::Status BeginLossScaling();
+  // FP16: after Backward, unscales the gradients and flags non-finite ones.
+  absl::Status UnscaleGradients();
+  // FP16: reads the flag (waits), moves the scale; true when the step is
+  // skipped (its gradients are then zeroed on the device).
+  absl::StatusOr<bool> FinishLossScaling();
+  absl::Status Init(std::unique_ptr<kernels::ComputeBackend> backend);
+  absl::Status CheckBatch(const float* features, const int32_t* labels, int64_t batch) const;
+  absl::Status Reserve(int64_t batch);
+  // Places the activation arena for `batch` examples, with each layer's
+  // measured scratch (scratch_need_) as blocks of their own.
+  absl::Status PlanArena(int64_t batch);
+  // After a measured training step: the arena again, with room for every
+  // layer's scratch, which the layers then borrow instead of the backend's
+  // own (freed).
+  absl::Status PlanScratch();
+  // Whether the step just run calls for PlanScratch.
+  bool ScratchToPlan() const;
+  // Runs layer i's forward (f) or backward (b), measuring or lending its
+  // scratch.
+  absl::Status RunLayer(size_t i, bool forward, const model_internal::ForwardArgs* f,
+                        const model_internal::BackwardArgs* b);
+  // Puts a host batch into the compute memory (a copy on the GPU) and points
+  // input_/labels_ at it.
+  absl::Status StageBatch(const float* features, const int32_t* labels, int64_t batch);
+  // Runs every layer's forward, adding the loss to the backend's counters; dropout
+  // is active only when training.
+  absl::Status Forward(int64_t batch, bool training, int64_t step);
+  absl::Status Backward(int64_t batch);
+  kernels::Act Activation(int buffer) const;
+
+  const ModelShape shape_;
+  const uint64_t seed_;
+  const int device_;
+  const std::string device_name_;
+  const Precision precision_;
+  const bool loss_scaling_;  // FP16 on a GPU.
+  DynamicLossScale loss_scale_;
+  double step_scale_ = 1.0;    // The scale the current step runs with.
+  bool last_skipped_ = false;  // LastStepResult's verdict.
+  std::unique_ptr<kernels::ComputeBackend> backend_;
+  std::unique_ptr<model_internal::Storage> storage_;
+  // Every parameter (gradient, state tensor) in one block, tensor `id` at
+  // offset [id]. Host copies: the compute memory itself on the CPU.
+  std::vector<int64_t> param_offset_, state_offset_;
+  int64_t param_total_ = 0, state_total_ = 0;  // Elements.
+  float* param_host_ = nullptr;
+  float* grad_host_ = nullptr;
+  float* state_host_ = nullptr;
+  float* param_compute_ = nullptr;
+  float* grad_compute_ = nullptr;
+  float* state_compute_ = nullptr;
+  // The current step's input, in the compute memory.
+  const float* input_ = nullptr;
+  const int32_t* labels_ = nullptr;
+  int64_t last_batch_ = 0;
+  std::vector<std::unique_ptr<model_internal::Layer>> layers_;
+  // Activation buffers; a layer that only reshapes (flatten) shares its
+  // input's. Index 0 stands for the model input and owns no memory.
+  std::vector<model_internal::Buffer> buffers_;
+  std::vector<int> buffer_of_layer_;  // -1 for the loss (scalar output).
+  int64_t capacity_ = 0;              // Largest batch the buffers hold.
+  bool profiling_ = false;            // Forward/Backward mark each layer.
+  std::vector<double> host_marks_;    // Profiling: host seconds at each mark.
+  // Profiling: marks slot on the device and on the host.
+  absl::Status MarkLayer(int slot);
+  // Activations are of a reduced type and some layer other than an
+  // embedding reads the model input: Forward converts it first.
+  bool input_to_activations_ = false;
+  // Per layer, [2i] forward and [2i + 1] backward: the most scratch its
+  // calls have asked for since the capacity last grew, and where the arena
+  // keeps it once planned.
+  std::vector<int64_t> scratch_need_;
+  std::vector<char*> scratch_at_;
+  bool scratch_planned_ = false;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_MODEL_MODEL_H_

@@ -1,0 +1,251 @@
+#include "model/replica_set.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/factory.h"
+
+namespace downpour {
+namespace {
+
+int64_t ParamCount(const Model& model) {
+  int64_t n = 0;
+  for (const ParamInfo& p : model.params()) n += p.num_elements;
+  return n;
+}
+
+// Slice r of `batch` over n replicas is [begin[r], begin[r + 1]).
+std::vector<int64_t> SliceStarts(int64_t batch, int n) {
+  std::vector<int64_t> begin(n + 1);
+  for (int r = 0; r <= n; ++r) begin[r] = batch * r / n;
+  return begin;
+}
+
+// Each replica's gradient is the mean over its slice, so the batch mean
+// weighs replica r's by its share of the batch.
+std::vector<float> SliceWeights(const std::vector<int64_t>& begin) {
+  const int64_t batch = begin.back();
+  std::vector<float> weights(begin.size() - 1);
+  for (size_t r = 0; r + 1 < begin.size(); ++r) {
+    weights[r] = static_cast<float>(begin[r + 1] - begin[r]) / static_cast<float>(batch);
+  }
+  return weights;
+}
+
+// The batch's result from its slices': the first error, else the loss
+// weighted by slice, the correct counts summed, skipped if any slice was.
+absl::StatusOr<StepResult> CombineSlices(const std::vector<absl::StatusOr<StepResult>>& results,
+                                         const std::vector<int64_t>& begin) {
+  const int64_t batch = begin.back();
+  StepResult total;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (!results[r].ok()) return results[r].status();
+    const double share = static_cast<double>(begin[r + 1] - begin[r]) / static_cast<double>(batch);
+    total.loss += share * results[r]->loss;
+    total.correct += results[r]->correct;
+    // A replica whose FP16 step overflowed zeroed its gradients; the whole
+    // step is skipped so no partial gradient is pushed.
+    total.skipped = total.skipped || results[r]->skipped;
+  }
+  total.loss_scale = results[0]->loss_scale;
+  return total;
+}
+
+void ZeroGrads(Model* model) {
+  for (const ParamInfo& p : model->params()) {
+    std::fill(model->grad(p.id), model->grad(p.id) + p.num_elements, 0.f);
+  }
+}
+
+// Why the replicas cannot share NCCL communicators, or "" when they can.
+std::string WhyNotNccl(const std::vector<std::unique_ptr<Model>>& replicas) {
+  if (replicas.size() < 2) return "one replica";
+  std::set<int> devices;
+  for (const auto& r : replicas) {
+    if (r->device() < 0) return "a replica computes on the CPU";
+    if (!devices.insert(r->device()).second) return "two replicas share a GPU";
+  }
+  return "";
+}
+
+// The collectives move each replica's parameters and gradients as one block
+// (model/model.h promises they are contiguous, in params() order); checked
+// here, once, rather than trusted.
+absl::Status CheckContiguous(Model* model) {
+  if (model->params().empty()) return absl::OkStatus();
+  int64_t offset = 0;
+  for (const ParamInfo& p : model->params()) {
+    if (model->device_param(p.id) != model->device_param(0) + offset ||
+        model->device_grad(p.id) != model->device_grad(0) + offset) {
+      return absl::InternalError(absl::StrCat("parameter ", p.name, " of the replica on ",
+                                              model->device_name(),
+                                              " is not where one contiguous block puts it"));
+    }
+    offset += p.num_elements;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplicaSet>> ReplicaSet::Create(
+    std::vector<std::unique_ptr<Model>> replicas) {
+  if (replicas.empty()) return absl::InvalidArgumentError("a replica set needs a replica");
+  for (const auto& r : replicas) {
+    const auto& a = r->params();
+    const auto& b = replicas[0]->params();
+    const bool same = a.size() == b.size() &&
+                      std::equal(a.begin(), a.end(), b.begin(), [](const auto& x, const auto& y) {
+                        return x.num_elements == y.num_elements;
+                      });
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat("the replica on ", r->device_name(),
+                                                     " has other parameters than the one on ",
+                                                     replicas[0]->device_name()));
+    }
+  }
+  std::unique_ptr<kernels::DeviceGroup> nccl;
+  const std::string why_not_nccl = WhyNotNccl(replicas);
+  if (why_not_nccl.empty()) {
+    std::vector<kernels::ComputeBackend*> backends;
+    std::vector<std::string> names;
+    for (const auto& r : replicas) {
+      RETURN_IF_ERROR(CheckContiguous(r.get()));
+      backends.push_back(&r->backend());
+      names.push_back(r->device_name());
+    }
+    auto created = kernels::CreateDeviceGroup(backends);
+    if (created.ok()) {
+      nccl = std::move(created).value();
+      Log(absl::StrCat("gradients of the replicas on ", absl::StrJoin(names, ", "),
+                       " are reduced with NCCL"));
+    } else {
+      Log(absl::StrCat("cannot reduce gradients with NCCL (", created.status().message(),
+                       "); averaging them on the host instead"));
+    }
+  } else if (replicas.size() >= 2) {
+    Log(absl::StrCat("gradients of ", replicas.size(), " replicas are averaged on the host (",
+                     why_not_nccl, ")"));
+  }
+  return std::unique_ptr<ReplicaSet>(new ReplicaSet(std::move(replicas), std::move(nccl)));
+}
+
+ReplicaSet::ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
+                       std::unique_ptr<kernels::DeviceGroup> nccl)
+    : replicas_(std::move(replicas)),
+      param_count_(ParamCount(*replicas_[0])),
+      nccl_(std::move(nccl)) {}
+
+absl::StatusOr<StepResult> ReplicaSet::TrainStep(const float* features, const int32_t* labels,
+                                                 int64_t batch, int64_t step) {
+  const int n = static_cast<int>(std::min<int64_t>(size(), batch));
+  // One replica, one example, or no batch at all (which TrainStep rejects).
+  if (n <= 1) return primary()->TrainStep(features, labels, batch, step);
+  const std::vector<int64_t> begin = SliceStarts(batch, n);
+  // The communicators span every replica: a batch smaller than the set
+  // (rare: a short last batch) takes the host path.
+  if (nccl_ != nullptr && n == size()) return TrainStepWithNccl(features, labels, step, begin);
+  return TrainStepOnHost(features, labels, step, begin);
+}
+
+std::vector<absl::StatusOr<StepResult>> ReplicaSet::TrainSlices(const float* features,
+                                                                const int32_t* labels, int64_t step,
+                                                                const std::vector<int64_t>& begin,
+                                                                const TrainStepOptions& options) {
+  const int n = static_cast<int>(begin.size()) - 1;
+  const int64_t feature_size = primary()->input_size();
+  // The step number only seeds dropout masks: each replica gets its own
+  // stream of them, so slices do not repeat one another's masks.
+  auto train = [&](int r) {
+    return replicas_[r]->TrainStep(features + begin[r] * feature_size, labels + begin[r],
+                                   begin[r + 1] - begin[r], step * n + r, options);
+  };
+  std::vector<absl::StatusOr<StepResult>> results(n, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 1; r < n; ++r) {
+    threads.emplace_back([&, r] { results[r] = train(r); });
+  }
+  results[0] = train(0);
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+absl::StatusOr<StepResult> ReplicaSet::TrainStepOnHost(const float* features, const int32_t* labels,
+                                                       int64_t step,
+                                                       const std::vector<int64_t>& begin) {
+  const int n = static_cast<int>(begin.size()) - 1;
+  Model* primary = this->primary();
+  const auto& params = primary->params();
+  for (int r = 1; r < n; ++r) {
+    for (const ParamInfo& p : params) {
+      std::memcpy(replicas_[r]->param(p.id), primary->param(p.id), p.num_elements * sizeof(float));
+    }
+  }
+  ASSIGN_OR_RETURN(StepResult total,
+                   CombineSlices(TrainSlices(features, labels, step, begin, {}), begin));
+  if (total.skipped) {
+    ZeroGrads(primary);
+    return total;
+  }
+  const std::vector<float> weights = SliceWeights(begin);
+  for (const ParamInfo& p : params) {
+    float* g = primary->grad(p.id);
+    for (int64_t i = 0; i < p.num_elements; ++i) g[i] *= weights[0];
+    for (int r = 1; r < n; ++r) {
+      const float* gr = replicas_[r]->grad(p.id);
+      for (int64_t i = 0; i < p.num_elements; ++i) g[i] += weights[r] * gr[i];
+    }
+  }
+  return total;
+}
+
+// Every collective below is issued by this one thread for every replica at
+// once (the device group groups them), and whether the reduce is issued at
+// all is decided here after every slice has finished: so all ranks always
+// issue the same collectives in the same order, and an error or a skipped
+// step leaves none pending.
+absl::StatusOr<StepResult> ReplicaSet::TrainStepWithNccl(const float* features,
+                                                         const int32_t* labels, int64_t step,
+                                                         const std::vector<int64_t>& begin) {
+  const int n = size();
+  Model* primary = this->primary();
+  std::vector<float*> params(n, nullptr), grads(n, nullptr);
+  for (int r = 0; r < n; ++r) {
+    if (param_count_ > 0) {
+      params[r] = replicas_[r]->device_param(0);
+      grads[r] = replicas_[r]->device_grad(0);
+    }
+  }
+
+  // Parameters: replica 0's host copy to its device, then to the others',
+  // queued on each replica's stream ahead of its step.
+  RETURN_IF_ERROR(primary->backend().MakeCurrent());
+  RETURN_IF_ERROR(primary->ParamsToDevice());
+  RETURN_IF_ERROR(nccl_->Broadcast(params, param_count_));
+
+  TrainStepOptions on_device;
+  on_device.params_from_host = false;
+  on_device.grads_to_host = false;
+  ASSIGN_OR_RETURN(StepResult total,
+                   CombineSlices(TrainSlices(features, labels, step, begin, on_device), begin));
+  if (total.skipped) {
+    // No reduce: the step's gradients are zeros, whatever the replicas that
+    // did not overflow computed.
+    ZeroGrads(primary);
+    return total;
+  }
+  // The weights are applied on each device, inside the reduce.
+  RETURN_IF_ERROR(nccl_->WeightedSumToRankZero(grads, SliceWeights(begin), param_count_));
+  RETURN_IF_ERROR(primary->GradsToHost());
+  return total;
+}
+
+}  // namespace downpour

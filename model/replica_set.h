@@ -1,0 +1,94 @@
+// ReplicaSet: data parallelism inside one worker, one model replica per local
+// device. Each step's batch is split into contiguous slices, one per replica;
+// each replica runs forward and backward on its slice from its own thread
+// (driving its own device), and the batch-mean gradient ends in replica 0's
+// grad(): replica 0 is the one that exchanges with the parameter shards and
+// evaluates.
+//
+// How parameters reach the replicas and gradients come back:
+// - Two or more replicas, each on its own GPU: NCCL (a kernels::DeviceGroup
+//   over the replicas' backends). Replica 0's host
+//   parameters go to its device and are broadcast from there to the other
+//   devices; each replica trains on those device-resident parameters and
+//   leaves its gradient on its device; a reduce into replica 0's device,
+//   each replica's gradient pre-multiplied there by its share of the batch,
+//   forms the batch mean, and only that is copied to the host.
+// - Otherwise (replicas on the CPU, CPU and GPU mixed, two on one GPU, or
+//   NCCL failed to start, which is logged): on the host. Replica 0's host
+//   parameters are copied into the others', each replica's TrainStep moves
+//   its own parameters and gradients, and the gradients are averaged on the
+//   host, weighted by slice.
+// Either way only replica 0's host param() and grad() are meaningful: on the
+// NCCL path the other replicas' host copies are never refreshed.
+//
+// Thread safety: thread-compatible (TrainStep is called from one thread at a
+// time; it starts and joins its own threads). Owns the replicas and, where
+// used, the device group.
+#ifndef DOWNPOUR_MODEL_REPLICA_SET_H_
+#define DOWNPOUR_MODEL_REPLICA_SET_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "model/model.h"
+
+namespace downpour {
+
+class ReplicaSet {
+ public:
+  // Takes the replicas; replica 0 is primary(). With two or more on distinct
+  // GPUs it sets up NCCL over them, and falls back to the host path (and
+  // logs why) if that fails. InvalidArgument for no replica or replicas of
+  // different parameter shapes.
+  static absl::StatusOr<std::unique_ptr<ReplicaSet>> Create(
+      std::vector<std::unique_ptr<Model>> replicas);
+
+  ReplicaSet(const ReplicaSet&) = delete;
+  ReplicaSet& operator=(const ReplicaSet&) = delete;
+
+  int size() const { return static_cast<int>(replicas_.size()); }
+  // REQUIRES: 0 <= r < size().
+  Model* replica(int r) const { return replicas_[r].get(); }
+  Model* primary() const { return replicas_[0].get(); }
+  // Whether steps over every replica reduce on the GPUs (see the top).
+  bool reduces_with_nccl() const { return nccl_ != nullptr; }
+
+  // Trains `batch` examples split into contiguous slices (replica r takes
+  // [batch * r / n, batch * (r + 1) / n) of n = min(size(), batch)
+  // replicas) from replica 0's host parameters, and leaves the batch-mean
+  // gradient in primary()->grad(). The loss is the batch mean and `correct`
+  // the batch's count; loss_scale is replica 0's. If any replica's FP16 step
+  // overflowed, the step is skipped and primary()'s gradients are zeros.
+  // Each replica's own local state (batch-norm statistics) moves with its
+  // slice. Errors are the first failing replica's, or the NCCL call's; after
+  // one, no collective is left pending.
+  absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
+                                       int64_t step);
+
+ private:
+  ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
+             std::unique_ptr<kernels::DeviceGroup> nccl);
+
+  // Runs replica r's TrainStep on slice r, r in [0, begin.size() - 1), each
+  // from its own thread (replica 0 from this one), and waits for all.
+  std::vector<absl::StatusOr<StepResult>> TrainSlices(const float* features, const int32_t* labels,
+                                                      int64_t step,
+                                                      const std::vector<int64_t>& begin,
+                                                      const TrainStepOptions& options);
+  absl::StatusOr<StepResult> TrainStepOnHost(const float* features, const int32_t* labels,
+                                             int64_t step, const std::vector<int64_t>& begin);
+  absl::StatusOr<StepResult> TrainStepWithNccl(const float* features, const int32_t* labels,
+                                               int64_t step, const std::vector<int64_t>& begin);
+
+  const std::vector<std::unique_ptr<Model>> replicas_;
+  const int64_t param_count_;  // Floats in one replica's parameter block.
+  // Declared after the replicas, so the communicators go first.
+  std::unique_ptr<kernels::DeviceGroup> nccl_;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_MODEL_REPLICA_SET_H_

@@ -1,0 +1,96 @@
+#include "worker/worker_runtime.h"
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace downpour {
+
+WorkerRuntime::WorkerRuntime(TrainerOptions options, ShardConnector connect)
+    : options_(std::move(options)), connect_(std::move(connect)) {}
+
+WorkerRuntime::~WorkerRuntime() { StopAll(); }
+
+void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
+  if (agent_.load() == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  std::set<std::string> current;
+  for (const Task& task : tasks) {
+    current.insert(task.job_id());
+    if (running_.count(task.job_id())) continue;
+    Start(task);
+  }
+  for (auto& [id, job] : running_) {
+    if (!current.count(id)) job->trainer->Cancel();
+  }
+  // Forget ended jobs whose thread has returned.
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (!current.count(it->first) && it->second->done.load()) {
+      it->second->thread.join();
+      Forget(it->first);
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void WorkerRuntime::StopAll() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  for (auto& [id, job] : running_) job->trainer->Shutdown();
+  for (auto& [id, job] : running_) {
+    job->thread.join();
+    Forget(id);
+  }
+  running_.clear();
+}
+
+std::vector<std::string> WorkerRuntime::Jobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> jobs;
+  for (const auto& [id, job] : running_) jobs.push_back(id);
+  return jobs;
+}
+
+void WorkerRuntime::Forget(const std::string& job_id) {
+  if (options_.metrics == nullptr) return;
+  for (const char* name : {"downpour_worker_steps_total", "downpour_worker_loss",
+                           "downpour_worker_examples_per_second"}) {
+    options_.metrics->RemoveSeries(name, {{"job", job_id}});
+  }
+}
+
+void WorkerRuntime::Start(const Task& task) {
+  auto job = std::make_unique<RunningJob>();
+  std::vector<ParameterShard*> shards;
+  for (const std::string& address : task.shard_addresses()) {
+    job->shards.push_back(connect_(address));
+    shards.push_back(job->shards.back().get());
+  }
+  NodeAgent* agent = agent_.load();
+  TrainerOptions options = options_;
+  options.node_id = agent->self().id();
+  options.incarnation = agent->self().incarnation();
+  job->trainer = std::make_unique<JobTrainer>(
+      task, options, shards, [agent](const ReportProgressRequest& request) -> absl::StatusOr<bool> {
+        auto response = agent->ReportProgress(request);
+        if (!response.ok()) return response.status();
+        return response->job_ended();
+      });
+  Log(absl::StrCat("job ", task.job_id(), ": starting as worker rank ", task.rank(), " of ",
+                   task.spec().num_workers(), ", ", task.shard_addresses_size(), " shards"));
+  RunningJob* raw = job.get();
+  const std::string id = task.job_id();
+  job->thread = std::thread([raw, id] {
+    absl::Status status = raw->trainer->Run();
+    Log(absl::StrCat("job ", id, ": ", status.ok() ? "finished" : status.ToString()));
+    raw->done.store(true);
+  });
+  running_[id] = std::move(job);
+}
+
+}  // namespace downpour

@@ -1,0 +1,80 @@
+// WorkerRuntime: what a downpour-worker process does with the coordinator's
+// task list — run a JobTrainer (worker/trainer.h) on a thread of its own for
+// every job it is given, cancel the trainer of a job that is no longer its
+// task, and, on shutdown, stop every trainer (which tells the coordinator
+// the job lost this worker). Progress reports go through the node agent.
+//
+// A job's shards are reached through a ShardConnector: RemoteParameterShards
+// in the daemon, in-process stores in tests (no sockets).
+//
+// Thread-safe (the node agent calls OnTasks from its thread; main calls
+// StopAll). Owns the trainers, their threads and their shard clients; the
+// agent is not owned and must outlive the runtime's trainers (call StopAll
+// before the agent goes).
+#ifndef DOWNPOUR_WORKER_WORKER_RUNTIME_H_
+#define DOWNPOUR_WORKER_WORKER_RUNTIME_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/coordinator.pb.h"
+#include "ps/parameter_shard.h"
+#include "rpc/node_agent.h"
+#include "worker/trainer.h"
+
+namespace downpour {
+
+class WorkerRuntime {
+ public:
+  // A client of the job's shard at `address` (HOST:PORT from the task).
+  using ShardConnector = std::function<std::unique_ptr<ParameterShard>(const std::string&)>;
+
+  WorkerRuntime(TrainerOptions options, ShardConnector connect);
+  ~WorkerRuntime();
+
+  // The agent reports go through and whose identity trainers use. Tasks that
+  // arrive before it is set are ignored (they come again with the next
+  // heartbeat).
+  void set_agent(NodeAgent* agent) { agent_.store(agent); }
+
+  // Starts a trainer for every new job of `tasks`, cancels those of jobs no
+  // longer listed, and forgets ended jobs whose trainer has returned.
+  void OnTasks(const std::vector<Task>& tasks);
+
+  // Shuts every trainer down and joins it; no job starts afterwards.
+  void StopAll();
+
+  // Jobs whose trainer is running or has not been forgotten yet, sorted.
+  std::vector<std::string> Jobs();
+
+ private:
+  struct RunningJob {
+    std::vector<std::unique_ptr<ParameterShard>> shards;
+    std::unique_ptr<JobTrainer> trainer;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  void Start(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the per-job metric series of an ended job, so a long-lived worker
+  // does not accumulate them.
+  void Forget(const std::string& job_id);
+
+  const TrainerOptions options_;
+  const ShardConnector connect_;
+  std::atomic<NodeAgent*> agent_{nullptr};
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_WORKER_WORKER_RUNTIME_H_

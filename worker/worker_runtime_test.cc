@@ -1,0 +1,200 @@
+#include "worker/worker_runtime.h"
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "control/fake_coordinator.h"
+#include "data/example.h"
+#include "data/record_io.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ps/parameter_store.h"
+#include "spec/job_validation.h"
+#include "spec/shard_map.h"
+
+namespace downpour {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kNode[] = "worker@test";
+constexpr int kPixels = 16;
+
+// A ParameterShard that forwards to an in-process store (the daemon's
+// connector returns a RemoteParameterShard instead).
+class InProcessShard final : public ParameterShard {
+ public:
+  explicit InProcessShard(ParameterShard* store) : store_(store) {}
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    return store_->Push(request, payload);
+  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    return store_->Pull(request, deadline, payload);
+  }
+
+ private:
+  ParameterShard* const store_;
+};
+
+// Dark images are class 0, bright ones class 1.
+void WriteDataset(const std::string& path, int examples) {
+  auto writer = data::RecordWriter::Open(path);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (int i = 0; i < examples; ++i) {
+    const int label = i % 2;
+    std::vector<uint8_t> pixels(kPixels, static_cast<uint8_t>(label ? 200 + i % 50 : i % 50));
+    ASSERT_TRUE(
+        (*writer)->Write(data::EncodeImageExample(pixels.data(), kPixels, label, {kPixels}))
+            .ok());
+  }
+  ASSERT_TRUE((*writer)->Close().ok());
+}
+
+JobSpec Spec(int64_t steps) {
+  JobSpec spec;
+  spec.set_name("t");
+  ModelSpec* model = spec.mutable_model();
+  model->add_input_shape(kPixels);
+  model->set_num_classes(2);
+  model->add_layer()->mutable_dense()->set_units(2);
+  model->add_layer()->mutable_softmax_cross_entropy();
+  spec.mutable_dataset()->set_train_files("train-*");
+  spec.mutable_dataset()->set_test_files("test-*");
+  spec.mutable_dataset()->set_batch_size(8);
+  spec.mutable_optimizer()->set_learning_rate(0.5f);
+  spec.set_num_workers(1);
+  spec.set_num_shards(1);
+  spec.set_steps(steps);
+  spec.set_log_every_steps(1);
+  ApplyJobDefaults(&spec);
+  return spec;
+}
+
+// The runtime driven as in the daemon — tasks from a node agent's
+// heartbeats, reports through it — with an in-process coordinator and the
+// job's shard an in-process store.
+class WorkerRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    data_dir_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/worker_runtime_test");
+    ASSERT_EQ(std::system(absl::StrCat("mkdir -p ", data_dir_).c_str()), 0);
+    WriteDataset(data_dir_ + "/train-00000-of-00001", 64);
+    WriteDataset(data_dir_ + "/test-00000-of-00001", 32);
+
+    TrainerOptions options;
+    options.data_dir = data_dir_;
+    options.exchange.pull_timeout = absl::Seconds(30);
+    options.exchange.pull_slice = absl::Milliseconds(200);
+    runtime_ = std::make_unique<WorkerRuntime>(options, [this](const std::string& address) {
+      return std::make_unique<InProcessShard>(&stores_[address]);
+    });
+    NodeAgent::Options agent;
+    agent.coordinator_name = "fake";
+    agent.self.set_id(kNode);
+    agent.self.set_role(WORKER);
+    agent.self.set_address("127.0.0.1:1");
+    auto started = NodeAgent::Start(agent, &coordinator_, [this](const std::vector<Task>& tasks) {
+      runtime_->OnTasks(tasks);
+    });
+    ASSERT_TRUE(started.ok()) << started.status();
+    agent_ = std::move(started).value();
+    runtime_->set_agent(agent_.get());
+  }
+  void TearDown() override {
+    runtime_->StopAll();
+    agent_.reset();
+  }
+
+  // A task running `spec` as rank 0 against the store at "shard0", which
+  // hosts the job.
+  Task HostedTask(const std::string& job_id, const JobSpec& spec) {
+    Task task;
+    task.set_job_id(job_id);
+    *task.mutable_spec() = spec;
+    task.set_rank(0);
+    auto params = ValidateJobSpec(spec);
+    EXPECT_TRUE(params.ok()) << params.status();
+    auto placed = PlacePartitions(*params, 1, spec.partition_bytes());
+    EXPECT_TRUE(placed.ok());
+    Placement* placement = task.mutable_placement();
+    placement->add_shard_nodes("ps@0");
+    placement->add_worker_nodes(kNode);
+    for (const PartitionPlacement& p : *placed) *placement->add_partitions() = p;
+    task.add_shard_addresses("shard0");
+    EXPECT_TRUE(stores_["shard0"].AddJob(job_id, spec, 0, *placed).ok());
+    return task;
+  }
+
+  bool AwaitNoJobs() {
+    for (int i = 0; i < 200; ++i) {
+      if (runtime_->Jobs().empty()) return true;
+      coordinator_.AwaitHeartbeats(1);
+    }
+    return false;
+  }
+
+  std::string data_dir_;
+  std::map<std::string, ParameterStore> stores_;
+  control::FakeCoordinator coordinator_;
+  std::unique_ptr<WorkerRuntime> runtime_;
+  std::unique_ptr<NodeAgent> agent_;
+};
+
+TEST_F(WorkerRuntimeTest, TrainsItsTaskAndReportsTheResult) {
+  coordinator_.SetTasks(kNode, {HostedTask("j", Spec(40))});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.has_test_accuracy(); }));
+  const std::vector<ReportProgressRequest> reports = coordinator_.reports();
+  const ReportProgressRequest& final = reports.back();
+  EXPECT_EQ(final.job_id(), "j");
+  EXPECT_EQ(final.node_id(), kNode);
+  EXPECT_TRUE(final.finished());
+  EXPECT_EQ(final.step(), 40);
+  EXPECT_TRUE(final.error().empty()) << final.error();
+  EXPECT_GE(final.test_accuracy(), 0.9);
+  // Progress came every step before it.
+  EXPECT_GE(reports.size(), 40u);
+
+  coordinator_.SetTasks(kNode, {});
+  EXPECT_TRUE(AwaitNoJobs());
+}
+
+TEST_F(WorkerRuntimeTest, ShardThatCannotHostTheJobFailsItWithTheReason) {
+  stores_["shard0"].RefuseJob("j", absl::ResourceExhaustedError("no memory for 9 GiB"));
+  Task task = HostedTask("other", Spec(10));
+  task.set_job_id("j");
+  coordinator_.SetTasks(kNode, {task});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return !r.error().empty(); }));
+  EXPECT_THAT(coordinator_.reports().back().error(), HasSubstr("no memory for 9 GiB"));
+}
+
+TEST_F(WorkerRuntimeTest, JobThatIsNoLongerATaskIsCancelledWithoutAReport) {
+  coordinator_.SetTasks(kNode, {HostedTask("j", Spec(1000000))});
+  ASSERT_TRUE(coordinator_.AwaitReport([](const ReportProgressRequest& r) { return r.step() >= 2; }));
+  coordinator_.SetTasks(kNode, {});
+  ASSERT_TRUE(AwaitNoJobs());
+  for (const ReportProgressRequest& r : coordinator_.reports()) {
+    EXPECT_TRUE(r.error().empty()) << r.error();
+  }
+}
+
+TEST_F(WorkerRuntimeTest, ShutdownTellsTheCoordinatorTheJobLostThisWorker) {
+  coordinator_.SetTasks(kNode, {HostedTask("j", Spec(1000000))});
+  ASSERT_TRUE(coordinator_.AwaitReport([](const ReportProgressRequest& r) { return r.step() >= 2; }));
+  runtime_->StopAll();
+  const ReportProgressRequest last = coordinator_.reports().back();
+  EXPECT_THAT(last.error(), HasSubstr("worker worker@test was shut down"));
+  EXPECT_TRUE(runtime_->Jobs().empty());
+}
+
+}  // namespace
+}  // namespace downpour
