@@ -32,6 +32,8 @@ def group(rows, key, value):
 
 
 def table(title, columns, old, new, fmt):
+    if not set(old) & set(new):
+        return
     print(f'\n{title}\n')
     print('| ' + ' | '.join(columns) + ' | old (median of n) | new (median of n) | new / old |')
     print('|' + ' --- |' * (len(columns) + 3))

@@ -5,7 +5,7 @@ optimizer step on one GPU, data already on the device.
 
 Models match bench/models/*.pbtxt layer for layer (NCHW here, NHWC in ours;
 the arithmetic is the same). fp32 means strict fp32: TF32 is off for cuBLAS
-and cuDNN, as in our engine (kernels/cuda.h). bf16 is autocast; fp16 is
+and cuDNN, as in our engine (kernels/cuda/). bf16 is autocast; fp16 is
 autocast with a GradScaler (dynamic loss scaling).
 
 Prints one JSON line per (model, precision, memory format):

@@ -13,6 +13,8 @@
 // loops of `steps` steps (device synchronised before and after each loop)
 // of the loop's wall time / steps. mem_mb is the device memory the run took
 // (cudaMemGetInfo before the model and after the timing).
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,8 +28,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
-#include <cuda_runtime_api.h>
-
 #include "google/protobuf/text_format.h"
 #include "kernels/cuda/conv_plan.h"
 #include "model/devices.h"

@@ -509,12 +509,11 @@ absl::StatusOr<std::unique_ptr<TransportBench>> TransportBench::Start(const Opti
     agent.self.set_role(WORKER);
     agent.self.set_address("127.0.0.1:1");  // Serves nothing; the field is required.
     agent.self.set_hostname("localhost");
-    ASSIGN_OR_RETURN(auto started,
-                     NodeAgent::Start(agent, st.coordinator.get(),
-                                      [&st, w](const std::vector<Task>& tasks) {
-                       absl::MutexLock lock(&st.mu);
-                       st.tasks[w] = tasks;
-                     }));
+    ASSIGN_OR_RETURN(auto started, NodeAgent::Start(agent, st.coordinator.get(),
+                                                    [&st, w](const std::vector<Task>& tasks) {
+                                                      absl::MutexLock lock(&st.mu);
+                                                      st.tasks[w] = tasks;
+                                                    }));
     st.agents.push_back(std::move(started));
   }
   // Wait until every shard has registered.

@@ -1,4 +1,4 @@
-// Wall and monotonic time in the units the wire and logs use.
+// Monotonic time in the units logs and rates use.
 #ifndef DOWNPOUR_COMMON_CLOCK_H_
 #define DOWNPOUR_COMMON_CLOCK_H_
 
@@ -7,17 +7,9 @@
 
 namespace downpour {
 
-// Milliseconds since the Unix epoch (timestamps stored in job state).
-inline int64_t WallMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // Seconds on a monotonic clock (durations and rates).
 inline double MonotonicSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace downpour

@@ -319,10 +319,9 @@ void CoordinatorState::DetectDeadNodes() {
   const absl::Time now = options_.now();
   for (auto& [id, node] : nodes_) {
     if (!node.info.alive() || now - node.last_heartbeat <= options_.node_timeout) continue;
-    const std::string why =
-        absl::StrCat(node.info.role() == SHARD ? "shard" : "worker", " node ", id, " at ",
-                     node.info.address(), " stopped heartbeating for ",
-                     absl::FormatDuration(now - node.last_heartbeat));
+    const std::string why = absl::StrCat(
+        node.info.role() == SHARD ? "shard" : "worker", " node ", id, " at ", node.info.address(),
+        " stopped heartbeating for ", absl::FormatDuration(now - node.last_heartbeat));
     // Its jobs end first; the node counts as dead once that is recorded.
     absl::Status failed = FailJobsOfNode(id, why);
     if (failed.ok()) {

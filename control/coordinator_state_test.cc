@@ -7,6 +7,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spec/test_jobs.h"
 
 namespace downpour {
 namespace control {
@@ -49,25 +50,7 @@ class MemoryJobStore : public JobStore {
   Data* data_;
 };
 
-JobSpec SmallSpec(int workers, int shards) {
-  JobSpec spec;
-  spec.set_name("t");
-  ModelSpec* model = spec.mutable_model();
-  model->add_input_shape(8);
-  model->set_num_classes(3);
-  model->add_layer()->mutable_dense()->set_units(16);
-  model->add_layer()->mutable_relu();
-  model->add_layer()->mutable_dense()->set_units(3);
-  model->add_layer()->mutable_softmax_cross_entropy();
-  spec.mutable_dataset()->set_train_files("train-*");
-  spec.mutable_dataset()->set_test_files("test-*");
-  spec.mutable_dataset()->set_batch_size(4);
-  spec.mutable_optimizer()->set_learning_rate(0.1);
-  spec.set_num_workers(workers);
-  spec.set_num_shards(shards);
-  spec.set_steps(10);
-  return spec;
-}
+JobSpec SmallSpec(int workers, int shards) { return SmallMlpJob(workers, shards); }
 
 class CoordinatorStateTest : public ::testing::Test {
  protected:

@@ -54,8 +54,7 @@ absl::StatusOr<JobStatus> FakeCoordinator::SubmitJob(const JobSpec&, const std::
 }
 absl::StatusOr<std::vector<JobStatus>> FakeCoordinator::ListJobs() { return NoQueue(); }
 absl::StatusOr<JobStatus> FakeCoordinator::GetJob(const std::string&) { return NoQueue(); }
-absl::StatusOr<JobStatus> FakeCoordinator::WatchJob(const std::string&, int64_t,
-                                                    absl::Duration) {
+absl::StatusOr<JobStatus> FakeCoordinator::WatchJob(const std::string&, int64_t, absl::Duration) {
   return NoQueue();
 }
 absl::StatusOr<JobStatus> FakeCoordinator::StopJob(const std::string&) { return NoQueue(); }
@@ -100,8 +99,7 @@ bool FakeCoordinator::HeartbeatsReached() const { return heartbeats_ >= awaited_
 bool FakeCoordinator::AwaitHeartbeats(int n, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   awaited_heartbeats_ = heartbeats_ + n;
-  return mu_.AwaitWithTimeout(absl::Condition(this, &FakeCoordinator::HeartbeatsReached),
-                              timeout);
+  return mu_.AwaitWithTimeout(absl::Condition(this, &FakeCoordinator::HeartbeatsReached), timeout);
 }
 
 bool FakeCoordinator::AwaitReport(const std::function<bool(const ReportProgressRequest&)>& done,
@@ -114,9 +112,8 @@ bool FakeCoordinator::AwaitReport(const std::function<bool(const ReportProgressR
       if (done(reports_[seen])) return true;
     }
     const size_t count = reports_.size();
-    auto more = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return reports_.size() > count;
-    };
+    auto more = [this, count]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reports_.size() > count; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&more), give_up)) return false;
   }
 }

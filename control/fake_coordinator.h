@@ -26,8 +26,8 @@ namespace control {
 class FakeCoordinator : public Coordinator {
  public:
   // What ReportProgress answers: job_ended, or an error.
-  using ReportHandler = std::function<absl::StatusOr<ReportProgressResponse>(
-      const ReportProgressRequest&)>;
+  using ReportHandler =
+      std::function<absl::StatusOr<ReportProgressResponse>(const ReportProgressRequest&)>;
 
   absl::StatusOr<RegisterNodeResponse> RegisterNode(const NodeInfo& node) override;
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request) override;

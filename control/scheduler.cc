@@ -39,9 +39,8 @@ std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*
     if (static_cast<int>(workers.size()) < spec.num_workers() ||
         static_cast<int>(shards.size()) < spec.num_shards()) {
       decision.message = absl::StrCat("waiting for ", spec.num_workers(), " free workers (",
-                                      workers.size(), " free of ", alive_workers,
-                                      " alive) and ", spec.num_shards(), " shards (",
-                                      shards.size(), " alive)");
+                                      workers.size(), " free of ", alive_workers, " alive) and ",
+                                      spec.num_shards(), " shards (", shards.size(), " alive)");
       decisions.push_back(std::move(decision));
       continue;
     }

@@ -2,6 +2,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spec/job_validation.h"
+#include "spec/test_jobs.h"
 
 namespace downpour {
 namespace control {
@@ -15,23 +17,8 @@ JobStatus Job(const std::string& id, JobState state, int workers, int shards) {
   JobStatus job;
   job.set_id(id);
   job.set_state(state);
-  JobSpec* spec = job.mutable_spec();
-  ModelSpec* model = spec->mutable_model();
-  model->add_input_shape(8);
-  model->set_num_classes(3);
-  model->add_layer()->mutable_dense()->set_units(16);
-  model->add_layer()->mutable_relu();
-  model->add_layer()->mutable_dense()->set_units(3);
-  model->add_layer()->mutable_softmax_cross_entropy();
-  spec->mutable_dataset()->set_train_files("train-*");
-  spec->mutable_dataset()->set_test_files("test-*");
-  spec->mutable_dataset()->set_batch_size(4);
-  spec->mutable_optimizer()->set_learning_rate(0.1f);
-  spec->set_num_workers(workers);
-  spec->set_num_shards(shards);
-  spec->set_steps(10);
-  spec->set_log_every_steps(10);
-  spec->set_partition_bytes(4 << 20);
+  *job.mutable_spec() = SmallMlpJob(workers, shards);
+  ApplyJobDefaults(job.mutable_spec());
   return job;
 }
 
@@ -62,9 +49,9 @@ TEST(SchedulerTest, RunningJobsKeepTheirWorkersAndLoadTheirShards) {
   running.mutable_placement()->add_worker_nodes("w1");
   running.mutable_placement()->add_shard_nodes("s1");
   JobStatus pending = Job("pending", PENDING, 1, 1);
-  std::vector<ScheduleDecision> decisions =
-      SchedulePending({&running, &pending}, {Node("s1", SHARD), Node("s2", SHARD),
-                                             Node("w1", WORKER), Node("w2", WORKER)});
+  std::vector<ScheduleDecision> decisions = SchedulePending(
+      {&running, &pending},
+      {Node("s1", SHARD), Node("s2", SHARD), Node("w1", WORKER), Node("w2", WORKER)});
   ASSERT_EQ(decisions.size(), 1u);
   EXPECT_EQ(decisions[0].job_id, "pending");
   EXPECT_EQ(decisions[0].action, Action::kStart);
@@ -85,9 +72,9 @@ TEST(SchedulerTest, FailsAJobThatCannotBePlaced) {
   // More shards than the model has partitions (a job stored by a coordinator
   // that did not check).
   JobStatus job = Job("j", PENDING, 1, 5);
-  std::vector<ScheduleDecision> decisions = SchedulePending(
-      {&job}, {Node("s1", SHARD), Node("s2", SHARD), Node("s3", SHARD), Node("s4", SHARD),
-               Node("s5", SHARD), Node("w", WORKER)});
+  std::vector<ScheduleDecision> decisions =
+      SchedulePending({&job}, {Node("s1", SHARD), Node("s2", SHARD), Node("s3", SHARD),
+                               Node("s4", SHARD), Node("s5", SHARD), Node("w", WORKER)});
   ASSERT_EQ(decisions.size(), 1u);
   EXPECT_EQ(decisions[0].action, Action::kFail);
   EXPECT_FALSE(decisions[0].message.empty());

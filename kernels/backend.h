@@ -53,7 +53,8 @@ class DeviceMemory {
   using FreeFunction = void (*)(void*);
 
   DeviceMemory() = default;
-  DeviceMemory(void* ptr, size_t bytes, FreeFunction free) : ptr_(ptr), bytes_(bytes), free_(free) {}
+  DeviceMemory(void* ptr, size_t bytes, FreeFunction free)
+      : ptr_(ptr), bytes_(bytes), free_(free) {}
   DeviceMemory(DeviceMemory&& other) noexcept { *this = std::move(other); }
   DeviceMemory& operator=(DeviceMemory&& other) noexcept {
     if (this != &other) {
@@ -129,7 +130,8 @@ class Act {
   X(MaxPoolBackward, (const WindowShape& s, Act x, Act dy, Act dx, Write dx_write),                \
     (s, x, dy, dx, dx_write))                                                                      \
   X(AvgPoolForward, (const WindowShape& s, Act x, Act y), (s, x, y))                               \
-  X(AvgPoolBackward, (const WindowShape& s, Act dy, Act dx, Write dx_write), (s, dy, dx, dx_write)) \
+  X(AvgPoolBackward, (const WindowShape& s, Act dy, Act dx, Write dx_write),                       \
+    (s, dy, dx, dx_write))                                                                         \
   X(GlobalAvgPoolForward, (int64_t batch, int64_t spatial, int64_t channels, Act x, Act y),        \
     (batch, spatial, channels, x, y))                                                              \
   X(GlobalAvgPoolBackward,                                                                         \
@@ -170,8 +172,8 @@ class ComputeBackend {
 #undef DOWNPOUR_DECLARE_OP
 
   // `relu`: y = max(0, conv + bias) (the ReLU that follows, fused).
-  virtual absl::Status Conv2dForward(const WindowShape& s, Act x, const float* w,
-                                     const float* bias, Act y, bool relu) = 0;
+  virtual absl::Status Conv2dForward(const WindowShape& s, Act x, const float* w, const float* bias,
+                                     Act y, bool relu) = 0;
   virtual absl::Status Conv2dBackward(const WindowShape& s, Act x, const float* w, Act dy, Act dx,
                                       Write dx_write, float* dw, float* dbias,
                                       Write param_write) = 0;
@@ -283,8 +285,7 @@ class DeviceGroup {
   // applied on its own device by the reduction itself.
   // REQUIRES: as Broadcast, and weights has size() entries.
   virtual absl::Status WeightedSumToRankZero(const std::vector<float*>& buffers,
-                                             const std::vector<float>& weights,
-                                             int64_t count) = 0;
+                                             const std::vector<float>& weights, int64_t count) = 0;
 };
 
 }  // namespace kernels

@@ -17,8 +17,8 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptio
   const int count = cuda::CudaDeviceCount();
   if (count == 0) return absl::FailedPreconditionError(cuda::CudaUnavailableReason());
   if (options.device >= count) {
-    return absl::FailedPreconditionError(absl::StrCat("CUDA device ", options.device,
-                                                      " does not exist; this process sees ", count));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " does not exist; this process sees ", count));
   }
   return cuda::CreateCudaBackend(options);
 }
@@ -31,9 +31,8 @@ absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
       return absl::InvalidArgumentError("a device group spans GPU backends only");
     }
     if (!devices.insert(backend->device()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a device group needs distinct GPUs; device ", backend->device(),
-                       " is given twice"));
+      return absl::InvalidArgumentError(absl::StrCat("a device group needs distinct GPUs; device ",
+                                                     backend->device(), " is given twice"));
     }
   }
   if (backends.size() < 2) {

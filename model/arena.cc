@@ -57,8 +57,7 @@ size_t PlaceBlocks(std::vector<ArenaBlock>& blocks) {
 
 ArenaPlan PlanArena(const ModelShape& shape, const std::vector<ArenaBuffer>& buffer_list,
                     const std::vector<int>& buffer_of_layer,
-                    const std::vector<int64_t>& scratch_need, size_t element_bytes,
-                    int64_t batch) {
+                    const std::vector<int64_t>& scratch_need, size_t element_bytes, int64_t batch) {
   const int n = static_cast<int>(shape.layers.size());
   const int buffers = static_cast<int>(buffer_list.size());
   auto backward_time = [n](int layer) { return 2 * n - 1 - layer; };

@@ -57,8 +57,7 @@ struct ArenaPlan {
 // scratch_need[2i + 1] bytes of scratch for layer i's forward / backward.
 ArenaPlan PlanArena(const ModelShape& shape, const std::vector<ArenaBuffer>& buffers,
                     const std::vector<int>& buffer_of_layer,
-                    const std::vector<int64_t>& scratch_need, size_t element_bytes,
-                    int64_t batch);
+                    const std::vector<int64_t>& scratch_need, size_t element_bytes, int64_t batch);
 
 }  // namespace model_internal
 }  // namespace downpour

@@ -39,13 +39,14 @@ TEST(PlaceBlocksTest, BlocksLiveAtOnceNeverShareBytesOthersDo) {
 TEST(PlanArenaTest, MlpBuffersAndScratchFit) {
   ModelSpec spec;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(R"pb(
-    input_shape: 8
-    num_classes: 4
-    layer { dense { units: 16 } }
-    layer { relu {} }
-    layer { dense { units: 4 } }
-    layer { softmax_cross_entropy {} }
-  )pb", &spec));
+                                                              input_shape: 8
+                                                              num_classes: 4
+                                                              layer { dense { units: 16 } }
+                                                              layer { relu {} }
+                                                              layer { dense { units: 4 } }
+                                                              layer { softmax_cross_entropy {} }
+                                                            )pb",
+                                                            &spec));
   const ModelShape shape = InferModel(spec).value();
   // Buffer 0 is the input; dense0 -> 1, relu (in place over 1) -> 2,
   // dense1 -> 3, the loss writes none.

@@ -9,7 +9,6 @@ namespace downpour {
 namespace model_internal {
 namespace {
 
-
 class DenseLayer : public Layer {
  public:
   DenseLayer(int64_t in, int64_t out, const float* w, const float* b, float* dw, float* db)
@@ -117,8 +116,7 @@ WindowShape Batched(WindowShape s, int64_t batch) {
 
 class Conv2dLayer : public Layer {
  public:
-  Conv2dLayer(const WindowShape& window, const float* w, const float* b, float* dw,
-              float* db)
+  Conv2dLayer(const WindowShape& window, const float* w, const float* b, float* dw, float* db)
       : window_(window), w_(w), b_(b), dw_(dw), db_(db) {}
 
   absl::Status Forward(ComputeBackend& ops, const ForwardArgs& a) override {
@@ -320,15 +318,14 @@ std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t
       return std::make_unique<PoolLayer>(layer.window, layer.kind == LayerKind::kMaxPool);
     case LayerKind::kGlobalAvgPool: {
       const int input = layer.inputs[0];
-      const std::vector<int64_t>& in = input == LayerShape::kModelInput
-                                           ? shape.input_shape
-                                           : shape.layers[input].output_shape;
+      const std::vector<int64_t>& in =
+          input == LayerShape::kModelInput ? shape.input_shape : shape.layers[input].output_shape;
       return std::make_unique<GlobalAvgPoolLayer>(in[0] * in[1], in[2]);
     }
     case LayerKind::kBatchNorm:
       return std::make_unique<BatchNormLayer>(elements, layer.output_shape.back(),
-                                              layer.bn_momentum, layer.bn_epsilon, p(0), p(1),
-                                              g(0), g(1), tensors.state[0], tensors.state[1]);
+                                              layer.bn_momentum, layer.bn_epsilon, p(0), p(1), g(0),
+                                              g(1), tensors.state[0], tensors.state[1]);
     case LayerKind::kAdd:
       return std::make_unique<AddLayer>(elements);
     case LayerKind::kEmbedding:

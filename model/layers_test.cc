@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "model/model.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "model/model.h"
 
 namespace downpour {
 namespace {

@@ -40,7 +40,7 @@ struct Storage {
   DeviceMemory params, grads, state;                 // Compute memory.
   DeviceMemory params_host, grads_host, state_host;  // GPU only: page-locked copies.
   DeviceMemory features, labels;                     // GPU only: the staged batch.
-  DeviceMemory input_activations;  // Reduced activations: the input in their type.
+  DeviceMemory input_activations;           // Reduced activations: the input in their type.
   DeviceMemory features_host, labels_host;  // GPU only: page-locked staging.
   DeviceMemory slots;                       // ApplyOptimizerOnDevice's.
   int num_slots = 0;
@@ -334,9 +334,8 @@ absl::Status Model::PlanArena(int64_t batch) {
   RETURN_IF_ERROR(backend_->Synchronize());
   std::vector<model_internal::ArenaBuffer> buffers;
   for (const model_internal::Buffer& b : st.buffers) buffers.push_back({b.elements, b.value_alias});
-  const model_internal::ArenaPlan plan =
-      model_internal::PlanArena(shape_, buffers, st.buffer_of_layer, scratch_need_,
-                                backend_->activation_bytes(), batch);
+  const model_internal::ArenaPlan plan = model_internal::PlanArena(
+      shape_, buffers, st.buffer_of_layer, scratch_need_, backend_->activation_bytes(), batch);
   st.arena = {};
   ASSIGN_OR_RETURN(st.arena, backend_->Allocate(plan.bytes));
   char* base = st.arena.as<char>();
@@ -357,7 +356,8 @@ absl::Status Model::RunLayer(size_t i, bool forward, const model_internal::Forwa
   if (scratch_planned_ && scratch_at_[slot] != nullptr) {
     backend_->LendWorkspace(scratch_at_[slot], static_cast<size_t>(scratch_need_[slot]));
   }
-  absl::Status s = forward ? layers_[i]->Forward(*backend_, *f) : layers_[i]->Backward(*backend_, *b);
+  absl::Status s =
+      forward ? layers_[i]->Forward(*backend_, *f) : layers_[i]->Backward(*backend_, *b);
   backend_->ReturnWorkspace();
   scratch_need_[slot] = std::max(scratch_need_[slot], backend_->WorkspacePeak());
   return s;
@@ -415,7 +415,7 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
   RETURN_IF_ERROR(backend_->ResetLoss());
   if (input_to_activations_) {
     RETURN_IF_ERROR(backend_->ToActivations(batch * shape_.input_size, input_,
-                                        kernels::Act(st.input_activations.as<void>())));
+                                            kernels::Act(st.input_activations.as<void>())));
   }
   // The weights changed since the last pass (shards' values or the device
   // optimizer): one cast for the whole step instead of one per op.
@@ -524,7 +524,7 @@ absl::Status Model::BeginLossScaling() {
 absl::Status Model::UnscaleGradients() {
   if (!loss_scaling_) return absl::OkStatus();
   return backend_->UnscaleCheckFinite(param_total_, static_cast<float>(1.0 / step_scale_),
-                                  grad_compute_);
+                                      grad_compute_);
 }
 
 absl::StatusOr<bool> Model::FinishLossScaling() {

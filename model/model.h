@@ -86,7 +86,7 @@ struct LayerTime {
 
 // What TrainStep moves between the host and the device (a GPU model; the CPU
 // computes in place). Multi-GPU replicas move parameters and gradients
-// between their devices instead (worker/replicas.h).
+// between their devices instead (model/replica_set.h).
 struct TrainStepOptions {
   bool params_from_host = true;  // Copy param(id) to the device first.
   bool grads_to_host = true;     // Copy the gradients to grad(id) after.

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "model/model.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/devices.h"
+#include "model/model.h"
 
 namespace downpour {
 namespace {

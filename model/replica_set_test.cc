@@ -130,10 +130,10 @@ void ExpectDeviceParamsArePrimarys(ReplicaSet* set) {
     Model* m = set->replica(r);
     for (const ParamInfo& p : m->params()) {
       std::vector<float> on_device(p.num_elements);
-      ASSERT_TRUE(m->backend()
-                      .ToHost(on_device.data(), m->device_param(p.id),
-                              p.num_elements * sizeof(float))
-                      .ok());
+      ASSERT_TRUE(
+          m->backend()
+              .ToHost(on_device.data(), m->device_param(p.id), p.num_elements * sizeof(float))
+              .ok());
       ASSERT_TRUE(m->backend().Synchronize().ok());
       for (int64_t i = 0; i < p.num_elements; ++i) {
         ASSERT_EQ(on_device[i], primary->param(p.id)[i])

@@ -197,7 +197,8 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   for (const PartitionPlacement& placement : partitions) {
     if (placement.shard() != shard_index) continue;
     const std::string name = KeyName(placement.tensor_id(), placement.partition());
-    if (placement.tensor_id() < 0 || placement.tensor_id() >= static_cast<int64_t>(params->size())) {
+    if (placement.tensor_id() < 0 ||
+        placement.tensor_id() >= static_cast<int64_t>(params->size())) {
       return invalid("partition ", name, ": tensor_id out of range [0, ", params->size(), ")");
     }
     const ParamInfo& param = (*params)[placement.tensor_id()];
@@ -394,9 +395,8 @@ void ParameterStore::ApplyNow(const Job& job, const PushRequest& request, const 
   p.version.store(version + 1, std::memory_order_release);
 }
 
-void ParameterStore::Accumulate(const Job& job, const PushRequest& request,
-                                const Payload& payload, const Piece& piece,
-                                std::vector<float>* scratch) const {
+void ParameterStore::Accumulate(const Job& job, const PushRequest& request, const Payload& payload,
+                                const Piece& piece, std::vector<float>* scratch) const {
   Partition& p = *piece.partition;
   const int rank = request.worker_rank();
   absl::MutexLock lock(&p.mu);
@@ -428,9 +428,9 @@ void ParameterStore::Accumulate(const Job& job, const PushRequest& request,
     for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
     float* slots[2] = {nullptr, nullptr};
     for (size_t i = 0; i < p.slots.size(); ++i) slots[i] = p.slots[i].data();
-    kernels::cpu::ApplyOptimizer(job.optimizer,
-                   HyperparamsAt(job.optimizer_spec, job.Progress(version), ++p.updates), sum, n,
-                   p.values.data(), slots);
+    kernels::cpu::ApplyOptimizer(
+        job.optimizer, HyperparamsAt(job.optimizer_spec, job.Progress(version), ++p.updates), sum,
+        n, p.values.data(), slots);
   }
   std::fill(p.arrived.begin(), p.arrived.end(), false);
   p.num_arrived = 0;
@@ -453,10 +453,10 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
       const int64_t version = piece.partition->version.load(std::memory_order_acquire);
       if (request.step() > version) {
         Settle(*job, request, /*applied=*/false);
-        return absl::FailedPreconditionError(absl::StrCat(
-            "push to job ", job->id, ": step ", request.step(), " of partition ",
-            piece.partition->Name(), " is ahead of its version ", version, "; pull version ",
-            request.step(), " first"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("push to job ", job->id, ": step ", request.step(), " of partition ",
+                         piece.partition->Name(), " is ahead of its version ", version,
+                         "; pull version ", request.step(), " first"));
       }
     }
   }

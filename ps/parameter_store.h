@@ -29,8 +29,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "ps/parameter_shard.h"
 #include "proto/job.pb.h"
+#include "ps/parameter_shard.h"
 
 namespace downpour {
 

@@ -32,8 +32,14 @@ constexpr char kJob[] = "job-1";
 constexpr char kModel[] = R"pb(
   input_shape: 2
   num_classes: 3
-  layer { name: "dense0" dense { units: 3 no_bias: true } }
-  layer { name: "bn" batch_norm {} }
+  layer {
+    name: "dense0"
+    dense { units: 3 no_bias: true }
+  }
+  layer {
+    name: "bn"
+    batch_norm {}
+  }
   layer { softmax_cross_entropy {} }
 )pb";
 
@@ -584,8 +590,8 @@ TEST_P(ParameterStoreOptimizerTest, MatchesKernelAppliedByHand) {
     ASSERT_TRUE(store.Push(MakePush(1, step + 1, step, {{{0, 1}, g1}})).ok());
     std::vector<float> mean(3);
     for (int i = 0; i < 3; ++i) mean[i] = (g0[i] + g1[i]) / 2;
-    kernels::cpu::ApplyOptimizer(kind, HyperparamsAt(spec.optimizer(), step, step + 1),
-                                 mean.data(), 3, param.data(), slot_ptrs.data());
+    kernels::cpu::ApplyOptimizer(kind, HyperparamsAt(spec.optimizer(), step, step + 1), mean.data(),
+                                 3, param.data(), slot_ptrs.data());
   }
   absl::StatusOr<PullResponse> response = store.Pull(MakePull({{0, 1}}, 3), Soon());
   ASSERT_TRUE(response.ok()) << response.status();

@@ -12,10 +12,9 @@ absl::StatusOr<RequestDedup::Verdict> RequestDedup::Reserve(const RequestKey& ke
     worker = Worker();
     worker.incarnation = key.incarnation;
   } else if (key.incarnation < worker.incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", key.worker_id, " incarnation ",
-                                                      key.incarnation,
-                                                      " was superseded by incarnation ",
-                                                      worker.incarnation));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", key.worker_id, " incarnation ", key.incarnation,
+                     " was superseded by incarnation ", worker.incarnation));
   }
   if (key.sequence <= worker.floor) return Verdict::kDuplicate;  // Long applied.
   auto [seq, inserted] = worker.recent.try_emplace(key.sequence, false);

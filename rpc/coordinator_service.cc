@@ -19,8 +19,7 @@ grpc::Status Reply(absl::StatusOr<T> result, Out* out) {
 
 }  // namespace
 
-CoordinatorService::CoordinatorService(control::Coordinator* coordinator,
-                                       MetricsRegistry* metrics)
+CoordinatorService::CoordinatorService(control::Coordinator* coordinator, MetricsRegistry* metrics)
     : coordinator_(coordinator),
       submitted_(metrics->GetCounter("downpour_jobs_submitted_total", "Jobs accepted.")),
       rejected_(metrics->GetCounter("downpour_jobs_rejected_total",

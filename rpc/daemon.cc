@@ -8,8 +8,8 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
 #include "common/net_address.h"
+#include "common/status.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace downpour {
@@ -79,8 +79,8 @@ std::string WaitForTerminationSignal() {
 }
 
 absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
-    const Options& options, const std::vector<grpc::Service*>& services,
-    MetricsRegistry* metrics, NodeAgent::TasksCallback on_tasks) {
+    const Options& options, const std::vector<grpc::Service*>& services, MetricsRegistry* metrics,
+    NodeAgent::TasksCallback on_tasks) {
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("--coordinator=HOST:PORT is required");
   }
@@ -101,8 +101,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
                         : absl::StrCat(options.role == SHARD ? "ps@" : "worker@", address));
   agent.self.set_role(options.role);
   agent.self.set_address(address);
-  agent.self.set_metrics_address(daemon->metrics_server_ ? daemon->metrics_server_->address()
-                                                         : "");
+  agent.self.set_metrics_address(daemon->metrics_server_ ? daemon->metrics_server_->address() : "");
   for (const std::string& device : options.devices) agent.self.add_devices(device);
   ASSIGN_OR_RETURN(daemon->agent_,
                    NodeAgent::Start(agent, daemon->coordinator_.get(), std::move(on_tasks)));

@@ -69,8 +69,8 @@ class NodeDaemon {
   // coordinator (its tasks go to `on_tasks`, on the agent's thread), then
   // writes the port file.
   static absl::StatusOr<std::unique_ptr<NodeDaemon>> Start(
-      const Options& options, const std::vector<grpc::Service*>& services,
-      MetricsRegistry* metrics, NodeAgent::TasksCallback on_tasks);
+      const Options& options, const std::vector<grpc::Service*>& services, MetricsRegistry* metrics,
+      NodeAgent::TasksCallback on_tasks);
   ~NodeDaemon();
 
   NodeAgent& agent() { return *agent_; }

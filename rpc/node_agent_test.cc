@@ -12,8 +12,8 @@
 namespace downpour {
 namespace {
 
-using ::testing::HasSubstr;
 using control::FakeCoordinator;
+using ::testing::HasSubstr;
 
 Task JobTask(const std::string& job) {
   Task task;

@@ -213,7 +213,8 @@ absl::StatusOr<PushResponse> RemoteParameterShard::Push(const PushRequest& reque
   TensorMessage message, reply;
   message.header = request.SerializeAsString();
   message.payload = payload;
-  RETURN_IF_ERROR(Call(Method::kPush, message, absl::Now() + options_.push_attempt_timeout, &reply));
+  RETURN_IF_ERROR(
+      Call(Method::kPush, message, absl::Now() + options_.push_attempt_timeout, &reply));
   PushResponse response;
   if (!response.ParseFromString(reply.header)) {
     return absl::InternalError(absl::StrCat("shard ", address_, ": malformed PushResponse"));

@@ -23,9 +23,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "ps/parameter_shard.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/rpc_method.h"
+#include "ps/parameter_shard.h"
 #include "rpc/tensor_wire.h"
 
 namespace downpour {

@@ -16,9 +16,9 @@
 #define DOWNPOUR_RPC_PS_SERVICE_H_
 
 #include "absl/time/time.h"
-#include "ps/parameter_shard.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/service_type.h"
+#include "ps/parameter_shard.h"
 #include "rpc/tensor_wire.h"
 
 namespace downpour {

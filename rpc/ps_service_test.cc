@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/text_format.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "ps/parameter_store.h"
@@ -30,17 +30,22 @@ constexpr char kJob[] = "job-1";
 // Tensor 0 is bn/gamma: 4 ones, in partitions 0/0 [0, 2) and 0/1 [2, 4).
 JobSpec Spec(ConsistencySpec::Mode mode, int num_workers) {
   JobSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(R"pb(
-    model {
-      input_shape: 4
-      num_classes: 4
-      layer { name: "bn" batch_norm {} }
-      layer { softmax_cross_entropy {} }
-    }
-    dataset { train_files: "train-*" test_files: "test-*" batch_size: 2 }
-    num_shards: 1
-    steps: 10
-  )pb", &spec));
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        model {
+          input_shape: 4
+          num_classes: 4
+          layer {
+            name: "bn"
+            batch_norm {}
+          }
+          layer { softmax_cross_entropy {} }
+        }
+        dataset { train_files: "train-*" test_files: "test-*" batch_size: 2 }
+        num_shards: 1
+        steps: 10
+      )pb",
+      &spec));
   spec.set_num_workers(num_workers);
   spec.set_seed(3);
   spec.mutable_consistency()->set_mode(mode);

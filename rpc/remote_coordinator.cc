@@ -137,8 +137,9 @@ absl::StatusOr<JobStatus> RemoteCoordinator::WatchJob(const std::string& job_id,
 absl::StatusOr<JobStatus> RemoteCoordinator::StopJob(const std::string& job_id) {
   StopJobRequest request;
   request.set_job_id(job_id);
-  ASSIGN_OR_RETURN(StopJobResponse response, (Call<StopJobRequest, StopJobResponse>(
-                                                 "StopJob", &Stub::StopJob, request, rpc_timeout_)));
+  ASSIGN_OR_RETURN(
+      StopJobResponse response,
+      (Call<StopJobRequest, StopJobResponse>("StopJob", &Stub::StopJob, request, rpc_timeout_)));
   return std::move(*response.mutable_job());
 }
 

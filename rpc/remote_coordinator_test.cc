@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "rpc/coordinator_service.h"
 #include "rpc/daemon.h"
+#include "spec/test_jobs.h"
 
 namespace downpour {
 namespace {
@@ -54,23 +55,7 @@ TEST(ConnectTest, EmptyAddressIsInvalid) {
   EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-JobSpec SmallSpec() {
-  JobSpec spec;
-  spec.set_name("t");
-  ModelSpec* model = spec.mutable_model();
-  model->add_input_shape(8);
-  model->set_num_classes(3);
-  model->add_layer()->mutable_dense()->set_units(3);
-  model->add_layer()->mutable_softmax_cross_entropy();
-  spec.mutable_dataset()->set_train_files("train-*");
-  spec.mutable_dataset()->set_test_files("test-*");
-  spec.mutable_dataset()->set_batch_size(4);
-  spec.mutable_optimizer()->set_learning_rate(0.1f);
-  spec.set_num_workers(1);
-  spec.set_num_shards(1);
-  spec.set_steps(10);
-  return spec;
-}
+JobSpec SmallSpec() { return SmallMlpJob(1, 1); }
 
 // The remote client against the real service over loopback, in front of
 // the in-process coordinator: what a caller sees must not depend on which
@@ -120,8 +105,7 @@ TEST_F(RemoteCoordinatorTest, JobLifecycleAsTheLocalCoordinatorSeesIt) {
   absl::StatusOr<JobStatus> submitted = remote_->SubmitJob(SmallSpec(), "j");
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   EXPECT_EQ(submitted->state(), RUNNING);
-  EXPECT_EQ(remote_->GetJob("j")->SerializeAsString(),
-            state_->GetJob("j")->SerializeAsString());
+  EXPECT_EQ(remote_->GetJob("j")->SerializeAsString(), state_->GetJob("j")->SerializeAsString());
   // The list leaves the partition lists out; GetJob has them.
   absl::StatusOr<std::vector<JobStatus>> jobs = remote_->ListJobs();
   ASSERT_TRUE(jobs.ok());

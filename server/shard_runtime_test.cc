@@ -10,6 +10,7 @@
 #include "rpc/node_agent.h"
 #include "spec/job_validation.h"
 #include "spec/shard_map.h"
+#include "spec/test_jobs.h"
 
 namespace downpour {
 namespace {
@@ -26,20 +27,7 @@ Task MakeTask(const std::string& job_id, int shard) {
   task.set_job_id(job_id);
   task.set_rank(shard);
   JobSpec* spec = task.mutable_spec();
-  ModelSpec* model = spec->mutable_model();
-  model->add_input_shape(8);
-  model->set_num_classes(3);
-  model->add_layer()->mutable_dense()->set_units(16);
-  model->add_layer()->mutable_relu();
-  model->add_layer()->mutable_dense()->set_units(3);
-  model->add_layer()->mutable_softmax_cross_entropy();
-  spec->mutable_dataset()->set_train_files("train-*");
-  spec->mutable_dataset()->set_test_files("test-*");
-  spec->mutable_dataset()->set_batch_size(4);
-  spec->mutable_optimizer()->set_learning_rate(0.1f);
-  spec->set_num_workers(1);
-  spec->set_num_shards(2);
-  spec->set_steps(10);
+  *spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/2);
   ApplyJobDefaults(spec);
   auto params = ValidateJobSpec(*spec);
   EXPECT_TRUE(params.ok()) << params.status();

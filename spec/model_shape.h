@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "spec/params.h"
 #include "common/window_shape.h"
 #include "proto/job.pb.h"
+#include "spec/params.h"
 
 namespace downpour {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "spec/params.h"
 #include "proto/job.pb.h"
+#include "spec/params.h"
 
 namespace downpour {
 

@@ -264,8 +264,8 @@ TEST(ParameterExchangeTest, SkippedStepCountsWithoutAGradient) {
   ASSERT_TRUE(exchange.Pull(0, 0, out_initial, [] { return false; }).ok());
   // The job's only step, skipped.
   ASSERT_TRUE(exchange.Push(0, {}).ok());
-  absl::Status final_pull = exchange.Pull(0, /*min_worker_steps=*/1, out_after,
-                                          [] { return false; });
+  absl::Status final_pull =
+      exchange.Pull(0, /*min_worker_steps=*/1, out_after, [] { return false; });
   ASSERT_TRUE(final_pull.ok()) << final_pull;
   EXPECT_EQ(initial, after);
 }
@@ -307,8 +307,9 @@ TEST(ParameterExchangeTest, HalfWidthGradientsApplyAsTheirRoundedValues) {
     for (auto& t : values) v.push_back(t.data());
     ASSERT_TRUE(exchange.Push(0, g).ok());
     ASSERT_TRUE(exchange.Pull(0, 1, v, [] { return false; }).ok());
-    for (auto& t : values) results[dtype == WireDtype::kFloat32 ? 0 : 1].insert(
-        results[dtype == WireDtype::kFloat32 ? 0 : 1].end(), t.begin(), t.end());
+    for (auto& t : values)
+      results[dtype == WireDtype::kFloat32 ? 0 : 1].insert(
+          results[dtype == WireDtype::kFloat32 ? 0 : 1].end(), t.begin(), t.end());
   }
   ExpectEqual(results[0], results[1]);
 }

@@ -41,7 +41,7 @@ struct TrainerOptions {
   // (ModelOptions::device), or one on the CPU when empty. With several, each
   // step's batch is split across them and their gradients are reduced into
   // the first replica before the push (NCCL between GPUs; see
-  // worker/replicas.h).
+  // model/replica_set.h).
   std::vector<int> devices;
 };
 
@@ -75,8 +75,8 @@ class JobTrainer {
   absl::Status PushGradients(const Model& model, int64_t step, bool skipped);
   // PushGradients(step, skipped), then PullParameters(min_version,
   // min_worker_steps), in one round trip per message.
-  absl::Status PushGradientsAndPull(Model* model, int64_t step, bool skipped,
-                                    int64_t min_version, int64_t min_worker_steps);
+  absl::Status PushGradientsAndPull(Model* model, int64_t step, bool skipped, int64_t min_version,
+                                    int64_t min_worker_steps);
   absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
   absl::StatusOr<double> EvaluateTestSet(Model* model, data::BatchReader* reader);
   // Sends a report; a final one (finished, accuracy, failure) is retried

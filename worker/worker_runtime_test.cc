@@ -51,8 +51,7 @@ void WriteDataset(const std::string& path, int examples) {
     const int label = i % 2;
     std::vector<uint8_t> pixels(kPixels, static_cast<uint8_t>(label ? 200 + i % 50 : i % 50));
     ASSERT_TRUE(
-        (*writer)->Write(data::EncodeImageExample(pixels.data(), kPixels, label, {kPixels}))
-            .ok());
+        (*writer)->Write(data::EncodeImageExample(pixels.data(), kPixels, label, {kPixels})).ok());
   }
   ASSERT_TRUE((*writer)->Close().ok());
 }
@@ -101,9 +100,8 @@ class WorkerRuntimeTest : public ::testing::Test {
     agent.self.set_id(kNode);
     agent.self.set_role(WORKER);
     agent.self.set_address("127.0.0.1:1");
-    auto started = NodeAgent::Start(agent, &coordinator_, [this](const std::vector<Task>& tasks) {
-      runtime_->OnTasks(tasks);
-    });
+    auto started = NodeAgent::Start(
+        agent, &coordinator_, [this](const std::vector<Task>& tasks) { runtime_->OnTasks(tasks); });
     ASSERT_TRUE(started.ok()) << started.status();
     agent_ = std::move(started).value();
     runtime_->set_agent(agent_.get());
@@ -172,14 +170,15 @@ TEST_F(WorkerRuntimeTest, ShardThatCannotHostTheJobFailsItWithTheReason) {
   Task task = HostedTask("other", Spec(10));
   task.set_job_id("j");
   coordinator_.SetTasks(kNode, {task});
-  ASSERT_TRUE(coordinator_.AwaitReport(
-      [](const ReportProgressRequest& r) { return !r.error().empty(); }));
+  ASSERT_TRUE(
+      coordinator_.AwaitReport([](const ReportProgressRequest& r) { return !r.error().empty(); }));
   EXPECT_THAT(coordinator_.reports().back().error(), HasSubstr("no memory for 9 GiB"));
 }
 
 TEST_F(WorkerRuntimeTest, JobThatIsNoLongerATaskIsCancelledWithoutAReport) {
   coordinator_.SetTasks(kNode, {HostedTask("j", Spec(1000000))});
-  ASSERT_TRUE(coordinator_.AwaitReport([](const ReportProgressRequest& r) { return r.step() >= 2; }));
+  ASSERT_TRUE(
+      coordinator_.AwaitReport([](const ReportProgressRequest& r) { return r.step() >= 2; }));
   coordinator_.SetTasks(kNode, {});
   ASSERT_TRUE(AwaitNoJobs());
   for (const ReportProgressRequest& r : coordinator_.reports()) {
@@ -189,7 +188,8 @@ TEST_F(WorkerRuntimeTest, JobThatIsNoLongerATaskIsCancelledWithoutAReport) {
 
 TEST_F(WorkerRuntimeTest, ShutdownTellsTheCoordinatorTheJobLostThisWorker) {
   coordinator_.SetTasks(kNode, {HostedTask("j", Spec(1000000))});
-  ASSERT_TRUE(coordinator_.AwaitReport([](const ReportProgressRequest& r) { return r.step() >= 2; }));
+  ASSERT_TRUE(
+      coordinator_.AwaitReport([](const ReportProgressRequest& r) { return r.step() >= 2; }));
   runtime_->StopAll();
   const ReportProgressRequest last = coordinator_.reports().back();
   EXPECT_THAT(last.error(), HasSubstr("worker worker@test was shut down"));

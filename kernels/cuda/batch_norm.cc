@@ -63,9 +63,7 @@ absl::Status BatchNormBackward(const CudaContext& ctx, int64_t rows, int64_t cha
   template absl::Status BatchNormBackward<T>(const CudaContext&, int64_t, int64_t, const T*,     \
                                              const T*, const float*, const float*, const float*, \
                                              T*, Write, float*, float*, Write);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace cuda

@@ -376,9 +376,7 @@ cudaError_t BatchNormBackward(cudaStream_t stream, int64_t rows, int64_t channel
   template cudaError_t BatchNormBackward<T>(cudaStream_t, int64_t, int64_t, const T*, const T*,  \
                                             const float*, const float*, const float*, T*, bool,  \
                                             float*, float*, bool, float*, float*);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace internal

@@ -363,9 +363,7 @@ absl::Status Conv2dBackward(const CudaContext& ctx, const WindowShape& s, const 
   template absl::Status Conv2dBackward<T>(const CudaContext&, const WindowShape&, const T*,  \
                                           const float*, const T*, T*, Write, float*, float*, \
                                           Write);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace cuda

@@ -123,9 +123,7 @@ absl::Status DenseBackward(const CudaContext& ctx, int64_t batch, int64_t in, in
   template absl::Status DenseBackward<T>(const CudaContext&, int64_t, int64_t, int64_t, const T*, \
                                          const float*, const T*, T*, Write, float*, float*,       \
                                          Write);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace cuda

@@ -106,9 +106,7 @@ DOWNPOUR_CONVERT_FROM(__half)
   template absl::Status CopyOrAdd<T>(const CudaContext&, int64_t, const T*, T*, Write);           \
   template absl::Status Zero<T>(const CudaContext&, int64_t, T*);                                 \
   template absl::Status Add<T>(const CudaContext&, int64_t, const T*, const T*, T*);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace cuda

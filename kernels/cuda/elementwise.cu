@@ -343,9 +343,7 @@ cudaError_t Add(cudaStream_t stream, int64_t n, const T* a, const T* b, T* y) {
   template cudaError_t Convert<S, D>(cudaStream_t, int64_t, const S*, D*, const float*, int64_t, \
                                      bool, bool);
 
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 
 DOWNPOUR_INSTANTIATE_CONVERT(float, float)
 DOWNPOUR_INSTANTIATE_CONVERT(float, __nv_bfloat16)

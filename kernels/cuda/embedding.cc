@@ -32,9 +32,7 @@ absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t 
                                             const float*, const float*, T*);                \
   template absl::Status EmbeddingBackward<T>(const CudaContext&, int64_t, int64_t, int64_t, \
                                              const float*, const T*, float*, Write);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace cuda

@@ -21,6 +21,10 @@
 
 #include "kernels/types.h"
 
+// Applies X to each activation element type: the explicit instantiations of
+// every template over T, in launch.h's .cu files and layers.h's .cc files.
+#define DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(X) X(float) X(__nv_bfloat16) X(__half)
+
 namespace downpour {
 namespace kernels {
 namespace cuda {

@@ -159,9 +159,7 @@ cudaError_t CropFromNchw(cudaStream_t stream, const WindowShape& s, int64_t ph, 
                                     T*);                                                           \
   template cudaError_t CropImages<T>(cudaStream_t, const WindowShape&, int64_t, int64_t, const T*, \
                                      T*, bool);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace internal

@@ -87,9 +87,7 @@ cudaError_t SoftmaxCrossEntropy(cudaStream_t stream, int64_t batch, int64_t clas
   template cudaError_t SoftmaxCrossEntropy<T>(cudaStream_t, int64_t, int64_t, const T*, \
                                               const int32_t*, T*, float, double*,       \
                                               unsigned long long*);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace internal

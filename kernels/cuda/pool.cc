@@ -61,9 +61,7 @@ absl::Status GlobalAvgPoolBackward(const CudaContext& ctx, int64_t batch, int64_
                                                 const T*, T*);                                   \
   template absl::Status GlobalAvgPoolBackward<T>(const CudaContext&, int64_t, int64_t, int64_t,  \
                                                  const T*, T*, Write);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace cuda

@@ -348,9 +348,7 @@ cudaError_t GlobalAvgPoolBackward(cudaStream_t stream, int64_t batch, int64_t sp
                                                T*);                                                \
   template cudaError_t GlobalAvgPoolBackward<T>(cudaStream_t, int64_t, int64_t, int64_t, const T*, \
                                                 T*, bool);
-DOWNPOUR_INSTANTIATE(float)
-DOWNPOUR_INSTANTIATE(__nv_bfloat16)
-DOWNPOUR_INSTANTIATE(__half)
+DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE
 
 }  // namespace internal
