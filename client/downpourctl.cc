@@ -585,14 +585,19 @@ int RunDataset(const std::vector<std::string>& args) {
 // ------------------------------------------------------------------- main
 
 // `-o X` and `-o=X` are --output's short form: rewritten before parsing, so
-// one flag holds the setting.
-std::vector<std::string> ExpandShortFlags(int argc, char** argv) {
+// one flag holds the setting. Arguments after `--` are left alone.
+absl::StatusOr<std::vector<std::string>> ExpandShortFlags(int argc, char** argv) {
   std::vector<std::string> args;
+  bool flags = true;
   for (int i = 0; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "-o" && i + 1 < argc) {
+    if (flags && arg == "--") flags = false;
+    if (flags && arg == "-o") {
+      if (i + 1 == argc) {
+        return absl::InvalidArgumentError("-o needs a format: -o table or -o json");
+      }
       args.push_back(absl::StrCat("--output=", argv[++i]));
-    } else if (absl::StartsWith(arg, "-o=")) {
+    } else if (flags && absl::StartsWith(arg, "-o=")) {
       args.push_back(absl::StrCat("--output=", arg.substr(3)));
     } else {
       args.push_back(arg);
@@ -603,9 +608,10 @@ std::vector<std::string> ExpandShortFlags(int argc, char** argv) {
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<std::string> expanded = ExpandShortFlags(argc, argv);
+  absl::StatusOr<std::vector<std::string>> expanded = ExpandShortFlags(argc, argv);
+  if (!expanded.ok()) return UsageError(expanded.status().message());
   std::vector<char*> expanded_argv;
-  for (std::string& arg : expanded) expanded_argv.push_back(arg.data());
+  for (std::string& arg : *expanded) expanded_argv.push_back(arg.data());
   std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(expanded_argv.size()), expanded_argv.data());
   if (positional.size() < 2) {

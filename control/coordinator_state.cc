@@ -112,11 +112,13 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     // heartbeat tries again otherwise).
     NodeInfo info = node.info;
     info.set_alive(true);
+    const std::string what = absl::StrCat("node ", info.id(), " alive again");
     absl::Status saved = SaveNode(info);
     if (saved.ok()) {
+      write_failures_.erase(what);
       SchedulePending();
     } else {
-      LogWriteFailure(absl::StrCat("node ", info.id(), " alive again"), saved);
+      LogWriteFailure(what, saved);
     }
   }
   for (const std::string& id : job_order_) {
@@ -329,7 +331,12 @@ void CoordinatorState::DetectDeadNodes() {
       dead.set_alive(false);
       failed = SaveNode(dead);
     }
-    if (!failed.ok()) LogWriteFailure(why, failed);
+    const std::string what = absl::StrCat("the death of node ", id);
+    if (failed.ok()) {
+      write_failures_.erase(what);
+    } else {
+      LogWriteFailure(what, failed);
+    }
   }
 }
 
@@ -369,15 +376,19 @@ void CoordinatorState::SchedulePending() {
         written = Commit(std::move(job), /*durable=*/true);
         break;
     }
-    if (!written.ok()) LogWriteFailure(what, written);
+    if (written.ok()) {
+      write_failures_.erase(what);
+    } else {
+      LogWriteFailure(what, written);
+    }
   }
 }
 
 void CoordinatorState::LogWriteFailure(const std::string& what, const absl::Status& status) {
-  std::string message =
-      absl::StrCat("cannot record ", what, ": ", status.message(), "; will try again");
-  if (message != last_write_failure_) Log(message);
-  last_write_failure_ = std::move(message);
+  std::string& last = write_failures_[what];
+  if (last == status.message()) return;
+  last = std::string(status.message());
+  Log(absl::StrCat("cannot record ", what, ": ", status.message(), "; will try again"));
 }
 
 }  // namespace control

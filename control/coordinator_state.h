@@ -92,7 +92,7 @@ class CoordinatorState : public Coordinator {
   void DetectDeadNodes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A change the coordinator made by itself could not be written: logged
-  // (once per distinct error), retried by the next Tick.
+  // (once, until the store's error changes), retried by the next Tick.
   void LogWriteFailure(const std::string& what, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Alive(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -110,7 +110,8 @@ class CoordinatorState : public Coordinator {
   // Submission order, for list output and FIFO scheduling.
   std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> last_persisted_ ABSL_GUARDED_BY(mu_);
-  std::string last_write_failure_ ABSL_GUARDED_BY(mu_);
+  // What LogWriteFailure logged last, by what could not be written.
+  std::map<std::string, std::string> write_failures_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace control

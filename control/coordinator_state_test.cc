@@ -279,15 +279,16 @@ TEST_F(CoordinatorStateTest, WatchTimesOutOnTheInjectedClock) {
   absl::Notification returned;
   absl::StatusOr<JobStatus> watched;
   std::thread watcher([&] {
-    watched = state_->WatchJob("j", version, absl::Seconds(30));
+    watched = state_->WatchJob("j", version, absl::Hours(1));
     returned.Notify();
   });
   // The machine's clock passing does not end it...
   EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
-  // ...the injected one does, once a tick lets the watcher look.
-  Advance(absl::Seconds(31));
+  // ...the injected one does, once a tick lets the watcher look (an hour on
+  // the machine's clock would outlast the test).
+  Advance(absl::Hours(1) + absl::Seconds(1));
   state_->Tick();
-  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(10)));
   watcher.join();
   ASSERT_TRUE(watched.ok()) << watched.status();
   EXPECT_EQ(watched->version(), version);

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/layers.h"
 #include "kernels/cuda/backend.h"
@@ -12,14 +13,20 @@
 namespace downpour {
 namespace kernels {
 
-absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptions& options) {
-  if (options.device < 0) return cpu::CreateCpuBackend();
+absl::StatusOr<std::string> DescribeDevice(int device) {
+  if (device < 0) return std::string("cpu");
   const int count = cuda::CudaDeviceCount();
   if (count == 0) return absl::FailedPreconditionError(cuda::CudaUnavailableReason());
-  if (options.device >= count) {
+  if (device >= count) {
     return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", options.device, " does not exist; this process sees ", count));
+        absl::StrCat("CUDA device ", device, " does not exist; this process sees ", count));
   }
+  return absl::StrCat("cuda:", device, " ", cuda::CudaDeviceName(device));
+}
+
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptions& options) {
+  if (options.device < 0) return cpu::CreateCpuBackend();
+  RETURN_IF_ERROR(DescribeDevice(options.device).status());
   return cuda::CreateCudaBackend(options);
 }
 
@@ -45,8 +52,6 @@ absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
 int GpuCount() { return cuda::CudaDeviceCount(); }
 
 std::string GpuUnavailableReason() { return cuda::CudaUnavailableReason(); }
-
-std::string GpuName(int device) { return cuda::CudaDeviceName(device); }
 
 void SetCpuThreads(int num_threads) { cpu::SetCpuThreads(num_threads); }
 

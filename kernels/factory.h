@@ -33,8 +33,10 @@ int GpuCount();
 // Why no device is usable ("no CUDA device: <runtime message>"), or "" when
 // one is. For logs and test skips.
 std::string GpuUnavailableReason();
-// The name of CUDA device `device` ("NVIDIA H100 80GB HBM3"), or "" on error.
-std::string GpuName(int device);
+// What a backend on `device` runs on: "cpu" (device -1), or "cuda:<d>
+// <name>" ("cuda:0 NVIDIA H100 80GB HBM3"); FailedPrecondition naming the
+// reason when device d is unusable.
+absl::StatusOr<std::string> DescribeDevice(int device);
 
 // Threads the CPU backend's matrix products use, process-wide (OpenBLAS);
 // `num_threads` <= 0 leaves the library's choice (all cores).

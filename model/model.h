@@ -252,6 +252,8 @@ class Model {
   absl::Status Forward(int64_t batch, bool training, int64_t step);
   absl::Status Backward(int64_t batch);
   kernels::Act Activation(int buffer) const;
+  // Profiling: marks slot on the device and on the host.
+  absl::Status MarkLayer(int slot);
 
   const ModelShape shape_;
   const uint64_t seed_;
@@ -279,15 +281,8 @@ class Model {
   const int32_t* labels_ = nullptr;
   int64_t last_batch_ = 0;
   std::vector<std::unique_ptr<model_internal::Layer>> layers_;
-  // Activation buffers; a layer that only reshapes (flatten) shares its
-  // input's. Index 0 stands for the model input and owns no memory.
-  std::vector<model_internal::Buffer> buffers_;
-  std::vector<int> buffer_of_layer_;  // -1 for the loss (scalar output).
-  int64_t capacity_ = 0;              // Largest batch the buffers hold.
-  bool profiling_ = false;            // Forward/Backward mark each layer.
-  std::vector<double> host_marks_;    // Profiling: host seconds at each mark.
-  // Profiling: marks slot on the device and on the host.
-  absl::Status MarkLayer(int slot);
+  bool profiling_ = false;          // Forward/Backward mark each layer.
+  std::vector<double> host_marks_;  // Profiling: host seconds at each mark.
   // Activations are of a reduced type and some layer other than an
   // embedding reads the model input: Forward converts it first.
   bool input_to_activations_ = false;

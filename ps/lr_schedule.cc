@@ -30,9 +30,9 @@ double LearningRateAt(const OptimizerSpec& spec, int64_t progress) {
                              static_cast<double>(s / decay_steps));
     case LearningRateSchedule::COSINE: {
       if (decay_steps <= 0) return base;
-      const double progress =
+      const double fraction =
           static_cast<double>(std::min(s, decay_steps)) / static_cast<double>(decay_steps);
-      return base * 0.5 * (1.0 + std::cos(M_PI * progress));
+      return base * 0.5 * (1.0 + std::cos(M_PI * fraction));
     }
     case LearningRateSchedule::CONSTANT:
     default:

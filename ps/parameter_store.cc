@@ -16,6 +16,7 @@
 #include "ps/request_dedup.h"
 #include "spec/job_validation.h"
 #include "spec/params.h"
+#include "spec/shard_map.h"
 #include "spec/wire_dtype.h"
 
 namespace downpour {
@@ -181,9 +182,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   ApplyJobDefaults(&spec);
   absl::StatusOr<std::vector<ParamInfo>> params = ValidateJobSpec(spec);
   if (!params.ok()) return Annotate(params.status(), where);
-  auto invalid = [&where](auto&&... parts) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
-  };
+  RETURN_IF_ERROR(Annotate(CheckPlacement(*params, partitions, spec.num_shards()), where));
 
   auto job = std::make_shared<Job>();
   job->id = job_id;
@@ -196,24 +195,10 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
 
   for (const PartitionPlacement& placement : partitions) {
     if (placement.shard() != shard_index) continue;
-    const std::string name = KeyName(placement.tensor_id(), placement.partition());
-    if (placement.tensor_id() < 0 ||
-        placement.tensor_id() >= static_cast<int64_t>(params->size())) {
-      return invalid("partition ", name, ": tensor_id out of range [0, ", params->size(), ")");
-    }
     const ParamInfo& param = (*params)[placement.tensor_id()];
-    if (placement.num_elements() <= 0 || placement.offset() < 0 ||
-        placement.offset() + placement.num_elements() > param.num_elements) {
-      return invalid("partition ", name, ": range [", placement.offset(), ", ",
-                     placement.offset() + placement.num_elements(), ") is not inside tensor ",
-                     param.name, " of ", param.num_elements, " elements");
-    }
     auto partition = std::make_unique<Partition>(placement.tensor_id(), placement.partition(),
                                                  placement.offset(), placement.num_elements());
-    if (!job->by_key.emplace(KeyPair(placement.tensor_id(), placement.partition()), partition.get())
-             .second) {
-      return invalid("partition ", name, " is placed twice");
-    }
+    job->by_key.emplace(KeyPair(placement.tensor_id(), placement.partition()), partition.get());
     const int64_t n = placement.num_elements();
     {
       absl::MutexLock lock(&partition->mu);
@@ -290,7 +275,6 @@ absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
   auto invalid = [&where](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
   };
-  if (request.request_id().worker_id().empty()) return invalid("request_id.worker_id is empty");
   const int rank = request.worker_rank();
   if (rank < 0 || rank >= job.num_workers) {
     return invalid("worker_rank ", rank, " is outside [0, ", job.num_workers, ")");

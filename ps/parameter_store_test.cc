@@ -1,6 +1,7 @@
 #include "ps/parameter_store.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -503,6 +504,11 @@ TEST_F(ParameterStoreTest, SyncSkippedStepIsNoContributor) {
 
 TEST_F(ParameterStoreTest, SyncStepEveryWorkerSkippedAdvancesWithoutAnUpdate) {
   JobSpec spec = Spec(ConsistencySpec::SYNC, 2, 0, OptimizerSpec::ADAM);
+  // The rate halves every step, so the update below tells progress 1 (lr
+  // 0.05) from a progress that counted updates (0: lr 0.1).
+  spec.mutable_optimizer()->mutable_schedule()->set_kind(LearningRateSchedule::STEP);
+  spec.mutable_optimizer()->mutable_schedule()->set_decay_steps(1);
+  spec.mutable_optimizer()->mutable_schedule()->set_decay_rate(0.5f);
   AddJob(spec);
   PushOk(MakeSkipped(0, 1, 0, {{{0, 0}, {0, 0, 0}}}));
   PushOk(MakeSkipped(1, 1, 0, {{{0, 0}, {0, 0, 0}}}));
@@ -511,7 +517,7 @@ TEST_F(ParameterStoreTest, SyncStepEveryWorkerSkippedAdvancesWithoutAnUpdate) {
   ExpectNear(skipped.values, Initial(0, 0, 3), 0);
 
   // The next step is the partition's first update: Adam's t is 1, while the
-  // schedule is at step 1.
+  // schedule is at step 1 (lr 0.05).
   const std::vector<float> g = {0.5f, -1.f, 2.f};
   PushOk(MakePush(0, 2, 1, {{{0, 0}, g}}));
   PushOk(MakePush(1, 2, 1, {{{0, 0}, g}}));
@@ -524,6 +530,8 @@ TEST_F(ParameterStoreTest, SyncStepEveryWorkerSkippedAdvancesWithoutAnUpdate) {
   Pulled updated = PullOne({0, 0}, 2);
   EXPECT_EQ(updated.version, 2);
   ExpectNear(updated.values, expected);
+  // Adam's first step moves each parameter by about the learning rate.
+  EXPECT_NEAR(std::fabs(updated.values[0] - Initial(0, 0, 3)[0]), 0.05, 1e-3);
 }
 
 TEST_F(ParameterStoreTest, AsyncSkippedPushCountsTheWorkersStepAndAppliesNothing) {
@@ -546,7 +554,7 @@ TEST_F(ParameterStoreTest, AsyncSkippedPushCountsTheWorkersStepAndAppliesNothing
 
 // ASYNC: the schedule follows the job's progress (pushes / num_workers), not
 // the pushes, so with 2 workers a step decay every step halves the rate
-// after both workers' first push, as in SYNC; Adam's t still counts pushes.
+// after both workers' first push, as in SYNC.
 TEST_F(ParameterStoreTest, AsyncScheduleFollowsTheJobsProgress) {
   JobSpec spec = Spec(ConsistencySpec::ASYNC, 2);
   spec.mutable_optimizer()->mutable_schedule()->set_kind(LearningRateSchedule::STEP);

@@ -98,11 +98,14 @@ TEST(NodeAgentTest, OutageKeepsTheTasksAndReregistersWhenAsked) {
   // No answer: nothing handed over, so the node keeps running its job.
   EXPECT_LE(tasks.calls(), handed + 1);
   EXPECT_THAT(tasks.last(), ::testing::ElementsAre("j"));
+  // Back, having lost the node (as a restarted coordinator would), and with
+  // another task for it: the agent registers again and hands that over.
+  coordinator.SetTasks("worker@a:1", {JobTask("j2")});
+  coordinator.ForgetNodes();
   coordinator.SetUp(true);
-  coordinator.ForgetNodes();  // As a restarted coordinator that lost it would.
-  ASSERT_TRUE(coordinator.AwaitHeartbeats(3));
+  ASSERT_TRUE(coordinator.AwaitHeartbeats(4));
   EXPECT_EQ(coordinator.registrations(), 2);
-  EXPECT_THAT(tasks.last(), ::testing::ElementsAre("j"));
+  EXPECT_THAT(tasks.last(), ::testing::ElementsAre("j2"));
 }
 
 TEST(NodeAgentTest, ReportsReachTheCoordinator) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -40,6 +42,33 @@ absl::StatusOr<std::vector<PartitionPlacement>> PlacePartitions(
     load[shard] += partitions[i].num_elements();
   }
   return partitions;
+}
+
+absl::Status CheckPlacement(const std::vector<ParamInfo>& params,
+                            const std::vector<PartitionPlacement>& partitions, int num_shards) {
+  std::set<std::pair<int32_t, int32_t>> seen;
+  for (const PartitionPlacement& p : partitions) {
+    const std::string name = absl::StrCat("partition ", p.tensor_id(), "/", p.partition());
+    if (p.tensor_id() < 0 || p.tensor_id() >= static_cast<int64_t>(params.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": tensor_id out of range [0, ", params.size(), ")"));
+    }
+    const ParamInfo& param = params[p.tensor_id()];
+    if (p.num_elements() <= 0 || p.offset() < 0 ||
+        p.offset() + p.num_elements() > param.num_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": range [", p.offset(), ", ", p.offset() + p.num_elements(),
+          ") is not inside tensor ", param.name, " of ", param.num_elements, " elements"));
+    }
+    if (p.shard() < 0 || p.shard() >= num_shards) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": shard ", p.shard(), " is outside [0, ", num_shards, ")"));
+    }
+    if (!seen.insert({p.tensor_id(), p.partition()}).second) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " is placed twice"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> BytesPerShard(const std::vector<PartitionPlacement>& partitions,

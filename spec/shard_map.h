@@ -21,6 +21,15 @@ inline constexpr int64_t kDefaultPartitionBytes = 4 << 20;
 absl::StatusOr<std::vector<PartitionPlacement>> PlacePartitions(
     const std::vector<ParamInfo>& params, int num_shards, int64_t partition_bytes);
 
+// OK when every partition of `partitions` names a tensor of `params`, a
+// non-empty element range inside it, and a shard in [0, num_shards), with no
+// (tensor, partition) placed twice; else InvalidArgument naming the partition
+// ("partition 3/1: ..."). Shards and workers check a placement they are
+// handed (a coordinator of another version may have made it) before they
+// index tensors with it.
+absl::Status CheckPlacement(const std::vector<ParamInfo>& params,
+                            const std::vector<PartitionPlacement>& partitions, int num_shards);
+
 // Bytes placed on each shard (for logs, metrics and tests).
 std::vector<int64_t> BytesPerShard(const std::vector<PartitionPlacement>& partitions,
                                    int num_shards);

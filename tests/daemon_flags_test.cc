@@ -44,6 +44,7 @@ INSTANTIATE_TEST_SUITE_P(
              {"--listen=127.0.0.1:0", "--state_dir=/proc/forbidden/state"},
              "/proc/forbidden/state"},
         Case{"server/downpour-ps", {"--listen=127.0.0.1:0"}, "--coordinator"},
+        Case{"worker/downpour-worker", {"--listen=127.0.0.1:0"}, "--coordinator"},
         Case{"server/downpour-ps",
              {"--listen=127.0.0.1:0", "--coordinator=127.0.0.1:1", "--coordinator_timeout_ms=1000"},
              "cannot register with coordinator at 127.0.0.1:1"},

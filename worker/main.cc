@@ -76,9 +76,6 @@ int Main() {
   BlockTerminationSignals();
   SetLogPrefix("downpour-worker");
   NodeDaemon::Options daemon_options = NodeDaemonOptionsFromFlags(WORKER);
-  if (daemon_options.coordinator.empty()) {
-    return ExitWithError(absl::InvalidArgumentError("--coordinator=HOST:PORT is required"));
-  }
   if (absl::GetFlag(FLAGS_compute_threads) < 1) {
     return ExitWithError(absl::InvalidArgumentError("--compute_threads must be at least 1"));
   }
@@ -110,8 +107,9 @@ int Main() {
   trainer_options.exchange.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   trainer_options.metrics = &metrics;
   RemoteParameterShard::Options shard_options;
-  // One attempt may take the whole budget; the exchange retries failures
-  // that come sooner (a lost connection) within it.
+  // One attempt may take the whole budget (a frozen shard fails the push at
+  // its end); the exchange retries attempts that fail sooner (a lost
+  // connection) within it.
   shard_options.push_attempt_timeout = trainer_options.exchange.push_timeout;
   shard_options.num_channels = absl::GetFlag(FLAGS_channels_per_shard);
   WorkerRuntime runtime(trainer_options, [shard_options](const std::string& address) {

@@ -51,9 +51,12 @@ struct ExchangeOptions {
   // A blocking pull is issued in slices of this length, so cancellation is
   // noticed.
   absl::Duration pull_slice = absl::Seconds(2);
-  // How long a push message is retried (timeouts, lost connections) before
-  // the push fails. Each attempt is bounded by the shard's own deadline.
-  absl::Duration push_timeout = absl::Seconds(60);
+  // How long a push message may take in all, retries of timed-out or lost
+  // attempts included, before the push fails. One attempt is bounded by the
+  // shard client's own deadline (RemoteParameterShard's
+  // push_attempt_timeout); an attempt that fails sooner (a refused
+  // connection) is retried within this.
+  absl::Duration push_timeout = absl::Seconds(30);
   // Element type of gradients on the wire.
   WireDtype gradient_dtype = WireDtype::kFloat32;
   // Largest message, in float32 bytes (partitions are never split).

@@ -270,48 +270,61 @@ TEST(ParameterExchangeTest, SkippedStepCountsWithoutAGradient) {
   EXPECT_EQ(initial, after);
 }
 
-TEST(ParameterExchangeTest, HalfWidthGradientsApplyAsTheirRoundedValues) {
-  // The same gradients pushed as bf16 move the parameters as their rounded
-  // float32 values would.
-  const JobSpec spec = SmallSpec();
+// Pushes `gradient` (one value per element of every tensor, by position) as
+// `dtype` with SGD, and returns the parameters pulled back.
+std::vector<float> PushOnceWithSgd(WireDtype dtype, const std::vector<float>& gradient) {
+  JobSpec spec = SmallSpec();
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
   auto params = ValidateJobSpec(spec);
-  ASSERT_TRUE(params.ok());
+  EXPECT_TRUE(params.ok());
   auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
-  ASSERT_TRUE(placed.ok());
-  std::vector<float> results[2];
-  for (WireDtype dtype : {WireDtype::kFloat32, WireDtype::kBfloat16}) {
-    std::vector<std::unique_ptr<ParameterStore>> stores;
-    std::vector<ParameterShard*> shards;
-    for (int s = 0; s < 2; ++s) {
-      stores.push_back(std::make_unique<ParameterStore>());
-      ASSERT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
-      shards.push_back(stores.back().get());
-    }
-    ExchangeOptions options;
-    options.job_id = "j";
-    options.worker_id = "w";
-    options.gradient_dtype = dtype;
-    ParameterExchange exchange(options, *placed, shards);
-    std::vector<std::vector<float>> grads, values;
-    std::vector<const float*> g;
-    std::vector<float*> v;
-    for (const ParamInfo& p : *params) {
-      grads.emplace_back(p.num_elements);
-      values.emplace_back(p.num_elements);
-      for (int64_t i = 0; i < p.num_elements; ++i) {
-        // Exactly representable in bf16 for the float32 run to match.
-        grads.back()[i] = static_cast<float>((i % 7) - 3) * 0.25f;
-      }
-    }
-    for (auto& t : grads) g.push_back(t.data());
-    for (auto& t : values) v.push_back(t.data());
-    ASSERT_TRUE(exchange.Push(0, g).ok());
-    ASSERT_TRUE(exchange.Pull(0, 1, v, [] { return false; }).ok());
-    for (auto& t : values)
-      results[dtype == WireDtype::kFloat32 ? 0 : 1].insert(
-          results[dtype == WireDtype::kFloat32 ? 0 : 1].end(), t.begin(), t.end());
+  EXPECT_TRUE(placed.ok());
+  std::vector<std::unique_ptr<ParameterStore>> stores;
+  std::vector<ParameterShard*> shards;
+  for (int s = 0; s < 2; ++s) {
+    stores.push_back(std::make_unique<ParameterStore>());
+    EXPECT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
+    shards.push_back(stores.back().get());
   }
-  ExpectEqual(results[0], results[1]);
+  ExchangeOptions options;
+  options.job_id = "j";
+  options.worker_id = "w";
+  options.gradient_dtype = dtype;
+  ParameterExchange exchange(options, *placed, shards);
+  std::vector<std::vector<float>> values;
+  std::vector<const float*> g;
+  std::vector<float*> v;
+  int64_t at = 0;
+  for (const ParamInfo& p : *params) {
+    values.emplace_back(p.num_elements);
+    g.push_back(gradient.data() + at);
+    at += p.num_elements;
+  }
+  for (auto& t : values) v.push_back(t.data());
+  EXPECT_TRUE(exchange.Push(0, g).ok());
+  EXPECT_TRUE(exchange.Pull(0, 1, v, [] { return false; }).ok());
+  std::vector<float> out;
+  for (auto& t : values) out.insert(out.end(), t.begin(), t.end());
+  return out;
+}
+
+// Gradients pushed as bf16 are applied as their rounded values: the same as
+// float32 gradients rounded beforehand, not as the unrounded ones.
+TEST(ParameterExchangeTest, HalfWidthGradientsApplyAsTheirRoundedValues) {
+  auto params = ValidateJobSpec(SmallSpec());
+  ASSERT_TRUE(params.ok());
+  int64_t total = 0;
+  for (const ParamInfo& p : *params) total += p.num_elements;
+  std::vector<float> raw(total), rounded(total);
+  for (int64_t i = 0; i < total; ++i) raw[i] = 1.f + 0.001f * static_cast<float>(i % 97);
+  std::vector<char> wire(2 * total);
+  EncodeFloats(WireDtype::kBfloat16, raw.data(), total, wire.data());
+  DecodeFloats(WireDtype::kBfloat16, wire.data(), total, rounded.data());
+  ASSERT_NE(raw, rounded);
+
+  const std::vector<float> as_bf16 = PushOnceWithSgd(WireDtype::kBfloat16, raw);
+  ExpectEqual(as_bf16, PushOnceWithSgd(WireDtype::kFloat32, rounded));
+  EXPECT_NE(as_bf16, PushOnceWithSgd(WireDtype::kFloat32, raw));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "data/dataset.h"
 #include "model/replica_set.h"
+#include "spec/shard_map.h"
 #include "spec/wire_dtype.h"
 
 namespace downpour {
@@ -41,23 +42,28 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
     : task_(std::move(task)),
       options_(std::move(options)),
       shards_(std::move(shards)),
-      reporter_(std::move(reporter)) {
+      reporter_(std::move(reporter)) {}
+
+absl::Status JobTrainer::StartExchange(const std::vector<ParamInfo>& params) {
+  const std::vector<PartitionPlacement> partitions(task_.placement().partitions().begin(),
+                                                   task_.placement().partitions().end());
+  // The coordinator placed the job for this model; a placement from a
+  // coordinator of another version is refused before it indexes anything.
+  RETURN_IF_ERROR(Annotate(CheckPlacement(params, partitions, static_cast<int>(shards_.size())),
+                           "the job's placement does not fit its model"));
+  absl::StatusOr<WireDtype> dtype = WireDtypeOf(task_.spec().gradient_wire_dtype());
+  if (!dtype.ok()) return Annotate(dtype.status(), "gradient_wire_dtype");
   ExchangeOptions exchange = options_.exchange;
   exchange.job_id = task_.job_id();
   exchange.rank = task_.rank();
   exchange.worker_id = options_.node_id;
   exchange.incarnation = options_.incarnation;
-  // Validated at submission (and by the shards).
-  exchange.gradient_dtype =
-      WireDtypeOf(task_.spec().gradient_wire_dtype()).value_or(WireDtype::kFloat32);
+  exchange.gradient_dtype = *dtype;
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small
   // partitions then costs a few exchanges per step, not one per partition.
-  exchange_ = std::make_unique<ParameterExchange>(
-      exchange,
-      std::vector<PartitionPlacement>(task_.placement().partitions().begin(),
-                                      task_.placement().partitions().end()),
-      shards_);
+  exchange_ = std::make_unique<ParameterExchange>(exchange, partitions, shards_);
+  return absl::OkStatus();
 }
 
 absl::Status JobTrainer::Run() {
@@ -175,6 +181,7 @@ absl::Status JobTrainer::Train() {
   ASSIGN_OR_RETURN(auto replica_set, ReplicaSet::Create(std::move(replicas)));
   // Replica 0 exchanges with the shards and evaluates.
   Model* model = replica_set->primary();
+  RETURN_IF_ERROR(StartExchange(model->params()));
 
   BatchReaderOptions data;
   data.file_pattern = spec.dataset().train_files();

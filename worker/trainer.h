@@ -70,6 +70,9 @@ class JobTrainer {
 
  private:
   absl::Status Train();
+  // Checks the task's placement against the model's parameters and sets up
+  // the exchange with the job's shards.
+  absl::Status StartExchange(const std::vector<ParamInfo>& params);
   absl::Status PullParameters(Model* model, int64_t min_version, int64_t min_worker_steps);
   // Pushes the step's gradients, or the step as skipped (no gradient).
   absl::Status PushGradients(const Model& model, int64_t step, bool skipped);
@@ -88,7 +91,7 @@ class JobTrainer {
   const TrainerOptions options_;
   const std::vector<ParameterShard*> shards_;
   const Reporter reporter_;
-  std::unique_ptr<ParameterExchange> exchange_;
+  std::unique_ptr<ParameterExchange> exchange_;  // Set by StartExchange.
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};
   std::atomic<bool> shutting_down_{false};

@@ -310,7 +310,7 @@ TEST(SetCpuThreadsTest, GemmStillCorrectWithOneThread) {
   SetCpuThreads(2);
 }
 
-// Direct double-precision convolution, the definition in cpu.h.
+// Direct double-precision convolution, the definition in layers.h.
 std::vector<double> NaiveConv(const WindowShape& s, const std::vector<float>& x,
                               const std::vector<float>& w, const std::vector<float>& bias) {
   std::vector<double> y(s.batch * s.out_elements());
