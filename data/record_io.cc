@@ -1,7 +1,6 @@
 #include "data/record_io.h"
 
 #include <fcntl.h>
-#include <libgen.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,29 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/file.h"
 #include "common/status.h"
 
 namespace downpour {
 namespace data {
 namespace {
-
-constexpr size_t kWriteBufferSize = size_t{1} << 20;
-
-absl::Status ErrnoStatus(int err, absl::string_view what) {
-  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
 
 void EncodeFixed64(uint64_t v, char* out) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
@@ -55,113 +37,40 @@ uint32_t DecodeFixed32(const char* p) {
   return v;
 }
 
-// Makes a completed rename durable; a failure here is reported but the file is
-// already complete under its final name.
-absl::Status SyncParentDirectory(const std::string& path) {
-  std::string copy = path;
-  const std::string dir = dirname(copy.data());
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open directory ", dir));
-  const int rc = fsync(fd);
-  const int err = errno;
-  close(fd);
-  if (rc != 0) return ErrnoStatus(err, absl::StrCat("cannot fsync directory ", dir));
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- RecordWriter
 
 absl::StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Open(const std::string& path) {
-  std::string tmp_path = absl::StrCat(path, ".tmp");
-  const int fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create record file ", tmp_path));
-  return std::unique_ptr<RecordWriter>(new RecordWriter(path, std::move(tmp_path), fd));
+  ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> file, AtomicFile::Create(path, "record file"));
+  return std::unique_ptr<RecordWriter>(new RecordWriter(std::move(file)));
 }
 
-RecordWriter::RecordWriter(std::string path, std::string tmp_path, int fd)
-    : path_(std::move(path)), tmp_path_(std::move(tmp_path)), fd_(fd) {
-  buffer_.reserve(kWriteBufferSize);
-}
+RecordWriter::RecordWriter(std::unique_ptr<AtomicFile> file) : file_(std::move(file)) {}
 
-RecordWriter::~RecordWriter() {
-  if (fd_ >= 0) {
-    close(fd_);
-    unlink(tmp_path_.c_str());
-  }
-}
-
-absl::Status RecordWriter::WriteFully(const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t written = write(fd_, data, n);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, absl::StrCat("cannot write record file ", tmp_path_));
-    }
-    data += written;
-    n -= static_cast<size_t>(written);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RecordWriter::FlushBuffer() {
-  RETURN_IF_ERROR(WriteFully(buffer_.data(), buffer_.size()));
-  buffer_.clear();
-  return absl::OkStatus();
-}
+RecordWriter::~RecordWriter() = default;
 
 absl::Status RecordWriter::Write(absl::string_view record) {
-  if (closed_ || fd_ < 0) {
+  if (closed_) {
     return absl::FailedPreconditionError(
-        absl::StrCat("record file ", path_, " is already closed; cannot write to it"));
+        absl::StrCat("record file ", file_->path(), " is already closed; cannot write to it"));
   }
   char header[kRecordHeaderBytes];
   EncodeFixed64(record.size(), header);
   EncodeFixed32(MaskCrc(Crc32c(header, 8)), header + 8);
   char footer[kRecordFooterBytes];
   EncodeFixed32(MaskCrc(Crc32c(record.data(), record.size())), footer);
-
-  buffer_.append(header, sizeof(header));
-  if (buffer_.size() + record.size() > kWriteBufferSize) {
-    // Large payloads go straight to the file instead of through the buffer.
-    RETURN_IF_ERROR(FlushBuffer());
-    RETURN_IF_ERROR(WriteFully(record.data(), record.size()));
-  } else {
-    buffer_.append(record.data(), record.size());
-  }
-  buffer_.append(footer, sizeof(footer));
-  if (buffer_.size() >= kWriteBufferSize) RETURN_IF_ERROR(FlushBuffer());
+  RETURN_IF_ERROR(file_->Append(absl::string_view(header, sizeof(header))));
+  RETURN_IF_ERROR(file_->Append(record));
+  RETURN_IF_ERROR(file_->Append(absl::string_view(footer, sizeof(footer))));
   ++records_written_;
-  bytes_written_ += kRecordHeaderBytes + record.size() + kRecordFooterBytes;
   return absl::OkStatus();
 }
 
 absl::Status RecordWriter::Close() {
-  if (closed_) return absl::OkStatus();
-  if (fd_ < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("record file ", path_, " failed earlier and cannot be closed"));
-  }
-  RETURN_IF_ERROR(FlushBuffer());
-  if (fsync(fd_) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("cannot fsync record file ", tmp_path_));
-  }
-  const int rc = close(fd_);
-  const int err = errno;
-  fd_ = -1;
-  if (rc != 0) {
-    unlink(tmp_path_.c_str());
-    return ErrnoStatus(err, absl::StrCat("cannot close record file ", tmp_path_));
-  }
-  if (rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    const int rename_err = errno;
-    unlink(tmp_path_.c_str());
-    return ErrnoStatus(rename_err,
-                       absl::StrCat("cannot rename ", tmp_path_, " to record file ", path_));
-  }
+  RETURN_IF_ERROR(file_->Commit());
   closed_ = true;
-  return SyncParentDirectory(path_);
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- RecordReader

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/file.h"
 
 namespace downpour {
 namespace data {
@@ -55,23 +56,17 @@ class RecordWriter {
   // directory. Calling it again after success is a no-op.
   absl::Status Close();
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_->path(); }
   int64_t records_written() const { return records_written_; }
   // Bytes of framed records written so far (the final file size after Close()).
-  int64_t bytes_written() const { return bytes_written_; }
+  int64_t bytes_written() const { return static_cast<int64_t>(file_->bytes()); }
 
  private:
-  RecordWriter(std::string path, std::string tmp_path, int fd);
-  absl::Status FlushBuffer();
-  absl::Status WriteFully(const char* data, size_t n);
+  explicit RecordWriter(std::unique_ptr<AtomicFile> file);
 
-  const std::string path_;
-  const std::string tmp_path_;
-  int fd_;
+  std::unique_ptr<AtomicFile> file_;  // Writes path.tmp; renamed by Close.
   bool closed_ = false;
-  std::string buffer_;
   int64_t records_written_ = 0;
-  int64_t bytes_written_ = 0;
 };
 
 class RecordReader {

@@ -1,0 +1,210 @@
+#include "common/file.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/status.h"
+
+namespace downpour {
+namespace {
+
+constexpr size_t kWriteBufferSize = size_t{1} << 20;
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+absl::Status ErrnoStatus(int err, absl::string_view what) {
+  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+absl::Status SyncParentDirectory(const std::string& path) {
+  const std::string dir = Dirname(path);
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open directory ", dir));
+  const int rc = fsync(fd);
+  const int err = errno;
+  close(fd);
+  if (rc != 0) return ErrnoStatus(err, absl::StrCat("cannot fsync directory ", dir));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string& path,
+                                                               absl::string_view kind) {
+  const std::string tmp_path = absl::StrCat(path, ".tmp");
+  const int fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create ", kind, " ", tmp_path));
+  return std::unique_ptr<AtomicFile>(new AtomicFile(path, std::string(kind), fd));
+}
+
+AtomicFile::AtomicFile(std::string path, std::string kind, int fd)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), kind_(std::move(kind)), fd_(fd) {
+  buffer_.reserve(kWriteBufferSize);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) close(fd_);
+  if (!committed_) unlink(tmp_path_.c_str());
+}
+
+absl::Status AtomicFile::Flush() {
+  const char* data = buffer_.data();
+  size_t n = buffer_.size();
+  while (n > 0) {
+    const ssize_t written = write(fd_, data, n);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("cannot write ", kind_, " ", tmp_path_));
+    }
+    data += written;
+    n -= static_cast<size_t>(written);
+  }
+  buffer_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::Append(absl::string_view data) {
+  if (committed_ || fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kind_, " ", path_, " is already closed; cannot write to it"));
+  }
+  crc_ = Crc32cExtend(crc_, data.data(), data.size());
+  bytes_ += data.size();
+  if (buffer_.size() + data.size() > kWriteBufferSize) {
+    RETURN_IF_ERROR(Flush());
+    if (data.size() >= kWriteBufferSize) {
+      // Large pieces go straight to the file.
+      buffer_.assign(data.data(), data.size());
+      absl::Status written = Flush();
+      buffer_.reserve(kWriteBufferSize);
+      return written;
+    }
+  }
+  buffer_.append(data.data(), data.size());
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::Commit() {
+  if (committed_) return absl::OkStatus();
+  if (fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kind_, " ", path_, " failed earlier and cannot be committed"));
+  }
+  RETURN_IF_ERROR(Flush());
+  if (fsync(fd_) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("cannot fsync ", kind_, " ", tmp_path_));
+  }
+  const int rc = close(fd_);
+  const int err = errno;
+  fd_ = -1;
+  if (rc != 0) return ErrnoStatus(err, absl::StrCat("cannot close ", kind_, " ", tmp_path_));
+  if (rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("cannot rename ", tmp_path_, " to ", kind_, " ", path_));
+  }
+  committed_ = true;
+  return SyncParentDirectory(path_);
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open ", path));
+  struct stat info;
+  if (fstat(fd, &info) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err, absl::StrCat("cannot stat ", path));
+  }
+  std::string contents(static_cast<size_t>(info.st_size), '\0');
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = read(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      close(fd);
+      return ErrnoStatus(err, absl::StrCat("cannot read ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  return contents;
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("empty directory path");
+  size_t at = 0;
+  while (at != std::string::npos) {
+    at = path.find('/', at + 1);
+    const std::string prefix = path.substr(0, at);
+    if (prefix.empty()) continue;
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, absl::StrCat("cannot create directory ", prefix));
+    }
+  }
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) {
+  DIR* dir = opendir(path.c_str());
+  if (dir == nullptr) return ErrnoStatus(errno, absl::StrCat("cannot list directory ", path));
+  std::vector<std::string> names;
+  while (dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(dir);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+absl::Status RemoveAll(const std::string& path) {
+  struct stat info;
+  if (lstat(path.c_str(), &info) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoStatus(errno, absl::StrCat("cannot stat ", path));
+  }
+  if (S_ISDIR(info.st_mode)) {
+    ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(path));
+    for (const std::string& name : names) RETURN_IF_ERROR(RemoveAll(path + "/" + name));
+    if (rmdir(path.c_str()) != 0) return ErrnoStatus(errno, absl::StrCat("cannot remove ", path));
+    return absl::OkStatus();
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus(errno, absl::StrCat("cannot remove ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace downpour
