@@ -271,9 +271,13 @@ int TensorDtypeBytes(TensorDtype dtype) {
   return 0;
 }
 
-absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
-                                             const std::vector<TensorToWrite>& tensors,
-                                             const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The header (length and JSON, padded) of a file of `tensors`, and each
+// tensor's byte size; `where` names the file in errors.
+absl::StatusOr<std::string> EncodeHeader(const std::vector<TensorToWrite>& tensors,
+                                         const std::map<std::string, std::string>& metadata,
+                                         absl::string_view where, std::vector<uint64_t>* sizes) {
   std::string header = "{";
   if (!metadata.empty()) {
     AppendJsonString(kMetadataKey, &header);
@@ -290,17 +294,16 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
   }
   std::set<std::string> names;
   uint64_t offset = 0;
-  std::vector<uint64_t> sizes;
   for (const TensorToWrite& t : tensors) {
     if (t.name.empty() || t.name == kMetadataKey || !names.insert(t.name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("safetensors ", path, ": tensor name \"", t.name, "\" is empty, reserved or repeated"));
+      return absl::InvalidArgumentError(absl::StrCat("safetensors ", where, ": tensor name \"",
+                                                     t.name, "\" is empty, reserved or repeated"));
     }
     uint64_t elements = 1;
     for (int64_t d : t.shape) {
       if (d < 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("safetensors ", path, ": tensor ", t.name, " has a negative dimension"));
+            absl::StrCat("safetensors ", where, ": tensor ", t.name, " has a negative dimension"));
       }
       elements *= static_cast<uint64_t>(d);
     }
@@ -308,21 +311,37 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
     if (header.size() > 1) header.push_back(',');
     AppendJsonString(t.name, &header);
     absl::StrAppend(&header, ":{\"dtype\":\"", TensorDtypeName(t.dtype), "\",\"shape\":[");
-    for (size_t i = 0; i < t.shape.size(); ++i) {
-      absl::StrAppend(&header, i ? "," : "", t.shape[i]);
-    }
+    for (size_t i = 0; i < t.shape.size(); ++i) absl::StrAppend(&header, i ? "," : "", t.shape[i]);
     absl::StrAppend(&header, "],\"data_offsets\":[", offset, ",", offset + bytes, "]}");
     offset += bytes;
-    sizes.push_back(bytes);
+    sizes->push_back(bytes);
   }
   header.push_back('}');
-  // Padded with spaces so the data starts 8-byte aligned.
+  // Padded with spaces so the data start 8-byte aligned.
   while ((8 + header.size()) % 8 != 0) header.push_back(' ');
-  char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header;
+}
 
+}  // namespace
+
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata) {
+  std::vector<uint64_t> sizes;
+  ASSIGN_OR_RETURN(std::string out, EncodeHeader(tensors, metadata, "bytes", &sizes));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    out.append(static_cast<const char*>(tensors[i].data), sizes[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
+                                             const std::vector<TensorToWrite>& tensors,
+                                             const std::map<std::string, std::string>& metadata) {
+  std::vector<uint64_t> sizes;
+  ASSIGN_OR_RETURN(const std::string header, EncodeHeader(tensors, metadata, path, &sizes));
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> file, AtomicFile::Create(path, "safetensors file"));
-  RETURN_IF_ERROR(file->Append(absl::string_view(length, 8)));
   RETURN_IF_ERROR(file->Append(header));
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (sizes[i] == 0) continue;
@@ -345,8 +364,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, std::s
   if (bytes.size() < 8) return damaged("shorter than its 8-byte header length");
   const uint64_t header_bytes = DecodeU64(bytes.data());
   if (header_bytes > kMaxHeaderBytes || 8 + header_bytes > bytes.size()) {
-    return damaged(absl::StrCat("header length ", header_bytes, " does not fit its ",
-                                bytes.size(), " bytes"));
+    return damaged(
+        absl::StrCat("header length ", header_bytes, " does not fit its ", bytes.size(), " bytes"));
   }
   absl::StatusOr<Json> header =
       JsonParser(absl::string_view(bytes.data() + 8, header_bytes)).ParseDocument();
@@ -385,7 +404,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, std::s
     }
     Tensor tensor;
     absl::StatusOr<TensorDtype> parsed = ParseTensorDtype(dtype->string);
-    if (!parsed.ok()) return damaged(absl::StrCat("tensor \"", key, "\": ", parsed.status().message()));
+    if (!parsed.ok())
+      return damaged(absl::StrCat("tensor \"", key, "\": ", parsed.status().message()));
     tensor.dtype = *parsed;
     uint64_t elements = 1;
     for (const Json& d : shape->items) {
@@ -394,7 +414,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, std::s
       }
       tensor.shape.push_back(d.number);
       elements *= static_cast<uint64_t>(d.number);
-      if (elements > (uint64_t{1} << 50)) return damaged(absl::StrCat("tensor \"", key, "\" is too large"));
+      if (elements > (uint64_t{1} << 50))
+        return damaged(absl::StrCat("tensor \"", key, "\" is too large"));
     }
     const Json& begin = offsets->items[0];
     const Json& end = offsets->items[1];

@@ -45,6 +45,11 @@ struct WrittenFile {
   uint32_t crc32c = 0;
 };
 
+// The bytes of a safetensors file of `tensors`, in order, and `metadata`
+// (small files sent over the network). InvalidArgument as WriteSafetensors.
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata);
+
 // Writes `tensors`, in order, and `metadata` to `path` atomically (a
 // temporary file, fsynced, renamed; common/file.h). InvalidArgument for a
 // repeated or empty name or a negative dimension; the filesystem's error

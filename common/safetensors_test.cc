@@ -32,12 +32,11 @@ TEST(SafetensorsTest, WritesWhatItReadsBack) {
   const std::vector<int64_t> steps = {42};
   const std::vector<uint8_t> empty;
   const std::string path = TempPath("round_trip");
-  auto written = WriteSafetensors(
-      path,
-      {{"fc1.weight", TensorDtype::kF32, {2, 3}, w.data()},
-       {"step", TensorDtype::kI64, {}, steps.data()},
-       {"nothing", TensorDtype::kU8, {0}, empty.data()}},
-      {{"format", "pt"}, {"quote\"and\\slash", "line\nbreak"}});
+  auto written = WriteSafetensors(path,
+                                  {{"fc1.weight", TensorDtype::kF32, {2, 3}, w.data()},
+                                   {"step", TensorDtype::kI64, {}, steps.data()},
+                                   {"nothing", TensorDtype::kU8, {0}, empty.data()}},
+                                  {{"format", "pt"}, {"quote\"and\\slash", "line\nbreak"}});
   ASSERT_TRUE(written.ok()) << written.status();
   const std::string bytes = ReadFileToString(path).value();
   EXPECT_EQ(written->bytes, bytes.size());
@@ -65,14 +64,26 @@ TEST(SafetensorsTest, WritesWhatItReadsBack) {
   EXPECT_EQ(file->Floats("fc1.weight", 5).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SafetensorsTest, SerializedBytesEqualTheFile) {
+  const std::vector<float> w = {1.f, 2.f};
+  const std::string path = TempPath("serialized");
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", TensorDtype::kF32, {2}, w.data()}}, {{"k", "v"}}).ok());
+  auto bytes = SerializeSafetensors({{"w", TensorDtype::kF32, {2}, w.data()}}, {{"k", "v"}});
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(*bytes, ReadFileToString(path).value());
+  auto parsed = SafetensorsFile::Parse(*bytes, "in memory");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->Floats("w", 2).value()[1], 2.f);
+}
+
 TEST(SafetensorsTest, RefusesBadNames) {
   const float x = 1.f;
-  EXPECT_EQ(WriteSafetensors(TempPath("dup"),
-                             {{"a", TensorDtype::kF32, {1}, &x}, {"a", TensorDtype::kF32, {1}, &x}},
-                             {})
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      WriteSafetensors(TempPath("dup"),
+                       {{"a", TensorDtype::kF32, {1}, &x}, {"a", TensorDtype::kF32, {1}, &x}}, {})
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(
       WriteSafetensors(TempPath("reserved"), {{"__metadata__", TensorDtype::kF32, {1}, &x}}, {})
           .status()

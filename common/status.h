@@ -10,10 +10,10 @@
 #define DP_STATUS_CONCAT_(a, b) DP_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the current function if `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status dp_status_ = (expr);        \
-    if (!dp_status_.ok()) return dp_status_;   \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::absl::Status dp_status_ = (expr);      \
+    if (!dp_status_.ok()) return dp_status_; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, Fn());` assigns the value of an absl::StatusOr or

@@ -128,6 +128,22 @@ struct ParameterStore::Partition {
   std::vector<bool> arrived ABSL_GUARDED_BY(mu);
   int num_arrived ABSL_GUARDED_BY(mu) = 0;
   int num_contributors ABSL_GUARDED_BY(mu) = 0;
+  // SYNC: the checkpoint step at which this partition is to be copied (0:
+  // none pending).
+  int64_t capture_at ABSL_GUARDED_BY(mu) = 0;
+
+  // A copy of the partition as it is now.
+  PartitionSnapshot Snapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    PartitionSnapshot s;
+    s.tensor_id = tensor_id;
+    s.partition = partition;
+    s.offset = offset;
+    s.version = version.load(std::memory_order_relaxed);
+    s.updates = updates;
+    s.values = values;
+    s.slots = slots;
+    return s;
+  }
 };
 
 struct ParameterStore::Job {
@@ -157,6 +173,15 @@ struct ParameterStore::Job {
   // requests (PushRequest.partitions_in_step), by step.
   std::vector<std::map<int64_t, int64_t>> partial_steps ABSL_GUARDED_BY(mu);
   RequestDedup requests ABSL_GUARDED_BY(mu);
+
+  int shard = 0;  // Immutable after AddJob.
+  // The checkpoint capture in flight (step 0: none), and the last step one
+  // was started for. Lock order: a partition's mu, then capture_mu, then mu.
+  absl::Mutex capture_mu;
+  int64_t capture_step ABSL_GUARDED_BY(capture_mu) = 0;
+  int64_t last_capture_step ABSL_GUARDED_BY(capture_mu) = 0;
+  size_t capture_expected ABSL_GUARDED_BY(capture_mu) = 0;
+  std::vector<PartitionSnapshot> captured ABSL_GUARDED_BY(capture_mu);
 };
 
 // One partition of a push and where its bytes start in the payload.
@@ -191,6 +216,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   job->mode = spec.consistency().mode();
   job->num_workers = spec.num_workers();
   job->sync_quorum = spec.num_workers() - spec.consistency().backup_workers();
+  job->shard = shard_index;
   const int num_slots = NumOptimizerSlots(job->optimizer);
 
   for (const PartitionPlacement& placement : partitions) {
@@ -379,7 +405,7 @@ void ParameterStore::ApplyNow(const Job& job, const PushRequest& request, const 
   p.version.store(version + 1, std::memory_order_release);
 }
 
-void ParameterStore::Accumulate(const Job& job, const PushRequest& request, const Payload& payload,
+void ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payload& payload,
                                 const Piece& piece, std::vector<float>* scratch) const {
   Partition& p = *piece.partition;
   const int rank = request.worker_rank();
@@ -420,6 +446,128 @@ void ParameterStore::Accumulate(const Job& job, const PushRequest& request, cons
   p.num_arrived = 0;
   p.num_contributors = 0;
   p.version.store(version + 1, std::memory_order_release);
+  if (p.capture_at == version + 1) {
+    p.capture_at = 0;
+    Deliver(job, version + 1, p.Snapshot(), "");
+  }
+}
+
+void ParameterStore::SetCheckpointSink(CheckpointSink sink) { sink_ = std::move(sink); }
+
+void ParameterStore::BeginCapture(Job& job, int64_t step) const {
+  {
+    absl::MutexLock lock(&job.capture_mu);
+    if (job.capture_step != 0 || step <= job.last_capture_step) return;
+    job.capture_step = job.last_capture_step = step;
+    job.capture_expected = job.partitions.size();
+    job.captured.clear();
+  }
+  if (job.partitions.empty()) Deliver(job, step, PartitionSnapshot(), "");
+  for (const auto& partition : job.partitions) {
+    Partition& p = *partition;
+    absl::MutexLock lock(&p.mu);
+    const int64_t version = p.version.load(std::memory_order_relaxed);
+    if (!job.sync() || version == step) {
+      Deliver(job, step, p.Snapshot(), "");
+    } else if (version < step) {
+      p.capture_at = step;
+    } else {
+      Deliver(job, step, PartitionSnapshot(),
+              absl::StrCat("partition ", p.Name(), " is already at version ", version,
+                           ", past the checkpoint's step ", step));
+    }
+  }
+}
+
+void ParameterStore::Deliver(Job& job, int64_t step, PartitionSnapshot part,
+                             const std::string& error) const {
+  ShardSnapshot snapshot;
+  {
+    absl::MutexLock lock(&job.capture_mu);
+    if (job.capture_step != step) return;
+    snapshot.job_id = job.id;
+    snapshot.shard = job.shard;
+    snapshot.step = step;
+    snapshot.sync = job.sync();
+    if (!error.empty()) {
+      // The checkpoint cannot be taken: it fails now (partitions still
+      // pending find no capture when they get there).
+      snapshot.error = error;
+      job.captured.clear();
+      job.capture_step = 0;
+    } else {
+      if (job.capture_expected > 0) job.captured.push_back(std::move(part));
+      if (job.captured.size() < job.capture_expected) return;
+      snapshot.partitions = std::move(job.captured);
+      job.captured.clear();
+      job.capture_step = 0;
+      absl::MutexLock job_lock(&job.mu);
+      snapshot.worker_steps = job.worker_steps;
+      // In SYNC every worker has pushed `step` steps at version `step` (the
+      // push completing it may not have been counted yet).
+      if (job.sync()) {
+        for (int64_t& steps : snapshot.worker_steps) steps = std::max(steps, step);
+      }
+      snapshot.requests = job.requests.Export();
+    }
+  }
+  std::sort(snapshot.partitions.begin(), snapshot.partitions.end(),
+            [](const PartitionSnapshot& a, const PartitionSnapshot& b) {
+              return KeyPair(a.tensor_id, a.partition) < KeyPair(b.tensor_id, b.partition);
+            });
+  sink_(std::move(snapshot));
+}
+
+absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnapshot& snapshot) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  const std::string where = absl::StrCat("restoring job ", job_id, " from step ", snapshot.step);
+  if (snapshot.partitions.size() != job->partitions.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the checkpoint holds ", snapshot.partitions.size(),
+                     " partitions of this shard, the job has ", job->partitions.size()));
+  }
+  const size_t num_slots = static_cast<size_t>(NumOptimizerSlots(job->optimizer));
+  for (const PartitionSnapshot& s : snapshot.partitions) {
+    auto it = job->by_key.find(KeyPair(s.tensor_id, s.partition));
+    const std::string name = KeyName(s.tensor_id, s.partition);
+    if (it == job->by_key.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": partition ", name, " is not the job's on this shard"));
+    }
+    Partition& p = *it->second;
+    if (s.offset != p.offset || static_cast<int64_t>(s.values.size()) != p.num_elements ||
+        s.slots.size() != num_slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": partition ", name, " does not match the job's (offset ", s.offset,
+                       ", ", s.values.size(), " elements, ", s.slots.size(), " optimizer slots)"));
+    }
+    for (const std::vector<float>& slot : s.slots) {
+      if (slot.size() != s.values.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": partition ", name, " has a slot of another size"));
+      }
+    }
+  }
+  for (const PartitionSnapshot& s : snapshot.partitions) {
+    Partition& p = *job->by_key[KeyPair(s.tensor_id, s.partition)];
+    absl::MutexLock lock(&p.mu);
+    p.values = s.values;
+    p.slots = s.slots;
+    p.updates = s.updates;
+    if (job->sync()) {
+      std::fill(p.arrived.begin(), p.arrived.end(), false);
+      p.num_arrived = p.num_contributors = 0;
+    }
+    p.version.store(s.version, std::memory_order_release);
+  }
+  absl::MutexLock lock(&job->mu);
+  for (size_t rank = 0; rank < job->worker_steps.size() && rank < snapshot.worker_steps.size();
+       ++rank) {
+    job->worker_steps[rank] = snapshot.worker_steps[rank];
+  }
+  job->requests.Import(snapshot.requests);
+  job->changed.SignalAll();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
@@ -429,6 +577,7 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
   ASSIGN_OR_RETURN(std::vector<Piece> pieces, ParsePush(*job, request, payload));
   ASSIGN_OR_RETURN(bool fresh, Reserve(*job, request));
   if (!fresh) return DuplicateResponse();
+  if (request.checkpoint_step() > 0 && sink_) BeginCapture(*job, request.checkpoint_step());
 
   if (job->sync()) {
     // Versions only grow, so a step not ahead now is not ahead when applied:

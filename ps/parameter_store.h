@@ -19,6 +19,7 @@
 #define DOWNPOUR_PS_PARAMETER_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/job.pb.h"
+#include "ps/checkpoint.h"
 #include "ps/parameter_shard.h"
 
 namespace downpour {
@@ -65,6 +67,23 @@ class ParameterStore : public ParameterShard {
   // flight).
   int64_t RememberedRequests(const std::string& job_id) const;
 
+  // Checkpoints. A push carrying checkpoint_step S starts a capture of the
+  // job's partitions on this shard: in SYNC each partition is copied when
+  // its version reaches S (which it has not passed: rank 0 marks the push of
+  // step S - 1), in ASYNC/SSP each at once, at its version. Once all are
+  // copied, `sink` gets the snapshot (with the workers' pushed steps and the
+  // exactly-once windows), on the thread of the push that completed it; a
+  // partition found past S makes the snapshot an error. One capture per job
+  // is in flight at a time. Without a sink, checkpoint steps are ignored.
+  using CheckpointSink = std::function<void(ShardSnapshot)>;
+  void SetCheckpointSink(CheckpointSink sink);
+
+  // Puts `snapshot`, this shard's part of a checkpoint of `job_id`, into the
+  // hosted job: partitions' values, slots, versions and updates, the
+  // workers' pushed steps and the exactly-once windows. InvalidArgument,
+  // naming the partition, when it does not match the job's partitions here.
+  absl::Status Restore(const std::string& job_id, const ShardSnapshot& snapshot);
+
   using ParameterShard::Pull;
   using ParameterShard::Push;
   absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override;
@@ -91,9 +110,15 @@ class ParameterStore : public ParameterShard {
                 const Piece& piece, std::vector<float>* scratch) const;
   // SYNC: adds one partition's gradient to its step's sum, and applies the
   // mean once the step's quorum has arrived.
-  void Accumulate(const Job& job, const PushRequest& request, const Payload& payload,
-                  const Piece& piece, std::vector<float>* scratch) const;
+  void Accumulate(Job& job, const PushRequest& request, const Payload& payload, const Piece& piece,
+                  std::vector<float>* scratch) const;
+  // Checkpoint capture (see SetCheckpointSink).
+  void BeginCapture(Job& job, int64_t step) const;
+  // Hands partition `p`'s copy (or why there is none) to the job's capture
+  // of `step`, and the snapshot to the sink once it is whole.
+  void Deliver(Job& job, int64_t step, PartitionSnapshot part, const std::string& error) const;
 
+  CheckpointSink sink_;  // Set before jobs are hosted.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Status> refused_ ABSL_GUARDED_BY(mu_);

@@ -572,6 +572,132 @@ TEST_F(ParameterStoreTest, AsyncScheduleFollowsTheJobsProgress) {
   ExpectNear(pulled.values, {expected, expected});
 }
 
+// Snapshots the store hands its checkpoint sink.
+class SnapshotSink {
+ public:
+  ParameterStore::CheckpointSink sink() {
+    return [this](ShardSnapshot s) {
+      absl::MutexLock lock(&mu_);
+      snapshots_.push_back(std::move(s));
+    };
+  }
+  std::vector<ShardSnapshot> snapshots() {
+    absl::MutexLock lock(&mu_);
+    return snapshots_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<ShardSnapshot> snapshots_ ABSL_GUARDED_BY(mu_);
+};
+
+PushRequest WithCheckpoint(PushRequest request, int64_t step) {
+  request.set_checkpoint_step(step);
+  return request;
+}
+
+TEST_F(ParameterStoreTest, SyncCheckpointCapturesEveryPartitionAtItsStep) {
+  SnapshotSink sink;
+  store_.SetCheckpointSink(sink.sink());
+  AddJob(Spec(ConsistencySpec::SYNC, 2, 0, OptimizerSpec::MOMENTUM));
+  const std::vector<Grad> grads = {{{0, 0}, {1, 2, 3}}, {{0, 1}, {1, 1, 1}}, {{1, 0}, {2, 2}}};
+  // Rank 0 marks its push of step 0 for a checkpoint at step 1: nothing is
+  // captured until every partition reaches version 1.
+  PushOk(WithCheckpoint(MakePush(0, 1, 0, grads), 1));
+  EXPECT_TRUE(sink.snapshots().empty());
+  PushOk(MakePush(1, 1, 0, grads));
+  ASSERT_EQ(sink.snapshots().size(), 1u);
+  const ShardSnapshot snapshot = sink.snapshots()[0];
+  EXPECT_TRUE(snapshot.error.empty()) << snapshot.error;
+  EXPECT_EQ(snapshot.job_id, kJob);
+  EXPECT_EQ(snapshot.shard, 0);
+  EXPECT_EQ(snapshot.step, 1);
+  ASSERT_EQ(snapshot.partitions.size(), 3u);
+  for (const PartitionSnapshot& p : snapshot.partitions) {
+    EXPECT_EQ(p.version, 1);
+    EXPECT_EQ(p.updates, 1);
+    ASSERT_EQ(p.slots.size(), 1u);  // Momentum's velocity.
+    ExpectNear(p.values, PullOne({p.tensor_id, p.partition}, 1).values, 0);
+  }
+  EXPECT_EQ(snapshot.worker_steps, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(snapshot.requests.size(), 2u);
+  // Step 1's updates come after the capture; the snapshot keeps step 1.
+  PushOk(MakePush(0, 2, 1, grads));
+  PushOk(MakePush(1, 2, 1, grads));
+  EXPECT_EQ(sink.snapshots().size(), 1u);
+  EXPECT_EQ(sink.snapshots()[0].partitions[0].version, 1);
+}
+
+TEST_F(ParameterStoreTest, CheckpointPastItsStepIsAnError) {
+  SnapshotSink sink;
+  store_.SetCheckpointSink(sink.sink());
+  AddJob(Spec(ConsistencySpec::SYNC, 1));
+  PushOk(MakePush(0, 1, 0, {{{0, 0}, {1, 1, 1}}}));
+  PushOk(MakePush(0, 2, 1, {{{0, 0}, {1, 1, 1}}}));  // Partition 0/0 at version 2.
+  PushOk(WithCheckpoint(MakePush(0, 3, 0, {{{0, 1}, {1, 1, 1}}}), 1));
+  ASSERT_EQ(sink.snapshots().size(), 1u);
+  EXPECT_THAT(sink.snapshots()[0].error,
+              HasSubstr("partition 0/0 is already at version 2, past the checkpoint's step 1"));
+  // The failed capture is over: a later one can start.
+  PushOk(WithCheckpoint(MakePush(0, 4, 1, {{{0, 1}, {1, 1, 1}}}), 2));
+  PushOk(MakePush(0, 5, 0, {{{1, 0}, {1, 1}}}));
+  ASSERT_EQ(sink.snapshots().size(), 1u);  // 1/0 is not at version 2 yet.
+  PushOk(MakePush(0, 6, 1, {{{1, 0}, {1, 1}}}));
+  ASSERT_EQ(sink.snapshots().size(), 2u);
+  EXPECT_TRUE(sink.snapshots()[1].error.empty()) << sink.snapshots()[1].error;
+  EXPECT_EQ(sink.snapshots()[1].step, 2);
+}
+
+TEST_F(ParameterStoreTest, AsyncCheckpointCapturesAtOnceAtEachPartitionsVersion) {
+  SnapshotSink sink;
+  store_.SetCheckpointSink(sink.sink());
+  AddJob(Spec(ConsistencySpec::ASYNC, 2));
+  PushOk(MakePush(0, 1, 0, {{{0, 0}, {1, 1, 1}}}));
+  PushOk(MakePush(1, 1, 0, {{{0, 0}, {1, 1, 1}}}));
+  PushOk(WithCheckpoint(MakePush(0, 2, 1, {{{1, 0}, {1, 1}}}), 2));
+  ASSERT_EQ(sink.snapshots().size(), 1u);
+  const ShardSnapshot& snapshot = sink.snapshots()[0];
+  EXPECT_TRUE(snapshot.error.empty());
+  EXPECT_FALSE(snapshot.sync);
+  // Captured before this push's own update: 0/0 at 2, the others at 0.
+  EXPECT_EQ(snapshot.partitions[0].version, 2);
+  EXPECT_EQ(snapshot.partitions[2].version, 0);
+}
+
+// A store restored from another's snapshot continues exactly as the other:
+// values, optimizer slots, versions, Adam's step count, the workers' steps
+// and the exactly-once windows.
+TEST_F(ParameterStoreTest, RestoredStoreContinuesExactlyAsTheOriginal) {
+  SnapshotSink sink;
+  store_.SetCheckpointSink(sink.sink());
+  const JobSpec spec = Spec(ConsistencySpec::SYNC, 1, 0, OptimizerSpec::ADAM);
+  AddJob(spec);
+  const std::vector<Grad> grads = {{{0, 0}, {1, -2, 3}}, {{0, 1}, {0.5f, 1, 1}}, {{1, 0}, {2, 2}}};
+  PushOk(MakePush(0, 1, 0, grads));
+  PushOk(WithCheckpoint(MakePush(0, 2, 1, grads), 2));
+  ASSERT_EQ(sink.snapshots().size(), 1u);
+
+  ParameterStore restored;
+  ASSERT_TRUE(restored.AddJob(kJob, spec, 0, Placements()).ok());
+  ASSERT_TRUE(restored.Restore(kJob, sink.snapshots()[0]).ok());
+  // The pushes in the checkpoint are not applied again: the first is a
+  // duplicate by its id, the one that completed the checkpoint's step is
+  // late for the restored version.
+  EXPECT_TRUE(restored.Push(MakePush(0, 1, 0, grads))->duplicate());
+  ASSERT_TRUE(restored.Push(MakePush(0, 2, 1, grads)).ok());
+  for (ParameterStore* s : {&store_, &restored}) {
+    ASSERT_TRUE(s->Push(MakePush(0, 3, 2, grads)).ok());
+  }
+  auto original = store_.Pull(MakePull({}, 3), Soon());
+  auto copy = restored.Pull(MakePull({}, 3), Soon());
+  ASSERT_TRUE(original.ok() && copy.ok());
+  EXPECT_EQ(original->SerializeAsString(), copy->SerializeAsString());
+
+  ShardSnapshot wrong = sink.snapshots()[0];
+  wrong.partitions[0].values.pop_back();
+  EXPECT_THAT(restored.Restore(kJob, wrong).message(), HasSubstr("partition 0/0 does not match"));
+}
+
 // Every optimizer through the store in SYNC mode with two workers and a
 // schedule, against the kernel applied by hand to the averaged gradients.
 class ParameterStoreOptimizerTest : public ::testing::TestWithParam<OptimizerSpec::Kind> {};

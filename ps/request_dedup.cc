@@ -1,5 +1,7 @@
 #include "ps/request_dedup.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace downpour {
@@ -36,6 +38,33 @@ void RequestDedup::Settle(const RequestKey& key, bool applied) {
     seq->second = true;
   } else {
     it->second.recent.erase(seq);
+  }
+}
+
+std::vector<RequestDedup::WorkerWindow> RequestDedup::Export() const {
+  std::vector<WorkerWindow> windows;
+  for (const auto& [id, worker] : workers_) {
+    WorkerWindow window;
+    window.worker_id = id;
+    window.incarnation = worker.incarnation;
+    window.floor = worker.floor;
+    for (const auto& [sequence, applied] : worker.recent) {
+      if (applied) window.applied.push_back(sequence);
+    }
+    windows.push_back(std::move(window));
+  }
+  std::sort(windows.begin(), windows.end(),
+            [](const WorkerWindow& a, const WorkerWindow& b) { return a.worker_id < b.worker_id; });
+  return windows;
+}
+
+void RequestDedup::Import(const std::vector<WorkerWindow>& windows) {
+  workers_.clear();
+  for (const WorkerWindow& window : windows) {
+    Worker& worker = workers_[window.worker_id];
+    worker.incarnation = window.incarnation;
+    worker.floor = window.floor;
+    for (int64_t sequence : window.applied) worker.recent[sequence] = true;
   }
 }
 

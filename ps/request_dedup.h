@@ -23,6 +23,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -58,6 +59,20 @@ class RequestDedup {
 
   // Sequences remembered, over all workers (applied and in flight).
   int64_t Remembered() const;
+
+  // One worker's window: what a checkpoint saves, so a push retried across
+  // a restore is still applied once.
+  struct WorkerWindow {
+    std::string worker_id;
+    int64_t incarnation = 0;
+    int64_t floor = std::numeric_limits<int64_t>::min();
+    std::vector<int64_t> applied;  // Above the floor, ascending.
+  };
+  // Every worker's window, by worker id (requests in flight are not applied
+  // and are left out).
+  std::vector<WorkerWindow> Export() const;
+  // Replaces every window with `windows`.
+  void Import(const std::vector<WorkerWindow>& windows);
 
  private:
   struct Worker {

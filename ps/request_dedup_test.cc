@@ -91,6 +91,23 @@ TEST(RequestDedupTest, InFlightRequestsAreNotPruned) {
   EXPECT_EQ(ReserveOk(dedup, Key(1)), Verdict::kFresh);
 }
 
+TEST(RequestDedupTest, ExportedWindowsKeepAppliedRequestsDuplicatesAfterImport) {
+  RequestDedup dedup;
+  for (int64_t seq = 1; seq <= RequestDedup::kWindow + 5; ++seq) {
+    ASSERT_EQ(ReserveOk(dedup, Key(seq, "a")), Verdict::kFresh);
+    dedup.Settle(Key(seq, "a"), true);
+  }
+  ASSERT_EQ(ReserveOk(dedup, Key(1, "b", 3)), Verdict::kFresh);  // In flight: not saved.
+  RequestDedup restored;
+  restored.Import(dedup.Export());
+  EXPECT_EQ(ReserveOk(restored, Key(1, "a")), Verdict::kDuplicate);  // Below the floor.
+  EXPECT_EQ(ReserveOk(restored, Key(RequestDedup::kWindow + 5, "a")), Verdict::kDuplicate);
+  EXPECT_EQ(ReserveOk(restored, Key(RequestDedup::kWindow + 6, "a")), Verdict::kFresh);
+  EXPECT_EQ(ReserveOk(restored, Key(1, "b", 3)), Verdict::kFresh);
+  EXPECT_EQ(restored.Reserve(Key(1, "b", 2)).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Its incarnation was kept.
+}
+
 TEST(RequestDedupTest, EmptyWorkerIdIsRefused) {
   RequestDedup dedup;
   EXPECT_EQ(dedup.Reserve(Key(1, "")).status().code(), absl::StatusCode::kInvalidArgument);
