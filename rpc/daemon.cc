@@ -103,6 +103,8 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
   agent.self.set_address(address);
   agent.self.set_metrics_address(daemon->metrics_server_ ? daemon->metrics_server_->address() : "");
   for (const std::string& device : options.devices) agent.self.add_devices(device);
+  agent.self.set_checkpoints(options.checkpoints);
+  agent.add_to_heartbeat = options.add_to_heartbeat;
   ASSIGN_OR_RETURN(daemon->agent_,
                    NodeAgent::Start(agent, daemon->coordinator_.get(), std::move(on_tasks)));
   RETURN_IF_ERROR(WritePortFile(options.port_file, address));

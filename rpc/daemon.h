@@ -7,6 +7,7 @@
 #ifndef DOWNPOUR_RPC_DAEMON_H_
 #define DOWNPOUR_RPC_DAEMON_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,10 @@ class NodeDaemon {
     // Stable node name; empty: "ps@<address>" or "worker@<address>".
     std::string node_id;
     std::vector<std::string> devices;  // A worker's compute devices, advertised.
+    // A shard that writes checkpoints (it has a --checkpoint_root).
+    bool checkpoints = false;
+    // See NodeAgent::Options.
+    std::function<void(HeartbeatRequest*)> add_to_heartbeat;
   };
 
   // Serves /metrics (when asked) from `metrics` (not owned), then `services`

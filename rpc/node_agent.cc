@@ -66,6 +66,7 @@ void NodeAgent::HeartbeatLoop() {
     HeartbeatRequest request;
     request.set_node_id(options_.self.id());
     request.set_incarnation(options_.self.incarnation());
+    if (options_.add_to_heartbeat) options_.add_to_heartbeat(&request);
     absl::StatusOr<HeartbeatResponse> response = coordinator_->Heartbeat(request);
     absl::Status status = response.status();
     if (status.ok() && response->reregister()) status = Register();

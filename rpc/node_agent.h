@@ -36,6 +36,9 @@ class NodeAgent {
     NodeInfo self;
     // The first registration must succeed within this, or Start fails.
     absl::Duration startup_timeout = absl::Seconds(30);
+    // Adds what the node reports with every heartbeat (a shard's checkpoint
+    // files); called on the agent's thread.
+    std::function<void(HeartbeatRequest*)> add_to_heartbeat;
   };
   using TasksCallback = std::function<void(const std::vector<Task>&)>;
 

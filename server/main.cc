@@ -4,17 +4,25 @@
 // here once into options.
 #include <string>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "common/platform/malloc_tuning.h"
 #include "ps/parameter_store.h"
 #include "rpc/daemon.h"
 #include "rpc/node_flags.h"
 #include "rpc/ps_service.h"
+#include "common/file.h"
+#include "ps/checkpoint.h"
 #include "server/shard_runtime.h"
+
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory checkpoints are written to and read from, ROOT/JOB_ID/step-S/ (in a cluster, "
+          "a filesystem the coordinator and every shard share); empty: this shard writes none");
 
 namespace downpour {
 namespace {
@@ -22,16 +30,29 @@ namespace {
 int Main() {
   BlockTerminationSignals();
   SetLogPrefix("downpour-ps");
-  const NodeDaemon::Options options = NodeDaemonOptionsFromFlags(SHARD);
+  NodeDaemon::Options options = NodeDaemonOptionsFromFlags(SHARD);
+  const std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  std::unique_ptr<CheckpointWriter> writer;
+  if (!checkpoint_root.empty()) {
+    absl::Status made = MakeDirs(checkpoint_root);
+    if (!made.ok()) return ExitWithError(Annotate(made, "--checkpoint_root"));
+    writer = std::make_unique<CheckpointWriter>(checkpoint_root);
+  }
   MetricsRegistry metrics;
   ParameterStore store;
+  if (writer != nullptr) {
+    store.SetCheckpointSink([w = writer.get()](ShardSnapshot s) { w->Write(std::move(s)); });
+  }
   ParameterServerService service(&store);
-  ShardRuntime runtime(&store, &metrics);
+  ShardRuntime runtime(&store, writer.get(), &metrics);
+  options.checkpoints = writer != nullptr;
+  options.add_to_heartbeat = [&runtime](HeartbeatRequest* r) { runtime.AddToHeartbeat(r); };
   auto daemon =
       NodeDaemon::Start(options, {&service}, &metrics,
                         [&runtime](const std::vector<Task>& tasks) { runtime.OnTasks(tasks); });
   if (!daemon.ok()) return ExitWithError(daemon.status());
-  Log(absl::StrCat("shard ", (*daemon)->self().id(), " ", (*daemon)->Describe()));
+  Log(absl::StrCat("shard ", (*daemon)->self().id(), " ", (*daemon)->Describe(),
+                   writer ? absl::StrCat(", checkpoints in ", checkpoint_root) : ""));
 
   const std::string signal = WaitForTerminationSignal();
   Log(absl::StrCat(signal, " received, shutting down"));

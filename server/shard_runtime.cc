@@ -2,12 +2,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "spec/shard_map.h"
 
 namespace downpour {
 
-ShardRuntime::ShardRuntime(ParameterStore* store, MetricsRegistry* metrics)
+ShardRuntime::ShardRuntime(ParameterStore* store, CheckpointWriter* writer,
+                           MetricsRegistry* metrics)
     : store_(store),
+      writer_(writer),
       jobs_gauge_(metrics->GetGauge("downpour_ps_jobs", "Jobs hosted on this shard.")),
       bytes_gauge_(metrics->GetGauge("downpour_ps_parameter_bytes",
                                      "Parameter bytes hosted on this shard.")) {}
@@ -34,7 +37,7 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
       ++it;
       continue;
     }
-    store_->DropJob(*it);
+    Drop(*it);
     it = refused_.erase(it);
   }
   for (auto it = hosted_.begin(); it != hosted_.end();) {
@@ -42,13 +45,45 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
       ++it;
       continue;
     }
-    store_->DropJob(it->first);
+    Drop(it->first);
     Log(absl::StrCat("job ", it->first, ": ended, partitions dropped"));
     bytes_ -= it->second;
     it = hosted_.erase(it);
   }
   jobs_gauge_->Set(hosted_.size());
   bytes_gauge_->Set(bytes_);
+}
+
+void ShardRuntime::Drop(const std::string& job_id) {
+  store_->DropJob(job_id);
+  if (writer_ != nullptr) writer_->ForgetJob(job_id);
+}
+
+void ShardRuntime::AddToHeartbeat(HeartbeatRequest* request) {
+  if (writer_ == nullptr) return;
+  for (CheckpointPart& part : writer_->Parts()) *request->add_checkpoints() = std::move(part);
+}
+
+absl::Status ShardRuntime::Restore(const Task& task) {
+  const CheckpointRestore& restore = task.restore();
+  if (writer_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job resumes from its checkpoint at step ", restore.step(),
+        " but this shard has no --checkpoint_root to read it from"));
+  }
+  const CheckpointFile* file = nullptr;
+  for (const CheckpointFile& f : restore.files()) {
+    if (f.shard() == task.rank()) file = &f;
+  }
+  if (file == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint at step ", restore.step(), " has no file for shard ", task.rank()));
+  }
+  const std::string path = absl::StrCat(writer_->root(), "/", restore.dir(), "/", file->name());
+  ASSIGN_OR_RETURN(ShardSnapshot snapshot, ReadShardSnapshot(path, *file));
+  RETURN_IF_ERROR(store_->Restore(task.job_id(), snapshot));
+  Log(absl::StrCat("job ", task.job_id(), ": restored shard ", task.rank(), " from ", path));
+  return absl::OkStatus();
 }
 
 std::vector<std::string> ShardRuntime::HostedJobs() const {
@@ -67,7 +102,11 @@ absl::Status ShardRuntime::Host(const Task& task) {
   const std::vector<PartitionPlacement> partitions(task.placement().partitions().begin(),
                                                    task.placement().partitions().end());
   absl::Status added = store_->AddJob(task.job_id(), task.spec(), task.rank(), partitions);
-  if (!added.ok()) return added;
+  if (added.ok() && task.has_restore()) added = Restore(task);
+  if (!added.ok()) {
+    store_->DropJob(task.job_id());
+    return added;
+  }
   const int64_t bytes = BytesPerShard(partitions, shards)[task.rank()];
   hosted_[task.job_id()] = bytes;
   bytes_ += bytes;

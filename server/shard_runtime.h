@@ -1,11 +1,15 @@
 // ShardRuntime: what a downpour-ps process does with the coordinator's task
 // list — host the partitions of every job placed on this shard in its
-// ParameterStore, refuse (with the reason, which workers then see) a job it
-// cannot host, and drop a job's partitions once the job is no longer its
-// task. It exports the hosted jobs and bytes as metrics.
+// ParameterStore (from the checkpoint the task names, when the job resumes
+// one), refuse (with the reason, which workers then see) a job it cannot
+// host, and drop a job's partitions once the job is no longer its task. With
+// a CheckpointWriter it writes the snapshots the store captures and reports
+// them with every heartbeat. It exports the hosted jobs and bytes as
+// metrics.
 //
-// Thread-safe (the node agent calls OnTasks from its thread). The store and
-// the metrics registry are not owned and must outlive the runtime.
+// Thread-safe (the node agent calls OnTasks and AddToHeartbeat from its
+// thread). The store, the writer and the metrics registry are not owned and
+// must outlive the runtime.
 #ifndef DOWNPOUR_SERVER_SHARD_RUNTIME_H_
 #define DOWNPOUR_SERVER_SHARD_RUNTIME_H_
 
@@ -20,13 +24,18 @@
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "proto/coordinator.pb.h"
+#include "ps/checkpoint.h"
 #include "ps/parameter_store.h"
 
 namespace downpour {
 
 class ShardRuntime {
  public:
-  ShardRuntime(ParameterStore* store, MetricsRegistry* metrics);
+  // `writer` may be null: no checkpoints on this shard.
+  ShardRuntime(ParameterStore* store, CheckpointWriter* writer, MetricsRegistry* metrics);
+
+  // The checkpoint files written for running jobs, for the coordinator.
+  void AddToHeartbeat(HeartbeatRequest* request);
 
   // Makes the hosted jobs those of `tasks` (every running job this shard
   // takes part in).
@@ -37,8 +46,12 @@ class ShardRuntime {
 
  private:
   absl::Status Host(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts this shard's file of the task's checkpoint into the hosted job.
+  absl::Status Restore(const Task& task);
+  void Drop(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;
+  CheckpointWriter* const writer_;
   Gauge* const jobs_gauge_;
   Gauge* const bytes_gauge_;
   mutable absl::Mutex mu_;

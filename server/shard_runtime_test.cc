@@ -74,7 +74,7 @@ class ShardRuntimeTest : public ::testing::Test {
 
   ParameterStore store_;
   MetricsRegistry metrics_;
-  ShardRuntime runtime_{&store_, &metrics_};
+  ShardRuntime runtime_{&store_, /*writer=*/nullptr, &metrics_};
   control::FakeCoordinator coordinator_;
   std::unique_ptr<NodeAgent> agent_;
 };

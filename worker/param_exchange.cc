@@ -113,6 +113,7 @@ PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequ
   request.set_worker_rank(options_.rank);
   request.set_step(step);
   request.set_partitions_in_step(partitions_per_shard_[message.shard]);
+  request.set_checkpoint_step(checkpoint_step_);
   RequestId* id = request.mutable_request_id();
   id->set_worker_id(options_.worker_id);
   id->set_incarnation(options_.incarnation);
@@ -247,11 +248,45 @@ absl::Status ParameterExchange::Push(int64_t step, const std::vector<const float
   sequence_ += n;
   const absl::Time give_up = absl::Now() + options_.push_timeout;
   // Last layers first: the order backward produces the gradients.
-  return RunAll(n, [&](int k) -> absl::Status {
+  absl::Status status = RunAll(n, [&](int k) -> absl::Status {
     const int i = n - 1 - k;
     Payload payload;
     const PushRequest request = MakePushRequest(i, step, first_sequence + i, grads, &payload);
     return SendPush(i, request, payload, give_up, cancelled);
+  });
+  checkpoint_step_ = 0;
+  return status;
+}
+
+absl::Status ParameterExchange::CaptureNow(int64_t checkpoint_step, int64_t last_step,
+                                           const std::function<bool()>& cancelled) {
+  const int shards = static_cast<int>(shards_.size());
+  const int64_t first_sequence = sequence_ + 1;
+  sequence_ += shards;
+  const absl::Time give_up = absl::Now() + options_.push_timeout;
+  return RunAll(shards, [&](int shard) -> absl::Status {
+    PushRequest request;
+    request.set_job_id(options_.job_id);
+    request.set_worker_rank(options_.rank);
+    request.set_step(last_step);
+    request.set_checkpoint_step(checkpoint_step);
+    RequestId* id = request.mutable_request_id();
+    id->set_worker_id(options_.worker_id);
+    id->set_incarnation(options_.incarnation);
+    id->set_sequence(first_sequence + shard);
+    // No partitions: SendPush addresses messages, so call the shard directly
+    // with the same retries.
+    while (true) {
+      if (cancelled()) return absl::CancelledError("job ended");
+      absl::StatusOr<PushResponse> response = shards_[shard]->Push(request, Payload());
+      if (response.ok()) return absl::OkStatus();
+      const bool retry =
+          absl::IsDeadlineExceeded(response.status()) || absl::IsUnavailable(response.status());
+      if (!retry || absl::Now() >= give_up) {
+        return Annotate(response.status(), absl::StrCat("asking shard ", shard, " for a checkpoint"));
+      }
+      if (absl::IsUnavailable(response.status())) absl::SleepFor(absl::Milliseconds(50));
+    }
   });
 }
 
@@ -266,7 +301,7 @@ absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const f
   const absl::Time push_give_up = now + options_.push_timeout;
   const absl::Time pull_give_up = now + options_.pull_timeout;
   // First layers first: the order the next forward pass needs them.
-  return RunAll(n, [&](int i) -> absl::Status {
+  absl::Status status = RunAll(n, [&](int i) -> absl::Status {
     Payload payload;
     const PushRequest push = MakePushRequest(i, step, first_sequence + i, grads, &payload);
     const PullRequest pull = MakePullRequest(i, min_version, min_worker_steps);
@@ -286,6 +321,8 @@ absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const f
     RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
     return ReceivePull(i, pull, pull_give_up, params, cancelled);
   });
+  checkpoint_step_ = 0;
+  return status;
 }
 
 }  // namespace downpour

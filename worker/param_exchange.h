@@ -95,6 +95,15 @@ class ParameterExchange {
                         int64_t min_worker_steps, const std::vector<float*>& params,
                         const std::function<bool()>& cancelled);
 
+  // Checkpoints (rank 0). MarkNextPush(S): the next Push or PushPull asks
+  // every shard to capture its partitions for a checkpoint at step S
+  // (PushRequest.checkpoint_step). CaptureNow(S, last_step): the same
+  // without gradients, one empty push per shard (after the last step, for
+  // the final checkpoint), counted as part of `last_step`.
+  void MarkNextPush(int64_t checkpoint_step) { checkpoint_step_ = checkpoint_step; }
+  absl::Status CaptureNow(int64_t checkpoint_step, int64_t last_step,
+                          const std::function<bool()>& cancelled);
+
  private:
   struct Message {
     int shard;
@@ -129,6 +138,7 @@ class ParameterExchange {
   std::vector<Message> messages_;  // Sorted by (first tensor, partition).
   std::vector<int> partitions_per_shard_;
   int64_t sequence_ = 0;
+  int64_t checkpoint_step_ = 0;  // For the next push's requests (0: none).
 
   absl::Mutex mu_;
   const std::function<absl::Status(int)>* task_ ABSL_GUARDED_BY(mu_) = nullptr;
