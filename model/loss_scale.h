@@ -19,6 +19,11 @@ class DynamicLossScale {
   double scale() const { return scale_; }
   // Records one step's outcome and moves the scale.
   void Update(bool overflow);
+  // Continues from a saved scale (a checkpoint's).
+  void Restore(double scale) {
+    scale_ = scale;
+    clean_steps_ = 0;
+  }
 
  private:
   double scale_;

@@ -110,6 +110,13 @@ Model::Model(ModelShape shape, uint64_t seed, int device, std::string device_nam
       loss_scale_(initial_loss_scale),
       storage_(std::make_unique<model_internal::Storage>()) {}
 
+absl::Status Model::RestoreLocalState(double loss_scale) {
+  if (loss_scaling_ && loss_scale > 0) loss_scale_.Restore(loss_scale);
+  if (state_host_ == state_compute_) return absl::OkStatus();
+  RETURN_IF_ERROR(backend_->ToDevice(state_compute_, state_host_, sizeof(float) * state_total_));
+  return backend_->Synchronize();
+}
+
 absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
   using model_internal::Buffer;
   backend_ = std::move(backend);

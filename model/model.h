@@ -173,6 +173,10 @@ class Model {
   // reach the device.
   float* local_state_data(int id) { return state_host_ + state_offset_[id]; }
   const float* local_state_data(int id) const { return state_host_ + state_offset_[id]; }
+  // Restores state a checkpoint saved: the caller writes local_state_data(id)
+  // for every id, then this copies it to the device (a no-op on the CPU) and
+  // sets FP16's loss scale (ignored for other precisions).
+  absl::Status RestoreLocalState(double loss_scale);
 
   // Forward in inference mode (dropout is the identity, batch norm uses the
   // running statistics); grads untouched.

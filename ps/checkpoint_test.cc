@@ -41,70 +41,13 @@ ShardSnapshot Sample() {
   b.version = 41;
   s.partitions = {a, b};
   s.worker_steps = {40, 39};
-  RequestDedup::WorkerWindow w;
+  RequestWindow w;
   w.worker_id = "worker@host with spaces:7";
   w.incarnation = 123;
   w.floor = 7;
   w.applied = {8, 10};
-  s.requests = {w, RequestDedup::WorkerWindow{"w2", 1, -5, {}}};
+  s.requests = {w, RequestWindow{"w2", 1, -5, {}}};
   return s;
-}
-
-TEST(CheckpointTest, ShardSnapshotRoundTrips) {
-  const std::string path = TempDir("round_trip") + "/" + ShardFileName(1);
-  const ShardSnapshot s = Sample();
-  auto written = WriteShardSnapshot(path, s);
-  ASSERT_TRUE(written.ok()) << written.status();
-  CheckpointFile expected;
-  expected.set_bytes(written->bytes);
-  expected.set_crc32c(written->crc32c);
-  auto read = ReadShardSnapshot(path, expected);
-  ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_EQ(read->job_id, "job-1");
-  EXPECT_EQ(read->shard, 1);
-  EXPECT_EQ(read->step, 40);
-  EXPECT_FALSE(read->sync);
-  ASSERT_EQ(read->partitions.size(), 2u);
-  EXPECT_EQ(read->partitions[0].offset, 8);
-  EXPECT_EQ(read->partitions[0].updates, 39);
-  EXPECT_EQ(read->partitions[0].values, s.partitions[0].values);
-  EXPECT_EQ(read->partitions[0].slots, s.partitions[0].slots);
-  EXPECT_EQ(read->partitions[1].version, 41);
-  EXPECT_TRUE(read->partitions[1].slots.empty());
-  EXPECT_EQ(read->worker_steps, s.worker_steps);
-  ASSERT_EQ(read->requests.size(), 2u);
-  EXPECT_EQ(read->requests[0].worker_id, "worker@host with spaces:7");
-  EXPECT_EQ(read->requests[0].applied, (std::vector<int64_t>{8, 10}));
-  EXPECT_EQ(read->requests[1].floor, -5);
-}
-
-TEST(CheckpointTest, PartialOrCorruptFileIsRefusedNamingIt) {
-  const std::string path = TempDir("corrupt") + "/" + ShardFileName(0);
-  auto written = WriteShardSnapshot(path, Sample());
-  ASSERT_TRUE(written.ok());
-  CheckpointFile expected;
-  expected.set_bytes(written->bytes);
-  expected.set_crc32c(written->crc32c);
-  std::string bytes = ReadFileToString(path).value();
-
-  auto truncated = AtomicFile::Create(path, "test file");
-  ASSERT_TRUE((*truncated)->Append(bytes.substr(0, bytes.size() / 2)).ok());
-  ASSERT_TRUE((*truncated)->Commit().ok());
-  auto read = ReadShardSnapshot(path, expected);
-  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(read.status().message(), HasSubstr(path));
-  EXPECT_THAT(read.status().message(), HasSubstr("partial"));
-
-  bytes[bytes.size() - 3] ^= 0x40;  // One flipped bit in the data.
-  auto flipped = AtomicFile::Create(path, "test file");
-  ASSERT_TRUE((*flipped)->Append(bytes).ok());
-  ASSERT_TRUE((*flipped)->Commit().ok());
-  read = ReadShardSnapshot(path, expected);
-  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(read.status().message(), HasSubstr("CRC32C"));
-
-  EXPECT_EQ(ReadShardSnapshot(path + ".missing", expected).status().code(),
-            absl::StatusCode::kNotFound);
 }
 
 TEST(CheckpointTest, WriterWritesUnderTheRootAndReportsParts) {

@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "spec/checkpoint_files.h"
 
 namespace downpour {
 
@@ -62,12 +63,7 @@ class RequestDedup {
 
   // One worker's window: what a checkpoint saves, so a push retried across
   // a restore is still applied once.
-  struct WorkerWindow {
-    std::string worker_id;
-    int64_t incarnation = 0;
-    int64_t floor = std::numeric_limits<int64_t>::min();
-    std::vector<int64_t> applied;  // Above the floor, ascending.
-  };
+  using WorkerWindow = RequestWindow;
   // Every worker's window, by worker id (requests in flight are not applied
   // and are left out).
   std::vector<WorkerWindow> Export() const;

@@ -1,0 +1,97 @@
+// The files of a checkpoint, as every daemon reads and writes them (layout
+// ROOT/JOB_ID/step-S/): each shard's part, shard-K.safetensors, with its
+// partitions of the job (values, optimizer slots, version, updates applied),
+// the workers' pushed-step counts and the exactly-once windows; the workers'
+// state, worker.safetensors; and manifest.json, written last, naming every
+// file with its size and CRC32C. Loading checks both before using a byte.
+//
+// Shard file layout: tensor "t<T>.p<P>" holds partition P of parameter
+// tensor T (F32), "t<T>.p<P>.slot<K>" its optimizer slot K; "worker_steps"
+// (I64) each rank's pushed steps; metadata "job", "shard", "step", "mode",
+// "partitions" (one "T P offset elements version updates" line each) and
+// "requests" (one "incarnation floor seq,seq,... worker_id" line per worker).
+//
+// Thread-safety: the functions are thread-safe.
+#ifndef DOWNPOUR_SPEC_CHECKPOINT_FILES_H_
+#define DOWNPOUR_SPEC_CHECKPOINT_FILES_H_
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+#include "proto/job.pb.h"
+
+namespace downpour {
+
+// One worker's exactly-once window on a shard (ps/request_dedup.h).
+struct RequestWindow {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  int64_t floor = std::numeric_limits<int64_t>::min();
+  std::vector<int64_t> applied;  // Above the floor, ascending.
+};
+
+struct PartitionSnapshot {
+  int32_t tensor_id = 0;
+  int32_t partition = 0;
+  int64_t offset = 0;
+  int64_t version = 0;
+  int64_t updates = 0;
+  std::vector<float> values;
+  std::vector<std::vector<float>> slots;
+};
+
+struct ShardSnapshot {
+  std::string job_id;
+  int shard = 0;
+  int64_t step = 0;
+  bool sync = true;
+  std::vector<PartitionSnapshot> partitions;  // Sorted by (tensor, partition).
+  std::vector<int64_t> worker_steps;
+  std::vector<RequestWindow> requests;
+  // Non-empty: the capture failed (a partition was past the step); nothing
+  // else is set but the job, shard and step.
+  std::string error;
+};
+
+// "shard-K.safetensors".
+std::string ShardFileName(int shard);
+// "JOB_ID/step-S", relative to the checkpoint root.
+std::string CheckpointDir(const std::string& job_id, int64_t step);
+
+absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
+                                               const ShardSnapshot& snapshot);
+
+// Reads a shard file, first checking it has `expected`'s size and CRC32C (a
+// file that does not is DataLoss naming it: partial or corrupt).
+absl::StatusOr<ShardSnapshot> ReadShardSnapshot(const std::string& path,
+                                                const CheckpointFile& expected);
+
+inline constexpr char kManifestName[] = "manifest.json";
+inline constexpr char kWorkerStateName[] = "worker.safetensors";
+
+// ROOT/DIR/manifest.json.
+std::string ManifestPath(const std::string& root, const std::string& dir);
+
+// Reads a checkpoint file whole, first checking it has `expected`'s size and
+// CRC32C: a file that is missing, short or different is DataLoss naming it.
+absl::StatusOr<std::string> ReadVerified(const std::string& path, const CheckpointFile& expected);
+
+// Writes ROOT/JOB_ID/step-S/manifest.json atomically (the checkpoint's
+// directory exists: its files are in it).
+absl::StatusOr<WrittenFile> WriteManifest(const std::string& root,
+                                          const CheckpointManifest& manifest);
+// Reads ROOT/DIR/manifest.json; DataLoss naming it when it is missing (the
+// checkpoint never completed), unparsable or of another checkpoint.
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& root, const std::string& dir);
+// ReadManifest, then ReadVerified of every file it names: the first problem
+// is DataLoss naming the file.
+absl::StatusOr<CheckpointManifest> VerifyCheckpoint(const std::string& root,
+                                                    const std::string& dir);
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_SPEC_CHECKPOINT_FILES_H_
