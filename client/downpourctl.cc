@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -28,7 +29,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/job_spec_file.h"
+#include "common/file.h"
 #include "common/net_address.h"
+#include "common/safetensors.h"
 #include "common/status.h"
 #include "control/coordinator.h"
 #include "data/idx.h"
@@ -40,7 +43,13 @@
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordinator");
 ABSL_FLAG(std::string, output, "table", "output format: table or json (-o for short)");
 ABSL_FLAG(std::string, job_id, "", "submit: the new job's id (empty: the coordinator picks one)");
-ABSL_FLAG(bool, wait, false, "submit: wait for the job to end, like `wait`");
+ABSL_FLAG(bool, wait, false,
+          "submit, resume: wait for the job to end, like `wait`; checkpoint: wait until it is "
+          "written");
+ABSL_FLAG(std::string, out, "", "export: the safetensors file to write (the spec goes beside it)");
+ABSL_FLAG(int64_t, checkpoint, 0, "export: the checkpoint's step (0: the newest)");
+ABSL_FLAG(std::string, layout, "pytorch",
+          "export: pytorch (PyTorch's names and layouts) or native (ours)");
 ABSL_FLAG(std::string, timeout, "0",
           "wait: give up after this long (e.g. 90s, 10m; a bare number is "
           "seconds; 0 = no limit)");
@@ -87,6 +96,15 @@ commands:
                         follow JOB until it ends (progress on stderr, final
                         line on stdout); exit 0 only if it succeeded
   stop JOB              stop JOB
+  checkpoint JOB [--wait]
+                        checkpoint JOB now (at its next step); --wait until
+                        the checkpoint is written
+  resume JOB [--wait]   continue a FAILED or STOPPED JOB from its newest
+                        complete checkpoint
+  export JOB --out=FILE [--checkpoint=STEP] [--layout=pytorch|native]
+                        write the model of JOB's newest (or STEP's)
+                        checkpoint as one safetensors file that PyTorch's
+                        load_state_dict takes, and its spec beside it
   dataset import --format=idx --images=PATH --labels=PATH --out_dir=DIR
                  --name=NAME [--shards=N] [--limit=N]
                         convert an IDX image/label pair into record shards
@@ -467,6 +485,23 @@ void PrintJobSummary(const JobStatus& job) {
                                  w.node_id(), w.step(), w.loss(), w.examples_per_sec(),
                                  w.finished() ? "  finished" : "");
   }
+  if (job.resumed_from_step() > 0) {
+    line("resumed from", absl::StrCat("step ", job.resumed_from_step()));
+  }
+  line("checkpoints", job.checkpoints().empty() ? "-" : absl::StrCat(job.checkpoints_size()));
+  for (const CheckpointInfo& c : job.checkpoints()) {
+    std::cout << absl::StrFormat("  step %d  %s  %.1f MiB  %s ago\n", c.step(), c.dir(),
+                                 c.bytes() / 1048576.0,
+                                 FormatShortDuration(absl::Milliseconds(now - c.time_ms())));
+  }
+  line("events", job.events().empty() ? "-" : absl::StrCat(job.events_size()));
+  for (const JobEvent& e : job.events()) {
+    std::cout << absl::StrFormat(
+        "  %s  %s\n",
+        absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(e.time_ms()),
+                         absl::LocalTimeZone()),
+        e.message());
+  }
   std::cout.flush();
 }
 
@@ -501,6 +536,121 @@ int RunStop(const Options& options, const std::vector<std::string>& args) {
   } else {
     std::cout << "job " << job->id() << " " << JobState_Name(job->state()) << std::endl;
   }
+  return kExitOk;
+}
+
+// ------------------------------------------------- checkpoint, resume, export
+
+// Waits until the checkpoint asked for at `requested_ms` is written (0) or
+// given up (1, with the job's last event).
+int WaitForCheckpoint(RemoteCoordinator& client, const std::string& job_id, int64_t requested_ms,
+                      const Options& options) {
+  const absl::Time give_up = options.wait_timeout > absl::ZeroDuration()
+                                 ? absl::Now() + options.wait_timeout
+                                 : absl::InfiniteFuture();
+  int64_t known_version = 0;
+  while (true) {
+    const absl::Duration left = give_up - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return Fail(kExitTimedOut, absl::StrCat("job ", job_id, ": no checkpoint within --timeout=",
+                                              absl::FormatDuration(options.wait_timeout)));
+    }
+    absl::StatusOr<JobStatus> job =
+        client.WatchJob(job_id, known_version, std::min(kWatchPoll, left));
+    if (!job.ok()) return FailStatus(job.status());
+    known_version = job->version();
+    for (const CheckpointInfo& c : job->checkpoints()) {
+      if (c.time_ms() < requested_ms) continue;
+      std::cout << absl::StrFormat("job %s checkpoint at step %d written: %s (%.1f MiB)", job_id,
+                                   c.step(), c.dir(), c.bytes() / 1048576.0)
+                << std::endl;
+      return kExitOk;
+    }
+    if (job->checkpoint_requested_ms() != requested_ms || control::IsTerminal(job->state())) {
+      return Fail(kExitFailed,
+                  absl::StrCat("job ", job_id, ": the checkpoint was not written",
+                               job->events().empty()
+                                   ? ""
+                                   : absl::StrCat(" (", job->events().rbegin()->message(), ")")));
+    }
+  }
+}
+
+int RunCheckpoint(const Options& options, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return UsageError("checkpoint needs exactly one job id: downpourctl checkpoint JOB");
+  }
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  absl::StatusOr<JobStatus> job = (*client)->CheckpointJob(args[0]);
+  if (!job.ok()) return FailStatus(job.status());
+  if (absl::GetFlag(FLAGS_wait)) {
+    return WaitForCheckpoint(**client, job->id(), job->checkpoint_requested_ms(), options);
+  }
+  std::cout << "job " << job->id() << ": checkpoint asked for (taken at its next step)"
+            << std::endl;
+  return kExitOk;
+}
+
+int RunResume(const Options& options, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return UsageError("resume needs exactly one job id: downpourctl resume JOB");
+  }
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  absl::StatusOr<JobStatus> job = (*client)->ResumeJob(args[0]);
+  if (!job.ok()) return FailStatus(job.status());
+  std::cerr << "job " << job->id() << " resumes from its checkpoint at step "
+            << job->resumed_from_step() << std::endl;
+  if (absl::GetFlag(FLAGS_wait)) return WaitForJob(**client, job->id(), options);
+  if (options.output == OutputFormat::kJson) std::cout << ToJson(*job) << std::endl;
+  return kExitOk;
+}
+
+// "model.safetensors" -> "model.spec.pbtxt".
+std::string SpecPathBeside(const std::string& out) {
+  std::string base = out;
+  if (absl::EndsWith(base, ".safetensors")) base.resize(base.size() - strlen(".safetensors"));
+  return base + ".spec.pbtxt";
+}
+
+int RunExport(const Options& options, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return UsageError("export needs exactly one job id: downpourctl export JOB --out=FILE");
+  }
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return UsageError("export needs --out=FILE (a .safetensors file to write)");
+  const std::string layout = absl::GetFlag(FLAGS_layout);
+  if (layout != "pytorch" && layout != "native") {
+    return UsageError(absl::StrCat("--layout=", layout, " is unknown; use pytorch or native"));
+  }
+  if (absl::GetFlag(FLAGS_checkpoint) < 0) {
+    return UsageError("--checkpoint=STEP must not be negative");
+  }
+  absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
+  if (!client.ok()) return FailStatus(client.status());
+  absl::StatusOr<std::string> bytes =
+      (*client)->ExportJob(args[0], absl::GetFlag(FLAGS_checkpoint), layout == "native");
+  if (!bytes.ok()) return FailStatus(bytes.status());
+  // What arrived is checked like any checkpoint file before it is written.
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Parse(*bytes, "the exported model");
+  if (!file.ok()) return FailStatus(file.status());
+  const auto& meta = file->metadata();
+  const std::string spec_path = SpecPathBeside(out);
+  for (const auto& [path, contents] :
+       {std::pair<std::string, std::string>{out, *bytes},
+        {spec_path, meta.count("downpour.spec") ? meta.at("downpour.spec") : ""}}) {
+    absl::StatusOr<std::unique_ptr<AtomicFile>> f = AtomicFile::Create(path, "export file");
+    absl::Status written = f.ok() ? (*f)->Append(contents) : f.status();
+    if (written.ok()) written = (*f)->Commit();
+    if (!written.ok()) return FailStatus(written);
+  }
+  std::cout << absl::StrFormat(
+                   "wrote %s (%d tensors, %.1f MiB, %s layout) from job %s step %s; "
+                   "spec in %s",
+                   out, file->tensors().size(), bytes->size() / 1048576.0, layout, args[0],
+                   meta.count("downpour.step") ? meta.at("downpour.step") : "?", spec_path)
+            << std::endl;
   return kExitOk;
 }
 
@@ -665,9 +815,12 @@ int Main(int argc, char** argv) {
   if (command == "get") return RunGet(options, args);
   if (command == "wait") return RunWait(options, args);
   if (command == "stop") return RunStop(options, args);
+  if (command == "checkpoint") return RunCheckpoint(options, args);
+  if (command == "resume") return RunResume(options, args);
+  if (command == "export") return RunExport(options, args);
   return UsageError(absl::StrCat("unknown command '", command,
                                  "'; commands are nodes, submit, list, get, "
-                                 "wait, stop and dataset import"));
+                                 "wait, stop, checkpoint, resume, export and dataset import"));
 }
 
 }  // namespace

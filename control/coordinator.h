@@ -47,6 +47,20 @@ class Coordinator {
   virtual absl::StatusOr<JobStatus> StopJob(const std::string& job_id) = 0;
   virtual absl::StatusOr<ReportProgressResponse> ReportProgress(
       const ReportProgressRequest& request) = 0;
+
+  // Checkpoints. CheckpointJob asks for one of a running job now (taken at
+  // rank 0's next step boundary); FailedPrecondition when the job is not
+  // running or its state is not saved (no --checkpoint_root). Returns the
+  // job with checkpoint_requested_ms set.
+  virtual absl::StatusOr<JobStatus> CheckpointJob(const std::string& job_id) = 0;
+  // Starts a FAILED or STOPPED job again from its newest complete checkpoint
+  // (a damaged one is refused, naming the file, and the one before it
+  // tried); FailedPrecondition when it has none.
+  virtual absl::StatusOr<JobStatus> ResumeJob(const std::string& job_id) = 0;
+  // The job's model at its checkpoint at `step` (0: the newest complete
+  // one) as safetensors bytes (control/export.h has the layouts).
+  virtual absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
+                                                bool native_layout) = 0;
 };
 
 // Whether a job in `state` has ended (SUCCEEDED, FAILED or STOPPED).

@@ -25,6 +25,10 @@ absl::Status NoSuchJob(const std::string& job_id) {
   return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
 }
 
+bool HasCheckpointAt(const JobStatus& job, int64_t step) {
+  return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() == step;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
@@ -121,11 +125,18 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
       LogWriteFailure(what, saved);
     }
   }
+  if (node.info.role() == SHARD) {
+    for (const CheckpointPart& part : request.checkpoints()) TakeCheckpointPart(part);
+  }
   for (const std::string& id : job_order_) {
     const JobStatus& job = jobs_[id];
     if (job.state() != RUNNING || !InPlacement(job.placement(), node.info.id())) continue;
     Task* task = response.add_tasks();
     task->set_job_id(job.id());
+    task->set_attempt(job.attempt());
+    task->set_checkpoints(Saves(job));
+    task->set_checkpoint_requested_ms(job.checkpoint_requested_ms());
+    if (job.has_restore()) *task->mutable_restore() = job.restore();
     *task->mutable_spec() = job.spec();
     *task->mutable_placement() = job.placement();
     for (const std::string& shard : job.placement().shard_nodes()) {
@@ -266,19 +277,26 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   job.set_step(min_step);
   job.set_loss(loss / job.workers_size());
   job.set_examples_per_sec(rate);
-  if (all_finished && job.test_accuracy() >= 0) {
+  const bool done = all_finished && job.test_accuracy() >= 0;
+  if (done && (!Saves(job) || HasCheckpointAt(job, job.spec().steps()))) {
     RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, ""));
     SchedulePending();
     response.set_job_ended(true);
     return response;
   }
+  // A saved job ends once its final checkpoint is written (rank 0 sends its
+  // part with its last report).
+  if (done) job.set_message("trained; writing the final checkpoint");
   RETURN_IF_ERROR(Commit(std::move(job), milestone));
+  if (request.has_checkpoint() && rank == 0)
+    TakeWorkerState(request.job_id(), request.checkpoint());
   return response;
 }
 
 void CoordinatorState::Tick() {
   absl::MutexLock lock(&mu_);
   DetectDeadNodes();
+  TickCheckpoints();
   SchedulePending();
   changed_.SignalAll();
 }
@@ -304,7 +322,11 @@ absl::Status CoordinatorState::FinishJob(const JobStatus& job, JobState state,
   ended.set_message(message);
   ended.set_end_time_ms(ToMillis(options_.now()));
   ended.set_examples_per_sec(0);
-  return Commit(std::move(ended), /*durable=*/true);
+  ended.set_checkpoint_requested_ms(0);
+  AddEvent(&ended, absl::StrCat(JobState_Name(state), message.empty() ? "" : ": ", message));
+  RETURN_IF_ERROR(Commit(std::move(ended), /*durable=*/true));
+  pending_checkpoints_.erase(job.id());
+  return absl::OkStatus();
 }
 
 absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const std::string& why) {
@@ -373,7 +395,21 @@ void CoordinatorState::SchedulePending() {
         job.set_state(RUNNING);
         job.set_message("");
         job.set_start_time_ms(ToMillis(options_.now()));
-        written = Commit(std::move(job), /*durable=*/true);
+        job.set_attempt(job.attempt() + 1);
+        job.set_checkpoint_requested_ms(0);
+        AddEvent(&job, absl::StrCat(
+                           job.attempt() == 1 ? "started" : "started again",
+                           job.has_restore()
+                               ? absl::StrCat(" from the checkpoint at step ", job.restore().step())
+                               : "",
+                           " on ", job.placement().worker_nodes_size(), " workers and ",
+                           job.placement().shard_nodes_size(), " shards",
+                           Saves(job) ? "; checkpoints on" : ""));
+        written = Commit(job, /*durable=*/true);
+        if (written.ok()) {
+          pending_checkpoints_.erase(job.id());
+          settled_checkpoint_[job.id()] = job.restore().step();
+        }
         break;
     }
     if (written.ok()) {

@@ -41,6 +41,12 @@ class CoordinatorState : public Coordinator {
     absl::Duration node_timeout = absl::Seconds(5);
     // Progress-only changes are written to the store at most this often.
     absl::Duration progress_persist_interval = absl::Seconds(2);
+    // Where checkpoints live (a filesystem every shard with --checkpoint_root
+    // shares); empty: jobs are not saved.
+    std::string checkpoint_root;
+    // A checkpoint not complete this long after rank 0 took it is given up
+    // (an event says why).
+    absl::Duration checkpoint_timeout = absl::Minutes(10);
     // Current time; tests inject their own.
     std::function<absl::Time()> now = [] { return absl::Now(); };
   };
@@ -63,9 +69,14 @@ class CoordinatorState : public Coordinator {
   absl::StatusOr<JobStatus> StopJob(const std::string& job_id) override;
   absl::StatusOr<ReportProgressResponse> ReportProgress(
       const ReportProgressRequest& request) override;
+  absl::StatusOr<JobStatus> CheckpointJob(const std::string& job_id) override;
+  absl::StatusOr<JobStatus> ResumeJob(const std::string& job_id) override;
+  absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
+                                        bool native_layout) override;
 
   // Declares silent nodes dead (failing their running jobs), starts pending
-  // jobs that now fit, and wakes watchers to look at the clock. Called
+  // jobs that now fit, asks for the checkpoints the jobs' cadence wants,
+  // gives up checkpoints past checkpoint_timeout, and wakes watchers to look at the clock. Called
   // periodically by the daemon, and after every membership or job change.
   void Tick();
 
@@ -75,6 +86,14 @@ class CoordinatorState : public Coordinator {
   struct NodeEntry {
     NodeInfo info;
     absl::Time last_heartbeat;
+  };
+
+  // A checkpoint rank 0 has taken, gathering its files.
+  struct PendingCheckpoint {
+    absl::Time began;
+    bool have_worker_state = false;
+    std::string worker_state;
+    std::map<int, CheckpointFile> shard_files;
   };
 
   // Makes `updated` the job's state: bumps its version and writes it to the
@@ -96,6 +115,27 @@ class CoordinatorState : public Coordinator {
   void LogWriteFailure(const std::string& what, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Alive(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the job's state is saved: the coordinator and every shard node
+  // of its placement have a checkpoint root.
+  bool Saves(const JobStatus& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends an event to `job` (the caller commits it) and logs it.
+  void AddEvent(JobStatus* job, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A shard's file or rank 0's state for a checkpoint of a running job;
+  // commits the checkpoint once it has everything.
+  void TakeCheckpointPart(const CheckpointPart& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeWorkerState(const std::string& job_id, const CheckpointWorkerState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCommitCheckpoint(const std::string& job_id, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checkpoint at `step` cannot complete: recorded as an event (a job
+  // waiting for its final checkpoint succeeds without it).
+  void AbandonCheckpoint(const std::string& job_id, int64_t step, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick's part: cadence by time, timeouts, final checkpoints lost.
+  void TickCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every worker has finished and the accuracy is in: the job only
+  // waits for its final checkpoint.
+  static bool TrainingDone(const JobStatus& job);
   std::string NewJobId(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeInfo Describe(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobStatus*> FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -110,6 +150,13 @@ class CoordinatorState : public Coordinator {
   // Submission order, for list output and FIFO scheduling.
   std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> last_persisted_ ABSL_GUARDED_BY(mu_);
+  // Checkpoints being gathered, by job and step (not durable: a restarted
+  // coordinator takes the next one).
+  std::map<std::string, std::map<int64_t, PendingCheckpoint>> pending_checkpoints_
+      ABSL_GUARDED_BY(mu_);
+  // The highest step whose checkpoint each job has committed or given up in
+  // this run of the job: parts for it that heartbeats repeat are ignored.
+  std::map<std::string, int64_t> settled_checkpoint_ ABSL_GUARDED_BY(mu_);
   // What LogWriteFailure logged last, by what could not be written.
   std::map<std::string, std::string> write_failures_ ABSL_GUARDED_BY(mu_);
 };

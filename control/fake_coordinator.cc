@@ -58,6 +58,11 @@ absl::StatusOr<JobStatus> FakeCoordinator::WatchJob(const std::string&, int64_t,
   return NoQueue();
 }
 absl::StatusOr<JobStatus> FakeCoordinator::StopJob(const std::string&) { return NoQueue(); }
+absl::StatusOr<JobStatus> FakeCoordinator::CheckpointJob(const std::string&) { return NoQueue(); }
+absl::StatusOr<JobStatus> FakeCoordinator::ResumeJob(const std::string&) { return NoQueue(); }
+absl::StatusOr<std::string> FakeCoordinator::ExportJob(const std::string&, int64_t, bool) {
+  return NoQueue();
+}
 
 void FakeCoordinator::SetTasks(const std::string& node_id, std::vector<Task> tasks) {
   absl::MutexLock lock(&mu_);

@@ -41,6 +41,10 @@ class FakeCoordinator : public Coordinator {
   absl::StatusOr<JobStatus> WatchJob(const std::string& job_id, int64_t known_version,
                                      absl::Duration timeout) override;
   absl::StatusOr<JobStatus> StopJob(const std::string& job_id) override;
+  absl::StatusOr<JobStatus> CheckpointJob(const std::string& job_id) override;
+  absl::StatusOr<JobStatus> ResumeJob(const std::string& job_id) override;
+  absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
+                                        bool native_layout) override;
 
   // The tasks node `node_id`'s heartbeats hand it from now on.
   void SetTasks(const std::string& node_id, std::vector<Task> tasks);

@@ -10,9 +10,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
+#include "common/status.h"
 #include "control/coordinator_state.h"
 #include "control/job_store.h"
 #include "rpc/coordinator_service.h"
@@ -24,6 +26,11 @@ ABSL_FLAG(std::string, metrics_listen, "", "HTTP address for /metrics (empty: of
 ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job database (required)");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "How often nodes heartbeat");
 ABSL_FLAG(int64_t, node_timeout_ms, 5000, "A node silent this long is declared dead");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory of checkpoints, ROOT/JOB_ID/step-S/ (in a cluster, a filesystem every shard "
+          "shares with the same flag); empty: jobs are not saved");
+ABSL_FLAG(int64_t, checkpoint_timeout_s, 600,
+          "A checkpoint not complete this long after it was taken is given up");
 
 namespace downpour {
 namespace {
@@ -59,11 +66,21 @@ int Main() {
     return ExitWithError(absl::InvalidArgumentError(
         "--heartbeat_interval_ms must be >= 10 and --node_timeout_ms >= the interval"));
   }
+  const std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  if (!checkpoint_root.empty()) {
+    absl::Status made = MakeDirs(checkpoint_root);
+    if (!made.ok()) return ExitWithError(Annotate(made, "--checkpoint_root"));
+  }
+  if (absl::GetFlag(FLAGS_checkpoint_timeout_s) < 1) {
+    return ExitWithError(absl::InvalidArgumentError("--checkpoint_timeout_s must be >= 1"));
+  }
   auto store = control::OpenSqliteJobStore(absl::GetFlag(FLAGS_state_dir));
   if (!store.ok()) return ExitWithError(store.status());
   control::CoordinatorState::Options options;
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
+  options.checkpoint_root = checkpoint_root;
+  options.checkpoint_timeout = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_timeout_s));
   auto state = control::CoordinatorState::Create(options, std::move(store).value());
   if (!state.ok()) return ExitWithError(state.status());
 
@@ -79,7 +96,8 @@ int Main() {
   Log(absl::StrCat(
       "serving on ", server->address,
       *metrics_server ? absl::StrCat(", metrics on ", (*metrics_server)->address()) : "",
-      ", state in ", absl::GetFlag(FLAGS_state_dir)));
+      ", state in ", absl::GetFlag(FLAGS_state_dir),
+      checkpoint_root.empty() ? "" : absl::StrCat(", checkpoints in ", checkpoint_root)));
 
   absl::Notification stop;
   std::thread ticker([&] {

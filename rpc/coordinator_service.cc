@@ -7,6 +7,9 @@
 namespace downpour {
 namespace {
 
+// An export is streamed in pieces of this size.
+constexpr size_t kExportChunkBytes = 1 << 20;
+
 // Long polls never outlive this, whatever the client asks.
 constexpr int64_t kMaxWatchMillis = 60'000;
 
@@ -96,6 +99,30 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
                                                 const ReportProgressRequest* request,
                                                 ReportProgressResponse* response) {
   return Reply(coordinator_->ReportProgress(*request), response);
+}
+
+grpc::Status CoordinatorService::CheckpointJob(grpc::ServerContext*,
+                                               const CheckpointJobRequest* request,
+                                               JobStatus* response) {
+  return Reply(coordinator_->CheckpointJob(request->job_id()), response);
+}
+
+grpc::Status CoordinatorService::ResumeJob(grpc::ServerContext*, const ResumeJobRequest* request,
+                                           JobStatus* response) {
+  return Reply(coordinator_->ResumeJob(request->job_id()), response);
+}
+
+grpc::Status CoordinatorService::ExportJob(grpc::ServerContext*, const ExportJobRequest* request,
+                                           grpc::ServerWriter<ExportChunk>* writer) {
+  absl::StatusOr<std::string> file =
+      coordinator_->ExportJob(request->job_id(), request->step(), request->native_layout());
+  if (!file.ok()) return ToGrpcStatus(file.status());
+  ExportChunk chunk;
+  for (size_t at = 0; at < file->size(); at += kExportChunkBytes) {
+    chunk.set_data(file->substr(at, kExportChunkBytes));
+    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  }
+  return grpc::Status::OK;
 }
 
 }  // namespace downpour

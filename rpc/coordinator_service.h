@@ -26,6 +26,11 @@ class CoordinatorService : public downpour::Coordinator::Service {
   grpc::Status GetJob(grpc::ServerContext*, const GetJobRequest*, JobStatus*) override;
   grpc::Status WatchJob(grpc::ServerContext*, const WatchJobRequest*, JobStatus*) override;
   grpc::Status StopJob(grpc::ServerContext*, const StopJobRequest*, StopJobResponse*) override;
+  grpc::Status CheckpointJob(grpc::ServerContext*, const CheckpointJobRequest*,
+                             JobStatus*) override;
+  grpc::Status ResumeJob(grpc::ServerContext*, const ResumeJobRequest*, JobStatus*) override;
+  grpc::Status ExportJob(grpc::ServerContext*, const ExportJobRequest*,
+                         grpc::ServerWriter<ExportChunk>*) override;
   grpc::Status ReportProgress(grpc::ServerContext*, const ReportProgressRequest*,
                               ReportProgressResponse*) override;
 

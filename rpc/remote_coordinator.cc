@@ -58,16 +58,9 @@ absl::Status RemoteCoordinator::WaitUntilConnected(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-template <typename Request, typename Response, typename Method>
-absl::StatusOr<Response> RemoteCoordinator::Call(const char* name, Method method,
-                                                 const Request& request, absl::Duration timeout) {
-  grpc::ClientContext context;
-  SetDeadline(&context, absl::ToChronoMilliseconds(timeout));
-  Response response;
-  const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+absl::Status RemoteCoordinator::CallError(const char* name, const grpc::Status& status,
+                                          absl::Duration timeout) const {
   switch (status.error_code()) {
-    case grpc::StatusCode::OK:
-      return response;
     case grpc::StatusCode::UNAVAILABLE:
       return absl::UnavailableError(absl::StrCat("coordinator at ", address_, " is unavailable (",
                                                  name, ": ", status.error_message(), ")"));
@@ -78,6 +71,17 @@ absl::StatusOr<Response> RemoteCoordinator::Call(const char* name, Method method
     default:
       return FromGrpcStatus(status);
   }
+}
+
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> RemoteCoordinator::Call(const char* name, Method method,
+                                                 const Request& request, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::ToChronoMilliseconds(timeout));
+  Response response;
+  const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+  if (status.ok()) return response;
+  return CallError(name, status, timeout);
 }
 
 absl::StatusOr<RegisterNodeResponse> RemoteCoordinator::RegisterNode(const NodeInfo& node) {
@@ -141,6 +145,38 @@ absl::StatusOr<JobStatus> RemoteCoordinator::StopJob(const std::string& job_id) 
       StopJobResponse response,
       (Call<StopJobRequest, StopJobResponse>("StopJob", &Stub::StopJob, request, rpc_timeout_)));
   return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<JobStatus> RemoteCoordinator::CheckpointJob(const std::string& job_id) {
+  CheckpointJobRequest request;
+  request.set_job_id(job_id);
+  return Call<CheckpointJobRequest, JobStatus>("CheckpointJob", &Stub::CheckpointJob, request,
+                                               rpc_timeout_);
+}
+
+absl::StatusOr<JobStatus> RemoteCoordinator::ResumeJob(const std::string& job_id) {
+  ResumeJobRequest request;
+  request.set_job_id(job_id);
+  return Call<ResumeJobRequest, JobStatus>("ResumeJob", &Stub::ResumeJob, request,
+                                           long_call_timeout_);
+}
+
+absl::StatusOr<std::string> RemoteCoordinator::ExportJob(const std::string& job_id, int64_t step,
+                                                         bool native_layout) {
+  ExportJobRequest request;
+  request.set_job_id(job_id);
+  request.set_step(step);
+  request.set_native_layout(native_layout);
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::ToChronoMilliseconds(long_call_timeout_));
+  std::unique_ptr<grpc::ClientReaderInterface<ExportChunk>> reader =
+      stub_->ExportJob(&context, request);
+  std::string file;
+  ExportChunk chunk;
+  while (reader->Read(&chunk)) file += chunk.data();
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return CallError("ExportJob", status, long_call_timeout_);
+  return file;
 }
 
 absl::StatusOr<ReportProgressResponse> RemoteCoordinator::ReportProgress(

@@ -53,6 +53,8 @@ class RemoteCoordinator : public control::Coordinator {
   // Deadline of each call other than WatchJob. Default 10s.
   // REQUIRES: no call is in flight.
   void set_rpc_timeout(absl::Duration timeout) { rpc_timeout_ = timeout; }
+  // Deadline of ResumeJob and ExportJob. Default 10 minutes.
+  void set_long_call_timeout(absl::Duration timeout) { long_call_timeout_ = timeout; }
 
   // Waits up to `timeout` for the channel to be connected. Unavailable when
   // it does not.
@@ -68,12 +70,20 @@ class RemoteCoordinator : public control::Coordinator {
   absl::StatusOr<JobStatus> WatchJob(const std::string& job_id, int64_t known_version,
                                      absl::Duration timeout) override;
   absl::StatusOr<JobStatus> StopJob(const std::string& job_id) override;
+  absl::StatusOr<JobStatus> CheckpointJob(const std::string& job_id) override;
+  // Resume (which reads the checkpoint whole) and export have
+  // long_call_timeout as their deadline.
+  absl::StatusOr<JobStatus> ResumeJob(const std::string& job_id) override;
+  absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
+                                        bool native_layout) override;
   absl::StatusOr<ReportProgressResponse> ReportProgress(
       const ReportProgressRequest& request) override;
 
  private:
   // Runs one unary call with `timeout` as its deadline and converts a
   // failure (naming the address and the call on transport errors).
+  absl::Status CallError(const char* name, const grpc::Status& status,
+                         absl::Duration timeout) const;
   template <typename Request, typename Response, typename Method>
   absl::StatusOr<Response> Call(const char* name, Method method, const Request& request,
                                 absl::Duration timeout);
@@ -82,6 +92,7 @@ class RemoteCoordinator : public control::Coordinator {
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<downpour::Coordinator::StubInterface> stub_;
   absl::Duration rpc_timeout_ = absl::Seconds(10);
+  absl::Duration long_call_timeout_ = absl::Minutes(10);
 };
 
 }  // namespace downpour

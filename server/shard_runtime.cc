@@ -17,38 +17,42 @@ ShardRuntime::ShardRuntime(ParameterStore* store, CheckpointWriter* writer,
 
 void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
   absl::MutexLock lock(&mu_);
-  std::set<std::string> current;
-  for (const Task& task : tasks) {
-    current.insert(task.job_id());
-    if (hosted_.count(task.job_id()) || refused_.count(task.job_id())) continue;
-    absl::Status added = Host(task);
-    if (!added.ok()) {
-      // The coordinator validated the spec, so this is a version mismatch or
-      // a resource problem; workers get the reason with their next request
-      // and fail the job with it.
-      Log(absl::StrCat("job ", task.job_id(), ": cannot host: ", added.message()));
-      store_->RefuseJob(task.job_id(), added);
-      refused_.insert(task.job_id());
-    }
-  }
-  // A job that could not be hosted is forgotten once it ends.
+  std::map<std::string, int64_t> current;  // Job -> attempt.
+  for (const Task& task : tasks) current[task.job_id()] = task.attempt();
+  // Jobs that ended here, or started again (resumed, recovered: hosted
+  // afresh below), are dropped first.
   for (auto it = refused_.begin(); it != refused_.end();) {
-    if (current.count(*it)) {
-      ++it;
-      continue;
-    }
-    Drop(*it);
-    it = refused_.erase(it);
-  }
-  for (auto it = hosted_.begin(); it != hosted_.end();) {
-    if (current.count(it->first)) {
+    auto task = current.find(it->first);
+    if (task != current.end() && task->second == it->second) {
       ++it;
       continue;
     }
     Drop(it->first);
-    Log(absl::StrCat("job ", it->first, ": ended, partitions dropped"));
-    bytes_ -= it->second;
+    it = refused_.erase(it);
+  }
+  for (auto it = hosted_.begin(); it != hosted_.end();) {
+    auto task = current.find(it->first);
+    if (task != current.end() && task->second == it->second.attempt) {
+      ++it;
+      continue;
+    }
+    Drop(it->first);
+    Log(absl::StrCat("job ", it->first, task == current.end() ? ": ended" : ": started again",
+                     ", partitions dropped"));
+    bytes_ -= it->second.bytes;
     it = hosted_.erase(it);
+  }
+  for (const Task& task : tasks) {
+    if (hosted_.count(task.job_id()) || refused_.count(task.job_id())) continue;
+    absl::Status added = Host(task);
+    if (!added.ok()) {
+      // The coordinator validated the spec, so this is a version mismatch, a
+      // resource problem or an unreadable checkpoint; workers get the reason
+      // with their next request and fail the job with it.
+      Log(absl::StrCat("job ", task.job_id(), ": cannot host: ", added.message()));
+      store_->RefuseJob(task.job_id(), added);
+      refused_[task.job_id()] = task.attempt();
+    }
   }
   jobs_gauge_->Set(hosted_.size());
   bytes_gauge_->Set(bytes_);
@@ -67,17 +71,17 @@ void ShardRuntime::AddToHeartbeat(HeartbeatRequest* request) {
 absl::Status ShardRuntime::Restore(const Task& task) {
   const CheckpointRestore& restore = task.restore();
   if (writer_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the job resumes from its checkpoint at step ", restore.step(),
-        " but this shard has no --checkpoint_root to read it from"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job resumes from its checkpoint at step ", restore.step(),
+                     " but this shard has no --checkpoint_root to read it from"));
   }
   const CheckpointFile* file = nullptr;
   for (const CheckpointFile& f : restore.files()) {
     if (f.shard() == task.rank()) file = &f;
   }
   if (file == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint at step ", restore.step(), " has no file for shard ", task.rank()));
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoint at step ", restore.step(),
+                                                      " has no file for shard ", task.rank()));
   }
   const std::string path = absl::StrCat(writer_->root(), "/", restore.dir(), "/", file->name());
   ASSIGN_OR_RETURN(ShardSnapshot snapshot, ReadShardSnapshot(path, *file));
@@ -89,7 +93,7 @@ absl::Status ShardRuntime::Restore(const Task& task) {
 std::vector<std::string> ShardRuntime::HostedJobs() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> jobs;
-  for (const auto& [id, bytes] : hosted_) jobs.push_back(id);
+  for (const auto& [id, hosted] : hosted_) jobs.push_back(id);
   return jobs;
 }
 
@@ -108,7 +112,7 @@ absl::Status ShardRuntime::Host(const Task& task) {
     return added;
   }
   const int64_t bytes = BytesPerShard(partitions, shards)[task.rank()];
-  hosted_[task.job_id()] = bytes;
+  hosted_[task.job_id()] = Hosted{bytes, task.attempt()};
   bytes_ += bytes;
   Log(absl::StrCat("job ", task.job_id(), ": hosting shard ", task.rank(), " (", bytes,
                    " parameter bytes)"));

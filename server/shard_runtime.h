@@ -15,7 +15,6 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -55,8 +54,12 @@ class ShardRuntime {
   Gauge* const jobs_gauge_;
   Gauge* const bytes_gauge_;
   mutable absl::Mutex mu_;
-  std::map<std::string, int64_t> hosted_ ABSL_GUARDED_BY(mu_);  // Job -> parameter bytes.
-  std::set<std::string> refused_ ABSL_GUARDED_BY(mu_);
+  struct Hosted {
+    int64_t bytes = 0;    // Parameter bytes.
+    int64_t attempt = 0;  // Task::attempt: a later start is hosted afresh.
+  };
+  std::map<std::string, Hosted> hosted_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> refused_ ABSL_GUARDED_BY(mu_);  // Job -> attempt.
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -25,6 +25,7 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (data->feature_key().empty()) data->set_feature_key("image");
   if (data->label_key().empty()) data->set_label_key("label");
   if (spec->name().empty()) spec->set_name("job");
+  if (spec->checkpoint().keep() == 0) spec->mutable_checkpoint()->set_keep(2);
 }
 
 absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
@@ -33,6 +34,12 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   if (spec.steps() < 1) return Bad("steps", "must be at least 1");
   if (spec.log_every_steps() < 1) return Bad("log_every_steps", "must be at least 1");
   if (spec.partition_bytes() < 1024) return Bad("partition_bytes", "must be at least 1024");
+  const CheckpointSpec& checkpoint = spec.checkpoint();
+  if (checkpoint.every_steps() < 0) return Bad("checkpoint.every_steps", "must not be negative");
+  if (checkpoint.every_seconds() < 0) {
+    return Bad("checkpoint.every_seconds", "must not be negative");
+  }
+  if (checkpoint.keep() < 1) return Bad("checkpoint.keep", "must be at least 1");
   if (!DType_IsValid(spec.gradient_wire_dtype())) {
     return Bad("gradient_wire_dtype", "must be FLOAT32, BFLOAT16 or FLOAT16");
   }

@@ -23,6 +23,7 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
                                      const std::vector<PartitionPlacement>& partitions,
                                      std::vector<ParameterShard*> shards)
     : options_(std::move(options)), shards_(std::move(shards)) {
+  sequence_ = options_.first_sequence;
   std::vector<PartitionPlacement> sorted;
   for (const PartitionPlacement& p : partitions) {
     if (p.shard() >= 0 && p.shard() < static_cast<int>(shards_.size())) sorted.push_back(p);
@@ -283,7 +284,8 @@ absl::Status ParameterExchange::CaptureNow(int64_t checkpoint_step, int64_t last
       const bool retry =
           absl::IsDeadlineExceeded(response.status()) || absl::IsUnavailable(response.status());
       if (!retry || absl::Now() >= give_up) {
-        return Annotate(response.status(), absl::StrCat("asking shard ", shard, " for a checkpoint"));
+        return Annotate(response.status(),
+                        absl::StrCat("asking shard ", shard, " for a checkpoint"));
       }
       if (absl::IsUnavailable(response.status())) absl::SleepFor(absl::Milliseconds(50));
     }

@@ -45,6 +45,10 @@ struct ExchangeOptions {
   // Exactly-once identity of this worker process.
   std::string worker_id;
   int64_t incarnation = 0;
+  // Sequences start above this: a job started again (resumed, recovered) in
+  // the same process starts above every sequence its last run used, which a
+  // restored exactly-once window may hold.
+  int64_t first_sequence = 0;
   // How long a pull may wait in total (other workers in SYNC, a shard coming
   // up) before it fails.
   absl::Duration pull_timeout = absl::Seconds(120);

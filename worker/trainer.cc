@@ -12,6 +12,7 @@
 #include "model/replica_set.h"
 #include "spec/shard_map.h"
 #include "spec/wire_dtype.h"
+#include "worker/worker_state.h"
 
 namespace downpour {
 using data::Batch;
@@ -58,6 +59,9 @@ absl::Status JobTrainer::StartExchange(const std::vector<ParamInfo>& params) {
   exchange.rank = task_.rank();
   exchange.worker_id = options_.node_id;
   exchange.incarnation = options_.incarnation;
+  // Each start of the job in this process numbers its requests above the
+  // last start's (2^32 requests apart).
+  exchange.first_sequence = task_.attempt() << 32;
   exchange.gradient_dtype = *dtype;
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small
@@ -147,6 +151,16 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
   return BatchReader::Create(options);
 }
 
+bool JobTrainer::CheckpointDue(int64_t step) {
+  const JobSpec& spec = task_.spec();
+  if (!task_.checkpoints() || task_.rank() != 0 || step + 1 >= spec.steps()) return false;
+  const int64_t wanted = checkpoint_wanted_ms_.load();
+  const int64_t every = spec.checkpoint().every_steps();
+  if (wanted <= checkpoint_taken_ms_ && (every <= 0 || (step + 1) % every != 0)) return false;
+  checkpoint_taken_ms_ = std::max(checkpoint_taken_ms_, wanted);
+  return true;
+}
+
 absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model, BatchReader* reader) {
   Batch batch;
   int64_t correct = 0, total = 0;
@@ -196,6 +210,21 @@ absl::Status JobTrainer::Train() {
   data.num_workers = spec.num_workers();
   data.repeat = true;
   ASSIGN_OR_RETURN(auto reader, BatchReader::Create(data));
+  // A restored job continues at its checkpoint's step, with the workers'
+  // state saved there and each worker's data where it was (the stream is
+  // deterministic: the same batches, skipped).
+  const int64_t first_step = task_.restore().step();
+  Batch batch;
+  if (task_.has_restore()) {
+    RETURN_IF_ERROR(Annotate(LoadWorkerState(task_.restore().worker_state(), replica_set.get()),
+                             absl::StrCat("restoring the checkpoint at step ", first_step)));
+    for (int64_t step = 0; step < first_step; ++step) {
+      ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
+      if (!have_batch) return absl::InternalError("training data ended");
+    }
+    Log(absl::StrCat("job ", task_.job_id(), ": continuing from the checkpoint at step ",
+                     first_step));
+  }
   // Rank 0 evaluates at the end; a wrong test-set path fails the job now,
   // not after the last step.
   std::unique_ptr<BatchReader> test_reader;
@@ -217,7 +246,6 @@ absl::Status JobTrainer::Train() {
                                             "Training throughput.", labels);
   }
 
-  Batch batch;
   double window_start = MonotonicSeconds();
   double window_loss = 0, last_loss = 0;
   int64_t window_steps = 0, window_examples = 0;
@@ -232,8 +260,8 @@ absl::Status JobTrainer::Train() {
   };
   // The first step pulls on its own; every later step's parameters come back
   // with the previous step's push (one round trip per message).
-  RETURN_IF_ERROR(PullParameters(model, min_version(0), min_worker_steps(0)));
-  for (int64_t step = 0; step < spec.steps(); ++step) {
+  RETURN_IF_ERROR(PullParameters(model, min_version(first_step), min_worker_steps(first_step)));
+  for (int64_t step = first_step; step < spec.steps(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
     if (!have_batch) return absl::InternalError("training data ended");
@@ -244,6 +272,13 @@ absl::Status JobTrainer::Train() {
     // mode: the shards count it as this worker's step but take no gradient
     // from it (a SYNC step completes with the workers that brought one; SSP's
     // bound and the final pull see the worker's progress).
+    // A checkpoint at step + 1: this push asks the shards to capture it.
+    CheckpointWorkerState checkpoint;
+    if (CheckpointDue(step)) {
+      exchange_->MarkNextPush(step + 1);
+      checkpoint.set_step(step + 1);
+      ASSIGN_OR_RETURN(*checkpoint.mutable_state(), SaveWorkerState(*model));
+    }
     if (step + 1 < spec.steps()) {
       RETURN_IF_ERROR(PushGradientsAndPull(model, step, result.skipped, min_version(step + 1),
                                            min_worker_steps(step + 1)));
@@ -255,7 +290,8 @@ absl::Status JobTrainer::Train() {
     ++window_steps;
     window_examples += batch.size;
     if (steps_done) steps_done->Increment();
-    if ((step + 1) % spec.log_every_steps() == 0 || step + 1 == spec.steps()) {
+    if ((step + 1) % spec.log_every_steps() == 0 || step + 1 == spec.steps() ||
+        checkpoint.step() > 0) {
       const double now = MonotonicSeconds();
       ReportProgressRequest progress;
       progress.set_step(step + 1);
@@ -265,6 +301,7 @@ absl::Status JobTrainer::Train() {
       if (loss_gauge) loss_gauge->Set(progress.loss());
       if (rate_gauge) rate_gauge->Set(progress.examples_per_sec());
       progress.set_finished(step + 1 == spec.steps() && rank != 0);
+      if (checkpoint.step() > 0) *progress.mutable_checkpoint() = std::move(checkpoint);
       Report(progress, /*final=*/progress.finished());
       window_start = now;
       window_loss = 0;
@@ -277,8 +314,15 @@ absl::Status JobTrainer::Train() {
   RETURN_IF_ERROR(PullParameters(model, mode == ConsistencySpec::SYNC ? spec.steps() : 0,
                                  mode == ConsistencySpec::SYNC ? 0 : spec.steps()));
   ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model, test_reader.get()));
-  Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy));
   ReportProgressRequest done;
+  if (task_.checkpoints()) {
+    // The final checkpoint: what export takes away.
+    RETURN_IF_ERROR(exchange_->CaptureNow(
+        spec.steps(), spec.steps() - 1, [this] { return cancelled_.load() || job_ended_.load(); }));
+    done.mutable_checkpoint()->set_step(spec.steps());
+    ASSIGN_OR_RETURN(*done.mutable_checkpoint()->mutable_state(), SaveWorkerState(*model));
+  }
+  Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy));
   done.set_step(spec.steps());
   done.set_loss(last_loss);
   done.set_finished(true);

@@ -2,7 +2,13 @@
 // replica. Each step it pulls the parameters from the job's shards, runs
 // forward and backward on its next batch, and pushes the gradients back; it
 // reports progress every log_every_steps and, on rank 0, evaluates the final
-// model on the held-out set.
+// model on the held-out set. Where the job is saved (Task.checkpoints), rank
+// 0 also takes its checkpoints: it marks a step's push so every shard
+// captures its partitions at that step, and sends its own state
+// (worker/worker_state.h) with a progress report. A task with a restore
+// starts at the checkpoint's step: the worker state is loaded, the data
+// stream skips the batches already trained on, and the first pull waits for
+// the restored parameters.
 //
 // The shards are ParameterShard interfaces, so the loop runs the same against
 // local stores (tests) and remote shards (the daemon). Run() is blocking and
@@ -59,6 +65,16 @@ class JobTrainer {
   // Trains to the end, reports the outcome (finished, or the error) and
   // returns it.
   absl::Status Run();
+  // The coordinator wants a checkpoint (rank 0; the time it asked, in ms):
+  // taken at the next step boundary unless this request was already.
+  void RequestCheckpoint(int64_t requested_ms) {
+    int64_t wanted = checkpoint_wanted_ms_.load();
+    while (requested_ms > wanted &&
+           !checkpoint_wanted_ms_.compare_exchange_weak(wanted, requested_ms)) {
+    }
+  }
+  // Which start of the job this trainer runs (Task.attempt).
+  int64_t attempt() const { return task_.attempt(); }
   // The job ended elsewhere: stop without reporting.
   void Cancel() { cancelled_.store(true); }
   // The worker process is exiting: stop, and tell the coordinator the job
@@ -81,6 +97,10 @@ class JobTrainer {
   absl::Status PushGradientsAndPull(Model* model, int64_t step, bool skipped, int64_t min_version,
                                     int64_t min_worker_steps);
   absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
+  // Whether rank 0 saves a checkpoint after `step` (0-based; the last step
+  // has the final checkpoint instead): at the spec's every_steps, or when
+  // the coordinator has asked since the last one.
+  bool CheckpointDue(int64_t step);
   absl::StatusOr<double> EvaluateTestSet(Model* model, data::BatchReader* reader);
   // Sends a report; a final one (finished, accuracy, failure) is retried
   // until delivered or the trainer is cancelled. Ordinary progress is best
@@ -92,6 +112,8 @@ class JobTrainer {
   const std::vector<ParameterShard*> shards_;
   const Reporter reporter_;
   std::unique_ptr<ParameterExchange> exchange_;  // Set by StartExchange.
+  std::atomic<int64_t> checkpoint_wanted_ms_{0};
+  int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};
   std::atomic<bool> shutting_down_{false};

@@ -20,8 +20,19 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
   std::set<std::string> current;
   for (const Task& task : tasks) {
     current.insert(task.job_id());
-    if (running_.count(task.job_id())) continue;
-    Start(task);
+    auto it = running_.find(task.job_id());
+    if (it != running_.end() && it->second->trainer->attempt() != task.attempt()) {
+      // The job started again (resumed or recovered): the old run ends first.
+      it->second->trainer->Cancel();
+      it->second->thread.join();
+      running_.erase(it);
+      it = running_.end();
+    }
+    if (it == running_.end()) {
+      Start(task);
+    } else if (task.checkpoint_requested_ms() > 0) {
+      it->second->trainer->RequestCheckpoint(task.checkpoint_requested_ms());
+    }
   }
   for (auto& [id, job] : running_) {
     if (!current.count(id)) job->trainer->Cancel();
@@ -90,6 +101,9 @@ void WorkerRuntime::Start(const Task& task) {
     Log(absl::StrCat("job ", id, ": ", status.ok() ? "finished" : status.ToString()));
     raw->done.store(true);
   });
+  if (task.checkpoint_requested_ms() > 0) {
+    job->trainer->RequestCheckpoint(task.checkpoint_requested_ms());
+  }
   running_[id] = std::move(job);
 }
 

@@ -1,0 +1,89 @@
+#include "control/checkpoints.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "spec/checkpoint_files.h"
+
+namespace downpour {
+namespace control {
+
+absl::StatusOr<CheckpointInfo> CommitCheckpoint(const std::string& root, const JobStatus& job,
+                                                const CheckpointParts& parts, int64_t time_ms) {
+  const std::string dir = CheckpointDir(job.id(), parts.step);
+  RETURN_IF_ERROR(MakeDirs(absl::StrCat(root, "/", dir)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<AtomicFile> worker_file,
+      AtomicFile::Create(absl::StrCat(root, "/", dir, "/", kWorkerStateName), "checkpoint file"));
+  RETURN_IF_ERROR(worker_file->Append(parts.worker_state));
+  RETURN_IF_ERROR(worker_file->Commit());
+
+  CheckpointManifest manifest;
+  manifest.set_job_id(job.id());
+  *manifest.mutable_spec() = job.spec();
+  manifest.set_step(parts.step);
+  manifest.set_time_ms(time_ms);
+  uint64_t bytes = worker_file->bytes();
+  for (const CheckpointFile& file : parts.shard_files) {
+    *manifest.add_files() = file;
+    bytes += file.bytes();
+  }
+  CheckpointFile* worker = manifest.add_files();
+  worker->set_name(kWorkerStateName);
+  worker->set_shard(-1);
+  worker->set_bytes(worker_file->bytes());
+  worker->set_crc32c(worker_file->crc32c());
+  *manifest.mutable_partitions() = job.placement().partitions();
+  RETURN_IF_ERROR(WriteManifest(root, manifest).status());
+
+  CheckpointInfo info;
+  info.set_step(parts.step);
+  info.set_time_ms(time_ms);
+  info.set_dir(dir);
+  info.set_bytes(bytes);
+  return info;
+}
+
+absl::StatusOr<CheckpointRestore> CompleteCheckpoint(const std::string& root,
+                                                     const std::vector<CheckpointInfo>& checkpoints,
+                                                     int64_t step,
+                                                     std::vector<std::string>* refused) {
+  for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
+    if (step != 0 && it->step() != step) continue;
+    absl::StatusOr<CheckpointManifest> manifest = VerifyCheckpoint(root, it->dir());
+    absl::StatusOr<std::string> worker_state;
+    if (manifest.ok()) {
+      worker_state = absl::NotFoundError(absl::StrCat("checkpoint ", it->dir(), " names no ",
+                                                      kWorkerStateName, " in its manifest"));
+    }
+    CheckpointRestore restore;
+    if (manifest.ok()) {
+      for (const CheckpointFile& file : manifest->files()) {
+        if (file.shard() >= 0) {
+          *restore.add_files() = file;
+        } else {
+          worker_state = ReadVerified(absl::StrCat(root, "/", it->dir(), "/", file.name()), file);
+        }
+      }
+    }
+    const absl::Status status = manifest.ok() ? worker_state.status() : manifest.status();
+    if (!status.ok()) {
+      refused->push_back(absl::StrCat("checkpoint at step ", it->step(), ": ", status.message()));
+      continue;
+    }
+    restore.set_step(it->step());
+    restore.set_dir(it->dir());
+    restore.set_worker_state(*std::move(worker_state));
+    return restore;
+  }
+  if (step != 0) return absl::NotFoundError(absl::StrCat("no complete checkpoint at step ", step));
+  return absl::NotFoundError("no complete checkpoint");
+}
+
+absl::Status RemoveCheckpoint(const std::string& root, const CheckpointInfo& checkpoint) {
+  return RemoveAll(absl::StrCat(root, "/", checkpoint.dir()));
+}
+
+}  // namespace control
+}  // namespace downpour

@@ -1,0 +1,320 @@
+// CoordinatorState's checkpoint orchestration: gathering each checkpoint's
+// files (shards' parts from heartbeats, rank 0's state from its progress
+// report), committing it, the cadence by time, timeouts, and the operator's
+// checkpoint, resume and export.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "control/checkpoints.h"
+#include "control/coordinator_state.h"
+#include "control/export.h"
+
+namespace downpour {
+namespace control {
+namespace {
+
+constexpr int kMaxEvents = 200;
+
+int64_t ToMillis(absl::Time t) { return absl::ToUnixMillis(t); }
+
+bool HasCheckpointAt(const JobStatus& job, int64_t step) {
+  return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() == step;
+}
+
+std::string Mib(uint64_t bytes) { return absl::StrCat(absl::SixDigits(bytes / 1048576.0), " MiB"); }
+
+}  // namespace
+
+bool CoordinatorState::Saves(const JobStatus& job) const {
+  if (options_.checkpoint_root.empty()) return false;
+  for (const std::string& shard : job.placement().shard_nodes()) {
+    auto it = nodes_.find(shard);
+    if (it == nodes_.end() || !it->second.info.checkpoints()) return false;
+  }
+  return true;
+}
+
+bool CoordinatorState::TrainingDone(const JobStatus& job) {
+  if (job.test_accuracy() < 0 || job.workers().empty()) return false;
+  for (const WorkerProgress& w : job.workers()) {
+    if (!w.finished()) return false;
+  }
+  return true;
+}
+
+void CoordinatorState::AddEvent(JobStatus* job, const std::string& message) {
+  JobEvent* event = job->add_events();
+  event->set_time_ms(ToMillis(options_.now()));
+  event->set_message(message);
+  if (job->events_size() > kMaxEvents) {
+    job->mutable_events()->DeleteSubrange(0, job->events_size() - kMaxEvents);
+  }
+  Log(absl::StrCat("job ", job->id(), ": ", message));
+}
+
+void CoordinatorState::TakeCheckpointPart(const CheckpointPart& part) {
+  auto job = jobs_.find(part.job_id());
+  if (job == jobs_.end() || job->second.state() != RUNNING || !Saves(job->second) ||
+      part.step() <= settled_checkpoint_[part.job_id()]) {
+    return;
+  }
+  PendingCheckpoint& pending = pending_checkpoints_[part.job_id()][part.step()];
+  if (pending.began == absl::Time()) pending.began = options_.now();
+  if (!part.error().empty()) {
+    AbandonCheckpoint(part.job_id(), part.step(),
+                      absl::StrCat("shard ", part.file().shard(), ": ", part.error()));
+    return;
+  }
+  pending.shard_files[part.file().shard()] = part.file();
+  MaybeCommitCheckpoint(part.job_id(), part.step());
+}
+
+void CoordinatorState::TakeWorkerState(const std::string& job_id,
+                                       const CheckpointWorkerState& state) {
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end() || job->second.state() != RUNNING || !Saves(job->second) ||
+      state.step() <= settled_checkpoint_[job_id]) {
+    return;
+  }
+  PendingCheckpoint& pending = pending_checkpoints_[job_id][state.step()];
+  if (pending.began == absl::Time()) pending.began = options_.now();
+  pending.have_worker_state = true;
+  pending.worker_state = state.state();
+  MaybeCommitCheckpoint(job_id, state.step());
+}
+
+void CoordinatorState::MaybeCommitCheckpoint(const std::string& job_id, int64_t step) {
+  std::map<int64_t, PendingCheckpoint>& pending = pending_checkpoints_[job_id];
+  auto it = pending.find(step);
+  const JobStatus& job = jobs_[job_id];
+  if (it == pending.end() || !it->second.have_worker_state ||
+      static_cast<int>(it->second.shard_files.size()) < job.placement().shard_nodes_size()) {
+    return;
+  }
+  CheckpointParts parts;
+  parts.step = step;
+  parts.worker_state = it->second.worker_state;
+  for (const auto& [shard, file] : it->second.shard_files) parts.shard_files.push_back(file);
+  const absl::Time began = it->second.began;
+  absl::StatusOr<CheckpointInfo> info =
+      CommitCheckpoint(options_.checkpoint_root, job, parts, ToMillis(options_.now()));
+  if (!info.ok()) {
+    AbandonCheckpoint(job_id, step, std::string(info.status().message()));
+    return;
+  }
+  JobStatus updated = job;
+  *updated.add_checkpoints() = *info;
+  AddEvent(
+      &updated,
+      absl::StrCat("checkpoint at step ", step, " written (", Mib(info->bytes()), ", ",
+                   absl::FormatDuration(absl::Trunc(options_.now() - began, absl::Milliseconds(1))),
+                   " after rank 0 took it)"));
+  if (updated.checkpoint_requested_ms() > 0 &&
+      updated.checkpoint_requested_ms() <= ToMillis(began)) {
+    updated.set_checkpoint_requested_ms(0);
+  }
+  std::vector<CheckpointInfo> removed;
+  while (updated.checkpoints_size() > std::max(1, updated.spec().checkpoint().keep())) {
+    removed.push_back(updated.checkpoints(0));
+    updated.mutable_checkpoints()->DeleteSubrange(0, 1);
+  }
+  pending.erase(pending.begin(), pending.upper_bound(step));
+  settled_checkpoint_[job_id] = std::max(settled_checkpoint_[job_id], step);
+  const bool finished = step == updated.spec().steps() && TrainingDone(updated);
+  if (finished) updated.set_message("");
+  const absl::Status committed =
+      finished ? FinishJob(updated, SUCCEEDED, "") : Commit(std::move(updated), /*durable=*/true);
+  if (!committed.ok()) {
+    // The files stay; the job does not know of them (its older checkpoints
+    // stay too).
+    LogWriteFailure(absl::StrCat("the checkpoint of job ", job_id, " at step ", step), committed);
+    return;
+  }
+  // Older checkpoints go only now that a newer one is complete and recorded.
+  for (const CheckpointInfo& old : removed) {
+    absl::Status gone = RemoveCheckpoint(options_.checkpoint_root, old);
+    if (!gone.ok()) {
+      Log(absl::StrCat("job ", job_id, ": cannot remove ", old.dir(), ": ", gone.message()));
+    }
+  }
+  if (finished) SchedulePending();
+}
+
+void CoordinatorState::AbandonCheckpoint(const std::string& job_id, int64_t step,
+                                         const std::string& why) {
+  std::map<int64_t, PendingCheckpoint>& pending = pending_checkpoints_[job_id];
+  auto it = pending.find(step);
+  const absl::Time began = it == pending.end() ? options_.now() : it->second.began;
+  if (it != pending.end()) pending.erase(it);
+  settled_checkpoint_[job_id] = std::max(settled_checkpoint_[job_id], step);
+  JobStatus updated = jobs_[job_id];
+  AddEvent(&updated, absl::StrCat("checkpoint at step ", step, " not written: ", why));
+  if (updated.checkpoint_requested_ms() > 0 &&
+      updated.checkpoint_requested_ms() <= ToMillis(began)) {
+    updated.set_checkpoint_requested_ms(0);
+  }
+  absl::Status committed;
+  if (step == updated.spec().steps() && TrainingDone(updated)) {
+    committed = FinishJob(updated, SUCCEEDED,
+                          absl::StrCat("trained, but the final checkpoint was not written: ", why));
+    SchedulePending();
+  } else {
+    committed = Commit(std::move(updated), /*durable=*/true);
+  }
+  if (!committed.ok()) {
+    LogWriteFailure(absl::StrCat("the failed checkpoint of job ", job_id, " at step ", step),
+                    committed);
+  }
+}
+
+void CoordinatorState::TickCheckpoints() {
+  const absl::Time now = options_.now();
+  for (const std::string& id : job_order_) {
+    const JobStatus& job = jobs_[id];
+    if (job.state() != RUNNING || !Saves(job)) continue;
+    std::vector<int64_t> expired;
+    for (const auto& [step, pending] : pending_checkpoints_[id]) {
+      if (now - pending.began > options_.checkpoint_timeout) expired.push_back(step);
+    }
+    for (int64_t step : expired) {
+      AbandonCheckpoint(
+          id, step,
+          absl::StrCat("not complete after ", absl::FormatDuration(options_.checkpoint_timeout),
+                       " (a shard's file or rank 0's state never came)"));
+    }
+    if (jobs_[id].state() != RUNNING) continue;
+    JobStatus updated = jobs_[id];
+    if (TrainingDone(updated) && pending_checkpoints_[id].count(updated.spec().steps()) == 0) {
+      // Rank 0's part of the final checkpoint went with a coordinator that
+      // restarted since.
+      AbandonCheckpoint(id, updated.spec().steps(), "the coordinator restarted while it was taken");
+      continue;
+    }
+    const int64_t requested = updated.checkpoint_requested_ms();
+    if (requested > 0 && now - absl::FromUnixMillis(requested) > options_.checkpoint_timeout &&
+        pending_checkpoints_[id].empty()) {
+      updated.set_checkpoint_requested_ms(0);
+      AddEvent(&updated, absl::StrCat("the checkpoint asked for was not taken within ",
+                                      absl::FormatDuration(options_.checkpoint_timeout)));
+    } else if (requested == 0 && updated.spec().checkpoint().every_seconds() > 0) {
+      int64_t last = updated.start_time_ms();
+      if (!updated.checkpoints().empty()) {
+        last = std::max(last, updated.checkpoints().rbegin()->time_ms());
+      }
+      if (ToMillis(now) - last < updated.spec().checkpoint().every_seconds() * 1000) continue;
+      updated.set_checkpoint_requested_ms(ToMillis(now));
+    } else {
+      continue;
+    }
+    absl::Status committed = Commit(std::move(updated), /*durable=*/false);
+    if (!committed.ok()) LogWriteFailure(absl::StrCat("the checkpoint cadence of ", id), committed);
+  }
+}
+
+absl::StatusOr<JobStatus> CoordinatorState::CheckpointJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
+  if (job->state() != RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", JobState_Name(job->state()), "; only a running job checkpoints"));
+  }
+  if (!Saves(*job)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id,
+                     " is not saved: start the coordinator and every shard with "
+                     "--checkpoint_root (a directory they share)"));
+  }
+  JobStatus updated = *job;
+  updated.set_checkpoint_requested_ms(ToMillis(options_.now()));
+  RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/false));
+  return jobs_[job_id];
+}
+
+absl::StatusOr<JobStatus> CoordinatorState::ResumeJob(const std::string& job_id) {
+  std::vector<CheckpointInfo> checkpoints;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
+    if (job->state() != FAILED && job->state() != STOPPED) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ",
+                                                        JobState_Name(job->state()),
+                                                        "; only a FAILED or STOPPED job resumes"));
+    }
+    if (options_.checkpoint_root.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " cannot resume: this coordinator has no --checkpoint_root"));
+    }
+    checkpoints.assign(job->checkpoints().begin(), job->checkpoints().end());
+  }
+  // Reading every file takes a while for a large model: outside the lock.
+  std::vector<std::string> refused;
+  absl::StatusOr<CheckpointRestore> restore =
+      CompleteCheckpoint(options_.checkpoint_root, checkpoints, 0, &refused);
+
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
+  if (job->state() != FAILED && job->state() != STOPPED) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " changed state meanwhile"));
+  }
+  JobStatus updated = *job;
+  for (const std::string& why : refused) AddEvent(&updated, absl::StrCat("refused ", why));
+  // Refused checkpoints are no longer offered.
+  const int64_t kept_step = restore.ok() ? restore->step() : 0;
+  auto* list = updated.mutable_checkpoints();
+  list->erase(std::remove_if(list->begin(), list->end(),
+                             [&](const CheckpointInfo& c) { return c.step() > kept_step; }),
+              list->end());
+  if (!restore.ok()) {
+    RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " cannot resume: it has no complete checkpoint",
+                     refused.empty() ? "" : absl::StrCat(" (", absl::StrJoin(refused, "; "), ")")));
+  }
+  AddEvent(&updated,
+           absl::StrCat("resume asked: continues from the checkpoint at step ", restore->step()));
+  updated.set_state(PENDING);
+  updated.set_message("");
+  updated.set_test_accuracy(-1);
+  updated.set_end_time_ms(0);
+  updated.set_resumed_from_step(restore->step());
+  *updated.mutable_restore() = *std::move(restore);
+  RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
+  SchedulePending();
+  return jobs_[job_id];
+}
+
+absl::StatusOr<std::string> CoordinatorState::ExportJob(const std::string& job_id, int64_t step,
+                                                        bool native_layout) {
+  std::vector<CheckpointInfo> checkpoints;
+  JobSpec spec;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
+    if (job->checkpoints().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " has no checkpoint",
+          options_.checkpoint_root.empty() ? " (this coordinator has no --checkpoint_root)" : ""));
+    }
+    checkpoints.assign(job->checkpoints().begin(), job->checkpoints().end());
+    spec = job->spec();
+  }
+  std::vector<std::string> refused;
+  absl::StatusOr<CheckpointRestore> checkpoint =
+      CompleteCheckpoint(options_.checkpoint_root, checkpoints, step, &refused);
+  if (!checkpoint.ok()) {
+    std::vector<int64_t> steps;
+    for (const CheckpointInfo& c : checkpoints) steps.push_back(c.step());
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, ": ", checkpoint.status().message(),
+                     refused.empty() ? "" : absl::StrCat(" (", absl::StrJoin(refused, "; "), ")"),
+                     "; it has checkpoints at steps ", absl::StrJoin(steps, ", ")));
+  }
+  return ExportCheckpoint(options_.checkpoint_root, job_id, spec, *checkpoint,
+                          native_layout ? ExportLayout::kNative : ExportLayout::kPyTorch);
+}
+
+}  // namespace control
+}  // namespace downpour
