@@ -182,11 +182,14 @@ absl::StatusOr<std::unique_ptr<Process>> LocalCluster::StartDaemon(const std::st
 }
 
 absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
-  auto process =
-      StartDaemon("coordinator", "coordinator/downpour-coordinator",
-                  {absl::StrCat("--listen=", listen), absl::StrCat("--state_dir=", dir_, "/state"),
-                   absl::StrCat("--heartbeat_interval_ms=", options_.heartbeat_interval_ms),
-                   absl::StrCat("--node_timeout_ms=", options_.node_timeout_ms)});
+  std::vector<std::string> flags = {
+      absl::StrCat("--listen=", listen), absl::StrCat("--state_dir=", dir_, "/state"),
+      absl::StrCat("--heartbeat_interval_ms=", options_.heartbeat_interval_ms),
+      absl::StrCat("--node_timeout_ms=", options_.node_timeout_ms)};
+  if (!options_.checkpoint_root.empty()) {
+    flags.push_back(absl::StrCat("--checkpoint_root=", options_.checkpoint_root));
+  }
+  auto process = StartDaemon("coordinator", "coordinator/downpour-coordinator", flags);
   if (!process.ok()) return process.status();
   coordinator_ = std::move(process).value();
   auto address = WaitForPortFile(dir_ + "/coordinator.port", coordinator_.get(), absl::Seconds(30));
@@ -200,8 +203,11 @@ absl::Status LocalCluster::Start() {
   if (!started.ok()) return started;
   const std::string coordinator_flag = absl::StrCat("--coordinator=", coordinator_address_);
   for (int i = 0; i < options_.shards; ++i) {
-    auto process = StartDaemon(absl::StrCat("ps", i), "server/downpour-ps",
-                               {"--listen=127.0.0.1:0", coordinator_flag});
+    std::vector<std::string> flags = {"--listen=127.0.0.1:0", coordinator_flag};
+    if (!options_.checkpoint_root.empty()) {
+      flags.push_back(absl::StrCat("--checkpoint_root=", options_.checkpoint_root));
+    }
+    auto process = StartDaemon(absl::StrCat("ps", i), "server/downpour-ps", flags);
     if (!process.ok()) return process.status();
     shards_.push_back(std::move(process).value());
   }

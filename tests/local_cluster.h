@@ -76,6 +76,8 @@ class LocalCluster {
     int64_t heartbeat_interval_ms = 200;
     int64_t node_timeout_ms = 2000;
     std::vector<std::string> worker_flags;
+    // The coordinator's and every shard's --checkpoint_root (empty: none).
+    std::string checkpoint_root;
   };
 
   explicit LocalCluster(Options options);

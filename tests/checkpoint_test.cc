@@ -1,0 +1,242 @@
+// Durable jobs end to end: the real daemons with a checkpoint root, driven
+// with downpourctl — checkpoints at the spec's cadence and on demand, the
+// final one exported in PyTorch's layout, a stopped job resumed (past a
+// corrupt newest checkpoint) to the accuracy of a clean run.
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/file.h"
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "proto/job.pb.h"
+#include "tests/local_cluster.h"
+
+namespace downpour {
+namespace testing {
+namespace {
+
+std::string CheckpointedSpec(const std::string& mode, int64_t steps, int64_t every_steps) {
+  return absl::StrCat(FashionMlpSpec(mode, 2, 2, steps), "checkpoint { every_steps: ", every_steps,
+                      " keep: 2 }\n");
+}
+
+bool HasEvent(const JobStatus& job, absl::string_view text) {
+  return std::any_of(job.events().begin(), job.events().end(),
+                     [&](const JobEvent& e) { return absl::StrContains(e.message(), text); });
+}
+
+std::string Events(const JobStatus& job) {
+  std::string out;
+  for (const JobEvent& e : job.events()) absl::StrAppend(&out, "\n  ", e.message());
+  return out;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_dir_ = new std::string(MakeTempDir("data"));
+    absl::Status imported = ImportFashionMnist(*data_dir_, 12000);
+    ASSERT_TRUE(imported.ok()) << imported;
+  }
+
+  void StartCluster(bool checkpoints = true) {
+    LocalCluster::Options options;
+    options.shards = 2;
+    options.workers = 2;
+    options.data_dir = *data_dir_;
+    if (checkpoints) {
+      root_ = MakeTempDir("checkpoints");
+      options.checkpoint_root = root_;
+    }
+    cluster_ = std::make_unique<LocalCluster>(options);
+    absl::Status started = cluster_->Start();
+    ASSERT_TRUE(started.ok()) << started << cluster_->Logs();
+  }
+
+  std::string WriteSpec(const std::string& text) {
+    const std::string path = absl::StrCat(cluster_->dir(), "/spec", ++specs_, ".pbtxt");
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  // Polls the job until `done` holds (false after two minutes).
+  bool AwaitJob(const std::string& id, const std::function<bool(const JobStatus&)>& done) {
+    const absl::Time give_up = absl::Now() + absl::Minutes(2);
+    while (absl::Now() < give_up) {
+      if (done(cluster_->GetJob(id))) return true;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
+  }
+
+  void TearDown() override {
+    if (cluster_) {
+      std::vector<std::string> unclean = cluster_->StopAll();
+      EXPECT_TRUE(unclean.empty()) << absl::StrJoin(unclean, "; ") << cluster_->Logs();
+    }
+  }
+
+  static std::string* data_dir_;
+  std::unique_ptr<LocalCluster> cluster_;
+  std::string root_;
+  int specs_ = 0;
+};
+
+std::string* CheckpointTest::data_dir_ = nullptr;
+
+TEST_F(CheckpointTest, CheckpointsAreKeptAtTheCadenceAndTheFinalOneExports) {
+  StartCluster();
+  CommandResult run = cluster_->Ctl(
+      {"submit", WriteSpec(CheckpointedSpec("SYNC", 400, 100)), "--job_id=saved", "--wait"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err << cluster_->Logs();
+  const JobStatus job = cluster_->GetJob("saved");
+  ASSERT_EQ(job.state(), SUCCEEDED) << job.message();
+  EXPECT_GT(job.test_accuracy(), 0.7);
+  // keep: 2 — the final checkpoint and the one before; older ones removed
+  // from disk once newer ones were complete.
+  ASSERT_EQ(job.checkpoints_size(), 2) << Events(job);
+  EXPECT_EQ(job.checkpoints(0).step(), 300);
+  EXPECT_EQ(job.checkpoints(1).step(), 400);
+  EXPECT_EQ(ListDir(root_ + "/saved").value(), (std::vector<std::string>{"step-300", "step-400"}));
+  for (const char* file :
+       {"manifest.json", "shard-0.safetensors", "shard-1.safetensors", "worker.safetensors"}) {
+    EXPECT_FALSE(ReadFile(absl::StrCat(root_, "/saved/step-400/", file)).empty()) << file;
+  }
+  for (int step : {100, 200, 300, 400}) {
+    EXPECT_TRUE(HasEvent(job, absl::StrCat("checkpoint at step ", step, " written")))
+        << Events(job);
+  }
+
+  const std::string out = cluster_->dir() + "/model.safetensors";
+  CommandResult exported = cluster_->Ctl({"export", "saved", "--out=" + out});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_TRUE(absl::StrContains(exported.out, "step 400")) << exported.out;
+  absl::StatusOr<SafetensorsFile> model = SafetensorsFile::Open(out);
+  ASSERT_TRUE(model.ok()) << model.status();
+  // PyTorch's names and layouts: Linear weights are [out, in].
+  EXPECT_EQ(model->Get("dense1.weight")->shape, (std::vector<int64_t>{128, 784}));
+  EXPECT_EQ(model->Get("dense3.weight")->shape, (std::vector<int64_t>{10, 128}));
+  EXPECT_EQ(model->Get("dense3.bias")->shape, (std::vector<int64_t>{10}));
+  EXPECT_EQ(model->tensors().size(), 4u);
+  EXPECT_TRUE(absl::StrContains(ReadFile(cluster_->dir() + "/model.spec.pbtxt"), "dense"));
+
+  CommandResult native =
+      cluster_->Ctl({"export", "saved", "--out=" + out, "--layout=native", "--checkpoint=300"});
+  ASSERT_EQ(native.exit_code, 0) << native.err;
+  model = SafetensorsFile::Open(out);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->Get("dense1/weight")->shape, (std::vector<int64_t>{784, 128}));
+  EXPECT_EQ(model->metadata().at("downpour.step"), "300");
+
+  CommandResult missing = cluster_->Ctl({"export", "saved", "--out=" + out, "--checkpoint=100"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(missing.err, "no complete checkpoint at step 100")) << missing.err;
+  EXPECT_TRUE(absl::StrContains(missing.err, "steps 300, 400")) << missing.err;
+}
+
+TEST_F(CheckpointTest, StoppedJobResumesPastACorruptCheckpointToACleanRunsAccuracy) {
+  StartCluster();
+  const std::string spec = WriteSpec(CheckpointedSpec("SYNC", 1500, 100));
+  ASSERT_EQ(cluster_->Ctl({"submit", spec, "--job_id=interrupted"}).exit_code, 0);
+  ASSERT_TRUE(AwaitJob("interrupted", [](const JobStatus& job) {
+    return job.checkpoints_size() == 2 && job.checkpoints(0).step() >= 200;
+  })) << cluster_->Logs();
+  ASSERT_EQ(cluster_->Ctl({"stop", "interrupted"}).exit_code, 0);
+  JobStatus stopped = cluster_->GetJob("interrupted");
+  ASSERT_EQ(stopped.state(), STOPPED);
+  ASSERT_EQ(stopped.checkpoints_size(), 2);
+  const int64_t older = stopped.checkpoints(0).step();
+  const int64_t newest = stopped.checkpoints(1).step();
+
+  // One flipped byte in the newest checkpoint's shard 0 file.
+  const std::string damaged =
+      absl::StrCat(root_, "/interrupted/step-", newest, "/shard-0.safetensors");
+  std::string bytes = ReadFile(damaged);
+  ASSERT_FALSE(bytes.empty());
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bytes;
+
+  CommandResult refused =
+      cluster_->Ctl({"export", "interrupted", "--out=" + cluster_->dir() + "/x.safetensors",
+                     absl::StrCat("--checkpoint=", newest)});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(refused.err, damaged)) << refused.err;
+
+  CommandResult resumed = cluster_->Ctl({"resume", "interrupted", "--wait"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err << cluster_->Logs();
+  EXPECT_TRUE(absl::StrContains(resumed.err, absl::StrCat("checkpoint at step ", older)))
+      << resumed.err;
+  const JobStatus job = cluster_->GetJob("interrupted");
+  ASSERT_EQ(job.state(), SUCCEEDED) << job.message();
+  EXPECT_EQ(job.resumed_from_step(), older);
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_TRUE(HasEvent(job, absl::StrCat("refused checkpoint at step ", newest))) << Events(job);
+  EXPECT_TRUE(HasEvent(job, damaged)) << Events(job);
+  EXPECT_TRUE(HasEvent(job, absl::StrCat("started again from the checkpoint at step ", older)))
+      << Events(job);
+  EXPECT_EQ(job.checkpoints().rbegin()->step(), 1500);
+
+  // The same job run without interruption.
+  CommandResult clean = cluster_->Ctl({"submit", spec, "--job_id=clean", "--wait"});
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  const double clean_accuracy = cluster_->GetJob("clean").test_accuracy();
+  std::cout << "resumed from step " << older << ": test accuracy " << job.test_accuracy()
+            << "; clean run: " << clean_accuracy << std::endl;
+  EXPECT_NEAR(job.test_accuracy(), clean_accuracy, 0.01);
+}
+
+TEST_F(CheckpointTest, OnDemandCheckpointIsWrittenWhileTheJobRuns) {
+  StartCluster();
+  ASSERT_EQ(
+      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("ASYNC", 2, 2, 100000)), "--job_id=long"})
+          .exit_code,
+      0);
+  ASSERT_TRUE(AwaitJob("long", [](const JobStatus& job) { return job.step() > 20; }));
+  CommandResult taken = cluster_->Ctl({"checkpoint", "long", "--wait", "--timeout=60s"});
+  ASSERT_EQ(taken.exit_code, 0) << taken.err << cluster_->Logs();
+  EXPECT_TRUE(absl::StrContains(taken.out, "job long checkpoint at step ")) << taken.out;
+  const JobStatus job = cluster_->GetJob("long");
+  ASSERT_EQ(job.checkpoints_size(), 1);
+  EXPECT_EQ(job.state(), RUNNING);
+  CommandResult get = cluster_->Ctl({"get", "long"});
+  EXPECT_TRUE(absl::StrContains(
+      get.out, absl::StrCat("checkpoint at step ", job.checkpoints(0).step(), " written")))
+      << get.out;
+  ASSERT_EQ(cluster_->Ctl({"stop", "long"}).exit_code, 0);
+  // A running job only: a stopped one cannot checkpoint, but resumes.
+  CommandResult late = cluster_->Ctl({"checkpoint", "long"});
+  EXPECT_EQ(late.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(late.err, "is STOPPED; only a running job checkpoints"))
+      << late.err;
+}
+
+TEST_F(CheckpointTest, WithoutACheckpointRootTheCommandsSaySo) {
+  StartCluster(/*checkpoints=*/false);
+  ASSERT_EQ(
+      cluster_
+          ->Ctl({"submit", WriteSpec(FashionMlpSpec("ASYNC", 2, 2, 100000)), "--job_id=unsaved"})
+          .exit_code,
+      0);
+  ASSERT_TRUE(AwaitJob("unsaved", [](const JobStatus& job) { return job.state() == RUNNING; }));
+  CommandResult asked = cluster_->Ctl({"checkpoint", "unsaved"});
+  EXPECT_EQ(asked.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(asked.err, "--checkpoint_root")) << asked.err;
+  ASSERT_EQ(cluster_->Ctl({"stop", "unsaved"}).exit_code, 0);
+  CommandResult resumed = cluster_->Ctl({"resume", "unsaved"});
+  EXPECT_EQ(resumed.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(resumed.err, "no --checkpoint_root")) << resumed.err;
+  CommandResult exported =
+      cluster_->Ctl({"export", "unsaved", "--out=" + cluster_->dir() + "/m.safetensors"});
+  EXPECT_EQ(exported.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(exported.err, "has no checkpoint")) << exported.err;
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace downpour
