@@ -7,9 +7,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 log=$(mktemp -t downpour-test.XXXXXX)
 layering=$(mktemp -t downpour-layering.XXXXXX)
-trap 'rm -f "$log" "$layering"' EXIT
+export_xml=$(mktemp -t downpour-export.XXXXXX)
+trap 'rm -f "$log" "$layering" "$export_xml"' EXIT
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
 # The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
 # so outside `bazel test`).
 python3 "$ROOT/tests/layering_test.py" --junit "$layering"
-python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering"
+# Exported models loaded by NumPy through the PyPI safetensors package (pinned
+# in a venv); without them the check reports itself skipped, with the reason.
+python=$("$ROOT/scripts/python-deps.sh") || python=python3
+"$python" "$ROOT/tests/export_numpy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
+  --junit "$export_xml"
+python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv/ with the pinned PyPI packages the Python checks use (NumPy
+# and safetensors, to load exported models). Idempotent: returns at once when
+# the pins are installed. Prints the venv's python on stdout.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+PINS=(numpy==2.1.3 safetensors==0.4.5)
+if [[ ! -f $VENV/pins || $(cat "$VENV/pins") != "${PINS[*]}" ]]; then
+  echo "python-deps: installing ${PINS[*]} into $VENV" >&2
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" >&2
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}" >&2
+  echo "${PINS[*]}" >"$VENV/pins"
+fi
+echo "$VENV/bin/python"
