@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -24,7 +25,10 @@ bool HasCheckpointAt(const JobStatus& job, int64_t step) {
   return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() == step;
 }
 
-std::string Mib(uint64_t bytes) { return absl::StrCat(absl::SixDigits(bytes / 1048576.0), " MiB"); }
+std::string Bytes(uint64_t bytes) {
+  if (bytes < (1 << 20)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+  return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
+}
 
 }  // namespace
 
@@ -109,7 +113,7 @@ void CoordinatorState::MaybeCommitCheckpoint(const std::string& job_id, int64_t 
   *updated.add_checkpoints() = *info;
   AddEvent(
       &updated,
-      absl::StrCat("checkpoint at step ", step, " written (", Mib(info->bytes()), ", ",
+      absl::StrCat("checkpoint at step ", step, " written (", Bytes(info->bytes()), ", ",
                    absl::FormatDuration(absl::Trunc(options_.now() - began, absl::Milliseconds(1))),
                    " after rank 0 took it)"));
   if (updated.checkpoint_requested_ms() > 0 &&

@@ -1,12 +1,15 @@
 #include "control/coordinator_state.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spec/checkpoint_files.h"
 #include "spec/test_jobs.h"
 
 namespace downpour {
@@ -60,16 +63,20 @@ class CoordinatorStateTest : public ::testing::Test {
     state_.reset();
     CoordinatorState::Options options;
     options.node_timeout = absl::Seconds(5);
+    options.checkpoint_root = checkpoint_root_;
+    options.checkpoint_timeout = absl::Minutes(1);
     options.now = [this] { return Now(); };
     auto created = CoordinatorState::Create(options, std::make_unique<MemoryJobStore>(&stored_));
     ASSERT_TRUE(created.ok()) << created.status();
     state_ = std::move(created).value();
   }
 
-  void Register(const std::string& id, NodeRole role, int64_t incarnation = 1) {
+  void Register(const std::string& id, NodeRole role, int64_t incarnation = 1,
+                bool checkpoints = false) {
     NodeInfo node;
     node.set_id(id);
     node.set_role(role);
+    node.set_checkpoints(checkpoints);
     node.set_address(id + ":1");
     node.set_incarnation(incarnation);
     ASSERT_TRUE(state_->RegisterNode(node).ok());
@@ -115,6 +122,7 @@ class CoordinatorStateTest : public ::testing::Test {
   absl::Mutex clock_mu_;
   absl::Time now_ ABSL_GUARDED_BY(clock_mu_) = absl::FromUnixSeconds(1000000);
   MemoryJobStore::Data stored_;
+  std::string checkpoint_root_;
   std::unique_ptr<CoordinatorState> state_;
 };
 
@@ -369,6 +377,253 @@ TEST_F(CoordinatorStateTest, PendingJobStartsOnceItsStartCanBeWritten) {
   state_->Tick();
   EXPECT_EQ(StateOf("m"), RUNNING);
   EXPECT_EQ(StoredJob("m")->state(), RUNNING);
+}
+
+// ------------------------------------------------------------ checkpoints
+
+class CheckpointingTest : public CoordinatorStateTest {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    checkpoint_root_ = std::string(tmp != nullptr ? tmp : "/tmp") + "/coordinator_checkpoints";
+    ASSERT_TRUE(RemoveAll(checkpoint_root_).ok());
+    ASSERT_TRUE(MakeDirs(checkpoint_root_).ok());
+    Restart();
+    Register("s0", SHARD, 1, /*checkpoints=*/true);
+    Register("s1", SHARD, 1, /*checkpoints=*/true);
+    Register("w", WORKER);
+  }
+
+  // Starts job "j" (1 worker, 2 shards, 10 steps) with `keep`.
+  JobStatus Start(int keep = 2) {
+    JobSpec spec = SmallSpec(1, 2);
+    spec.mutable_checkpoint()->set_keep(keep);
+    EXPECT_TRUE(state_->SubmitJob(spec, "j").ok());
+    return *state_->GetJob("j");
+  }
+
+  // Shard `shard` wrote its (real) file of the checkpoint at `step`.
+  void ShardWrote(int shard, int64_t step, const std::string& error = "") {
+    ShardSnapshot snapshot;
+    snapshot.job_id = "j";
+    snapshot.shard = shard;
+    snapshot.step = step;
+    snapshot.worker_steps = {step};
+    const std::string dir = checkpoint_root_ + "/" + CheckpointDir("j", step);
+    ASSERT_TRUE(MakeDirs(dir).ok());
+    auto written = WriteShardSnapshot(dir + "/" + ShardFileName(shard), snapshot);
+    ASSERT_TRUE(written.ok());
+    HeartbeatRequest beat;
+    beat.set_node_id(absl::StrCat("s", shard));
+    beat.set_incarnation(1);
+    CheckpointPart* part = beat.add_checkpoints();
+    part->set_job_id("j");
+    part->set_step(step);
+    part->set_error(error);
+    part->mutable_file()->set_name(ShardFileName(shard));
+    part->mutable_file()->set_shard(shard);
+    part->mutable_file()->set_bytes(written->bytes);
+    part->mutable_file()->set_crc32c(written->crc32c);
+    ASSERT_TRUE(state_->Heartbeat(beat).ok());
+  }
+
+  // Rank 0 took the checkpoint at `step` (its state sent with a report).
+  void WorkerTook(int64_t step, bool finished = false) {
+    ReportProgressRequest report = Progress("j", "w", 0, step);
+    report.mutable_checkpoint()->set_step(step);
+    report.mutable_checkpoint()->set_state("worker state bytes");
+    if (finished) {
+      report.set_finished(true);
+      report.set_has_test_accuracy(true);
+      report.set_test_accuracy(0.8);
+    }
+    ASSERT_TRUE(state_->ReportProgress(report).ok());
+  }
+
+  // Time passes with every node heartbeating.
+  void Pass(absl::Duration d) {
+    for (; d > absl::ZeroDuration(); d -= absl::Seconds(2)) {
+      Advance(std::min(d, absl::Seconds(2)));
+      for (const char* node : {"s0", "s1", "w"}) Beat(node);
+    }
+  }
+
+  std::vector<int64_t> Steps() {
+    std::vector<int64_t> steps;
+    const JobStatus job = *state_->GetJob("j");
+    for (const CheckpointInfo& c : job.checkpoints()) steps.push_back(c.step());
+    return steps;
+  }
+
+  std::string Events() {
+    std::string out;
+    const JobStatus job = *state_->GetJob("j");
+    for (const JobEvent& e : job.events()) absl::StrAppend(&out, e.message(), "\n");
+    return out;
+  }
+};
+
+TEST_F(CheckpointingTest, TasksSayTheJobIsSavedAndWhichStartItIs) {
+  Start();
+  const Task task = Beat("w").tasks(0);
+  EXPECT_TRUE(task.checkpoints());
+  EXPECT_EQ(task.attempt(), 1);
+  EXPECT_FALSE(task.has_restore());
+}
+
+TEST_F(CheckpointingTest, ACheckpointIsCommittedOnceEveryFileIsInAndOldOnesArePruned) {
+  Start(/*keep=*/2);
+  for (int64_t step : {2, 4, 6}) {
+    ShardWrote(0, step);
+    WorkerTook(step);
+    EXPECT_EQ(Steps().size(), static_cast<size_t>(step / 2 - 1)) << "shard 1 not in yet";
+    ShardWrote(1, step);
+  }
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{4, 6}));
+  // Step 2's directory went once step 6 was complete; 6's manifest names
+  // every file with its CRC.
+  EXPECT_EQ(ListDir(checkpoint_root_ + "/j").value(),
+            (std::vector<std::string>{"step-4", "step-6"}));
+  auto manifest = VerifyCheckpoint(checkpoint_root_, "j/step-6");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->files_size(), 3);  // Two shards and the workers' state.
+  EXPECT_EQ(manifest->step(), 6);
+  EXPECT_THAT(Events(), HasSubstr("checkpoint at step 6 written"));
+  // A part that heartbeats repeat is taken once.
+  ShardWrote(1, 6);
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{4, 6}));
+}
+
+TEST_F(CheckpointingTest, AShardThatCannotWriteItsPartFailsTheCheckpointNotTheJob) {
+  Start();
+  WorkerTook(2);
+  ShardWrote(1, 2, "disk full");
+  EXPECT_TRUE(Steps().empty());
+  EXPECT_THAT(Events(), HasSubstr("checkpoint at step 2 not written: shard 1: disk full"));
+  EXPECT_EQ(StateOf("j"), RUNNING);
+}
+
+TEST_F(CheckpointingTest, AnIncompleteCheckpointIsGivenUpAfterTheTimeout) {
+  Start();
+  WorkerTook(2);
+  ShardWrote(0, 2);
+  Pass(absl::Seconds(61));
+  state_->Tick();
+  EXPECT_THAT(Events(), HasSubstr("checkpoint at step 2 not written: not complete after 1m"));
+  EXPECT_EQ(StateOf("j"), RUNNING);
+}
+
+TEST_F(CheckpointingTest, AskingForACheckpointReachesRankZeroUntilOneIsWritten) {
+  Start();
+  auto asked = state_->CheckpointJob("j");
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_GT(asked->checkpoint_requested_ms(), 0);
+  EXPECT_EQ(Beat("w").tasks(0).checkpoint_requested_ms(), asked->checkpoint_requested_ms());
+  Advance(absl::Seconds(1));
+  WorkerTook(3);
+  ShardWrote(0, 3);
+  ShardWrote(1, 3);
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{3}));
+  EXPECT_EQ(state_->GetJob("j")->checkpoint_requested_ms(), 0);
+  EXPECT_EQ(Beat("w").tasks(0).checkpoint_requested_ms(), 0);
+}
+
+TEST_F(CheckpointingTest, EverySecondsAsksForACheckpointOnTheClock) {
+  JobSpec spec = SmallSpec(1, 2);
+  spec.mutable_checkpoint()->set_every_seconds(30);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  Pass(absl::Seconds(29));
+  state_->Tick();
+  EXPECT_EQ(state_->GetJob("j")->checkpoint_requested_ms(), 0);
+  Pass(absl::Seconds(2));
+  state_->Tick();
+  EXPECT_GT(state_->GetJob("j")->checkpoint_requested_ms(), 0);
+}
+
+TEST_F(CheckpointingTest, AJobSucceedsOnlyOnceItsFinalCheckpointIsWritten) {
+  Start();
+  WorkerTook(10, /*finished=*/true);
+  EXPECT_EQ(StateOf("j"), RUNNING);
+  EXPECT_THAT(state_->GetJob("j")->message(), HasSubstr("writing the final checkpoint"));
+  ShardWrote(0, 10);
+  ShardWrote(1, 10);
+  const JobStatus done = *state_->GetJob("j");
+  EXPECT_EQ(done.state(), SUCCEEDED);
+  EXPECT_EQ(done.message(), "");
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{10}));
+}
+
+TEST_F(CheckpointingTest, AFinalCheckpointThatNeverCompletesStillEndsTheJob) {
+  Start();
+  WorkerTook(10, /*finished=*/true);
+  Pass(absl::Seconds(61));
+  state_->Tick();
+  const JobStatus done = *state_->GetJob("j");
+  EXPECT_EQ(done.state(), SUCCEEDED);
+  EXPECT_THAT(done.message(), HasSubstr("the final checkpoint was not written"));
+}
+
+TEST_F(CheckpointingTest, ResumeFallsBackPastACorruptCheckpointAndStartsAgain) {
+  Start();
+  for (int64_t step : {2, 4}) {
+    WorkerTook(step);
+    ShardWrote(0, step);
+    ShardWrote(1, step);
+  }
+  ASSERT_TRUE(state_->StopJob("j").ok());
+  // Step 4's shard 1 file loses its tail.
+  const std::string damaged = checkpoint_root_ + "/j/step-4/" + ShardFileName(1);
+  const std::string bytes = ReadFileToString(damaged).value();
+  auto file = AtomicFile::Create(damaged, "test file");
+  ASSERT_TRUE((*file)->Append(bytes.substr(0, bytes.size() - 1)).ok());
+  ASSERT_TRUE((*file)->Commit().ok());
+
+  auto resumed = state_->ResumeJob("j");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->state(), RUNNING);  // The nodes are free: it starts at once.
+  EXPECT_EQ(resumed->resumed_from_step(), 2);
+  EXPECT_EQ(resumed->attempt(), 2);
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{2}));
+  EXPECT_THAT(Events(), HasSubstr("refused checkpoint at step 4"));
+  EXPECT_THAT(Events(), HasSubstr(damaged));
+  const Task task = Beat("s1").tasks(0);
+  EXPECT_EQ(task.attempt(), 2);
+  EXPECT_EQ(task.restore().step(), 2);
+  EXPECT_EQ(task.restore().dir(), "j/step-2");
+  EXPECT_EQ(task.restore().files_size(), 2);
+  EXPECT_EQ(task.restore().worker_state(), "worker state bytes");
+
+  // Only a FAILED or STOPPED job resumes.
+  EXPECT_THAT(state_->ResumeJob("j").status().message(),
+              HasSubstr("only a FAILED or STOPPED job resumes"));
+}
+
+TEST_F(CheckpointingTest, AJobWithoutACompleteCheckpointCannotResume) {
+  Start();
+  ASSERT_TRUE(state_->StopJob("j").ok());
+  auto resumed = state_->ResumeJob("j");
+  EXPECT_TRUE(absl::IsFailedPrecondition(resumed.status()));
+  EXPECT_THAT(resumed.status().message(), HasSubstr("no complete checkpoint"));
+  EXPECT_EQ(StateOf("j"), STOPPED);
+}
+
+TEST_F(CheckpointingTest, ShardsWithoutARootMeanTheJobIsNotSaved) {
+  Register("s0", SHARD, 2, /*checkpoints=*/false);
+  Register("s1", SHARD, 2, /*checkpoints=*/false);
+  Start();
+  EXPECT_FALSE(Beat("w").tasks(0).checkpoints());
+  EXPECT_THAT(state_->CheckpointJob("j").status().message(), HasSubstr("--checkpoint_root"));
+}
+
+TEST_F(CheckpointingTest, BadCheckpointSpecsAreRejectedNamingTheField) {
+  JobSpec spec = SmallSpec(1, 2);
+  spec.mutable_checkpoint()->set_every_steps(-1);
+  EXPECT_THAT(state_->SubmitJob(spec, "").status().message(),
+              HasSubstr("checkpoint.every_steps must not be negative"));
+  spec.mutable_checkpoint()->set_every_steps(0);
+  spec.mutable_checkpoint()->set_keep(-2);
+  EXPECT_THAT(state_->SubmitJob(spec, "").status().message(),
+              HasSubstr("checkpoint.keep must be at least 1"));
 }
 
 }  // namespace

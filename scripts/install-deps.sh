@@ -9,7 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libcivetweb-dev libsqlite3-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist python3-venv
 )
 
 missing=()
