@@ -39,10 +39,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
   ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, state->store_->LoadNodes());
   absl::MutexLock lock(&state->mu_);
   const absl::Time now = state->options_.now();
+  state->grace_until_ = now + state->options_.recovery_grace;
   for (NodeInfo& node : nodes) {
     NodeEntry& entry = state->nodes_[node.id()];
     entry.info = std::move(node);
     entry.last_heartbeat = now;
+    entry.heard = false;
   }
   for (JobStatus& job : jobs) {
     state->job_order_.push_back(job.id());
@@ -54,8 +56,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
 CoordinatorState::CoordinatorState(Options options, std::unique_ptr<JobStore> store)
     : options_(std::move(options)), store_(std::move(store)) {}
 
+absl::Time CoordinatorState::Deadline(const NodeEntry& node) const {
+  const absl::Time deadline = node.last_heartbeat + options_.node_timeout;
+  return node.heard ? deadline : std::max(deadline, grace_until_);
+}
+
 bool CoordinatorState::Alive(const NodeEntry& node) const {
-  return node.info.alive() && options_.now() - node.last_heartbeat <= options_.node_timeout;
+  return node.info.alive() && options_.now() <= Deadline(node);
 }
 
 NodeInfo CoordinatorState::Describe(const NodeEntry& node) const {
@@ -95,6 +102,7 @@ absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeIn
   info.set_alive(true);
   RETURN_IF_ERROR(SaveNode(info));
   nodes_[node.id()].last_heartbeat = options_.now();
+  nodes_[node.id()].heard = true;
   SchedulePending();
   RegisterNodeResponse response;
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -111,6 +119,7 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   }
   NodeEntry& node = it->second;
   node.last_heartbeat = options_.now();
+  node.heard = true;
   if (!node.info.alive()) {
     // Back from the dead: alive again once that is recorded (the next
     // heartbeat tries again otherwise).
@@ -342,7 +351,7 @@ absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const 
 void CoordinatorState::DetectDeadNodes() {
   const absl::Time now = options_.now();
   for (auto& [id, node] : nodes_) {
-    if (!node.info.alive() || now - node.last_heartbeat <= options_.node_timeout) continue;
+    if (!node.info.alive() || now <= Deadline(node)) continue;
     const std::string why = absl::StrCat(
         node.info.role() == SHARD ? "shard" : "worker", " node ", id, " at ", node.info.address(),
         " stopped heartbeating for ", absl::FormatDuration(now - node.last_heartbeat));
@@ -367,7 +376,8 @@ void CoordinatorState::SchedulePending() {
   for (const std::string& id : job_order_) jobs.push_back(&jobs_[id]);
   std::vector<NodeInfo> alive;
   for (const auto& [id, node] : nodes_) {
-    if (Alive(node)) alive.push_back(node.info);
+    // A node not heard from since a restart may be gone: no new work yet.
+    if (Alive(node) && node.heard) alive.push_back(node.info);
   }
   for (ScheduleDecision& decision : control::SchedulePending(jobs, alive)) {
     JobStatus job = jobs_[decision.job_id];

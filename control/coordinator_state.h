@@ -41,6 +41,11 @@ class CoordinatorState : public Coordinator {
     absl::Duration node_timeout = absl::Seconds(5);
     // Progress-only changes are written to the store at most this often.
     absl::Duration progress_persist_interval = absl::Seconds(2);
+    // After a restart, nodes known from the store count as alive for this
+    // long (or until they heartbeat): a coordinator down for up to this long
+    // fails nothing, however long its nodes take to find it again. Nodes not
+    // heard from since the restart get no new work meanwhile.
+    absl::Duration recovery_grace = absl::Minutes(10);
     // Where checkpoints live (a filesystem every shard with --checkpoint_root
     // shares); empty: jobs are not saved.
     std::string checkpoint_root;
@@ -52,8 +57,8 @@ class CoordinatorState : public Coordinator {
   };
 
   // Loads jobs and nodes from `store`. Nodes loaded from the store count as
-  // alive from now, so running jobs get node_timeout to be re-joined after a
-  // coordinator restart.
+  // alive for recovery_grace from now (see Options), so running jobs get that
+  // long to be re-joined after a coordinator restart.
   static absl::StatusOr<std::unique_ptr<CoordinatorState>> Create(Options options,
                                                                   std::unique_ptr<JobStore> store);
 
@@ -86,6 +91,9 @@ class CoordinatorState : public Coordinator {
   struct NodeEntry {
     NodeInfo info;
     absl::Time last_heartbeat;
+    // Registered or heartbeated since this coordinator started (false for a
+    // node loaded from the store until it does).
+    bool heard = true;
   };
 
   // A checkpoint rank 0 has taken, gathering its files.
@@ -114,6 +122,8 @@ class CoordinatorState : public Coordinator {
   // (once, until the store's error changes), retried by the next Tick.
   void LogWriteFailure(const std::string& what, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When a silent node is declared dead.
+  absl::Time Deadline(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Alive(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the job's state is saved: the coordinator and every shard node
   // of its placement have a checkpoint root.
@@ -142,6 +152,8 @@ class CoordinatorState : public Coordinator {
 
   const Options options_;
   const std::unique_ptr<JobStore> store_;
+  // Nodes loaded from the store are not judged before this.
+  absl::Time grace_until_;
 
   absl::Mutex mu_;
   absl::CondVar changed_;

@@ -267,6 +267,35 @@ TEST_F(CoordinatorStateTest, JobsAndNodesSurviveRestart) {
   EXPECT_EQ(beat.tasks_size(), 1);
 }
 
+TEST_F(CoordinatorStateTest, NodesGetTheRecoveryGraceAfterARestartAndLateResultsCount) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  // Down for three times the node timeout: nothing is judged meanwhile, and
+  // a restarted coordinator waits (the default grace is 10 minutes).
+  Advance(absl::Seconds(15));
+  Restart();
+  Advance(absl::Minutes(9));
+  state_->Tick();
+  EXPECT_EQ(StateOf("j"), RUNNING);
+  // The job finished during the outage; its final report arrives late.
+  ReportProgressRequest done = Progress("j", "a", 0, 10);
+  done.set_finished(true);
+  done.set_has_test_accuracy(true);
+  done.set_test_accuracy(0.75);
+  ASSERT_TRUE(state_->ReportProgress(done).ok());
+  EXPECT_EQ(StateOf("j"), SUCCEEDED);
+  // A node heard from since the restart follows the node timeout again; one
+  // never heard from is judged when the grace ends.
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "k").ok());
+  EXPECT_EQ(StateOf("k"), PENDING);  // Its nodes are not heard from yet.
+  Beat("a");
+  Advance(absl::Minutes(1) + absl::Seconds(1));
+  state_->Tick();
+  const std::vector<NodeInfo> nodes = state_->ListNodes().value();
+  for (const NodeInfo& node : nodes) EXPECT_FALSE(node.alive()) << node.id();
+}
+
 TEST_F(CoordinatorStateTest, WatchReturnsOnChange) {
   ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
   const int64_t version = state_->GetJob("j")->version();

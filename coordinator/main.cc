@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, metrics_listen, "", "HTTP address for /metrics (empty: of
 ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job database (required)");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "How often nodes heartbeat");
 ABSL_FLAG(int64_t, node_timeout_ms, 5000, "A node silent this long is declared dead");
+ABSL_FLAG(int64_t, recovery_grace_s, 600,
+          "After a restart, known nodes get this long to heartbeat again before they are judged: "
+          "an outage up to this long fails no job");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory of checkpoints, ROOT/JOB_ID/step-S/ (in a cluster, a filesystem every shard "
           "shares with the same flag); empty: jobs are not saved");
@@ -71,6 +74,9 @@ int Main() {
     absl::Status made = MakeDirs(checkpoint_root);
     if (!made.ok()) return ExitWithError(Annotate(made, "--checkpoint_root"));
   }
+  if (absl::GetFlag(FLAGS_recovery_grace_s) < 0) {
+    return ExitWithError(absl::InvalidArgumentError("--recovery_grace_s must not be negative"));
+  }
   if (absl::GetFlag(FLAGS_checkpoint_timeout_s) < 1) {
     return ExitWithError(absl::InvalidArgumentError("--checkpoint_timeout_s must be >= 1"));
   }
@@ -80,6 +86,7 @@ int Main() {
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
   options.checkpoint_root = checkpoint_root;
+  options.recovery_grace = absl::Seconds(absl::GetFlag(FLAGS_recovery_grace_s));
   options.checkpoint_timeout = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_timeout_s));
   auto state = control::CoordinatorState::Create(options, std::move(store).value());
   if (!state.ok()) return ExitWithError(state.status());

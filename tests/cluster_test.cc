@@ -211,6 +211,26 @@ TEST_F(ClusterTest, JobsSurviveACoordinatorRestartMidJob) {
   EXPECT_EQ(GetJob("long").test_accuracy(), done.test_accuracy());
 }
 
+TEST_F(ClusterTest, ACoordinatorDownLongerThanTheNodeTimeoutFailsNothing) {
+  StartCluster(1, 1);
+  CommandResult submitted =
+      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("SYNC", 1, 1, 400)), "--job_id=outage"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  for (int i = 0; i < 200 && GetJob("outage").step() < 20; ++i)
+    absl::SleepFor(absl::Milliseconds(50));
+  // Down for four node timeouts; the job finishes meanwhile and its result
+  // reaches the restarted coordinator late.
+  absl::Status restarted = cluster_->RestartCoordinator(absl::Seconds(8));
+  ASSERT_TRUE(restarted.ok()) << restarted << cluster_->Logs();
+  CommandResult waited = cluster_->Ctl({"wait", "outage"});
+  EXPECT_EQ(waited.exit_code, 0) << waited.err << cluster_->Logs();
+  JobStatus done = GetJob("outage");
+  EXPECT_EQ(done.state(), SUCCEEDED) << done.message();
+  EXPECT_GE(done.test_accuracy(), 0.7);
+  // The nodes are back and take new work.
+  EXPECT_EQ(RunJob(FashionMlpSpec("ASYNC", 1, 1, 50), "after-outage").state(), SUCCEEDED);
+}
+
 TEST_F(ClusterTest, DeadWorkerFailsTheJobWithinBoundedTime) {
   StartCluster(1, 2);
   CommandResult submitted =

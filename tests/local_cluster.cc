@@ -246,9 +246,10 @@ std::string LocalCluster::MetricsAddressOf(const std::string& name) const {
   return log.substr(start, end - start);
 }
 
-absl::Status LocalCluster::RestartCoordinator() {
+absl::Status LocalCluster::RestartCoordinator(absl::Duration down) {
   const int code = coordinator_->Stop();
   if (code != 0) return absl::InternalError(absl::StrCat("coordinator exited with ", code));
+  absl::SleepFor(down);
   return StartCoordinator(coordinator_address_);
 }
 
