@@ -18,6 +18,8 @@ namespace control {
 namespace {
 
 constexpr int kMaxEvents = 200;
+constexpr int kDefaultMaxRestarts = 3;
+constexpr int kDefaultBackoffSeconds = 1;
 
 int64_t ToMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
@@ -216,6 +218,60 @@ void CoordinatorState::TickCheckpoints() {
     absl::Status committed = Commit(std::move(updated), /*durable=*/false);
     if (!committed.ok()) LogWriteFailure(absl::StrCat("the checkpoint cadence of ", id), committed);
   }
+}
+
+absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::string& why,
+                                             bool diverged) {
+  const RestartPolicy& policy = job.spec().restart();
+  const int max_restarts =
+      policy.max_restarts() == 0 ? kDefaultMaxRestarts : std::max(0, policy.max_restarts());
+  if (job.restarts() >= max_restarts || (diverged && !policy.rollback_on_divergence())) {
+    return FinishJob(job, FAILED,
+                     job.restarts() == 0
+                         ? why
+                         : absl::StrCat(why, " (after ", job.restarts(),
+                                        " automatic restarts; `downpourctl get` has the history)"));
+  }
+  JobStatus updated = job;
+  updated.set_restarts(job.restarts() + 1);
+  // Its newest complete checkpoint (a damaged one is refused, and the one
+  // before taken), or the start.
+  std::vector<std::string> refused;
+  absl::StatusOr<CheckpointRestore> restore = absl::NotFoundError("no checkpoint yet");
+  if (!options_.checkpoint_root.empty() && job.checkpoints_size() > 0) {
+    restore = CompleteCheckpoint(
+        options_.checkpoint_root,
+        std::vector<CheckpointInfo>(job.checkpoints().begin(), job.checkpoints().end()), 0,
+        &refused);
+  }
+  for (const std::string& reason : refused) AddEvent(&updated, absl::StrCat("refused ", reason));
+  const int64_t from = restore.ok() ? restore->step() : 0;
+  auto* list = updated.mutable_checkpoints();
+  list->erase(std::remove_if(list->begin(), list->end(),
+                             [&](const CheckpointInfo& c) { return c.step() > from; }),
+              list->end());
+  if (restore.ok()) {
+    *updated.mutable_restore() = *std::move(restore);
+  } else {
+    updated.clear_restore();
+  }
+  const absl::Duration backoff = std::min(
+      absl::Minutes(5), absl::Seconds(policy.backoff_seconds() > 0 ? policy.backoff_seconds()
+                                                                   : kDefaultBackoffSeconds) *
+                            (int64_t{1} << std::min(job.restarts(), 16)));
+  AddEvent(&updated, absl::StrCat("restart ", updated.restarts(), " of ", max_restarts, " in ",
+                                  absl::FormatDuration(backoff), " after: ", why, "; continues ",
+                                  from > 0 ? absl::StrCat("from the checkpoint at step ", from)
+                                           : "from the start (no checkpoint yet)"));
+  updated.set_state(PENDING);
+  updated.set_message(absl::StrCat("restarting after: ", why));
+  updated.set_test_accuracy(-1);
+  updated.set_resumed_from_step(from);
+  updated.set_checkpoint_requested_ms(0);
+  updated.set_not_before_ms(ToMillis(options_.now() + backoff));
+  RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
+  pending_checkpoints_.erase(job.id());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::CheckpointJob(const std::string& job_id) {

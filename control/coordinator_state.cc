@@ -258,9 +258,10 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
         "node ", request.node_id(), " is not worker rank ", rank, " of job ", current->id()));
   }
   if (!request.error().empty()) {
-    RETURN_IF_ERROR(
-        FinishJob(*current, FAILED,
-                  absl::StrCat("worker ", rank, " (", request.node_id(), "): ", request.error())));
+    const std::string why =
+        absl::StrCat("worker ", rank, " (", request.node_id(), "): ", request.error());
+    RETURN_IF_ERROR(request.permanent() ? FinishJob(*current, FAILED, why)
+                                        : FailOrRestart(*current, why, request.diverged()));
     SchedulePending();
     response.set_job_ended(true);
     return response;
@@ -342,7 +343,7 @@ absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const 
   absl::Status first;
   for (auto& [id, job] : jobs_) {
     if (job.state() == RUNNING && InPlacement(job.placement(), node_id)) {
-      first.Update(FinishJob(job, FAILED, why));
+      first.Update(FailOrRestart(job, why, /*diverged=*/false));
     }
   }
   return first;
@@ -373,7 +374,11 @@ void CoordinatorState::DetectDeadNodes() {
 
 void CoordinatorState::SchedulePending() {
   std::vector<const JobStatus*> jobs;
-  for (const std::string& id : job_order_) jobs.push_back(&jobs_[id]);
+  const int64_t now_ms = ToMillis(options_.now());
+  for (const std::string& id : job_order_) {
+    // A job restarting after a failure waits out its back-off.
+    if (jobs_[id].not_before_ms() <= now_ms) jobs.push_back(&jobs_[id]);
+  }
   std::vector<NodeInfo> alive;
   for (const auto& [id, node] : nodes_) {
     // A node not heard from since a restart may be gone: no new work yet.
@@ -407,6 +412,7 @@ void CoordinatorState::SchedulePending() {
         job.set_start_time_ms(ToMillis(options_.now()));
         job.set_attempt(job.attempt() + 1);
         job.set_checkpoint_requested_ms(0);
+        job.set_not_before_ms(0);
         AddEvent(&job, absl::StrCat(
                            job.attempt() == 1 ? "started" : "started again",
                            job.has_restore()

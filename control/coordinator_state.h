@@ -116,6 +116,11 @@ class CoordinatorState : public Coordinator {
   absl::Status SaveNode(const NodeInfo& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FailJobsOfNode(const std::string& node_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A running job failed for `why`: it starts again from its newest complete
+  // checkpoint if its RestartPolicy allows one more restart (a divergence
+  // only with rollback_on_divergence), and fails otherwise.
+  absl::Status FailOrRestart(const JobStatus& job, const std::string& why, bool diverged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DetectDeadNodes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A change the coordinator made by itself could not be written: logged

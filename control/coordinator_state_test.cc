@@ -53,7 +53,12 @@ class MemoryJobStore : public JobStore {
   Data* data_;
 };
 
-JobSpec SmallSpec(int workers, int shards) { return SmallMlpJob(workers, shards); }
+// Fails on the first failure (restarts have tests of their own).
+JobSpec SmallSpec(int workers, int shards) {
+  JobSpec spec = SmallMlpJob(workers, shards);
+  spec.mutable_restart()->set_max_restarts(-1);
+  return spec;
+}
 
 class CoordinatorStateTest : public ::testing::Test {
  protected:
@@ -653,6 +658,91 @@ TEST_F(CheckpointingTest, BadCheckpointSpecsAreRejectedNamingTheField) {
   spec.mutable_checkpoint()->set_keep(-2);
   EXPECT_THAT(state_->SubmitJob(spec, "").status().message(),
               HasSubstr("checkpoint.keep must be at least 1"));
+}
+
+// --------------------------------------------------------------- restarts
+
+TEST_F(CheckpointingTest, ALostNodeRestartsTheJobFromItsNewestCheckpointAfterTheBackoff) {
+  JobSpec spec = SmallMlpJob(1, 2);
+  spec.mutable_restart()->set_max_restarts(2);
+  spec.mutable_restart()->set_backoff_seconds(3);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  WorkerTook(4);
+  ShardWrote(0, 4);
+  ShardWrote(1, 4);
+  Register("spare", SHARD, 1, /*checkpoints=*/true);
+  // Shard s1 goes silent.
+  for (int i = 0; i < 4; ++i) {
+    Advance(absl::Seconds(2));
+    for (const char* node : {"s0", "w", "spare"}) Beat(node);
+  }
+  state_->Tick();
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), PENDING);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(job.message(), HasSubstr("restarting after: shard node s1"));
+  EXPECT_THAT(Events(), HasSubstr("restart 1 of 2 in 3s after: shard node s1"));
+  EXPECT_THAT(Events(), HasSubstr("continues from the checkpoint at step 4"));
+  // Not before the back-off.
+  Advance(absl::Seconds(2));
+  for (const char* node : {"s0", "w", "spare"}) Beat(node);
+  state_->Tick();
+  EXPECT_EQ(StateOf("j"), PENDING);
+  Advance(absl::Seconds(2));
+  for (const char* node : {"s0", "w", "spare"}) Beat(node);
+  state_->Tick();
+  job = *state_->GetJob("j");
+  ASSERT_EQ(job.state(), RUNNING);
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_EQ(job.resumed_from_step(), 4);
+  // The spare took the lost shard's place; every node restores step 4.
+  EXPECT_THAT(job.placement().shard_nodes(), ::testing::UnorderedElementsAre("s0", "spare"));
+  const Task task = Beat("spare").tasks(0);
+  EXPECT_EQ(task.attempt(), 2);
+  EXPECT_EQ(task.restore().step(), 4);
+}
+
+TEST_F(CheckpointingTest, RestartsBeyondThePolicyFailTheJobWithItsHistory) {
+  JobSpec spec = SmallMlpJob(1, 2);
+  spec.mutable_restart()->set_max_restarts(1);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  ReportProgressRequest crash = Progress("j", "w", 0, 3);
+  crash.set_error("CUDA error: an illegal memory access was encountered");
+  ASSERT_TRUE(state_->ReportProgress(crash).ok());
+  EXPECT_EQ(StateOf("j"), PENDING);
+  Pass(absl::Seconds(3));
+  state_->Tick();
+  ASSERT_EQ(StateOf("j"), RUNNING);
+  EXPECT_FALSE(Beat("w").tasks(0).has_restore());  // No checkpoint yet: from the start.
+  ASSERT_TRUE(state_->ReportProgress(crash).ok());
+  const JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), FAILED);
+  EXPECT_THAT(job.message(), HasSubstr("illegal memory access was encountered (after 1 automatic restarts"));
+  EXPECT_THAT(Events(), HasSubstr("from the start (no checkpoint yet)"));
+}
+
+TEST_F(CheckpointingTest, PermanentErrorsAndDivergenceFailAtOnceUnlessRollbackIsAsked) {
+  JobSpec spec = SmallMlpJob(1, 2);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  ReportProgressRequest bad = Progress("j", "w", 0, 3);
+  bad.set_error("corrupt record in train-0 at offset 12");
+  bad.set_permanent(true);
+  ASSERT_TRUE(state_->ReportProgress(bad).ok());
+  EXPECT_EQ(StateOf("j"), FAILED);
+
+  ASSERT_TRUE(state_->SubmitJob(spec, "k").ok());
+  ReportProgressRequest nan = Progress("k", "w", 0, 7);
+  nan.set_error("training diverged at step 7: the loss is nan");
+  nan.set_diverged(true);
+  ASSERT_TRUE(state_->ReportProgress(nan).ok());
+  EXPECT_EQ(StateOf("k"), FAILED);
+
+  spec.mutable_restart()->set_rollback_on_divergence(true);
+  ASSERT_TRUE(state_->SubmitJob(spec, "l").ok());
+  nan.set_job_id("l");
+  ASSERT_TRUE(state_->ReportProgress(nan).ok());
+  EXPECT_EQ(StateOf("l"), PENDING);
+  EXPECT_EQ(state_->GetJob("l")->restarts(), 1);
 }
 
 }  // namespace

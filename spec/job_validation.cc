@@ -40,6 +40,12 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
     return Bad("checkpoint.every_seconds", "must not be negative");
   }
   if (checkpoint.keep() < 1) return Bad("checkpoint.keep", "must be at least 1");
+  if (spec.restart().max_restarts() < -1) {
+    return Bad("restart.max_restarts", "must be -1 (never), 0 (the default, 3) or more");
+  }
+  if (spec.restart().backoff_seconds() < 0) {
+    return Bad("restart.backoff_seconds", "must not be negative");
+  }
   if (!DType_IsValid(spec.gradient_wire_dtype())) {
     return Bad("gradient_wire_dtype", "must be FLOAT32, BFLOAT16 or FLOAT16");
   }

@@ -2,6 +2,8 @@
 // with downpourctl — checkpoints at the spec's cadence and on demand, the
 // final one exported in PyTorch's layout, a stopped job resumed (past a
 // corrupt newest checkpoint) to the accuracy of a clean run.
+#include <signal.h>
+
 #include <algorithm>
 #include <fstream>
 #include <functional>
@@ -235,6 +237,46 @@ TEST_F(CheckpointTest, WithoutACheckpointRootTheCommandsSaySo) {
       cluster_->Ctl({"export", "unsaved", "--out=" + cluster_->dir() + "/m.safetensors"});
   EXPECT_EQ(exported.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(exported.err, "has no checkpoint")) << exported.err;
+}
+
+// Kills one process of a running SYNC job once it has a checkpoint at step
+// 200 or later, starts a replacement, and expects the job to finish from its
+// checkpoint with a clean run's accuracy.
+class RecoveryTest : public CheckpointTest {
+ protected:
+  void KillAndReplace(const std::function<Process*()>& victim,
+                      const std::function<absl::Status()>& replace) {
+    StartCluster();
+    const std::string spec = WriteSpec(CheckpointedSpec("SYNC", 1200, 100));
+    ASSERT_EQ(cluster_->Ctl({"submit", spec, "--job_id=victim"}).exit_code, 0);
+    ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) {
+      return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() >= 200;
+    })) << cluster_->Logs();
+    victim()->Signal(SIGKILL);
+    ASSERT_TRUE(replace().ok()) << cluster_->Logs();
+    CommandResult waited = cluster_->Ctl({"wait", "victim"}, absl::Minutes(3));
+    ASSERT_EQ(waited.exit_code, 0) << waited.err << cluster_->Logs();
+    const JobStatus job = cluster_->GetJob("victim");
+    EXPECT_EQ(job.restarts(), 1) << Events(job);
+    EXPECT_GE(job.resumed_from_step(), 200) << Events(job);
+    EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
+    EXPECT_TRUE(HasEvent(job, "restart 1 of 3")) << Events(job);
+
+    CommandResult clean = cluster_->Ctl({"submit", spec, "--job_id=clean", "--wait"});
+    ASSERT_EQ(clean.exit_code, 0) << clean.err;
+    const double clean_accuracy = cluster_->GetJob("clean").test_accuracy();
+    std::cout << "recovered from step " << job.resumed_from_step() << ": test accuracy "
+              << job.test_accuracy() << "; clean run: " << clean_accuracy << std::endl;
+    EXPECT_NEAR(job.test_accuracy(), clean_accuracy, 0.01);
+  }
+};
+
+TEST_F(RecoveryTest, AKilledWorkerIsReplacedAndTheJobFinishes) {
+  KillAndReplace([this] { return cluster_->worker(1); }, [this] { return cluster_->AddWorker(); });
+}
+
+TEST_F(RecoveryTest, AKilledShardIsReplacedAndItsPartitionsRestored) {
+  KillAndReplace([this] { return cluster_->shard(1); }, [this] { return cluster_->AddShard(); });
 }
 
 }  // namespace

@@ -231,10 +231,11 @@ TEST_F(ClusterTest, ACoordinatorDownLongerThanTheNodeTimeoutFailsNothing) {
   EXPECT_EQ(RunJob(FashionMlpSpec("ASYNC", 1, 1, 50), "after-outage").state(), SUCCEEDED);
 }
 
-TEST_F(ClusterTest, DeadWorkerFailsTheJobWithinBoundedTime) {
+TEST_F(ClusterTest, DeadWorkerFailsAJobWithoutRestartsWithinBoundedTime) {
   StartCluster(1, 2);
-  CommandResult submitted =
-      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("SYNC", 2, 1, 100000)), "--job_id=doomed"});
+  const std::string spec =
+      absl::StrCat(FashionMlpSpec("SYNC", 2, 1, 100000), "restart { max_restarts: -1 }\n");
+  CommandResult submitted = cluster_->Ctl({"submit", WriteSpec(spec), "--job_id=doomed"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   for (int i = 0; i < 200 && GetJob("doomed").step() < 20; ++i)
     absl::SleepFor(absl::Milliseconds(50));
@@ -262,10 +263,20 @@ TEST_F(ClusterTest, SigtermStopsAWorkerCleanlyMidJob) {
   auto code = cluster_->worker(0)->Wait(absl::Seconds(10));
   ASSERT_TRUE(code.ok()) << "worker did not exit on SIGTERM" << cluster_->Logs();
   EXPECT_EQ(*code, 0) << cluster_->worker(0)->Log();
-  // The worker told the coordinator on its way out.
+  // The worker told the coordinator on its way out: the job waits for a
+  // worker to restart on (the default restart policy), saying why.
   JobStatus job = GetJob("t");
-  EXPECT_EQ(job.state(), FAILED);
+  EXPECT_EQ(job.state(), PENDING);
   EXPECT_NE(job.message().find("was shut down"), std::string::npos) << job.message();
+  // A replacement worker picks it up.
+  ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+  for (int i = 0; i < 200 && GetJob("t").state() != RUNNING; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  job = GetJob("t");
+  EXPECT_EQ(job.state(), RUNNING) << job.message();
+  EXPECT_EQ(job.attempt(), 2);
+  ASSERT_EQ(cluster_->Ctl({"stop", "t"}).exit_code, 0);
 }
 
 TEST_F(ClusterTest, StopEndsARunningJobAndFreesItsWorkers) {

@@ -201,35 +201,44 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
 absl::Status LocalCluster::Start() {
   absl::Status started = StartCoordinator("127.0.0.1:0");
   if (!started.ok()) return started;
-  const std::string coordinator_flag = absl::StrCat("--coordinator=", coordinator_address_);
   for (int i = 0; i < options_.shards; ++i) {
-    std::vector<std::string> flags = {"--listen=127.0.0.1:0", coordinator_flag};
-    if (!options_.checkpoint_root.empty()) {
-      flags.push_back(absl::StrCat("--checkpoint_root=", options_.checkpoint_root));
-    }
-    auto process = StartDaemon(absl::StrCat("ps", i), "server/downpour-ps", flags);
-    if (!process.ok()) return process.status();
-    shards_.push_back(std::move(process).value());
+    absl::Status added = AddShard();
+    if (!added.ok()) return added;
   }
   for (int i = 0; i < options_.workers; ++i) {
-    std::vector<std::string> flags = {"--listen=127.0.0.1:0", coordinator_flag,
-                                      absl::StrCat("--data_dir=", options_.data_dir)};
-    flags.insert(flags.end(), options_.worker_flags.begin(), options_.worker_flags.end());
-    auto process = StartDaemon(absl::StrCat("worker", i), "worker/downpour-worker", flags);
-    if (!process.ok()) return process.status();
-    workers_.push_back(std::move(process).value());
-  }
-  for (int i = 0; i < options_.shards; ++i) {
-    auto a =
-        WaitForPortFile(absl::StrCat(dir_, "/ps", i, ".port"), shards_[i].get(), absl::Seconds(30));
-    if (!a.ok()) return a.status();
-  }
-  for (int i = 0; i < options_.workers; ++i) {
-    auto a = WaitForPortFile(absl::StrCat(dir_, "/worker", i, ".port"), workers_[i].get(),
-                             absl::Seconds(30));
-    if (!a.ok()) return a.status();
+    absl::Status added = AddWorker();
+    if (!added.ok()) return added;
   }
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::AddShard() {
+  std::vector<std::string> flags = {"--listen=127.0.0.1:0",
+                                    absl::StrCat("--coordinator=", coordinator_address_)};
+  if (!options_.checkpoint_root.empty()) {
+    flags.push_back(absl::StrCat("--checkpoint_root=", options_.checkpoint_root));
+  }
+  const std::string name = absl::StrCat("ps", shards_.size());
+  auto process = StartDaemon(name, "server/downpour-ps", flags);
+  if (!process.ok()) return process.status();
+  shards_.push_back(std::move(process).value());
+  return WaitForPortFile(absl::StrCat(dir_, "/", name, ".port"), shards_.back().get(),
+                         absl::Seconds(30))
+      .status();
+}
+
+absl::Status LocalCluster::AddWorker() {
+  std::vector<std::string> flags = {"--listen=127.0.0.1:0",
+                                    absl::StrCat("--coordinator=", coordinator_address_),
+                                    absl::StrCat("--data_dir=", options_.data_dir)};
+  flags.insert(flags.end(), options_.worker_flags.begin(), options_.worker_flags.end());
+  const std::string name = absl::StrCat("worker", workers_.size());
+  auto process = StartDaemon(name, "worker/downpour-worker", flags);
+  if (!process.ok()) return process.status();
+  workers_.push_back(std::move(process).value());
+  return WaitForPortFile(absl::StrCat(dir_, "/", name, ".port"), workers_.back().get(),
+                         absl::Seconds(30))
+      .status();
 }
 
 std::string LocalCluster::AddressOf(const std::string& name) const {

@@ -84,8 +84,11 @@ class LocalCluster {
   ~LocalCluster();
 
   // Starts the coordinator, then the shards and workers, and waits until all
-  // have registered.
+  // are serving.
   absl::Status Start();
+  // Starts one more shard or worker (a replacement), named ps<N> / worker<N>.
+  absl::Status AddShard();
+  absl::Status AddWorker();
 
   const std::string& coordinator_address() const { return coordinator_address_; }
   const std::string& dir() const { return dir_; }

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -34,6 +35,18 @@ std::vector<const float*> Gradients(const Model& model, bool skipped) {
     grads.push_back(model.grad(static_cast<int>(i)));
   }
   return grads;
+}
+
+// "; the first non-finite gradient is fc1/weight's", or "".
+std::string NonFiniteGradient(const Model& model) {
+  for (const ParamInfo& p : model.params()) {
+    const float* g = model.grad(p.id);
+    for (int64_t i = 0; i < p.num_elements; ++i) {
+      if (!std::isfinite(g[i]))
+        return absl::StrCat("; the first non-finite gradient is ", p.name, "'s");
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -80,6 +93,8 @@ absl::Status JobTrainer::Run() {
   } else if (!status.ok() && !cancelled_.load() && !job_ended_.load()) {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
+    failed.set_permanent(permanent_);
+    failed.set_diverged(diverged_);
     Report(failed, /*final=*/true);
   }
   return status;
@@ -187,7 +202,10 @@ absl::Status JobTrainer::Train() {
     ModelOptions model_options;
     model_options.device = device;
     model_options.precision = spec.precision();
-    ASSIGN_OR_RETURN(auto replica, Model::Create(spec.model(), spec.seed(), model_options));
+    absl::StatusOr<std::unique_ptr<Model>> created =
+        Model::Create(spec.model(), spec.seed(), model_options);
+    permanent_ = !created.ok();
+    ASSIGN_OR_RETURN(auto replica, std::move(created));
     Log(absl::StrCat("job ", task_.job_id(), ": model replica on ", replica->device_name(), ", ",
                      Precision_Name(replica->precision())));
     replicas.push_back(std::move(replica));
@@ -209,6 +227,8 @@ absl::Status JobTrainer::Train() {
   data.rank = rank;
   data.num_workers = spec.num_workers();
   data.repeat = true;
+  // Data errors (a missing file, a corrupt record) recur on a restart.
+  permanent_ = true;
   ASSIGN_OR_RETURN(auto reader, BatchReader::Create(data));
   // A restored job continues at its checkpoint's step, with the workers'
   // state saved there and each worker's data where it was (the stream is
@@ -231,6 +251,7 @@ absl::Status JobTrainer::Train() {
   if (rank == 0) {
     ASSIGN_OR_RETURN(test_reader, OpenTestSet());
   }
+  permanent_ = false;
 
   const ConsistencySpec::Mode mode = spec.consistency().mode();
   const MetricLabels labels = {{"job", task_.job_id()}};
@@ -263,11 +284,18 @@ absl::Status JobTrainer::Train() {
   RETURN_IF_ERROR(PullParameters(model, min_version(first_step), min_worker_steps(first_step)));
   for (int64_t step = first_step; step < spec.steps(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
+    permanent_ = true;
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
+    permanent_ = false;
     if (!have_batch) return absl::InternalError("training data ended");
     ASSIGN_OR_RETURN(
         StepResult result,
         replica_set->TrainStep(batch.features.data(), batch.labels.data(), batch.size, step));
+    if (!result.skipped && !std::isfinite(result.loss)) {
+      diverged_ = true;
+      return absl::InternalError(absl::StrCat("training diverged at step ", step, ": the loss is ",
+                                              result.loss, NonFiniteGradient(*model)));
+    }
     // A step that FP16 loss scaling skipped is pushed as skipped in every
     // mode: the shards count it as this worker's step but take no gradient
     // from it (a SYNC step completes with the workers that brought one; SSP's

@@ -112,6 +112,10 @@ class JobTrainer {
   const std::vector<ParameterShard*> shards_;
   const Reporter reporter_;
   std::unique_ptr<ParameterExchange> exchange_;  // Set by StartExchange.
+  // Why Train failed, for the coordinator: the error would recur on a
+  // restart (data, model), or training diverged.
+  bool permanent_ = false;
+  bool diverged_ = false;
   std::atomic<int64_t> checkpoint_wanted_ms_{0};
   int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.
   std::atomic<bool> cancelled_{false};
