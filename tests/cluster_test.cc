@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -164,6 +165,21 @@ TEST_F(ClusterTest, CorruptRecordFailsTheJobNamingFileAndOffset) {
   EXPECT_NE(job.message().find("train-00000-of-00001.tfrecord"), std::string::npos)
       << job.message();
   EXPECT_NE(job.message().find("offset"), std::string::npos) << job.message();
+}
+
+TEST_F(ClusterTest, DivergenceFailsTheJobNamingTheStepAndTheGradient) {
+  StartCluster(1, 1);
+  std::string spec =
+      absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 500),
+                          {{"kind: ADAM learning_rate: 0.002", "learning_rate: 1e30"}});
+  CommandResult result = cluster_->Ctl({"submit", WriteSpec(spec), "--job_id=nan", "--wait"});
+  EXPECT_EQ(result.exit_code, 1);
+  JobStatus job = GetJob("nan");
+  EXPECT_EQ(job.state(), FAILED);
+  EXPECT_NE(job.message().find("training diverged at step "), std::string::npos) << job.message();
+  EXPECT_NE(job.message().find("the loss is "), std::string::npos) << job.message();
+  EXPECT_EQ(job.restarts(), 0);  // No rollback asked: no restart.
+  std::cout << job.message() << std::endl;
 }
 
 TEST_F(ClusterTest, MissingDatasetFailsTheJobNamingThePattern) {
