@@ -3,7 +3,9 @@
 # tool: the GPU tests, //bench:step_time beside the PyTorch baseline on the
 # same card, two builds' step times alternated on the same card, and
 # examples/fashion_mnist_cnn.pbtxt trained through the real daemons on the
-# GPU. Logs go to $OUT (or ./gpu-out).
+# GPU, and the durability checks (STAGES=durability: exports loaded by
+# PyTorch with load_state_dict, a ResNet-18 job surviving a killed shard and
+# a shard killed while writing a checkpoint). Logs go to $OUT (or ./gpu-out).
 #
 # Here (no GPU needed):
 #   GPU_TESTS="kernels/cuda/context_test kernels/cuda/layers_test kernels/cuda/reduced_layers_test
@@ -108,4 +110,78 @@ if [[ $STAGES == *train* ]]; then
   sleep 1
   cp "$W/worker.log" "$W/ps.log" "$OUT/" 2>/dev/null
   grep -E 'device|model replica|accuracy' "$W/worker.log" | head
+fi
+
+if [[ $STAGES == *durability* ]]; then
+  # The real daemons with a checkpoint root on the GPU: two shards, two
+  # workers on GPU 0.
+  W=$(mktemp -d)
+  R=$W/checkpoints
+  downpourctl dataset import --fashion_mnist=.device/fashion-mnist --out_dir="$W/data/fashion-mnist" \
+    --shards=4 >"$OUT/import.log" 2>&1 || { echo "import failed"; cat "$OUT/import.log"; }
+  dd if=/dev/zero of="$W/raw.bin" bs=8M count=64 conv=fsync 2>&1 | tail -1 | sed 's/^/raw disk: /' \
+    | tee "$OUT/raw_disk.txt"
+  rm -f "$W/raw.bin"
+  downpour-coordinator --listen=127.0.0.1:0 --port_file="$W/c.port" --state_dir="$W/state" \
+    --checkpoint_root="$R" --heartbeat_interval_ms=200 --node_timeout_ms=2000 >"$W/coordinator.log" 2>&1 &
+  PIDS=($!)
+  for _ in $(seq 100); do [[ -s $W/c.port ]] && break; sleep 0.1; done
+  C=$(cat "$W/c.port")
+  start_shard() {
+    downpour-ps --listen=127.0.0.1:0 --port_file="$W/ps$1.port" --coordinator="$C" \
+      --checkpoint_root="$R" >"$W/ps$1.log" 2>&1 &
+    SHARD_PID[$1]=$!
+    PIDS+=($!)
+  }
+  start_shard 0
+  start_shard 1
+  for i in 0 1; do
+    downpour-worker --listen=127.0.0.1:0 --port_file="$W/w$i.port" --coordinator="$C" \
+      --data_dir="$W/data" --devices=0 >"$W/worker$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  sleep 2
+  ctl() { downpourctl --coordinator="$C" "$@"; }
+  # The newest checkpoint's step of a job (0 if none).
+  newest() { ctl -o json get "$1" | python3 -c 'import json,sys; c=json.load(sys.stdin).get("checkpoints",[]); print(c[-1]["step"] if c else 0)'; }
+  check_export() {
+    ctl -o json get "$1" >"$OUT/$1.json"
+    ctl export "$1" --out="$W/$1.safetensors" | tee -a "$OUT/durability.txt"
+    python3 bench/export_pytorch_check.py --export "$W/$1.safetensors" --job "$OUT/$1.json" \
+      --fashion .device/fashion-mnist | tee -a "$OUT/durability.txt"
+  }
+  ctl submit examples/fashion_mnist_cnn_bn.pbtxt --job_id=cnn-bn --wait --timeout=300s 2>/dev/null \
+    | tee -a "$OUT/durability.txt"
+  check_export cnn-bn
+  # ResNet-18: kill -9 shard 1 once a checkpoint at step >= 200 exists; a
+  # replacement registers; the job restarts from the checkpoint.
+  ctl submit examples/fashion_mnist_resnet18.pbtxt --job_id=resnet-shard-loss >/dev/null
+  for _ in $(seq 600); do (( $(newest resnet-shard-loss) >= 200 )) && break; sleep 0.2; done
+  kill -9 "${SHARD_PID[1]}"; echo "killed ps1 at checkpoint $(newest resnet-shard-loss)" | tee -a "$OUT/durability.txt"
+  start_shard 2
+  ctl wait resnet-shard-loss --timeout=300s 2>/dev/null | tee -a "$OUT/durability.txt"
+  check_export resnet-shard-loss
+  # A shard killed while it writes a checkpoint: ask for one and kill shard 0
+  # at once (its 22 MB part takes a while); the manifest never names a
+  # partial file, and the job continues from the complete one before.
+  ctl submit examples/fashion_mnist_resnet18.pbtxt --job_id=resnet-mid-write >/dev/null
+  for _ in $(seq 600); do (( $(newest resnet-mid-write) >= 200 )) && break; sleep 0.2; done
+  ctl checkpoint resnet-mid-write >/dev/null
+  sleep ${MID_WRITE_DELAY:-0.05}
+  kill -9 "${SHARD_PID[0]}"
+  echo "killed ps0 ${MID_WRITE_DELAY:-0.05}s after asking for a checkpoint; on disk then:" \
+    | tee -a "$OUT/durability.txt"
+  for d in "$R"/resnet-mid-write/*; do
+    echo "  $(basename "$d"): $(ls "$d" | tr '\n' ' ')" | tee -a "$OUT/durability.txt"
+  done
+  start_shard 3
+  ctl wait resnet-mid-write --timeout=300s 2>/dev/null | tee -a "$OUT/durability.txt"
+  check_export resnet-mid-write
+  for j in resnet-shard-loss resnet-mid-write; do
+    ctl get "$j" | sed -n '/^events/,$p' | tee -a "$OUT/durability.txt"
+  done
+  grep -h "wrote .*MB/s" "$W"/ps*.log | tee "$OUT/checkpoint_writes.txt" | tail -4
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  sleep 1
+  cp "$W"/*.log "$OUT/" 2>/dev/null
 fi

@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/file.h"
 #include "common/log.h"
 
@@ -81,6 +83,7 @@ void CheckpointWriter::Loop() {
     file->set_min_version(snapshot.partitions.empty() ? 0 : min_version);
     file->set_max_version(max_version);
     const std::string dir = absl::StrCat(root_, "/", CheckpointDir(snapshot.job_id, snapshot.step));
+    const absl::Time began = absl::Now();
     absl::Status made = snapshot.error.empty() ? MakeDirs(dir) : absl::AbortedError(snapshot.error);
     const absl::StatusOr<WrittenFile> written =
         made.ok() ? WriteShardSnapshot(dir + "/" + file->name(), snapshot)
@@ -88,8 +91,11 @@ void CheckpointWriter::Loop() {
     if (written.ok()) {
       file->set_bytes(written->bytes);
       file->set_crc32c(written->crc32c);
-      Log(absl::StrCat("job ", snapshot.job_id, ": checkpoint at step ", snapshot.step, ": wrote ",
-                       dir, "/", file->name(), " (", written->bytes, " bytes)"));
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
+      Log(absl::StrFormat(
+          "job %s: checkpoint at step %d: wrote %s/%s (%d bytes in %.3f s, %.0f MB/s)",
+          snapshot.job_id, snapshot.step, dir, file->name(), written->bytes, seconds,
+          written->bytes / 1e6 / std::max(seconds, 1e-9)));
     } else {
       part.set_error(std::string(written.status().message()));
       Log(absl::StrCat("job ", snapshot.job_id, ": checkpoint at step ", snapshot.step,
