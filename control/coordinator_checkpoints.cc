@@ -260,7 +260,8 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
                                                                    : kDefaultBackoffSeconds) *
                             (int64_t{1} << std::min(job.restarts(), 16)));
   AddEvent(&updated, absl::StrCat("restart ", updated.restarts(), " of ", max_restarts, " in ",
-                                  absl::FormatDuration(backoff), " after: ", why, "; continues ",
+                                  absl::FormatDuration(backoff), " after: ", why, "; at step ",
+                                  job.step(), ", continues ",
                                   from > 0 ? absl::StrCat("from the checkpoint at step ", from)
                                            : "from the start (no checkpoint yet)"));
   updated.set_state(PENDING);

@@ -36,6 +36,8 @@ class CheckpointWriter {
   std::vector<CheckpointPart> Parts();
   // Forgets a job's parts (it ended here).
   void ForgetJob(const std::string& job_id);
+  // Whether nothing is queued or being written.
+  bool Idle();
   // Waits until everything queued so far is written (tests).
   void Drain();
 
