@@ -12,11 +12,12 @@
 #     kernels/cuda/conv_test kernels/cuda/optimizer_test kernels/cuda/backend_test
 #     kernels/cuda/collectives_test model/model_gpu_test model/replica_set_test"
 #   bazel build -c opt $(for t in $GPU_TESTS; do echo //${t%/*}:${t##*/}; done) //bench:step_time \
-#     //coordinator:downpour-coordinator //server:downpour-ps //worker:downpour-worker \
-#     //client:downpourctl
+#     //bench:checkpoint //coordinator:downpour-coordinator //server:downpour-ps \
+#     //worker:downpour-worker //client:downpourctl
 #   ../shared/tools/device-bundle .device/bundle $(for t in $GPU_TESTS; do echo bazel-bin/$t; done) \
-#     bazel-bin/bench/step_time bazel-bin/coordinator/downpour-coordinator \
+#     bazel-bin/bench/step_time bazel-bin/bench/checkpoint bazel-bin/coordinator/downpour-coordinator \
 #     bazel-bin/server/downpour-ps bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl
+#   (bazel-bin/bench/checkpoint is bundled as checkpoint_bench: copy it to that name first)
 #   For STAGES=ab, another build's step_time goes in too, as bin/step_time_old
 #   (build it in a worktree of the old commit, copy it to step_time_old, and
 #   name that copy to device-bundle as well).
@@ -166,11 +167,18 @@ if [[ $STAGES == *durability* ]]; then
   # partial file, and the job continues from the complete one before.
   ctl submit examples/fashion_mnist_resnet18.pbtxt --job_id=resnet-mid-write >/dev/null
   for _ in $(seq 600); do (( $(newest resnet-mid-write) >= 200 )) && break; sleep 0.2; done
-  ctl checkpoint resnet-mid-write >/dev/null
-  sleep ${MID_WRITE_DELAY:-0.05}
-  kill -9 "${SHARD_PID[0]}"
-  echo "killed ps0 ${MID_WRITE_DELAY:-0.05}s after asking for a checkpoint; on disk then:" \
-    | tee -a "$OUT/durability.txt"
+  # Kill shard 0 the moment its next part is being written (its temporary
+  # file exists).
+  mid_write=no
+  for _ in $(seq 6000); do
+    if compgen -G "$R/resnet-mid-write/step-*/shard-0.safetensors.tmp" >/dev/null; then
+      kill -9 "${SHARD_PID[0]}"
+      mid_write=yes
+      break
+    fi
+    sleep 0.005
+  done
+  echo "killed ps0 during a checkpoint write: $mid_write; on disk then:" | tee -a "$OUT/durability.txt"
   for d in "$R"/resnet-mid-write/*; do
     echo "  $(basename "$d"): $(ls "$d" | tr '\n' ' ')" | tee -a "$OUT/durability.txt"
   done
@@ -181,6 +189,9 @@ if [[ $STAGES == *durability* ]]; then
     ctl get "$j" | sed -n '/^events/,$p' | tee -a "$OUT/durability.txt"
   done
   grep -h "wrote .*MB/s" "$W"/ps*.log | tee "$OUT/checkpoint_writes.txt" | tail -4
+  # A shard's checkpoint write beside the disk's raw rate, and the step
+  # slowdown while checkpoints are written (//bench:checkpoint).
+  checkpoint_bench --dir="$W/bench" 2>/dev/null | tee "$OUT/checkpoint_bench.jsonl"
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   sleep 1
   cp "$W"/*.log "$OUT/" 2>/dev/null

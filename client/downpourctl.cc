@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/job_spec_file.h"
@@ -46,6 +47,9 @@ ABSL_FLAG(std::string, job_id, "", "submit: the new job's id (empty: the coordin
 ABSL_FLAG(bool, wait, false,
           "submit, resume: wait for the job to end, like `wait`; checkpoint: wait until it is "
           "written");
+ABSL_FLAG(std::string, init_from, "",
+          "submit: start from saved weights: JOB or JOB@STEP (a checkpoint of a job this "
+          "coordinator knows) or FILE.safetensors (an export, in either layout)");
 ABSL_FLAG(std::string, out, "", "export: the safetensors file to write (the spec goes beside it)");
 ABSL_FLAG(int64_t, checkpoint, 0, "export: the checkpoint's step (0: the newest)");
 ABSL_FLAG(std::string, layout, "pytorch",
@@ -88,8 +92,10 @@ constexpr char kUsage[] =
 commands:
   nodes                 list shards and workers known to the coordinator
   submit FILE [--job_id=ID] [--wait] [--timeout=DURATION]
+         [--init_from=JOB|JOB@STEP|WEIGHTS.safetensors]
                         submit the job spec in FILE (protobuf text format);
-                        prints the job id
+                        prints the job id; --init_from starts it from saved
+                        weights (fine-tuning; optimizer state starts fresh)
   list                  list jobs
   get JOB               show one job
   wait JOB [--timeout=DURATION]
@@ -402,7 +408,28 @@ int RunSubmit(const Options& options, const std::vector<std::string>& args) {
   if (!spec.ok()) return Fail(kExitUsage, spec.status().message());
   absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
   if (!client.ok()) return FailStatus(client.status());
-  absl::StatusOr<JobStatus> job = (*client)->SubmitJob(*spec, absl::GetFlag(FLAGS_job_id));
+  SubmitJobRequest request;
+  *request.mutable_spec() = *std::move(spec);
+  request.set_job_id(absl::GetFlag(FLAGS_job_id));
+  const std::string init_from = absl::GetFlag(FLAGS_init_from);
+  if (absl::EndsWith(init_from, ".safetensors")) {
+    absl::StatusOr<std::string> weights = ReadFileToString(init_from);
+    if (!weights.ok())
+      return Fail(kExitUsage, absl::StrCat("--init_from: ", weights.status().message()));
+    request.mutable_init_from()->set_weights(*std::move(weights));
+    request.mutable_init_from()->set_weights_name(init_from);
+  } else if (!init_from.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(init_from, absl::MaxSplits('@', 1));
+    int64_t step = 0;
+    if (parts[0].empty() ||
+        (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &step) || step < 0))) {
+      return UsageError(absl::StrCat("--init_from=", init_from,
+                                     " is neither JOB, JOB@STEP nor a .safetensors file"));
+    }
+    request.mutable_init_from()->set_job_id(parts[0]);
+    request.mutable_init_from()->set_step(step);
+  }
+  absl::StatusOr<JobStatus> job = (*client)->SubmitJob(request);
   if (!job.ok()) {
     if (job.status().code() == absl::StatusCode::kInvalidArgument) {
       return Fail(kExitUsage, absl::StrCat("the coordinator rejected job spec ", path, ": ",

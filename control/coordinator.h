@@ -36,7 +36,15 @@ class Coordinator {
 
   // `job_id` empty: the coordinator picks one. Returns the job as submitted;
   // InvalidArgument naming the field for a bad spec.
-  virtual absl::StatusOr<JobStatus> SubmitJob(const JobSpec& spec, const std::string& job_id) = 0;
+  // With request.init_from, the job starts from those weights
+  // (InvalidArgument naming a tensor that does not fit the model).
+  virtual absl::StatusOr<JobStatus> SubmitJob(const SubmitJobRequest& request) = 0;
+  absl::StatusOr<JobStatus> SubmitJob(const JobSpec& spec, const std::string& job_id) {
+    SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    request.set_job_id(job_id);
+    return SubmitJob(request);
+  }
   // In submission order.
   virtual absl::StatusOr<std::vector<JobStatus>> ListJobs() = 0;
   virtual absl::StatusOr<JobStatus> GetJob(const std::string& job_id) = 0;

@@ -262,8 +262,8 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   AddEvent(&updated, absl::StrCat("restart ", updated.restarts(), " of ", max_restarts, " in ",
                                   absl::FormatDuration(backoff), " after: ", why, "; at step ",
                                   job.step(), ", continues ",
-                                  from > 0 ? absl::StrCat("from the checkpoint at step ", from)
-                                           : "from the start (no checkpoint yet)"));
+                                  restore.ok() ? absl::StrCat("from the checkpoint at step ", from)
+                                               : "from the start (no checkpoint yet)"));
   updated.set_state(PENDING);
   updated.set_message(absl::StrCat("restarting after: ", why));
   updated.set_test_accuracy(-1);
@@ -273,6 +273,41 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
   pending_checkpoints_.erase(job.id());
   return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsFile> CoordinatorState::ReadInitialWeights(const InitFrom& init,
+                                                                     std::string* what) {
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "starting from saved weights needs the coordinator's --checkpoint_root (the new job's "
+        "weights are written there)");
+  }
+  if (init.job_id().empty()) {
+    *what = init.weights_name().empty() ? "the uploaded weights" : init.weights_name();
+    absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Parse(init.weights(), *what);
+    if (!file.ok()) return absl::InvalidArgumentError(file.status().message());
+    return file;
+  }
+  std::vector<CheckpointInfo> checkpoints;
+  JobSpec spec;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(JobStatus * source, FindJob(init.job_id()));
+    checkpoints.assign(source->checkpoints().begin(), source->checkpoints().end());
+    spec = source->spec();
+  }
+  std::vector<std::string> refused;
+  absl::StatusOr<CheckpointRestore> checkpoint =
+      CompleteCheckpoint(options_.checkpoint_root, checkpoints, init.step(), &refused);
+  if (!checkpoint.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", init.job_id(), ": ", checkpoint.status().message(),
+                     refused.empty() ? "" : absl::StrCat(" (", absl::StrJoin(refused, "; "), ")")));
+  }
+  *what = absl::StrCat("job ", init.job_id(), "'s checkpoint at step ", checkpoint->step());
+  ASSIGN_OR_RETURN(std::string bytes, ExportCheckpoint(options_.checkpoint_root, init.job_id(),
+                                                       spec, *checkpoint, ExportLayout::kNative));
+  return SafetensorsFile::Parse(std::move(bytes), *what);
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::CheckpointJob(const std::string& job_id) {

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "control/checkpoints.h"
+#include "control/export.h"
 #include "control/scheduler.h"
 #include "spec/job_validation.h"
 
@@ -178,13 +181,18 @@ std::string CoordinatorState::NewJobId(const std::string& name) {
   }
 }
 
-absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const JobSpec& submitted,
-                                                      const std::string& job_id) {
-  JobSpec spec = submitted;
+absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& request) {
+  JobSpec spec = request.spec();
   ApplyJobDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec).status());
+  // Initial weights are read (and checked) before the job exists.
+  std::optional<SafetensorsFile> init;
+  std::string init_from;
+  if (request.has_init_from()) {
+    ASSIGN_OR_RETURN(init, ReadInitialWeights(request.init_from(), &init_from));
+  }
   absl::MutexLock lock(&mu_);
-  std::string id = job_id;
+  std::string id = request.job_id();
   if (id.empty()) {
     id = NewJobId(spec.name());
   } else {
@@ -199,6 +207,18 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const JobSpec& submitted,
   job.set_state(PENDING);
   job.set_test_accuracy(-1);
   job.set_submit_time_ms(ToMillis(options_.now()));
+  if (init.has_value()) {
+    // The weights become the job's checkpoint at step 0: it starts (and
+    // restarts, until it has a newer one) from them.
+    ASSIGN_OR_RETURN(CheckpointInfo info, WriteInitialCheckpoint(options_.checkpoint_root, id, spec,
+                                                                 *init, ToMillis(options_.now())));
+    std::vector<std::string> refused;
+    ASSIGN_OR_RETURN(CheckpointRestore restore,
+                     CompleteCheckpoint(options_.checkpoint_root, {info}, 0, &refused));
+    *job.add_checkpoints() = info;
+    *job.mutable_restore() = std::move(restore);
+    AddEvent(&job, absl::StrCat("initial weights from ", init_from));
+  }
   RETURN_IF_ERROR(Commit(job, /*durable=*/true));
   job_order_.push_back(id);
   SchedulePending();

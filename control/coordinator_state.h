@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/safetensors.h"
 #include "control/coordinator.h"
 #include "control/job_store.h"
 #include "proto/coordinator.pb.h"
@@ -65,7 +66,8 @@ class CoordinatorState : public Coordinator {
   absl::StatusOr<RegisterNodeResponse> RegisterNode(const NodeInfo& node) override;
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request) override;
   absl::StatusOr<std::vector<NodeInfo>> ListNodes() override;
-  absl::StatusOr<JobStatus> SubmitJob(const JobSpec& spec, const std::string& job_id) override;
+  using Coordinator::SubmitJob;
+  absl::StatusOr<JobStatus> SubmitJob(const SubmitJobRequest& request) override;
   absl::StatusOr<std::vector<JobStatus>> ListJobs() override;
   absl::StatusOr<JobStatus> GetJob(const std::string& job_id) override;
   // `timeout` is measured on Options::now.
@@ -154,6 +156,10 @@ class CoordinatorState : public Coordinator {
   std::string NewJobId(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeInfo Describe(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobStatus*> FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The weights `init` names, checked to be a safetensors file; `what`
+  // describes them for the job's events.
+  absl::StatusOr<SafetensorsFile> ReadInitialWeights(const InitFrom& init, std::string* what)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   const std::unique_ptr<JobStore> store_;

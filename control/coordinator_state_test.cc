@@ -717,7 +717,8 @@ TEST_F(CheckpointingTest, RestartsBeyondThePolicyFailTheJobWithItsHistory) {
   ASSERT_TRUE(state_->ReportProgress(crash).ok());
   const JobStatus job = *state_->GetJob("j");
   EXPECT_EQ(job.state(), FAILED);
-  EXPECT_THAT(job.message(), HasSubstr("illegal memory access was encountered (after 1 automatic restarts"));
+  EXPECT_THAT(job.message(),
+              HasSubstr("illegal memory access was encountered (after 1 automatic restarts"));
   EXPECT_THAT(Events(), HasSubstr("from the start (no checkpoint yet)"));
 }
 

@@ -13,13 +13,17 @@
 // layer after a flatten of an image takes its inputs in PyTorch's NCHW order
 // (ours are NHWC). kNative keeps our names ("<layer>/weight") and layouts.
 //
-// Thread-safety: thread-safe; reads only files.
+// The other way: a new job's initial weights (fine-tuning) from a file in
+// either layout, written as the job's checkpoint at step 0.
+//
+// Thread-safety: thread-safe; touches only files.
 #ifndef DOWNPOUR_CONTROL_EXPORT_H_
 #define DOWNPOUR_CONTROL_EXPORT_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/safetensors.h"
 #include "proto/job.pb.h"
 
 namespace downpour {
@@ -34,6 +38,18 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& root, const std:
                                              const JobSpec& spec,
                                              const CheckpointRestore& checkpoint,
                                              ExportLayout layout);
+
+// Writes `weights` (a safetensors file in either layout: every parameter and
+// batch-norm statistic of `spec`'s model, by our name or PyTorch's) as job
+// `job_id`'s checkpoint at step 0 — shard files of the job's partitions
+// without optimizer state (which starts fresh), the workers' state, the
+// manifest — and returns what the job records. InvalidArgument naming the
+// tensor that is missing or of another shape.
+absl::StatusOr<CheckpointInfo> WriteInitialCheckpoint(const std::string& root,
+                                                      const std::string& job_id,
+                                                      const JobSpec& spec,
+                                                      const SafetensorsFile& weights,
+                                                      int64_t time_ms);
 
 }  // namespace control
 }  // namespace downpour

@@ -49,9 +49,7 @@ absl::StatusOr<ReportProgressResponse> FakeCoordinator::ReportProgress(
 }
 
 absl::StatusOr<std::vector<NodeInfo>> FakeCoordinator::ListNodes() { return NoQueue(); }
-absl::StatusOr<JobStatus> FakeCoordinator::SubmitJob(const JobSpec&, const std::string&) {
-  return NoQueue();
-}
+absl::StatusOr<JobStatus> FakeCoordinator::SubmitJob(const SubmitJobRequest&) { return NoQueue(); }
 absl::StatusOr<std::vector<JobStatus>> FakeCoordinator::ListJobs() { return NoQueue(); }
 absl::StatusOr<JobStatus> FakeCoordinator::GetJob(const std::string&) { return NoQueue(); }
 absl::StatusOr<JobStatus> FakeCoordinator::WatchJob(const std::string&, int64_t, absl::Duration) {

@@ -35,7 +35,8 @@ class FakeCoordinator : public Coordinator {
       const ReportProgressRequest& request) override;
   // The rest is a job queue's, which the fake does not have: Unimplemented.
   absl::StatusOr<std::vector<NodeInfo>> ListNodes() override;
-  absl::StatusOr<JobStatus> SubmitJob(const JobSpec& spec, const std::string& job_id) override;
+  using Coordinator::SubmitJob;
+  absl::StatusOr<JobStatus> SubmitJob(const SubmitJobRequest& request) override;
   absl::StatusOr<std::vector<JobStatus>> ListJobs() override;
   absl::StatusOr<JobStatus> GetJob(const std::string& job_id) override;
   absl::StatusOr<JobStatus> WatchJob(const std::string& job_id, int64_t known_version,

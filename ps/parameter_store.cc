@@ -535,8 +535,10 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
           absl::StrCat(where, ": partition ", name, " is not the job's on this shard"));
     }
     Partition& p = *it->second;
+    // No slots: weights without optimizer state (a new job's initial
+    // weights), which starts fresh.
     if (s.offset != p.offset || static_cast<int64_t>(s.values.size()) != p.num_elements ||
-        s.slots.size() != num_slots) {
+        (!s.slots.empty() && s.slots.size() != num_slots)) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": partition ", name, " does not match the job's (offset ", s.offset,
                        ", ", s.values.size(), " elements, ", s.slots.size(), " optimizer slots)"));
@@ -552,7 +554,7 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
     Partition& p = *job->by_key[KeyPair(s.tensor_id, s.partition)];
     absl::MutexLock lock(&p.mu);
     p.values = s.values;
-    p.slots = s.slots;
+    if (!s.slots.empty()) p.slots = s.slots;
     p.updates = s.updates;
     if (job->sync()) {
       std::fill(p.arrived.begin(), p.arrived.end(), false);

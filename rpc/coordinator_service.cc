@@ -51,7 +51,7 @@ grpc::Status CoordinatorService::ListNodes(grpc::ServerContext*, const ListNodes
 
 grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const SubmitJobRequest* request,
                                            SubmitJobResponse* response) {
-  auto job = coordinator_->SubmitJob(request->spec(), request->job_id());
+  auto job = coordinator_->SubmitJob(*request);
   (job.ok() ? submitted_ : rejected_)->Increment();
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response->mutable_job() = std::move(job).value();

@@ -103,14 +103,12 @@ absl::StatusOr<std::vector<NodeInfo>> RemoteCoordinator::ListNodes() {
   return std::vector<NodeInfo>(response.nodes().begin(), response.nodes().end());
 }
 
-absl::StatusOr<JobStatus> RemoteCoordinator::SubmitJob(const JobSpec& spec,
-                                                       const std::string& job_id) {
-  SubmitJobRequest request;
-  *request.mutable_spec() = spec;
-  request.set_job_id(job_id);
-  ASSIGN_OR_RETURN(SubmitJobResponse response,
-                   (Call<SubmitJobRequest, SubmitJobResponse>("SubmitJob", &Stub::SubmitJob,
-                                                              request, rpc_timeout_)));
+absl::StatusOr<JobStatus> RemoteCoordinator::SubmitJob(const SubmitJobRequest& request) {
+  // Initial weights may take a while to check and write.
+  const absl::Duration timeout = request.has_init_from() ? long_call_timeout_ : rpc_timeout_;
+  ASSIGN_OR_RETURN(
+      SubmitJobResponse response,
+      (Call<SubmitJobRequest, SubmitJobResponse>("SubmitJob", &Stub::SubmitJob, request, timeout)));
   return std::move(*response.mutable_job());
 }
 

@@ -63,7 +63,8 @@ class RemoteCoordinator : public control::Coordinator {
   absl::StatusOr<RegisterNodeResponse> RegisterNode(const NodeInfo& node) override;
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request) override;
   absl::StatusOr<std::vector<NodeInfo>> ListNodes() override;
-  absl::StatusOr<JobStatus> SubmitJob(const JobSpec& spec, const std::string& job_id) override;
+  using Coordinator::SubmitJob;
+  absl::StatusOr<JobStatus> SubmitJob(const SubmitJobRequest& request) override;
   // Placements' partition lists are left out (GetJob has them).
   absl::StatusOr<std::vector<JobStatus>> ListJobs() override;
   absl::StatusOr<JobStatus> GetJob(const std::string& job_id) override;

@@ -72,6 +72,9 @@ absl::StatusOr<ShardSnapshot> ReadShardSnapshot(const std::string& path,
 
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr char kWorkerStateName[] = "worker.safetensors";
+// In the workers' state, beside the model's local state by name: FP16's loss
+// scale (F64; 0 or less: the worker keeps its own).
+inline constexpr char kLossScaleTensor[] = "loss_scale";
 
 // ROOT/DIR/manifest.json.
 std::string ManifestPath(const std::string& root, const std::string& dir);

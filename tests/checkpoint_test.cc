@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/file.h"
 #include "common/safetensors.h"
@@ -191,6 +192,53 @@ TEST_F(CheckpointTest, StoppedJobResumesPastACorruptCheckpointToACleanRunsAccura
   std::cout << "resumed from step " << older << ": test accuracy " << job.test_accuracy()
             << "; clean run: " << clean_accuracy << std::endl;
   EXPECT_NEAR(job.test_accuracy(), clean_accuracy, 0.01);
+}
+
+TEST_F(CheckpointTest, NewJobsStartFromAnExportOrACheckpoint) {
+  StartCluster();
+  ASSERT_EQ(cluster_
+                ->Ctl({"submit", WriteSpec(CheckpointedSpec("SYNC", 400, 100)), "--job_id=base",
+                       "--wait"})
+                .exit_code,
+            0);
+  const double base = cluster_->GetJob("base").test_accuracy();
+  const std::string exported = cluster_->dir() + "/base.safetensors";
+  ASSERT_EQ(cluster_->Ctl({"export", "base", "--out=" + exported}).exit_code, 0);
+
+  // One more (tiny) step from the trained weights keeps their accuracy; from
+  // fresh weights one step is near chance.
+  const std::string one_step = WriteSpec(absl::StrReplaceAll(
+      CheckpointedSpec("SYNC", 1, 100), {{"learning_rate: 0.002", "learning_rate: 0.000001"}}));
+  CommandResult from_file = cluster_->Ctl(
+      {"submit", one_step, "--job_id=from-file", "--init_from=" + exported, "--wait"});
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err << cluster_->Logs();
+  CommandResult from_job =
+      cluster_->Ctl({"submit", one_step, "--job_id=from-job", "--init_from=base@300", "--wait"});
+  ASSERT_EQ(from_job.exit_code, 0) << from_job.err << cluster_->Logs();
+  CommandResult fresh = cluster_->Ctl({"submit", one_step, "--job_id=fresh", "--wait"});
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  const JobStatus file_job = cluster_->GetJob("from-file");
+  EXPECT_NEAR(file_job.test_accuracy(), base, 0.002);
+  EXPECT_TRUE(HasEvent(file_job, "initial weights from " + exported)) << Events(file_job);
+  const JobStatus job_job = cluster_->GetJob("from-job");
+  EXPECT_GT(job_job.test_accuracy(), 0.7);
+  EXPECT_TRUE(HasEvent(job_job, "initial weights from job base's checkpoint at step 300"))
+      << Events(job_job);
+  EXPECT_LT(cluster_->GetJob("fresh").test_accuracy(), 0.6);
+
+  // Weights of another architecture are refused naming the tensor.
+  CommandResult wrong =
+      cluster_->Ctl({"submit",
+                     WriteSpec(absl::StrReplaceAll(CheckpointedSpec("SYNC", 1, 100),
+                                                   {{"units: 128", "units: 64"}})),
+                     "--init_from=" + exported});
+  EXPECT_EQ(wrong.exit_code, 2);
+  EXPECT_TRUE(
+      absl::StrContains(wrong.err, "dense1.weight is F32 [128, 784]; the model's is F32 [64, 784]"))
+      << wrong.err;
+  CommandResult unknown = cluster_->Ctl({"submit", one_step, "--init_from=nosuchjob"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(unknown.err, "no job \"nosuchjob\"")) << unknown.err;
 }
 
 TEST_F(CheckpointTest, OnDemandCheckpointIsWrittenWhileTheJobRuns) {

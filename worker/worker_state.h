@@ -13,10 +13,9 @@
 #include "absl/status/statusor.h"
 #include "model/model.h"
 #include "model/replica_set.h"
+#include "spec/checkpoint_files.h"
 
 namespace downpour {
-
-inline constexpr char kLossScaleTensor[] = "loss_scale";
 
 absl::StatusOr<std::string> SaveWorkerState(const Model& model);
 // DataLoss naming the tensor when the bytes are not a safetensors file of
