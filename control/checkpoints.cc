@@ -1,6 +1,11 @@
 #include "control/checkpoints.h"
 
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/file.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -11,7 +16,7 @@ namespace control {
 
 absl::StatusOr<CheckpointInfo> CommitCheckpoint(const std::string& root, const JobStatus& job,
                                                 const CheckpointParts& parts, int64_t time_ms) {
-  const std::string dir = CheckpointDir(job.id(), parts.step);
+  const std::string dir = CheckpointDir(job.id(), parts.step, job.attempt());
   RETURN_IF_ERROR(MakeDirs(absl::StrCat(root, "/", dir)));
   ASSIGN_OR_RETURN(
       std::unique_ptr<AtomicFile> worker_file,
@@ -23,6 +28,7 @@ absl::StatusOr<CheckpointInfo> CommitCheckpoint(const std::string& root, const J
   manifest.set_job_id(job.id());
   *manifest.mutable_spec() = job.spec();
   manifest.set_step(parts.step);
+  manifest.set_attempt(job.attempt());
   manifest.set_time_ms(time_ms);
   uint64_t bytes = worker_file->bytes();
   for (const CheckpointFile& file : parts.shard_files) {
@@ -81,8 +87,28 @@ absl::StatusOr<CheckpointRestore> CompleteCheckpoint(const std::string& root,
   return absl::NotFoundError("no complete checkpoint");
 }
 
-absl::Status RemoveCheckpoint(const std::string& root, const CheckpointInfo& checkpoint) {
-  return RemoveAll(absl::StrCat(root, "/", checkpoint.dir()));
+absl::Status RemoveStaleCheckpoints(const std::string& root, const std::string& job_id,
+                                    const std::vector<CheckpointInfo>& kept, int64_t attempt,
+                                    int64_t step) {
+  absl::StatusOr<std::vector<std::string>> names = ListDir(absl::StrCat(root, "/", job_id));
+  if (!names.ok()) return names.status();
+  absl::Status first;
+  for (const std::string& name : *names) {
+    const std::string dir = absl::StrCat(job_id, "/", name);
+    if (std::any_of(kept.begin(), kept.end(),
+                    [&](const CheckpointInfo& c) { return c.dir() == dir; })) {
+      continue;
+    }
+    // "step-S" (first start) or "step-S.attempt-N".
+    int64_t s = 0, a = 1;
+    const std::vector<std::string> parts = absl::StrSplit(name, ".attempt-");
+    const bool ours = absl::StartsWith(parts[0], "step-") &&
+                      absl::SimpleAtoi(parts[0].substr(5), &s) &&
+                      (parts.size() == 1 || absl::SimpleAtoi(parts[1], &a));
+    if (ours && std::max<int64_t>(a, 1) == std::max<int64_t>(attempt, 1) && s > step) continue;
+    first.Update(RemoveAll(absl::StrCat(root, "/", dir)));
+  }
+  return first;
 }
 
 }  // namespace control

@@ -40,8 +40,13 @@ absl::StatusOr<CheckpointRestore> CompleteCheckpoint(const std::string& root,
                                                      int64_t step,
                                                      std::vector<std::string>* refused);
 
-// Removes ROOT/DIR and everything in it.
-absl::Status RemoveCheckpoint(const std::string& root, const CheckpointInfo& checkpoint);
+// Removes what ROOT/JOB_ID holds besides `kept` (the checkpoints the job
+// records): older checkpoints, incomplete ones, those of the job's earlier
+// starts — but not the current start's (`attempt`) beyond `step`, which may
+// be being written. Returns the first error (the rest is still tried).
+absl::Status RemoveStaleCheckpoints(const std::string& root, const std::string& job_id,
+                                    const std::vector<CheckpointInfo>& kept, int64_t attempt,
+                                    int64_t step);
 
 }  // namespace control
 }  // namespace downpour

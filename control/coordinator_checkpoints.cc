@@ -63,7 +63,10 @@ void CoordinatorState::AddEvent(JobStatus* job, const std::string& message) {
 
 void CoordinatorState::TakeCheckpointPart(const CheckpointPart& part) {
   auto job = jobs_.find(part.job_id());
+  // A part of another start of the job (a shard that has not heard of the
+  // restart yet, or was frozen) is not this start's.
   if (job == jobs_.end() || job->second.state() != RUNNING || !Saves(job->second) ||
+      part.attempt() != job->second.attempt() ||
       part.step() <= settled_checkpoint_[part.job_id()]) {
     return;
   }
@@ -82,7 +85,7 @@ void CoordinatorState::TakeWorkerState(const std::string& job_id,
                                        const CheckpointWorkerState& state) {
   auto job = jobs_.find(job_id);
   if (job == jobs_.end() || job->second.state() != RUNNING || !Saves(job->second) ||
-      state.step() <= settled_checkpoint_[job_id]) {
+      state.attempt() != job->second.attempt() || state.step() <= settled_checkpoint_[job_id]) {
     return;
   }
   PendingCheckpoint& pending = pending_checkpoints_[job_id][state.step()];
@@ -122,10 +125,9 @@ void CoordinatorState::MaybeCommitCheckpoint(const std::string& job_id, int64_t 
       updated.checkpoint_requested_ms() <= ToMillis(began)) {
     updated.set_checkpoint_requested_ms(0);
   }
-  std::vector<CheckpointInfo> removed;
-  while (updated.checkpoints_size() > std::max(1, updated.spec().checkpoint().keep())) {
-    removed.push_back(updated.checkpoints(0));
-    updated.mutable_checkpoints()->DeleteSubrange(0, 1);
+  const int keep = std::max(1, updated.spec().checkpoint().keep());
+  if (updated.checkpoints_size() > keep) {
+    updated.mutable_checkpoints()->DeleteSubrange(0, updated.checkpoints_size() - keep);
   }
   pending.erase(pending.begin(), pending.upper_bound(step));
   settled_checkpoint_[job_id] = std::max(settled_checkpoint_[job_id], step);
@@ -139,12 +141,16 @@ void CoordinatorState::MaybeCommitCheckpoint(const std::string& job_id, int64_t 
     LogWriteFailure(absl::StrCat("the checkpoint of job ", job_id, " at step ", step), committed);
     return;
   }
-  // Older checkpoints go only now that a newer one is complete and recorded.
-  for (const CheckpointInfo& old : removed) {
-    absl::Status gone = RemoveCheckpoint(options_.checkpoint_root, old);
-    if (!gone.ok()) {
-      Log(absl::StrCat("job ", job_id, ": cannot remove ", old.dir(), ": ", gone.message()));
-    }
+  // Older checkpoints go only now that a newer one is complete and recorded
+  // (with what earlier starts of the job left unfinished).
+  const JobStatus& now_recorded = jobs_[job_id];
+  absl::Status gone =
+      RemoveStaleCheckpoints(options_.checkpoint_root, job_id,
+                             std::vector<CheckpointInfo>(now_recorded.checkpoints().begin(),
+                                                         now_recorded.checkpoints().end()),
+                             now_recorded.attempt(), step);
+  if (!gone.ok()) {
+    Log(absl::StrCat("job ", job_id, ": cannot remove old checkpoints: ", gone.message()));
   }
   if (finished) SchedulePending();
 }

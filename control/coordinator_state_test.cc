@@ -453,6 +453,7 @@ class CheckpointingTest : public CoordinatorStateTest {
     CheckpointPart* part = beat.add_checkpoints();
     part->set_job_id("j");
     part->set_step(step);
+    part->set_attempt(state_->GetJob("j")->attempt());
     part->set_error(error);
     part->mutable_file()->set_name(ShardFileName(shard));
     part->mutable_file()->set_shard(shard);
@@ -465,6 +466,7 @@ class CheckpointingTest : public CoordinatorStateTest {
   void WorkerTook(int64_t step, bool finished = false) {
     ReportProgressRequest report = Progress("j", "w", 0, step);
     report.mutable_checkpoint()->set_step(step);
+    report.mutable_checkpoint()->set_attempt(state_->GetJob("j")->attempt());
     report.mutable_checkpoint()->set_state("worker state bytes");
     if (finished) {
       report.set_finished(true);
@@ -526,6 +528,35 @@ TEST_F(CheckpointingTest, ACheckpointIsCommittedOnceEveryFileIsInAndOldOnesArePr
   // A part that heartbeats repeat is taken once.
   ShardWrote(1, 6);
   EXPECT_EQ(Steps(), (std::vector<int64_t>{4, 6}));
+  // Whatever else is in the job's directory (an incomplete checkpoint, one
+  // of an earlier start) went too; the current start's newer ones stay.
+  ASSERT_TRUE(MakeDirs(checkpoint_root_ + "/j/step-5.attempt-7").ok());
+  ASSERT_TRUE(MakeDirs(checkpoint_root_ + "/j/step-3").ok());
+  ASSERT_TRUE(MakeDirs(checkpoint_root_ + "/j/step-9").ok());
+  ShardWrote(0, 8);
+  WorkerTook(8);
+  ShardWrote(1, 8);
+  EXPECT_EQ(ListDir(checkpoint_root_ + "/j").value(),
+            (std::vector<std::string>{"step-6", "step-8", "step-9"}));
+}
+
+TEST_F(CheckpointingTest, PartsOfAnotherStartOfTheJobAreIgnored) {
+  Start();
+  WorkerTook(2);
+  ShardWrote(0, 2);
+  HeartbeatRequest stale;
+  stale.set_node_id("s1");
+  stale.set_incarnation(1);
+  CheckpointPart* part = stale.add_checkpoints();
+  part->set_job_id("j");
+  part->set_step(2);
+  part->set_attempt(7);
+  part->mutable_file()->set_shard(1);
+  part->mutable_file()->set_name(ShardFileName(1));
+  ASSERT_TRUE(state_->Heartbeat(stale).ok());
+  EXPECT_TRUE(Steps().empty());
+  ShardWrote(1, 2);
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{2}));
 }
 
 TEST_F(CheckpointingTest, AShardThatCannotWriteItsPartFailsTheCheckpointNotTheJob) {

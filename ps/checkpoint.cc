@@ -33,8 +33,15 @@ CheckpointWriter::~CheckpointWriter() {
   thread_.join();
 }
 
+void CheckpointWriter::SetAttempt(const std::string& job_id, int64_t attempt) {
+  absl::MutexLock lock(&mu_);
+  attempts_[job_id] = attempt;
+}
+
 void CheckpointWriter::Write(ShardSnapshot snapshot) {
   absl::MutexLock lock(&mu_);
+  auto attempt = attempts_.find(snapshot.job_id);
+  if (attempt != attempts_.end()) snapshot.attempt = attempt->second;
   queue_.push_back(std::move(snapshot));
 }
 
@@ -48,6 +55,7 @@ std::vector<CheckpointPart> CheckpointWriter::Parts() {
 void CheckpointWriter::ForgetJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   parts_.erase(job_id);
+  attempts_.erase(job_id);
 }
 
 bool CheckpointWriter::Idle() {
@@ -84,6 +92,7 @@ void CheckpointWriter::Loop() {
     CheckpointPart part;
     part.set_job_id(snapshot.job_id);
     part.set_step(snapshot.step);
+    part.set_attempt(snapshot.attempt);
     CheckpointFile* file = part.mutable_file();
     file->set_name(ShardFileName(snapshot.shard));
     file->set_shard(snapshot.shard);
@@ -94,7 +103,8 @@ void CheckpointWriter::Loop() {
     }
     file->set_min_version(snapshot.partitions.empty() ? 0 : min_version);
     file->set_max_version(max_version);
-    const std::string dir = absl::StrCat(root_, "/", CheckpointDir(snapshot.job_id, snapshot.step));
+    const std::string dir =
+        absl::StrCat(root_, "/", CheckpointDir(snapshot.job_id, snapshot.step, snapshot.attempt));
     const absl::Time began = absl::Now();
     absl::Status made = snapshot.error.empty() ? MakeDirs(dir) : absl::AbortedError(snapshot.error);
     const absl::StatusOr<WrittenFile> written =

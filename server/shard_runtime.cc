@@ -105,6 +105,7 @@ absl::Status ShardRuntime::Host(const Task& task) {
   }
   const std::vector<PartitionPlacement> partitions(task.placement().partitions().begin(),
                                                    task.placement().partitions().end());
+  if (writer_ != nullptr) writer_->SetAttempt(task.job_id(), task.attempt());
   absl::Status added = store_->AddJob(task.job_id(), task.spec(), task.rank(), partitions);
   if (added.ok() && task.has_restore()) added = Restore(task);
   if (!added.ok()) {

@@ -43,8 +43,9 @@ absl::StatusOr<std::string> ReadVerified(const std::string& path, const Checkpoi
 
 std::string ShardFileName(int shard) { return absl::StrCat("shard-", shard, ".safetensors"); }
 
-std::string CheckpointDir(const std::string& job_id, int64_t step) {
-  return absl::StrCat(job_id, "/step-", step);
+std::string CheckpointDir(const std::string& job_id, int64_t step, int64_t attempt) {
+  if (attempt <= 1) return absl::StrCat(job_id, "/step-", step);
+  return absl::StrCat(job_id, "/step-", step, ".attempt-", attempt);
 }
 
 absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
@@ -162,7 +163,8 @@ absl::StatusOr<WrittenFile> WriteManifest(const std::string& root,
     return absl::InternalError(absl::StrCat("manifest of ", manifest.job_id(), " step ",
                                             manifest.step(), ": ", printed.ToString()));
   }
-  const std::string path = ManifestPath(root, CheckpointDir(manifest.job_id(), manifest.step()));
+  const std::string path =
+      ManifestPath(root, CheckpointDir(manifest.job_id(), manifest.step(), manifest.attempt()));
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> file,
                    AtomicFile::Create(path, "checkpoint manifest"));
   RETURN_IF_ERROR(file->Append(json));
@@ -181,7 +183,7 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& root, const s
   CheckpointManifest manifest;
   const auto parsed = google::protobuf::util::JsonStringToMessage(*json, &manifest);
   if (!parsed.ok()) return Damaged(path, parsed.ToString());
-  if (CheckpointDir(manifest.job_id(), manifest.step()) != dir) {
+  if (CheckpointDir(manifest.job_id(), manifest.step(), manifest.attempt()) != dir) {
     return Damaged(path, absl::StrCat("it is the manifest of ", manifest.job_id(), " step ",
                                       manifest.step(), ", not of ", dir));
   }

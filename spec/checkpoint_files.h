@@ -48,6 +48,7 @@ struct ShardSnapshot {
   std::string job_id;
   int shard = 0;
   int64_t step = 0;
+  int64_t attempt = 1;  // The job's start (Task.attempt).
   bool sync = true;
   std::vector<PartitionSnapshot> partitions;  // Sorted by (tensor, partition).
   std::vector<int64_t> worker_steps;
@@ -59,8 +60,12 @@ struct ShardSnapshot {
 
 // "shard-K.safetensors".
 std::string ShardFileName(int shard);
-// "JOB_ID/step-S", relative to the checkpoint root.
-std::string CheckpointDir(const std::string& job_id, int64_t step);
+// "JOB_ID/step-S" for the job's first start (attempt 0 or 1), else
+// "JOB_ID/step-S.attempt-N", relative to the checkpoint root: each start of a
+// job writes its own directories, so a process of an earlier start that is
+// still writing (a shard that was frozen, then woke) never touches a newer
+// start's files.
+std::string CheckpointDir(const std::string& job_id, int64_t step, int64_t attempt = 1);
 
 absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
                                                const ShardSnapshot& snapshot);

@@ -18,6 +18,7 @@
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
+#include "tests/cluster_fixture.h"
 #include "tests/local_cluster.h"
 
 namespace downpour {
@@ -40,32 +41,17 @@ std::string Events(const JobStatus& job) {
   return out;
 }
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public ClusterFixture {
  protected:
-  static void SetUpTestSuite() {
-    data_dir_ = new std::string(MakeTempDir("data"));
-    absl::Status imported = ImportFashionMnist(*data_dir_, 12000);
-    ASSERT_TRUE(imported.ok()) << imported;
-  }
-
   void StartCluster(bool checkpoints = true) {
     LocalCluster::Options options;
     options.shards = 2;
     options.workers = 2;
-    options.data_dir = *data_dir_;
     if (checkpoints) {
       root_ = MakeTempDir("checkpoints");
       options.checkpoint_root = root_;
     }
-    cluster_ = std::make_unique<LocalCluster>(options);
-    absl::Status started = cluster_->Start();
-    ASSERT_TRUE(started.ok()) << started << cluster_->Logs();
-  }
-
-  std::string WriteSpec(const std::string& text) {
-    const std::string path = absl::StrCat(cluster_->dir(), "/spec", ++specs_, ".pbtxt");
-    std::ofstream(path) << text;
-    return path;
+    ClusterFixture::StartCluster(options);
   }
 
   // Polls the job until `done` holds (false after two minutes).
@@ -78,20 +64,8 @@ class CheckpointTest : public ::testing::Test {
     return false;
   }
 
-  void TearDown() override {
-    if (cluster_) {
-      std::vector<std::string> unclean = cluster_->StopAll();
-      EXPECT_TRUE(unclean.empty()) << absl::StrJoin(unclean, "; ") << cluster_->Logs();
-    }
-  }
-
-  static std::string* data_dir_;
-  std::unique_ptr<LocalCluster> cluster_;
   std::string root_;
-  int specs_ = 0;
 };
-
-std::string* CheckpointTest::data_dir_ = nullptr;
 
 TEST_F(CheckpointTest, CheckpointsAreKeptAtTheCadenceAndTheFinalOneExports) {
   StartCluster();

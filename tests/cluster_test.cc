@@ -14,34 +14,20 @@
 #include "gtest/gtest.h"
 #include "proto/health_service.grpc.pb.h"
 #include "proto/job.pb.h"
+#include "tests/cluster_fixture.h"
 #include "tests/local_cluster.h"
 
 namespace downpour {
 namespace testing {
 namespace {
 
-class ClusterTest : public ::testing::Test {
+class ClusterTest : public ClusterFixture {
  protected:
-  static void SetUpTestSuite() {
-    data_dir_ = new std::string(MakeTempDir("data"));
-    absl::Status imported = ImportFashionMnist(*data_dir_, 12000);
-    ASSERT_TRUE(imported.ok()) << imported;
-  }
-
   void StartCluster(int shards, int workers) {
     LocalCluster::Options options;
     options.shards = shards;
     options.workers = workers;
-    options.data_dir = *data_dir_;
-    cluster_ = std::make_unique<LocalCluster>(options);
-    absl::Status started = cluster_->Start();
-    ASSERT_TRUE(started.ok()) << started << cluster_->Logs();
-  }
-
-  std::string WriteSpec(const std::string& text) {
-    const std::string path = absl::StrCat(cluster_->dir(), "/spec", ++specs_, ".pbtxt");
-    std::ofstream(path) << text;
-    return path;
+    ClusterFixture::StartCluster(options);
   }
 
   JobStatus GetJob(const std::string& id) { return cluster_->GetJob(id); }
@@ -54,20 +40,7 @@ class ClusterTest : public ::testing::Test {
         << result.out;
     return GetJob(id);
   }
-
-  void TearDown() override {
-    if (cluster_) {
-      std::vector<std::string> unclean = cluster_->StopAll();
-      EXPECT_TRUE(unclean.empty()) << absl::StrJoin(unclean, "; ") << cluster_->Logs();
-    }
-  }
-
-  static std::string* data_dir_;
-  std::unique_ptr<LocalCluster> cluster_;
-  int specs_ = 0;
 };
-
-std::string* ClusterTest::data_dir_ = nullptr;
 
 TEST_F(ClusterTest, SyncTwoShardsTwoWorkersTrainsFashionMnist) {
   StartCluster(2, 2);

@@ -29,7 +29,9 @@ TEST(TransportFaultTest, FrozenShardFailsTheJobWithinTheDeadline) {
   LocalCluster cluster(options);
   ASSERT_TRUE(cluster.Start().ok()) << cluster.Logs();
   const std::string spec = cluster.dir() + "/spec.pbtxt";
-  std::ofstream(spec) << FashionMlpSpec("ASYNC", 1, 2, 1000000, /*units=*/64, /*batch_size=*/32);
+  // No restarts: the failure the worker's deadline causes is the job's end.
+  std::ofstream(spec) << FashionMlpSpec("ASYNC", 1, 2, 1000000, /*units=*/64, /*batch_size=*/32)
+                      << "restart { max_restarts: -1 }\n";
   ASSERT_EQ(cluster.Ctl({"submit", spec, "--job_id=frozen"}).exit_code, 0) << cluster.Logs();
 
   // Let it train a little, then freeze a shard.

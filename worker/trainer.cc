@@ -305,6 +305,7 @@ absl::Status JobTrainer::Train() {
     if (CheckpointDue(step)) {
       exchange_->MarkNextPush(step + 1);
       checkpoint.set_step(step + 1);
+      checkpoint.set_attempt(task_.attempt());
       ASSIGN_OR_RETURN(*checkpoint.mutable_state(), SaveWorkerState(*model));
     }
     if (step + 1 < spec.steps()) {
@@ -348,6 +349,7 @@ absl::Status JobTrainer::Train() {
     RETURN_IF_ERROR(exchange_->CaptureNow(
         spec.steps(), spec.steps() - 1, [this] { return cancelled_.load() || job_ended_.load(); }));
     done.mutable_checkpoint()->set_step(spec.steps());
+    done.mutable_checkpoint()->set_attempt(task_.attempt());
     ASSIGN_OR_RETURN(*done.mutable_checkpoint()->mutable_state(), SaveWorkerState(*model));
   }
   Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy));

@@ -1,0 +1,61 @@
+// A test fixture over LocalCluster: Fashion-MNIST imported once per test
+// binary, a cluster per test, job specs written into its directory, and a
+// teardown that fails the test when a daemon crashed or did not stop
+// cleanly.
+#ifndef DOWNPOUR_TESTS_CLUSTER_FIXTURE_H_
+#define DOWNPOUR_TESTS_CLUSTER_FIXTURE_H_
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "tests/local_cluster.h"
+
+namespace downpour {
+namespace testing {
+
+class ClusterFixture : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_dir_ = new std::string(MakeTempDir("data"));
+    absl::Status imported = ImportFashionMnist(*data_dir_, 12000);
+    ASSERT_TRUE(imported.ok()) << imported;
+  }
+
+  // Starts a cluster on the imported data (options.data_dir is filled in).
+  void StartCluster(LocalCluster::Options options) {
+    options.data_dir = *data_dir_;
+    cluster_ = std::make_unique<LocalCluster>(options);
+    absl::Status started = cluster_->Start();
+    ASSERT_TRUE(started.ok()) << started << cluster_->Logs();
+  }
+
+  // Writes a job spec into the cluster's directory; returns its path.
+  std::string WriteSpec(const std::string& text) {
+    const std::string path = absl::StrCat(cluster_->dir(), "/spec", ++specs_, ".pbtxt");
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  void TearDown() override {
+    if (cluster_) {
+      std::vector<std::string> unclean = cluster_->StopAll();
+      EXPECT_TRUE(unclean.empty()) << absl::StrJoin(unclean, "; ") << cluster_->Logs();
+    }
+  }
+
+  static std::string* data_dir_;
+  std::unique_ptr<LocalCluster> cluster_;
+  int specs_ = 0;
+};
+
+inline std::string* ClusterFixture::data_dir_ = nullptr;
+
+}  // namespace testing
+}  // namespace downpour
+
+#endif  // DOWNPOUR_TESTS_CLUSTER_FIXTURE_H_
