@@ -3,6 +3,9 @@
 # coordinator, two parameter shards, two workers), imports Fashion-MNIST,
 # trains examples/fashion_mnist_mlp.pbtxt in SYNC mode with live progress, and
 # prints one line: job <id> SUCCEEDED steps=<n> test_accuracy=<x> wall_s=<t>.
+# The daemons keep checkpoints; the trained model is exported (PyTorch's
+# layout) to out/demo-model.safetensors, with its spec and the job's status
+# beside it (DEMO_EXPORT=0: not).
 #   scripts/demo.sh [JOB_SPEC]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -33,12 +36,13 @@ echo "demo: importing Fashion-MNIST from $FASHION..." >&2
 
 start_daemon coordinator "$WORK/coordinator.log" "$BIN/coordinator/downpour-coordinator" \
   --listen=127.0.0.1:0 --port_file="$WORK/coordinator.port" --state_dir="$WORK/state" \
-  --metrics_listen=127.0.0.1:0
+  --checkpoint_root="$WORK/checkpoints" --metrics_listen=127.0.0.1:0
 wait_for_file "$WORK/coordinator.port" 30
 COORD=$(cat "$WORK/coordinator.port")
 for i in $(seq 0 $((SHARDS - 1))); do
   start_daemon "ps$i" "$WORK/ps$i.log" "$BIN/server/downpour-ps" --listen=127.0.0.1:0 \
-    --port_file="$WORK/ps$i.port" --coordinator="$COORD" --metrics_listen=127.0.0.1:0
+    --port_file="$WORK/ps$i.port" --coordinator="$COORD" --checkpoint_root="$WORK/checkpoints" \
+    --metrics_listen=127.0.0.1:0
 done
 for i in $(seq 0 $((WORKERS - 1))); do
   start_daemon "worker$i" "$WORK/worker$i.log" "$BIN/worker/downpour-worker" \
@@ -51,9 +55,19 @@ echo "demo: cluster up: coordinator $COORD, $SHARDS shards, $WORKERS workers" >&
 "$BIN/client/downpourctl" --coordinator="$COORD" nodes >&2
 
 status=0
-"$BIN/client/downpourctl" --coordinator="$COORD" submit "$SPEC" --wait || status=$?
+result=$("$BIN/client/downpourctl" --coordinator="$COORD" submit "$SPEC" --wait) || status=$?
 if ((status != 0)); then
   echo "demo: the job did not succeed; daemon logs follow" >&2
   tail -n 20 "$WORK"/*.log >&2
+elif [[ ${DEMO_EXPORT:-1} != 0 ]]; then
+  job=$(awk '{print $2}' <<<"$result")
+  mkdir -p "$ROOT/out"
+  "$BIN/client/downpourctl" --coordinator="$COORD" export "$job" \
+    --out="$ROOT/out/demo-model.safetensors" >&2
+  "$BIN/client/downpourctl" --coordinator="$COORD" -o json get "$job" >"$ROOT/out/demo-job.json"
+  echo "demo: load it in PyTorch (load_state_dict) and check its accuracy with" \
+    "python3 bench/export_pytorch_check.py --export out/demo-model.safetensors" \
+    "--job out/demo-job.json" >&2
 fi
+[[ -n $result ]] && echo "$result"
 exit $status
