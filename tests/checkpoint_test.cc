@@ -266,16 +266,17 @@ TEST_F(CheckpointTest, WithoutACheckpointRootTheCommandsSaySo) {
 // checkpoint with a clean run's accuracy.
 class RecoveryTest : public CheckpointTest {
  protected:
-  void KillAndReplace(const std::function<Process*()>& victim,
-                      const std::function<absl::Status()>& replace) {
+  // Runs `fault` (which injects the fault and starts what replaces the lost
+  // process) on a running SYNC job once it has a checkpoint at step 200 or
+  // later.
+  void SurviveFault(const std::function<void()>& fault) {
     StartCluster();
     const std::string spec = WriteSpec(CheckpointedSpec("SYNC", 1200, 100));
     ASSERT_EQ(cluster_->Ctl({"submit", spec, "--job_id=victim"}).exit_code, 0);
     ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) {
       return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() >= 200;
     })) << cluster_->Logs();
-    victim()->Signal(SIGKILL);
-    ASSERT_TRUE(replace().ok()) << cluster_->Logs();
+    fault();
     CommandResult waited = cluster_->Ctl({"wait", "victim"}, absl::Minutes(3));
     ASSERT_EQ(waited.exit_code, 0) << waited.err << cluster_->Logs();
     const JobStatus job = cluster_->GetJob("victim");
@@ -294,11 +295,38 @@ class RecoveryTest : public CheckpointTest {
 };
 
 TEST_F(RecoveryTest, AKilledWorkerIsReplacedAndTheJobFinishes) {
-  KillAndReplace([this] { return cluster_->worker(1); }, [this] { return cluster_->AddWorker(); });
+  SurviveFault([this] {
+    cluster_->worker(1)->Signal(SIGKILL);
+    ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+  });
 }
 
 TEST_F(RecoveryTest, AKilledShardIsReplacedAndItsPartitionsRestored) {
-  KillAndReplace([this] { return cluster_->shard(1); }, [this] { return cluster_->AddShard(); });
+  SurviveFault([this] {
+    cluster_->shard(1)->Signal(SIGKILL);
+    ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();
+  });
+}
+
+TEST_F(RecoveryTest, AShardFrozenPastTheNodeTimeoutIsReplaced) {
+  SurviveFault([this] {
+    ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();  // The spare.
+    cluster_->shard(1)->Signal(SIGSTOP);
+    ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) { return job.restarts() == 1; }));
+    // It wakes up to find its job gone: it drops it and writes nothing of it.
+    cluster_->shard(1)->Signal(SIGCONT);
+  });
+}
+
+TEST_F(RecoveryTest, TheCoordinatorKilledMidRecoveryLosesNothing) {
+  SurviveFault([this] {
+    cluster_->worker(1)->Signal(SIGKILL);
+    // The job is waiting to restart (no free worker) when the coordinator
+    // dies; it comes back and the replacement worker arrives.
+    ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) { return job.state() == PENDING; }));
+    ASSERT_TRUE(cluster_->RestartCoordinator(absl::Seconds(1), SIGKILL).ok()) << cluster_->Logs();
+    ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+  });
 }
 
 }  // namespace

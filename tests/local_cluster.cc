@@ -255,9 +255,15 @@ std::string LocalCluster::MetricsAddressOf(const std::string& name) const {
   return log.substr(start, end - start);
 }
 
-absl::Status LocalCluster::RestartCoordinator(absl::Duration down) {
-  const int code = coordinator_->Stop();
-  if (code != 0) return absl::InternalError(absl::StrCat("coordinator exited with ", code));
+absl::Status LocalCluster::RestartCoordinator(absl::Duration down, int signal) {
+  if (signal != 0) {
+    coordinator_->Signal(signal);
+    if (!coordinator_->Wait(absl::Seconds(10)).ok()) {
+      return absl::InternalError("the coordinator did not die");
+    }
+  } else if (const int code = coordinator_->Stop(); code != 0) {
+    return absl::InternalError(absl::StrCat("coordinator exited with ", code));
+  }
   absl::SleepFor(down);
   return StartCoordinator(coordinator_address_);
 }

@@ -99,9 +99,9 @@ class LocalCluster {
   std::string AddressOf(const std::string& name) const;
   std::string MetricsAddressOf(const std::string& name) const;
 
-  // Stops the coordinator (SIGTERM) and, `down` later, starts it again on the
-  // same address and state directory.
-  absl::Status RestartCoordinator(absl::Duration down = absl::ZeroDuration());
+  // Stops the coordinator (SIGTERM, or `signal`: SIGKILL) and, `down` later,
+  // starts it again on the same address and state directory.
+  absl::Status RestartCoordinator(absl::Duration down = absl::ZeroDuration(), int signal = 0);
 
   // Runs downpourctl --coordinator=<this cluster> ARGS.
   CommandResult Ctl(const std::vector<std::string>& args,
