@@ -60,7 +60,7 @@ steps: {steps}
 log_every_steps: 20
 seed: {seed}
 checkpoint {{ every_steps: 100 keep: 2 }}
-restart {{ max_restarts: 20 backoff_seconds: 1 }}
+restart {{ max_restarts: 5 backoff_seconds: 1 }}
 """
 
 
@@ -224,7 +224,7 @@ def main():
         for j, job in final.items():
             events = job.get("events", [])
             for i, e in enumerate(events):
-                m = re.search(r"restart \d+ of \d+ .*at step (\d+), continues (?:from the "
+                m = re.search(r"restart \d+ \(\d+ of \d+ in a row\) .*at step (\d+), continues (?:from the "
                               r"checkpoint at step (\d+)|from the start)", e["message"])
                 if not m:
                     continue

@@ -116,6 +116,7 @@ void CoordinatorState::MaybeCommitCheckpoint(const std::string& job_id, int64_t 
   }
   JobStatus updated = job;
   *updated.add_checkpoints() = *info;
+  updated.set_restarts_in_a_row(0);  // Progress.
   AddEvent(
       &updated,
       absl::StrCat("checkpoint at step ", step, " written (", Bytes(info->bytes()), ", ",
@@ -231,15 +232,17 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   const RestartPolicy& policy = job.spec().restart();
   const int max_restarts =
       policy.max_restarts() == 0 ? kDefaultMaxRestarts : std::max(0, policy.max_restarts());
-  if (job.restarts() >= max_restarts || (diverged && !policy.rollback_on_divergence())) {
+  if (job.restarts_in_a_row() >= max_restarts || (diverged && !policy.rollback_on_divergence())) {
     return FinishJob(job, FAILED,
-                     job.restarts() == 0
+                     job.restarts_in_a_row() == 0
                          ? why
-                         : absl::StrCat(why, " (after ", job.restarts(),
-                                        " automatic restarts; `downpourctl get` has the history)"));
+                         : absl::StrCat(why, " (after ", job.restarts_in_a_row(),
+                                        " automatic restarts without progress; `downpourctl get` "
+                                        "has the history)"));
   }
   JobStatus updated = job;
   updated.set_restarts(job.restarts() + 1);
+  updated.set_restarts_in_a_row(job.restarts_in_a_row() + 1);
   // Its newest complete checkpoint (a damaged one is refused, and the one
   // before taken), or the start.
   std::vector<std::string> refused;
@@ -264,12 +267,13 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   const absl::Duration backoff = std::min(
       absl::Minutes(5), absl::Seconds(policy.backoff_seconds() > 0 ? policy.backoff_seconds()
                                                                    : kDefaultBackoffSeconds) *
-                            (int64_t{1} << std::min(job.restarts(), 16)));
-  AddEvent(&updated, absl::StrCat("restart ", updated.restarts(), " of ", max_restarts, " in ",
-                                  absl::FormatDuration(backoff), " after: ", why, "; at step ",
-                                  job.step(), ", continues ",
-                                  restore.ok() ? absl::StrCat("from the checkpoint at step ", from)
-                                               : "from the start (no checkpoint yet)"));
+                            (int64_t{1} << std::min(job.restarts_in_a_row(), 16)));
+  AddEvent(&updated,
+           absl::StrCat("restart ", updated.restarts(), " (", updated.restarts_in_a_row(), " of ",
+                        max_restarts, " in a row) in ", absl::FormatDuration(backoff),
+                        " after: ", why, "; at step ", job.step(), ", continues ",
+                        restore.ok() ? absl::StrCat("from the checkpoint at step ", from)
+                                     : "from the start (no checkpoint yet)"));
   updated.set_state(PENDING);
   updated.set_message(absl::StrCat("restarting after: ", why));
   updated.set_test_accuracy(-1);

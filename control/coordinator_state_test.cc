@@ -712,7 +712,7 @@ TEST_F(CheckpointingTest, ALostNodeRestartsTheJobFromItsNewestCheckpointAfterThe
   EXPECT_EQ(job.state(), PENDING);
   EXPECT_EQ(job.restarts(), 1);
   EXPECT_THAT(job.message(), HasSubstr("restarting after: shard node s1"));
-  EXPECT_THAT(Events(), HasSubstr("restart 1 of 2 in 3s after: shard node s1"));
+  EXPECT_THAT(Events(), HasSubstr("restart 1 (1 of 2 in a row) in 3s after: shard node s1"));
   EXPECT_THAT(Events(), HasSubstr("continues from the checkpoint at step 4"));
   // Not before the back-off.
   Advance(absl::Seconds(2));
@@ -748,9 +748,35 @@ TEST_F(CheckpointingTest, RestartsBeyondThePolicyFailTheJobWithItsHistory) {
   ASSERT_TRUE(state_->ReportProgress(crash).ok());
   const JobStatus job = *state_->GetJob("j");
   EXPECT_EQ(job.state(), FAILED);
-  EXPECT_THAT(job.message(),
-              HasSubstr("illegal memory access was encountered (after 1 automatic restarts"));
+  EXPECT_THAT(
+      job.message(),
+      HasSubstr(
+          "illegal memory access was encountered (after 1 automatic restarts without progress"));
   EXPECT_THAT(Events(), HasSubstr("from the start (no checkpoint yet)"));
+}
+
+TEST_F(CheckpointingTest, AJobThatKeepsMakingProgressIsNeverStoppedByTheRestartLimit) {
+  JobSpec spec = SmallMlpJob(1, 2);
+  spec.mutable_restart()->set_max_restarts(1);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  ReportProgressRequest crash = Progress("j", "w", 0, 3);
+  crash.set_error("host lost power");
+  for (int64_t step : {2, 4, 6}) {
+    // A checkpoint between failures: each restart is the first in a row.
+    WorkerTook(step);
+    ShardWrote(0, step);
+    ShardWrote(1, step);
+    ASSERT_TRUE(state_->ReportProgress(crash).ok());
+    const JobStatus job = *state_->GetJob("j");
+    ASSERT_EQ(job.state(), PENDING) << job.message();
+    EXPECT_EQ(job.restarts_in_a_row(), 1);
+    Pass(absl::Seconds(3));  // The back-off stays at 1 s.
+    state_->Tick();
+    ASSERT_EQ(StateOf("j"), RUNNING);
+  }
+  EXPECT_EQ(state_->GetJob("j")->restarts(), 3);
+  ASSERT_TRUE(state_->ReportProgress(crash).ok());  // No progress since: the limit.
+  EXPECT_EQ(StateOf("j"), FAILED);
 }
 
 TEST_F(CheckpointingTest, PermanentErrorsAndDivergenceFailAtOnceUnlessRollbackIsAsked) {

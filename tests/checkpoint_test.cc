@@ -283,7 +283,7 @@ class RecoveryTest : public CheckpointTest {
     EXPECT_EQ(job.restarts(), 1) << Events(job);
     EXPECT_GE(job.resumed_from_step(), 200) << Events(job);
     EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
-    EXPECT_TRUE(HasEvent(job, "restart 1 of 3")) << Events(job);
+    EXPECT_TRUE(HasEvent(job, "restart 1 (1 of 3 in a row)")) << Events(job);
 
     CommandResult clean = cluster_->Ctl({"submit", spec, "--job_id=clean", "--wait"});
     ASSERT_EQ(clean.exit_code, 0) << clean.err;
