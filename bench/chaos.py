@@ -2,8 +2,9 @@
 
 Starts a local cluster with a checkpoint root (one coordinator, --shards
 shards, --workers workers), submits --jobs Fashion-MNIST MLP jobs (SYNC and
-ASYNC alternately, checkpoints every 100 steps), and until every job has ended
-(or --minutes pass) injects a fault every 3-8 s into a random shard or worker:
+ASYNC alternately, checkpoints every 100 steps, up to 10 restarts in a row
+without progress), and until every job has ended (or --minutes pass) injects
+a fault every --fault_every (3-8) s into a random shard or worker:
 kill -9 (a replacement of the same kind starts 0-3 s later) or SIGSTOP for
 3-6 s (past the node timeout) then SIGCONT; with --coordinator_faults, now and
 then the coordinator too (kill -9, restarted 1-5 s later). Prints one JSON
@@ -60,7 +61,7 @@ steps: {steps}
 log_every_steps: 20
 seed: {seed}
 checkpoint {{ every_steps: 100 keep: 2 }}
-restart {{ max_restarts: 5 backoff_seconds: 1 }}
+restart {{ max_restarts: 10 backoff_seconds: 1 }}
 """
 
 
@@ -148,8 +149,11 @@ def main():
     parser.add_argument("--minutes", type=float, default=6)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--coordinator_faults", action="store_true")
+    parser.add_argument("--fault_every", default="3-8",
+                        help="seconds between faults: a range MIN-MAX drawn uniformly")
     args = parser.parse_args()
     rng = random.Random(args.seed)
+    low, high = (float(x) for x in args.fault_every.split("-"))
     work = tempfile.mkdtemp(prefix="downpour-chaos-")
     cluster = Cluster(args.bin, work)
     faults = []  # (time, description)
@@ -172,7 +176,7 @@ def main():
             cluster.ctl("submit", spec, f"--job_id=chaos-{j}")
             jobs.append(f"chaos-{j}")
         deadline = time.time() + args.minutes * 60
-        next_fault = time.time() + rng.uniform(3, 8)
+        next_fault = time.time() + rng.uniform(low, high)
         stopped = {}  # name -> time to SIGCONT
         replacements = []  # (time, kind)
         while time.time() < deadline:
@@ -212,7 +216,7 @@ def main():
                         stopped[victim] = now + rng.uniform(3, 6)
                         faults.append((now, f"SIGSTOP {victim}"))
                 print(f"[{time.strftime('%H:%M:%S')}] {faults[-1][1]}", file=sys.stderr)
-                next_fault = now + rng.uniform(3, 8)
+                next_fault = now + rng.uniform(low, high)
             time.sleep(0.2)
         for name in stopped:
             cluster.procs[name].send_signal(signal.SIGCONT)
