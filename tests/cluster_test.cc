@@ -207,9 +207,9 @@ TEST_F(ClusterTest, ACoordinatorDownLongerThanTheNodeTimeoutFailsNothing) {
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   for (int i = 0; i < 200 && GetJob("outage").step() < 20; ++i)
     absl::SleepFor(absl::Milliseconds(50));
-  // Down for four node timeouts; the job finishes meanwhile and its result
+  // Down for 2.5 node timeouts; the job finishes meanwhile and its result
   // reaches the restarted coordinator late.
-  absl::Status restarted = cluster_->RestartCoordinator(absl::Seconds(8));
+  absl::Status restarted = cluster_->RestartCoordinator(absl::Seconds(10));
   ASSERT_TRUE(restarted.ok()) << restarted << cluster_->Logs();
   CommandResult waited = cluster_->Ctl({"wait", "outage"});
   EXPECT_EQ(waited.exit_code, 0) << waited.err << cluster_->Logs();

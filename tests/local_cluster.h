@@ -74,7 +74,9 @@ class LocalCluster {
     int workers = 2;
     std::string data_dir;  // Workers' --data_dir.
     int64_t heartbeat_interval_ms = 200;
-    int64_t node_timeout_ms = 2000;
+    // Long enough that a loaded CI machine (tests run in parallel on 2
+    // cores) does not starve a live node past it.
+    int64_t node_timeout_ms = 4000;
     std::vector<std::string> worker_flags;
     // The coordinator's and every shard's --checkpoint_root (empty: none).
     std::string checkpoint_root;
