@@ -4,11 +4,13 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "common/wire_dtype.h"
 #include "kernels/cpu/optimizer.h"
@@ -169,6 +171,27 @@ struct ParameterStore::Job {
   bool dropped ABSL_GUARDED_BY(mu) = false;
   // Per worker rank: max pushed step + 1.
   std::vector<int64_t> worker_steps ABSL_GUARDED_BY(mu);
+  // Per worker rank: lost (SetLostWorkers), and the step from which it
+  // counts (kNever while lost, or taken over but not pushed yet).
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  std::vector<bool> lost ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> counts_from ABSL_GUARDED_BY(mu);
+  // Some rank does not count at every step (lost or joining): quorums look.
+  std::atomic<bool> any_absent{false};
+
+  // Whether `rank` counts at `step` (SYNC quorum, SSP bound).
+  bool Counts(int rank, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return !lost[rank] && counts_from[rank] <= step;
+  }
+  // SYNC: arrivals that complete step `version`: the ranks that count then,
+  // less the backup workers, at least one.
+  int QuorumAt(int64_t version) ABSL_LOCKS_EXCLUDED(mu) {
+    if (!any_absent.load(std::memory_order_acquire)) return sync_quorum;
+    absl::MutexLock lock(&mu);
+    int counting = 0;
+    for (int rank = 0; rank < num_workers; ++rank) counting += Counts(rank, version);
+    return std::max(1, counting - (num_workers - sync_quorum));
+  }
   // Per worker rank: partitions applied so far of steps pushed in several
   // requests (PushRequest.partitions_in_step), by step.
   std::vector<std::map<int64_t, int64_t>> partial_steps ABSL_GUARDED_BY(mu);
@@ -246,6 +269,8 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
     absl::MutexLock lock(&job->mu);
     job->worker_steps.assign(job->num_workers, 0);
     job->partial_steps.assign(job->num_workers, {});
+    job->lost.assign(job->num_workers, false);
+    job->counts_from.assign(job->num_workers, 0);
   }
 
   absl::MutexLock lock(&mu_);
@@ -347,8 +372,17 @@ absl::StatusOr<bool> ParameterStore::Reserve(Job& job, const PushRequest& reques
     absl::StatusOr<RequestDedup::Verdict> verdict = job.requests.Reserve(KeyOf(request));
     if (!verdict.ok()) return Annotate(verdict.status(), absl::StrCat("push to job ", job.id));
     switch (*verdict) {
-      case RequestDedup::Verdict::kFresh:
+      case RequestDedup::Verdict::kFresh: {
+        // The first push of a worker that took over a lost rank: the rank
+        // counts again from this step.
+        const int rank = request.worker_rank();
+        if (!job.lost[rank] && job.counts_from[rank] == Job::kNever) {
+          job.counts_from[rank] = request.step();
+          Log(absl::StrCat("job ", job.id, ": worker rank ", rank, " joined at step ",
+                           request.step()));
+        }
         return true;
+      }
       case RequestDedup::Verdict::kDuplicate:
         return false;
       case RequestDedup::Verdict::kInFlight:
@@ -414,6 +448,12 @@ void ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
   // A late push (a straggler the backup workers replaced) or a second one
   // of the same rank for this step is acknowledged and ignored.
   if (request.step() < version || p.arrived[rank]) return;
+  // A rank that was lost and not taken over (a worker the coordinator gave
+  // up on, still pushing) brings nothing.
+  if (job.any_absent.load(std::memory_order_acquire)) {
+    absl::MutexLock job_lock(&job.mu);
+    if (!job.Counts(rank, request.step())) return;
+  }
   p.arrived[rank] = true;
   ++p.num_arrived;
   const int64_t n = p.num_elements;
@@ -430,9 +470,16 @@ void ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
                          }
                        });
   }
-  if (p.num_arrived < job.sync_quorum) return;
+  MaybeCompleteStep(job, p);
+}
+
+void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
+  const int64_t version = p.version.load(std::memory_order_relaxed);
+  if (p.num_arrived == 0 || p.num_arrived < job.QuorumAt(version)) return;
   // The step is complete: the mean over the workers that brought a gradient
   // (a skipped step is no contributor), or no update when none did.
+  const int64_t n = p.num_elements;
+  float* sum = p.grad_sum.data();
   if (p.num_contributors > 0) {
     const float scale = 1.f / static_cast<float>(p.num_contributors);
     for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
@@ -450,6 +497,41 @@ void ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
     p.capture_at = 0;
     Deliver(job, version + 1, p.Snapshot(), "");
   }
+}
+
+void ParameterStore::SetLostWorkers(const std::string& job_id, const std::vector<int>& ranks) {
+  std::shared_ptr<Job> job;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    job = it->second;
+  }
+  bool newly_lost = false;
+  {
+    absl::MutexLock lock(&job->mu);
+    bool absent = false;
+    for (int rank = 0; rank < job->num_workers; ++rank) {
+      const bool lost = std::count(ranks.begin(), ranks.end(), rank) > 0;
+      if (lost && !job->lost[rank]) {
+        newly_lost = true;
+        job->counts_from[rank] = Job::kNever;
+        Log(absl::StrCat("job ", job_id, ": worker rank ", rank, " lost; steps go on without it"));
+      }
+      job->lost[rank] = lost;
+      absent = absent || !job->Counts(rank, 0) || job->counts_from[rank] > 0;
+    }
+    job->any_absent.store(absent, std::memory_order_release);
+    job->changed.SignalAll();
+  }
+  if (!newly_lost || !job->sync()) return;
+  // Steps that waited only for the lost ranks complete now.
+  for (const auto& partition : job->partitions) {
+    absl::MutexLock lock(&partition->mu);
+    MaybeCompleteStep(*job, *partition);
+  }
+  absl::MutexLock lock(&job->mu);
+  job->changed.SignalAll();
 }
 
 void ParameterStore::SetCheckpointSink(CheckpointSink sink) { sink_ = std::move(sink); }
@@ -646,6 +728,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
         }
       }
       for (int rank = 0; rank < job->num_workers; ++rank) {
+        if (job->lost[rank] || job->counts_from[rank] == Job::kNever) continue;
         if (job->worker_steps[rank] < min_steps) {
           return absl::StrCat("worker ", rank, " has pushed ", job->worker_steps[rank], " steps < ",
                               min_steps);

@@ -62,6 +62,14 @@ class ParameterStore : public ParameterShard {
   // DropJob forgets it.
   void RefuseJob(const std::string& job_id, const absl::Status& why);
 
+  // The worker ranks of `job_id` that have no worker now (the coordinator's
+  // Task.lost_ranks). A lost rank stops counting: a SYNC step completes
+  // with the ranks present (at once, if they have all arrived), and SSP's
+  // bound and the final pull ignore it. A rank no longer listed counts again
+  // from the step of its first push (the worker that took it over joins
+  // there). No-op for an unknown job.
+  void SetLostWorkers(const std::string& job_id, const std::vector<int>& ranks);
+
   // Request ids remembered for exactly-once delivery, over all workers of
   // `job_id` (bounded by RequestDedup::kWindow per worker plus those in
   // flight).
@@ -112,6 +120,9 @@ class ParameterStore : public ParameterShard {
   // mean once the step's quorum has arrived.
   void Accumulate(Job& job, const PushRequest& request, const Payload& payload, const Piece& piece,
                   std::vector<float>* scratch) const;
+  // SYNC: applies partition `p`'s step if its quorum has arrived.
+  // REQUIRES: p.mu is held.
+  void MaybeCompleteStep(Job& job, Partition& p) const;
   // Checkpoint capture (see SetCheckpointSink).
   void BeginCapture(Job& job, int64_t step) const;
   // Hands partition `p`'s copy (or why there is none) to the job's capture

@@ -378,6 +378,63 @@ TEST_F(ParameterStoreTest, MinWorkerStepsWaitsForTheSlowestWorker) {
   waiter.join();
 }
 
+TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsFirstPush) {
+  AddJob(Spec(ConsistencySpec::SYNC, 3));
+  const Key key = {0, 0};
+  // Ranks 0 and 1 have pushed step 0; rank 2's worker is lost: the step
+  // completes as soon as the store hears so.
+  PushOk(MakePush(0, 1, 0, {{key, {3, 3, 3}}}));
+  PushOk(MakePush(1, 1, 0, {{key, {1, 1, 1}}}));
+  EXPECT_EQ(PullOne(key).version, 0);
+  store_.SetLostWorkers(kJob, {2});
+  Pulled after = PullOne(key, 1);
+  std::vector<float> expected = Initial(0, 0, 3);
+  for (float& v : expected) v -= 0.1f * 2;  // The mean of the two present.
+  ExpectNear(after.values, expected);
+
+  // A push from the lost rank (its old worker, still running) brings nothing.
+  PushOk(MakePush(2, 1, 1, {{key, {100, 100, 100}}}, "zombie"));
+  PushOk(MakePush(0, 2, 1, {{key, {1, 1, 1}}}));
+  PushOk(MakePush(1, 2, 1, {{key, {1, 1, 1}}}));
+  after = PullOne(key, 2);
+  for (float& v : expected) v -= 0.1f;
+  ExpectNear(after.values, expected);
+
+  // Taken over: the rank counts again only from its first push (step 3).
+  store_.SetLostWorkers(kJob, {});
+  PushOk(MakePush(0, 3, 2, {{key, {1, 1, 1}}}));
+  PushOk(MakePush(1, 3, 2, {{key, {1, 1, 1}}}));
+  EXPECT_EQ(PullOne(key, 3).version, 3);
+  PushOk(MakePush(2, 1, 3, {{key, {4, 4, 4}}}, "replacement"));
+  PushOk(MakePush(0, 4, 3, {{key, {1, 1, 1}}}));
+  PushOk(MakePush(1, 4, 3, {{key, {1, 1, 1}}}));
+  after = PullOne(key, 4);
+  EXPECT_EQ(after.version, 4);
+  for (float& v : expected) v -= 0.1f * (1 + 2);  // Step 2: 1; step 3: (4+1+1)/3.
+  ExpectNear(after.values, expected, 1e-5);
+  // Step 4 waits for all three again.
+  PushOk(MakePush(0, 5, 4, {{key, {1, 1, 1}}}));
+  PushOk(MakePush(1, 5, 4, {{key, {1, 1, 1}}}));
+  EXPECT_EQ(PullOne(key).version, 4);
+  PushOk(MakePush(2, 2, 4, {{key, {1, 1, 1}}}, "replacement"));
+  EXPECT_EQ(PullOne(key, 5).version, 5);
+}
+
+TEST_F(ParameterStoreTest, SspBoundIgnoresALostRank) {
+  AddJob(Spec(ConsistencySpec::SSP, 2));
+  PushOk(MakePush(0, 1, 0, {{{1, 0}, {0, 0}}}));
+  absl::Notification done;
+  std::thread waiter([&] {
+    absl::StatusOr<PullResponse> r = store_.Pull(MakePull({{1, 0}}, 0, 1), Soon());
+    EXPECT_TRUE(r.ok()) << r.status();
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  store_.SetLostWorkers(kJob, {1});
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  waiter.join();
+}
+
 TEST_F(ParameterStoreTest, DropJobWakesWaitersAndForgetsTheJob) {
   AddJob(Spec(ConsistencySpec::SYNC, 2));
   absl::Status status;

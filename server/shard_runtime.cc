@@ -43,7 +43,11 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
     it = hosted_.erase(it);
   }
   for (const Task& task : tasks) {
-    if (hosted_.count(task.job_id()) || refused_.count(task.job_id())) continue;
+    if (hosted_.count(task.job_id())) {
+      store_->SetLostWorkers(task.job_id(), {task.lost_ranks().begin(), task.lost_ranks().end()});
+      continue;
+    }
+    if (refused_.count(task.job_id())) continue;
     absl::Status added = Host(task);
     if (!added.ok()) {
       // The coordinator validated the spec, so this is a version mismatch, a
