@@ -71,6 +71,7 @@ bool CoordinatorState::Alive(const NodeEntry& node) const {
 NodeInfo CoordinatorState::Describe(const NodeEntry& node) const {
   NodeInfo info = node.info;
   info.set_alive(Alive(node));
+  info.set_draining(node.draining);
   info.set_last_heartbeat_ms(ToMillis(node.last_heartbeat));
   return info;
 }
@@ -123,6 +124,10 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   NodeEntry& node = it->second;
   node.last_heartbeat = options_.now();
   node.heard = true;
+  if (request.draining() && !node.draining) {
+    node.draining = true;
+    Log(absl::StrCat("node ", request.node_id(), " is draining"));
+  }
   if (!node.info.alive()) {
     // Back from the dead: alive again once that is recorded (the next
     // heartbeat tries again otherwise).
@@ -157,6 +162,17 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     const auto& nodes =
         node.info.role() == SHARD ? job.placement().shard_nodes() : job.placement().worker_nodes();
     task->set_rank(std::find(nodes.begin(), nodes.end(), node.info.id()) - nodes.begin());
+    for (const WorkerProgress& worker : job.workers()) {
+      if (worker.lost()) task->add_lost_ranks(worker.rank());
+    }
+    if (node.info.role() == WORKER && job.workers(task->rank()).joined()) {
+      auto join = joins_[job.id()].find(task->rank());
+      if (join != joins_[job.id()].end()) {
+        *task->mutable_join() = join->second;
+      } else {
+        task->mutable_join()->set_step(job.workers(task->rank()).step());
+      }
+    }
   }
   return response;
 }
@@ -277,6 +293,16 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     return absl::PermissionDeniedError(absl::StrCat(
         "node ", request.node_id(), " is not worker rank ", rank, " of job ", current->id()));
   }
+  if (request.drained()) {
+    JobStatus job = *current;
+    job.mutable_workers(rank)->set_step(request.step());
+    RETURN_IF_ERROR(LoseWorker(
+        job, rank,
+        absl::StrCat("worker ", request.node_id(), " drained after step ", request.step())));
+    SchedulePending();
+    response.set_job_ended(true);
+    return response;
+  }
   if (!request.error().empty()) {
     const std::string why =
         absl::StrCat("worker ", rank, " (", request.node_id(), "): ", request.error());
@@ -295,21 +321,25 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   worker->set_finished(worker->finished() || request.finished());
   if (request.has_test_accuracy()) job.set_test_accuracy(request.test_accuracy());
 
+  // Lost ranks (no worker took them over) do not hold the job back.
   int64_t min_step = INT64_MAX;
   double loss = 0, rate = 0;
+  int present = 0;
   bool all_finished = true;
   for (const WorkerProgress& w : job.workers()) {
+    if (w.lost()) continue;
+    ++present;
     min_step = std::min(min_step, w.step());
     loss += w.loss();
     rate += w.finished() ? 0 : w.examples_per_sec();
     all_finished = all_finished && w.finished();
   }
   job.set_step(min_step);
-  job.set_loss(loss / job.workers_size());
+  job.set_loss(loss / present);
   job.set_examples_per_sec(rate);
   const bool done = all_finished && job.test_accuracy() >= 0;
   if (done && (!Saves(job) || HasCheckpointAt(job, job.spec().steps()))) {
-    RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, ""));
+    RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, Untrained(job)));
     SchedulePending();
     response.set_job_ended(true);
     return response;
@@ -362,9 +392,12 @@ absl::Status CoordinatorState::FinishJob(const JobStatus& job, JobState state,
 absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const std::string& why) {
   absl::Status first;
   for (auto& [id, job] : jobs_) {
-    if (job.state() == RUNNING && InPlacement(job.placement(), node_id)) {
-      first.Update(FailOrRestart(job, why, /*diverged=*/false));
-    }
+    if (job.state() != RUNNING || !InPlacement(job.placement(), node_id)) continue;
+    const auto& workers = job.placement().worker_nodes();
+    auto rank = std::find(workers.begin(), workers.end(), node_id);
+    first.Update(rank != workers.end()
+                     ? LoseWorker(job, static_cast<int>(rank - workers.begin()), why)
+                     : FailOrRestart(job, why, /*diverged=*/false));
   }
   return first;
 }
@@ -393,6 +426,8 @@ void CoordinatorState::DetectDeadNodes() {
 }
 
 void CoordinatorState::SchedulePending() {
+  // Running jobs' lost ranks come before pending jobs.
+  AssignLostRanks();
   std::vector<const JobStatus*> jobs;
   const int64_t now_ms = ToMillis(options_.now());
   for (const std::string& id : job_order_) {
@@ -401,8 +436,9 @@ void CoordinatorState::SchedulePending() {
   }
   std::vector<NodeInfo> alive;
   for (const auto& [id, node] : nodes_) {
-    // A node not heard from since a restart may be gone: no new work yet.
-    if (Alive(node) && node.heard) alive.push_back(node.info);
+    // A node not heard from since a restart may be gone, a draining one is
+    // leaving: no new work.
+    if (Alive(node) && node.heard && !node.draining) alive.push_back(node.info);
   }
   for (ScheduleDecision& decision : control::SchedulePending(jobs, alive)) {
     JobStatus job = jobs_[decision.job_id];
@@ -444,6 +480,7 @@ void CoordinatorState::SchedulePending() {
         written = Commit(job, /*durable=*/true);
         if (written.ok()) {
           pending_checkpoints_.erase(job.id());
+          joins_.erase(job.id());
           settled_checkpoint_[job.id()] = job.restore().step();
         }
         break;

@@ -96,6 +96,8 @@ class CoordinatorState : public Coordinator {
     // Registered or heartbeated since this coordinator started (false for a
     // node loaded from the store until it does).
     bool heard = true;
+    // Told to stop (SIGTERM): gets no new work (HeartbeatRequest.draining).
+    bool draining = false;
   };
 
   // A checkpoint rank 0 has taken, gathering its files.
@@ -123,6 +125,17 @@ class CoordinatorState : public Coordinator {
   // only with rollback_on_divergence), and fails otherwise.
   absl::Status FailOrRestart(const JobStatus& job, const std::string& why, bool diverged)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `rank` of running `job` is gone (dead, restarted, drained): the
+  // job goes on without it, and AssignLostRanks hands the rank on.
+  absl::Status LoseWorker(const JobStatus& job, int rank, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives lost ranks of running jobs to free workers (alive, not draining,
+  // not working on a running job), oldest job first.
+  void AssignLostRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's message while ranks are lost ("" when none is).
+  static std::string WaitingFor(const JobStatus& job);
+  // What a job that ends with lost ranks did not train ("" when none is).
+  static std::string Untrained(const JobStatus& job);
   void DetectDeadNodes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A change the coordinator made by itself could not be written: logged
@@ -180,6 +193,10 @@ class CoordinatorState : public Coordinator {
   // The highest step whose checkpoint each job has committed or given up in
   // this run of the job: parts for it that heartbeats repeat are ignored.
   std::map<std::string, int64_t> settled_checkpoint_ ABSL_GUARDED_BY(mu_);
+  // What a worker that took over a lost rank starts from, by job and rank
+  // (not durable: after a coordinator restart a joiner already running
+  // keeps its task, and a new one starts without the checkpoint's state).
+  std::map<std::string, std::map<int, JoinTask>> joins_ ABSL_GUARDED_BY(mu_);
   // What LogWriteFailure logged last, by what could not be written.
   std::map<std::string, std::string> write_failures_ ABSL_GUARDED_BY(mu_);
 };

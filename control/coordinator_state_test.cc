@@ -225,13 +225,106 @@ TEST_F(CoordinatorStateTest, SilentNodeIsDeclaredDeadAndFailsItsJobs) {
   EXPECT_FALSE(s_alive);
 }
 
-TEST_F(CoordinatorStateTest, RestartedNodeFailsItsJobs) {
+TEST_F(CoordinatorStateTest, RestartedWorkerTakesItsRankBackRestartedShardFailsTheJob) {
   Register("s", SHARD);
   Register("a", WORKER, 1);
   ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 7)).ok());
   Register("a", WORKER, 2);
-  EXPECT_EQ(state_->GetJob("j")->state(), FAILED);
+  // The rank was lost, and the worker back with a new incarnation is free:
+  // it takes the rank over where it had got to.
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING);
+  EXPECT_FALSE(job.workers(0).lost());
+  EXPECT_TRUE(job.workers(0).joined());
   EXPECT_TRUE(Beat("a", 1).reregister());
+  HeartbeatResponse beat = Beat("a", 2);
+  ASSERT_EQ(beat.tasks_size(), 1);
+  EXPECT_TRUE(beat.tasks(0).has_join());
+  EXPECT_EQ(beat.tasks(0).join().step(), 7);
+  Register("s", SHARD, 2);
+  EXPECT_EQ(StateOf("j"), FAILED);
+}
+
+TEST_F(CoordinatorStateTest, ALostWorkersRankGoesOnWithoutItThenToAFreeWorker) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  Register("b", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 1), "j").ok());
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 10)).ok());
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "b", 1, 8)).ok());
+  for (int i = 0; i < 2; ++i) {  // b silent for 6 s > 5 s.
+    Advance(absl::Seconds(3));
+    Beat("s");
+    Beat("a");
+    state_->Tick();
+  }
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING);
+  EXPECT_TRUE(job.workers(1).lost());
+  EXPECT_EQ(job.placement().worker_nodes(1), "");
+  EXPECT_THAT(job.message(), HasSubstr("worker rank 1 lost; waiting for a free worker"));
+  EXPECT_THAT(job.events().rbegin()->message(),
+              HasSubstr("worker rank 1 lost at step 8: worker node b"));
+  HeartbeatResponse shard = Beat("s");
+  ASSERT_EQ(shard.tasks_size(), 1);
+  EXPECT_THAT(shard.tasks(0).lost_ranks(), ::testing::ElementsAre(1));
+  // The job's step follows the workers present.
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 20)).ok());
+  EXPECT_EQ(state_->GetJob("j")->step(), 20);
+  // b's late report is refused: the rank is no longer its.
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      state_->ReportProgress(Progress("j", "b", 1, 9)).status()));
+
+  Register("c", WORKER);
+  job = *state_->GetJob("j");
+  EXPECT_EQ(job.placement().worker_nodes(1), "c");
+  EXPECT_FALSE(job.workers(1).lost());
+  EXPECT_EQ(job.message(), "");
+  EXPECT_THAT(job.events().rbegin()->message(),
+              HasSubstr("worker rank 1 taken over by worker node c from step 8"));
+  HeartbeatResponse beat = Beat("c");
+  ASSERT_EQ(beat.tasks_size(), 1);
+  EXPECT_EQ(beat.tasks(0).rank(), 1);
+  EXPECT_EQ(beat.tasks(0).join().step(), 8);
+  EXPECT_TRUE(Beat("s").tasks(0).lost_ranks().empty());
+  EXPECT_FALSE(Beat("a").tasks(0).has_join());
+}
+
+TEST_F(CoordinatorStateTest, ADrainedWorkersRankEndsUntrainedWhenNoWorkerIsFree) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  Register("b", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 1), "j").ok());
+  HeartbeatRequest draining;
+  draining.set_node_id("b");
+  draining.set_incarnation(1);
+  draining.set_draining(true);
+  ASSERT_TRUE(state_->Heartbeat(draining).ok());
+  ReportProgressRequest drained = Progress("j", "b", 1, 30);
+  drained.set_drained(true);
+  ASSERT_TRUE(state_->ReportProgress(drained).value().job_ended());
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING);
+  EXPECT_TRUE(job.workers(1).lost());
+  EXPECT_THAT(job.events().rbegin()->message(), HasSubstr("drained after step 30"));
+  // A draining worker gets no work: not the rank it gave back, nor a new job.
+  EXPECT_EQ(Beat("b").tasks_size(), 0);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "k").ok());
+  EXPECT_EQ(StateOf("k"), PENDING);
+  const std::vector<NodeInfo> nodes = state_->ListNodes().value();
+  for (const NodeInfo& node : nodes) {
+    EXPECT_EQ(node.draining(), node.id() == "b") << node.id();
+  }
+
+  ReportProgressRequest done = Progress("j", "a", 0, 100);
+  done.set_finished(true);
+  done.set_has_test_accuracy(true);
+  done.set_test_accuracy(0.8);
+  ASSERT_TRUE(state_->ReportProgress(done).ok());
+  job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_THAT(job.message(), HasSubstr("without the data of worker rank 1 from step 30"));
 }
 
 TEST_F(CoordinatorStateTest, WorkersRunOneJobAtATimeShardsAreShared) {

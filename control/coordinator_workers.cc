@@ -1,0 +1,114 @@
+// CoordinatorState's handling of lost workers: a running job goes on
+// without a worker that died, restarted or drained, and its rank — its
+// share of the data, where it had got to — goes to the next free worker.
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "control/checkpoints.h"
+#include "common/status.h"
+#include "control/coordinator_state.h"
+
+namespace downpour {
+namespace control {
+
+absl::Status CoordinatorState::LoseWorker(const JobStatus& job, int rank, const std::string& why) {
+  const WorkerProgress& worker = job.workers(rank);
+  if (worker.lost() || worker.finished()) return absl::OkStatus();
+  JobStatus updated = job;
+  WorkerProgress* lost = updated.mutable_workers(rank);
+  lost->set_lost(true);
+  lost->set_examples_per_sec(0);
+  updated.mutable_placement()->set_worker_nodes(rank, "");
+  AddEvent(&updated, absl::StrCat("worker rank ", rank, " lost at step ", worker.step(), ": ", why,
+                                  "; the job goes on without it until a worker takes it over"));
+  updated.set_message(WaitingFor(updated));
+  RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
+  joins_[job.id()].erase(rank);
+  return absl::OkStatus();
+}
+
+std::string CoordinatorState::WaitingFor(const JobStatus& job) {
+  std::vector<int> lost;
+  for (const WorkerProgress& worker : job.workers()) {
+    if (worker.lost()) lost.push_back(worker.rank());
+  }
+  if (lost.empty()) return "";
+  return absl::StrCat("worker rank", lost.size() > 1 ? "s " : " ", absl::StrJoin(lost, ", "),
+                      " lost; waiting for a free worker to take ",
+                      lost.size() > 1 ? "them" : "it", " over",
+                      lost[0] == 0 ? " (rank 0 evaluates the job at its end)" : "");
+}
+
+std::string CoordinatorState::Untrained(const JobStatus& job) {
+  std::vector<std::string> lost;
+  for (const WorkerProgress& worker : job.workers()) {
+    if (worker.lost()) {
+      lost.push_back(absl::StrCat("rank ", worker.rank(), " from step ", worker.step()));
+    }
+  }
+  if (lost.empty()) return "";
+  return absl::StrCat("without the data of worker ", absl::StrJoin(lost, ", "),
+                      " (lost; no worker was free to take it over)");
+}
+
+void CoordinatorState::AssignLostRanks() {
+  // Workers busy with a running job's rank.
+  std::set<std::string> busy;
+  for (const auto& [id, job] : jobs_) {
+    if (job.state() != RUNNING) continue;
+    for (const std::string& node : job.placement().worker_nodes()) busy.insert(node);
+  }
+  std::vector<std::string> free;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == WORKER && Alive(node) && node.heard && !node.draining &&
+        !busy.count(id)) {
+      free.push_back(id);
+    }
+  }
+  for (const std::string& id : job_order_) {
+    if (free.empty()) return;
+    const JobStatus& job = jobs_[id];
+    // Once rank 0 has evaluated the job, its end does not wait for more.
+    if (job.state() != RUNNING || job.test_accuracy() >= 0) continue;
+    JobStatus updated = job;
+    std::vector<std::string> events;
+    std::map<int, JoinTask> joins;
+    for (WorkerProgress& worker : *updated.mutable_workers()) {
+      if (!worker.lost() || free.empty()) continue;
+      const std::string node = free.front();
+      free.erase(free.begin());
+      worker.set_lost(false);
+      worker.set_joined(true);
+      worker.set_node_id(node);
+      updated.mutable_placement()->set_worker_nodes(worker.rank(), node);
+      JoinTask& join = joins[worker.rank()];
+      join.set_step(worker.step());
+      // The workers' state (batch-norm statistics) of the newest checkpoint:
+      // better than a fresh model's for a rank 0 that evaluates soon.
+      if (!options_.checkpoint_root.empty() && job.checkpoints_size() > 0) {
+        std::vector<std::string> refused;
+        absl::StatusOr<CheckpointRestore> restore = CompleteCheckpoint(
+            options_.checkpoint_root,
+            std::vector<CheckpointInfo>(job.checkpoints().begin(), job.checkpoints().end()), 0,
+            &refused);
+        if (restore.ok()) join.set_worker_state(restore->worker_state());
+      }
+      AddEvent(&updated, absl::StrCat("worker rank ", worker.rank(), " taken over by worker node ",
+                                      node, " from step ", worker.step()));
+    }
+    updated.set_message(WaitingFor(updated));
+    absl::Status written = Commit(std::move(updated), /*durable=*/true);
+    const std::string what = absl::StrCat("the hand-over of job ", id, "'s lost ranks");
+    if (!written.ok()) {
+      LogWriteFailure(what, written);
+      return;
+    }
+    write_failures_.erase(what);
+    for (auto& [rank, join] : joins) joins_[id][rank] = std::move(join);
+  }
+}
+
+}  // namespace control
+}  // namespace downpour
