@@ -228,11 +228,12 @@ void CoordinatorState::TickCheckpoints() {
 }
 
 absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::string& why,
-                                             bool diverged) {
+                                             bool diverged, bool moved) {
   const RestartPolicy& policy = job.spec().restart();
   const int max_restarts =
       policy.max_restarts() == 0 ? kDefaultMaxRestarts : std::max(0, policy.max_restarts());
-  if (job.restarts_in_a_row() >= max_restarts || (diverged && !policy.rollback_on_divergence())) {
+  if (!moved &&
+      (job.restarts_in_a_row() >= max_restarts || (diverged && !policy.rollback_on_divergence()))) {
     return FinishJob(job, FAILED,
                      job.restarts_in_a_row() == 0
                          ? why
@@ -242,7 +243,7 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   }
   JobStatus updated = job;
   updated.set_restarts(job.restarts() + 1);
-  updated.set_restarts_in_a_row(job.restarts_in_a_row() + 1);
+  if (!moved) updated.set_restarts_in_a_row(job.restarts_in_a_row() + 1);
   // Its newest complete checkpoint (a damaged one is refused, and the one
   // before taken), or the start.
   std::vector<std::string> refused;
@@ -264,14 +265,17 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   } else {
     updated.clear_restore();
   }
-  const absl::Duration backoff = std::min(
+  const absl::Duration backoff = moved ? absl::ZeroDuration() : std::min(
       absl::Minutes(5), absl::Seconds(policy.backoff_seconds() > 0 ? policy.backoff_seconds()
                                                                    : kDefaultBackoffSeconds) *
                             (int64_t{1} << std::min(job.restarts_in_a_row(), 16)));
   AddEvent(&updated,
-           absl::StrCat("restart ", updated.restarts(), " (", updated.restarts_in_a_row(), " of ",
-                        max_restarts, " in a row) in ", absl::FormatDuration(backoff),
-                        " after: ", why, "; at step ", job.step(), ", continues ",
+           absl::StrCat("restart ", updated.restarts(),
+                        moved ? " (a move, not counted)"
+                              : absl::StrCat(" (", updated.restarts_in_a_row(), " of ",
+                                             max_restarts, " in a row)"),
+                        " in ", absl::FormatDuration(backoff), " after: ", why, "; at step ",
+                        job.step(), ", continues ",
                         restore.ok() ? absl::StrCat("from the checkpoint at step ", from)
                                      : "from the start (no checkpoint yet)"));
   updated.set_state(PENDING);

@@ -127,6 +127,7 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   if (request.draining() && !node.draining) {
     node.draining = true;
     Log(absl::StrCat("node ", request.node_id(), " is draining"));
+    if (node.info.role() == SHARD) DrainShard(node.info.id());
   }
   if (!node.info.alive()) {
     // Back from the dead: alive again once that is recorded (the next
@@ -144,7 +145,9 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   }
   if (node.info.role() == SHARD) {
     for (const CheckpointPart& part : request.checkpoints()) TakeCheckpointPart(part);
+    TickDrains();
   }
+  response.set_released(node.draining && Released(node.info.id()));
   for (const std::string& id : job_order_) {
     const JobStatus& job = jobs_[id];
     if (job.state() != RUNNING || !InPlacement(job.placement(), node.info.id())) continue;
@@ -294,6 +297,8 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
         "node ", request.node_id(), " is not worker rank ", rank, " of job ", current->id()));
   }
   if (request.drained()) {
+    // A leaving worker takes no rank over, not even the one it gave back.
+    nodes_[request.node_id()].draining = true;
     JobStatus job = *current;
     job.mutable_workers(rank)->set_step(request.step());
     RETURN_IF_ERROR(LoseWorker(
@@ -357,6 +362,7 @@ void CoordinatorState::Tick() {
   absl::MutexLock lock(&mu_);
   DetectDeadNodes();
   TickCheckpoints();
+  TickDrains();
   SchedulePending();
   changed_.SignalAll();
 }

@@ -122,9 +122,17 @@ class CoordinatorState : public Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A running job failed for `why`: it starts again from its newest complete
   // checkpoint if its RestartPolicy allows one more restart (a divergence
-  // only with rollback_on_divergence), and fails otherwise.
-  absl::Status FailOrRestart(const JobStatus& job, const std::string& why, bool diverged)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // only with rollback_on_divergence), and fails otherwise. `moved`: it did
+  // not fail but moves off a draining shard — always, at once, uncounted.
+  absl::Status FailOrRestart(const JobStatus& job, const std::string& why, bool diverged,
+                             bool moved = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A shard node began draining: its running jobs take a checkpoint and move
+  // off it (TickDrains), or move at once when they are not saved.
+  void DrainShard(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves jobs whose checkpoint since a drain began is in (or overdue).
+  void TickDrains() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a draining node holds nothing a running job needs.
+  bool Released(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `rank` of running `job` is gone (dead, restarted, drained): the
   // job goes on without it, and AssignLostRanks hands the rank on.
   absl::Status LoseWorker(const JobStatus& job, int rank, const std::string& why)
@@ -197,6 +205,14 @@ class CoordinatorState : public Coordinator {
   // (not durable: after a coordinator restart a joiner already running
   // keeps its task, and a new one starts without the checkpoint's state).
   std::map<std::string, std::map<int, JoinTask>> joins_ ABSL_GUARDED_BY(mu_);
+  // Jobs moving off a draining shard once a checkpoint is in: the shard and
+  // when the drain began (not durable: the shard's next heartbeat after a
+  // coordinator restart begins it again).
+  struct Drain {
+    std::string node_id;
+    absl::Time began;
+  };
+  std::map<std::string, Drain> drains_ ABSL_GUARDED_BY(mu_);
   // What LogWriteFailure logged last, by what could not be written.
   std::map<std::string, std::string> write_failures_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,6 +1,7 @@
-// CoordinatorState's handling of lost workers: a running job goes on
-// without a worker that died, restarted or drained, and its rank — its
-// share of the data, where it had got to — goes to the next free worker.
+// CoordinatorState's handling of nodes that leave a running job: a job goes
+// on without a worker that died, restarted or drained, and its rank — its
+// share of the data, where it had got to — goes to the next free worker; a
+// job on a draining shard takes a checkpoint and moves off it.
 #include <algorithm>
 #include <set>
 
@@ -108,6 +109,73 @@ void CoordinatorState::AssignLostRanks() {
     write_failures_.erase(what);
     for (auto& [rank, join] : joins) joins_[id][rank] = std::move(join);
   }
+}
+
+void CoordinatorState::DrainShard(const std::string& node_id) {
+  for (const std::string& id : job_order_) {
+    const JobStatus& job = jobs_[id];
+    const auto& shards = job.placement().shard_nodes();
+    if (job.state() != RUNNING || std::find(shards.begin(), shards.end(), node_id) == shards.end()) {
+      continue;
+    }
+    absl::Status written;
+    if (!Saves(job)) {
+      written = FailOrRestart(
+          job, absl::StrCat("shard node ", node_id, " drained; the job has no checkpoints"),
+          /*diverged=*/false, /*moved=*/true);
+    } else {
+      JobStatus updated = job;
+      if (updated.checkpoint_requested_ms() == 0) {
+        updated.set_checkpoint_requested_ms(absl::ToUnixMillis(options_.now()));
+      }
+      AddEvent(&updated, absl::StrCat("shard node ", node_id,
+                                      " is draining: the job moves off it after a checkpoint"));
+      written = Commit(std::move(updated), /*durable=*/true);
+      if (written.ok()) drains_[id] = Drain{node_id, options_.now()};
+    }
+    if (!written.ok()) LogWriteFailure(absl::StrCat("the drain of job ", id), written);
+  }
+}
+
+void CoordinatorState::TickDrains() {
+  for (auto it = drains_.begin(); it != drains_.end();) {
+    const JobStatus& job = jobs_[it->first];
+    if (job.state() != RUNNING) {
+      it = drains_.erase(it);
+      continue;
+    }
+    const bool saved = !job.checkpoints().empty() &&
+                       job.checkpoints().rbegin()->time_ms() >= absl::ToUnixMillis(it->second.began);
+    const bool overdue = options_.now() - it->second.began > options_.checkpoint_timeout;
+    if (!saved && !overdue) {
+      ++it;
+      continue;
+    }
+    absl::Status moved = FailOrRestart(
+        job,
+        absl::StrCat("shard node ", it->second.node_id, " drained",
+                     saved ? "" : " (no checkpoint came in time)"),
+        /*diverged=*/false, /*moved=*/true);
+    if (!moved.ok()) {
+      LogWriteFailure(absl::StrCat("the move of job ", it->first), moved);
+      ++it;
+      continue;
+    }
+    it = drains_.erase(it);
+  }
+}
+
+bool CoordinatorState::Released(const std::string& node_id) const {
+  for (const auto& [id, job] : jobs_) {
+    if (job.state() != RUNNING) continue;
+    for (const std::string& node : job.placement().shard_nodes()) {
+      if (node == node_id) return false;
+    }
+    for (const std::string& node : job.placement().worker_nodes()) {
+      if (node == node_id) return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace control

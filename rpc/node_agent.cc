@@ -66,6 +66,10 @@ void NodeAgent::HeartbeatLoop() {
     HeartbeatRequest request;
     request.set_node_id(options_.self.id());
     request.set_incarnation(options_.self.incarnation());
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_draining(draining_);
+    }
     if (options_.add_to_heartbeat) options_.add_to_heartbeat(&request);
     absl::StatusOr<HeartbeatResponse> response = coordinator_->Heartbeat(request);
     absl::Status status = response.status();
@@ -84,8 +88,20 @@ void NodeAgent::HeartbeatLoop() {
     reachable = true;
     if (!response->reregister()) {
       on_tasks_(std::vector<Task>(response->tasks().begin(), response->tasks().end()));
+      absl::MutexLock lock(&mu_);
+      released_ = draining_ && response->released();
     }
   }
+}
+
+void NodeAgent::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool NodeAgent::WaitReleased(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&released_), timeout);
 }
 
 absl::StatusOr<ReportProgressResponse> NodeAgent::ReportProgress(

@@ -54,6 +54,13 @@ class NodeAgent {
 
   const NodeInfo& self() const { return options_.self; }
 
+  // The node is leaving (SIGTERM): heartbeats say so from now on, and the
+  // coordinator gives it no new work and moves what it holds elsewhere.
+  void Drain();
+  // After Drain: waits until the coordinator says the node holds nothing a
+  // job needs (HeartbeatResponse.released); false after `timeout`.
+  bool WaitReleased(absl::Duration timeout);
+
  private:
   NodeAgent(Options options, control::Coordinator* coordinator, TasksCallback on_tasks);
   absl::Status Register();
@@ -66,6 +73,8 @@ class NodeAgent {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -1,7 +1,8 @@
 // downpour-ps: one parameter shard. Registers with the coordinator, hosts the
 // partitions the coordinator places on it for every running job
-// (server/shard_runtime.h), and serves pushes and pulls. Flags are parsed
-// here once into options.
+// (server/shard_runtime.h), and serves pushes and pulls. On SIGTERM it drains:
+// it keeps serving while the coordinator checkpoints its jobs and moves them
+// to other shards, then exits. Flags are parsed here once into options.
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -23,6 +24,9 @@
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and read from, ROOT/JOB_ID/step-S/ (in a cluster, "
           "a filesystem the coordinator and every shard share); empty: this shard writes none");
+ABSL_FLAG(int32_t, drain_timeout_s, 120,
+          "On SIGTERM, how long the shard keeps serving while the coordinator checkpoints its "
+          "jobs and moves them to other shards; it exits once they are moved or this passes");
 
 namespace downpour {
 namespace {
@@ -55,6 +59,18 @@ int Main() {
                    writer ? absl::StrCat(", checkpoints in ", checkpoint_root) : ""));
 
   const std::string signal = WaitForTerminationSignal();
+  if (!runtime.HostedJobs().empty()) {
+    const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+    Log(absl::StrCat(signal, " received, draining: the jobs here move to other shards (at most ",
+                     absl::FormatDuration(timeout), ")"));
+    (*daemon)->agent().Drain();
+    if ((*daemon)->agent().WaitReleased(timeout)) {
+      Log("drained: no job needs this shard any more");
+    } else {
+      Log(absl::StrCat("drain not finished after ", absl::FormatDuration(timeout),
+                       "; jobs still here recover from their checkpoints"));
+    }
+  }
   Log(absl::StrCat(signal, " received, shutting down"));
   (*daemon)->Shutdown();
   return 0;

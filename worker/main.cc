@@ -125,7 +125,9 @@ int Main() {
 
   const std::string signal = WaitForTerminationSignal();
   Log(absl::StrCat(signal, " received, shutting down"));
-  // Trainers report through the agent: they stop first.
+  // Trainers report through the agent: they stop first, each after its
+  // current step, and hand their ranks back (drained).
+  (*daemon)->agent().Drain();
   runtime.StopAll();
   (*daemon)->Shutdown();
   return 0;

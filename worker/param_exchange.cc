@@ -227,6 +227,10 @@ absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
     }
     payload.CopyTo(offset, size, reinterpret_cast<char*>(params[p.tensor_id()] + p.offset()));
     offset += size;
+    const int64_t version = response.partitions(k).version();
+    int64_t seen = max_pulled_version_.load(std::memory_order_relaxed);
+    while (version > seen && !max_pulled_version_.compare_exchange_weak(seen, version)) {
+    }
   }
   return absl::OkStatus();
 }

@@ -21,6 +21,7 @@
 #ifndef DOWNPOUR_WORKER_PARAM_EXCHANGE_H_
 #define DOWNPOUR_WORKER_PARAM_EXCHANGE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -108,6 +109,10 @@ class ParameterExchange {
   absl::Status CaptureNow(int64_t checkpoint_step, int64_t last_step,
                           const std::function<bool()>& cancelled);
 
+  // The highest partition version any pull has returned (SYNC: the step the
+  // job's shards are at; a worker joining a running job starts there).
+  int64_t max_pulled_version() const { return max_pulled_version_.load(); }
+
  private:
   struct Message {
     int shard;
@@ -142,6 +147,7 @@ class ParameterExchange {
   std::vector<Message> messages_;  // Sorted by (first tensor, partition).
   std::vector<int> partitions_per_shard_;
   int64_t sequence_ = 0;
+  mutable std::atomic<int64_t> max_pulled_version_{0};
   int64_t checkpoint_step_ = 0;  // For the next push's requests (0: none).
 
   absl::Mutex mu_;

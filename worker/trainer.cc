@@ -86,10 +86,11 @@ absl::Status JobTrainer::StartExchange(const std::vector<ParamInfo>& params) {
 absl::Status JobTrainer::Run() {
   absl::Status status = Train();
   if (shutting_down_.load() && !job_ended_.load()) {
-    // One attempt: the process is exiting.
-    ReportProgressRequest failed;
-    failed.set_error(absl::StrCat("worker ", options_.node_id, " was shut down"));
-    Report(failed, /*final=*/true);
+    // One attempt: the process is exiting. The rank goes to another worker.
+    ReportProgressRequest drained;
+    drained.set_drained(true);
+    drained.set_step(steps_completed_.load());
+    Report(drained, /*final=*/true);
   } else if (!status.ok() && !cancelled_.load() && !job_ended_.load()) {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
@@ -214,6 +215,20 @@ absl::Status JobTrainer::Train() {
   // Replica 0 exchanges with the shards and evaluates.
   Model* model = replica_set->primary();
   RETURN_IF_ERROR(StartExchange(model->params()));
+  // Where this worker starts: the job's start, its checkpoint's step, or
+  // where the rank it takes over had got to — in SYNC the shards' current
+  // step, which a first pull finds.
+  int64_t first_step = task_.restore().step();
+  if (task_.has_join()) {
+    if (spec.consistency().mode() == ConsistencySpec::SYNC) {
+      RETURN_IF_ERROR(PullParameters(model, 0, 0));
+      first_step = exchange_->max_pulled_version();
+    } else {
+      first_step = task_.join().step();
+    }
+    first_step = std::min(first_step, spec.steps());
+  }
+  steps_completed_.store(first_step);
 
   BatchReaderOptions data;
   data.file_pattern = spec.dataset().train_files();
@@ -233,17 +248,24 @@ absl::Status JobTrainer::Train() {
   // A restored job continues at its checkpoint's step, with the workers'
   // state saved there and each worker's data where it was (the stream is
   // deterministic: the same batches, skipped).
-  const int64_t first_step = task_.restore().step();
   Batch batch;
-  if (task_.has_restore()) {
-    RETURN_IF_ERROR(Annotate(LoadWorkerState(task_.restore().worker_state(), replica_set.get()),
-                             absl::StrCat("restoring the checkpoint at step ", first_step)));
+  const std::string& worker_state =
+      task_.has_join() ? task_.join().worker_state() : task_.restore().worker_state();
+  if (!worker_state.empty()) {
+    RETURN_IF_ERROR(Annotate(LoadWorkerState(worker_state, replica_set.get()),
+                             task_.has_join()
+                                 ? "loading the workers' state of the newest checkpoint"
+                                 : absl::StrCat("restoring the checkpoint at step ", first_step)));
+  }
+  if (first_step > 0) {
     for (int64_t step = 0; step < first_step; ++step) {
       ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
       if (!have_batch) return absl::InternalError("training data ended");
     }
-    Log(absl::StrCat("job ", task_.job_id(), ": continuing from the checkpoint at step ",
-                     first_step));
+    Log(absl::StrCat("job ", task_.job_id(), ": continuing ",
+                     task_.has_join() ? absl::StrCat("rank ", rank, " (taken over)")
+                                      : "from the checkpoint",
+                     " at step ", first_step));
   }
   // Rank 0 evaluates at the end; a wrong test-set path fails the job now,
   // not after the last step.
@@ -318,6 +340,7 @@ absl::Status JobTrainer::Train() {
     window_loss += result.loss;
     ++window_steps;
     window_examples += batch.size;
+    steps_completed_.store(step + 1);
     if (steps_done) steps_done->Increment();
     if ((step + 1) % spec.log_every_steps() == 0 || step + 1 == spec.steps() ||
         checkpoint.step() > 0) {
@@ -337,7 +360,16 @@ absl::Status JobTrainer::Train() {
       window_steps = window_examples = 0;
     }
   }
-  if (rank != 0) return absl::OkStatus();
+  if (rank != 0) {
+    // A rank taken over after its last step has nothing to train.
+    if (first_step >= spec.steps()) {
+      ReportProgressRequest done;
+      done.set_step(spec.steps());
+      done.set_finished(true);
+      Report(done, /*final=*/true);
+    }
+    return absl::OkStatus();
+  }
 
   // Rank 0 evaluates the final model: every worker's last update applied.
   RETURN_IF_ERROR(PullParameters(model, mode == ConsistencySpec::SYNC ? spec.steps() : 0,

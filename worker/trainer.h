@@ -8,7 +8,9 @@
 // (worker/worker_state.h) with a progress report. A task with a restore
 // starts at the checkpoint's step: the worker state is loaded, the data
 // stream skips the batches already trained on, and the first pull waits for
-// the restored parameters.
+// the restored parameters. A task with a join takes over a lost worker's
+// rank mid-run: it continues the rank's data stream at the shards' current
+// step (SYNC) or the rank's last reported one (ASYNC/SSP).
 //
 // The shards are ParameterShard interfaces, so the loop runs the same against
 // local stores (tests) and remote shards (the daemon). Run() is blocking and
@@ -77,8 +79,12 @@ class JobTrainer {
   int64_t attempt() const { return task_.attempt(); }
   // The job ended elsewhere: stop without reporting.
   void Cancel() { cancelled_.store(true); }
-  // The worker process is exiting: stop, and tell the coordinator the job
-  // lost this worker (so it fails now, not after the heartbeat timeout).
+  // Which rank of the job this trainer runs.
+  int rank() const { return task_.rank(); }
+  bool cancelled() const { return cancelled_.load(); }
+  // The worker process is exiting (SIGTERM): finish the step under way,
+  // then hand the rank back to the coordinator (drained), which gives it
+  // to another worker while the job goes on.
   void Shutdown() {
     shutting_down_.store(true);
     cancelled_.store(true);
@@ -121,6 +127,8 @@ class JobTrainer {
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};
   std::atomic<bool> shutting_down_{false};
+  // Steps this worker has completed (pushed), for a drain's report.
+  std::atomic<int64_t> steps_completed_{0};
   bool coordinator_reachable_ = true;
 };
 
