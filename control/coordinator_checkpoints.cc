@@ -265,19 +265,20 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   } else {
     updated.clear_restore();
   }
-  const absl::Duration backoff = moved ? absl::ZeroDuration() : std::min(
-      absl::Minutes(5), absl::Seconds(policy.backoff_seconds() > 0 ? policy.backoff_seconds()
-                                                                   : kDefaultBackoffSeconds) *
-                            (int64_t{1} << std::min(job.restarts_in_a_row(), 16)));
-  AddEvent(&updated,
-           absl::StrCat("restart ", updated.restarts(),
-                        moved ? " (a move, not counted)"
-                              : absl::StrCat(" (", updated.restarts_in_a_row(), " of ",
-                                             max_restarts, " in a row)"),
-                        " in ", absl::FormatDuration(backoff), " after: ", why, "; at step ",
-                        job.step(), ", continues ",
-                        restore.ok() ? absl::StrCat("from the checkpoint at step ", from)
-                                     : "from the start (no checkpoint yet)"));
+  const absl::Duration backoff =
+      moved ? absl::ZeroDuration()
+            : std::min(absl::Minutes(5),
+                       absl::Seconds(policy.backoff_seconds() > 0 ? policy.backoff_seconds()
+                                                                  : kDefaultBackoffSeconds) *
+                           (int64_t{1} << std::min(job.restarts_in_a_row(), 16)));
+  AddEvent(&updated, absl::StrCat("restart ", updated.restarts(),
+                                  moved ? " (a move, not counted)"
+                                        : absl::StrCat(" (", updated.restarts_in_a_row(), " of ",
+                                                       max_restarts, " in a row)"),
+                                  " in ", absl::FormatDuration(backoff), " after: ", why,
+                                  "; at step ", job.step(), ", continues ",
+                                  restore.ok() ? absl::StrCat("from the checkpoint at step ", from)
+                                               : "from the start (no checkpoint yet)"));
   updated.set_state(PENDING);
   updated.set_message(absl::StrCat("restarting after: ", why));
   updated.set_test_accuracy(-1);

@@ -273,8 +273,7 @@ TEST_F(CoordinatorStateTest, ALostWorkersRankGoesOnWithoutItThenToAFreeWorker) {
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 20)).ok());
   EXPECT_EQ(state_->GetJob("j")->step(), 20);
   // b's late report is refused: the rank is no longer its.
-  EXPECT_TRUE(absl::IsPermissionDenied(
-      state_->ReportProgress(Progress("j", "b", 1, 9)).status()));
+  EXPECT_TRUE(absl::IsPermissionDenied(state_->ReportProgress(Progress("j", "b", 1, 9)).status()));
 
   Register("c", WORKER);
   job = *state_->GetJob("j");

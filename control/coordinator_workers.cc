@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "control/checkpoints.h"
 #include "common/status.h"
+#include "control/checkpoints.h"
 #include "control/coordinator_state.h"
 
 namespace downpour {
@@ -37,9 +37,8 @@ std::string CoordinatorState::WaitingFor(const JobStatus& job) {
   }
   if (lost.empty()) return "";
   return absl::StrCat("worker rank", lost.size() > 1 ? "s " : " ", absl::StrJoin(lost, ", "),
-                      " lost; waiting for a free worker to take ",
-                      lost.size() > 1 ? "them" : "it", " over",
-                      lost[0] == 0 ? " (rank 0 evaluates the job at its end)" : "");
+                      " lost; waiting for a free worker to take ", lost.size() > 1 ? "them" : "it",
+                      " over", lost[0] == 0 ? " (rank 0 evaluates the job at its end)" : "");
 }
 
 std::string CoordinatorState::Untrained(const JobStatus& job) {
@@ -115,7 +114,8 @@ void CoordinatorState::DrainShard(const std::string& node_id) {
   for (const std::string& id : job_order_) {
     const JobStatus& job = jobs_[id];
     const auto& shards = job.placement().shard_nodes();
-    if (job.state() != RUNNING || std::find(shards.begin(), shards.end(), node_id) == shards.end()) {
+    if (job.state() != RUNNING ||
+        std::find(shards.begin(), shards.end(), node_id) == shards.end()) {
       continue;
     }
     absl::Status written;
@@ -144,18 +144,17 @@ void CoordinatorState::TickDrains() {
       it = drains_.erase(it);
       continue;
     }
-    const bool saved = !job.checkpoints().empty() &&
-                       job.checkpoints().rbegin()->time_ms() >= absl::ToUnixMillis(it->second.began);
+    const bool saved = !job.checkpoints().empty() && job.checkpoints().rbegin()->time_ms() >=
+                                                         absl::ToUnixMillis(it->second.began);
     const bool overdue = options_.now() - it->second.began > options_.checkpoint_timeout;
     if (!saved && !overdue) {
       ++it;
       continue;
     }
-    absl::Status moved = FailOrRestart(
-        job,
-        absl::StrCat("shard node ", it->second.node_id, " drained",
-                     saved ? "" : " (no checkpoint came in time)"),
-        /*diverged=*/false, /*moved=*/true);
+    absl::Status moved = FailOrRestart(job,
+                                       absl::StrCat("shard node ", it->second.node_id, " drained",
+                                                    saved ? "" : " (no checkpoint came in time)"),
+                                       /*diverged=*/false, /*moved=*/true);
     if (!moved.ok()) {
       LogWriteFailure(absl::StrCat("the move of job ", it->first), moved);
       ++it;

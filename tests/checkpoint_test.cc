@@ -264,17 +264,20 @@ TEST_F(CheckpointTest, WithoutACheckpointRootTheCommandsSaySo) {
   EXPECT_TRUE(absl::StrContains(exported.err, "has no checkpoint")) << exported.err;
 }
 
-// Kills one process of a running SYNC job once it has a checkpoint at step
-// 200 or later, starts a replacement, and expects the job to finish from its
-// checkpoint with a clean run's accuracy.
+// Injects a fault into a running job once it has a checkpoint at step 200
+// or later, and expects it to finish with a clean run's accuracy: rolled
+// back to a checkpoint (a shard lost) or without a rollback (a worker lost:
+// its rank goes on elsewhere; a shard drained: moved after a checkpoint).
 class RecoveryTest : public CheckpointTest {
  protected:
+  enum class Expect { kRollback, kNoRestart, kMove };
+
   // Runs `fault` (which injects the fault and starts what replaces the lost
-  // process) on a running SYNC job once it has a checkpoint at step 200 or
-  // later.
-  void SurviveFault(const std::function<void()>& fault) {
+  // process) on a running job of `mode`.
+  void SurviveFault(Expect expect, const std::function<void()>& fault,
+                    const std::string& mode = "SYNC") {
     StartCluster();
-    const std::string spec = WriteSpec(CheckpointedSpec("SYNC", 1200, 100));
+    const std::string spec = WriteSpec(CheckpointedSpec(mode, 1200, 100));
     ASSERT_EQ(cluster_->Ctl({"submit", spec, "--job_id=victim"}).exit_code, 0);
     ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) {
       return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() >= 200;
@@ -284,36 +287,71 @@ class RecoveryTest : public CheckpointTest {
     ASSERT_EQ(waited.exit_code, 0) << waited.err << cluster_->Logs();
     const JobStatus job = cluster_->GetJob("victim");
     std::cout << "events:" << Events(job) << std::endl;
-    EXPECT_GE(job.restarts(), 1) << Events(job);
-    EXPECT_GE(job.resumed_from_step(), 200) << Events(job);
-    EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
-    EXPECT_TRUE(HasEvent(job, "restart 1 (1 of 3 in a row)")) << Events(job);
+    switch (expect) {
+      case Expect::kRollback:
+        EXPECT_GE(job.restarts(), 1) << Events(job);
+        EXPECT_GE(job.resumed_from_step(), 200) << Events(job);
+        EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
+        EXPECT_TRUE(HasEvent(job, "restart 1 (1 of 3 in a row)")) << Events(job);
+        break;
+      case Expect::kNoRestart:
+        EXPECT_EQ(job.restarts(), 0) << Events(job);
+        EXPECT_EQ(job.attempt(), 1) << Events(job);
+        EXPECT_TRUE(HasEvent(job, " lost at step ")) << Events(job);
+        EXPECT_TRUE(HasEvent(job, " taken over by worker node ")) << Events(job);
+        break;
+      case Expect::kMove:
+        EXPECT_TRUE(HasEvent(job, "is draining: the job moves off it")) << Events(job);
+        EXPECT_TRUE(HasEvent(job, "(a move, not counted)")) << Events(job);
+        EXPECT_EQ(job.restarts_in_a_row(), 0) << Events(job);
+        EXPECT_GE(job.resumed_from_step(), 200) << Events(job);
+        break;
+    }
 
     CommandResult clean = cluster_->Ctl({"submit", spec, "--job_id=clean", "--wait"});
     ASSERT_EQ(clean.exit_code, 0) << clean.err;
     const double clean_accuracy = cluster_->GetJob("clean").test_accuracy();
-    std::cout << "recovered from step " << job.resumed_from_step() << ": test accuracy "
-              << job.test_accuracy() << "; clean run: " << clean_accuracy << std::endl;
+    std::cout << "recovered (restarts " << job.restarts() << ", from step "
+              << job.resumed_from_step() << "): test accuracy " << job.test_accuracy()
+              << "; clean run: " << clean_accuracy << std::endl;
     EXPECT_NEAR(job.test_accuracy(), clean_accuracy, 0.01);
   }
 };
 
-TEST_F(RecoveryTest, AKilledWorkerIsReplacedAndTheJobFinishes) {
-  SurviveFault([this] {
+TEST_F(RecoveryTest, AKilledSyncWorkersRankGoesToAReplacementWithoutARollback) {
+  SurviveFault(Expect::kNoRestart, [this] {
     cluster_->worker(1)->Signal(SIGKILL);
+    // The job goes on with worker 0 meanwhile.
+    ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) {
+      return std::any_of(job.workers().begin(), job.workers().end(),
+                         [](const WorkerProgress& w) { return w.lost(); });
+    })) << cluster_->Logs();
+    const int64_t step = cluster_->GetJob("victim").step();
+    ASSERT_TRUE(AwaitJob("victim", [step](const JobStatus& job) { return job.step() > step + 50; }))
+        << cluster_->Logs();
     ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
   });
 }
 
+TEST_F(RecoveryTest, AKilledAsyncWorkersRankGoesToAReplacementWithoutARollback) {
+  SurviveFault(
+      Expect::kNoRestart,
+      [this] {
+        cluster_->worker(1)->Signal(SIGKILL);
+        ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+      },
+      "ASYNC");
+}
+
 TEST_F(RecoveryTest, AKilledShardIsReplacedAndItsPartitionsRestored) {
-  SurviveFault([this] {
+  SurviveFault(Expect::kRollback, [this] {
     cluster_->shard(1)->Signal(SIGKILL);
     ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();
   });
 }
 
 TEST_F(RecoveryTest, AShardFrozenPastTheNodeTimeoutIsReplaced) {
-  SurviveFault([this] {
+  SurviveFault(Expect::kRollback, [this] {
     ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();  // The spare.
     cluster_->shard(1)->Signal(SIGSTOP);
     ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) { return job.restarts() == 1; }));
@@ -322,14 +360,29 @@ TEST_F(RecoveryTest, AShardFrozenPastTheNodeTimeoutIsReplaced) {
   });
 }
 
+TEST_F(RecoveryTest, ASigtermedShardHandsItsJobOverAfterAFreshCheckpoint) {
+  SurviveFault(Expect::kMove, [this] {
+    ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();  // Where the job moves.
+    const int64_t step = cluster_->GetJob("victim").step();
+    cluster_->shard(1)->Signal(SIGTERM);
+    auto code = cluster_->shard(1)->Wait(absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << "the shard did not exit after draining" << cluster_->Logs();
+    EXPECT_EQ(*code, 0) << cluster_->shard(1)->Log();
+    EXPECT_NE(cluster_->shard(1)->Log().find("drained: no job needs this shard"), std::string::npos)
+        << cluster_->shard(1)->Log();
+    // The checkpoint it moved with was taken after the drain began.
+    EXPECT_GE(cluster_->GetJob("victim").resumed_from_step(), step);
+  });
+}
+
 TEST_F(RecoveryTest, TheCoordinatorKilledMidRecoveryLosesNothing) {
-  SurviveFault([this] {
-    cluster_->worker(1)->Signal(SIGKILL);
-    // The job is waiting to restart (no free worker) when the coordinator
-    // dies; it comes back and the replacement worker arrives.
+  SurviveFault(Expect::kRollback, [this] {
+    cluster_->shard(1)->Signal(SIGKILL);
+    // The job is waiting to restart (no free shard) when the coordinator
+    // dies; it comes back and the replacement shard arrives.
     ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) { return job.state() == PENDING; }));
     ASSERT_TRUE(cluster_->RestartCoordinator(absl::Seconds(1), SIGKILL).ok()) << cluster_->Logs();
-    ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+    ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();
   });
 }
 

@@ -262,10 +262,10 @@ absl::Status JobTrainer::Train() {
       ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
       if (!have_batch) return absl::InternalError("training data ended");
     }
-    Log(absl::StrCat("job ", task_.job_id(), ": continuing ",
-                     task_.has_join() ? absl::StrCat("rank ", rank, " (taken over)")
-                                      : "from the checkpoint",
-                     " at step ", first_step));
+    Log(absl::StrCat(
+        "job ", task_.job_id(), ": continuing ",
+        task_.has_join() ? absl::StrCat("rank ", rank, " (taken over)") : "from the checkpoint",
+        " at step ", first_step));
   }
   // Rank 0 evaluates at the end; a wrong test-set path fails the job now,
   // not after the last step.

@@ -21,9 +21,9 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
   for (const Task& task : tasks) {
     current.insert(task.job_id());
     auto it = running_.find(task.job_id());
-    if (it != running_.end() && (it->second->trainer->attempt() != task.attempt() ||
-                                 it->second->trainer->rank() != task.rank() ||
-                                 it->second->trainer->cancelled())) {
+    if (it != running_.end() &&
+        (it->second->trainer->attempt() != task.attempt() ||
+         it->second->trainer->rank() != task.rank() || it->second->trainer->cancelled())) {
       // The job started again (resumed or recovered), or this worker lost
       // its rank and now takes one over: the old run ends first.
       it->second->trainer->Cancel();
