@@ -42,6 +42,15 @@ RequestKey KeyOf(const PushRequest& request) {
 // aligned float32 elements, else through `scratch` in bounded chunks, so a
 // payload received as many network buffers is applied without first being
 // joined into one.
+//
+// Whether all of v[0, n) are finite: x - x is 0 for a finite x and NaN
+// otherwise, and a sum with a NaN in it is NaN (vectorizes; no branches).
+bool AllFinite(const float* v, int64_t n) {
+  float probe = 0.f;
+  for (int64_t i = 0; i < n; ++i) probe += v[i] - v[i];
+  return probe == 0.f;
+}
+
 template <typename Fn>
 void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, WireDtype dtype,
                         std::vector<float>* scratch, Fn fn) {
@@ -178,6 +187,23 @@ struct ParameterStore::Job {
   std::vector<int64_t> counts_from ABSL_GUARDED_BY(mu);
   // Some rank does not count at every step (lost or joining): quorums look.
   std::atomic<bool> any_absent{false};
+  // Set once a non-finite gradient reached a partition: every later push and
+  // pull of the job fails with `diverged`.
+  std::atomic<bool> has_diverged{false};
+  std::string diverged ABSL_GUARDED_BY(mu);
+
+  void Diverge(const std::string& why) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    if (has_diverged.load()) return;
+    diverged = why;
+    has_diverged.store(true, std::memory_order_release);
+    Log(absl::StrCat("job ", id, ": ", why));
+    changed.SignalAll();
+  }
+  absl::Status DivergedError() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    return absl::FailedPreconditionError(diverged);
+  }
 
   // Whether `rank` counts at `step` (SYNC quorum, SSP bound).
   bool Counts(int rank, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -426,15 +452,29 @@ void ParameterStore::ApplyNow(const Job& job, const PushRequest& request, const 
     float* values = p.values.data();
     std::vector<float>* slot_arrays = p.slots.data();
     const size_t num_slots = p.slots.size();
+    // Checked a cache-sized block at a time, just before it is applied.
+    constexpr int64_t kBlock = 4096;
+    bool finite = true;
     ForEachGradientRun(payload, piece.offset, p.num_elements, piece.dtype, scratch,
                        [&](const float* grad, int64_t start, int64_t count) {
-                         float* slots[2] = {nullptr, nullptr};
-                         for (size_t i = 0; i < num_slots; ++i) {
-                           slots[i] = slot_arrays[i].data() + start;
+                         for (int64_t at = 0; at < count && finite; at += kBlock) {
+                           const int64_t n = std::min(kBlock, count - at);
+                           finite = AllFinite(grad + at, n);
+                           if (!finite) break;
+                           float* slots[2] = {nullptr, nullptr};
+                           for (size_t i = 0; i < num_slots; ++i) {
+                             slots[i] = slot_arrays[i].data() + start + at;
+                           }
+                           kernels::cpu::ApplyOptimizer(job.optimizer, hp, grad + at, n,
+                                                        values + start + at, slots);
                          }
-                         kernels::cpu::ApplyOptimizer(job.optimizer, hp, grad, count,
-                                                      values + start, slots);
                        });
+    if (!finite) {
+      const_cast<Job&>(job).Diverge(
+          absl::StrCat("training diverged at step ", request.step(), ": worker rank ",
+                       request.worker_rank(), "'s gradient for partition ", p.Name(),
+                       " is not finite (found by shard ", job.shard, ")"));
+    }
   }
   p.version.store(version + 1, std::memory_order_release);
 }
@@ -482,12 +522,23 @@ void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
   float* sum = p.grad_sum.data();
   if (p.num_contributors > 0) {
     const float scale = 1.f / static_cast<float>(p.num_contributors);
-    for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
-    float* slots[2] = {nullptr, nullptr};
-    for (size_t i = 0; i < p.slots.size(); ++i) slots[i] = p.slots[i].data();
-    kernels::cpu::ApplyOptimizer(
-        job.optimizer, HyperparamsAt(job.optimizer_spec, job.Progress(version), ++p.updates), sum,
-        n, p.values.data(), slots);
+    float probe = 0.f;  // See AllFinite.
+    for (int64_t i = 0; i < n; ++i) {
+      sum[i] *= scale;
+      probe += sum[i] - sum[i];
+    }
+    if (probe != 0.f) {
+      // Not applied: the values (and any checkpoint of them) stay finite.
+      job.Diverge(absl::StrCat("training diverged at step ", version,
+                               ": the workers' gradient for partition ", p.Name(),
+                               " is not finite (found by shard ", job.shard, ")"));
+    } else {
+      float* slots[2] = {nullptr, nullptr};
+      for (size_t i = 0; i < p.slots.size(); ++i) slots[i] = p.slots[i].data();
+      kernels::cpu::ApplyOptimizer(
+          job.optimizer, HyperparamsAt(job.optimizer_spec, job.Progress(version), ++p.updates), sum,
+          n, p.values.data(), slots);
+    }
   }
   std::fill(p.arrived.begin(), p.arrived.end(), false);
   p.num_arrived = 0;
@@ -657,6 +708,7 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
 absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
                                                   const Payload& payload) {
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  if (job->has_diverged.load(std::memory_order_acquire)) return job->DivergedError();
   // Everything that does not depend on state is checked first.
   ASSIGN_OR_RETURN(std::vector<Piece> pieces, ParsePush(*job, request, payload));
   ASSIGN_OR_RETURN(bool fresh, Reserve(*job, request));
@@ -739,6 +791,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     absl::MutexLock lock(&job->mu);
     while (true) {
       if (job->dropped) return absl::AbortedError(absl::StrCat("job ", job->id, " was dropped"));
+      if (job->has_diverged.load()) return absl::FailedPreconditionError(job->diverged);
       const std::string waiting_for = unmet();
       if (waiting_for.empty()) break;
       if (absl::Now() >= deadline) {

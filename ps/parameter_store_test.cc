@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <thread>
 #include <utility>
@@ -433,6 +434,29 @@ TEST_F(ParameterStoreTest, SspBoundIgnoresALostRank) {
   store_.SetLostWorkers(kJob, {1});
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   waiter.join();
+}
+
+TEST_F(ParameterStoreTest, ANonFiniteGradientFailsTheJobNamingTheStepAndPartition) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
+  const Key key = {0, 1};
+  PushOk(MakePush(0, 1, 0, {{key, {1, std::nanf(""), 1}}}));
+  PushOk(MakePush(1, 1, 0, {{key, {1, 1, 1}}}));
+  absl::StatusOr<PullResponse> pulled = store_.Pull(MakePull({key}, 1), Soon());
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(pulled.status().message(),
+              HasSubstr("training diverged at step 0: the workers' gradient for partition 0/1 is "
+                        "not finite (found by shard 0)"));
+  absl::StatusOr<PushResponse> pushed = store_.Push(MakePush(0, 2, 1, {{key, {1, 1, 1}}}));
+  EXPECT_THAT(pushed.status().message(), HasSubstr("training diverged"));
+
+  // ASYNC: the error names the worker whose push brought it.
+  store_.DropJob(kJob);
+  AddJob(Spec(ConsistencySpec::ASYNC, 2));
+  const float inf = std::numeric_limits<float>::infinity();
+  PushOk(MakePush(1, 1, 4, {{key, {0, 0, inf}}}));
+  pulled = store_.Pull(MakePull({key}), Soon());
+  EXPECT_THAT(pulled.status().message(),
+              HasSubstr("training diverged at step 4: worker rank 1's gradient for partition 0/1"));
 }
 
 TEST_F(ParameterStoreTest, DropJobWakesWaitersAndForgetsTheJob) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -95,7 +96,8 @@ absl::Status JobTrainer::Run() {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
     failed.set_permanent(permanent_);
-    failed.set_diverged(diverged_);
+    // A shard that found a non-finite gradient says so in its error.
+    failed.set_diverged(diverged_ || absl::StrContains(status.message(), "training diverged"));
     Report(failed, /*final=*/true);
   }
   return status;
