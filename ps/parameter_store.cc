@@ -184,6 +184,9 @@ struct ParameterStore::Job {
   // counts (kNever while lost, or taken over but not pushed yet).
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   std::vector<bool> lost ABSL_GUARDED_BY(mu);
+  // SYNC, per worker rank: pushes that arrived after their step completed
+  // without them (a straggler the backup workers replaced).
+  std::vector<int64_t> late_pushes ABSL_GUARDED_BY(mu);
   std::vector<int64_t> counts_from ABSL_GUARDED_BY(mu);
   // Some rank does not count at every step (lost or joining): quorums look.
   std::atomic<bool> any_absent{false};
@@ -296,6 +299,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
     job->worker_steps.assign(job->num_workers, 0);
     job->partial_steps.assign(job->num_workers, {});
     job->lost.assign(job->num_workers, false);
+    job->late_pushes.assign(job->num_workers, 0);
     job->counts_from.assign(job->num_workers, 0);
   }
 
@@ -479,7 +483,7 @@ void ParameterStore::ApplyNow(const Job& job, const PushRequest& request, const 
   p.version.store(version + 1, std::memory_order_release);
 }
 
-void ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payload& payload,
+bool ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payload& payload,
                                 const Piece& piece, std::vector<float>* scratch) const {
   Partition& p = *piece.partition;
   const int rank = request.worker_rank();
@@ -487,12 +491,13 @@ void ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
   const int64_t version = p.version.load(std::memory_order_relaxed);
   // A late push (a straggler the backup workers replaced) or a second one
   // of the same rank for this step is acknowledged and ignored.
-  if (request.step() < version || p.arrived[rank]) return;
+  if (request.step() < version) return true;
+  if (p.arrived[rank]) return false;
   // A rank that was lost and not taken over (a worker the coordinator gave
   // up on, still pushing) brings nothing.
   if (job.any_absent.load(std::memory_order_acquire)) {
     absl::MutexLock job_lock(&job.mu);
-    if (!job.Counts(rank, request.step())) return;
+    if (!job.Counts(rank, request.step())) return false;
   }
   p.arrived[rank] = true;
   ++p.num_arrived;
@@ -511,6 +516,7 @@ void ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
                        });
   }
   MaybeCompleteStep(job, p);
+  return false;
 }
 
 void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
@@ -548,6 +554,18 @@ void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
     p.capture_at = 0;
     Deliver(job, version + 1, p.Snapshot(), "");
   }
+}
+
+std::vector<int64_t> ParameterStore::LatePushes(const std::string& job_id) const {
+  std::shared_ptr<Job> job;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return {};
+    job = it->second;
+  }
+  absl::MutexLock lock(&job->mu);
+  return job->late_pushes;
 }
 
 void ParameterStore::SetLostWorkers(const std::string& job_id, const std::vector<int>& ranks) {
@@ -730,12 +748,17 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
     }
   }
   std::vector<float> scratch;
+  bool late = false;
   for (const Piece& piece : pieces) {
     if (job->sync()) {
-      Accumulate(*job, request, payload, piece, &scratch);
+      late = Accumulate(*job, request, payload, piece, &scratch) || late;
     } else {
       ApplyNow(*job, request, payload, piece, &scratch);
     }
+  }
+  if (late) {
+    absl::MutexLock lock(&job->mu);
+    ++job->late_pushes[request.worker_rank()];
   }
   Settle(*job, request, /*applied=*/true);
   return PushResponse();

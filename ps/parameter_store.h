@@ -70,6 +70,10 @@ class ParameterStore : public ParameterShard {
   // there). No-op for an unknown job.
   void SetLostWorkers(const std::string& job_id, const std::vector<int>& ranks);
 
+  // SYNC, by worker rank: pushes of `job_id` that came after their step had
+  // completed without them (stragglers). Empty for an unknown job.
+  std::vector<int64_t> LatePushes(const std::string& job_id) const;
+
   // Request ids remembered for exactly-once delivery, over all workers of
   // `job_id` (bounded by RequestDedup::kWindow per worker plus those in
   // flight).
@@ -117,8 +121,9 @@ class ParameterStore : public ParameterShard {
   void ApplyNow(const Job& job, const PushRequest& request, const Payload& payload,
                 const Piece& piece, std::vector<float>* scratch) const;
   // SYNC: adds one partition's gradient to its step's sum, and applies the
-  // mean once the step's quorum has arrived.
-  void Accumulate(Job& job, const PushRequest& request, const Payload& payload, const Piece& piece,
+  // mean once the step's quorum has arrived. Returns whether the push came
+  // after its step had completed (late).
+  bool Accumulate(Job& job, const PushRequest& request, const Payload& payload, const Piece& piece,
                   std::vector<float>* scratch) const;
   // SYNC: applies partition `p`'s step if its quorum has arrived.
   // REQUIRES: p.mu is held.

@@ -11,6 +11,7 @@ ShardRuntime::ShardRuntime(ParameterStore* store, CheckpointWriter* writer,
                            MetricsRegistry* metrics)
     : store_(store),
       writer_(writer),
+      metrics_(metrics),
       jobs_gauge_(metrics->GetGauge("downpour_ps_jobs", "Jobs hosted on this shard.")),
       bytes_gauge_(metrics->GetGauge("downpour_ps_parameter_bytes",
                                      "Parameter bytes hosted on this shard.")) {}
@@ -43,8 +44,9 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
     it = hosted_.erase(it);
   }
   for (const Task& task : tasks) {
-    if (hosted_.count(task.job_id())) {
+    if (auto it = hosted_.find(task.job_id()); it != hosted_.end()) {
       store_->SetLostWorkers(task.job_id(), {task.lost_ranks().begin(), task.lost_ranks().end()});
+      ExportLatePushes(task.job_id(), &it->second);
       continue;
     }
     if (refused_.count(task.job_id())) continue;
@@ -62,8 +64,24 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
   bytes_gauge_->Set(bytes_);
 }
 
+void ShardRuntime::ExportLatePushes(const std::string& job_id, Hosted* hosted) {
+  const std::vector<int64_t> counts = store_->LatePushes(job_id);
+  hosted->late_pushes.resize(counts.size(), 0);
+  for (size_t rank = 0; rank < counts.size(); ++rank) {
+    if (counts[rank] == hosted->late_pushes[rank]) continue;
+    metrics_
+        ->GetCounter("downpour_ps_late_pushes_total",
+                     "SYNC pushes that came after their step had completed without them: the "
+                     "rank is a straggler the backup workers replaced.",
+                     {{"job", job_id}, {"rank", absl::StrCat(rank)}})
+        ->Increment(counts[rank] - hosted->late_pushes[rank]);
+    hosted->late_pushes[rank] = counts[rank];
+  }
+}
+
 void ShardRuntime::Drop(const std::string& job_id) {
   store_->DropJob(job_id);
+  metrics_->RemoveSeries("downpour_ps_late_pushes_total", {{"job", job_id}});
   if (writer_ != nullptr) writer_->ForgetJob(job_id);
 }
 

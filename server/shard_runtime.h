@@ -51,13 +51,19 @@ class ShardRuntime {
 
   ParameterStore* const store_;
   CheckpointWriter* const writer_;
+  MetricsRegistry* const metrics_;
   Gauge* const jobs_gauge_;
   Gauge* const bytes_gauge_;
   mutable absl::Mutex mu_;
   struct Hosted {
     int64_t bytes = 0;    // Parameter bytes.
     int64_t attempt = 0;  // Task::attempt: a later start is hosted afresh.
+    // Late pushes by rank as last exported (downpour_ps_late_pushes_total).
+    std::vector<int64_t> late_pushes;
   };
+  // Brings the job's late-push counters up to the store's counts.
+  void ExportLatePushes(const std::string& job_id, Hosted* hosted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, Hosted> hosted_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> refused_ ABSL_GUARDED_BY(mu_);  // Job -> attempt.
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;

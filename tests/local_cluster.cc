@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/net_address.h"
@@ -42,6 +43,19 @@ absl::StatusOr<std::string> WaitForPortFile(const std::string& path, Process* pr
   }
   return absl::DeadlineExceededError(
       absl::StrCat("no port file ", path, "; log:\n", process->Log()));
+}
+
+constexpr char kIp[] = "/usr/sbin/ip";
+constexpr char kTc[] = "/usr/sbin/tc";
+
+// Runs a network administration command; an error carries its output.
+absl::Status Admin(const std::vector<std::string>& argv) {
+  CommandResult result = RunCommand(argv, absl::Seconds(20));
+  if (result.exit_code == 0) return absl::OkStatus();
+  std::string command;
+  for (const std::string& a : argv) absl::StrAppend(&command, command.empty() ? "" : " ", a);
+  return absl::InternalError(
+      absl::StrCat("`", command, "` failed (", result.exit_code, "): ", result.out, result.err));
 }
 
 }  // namespace
@@ -168,16 +182,123 @@ CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration ti
 LocalCluster::LocalCluster(Options options)
     : options_(std::move(options)), dir_(MakeTempDir("cluster")) {}
 
-LocalCluster::~LocalCluster() { StopAll(); }
+LocalCluster::~LocalCluster() {
+  StopAll();
+  TearDownNetwork();
+}
+
+std::string LocalCluster::NetworkNamespacesUnavailable() {
+  if (geteuid() != 0) return "creating network namespaces needs root";
+  if (access(kIp, X_OK) != 0 || access(kTc, X_OK) != 0) {
+    return absl::StrCat(kIp, " and ", kTc, " (iproute2) are needed to create network namespaces");
+  }
+  const std::string probe = absl::StrCat("dp-probe-", getpid());
+  absl::Status added = Admin({kIp, "netns", "add", probe});
+  if (!added.ok()) return std::string(added.message());
+  Admin({kIp, "netns", "del", probe}).IgnoreError();
+  return "";
+}
+
+absl::Status LocalCluster::SetUpBridge() {
+  static int clusters = 0;
+  ++clusters;
+  net_tag_ = absl::StrCat(getpid() % 10000, "x", clusters % 100);
+  subnet_ = absl::StrCat("10.", 200 + clusters % 50, ".", getpid() % 250 + 1, ".");
+  const std::string bridge = absl::StrCat("d", net_tag_, "br");
+  if (absl::Status s = Admin({kIp, "link", "add", bridge, "type", "bridge"}); !s.ok()) return s;
+  bridge_ = bridge;
+  // A bridge without an address of its own takes its lowest port's, so each
+  // host added would change it under the others' ARP caches (cutting them
+  // off from the coordinator for a minute): give it a fixed, local one.
+  const int pid = getpid();
+  const std::string mac =
+      absl::StrFormat("02:d0:%02x:%02x:%02x:01", (pid >> 16) & 0xff, (pid >> 8) & 0xff, pid & 0xff);
+  if (absl::Status s = Admin({kIp, "link", "set", bridge_, "address", mac}); !s.ok()) return s;
+  if (absl::Status s = Admin({kIp, "addr", "add", subnet_ + "1/24", "dev", bridge_}); !s.ok()) {
+    return s;
+  }
+  return Admin({kIp, "link", "set", bridge_, "up"});
+}
+
+absl::StatusOr<std::string> LocalCluster::HostFor(const std::string& name) {
+  if (!options_.network_namespaces) return std::string("127.0.0.1");
+  auto found = hosts_.find(name);
+  if (found != hosts_.end()) return found->second.address;
+  const int k = static_cast<int>(hosts_.size()) + 2;
+  Host host;
+  host.netns = absl::StrCat("dp-", net_tag_, "-", name);
+  host.veth = absl::StrCat("d", net_tag_, "r", k);
+  host.inner = absl::StrCat("d", net_tag_, "n", k);
+  host.address = absl::StrCat(subnet_, k);
+  hosts_[name] = host;
+  const std::vector<std::vector<std::string>> steps = {
+      {kIp, "netns", "add", host.netns},
+      {kIp, "link", "add", host.veth, "type", "veth", "peer", "name", host.inner},
+      {kIp, "link", "set", host.inner, "netns", host.netns},
+      {kIp, "link", "set", host.veth, "master", bridge_},
+      {kIp, "link", "set", host.veth, "up"},
+      {kIp, "netns", "exec", host.netns, kIp, "addr", "add", host.address + "/24", "dev",
+       host.inner},
+      {kIp, "netns", "exec", host.netns, kIp, "link", "set", host.inner, "up"},
+      {kIp, "netns", "exec", host.netns, kIp, "link", "set", "lo", "up"},
+  };
+  for (const std::vector<std::string>& step : steps) {
+    if (absl::Status s = Admin(step); !s.ok()) return s;
+  }
+  return host.address;
+}
+
+absl::Status LocalCluster::SetLink(const std::string& name, bool up) {
+  auto host = hosts_.find(name);
+  if (host == hosts_.end()) return absl::NotFoundError(absl::StrCat("no host ", name));
+  return Admin({kIp, "link", "set", host->second.veth, up ? "up" : "down"});
+}
+
+absl::Status LocalCluster::Throttle(const std::string& name, const std::string& rate) {
+  auto host = hosts_.find(name);
+  if (host == hosts_.end()) return absl::NotFoundError(absl::StrCat("no host ", name));
+  // Both directions: the bridge's end shapes what the host receives, the
+  // namespace's end what it sends.
+  const std::vector<std::vector<std::string>> ends = {
+      {kTc}, {kIp, "netns", "exec", host->second.netns, kTc}};
+  for (std::vector<std::string> argv : ends) {
+    const std::string dev = argv.size() == 1 ? host->second.veth : host->second.inner;
+    if (rate.empty()) {
+      argv.insert(argv.end(), {"qdisc", "del", "dev", dev, "root"});
+    } else {
+      argv.insert(argv.end(), {"qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst",
+                               "256kb", "latency", "100ms"});
+    }
+    if (absl::Status s = Admin(argv); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void LocalCluster::TearDownNetwork() {
+  for (const auto& [name, host] : hosts_) Admin({kIp, "netns", "del", host.netns}).IgnoreError();
+  hosts_.clear();
+  if (!bridge_.empty()) Admin({kIp, "link", "del", bridge_}).IgnoreError();
+  bridge_.clear();
+}
 
 absl::StatusOr<std::unique_ptr<Process>> LocalCluster::StartDaemon(const std::string& name,
                                                                    const std::string& binary,
                                                                    std::vector<std::string> flags) {
   std::remove((dir_ + "/" + name + ".port").c_str());
-  std::vector<std::string> argv = {Runfile(binary)};
+  // The coordinator stays in this namespace, on the bridge.
+  absl::StatusOr<std::string> host =
+      name == "coordinator" ? (bridge_.empty() ? std::string("127.0.0.1") : subnet_ + "1")
+                            : HostFor(name);
+  if (!host.ok()) return host.status();
+  std::vector<std::string> argv;
+  if (name != "coordinator" && options_.network_namespaces) {
+    argv = {kIp, "netns", "exec", hosts_[name].netns};
+  }
+  argv.push_back(Runfile(binary));
+  if (name != "coordinator") argv.push_back(absl::StrCat("--listen=", *host, ":0"));
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back(absl::StrCat("--port_file=", dir_, "/", name, ".port"));
-  argv.push_back("--metrics_listen=127.0.0.1:0");
+  argv.push_back(absl::StrCat("--metrics_listen=", *host, ":0"));
   return Process::Spawn(argv, dir_ + "/" + name + ".log");
 }
 
@@ -199,7 +320,10 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
 }
 
 absl::Status LocalCluster::Start() {
-  absl::Status started = StartCoordinator("127.0.0.1:0");
+  if (options_.network_namespaces) {
+    if (absl::Status s = SetUpBridge(); !s.ok()) return s;
+  }
+  absl::Status started = StartCoordinator(bridge_.empty() ? "127.0.0.1:0" : subnet_ + "1:0");
   if (!started.ok()) return started;
   for (int i = 0; i < options_.shards; ++i) {
     absl::Status added = AddShard();
@@ -213,8 +337,7 @@ absl::Status LocalCluster::Start() {
 }
 
 absl::Status LocalCluster::AddShard() {
-  std::vector<std::string> flags = {"--listen=127.0.0.1:0",
-                                    absl::StrCat("--coordinator=", coordinator_address_)};
+  std::vector<std::string> flags = {absl::StrCat("--coordinator=", coordinator_address_)};
   if (!options_.checkpoint_root.empty()) {
     flags.push_back(absl::StrCat("--checkpoint_root=", options_.checkpoint_root));
   }
@@ -228,8 +351,7 @@ absl::Status LocalCluster::AddShard() {
 }
 
 absl::Status LocalCluster::AddWorker() {
-  std::vector<std::string> flags = {"--listen=127.0.0.1:0",
-                                    absl::StrCat("--coordinator=", coordinator_address_),
+  std::vector<std::string> flags = {absl::StrCat("--coordinator=", coordinator_address_),
                                     absl::StrCat("--data_dir=", options_.data_dir)};
   flags.insert(flags.end(), options_.worker_flags.begin(), options_.worker_flags.end());
   const std::string name = absl::StrCat("worker", workers_.size());

@@ -1,12 +1,16 @@
 // Test harness: starts the real Downpour daemons as processes on loopback
 // (every port picked by the kernel, reported through --port_file), runs
 // downpourctl against them, and stops everything it started on destruction.
-// Not thread-safe; one per test.
+// With Options::network_namespaces each shard and worker runs in a network
+// namespace of its own, reached over a veth pair on a bridge that the
+// coordinator listens on — hosts of a cluster in miniature, whose links a
+// test cuts or throttles. Not thread-safe; one per test.
 #ifndef DOWNPOUR_TESTS_LOCAL_CLUSTER_H_
 #define DOWNPOUR_TESTS_LOCAL_CLUSTER_H_
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,7 +84,13 @@ class LocalCluster {
     std::vector<std::string> worker_flags;
     // The coordinator's and every shard's --checkpoint_root (empty: none).
     std::string checkpoint_root;
+    // Shards and workers in network namespaces of their own (needs root;
+    // see NetworkNamespacesUnavailable).
+    bool network_namespaces = false;
   };
+
+  // Why this process cannot make network namespaces ("" when it can).
+  static std::string NetworkNamespacesUnavailable();
 
   explicit LocalCluster(Options options);
   ~LocalCluster();
@@ -105,6 +115,12 @@ class LocalCluster {
   // starts it again on the same address and state directory.
   absl::Status RestartCoordinator(absl::Duration down = absl::ZeroDuration(), int signal = 0);
 
+  // With network_namespaces: takes the link of daemon `name` ("ps0",
+  // "worker1") down or up, or limits it both ways to `rate` (tc tbf, e.g.
+  // "1gbit"; "" removes the limit).
+  absl::Status SetLink(const std::string& name, bool up);
+  absl::Status Throttle(const std::string& name, const std::string& rate);
+
   // Runs downpourctl --coordinator=<this cluster> ARGS.
   CommandResult Ctl(const std::vector<std::string>& args,
                     absl::Duration timeout = absl::Seconds(180));
@@ -125,6 +141,22 @@ class LocalCluster {
                                                        const std::string& binary,
                                                        std::vector<std::string> flags);
   absl::Status StartCoordinator(const std::string& listen);
+  // The address a new daemon `name` listens on: loopback, or (network
+  // namespaces) a namespace made for it with its own address.
+  absl::StatusOr<std::string> HostFor(const std::string& name);
+  absl::Status SetUpBridge();
+  void TearDownNetwork();
+
+  struct Host {
+    std::string netns;    // Network namespace.
+    std::string veth;     // The bridge's end of its link.
+    std::string inner;    // The namespace's end.
+    std::string address;  // Its IPv4 address.
+  };
+  std::string bridge_;   // Empty: no network namespaces set up.
+  std::string subnet_;   // "10.X.Y."
+  std::string net_tag_;  // Unique per cluster, for names.
+  std::map<std::string, Host> hosts_;
 
   const Options options_;
   const std::string dir_;

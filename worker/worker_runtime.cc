@@ -25,9 +25,10 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
         (it->second->trainer->attempt() != task.attempt() ||
          it->second->trainer->rank() != task.rank() || it->second->trainer->cancelled())) {
       // The job started again (resumed or recovered), or this worker lost
-      // its rank and now takes one over: the old run ends first.
+      // its rank and now takes one over: the old run is cancelled and
+      // reaped once it returns.
       it->second->trainer->Cancel();
-      it->second->thread.join();
+      retiring_.push_back(std::move(it->second));
       running_.erase(it);
       it = running_.end();
     }
@@ -39,6 +40,14 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
   }
   for (auto& [id, job] : running_) {
     if (!current.count(id)) job->trainer->Cancel();
+  }
+  for (auto it = retiring_.begin(); it != retiring_.end();) {
+    if ((*it)->done.load()) {
+      (*it)->thread.join();
+      it = retiring_.erase(it);
+    } else {
+      ++it;
+    }
   }
   // Forget ended jobs whose thread has returned.
   for (auto it = running_.begin(); it != running_.end();) {
@@ -61,6 +70,8 @@ void WorkerRuntime::StopAll() {
     Forget(id);
   }
   running_.clear();
+  for (auto& job : retiring_) job->thread.join();
+  retiring_.clear();
 }
 
 std::vector<std::string> WorkerRuntime::Jobs() {

@@ -72,6 +72,10 @@ class WorkerRuntime {
   std::atomic<NodeAgent*> agent_{nullptr};
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
+  // Cancelled runs of jobs that started again here, until their thread
+  // returns (it may be waiting out a call to a shard that is gone: the
+  // heartbeat that brought the new start must not wait for it).
+  std::vector<std::unique_ptr<RunningJob>> retiring_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

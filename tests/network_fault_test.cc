@@ -1,0 +1,183 @@
+// Network faults between hosts: every shard and worker in a network
+// namespace of its own, on a bridge the coordinator listens on, with links
+// the test cuts and throttles (tc tbf; this kernel has no netem). A cut
+// shorter than the node timeout heals; a longer one loses the worker's rank
+// (the job goes on, and the worker takes its rank back when its link
+// returns) or the shard (the job continues from its checkpoint on a spare);
+// a throttled worker in SYNC with a backup worker is a straggler the steps
+// do not wait for, and the shard's metrics name it. Skipped, with the
+// reason, where network namespaces cannot be made (not root).
+#include <algorithm>
+#include <functional>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "proto/job.pb.h"
+#include "tests/cluster_fixture.h"
+#include "tests/local_cluster.h"
+
+namespace downpour {
+namespace testing {
+namespace {
+
+std::string Events(const JobStatus& job) {
+  std::string out;
+  for (const JobEvent& e : job.events()) absl::StrAppend(&out, "\n  ", e.message());
+  return out;
+}
+
+bool HasEvent(const JobStatus& job, absl::string_view text) {
+  return std::any_of(job.events().begin(), job.events().end(),
+                     [&](const JobEvent& e) { return absl::StrContains(e.message(), text); });
+}
+
+class NetworkFaultTest : public ClusterFixture {
+ protected:
+  void SetUp() override {
+    const std::string why = LocalCluster::NetworkNamespacesUnavailable();
+    if (!why.empty()) GTEST_SKIP() << "network namespaces unavailable: " << why;
+  }
+
+  void StartCluster(int shards, int workers, bool checkpoints = false) {
+    LocalCluster::Options options;
+    options.shards = shards;
+    options.workers = workers;
+    options.network_namespaces = true;
+    if (checkpoints) options.checkpoint_root = MakeTempDir("checkpoints");
+    ClusterFixture::StartCluster(options);
+  }
+
+  // Polls the job until `done` holds (false after `timeout`).
+  bool AwaitJob(const std::string& id, const std::function<bool(const JobStatus&)>& done,
+                absl::Duration timeout = absl::Minutes(2)) {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      if (done(cluster_->GetJob(id))) return true;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
+  }
+
+  // Submits `spec` as `id` and waits until its slowest worker passes `step`.
+  void SubmitAndAwaitStep(const std::string& spec, const std::string& id, int64_t step) {
+    CommandResult submitted = cluster_->Ctl({"submit", WriteSpec(spec), "--job_id=" + id});
+    ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+    ASSERT_TRUE(AwaitJob(id, [step](const JobStatus& job) {
+      return job.state() == RUNNING && job.step() >= step;
+    })) << cluster_->Logs();
+  }
+
+  // Waits for the job to end and expects SUCCEEDED.
+  JobStatus ExpectSucceeds(const std::string& id) {
+    CommandResult waited = cluster_->Ctl({"wait", id}, absl::Minutes(3));
+    const JobStatus job = cluster_->GetJob(id);
+    std::cout << "events:" << Events(job) << std::endl;
+    EXPECT_EQ(waited.exit_code, 0) << waited.out << waited.err << cluster_->Logs();
+    EXPECT_EQ(job.state(), SUCCEEDED) << job.message();
+    return job;
+  }
+};
+
+TEST_F(NetworkFaultTest, AWorkerCutOffForLessThanTheNodeTimeoutHeals) {
+  StartCluster(1, 2);
+  SubmitAndAwaitStep(FashionMlpSpec("SYNC", 2, 1, 1500), "j", 100);
+  ASSERT_TRUE(cluster_->SetLink("worker1", false).ok());
+  absl::SleepFor(absl::Seconds(2));  // Half the node timeout (4 s).
+  ASSERT_TRUE(cluster_->SetLink("worker1", true).ok());
+  const JobStatus job = ExpectSucceeds("j");
+  EXPECT_FALSE(HasEvent(job, "lost")) << Events(job);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_GT(job.test_accuracy(), 0.75);
+}
+
+TEST_F(NetworkFaultTest, AWorkerCutOffForLongerLosesItsRankUntilItsLinkReturns) {
+  StartCluster(1, 2);
+  SubmitAndAwaitStep(FashionMlpSpec("SYNC", 2, 1, 3000), "j", 100);
+  ASSERT_TRUE(cluster_->SetLink("worker1", false).ok());
+  // The job goes on without it.
+  ASSERT_TRUE(AwaitJob("j", [](const JobStatus& job) {
+    return std::any_of(job.workers().begin(), job.workers().end(),
+                       [](const WorkerProgress& w) { return w.lost(); });
+  })) << cluster_->Logs();
+  const int64_t step = cluster_->GetJob("j").step();
+  ASSERT_TRUE(AwaitJob("j", [step](const JobStatus& job) { return job.step() > step + 100; }))
+      << cluster_->Logs();
+  // Back on the network, the same worker (same incarnation) is free, and
+  // takes its rank back.
+  ASSERT_TRUE(cluster_->SetLink("worker1", true).ok());
+  const JobStatus job = ExpectSucceeds("j");
+  EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
+  EXPECT_TRUE(HasEvent(job, "taken over by worker node")) << Events(job);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_GT(job.test_accuracy(), 0.75);
+}
+
+TEST_F(NetworkFaultTest, AShardCutOffForLongerIsReplacedFromTheCheckpoint) {
+  StartCluster(2, 2, /*checkpoints=*/true);
+  ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();  // The spare.
+  const std::string spec =
+      absl::StrCat(FashionMlpSpec("SYNC", 2, 2, 1500), "checkpoint { every_steps: 100 }\n");
+  SubmitAndAwaitStep(spec, "j", 250);
+  // Which two shards the job is on is the scheduler's choice: cut the
+  // first of its placement.
+  const JobStatus running = cluster_->GetJob("j");
+  std::string victim;
+  for (const std::string name : {"ps0", "ps1", "ps2"}) {
+    if (absl::StrContains(running.placement().shard_nodes(0), cluster_->AddressOf(name))) {
+      victim = name;
+    }
+  }
+  ASSERT_FALSE(victim.empty()) << running.placement().DebugString();
+  ASSERT_TRUE(cluster_->SetLink(victim, false).ok());
+  const JobStatus job = ExpectSucceeds("j");
+  EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
+  EXPECT_GE(job.resumed_from_step(), 200) << Events(job);
+  EXPECT_GT(job.test_accuracy(), 0.75);
+  // The cut-off shard finds its job gone once its link returns.
+  ASSERT_TRUE(cluster_->SetLink(victim, true).ok());
+}
+
+TEST_F(NetworkFaultTest, AThrottledWorkerIsAStragglerTheStepsDoNotWaitFor) {
+  StartCluster(1, 3);
+  // A model whose push and pull take ~0.1 s each at 20 Mbit/s.
+  const std::string spec = absl::StrReplaceAll(FashionMlpSpec("SYNC", 3, 1, 100000, /*units=*/256),
+                                               {{"mode: SYNC", "mode: SYNC backup_workers: 1"}});
+  SubmitAndAwaitStep(spec, "j", 20);
+  ASSERT_TRUE(cluster_->Throttle("worker2", "20mbit").ok());
+  const absl::Time throttled = absl::Now();
+  const int64_t step = cluster_->GetJob("j").step();
+  absl::SleepFor(absl::Seconds(8));
+  const JobStatus job = cluster_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING) << job.message();
+  // The two fast workers keep stepping; the straggler falls behind.
+  int64_t fastest = 0, slowest = INT64_MAX;
+  for (const WorkerProgress& w : job.workers()) {
+    fastest = std::max(fastest, w.step());
+    slowest = std::min(slowest, w.step());
+  }
+  std::cout << "in " << absl::ToDoubleSeconds(absl::Now() - throttled)
+            << " s throttled: fastest worker +" << fastest - step << " steps, slowest +"
+            << slowest - step << std::endl;
+  EXPECT_GT(fastest - step, 2 * (slowest - step) + 20);
+  // The shard's metrics name the straggler: the rank whose pushes came
+  // late.
+  absl::StatusOr<std::string> metrics = HttpGet(cluster_->MetricsAddressOf("ps0"), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  int straggler = -1;
+  for (const WorkerProgress& w : job.workers()) {
+    if (w.step() == slowest) straggler = w.rank();
+  }
+  const std::string series =
+      absl::StrCat("downpour_ps_late_pushes_total{job=\"j\",rank=\"", straggler, "\"}");
+  EXPECT_TRUE(absl::StrContains(*metrics, series)) << *metrics;
+  ASSERT_TRUE(cluster_->Throttle("worker2", "").ok());
+  ASSERT_EQ(cluster_->Ctl({"stop", "j"}).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace downpour
