@@ -61,7 +61,7 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
   }
 }
 
-void WorkerRuntime::StopAll() {
+bool WorkerRuntime::StopAll(absl::Duration retiring_grace) {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
   for (auto& [id, job] : running_) job->trainer->Shutdown();
@@ -70,8 +70,20 @@ void WorkerRuntime::StopAll() {
     Forget(id);
   }
   running_.clear();
-  for (auto& job : retiring_) job->thread.join();
+  const absl::Time give_up = absl::Now() + retiring_grace;
+  bool all = true;
+  for (auto& job : retiring_) {
+    while (!job->done.load() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
+    if (job->done.load()) {
+      job->thread.join();
+    } else {
+      // Still in a call to a shard that is gone: left to the process's exit.
+      job.release();
+      all = false;
+    }
+  }
   retiring_.clear();
+  return all;
 }
 
 std::vector<std::string> WorkerRuntime::Jobs() {

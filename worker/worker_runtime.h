@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/coordinator.pb.h"
 #include "ps/parameter_shard.h"
 #include "rpc/node_agent.h"
@@ -48,8 +49,12 @@ class WorkerRuntime {
   // longer listed, and forgets ended jobs whose trainer has returned.
   void OnTasks(const std::vector<Task>& tasks);
 
-  // Shuts every trainer down and joins it; no job starts afterwards.
-  void StopAll();
+  // Shuts every trainer down and joins it; no job starts afterwards. A
+  // cancelled earlier run still waiting on a shard that is gone (its call
+  // ends with the push timeout) is waited for at most `retiring_grace`;
+  // returns false when one was left running — the process may exit
+  // without it (std::_Exit), never destroy it.
+  bool StopAll(absl::Duration retiring_grace = absl::InfiniteDuration());
 
   // Jobs whose trainer is running or has not been forgotten yet, sorted.
   std::vector<std::string> Jobs();
