@@ -5,15 +5,20 @@ shards, --workers workers), submits --jobs Fashion-MNIST MLP jobs (SYNC and
 ASYNC alternately, checkpoints every 100 steps, up to 10 restarts in a row
 without progress), and until every job has ended (or --minutes pass) injects
 a fault every --fault_every (3-8) s into a random shard or worker:
-kill -9 (a replacement of the same kind starts 0-3 s later) or SIGSTOP for
-3-6 s (past the node timeout) then SIGCONT; with --coordinator_faults, now and
-then the coordinator too (kill -9, restarted 1-5 s later). Prints one JSON
+kill -9 (a replacement of the same kind starts 0-3 s later), SIGTERM (it
+drains; a replacement starts 0-3 s later) or SIGSTOP for 3-6 s (past the
+node timeout) then SIGCONT; with --coordinator_faults, now and then the
+coordinator too (kill -9, restarted 1-5 s later). A lost worker's rank goes
+on elsewhere without a rollback; a lost shard rolls its jobs back to their
+checkpoint; a draining shard's jobs move after a fresh one. Prints one JSON
 line:
   faults_injected, jobs_succeeded, jobs_total,
-  steps_lost_p50, steps_lost_max   (per restart: the step the job had
-                                    reached minus the checkpoint it continued
-                                    from),
+  steps_lost_p50, steps_lost_max   (per restart or move: the step the job
+                                    had reached minus the checkpoint it
+                                    continued from),
   recovery_s_p50, recovery_s_p99   (a fault to the job running again),
+  rank_handovers, handover_s_p50   (lost worker ranks taken over, and a
+                                    fault to the take-over),
   corrupt_checkpoints_loaded       (restores a shard found damaged after the
                                     coordinator chose them; must be 0).
 Not in CI (minutes). usage:
@@ -205,12 +210,19 @@ def main():
                     faults.append((now, "kill -9 coordinator"))
                 elif live:
                     victim = rng.choice(live)
-                    if rng.random() < 0.7:
+                    kind = "ps" if victim.startswith("ps") else "worker"
+                    draw = rng.random()
+                    if draw < 0.55:
                         cluster.procs[victim].kill()
                         cluster.procs[victim].wait()
-                        kind = "ps" if victim.startswith("ps") else "worker"
                         replacements.append((now + rng.uniform(0, 3), kind))
                         faults.append((now, f"kill -9 {victim}"))
+                    elif draw < 0.75:
+                        # It drains and exits on its own (a shard once its
+                        # jobs have moved).
+                        cluster.procs[victim].terminate()
+                        replacements.append((now + rng.uniform(0, 3), kind))
+                        faults.append((now, f"SIGTERM {victim}"))
                     else:
                         cluster.procs[victim].send_signal(signal.SIGSTOP)
                         stopped[victim] = now + rng.uniform(3, 6)
@@ -223,13 +235,20 @@ def main():
 
         # Results, from the jobs' events.
         final = {j: cluster.job(j) or {} for j in jobs}
-        lost, recovery = [], []
+        lost, recovery, handovers = [], [], []
         fault_times = sorted(t for t, _ in faults)
         for j, job in final.items():
             events = job.get("events", [])
             for i, e in enumerate(events):
-                m = re.search(r"restart \d+ \(\d+ of \d+ in a row\) .*at step (\d+), continues (?:from the "
-                              r"checkpoint at step (\d+)|from the start)", e["message"])
+                if "taken over by worker node" in e["message"]:
+                    taken = int(e["time_ms"])
+                    cause = max((t for t in fault_times if t * 1000 <= taken), default=None)
+                    if cause is not None:
+                        handovers.append(taken / 1000 - cause)
+                    continue
+                m = re.search(r"restart \d+ \((?:\d+ of \d+ in a row|a move, not counted)\) .*at "
+                              r"step (\d+), continues (?:from the checkpoint at step (\d+)|from the "
+                              r"start)", e["message"])
                 if not m:
                     continue
                 lost.append(int(m.group(1)) - int(m.group(2) or 0))
@@ -253,6 +272,8 @@ def main():
             "steps_lost_p50": percentile(lost, 0.5), "steps_lost_max": max(lost, default=0),
             "recovery_s_p50": round(percentile(recovery, 0.5), 2),
             "recovery_s_p99": round(percentile(recovery, 0.99), 2),
+            "rank_handovers": len(handovers),
+            "handover_s_p50": round(percentile(handovers, 0.5), 2),
             "corrupt_checkpoints_loaded": corrupt, "restarts": len(lost),
             "accuracy": {j: job.get("test_accuracy") for j, job in final.items()}}))
         return 0 if succeeded == len(jobs) and corrupt == 0 else 1
