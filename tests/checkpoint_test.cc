@@ -30,17 +30,6 @@ std::string CheckpointedSpec(const std::string& mode, int64_t steps, int64_t eve
                       " keep: 2 }\n");
 }
 
-bool HasEvent(const JobStatus& job, absl::string_view text) {
-  return std::any_of(job.events().begin(), job.events().end(),
-                     [&](const JobEvent& e) { return absl::StrContains(e.message(), text); });
-}
-
-std::string Events(const JobStatus& job) {
-  std::string out;
-  for (const JobEvent& e : job.events()) absl::StrAppend(&out, "\n  ", e.message());
-  return out;
-}
-
 class CheckpointTest : public ClusterFixture {
  protected:
   void StartCluster(bool checkpoints = true) {
@@ -52,16 +41,6 @@ class CheckpointTest : public ClusterFixture {
       options.checkpoint_root = root_;
     }
     ClusterFixture::StartCluster(options);
-  }
-
-  // Polls the job until `done` holds (false after two minutes).
-  bool AwaitJob(const std::string& id, const std::function<bool(const JobStatus&)>& done) {
-    const absl::Time give_up = absl::Now() + absl::Minutes(2);
-    while (absl::Now() < give_up) {
-      if (done(cluster_->GetJob(id))) return true;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return false;
   }
 
   std::string root_;

@@ -5,18 +5,35 @@
 #ifndef DOWNPOUR_TESTS_CLUSTER_FIXTURE_H_
 #define DOWNPOUR_TESTS_CLUSTER_FIXTURE_H_
 
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/local_cluster.h"
 
 namespace downpour {
 namespace testing {
+
+// Whether one of the job's events contains `text`.
+inline bool HasEvent(const JobStatus& job, absl::string_view text) {
+  return std::any_of(job.events().begin(), job.events().end(),
+                     [&](const JobEvent& e) { return absl::StrContains(e.message(), text); });
+}
+
+// The job's events, one per line, for failure messages.
+inline std::string Events(const JobStatus& job) {
+  std::string out;
+  for (const JobEvent& e : job.events()) absl::StrAppend(&out, "\n  ", e.message());
+  return out;
+}
 
 class ClusterFixture : public ::testing::Test {
  protected:
@@ -32,6 +49,17 @@ class ClusterFixture : public ::testing::Test {
     cluster_ = std::make_unique<LocalCluster>(options);
     absl::Status started = cluster_->Start();
     ASSERT_TRUE(started.ok()) << started << cluster_->Logs();
+  }
+
+  // Polls the job until `done` holds (false after `timeout`).
+  bool AwaitJob(const std::string& id, const std::function<bool(const JobStatus&)>& done,
+                absl::Duration timeout = absl::Minutes(2)) {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      if (done(cluster_->GetJob(id))) return true;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
   }
 
   // Writes a job spec into the cluster's directory; returns its path.

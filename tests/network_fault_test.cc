@@ -24,17 +24,6 @@ namespace downpour {
 namespace testing {
 namespace {
 
-std::string Events(const JobStatus& job) {
-  std::string out;
-  for (const JobEvent& e : job.events()) absl::StrAppend(&out, "\n  ", e.message());
-  return out;
-}
-
-bool HasEvent(const JobStatus& job, absl::string_view text) {
-  return std::any_of(job.events().begin(), job.events().end(),
-                     [&](const JobEvent& e) { return absl::StrContains(e.message(), text); });
-}
-
 class NetworkFaultTest : public ClusterFixture {
  protected:
   void SetUp() override {
@@ -49,17 +38,6 @@ class NetworkFaultTest : public ClusterFixture {
     options.network_namespaces = true;
     if (checkpoints) options.checkpoint_root = MakeTempDir("checkpoints");
     ClusterFixture::StartCluster(options);
-  }
-
-  // Polls the job until `done` holds (false after `timeout`).
-  bool AwaitJob(const std::string& id, const std::function<bool(const JobStatus&)>& done,
-                absl::Duration timeout = absl::Minutes(2)) {
-    const absl::Time give_up = absl::Now() + timeout;
-    while (absl::Now() < give_up) {
-      if (done(cluster_->GetJob(id))) return true;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return false;
   }
 
   // Submits `spec` as `id` and waits until its slowest worker passes `step`.
@@ -113,6 +91,9 @@ TEST_F(NetworkFaultTest, AWorkerCutOffForLongerLosesItsRankUntilItsLinkReturns) 
   EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
   EXPECT_TRUE(HasEvent(job, "taken over by worker node")) << Events(job);
   EXPECT_EQ(job.restarts(), 0);
+  // Its pushes count again: the shard saw fresh requests from the rank.
+  EXPECT_NE(cluster_->shard(0)->Log().find("joined at step"), std::string::npos)
+      << cluster_->shard(0)->Log();
   EXPECT_GT(job.test_accuracy(), 0.75);
 }
 

@@ -74,8 +74,9 @@ absl::Status JobTrainer::StartExchange(const std::vector<ParamInfo>& params) {
   exchange.worker_id = options_.node_id;
   exchange.incarnation = options_.incarnation;
   // Each start of the job in this process numbers its requests above the
-  // last start's (2^32 requests apart).
-  exchange.first_sequence = task_.attempt() << 32;
+  // last start's (2^32 requests apart), and each run within a start above
+  // the last run's (2^24 apart).
+  exchange.first_sequence = (task_.attempt() << 32) + (options_.run_index << 24);
   exchange.gradient_dtype = *dtype;
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small

@@ -51,6 +51,10 @@ struct TrainerOptions {
   // the first replica before the push (NCCL between GPUs; see
   // model/replica_set.h).
   std::vector<int> devices;
+  // Which run of this job in this process this is (0 first): a worker that
+  // runs a job again in the same attempt (it took a rank over) numbers its
+  // requests above its earlier runs', which the shards remember.
+  int64_t run_index = 0;
 };
 
 class JobTrainer {

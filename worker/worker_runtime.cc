@@ -112,6 +112,12 @@ void WorkerRuntime::Start(const Task& task) {
   TrainerOptions options = options_;
   options.node_id = agent->self().id();
   options.incarnation = agent->self().incarnation();
+  auto& [attempt, runs] = runs_[task.job_id()];
+  if (attempt != task.attempt()) {
+    attempt = task.attempt();
+    runs = 0;
+  }
+  options.run_index = runs++;
   job->trainer = std::make_unique<JobTrainer>(
       task, options, shards, [agent](const ReportProgressRequest& request) -> absl::StatusOr<bool> {
         auto response = agent->ReportProgress(request);

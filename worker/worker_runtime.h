@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -81,6 +82,9 @@ class WorkerRuntime {
   // returns (it may be waiting out a call to a shard that is gone: the
   // heartbeat that brought the new start must not wait for it).
   std::vector<std::unique_ptr<RunningJob>> retiring_ ABSL_GUARDED_BY(mu_);
+  // Per job: the attempt last started and the runs started in it
+  // (TrainerOptions::run_index).
+  std::map<std::string, std::pair<int64_t, int64_t>> runs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
