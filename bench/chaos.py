@@ -232,6 +232,9 @@ def main():
             time.sleep(0.2)
         for name in stopped:
             cluster.procs[name].send_signal(signal.SIGCONT)
+        # A coordinator killed just before the end comes back to report.
+        if any(kind == "coordinator" for _, kind in replacements):
+            cluster.start_coordinator(cluster.coordinator)
 
         # Results, from the jobs' events.
         final = {j: cluster.job(j) or {} for j in jobs}

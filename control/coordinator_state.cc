@@ -166,7 +166,7 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
         node.info.role() == SHARD ? job.placement().shard_nodes() : job.placement().worker_nodes();
     task->set_rank(std::find(nodes.begin(), nodes.end(), node.info.id()) - nodes.begin());
     for (const WorkerProgress& worker : job.workers()) {
-      if (worker.lost()) task->add_lost_ranks(worker.rank());
+      if (worker.lost() || worker.finished()) task->add_absent_ranks(worker.rank());
     }
     if (node.info.role() == WORKER && job.workers(task->rank()).joined()) {
       auto join = joins_[job.id()].find(task->rank());
@@ -401,9 +401,18 @@ absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const 
     if (job.state() != RUNNING || !InPlacement(job.placement(), node_id)) continue;
     const auto& workers = job.placement().worker_nodes();
     auto rank = std::find(workers.begin(), workers.end(), node_id);
-    first.Update(rank != workers.end()
-                     ? LoseWorker(job, static_cast<int>(rank - workers.begin()), why)
-                     : FailOrRestart(job, why, /*diverged=*/false));
+    if (rank != workers.end()) {
+      first.Update(LoseWorker(job, static_cast<int>(rank - workers.begin()), why));
+      continue;
+    }
+    const auto& shards = job.placement().shard_nodes();
+    const int index = std::find(shards.begin(), shards.end(), node_id) - shards.begin();
+    absl::StatusOr<bool> replaced = ReplaceShard(job, index, why);
+    if (!replaced.ok()) {
+      first.Update(replaced.status());
+    } else if (!*replaced) {
+      first.Update(FailOrRestart(job, why, /*diverged=*/false));
+    }
   }
   return first;
 }

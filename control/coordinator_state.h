@@ -140,6 +140,12 @@ class CoordinatorState : public Coordinator {
   // Gives lost ranks of running jobs to free workers (alive, not draining,
   // not working on a running job), oldest job first.
   void AssignLostRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shard `index` of running ASYNC/SSP `job` is lost: a spare shard takes
+  // it over, restoring only its partitions from the newest checkpoint, and
+  // the job goes on. False (nothing changed) when the job is SYNC (one
+  // model: it rolls back whole), has no checkpoint, or no spare is free.
+  absl::StatusOr<bool> ReplaceShard(const JobStatus& job, int index, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's message while ranks are lost ("" when none is).
   static std::string WaitingFor(const JobStatus& job);
   // What a job that ends with lost ranks did not train ("" when none is).

@@ -268,7 +268,7 @@ TEST_F(CoordinatorStateTest, ALostWorkersRankGoesOnWithoutItThenToAFreeWorker) {
               HasSubstr("worker rank 1 lost at step 8: worker node b"));
   HeartbeatResponse shard = Beat("s");
   ASSERT_EQ(shard.tasks_size(), 1);
-  EXPECT_THAT(shard.tasks(0).lost_ranks(), ::testing::ElementsAre(1));
+  EXPECT_THAT(shard.tasks(0).absent_ranks(), ::testing::ElementsAre(1));
   // The job's step follows the workers present.
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 20)).ok());
   EXPECT_EQ(state_->GetJob("j")->step(), 20);
@@ -286,7 +286,7 @@ TEST_F(CoordinatorStateTest, ALostWorkersRankGoesOnWithoutItThenToAFreeWorker) {
   ASSERT_EQ(beat.tasks_size(), 1);
   EXPECT_EQ(beat.tasks(0).rank(), 1);
   EXPECT_EQ(beat.tasks(0).join().step(), 8);
-  EXPECT_TRUE(Beat("s").tasks(0).lost_ranks().empty());
+  EXPECT_TRUE(Beat("s").tasks(0).absent_ranks().empty());
   EXPECT_FALSE(Beat("a").tasks(0).has_join());
 }
 
@@ -823,6 +823,38 @@ TEST_F(CheckpointingTest, ALostNodeRestartsTheJobFromItsNewestCheckpointAfterThe
   const Task task = Beat("spare").tasks(0);
   EXPECT_EQ(task.attempt(), 2);
   EXPECT_EQ(task.restore().step(), 4);
+}
+
+TEST_F(CheckpointingTest, AnAsyncJobHasOnlyALostShardsPartitionsRestoredOnASpare) {
+  JobSpec spec = SmallMlpJob(1, 2);
+  spec.mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  WorkerTook(4);
+  ShardWrote(0, 4);
+  ShardWrote(1, 4);
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "w", 0, 7)).ok());
+  Register("spare", SHARD, 1, /*checkpoints=*/true);
+  for (int i = 0; i < 4; ++i) {  // s1 goes silent.
+    Advance(absl::Seconds(2));
+    for (const char* node : {"s0", "w", "spare"}) Beat(node);
+  }
+  state_->Tick();
+  const JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(job.placement().shard_nodes(), ::testing::ElementsAre("s0", "spare"));
+  EXPECT_THAT(Events(), HasSubstr("shard 1's partitions restored from the checkpoint at step 4 on "
+                                  "shard node spare; the other shards keep theirs (ASYNC)"));
+  // The spare restores its index; the worker continues its rank through the
+  // new placement from where it was.
+  const Task shard = Beat("spare").tasks(0);
+  EXPECT_EQ(shard.rank(), 1);
+  EXPECT_EQ(shard.restore().step(), 4);
+  const Task worker = Beat("w").tasks(0);
+  EXPECT_EQ(worker.join().step(), 7);
+  EXPECT_EQ(worker.join().worker_state(), "worker state bytes");
+  EXPECT_EQ(worker.shard_addresses(1), "spare:1");
 }
 
 TEST_F(CheckpointingTest, RestartsBeyondThePolicyFailTheJobWithItsHistory) {

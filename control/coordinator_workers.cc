@@ -1,7 +1,9 @@
 // CoordinatorState's handling of nodes that leave a running job: a job goes
 // on without a worker that died, restarted or drained, and its rank — its
-// share of the data, where it had got to — goes to the next free worker; a
-// job on a draining shard takes a checkpoint and moves off it.
+// share of the data, where it had got to — goes to the next free worker; an
+// ASYNC/SSP job that loses a shard has only that shard's partitions
+// restored, on a spare; a job on a draining shard takes a checkpoint and
+// moves off it.
 #include <algorithm>
 #include <set>
 
@@ -108,6 +110,52 @@ void CoordinatorState::AssignLostRanks() {
     write_failures_.erase(what);
     for (auto& [rank, join] : joins) joins_[id][rank] = std::move(join);
   }
+}
+
+absl::StatusOr<bool> CoordinatorState::ReplaceShard(const JobStatus& job, int index,
+                                                    const std::string& why) {
+  if (job.spec().consistency().mode() == ConsistencySpec::SYNC || !Saves(job) ||
+      job.checkpoints().empty()) {
+    return false;
+  }
+  // A shard alive and free of this job, with a checkpoint root.
+  const auto& shards = job.placement().shard_nodes();
+  std::string spare;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.role() == SHARD && node.info.checkpoints() && Alive(node) && node.heard &&
+        !node.draining && std::find(shards.begin(), shards.end(), id) == shards.end()) {
+      spare = id;
+      break;
+    }
+  }
+  if (spare.empty()) return false;
+  std::vector<std::string> refused;
+  absl::StatusOr<CheckpointRestore> restore = CompleteCheckpoint(
+      options_.checkpoint_root,
+      std::vector<CheckpointInfo>(job.checkpoints().begin(), job.checkpoints().end()), 0, &refused);
+  if (!restore.ok()) return false;
+  JobStatus updated = job;
+  for (const std::string& reason : refused) AddEvent(&updated, absl::StrCat("refused ", reason));
+  updated.mutable_placement()->set_shard_nodes(index, spare);
+  // The spare hosts shard `index` from the checkpoint; the other shards keep
+  // their partitions as they are; every worker continues its rank at its
+  // last reported step, through the new placement.
+  *updated.mutable_restore() = *restore;
+  for (WorkerProgress& worker : *updated.mutable_workers()) {
+    if (worker.lost() || worker.finished()) continue;
+    worker.set_joined(true);
+    JoinTask& join = joins_[job.id()][worker.rank()];
+    join.set_step(worker.step());
+    join.set_worker_state(restore->worker_state());
+  }
+  AddEvent(
+      &updated,
+      absl::StrCat(why, ": shard ", index, "'s partitions restored from the checkpoint at step ",
+                   restore->step(), " on shard node ", spare, "; the other shards keep theirs (",
+                   ConsistencySpec::Mode_Name(job.spec().consistency().mode()), ")"));
+  RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
+  pending_checkpoints_.erase(job.id());
+  return true;
 }
 
 void CoordinatorState::DrainShard(const std::string& node_id) {

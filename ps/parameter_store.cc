@@ -585,7 +585,8 @@ void ParameterStore::SetLostWorkers(const std::string& job_id, const std::vector
       if (lost && !job->lost[rank]) {
         newly_lost = true;
         job->counts_from[rank] = Job::kNever;
-        Log(absl::StrCat("job ", job_id, ": worker rank ", rank, " lost; steps go on without it"));
+        Log(absl::StrCat("job ", job_id, ": worker rank ", rank,
+                         " absent (lost or finished); steps go on without it"));
       }
       job->lost[rank] = lost;
       absent = absent || !job->Counts(rank, 0) || job->counts_from[rank] > 0;

@@ -62,8 +62,8 @@ class ParameterStore : public ParameterShard {
   // DropJob forgets it.
   void RefuseJob(const std::string& job_id, const absl::Status& why);
 
-  // The worker ranks of `job_id` that have no worker now (the coordinator's
-  // Task.lost_ranks). A lost rank stops counting: a SYNC step completes
+  // The worker ranks of `job_id` that push no more, lost or finished (the
+  // coordinator's Task.absent_ranks). An absent rank stops counting: a SYNC step completes
   // with the ranks present (at once, if they have all arrived), and SSP's
   // bound and the final pull ignore it. A rank no longer listed counts again
   // from the step of its first push (the worker that took it over joins

@@ -45,7 +45,7 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
   }
   for (const Task& task : tasks) {
     if (auto it = hosted_.find(task.job_id()); it != hosted_.end()) {
-      store_->SetLostWorkers(task.job_id(), {task.lost_ranks().begin(), task.lost_ranks().end()});
+      store_->SetLostWorkers(task.job_id(), {task.absent_ranks().begin(), task.absent_ranks().end()});
       ExportLatePushes(task.job_id(), &it->second);
       continue;
     }

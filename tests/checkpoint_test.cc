@@ -249,7 +249,7 @@ TEST_F(CheckpointTest, WithoutACheckpointRootTheCommandsSaySo) {
 // its rank goes on elsewhere; a shard drained: moved after a checkpoint).
 class RecoveryTest : public CheckpointTest {
  protected:
-  enum class Expect { kRollback, kNoRestart, kMove };
+  enum class Expect { kRollback, kNoRestart, kMove, kPartialRestore };
 
   // Runs `fault` (which injects the fault and starts what replaces the lost
   // process) on a running job of `mode`.
@@ -288,6 +288,12 @@ class RecoveryTest : public CheckpointTest {
         EXPECT_EQ(job.attempt(), 1) << Events(job);
         EXPECT_TRUE(HasEvent(job, " lost at step ")) << Events(job);
         EXPECT_TRUE(HasEvent(job, " taken over by worker node ")) << Events(job);
+        break;
+      case Expect::kPartialRestore:
+        EXPECT_EQ(job.restarts(), 0) << Events(job);
+        EXPECT_EQ(job.attempt(), 1) << Events(job);
+        EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
+        EXPECT_TRUE(HasEvent(job, "the other shards keep theirs (ASYNC)")) << Events(job);
         break;
       case Expect::kMove:
         EXPECT_TRUE(HasEvent(job, "is draining: the job moves off it")) << Events(job);
@@ -337,6 +343,16 @@ TEST_F(RecoveryTest, AKilledShardIsReplacedAndItsPartitionsRestored) {
     cluster_->shard(1)->Signal(SIGKILL);
     ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();
   });
+}
+
+TEST_F(RecoveryTest, AKilledAsyncShardHasOnlyItsPartitionsRestoredOnASpare) {
+  SurviveFault(
+      Expect::kPartialRestore,
+      [this] {
+        ASSERT_TRUE(cluster_->AddShard().ok()) << cluster_->Logs();  // The spare.
+        cluster_->shard(1)->Signal(SIGKILL);
+      },
+      "ASYNC");
 }
 
 TEST_F(RecoveryTest, AShardFrozenPastTheNodeTimeoutIsReplaced) {

@@ -306,7 +306,11 @@ absl::Status JobTrainer::Train() {
   };
   // The first step pulls on its own; every later step's parameters come back
   // with the previous step's push (one round trip per message).
-  RETURN_IF_ERROR(PullParameters(model, min_version(first_step), min_worker_steps(first_step)));
+  // A joining run does not wait for SSP's bound on its first pull: a shard
+  // restored mid-run counts every rank's steps from its checkpoint until
+  // each pushes again.
+  RETURN_IF_ERROR(PullParameters(model, min_version(first_step),
+                                 task_.has_join() ? 0 : min_worker_steps(first_step)));
   for (int64_t step = first_step; step < spec.steps(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     permanent_ = true;

@@ -1,5 +1,6 @@
 #include "worker/worker_runtime.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -23,10 +24,13 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
     auto it = running_.find(task.job_id());
     if (it != running_.end() &&
         (it->second->trainer->attempt() != task.attempt() ||
-         it->second->trainer->rank() != task.rank() || it->second->trainer->cancelled())) {
-      // The job started again (resumed or recovered), or this worker lost
-      // its rank and now takes one over: the old run is cancelled and
-      // reaped once it returns.
+         it->second->trainer->rank() != task.rank() || it->second->trainer->cancelled() ||
+         !std::equal(it->second->shard_addresses.begin(), it->second->shard_addresses.end(),
+                     task.shard_addresses().begin(), task.shard_addresses().end()))) {
+      // The job started again (resumed or recovered), this worker lost its
+      // rank and now takes one over, or a shard of the job was replaced:
+      // the old run is cancelled and reaped once it returns, and the task
+      // (a join) continues the rank.
       it->second->trainer->Cancel();
       retiring_.push_back(std::move(it->second));
       running_.erase(it);
@@ -105,6 +109,7 @@ void WorkerRuntime::Start(const Task& task) {
   auto job = std::make_unique<RunningJob>();
   std::vector<ParameterShard*> shards;
   for (const std::string& address : task.shard_addresses()) {
+    job->shard_addresses.push_back(address);
     job->shards.push_back(connect_(address));
     shards.push_back(job->shards.back().get());
   }

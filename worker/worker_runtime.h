@@ -62,6 +62,7 @@ class WorkerRuntime {
 
  private:
   struct RunningJob {
+    std::vector<std::string> shard_addresses;
     std::vector<std::unique_ptr<ParameterShard>> shards;
     std::unique_ptr<JobTrainer> trainer;
     std::thread thread;
