@@ -5,7 +5,9 @@
 # examples/fashion_mnist_cnn.pbtxt trained through the real daemons on the
 # GPU, and the durability checks (STAGES=durability: exports loaded by
 # PyTorch with load_state_dict, a ResNet-18 job surviving a killed shard and
-# a shard killed while writing a checkpoint). Logs go to $OUT (or ./gpu-out).
+# a shard killed while writing a checkpoint; with STAGES="durability
+# recovery" also a killed worker's rank taken over and a SIGTERMed shard
+# drained, without a rollback). Logs go to $OUT (or ./gpu-out).
 #
 # Here (no GPU needed):
 #   GPU_TESTS="kernels/cuda/context_test kernels/cuda/layers_test kernels/cuda/reduced_layers_test
@@ -188,6 +190,39 @@ if [[ $STAGES == *durability* ]]; then
   for j in resnet-shard-loss resnet-mid-write; do
     ctl get "$j" | sed -n '/^events/,$p' | tee -a "$OUT/durability.txt"
   done
+  if [[ $STAGES == *recovery* ]]; then
+    # Without a rollback: the ResNet-18 job's worker killed once a
+    # checkpoint at step >= 200 exists (the other, idle worker takes its
+    # rank over at the shards' step, with the checkpoint's batch-norm
+    # statistics), then a shard stopped with SIGTERM (it drains: the job
+    # moves to a spare from a fresh checkpoint).
+    start_shard 4
+    ctl submit examples/fashion_mnist_resnet18.pbtxt --job_id=resnet-worker-loss >/dev/null
+    for _ in $(seq 600); do (( $(newest resnet-worker-loss) >= 200 )) && break; sleep 0.2; done
+    holder=$(ctl -o json get resnet-worker-loss | python3 -c 'import json,sys; print(json.load(sys.stdin)["placement"]["worker_nodes"][0])')
+    for i in 0 1; do
+      if [[ $holder == *":$(cut -d: -f2 "$W/w$i.port")" ]]; then
+        pkill -9 -f "port_file=$W/w$i.port"
+        echo "killed worker $i ($holder) at checkpoint $(newest resnet-worker-loss)" | tee -a "$OUT/durability.txt"
+      fi
+    done
+    ctl wait resnet-worker-loss --timeout=300s 2>/dev/null | tee -a "$OUT/durability.txt"
+    check_export resnet-worker-loss
+    ctl submit examples/fashion_mnist_resnet18.pbtxt --job_id=resnet-shard-drain >/dev/null
+    for _ in $(seq 600); do (( $(newest resnet-shard-drain) >= 200 )) && break; sleep 0.2; done
+    victim=$(ctl -o json get resnet-shard-drain | python3 -c 'import json,sys; print(json.load(sys.stdin)["placement"]["shard_nodes"][0])')
+    for i in 0 1 2 3 4; do
+      if [[ -s $W/ps$i.port && $victim == *":$(cut -d: -f2 "$W/ps$i.port")" ]]; then
+        kill -TERM "${SHARD_PID[$i]}"
+        echo "SIGTERM to shard $i ($victim) at checkpoint $(newest resnet-shard-drain)" | tee -a "$OUT/durability.txt"
+      fi
+    done
+    ctl wait resnet-shard-drain --timeout=300s 2>/dev/null | tee -a "$OUT/durability.txt"
+    check_export resnet-shard-drain
+    for j in resnet-worker-loss resnet-shard-drain; do
+      ctl get "$j" | sed -n '/^events/,$p' | tee -a "$OUT/durability.txt"
+    done
+  fi
   grep -h "wrote .*MB/s" "$W"/ps*.log | tee "$OUT/checkpoint_writes.txt" | tail -4
   # A shard's checkpoint write beside the disk's raw rate, and the step
   # slowdown while checkpoints are written (//bench:checkpoint).

@@ -63,7 +63,7 @@ class ParameterServerService::PushPullStreamReactor final
       Answer(*pushed, std::move(pulled));
       return;
     }
-    if (waiter_.joinable()) waiter_.join();  // Ended with the previous answer.
+    ReapWaiter();  // Ended with the previous answer.
     waiter_ = std::thread([this, shard, pull = header.exchange().pull(), deadline,
                            push = *std::move(pushed)]() mutable {
       absl::StatusOr<PullResponse> pulled = shard->Pull(pull, deadline, &response_.payload);
@@ -81,11 +81,25 @@ class ParameterServerService::PushPullStreamReactor final
   }
 
   void OnDone() override {
-    if (waiter_.joinable()) waiter_.join();
+    ReapWaiter();
     delete this;
   }
 
  private:
+  // The waiter thread has answered (or is answering): joined, or detached
+  // when this runs on it — gRPC may run a reaction inline in the call that
+  // started it (a write on a stream the worker has cancelled), and a thread
+  // cannot join itself. A detached waiter touches nothing of the reactor
+  // after its answer.
+  void ReapWaiter() {
+    if (!waiter_.joinable()) return;
+    if (waiter_.get_id() == std::this_thread::get_id()) {
+      waiter_.detach();
+    } else {
+      waiter_.join();
+    }
+  }
+
   // Writes the exchange's answer (response_.payload holds the pull's bytes).
   void Answer(const PushResponse& push, absl::StatusOr<PullResponse> pull) {
     if (!pull.ok()) {
