@@ -115,7 +115,7 @@ if [[ $STAGES == *train* ]]; then
   grep -E 'device|model replica|accuracy' "$W/worker.log" | head
 fi
 
-if [[ $STAGES == *durability* ]]; then
+if [[ $STAGES == *durability* || $STAGES == *recovery* ]]; then
   # The real daemons with a checkpoint root on the GPU: two shards, two
   # workers on GPU 0.
   W=$(mktemp -d)
@@ -153,6 +153,7 @@ if [[ $STAGES == *durability* ]]; then
     python3 bench/export_pytorch_check.py --export "$W/$1.safetensors" --job "$OUT/$1.json" \
       --fashion .device/fashion-mnist | tee -a "$OUT/durability.txt"
   }
+  if [[ $STAGES == *durability* ]]; then
   ctl submit examples/fashion_mnist_cnn_bn.pbtxt --job_id=cnn-bn --wait --timeout=300s 2>/dev/null \
     | tee -a "$OUT/durability.txt"
   check_export cnn-bn
@@ -190,6 +191,7 @@ if [[ $STAGES == *durability* ]]; then
   for j in resnet-shard-loss resnet-mid-write; do
     ctl get "$j" | sed -n '/^events/,$p' | tee -a "$OUT/durability.txt"
   done
+  fi
   if [[ $STAGES == *recovery* ]]; then
     # Without a rollback: the ResNet-18 job's worker killed once a
     # checkpoint at step >= 200 exists (the other, idle worker takes its
@@ -197,6 +199,9 @@ if [[ $STAGES == *durability* ]]; then
     # statistics), then a shard stopped with SIGTERM (it drains: the job
     # moves to a spare from a fresh checkpoint).
     start_shard 4
+    # The clean run the faults are measured against.
+    ctl submit examples/fashion_mnist_resnet18.pbtxt --job_id=resnet-clean --wait --timeout=300s \
+      2>/dev/null | tee -a "$OUT/durability.txt"
     ctl submit examples/fashion_mnist_resnet18.pbtxt --job_id=resnet-worker-loss >/dev/null
     for _ in $(seq 600); do (( $(newest resnet-worker-loss) >= 200 )) && break; sleep 0.2; done
     holder=$(ctl -o json get resnet-worker-loss | python3 -c 'import json,sys; print(json.load(sys.stdin)["placement"]["worker_nodes"][0])')
@@ -226,7 +231,7 @@ if [[ $STAGES == *durability* ]]; then
   grep -h "wrote .*MB/s" "$W"/ps*.log | tee "$OUT/checkpoint_writes.txt" | tail -4
   # A shard's checkpoint write beside the disk's raw rate, and the step
   # slowdown while checkpoints are written (//bench:checkpoint).
-  checkpoint_bench --dir="$W/bench" 2>/dev/null | tee "$OUT/checkpoint_bench.jsonl"
+  [[ $STAGES == *durability* ]] && checkpoint_bench --dir="$W/bench" 2>/dev/null | tee "$OUT/checkpoint_bench.jsonl"
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   sleep 1
   cp "$W"/*.log "$OUT/" 2>/dev/null
