@@ -4,6 +4,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/impl/rpc_service_method.h"
 #include "grpcpp/support/method_handler.h"
@@ -63,10 +64,14 @@ class ParameterServerService::PushPullStreamReactor final
       Answer(*pushed, std::move(pulled));
       return;
     }
+    // The new waiter may answer, and the worker send its next request, before
+    // `waiter_` holds it: it answers only once this has stored its handle.
+    absl::MutexLock lock(&waiter_mu_);
     ReapWaiter();  // Ended with the previous answer.
     waiter_ = std::thread([this, shard, pull = header.exchange().pull(), deadline,
                            push = *std::move(pushed)]() mutable {
       absl::StatusOr<PullResponse> pulled = shard->Pull(pull, deadline, &response_.payload);
+      { absl::MutexLock stored(&waiter_mu_); }
       Answer(push, std::move(pulled));
     });
   }
@@ -125,6 +130,7 @@ class ParameterServerService::PushPullStreamReactor final
   grpc::CallbackServerContext* const context_;
   TensorMessage request_;
   TensorMessage response_;
+  absl::Mutex waiter_mu_;
   std::thread waiter_;
 };
 
