@@ -194,7 +194,11 @@ void CoordinatorState::TickDrains() {
     }
     const bool saved = !job.checkpoints().empty() && job.checkpoints().rbegin()->time_ms() >=
                                                          absl::ToUnixMillis(it->second.began);
-    const bool overdue = options_.now() - it->second.began > options_.checkpoint_timeout;
+    // Rank 0 takes checkpoints: with it lost or finished, none will come.
+    const bool none_coming =
+        !job.workers().empty() && (job.workers(0).lost() || job.workers(0).finished());
+    const bool overdue =
+        none_coming || options_.now() - it->second.began > options_.checkpoint_timeout;
     if (!saved && !overdue) {
       ++it;
       continue;

@@ -171,13 +171,13 @@ absl::Status ParameterExchange::SendPush(int i, const PushRequest& request, cons
     if (cancelled()) return absl::CancelledError("job ended");
     absl::StatusOr<PushResponse> response = shards_[shard]->Push(request, payload);
     if (response.ok()) return absl::OkStatus();
-    const bool retry =
-        absl::IsDeadlineExceeded(response.status()) || absl::IsUnavailable(response.status());
-    if (!retry || absl::Now() >= give_up) {
+    // A shard that does not host the job (yet: it is restoring it, or the
+    // job is moving and this run will be cancelled) is asked again too.
+    if (!Retryable(response.status()) || absl::Now() >= give_up) {
       return Annotate(response.status(), absl::StrCat("pushing to shard ", shard));
     }
     // A refused connection fails at once; do not spin on it.
-    if (absl::IsUnavailable(response.status())) absl::SleepFor(absl::Milliseconds(50));
+    if (!absl::IsDeadlineExceeded(response.status())) absl::SleepFor(absl::Milliseconds(50));
   }
 }
 
