@@ -100,6 +100,7 @@ absl::Status JobTrainer::Run() {
     // A shard that found a non-finite gradient says so in its error.
     failed.set_diverged(diverged_ || absl::StrContains(status.message(), "training diverged"));
     Report(failed, /*final=*/true);
+    failed_.store(true);
   }
   return status;
 }

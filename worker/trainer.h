@@ -85,6 +85,11 @@ class JobTrainer {
   void Cancel() { cancelled_.store(true); }
   // Which rank of the job this trainer runs.
   int rank() const { return task_.rank(); }
+  // Run() returned an error it reported (the coordinator acts on it: the
+  // job fails or starts again, and this task goes away).
+  bool failed() const { return failed_.load(); }
+  // Steps completed (pushed) so far.
+  int64_t steps_completed() const { return steps_completed_.load(); }
   bool cancelled() const { return cancelled_.load(); }
   // The worker process is exiting (SIGTERM): finish the step under way,
   // then hand the rank back to the coordinator (drained), which gives it
@@ -133,6 +138,7 @@ class JobTrainer {
   std::atomic<bool> shutting_down_{false};
   // Steps this worker has completed (pushed), for a drain's report.
   std::atomic<int64_t> steps_completed_{0};
+  std::atomic<bool> failed_{false};
   bool coordinator_reachable_ = true;
 };
 

@@ -8,6 +8,13 @@
 #include "common/log.h"
 
 namespace downpour {
+namespace {
+
+// How long a failed run's task may stay unchanged before the rank runs
+// again (the coordinator acts on a delivered failure within a heartbeat).
+constexpr absl::Duration kFailedRunGrace = absl::Seconds(10);
+
+}  // namespace
 
 WorkerRuntime::WorkerRuntime(TrainerOptions options, ShardConnector connect)
     : options_(std::move(options)), connect_(std::move(connect)) {}
@@ -35,6 +42,23 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
       retiring_.push_back(std::move(it->second));
       running_.erase(it);
       it = running_.end();
+    }
+    if (it != running_.end() && it->second->done.load() && it->second->trainer->failed()) {
+      // The run failed and said so, yet the job is still this worker's
+      // task: the coordinator did not act on the report (it was down, or
+      // took it for another run's). After a while the rank runs again,
+      // from where it had got to, rather than stay held by no run.
+      RunningJob& failed = *it->second;
+      if (failed.failed_seen == absl::InfiniteFuture()) failed.failed_seen = absl::Now();
+      if (absl::Now() - failed.failed_seen < kFailedRunGrace) continue;
+      Task again = task;
+      if (!again.has_join()) again.mutable_join()->set_step(failed.trainer->steps_completed());
+      Log(absl::StrCat("job ", task.job_id(), ": its failed run is still this worker's task; ",
+                       "running rank ", task.rank(), " again"));
+      failed.thread.join();
+      running_.erase(it);
+      Start(again);
+      continue;
     }
     if (it == running_.end()) {
       Start(task);

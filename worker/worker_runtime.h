@@ -67,6 +67,7 @@ class WorkerRuntime {
     std::unique_ptr<JobTrainer> trainer;
     std::thread thread;
     std::atomic<bool> done{false};
+    absl::Time failed_seen = absl::InfiniteFuture();  // See OnTasks.
   };
 
   void Start(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
