@@ -19,6 +19,8 @@ line:
   recovery_s_p50, recovery_s_p99   (a fault to the job running again),
   rank_handovers, handover_s_p50   (lost worker ranks taken over, and a
                                     fault to the take-over),
+  partial_shard_restores           (ASYNC jobs that had only a lost shard's
+                                    partitions restored, on a spare),
   corrupt_checkpoints_loaded       (restores a shard found damaged after the
                                     coordinator chose them; must be 0).
 Not in CI (minutes). usage:
@@ -238,11 +240,14 @@ def main():
 
         # Results, from the jobs' events.
         final = {j: cluster.job(j) or {} for j in jobs}
-        lost, recovery, handovers = [], [], []
+        lost, recovery, handovers, partial = [], [], [], 0
         fault_times = sorted(t for t, _ in faults)
         for j, job in final.items():
             events = job.get("events", [])
             for i, e in enumerate(events):
+                if "the other shards keep theirs" in e["message"]:
+                    partial += 1
+                    continue
                 if "taken over by worker node" in e["message"]:
                     taken = int(e["time_ms"])
                     cause = max((t for t in fault_times if t * 1000 <= taken), default=None)
@@ -275,7 +280,7 @@ def main():
             "steps_lost_p50": percentile(lost, 0.5), "steps_lost_max": max(lost, default=0),
             "recovery_s_p50": round(percentile(recovery, 0.5), 2),
             "recovery_s_p99": round(percentile(recovery, 0.99), 2),
-            "rank_handovers": len(handovers),
+            "rank_handovers": len(handovers), "partial_shard_restores": partial,
             "handover_s_p50": round(percentile(handovers, 0.5), 2),
             "corrupt_checkpoints_loaded": corrupt, "restarts": len(lost),
             "accuracy": {j: job.get("test_accuracy") for j, job in final.items()}}))
