@@ -8,16 +8,12 @@
 #include "common/log.h"
 
 namespace downpour {
-namespace {
 
-// How long a failed run's task may stay unchanged before the rank runs
-// again (the coordinator acts on a delivered failure within a heartbeat).
-constexpr absl::Duration kFailedRunGrace = absl::Seconds(10);
-
-}  // namespace
-
-WorkerRuntime::WorkerRuntime(TrainerOptions options, ShardConnector connect)
-    : options_(std::move(options)), connect_(std::move(connect)) {}
+WorkerRuntime::WorkerRuntime(TrainerOptions options, ShardConnector connect,
+                             absl::Duration failed_run_grace)
+    : options_(std::move(options)),
+      connect_(std::move(connect)),
+      failed_run_grace_(failed_run_grace) {}
 
 WorkerRuntime::~WorkerRuntime() { StopAll(); }
 
@@ -50,7 +46,7 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
       // from where it had got to, rather than stay held by no run.
       RunningJob& failed = *it->second;
       if (failed.failed_seen == absl::InfiniteFuture()) failed.failed_seen = absl::Now();
-      if (absl::Now() - failed.failed_seen < kFailedRunGrace) continue;
+      if (absl::Now() - failed.failed_seen < failed_run_grace_) continue;
       Task again = task;
       if (!again.has_join()) again.mutable_join()->set_step(failed.trainer->steps_completed());
       Log(absl::StrCat("job ", task.job_id(), ": its failed run is still this worker's task; ",

@@ -38,7 +38,11 @@ class WorkerRuntime {
   // A client of the job's shard at `address` (HOST:PORT from the task).
   using ShardConnector = std::function<std::unique_ptr<ParameterShard>(const std::string&)>;
 
-  WorkerRuntime(TrainerOptions options, ShardConnector connect);
+  // A run that failed and reported it, while the job stays this worker's
+  // task for `failed_run_grace` (the coordinator never acted on the
+  // report), runs its rank again from where it had got to.
+  WorkerRuntime(TrainerOptions options, ShardConnector connect,
+                absl::Duration failed_run_grace = absl::Seconds(10));
   ~WorkerRuntime();
 
   // The agent reports go through and whose identity trainers use. Tasks that
@@ -77,6 +81,7 @@ class WorkerRuntime {
 
   const TrainerOptions options_;
   const ShardConnector connect_;
+  const absl::Duration failed_run_grace_;
   std::atomic<NodeAgent*> agent_{nullptr};
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);

@@ -92,9 +92,12 @@ class WorkerRuntimeTest : public ::testing::Test {
     options.data_dir = data_dir_;
     options.exchange.pull_timeout = absl::Seconds(30);
     options.exchange.pull_slice = absl::Milliseconds(200);
-    runtime_ = std::make_unique<WorkerRuntime>(options, [this](const std::string& address) {
-      return std::make_unique<InProcessShard>(&stores_[address]);
-    });
+    runtime_ = std::make_unique<WorkerRuntime>(
+        options,
+        [this](const std::string& address) {
+          return std::make_unique<InProcessShard>(&stores_[address]);
+        },
+        /*failed_run_grace=*/absl::Milliseconds(300));
     NodeAgent::Options agent;
     agent.coordinator_name = "fake";
     agent.self.set_id(kNode);
@@ -173,6 +176,24 @@ TEST_F(WorkerRuntimeTest, ShardThatCannotHostTheJobFailsItWithTheReason) {
   ASSERT_TRUE(
       coordinator_.AwaitReport([](const ReportProgressRequest& r) { return !r.error().empty(); }));
   EXPECT_THAT(coordinator_.reports().back().error(), HasSubstr("no memory for 9 GiB"));
+}
+
+TEST_F(WorkerRuntimeTest, AFailedRunStillAssignedAfterTheGraceRunsItsRankAgain) {
+  // The coordinator keeps the task although the run failed and said so (a
+  // report it never acted on): the rank does not stay held by no run.
+  stores_["shard0"].RefuseJob("j", absl::ResourceExhaustedError("no memory for 9 GiB"));
+  Task task = HostedTask("other", Spec(10));
+  task.set_job_id("j");
+  coordinator_.SetTasks(kNode, {task});
+  int failures = 0;
+  for (int i = 0; i < 100 && failures < 2; ++i) {
+    coordinator_.AwaitHeartbeats(1);
+    failures = 0;
+    for (const ReportProgressRequest& r : coordinator_.reports()) failures += !r.error().empty();
+  }
+  EXPECT_GE(failures, 2);
+  coordinator_.SetTasks(kNode, {});
+  EXPECT_TRUE(AwaitNoJobs());
 }
 
 TEST_F(WorkerRuntimeTest, JobThatIsNoLongerATaskIsCancelledWithoutAReport) {
