@@ -8,7 +8,7 @@ a fault every --fault_every (3-8) s into a random shard or worker:
 kill -9 (a replacement of the same kind starts 0-3 s later), SIGTERM (it
 drains; a replacement starts 0-3 s later) or SIGSTOP for 3-6 s (past the
 node timeout) then SIGCONT; with --coordinator_faults, now and then the
-coordinator too (kill -9, restarted 1-5 s later). A lost worker's rank goes
+coordinator too (kill -9, restarted 1-5 s later; --recovery_grace_s=20). A lost worker's rank goes
 on elsewhere without a rollback; a lost shard rolls its jobs back to their
 checkpoint; a draining shard's jobs move after a fresh one. Prints one JSON
 line:
@@ -108,7 +108,11 @@ class Cluster:
             "coordinator", "coordinator/downpour-coordinator",
             ["--listen=" + listen, "--state_dir=" + os.path.join(self.work, "state"),
              "--checkpoint_root=" + self.root, "--heartbeat_interval_ms=200",
-             "--node_timeout_ms=2000"])
+             "--node_timeout_ms=2000",
+             # Live nodes find a restarted coordinator within ~2 s (their
+             # reconnect back-off); the 10-minute default would let a node
+             # killed during an outage hold its jobs that long.
+             "--recovery_grace_s=20"])
 
     def add(self, kind):
         name = f"{kind}{self.counter[kind]}"
