@@ -286,7 +286,10 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobStatus * current, FindJob(request.job_id()));
   ReportProgressResponse response;
-  if (current->state() != RUNNING) {
+  // A run of an earlier start of the job (its report was in flight when the
+  // job started again) has ended: nothing it says applies to this start.
+  if (current->state() != RUNNING ||
+      (request.attempt() != 0 && request.attempt() != current->attempt())) {
     response.set_job_ended(true);
     return response;
   }

@@ -183,6 +183,18 @@ TEST_F(CoordinatorStateTest, SucceedsWhenAllWorkersFinishAndAccuracyIsReported) 
   EXPECT_EQ(Beat(w0).tasks_size(), 0);
 }
 
+TEST_F(CoordinatorStateTest, AReportOfAnotherStartOfTheJobIsIgnored) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  ReportProgressRequest stale = Progress("j", "a", 0, 5);
+  stale.set_attempt(state_->GetJob("j")->attempt() + 1);
+  stale.set_error("pulling from shard 0: still at version 279 < 280");
+  EXPECT_TRUE(state_->ReportProgress(stale).value().job_ended());
+  EXPECT_EQ(StateOf("j"), RUNNING);
+  EXPECT_EQ(state_->GetJob("j")->restarts(), 0);
+}
+
 TEST_F(CoordinatorStateTest, WrongNodeCannotReportForARank) {
   Register("s", SHARD);
   Register("a", WORKER);

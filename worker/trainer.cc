@@ -109,6 +109,7 @@ void JobTrainer::Report(ReportProgressRequest request, bool final) {
   request.set_job_id(task_.job_id());
   request.set_node_id(options_.node_id);
   request.set_rank(task_.rank());
+  request.set_attempt(task_.attempt());
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
     absl::StatusOr<bool> ended = reporter_(request);
