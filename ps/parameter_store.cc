@@ -226,7 +226,8 @@ struct ParameterStore::Job {
   std::vector<std::map<int64_t, int64_t>> partial_steps ABSL_GUARDED_BY(mu);
   RequestDedup requests ABSL_GUARDED_BY(mu);
 
-  int shard = 0;  // Immutable after AddJob.
+  int shard = 0;        // Immutable after AddJob.
+  int64_t attempt = 0;  // Immutable after AddJob.
   // The checkpoint capture in flight (step 0: none), and the last step one
   // was started for. Lock order: a partition's mu, then capture_mu, then mu.
   absl::Mutex capture_mu;
@@ -248,7 +249,8 @@ ParameterStore::~ParameterStore() = default;
 
 absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& given,
                                     int shard_index,
-                                    const std::vector<PartitionPlacement>& partitions) {
+                                    const std::vector<PartitionPlacement>& partitions,
+                                    int64_t attempt) {
   {
     absl::ReaderMutexLock lock(&mu_);
     if (jobs_.contains(job_id)) return absl::OkStatus();
@@ -269,6 +271,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   job->num_workers = spec.num_workers();
   job->sync_quorum = spec.num_workers() - spec.consistency().backup_workers();
   job->shard = shard_index;
+  job->attempt = attempt;
   const int num_slots = NumOptimizerSlots(job->optimizer);
 
   for (const PartitionPlacement& placement : partitions) {
@@ -728,6 +731,11 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
                                                   const Payload& payload) {
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   if (job->has_diverged.load(std::memory_order_acquire)) return job->DivergedError();
+  if (request.attempt() != 0 && job->attempt != 0 && request.attempt() != job->attempt) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("push to job ", job->id, " from its start ", request.attempt(),
+                     "; this shard hosts its start ", job->attempt));
+  }
   // Everything that does not depend on state is checked first.
   ASSIGN_OR_RETURN(std::vector<Piece> pieces, ParsePush(*job, request, payload));
   ASSIGN_OR_RETURN(bool fresh, Reserve(*job, request));

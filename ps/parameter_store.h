@@ -49,8 +49,10 @@ class ParameterStore : public ParameterShard {
   // InvalidArgument, naming the field, for a spec that fails validation
   // (spec/job_validation.h; defaults are applied first) or a placement the
   // store cannot serve (a range outside its tensor, a partition placed twice).
+  // `attempt` is the job's start hosted (Task.attempt): pushes of another
+  // start (a cancelled run's, still in flight) are refused; 0 takes any.
   absl::Status AddJob(const std::string& job_id, const JobSpec& spec, int shard_index,
-                      const std::vector<PartitionPlacement>& partitions);
+                      const std::vector<PartitionPlacement>& partitions, int64_t attempt = 0);
 
   // Stops hosting `job_id`: pending and later requests for it fail; waiting
   // pulls return Aborted ("job X was dropped"). No-op for an unknown job.

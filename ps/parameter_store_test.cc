@@ -459,6 +459,17 @@ TEST_F(ParameterStoreTest, ANonFiniteGradientFailsTheJobNamingTheStepAndPartitio
               HasSubstr("training diverged at step 4: worker rank 1's gradient for partition 0/1"));
 }
 
+TEST_F(ParameterStoreTest, PushesOfAnotherStartOfTheJobAreRefused) {
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2), 0, Placements(), 2).ok());
+  PushRequest stale = MakePush(0, 1, 0, {{{0, 0}, {1, 1, 1}}});
+  stale.set_attempt(1);
+  absl::StatusOr<PushResponse> refused = store_.Push(stale);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("from its start 1"));
+  stale.set_attempt(2);
+  PushOk(stale);
+}
+
 TEST_F(ParameterStoreTest, DropJobWakesWaitersAndForgetsTheJob) {
   AddJob(Spec(ConsistencySpec::SYNC, 2));
   absl::Status status;

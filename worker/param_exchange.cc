@@ -112,6 +112,7 @@ PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequ
   PushRequest request;
   request.set_job_id(options_.job_id);
   request.set_worker_rank(options_.rank);
+  request.set_attempt(options_.attempt);
   request.set_step(step);
   request.set_partitions_in_step(partitions_per_shard_[message.shard]);
   request.set_checkpoint_step(checkpoint_step_);
@@ -273,6 +274,7 @@ absl::Status ParameterExchange::CaptureNow(int64_t checkpoint_step, int64_t last
     PushRequest request;
     request.set_job_id(options_.job_id);
     request.set_worker_rank(options_.rank);
+    request.set_attempt(options_.attempt);
     request.set_step(last_step);
     request.set_checkpoint_step(checkpoint_step);
     RequestId* id = request.mutable_request_id();

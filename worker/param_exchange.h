@@ -50,6 +50,8 @@ struct ExchangeOptions {
   // the same process starts above every sequence its last run used, which a
   // restored exactly-once window may hold.
   int64_t first_sequence = 0;
+  // The start of the job this run belongs to (PushRequest.attempt).
+  int64_t attempt = 0;
   // How long a pull may wait in total (other workers in SYNC, a shard coming
   // up) before it fails.
   absl::Duration pull_timeout = absl::Seconds(120);

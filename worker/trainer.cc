@@ -77,6 +77,7 @@ absl::Status JobTrainer::StartExchange(const std::vector<ParamInfo>& params) {
   // last start's (2^32 requests apart), and each run within a start above
   // the last run's (2^24 apart).
   exchange.first_sequence = (task_.attempt() << 32) + (options_.run_index << 24);
+  exchange.attempt = task_.attempt();
   exchange.gradient_dtype = *dtype;
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small
