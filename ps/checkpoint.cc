@@ -33,15 +33,8 @@ CheckpointWriter::~CheckpointWriter() {
   thread_.join();
 }
 
-void CheckpointWriter::SetAttempt(const std::string& job_id, int64_t attempt) {
-  absl::MutexLock lock(&mu_);
-  attempts_[job_id] = attempt;
-}
-
 void CheckpointWriter::Write(ShardSnapshot snapshot) {
   absl::MutexLock lock(&mu_);
-  auto attempt = attempts_.find(snapshot.job_id);
-  if (attempt != attempts_.end()) snapshot.attempt = attempt->second;
   queue_.push_back(std::move(snapshot));
 }
 
@@ -55,7 +48,6 @@ std::vector<CheckpointPart> CheckpointWriter::Parts() {
 void CheckpointWriter::ForgetJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   parts_.erase(job_id);
-  attempts_.erase(job_id);
 }
 
 bool CheckpointWriter::Idle() {

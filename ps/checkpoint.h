@@ -30,9 +30,6 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   const std::string& root() const { return root_; }
-  // Which start of a job (Task.attempt) the shard hosts: its snapshots and
-  // parts are stamped with it.
-  void SetAttempt(const std::string& job_id, int64_t attempt);
   // Queues `snapshot` for writing.
   void Write(ShardSnapshot snapshot);
   // The parts written for running jobs, newest last (the last few per job).
@@ -53,7 +50,6 @@ class CheckpointWriter {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::deque<CheckpointPart>> parts_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int64_t> attempts_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <utility>
 
@@ -37,12 +36,6 @@ RequestKey KeyOf(const PushRequest& request) {
   return {id.worker_id(), id.incarnation(), id.sequence()};
 }
 
-// Calls fn(grad, start, count) over the gradient of elements [0, n) held in
-// bytes [offset, ...) of `payload` as `dtype`: in place where a piece holds
-// aligned float32 elements, else through `scratch` in bounded chunks, so a
-// payload received as many network buffers is applied without first being
-// joined into one.
-//
 // Whether all of v[0, n) are finite: x - x is 0 for a finite x and NaN
 // otherwise, and a sum with a NaN in it is NaN (vectorizes; no branches).
 bool AllFinite(const float* v, int64_t n) {
@@ -51,6 +44,11 @@ bool AllFinite(const float* v, int64_t n) {
   return probe == 0.f;
 }
 
+// Calls fn(grad, start, count) over the gradient of elements [0, n) held in
+// bytes [offset, ...) of `payload` as `dtype`: in place where a piece holds
+// aligned float32 elements, else through `scratch` in bounded chunks, so a
+// payload received as many network buffers is applied without first being
+// joined into one.
 template <typename Fn>
 void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, WireDtype dtype,
                         std::vector<float>* scratch, Fn fn) {
@@ -180,16 +178,18 @@ struct ParameterStore::Job {
   bool dropped ABSL_GUARDED_BY(mu) = false;
   // Per worker rank: max pushed step + 1.
   std::vector<int64_t> worker_steps ABSL_GUARDED_BY(mu);
-  // Per worker rank: lost (SetLostWorkers), and the step from which it
-  // counts (kNever while lost, or taken over but not pushed yet).
-  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-  std::vector<bool> lost ABSL_GUARDED_BY(mu);
+  // Per worker rank: whether it counts in SYNC quorums, SSP's bound and the
+  // final pull. An absent rank (SetAbsentWorkers) counts again from the first
+  // fresh push of the worker that took it over (kJoining until then); that
+  // worker first pulled every partition at the step it pushes, so the rank
+  // counts at every partition's version from then on.
+  enum class Presence : uint8_t { kCounts, kAbsent, kJoining };
+  std::vector<Presence> presence ABSL_GUARDED_BY(mu);
+  // Some rank does not count (kept with `presence`): quorums look.
+  std::atomic<bool> any_absent{false};
   // SYNC, per worker rank: pushes that arrived after their step completed
   // without them (a straggler the backup workers replaced).
   std::vector<int64_t> late_pushes ABSL_GUARDED_BY(mu);
-  std::vector<int64_t> counts_from ABSL_GUARDED_BY(mu);
-  // Some rank does not count at every step (lost or joining): quorums look.
-  std::atomic<bool> any_absent{false};
   // Set once a non-finite gradient reached a partition: every later push and
   // pull of the job fails with `diverged`.
   std::atomic<bool> has_diverged{false};
@@ -208,17 +208,21 @@ struct ParameterStore::Job {
     return absl::FailedPreconditionError(diverged);
   }
 
-  // Whether `rank` counts at `step` (SYNC quorum, SSP bound).
-  bool Counts(int rank, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return !lost[rank] && counts_from[rank] <= step;
+  bool Counts(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return presence[rank] == Presence::kCounts;
   }
-  // SYNC: arrivals that complete step `version`: the ranks that count then,
-  // less the backup workers, at least one.
-  int QuorumAt(int64_t version) ABSL_LOCKS_EXCLUDED(mu) {
+  void UpdateAnyAbsent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    any_absent.store(std::any_of(presence.begin(), presence.end(),
+                                 [](Presence p) { return p != Presence::kCounts; }),
+                     std::memory_order_release);
+  }
+  // SYNC: arrivals that complete a step: the ranks that count, less the
+  // backup workers, at least one.
+  int Quorum() ABSL_LOCKS_EXCLUDED(mu) {
     if (!any_absent.load(std::memory_order_acquire)) return sync_quorum;
     absl::MutexLock lock(&mu);
     int counting = 0;
-    for (int rank = 0; rank < num_workers; ++rank) counting += Counts(rank, version);
+    for (int rank = 0; rank < num_workers; ++rank) counting += Counts(rank);
     return std::max(1, counting - (num_workers - sync_quorum));
   }
   // Per worker rank: partitions applied so far of steps pushed in several
@@ -301,9 +305,8 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
     absl::MutexLock lock(&job->mu);
     job->worker_steps.assign(job->num_workers, 0);
     job->partial_steps.assign(job->num_workers, {});
-    job->lost.assign(job->num_workers, false);
+    job->presence.assign(job->num_workers, Job::Presence::kCounts);
     job->late_pushes.assign(job->num_workers, 0);
-    job->counts_from.assign(job->num_workers, 0);
   }
 
   absl::MutexLock lock(&mu_);
@@ -406,11 +409,12 @@ absl::StatusOr<bool> ParameterStore::Reserve(Job& job, const PushRequest& reques
     if (!verdict.ok()) return Annotate(verdict.status(), absl::StrCat("push to job ", job.id));
     switch (*verdict) {
       case RequestDedup::Verdict::kFresh: {
-        // The first push of a worker that took over a lost rank: the rank
-        // counts again from this step.
+        // The first push of a worker that took over an absent rank: the
+        // rank counts again.
         const int rank = request.worker_rank();
-        if (!job.lost[rank] && job.counts_from[rank] == Job::kNever) {
-          job.counts_from[rank] = request.step();
+        if (job.presence[rank] == Job::Presence::kJoining) {
+          job.presence[rank] = Job::Presence::kCounts;
+          job.UpdateAnyAbsent();
           Log(absl::StrCat("job ", job.id, ": worker rank ", rank, " joined at step ",
                            request.step()));
         }
@@ -448,7 +452,7 @@ void ParameterStore::Settle(Job& job, const PushRequest& request, bool applied) 
   job.changed.SignalAll();
 }
 
-void ParameterStore::ApplyNow(const Job& job, const PushRequest& request, const Payload& payload,
+void ParameterStore::ApplyNow(Job& job, const PushRequest& request, const Payload& payload,
                               const Piece& piece, std::vector<float>* scratch) const {
   Partition& p = *piece.partition;
   absl::MutexLock lock(&p.mu);
@@ -477,10 +481,9 @@ void ParameterStore::ApplyNow(const Job& job, const PushRequest& request, const 
                          }
                        });
     if (!finite) {
-      const_cast<Job&>(job).Diverge(
-          absl::StrCat("training diverged at step ", request.step(), ": worker rank ",
-                       request.worker_rank(), "'s gradient for partition ", p.Name(),
-                       " is not finite (found by shard ", job.shard, ")"));
+      job.Diverge(absl::StrCat("training diverged at step ", request.step(), ": worker rank ",
+                               request.worker_rank(), "'s gradient for partition ", p.Name(),
+                               " is not finite (found by shard ", job.shard, ")"));
     }
   }
   p.version.store(version + 1, std::memory_order_release);
@@ -496,11 +499,11 @@ bool ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
   // of the same rank for this step is acknowledged and ignored.
   if (request.step() < version) return true;
   if (p.arrived[rank]) return false;
-  // A rank that was lost and not taken over (a worker the coordinator gave
-  // up on, still pushing) brings nothing.
+  // An absent rank (a worker the coordinator gave up on, still pushing)
+  // brings nothing.
   if (job.any_absent.load(std::memory_order_acquire)) {
     absl::MutexLock job_lock(&job.mu);
-    if (!job.Counts(rank, request.step())) return false;
+    if (!job.Counts(rank)) return false;
   }
   p.arrived[rank] = true;
   ++p.num_arrived;
@@ -524,7 +527,7 @@ bool ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
 
 void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
   const int64_t version = p.version.load(std::memory_order_relaxed);
-  if (p.num_arrived == 0 || p.num_arrived < job.QuorumAt(version)) return;
+  if (p.num_arrived == 0 || p.num_arrived < job.Quorum()) return;
   // The step is complete: the mean over the workers that brought a gradient
   // (a skipped step is no contributor), or no update when none did.
   const int64_t n = p.num_elements;
@@ -571,7 +574,7 @@ std::vector<int64_t> ParameterStore::LatePushes(const std::string& job_id) const
   return job->late_pushes;
 }
 
-void ParameterStore::SetLostWorkers(const std::string& job_id, const std::vector<int>& ranks) {
+void ParameterStore::SetAbsentWorkers(const std::string& job_id, const std::vector<int>& ranks) {
   std::shared_ptr<Job> job;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -579,25 +582,25 @@ void ParameterStore::SetLostWorkers(const std::string& job_id, const std::vector
     if (it == jobs_.end()) return;
     job = it->second;
   }
-  bool newly_lost = false;
+  bool newly_absent = false;
   {
     absl::MutexLock lock(&job->mu);
-    bool absent = false;
     for (int rank = 0; rank < job->num_workers; ++rank) {
-      const bool lost = std::count(ranks.begin(), ranks.end(), rank) > 0;
-      if (lost && !job->lost[rank]) {
-        newly_lost = true;
-        job->counts_from[rank] = Job::kNever;
+      Job::Presence& presence = job->presence[rank];
+      const bool absent = std::count(ranks.begin(), ranks.end(), rank) > 0;
+      if (absent && presence != Job::Presence::kAbsent) {
+        newly_absent = true;
+        presence = Job::Presence::kAbsent;
         Log(absl::StrCat("job ", job_id, ": worker rank ", rank,
                          " absent (lost or finished); steps go on without it"));
+      } else if (!absent && presence == Job::Presence::kAbsent) {
+        presence = Job::Presence::kJoining;
       }
-      job->lost[rank] = lost;
-      absent = absent || !job->Counts(rank, 0) || job->counts_from[rank] > 0;
     }
-    job->any_absent.store(absent, std::memory_order_release);
+    job->UpdateAnyAbsent();
     job->changed.SignalAll();
   }
-  if (!newly_lost || !job->sync()) return;
+  if (!newly_absent || !job->sync()) return;
   // Steps that waited only for the lost ranks complete now.
   for (const auto& partition : job->partitions) {
     absl::MutexLock lock(&partition->mu);
@@ -643,6 +646,7 @@ void ParameterStore::Deliver(Job& job, int64_t step, PartitionSnapshot part,
     snapshot.job_id = job.id;
     snapshot.shard = job.shard;
     snapshot.step = step;
+    if (job.attempt > 0) snapshot.attempt = job.attempt;
     snapshot.sync = job.sync();
     if (!error.empty()) {
       // The checkpoint cannot be taken: it fails now (partitions still
@@ -812,7 +816,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
         }
       }
       for (int rank = 0; rank < job->num_workers; ++rank) {
-        if (job->lost[rank] || job->counts_from[rank] == Job::kNever) continue;
+        if (!job->Counts(rank)) continue;
         if (job->worker_steps[rank] < min_steps) {
           return absl::StrCat("worker ", rank, " has pushed ", job->worker_steps[rank], " steps < ",
                               min_steps);

@@ -50,7 +50,8 @@ class ParameterStore : public ParameterShard {
   // (spec/job_validation.h; defaults are applied first) or a placement the
   // store cannot serve (a range outside its tensor, a partition placed twice).
   // `attempt` is the job's start hosted (Task.attempt): pushes of another
-  // start (a cancelled run's, still in flight) are refused; 0 takes any.
+  // start (a cancelled run's, still in flight) are refused, and checkpoint
+  // snapshots are stamped with it; 0 takes any.
   absl::Status AddJob(const std::string& job_id, const JobSpec& spec, int shard_index,
                       const std::vector<PartitionPlacement>& partitions, int64_t attempt = 0);
 
@@ -65,12 +66,12 @@ class ParameterStore : public ParameterShard {
   void RefuseJob(const std::string& job_id, const absl::Status& why);
 
   // The worker ranks of `job_id` that push no more, lost or finished (the
-  // coordinator's Task.absent_ranks). An absent rank stops counting: a SYNC step completes
-  // with the ranks present (at once, if they have all arrived), and SSP's
-  // bound and the final pull ignore it. A rank no longer listed counts again
-  // from the step of its first push (the worker that took it over joins
-  // there). No-op for an unknown job.
-  void SetLostWorkers(const std::string& job_id, const std::vector<int>& ranks);
+  // coordinator's Task.absent_ranks). An absent rank stops counting: a SYNC
+  // step completes with the ranks present (at once, if they have all
+  // arrived), and SSP's bound and the final pull ignore it. A rank no longer
+  // listed counts again from its first push (the worker that took it over
+  // joins there). No-op for an unknown job.
+  void SetAbsentWorkers(const std::string& job_id, const std::vector<int>& ranks);
 
   // SYNC, by worker rank: pushes of `job_id` that came after their step had
   // completed without them (stragglers). Empty for an unknown job.
@@ -120,8 +121,8 @@ class ParameterStore : public ParameterShard {
   // Ends the reservation; an applied push counts towards its worker's steps.
   void Settle(Job& job, const PushRequest& request, bool applied) const;
   // ASYNC/SSP: applies one partition's gradient (nothing for a skipped push).
-  void ApplyNow(const Job& job, const PushRequest& request, const Payload& payload,
-                const Piece& piece, std::vector<float>* scratch) const;
+  void ApplyNow(Job& job, const PushRequest& request, const Payload& payload, const Piece& piece,
+                std::vector<float>* scratch) const;
   // SYNC: adds one partition's gradient to its step's sum, and applies the
   // mean once the step's quorum has arrived. Returns whether the push came
   // after its step had completed (late).

@@ -387,7 +387,7 @@ TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsF
   PushOk(MakePush(0, 1, 0, {{key, {3, 3, 3}}}));
   PushOk(MakePush(1, 1, 0, {{key, {1, 1, 1}}}));
   EXPECT_EQ(PullOne(key).version, 0);
-  store_.SetLostWorkers(kJob, {2});
+  store_.SetAbsentWorkers(kJob, {2});
   Pulled after = PullOne(key, 1);
   std::vector<float> expected = Initial(0, 0, 3);
   for (float& v : expected) v -= 0.1f * 2;  // The mean of the two present.
@@ -402,7 +402,7 @@ TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsF
   ExpectNear(after.values, expected);
 
   // Taken over: the rank counts again only from its first push (step 3).
-  store_.SetLostWorkers(kJob, {});
+  store_.SetAbsentWorkers(kJob, {});
   PushOk(MakePush(0, 3, 2, {{key, {1, 1, 1}}}));
   PushOk(MakePush(1, 3, 2, {{key, {1, 1, 1}}}));
   EXPECT_EQ(PullOne(key, 3).version, 3);
@@ -431,7 +431,7 @@ TEST_F(ParameterStoreTest, SspBoundIgnoresALostRank) {
     done.Notify();
   });
   EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
-  store_.SetLostWorkers(kJob, {1});
+  store_.SetAbsentWorkers(kJob, {1});
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   waiter.join();
 }

@@ -45,8 +45,8 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
   }
   for (const Task& task : tasks) {
     if (auto it = hosted_.find(task.job_id()); it != hosted_.end()) {
-      store_->SetLostWorkers(task.job_id(),
-                             {task.absent_ranks().begin(), task.absent_ranks().end()});
+      store_->SetAbsentWorkers(task.job_id(),
+                               {task.absent_ranks().begin(), task.absent_ranks().end()});
       ExportLatePushes(task.job_id(), &it->second);
       continue;
     }
@@ -128,7 +128,6 @@ absl::Status ShardRuntime::Host(const Task& task) {
   }
   const std::vector<PartitionPlacement> partitions(task.placement().partitions().begin(),
                                                    task.placement().partitions().end());
-  if (writer_ != nullptr) writer_->SetAttempt(task.job_id(), task.attempt());
   absl::Status added =
       store_->AddJob(task.job_id(), task.spec(), task.rank(), partitions, task.attempt());
   if (added.ok() && task.has_restore()) added = Restore(task);
