@@ -153,6 +153,8 @@ void CoordinatorState::MaybeCommitCheckpoint(const std::string& job_id, int64_t 
   if (!gone.ok()) {
     Log(absl::StrCat("job ", job_id, ": cannot remove old checkpoints: ", gone.message()));
   }
+  // A job waiting for this checkpoint to move off a draining shard moves now.
+  if (drains_.count(job_id)) TickDrains();
   if (finished) SchedulePending();
 }
 
@@ -247,13 +249,7 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   // Its newest complete checkpoint (a damaged one is refused, and the one
   // before taken), or the start.
   std::vector<std::string> refused;
-  absl::StatusOr<CheckpointRestore> restore = absl::NotFoundError("no checkpoint yet");
-  if (!options_.checkpoint_root.empty() && job.checkpoints_size() > 0) {
-    restore = CompleteCheckpoint(
-        options_.checkpoint_root,
-        std::vector<CheckpointInfo>(job.checkpoints().begin(), job.checkpoints().end()), 0,
-        &refused);
-  }
+  absl::StatusOr<CheckpointRestore> restore = NewestCheckpoint(job, &refused);
   for (const std::string& reason : refused) AddEvent(&updated, absl::StrCat("refused ", reason));
   const int64_t from = restore.ok() ? restore->step() : 0;
   auto* list = updated.mutable_checkpoints();
@@ -288,6 +284,16 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
   pending_checkpoints_.erase(job.id());
   return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointRestore> CoordinatorState::NewestCheckpoint(
+    const JobStatus& job, std::vector<std::string>* refused) const {
+  if (options_.checkpoint_root.empty() || job.checkpoints().empty()) {
+    return absl::NotFoundError("no checkpoint yet");
+  }
+  return CompleteCheckpoint(
+      options_.checkpoint_root,
+      std::vector<CheckpointInfo>(job.checkpoints().begin(), job.checkpoints().end()), 0, refused);
 }
 
 absl::StatusOr<SafetensorsFile> CoordinatorState::ReadInitialWeights(const InitFrom& init,

@@ -145,7 +145,6 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   }
   if (node.info.role() == SHARD) {
     for (const CheckpointPart& part : request.checkpoints()) TakeCheckpointPart(part);
-    TickDrains();
   }
   response.set_released(node.draining && Released(node.info.id()));
   for (const std::string& id : job_order_) {
@@ -168,13 +167,12 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     for (const WorkerProgress& worker : job.workers()) {
       if (worker.lost() || worker.finished()) task->add_absent_ranks(worker.rank());
     }
+    // A worker that took its rank over continues where the rank had got to,
+    // with the workers' state of the checkpoint the job records (the hand-over
+    // made it the newest).
     if (node.info.role() == WORKER && job.workers(task->rank()).joined()) {
-      auto join = joins_[job.id()].find(task->rank());
-      if (join != joins_[job.id()].end()) {
-        *task->mutable_join() = join->second;
-      } else {
-        task->mutable_join()->set_step(job.workers(task->rank()).step());
-      }
+      task->mutable_join()->set_step(job.workers(task->rank()).step());
+      task->mutable_join()->set_worker_state(job.restore().worker_state());
     }
   }
   return response;
@@ -398,6 +396,12 @@ absl::Status CoordinatorState::FinishJob(const JobStatus& job, JobState state,
   return absl::OkStatus();
 }
 
+bool CoordinatorState::Released(const std::string& node_id) const {
+  return std::none_of(jobs_.begin(), jobs_.end(), [&](const auto& entry) {
+    return entry.second.state() == RUNNING && InPlacement(entry.second.placement(), node_id);
+  });
+}
+
 absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const std::string& why) {
   absl::Status first;
   for (auto& [id, job] : jobs_) {
@@ -498,7 +502,6 @@ void CoordinatorState::SchedulePending() {
         written = Commit(job, /*durable=*/true);
         if (written.ok()) {
           pending_checkpoints_.erase(job.id());
-          joins_.erase(job.id());
           settled_checkpoint_[job.id()] = job.restore().step();
         }
         break;

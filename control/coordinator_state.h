@@ -183,6 +183,10 @@ class CoordinatorState : public Coordinator {
   std::string NewJobId(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeInfo Describe(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobStatus*> FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The newest complete checkpoint of `job` (damaged newer ones described
+  // in `refused`); NotFound when it has none, or checkpoints are off.
+  absl::StatusOr<CheckpointRestore> NewestCheckpoint(const JobStatus& job,
+                                                     std::vector<std::string>* refused) const;
   // The weights `init` names, checked to be a safetensors file; `what`
   // describes them for the job's events.
   absl::StatusOr<SafetensorsFile> ReadInitialWeights(const InitFrom& init, std::string* what)
@@ -207,10 +211,6 @@ class CoordinatorState : public Coordinator {
   // The highest step whose checkpoint each job has committed or given up in
   // this run of the job: parts for it that heartbeats repeat are ignored.
   std::map<std::string, int64_t> settled_checkpoint_ ABSL_GUARDED_BY(mu_);
-  // What a worker that took over a lost rank starts from, by job and rank
-  // (not durable: after a coordinator restart a joiner already running
-  // keeps its task, and a new one starts without the checkpoint's state).
-  std::map<std::string, std::map<int, JoinTask>> joins_ ABSL_GUARDED_BY(mu_);
   // Jobs moving off a draining shard once a checkpoint is in: the shard and
   // when the drain began (not durable: the shard's next heartbeat after a
   // coordinator restart begins it again).

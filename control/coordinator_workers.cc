@@ -27,9 +27,7 @@ absl::Status CoordinatorState::LoseWorker(const JobStatus& job, int rank, const 
   AddEvent(&updated, absl::StrCat("worker rank ", rank, " lost at step ", worker.step(), ": ", why,
                                   "; the job goes on without it until a worker takes it over"));
   updated.set_message(WaitingFor(updated));
-  RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
-  joins_[job.id()].erase(rank);
-  return absl::OkStatus();
+  return Commit(std::move(updated), /*durable=*/true);
 }
 
 std::string CoordinatorState::WaitingFor(const JobStatus& job) {
@@ -56,6 +54,14 @@ std::string CoordinatorState::Untrained(const JobStatus& job) {
 }
 
 void CoordinatorState::AssignLostRanks() {
+  auto has_lost = [](const JobStatus& job) {
+    return job.state() == RUNNING && std::any_of(job.workers().begin(), job.workers().end(),
+                                                 [](const WorkerProgress& w) { return w.lost(); });
+  };
+  if (std::none_of(jobs_.begin(), jobs_.end(),
+                   [&](const auto& entry) { return has_lost(entry.second); })) {
+    return;
+  }
   // Workers busy with a running job's rank.
   std::set<std::string> busy;
   for (const auto& [id, job] : jobs_) {
@@ -73,10 +79,8 @@ void CoordinatorState::AssignLostRanks() {
     if (free.empty()) return;
     const JobStatus& job = jobs_[id];
     // Once rank 0 has evaluated the job, its end does not wait for more.
-    if (job.state() != RUNNING || job.test_accuracy() >= 0) continue;
+    if (!has_lost(job) || job.test_accuracy() >= 0) continue;
     JobStatus updated = job;
-    std::vector<std::string> events;
-    std::map<int, JoinTask> joins;
     for (WorkerProgress& worker : *updated.mutable_workers()) {
       if (!worker.lost() || free.empty()) continue;
       const std::string node = free.front();
@@ -85,21 +89,15 @@ void CoordinatorState::AssignLostRanks() {
       worker.set_joined(true);
       worker.set_node_id(node);
       updated.mutable_placement()->set_worker_nodes(worker.rank(), node);
-      JoinTask& join = joins[worker.rank()];
-      join.set_step(worker.step());
-      // The workers' state (batch-norm statistics) of the newest checkpoint:
-      // better than a fresh model's for a rank 0 that evaluates soon.
-      if (!options_.checkpoint_root.empty() && job.checkpoints_size() > 0) {
-        std::vector<std::string> refused;
-        absl::StatusOr<CheckpointRestore> restore = CompleteCheckpoint(
-            options_.checkpoint_root,
-            std::vector<CheckpointInfo>(job.checkpoints().begin(), job.checkpoints().end()), 0,
-            &refused);
-        if (restore.ok()) join.set_worker_state(restore->worker_state());
-      }
       AddEvent(&updated, absl::StrCat("worker rank ", worker.rank(), " taken over by worker node ",
                                       node, " from step ", worker.step()));
     }
+    // The joiners load the workers' state (batch-norm statistics) of the
+    // checkpoint the job records: the newest one, better than a fresh
+    // model's for a rank 0 that evaluates soon.
+    std::vector<std::string> refused;
+    absl::StatusOr<CheckpointRestore> newest = NewestCheckpoint(job, &refused);
+    if (newest.ok()) *updated.mutable_restore() = *std::move(newest);
     updated.set_message(WaitingFor(updated));
     absl::Status written = Commit(std::move(updated), /*durable=*/true);
     const std::string what = absl::StrCat("the hand-over of job ", id, "'s lost ranks");
@@ -108,16 +106,12 @@ void CoordinatorState::AssignLostRanks() {
       return;
     }
     write_failures_.erase(what);
-    for (auto& [rank, join] : joins) joins_[id][rank] = std::move(join);
   }
 }
 
 absl::StatusOr<bool> CoordinatorState::ReplaceShard(const JobStatus& job, int index,
                                                     const std::string& why) {
-  if (job.spec().consistency().mode() == ConsistencySpec::SYNC || !Saves(job) ||
-      job.checkpoints().empty()) {
-    return false;
-  }
+  if (job.spec().consistency().mode() == ConsistencySpec::SYNC || !Saves(job)) return false;
   // A shard alive and free of this job, with a checkpoint root.
   const auto& shards = job.placement().shard_nodes();
   std::string spare;
@@ -130,9 +124,7 @@ absl::StatusOr<bool> CoordinatorState::ReplaceShard(const JobStatus& job, int in
   }
   if (spare.empty()) return false;
   std::vector<std::string> refused;
-  absl::StatusOr<CheckpointRestore> restore = CompleteCheckpoint(
-      options_.checkpoint_root,
-      std::vector<CheckpointInfo>(job.checkpoints().begin(), job.checkpoints().end()), 0, &refused);
+  absl::StatusOr<CheckpointRestore> restore = NewestCheckpoint(job, &refused);
   if (!restore.ok()) return false;
   JobStatus updated = job;
   for (const std::string& reason : refused) AddEvent(&updated, absl::StrCat("refused ", reason));
@@ -142,11 +134,7 @@ absl::StatusOr<bool> CoordinatorState::ReplaceShard(const JobStatus& job, int in
   // last reported step, through the new placement.
   *updated.mutable_restore() = *restore;
   for (WorkerProgress& worker : *updated.mutable_workers()) {
-    if (worker.lost() || worker.finished()) continue;
-    worker.set_joined(true);
-    JoinTask& join = joins_[job.id()][worker.rank()];
-    join.set_step(worker.step());
-    join.set_worker_state(restore->worker_state());
+    if (!worker.lost() && !worker.finished()) worker.set_joined(true);
   }
   AddEvent(
       &updated,
@@ -214,19 +202,6 @@ void CoordinatorState::TickDrains() {
     }
     it = drains_.erase(it);
   }
-}
-
-bool CoordinatorState::Released(const std::string& node_id) const {
-  for (const auto& [id, job] : jobs_) {
-    if (job.state() != RUNNING) continue;
-    for (const std::string& node : job.placement().shard_nodes()) {
-      if (node == node_id) return false;
-    }
-    for (const std::string& node : job.placement().worker_nodes()) {
-      if (node == node_id) return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace control
