@@ -35,6 +35,9 @@ int Main() {
   BlockTerminationSignals();
   SetLogPrefix("downpour-ps");
   NodeDaemon::Options options = NodeDaemonOptionsFromFlags(SHARD);
+  if (absl::GetFlag(FLAGS_drain_timeout_s) < 0) {
+    return ExitWithError(absl::InvalidArgumentError("--drain_timeout_s must not be negative"));
+  }
   const std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   std::unique_ptr<CheckpointWriter> writer;
   if (!checkpoint_root.empty()) {

@@ -25,41 +25,41 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
   for (const Task& task : tasks) {
     current.insert(task.job_id());
     auto it = running_.find(task.job_id());
-    if (it != running_.end() &&
-        (it->second->trainer->attempt() != task.attempt() ||
-         it->second->trainer->rank() != task.rank() || it->second->trainer->cancelled() ||
-         !std::equal(it->second->shard_addresses.begin(), it->second->shard_addresses.end(),
-                     task.shard_addresses().begin(), task.shard_addresses().end()))) {
-      // The job started again (resumed or recovered), this worker lost its
-      // rank and now takes one over, or a shard of the job was replaced:
-      // the old run is cancelled and reaped once it returns, and the task
-      // (a join) continues the rank.
-      it->second->trainer->Cancel();
-      retiring_.push_back(std::move(it->second));
-      running_.erase(it);
-      it = running_.end();
-    }
-    if (it != running_.end() && it->second->done.load() && it->second->trainer->failed()) {
-      // The run failed and said so, yet the job is still this worker's
-      // task: the coordinator did not act on the report (it was down, or
-      // took it for another run's). After a while the rank runs again,
-      // from where it had got to, rather than stay held by no run.
-      RunningJob& failed = *it->second;
-      if (failed.failed_seen == absl::InfiniteFuture()) failed.failed_seen = absl::Now();
-      if (absl::Now() - failed.failed_seen < failed_run_grace_) continue;
-      Task again = task;
-      if (!again.has_join()) again.mutable_join()->set_step(failed.trainer->steps_completed());
-      Log(absl::StrCat("job ", task.job_id(), ": its failed run is still this worker's task; ",
-                       "running rank ", task.rank(), " again"));
-      failed.thread.join();
-      running_.erase(it);
-      Start(again);
-      continue;
-    }
     if (it == running_.end()) {
       Start(task);
+      continue;
+    }
+    RunningJob& run = *it->second;
+    // The job started again (resumed or recovered), this worker lost its
+    // rank and now takes one over, or a shard of the job was replaced: a new
+    // run continues the rank (the task is a join).
+    bool replace = run.trainer->attempt() != task.attempt() || run.trainer->rank() != task.rank() ||
+                   run.trainer->cancelled() ||
+                   !std::equal(run.shard_addresses.begin(), run.shard_addresses.end(),
+                               task.shard_addresses().begin(), task.shard_addresses().end());
+    Task next = task;
+    if (!replace && run.done.load() && run.trainer->failed()) {
+      // The run failed and said so, yet the job is still this worker's
+      // task: the coordinator did not act on the report (it was down, or
+      // took it for another run's). After a while the rank runs again, from
+      // where it had got to, rather than stay held by no run.
+      if (run.failed_seen == absl::InfiniteFuture()) run.failed_seen = absl::Now();
+      replace = absl::Now() - run.failed_seen >= failed_run_grace_;
+      if (replace) {
+        Log(absl::StrCat("job ", task.job_id(), ": its failed run is still this worker's task; ",
+                         "running rank ", task.rank(), " again"));
+        if (!next.has_join()) next.mutable_join()->set_step(run.trainer->steps_completed());
+      }
+    }
+    if (replace) {
+      // The old run is cancelled and reaped once it returns: it may be
+      // waiting out a call to a shard that is gone.
+      run.trainer->Cancel();
+      retiring_.push_back(std::move(it->second));
+      running_.erase(it);
+      Start(next);
     } else if (task.checkpoint_requested_ms() > 0) {
-      it->second->trainer->RequestCheckpoint(task.checkpoint_requested_ms());
+      run.trainer->RequestCheckpoint(task.checkpoint_requested_ms());
     }
   }
   for (auto& [id, job] : running_) {
