@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -78,51 +79,42 @@ std::vector<int64_t> FlattenedImage(const ModelShape& shape, const LayerShape& d
   return in.size() == 3 ? in : std::vector<int64_t>{};
 }
 
-// Our dense weight [in, out] as PyTorch's [out, in]; inputs flattened from
-// an [H, W, C] image are reordered from (h, w, c) to (c, h, w).
-std::vector<float> DenseToPyTorch(const std::vector<float>& w, int64_t in, int64_t out,
-                                  const std::vector<int64_t>& image) {
-  std::vector<float> t(w.size());
-  for (int64_t i = 0; i < in; ++i) {
-    int64_t j = i;  // PyTorch's index of our input i.
-    if (!image.empty()) {
-      const int64_t h = i / (image[1] * image[2]), wi = (i / image[2]) % image[1], c = i % image[2];
-      j = (c * image[0] + h) * image[1] + wi;
-    }
-    for (int64_t o = 0; o < out; ++o) t[o * in + j] = w[i * out + o];
-  }
-  return t;
-}
+// A parameter PyTorch holds in another order than ours: its shape, and
+// where element k of ours sits in it (`index` empty: the same order).
+struct PyTorchLayout {
+  std::vector<int64_t> shape;
+  std::function<int64_t(int64_t)> index;
+};
 
-// PyTorch's [out, in] dense weight as ours, [in, out] (DenseToPyTorch undone).
-std::vector<float> DenseFromPyTorch(const float* t, int64_t in, int64_t out,
-                                    const std::vector<int64_t>& image) {
-  std::vector<float> w(in * out);
-  for (int64_t i = 0; i < in; ++i) {
-    int64_t j = i;
-    if (!image.empty()) {
-      const int64_t h = i / (image[1] * image[2]), wi = (i / image[2]) % image[1], c = i % image[2];
-      j = (c * image[0] + h) * image[1] + wi;
-    }
-    for (int64_t o = 0; o < out; ++o) w[i * out + o] = t[o * in + j];
+// Dense weights: ours [in, out], PyTorch's [out, in], with inputs flattened
+// from an [H, W, C] image reordered from (h, w, c) to (c, h, w). Conv
+// weights: ours [out, kh, kw, in], PyTorch's [out, in, kh, kw].
+PyTorchLayout PyTorchLayoutOf(const ModelShape& shape, const LayerShape& layer,
+                              const ParamInfo& p) {
+  const std::vector<int64_t>& s = p.shape;
+  if (layer.kind == LayerKind::kDense && s.size() == 2) {
+    const int64_t in = s[0], out = s[1];
+    const std::vector<int64_t> image = FlattenedImage(shape, layer);
+    return {{out, in}, [in, out, image](int64_t k) {
+              const int64_t i = k / out, o = k % out;
+              int64_t j = i;  // PyTorch's index of our input i.
+              if (!image.empty()) {
+                const int64_t h = i / (image[1] * image[2]), w = (i / image[2]) % image[1],
+                              c = i % image[2];
+                j = (c * image[0] + h) * image[1] + w;
+              }
+              return o * in + j;
+            }};
   }
-  return w;
-}
-
-// [out, in, kh, kw] -> [out, kh, kw, in].
-std::vector<float> ConvFromPyTorch(const float* t, const std::vector<int64_t>& s) {
-  const int64_t out = s[0], kh = s[1], kw = s[2], in = s[3];
-  std::vector<float> w(out * kh * kw * in);
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t y = 0; y < kh; ++y) {
-      for (int64_t x = 0; x < kw; ++x) {
-        for (int64_t i = 0; i < in; ++i) {
-          w[((o * kh + y) * kw + x) * in + i] = t[((o * in + i) * kh + y) * kw + x];
-        }
-      }
-    }
+  if (layer.kind == LayerKind::kConv2d && s.size() == 4) {
+    const int64_t kh = s[1], kw = s[2], in = s[3];
+    return {{s[0], in, kh, kw}, [kh, kw, in](int64_t k) {
+              const int64_t i = k % in, x = (k / in) % kw, y = (k / (in * kw)) % kh,
+                            o = k / (in * kw * kh);
+              return ((o * in + i) * kh + y) * kw + x;
+            }};
   }
-  return w;
+  return {s, nullptr};
 }
 
 // The name PyTorch gives our tensor `name` ("<layer>/<what>") of `layer`.
@@ -135,22 +127,6 @@ std::string PyTorchName(const LayerShape& layer, const std::string& name) {
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-// [out, kh, kw, in] -> [out, in, kh, kw].
-std::vector<float> ConvToPyTorch(const std::vector<float>& w, const std::vector<int64_t>& s) {
-  const int64_t out = s[0], kh = s[1], kw = s[2], in = s[3];
-  std::vector<float> t(w.size());
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t y = 0; y < kh; ++y) {
-      for (int64_t x = 0; x < kw; ++x) {
-        for (int64_t i = 0; i < in; ++i) {
-          t[((o * in + i) * kh + y) * kw + x] = w[((o * kh + y) * kw + x) * in + i];
-        }
-      }
-    }
-  }
-  return t;
 }
 
 }  // namespace
@@ -171,13 +147,13 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& root, const std:
       Tensor t{p.name, TensorDtype::kF32, p.shape, std::move(params[id])};
       if (layout == ExportLayout::kPyTorch) {
         t.name = PyTorchName(layer, p.name);
-        if (layer.kind == LayerKind::kDense && p.shape.size() == 2) {
-          t.values = DenseToPyTorch(t.values, p.shape[0], p.shape[1], FlattenedImage(shape, layer));
-          t.shape = {p.shape[1], p.shape[0]};
-        } else if (layer.kind == LayerKind::kConv2d && p.shape.size() == 4) {
-          t.values = ConvToPyTorch(t.values, p.shape);
-          t.shape = {p.shape[0], p.shape[3], p.shape[1], p.shape[2]};
+        PyTorchLayout torch = PyTorchLayoutOf(shape, layer, p);
+        if (torch.index) {
+          std::vector<float> ordered(t.values.size());
+          for (size_t k = 0; k < ordered.size(); ++k) ordered[torch.index(k)] = t.values[k];
+          t.values = std::move(ordered);
         }
+        t.shape = std::move(torch.shape);
       }
       tensors.push_back(std::move(t));
     }
@@ -226,15 +202,10 @@ absl::StatusOr<CheckpointInfo> WriteInitialCheckpoint(const std::string& root,
   auto find = [&](const LayerShape& layer,
                   const ParamInfo& p) -> absl::StatusOr<std::vector<float>> {
     const std::string torch_name = PyTorchName(layer, p.name);
-    std::vector<int64_t> torch_shape = p.shape;
-    if (layer.kind == LayerKind::kDense && p.shape.size() == 2) {
-      torch_shape = {p.shape[1], p.shape[0]};
-    } else if (layer.kind == LayerKind::kConv2d && p.shape.size() == 4) {
-      torch_shape = {p.shape[0], p.shape[3], p.shape[1], p.shape[2]};
-    }
+    const PyTorchLayout torch = PyTorchLayoutOf(shape, layer, p);
     const bool native = weights.tensors().count(p.name) > 0;
     const std::string& name = native ? p.name : torch_name;
-    const std::vector<int64_t>& want = native ? p.shape : torch_shape;
+    const std::vector<int64_t>& want = native ? p.shape : torch.shape;
     auto it = weights.tensors().find(name);
     if (it == weights.tensors().end()) {
       return absl::InvalidArgumentError(absl::StrCat("the initial weights have no ", torch_name,
@@ -246,12 +217,11 @@ absl::StatusOr<CheckpointInfo> WriteInitialCheckpoint(const std::string& root,
                        " ", ShapeText(it->second.shape), "; the model's is F32 ", ShapeText(want)));
     }
     const float* t = reinterpret_cast<const float*>(it->second.data.data());
-    if (native) return std::vector<float>(t, t + p.num_elements);
-    if (layer.kind == LayerKind::kDense && p.shape.size() == 2) {
-      return DenseFromPyTorch(t, p.shape[0], p.shape[1], FlattenedImage(shape, layer));
+    std::vector<float> values(t, t + p.num_elements);
+    if (!native && torch.index) {
+      for (int64_t k = 0; k < p.num_elements; ++k) values[k] = t[torch.index(k)];
     }
-    if (layer.kind == LayerKind::kConv2d && p.shape.size() == 4) return ConvFromPyTorch(t, p.shape);
-    return std::vector<float>(t, t + p.num_elements);
+    return values;
   };
   std::vector<std::vector<float>> params(shape.params.size()), state(shape.local_state.size());
   for (const LayerShape& layer : shape.layers) {
