@@ -317,10 +317,8 @@ TEST_F(RecoveryTest, AKilledSyncWorkersRankGoesToAReplacementWithoutARollback) {
   SurviveFault(Expect::kNoRestart, [this] {
     cluster_->worker(1)->Signal(SIGKILL);
     // The job goes on with worker 0 meanwhile.
-    ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) {
-      return std::any_of(job.workers().begin(), job.workers().end(),
-                         [](const WorkerProgress& w) { return w.lost(); });
-    })) << cluster_->Logs();
+    ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) { return LostRank(job) >= 0; }))
+        << cluster_->Logs();
     const int64_t step = cluster_->GetJob("victim").step();
     ASSERT_TRUE(AwaitJob("victim", [step](const JobStatus& job) { return job.step() > step + 50; }))
         << cluster_->Logs();

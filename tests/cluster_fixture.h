@@ -35,6 +35,14 @@ inline std::string Events(const JobStatus& job) {
   return out;
 }
 
+// The first worker rank of the job that is lost (no worker holds it), or -1.
+inline int LostRank(const JobStatus& job) {
+  for (const WorkerProgress& w : job.workers()) {
+    if (w.lost()) return w.rank();
+  }
+  return -1;
+}
+
 class ClusterFixture : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -229,15 +229,9 @@ TEST_F(ClusterTest, ASyncJobGoesOnWithoutADeadWorkerWhoseRankANewWorkerTakesOver
   for (int i = 0; i < 200 && GetJob("j").step() < 20; ++i) absl::SleepFor(absl::Milliseconds(50));
   cluster_->worker(1)->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
-  // Whichever rank the killed worker held.
-  auto lost_rank = [](const JobStatus& job) {
-    for (const WorkerProgress& w : job.workers()) {
-      if (w.lost()) return w.rank();
-    }
-    return -1;
-  };
+  // Whichever rank the killed worker held: LostRank.
   JobStatus job;
-  for (job = GetJob("j"); lost_rank(job) < 0 && absl::Now() - killed < absl::Seconds(30);
+  for (job = GetJob("j"); LostRank(job) < 0 && absl::Now() - killed < absl::Seconds(30);
        job = GetJob("j")) {
     absl::SleepFor(absl::Milliseconds(50));
   }
@@ -245,7 +239,7 @@ TEST_F(ClusterTest, ASyncJobGoesOnWithoutADeadWorkerWhoseRankANewWorkerTakesOver
   // not restarted (a restart with max_restarts -1 would fail it).
   EXPECT_LT(absl::Now() - killed, absl::Seconds(15));
   ASSERT_EQ(job.state(), RUNNING) << job.message();
-  const int lost = lost_rank(job);
+  const int lost = LostRank(job);
   ASSERT_GE(lost, 0) << cluster_->Logs();
   const int present = 1 - lost;
   EXPECT_NE(
