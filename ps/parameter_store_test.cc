@@ -164,6 +164,15 @@ class ParameterStoreTest : public ::testing::Test {
     if (!response.ok()) return {};
     return Decode(*response)[key];
   }
+  // Starts `request` on a thread of its own, which expects it to succeed and
+  // then notifies `done`.
+  std::thread PullInBackground(PullRequest request, absl::Notification* done) {
+    return std::thread([this, request = std::move(request), done] {
+      absl::StatusOr<PullResponse> r = store_.Pull(request, Soon());
+      EXPECT_TRUE(r.ok()) << r.status();
+      done->Notify();
+    });
+  }
   PushResponse PushOk(const PushRequest& request) {
     absl::StatusOr<PushResponse> response = store_.Push(request);
     EXPECT_TRUE(response.ok()) << response.status();
@@ -368,11 +377,7 @@ TEST_F(ParameterStoreTest, MinWorkerStepsWaitsForTheSlowestWorker) {
   EXPECT_THAT(timed_out.status().message(), HasSubstr("worker 1 has pushed 0 steps < 1"));
 
   absl::Notification done;
-  std::thread waiter([&] {
-    absl::StatusOr<PullResponse> r = store_.Pull(MakePull({{1, 0}}, 0, 1), Soon());
-    EXPECT_TRUE(r.ok()) << r.status();
-    done.Notify();
-  });
+  std::thread waiter = PullInBackground(MakePull({{1, 0}}, 0, 1), &done);
   EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   PushOk(MakePush(1, 1, 0, {{{1, 0}, {0, 0}}}));
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
@@ -425,11 +430,7 @@ TEST_F(ParameterStoreTest, SspBoundIgnoresALostRank) {
   AddJob(Spec(ConsistencySpec::SSP, 2));
   PushOk(MakePush(0, 1, 0, {{{1, 0}, {0, 0}}}));
   absl::Notification done;
-  std::thread waiter([&] {
-    absl::StatusOr<PullResponse> r = store_.Pull(MakePull({{1, 0}}, 0, 1), Soon());
-    EXPECT_TRUE(r.ok()) << r.status();
-    done.Notify();
-  });
+  std::thread waiter = PullInBackground(MakePull({{1, 0}}, 0, 1), &done);
   EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   store_.SetAbsentWorkers(kJob, {1});
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
