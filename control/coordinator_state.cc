@@ -170,10 +170,14 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     // A worker that took its rank over continues where the rank had got to,
     // with the workers' state of the checkpoint the job records (the hand-over
     // made it the newest).
-    if (node.info.role() == WORKER && job.workers(task->rank()).joined()) {
-      task->mutable_join()->set_step(job.workers(task->rank()).step());
+    if (node.info.role() != WORKER) continue;
+    const WorkerProgress& worker = job.workers(task->rank());
+    if (worker.joined()) {
+      task->mutable_join()->set_step(worker.step());
       task->mutable_join()->set_worker_state(job.restore().worker_state());
     }
+    *task->mutable_data() = worker.data();
+    task->set_data_step(worker.data_step());
   }
   return response;
 }
@@ -297,6 +301,7 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     return absl::PermissionDeniedError(absl::StrCat(
         "node ", request.node_id(), " is not worker rank ", rank, " of job ", current->id()));
   }
+  if (request.data_files_size() > 0) return AssignData(*current, rank, request);
   if (request.drained()) {
     // A leaving worker takes no rank over, not even the one it gave back.
     nodes_[request.node_id()].draining = true;
@@ -450,6 +455,7 @@ void CoordinatorState::DetectDeadNodes() {
 void CoordinatorState::SchedulePending() {
   // Running jobs' lost ranks come before pending jobs.
   AssignLostRanks();
+  AbsorbLostRanks();
   std::vector<const JobStatus*> jobs;
   const int64_t now_ms = ToMillis(options_.now());
   for (const std::string& id : job_order_) {
@@ -485,6 +491,8 @@ void CoordinatorState::SchedulePending() {
           progress->set_rank(rank);
           progress->set_node_id(job.placement().worker_nodes(rank));
         }
+        // Every start shares the files out afresh: all ranks are present.
+        ShareDataFiles(&job);
         job.set_state(RUNNING);
         job.set_message("");
         job.set_start_time_ms(ToMillis(options_.now()));

@@ -47,6 +47,10 @@ class CoordinatorState : public Coordinator {
     // fails nothing, however long its nodes take to find it again. Nodes not
     // heard from since the restart get no new work meanwhile.
     absl::Duration recovery_grace = absl::Minutes(10);
+    // A lost worker rank (not rank 0, which evaluates) that no free worker
+    // takes over within this long has its data dealt out to the job's live
+    // ranks (AbsorbLostRanks).
+    absl::Duration handover_wait = absl::Seconds(30);
     // Where checkpoints live (a filesystem every shard with --checkpoint_root
     // shares); empty: jobs are not saved.
     std::string checkpoint_root;
@@ -140,6 +144,17 @@ class CoordinatorState : public Coordinator {
   // Gives lost ranks of running jobs to free workers (alive, not draining,
   // not working on a running job), oldest job first.
   void AssignLostRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deals the data of ranks lost for longer than handover_wait out to their
+  // jobs' live ranks, least loaded first; the ranks are then absorbed.
+  void AbsorbLostRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker's listing of the job's record files (ReportProgressRequest.
+  // data_files): shares them out unless that was done, and answers with the
+  // rank's share.
+  absl::StatusOr<ReportProgressResponse> AssignData(const JobStatus& job, int rank,
+                                                    const ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives every rank of `job` its first share of job->data_files().
+  static void ShareDataFiles(JobStatus* job);
   // Shard `index` of running ASYNC/SSP `job` is lost: a spare shard takes
   // it over, restoring only its partitions from the newest checkpoint, and
   // the job goes on. False (nothing changed) when the job is SYNC (one

@@ -7,129 +7,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/file.h"
+#include "control/coordinator_state_fixture.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "spec/checkpoint_files.h"
-#include "spec/test_jobs.h"
 
 namespace downpour {
 namespace control {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A JobStore in memory, shared across "restarts" of the coordinator; its
-// writes fail while `failing` is set (a full disk, a lost volume).
-class MemoryJobStore : public JobStore {
- public:
-  struct Data {
-    std::vector<JobStatus> jobs;
-    std::vector<NodeInfo> nodes;
-    bool failing = false;
-    std::string failing_job;  // Writes of this job fail.
-  };
-  explicit MemoryJobStore(Data* data) : data_(data) {}
-  absl::Status SaveJob(const JobStatus& job) override {
-    if (job.id() == data_->failing_job) return absl::InternalError("state database: disk full");
-    return Put(&data_->jobs, job);
-  }
-  absl::Status SaveNode(const NodeInfo& node) override { return Put(&data_->nodes, node); }
-  absl::StatusOr<std::vector<JobStatus>> LoadJobs() override { return data_->jobs; }
-  absl::StatusOr<std::vector<NodeInfo>> LoadNodes() override { return data_->nodes; }
-
- private:
-  template <typename T>
-  absl::Status Put(std::vector<T>* items, const T& item) {
-    if (data_->failing) return absl::InternalError("state database: disk I/O error");
-    for (T& existing : *items) {
-      if (existing.id() == item.id()) {
-        existing = item;
-        return absl::OkStatus();
-      }
-    }
-    items->push_back(item);
-    return absl::OkStatus();
-  }
-  Data* data_;
-};
-
-// Fails on the first failure (restarts have tests of their own).
-JobSpec SmallSpec(int workers, int shards) {
-  JobSpec spec = SmallMlpJob(workers, shards);
-  spec.mutable_restart()->set_max_restarts(-1);
-  return spec;
-}
-
-class CoordinatorStateTest : public ::testing::Test {
- protected:
-  void SetUp() override { Restart(); }
-
-  void Restart() {
-    state_.reset();
-    CoordinatorState::Options options;
-    options.node_timeout = absl::Seconds(5);
-    options.checkpoint_root = checkpoint_root_;
-    options.checkpoint_timeout = absl::Minutes(1);
-    options.now = [this] { return Now(); };
-    auto created = CoordinatorState::Create(options, std::make_unique<MemoryJobStore>(&stored_));
-    ASSERT_TRUE(created.ok()) << created.status();
-    state_ = std::move(created).value();
-  }
-
-  void Register(const std::string& id, NodeRole role, int64_t incarnation = 1,
-                bool checkpoints = false) {
-    NodeInfo node;
-    node.set_id(id);
-    node.set_role(role);
-    node.set_checkpoints(checkpoints);
-    node.set_address(id + ":1");
-    node.set_incarnation(incarnation);
-    ASSERT_TRUE(state_->RegisterNode(node).ok());
-  }
-
-  HeartbeatResponse Beat(const std::string& id, int64_t incarnation = 1) {
-    HeartbeatRequest request;
-    request.set_node_id(id);
-    request.set_incarnation(incarnation);
-    auto response = state_->Heartbeat(request);
-    EXPECT_TRUE(response.ok());
-    return *response;
-  }
-
-  ReportProgressRequest Progress(const std::string& job, const std::string& node, int rank,
-                                 int64_t step) {
-    ReportProgressRequest r;
-    r.set_job_id(job);
-    r.set_node_id(node);
-    r.set_rank(rank);
-    r.set_step(step);
-    r.set_loss(1.0);
-    return r;
-  }
-
-  // The injected clock (read by the state's threads and the test's).
-  absl::Time Now() {
-    absl::MutexLock lock(&clock_mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&clock_mu_);
-    now_ += d;
-  }
-  JobState StateOf(const std::string& job) { return state_->GetJob(job)->state(); }
-  const JobStatus* StoredJob(const std::string& id) {
-    for (const JobStatus& job : stored_.jobs) {
-      if (job.id() == id) return &job;
-    }
-    return nullptr;
-  }
-
-  absl::Mutex clock_mu_;
-  absl::Time now_ ABSL_GUARDED_BY(clock_mu_) = absl::FromUnixSeconds(1000000);
-  MemoryJobStore::Data stored_;
-  std::string checkpoint_root_;
-  std::unique_ptr<CoordinatorState> state_;
-};
 
 TEST_F(CoordinatorStateTest, JobWaitsForNodesThenRunsWithPlacement) {
   auto job = state_->SubmitJob(SmallSpec(2, 2), "j");

@@ -1,6 +1,9 @@
-// CoordinatorState's handling of nodes that leave a running job: a job goes
-// on without a worker that died, restarted or drained, and its rank — its
-// share of the data, where it had got to — goes to the next free worker; an
+// CoordinatorState's handling of a job's workers and of nodes that leave a
+// running job: the coordinator shares the record files out to the ranks; a
+// job goes on without a worker that died, restarted or drained, and its
+// rank — its share of the data, where it had got to — goes to the next free
+// worker, or, when none takes it within handover_wait, its data is dealt
+// out to the live ranks; an
 // ASYNC/SSP job that loses a shard has only that shard's partitions
 // restored, on a spare; a job on a draining shard takes a checkpoint and
 // moves off it.
@@ -12,6 +15,7 @@
 #include "common/status.h"
 #include "control/checkpoints.h"
 #include "control/coordinator_state.h"
+#include "spec/data_assignment.h"
 
 namespace downpour {
 namespace control {
@@ -22,6 +26,7 @@ absl::Status CoordinatorState::LoseWorker(const JobStatus& job, int rank, const 
   JobStatus updated = job;
   WorkerProgress* lost = updated.mutable_workers(rank);
   lost->set_lost(true);
+  lost->set_lost_ms(absl::ToUnixMillis(options_.now()));
   lost->set_examples_per_sec(0);
   updated.mutable_placement()->set_worker_nodes(rank, "");
   AddEvent(&updated, absl::StrCat("worker rank ", rank, " lost at step ", worker.step(), ": ", why,
@@ -30,10 +35,17 @@ absl::Status CoordinatorState::LoseWorker(const JobStatus& job, int rank, const 
   return Commit(std::move(updated), /*durable=*/true);
 }
 
+namespace {
+
+// Lost and neither taken over nor absorbed yet.
+bool Unclaimed(const WorkerProgress& worker) { return worker.lost() && !worker.absorbed(); }
+
+}  // namespace
+
 std::string CoordinatorState::WaitingFor(const JobStatus& job) {
   std::vector<int> lost;
   for (const WorkerProgress& worker : job.workers()) {
-    if (worker.lost()) lost.push_back(worker.rank());
+    if (Unclaimed(worker)) lost.push_back(worker.rank());
   }
   if (lost.empty()) return "";
   return absl::StrCat("worker rank", lost.size() > 1 ? "s " : " ", absl::StrJoin(lost, ", "),
@@ -44,7 +56,7 @@ std::string CoordinatorState::WaitingFor(const JobStatus& job) {
 std::string CoordinatorState::Untrained(const JobStatus& job) {
   std::vector<std::string> lost;
   for (const WorkerProgress& worker : job.workers()) {
-    if (worker.lost()) {
+    if (Unclaimed(worker)) {
       lost.push_back(absl::StrCat("rank ", worker.rank(), " from step ", worker.step()));
     }
   }
@@ -55,8 +67,8 @@ std::string CoordinatorState::Untrained(const JobStatus& job) {
 
 void CoordinatorState::AssignLostRanks() {
   auto has_lost = [](const JobStatus& job) {
-    return job.state() == RUNNING && std::any_of(job.workers().begin(), job.workers().end(),
-                                                 [](const WorkerProgress& w) { return w.lost(); });
+    return job.state() == RUNNING &&
+           std::any_of(job.workers().begin(), job.workers().end(), Unclaimed);
   };
   if (std::none_of(jobs_.begin(), jobs_.end(),
                    [&](const auto& entry) { return has_lost(entry.second); })) {
@@ -82,10 +94,11 @@ void CoordinatorState::AssignLostRanks() {
     if (!has_lost(job) || job.test_accuracy() >= 0) continue;
     JobStatus updated = job;
     for (WorkerProgress& worker : *updated.mutable_workers()) {
-      if (!worker.lost() || free.empty()) continue;
+      if (!Unclaimed(worker) || free.empty()) continue;
       const std::string node = free.front();
       free.erase(free.begin());
       worker.set_lost(false);
+      worker.set_lost_ms(0);
       worker.set_joined(true);
       worker.set_node_id(node);
       updated.mutable_placement()->set_worker_nodes(worker.rank(), node);
@@ -107,6 +120,92 @@ void CoordinatorState::AssignLostRanks() {
     }
     write_failures_.erase(what);
   }
+}
+
+void CoordinatorState::AbsorbLostRanks() {
+  const int64_t now_ms = absl::ToUnixMillis(options_.now());
+  const int64_t wait_ms = absl::ToInt64Milliseconds(options_.handover_wait);
+  for (const std::string& id : job_order_) {
+    const JobStatus& job = jobs_[id];
+    if (job.state() != RUNNING || job.data_files().empty()) continue;
+    JobStatus updated = job;
+    bool absorbed = false;
+    for (WorkerProgress& lost : *updated.mutable_workers()) {
+      // Rank 0 evaluates the job at its end: it waits for a taker.
+      if (!Unclaimed(lost) || lost.rank() == 0 || lost.lost_ms() + wait_ms > now_ms) continue;
+      // The live ranks still training, least data first.
+      std::vector<WorkerProgress*> receivers;
+      for (WorkerProgress& worker : *updated.mutable_workers()) {
+        if (!worker.lost() && !worker.finished()) receivers.push_back(&worker);
+      }
+      // With none, the data stays untrained (the job's end says so).
+      if (receivers.empty()) break;
+      std::stable_sort(receivers.begin(), receivers.end(),
+                       [](const WorkerProgress* a, const WorkerProgress* b) {
+                         return a->data_size() < b->data_size();
+                       });
+      const std::vector<DataPart> parts(lost.data().begin(), lost.data().end());
+      const std::vector<std::vector<DataPart>> dealt = DealParts(parts, receivers.size());
+      std::vector<std::string> to;
+      for (size_t i = 0; i < receivers.size(); ++i) {
+        if (dealt[i].empty()) continue;
+        for (const DataPart& part : dealt[i]) *receivers[i]->add_data() = part;
+        receivers[i]->set_data_step(receivers[i]->step());
+        to.push_back(absl::StrCat(receivers[i]->rank(), " (", dealt[i].size(), ")"));
+      }
+      lost.set_absorbed(true);
+      lost.clear_data();
+      absorbed = true;
+      AddEvent(&updated, absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
+                                      absl::FormatDuration(options_.handover_wait), ": its data (",
+                                      parts.size(), " file part", parts.size() == 1 ? "" : "s",
+                                      ") handed to rank", to.size() == 1 ? " " : "s ",
+                                      absl::StrJoin(to, ", "), " from their current step"));
+    }
+    if (!absorbed) continue;
+    updated.set_message(WaitingFor(updated));
+    absl::Status written = Commit(std::move(updated), /*durable=*/true);
+    const std::string what = absl::StrCat("the hand-over of job ", id, "'s lost ranks' data");
+    if (!written.ok()) {
+      LogWriteFailure(what, written);
+      continue;
+    }
+    write_failures_.erase(what);
+  }
+}
+
+void CoordinatorState::ShareDataFiles(JobStatus* job) {
+  if (job->data_files().empty()) return;
+  const std::vector<std::vector<DataPart>> shares =
+      ShareData(std::vector<std::string>(job->data_files().begin(), job->data_files().end()),
+                job->workers_size());
+  for (WorkerProgress& worker : *job->mutable_workers()) {
+    worker.mutable_data()->Assign(shares[worker.rank()].begin(), shares[worker.rank()].end());
+    worker.set_data_step(0);
+  }
+}
+
+absl::StatusOr<ReportProgressResponse> CoordinatorState::AssignData(
+    const JobStatus& job, int rank, const ReportProgressRequest& request) {
+  if (job.data_files().empty()) {
+    JobStatus updated = job;
+    updated.mutable_data_files()->CopyFrom(request.data_files());
+    ShareDataFiles(&updated);
+    const bool whole = updated.data_files_size() >= updated.workers_size();
+    AddEvent(
+        &updated,
+        absl::StrCat("training data: ", updated.data_files_size(), " record file",
+                     updated.data_files_size() == 1 ? "" : "s", " matching ",
+                     job.spec().dataset().train_files(), " (listed by worker ", request.node_id(),
+                     "), ", whole ? "whole files round-robin" : "each file's records round-robin",
+                     " shared among ", updated.workers_size(), " ranks"));
+    RETURN_IF_ERROR(Commit(std::move(updated), /*durable=*/true));
+  }
+  const WorkerProgress& worker = jobs_[job.id()].workers(rank);
+  ReportProgressResponse response;
+  *response.mutable_data() = worker.data();
+  response.set_data_step(worker.data_step());
+  return response;
 }
 
 absl::StatusOr<bool> CoordinatorState::ReplaceShard(const JobStatus& job, int index,

@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "spec/data_assignment.h"
+
 namespace downpour {
 namespace control {
 namespace {
@@ -43,6 +46,20 @@ absl::StatusOr<ReportProgressResponse> FakeCoordinator::ReportProgress(
     if (!up_) return Down();
     reports_.push_back(request);
     handler = report_handler_;
+    // A worker listing the record files gets its rank's first share.
+    if (request.data_files_size() > 0) {
+      for (const Task& task : tasks_[request.node_id()]) {
+        if (task.job_id() != request.job_id()) continue;
+        const std::vector<std::vector<DataPart>> shares = ShareData(
+            std::vector<std::string>(request.data_files().begin(), request.data_files().end()),
+            task.spec().num_workers());
+        ReportProgressResponse response;
+        const std::vector<DataPart>& share = shares.at(request.rank());
+        response.mutable_data()->Assign(share.begin(), share.end());
+        return response;
+      }
+      return absl::NotFoundError(absl::StrCat("no task of job ", request.job_id()));
+    }
   }
   if (handler) return handler(request);
   return ReportProgressResponse();

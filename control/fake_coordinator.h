@@ -2,8 +2,9 @@
 // talks to a coordinator (node agents, shard and worker runtimes), without a
 // job queue or sockets: it hands every node the tasks a test sets for it,
 // answers heartbeats as a real coordinator would (re-register after a
-// restart it does not know), records registrations and progress reports,
-// and can be taken down (Unavailable) and forget its nodes.
+// restart it does not know) and a worker's listing of its job's record
+// files with the rank's first share (spec/data_assignment.h), records registrations and progress
+// reports, and can be taken down (Unavailable) and forget its nodes.
 //
 // Thread-safe. Test-only (testonly in BUILD).
 #ifndef DOWNPOUR_CONTROL_FAKE_COORDINATOR_H_

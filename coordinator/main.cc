@@ -29,6 +29,9 @@ ABSL_FLAG(int64_t, node_timeout_ms, 5000, "A node silent this long is declared d
 ABSL_FLAG(int64_t, recovery_grace_s, 600,
           "After a restart, known nodes get this long to heartbeat again before they are judged: "
           "an outage up to this long fails no job");
+ABSL_FLAG(int64_t, handover_wait_s, 30,
+          "A lost worker rank that no free worker takes over within this long has its data "
+          "handed to the job's live workers");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory of checkpoints, ROOT/JOB_ID/step-S/ (in a cluster, a filesystem every shard "
           "shares with the same flag); empty: jobs are not saved");
@@ -77,6 +80,9 @@ int Main() {
   if (absl::GetFlag(FLAGS_recovery_grace_s) < 0) {
     return ExitWithError(absl::InvalidArgumentError("--recovery_grace_s must not be negative"));
   }
+  if (absl::GetFlag(FLAGS_handover_wait_s) < 0) {
+    return ExitWithError(absl::InvalidArgumentError("--handover_wait_s must not be negative"));
+  }
   if (absl::GetFlag(FLAGS_checkpoint_timeout_s) < 1) {
     return ExitWithError(absl::InvalidArgumentError("--checkpoint_timeout_s must be >= 1"));
   }
@@ -88,6 +94,7 @@ int Main() {
   options.checkpoint_root = checkpoint_root;
   options.recovery_grace = absl::Seconds(absl::GetFlag(FLAGS_recovery_grace_s));
   options.checkpoint_timeout = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_timeout_s));
+  options.handover_wait = absl::Seconds(absl::GetFlag(FLAGS_handover_wait_s));
   auto state = control::CoordinatorState::Create(options, std::move(store).value());
   if (!state.ok()) return ExitWithError(state.status());
 

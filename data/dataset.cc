@@ -1,8 +1,11 @@
 #include "data/dataset.h"
 
 #include <glob.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <numeric>
 #include <utility>
 
@@ -17,8 +20,14 @@ namespace data {
 namespace {
 
 absl::Status ValidateOptions(const BatchReaderOptions& o) {
-  if (o.file_pattern.empty()) {
-    return absl::InvalidArgumentError("BatchReader file_pattern is empty");
+  if (o.slices.empty()) return absl::InvalidArgumentError("BatchReader has no files to read");
+  for (const FileSlice& slice : o.slices) {
+    if (slice.file.empty() || slice.stride < 1 || slice.offset < 0 ||
+        slice.offset >= slice.stride) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BatchReader slice of file '", slice.file, "' (stride ", slice.stride,
+                       ", offset ", slice.offset, ") is not a file and 0 <= offset < stride"));
+    }
   }
   if (o.feature_size <= 0) {
     return absl::InvalidArgumentError(
@@ -32,10 +41,6 @@ absl::Status ValidateOptions(const BatchReaderOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("BatchReader shuffle_buffer must be >= 0; got ", o.shuffle_buffer));
   }
-  if (o.num_workers < 1 || o.rank < 0 || o.rank >= o.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BatchReader rank ", o.rank, " is not in [0, num_workers = ", o.num_workers, ")"));
-  }
   if (o.prefetch_depth < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("BatchReader prefetch_depth must be >= 1; got ", o.prefetch_depth));
@@ -43,65 +48,76 @@ absl::Status ValidateOptions(const BatchReaderOptions& o) {
   return absl::OkStatus();
 }
 
-// Sorted regular paths matching the pattern. Directories and the ".tmp" files
-// of writers that have not finished are skipped.
-absl::StatusOr<std::vector<std::string>> MatchFiles(const BatchReaderOptions& o) {
-  std::string pattern = o.file_pattern;
-  if (!o.data_dir.empty() && pattern.front() != '/') {
-    pattern = absl::StrCat(o.data_dir, absl::EndsWith(o.data_dir, "/") ? "" : "/", pattern);
-  }
+std::string Resolve(const std::string& data_dir, const std::string& name) {
+  if (data_dir.empty() || name.front() == '/') return name;
+  return absl::StrCat(data_dir, absl::EndsWith(data_dir, "/") ? "" : "/", name);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ListRecordFiles(const std::string& pattern,
+                                                         const std::string& data_dir) {
+  if (pattern.empty()) return absl::InvalidArgumentError("the record file pattern is empty");
+  const std::string resolved = Resolve(data_dir, pattern);
+  // What glob prefixes to a relative pattern's matches.
+  const size_t prefix = resolved.size() - pattern.size();
   glob_t matches;
-  const int rc = glob(pattern.c_str(), GLOB_MARK, nullptr, &matches);
+  const int rc = glob(resolved.c_str(), GLOB_MARK, nullptr, &matches);
   std::vector<std::string> files;
   if (rc == 0) {
     for (size_t i = 0; i < matches.gl_pathc; ++i) {
       const std::string path = matches.gl_pathv[i];
       if (absl::EndsWith(path, "/") || absl::EndsWith(path, ".tmp")) continue;
-      files.push_back(path);
+      files.push_back(path.substr(prefix));
     }
   }
   globfree(&matches);
+  const std::string dir = data_dir.empty() ? "." : data_dir;
   if (rc == GLOB_ABORTED) {
     return absl::PermissionDeniedError(
-        absl::StrCat("cannot list the directory of ", pattern, " (data dir ", o.data_dir, ")"));
+        absl::StrCat("cannot list the directory of ", pattern, " (data dir ", dir, ")"));
   }
   if (rc == GLOB_NOSPACE) {
     return absl::ResourceExhaustedError(absl::StrCat("out of memory matching ", pattern));
   }
   if (files.empty()) {
-    return absl::NotFoundError(absl::StrCat("no record files match ", o.file_pattern, " (data dir ",
-                                            o.data_dir.empty() ? "." : o.data_dir, ")"));
+    return absl::NotFoundError(
+        absl::StrCat("no record files match ", pattern, " (data dir ", dir, ")"));
   }
   std::sort(files.begin(), files.end());
   return files;
 }
 
-}  // namespace
+std::vector<FileSlice> WholeFiles(const std::vector<std::string>& files) {
+  std::vector<FileSlice> slices;
+  for (const std::string& file : files) slices.push_back(FileSlice{file, 1, 0});
+  return slices;
+}
 
 absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
     const BatchReaderOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
-  ASSIGN_OR_RETURN(std::vector<std::string> all_files, MatchFiles(options));
-  const bool shard_by_record = static_cast<int64_t>(all_files.size()) < options.num_workers;
-  std::vector<std::string> files;
-  if (shard_by_record) {
-    files = std::move(all_files);
-  } else {
-    for (size_t i = options.rank; i < all_files.size(); i += options.num_workers) {
-      files.push_back(all_files[i]);
+  for (const FileSlice& slice : options.slices) {
+    const std::string path = Resolve(options.data_dir, slice.file);
+    if (access(path.c_str(), R_OK) != 0) {
+      return absl::NotFoundError(
+          absl::StrCat("record file ", path, " cannot be read: ", std::strerror(errno)));
     }
   }
-  std::unique_ptr<BatchReader> reader(new BatchReader(options, std::move(files), shard_by_record));
+  std::unique_ptr<BatchReader> reader(new BatchReader(options));
   reader->producer_ = std::thread([r = reader.get()] { r->ProducerLoop(); });
   return reader;
 }
 
-BatchReader::BatchReader(const BatchReaderOptions& options, std::vector<std::string> files,
-                         bool shard_by_record)
-    : options_(options), files_(std::move(files)), shard_by_record_(shard_by_record) {
+BatchReader::BatchReader(const BatchReaderOptions& options) : options_(options) {
   std::seed_seq seq{static_cast<uint32_t>(options.seed), static_cast<uint32_t>(options.seed >> 32),
-                    static_cast<uint32_t>(options.rank)};
+                    static_cast<uint32_t>(options.stream),
+                    static_cast<uint32_t>(options.stream >> 32)};
   rng_.seed(seq);
+}
+
+std::string BatchReader::PathOf(int i) const {
+  return Resolve(options_.data_dir, options_.slices[i].file);
 }
 
 BatchReader::~BatchReader() {
@@ -170,7 +186,7 @@ void BatchReader::ProducerLoop() {
                       batch.features.data() + slot * options_.feature_size, &batch.labels[slot]);
     if (!s.ok()) {
       return Annotate(
-          s, absl::StrCat("bad example in ", files_[record.file], " at offset ", record.offset));
+          s, absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset));
     }
     if (++batch.size == options_.batch_size) {
       if (!PushBatch(&batch)) return false;
@@ -179,23 +195,23 @@ void BatchReader::ProducerLoop() {
     return true;
   };
 
-  std::vector<int> order(files_.size());
+  std::vector<int> order(options_.slices.size());
   std::iota(order.begin(), order.end(), 0);
   const bool shuffle = options_.shuffle_buffer > 0;
   PendingRecord record;
   while (true) {
-    if (shuffle && !shard_by_record_) std::shuffle(order.begin(), order.end(), rng_);
-    int64_t global_index = 0;
+    if (shuffle) std::shuffle(order.begin(), order.end(), rng_);
     int64_t kept = 0;
     for (int f : order) {
       if (StopRequested()) return Finish(absl::CancelledError("BatchReader stopped"));
-      absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(files_[f]);
+      const FileSlice& slice = options_.slices[f];
+      absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(PathOf(f));
       if (!reader.ok()) return Finish(reader.status());
-      while (true) {
+      for (int64_t index = 0;; ++index) {
         absl::StatusOr<bool> got = (*reader)->Read(&record.data);
         if (!got.ok()) return Finish(got.status());
         if (!*got) break;
-        if (shard_by_record_ && global_index++ % options_.num_workers != options_.rank) continue;
+        if (index % slice.stride != slice.offset) continue;
         ++kept;
         record.file = f;
         record.offset = (*reader)->record_offset();
@@ -228,10 +244,10 @@ void BatchReader::ProducerLoop() {
     }
     if (!options_.repeat) break;
     if (kept == 0) {
-      return Finish(absl::FailedPreconditionError(absl::StrCat(
-          "worker rank ", options_.rank, " of ", options_.num_workers,
-          " has no records to read in files matching ", options_.file_pattern, " (data dir ",
-          options_.data_dir.empty() ? "." : options_.data_dir, "); it cannot repeat forever")));
+      return Finish(absl::FailedPreconditionError(
+          absl::StrCat("the training data given to this worker (", options_.slices.size(), " file",
+                       options_.slices.size() == 1 ? "" : "s", ", first ", PathOf(0),
+                       ") holds no records; it cannot repeat forever")));
     }
   }
   if (batch.size > 0) {

@@ -1,21 +1,16 @@
-// BatchReader: a worker's input pipeline. Reads this worker's share of a set of
-// record files of tensorflow.Example, decodes them into dense float features and
-// int32 labels, optionally shuffles, and assembles batches ahead of time on a
-// background thread, so that Next() normally returns without touching the disk.
+// BatchReader: a worker's input pipeline. Reads the record files of
+// tensorflow.Example it is given — whole, or every `stride`-th record of a
+// file from `offset`, which is how the coordinator shares files out when
+// there are fewer files than workers (spec/data_assignment.h) — decodes them
+// into dense float features and int32 labels, optionally shuffles, and
+// assembles batches ahead of time on a background thread, so that Next()
+// normally returns without touching the disk.
 //
-// Sharding across `num_workers` workers: the matching files are sorted; when
-// there are at least as many files as workers, worker `rank` reads the files
-// whose index % num_workers == rank; otherwise every worker reads all files and
-// keeps the records whose global index (position in the concatenation of the
-// sorted files) % num_workers == rank. Either way every record is read by
-// exactly one worker per epoch.
-//
-// Shuffling (shuffle_buffer > 0): each epoch visits this worker's files in a
-// freshly shuffled order (file sharding only; record sharding keeps the sorted
-// order the global index depends on) and draws records at random from a buffer
-// of `shuffle_buffer` records, as tf.data's shuffle does. The buffer is drained
-// at the end of each epoch, so every epoch is a permutation of the shard. The
-// order is a deterministic function of (seed, rank).
+// Shuffling (shuffle_buffer > 0): each epoch visits the slices in a freshly
+// shuffled order and draws records at random from a buffer of
+// `shuffle_buffer` records, as tf.data's shuffle does. The buffer is drained
+// at the end of each epoch, so every epoch is a permutation of the slices'
+// records. The order is a deterministic function of (seed, stream).
 //
 // With repeat = true (training) epochs follow one another forever and every
 // batch is full; with repeat = false (evaluation) one pass is made, the last
@@ -46,10 +41,30 @@
 namespace downpour {
 namespace data {
 
+// A file's share of a reader's data: its records whose index in the file
+// % stride == offset (stride 1: every record).
+struct FileSlice {
+  std::string file;
+  int stride = 1;
+  int offset = 0;
+};
+
+// The regular files matching the glob(3) `pattern` (e.g.
+// "fashion-mnist-train-*.tfrecord"; relative to `data_dir` unless absolute),
+// sorted and named as the pattern names them: a relative pattern gives names
+// relative to data_dir, which each worker resolves against its own.
+// Directories and the ".tmp" files of unfinished writers are skipped. None
+// is NotFoundError "no record files match <pattern> (data dir <dir>)".
+absl::StatusOr<std::vector<std::string>> ListRecordFiles(const std::string& pattern,
+                                                         const std::string& data_dir);
+
+// Every record of each of `files`.
+std::vector<FileSlice> WholeFiles(const std::vector<std::string>& files);
+
 struct BatchReaderOptions {
-  // glob(3) pattern of record files, e.g. "fashion-mnist-train-*.tfrecord". A
-  // relative pattern is resolved against data_dir.
-  std::string file_pattern;
+  // What to read (at least one slice); relative file names are resolved
+  // against data_dir.
+  std::vector<FileSlice> slices;
   std::string data_dir;
   std::string feature_key = "image";
   std::string label_key = "label";
@@ -57,8 +72,8 @@ struct BatchReaderOptions {
   int64_t batch_size = 0;      // Must be > 0.
   int64_t shuffle_buffer = 0;  // 0 = read in order.
   uint64_t seed = 0;
-  int rank = 0;
-  int num_workers = 1;
+  // Tells apart the shuffle orders of readers of one seed (a worker's rank).
+  uint64_t stream = 0;
   bool repeat = true;
   int prefetch_depth = 4;  // Ready batches kept in the queue; must be > 0.
 };
@@ -71,8 +86,8 @@ struct Batch {
 
 class BatchReader {
  public:
-  // Validates the options, finds the files and starts the background thread.
-  // No matching file is NotFoundError "no record files match <pattern> (data dir <dir>)".
+  // Validates the options and starts the background thread. A missing or
+  // unreadable file is an error of Next() naming it.
   static absl::StatusOr<std::unique_ptr<BatchReader>> Create(const BatchReaderOptions& options);
 
   BatchReader(const BatchReader&) = delete;
@@ -89,8 +104,6 @@ class BatchReader {
   int64_t examples_read() const { return examples_read_.load(std::memory_order_relaxed); }
   // Batches waiting in the prefetch queue (0 means the consumer is input-bound).
   int64_t queued_batches() const;
-  // The files this worker reads (sorted), for logs and tests.
-  const std::vector<std::string>& files() const { return files_; }
 
  private:
   // A record waiting in the shuffle buffer, with where it came from for errors.
@@ -100,8 +113,9 @@ class BatchReader {
     int64_t offset = 0;
   };
 
-  BatchReader(const BatchReaderOptions& options, std::vector<std::string> files,
-              bool shard_by_record);
+  explicit BatchReader(const BatchReaderOptions& options);
+  // Where slice `i`'s file is.
+  std::string PathOf(int i) const;
 
   // Runs on producer_: reads epochs, decodes, shuffles, batches, and ends
   // with Finish().
@@ -112,8 +126,6 @@ class BatchReader {
   bool StopRequested() const;
 
   const BatchReaderOptions options_;
-  const std::vector<std::string> files_;  // This worker's files (all files if shard_by_record_).
-  const bool shard_by_record_;
   std::mt19937_64 rng_;                        // Used only by the producer thread.
   std::vector<PendingRecord> shuffle_buffer_;  // Used only by the producer thread.
 

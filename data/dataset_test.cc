@@ -38,9 +38,16 @@ int64_t WriteParts(const std::string& dir, const std::vector<int>& counts) {
   return id;
 }
 
+// The files "part-*.tfrecord" of `dir`, relative to it.
+std::vector<std::string> Parts(const std::string& dir) {
+  absl::StatusOr<std::vector<std::string>> files = ListRecordFiles("part-*.tfrecord", dir);
+  EXPECT_TRUE(files.ok()) << files.status();
+  return files.ok() ? *files : std::vector<std::string>{};
+}
+
 BatchReaderOptions Options(const std::string& dir) {
   BatchReaderOptions o;
-  o.file_pattern = "part-*.tfrecord";
+  o.slices = WholeFiles(Parts(dir));
   o.data_dir = dir;
   o.feature_size = kFeatureSize;
   o.batch_size = 4;
@@ -91,40 +98,43 @@ TEST(BatchReaderTest, InOrderOnePassWithShortLastBatch) {
   EXPECT_FALSE(*again);
 }
 
-// Every record is read exactly once across ranks, for file sharding (#files >=
-// workers) and record sharding (#files < workers), with and without shuffling.
-struct ShardCase {
+// Readers that share the files out — whole files round-robin when there
+// are at least as many files as readers, every `readers`-th record of each
+// file otherwise — read every record exactly once, with and without
+// shuffling.
+struct ShareCase {
   std::vector<int> counts;
-  int workers;
+  int readers;
   int64_t shuffle;
 };
 
-class ShardingTest : public ::testing::TestWithParam<ShardCase> {};
+class SlicesTest : public ::testing::TestWithParam<ShareCase> {};
 
-TEST_P(ShardingTest, EveryRecordExactlyOnce) {
-  const ShardCase& c = GetParam();
+TEST_P(SlicesTest, EveryRecordExactlyOnce) {
+  const ShareCase& c = GetParam();
   const std::string dir = NewTempDir();
   const int64_t total = WriteParts(dir, c.counts);
+  const std::vector<std::string> files = Parts(dir);
+  ASSERT_EQ(files.size(), c.counts.size());
+  EXPECT_EQ(files[0], "part-0.tfrecord");  // Relative to the data dir.
   std::vector<int32_t> all;
-  for (int rank = 0; rank < c.workers; ++rank) {
+  for (int r = 0; r < c.readers; ++r) {
     BatchReaderOptions o = Options(dir);
-    o.rank = rank;
-    o.num_workers = c.workers;
+    o.slices.clear();
+    for (size_t f = 0; f < files.size(); ++f) {
+      if (static_cast<int>(files.size()) < c.readers) {
+        o.slices.push_back(FileSlice{files[f], c.readers, r});
+      } else if (static_cast<int>(f) % c.readers == r) {
+        o.slices.push_back(FileSlice{files[f], 1, 0});
+      }
+    }
     o.shuffle_buffer = c.shuffle;
     o.seed = 42;
+    o.stream = r;
     auto reader = BatchReader::Create(o);
     ASSERT_TRUE(reader.ok()) << reader.status();
-    const bool file_sharded = static_cast<int>(c.counts.size()) >= c.workers;
-    if (file_sharded) {
-      for (const std::string& f : (*reader)->files()) {
-        const int index = std::stoi(f.substr(f.rfind('-') + 1));
-        EXPECT_EQ(index % c.workers, rank) << f;
-      }
-    } else {
-      EXPECT_EQ((*reader)->files().size(), c.counts.size());
-    }
     const std::vector<int32_t> ids = ReadIds(reader->get());
-    EXPECT_FALSE(ids.empty()) << "rank " << rank;
+    EXPECT_FALSE(ids.empty()) << "reader " << r;
     all.insert(all.end(), ids.begin(), ids.end());
   }
   std::sort(all.begin(), all.end());
@@ -132,12 +142,12 @@ TEST_P(ShardingTest, EveryRecordExactlyOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    FileAndRecordSharding, ShardingTest,
-    ::testing::Values(ShardCase{{5, 6, 7, 8, 9, 10, 11}, 3, 0},  // File sharded.
-                      ShardCase{{5, 6, 7, 8, 9, 10, 11}, 3, 8},
-                      ShardCase{{5, 6, 7}, 3, 0},  // #files == #workers.
-                      ShardCase{{13, 20}, 3, 0},   // Record sharded.
-                      ShardCase{{13, 20}, 3, 6}, ShardCase{{50}, 4, 100}));
+    WholeFilesAndStrides, SlicesTest,
+    ::testing::Values(ShareCase{{5, 6, 7, 8, 9, 10, 11}, 3, 0},  // Whole files.
+                      ShareCase{{5, 6, 7, 8, 9, 10, 11}, 3, 8},
+                      ShareCase{{5, 6, 7}, 3, 0},  // #files == #readers.
+                      ShareCase{{13, 20}, 3, 0},   // Strided.
+                      ShareCase{{13, 20}, 3, 6}, ShareCase{{50}, 4, 100}));
 
 TEST(BatchReaderTest, ShuffleIsADeterministicPermutation) {
   const std::string dir = NewTempDir();
@@ -234,8 +244,8 @@ TEST(BatchReaderTest, UndecodableExampleNamesFileAndOffset) {
 
   // A feature of the wrong size.
   BatchReaderOptions o = Options(dir);
-  o.file_pattern = "sized.tfrecord";
   WriteRecordsOrDie(dir + "/sized.tfrecord", {TaggedExample(0, 9)});
+  o.slices = {FileSlice{"sized.tfrecord"}};
   auto sized = BatchReader::Create(o);
   ASSERT_TRUE(sized.ok());
   got = (*sized)->Next(&batch);
@@ -275,12 +285,10 @@ TEST(BatchReaderTest, DestructorDoesNotHangWithFullQueue) {
 
 TEST(BatchReaderTest, NoMatchingFilesIsNotFound) {
   const std::string dir = NewTempDir();
-  BatchReaderOptions o = Options(dir);
-  o.file_pattern = "missing-*.tfrecord";
-  auto reader = BatchReader::Create(o);
-  ASSERT_FALSE(reader.ok());
-  EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(reader.status().message(),
+  auto files = ListRecordFiles("missing-*.tfrecord", dir);
+  ASSERT_FALSE(files.ok());
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(files.status().message(),
             "no record files match missing-*.tfrecord (data dir " + dir + ")");
 }
 
@@ -288,21 +296,38 @@ TEST(BatchReaderTest, AbsolutePatternIgnoresDataDirAndSkipsTmpFiles) {
   const std::string dir = NewTempDir();
   const int64_t total = WriteParts(dir, {5});
   WriteFileOrDie(dir + "/part-9.tfrecord.tmp", "torn");
-  BatchReaderOptions o = Options("/nonexistent");
-  o.file_pattern = dir + "/part-*";
+  auto files = ListRecordFiles(dir + "/part-*", "/nonexistent");
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, std::vector<std::string>{dir + "/part-0.tfrecord"});
+  BatchReaderOptions o = Options(dir);
+  o.data_dir = "/nonexistent";
+  o.slices = WholeFiles(*files);
   auto reader = BatchReader::Create(o);
   ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ((*reader)->files().size(), 1u);
   EXPECT_EQ(ReadIds(reader->get()), Iota(total));
+}
+
+TEST(BatchReaderTest, MissingFileIsNotFoundNamingIt) {
+  const std::string dir = NewTempDir();
+  WriteParts(dir, {5});
+  BatchReaderOptions o = Options(dir);
+  o.slices.push_back(FileSlice{"part-7.tfrecord", 1, 0});
+  auto reader = BatchReader::Create(o);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(reader.status().message(), HasSubstr(dir + "/part-7.tfrecord cannot be read"));
 }
 
 TEST(BatchReaderTest, InvalidOptionsAreRejected) {
   const std::string dir = NewTempDir();
   WriteParts(dir, {5});
   BatchReaderOptions o = Options(dir);
-  o.rank = 3;
-  o.num_workers = 3;
-  EXPECT_THAT(BatchReader::Create(o).status().message(), HasSubstr("rank 3"));
+  o.slices[0].offset = 3;
+  o.slices[0].stride = 3;
+  EXPECT_THAT(BatchReader::Create(o).status().message(), HasSubstr("stride 3, offset 3"));
+  o = Options(dir);
+  o.slices.clear();
+  EXPECT_THAT(BatchReader::Create(o).status().message(), HasSubstr("no files"));
   o = Options(dir);
   o.batch_size = 0;
   EXPECT_THAT(BatchReader::Create(o).status().message(), HasSubstr("batch_size"));
@@ -311,20 +336,21 @@ TEST(BatchReaderTest, InvalidOptionsAreRejected) {
   EXPECT_THAT(BatchReader::Create(o).status().message(), HasSubstr("feature_size"));
 }
 
-TEST(BatchReaderTest, RepeatWithEmptyShardIsAnErrorNotAHang) {
+TEST(BatchReaderTest, RepeatWithEmptyShareIsAnErrorNotAHang) {
   const std::string dir = NewTempDir();
   WriteParts(dir, {1});
   BatchReaderOptions o = Options(dir);
   o.repeat = true;
-  o.num_workers = 3;
-  o.rank = 2;
+  o.slices[0].stride = 3;
+  o.slices[0].offset = 2;
   auto reader = BatchReader::Create(o);
   ASSERT_TRUE(reader.ok());
   Batch batch;
   auto got = (*reader)->Next(&batch);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(got.status().message(), HasSubstr("rank 2 of 3 has no records"));
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("(1 file, first " + dir + "/part-0.tfrecord) holds no records"));
 }
 
 }  // namespace

@@ -193,7 +193,9 @@ TEST(IdxTest, RealFashionMnistSmoke) {
   EXPECT_EQ(*imported, 1000);
 
   BatchReaderOptions read;
-  read.file_pattern = "fashion-mnist-train-*.tfrecord";
+  auto files = ListRecordFiles("fashion-mnist-train-*.tfrecord", dir);
+  ASSERT_TRUE(files.ok()) << files.status();
+  read.slices = WholeFiles(*files);
   read.data_dir = dir;
   read.feature_size = 28 * 28;
   read.batch_size = 128;

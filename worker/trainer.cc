@@ -107,32 +107,37 @@ absl::Status JobTrainer::Run() {
 }
 
 void JobTrainer::Report(ReportProgressRequest request, bool final) {
+  // The answer matters only to a listing of the data (job_ended is kept).
+  (void)Send(std::move(request), final);
+}
+
+absl::StatusOr<ReportProgressResponse> JobTrainer::Send(ReportProgressRequest request, bool final) {
   request.set_job_id(task_.job_id());
   request.set_node_id(options_.node_id);
   request.set_rank(task_.rank());
   request.set_attempt(task_.attempt());
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
-    absl::StatusOr<bool> ended = reporter_(request);
-    if (ended.ok()) {
+    absl::StatusOr<ReportProgressResponse> answer = reporter_(request);
+    if (answer.ok()) {
       if (!coordinator_reachable_) {
         Log(absl::StrCat("job ", task_.job_id(), ": progress reports delivered again"));
       }
       coordinator_reachable_ = true;
-      if (*ended) job_ended_.store(true);
-      return;
+      if (answer->job_ended()) job_ended_.store(true);
+      return answer;
     }
     if (coordinator_reachable_) {
       Log(absl::StrCat("job ", task_.job_id(), ": cannot report progress (",
-                       ended.status().message(), ")", final ? "; retrying" : ""));
+                       answer.status().message(), ")", final ? "; retrying" : ""));
     }
     coordinator_reachable_ = false;
     // A result is retried for as long as the job is this worker's task (a
     // coordinator restart loses nothing); one the coordinator rejected
     // outright will not be accepted later.
-    if (!final || cancelled_.load() || absl::IsPermissionDenied(ended.status()) ||
-        absl::IsNotFound(ended.status())) {
-      return;
+    if (!final || cancelled_.load() || absl::IsPermissionDenied(answer.status()) ||
+        absl::IsNotFound(answer.status())) {
+      return answer;
     }
     absl::SleepFor(backoff);  // Backoff between delivery attempts of a result.
     backoff = std::min(backoff * 2, absl::Seconds(2));
@@ -163,7 +168,9 @@ absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step, bool s
 absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
   const JobSpec& spec = task_.spec();
   BatchReaderOptions options;
-  options.file_pattern = spec.dataset().test_files();
+  ASSIGN_OR_RETURN(std::vector<std::string> files,
+                   data::ListRecordFiles(spec.dataset().test_files(), options_.data_dir));
+  options.slices = data::WholeFiles(files);
   options.data_dir = options_.data_dir;
   options.feature_key = spec.dataset().feature_key();
   options.label_key = spec.dataset().label_key();
@@ -181,6 +188,65 @@ bool JobTrainer::CheckpointDue(int64_t step) {
   if (wanted <= checkpoint_taken_ms_ && (every <= 0 || (step + 1) % every != 0)) return false;
   checkpoint_taken_ms_ = std::max(checkpoint_taken_ms_, wanted);
   return true;
+}
+
+absl::StatusOr<std::vector<DataPart>> JobTrainer::TrainingData(int64_t* data_step) {
+  *data_step = task_.data_step();
+  if (task_.data_size() > 0) return std::vector<DataPart>(task_.data().begin(), task_.data().end());
+  ReportProgressRequest listing;
+  ASSIGN_OR_RETURN(std::vector<std::string> files,
+                   data::ListRecordFiles(task_.spec().dataset().train_files(), options_.data_dir));
+  listing.mutable_data_files()->Assign(files.begin(), files.end());
+  absl::StatusOr<ReportProgressResponse> answer = Send(std::move(listing), /*final=*/true);
+  if (!answer.ok()) {
+    return Annotate(answer.status(), "asking the coordinator for this rank's training data");
+  }
+  if (job_ended_.load() || cancelled_.load()) return absl::CancelledError("job ended");
+  if (answer->data_size() == 0) {
+    return absl::InternalError(
+        absl::StrCat("the coordinator gave rank ", task_.rank(), " no training data"));
+  }
+  *data_step = answer->data_step();
+  return std::vector<DataPart>(answer->data().begin(), answer->data().end());
+}
+
+namespace {
+
+bool SameData(const std::vector<DataPart>& a, const std::vector<DataPart>& b) {
+  return std::equal(
+      a.begin(), a.end(), b.begin(), b.end(), [](const DataPart& x, const DataPart& y) {
+        return x.file() == y.file() && x.stride() == y.stride() && x.offset() == y.offset();
+      });
+}
+
+}  // namespace
+
+void JobTrainer::UpdateData(std::vector<DataPart> data, int64_t data_step) {
+  absl::MutexLock lock(&data_mu_);
+  const bool same = data_step == data_step_ && SameData(data, data_);
+  new_data_ = std::move(data);
+  new_data_step_ = data_step;
+  data_changed_.store(!same);
+}
+
+absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTrainingData(
+    const std::vector<DataPart>& parts, int64_t data_step) const {
+  const JobSpec& spec = task_.spec();
+  BatchReaderOptions data;
+  for (const DataPart& part : parts) {
+    data.slices.push_back(data::FileSlice{part.file(), part.stride(), part.offset()});
+  }
+  data.data_dir = options_.data_dir;
+  data.feature_key = spec.dataset().feature_key();
+  data.label_key = spec.dataset().label_key();
+  data.feature_size = FeatureSize(spec.model());
+  data.batch_size = spec.dataset().batch_size();
+  data.shuffle_buffer = spec.dataset().shuffle_buffer();
+  data.seed = spec.seed();
+  // A rank's stream, and a new one each time its data changes.
+  data.stream = (static_cast<uint64_t>(data_step) << 16) + task_.rank();
+  data.repeat = true;
+  return BatchReader::Create(data);
 }
 
 absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model, BatchReader* reader) {
@@ -236,24 +302,24 @@ absl::Status JobTrainer::Train() {
   }
   steps_completed_.store(first_step);
 
-  BatchReaderOptions data;
-  data.file_pattern = spec.dataset().train_files();
-  data.data_dir = options_.data_dir;
-  data.feature_key = spec.dataset().feature_key();
-  data.label_key = spec.dataset().label_key();
-  data.feature_size = FeatureSize(spec.model());
-  data.batch_size = spec.dataset().batch_size();
-  data.shuffle_buffer = spec.dataset().shuffle_buffer();
-  data.seed = spec.seed();
-  data.rank = rank;
-  data.num_workers = spec.num_workers();
-  data.repeat = true;
-  // Data errors (a missing file, a corrupt record) recur on a restart.
+  // Data errors (no or a missing file, a corrupt record) recur on a restart.
   permanent_ = true;
-  ASSIGN_OR_RETURN(auto reader, BatchReader::Create(data));
+  int64_t data_step = 0;
+  ASSIGN_OR_RETURN(std::vector<DataPart> parts, TrainingData(&data_step));
+  ASSIGN_OR_RETURN(auto reader, OpenTrainingData(parts, data_step));
+  {
+    // News that came while the data was being asked for is news only if
+    // it differs.
+    absl::MutexLock lock(&data_mu_);
+    if (data_changed_.load() && new_data_step_ == data_step && SameData(new_data_, parts)) {
+      data_changed_.store(false);
+    }
+    data_ = std::move(parts);
+    data_step_ = data_step;
+  }
   // A restored job continues at its checkpoint's step, with the workers'
-  // state saved there and each worker's data where it was (the stream is
-  // deterministic: the same batches, skipped).
+  // state saved there and each worker's data where it was (the stream,
+  // begun at data_step, is deterministic: the same batches, skipped).
   Batch batch;
   const std::string& worker_state =
       task_.has_join() ? task_.join().worker_state() : task_.restore().worker_state();
@@ -264,7 +330,7 @@ absl::Status JobTrainer::Train() {
                                  : absl::StrCat("restoring the checkpoint at step ", first_step)));
   }
   if (first_step > 0) {
-    for (int64_t step = 0; step < first_step; ++step) {
+    for (int64_t step = data_step; step < first_step; ++step) {
       ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
       if (!have_batch) return absl::InternalError("training data ended");
     }
@@ -317,6 +383,14 @@ absl::Status JobTrainer::Train() {
   for (int64_t step = first_step; step < spec.steps(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     permanent_ = true;
+    if (data_changed_.exchange(false)) {
+      absl::MutexLock lock(&data_mu_);
+      ASSIGN_OR_RETURN(reader, OpenTrainingData(new_data_, new_data_step_));
+      data_ = new_data_;
+      data_step_ = new_data_step_;
+      Log(absl::StrCat("job ", task_.job_id(), ": rank ", rank, " reads ", data_.size(),
+                       " file parts from step ", step, " (it took on a lost rank's data)"));
+    }
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
     permanent_ = false;
     if (!have_batch) return absl::InternalError("training data ended");

@@ -12,6 +12,12 @@
 // rank mid-run: it continues the rank's data stream at the shards' current
 // step (SYNC) or the rank's last reported one (ASYNC/SSP).
 //
+// The rank's training data comes from the coordinator (Task.data): a task
+// without any yet lists the record files the spec names and asks for the
+// rank's share (ReportProgressRequest.data_files). When the rank takes on a
+// lost rank's data mid-run (UpdateData), it reads the new share from its
+// next step.
+//
 // The shards are ParameterShard interfaces, so the loop runs the same against
 // local stores (tests) and remote shards (the daemon). Run() is blocking and
 // runs on its own thread; Cancel() may be called from any thread.
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "data/dataset.h"
@@ -59,10 +66,11 @@ struct TrainerOptions {
 
 class JobTrainer {
  public:
-  // Delivers a progress report to the coordinator. Returns whether the job
-  // has ended elsewhere (stopped, or failed on another node), which stops the
-  // loop, or the delivery error.
-  using Reporter = std::function<absl::StatusOr<bool>(const ReportProgressRequest&)>;
+  // Delivers a progress report to the coordinator. Returns its answer (the
+  // job has ended elsewhere — stopped, or failed on another node — which
+  // stops the loop; the rank's data, for a listing) or the delivery error.
+  using Reporter =
+      std::function<absl::StatusOr<ReportProgressResponse>(const ReportProgressRequest&)>;
 
   // `shards[i]` serves shard index i of the task's placement (not owned).
   JobTrainer(Task task, TrainerOptions options, std::vector<ParameterShard*> shards,
@@ -79,6 +87,9 @@ class JobTrainer {
            !checkpoint_wanted_ms_.compare_exchange_weak(wanted, requested_ms)) {
     }
   }
+  // The coordinator changed the rank's data (Task.data, from step
+  // `data_step`): read from the next step on. Thread-safe.
+  void UpdateData(std::vector<DataPart> data, int64_t data_step);
   // Which start of the job this trainer runs (Task.attempt).
   int64_t attempt() const { return task_.attempt(); }
   // The job ended elsewhere: stop without reporting.
@@ -112,6 +123,12 @@ class JobTrainer {
   absl::Status PushGradientsAndPull(Model* model, int64_t step, bool skipped, int64_t min_version,
                                     int64_t min_worker_steps);
   absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
+  // The rank's data (Task.data), or, when the task has none yet, the share
+  // the coordinator gives for this worker's listing of the record files.
+  absl::StatusOr<std::vector<DataPart>> TrainingData(int64_t* data_step);
+  // A reader of `data` whose stream began at `data_step`.
+  absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTrainingData(
+      const std::vector<DataPart>& data, int64_t data_step) const;
   // Whether rank 0 saves a checkpoint after `step` (0-based; the last step
   // has the final checkpoint instead): at the spec's every_steps, or when
   // the coordinator has asked since the last one.
@@ -121,6 +138,8 @@ class JobTrainer {
   // until delivered or the trainer is cancelled. Ordinary progress is best
   // effort.
   void Report(ReportProgressRequest request, bool final);
+  // Report's delivery: the coordinator's answer, or the last error.
+  absl::StatusOr<ReportProgressResponse> Send(ReportProgressRequest request, bool final);
 
   const Task task_;
   const TrainerOptions options_;
@@ -135,6 +154,14 @@ class JobTrainer {
   int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};
+  // The data read now and the step its stream began at, and UpdateData's
+  // news (when data_changed_), taken at a step boundary.
+  std::atomic<bool> data_changed_{false};
+  absl::Mutex data_mu_;
+  std::vector<DataPart> data_ ABSL_GUARDED_BY(data_mu_);
+  int64_t data_step_ ABSL_GUARDED_BY(data_mu_) = -1;
+  std::vector<DataPart> new_data_ ABSL_GUARDED_BY(data_mu_);
+  int64_t new_data_step_ ABSL_GUARDED_BY(data_mu_) = 0;
   std::atomic<bool> shutting_down_{false};
   // Steps this worker has completed (pushed), for a drain's report.
   std::atomic<int64_t> steps_completed_{0};

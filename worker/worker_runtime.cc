@@ -58,8 +58,15 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
       retiring_.push_back(std::move(it->second));
       running_.erase(it);
       Start(next);
-    } else if (task.checkpoint_requested_ms() > 0) {
+      continue;
+    }
+    if (task.checkpoint_requested_ms() > 0) {
       run.trainer->RequestCheckpoint(task.checkpoint_requested_ms());
+    }
+    // The rank took on a lost rank's data.
+    if (task.data_size() > 0) {
+      run.trainer->UpdateData(std::vector<DataPart>(task.data().begin(), task.data().end()),
+                              task.data_step());
     }
   }
   for (auto& [id, job] : running_) {
@@ -144,11 +151,8 @@ void WorkerRuntime::Start(const Task& task) {
   }
   options.run_index = runs++;
   job->trainer = std::make_unique<JobTrainer>(
-      task, options, shards, [agent](const ReportProgressRequest& request) -> absl::StatusOr<bool> {
-        auto response = agent->ReportProgress(request);
-        if (!response.ok()) return response.status();
-        return response->job_ended();
-      });
+      task, options, shards,
+      [agent](const ReportProgressRequest& request) { return agent->ReportProgress(request); });
   Log(absl::StrCat("job ", task.job_id(), ": starting as worker rank ", task.rank(), " of ",
                    task.spec().num_workers(), ", ", task.shard_addresses_size(), " shards"));
   RunningJob* raw = job.get();

@@ -1,0 +1,166 @@
+// The coordinator shares a job's record files out to its ranks and hands a
+// lost rank's share on (control/coordinator_workers.cc).
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "control/coordinator_state_fixture.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace downpour {
+namespace control {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::vector<std::string> FilesOf(const google::protobuf::RepeatedPtrField<DataPart>& parts) {
+  std::vector<std::string> files;
+  for (const DataPart& part : parts) {
+    EXPECT_EQ(part.stride(), 1);
+    files.push_back(part.file());
+  }
+  return files;
+}
+
+class DataAssignmentTest : public CoordinatorStateTest {
+ protected:
+  // Starts job "j" of three workers a, b, c (ranks 0, 1, 2) on shard s.
+  void StartJob() {
+    Register("s", SHARD);
+    for (const char* worker : {"a", "b", "c"}) Register(worker, WORKER);
+    ASSERT_TRUE(state_->SubmitJob(SmallSpec(3, 1), "j").ok());
+    ASSERT_EQ(state_->GetJob("j")->placement().worker_nodes(1), "b");
+  }
+
+  // Node `node` (rank `rank`) lists `files` files part-0 ... and asks for
+  // its share.
+  ReportProgressResponse List(const std::string& node, int rank, int files) {
+    ReportProgressRequest listing = Progress("j", node, rank, 0);
+    for (int i = 0; i < files; ++i) listing.add_data_files(absl::StrCat("part-", i));
+    auto answer = state_->ReportProgress(listing);
+    EXPECT_TRUE(answer.ok()) << answer.status();
+    return answer.value_or(ReportProgressResponse());
+  }
+};
+
+TEST_F(DataAssignmentTest, TheFirstListingSharesTheFilesOutAndTasksCarryEachRanksShare) {
+  StartJob();
+  EXPECT_EQ(Beat("a").tasks(0).data_size(), 0);  // Nobody has listed yet.
+  const ReportProgressResponse answer = List("a", 0, 7);
+  EXPECT_THAT(FilesOf(answer.data()), ::testing::ElementsAre("part-0", "part-3", "part-6"));
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.data_files_size(), 7);
+  EXPECT_EQ(job.workers(0).step(), 0);
+  EXPECT_THAT(job.events().rbegin()->message(),
+              HasSubstr("training data: 7 record files matching"));
+  EXPECT_THAT(job.events().rbegin()->message(),
+              HasSubstr("(listed by worker a), whole files round-robin shared among 3 ranks"));
+  // A later listing gets the recorded share, whatever it saw.
+  EXPECT_THAT(FilesOf(List("b", 1, 9).data()), ::testing::ElementsAre("part-1", "part-4"));
+  HeartbeatResponse beat = Beat("c");
+  ASSERT_EQ(beat.tasks_size(), 1);
+  EXPECT_THAT(FilesOf(beat.tasks(0).data()), ::testing::ElementsAre("part-2", "part-5"));
+  EXPECT_EQ(beat.tasks(0).data_step(), 0);
+  // Not the rank's node: refused.
+  ReportProgressRequest stranger = Progress("j", "c", 0, 0);
+  stranger.add_data_files("part-0");
+  EXPECT_TRUE(absl::IsPermissionDenied(state_->ReportProgress(stranger).status()));
+}
+
+TEST_F(DataAssignmentTest, FewerFilesThanWorkersShareEveryFilesRecordsByRank) {
+  StartJob();
+  const ReportProgressResponse answer = List("b", 1, 2);
+  ASSERT_EQ(answer.data_size(), 2);
+  for (const DataPart& part : answer.data()) {
+    EXPECT_EQ(part.stride(), 3);
+    EXPECT_EQ(part.offset(), 1);
+  }
+  EXPECT_THAT(state_->GetJob("j")->events().rbegin()->message(),
+              HasSubstr("each file's records round-robin"));
+}
+
+TEST_F(DataAssignmentTest, ALostRanksDataGoesToTheLiveRanksWhenNoWorkerTakesItOver) {
+  StartJob();
+  List("a", 0, 7);
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 40)).ok());
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "b", 1, 30)).ok());
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "c", 2, 35)).ok());
+  // b falls silent: lost after the node timeout, its data held for
+  // handover_wait (30 s) in case a worker comes to take the rank over.
+  for (int i = 0; i < 10; ++i) {
+    Advance(absl::Seconds(3));
+    Beat("s");
+    Beat("a");
+    Beat("c");
+    state_->Tick();
+  }
+  JobStatus job = *state_->GetJob("j");
+  ASSERT_TRUE(job.workers(1).lost());
+  EXPECT_FALSE(job.workers(1).absorbed());
+  EXPECT_EQ(job.workers(0).data_size(), 3);
+  Advance(absl::Seconds(6));
+  Beat("s");
+  Beat("a");
+  Beat("c");
+  state_->Tick();
+  job = *state_->GetJob("j");
+  EXPECT_TRUE(job.workers(1).absorbed());
+  EXPECT_EQ(job.workers(1).data_size(), 0);
+  // Rank 2 (two files) first, then rank 0 (three).
+  EXPECT_THAT(FilesOf(job.workers(2).data()), ::testing::ElementsAre("part-2", "part-5", "part-1"));
+  EXPECT_THAT(FilesOf(job.workers(0).data()),
+              ::testing::ElementsAre("part-0", "part-3", "part-6", "part-4"));
+  EXPECT_EQ(job.workers(2).data_step(), 35);
+  EXPECT_EQ(job.workers(0).data_step(), 40);
+  EXPECT_EQ(job.message(), "");
+  EXPECT_THAT(job.events().rbegin()->message(),
+              HasSubstr("worker rank 1 not taken over within 30s: its data (2 file parts) "
+                        "handed to ranks 2 (1), 0 (1) from their current step"));
+  HeartbeatResponse beat = Beat("a");
+  EXPECT_EQ(beat.tasks(0).data_size(), 4);
+  EXPECT_EQ(beat.tasks(0).data_step(), 40);
+  EXPECT_THAT(Beat("s").tasks(0).absent_ranks(), ::testing::ElementsAre(1));
+
+  // A worker that comes now has nothing to take over.
+  Register("d", WORKER);
+  EXPECT_EQ(Beat("d").tasks_size(), 0);
+  ReportProgressRequest two = Progress("j", "c", 2, 100);
+  two.set_finished(true);
+  ASSERT_TRUE(state_->ReportProgress(two).ok());
+  ReportProgressRequest zero = Progress("j", "a", 0, 100);
+  zero.set_finished(true);
+  zero.set_has_test_accuracy(true);
+  zero.set_test_accuracy(0.8);
+  ASSERT_TRUE(state_->ReportProgress(zero).ok());
+  job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_THAT(job.message(), Not(HasSubstr("without the data")));
+}
+
+TEST_F(DataAssignmentTest, RankZeroWhichEvaluatesWaitsForATakerAndATakerGetsTheShare) {
+  StartJob();
+  List("b", 1, 7);
+  for (int i = 0; i < 15; ++i) {  // a silent for 45 s.
+    Advance(absl::Seconds(3));
+    Beat("s");
+    Beat("b");
+    Beat("c");
+    state_->Tick();
+  }
+  JobStatus job = *state_->GetJob("j");
+  ASSERT_TRUE(job.workers(0).lost());
+  EXPECT_FALSE(job.workers(0).absorbed());
+  EXPECT_THAT(job.message(), HasSubstr("worker rank 0 lost; waiting for a free worker"));
+  Register("d", WORKER);
+  HeartbeatResponse beat = Beat("d");
+  ASSERT_EQ(beat.tasks_size(), 1);
+  EXPECT_EQ(beat.tasks(0).rank(), 0);
+  EXPECT_TRUE(beat.tasks(0).has_join());
+  EXPECT_THAT(FilesOf(beat.tasks(0).data()), ::testing::ElementsAre("part-0", "part-3", "part-6"));
+}
+
+}  // namespace
+}  // namespace control
+}  // namespace downpour
