@@ -45,8 +45,9 @@ bool CoordinatorState::Saves(const JobStatus& job) const {
 
 bool CoordinatorState::TrainingDone(const JobStatus& job) {
   if (job.test_accuracy() < 0 || job.workers().empty()) return false;
+  // Lost ranks (not taken over, or absorbed) do not hold the end back.
   for (const WorkerProgress& w : job.workers()) {
-    if (!w.finished()) return false;
+    if (!w.finished() && !w.lost()) return false;
   }
   return true;
 }
@@ -133,9 +134,8 @@ void CoordinatorState::MaybeCommitCheckpoint(const std::string& job_id, int64_t 
   pending.erase(pending.begin(), pending.upper_bound(step));
   settled_checkpoint_[job_id] = std::max(settled_checkpoint_[job_id], step);
   const bool finished = step == updated.spec().steps() && TrainingDone(updated);
-  if (finished) updated.set_message("");
-  const absl::Status committed =
-      finished ? FinishJob(updated, SUCCEEDED, "") : Commit(std::move(updated), /*durable=*/true);
+  const absl::Status committed = finished ? FinishJob(updated, SUCCEEDED, Untrained(updated))
+                                          : Commit(std::move(updated), /*durable=*/true);
   if (!committed.ok()) {
     // The files stay; the job does not know of them (its older checkpoints
     // stay too).
@@ -173,8 +173,10 @@ void CoordinatorState::AbandonCheckpoint(const std::string& job_id, int64_t step
   }
   absl::Status committed;
   if (step == updated.spec().steps() && TrainingDone(updated)) {
-    committed = FinishJob(updated, SUCCEEDED,
-                          absl::StrCat("trained, but the final checkpoint was not written: ", why));
+    committed =
+        FinishJob(updated, SUCCEEDED,
+                  absl::StrCat("trained", Untrained(updated).empty() ? "" : " ", Untrained(updated),
+                               ", but the final checkpoint was not written: ", why));
     SchedulePending();
   } else {
     committed = Commit(std::move(updated), /*durable=*/true);

@@ -26,11 +26,15 @@ std::vector<std::string> FilesOf(const google::protobuf::RepeatedPtrField<DataPa
 
 class DataAssignmentTest : public CoordinatorStateTest {
  protected:
-  // Starts job "j" of three workers a, b, c (ranks 0, 1, 2) on shard s.
-  void StartJob() {
+  // Starts job "j" of three workers a, b, c (ranks 0, 1, 2) on shard s, of
+  // 100 steps.
+  void StartJob(ConsistencySpec::Mode mode = ConsistencySpec::SYNC) {
     Register("s", SHARD);
     for (const char* worker : {"a", "b", "c"}) Register(worker, WORKER);
-    ASSERT_TRUE(state_->SubmitJob(SmallSpec(3, 1), "j").ok());
+    JobSpec spec = SmallSpec(3, 1);
+    spec.set_steps(100);
+    spec.mutable_consistency()->set_mode(mode);
+    ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
     ASSERT_EQ(state_->GetJob("j")->placement().worker_nodes(1), "b");
   }
 
@@ -117,10 +121,11 @@ TEST_F(DataAssignmentTest, ALostRanksDataGoesToTheLiveRanksWhenNoWorkerTakesItOv
   EXPECT_EQ(job.message(), "");
   EXPECT_THAT(job.events().rbegin()->message(),
               HasSubstr("worker rank 1 not taken over within 30s: its data (2 file parts) "
-                        "handed to ranks 2 (1), 0 (1) from their current step"));
+                        "handed to ranks 2 (1 parts), 0 (1 parts) from their current step"));
   HeartbeatResponse beat = Beat("a");
   EXPECT_EQ(beat.tasks(0).data_size(), 4);
   EXPECT_EQ(beat.tasks(0).data_step(), 40);
+  EXPECT_EQ(beat.tasks(0).steps(), 0);  // SYNC: a step is every worker's.
   EXPECT_THAT(Beat("s").tasks(0).absent_ranks(), ::testing::ElementsAre(1));
 
   // A worker that comes now has nothing to take over.
@@ -137,6 +142,26 @@ TEST_F(DataAssignmentTest, ALostRanksDataGoesToTheLiveRanksWhenNoWorkerTakesItOv
   job = *state_->GetJob("j");
   EXPECT_EQ(job.state(), SUCCEEDED);
   EXPECT_THAT(job.message(), Not(HasSubstr("without the data")));
+}
+
+TEST_F(DataAssignmentTest, AsyncLiveRanksAlsoTakeOnTheLostRanksRemainingSteps) {
+  StartJob(ConsistencySpec::ASYNC);
+  List("a", 0, 7);
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "b", 1, 31)).ok());
+  for (int i = 0; i < 12; ++i) {  // b silent for 36 s: lost, then absorbed.
+    Advance(absl::Seconds(3));
+    Beat("s");
+    Beat("a");
+    Beat("c");
+    state_->Tick();
+  }
+  const JobStatus job = *state_->GetJob("j");
+  ASSERT_TRUE(job.workers(1).absorbed());
+  EXPECT_THAT(job.events().rbegin()->message(),
+              HasSubstr("its data (2 file parts, 69 steps to go) handed to ranks 2 (1 parts, +35 "
+                        "steps), 0 (1 parts, +34 steps)"));
+  EXPECT_EQ(Beat("c").tasks(0).steps(), 135);
+  EXPECT_EQ(Beat("a").tasks(0).steps(), 134);
 }
 
 TEST_F(DataAssignmentTest, RankZeroWhichEvaluatesWaitsForATakerAndATakerGetsTheShare) {

@@ -178,6 +178,7 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     }
     *task->mutable_data() = worker.data();
     task->set_data_step(worker.data_step());
+    task->set_steps(worker.steps());
   }
   return response;
 }

@@ -192,8 +192,8 @@ class CoordinatorState : public Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tick's part: cadence by time, timeouts, final checkpoints lost.
   void TickCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether every worker has finished and the accuracy is in: the job only
-  // waits for its final checkpoint.
+  // Whether every worker has finished (lost ranks aside) and the accuracy is
+  // in: the job only waits for its final checkpoint.
   static bool TrainingDone(const JobStatus& job);
   std::string NewJobId(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeInfo Describe(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -609,6 +609,31 @@ TEST_F(CheckpointingTest, AJobSucceedsOnlyOnceItsFinalCheckpointIsWritten) {
   EXPECT_EQ(Steps(), (std::vector<int64_t>{10}));
 }
 
+TEST_F(CheckpointingTest, AJobWithALostRankEndsOnceItsFinalCheckpointIsWritten) {
+  Register("w2", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 2), "j").ok());
+  const std::string zero = state_->GetJob("j")->placement().worker_nodes(0);
+  for (int i = 0; i < 4; ++i) {  // Rank 1's worker silent past the timeout.
+    Advance(absl::Seconds(2));
+    for (const std::string& node : {std::string("s0"), std::string("s1"), zero}) Beat(node);
+    state_->Tick();
+  }
+  ASSERT_TRUE(state_->GetJob("j")->workers(1).lost());
+  ReportProgressRequest report = Progress("j", zero, 0, 10);
+  report.mutable_checkpoint()->set_step(10);
+  report.mutable_checkpoint()->set_attempt(1);
+  report.set_finished(true);
+  report.set_has_test_accuracy(true);
+  report.set_test_accuracy(0.8);
+  ASSERT_TRUE(state_->ReportProgress(report).ok());
+  EXPECT_EQ(StateOf("j"), RUNNING);
+  ShardWrote(0, 10);
+  ShardWrote(1, 10);
+  const JobStatus done = *state_->GetJob("j");
+  EXPECT_EQ(done.state(), SUCCEEDED);
+  EXPECT_THAT(done.message(), HasSubstr("without the data of worker rank 1 from step 0"));
+}
+
 TEST_F(CheckpointingTest, AFinalCheckpointThatNeverCompletesStillEndsTheJob) {
   Start();
   WorkerTook(10, /*finished=*/true);

@@ -146,21 +146,38 @@ void CoordinatorState::AbsorbLostRanks() {
                        });
       const std::vector<DataPart> parts(lost.data().begin(), lost.data().end());
       const std::vector<std::vector<DataPart>> dealt = DealParts(parts, receivers.size());
+      // ASYNC/SSP: the rank's remaining steps go with its data, so the job
+      // makes as many updates as it would have (a SYNC step is every
+      // worker's: it has none of its own).
+      const int64_t steps = job.spec().steps();
+      const int64_t remaining =
+          job.spec().consistency().mode() == ConsistencySpec::SYNC
+              ? 0
+              : std::max<int64_t>(0, (lost.steps() > 0 ? lost.steps() : steps) - lost.step());
       std::vector<std::string> to;
       for (size_t i = 0; i < receivers.size(); ++i) {
-        if (dealt[i].empty()) continue;
-        for (const DataPart& part : dealt[i]) *receivers[i]->add_data() = part;
-        receivers[i]->set_data_step(receivers[i]->step());
-        to.push_back(absl::StrCat(receivers[i]->rank(), " (", dealt[i].size(), ")"));
+        const int64_t extra =
+            remaining / static_cast<int64_t>(receivers.size()) +
+            (static_cast<int64_t>(i) < remaining % static_cast<int64_t>(receivers.size()) ? 1 : 0);
+        if (dealt[i].empty() && extra == 0) continue;
+        WorkerProgress& receiver = *receivers[i];
+        for (const DataPart& part : dealt[i]) *receiver.add_data() = part;
+        receiver.set_data_step(receiver.step());
+        if (extra > 0)
+          receiver.set_steps((receiver.steps() > 0 ? receiver.steps() : steps) + extra);
+        to.push_back(absl::StrCat(receiver.rank(), " (", dealt[i].size(), " parts",
+                                  extra > 0 ? absl::StrCat(", +", extra, " steps") : "", ")"));
       }
       lost.set_absorbed(true);
       lost.clear_data();
       absorbed = true;
-      AddEvent(&updated, absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
-                                      absl::FormatDuration(options_.handover_wait), ": its data (",
-                                      parts.size(), " file part", parts.size() == 1 ? "" : "s",
-                                      ") handed to rank", to.size() == 1 ? " " : "s ",
-                                      absl::StrJoin(to, ", "), " from their current step"));
+      AddEvent(&updated,
+               absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
+                            absl::FormatDuration(options_.handover_wait), ": its data (",
+                            parts.size(), " file part", parts.size() == 1 ? "" : "s",
+                            remaining > 0 ? absl::StrCat(", ", remaining, " steps to go") : "",
+                            ") handed to rank", to.size() == 1 ? " " : "s ",
+                            absl::StrJoin(to, ", "), " from their current step"));
     }
     if (!absorbed) continue;
     updated.set_message(WaitingFor(updated));

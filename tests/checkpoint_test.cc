@@ -32,10 +32,11 @@ std::string CheckpointedSpec(const std::string& mode, int64_t steps, int64_t eve
 
 class CheckpointTest : public ClusterFixture {
  protected:
-  void StartCluster(bool checkpoints = true) {
+  void StartCluster(bool checkpoints = true, std::vector<std::string> coordinator_flags = {}) {
     LocalCluster::Options options;
     options.shards = 2;
     options.workers = 2;
+    options.coordinator_flags = std::move(coordinator_flags);
     if (checkpoints) {
       root_ = MakeTempDir("checkpoints");
       options.checkpoint_root = root_;
@@ -249,13 +250,26 @@ TEST_F(CheckpointTest, WithoutACheckpointRootTheCommandsSaySo) {
 // its rank goes on elsewhere; a shard drained: moved after a checkpoint).
 class RecoveryTest : public CheckpointTest {
  protected:
-  enum class Expect { kRollback, kNoRestart, kMove, kPartialRestore };
+  enum class Expect { kRollback, kNoRestart, kMove, kPartialRestore, kHandedOut };
+
+  // The worker process that holds `rank` of the job "victim".
+  Process* WorkerOfRank(int rank) {
+    const std::string node = cluster_->GetJob("victim").placement().worker_nodes(rank);
+    for (int i = 0; i < 2; ++i) {
+      if (node == "worker@" + cluster_->AddressOf(absl::StrCat("worker", i))) {
+        return cluster_->worker(i);
+      }
+    }
+    ADD_FAILURE() << "no worker process holds rank " << rank << " (" << node << ")";
+    return cluster_->worker(1);
+  }
 
   // Runs `fault` (which injects the fault and starts what replaces the lost
   // process) on a running job of `mode`.
   void SurviveFault(Expect expect, const std::function<void()>& fault,
-                    const std::string& mode = "SYNC") {
-    StartCluster();
+                    const std::string& mode = "SYNC",
+                    std::vector<std::string> coordinator_flags = {}) {
+    StartCluster(/*checkpoints=*/true, std::move(coordinator_flags));
     std::string text = CheckpointedSpec(mode, 1200, 100);
     if (mode == "ASYNC") {
       // A replacement continues its rank from where it was, so the rank
@@ -289,6 +303,13 @@ class RecoveryTest : public CheckpointTest {
         EXPECT_TRUE(HasEvent(job, " lost at step ")) << Events(job);
         EXPECT_TRUE(HasEvent(job, " taken over by worker node ")) << Events(job);
         break;
+      case Expect::kHandedOut:
+        EXPECT_EQ(job.restarts(), 0) << Events(job);
+        EXPECT_EQ(job.attempt(), 1) << Events(job);
+        EXPECT_TRUE(HasEvent(job, "worker rank 1 not taken over within ")) << Events(job);
+        EXPECT_TRUE(HasEvent(job, ") handed to rank 0 (")) << Events(job);
+        EXPECT_FALSE(absl::StrContains(job.message(), "without the data")) << job.message();
+        break;
       case Expect::kPartialRestore:
         EXPECT_EQ(job.restarts(), 0) << Events(job);
         EXPECT_EQ(job.attempt(), 1) << Events(job);
@@ -303,6 +324,8 @@ class RecoveryTest : public CheckpointTest {
         break;
     }
 
+    // The clean run needs two workers again.
+    if (expect == Expect::kHandedOut) ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
     CommandResult clean = cluster_->Ctl({"submit", spec, "--job_id=clean", "--wait"});
     ASSERT_EQ(clean.exit_code, 0) << clean.err;
     const double clean_accuracy = cluster_->GetJob("clean").test_accuracy();
@@ -334,6 +357,19 @@ TEST_F(RecoveryTest, AKilledAsyncWorkersRankGoesToAReplacementWithoutARollback) 
         ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
       },
       "ASYNC");
+}
+
+// No worker comes to take rank 1 over: its data goes to the live worker.
+TEST_F(RecoveryTest, AKilledSyncWorkersDataGoesToTheLiveWorkerWhenNoneIsFree) {
+  SurviveFault(Expect::kHandedOut, [this] { WorkerOfRank(1)->Signal(SIGKILL); }, "SYNC",
+               {"--handover_wait_s=2"});
+}
+
+// A drained worker hands its data back (ASYNC runs ahead: the live worker
+// would finish before a killed one's loss and the wait were over).
+TEST_F(RecoveryTest, ADrainedAsyncWorkersDataGoesToTheLiveWorkerWhenNoneIsFree) {
+  SurviveFault(Expect::kHandedOut, [this] { WorkerOfRank(1)->Signal(SIGTERM); }, "ASYNC",
+               {"--handover_wait_s=0"});
 }
 
 TEST_F(RecoveryTest, AKilledShardIsReplacedAndItsPartitionsRestored) {

@@ -310,6 +310,7 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   if (!options_.checkpoint_root.empty()) {
     flags.push_back(absl::StrCat("--checkpoint_root=", options_.checkpoint_root));
   }
+  flags.insert(flags.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
   auto process = StartDaemon("coordinator", "coordinator/downpour-coordinator", flags);
   if (!process.ok()) return process.status();
   coordinator_ = std::move(process).value();

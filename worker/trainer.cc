@@ -221,7 +221,11 @@ bool SameData(const std::vector<DataPart>& a, const std::vector<DataPart>& b) {
 
 }  // namespace
 
-void JobTrainer::UpdateData(std::vector<DataPart> data, int64_t data_step) {
+void JobTrainer::UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps) {
+  // Only ever more steps (a run that already ended keeps its end).
+  int64_t known = steps_.load();
+  while (steps > known && !steps_.compare_exchange_weak(known, steps)) {
+  }
   absl::MutexLock lock(&data_mu_);
   const bool same = data_step == data_step_ && SameData(data, data_);
   new_data_ = std::move(data);
@@ -291,6 +295,7 @@ absl::Status JobTrainer::Train() {
   // where the rank it takes over had got to — in SYNC the shards' current
   // step, which a first pull finds.
   int64_t first_step = task_.restore().step();
+  steps_.store(task_.steps() > 0 ? task_.steps() : spec.steps());
   if (task_.has_join()) {
     if (spec.consistency().mode() == ConsistencySpec::SYNC) {
       RETURN_IF_ERROR(PullParameters(model, 0, 0));
@@ -298,7 +303,7 @@ absl::Status JobTrainer::Train() {
     } else {
       first_step = task_.join().step();
     }
-    first_step = std::min(first_step, spec.steps());
+    first_step = std::min(first_step, steps_.load());
   }
   steps_completed_.store(first_step);
 
@@ -380,8 +385,12 @@ absl::Status JobTrainer::Train() {
   // each pushes again.
   RETURN_IF_ERROR(PullParameters(model, min_version(first_step),
                                  task_.has_join() ? 0 : min_worker_steps(first_step)));
-  for (int64_t step = first_step; step < spec.steps(); ++step) {
+  // Whether the model holds the parameters after the last push (a push
+  // that was to be the last pulls nothing; the rank's steps may grow).
+  bool pulled = true;
+  for (int64_t step = first_step; step < steps_.load(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
+    if (!pulled) RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
     permanent_ = true;
     if (data_changed_.exchange(false)) {
       absl::MutexLock lock(&data_mu_);
@@ -414,7 +423,8 @@ absl::Status JobTrainer::Train() {
       checkpoint.set_attempt(task_.attempt());
       ASSIGN_OR_RETURN(*checkpoint.mutable_state(), SaveWorkerState(*model));
     }
-    if (step + 1 < spec.steps()) {
+    pulled = step + 1 < steps_.load();
+    if (pulled) {
       RETURN_IF_ERROR(PushGradientsAndPull(model, step, result.skipped, min_version(step + 1),
                                            min_worker_steps(step + 1)));
     } else {
@@ -426,8 +436,8 @@ absl::Status JobTrainer::Train() {
     window_examples += batch.size;
     steps_completed_.store(step + 1);
     if (steps_done) steps_done->Increment();
-    if ((step + 1) % spec.log_every_steps() == 0 || step + 1 == spec.steps() ||
-        checkpoint.step() > 0) {
+    const bool last = step + 1 == steps_.load();
+    if ((step + 1) % spec.log_every_steps() == 0 || last || checkpoint.step() > 0) {
       const double now = MonotonicSeconds();
       ReportProgressRequest progress;
       progress.set_step(step + 1);
@@ -436,7 +446,7 @@ absl::Status JobTrainer::Train() {
       progress.set_examples_per_sec(window_examples / std::max(1e-9, now - window_start));
       if (loss_gauge) loss_gauge->Set(progress.loss());
       if (rate_gauge) rate_gauge->Set(progress.examples_per_sec());
-      progress.set_finished(step + 1 == spec.steps() && rank != 0);
+      progress.set_finished(last && rank != 0);
       if (checkpoint.step() > 0) *progress.mutable_checkpoint() = std::move(checkpoint);
       Report(progress, /*final=*/progress.finished());
       window_start = now;
@@ -446,9 +456,9 @@ absl::Status JobTrainer::Train() {
   }
   if (rank != 0) {
     // A rank taken over after its last step has nothing to train.
-    if (first_step >= spec.steps()) {
+    if (first_step >= steps_.load()) {
       ReportProgressRequest done;
-      done.set_step(spec.steps());
+      done.set_step(steps_.load());
       done.set_finished(true);
       Report(done, /*final=*/true);
     }
@@ -462,14 +472,15 @@ absl::Status JobTrainer::Train() {
   ReportProgressRequest done;
   if (task_.checkpoints()) {
     // The final checkpoint: what export takes away.
-    RETURN_IF_ERROR(exchange_->CaptureNow(
-        spec.steps(), spec.steps() - 1, [this] { return cancelled_.load() || job_ended_.load(); }));
+    RETURN_IF_ERROR(exchange_->CaptureNow(spec.steps(), steps_.load() - 1, [this] {
+      return cancelled_.load() || job_ended_.load();
+    }));
     done.mutable_checkpoint()->set_step(spec.steps());
     done.mutable_checkpoint()->set_attempt(task_.attempt());
     ASSIGN_OR_RETURN(*done.mutable_checkpoint()->mutable_state(), SaveWorkerState(*model));
   }
   Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy));
-  done.set_step(spec.steps());
+  done.set_step(steps_.load());
   done.set_loss(last_loss);
   done.set_finished(true);
   done.set_has_test_accuracy(true);

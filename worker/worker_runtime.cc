@@ -63,10 +63,10 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
     if (task.checkpoint_requested_ms() > 0) {
       run.trainer->RequestCheckpoint(task.checkpoint_requested_ms());
     }
-    // The rank took on a lost rank's data.
+    // The rank took on a lost rank's data (and, ASYNC/SSP, steps).
     if (task.data_size() > 0) {
       run.trainer->UpdateData(std::vector<DataPart>(task.data().begin(), task.data().end()),
-                              task.data_step());
+                              task.data_step(), task.steps());
     }
   }
   for (auto& [id, job] : running_) {
