@@ -508,9 +508,21 @@ void PrintJobSummary(const JobStatus& job) {
                                  absl::StrJoin(placement.worker_nodes(), ", "), "]"));
   }
   for (const WorkerProgress& w : job.workers()) {
-    std::cout << absl::StrFormat("  rank %d  %s  step %d  loss %.4f  %.0f ex/s%s\n", w.rank(),
-                                 w.node_id(), w.step(), w.loss(), w.examples_per_sec(),
-                                 w.finished() ? "  finished" : "");
+    // Which record files the rank reads (the coordinator's share).
+    std::string data;
+    if (w.data_size() > 0) {
+      data = absl::StrCat("  ", w.data_size(), " file", w.data_size() == 1 ? "" : "s");
+      if (w.data(0).stride() > 1)
+        absl::StrAppend(&data, " (1 in ", w.data(0).stride(), " records)");
+    }
+    const char* state = w.absorbed()   ? "  absorbed"
+                        : w.lost()     ? "  lost"
+                        : w.finished() ? "  finished"
+                                       : "";
+    std::cout << absl::StrFormat("  rank %d  %s  step %d%s  loss %.4f  %.0f ex/s%s%s\n", w.rank(),
+                                 w.node_id().empty() ? "-" : w.node_id(), w.step(),
+                                 w.steps() > 0 ? absl::StrCat("/", w.steps()) : "", w.loss(),
+                                 w.examples_per_sec(), data, state);
   }
   if (job.resumed_from_step() > 0) {
     line("resumed from", absl::StrCat("step ", job.resumed_from_step()));
