@@ -9,7 +9,8 @@ kill -9 (a replacement of the same kind starts 0-3 s later), SIGTERM (it
 drains; a replacement starts 0-3 s later) or SIGSTOP for 3-6 s (past the
 node timeout) then SIGCONT; with --coordinator_faults, now and then the
 coordinator too (kill -9, restarted 1-5 s later; --recovery_grace_s=20). A lost worker's rank goes
-on elsewhere without a rollback; a lost shard rolls its jobs back to their
+on elsewhere without a rollback (a free worker takes it over, or after
+--handover_wait_s=5 its data and steps are dealt to the live ranks); a lost shard rolls its jobs back to their
 checkpoint; a draining shard's jobs move after a fresh one. Prints one JSON
 line:
   faults_injected, jobs_succeeded, jobs_total,
@@ -19,6 +20,7 @@ line:
   recovery_s_p50, recovery_s_p99   (a fault to the job running again),
   rank_handovers, handover_s_p50   (lost worker ranks taken over, and a
                                     fault to the take-over),
+  data_handouts                    (lost ranks whose data went to live ranks),
   partial_shard_restores           (ASYNC jobs that had only a lost shard's
                                     partitions restored, on a spare),
   corrupt_checkpoints_loaded       (restores a shard found damaged after the
@@ -112,7 +114,7 @@ class Cluster:
              # Live nodes find a restarted coordinator within ~2 s (their
              # reconnect back-off); the 10-minute default would let a node
              # killed during an outage hold its jobs that long.
-             "--recovery_grace_s=20"])
+             "--recovery_grace_s=20", "--handover_wait_s=5"])
 
     def add(self, kind):
         name = f"{kind}{self.counter[kind]}"
@@ -244,13 +246,16 @@ def main():
 
         # Results, from the jobs' events.
         final = {j: cluster.job(j) or {} for j in jobs}
-        lost, recovery, handovers, partial = [], [], [], 0
+        lost, recovery, handovers, partial, handouts = [], [], [], 0, 0
         fault_times = sorted(t for t, _ in faults)
         for j, job in final.items():
             events = job.get("events", [])
             for i, e in enumerate(events):
                 if "the other shards keep theirs" in e["message"]:
                     partial += 1
+                    continue
+                if "not taken over within" in e["message"]:
+                    handouts += 1
                     continue
                 if "taken over by worker node" in e["message"]:
                     taken = int(e["time_ms"])
@@ -284,7 +289,8 @@ def main():
             "steps_lost_p50": percentile(lost, 0.5), "steps_lost_max": max(lost, default=0),
             "recovery_s_p50": round(percentile(recovery, 0.5), 2),
             "recovery_s_p99": round(percentile(recovery, 0.99), 2),
-            "rank_handovers": len(handovers), "partial_shard_restores": partial,
+            "rank_handovers": len(handovers), "data_handouts": handouts,
+            "partial_shard_restores": partial,
             "handover_s_p50": round(percentile(handovers, 0.5), 2),
             "corrupt_checkpoints_loaded": corrupt, "restarts": len(lost),
             "accuracy": {j: job.get("test_accuracy") for j, job in final.items()}}))
