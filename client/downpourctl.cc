@@ -533,6 +533,13 @@ void PrintJobSummary(const JobStatus& job) {
                                  c.bytes() / 1048576.0,
                                  FormatShortDuration(absl::Milliseconds(now - c.time_ms())));
   }
+  // The test-accuracy curve: time since submission, as a user waits for it.
+  if (!job.evaluations().empty()) line("evaluations", absl::StrCat(job.evaluations_size()));
+  for (const Evaluation& e : job.evaluations()) {
+    std::cout << absl::StrFormat(
+        "  step %d  accuracy %.4f  at %s\n", e.step(), e.accuracy(),
+        FormatShortDuration(absl::Milliseconds(e.time_ms() - job.submit_time_ms())));
+  }
   line("events", job.events().empty() ? "-" : absl::StrCat(job.events_size()));
   for (const JobEvent& e : job.events()) {
     std::cout << absl::StrFormat(

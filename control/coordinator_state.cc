@@ -326,12 +326,41 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   }
   JobStatus job = *current;
   WorkerProgress* worker = job.mutable_workers(rank);
-  const bool milestone = (request.finished() && !worker->finished()) || request.has_test_accuracy();
+  const bool milestone = (request.finished() && !worker->finished()) ||
+                         request.has_test_accuracy() || request.has_evaluation();
   worker->set_step(request.step());
   worker->set_loss(request.loss());
   worker->set_examples_per_sec(request.examples_per_sec());
   worker->set_finished(worker->finished() || request.finished());
-  if (request.has_test_accuracy()) job.set_test_accuracy(request.test_accuracy());
+  if (request.has_test_accuracy()) {
+    job.set_test_accuracy(request.test_accuracy());
+    Evaluation* final = job.add_evaluations();
+    final->set_step(request.step());
+    final->set_accuracy(request.test_accuracy());
+    final->set_time_ms(absl::ToUnixMillis(options_.now()));
+  }
+  if (request.has_evaluation() && rank == 0) {
+    Evaluation* evaluation = job.add_evaluations();
+    *evaluation = request.evaluation();
+    evaluation->set_time_ms(absl::ToUnixMillis(options_.now()));
+    // The curve keeps its newest points.
+    constexpr int kMaxEvaluations = 1000;
+    if (job.evaluations_size() > kMaxEvaluations) {
+      job.mutable_evaluations()->DeleteSubrange(0, job.evaluations_size() - kMaxEvaluations);
+    }
+    const double target = job.spec().stop_at_accuracy();
+    if (target > 0 && evaluation->accuracy() >= target) {
+      job.set_test_accuracy(evaluation->accuracy());
+      RETURN_IF_ERROR(FinishJob(
+          job, SUCCEEDED,
+          absl::StrCat("stopped early: test accuracy ", evaluation->accuracy(),
+                       " reached stop_at_accuracy ", target, " at step ", evaluation->step(),
+                       Saves(job) ? " (the newest checkpoint is from before it)" : "")));
+      SchedulePending();
+      response.set_job_ended(true);
+      return response;
+    }
+  }
 
   // Lost ranks (no worker took them over) do not hold the job back.
   int64_t min_step = INT64_MAX;

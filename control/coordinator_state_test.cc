@@ -70,6 +70,38 @@ TEST_F(CoordinatorStateTest, SucceedsWhenAllWorkersFinishAndAccuracyIsReported) 
   EXPECT_EQ(Beat(w0).tasks_size(), 0);
 }
 
+TEST_F(CoordinatorStateTest, EvaluationsAreRecordedAndStopAtAccuracyEndsTheJob) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  JobSpec spec = SmallSpec(1, 1);
+  spec.set_steps(1000);
+  spec.set_eval_every_steps(100);
+  spec.set_stop_at_accuracy(0.9);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  auto evaluate = [&](int64_t step, double accuracy) {
+    ReportProgressRequest report = Progress("j", "a", 0, step);
+    report.mutable_evaluation()->set_step(step);
+    report.mutable_evaluation()->set_accuracy(accuracy);
+    return state_->ReportProgress(report).value();
+  };
+  EXPECT_FALSE(evaluate(100, 0.7).job_ended());
+  Advance(absl::Seconds(5));
+  EXPECT_FALSE(evaluate(200, 0.85).job_ended());
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING);
+  ASSERT_EQ(job.evaluations_size(), 2);
+  EXPECT_EQ(job.evaluations(1).step(), 200);
+  EXPECT_EQ(job.evaluations(1).time_ms() - job.evaluations(0).time_ms(), 5000);
+  EXPECT_EQ(StoredJob("j")->evaluations_size(), 2);  // Durable at once.
+  EXPECT_TRUE(evaluate(300, 0.91).job_ended());
+  job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_DOUBLE_EQ(job.test_accuracy(), 0.91);
+  EXPECT_EQ(job.message(),
+            "stopped early: test accuracy 0.91 reached stop_at_accuracy 0.9 at step 300");
+  EXPECT_EQ(job.evaluations_size(), 3);
+}
+
 TEST_F(CoordinatorStateTest, AReportOfAnotherStartOfTheJobIsIgnored) {
   Register("s", SHARD);
   Register("a", WORKER);

@@ -40,6 +40,10 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
     return Bad("checkpoint.every_seconds", "must not be negative");
   }
   if (checkpoint.keep() < 1) return Bad("checkpoint.keep", "must be at least 1");
+  if (spec.eval_every_steps() < 0) return Bad("eval_every_steps", "must not be negative");
+  if (spec.stop_at_accuracy() < 0 || spec.stop_at_accuracy() > 1) {
+    return Bad("stop_at_accuracy", "must be in [0, 1]");
+  }
   if (spec.restart().max_restarts() < -1) {
     return Bad("restart.max_restarts", "must be -1 (never), 0 (the default, 3) or more");
   }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/health_service.grpc.pb.h"
@@ -95,6 +96,8 @@ TEST_F(ClusterTest, BadSpecsAreRejectedNamingTheField) {
       {absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 10),
                            {{"batch_size: 64", "batch_size: 100000000"}}),
        "dataset.batch_size"},
+      {FashionMlpSpec("SYNC", 1, 1, 10) + "eval_every_steps: -1\n", "eval_every_steps"},
+      {FashionMlpSpec("SYNC", 1, 1, 10) + "stop_at_accuracy: 1.5\n", "stop_at_accuracy"},
   };
   for (const Case& c : cases) {
     CommandResult result = cluster_->Ctl({"submit", WriteSpec(c.spec)});
@@ -106,6 +109,30 @@ TEST_F(ClusterTest, BadSpecsAreRejectedNamingTheField) {
   CommandResult list = cluster_->Ctl({"-o", "json", "list"});
   EXPECT_EQ(list.exit_code, 0);
   EXPECT_EQ(list.out.find("\"id\""), std::string::npos) << "a rejected job was queued";
+}
+
+TEST_F(ClusterTest, EvaluationsTraceTheCurveAndStopAtAccuracyEndsTheJobEarly) {
+  StartCluster(1, 2);
+  const std::string spec =
+      FashionMlpSpec("SYNC", 2, 1, 100000) + "eval_every_steps: 25\nstop_at_accuracy: 0.78\n";
+  const absl::Time start = absl::Now();
+  JobStatus job = RunJob(spec, "early");
+  EXPECT_LT(absl::Now() - start, absl::Minutes(2));
+  EXPECT_THAT(job.message(), ::testing::HasSubstr("stopped early: test accuracy "));
+  ASSERT_GE(job.evaluations_size(), 1) << cluster_->Logs();
+  const Evaluation& reached = *job.evaluations().rbegin();
+  EXPECT_GE(reached.accuracy(), 0.78);
+  EXPECT_EQ(reached.step() % 25, 0);
+  EXPECT_DOUBLE_EQ(job.test_accuracy(), reached.accuracy());
+  for (int i = 0; i + 1 < job.evaluations_size(); ++i) {
+    EXPECT_LT(job.evaluations(i).accuracy(), 0.78);
+    EXPECT_LT(job.evaluations(i).step(), job.evaluations(i + 1).step());
+  }
+  CommandResult shown = cluster_->Ctl({"get", "early"});
+  EXPECT_THAT(shown.out, ::testing::HasSubstr("evaluations"));
+  EXPECT_THAT(shown.out, ::testing::HasSubstr(absl::StrCat("step ", reached.step(), "  accuracy")));
+  // The workers are free again: the next job runs.
+  EXPECT_EQ(RunJob(FashionMlpSpec("SYNC", 2, 1, 20), "after").state(), SUCCEEDED);
 }
 
 TEST_F(ClusterTest, DuplicateJobIdIsRejected) {

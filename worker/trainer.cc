@@ -357,6 +357,7 @@ absl::Status JobTrainer::Train() {
   Counter* steps_done = nullptr;
   Gauge* loss_gauge = nullptr;
   Gauge* rate_gauge = nullptr;
+  Gauge* accuracy_gauge = nullptr;
   if (options_.metrics != nullptr) {
     steps_done =
         options_.metrics->GetCounter("downpour_worker_steps_total", "Training steps run.", labels);
@@ -364,10 +365,14 @@ absl::Status JobTrainer::Train() {
         options_.metrics->GetGauge("downpour_worker_loss", "Latest training loss.", labels);
     rate_gauge = options_.metrics->GetGauge("downpour_worker_examples_per_second",
                                             "Training throughput.", labels);
+    if (rank == 0) {
+      accuracy_gauge = options_.metrics->GetGauge("downpour_worker_test_accuracy",
+                                                  "Latest test-set accuracy (rank 0).", labels);
+    }
   }
 
   double window_start = MonotonicSeconds();
-  double window_loss = 0, last_loss = 0;
+  double window_loss = 0, last_loss = 0, last_rate = 0;
   int64_t window_steps = 0, window_examples = 0;
   // What a step's pull waits for.
   auto min_version = [&](int64_t step) -> int64_t {
@@ -443,7 +448,8 @@ absl::Status JobTrainer::Train() {
       progress.set_step(step + 1);
       last_loss = window_loss / window_steps;
       progress.set_loss(last_loss);
-      progress.set_examples_per_sec(window_examples / std::max(1e-9, now - window_start));
+      last_rate = window_examples / std::max(1e-9, now - window_start);
+      progress.set_examples_per_sec(last_rate);
       if (loss_gauge) loss_gauge->Set(progress.loss());
       if (rate_gauge) rate_gauge->Set(progress.examples_per_sec());
       progress.set_finished(last && rank != 0);
@@ -452,6 +458,26 @@ absl::Status JobTrainer::Train() {
       window_start = now;
       window_loss = 0;
       window_steps = window_examples = 0;
+    }
+    // Rank 0's periodic evaluation of the parameters it just pulled (the
+    // last step's is the final one below).
+    if (rank == 0 && spec.eval_every_steps() > 0 && (step + 1) % spec.eval_every_steps() == 0 &&
+        !last) {
+      const double began = MonotonicSeconds();
+      ASSIGN_OR_RETURN(std::unique_ptr<BatchReader> test_set, OpenTestSet());
+      ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model, test_set.get()));
+      if (accuracy_gauge) accuracy_gauge->Set(accuracy);
+      Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy, " at step ",
+                       step + 1));
+      ReportProgressRequest evaluated;
+      evaluated.set_step(step + 1);
+      evaluated.set_loss(last_loss);
+      evaluated.set_examples_per_sec(last_rate);
+      evaluated.mutable_evaluation()->set_step(step + 1);
+      evaluated.mutable_evaluation()->set_accuracy(accuracy);
+      Report(evaluated, /*final=*/false);
+      // The evaluation is not training time.
+      window_start += MonotonicSeconds() - began;
     }
   }
   if (rank != 0) {
