@@ -383,9 +383,12 @@ TEST_F(ClusterTest, NodesHealthAndMetricsAreServed) {
   }
   auto worker_metrics = HttpGet(cluster_->MetricsAddressOf("worker0"), "/metrics");
   ASSERT_TRUE(worker_metrics.ok()) << worker_metrics.status();
-  EXPECT_NE(worker_metrics->find("downpour_worker_steps_total{job=\"metered\"} "),
-            std::string::npos)
-      << *worker_metrics;
+  for (const char* series :
+       {"downpour_worker_steps_total", "downpour_worker_input_wait_seconds_total",
+        "downpour_worker_step_seconds_total"}) {
+    EXPECT_NE(worker_metrics->find(absl::StrCat(series, "{job=\"metered\"} ")), std::string::npos)
+        << series << " in " << *worker_metrics;
+  }
   auto shard_metrics = HttpGet(cluster_->MetricsAddressOf("ps0"), "/metrics");
   ASSERT_TRUE(shard_metrics.ok());
   EXPECT_NE(shard_metrics->find("downpour_ps_jobs 1\n"), std::string::npos) << *shard_metrics;

@@ -358,6 +358,8 @@ absl::Status JobTrainer::Train() {
   Gauge* loss_gauge = nullptr;
   Gauge* rate_gauge = nullptr;
   Gauge* accuracy_gauge = nullptr;
+  Counter* input_wait = nullptr;
+  Counter* step_seconds = nullptr;
   if (options_.metrics != nullptr) {
     steps_done =
         options_.metrics->GetCounter("downpour_worker_steps_total", "Training steps run.", labels);
@@ -365,6 +367,12 @@ absl::Status JobTrainer::Train() {
         options_.metrics->GetGauge("downpour_worker_loss", "Latest training loss.", labels);
     rate_gauge = options_.metrics->GetGauge("downpour_worker_examples_per_second",
                                             "Training throughput.", labels);
+    input_wait =
+        options_.metrics->GetCounter("downpour_worker_input_wait_seconds_total",
+                                     "Time training steps waited for their input batch.", labels);
+    step_seconds = options_.metrics->GetCounter(
+        "downpour_worker_step_seconds_total",
+        "Time in training steps (input, compute and exchange).", labels);
     if (rank == 0) {
       accuracy_gauge = options_.metrics->GetGauge("downpour_worker_test_accuracy",
                                                   "Latest test-set accuracy (rank 0).", labels);
@@ -405,7 +413,9 @@ absl::Status JobTrainer::Train() {
       Log(absl::StrCat("job ", task_.job_id(), ": rank ", rank, " reads ", data_.size(),
                        " file parts from step ", step, " (it took on a lost rank's data)"));
     }
+    const double step_began = MonotonicSeconds();
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
+    if (input_wait) input_wait->Increment(MonotonicSeconds() - step_began);
     permanent_ = false;
     if (!have_batch) return absl::InternalError("training data ended");
     ASSIGN_OR_RETURN(
@@ -441,6 +451,7 @@ absl::Status JobTrainer::Train() {
     window_examples += batch.size;
     steps_completed_.store(step + 1);
     if (steps_done) steps_done->Increment();
+    if (step_seconds) step_seconds->Increment(MonotonicSeconds() - step_began);
     const bool last = step + 1 == steps_.load();
     if ((step + 1) % spec.log_every_steps() == 0 || last || checkpoint.step() > 0) {
       const double now = MonotonicSeconds();

@@ -126,8 +126,10 @@ std::vector<std::string> WorkerRuntime::Jobs() {
 
 void WorkerRuntime::Forget(const std::string& job_id) {
   if (options_.metrics == nullptr) return;
-  for (const char* name : {"downpour_worker_steps_total", "downpour_worker_loss",
-                           "downpour_worker_examples_per_second"}) {
+  for (const char* name :
+       {"downpour_worker_steps_total", "downpour_worker_loss",
+        "downpour_worker_examples_per_second", "downpour_worker_input_wait_seconds_total",
+        "downpour_worker_step_seconds_total", "downpour_worker_test_accuracy"}) {
     options_.metrics->RemoveSeries(name, {{"job", job_id}});
   }
 }
