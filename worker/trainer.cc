@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -360,6 +361,7 @@ absl::Status JobTrainer::Train() {
   Gauge* accuracy_gauge = nullptr;
   Counter* input_wait = nullptr;
   Counter* step_seconds = nullptr;
+  double total_input_wait = 0, total_step_seconds = 0;
   if (options_.metrics != nullptr) {
     steps_done =
         options_.metrics->GetCounter("downpour_worker_steps_total", "Training steps run.", labels);
@@ -415,7 +417,9 @@ absl::Status JobTrainer::Train() {
     }
     const double step_began = MonotonicSeconds();
     ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
-    if (input_wait) input_wait->Increment(MonotonicSeconds() - step_began);
+    const double waited = MonotonicSeconds() - step_began;
+    total_input_wait += waited;
+    if (input_wait) input_wait->Increment(waited);
     permanent_ = false;
     if (!have_batch) return absl::InternalError("training data ended");
     ASSIGN_OR_RETURN(
@@ -451,7 +455,9 @@ absl::Status JobTrainer::Train() {
     window_examples += batch.size;
     steps_completed_.store(step + 1);
     if (steps_done) steps_done->Increment();
-    if (step_seconds) step_seconds->Increment(MonotonicSeconds() - step_began);
+    const double step_took = MonotonicSeconds() - step_began;
+    total_step_seconds += step_took;
+    if (step_seconds) step_seconds->Increment(step_took);
     const bool last = step + 1 == steps_.load();
     if ((step + 1) % spec.log_every_steps() == 0 || last || checkpoint.step() > 0) {
       const double now = MonotonicSeconds();
@@ -490,6 +496,12 @@ absl::Status JobTrainer::Train() {
       // The evaluation is not training time.
       window_start += MonotonicSeconds() - began;
     }
+  }
+  if (total_step_seconds > 0) {
+    Log(absl::StrFormat(
+        "job %s: rank %d trained %d steps in %.2f s, %.1f%% of it waiting for input",
+        task_.job_id(), rank, steps_.load() - first_step, total_step_seconds,
+        100 * total_input_wait / total_step_seconds));
   }
   if (rank != 0) {
     // A rank taken over after its last step has nothing to train.
