@@ -26,6 +26,10 @@
 #   mkdir -p .device/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .device/fashion-mnist/
 #   (cd .device && tar -cf - bundle | xz -T2 > bundle.tar.xz && rm -rf bundle)  # under 64 MiB
 # Then the device tool: run with carry [".device"], command "bash bench/gpu_session.sh".
+# The bench stage runs every precision of PRECISIONS on both engines, e.g.
+#   STAGES=bench PRECISIONS="fp32 tf32 fp32_strict bf16" \
+#     PYTORCH_ARGS="--steps 20 --warmup 5" bash bench/gpu_session.sh
+# (PYTORCH_ARGS gets --precisions from PRECISIONS unless it names its own).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -44,12 +48,18 @@ if [[ $STAGES == *tests* ]]; then
 fi
 
 if [[ $STAGES == *bench* ]]; then
-  # Ours once per precision (PRECISIONS, e.g. "fp32 bf16"), PyTorch's in
-  # PYTORCH_ARGS (--precisions fp32,bf16 to match).
-  for p in ${PRECISIONS:-fp32}; do
+  # Ours once per precision in PRECISIONS (default "fp32 tf32 fp32_strict
+  # bf16": fp32 is PyTorch's default, TF32 convolutions only; tf32 adds the
+  # GEMMs; fp32_strict has no TF32; fp16 may be added), PyTorch's with the
+  # same names (PYTORCH_ARGS defaults to --precisions with PRECISIONS;
+  # pass --precisions yourself in PYTORCH_ARGS to override).
+  BENCH_PRECISIONS=${PRECISIONS:-fp32 tf32 fp32_strict bf16}
+  for p in $BENCH_PRECISIONS; do
     step_time --precision=$p ${STEP_TIME_ARGS:-} 2>&1
   done | tee "$OUT/ours.jsonl"
-  PYTHONUNBUFFERED=1 python3 bench/pytorch_step_time.py ${PYTORCH_ARGS:---precisions fp32} \
+  PT_ARGS=${PYTORCH_ARGS:-}
+  [[ $PT_ARGS == *--precisions* ]] || PT_ARGS="$PT_ARGS --precisions ${BENCH_PRECISIONS// /,}"
+  PYTHONUNBUFFERED=1 python3 bench/pytorch_step_time.py $PT_ARGS \
     2>&1 | tee "$OUT/pytorch.jsonl"
   python3 bench/compare_step_time.py "$OUT/ours.jsonl" "$OUT/pytorch.jsonl" | tee "$OUT/table.md"
 fi

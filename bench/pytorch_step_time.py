@@ -4,18 +4,29 @@ precision and optimizer (Adam), one training step = forward + backward +
 optimizer step on one GPU, data already on the device.
 
 Models match bench/models/*.pbtxt layer for layer (NCHW here, NHWC in ours;
-the arithmetic is the same). fp32 means strict fp32: TF32 is off for cuBLAS
-and cuDNN, as in our engine (kernels/cuda/). bf16 is autocast; fp16 is
-autocast with a GradScaler (dynamic loss scaling).
+the arithmetic is the same). The precisions are named as //bench:step_time's
+(proto/job.proto's Precision):
+  fp32         PyTorch's defaults, untouched (torch.backends.cudnn.allow_tf32
+               and torch.backends.cuda.matmul.allow_tf32 as this process
+               found them: True and False unless the installation says
+               otherwise): convolutions on TF32 tensor cores, matmuls fp32;
+  tf32         both allowed;
+  fp32_strict  both off (no TF32 anywhere);
+  bf16         autocast, with the defaults;
+  fp16         autocast with a GradScaler (dynamic loss scaling), defaults.
 
-Prints one JSON line per (model, precision, memory format):
-  {"model", "precision", "format", "batch", "step_ms_median", "step_ms_p10",
-   "step_ms_p90", "peak_mem_mb"}
+Prints a header line with the defaults found, then one JSON line per
+(model, precision, memory format):
+  {"model", "precision", "format", "batch", "cudnn_allow_tf32",
+   "matmul_allow_tf32", "step_ms_median", "step_ms_p10", "step_ms_p90",
+   "step_ms_loop", "peak_mem_mb", "final_loss"}
 Usage: python3 bench/pytorch_step_time.py [--steps 50] [--models mlp,cnn,...]
+         [--precisions fp32,tf32,fp32_strict,bf16]
 """
 import argparse
 import json
 import statistics
+import warnings
 
 import torch
 import torch.nn as nn
@@ -74,6 +85,42 @@ def vgg11():
     return nn.Sequential(*layers)
 
 
+# (cuDNN convolutions, cuBLAS matmuls) may use TF32, per precision; None:
+# PyTorch's defaults.
+TF32 = {
+    'fp32': None,
+    'tf32': (True, True),
+    'fp32_strict': (False, False),
+    'bf16': None,
+    'fp16': None,
+}
+
+
+class Tf32Flags:
+    """torch.backends' TF32 switches, through the allow_tf32 attributes
+    (PyTorch 2.9+ warns that they will be replaced by fp32_precision; they
+    still set both and stay consistent with each other)."""
+
+    def __init__(self):
+        self.defaults = self.read()
+
+    @staticmethod
+    def read():
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            return (bool(torch.backends.cudnn.allow_tf32),
+                    bool(torch.backends.cuda.matmul.allow_tf32))
+
+    def apply(self, precision):
+        """Sets precision's flags; returns (cudnn, matmul) as set."""
+        conv, matmul = TF32[precision] or self.defaults
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            torch.backends.cudnn.allow_tf32 = conv
+            torch.backends.cuda.matmul.allow_tf32 = matmul
+        return conv, matmul
+
+
 MODELS = {
     # name: (constructor, input shape CHW, classes, batch)
     'mlp': (mlp, (1, 28, 28), 10, 256),
@@ -83,8 +130,9 @@ MODELS = {
 }
 
 
-def time_model(name, precision, channels_last, steps, warmup):
+def time_model(name, precision, channels_last, steps, warmup, flags):
     ctor, chw, classes, batch = MODELS[name]
+    cudnn_tf32, matmul_tf32 = flags.apply(precision)
     torch.manual_seed(0)
     dev = torch.device('cuda')
     model = ctor().to(dev)
@@ -99,10 +147,11 @@ def time_model(name, precision, channels_last, steps, warmup):
     # back on the host, as ours does).
     scaler = torch.amp.GradScaler('cuda', enabled=precision == 'fp16')
     dtype = torch.float16 if precision == 'fp16' else torch.bfloat16
+    autocast = precision in ('bf16', 'fp16')
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast('cuda', dtype=dtype, enabled=precision != 'fp32'):
+        with torch.autocast('cuda', dtype=dtype, enabled=autocast):
             loss = loss_fn(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -132,6 +181,7 @@ def time_model(name, precision, channels_last, steps, warmup):
     return {
         'engine': 'pytorch', 'model': name, 'precision': precision,
         'format': 'channels_last' if channels_last else 'nchw', 'batch': batch,
+        'cudnn_allow_tf32': cudnn_tf32, 'matmul_allow_tf32': matmul_tf32,
         'step_ms_median': statistics.median(times), 'step_ms_p10': times[len(times) // 10],
         'step_ms_p90': times[(len(times) * 9) // 10],
         'step_ms_loop': start.elapsed_time(end) / steps,
@@ -145,21 +195,26 @@ def main():
     p.add_argument('--steps', type=int, default=50)
     p.add_argument('--warmup', type=int, default=10)
     p.add_argument('--models', default='mlp,cnn,resnet18,vgg11')
-    p.add_argument('--precisions', default='fp32,bf16')
+    p.add_argument('--precisions', default='fp32,tf32,fp32_strict,bf16')
     p.add_argument('--channels_last', default='0,1')
     a = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    precisions = a.precisions.split(',')
+    for precision in precisions:
+        if precision not in TF32:
+            p.error(f'unknown precision {precision!r}; known: {", ".join(TF32)}')
+    flags = Tf32Flags()
     torch.backends.cudnn.benchmark = True
     print(json.dumps({'engine': 'pytorch', 'torch': torch.__version__,
                       'device': torch.cuda.get_device_name(0),
-                      'cudnn': torch.backends.cudnn.version()}), flush=True)
+                      'cudnn': torch.backends.cudnn.version(),
+                      'default_cudnn_allow_tf32': flags.defaults[0],
+                      'default_matmul_allow_tf32': flags.defaults[1]}), flush=True)
     for name in a.models.split(','):
-        for precision in a.precisions.split(','):
+        for precision in precisions:
             for cl in a.channels_last.split(','):
                 if cl == '1' and name == 'mlp':
                     continue
-                r = time_model(name, precision, cl == '1', a.steps, a.warmup)
+                r = time_model(name, precision, cl == '1', a.steps, a.warmup, flags)
                 print(json.dumps(r), flush=True)
                 torch.cuda.empty_cache()
 

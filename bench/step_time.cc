@@ -8,6 +8,7 @@
 //   bazel build -c opt //bench:step_time
 //   bazel-bin/bench/step_time [--models=mlp,cnn,resnet18,vgg11]
 //       [--models_dir=bench/models] [--device=0] [--steps=20] [--repeats=5]
+//       [--precision=fp32|tf32|fp32_strict|bf16|fp16]
 //
 // One JSON line per model: step_ms_loop is the median over `repeats` timed
 // loops of `steps` steps (device synchronised before and after each loop)
@@ -27,6 +28,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/text_format.h"
 #include "kernels/cuda/conv_plan.h"
@@ -45,8 +47,10 @@ ABSL_FLAG(std::string, conv_layout, "auto",
 ABSL_FLAG(bool, profile, false,
           "After the timing, one profiled step: a JSON line per layer (forward/backward ms)");
 ABSL_FLAG(std::string, precision, "fp32",
-          "Compute precision of dense layers and convolutions: fp32, bf16 or fp16 (fp32 master "
-          "weights; fp16 with dynamic loss scaling, read back every step)");
+          "Compute precision of dense layers and convolutions (proto/job.proto's Precision): fp32 "
+          "(PyTorch's default: convolutions may use TF32 tensor cores, GEMMs full fp32), tf32 "
+          "(GEMMs too), fp32_strict (no TF32), bf16 or fp16 (fp32 master weights; fp16 with "
+          "dynamic loss scaling, read back every step)");
 ABSL_FLAG(int32_t, batch, 0, "Batch for every model (0: each model's own, VGG 64, others 256)");
 
 namespace downpour {
@@ -86,13 +90,15 @@ int Run() {
     return Fail("--conv_layout", absl::InvalidArgumentError("must be auto, nhwc or nchw"));
   }
   const std::string precision_name = absl::GetFlag(FLAGS_precision);
+  // The flag's names are the proto's in lower case, the names
+  // bench/pytorch_step_time.py gives its runs (compare_step_time.py pairs by
+  // them).
   Precision precision = FP32;
-  if (precision_name == "bf16") {
-    precision = BF16;
-  } else if (precision_name == "fp16") {
-    precision = FP16;
-  } else if (precision_name != "fp32") {
-    return Fail("--precision", absl::InvalidArgumentError("must be fp32, bf16 or fp16"));
+  if (!Precision_Parse(absl::AsciiStrToUpper(precision_name), &precision) ||
+      absl::AsciiStrToLower(precision_name) != precision_name) {
+    return Fail("--precision",
+                absl::InvalidArgumentError("must be fp32, tf32, fp32_strict, bf16 or fp16, got \"" +
+                                           precision_name + "\""));
   }
   std::printf("{\"engine\": \"downpour\", \"device\": \"%s\"}\n", name->c_str());
   const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_models), ',');

@@ -41,6 +41,9 @@ struct BackendOptions {
   int device = -1;
   // A GPU's compute precision (the CPU computes in fp32 whatever is asked).
   ComputePrecision precision = ComputePrecision::kFp32;
+  // A GPU's use of TF32 tensor cores for fp32 products (ignored on the
+  // CPU). The default is PyTorch's: convolutions only.
+  Tf32Policy tf32 = Tf32Policy::kConvolutions;
   // GPU convolutions: the layout measured fastest per shape, or one forced
   // (diagnostics and tests).
   ConvLayout conv_layout = ConvLayout::kAuto;

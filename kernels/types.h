@@ -57,6 +57,26 @@ struct LossStats {
 // parameters and statistics). The CPU computes everything in fp32.
 enum class ComputePrecision { kFp32, kBf16, kFp16 };
 
+// Which fp32 products a GPU may run on TF32 tensor cores: inputs rounded to
+// a 10-bit mantissa (relative error up to 2^-11), products summed in fp32.
+// PyTorch's torch.backends.cudnn.allow_tf32 (true by default) and
+// torch.backends.cuda.matmul.allow_tf32 (false by default). It governs fp32
+// convolutions and GEMMs, including those a bf16/fp16 backend runs in fp32
+// on converted copies; bf16/fp16 products are tensor-core products anyway.
+// The CPU computes in full fp32 whatever is asked.
+enum class Tf32Policy {
+  // FMA-only fp32: results within fp32 rounding of the CPU twin.
+  kOff,
+  // cuDNN may pick TF32 convolution algorithms (where it measures them
+  // faster); GEMMs in full fp32. PyTorch's default.
+  kConvolutions,
+  // Convolutions and cuBLAS GEMMs on TF32 tensor cores.
+  kConvolutionsAndGemms,
+};
+
+constexpr bool Tf32Convolutions(Tf32Policy p) { return p != Tf32Policy::kOff; }
+constexpr bool Tf32Gemms(Tf32Policy p) { return p == Tf32Policy::kConvolutionsAndGemms; }
+
 // Memory layout GPU convolutions run in. Tensors are NHWC at the API either
 // way; kNchw convolves transposed copies in the workspace. kAuto measures
 // both per shape (transposes included) and keeps the faster.

@@ -14,6 +14,7 @@
 #include "model/arena.h"
 #include "model/devices.h"
 #include "model/layers.h"
+#include "model/precision.h"
 
 namespace downpour {
 namespace model_internal {
@@ -62,16 +63,18 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
     return absl::InvalidArgumentError(absl::StrCat("unknown precision ", precision));
   }
   if (options.device < 0) {
-    if (precision != FP32) {
+    // FP32 allows TF32 and FP32_STRICT forbids it: the CPU's full fp32
+    // satisfies both.
+    if (precision != FP32 && precision != FP32_STRICT) {
       std::fprintf(stderr, "model on the cpu: precision %s runs in fp32 there\n",
                    Precision_Name(precision).c_str());
-      precision = FP32;
     }
+    precision = FP32;
   } else {
     // An embedding's ids are floats; fed by another layer they would be
     // activations, which a reduced type cannot hold exactly.
     for (const LayerShape& layer : shape.layers) {
-      if (precision != FP32 && layer.kind == LayerKind::kEmbedding &&
+      if (IsReducedPrecision(precision) && layer.kind == LayerKind::kEmbedding &&
           layer.inputs[0] != LayerShape::kModelInput) {
         std::fprintf(stderr,
                      "model: embedding \"%s\" reads ids from another layer; precision %s runs in "
@@ -84,9 +87,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
   kernels::BackendOptions backend_options;
   backend_options.device = options.device;
   backend_options.conv_layout = options.conv_layout;
-  backend_options.precision = precision == BF16   ? kernels::ComputePrecision::kBf16
-                              : precision == FP16 ? kernels::ComputePrecision::kFp16
-                                                  : kernels::ComputePrecision::kFp32;
+  const GpuPrecision gpu_precision = GpuPrecisionOf(precision);
+  backend_options.precision = gpu_precision.compute;
+  backend_options.tf32 = gpu_precision.tf32;
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
                    kernels::CreateBackend(backend_options));
   if (!(options.initial_loss_scale >= 1.0) || !std::isfinite(options.initial_loss_scale)) {
@@ -163,7 +166,7 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
   RETURN_IF_ERROR(backend_->ToDevice(grad_compute_, grad_host_, param_bytes));
   RETURN_IF_ERROR(backend_->ToDevice(state_compute_, state_host_, state_bytes));
   RETURN_IF_ERROR(backend_->Synchronize());
-  if (gpu && precision_ != FP32) {
+  if (gpu && IsReducedPrecision(precision_)) {
     std::vector<std::pair<const float*, int64_t>> weights;
     for (const LayerShape& layer : shape_.layers) {
       if ((layer.kind == LayerKind::kDense || layer.kind == LayerKind::kConv2d) &&

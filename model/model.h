@@ -99,11 +99,13 @@ struct ModelOptions {
   // GPU convolutions: the layout measured fastest per shape, or one forced
   // (diagnostics and tests).
   kernels::ConvLayout conv_layout = kernels::ConvLayout::kAuto;
-  // Compute precision on a GPU (see proto/job.proto): bf16/fp16 keep
-  // activations and their gradients in that type and multiply on tensor
-  // cores; parameters, their gradients, statistics and optimizer state stay
-  // fp32. The CPU path runs every precision in fp32 (and says so on stderr
-  // once per model).
+  // Compute precision on a GPU (see proto/job.proto and model/precision.h):
+  // FP32 runs convolutions on TF32 tensor cores where cuDNN finds that
+  // faster (PyTorch's default), TF32 GEMMs too, FP32_STRICT neither;
+  // bf16/fp16 keep activations and their gradients in that type and
+  // multiply on tensor cores; parameters, their gradients, statistics and
+  // optimizer state stay fp32. The CPU path runs every precision in full
+  // fp32 (and says so on stderr once per model for TF32, BF16 and FP16).
   Precision precision = FP32;
   // FP16's first loss scale (tests force an overflow with a huge one).
   double initial_loss_scale = DynamicLossScale::kDefaultInitial;
@@ -123,8 +125,9 @@ class Model {
   int device() const { return device_; }
   // As DescribeDevice (model/devices.h).
   const std::string& device_name() const { return device_name_; }
-  // The precision the model computes in: options.precision on a GPU, FP32
-  // on the CPU.
+  // The precision the model computes in: options.precision on a GPU (FP32
+  // where a graph cannot take BF16/FP16), FP32 on the CPU (whose fp32 is
+  // strict).
   Precision precision() const { return precision_; }
   // FP16's current loss scale (1 for other precisions).
   double loss_scale() const { return loss_scaling_ ? loss_scale_.scale() : 1.0; }

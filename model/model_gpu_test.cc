@@ -1,8 +1,10 @@
 // The GPU path of Model against the CPU path: the same spec, seed and
 // batches give the same losses, gradients and evaluation (within float
-// rounding of different summation orders), through TrainStep (host copies)
-// and through the device-resident loop with the fused optimizer. Skips, with
-// the reason, where there is no CUDA device.
+// rounding of different summation orders) in FP32_STRICT, through TrainStep
+// (host copies) and through the device-resident loop with the fused
+// optimizer; FP32 (TF32 convolutions), TF32, BF16 and FP16 against
+// FP32_STRICT on the GPU. Skips, with the reason, where there is no CUDA
+// device.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -95,8 +97,12 @@ ModelSpec ParseSpec(const std::string& text) {
   return spec;
 }
 
+// Strict fp32 (no TF32): compared with the CPU at fp32's tolerances.
 std::unique_ptr<Model> MakeModel(const std::string& text, int device) {
-  auto model = Model::Create(ParseSpec(text), /*seed=*/7, ModelOptions{device});
+  ModelOptions options;
+  options.device = device;
+  options.precision = FP32_STRICT;
+  auto model = Model::Create(ParseSpec(text), /*seed=*/7, options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(model).value() : nullptr;
 }
@@ -333,29 +339,35 @@ void ExpectReducedGradClose(const Model& ref, const Model& low, const ParamInfo&
   }
 }
 
-// The CPU path runs reduced precisions in fp32: same numbers as FP32, never
-// an error.
+// The CPU path runs every precision in full fp32 (TF32 and the reduced ones
+// included): same numbers as FP32, never an error.
 TEST(ModelPrecisionTest, CpuRunsEveryPrecisionInFp32) {
   auto fp32 = MakeModelIn(-1, FP32, DynamicLossScale::kDefaultInitial);
-  auto bf16 = MakeModelIn(-1, BF16, DynamicLossScale::kDefaultInitial);
-  auto fp16 = MakeModelIn(-1, FP16, DynamicLossScale::kDefaultInitial);
-  ASSERT_TRUE(fp32 && bf16 && fp16);
-  EXPECT_EQ(bf16->precision(), FP32);
-  EXPECT_EQ(fp16->precision(), FP32);
-  EXPECT_EQ(fp16->loss_scale(), 1.0);
+  ASSERT_TRUE(fp32);
   const Batch b = RandomBatch(16, fp32->input_size(), 5, 3);
   auto a = fp32->TrainStep(b.features.data(), b.labels.data(), 16, 0);
-  auto c = fp16->TrainStep(b.features.data(), b.labels.data(), 16, 0);
-  ASSERT_TRUE(a.ok() && c.ok());
-  EXPECT_EQ(a->loss, c->loss);
-  EXPECT_FALSE(c->skipped);
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (Precision precision : {TF32, FP32_STRICT, BF16, FP16}) {
+    SCOPED_TRACE(Precision_Name(precision));
+    auto other = MakeModelIn(-1, precision, DynamicLossScale::kDefaultInitial);
+    ASSERT_TRUE(other);
+    EXPECT_EQ(other->precision(), FP32);
+    EXPECT_EQ(other->loss_scale(), 1.0);
+    auto c = other->TrainStep(b.features.data(), b.labels.data(), 16, 0);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(a->loss, c->loss);
+    EXPECT_FALSE(c->skipped);
+  }
 }
 
-// bf16 / fp16 compute against fp32 on the same GPU, over steps with the
-// same SGD updates applied: losses within 2% (bf16, 8-bit mantissa) / 0.5%
-// (fp16); gradients as ExpectReducedGradClose says, within 10% / 3% of
+// bf16 / fp16 compute against strict fp32 on the same GPU, over steps with
+// the same SGD updates applied: losses within 2% (bf16, 8-bit mantissa) /
+// 0.5% (fp16); gradients as ExpectReducedGradClose says, within 10% / 3% of
 // fp32's in norm where no batch norm is in the way (every activation is
 // rounded to the reduced type, and a ReLU flips where rounding crosses 0).
+// FP32 (TF32 convolutions) and TF32 (GEMMs too) round only the inputs of
+// products, to fp16's 11 significant bits, and keep fp32 activations: held
+// to fp16's bounds.
 class ReducedPrecisionTest : public ModelGpuTest,
                              public ::testing::WithParamInterface<Precision> {};
 
@@ -363,7 +375,7 @@ TEST_P(ReducedPrecisionTest, LossesAndGradientsMatchFp32) {
   const Precision precision = GetParam();
   const double loss_tol = precision == BF16 ? 2e-2 : 5e-3;
   const double grad_tol = precision == BF16 ? 0.10 : 0.03;
-  auto ref = MakeModelIn(0, FP32, 1.0);
+  auto ref = MakeModelIn(0, FP32_STRICT, 1.0);
   auto low = MakeModelIn(0, precision, DynamicLossScale::kDefaultInitial);
   ASSERT_TRUE(ref && low);
   EXPECT_EQ(low->precision(), precision);
@@ -388,10 +400,14 @@ TEST_P(ReducedPrecisionTest, LossesAndGradientsMatchFp32) {
   }
 }
 
+std::string PrecisionParamName(const ::testing::TestParamInfo<Precision>& info) {
+  return Precision_Name(info.param);
+}
+
 INSTANTIATE_TEST_SUITE_P(BothHalves, ReducedPrecisionTest, ::testing::Values(BF16, FP16),
-                         [](const ::testing::TestParamInfo<Precision>& info) {
-                           return Precision_Name(info.param);
-                         });
+                         PrecisionParamName);
+INSTANTIATE_TEST_SUITE_P(Tf32, ReducedPrecisionTest, ::testing::Values(FP32, TF32),
+                         PrecisionParamName);
 
 // FP16 with a scale far too large: the first step overflows, is skipped
 // (zero gradients, parameters untouched by the optimizer), the scale halves
@@ -400,7 +416,7 @@ INSTANTIATE_TEST_SUITE_P(BothHalves, ReducedPrecisionTest, ::testing::Values(BF1
 TEST_F(ModelGpuTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   const double huge = std::ldexp(1.0, 40);
   auto low = MakeModelIn(0, FP16, huge);
-  auto ref = MakeModelIn(0, FP32, 1.0);
+  auto ref = MakeModelIn(0, FP32_STRICT, 1.0);
   ASSERT_TRUE(low && ref);
   const int64_t batch = 32;
   const Batch b = RandomBatch(batch, low->input_size(), 5, 77);
@@ -461,7 +477,7 @@ TEST_F(ModelGpuTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
 }
 
 // Convolutions whose output only a ReLU reads apply it themselves (the
-// ReLU's forward does nothing): the fp32 GPU matches the CPU, which runs
+// ReLU's forward does nothing): the strict fp32 GPU matches the CPU, which runs
 // them apart, and bf16 (reduced convolutions, the ReLU in the output's
 // epilogue) stays within 10% of it in norm (every activation and its
 // gradient rounded to bf16; 6.7% seen on an H200), conv1's within 15% (its
@@ -510,7 +526,7 @@ TEST_F(ModelGpuTest, ConvolutionWithFusedReluMatchesTheCpuAndFp32) {
     return model.ok() ? std::move(model).value() : nullptr;
   };
   auto cpu = make(-1, FP32);
-  auto gpu = make(0, FP32);
+  auto gpu = make(0, FP32_STRICT);  // At fp32's tolerance: no TF32.
   auto bf16 = make(0, BF16);
   ASSERT_TRUE(cpu && gpu && bf16);
   for (int step = 0; step < 4; ++step) {

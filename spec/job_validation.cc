@@ -61,7 +61,9 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   if (data.shuffle_buffer() < 0) return Bad("dataset.shuffle_buffer", "must not be negative");
 
   if (!Precision_IsValid(spec.precision())) {
-    return Bad("precision", absl::StrCat("has unknown value ", spec.precision()));
+    return Bad("precision", absl::StrCat("has unknown value ", spec.precision(),
+                                         "; must be FP32 (the default), TF32, FP32_STRICT, "
+                                         "BF16 or FP16"));
   }
   const OptimizerSpec& opt = spec.optimizer();
   if (!OptimizerSpec::Kind_IsValid(opt.kind())) {

@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   ASSIGN_OR_RETURN(backend->ctx_, CudaContext::Create(options.device, size_t{16} << 20));
   backend->ctx_->conv_layout = options.conv_layout;
   backend->ctx_->compute = options.precision;
+  backend->ctx_->tf32 = options.tf32;
   // Loss sum, correct count, then the non-finite flag at byte 16.
   ASSIGN_OR_RETURN(backend->counters_, backend->Allocate(32));
   ASSIGN_OR_RETURN(backend->counters_host_, backend->AllocateHost(32));

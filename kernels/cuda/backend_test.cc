@@ -47,6 +47,8 @@ class CudaBackendTest : public ::testing::Test {
     BackendOptions options;
     options.device = 0;
     options.precision = precision;
+    // Compared with the CPU backend at fp32's tolerance: no TF32.
+    options.tf32 = Tf32Policy::kOff;
     auto backend = CudaBackend::Create(options);
     ASSERT_TRUE(backend.ok()) << backend.status();
     gpu_ = std::move(backend).value();

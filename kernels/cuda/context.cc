@@ -52,6 +52,8 @@ absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(int device,
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
   CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx->cublas));
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx->cublas, ctx->stream));
+  // Full fp32 unless a GEMM asks for TF32 itself (its compute type, dense.cc),
+  // so the policy can change after the handle is made.
   CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH));
   CUDNN_RETURN_IF_ERROR(cudnnCreate(&ctx->cudnn));
   CUDNN_RETURN_IF_ERROR(cudnnSetStream(ctx->cudnn, ctx->stream));

@@ -50,14 +50,15 @@ struct ConvPlanCache;
 // Reduced copies of registered weights (weights.h).
 struct ReducedWeightCopies;
 
-// Convolutions cache a plan per WindowShape and precision: descriptors, and
-// the fastest algorithm of each direction that fits the workspace (FMA math
-// in fp32, in NHWC and in NCHW, and the faster layout; tensor-op math on the
-// reduced NHWC tensors in bf16/fp16, beside the fp32 plan on converted
-// copies where that is faster and small), measured by cudnnFind* the first
-// time a shape is seen (as PyTorch's cudnn.benchmark; algorithms within 5%
-// of the fastest count as ties and the one with the least workspace wins);
-// later calls with that shape reuse it.
+// Convolutions cache a plan per WindowShape, precision and TF32 policy:
+// descriptors, and the fastest algorithm of each direction that fits the
+// workspace (fp32: FMA math, or FMA and TF32 tensor-op math where `tf32`
+// allows convolutions, in NHWC and in NCHW, and the faster layout; tensor-op
+// math on the reduced NHWC tensors in bf16/fp16, beside the fp32 plan on
+// converted copies where that is faster and small), measured by cudnnFind*
+// the first time a shape is seen (as PyTorch's cudnn.benchmark; algorithms
+// within 5% of the fastest count as ties and the one with the least
+// workspace wins); later calls with that shape reuse it.
 struct CudaContext {
   int device = -1;
   cudaStream_t stream = nullptr;
@@ -83,6 +84,11 @@ struct CudaContext {
   ConvLayout conv_layout = ConvLayout::kAuto;
   // Set before the first dense layer or convolution.
   ComputePrecision compute = ComputePrecision::kFp32;
+  // Where fp32 products may use TF32 tensor cores: convolutions (read when
+  // a shape's plan is made; plans are kept per policy) and GEMMs (read by
+  // each call). The default is PyTorch's; tests that compare fp32 results
+  // with the CPU twin set kOff.
+  Tf32Policy tf32 = Tf32Policy::kConvolutions;
   // Sets up a context on `device` with `workspace_bytes` of workspace, and
   // leaves `device` the calling thread's current device. FailedPrecondition
   // when there is no such device.

@@ -1,6 +1,8 @@
 // Convolutions through cuDNN with the plans of conv_plan.h: fp32 in NHWC or
 // on NCHW copies, bf16/fp16 on the reduced tensors, or bf16/fp16 through the
 // fp32 plan on converted copies (whichever the plan chose per direction).
+// Each direction runs in the math type its algorithm was measured in (FMA,
+// or TF32 tensor ops where the context's Tf32Policy allowed them).
 #include <cudnn.h>
 
 #include <algorithm>
@@ -40,6 +42,7 @@ absl::Status Conv2dForwardReduced(const CudaContext& ctx, const WindowShape& s, 
       WeightsToReduced<T>(ctx, s.out_c * s.patch_elements(), w, base + padded);
   if (!w16.ok()) return w16.status();
   const float one = 1.f, zero = 0.f;
+  RETURN_IF_ERROR(UseMath(v, v.fwd_math));
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, input, v.w.d, *w16,
                                                 v.conv.d, v.fwd_algo, base + scratch,
                                                 ctx.workspace_bytes - scratch, &zero, v.y.d, y));
@@ -77,6 +80,7 @@ absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
   }
   const int64_t filter_n = s.out_c * s.patch_elements();
   const float one = 1.f, zero = 0.f;
+  RETURN_IF_ERROR(UseMath(v, v.bwd_filter_math));
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, input, v.y.d, dy,
                                                        v.conv.d, v.bwd_filter_algo, free_space,
                                                        free_bytes, &zero, v.w.d, dw16));
@@ -86,11 +90,13 @@ absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
   if (!w16.ok()) return w16.status();
   if (!p.padded) {
     const float dx_beta = Acc(dx_write) ? 1.f : 0.f;
+    RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
     CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, *w16, v.y.d, dy,
                                                        v.conv.d, v.bwd_data_algo, free_space,
                                                        free_bytes, &dx_beta, v.x.d, dx));
     return absl::OkStatus();
   }
+  RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, *w16, v.y.d, dy,
                                                      v.conv.d, v.bwd_data_algo, free_space,
                                                      free_bytes, &zero, v.x.d, dx_padded));
@@ -167,6 +173,7 @@ absl::Status Conv2dForwardFp32(const CudaContext& ctx, const WindowShape& s, Con
     auto* yn = reinterpret_cast<float*>(base + p.in_bytes + p.filter_bytes);
     RETURN_IF_ERROR(ToNchwInput(ctx, s, p, x, xn));
     RETURN_IF_ERROR(ToNchwFilter(ctx, s, w, wn));
+    RETURN_IF_ERROR(UseMath(v, v.fwd_math));
     CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, xn, v.w.d, wn, v.conv.d,
                                                   v.fwd_algo, base + scratch,
                                                   ctx.workspace_bytes - scratch, &zero, v.y.d, yn));
@@ -186,6 +193,7 @@ absl::Status Conv2dForwardFp32(const CudaContext& ctx, const WindowShape& s, Con
     free_space += p.padded_bytes;
     free_bytes -= p.padded_bytes;
   }
+  RETURN_IF_ERROR(UseMath(v, v.fwd_math));
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, input, v.w.d, w, v.conv.d,
                                                 v.fwd_algo, free_space, free_bytes, &zero, v.y.d,
                                                 y));
@@ -222,6 +230,7 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
     RETURN_IF_ERROR(ToNchwInput(ctx, s, p, x, xn));
     CUDA_RETURN_IF_ERROR(k::BatchedTranspose(ctx.stream, s.batch, s.out_h * s.out_w, s.out_c, dy,
                                              dyn, nullptr, false));
+    RETURN_IF_ERROR(UseMath(v, v.bwd_filter_math));
     CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, xn, v.y.d, dyn,
                                                          v.conv.d, v.bwd_filter_algo, free_space,
                                                          free_bytes, &zero, v.w.d, dwn));
@@ -229,6 +238,7 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
                                              dwn, dw, nullptr, Acc(param_write)));
     if (dx == nullptr) return absl::OkStatus();
     RETURN_IF_ERROR(ToNchwFilter(ctx, s, w, wn));
+    RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
     CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, wn, v.y.d, dyn,
                                                        v.conv.d, v.bwd_data_algo, free_space,
                                                        free_bytes, &zero, v.x.d, dxn));
@@ -259,17 +269,20 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
                                                  dy, dbias, Acc(param_write),
                                                  reinterpret_cast<float*>(free_space)));
   }
+  RETURN_IF_ERROR(UseMath(v, v.bwd_filter_math));
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, input, v.y.d, dy,
                                                        v.conv.d, v.bwd_filter_algo, free_space,
                                                        free_bytes, &param_beta, v.w.d, dw));
   if (dx == nullptr) return absl::OkStatus();
   if (!p.padded) {
     const float dx_beta = Acc(dx_write) ? 1.f : 0.f;
+    RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
     CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w, v.y.d, dy,
                                                        v.conv.d, v.bwd_data_algo, free_space,
                                                        free_bytes, &dx_beta, v.x.d, dx));
     return absl::OkStatus();
   }
+  RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
   CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w, v.y.d, dy, v.conv.d,
                                                      v.bwd_data_algo, free_space, free_bytes, &zero,
                                                      v.x.d, dpadded));

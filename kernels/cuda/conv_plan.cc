@@ -26,8 +26,37 @@ int AsInt(int64_t v) { return static_cast<int>(v); }
 // slower than any measured one.
 constexpr float kUnmeasured = 1e9f;
 
+// The math types of a variant: the one its descriptor is measured with, and
+// those of the algorithms cudnnFind measured that it may keep. An algorithm
+// then runs in the math type it was measured in (ConvVariant's *_math).
+struct ConvMath {
+  cudnnMathType_t descriptor;
+  unsigned allowed;  // Bit m: math type m.
+  bool Allows(cudnnMathType_t m) const { return (allowed >> static_cast<unsigned>(m)) & 1u; }
+};
+
+constexpr unsigned MathBit(cudnnMathType_t m) { return 1u << static_cast<unsigned>(m); }
+
+// fp32 tensors. Strict: FMA kernels only, so results stay within fp32
+// rounding of the CPU twin. TF32 allowed (PyTorch's cudnn.allow_tf32):
+// default math on the descriptor, which permits TF32 tensor ops on sm_80 and
+// later, and the fastest of what cudnnFind measured in default, tensor-op or
+// FMA math; never CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, which may round fp32
+// inputs to fp16.
+ConvMath Fp32Math(Tf32Policy tf32) {
+  if (!Tf32Convolutions(tf32)) return {CUDNN_FMA_MATH, MathBit(CUDNN_FMA_MATH)};
+  return {CUDNN_DEFAULT_MATH,
+          MathBit(CUDNN_DEFAULT_MATH) | MathBit(CUDNN_TENSOR_OP_MATH) | MathBit(CUDNN_FMA_MATH)};
+}
+
+// bf16/fp16 tensors: tensor ops, and only algorithms measured in them (one
+// measured in another math type had failed with CUDNN_STATUS_BAD_PARAM
+// when run with these descriptors).
+constexpr ConvMath kReducedMath = {CUDNN_TENSOR_OP_MATH, MathBit(CUDNN_TENSOR_OP_MATH)};
+
 absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64_t in_h,
-                         int64_t in_w, int64_t pad_h, int64_t pad_w, ConvVariant* v) {
+                         int64_t in_w, int64_t pad_h, int64_t pad_w, cudnnMathType_t math,
+                         ConvVariant* v) {
   CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->x.d, format, CUDNN_DATA_FLOAT, AsInt(s.batch),
                                                    AsInt(s.in_c), AsInt(in_h), AsInt(in_w)));
   CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(v->y.d, format, CUDNN_DATA_FLOAT, AsInt(s.batch),
@@ -38,8 +67,8 @@ absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(v->conv.d, AsInt(pad_h), AsInt(pad_w),
                                                         AsInt(s.stride_h), AsInt(s.stride_w), 1, 1,
                                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  // FMA only: no TF32, so results stay within fp32 rounding of the CPU twin.
-  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, CUDNN_FMA_MATH));
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, math));
+  v->fwd_math = v->bwd_filter_math = v->bwd_data_math = math;
   return absl::OkStatus();
 }
 
@@ -60,11 +89,12 @@ absl::Status MakeReducedVariant(const WindowShape& s, cudnnDataType_t type, cons
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
       v->conv.d, AsInt(p.conv_pad_h), AsInt(p.conv_pad_w), AsInt(s.stride_h), AsInt(s.stride_w), 1,
       1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, CUDNN_TENSOR_OP_MATH));
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, kReducedMath.descriptor));
+  v->fwd_math = v->bwd_filter_math = v->bwd_data_math = kReducedMath.descriptor;
   return absl::OkStatus();
 }
 
-absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
+absl::Status MakePlan(const WindowShape& s, Tf32Policy tf32, ConvPlan* p) {
   // cuDNN pads symmetrically: use it directly when that gives our windows.
   const int64_t cudnn_out_h = (s.in_h + 2 * s.pad_top - s.kernel_h) / s.stride_h + 1;
   const int64_t cudnn_out_w = (s.in_w + 2 * s.pad_left - s.kernel_w) / s.stride_w + 1;
@@ -83,8 +113,9 @@ absl::Status MakePlan(const WindowShape& s, ConvPlan* p) {
   p->in_bytes = Aligned(sizeof(float) * s.batch * in_h * in_w * s.in_c);
   p->out_bytes = Aligned(sizeof(float) * s.batch * s.out_elements());
   p->filter_bytes = Aligned(sizeof(float) * s.out_c * s.patch_elements());
-  RETURN_IF_ERROR(MakeVariant(s, CUDNN_TENSOR_NHWC, in_h, in_w, pad_h, pad_w, &p->nhwc));
-  RETURN_IF_ERROR(MakeVariant(s, CUDNN_TENSOR_NCHW, in_h, in_w, pad_h, pad_w, &p->nchw));
+  const cudnnMathType_t math = Fp32Math(tf32).descriptor;
+  RETURN_IF_ERROR(MakeVariant(s, CUDNN_TENSOR_NHWC, in_h, in_w, pad_h, pad_w, math, &p->nhwc));
+  RETURN_IF_ERROR(MakeVariant(s, CUDNN_TENSOR_NCHW, in_h, in_w, pad_h, pad_w, math, &p->nchw));
   CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(p->bias.d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
                                                    1, AsInt(s.out_c), 1, 1));
   return absl::OkStatus();
@@ -95,17 +126,17 @@ std::atomic<bool> log_conv_plans{false};
 
 template <typename Perf, typename Algo>
 void LogPlan(const char* direction, const char* layout, const WindowShape& s, const Perf* perf,
-             int returned, Algo chosen) {
+             int returned, Algo chosen, cudnnMathType_t chosen_math) {
   if (!log_conv_plans.load()) return;
   std::fprintf(stderr,
                "conv %s %s n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lldx%lld stride=%lld: "
-               "chose %d;",
+               "chose %d math %d;",
                direction, layout, static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
                static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
                static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
                static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h),
                static_cast<long long>(s.kernel_w), static_cast<long long>(s.stride_h),
-               static_cast<int>(chosen));
+               static_cast<int>(chosen), static_cast<int>(chosen_math));
   for (int i = 0; i < returned; ++i) {
     std::fprintf(stderr, " [algo %d %.3f ms %zu B math %d status %d]",
                  static_cast<int>(perf[i].algo), perf[i].time, perf[i].memory,
@@ -114,11 +145,10 @@ void LogPlan(const char* direction, const char* layout, const WindowShape& s, co
   std::fprintf(stderr, "\n");
 }
 
-// PickAlgo: the fastest measured algorithm that succeeded, was measured with
-// the math type the convolution descriptor has (`math`: FMA for fp32, so no
-// TF32; tensor ops for bf16/fp16 — cudnnFind also reports algorithms in
-// other math types, which the descriptor would not run as measured) and
-// fits in `free_bytes` (PickHeuristic: the first heuristic choice that fits
+// PickAlgo: the fastest measured algorithm that succeeded, was measured in
+// a math type `math` allows (cudnnFind also reports algorithms in others:
+// FMA only for strict fp32, so no TF32; tensor ops for bf16/fp16) and fits
+// in `free_bytes` (PickHeuristic: the first heuristic choice that fits
 // otherwise).
 // Algorithms measured within this fraction of the fastest count as ties
 // (cudnnFind's times move more than that between calls); among ties the one
@@ -127,9 +157,9 @@ constexpr float kAlgoTimeTolerance = 1.05f;
 
 template <typename Perf, typename Algo>
 bool PickAlgo(const Perf* perf, int returned, size_t free_bytes, Algo* algo, size_t* bytes,
-              int* index, cudnnMathType_t math) {
+              int* index, const ConvMath& math) {
   auto eligible = [&](const Perf& p) {
-    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= free_bytes && p.mathType == math;
+    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= free_bytes && math.Allows(p.mathType);
   };
   int best = -1;
   for (int i = 0; i < returned; ++i) {
@@ -175,38 +205,43 @@ double TransposeMs(size_t bytes) { return 2.0 * static_cast<double>(bytes) / kTr
 // cudnnFind (which reports each algorithm in up to two math types, hence
 // room for twice the algorithm count), `heuristic(count, &returned, perf)`
 // cuDNN's heuristic list, `workspace(algo, &bytes)` an algorithm's
-// workspace size.
+// workspace size (both with the descriptor's math type, which a heuristic
+// choice then runs in).
 template <int kCount, typename Perf, typename Algo, typename Find, typename Heuristic,
           typename Workspace>
 absl::Status FindDirection(const char* direction, const char* layout, const WindowShape& s,
-                           size_t limit, cudnnMathType_t math, Find find, Heuristic heuristic,
-                           Workspace workspace, Algo* algo, size_t* bytes, float* ms) {
+                           size_t limit, const ConvMath& math, Find find, Heuristic heuristic,
+                           Workspace workspace, Algo* algo, size_t* bytes, float* ms,
+                           cudnnMathType_t* algo_math) {
   Perf perf[2 * kCount];
   int returned = 0;
   CUDNN_RETURN_IF_ERROR(find(2 * kCount, &returned, perf));
   int chosen = -1;
   if (PickAlgo(perf, returned, limit, algo, bytes, &chosen, math)) {
     *ms = perf[chosen].time;
+    *algo_math = perf[chosen].mathType;
   } else {
     CUDNN_RETURN_IF_ERROR(heuristic(kCount, &returned, perf));
     PickHeuristic(perf, returned, limit, algo);
     CUDNN_RETURN_IF_ERROR(workspace(*algo, bytes));
     *ms = kUnmeasured;
+    *algo_math = math.descriptor;
   }
-  LogPlan(direction, layout, s, perf, returned, *algo);
+  LogPlan(direction, layout, s, perf, returned, *algo, *algo_math);
   return absl::OkStatus();
 }
 
 // Measures the algorithms of all three directions of `v` (cudnnFind, as
-// PyTorch's cudnn.benchmark) and keeps the fastest in `math` (the
-// descriptor's) that fits `limit` bytes of workspace, or the first
-// heuristic choice that fits.
+// PyTorch's cudnn.benchmark) with math.descriptor on its descriptor, and
+// keeps the fastest in a math type `math` allows that fits `limit` bytes of
+// workspace, or the first heuristic choice that fits.
 absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const char* layout,
-                            size_t limit, ConvVariant* v, cudnnMathType_t math = CUDNN_FMA_MATH) {
+                            size_t limit, ConvVariant* v, const ConvMath& math) {
   cudnnHandle_t h = ctx.cudnn;
   const cudnnTensorDescriptor_t x = v->x.d, y = v->y.d;
   const cudnnFilterDescriptor_t w = v->w.d;
   const cudnnConvolutionDescriptor_t c = v->conv.d;
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(c, math.descriptor));
   RETURN_IF_ERROR((FindDirection<CUDNN_CONVOLUTION_FWD_ALGO_COUNT, cudnnConvolutionFwdAlgoPerf_t>(
       "forward", layout, s, limit, math,
       [&](int n, int* r, auto* p) {
@@ -218,7 +253,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
       [&](auto algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(h, x, w, c, y, algo, bytes);
       },
-      &v->fwd_algo, &v->fwd_bytes, &v->fwd_ms)));
+      &v->fwd_algo, &v->fwd_bytes, &v->fwd_ms, &v->fwd_math)));
   RETURN_IF_ERROR(
       (FindDirection<CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, cudnnConvolutionBwdFilterAlgoPerf_t>(
           "backward-filter", layout, s, limit, math,
@@ -231,7 +266,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
           [&](auto algo, size_t* bytes) {
             return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, c, w, algo, bytes);
           },
-          &v->bwd_filter_algo, &v->bwd_filter_bytes, &v->bwd_filter_ms)));
+          &v->bwd_filter_algo, &v->bwd_filter_bytes, &v->bwd_filter_ms, &v->bwd_filter_math)));
   return FindDirection<CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, cudnnConvolutionBwdDataAlgoPerf_t>(
       "backward-data", layout, s, limit, math,
       [&](int n, int* r, auto* p) {
@@ -243,7 +278,7 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
       [&](auto algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, c, x, algo, bytes);
       },
-      &v->bwd_data_algo, &v->bwd_data_bytes, &v->bwd_data_ms);
+      &v->bwd_data_algo, &v->bwd_data_bytes, &v->bwd_data_ms, &v->bwd_data_math);
 }
 
 // The most the fp32 copies of a reduced convolution's tensors and the fp32
@@ -253,26 +288,39 @@ constexpr int64_t kMaxStagingBytes = int64_t{64} << 20;
 
 }  // namespace
 
-// Every plan of a context, by shape and precision.
+// Every plan of a context, by shape, precision and TF32 policy.
 struct ConvPlanCache {
-  std::map<std::array<int64_t, 14>, std::unique_ptr<ConvPlan>> plans;
+  std::map<std::array<int64_t, 15>, std::unique_ptr<ConvPlan>> plans;
 };
 
 void SetConvPlanLogging(bool on) { log_conv_plans.store(on); }
 
+absl::Status UseMath(const ConvVariant& v, cudnnMathType_t math) {
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v.conv.d, math));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) {
   if (ctx.conv_plans == nullptr) ctx.conv_plans = std::make_shared<ConvPlanCache>();
-  const std::array<int64_t, 14> key = {s.batch,    s.in_h,
-                                       s.in_w,     s.in_c,
-                                       s.out_h,    s.out_w,
-                                       s.out_c,    s.kernel_h,
-                                       s.kernel_w, s.stride_h,
-                                       s.stride_w, s.pad_top,
-                                       s.pad_left, static_cast<int64_t>(ctx.compute)};
+  const std::array<int64_t, 15> key = {s.batch,
+                                       s.in_h,
+                                       s.in_w,
+                                       s.in_c,
+                                       s.out_h,
+                                       s.out_w,
+                                       s.out_c,
+                                       s.kernel_h,
+                                       s.kernel_w,
+                                       s.stride_h,
+                                       s.stride_w,
+                                       s.pad_top,
+                                       s.pad_left,
+                                       static_cast<int64_t>(ctx.compute),
+                                       static_cast<int64_t>(ctx.tf32)};
   auto it = ctx.conv_plans->plans.find(key);
   if (it != ctx.conv_plans->plans.end()) return it->second.get();
   auto plan = std::make_unique<ConvPlan>();
-  RETURN_IF_ERROR(MakePlan(s, plan.get()));
+  RETURN_IF_ERROR(MakePlan(s, ctx.tf32, plan.get()));
   ConvPlan* raw = plan.get();
   ctx.conv_plans->plans.emplace(key, std::move(plan));
   return raw;
@@ -301,13 +349,14 @@ absl::Status ChooseLayouts(const CudaContext& ctx, const WindowShape& s, ConvPla
   if (p->chosen) return absl::OkStatus();
   const bool measure_nhwc = ctx.conv_layout != ConvLayout::kNchw;
   const bool measure_nchw = ctx.conv_layout != ConvLayout::kNhwc;
+  const ConvMath math = Fp32Math(ctx.tf32);
   if (measure_nhwc) {
     RETURN_IF_ERROR(
-        FindAlgorithms(ctx, s, "nhwc", kMaxWorkspaceBytes - 2 * p->padded_bytes, &p->nhwc));
+        FindAlgorithms(ctx, s, "nhwc", kMaxWorkspaceBytes - 2 * p->padded_bytes, &p->nhwc, math));
   }
   if (measure_nchw) {
-    RETURN_IF_ERROR(
-        FindAlgorithms(ctx, s, "nchw", kMaxWorkspaceBytes - NchwBackwardScratch(*p), &p->nchw));
+    RETURN_IF_ERROR(FindAlgorithms(ctx, s, "nchw", kMaxWorkspaceBytes - NchwBackwardScratch(*p),
+                                   &p->nchw, math));
   }
   if (measure_nhwc && measure_nchw) {
     const double fwd_nhwc = p->nhwc.fwd_ms;
@@ -349,7 +398,7 @@ void ChooseReduced(const CudaContext& ctx, const WindowShape& s, ConvPlan* p) {
   absl::Status st = MakeReducedVariant(s, ReducedCudnnType(ctx.compute), *p, &p->reduced);
   if (st.ok()) {
     st = FindAlgorithms(ctx, s, "reduced", kMaxWorkspaceBytes - ReducedBackwardScratch(*p),
-                        &p->reduced, CUDNN_TENSOR_OP_MATH);
+                        &p->reduced, kReducedMath);
   }
   p->reduced_ok = st.ok();
   if (!st.ok()) {

@@ -6,9 +6,13 @@
 // fp32 plans measure NHWC straight on the tensors and NCHW on copies
 // transposed in the workspace, and keep the faster per direction, transposes
 // included: cuDNN 9's fp32 (FMA) kernels for NHWC are few and slow (VGG:
-// 25-50x the NCHW ones). bf16/fp16 plans add a tensor-op NHWC variant on the
-// reduced tensors and keep, per direction, it or the fp32 plan on converted
-// copies, whichever measured faster where those copies are small.
+// 25-50x the NCHW ones). Where the context's Tf32Policy allows convolutions,
+// fp32 descriptors take cuDNN's default math (TF32 tensor ops permitted) and
+// the fastest algorithm is kept whether cudnnFind measured it with tensor
+// ops or FMA (as PyTorch with cudnn.allow_tf32); otherwise FMA only.
+// bf16/fp16 plans add a tensor-op NHWC variant on the reduced tensors and
+// keep, per direction, it or the fp32 plan on converted copies, whichever
+// measured faster where those copies are small.
 //
 // Thread safety: as the context (one host thread at a time); the plan
 // logging switch is process-wide and thread-safe. Ownership: the context
@@ -70,7 +74,17 @@ struct ConvVariant {
   // Measured by cudnnFind; kUnmeasured (conv_plan.cc) when only a heuristic
   // choice fitted.
   float fwd_ms = 0, bwd_filter_ms = 0, bwd_data_ms = 0;
+  // The math type each chosen algorithm was measured in (cudnnFind reports
+  // an algorithm once per math type it ran it in; a heuristic choice takes
+  // the descriptor's). cuDNN selects the kernel by algorithm and math type,
+  // so a direction sets its own on `conv` before it runs (UseMath).
+  cudnnMathType_t fwd_math = CUDNN_FMA_MATH, bwd_filter_math = CUDNN_FMA_MATH,
+                  bwd_data_math = CUDNN_FMA_MATH;
 };
+
+// Sets `math` on v's convolution descriptor: the direction about to run's
+// (fwd_math, bwd_filter_math or bwd_data_math).
+absl::Status UseMath(const ConvVariant& v, cudnnMathType_t math);
 
 // Everything cuDNN needs for one convolution of `s`, in both layouts: NHWC
 // straight on the tensors, or NCHW on copies transposed in the workspace.
@@ -102,8 +116,8 @@ struct ConvPlan {
   size_t in16_bytes = 0, filter16_bytes = 0;
 };
 
-// The cached plan of `s` in ctx's precision (descriptors made on first use;
-// no algorithm chosen yet).
+// The cached plan of `s` in ctx's precision and TF32 policy (descriptors
+// made on first use; no algorithm chosen yet).
 absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s);
 
 // Measures both layouts the first time `s` is seen and picks one for the

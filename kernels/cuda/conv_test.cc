@@ -1,13 +1,15 @@
-// Conv2dForward/Conv2dBackward against the CPU twin: fp32 in each layout
-// (NHWC, NCHW, and the measured choice), and bf16/fp16 activations (whose
-// tolerances test_util.h states). Skips, with the reason, where there is no
-// CUDA device.
+// Conv2dForward/Conv2dBackward against the CPU twin: strict fp32 in each
+// layout (NHWC, NCHW, and the measured choice), fp32 with TF32 allowed, and
+// bf16/fp16 activations (whose tolerances test_util.h states). Skips, with
+// the reason, where there is no CUDA device.
 #include <cstdint>
+#include <cstdio>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/layers.h"
+#include "kernels/cuda/conv_plan.h"
 #include "kernels/cuda/layers.h"
 #include "kernels/cuda/test_util.h"
 
@@ -66,6 +68,87 @@ TEST_F(CudaKernelTest, Conv2dForwardAndBackward) {
                           dw.data(), nullptr, Write::kOverwrite, workspace.data());
       ExpectClose(dw, Download(dw_, dw.size()), "dw without dx");
     }
+  }
+}
+
+// The Tf32Policy reaches cuDNN: a strict context keeps FMA algorithms only
+// (and matches the CPU to 1e-4); one that allows TF32 convolutions keeps
+// whatever cudnnFind measured fastest, never a math type that converts fp32
+// to fp16, and stays within TF32 rounding of the CPU. Besides the small
+// shapes, a ResNet-like 3x3 convolution of 64 channels, where cuDNN has
+// TF32 tensor-core kernels to choose.
+TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
+  std::vector<WindowShape> shapes = ConvShapes();
+  WindowShape wide;
+  wide.batch = 16;
+  wide.in_h = wide.in_w = wide.out_h = wide.out_w = 16;
+  wide.in_c = wide.out_c = 64;
+  wide.kernel_h = wide.kernel_w = 3;
+  wide.stride_h = wide.stride_w = 1;
+  wide.pad_top = wide.pad_left = 1;
+  shapes.push_back(wide);
+  uint32_t seed = 50;
+  for (Tf32Policy policy : {Tf32Policy::kOff, Tf32Policy::kConvolutions}) {
+    UseConvLayout(ConvLayout::kAuto);
+    if (HasFatalFailure()) return;
+    ctx_->tf32 = policy;
+    const bool strict = policy == Tf32Policy::kOff;
+    int tensor_op = 0, directions = 0;
+    for (const WindowShape& s : shapes) {
+      SCOPED_TRACE(testing::Message()
+                   << "tf32 policy " << static_cast<int>(policy) << " in " << Describe(s));
+      // Tolerances: strict as the fp32 tests; TF32 as test_util.h says,
+      // relative to the size of each result's sum of products.
+      const double tolerance = strict ? kTolerance : kTf32Ulps * kTf32UnitRoundoff;
+      auto scale = [&](int64_t k) { return strict ? 1.0 : ProductScale(k); };
+      const auto x = Random(s.batch * s.in_elements(), ++seed);
+      const auto w = Random(s.out_c * s.patch_elements(), ++seed);
+      const auto bias = Random(s.out_c, ++seed);
+      const auto dy = Random(s.batch * s.out_elements(), ++seed);
+      std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
+      std::vector<float> y(s.batch * s.out_elements());
+      float* x_ = Upload(x);
+      float* w_ = Upload(w);
+      float* bias_ = Upload(bias);
+      float* dy_ = Upload(dy);
+      float* y_ = Alloc<float>(y.size());
+      ASSERT_OK(cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_));
+      cpu::Conv2dForward(cpu_, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());
+      ExpectClose(y, Download(y_, y.size()), "y", tolerance, scale(s.patch_elements()));
+      auto dx = Random(x.size(), ++seed), dw = Random(w.size(), ++seed),
+           db = Random(bias.size(), ++seed);
+      float* dx_ = Upload(dx);
+      float* dw_ = Upload(dw);
+      float* db_ = Upload(db);
+      ASSERT_OK(cuda::Conv2dBackward(ctx(), s, x_, w_, dy_, dx_, Write::kAccumulate, dw_, db_,
+                                     Write::kAccumulate));
+      cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), dx.data(), Write::kAccumulate,
+                          dw.data(), db.data(), Write::kAccumulate, workspace.data());
+      ExpectClose(dx, Download(dx_, dx.size()), "dx", tolerance,
+                  scale(s.out_c * s.kernel_h * s.kernel_w));
+      ExpectClose(dw, Download(dw_, dw.size()), "dw", tolerance,
+                  scale(s.batch * s.out_h * s.out_w));
+      ExpectClose(db, Download(db_, db.size()), "dbias");  // Column sums: fp32 either way.
+
+      absl::StatusOr<ConvPlan*> plan = PlanFor(ctx(), s);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      for (const ConvVariant* v : {&(*plan)->nhwc, &(*plan)->nchw}) {
+        for (cudnnMathType_t math : {v->fwd_math, v->bwd_filter_math, v->bwd_data_math}) {
+          ++directions;
+          if (strict) {
+            EXPECT_EQ(math, CUDNN_FMA_MATH);
+          } else {
+            EXPECT_NE(math, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+            tensor_op += math != CUDNN_FMA_MATH;
+          }
+        }
+      }
+    }
+    // Which math cuDNN preferred is its choice, not ours: reported only.
+    std::printf(
+        "tf32 policy %d: %d of %d measured directions (both layouts) in a math type "
+        "that permits tensor ops\n",
+        static_cast<int>(policy), tensor_op, directions);
   }
 }
 

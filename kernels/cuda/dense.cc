@@ -1,6 +1,7 @@
-// Dense layers and the matrix products behind them: cuBLAS in fp32 (default
-// math, no TF32), tensor-core products with fp32 accumulation on reduced
-// activations and weights in bf16/fp16.
+// Dense layers and the matrix products behind them: cuBLAS in fp32 (full
+// fp32, or TF32 tensor cores where ctx.tf32 allows GEMMs), tensor-core
+// products with fp32 accumulation on reduced activations and weights in
+// bf16/fp16.
 #include <cublas_v2.h>
 
 #include "kernels/cuda/layers.h"
@@ -63,9 +64,18 @@ absl::Status Gemm(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, 
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   const int lda = AsInt(trans_a == Transpose::kYes ? m : k);
   const int ldb = AsInt(trans_b == Transpose::kYes ? k : n);
-  return FromCublas(cublasSgemm(ctx.cublas, trans_b == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                trans_a == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N, AsInt(n),
-                                AsInt(m), AsInt(k), &alpha, b, ldb, a, lda, &beta, c, AsInt(n)),
+  const cublasOperation_t op_b = trans_b == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = trans_a == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (Tf32Gemms(ctx.tf32)) {
+    // fp32 in and out, products on TF32 tensor cores (PyTorch's
+    // matmul.allow_tf32).
+    return FromCublas(cublasGemmEx(ctx.cublas, op_b, op_a, AsInt(n), AsInt(m), AsInt(k), &alpha, b,
+                                   CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c, CUDA_R_32F,
+                                   AsInt(n), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+                      "cublasGemmEx (TF32)");
+  }
+  return FromCublas(cublasSgemm(ctx.cublas, op_b, op_a, AsInt(n), AsInt(m), AsInt(k), &alpha, b,
+                                ldb, a, lda, &beta, c, AsInt(n)),
                     "cublasSgemm");
 }
 

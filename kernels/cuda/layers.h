@@ -54,6 +54,8 @@ absl::Status Convert(const CudaContext& ctx, int64_t n, const S* x, D* y);
 
 // ------------------------------------------------------- dense and element-wise
 
+// Row-major C = alpha op(A) op(B) + beta C in fp32, on TF32 tensor cores
+// where ctx.tf32 allows GEMMs.
 absl::Status Gemm(const CudaContext& ctx, Transpose trans_a, Transpose trans_b, int64_t m,
                   int64_t n, int64_t k, float alpha, const float* a, const float* b, float beta,
                   float* c);

@@ -1,6 +1,7 @@
 // The fp32 layer ops of layers.h (all but the convolutions, conv_test.cc)
-// against their CPU twins on random inputs (see test_util.h for the
-// tolerance). Skips, with the reason, where there is no CUDA device.
+// against their CPU twins on random inputs, in strict fp32, and the GEMM
+// under each Tf32Policy (see test_util.h for the tolerances). Skips, with
+// the reason, where there is no CUDA device.
 #include "kernels/cuda/layers.h"
 
 #include <cstdint>
@@ -27,6 +28,34 @@ TEST_F(CudaKernelTest, GemmAllTransposes) {
       float* dc = Upload(c);
       ASSERT_TRUE(cuda::Gemm(ctx(), ta, tb, m, n, k, 0.5f, da, db, 2.f, dc).ok());
       cpu::Gemm(cpu_, ta, tb, m, n, k, 0.5f, a.data(), b.data(), 2.f, c.data());
+      ExpectClose(c, Download(dc, c.size()), "gemm");
+    }
+  }
+}
+
+// GEMMs follow the Tf32Policy: full fp32 unless it allows GEMMs (PyTorch's
+// default runs only convolutions on TF32), then within TF32 rounding
+// (test_util.h) of the CPU twin. With K = 512, TF32's error (~1e-3 here) is
+// several times the strict tolerance, so a policy without GEMMs that used
+// TF32 fails the strict check.
+TEST_F(CudaKernelTest, GemmFollowsTheTf32Policy) {
+  const int64_t m = 64, n = 48, k = 512;
+  const auto a = Random(m * k, 11), b = Random(k * n, 12), c0 = Random(m * n, 13);
+  float* da = Upload(a);
+  float* db = Upload(b);
+  std::vector<float> c = c0;
+  cpu::Gemm(cpu_, Transpose::kNo, Transpose::kYes, m, n, k, 0.5f, a.data(), b.data(), 2.f,
+            c.data());
+  for (Tf32Policy policy :
+       {Tf32Policy::kOff, Tf32Policy::kConvolutions, Tf32Policy::kConvolutionsAndGemms}) {
+    SCOPED_TRACE(testing::Message() << "tf32 policy " << static_cast<int>(policy));
+    ctx_->tf32 = policy;
+    float* dc = Upload(c0);
+    ASSERT_OK(cuda::Gemm(ctx(), Transpose::kNo, Transpose::kYes, m, n, k, 0.5f, da, db, 2.f, dc));
+    if (Tf32Gemms(policy)) {
+      ExpectClose(c, Download(dc, c.size()), "gemm (tf32)", kTf32Ulps * kTf32UnitRoundoff,
+                  ProductScale(k));
+    } else {
       ExpectClose(c, Download(dc, c.size()), "gemm");
     }
   }

@@ -35,6 +35,7 @@ void CudaKernelTest::SetUp() {
   auto ctx = CudaContext::Create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   ctx_ = std::move(ctx).value();
+  ctx_->tf32 = Tf32Policy::kOff;
 }
 
 void CudaKernelTest::TearDown() {
@@ -48,6 +49,7 @@ void CudaKernelTest::UseConvLayout(ConvLayout layout) {
   auto ctx = CudaContext::Create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   ctx_ = std::move(ctx).value();
+  ctx_->tf32 = Tf32Policy::kOff;
   ctx_->conv_layout = layout;
 }
 

@@ -3,9 +3,12 @@
 // skips, with the reason, where there is no CUDA device), the shapes the
 // layer tests run, and the bf16/fp16 fixture with its tolerances.
 //
-// fp32 results agree with the CPU twin within 1e-4, relative for values above
-// 1 and absolute below (|cpu - gpu| <= 1e-4 * (1 + |cpu|)); bf16 and fp16
-// activations within the tolerances stated at ReducedKernelTest.
+// The fixture's contexts compute fp32 strictly (Tf32Policy::kOff, not the
+// context's default): fp32 results agree with the CPU twin within 1e-4,
+// relative for values above 1 and absolute below (|cpu - gpu| <= 1e-4 *
+// (1 + |cpu|)); bf16 and fp16 activations within the tolerances stated at
+// ReducedKernelTest. A test of TF32 sets ctx_->tf32 itself, and checks
+// within kTf32Ulps.
 //
 // Test-only; a fixture is used by its test's thread.
 #ifndef DOWNPOUR_KERNELS_CUDA_TEST_UTIL_H_
@@ -54,7 +57,15 @@ void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu,
     EXPECT_TRUE(status_.ok()) << status_; \
   } while (false)
 
-// A context on device 0 and device memory freed after the test.
+// TF32 products (Tf32Policy): each input rounded to 11 significant bits
+// (unit roundoff 2^-11), summed in fp32, so a result of K products of
+// values in [-1, 1] is off by about 2^-11 of ProductScale(K) (ProductScale
+// below); allowed: 8 such units relative to |cpu| + ProductScale(K), where
+// a wrong kernel is off by O(1).
+inline constexpr double kTf32UnitRoundoff = 1.0 / (1 << 11);
+inline constexpr double kTf32Ulps = 8;
+
+// A strict-fp32 context on device 0 and device memory freed after the test.
 class CudaKernelTest : public ::testing::Test {
  protected:
   void SetUp() override;
@@ -88,8 +99,8 @@ class CudaKernelTest : public ::testing::Test {
   }
 
   const CudaContext& ctx() const { return *ctx_; }
-  // A fresh context (no convolution plans yet) whose convolutions run in
-  // `layout`.
+  // A fresh strict-fp32 context (no convolution plans yet) whose
+  // convolutions run in `layout`.
   void UseConvLayout(ConvLayout layout);
 
   cpu::CpuContext cpu_;
