@@ -1,6 +1,7 @@
 #include "spec/job_validation.h"
 
 #include <cctype>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "spec/model_shape.h"
@@ -104,6 +105,14 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   if (consistency.backup_workers() < 0 || consistency.backup_workers() >= spec.num_workers()) {
     return Bad("consistency.backup_workers",
                absl::StrCat("must be in [0, num_workers) = [0, ", spec.num_workers(), ")"));
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, int>{"consistency.push_every", consistency.push_every()},
+        {"consistency.fetch_every", consistency.fetch_every()}}) {
+    if (value < 0) return Bad(field, "must not be negative");
+    if (value > 1 && consistency.mode() == ConsistencySpec::SYNC) {
+      return Bad(field, "applies to modes ASYNC and SSP only (a SYNC step is every worker's)");
+    }
   }
   if (consistency.backup_workers() > 0 && consistency.mode() != ConsistencySpec::SYNC) {
     return Bad("consistency.backup_workers", "applies to mode SYNC only");

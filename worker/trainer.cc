@@ -39,6 +39,41 @@ std::vector<const float*> Gradients(const Model& model, bool skipped) {
   return grads;
 }
 
+// The sum of a worker's gradients over the steps between its pushes
+// (ConsistencySpec.push_every).
+class GradientSum {
+ public:
+  void Add(const Model& model) {
+    sums_.resize(model.params().size());
+    for (size_t i = 0; i < sums_.size(); ++i) {
+      const float* g = model.grad(static_cast<int>(i));
+      const int64_t n = model.params()[i].num_elements;
+      if (sums_[i].empty()) {
+        sums_[i].assign(g, g + n);
+      } else {
+        for (int64_t k = 0; k < n; ++k) sums_[i][k] += g[k];
+      }
+    }
+    any_ = true;
+  }
+  // The sum by tensor id, or none when every step since the last push was
+  // skipped; valid until Clear().
+  std::vector<const float*> Gradients() const {
+    std::vector<const float*> out;
+    if (!any_) return out;
+    for (const std::vector<float>& sum : sums_) out.push_back(sum.data());
+    return out;
+  }
+  void Clear() {
+    for (std::vector<float>& sum : sums_) sum.clear();
+    any_ = false;
+  }
+
+ private:
+  std::vector<std::vector<float>> sums_;
+  bool any_ = false;
+};
+
 // "; the first non-finite gradient is fc1/weight's", or "".
 std::string NonFiniteGradient(const Model& model) {
   for (const ParamInfo& p : model.params()) {
@@ -153,17 +188,17 @@ absl::Status JobTrainer::PullParameters(Model* model, int64_t min_version,
                          [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
-absl::Status JobTrainer::PushGradients(const Model& model, int64_t step, bool skipped) {
-  return exchange_->Push(step, Gradients(model, skipped),
-                         [this] { return cancelled_.load() || job_ended_.load(); });
+absl::Status JobTrainer::PushGradients(int64_t step, const std::vector<const float*>& grads) {
+  return exchange_->Push(step, grads, [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
-absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step, bool skipped,
+absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step,
+                                              const std::vector<const float*>& grads,
                                               int64_t min_version, int64_t min_worker_steps) {
   std::vector<float*> params(model->params().size());
   for (size_t i = 0; i < params.size(); ++i) params[i] = model->param(static_cast<int>(i));
-  return exchange_->PushPull(step, Gradients(*model, skipped), min_version, min_worker_steps,
-                             params, [this] { return cancelled_.load() || job_ended_.load(); });
+  return exchange_->PushPull(step, grads, min_version, min_worker_steps, params,
+                             [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
 absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
@@ -403,6 +438,10 @@ absl::Status JobTrainer::Train() {
   // Whether the model holds the parameters after the last push (a push
   // that was to be the last pulls nothing; the rank's steps may grow).
   bool pulled = true;
+  // ASYNC/SSP may push a sum of several steps and pull less often (SYNC: 1).
+  const int64_t push_every = std::max(1, spec.consistency().push_every());
+  const int64_t fetch_every = std::max(1, spec.consistency().fetch_every());
+  GradientSum accumulated;
   for (int64_t step = first_step; step < steps_.load(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     if (!pulled) RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
@@ -442,13 +481,27 @@ absl::Status JobTrainer::Train() {
       checkpoint.set_attempt(task_.attempt());
       ASSIGN_OR_RETURN(*checkpoint.mutable_state(), SaveWorkerState(*model));
     }
-    pulled = step + 1 < steps_.load();
-    if (pulled) {
-      RETURN_IF_ERROR(PushGradientsAndPull(model, step, result.skipped, min_version(step + 1),
-                                           min_worker_steps(step + 1)));
-    } else {
-      RETURN_IF_ERROR(PushGradients(*model, step, result.skipped));
+    const bool final_step = step + 1 >= steps_.load();
+    const bool push =
+        push_every == 1 || final_step || checkpoint.step() > 0 || (step + 1) % push_every == 0;
+    const bool fetch = !final_step && (step + 1) % fetch_every == 0;
+    std::vector<const float*> grads = Gradients(*model, result.skipped);
+    if (push_every > 1) {
+      if (!result.skipped) accumulated.Add(*model);
+      grads = accumulated.Gradients();
     }
+    if (push && fetch) {
+      RETURN_IF_ERROR(PushGradientsAndPull(model, step, grads, min_version(step + 1),
+                                           min_worker_steps(step + 1)));
+    } else if (push) {
+      RETURN_IF_ERROR(PushGradients(step, grads));
+    } else if (fetch) {
+      RETURN_IF_ERROR(PullParameters(model, min_version(step + 1), min_worker_steps(step + 1)));
+    }
+    if (push) accumulated.Clear();
+    // A last step pulls nothing; should the rank's steps grow, the next one
+    // pulls first.
+    pulled = !final_step;
 
     window_loss += result.loss;
     ++window_steps;

@@ -117,11 +117,12 @@ class JobTrainer {
   // the exchange with the job's shards.
   absl::Status StartExchange(const std::vector<ParamInfo>& params);
   absl::Status PullParameters(Model* model, int64_t min_version, int64_t min_worker_steps);
-  // Pushes the step's gradients, or the step as skipped (no gradient).
-  absl::Status PushGradients(const Model& model, int64_t step, bool skipped);
-  // PushGradients(step, skipped), then PullParameters(min_version,
+  // Pushes gradients by tensor id as step `step`'s (none: a skipped step).
+  absl::Status PushGradients(int64_t step, const std::vector<const float*>& grads);
+  // PushGradients(step, grads), then PullParameters(min_version,
   // min_worker_steps), in one round trip per message.
-  absl::Status PushGradientsAndPull(Model* model, int64_t step, bool skipped, int64_t min_version,
+  absl::Status PushGradientsAndPull(Model* model, int64_t step,
+                                    const std::vector<const float*>& grads, int64_t min_version,
                                     int64_t min_worker_steps);
   absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
   // The rank's data (Task.data), or, when the task has none yet, the share

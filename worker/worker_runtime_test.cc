@@ -1,5 +1,6 @@
 #include "worker/worker_runtime.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -24,23 +25,32 @@ using ::testing::HasSubstr;
 constexpr char kNode[] = "worker@test";
 constexpr int kPixels = 16;
 
+// Requests a shard was sent: pushes that carried gradients, and pulls.
+struct Traffic {
+  std::atomic<int> gradient_pushes{0};
+  std::atomic<int> pulls{0};
+};
+
 // A ParameterShard that forwards to an in-process store (the daemon's
-// connector returns a RemoteParameterShard instead).
+// connector returns a RemoteParameterShard instead), counting its traffic.
 class InProcessShard final : public ParameterShard {
  public:
-  explicit InProcessShard(ParameterShard* store) : store_(store) {}
+  InProcessShard(ParameterShard* store, Traffic* traffic) : store_(store), traffic_(traffic) {}
   using ParameterShard::Pull;
   using ParameterShard::Push;
   absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    if (payload.size() > 0) ++traffic_->gradient_pushes;
     return store_->Push(request, payload);
   }
   absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
                                     Payload* payload) override {
+    ++traffic_->pulls;
     return store_->Pull(request, deadline, payload);
   }
 
  private:
   ParameterShard* const store_;
+  Traffic* const traffic_;
 };
 
 // Dark images are class 0, bright ones class 1.
@@ -95,7 +105,7 @@ class WorkerRuntimeTest : public ::testing::Test {
     runtime_ = std::make_unique<WorkerRuntime>(
         options,
         [this](const std::string& address) {
-          return std::make_unique<InProcessShard>(&stores_[address]);
+          return std::make_unique<InProcessShard>(&stores_[address], &traffic_);
         },
         /*failed_run_grace=*/absl::Milliseconds(300));
     NodeAgent::Options agent;
@@ -144,6 +154,7 @@ class WorkerRuntimeTest : public ::testing::Test {
 
   std::string data_dir_;
   std::map<std::string, ParameterStore> stores_;
+  Traffic traffic_;
   control::FakeCoordinator coordinator_;
   std::unique_ptr<WorkerRuntime> runtime_;
   std::unique_ptr<NodeAgent> agent_;
@@ -166,6 +177,25 @@ TEST_F(WorkerRuntimeTest, TrainsItsTaskAndReportsTheResult) {
 
   coordinator_.SetTasks(kNode, {});
   EXPECT_TRUE(AwaitNoJobs());
+}
+
+TEST_F(WorkerRuntimeTest, AsyncPushesEveryNStepsAndPullsEveryMAsTheSpecSays) {
+  JobSpec spec = Spec(40);
+  spec.mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
+  spec.mutable_consistency()->set_push_every(4);
+  spec.mutable_consistency()->set_fetch_every(2);
+  coordinator_.SetTasks(kNode, {HostedTask("j", spec)});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.has_test_accuracy(); }));
+  const ReportProgressRequest final = coordinator_.reports().back();
+  EXPECT_EQ(final.step(), 40);
+  EXPECT_GE(final.test_accuracy(), 0.9);
+  // Steps 4, 8, ..., 40 push the sum of four steps' gradients (the final
+  // capture adds none here: the job is not saved).
+  EXPECT_EQ(traffic_.gradient_pushes.load(), 10);
+  // The first pull, one after every second step but the last, and rank 0's
+  // pull of the final parameters to evaluate.
+  EXPECT_EQ(traffic_.pulls.load(), 1 + 19 + 1);
 }
 
 TEST_F(WorkerRuntimeTest, ShardThatCannotHostTheJobFailsItWithTheReason) {
