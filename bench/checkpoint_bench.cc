@@ -4,21 +4,28 @@
 //     by default) written as the shard writes it (safetensors, CRC32C,
 //     temporary file, fsync, rename, directory fsync) beside the disk's raw
 //     sequential rate: the same number of bytes written with write(2) in
-//     8 MiB pieces and fsynced, alternated, medians;
+//     8 MiB pieces and fsynced, through the page cache and around it
+//     (O_DIRECT), alternated, medians; the raw rate is the better of the two;
 //   * step slowdown: SYNC training steps (push the gradient, pull the update)
 //     of one worker against a real ParameterStore with the CheckpointWriter
-//     thread, without checkpoints and then with one every --every steps: the
-//     steps that overlap a checkpoint's write against the median step
-//     without (step_slowdown), and the step that captures it (copies the
-//     partitions; capture_step_ms).
+//     thread, in --rounds rounds of steps without checkpoints, then steps
+//     with one every --every steps, the writer drained after each round (so
+//     drift of the machine falls on both kinds alike): the mean of the steps
+//     that overlap a checkpoint's write (the writer busy when the step began
+//     or ended) against the median step without (step_slowdown), the
+//     median step that captures a checkpoint (capture_step_ms), and per
+//     checkpoint the time those steps took beyond the median step
+//     (checkpoint_cost_ms: what a checkpoint costs the training in all).
 // Prints one JSON line.
-//   bazel run -c opt //bench:checkpoint -- [--param_mb=22] [--dir=DIR]
+//   bazel run -c opt //bench:checkpoint -- [--param_mb=22] [--dir=DIR] [--compute_ms=20]
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,8 +46,15 @@
 ABSL_FLAG(std::string, dir, "", "Directory written to (default $TMPDIR or /tmp)");
 ABSL_FLAG(int64_t, param_mb, 22, "Parameter megabytes on the shard (the file holds 3x: Adam)");
 ABSL_FLAG(int, repeats, 5, "Write measurements of each kind");
-ABSL_FLAG(int, steps, 60, "Training steps per phase");
-ABSL_FLAG(int, every, 15, "Steps between checkpoints in the second phase");
+ABSL_FLAG(int, steps, 60, "Training steps of each kind, without and with checkpoints");
+ABSL_FLAG(int, every, 15, "Steps between checkpoints in the steps with checkpoints");
+ABSL_FLAG(int, rounds, 2, "Rounds the steps of each kind are split into, alternated");
+ABSL_FLAG(int, compute_ms, 0,
+          "Milliseconds the worker computes between steps (sleeps; not counted in the steps): "
+          "the shard idles then, as it does while workers run forward and backward passes");
+ABSL_FLAG(bool, trace, false,
+          "Also print each step to stderr: round, with checkpoints (0/1), index, ms, writer "
+          "busy before and after (0/1)");
 
 namespace downpour {
 namespace {
@@ -55,15 +69,20 @@ void Die(const absl::Status& status) {
   std::exit(1);
 }
 
-// The disk's raw sequential write of `bytes`: write(2) and fsync. Seconds.
-double RawWrite(const std::string& path, const std::string& bytes) {
+// The disk's raw sequential write of `n` bytes at `bytes` (4 KiB-aligned):
+// write(2) in 8 MiB pieces and fsync, through the page cache or around it
+// (O_DIRECT, whole 4 KiB blocks: up to 4 KiB more). Seconds; 0 when the
+// filesystem has no O_DIRECT.
+double RawWrite(const std::string& path, const char* bytes, size_t n, bool direct) {
   const absl::Time start = absl::Now();
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | (direct ? O_DIRECT : 0), 0644);
+  if (fd < 0 && direct && errno == EINVAL) return 0;
   if (fd < 0) Die(ErrnoStatus(errno, "open " + path));
-  for (size_t at = 0; at < bytes.size();) {
-    const ssize_t n = write(fd, bytes.data() + at, std::min<size_t>(8 << 20, bytes.size() - at));
-    if (n < 0) Die(ErrnoStatus(errno, "write " + path));
-    at += static_cast<size_t>(n);
+  if (direct) n = (n + 4095) / 4096 * 4096;
+  for (size_t at = 0; at < n;) {
+    const ssize_t written = write(fd, bytes + at, std::min<size_t>(8 << 20, n - at));
+    if (written < 0) Die(ErrnoStatus(errno, "write " + path));
+    at += static_cast<size_t>(written);
   }
   if (fsync(fd) != 0) Die(ErrnoStatus(errno, "fsync " + path));
   close(fd);
@@ -125,10 +144,15 @@ int Main() {
   const std::string ours_path = dir + "/" + ShardFileName(0);
   auto first = WriteShardSnapshot(ours_path, snapshot);
   if (!first.ok()) Die(first.status());
-  const std::string raw_bytes(first->bytes, 'x');
-  std::vector<double> raw_s, ours_s;
+  // Room for the O_DIRECT write's last whole block.
+  const size_t raw_size = (first->bytes + 4095) / 4096 * 4096;
+  std::unique_ptr<char, decltype(&std::free)> raw_bytes(
+      static_cast<char*>(std::aligned_alloc(4096, raw_size)), &std::free);
+  std::memset(raw_bytes.get(), 'x', raw_size);
+  std::vector<double> raw_s, raw_direct_s, ours_s;
   for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
-    raw_s.push_back(RawWrite(dir + "/raw.bin", raw_bytes));
+    raw_s.push_back(RawWrite(dir + "/raw.bin", raw_bytes.get(), first->bytes, false));
+    raw_direct_s.push_back(RawWrite(dir + "/raw.bin", raw_bytes.get(), first->bytes, true));
     const absl::Time start = absl::Now();
     auto written = WriteShardSnapshot(ours_path, snapshot);
     if (!written.ok()) Die(written.status());
@@ -136,13 +160,17 @@ int Main() {
   }
   unlink((dir + "/raw.bin").c_str());
   const double mb = first->bytes / 1e6;
-  const double raw_rate = mb / Median(raw_s), ours_rate = mb / Median(ours_s);
+  // The disk's rate is the better of the two ways to write it.
+  const double raw_cached_rate = mb / Median(raw_s);
+  const double raw_direct_rate = Median(raw_direct_s) > 0 ? mb / Median(raw_direct_s) : 0;
+  const double raw_rate = std::max(raw_cached_rate, raw_direct_rate);
+  const double ours_rate = mb / Median(ours_s);
   snapshot = ShardSnapshot();
 
   // Training steps against a store whose checkpoints the writer writes.
   CheckpointWriter writer(dir + "/root");
   ParameterStore store;
-  store.SetCheckpointSink([&writer](ShardSnapshot s) { writer.Write(std::move(s)); });
+  store.SetCheckpointSink([&writer](ShardCapture c) { writer.Write(std::move(c)); });
   if (absl::Status added = store.AddJob("bench", spec, 0, *placed); !added.ok()) Die(added);
   ExchangeOptions options;
   options.job_id = "bench";
@@ -163,40 +191,61 @@ int Main() {
   const auto never = [] { return false; };
   if (absl::Status pulled = exchange.Pull(0, 0, value_ptrs, never); !pulled.ok()) Die(pulled);
   const int steps = absl::GetFlag(FLAGS_steps), every = absl::GetFlag(FLAGS_every);
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  const bool trace = absl::GetFlag(FLAGS_trace);
+  const int compute_ms = absl::GetFlag(FLAGS_compute_ms);
   std::vector<double> plain, overlapping, capturing;
   int checkpoints = 0;
   int64_t step = 0;
-  for (int phase = 0; phase < 2; ++phase) {
-    for (int i = 0; i < steps; ++i, ++step) {
-      const bool mark = phase == 1 && i % every == every / 2;
-      if (mark) {
-        exchange.MarkNextPush(step + 1);
-        ++checkpoints;
+  for (int round = 0; round < rounds; ++round) {
+    const int per_phase = steps / rounds + (round < steps % rounds ? 1 : 0);
+    for (int phase = 0; phase < 2; ++phase) {
+      for (int i = 0; i < per_phase; ++i, ++step) {
+        const bool mark = phase == 1 && i % every == every / 2;
+        if (mark) {
+          exchange.MarkNextPush(step + 1);
+          ++checkpoints;
+        }
+        if (compute_ms > 0) absl::SleepFor(absl::Milliseconds(compute_ms));
+        const bool busy_before = !writer.Idle();
+        const absl::Time start = absl::Now();
+        absl::Status done = exchange.PushPull(step, grad_ptrs, step + 1, 0, value_ptrs, never);
+        if (!done.ok()) Die(done);
+        const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+        if (trace) {
+          std::fprintf(stderr, "step %d %d %d %.3f %d %d\n", round, phase, i, seconds * 1e3,
+                       busy_before, !writer.Idle());
+        }
+        if (phase == 0) {
+          plain.push_back(seconds);
+        } else if (mark) {
+          capturing.push_back(seconds);
+        } else if (busy_before || !writer.Idle()) {
+          overlapping.push_back(seconds);
+        }
       }
-      const absl::Time start = absl::Now();
-      absl::Status done = exchange.PushPull(step, grad_ptrs, step + 1, 0, value_ptrs, never);
-      if (!done.ok()) Die(done);
-      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      if (phase == 0) {
-        plain.push_back(seconds);
-      } else if (mark) {
-        capturing.push_back(seconds);
-      } else if (!writer.Idle()) {
-        overlapping.push_back(seconds);
-      }
+      // The next steps without checkpoints start with nothing being written.
+      writer.Drain();
     }
   }
-  writer.Drain();
   double overlap_mean = 0;
   for (double s : overlapping) overlap_mean += s / std::max<size_t>(1, overlapping.size());
   const double baseline = Median(plain);
+  // What a checkpoint costs the training in all: the time its capturing
+  // step and the steps overlapping its write took beyond the median step.
+  double extra = 0;
+  for (double s : capturing) extra += s - baseline;
+  for (double s : overlapping) extra += s - baseline;
   std::printf(
       "{\"bench\":\"checkpoint\",\"file_mb\":%.1f,\"raw_write_mb_s\":%.0f,"
+      "\"raw_cached_mb_s\":%.0f,\"raw_direct_mb_s\":%.0f,"
       "\"checkpoint_write_mb_s\":%.0f,\"write_ratio\":%.2f,\"step_ms\":%.2f,"
       "\"steps_overlapping_checkpoints\":%zu,\"checkpoints\":%d,"
-      "\"overlapping_step_ms\":%.2f,\"step_slowdown\":%.3f,\"capture_step_ms\":%.2f}\n",
-      mb, raw_rate, ours_rate, ours_rate / raw_rate, baseline * 1e3, overlapping.size(),
-      checkpoints, overlap_mean * 1e3, overlap_mean / baseline - 1, Median(capturing) * 1e3);
+      "\"overlapping_step_ms\":%.2f,\"step_slowdown\":%.3f,\"capture_step_ms\":%.2f,"
+      "\"checkpoint_cost_ms\":%.1f}\n",
+      mb, raw_rate, raw_cached_rate, raw_direct_rate, ours_rate, ours_rate / raw_rate,
+      baseline * 1e3, overlapping.size(), checkpoints, overlap_mean * 1e3,
+      overlap_mean / baseline - 1, Median(capturing) * 1e3, extra / std::max(1, checkpoints) * 1e3);
   RemoveAll(dir).IgnoreError();
   return 0;
 }

@@ -51,6 +51,22 @@ TEST(Crc32cTest, ExtendEqualsWhole) {
   }
 }
 
+// Long enough for the three interleaved streams (3 x 8 KiB and 3 x 256
+// bytes at a time) and every remainder after them.
+TEST(Crc32cTest, HardwareMatchesPortableOnLongInputs) {
+  std::mt19937 rng(13);
+  std::vector<uint8_t> data(3 * 8192 * 3 + 3 * 256 * 2 + 64);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (size_t offset : {0, 1, 5, 8}) {
+    for (size_t len : {size_t{3 * 8192 - 1}, size_t{3 * 8192}, size_t{3 * 8192 + 3 * 256 + 13},
+                       size_t{2 * 3 * 8192 + 700}, data.size() - offset}) {
+      EXPECT_EQ(Crc32c(data.data() + offset, len),
+                crc32c_internal::ExtendPortable(0, data.data() + offset, len))
+          << "offset " << offset << " length " << len;
+    }
+  }
+}
+
 TEST(Crc32cTest, HardwareMatchesPortableAtAllAlignmentsAndLengths) {
   std::mt19937 rng(11);
   std::vector<uint8_t> data(300);

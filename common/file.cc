@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -20,6 +21,14 @@ namespace downpour {
 namespace {
 
 constexpr size_t kWriteBufferSize = size_t{1} << 20;
+// What is checksummed, then copied or written, at a time: well inside a
+// core's L2, so the second pass reads it from there.
+constexpr size_t kChunk = size_t{256} << 10;
+// Bypassing the page cache: O_DIRECT wants the memory, the file offset and
+// the length of each write aligned; 4 KiB suits every block size in use.
+// Writes of 4 MiB keep the disk near its sequential rate.
+constexpr size_t kDirectAlignment = 4096;
+constexpr size_t kAlignedBufferSize = size_t{4} << 20;
 
 std::string Dirname(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -57,17 +66,36 @@ absl::Status SyncParentDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
+void AtomicFile::FreeDeleter::operator()(char* p) const { std::free(p); }
+
 absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string& path,
-                                                               absl::string_view kind) {
+                                                               absl::string_view kind,
+                                                               Caching caching) {
   const std::string tmp_path = absl::StrCat(path, ".tmp");
-  const int fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  std::unique_ptr<char, FreeDeleter> aligned;
+  int fd = -1;
+  if (caching == Caching::kBypass) {
+    aligned.reset(static_cast<char*>(std::aligned_alloc(kDirectAlignment, kAlignedBufferSize)));
+    // A filesystem without O_DIRECT (EINVAL) is written through the cache.
+    if (aligned != nullptr) fd = open(tmp_path.c_str(), flags | O_DIRECT, 0644);
+    if (fd < 0) aligned.reset();
+  }
+  if (fd < 0) fd = open(tmp_path.c_str(), flags, 0644);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create ", kind, " ", tmp_path));
-  return std::unique_ptr<AtomicFile>(new AtomicFile(path, std::string(kind), fd));
+  return std::unique_ptr<AtomicFile>(
+      new AtomicFile(path, std::string(kind), fd, std::move(aligned)));
 }
 
-AtomicFile::AtomicFile(std::string path, std::string kind, int fd)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), kind_(std::move(kind)), fd_(fd) {
-  buffer_.reserve(kWriteBufferSize);
+AtomicFile::AtomicFile(std::string path, std::string kind, int fd,
+                       std::unique_ptr<char, FreeDeleter> aligned)
+    : path_(std::move(path)),
+      tmp_path_(path_ + ".tmp"),
+      kind_(std::move(kind)),
+      fd_(fd),
+      aligned_(std::move(aligned)),
+      direct_(aligned_ != nullptr) {
+  if (aligned_ == nullptr) buffer_.reserve(kWriteBufferSize);
 }
 
 AtomicFile::~AtomicFile() {
@@ -76,18 +104,26 @@ AtomicFile::~AtomicFile() {
 }
 
 absl::Status AtomicFile::Flush() {
-  const char* data = buffer_.data();
-  size_t n = buffer_.size();
+  RETURN_IF_ERROR(WriteAll(buffer_.data(), buffer_.size()));
+  buffer_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::WriteAll(const char* data, size_t n) {
   while (n > 0) {
     const ssize_t written = write(fd_, data, n);
     if (written < 0) {
       if (errno == EINTR) continue;
+      if (errno == EINVAL && direct_) {
+        // The filesystem took O_DIRECT at open but not for writing.
+        RETURN_IF_ERROR(StopBypassing());
+        continue;
+      }
       return ErrnoStatus(errno, absl::StrCat("cannot write ", kind_, " ", tmp_path_));
     }
     data += written;
     n -= static_cast<size_t>(written);
   }
-  buffer_.clear();
   return absl::OkStatus();
 }
 
@@ -96,19 +132,47 @@ absl::Status AtomicFile::Append(absl::string_view data) {
     return absl::FailedPreconditionError(
         absl::StrCat(kind_, " ", path_, " is already closed; cannot write to it"));
   }
-  crc_ = Crc32cExtend(crc_, data.data(), data.size());
   bytes_ += data.size();
+  if (aligned_ != nullptr) return AppendAligned(data);
   if (buffer_.size() + data.size() > kWriteBufferSize) {
     RETURN_IF_ERROR(Flush());
     if (data.size() >= kWriteBufferSize) {
-      // Large pieces go straight to the file.
-      buffer_.assign(data.data(), data.size());
-      absl::Status written = Flush();
-      buffer_.reserve(kWriteBufferSize);
-      return written;
+      // Large pieces go to the file from where they are, never copied here.
+      for (size_t at = 0; at < data.size(); at += kChunk) {
+        const size_t n = std::min(kChunk, data.size() - at);
+        crc_ = Crc32cExtend(crc_, data.data() + at, n);
+        RETURN_IF_ERROR(WriteAll(data.data() + at, n));
+      }
+      return absl::OkStatus();
     }
   }
+  crc_ = Crc32cExtend(crc_, data.data(), data.size());
   buffer_.append(data.data(), data.size());
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::AppendAligned(absl::string_view data) {
+  for (size_t at = 0; at < data.size();) {
+    const size_t n = std::min({kChunk, kAlignedBufferSize - aligned_used_, data.size() - at});
+    crc_ = Crc32cExtend(crc_, data.data() + at, n);
+    std::memcpy(aligned_.get() + aligned_used_, data.data() + at, n);
+    aligned_used_ += n;
+    at += n;
+    if (aligned_used_ == kAlignedBufferSize) {
+      RETURN_IF_ERROR(WriteAll(aligned_.get(), aligned_used_));
+      aligned_used_ = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::StopBypassing() {
+  if (!direct_) return absl::OkStatus();
+  const int flags = fcntl(fd_, F_GETFL);
+  if (flags < 0 || fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("cannot write ", kind_, " ", tmp_path_));
+  }
+  direct_ = false;
   return absl::OkStatus();
 }
 
@@ -117,6 +181,16 @@ absl::Status AtomicFile::Commit() {
   if (fd_ < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(kind_, " ", path_, " failed earlier and cannot be committed"));
+  }
+  if (aligned_ != nullptr) {
+    // Whole aligned blocks around the cache, the tail through it.
+    const size_t whole = aligned_used_ - aligned_used_ % kDirectAlignment;
+    RETURN_IF_ERROR(WriteAll(aligned_.get(), whole));
+    if (whole < aligned_used_) {
+      RETURN_IF_ERROR(StopBypassing());
+      RETURN_IF_ERROR(WriteAll(aligned_.get() + whole, aligned_used_ - whole));
+    }
+    aligned_used_ = 0;
   }
   RETURN_IF_ERROR(Flush());
   if (fsync(fd_) != 0) {

@@ -29,12 +29,25 @@ absl::Status ErrnoStatus(int err, absl::string_view what);
 // `path` and fsyncs the directory: a reader finds the whole file or none. An
 // AtomicFile destroyed without a successful Commit removes its temporary
 // file. It counts the bytes written and their CRC32C, so a manifest can
-// record both without reading the file back.
+// record both without reading the file back; bytes are checksummed a chunk
+// at a time just before they are copied or written, so a large file is read
+// from memory once.
 class AtomicFile {
  public:
+  enum class Caching {
+    // Through the page cache.
+    kPageCache,
+    // Around it (O_DIRECT) through an aligned buffer of a few MiB, where the
+    // filesystem allows (else through it): a large file written while other
+    // work runs (a checkpoint beside training) fills neither the page cache
+    // nor the CPU caches with its bytes.
+    kBypass,
+  };
+
   // `kind` names the file in errors ("checkpoint file", "record file").
   static absl::StatusOr<std::unique_ptr<AtomicFile>> Create(const std::string& path,
-                                                            absl::string_view kind);
+                                                            absl::string_view kind,
+                                                            Caching caching = Caching::kPageCache);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -46,10 +59,23 @@ class AtomicFile {
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
   uint32_t crc32c() const { return crc_; }
+  // Whether the bytes bypass the page cache (Caching::kBypass, allowed).
+  bool bypasses_cache() const { return direct_; }
 
  private:
-  AtomicFile(std::string path, std::string kind, int fd);
+  struct FreeDeleter {
+    void operator()(char* p) const;
+  };
+
+  AtomicFile(std::string path, std::string kind, int fd,
+             std::unique_ptr<char, FreeDeleter> aligned);
   absl::Status Flush();
+  absl::Status WriteAll(const char* data, size_t n);
+  // Caching::kBypass: appends through the aligned buffer.
+  absl::Status AppendAligned(absl::string_view data);
+  // Writes through the page cache from now on: the filesystem refused
+  // O_DIRECT, or the file's unaligned tail is left.
+  absl::Status StopBypassing();
 
   const std::string path_;
   const std::string tmp_path_;
@@ -57,6 +83,11 @@ class AtomicFile {
   int fd_;
   bool committed_ = false;
   std::string buffer_;
+  // Caching::kBypass: the aligned buffer every byte goes through, the bytes
+  // in it, and whether the descriptor still bypasses the cache (O_DIRECT).
+  std::unique_ptr<char, FreeDeleter> aligned_;
+  size_t aligned_used_ = 0;
+  bool direct_ = false;
   uint64_t bytes_ = 0;
   uint32_t crc_ = 0;
 };

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -41,6 +43,31 @@ TEST(AtomicFileTest, NothingAppearsUntilCommitThenAllOfIt) {
   EXPECT_EQ((*file)->bytes(), expected.size());
   EXPECT_EQ((*file)->crc32c(), Crc32c(expected.data(), expected.size()));
   EXPECT_FALSE((*file)->Append("more").ok());
+}
+
+// Around the page cache (where the filesystem allows): the same bytes and
+// CRC32C, whatever the sizes of the appends and of the file's tail.
+TEST(AtomicFileTest, BypassingTheCacheWritesTheSameBytes) {
+  const std::string dir = TempDir("bypass");
+  for (size_t size : {size_t{0}, size_t{5}, size_t{4096}, size_t{(9 << 20) + 777}}) {
+    const std::string path = absl::StrCat(dir, "/f", size);
+    auto file = AtomicFile::Create(path, "test file", AtomicFile::Caching::kBypass);
+    ASSERT_TRUE(file.ok()) << file.status();
+    std::string expected;
+    for (size_t at = 0; at < size;) {
+      // Appends of odd sizes, some larger than the aligned buffer.
+      const size_t n = std::min(size - at, at % 3 == 0 ? size_t{(5 << 20) + 3} : size_t{1001});
+      const std::string piece(n, static_cast<char>('a' + at % 26));
+      ASSERT_TRUE((*file)->Append(piece).ok());
+      expected += piece;
+      at += n;
+    }
+    ASSERT_TRUE((*file)->Commit().ok());
+    std::printf("%zu bytes, bypassing the page cache: %d\n", size, (*file)->bypasses_cache());
+    EXPECT_EQ(ReadFileToString(path).value(), expected) << size;
+    EXPECT_EQ((*file)->bytes(), expected.size());
+    EXPECT_EQ((*file)->crc32c(), Crc32c(expected.data(), expected.size()));
+  }
 }
 
 TEST(AtomicFileTest, AbandonedFileLeavesNothing) {

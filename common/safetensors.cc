@@ -341,7 +341,13 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
                                              const std::map<std::string, std::string>& metadata) {
   std::vector<uint64_t> sizes;
   ASSIGN_OR_RETURN(const std::string header, EncodeHeader(tensors, metadata, path, &sizes));
-  ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> file, AtomicFile::Create(path, "safetensors file"));
+  uint64_t data_bytes = 0;
+  for (uint64_t size : sizes) data_bytes += size;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<AtomicFile> file,
+      AtomicFile::Create(path, "safetensors file",
+                         data_bytes >= kUncachedFileBytes ? AtomicFile::Caching::kBypass
+                                                          : AtomicFile::Caching::kPageCache));
   RETURN_IF_ERROR(file->Append(header));
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (sizes[i] == 0) continue;

@@ -50,10 +50,14 @@ struct WrittenFile {
 absl::StatusOr<std::string> SerializeSafetensors(
     const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata);
 
+// Tensor bytes from which WriteSafetensors writes around the page cache
+// (AtomicFile::Caching::kBypass): checkpoints, exports.
+inline constexpr uint64_t kUncachedFileBytes = uint64_t{8} << 20;
+
 // Writes `tensors`, in order, and `metadata` to `path` atomically (a
-// temporary file, fsynced, renamed; common/file.h). InvalidArgument for a
-// repeated or empty name or a negative dimension; the filesystem's error
-// otherwise.
+// temporary file, fsynced, renamed; common/file.h), from where the tensors'
+// bytes are (no copy of the whole file). InvalidArgument for a repeated or
+// empty name or a negative dimension; the filesystem's error otherwise.
 absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
                                              const std::vector<TensorToWrite>& tensors,
                                              const std::map<std::string, std::string>& metadata);

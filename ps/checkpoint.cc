@@ -33,9 +33,9 @@ CheckpointWriter::~CheckpointWriter() {
   thread_.join();
 }
 
-void CheckpointWriter::Write(ShardSnapshot snapshot) {
+void CheckpointWriter::Write(ShardCapture capture) {
   absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(snapshot));
+  queue_.push_back(std::move(capture));
 }
 
 std::vector<CheckpointPart> CheckpointWriter::Parts() {
@@ -65,10 +65,12 @@ void CheckpointWriter::Drain() {
 
 void CheckpointWriter::Loop() {
   // Writing yields to training: the lowest CPU priority for this thread
-  // (Linux applies a nice value per thread).
+  // (Linux applies a nice value per thread). SCHED_IDLE was tried: no
+  // clearer gain on a 2-core box, and a capture could wait tens of ms for
+  // the writer to start (BENCHMARKS.md).
   setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
   while (true) {
-    ShardSnapshot snapshot;
+    ShardCapture capture;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -77,10 +79,12 @@ void CheckpointWriter::Loop() {
           this));
       // A shard shutting down finishes what it was given first.
       if (queue_.empty()) return;
-      snapshot = std::move(queue_.front());
+      capture = std::move(queue_.front());
       queue_.pop_front();
       writing_ = true;
     }
+    capture.Detach();
+    const ShardSnapshot& snapshot = capture.info();
     CheckpointPart part;
     part.set_job_id(snapshot.job_id);
     part.set_step(snapshot.step);
@@ -89,34 +93,39 @@ void CheckpointWriter::Loop() {
     file->set_name(ShardFileName(snapshot.shard));
     file->set_shard(snapshot.shard);
     int64_t min_version = INT64_MAX, max_version = 0;
-    for (const PartitionSnapshot& p : snapshot.partitions) {
+    for (const PartitionArrays& p : capture.partitions()) {
       min_version = std::min(min_version, p.version);
       max_version = std::max(max_version, p.version);
     }
-    file->set_min_version(snapshot.partitions.empty() ? 0 : min_version);
+    file->set_min_version(capture.partitions().empty() ? 0 : min_version);
     file->set_max_version(max_version);
     const std::string dir =
         absl::StrCat(root_, "/", CheckpointDir(snapshot.job_id, snapshot.step, snapshot.attempt));
     const absl::Time began = absl::Now();
     absl::Status made = snapshot.error.empty() ? MakeDirs(dir) : absl::AbortedError(snapshot.error);
     const absl::StatusOr<WrittenFile> written =
-        made.ok() ? WriteShardSnapshot(dir + "/" + file->name(), snapshot)
+        made.ok() ? WriteShardSnapshot(dir + "/" + file->name(), snapshot, capture.partitions())
                   : absl::StatusOr<WrittenFile>(made);
+    const std::string job_id = snapshot.job_id;
+    const int64_t step = snapshot.step;
     if (written.ok()) {
       file->set_bytes(written->bytes);
       file->set_crc32c(written->crc32c);
       const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
       Log(absl::StrFormat(
-          "job %s: checkpoint at step %d: wrote %s/%s (%d bytes in %.3f s, %.0f MB/s)",
-          snapshot.job_id, snapshot.step, dir, file->name(), written->bytes, seconds,
+          "job %s: checkpoint at step %d: wrote %s/%s (%d bytes in %.3f s, %.0f MB/s)", job_id,
+          step, dir, file->name(), written->bytes, seconds,
           written->bytes / 1e6 / std::max(seconds, 1e-9)));
     } else {
       part.set_error(std::string(written.status().message()));
-      Log(absl::StrCat("job ", snapshot.job_id, ": checkpoint at step ", snapshot.step,
+      Log(absl::StrCat("job ", job_id, ": checkpoint at step ", step,
                        " not written: ", written.status().message()));
     }
+    // Written (or not): the borrowed arrays go back before the part is
+    // reported, outside the writer's lock.
+    capture = ShardCapture();
     absl::MutexLock lock(&mu_);
-    std::deque<CheckpointPart>& parts = parts_[snapshot.job_id];
+    std::deque<CheckpointPart>& parts = parts_[job_id];
     parts.push_back(std::move(part));
     while (parts.size() > kPartsKept) parts.pop_front();
     writing_ = false;

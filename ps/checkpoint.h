@@ -4,7 +4,8 @@
 // coordinator, which learns of it from the shard's heartbeats.
 //
 // Thread-safety: thread-safe. Ownership: the writer owns its thread and the
-// snapshots it was given until written.
+// captures it was given until written; it destroys each once written, which
+// hands the arrays it borrowed back to the store.
 #ifndef DOWNPOUR_PS_CHECKPOINT_H_
 #define DOWNPOUR_PS_CHECKPOINT_H_
 
@@ -12,11 +13,13 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/coordinator.pb.h"
+#include "ps/shard_capture.h"
 #include "spec/checkpoint_files.h"
 
 namespace downpour {
@@ -30,8 +33,9 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   const std::string& root() const { return root_; }
-  // Queues `snapshot` for writing.
-  void Write(ShardSnapshot snapshot);
+  // Queues `capture` for writing.
+  void Write(ShardCapture capture);
+  void Write(ShardSnapshot snapshot) { Write(ShardCapture::Owning(std::move(snapshot))); }
   // The parts written for running jobs, newest last (the last few per job).
   std::vector<CheckpointPart> Parts();
   // Forgets a job's parts (it ended here).
@@ -46,7 +50,7 @@ class CheckpointWriter {
 
   const std::string root_;
   absl::Mutex mu_;
-  std::deque<ShardSnapshot> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<ShardCapture> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::deque<CheckpointPart>> parts_ ABSL_GUARDED_BY(mu_);

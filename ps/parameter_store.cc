@@ -14,6 +14,7 @@
 #include "common/wire_dtype.h"
 #include "kernels/cpu/optimizer.h"
 #include "ps/lr_schedule.h"
+#include "ps/parameter_arrays.h"
 #include "ps/request_dedup.h"
 #include "spec/job_validation.h"
 #include "spec/params.h"
@@ -129,33 +130,36 @@ struct ParameterStore::Partition {
   // Optimizer updates applied (Adam's t): fewer than the version when steps
   // were skipped.
   int64_t updates ABSL_GUARDED_BY(mu) = 0;
-  std::vector<float> values ABSL_GUARDED_BY(mu);
-  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+  // Values and optimizer slots; a checkpoint capture borrows them.
+  ParameterArrays arrays ABSL_GUARDED_BY(mu);
   // SYNC: the sum of the gradients pushed for step == version, which ranks
   // have pushed it (skipped or not) and how many brought a gradient.
   std::vector<float> grad_sum ABSL_GUARDED_BY(mu);
   std::vector<bool> arrived ABSL_GUARDED_BY(mu);
   int num_arrived ABSL_GUARDED_BY(mu) = 0;
   int num_contributors ABSL_GUARDED_BY(mu) = 0;
-  // SYNC: the checkpoint step at which this partition is to be copied (0:
+  // SYNC: the checkpoint step at which this partition is to be captured (0:
   // none pending).
   int64_t capture_at ABSL_GUARDED_BY(mu) = 0;
 
-  // A copy of the partition as it is now.
-  PartitionSnapshot Snapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    PartitionSnapshot s;
-    s.tensor_id = tensor_id;
-    s.partition = partition;
-    s.offset = offset;
-    s.version = version.load(std::memory_order_relaxed);
-    s.updates = updates;
-    s.values = values;
-    s.slots = slots;
-    return s;
+  // Lends the arrays as they are now, for a capture (GiveBack ends it).
+  PartitionArrays Lend(int64_t* generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ParameterArrays::Loan loan = arrays.Lend();
+    *generation = loan.generation;
+    PartitionArrays lent;
+    lent.tensor_id = tensor_id;
+    lent.partition = partition;
+    lent.offset = offset;
+    lent.version = version.load(std::memory_order_relaxed);
+    lent.updates = updates;
+    lent.num_elements = num_elements;
+    lent.values = loan.values;
+    lent.slots = std::move(loan.slots);
+    return lent;
   }
 };
 
-struct ParameterStore::Job {
+struct ParameterStore::Job : std::enable_shared_from_this<Job> {
   // Immutable after AddJob.
   std::string id;
   OptimizerSpec optimizer_spec;
@@ -238,7 +242,72 @@ struct ParameterStore::Job {
   int64_t capture_step ABSL_GUARDED_BY(capture_mu) = 0;
   int64_t last_capture_step ABSL_GUARDED_BY(capture_mu) = 0;
   size_t capture_expected ABSL_GUARDED_BY(capture_mu) = 0;
-  std::vector<PartitionSnapshot> captured ABSL_GUARDED_BY(capture_mu);
+  // The partitions' arrays lent to the capture so far, and the generation
+  // of each loan.
+  std::vector<PartitionArrays> captured ABSL_GUARDED_BY(capture_mu);
+  std::vector<std::pair<Partition*, int64_t>> loans ABSL_GUARDED_BY(capture_mu);
+  // Captures complete or failed, for HandOver to pass to the sink; `any_ready`
+  // lets pushes skip the locks when there are none.
+  std::vector<ShardCapture> ready ABSL_GUARDED_BY(capture_mu);
+  std::atomic<bool> any_ready{false};
+  // Held while handing captures to the sink (outside every other lock of
+  // the job, so a sink may drop a capture at once), keeping their order.
+  absl::Mutex handover_mu;
+};
+
+// The loans of a capture (in the order of its partitions), given back, or
+// the copies that replaced them (Detach), when the capture is destroyed.
+// Holds the job, so a job dropped meanwhile keeps its partitions until then.
+class ParameterStore::CaptureLease : public ShardCapture::Lease {
+ public:
+  CaptureLease(std::shared_ptr<Job> job, std::vector<std::pair<Partition*, int64_t>> loans)
+      : job_(std::move(job)) {
+    for (const auto& [partition, generation] : loans) loans_.push_back({partition, generation});
+  }
+  ~CaptureLease() override {
+    for (Loan& loan : loans_) {
+      Partition& p = *loan.partition;
+      ParameterArrays::Arrays freed;  // Freed after the lock is let go.
+      absl::MutexLock lock(&p.mu);
+      freed = loan.copied ? p.arrays.ReturnCopy(std::move(loan.copy))
+                          : p.arrays.GiveBack(loan.generation);
+    }
+  }
+
+  void Detach(std::vector<PartitionArrays>* partitions) override {
+    if (partitions->size() != loans_.size()) return;  // A failed capture.
+    for (size_t i = 0; i < loans_.size(); ++i) {
+      Loan& loan = loans_[i];
+      PartitionArrays& lent = (*partitions)[i];
+      Partition& p = *loan.partition;
+      {
+        absl::MutexLock lock(&p.mu);
+        if (!p.arrays.BeginCopy(loan.generation, &loan.copy)) continue;
+      }
+      ParameterArrays::CopyLent({loan.generation, lent.values, lent.slots}, lent.num_elements,
+                                &loan.copy);
+      ParameterArrays::Arrays freed;  // Freed after the lock is let go.
+      absl::MutexLock lock(&p.mu);
+      loan.copied = p.arrays.EndCopy(loan.generation, &loan.copy);
+      if (!loan.copied) {
+        freed = std::move(loan.copy);
+        continue;
+      }
+      lent.values = loan.copy.values.data();
+      for (size_t k = 0; k < lent.slots.size(); ++k) lent.slots[k] = loan.copy.slots[k].data();
+    }
+  }
+
+ private:
+  struct Loan {
+    Partition* partition;
+    int64_t generation;
+    bool copied = false;  // Detach replaced the loan by `copy`.
+    ParameterArrays::Arrays copy;
+  };
+
+  const std::shared_ptr<Job> job_;
+  std::vector<Loan> loans_;
 };
 
 // One partition of a push and where its bytes start in the payload.
@@ -287,9 +356,12 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
     const int64_t n = placement.num_elements();
     {
       absl::MutexLock lock(&partition->mu);
-      partition->values.resize(n);
-      InitParamRange(param, spec.seed(), placement.offset(), n, partition->values.data());
-      partition->slots.assign(num_slots, std::vector<float>(n, 0.f));
+      partition->arrays = ParameterArrays(n, num_slots);
+      InitParamRange(param, spec.seed(), placement.offset(), n,
+                     partition->arrays.PrepareUpdate().values());
+      // Checkpoints will borrow the arrays: the first update after each
+      // writes these, mapped now rather than on a push.
+      if (sink_) partition->arrays.ReserveSpare();
       if (job->sync()) {
         partition->grad_sum.assign(n, 0.f);
         partition->arrived.assign(job->num_workers, false);
@@ -460,26 +532,23 @@ void ParameterStore::ApplyNow(Job& job, const PushRequest& request, const Payloa
   if (!request.skipped()) {
     const OptimizerHyperparams hp =
         HyperparamsAt(job.optimizer_spec, job.Progress(version), ++p.updates);
-    float* values = p.values.data();
-    std::vector<float>* slot_arrays = p.slots.data();
-    const size_t num_slots = p.slots.size();
+    const ParameterArrays::Update update = p.arrays.PrepareUpdate();
     // Checked a cache-sized block at a time, just before it is applied.
     constexpr int64_t kBlock = 4096;
     bool finite = true;
+    int64_t applied = 0;
     ForEachGradientRun(payload, piece.offset, p.num_elements, piece.dtype, scratch,
                        [&](const float* grad, int64_t start, int64_t count) {
                          for (int64_t at = 0; at < count && finite; at += kBlock) {
                            const int64_t n = std::min(kBlock, count - at);
                            finite = AllFinite(grad + at, n);
                            if (!finite) break;
-                           float* slots[2] = {nullptr, nullptr};
-                           for (size_t i = 0; i < num_slots; ++i) {
-                             slots[i] = slot_arrays[i].data() + start + at;
-                           }
-                           kernels::cpu::ApplyOptimizer(job.optimizer, hp, grad + at, n,
-                                                        values + start + at, slots);
+                           update.Apply(job.optimizer, hp, grad + at, start + at, n);
+                           applied = start + at + n;
                          }
                        });
+    // Out of place, what a non-finite block stopped is carried over as is.
+    update.Keep(applied, p.num_elements - applied);
     if (!finite) {
       job.Diverge(absl::StrCat("training diverged at step ", request.step(), ": worker rank ",
                                request.worker_rank(), "'s gradient for partition ", p.Name(),
@@ -545,11 +614,9 @@ void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
                                ": the workers' gradient for partition ", p.Name(),
                                " is not finite (found by shard ", job.shard, ")"));
     } else {
-      float* slots[2] = {nullptr, nullptr};
-      for (size_t i = 0; i < p.slots.size(); ++i) slots[i] = p.slots[i].data();
-      kernels::cpu::ApplyOptimizer(
+      p.arrays.PrepareUpdate().Apply(
           job.optimizer, HyperparamsAt(job.optimizer_spec, job.Progress(version), ++p.updates), sum,
-          n, p.values.data(), slots);
+          0, n);
     }
   }
   std::fill(p.arrived.begin(), p.arrived.end(), false);
@@ -558,7 +625,7 @@ void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
   p.version.store(version + 1, std::memory_order_release);
   if (p.capture_at == version + 1) {
     p.capture_at = 0;
-    Deliver(job, version + 1, p.Snapshot(), "");
+    Deliver(job, version + 1, &p, "");
   }
 }
 
@@ -606,6 +673,7 @@ void ParameterStore::SetAbsentWorkers(const std::string& job_id, const std::vect
     absl::MutexLock lock(&partition->mu);
     MaybeCompleteStep(*job, *partition);
   }
+  HandOver(*job);
   absl::MutexLock lock(&job->mu);
   job->changed.SignalAll();
 }
@@ -619,62 +687,89 @@ void ParameterStore::BeginCapture(Job& job, int64_t step) const {
     job.capture_step = job.last_capture_step = step;
     job.capture_expected = job.partitions.size();
     job.captured.clear();
+    job.loans.clear();
   }
-  if (job.partitions.empty()) Deliver(job, step, PartitionSnapshot(), "");
+  if (job.partitions.empty()) Deliver(job, step, nullptr, "");
   for (const auto& partition : job.partitions) {
     Partition& p = *partition;
     absl::MutexLock lock(&p.mu);
     const int64_t version = p.version.load(std::memory_order_relaxed);
     if (!job.sync() || version == step) {
-      Deliver(job, step, p.Snapshot(), "");
+      Deliver(job, step, &p, "");
     } else if (version < step) {
       p.capture_at = step;
     } else {
-      Deliver(job, step, PartitionSnapshot(),
+      Deliver(job, step, nullptr,
               absl::StrCat("partition ", p.Name(), " is already at version ", version,
                            ", past the checkpoint's step ", step));
     }
   }
+  HandOver(job);
 }
 
-void ParameterStore::Deliver(Job& job, int64_t step, PartitionSnapshot part,
-                             const std::string& error) const {
-  ShardSnapshot snapshot;
+void ParameterStore::Deliver(Job& job, int64_t step, Partition* p, const std::string& error) const {
+  absl::MutexLock lock(&job.capture_mu);
+  if (job.capture_step != step) return;
+  ShardSnapshot info;
+  info.job_id = job.id;
+  info.shard = job.shard;
+  info.step = step;
+  if (job.attempt > 0) info.attempt = job.attempt;
+  info.sync = job.sync();
+  if (!error.empty()) {
+    // The checkpoint cannot be taken: it fails now (partitions still pending
+    // find no capture when they get there), and what was lent to it goes
+    // back when the failed capture is dropped.
+    info.error = error;
+    job.captured.clear();
+  } else {
+    if (p != nullptr) {
+      int64_t generation = 0;
+      job.captured.push_back(p->Lend(&generation));
+      job.loans.emplace_back(p, generation);
+    }
+    if (job.captured.size() < job.capture_expected) return;
+    absl::MutexLock job_lock(&job.mu);
+    info.worker_steps = job.worker_steps;
+    // In SYNC every worker has pushed `step` steps at version `step` (the
+    // push completing it may not have been counted yet).
+    if (job.sync()) {
+      for (int64_t& steps : info.worker_steps) steps = std::max(steps, step);
+    }
+    info.requests = job.requests.Export();
+  }
+  // Sorted, the loans alike (a failed capture has only loans to give back).
+  std::vector<size_t> order(job.captured.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&job](size_t a, size_t b) {
+    return KeyPair(job.captured[a].tensor_id, job.captured[a].partition) <
+           KeyPair(job.captured[b].tensor_id, job.captured[b].partition);
+  });
+  std::vector<PartitionArrays> partitions;
+  std::vector<std::pair<Partition*, int64_t>> loans;
+  for (size_t i : order) {
+    partitions.push_back(std::move(job.captured[i]));
+    loans.push_back(job.loans[i]);
+  }
+  if (!error.empty()) loans = std::move(job.loans);
+  job.ready.emplace_back(std::move(info), std::move(partitions),
+                         std::make_unique<CaptureLease>(job.shared_from_this(), std::move(loans)));
+  job.any_ready.store(true, std::memory_order_release);
+  job.captured.clear();
+  job.loans.clear();
+  job.capture_step = 0;
+}
+
+void ParameterStore::HandOver(Job& job) const {
+  if (!job.any_ready.load(std::memory_order_acquire)) return;
+  absl::MutexLock order(&job.handover_mu);
+  std::vector<ShardCapture> ready;
   {
     absl::MutexLock lock(&job.capture_mu);
-    if (job.capture_step != step) return;
-    snapshot.job_id = job.id;
-    snapshot.shard = job.shard;
-    snapshot.step = step;
-    if (job.attempt > 0) snapshot.attempt = job.attempt;
-    snapshot.sync = job.sync();
-    if (!error.empty()) {
-      // The checkpoint cannot be taken: it fails now (partitions still
-      // pending find no capture when they get there).
-      snapshot.error = error;
-      job.captured.clear();
-      job.capture_step = 0;
-    } else {
-      if (job.capture_expected > 0) job.captured.push_back(std::move(part));
-      if (job.captured.size() < job.capture_expected) return;
-      snapshot.partitions = std::move(job.captured);
-      job.captured.clear();
-      job.capture_step = 0;
-      absl::MutexLock job_lock(&job.mu);
-      snapshot.worker_steps = job.worker_steps;
-      // In SYNC every worker has pushed `step` steps at version `step` (the
-      // push completing it may not have been counted yet).
-      if (job.sync()) {
-        for (int64_t& steps : snapshot.worker_steps) steps = std::max(steps, step);
-      }
-      snapshot.requests = job.requests.Export();
-    }
+    ready.swap(job.ready);
+    job.any_ready.store(false, std::memory_order_relaxed);
   }
-  std::sort(snapshot.partitions.begin(), snapshot.partitions.end(),
-            [](const PartitionSnapshot& a, const PartitionSnapshot& b) {
-              return KeyPair(a.tensor_id, a.partition) < KeyPair(b.tensor_id, b.partition);
-            });
-  sink_(std::move(snapshot));
+  for (ShardCapture& capture : ready) sink_(std::move(capture));
 }
 
 absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnapshot& snapshot) {
@@ -712,8 +807,13 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
   for (const PartitionSnapshot& s : snapshot.partitions) {
     Partition& p = *job->by_key[KeyPair(s.tensor_id, s.partition)];
     absl::MutexLock lock(&p.mu);
-    p.values = s.values;
-    if (!s.slots.empty()) p.slots = s.slots;
+    const ParameterArrays::Update update = p.arrays.PrepareUpdate();
+    if (s.slots.empty()) update.Keep(0, p.num_elements);  // The slots, out of place.
+    std::memcpy(update.values(), s.values.data(), s.values.size() * kFloatBytes);
+    for (size_t k = 0; k < s.slots.size(); ++k) {
+      std::memcpy(update.slot(static_cast<int>(k)), s.slots[k].data(),
+                  s.slots[k].size() * kFloatBytes);
+    }
     p.updates = s.updates;
     if (job->sync()) {
       std::fill(p.arrived.begin(), p.arrived.end(), false);
@@ -773,6 +873,9 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
     absl::MutexLock lock(&job->mu);
     ++job->late_pushes[request.worker_rank()];
   }
+  // A capture this push completed goes to the sink before the push is
+  // acknowledged.
+  if (job->sync()) HandOver(*job);
   Settle(*job, request, /*applied=*/true);
   return PushResponse();
 }
@@ -857,7 +960,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     header->set_num_elements(p->num_elements);
     absl::MutexLock lock(&p->mu);
     header->set_version(p->version.load(std::memory_order_relaxed));
-    std::memcpy(out, p->values.data(), p->num_elements * kFloatBytes);
+    std::memcpy(out, p->arrays.values(), p->num_elements * kFloatBytes);
     out += p->num_elements * kFloatBytes;
   }
   return response;

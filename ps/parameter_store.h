@@ -14,7 +14,7 @@
 // pushes to different partitions apply in parallel; no store-wide lock is
 // held while an optimizer runs. Ownership: the store owns every partition,
 // its optimizer slots and the per-job bookkeeping; a dropped job's memory is
-// freed once the last request using it returns.
+// freed once the last request or checkpoint capture using it is done.
 #ifndef DOWNPOUR_PS_PARAMETER_STORE_H_
 #define DOWNPOUR_PS_PARAMETER_STORE_H_
 
@@ -33,6 +33,7 @@
 #include "proto/job.pb.h"
 #include "ps/checkpoint.h"
 #include "ps/parameter_shard.h"
+#include "ps/shard_capture.h"
 
 namespace downpour {
 
@@ -83,14 +84,25 @@ class ParameterStore : public ParameterShard {
   int64_t RememberedRequests(const std::string& job_id) const;
 
   // Checkpoints. A push carrying checkpoint_step S starts a capture of the
-  // job's partitions on this shard: in SYNC each partition is copied when
+  // job's partitions on this shard: in SYNC each partition is captured when
   // its version reaches S (which it has not passed: rank 0 marks the push of
   // step S - 1), in ASYNC/SSP each at once, at its version. Once all are
-  // copied, `sink` gets the snapshot (with the workers' pushed steps and the
-  // exactly-once windows), on the thread of the push that completed it; a
-  // partition found past S makes the snapshot an error. One capture per job
-  // is in flight at a time. Without a sink, checkpoint steps are ignored.
-  using CheckpointSink = std::function<void(ShardSnapshot)>;
+  // captured, `sink` gets the capture (with the workers' pushed steps and
+  // the exactly-once windows), on the thread of the push that completed it,
+  // holding no lock of the store; a partition found past S makes the capture
+  // an error. One capture per job is in flight at a time. Without a sink,
+  // checkpoint steps are ignored.
+  //
+  // A capture copies nothing on the push path: it borrows each partition's
+  // arrays as they were at its version (ps/shard_capture.h). The writer
+  // copies those no push has reached yet as soon as it takes the capture
+  // (ShardCapture::Detach, while the workers compute); an update that comes
+  // first reads the borrowed arrays and writes other ones
+  // (ps/parameter_arrays.h). Both use spare arrays made when the job is added
+  // with a sink set, so a shard that checkpoints keeps a second set of values
+  // and optimizer slots (what a copy at each checkpoint needed too).
+  using CheckpointSink = std::function<void(ShardCapture)>;
+  // REQUIRES: no job hosted yet.
   void SetCheckpointSink(CheckpointSink sink);
 
   // Puts `snapshot`, this shard's part of a checkpoint of `job_id`, into the
@@ -109,6 +121,7 @@ class ParameterStore : public ParameterShard {
   struct Job;
   struct Partition;
   struct Piece;
+  class CaptureLease;
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
   // The partitions of `request` and where their bytes start in `payload`;
@@ -133,9 +146,14 @@ class ParameterStore : public ParameterShard {
   void MaybeCompleteStep(Job& job, Partition& p) const;
   // Checkpoint capture (see SetCheckpointSink).
   void BeginCapture(Job& job, int64_t step) const;
-  // Hands partition `p`'s copy (or why there is none) to the job's capture
-  // of `step`, and the snapshot to the sink once it is whole.
-  void Deliver(Job& job, int64_t step, PartitionSnapshot part, const std::string& error) const;
+  // Lends partition `p`'s arrays (none: nullptr) to the job's capture of
+  // `step`, or fails it with `error`; a capture whole or failed is made
+  // ready for HandOver.
+  // REQUIRES: p->mu is held.
+  void Deliver(Job& job, int64_t step, Partition* p, const std::string& error) const;
+  // Passes the job's ready captures to the sink.
+  // REQUIRES: no lock of the job or its partitions is held.
+  void HandOver(Job& job) const;
 
   CheckpointSink sink_;  // Set before jobs are hosted.
   mutable absl::Mutex mu_;

@@ -48,7 +48,7 @@ int Main() {
   MetricsRegistry metrics;
   ParameterStore store;
   if (writer != nullptr) {
-    store.SetCheckpointSink([w = writer.get()](ShardSnapshot s) { w->Write(std::move(s)); });
+    store.SetCheckpointSink([w = writer.get()](ShardCapture c) { w->Write(std::move(c)); });
   }
   ParameterServerService service(&store);
   ShardRuntime runtime(&store, writer.get(), &metrics);

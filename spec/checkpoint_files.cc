@@ -48,17 +48,38 @@ std::string CheckpointDir(const std::string& job_id, int64_t step, int64_t attem
   return absl::StrCat(job_id, "/step-", step, ".attempt-", attempt);
 }
 
+PartitionArrays ArraysOf(const PartitionSnapshot& p) {
+  PartitionArrays arrays;
+  arrays.tensor_id = p.tensor_id;
+  arrays.partition = p.partition;
+  arrays.offset = p.offset;
+  arrays.version = p.version;
+  arrays.updates = p.updates;
+  arrays.num_elements = static_cast<int64_t>(p.values.size());
+  arrays.values = p.values.data();
+  for (const std::vector<float>& slot : p.slots) arrays.slots.push_back(slot.data());
+  return arrays;
+}
+
 absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
                                                const ShardSnapshot& snapshot) {
+  std::vector<PartitionArrays> partitions;
+  partitions.reserve(snapshot.partitions.size());
+  for (const PartitionSnapshot& p : snapshot.partitions) partitions.push_back(ArraysOf(p));
+  return WriteShardSnapshot(path, snapshot, partitions);
+}
+
+absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
+                                               const ShardSnapshot& snapshot,
+                                               const std::vector<PartitionArrays>& partitions) {
   std::vector<TensorToWrite> tensors;
   std::vector<std::string> partition_lines;
-  for (const PartitionSnapshot& p : snapshot.partitions) {
+  for (const PartitionArrays& p : partitions) {
     const std::string name = PartitionName(p.tensor_id, p.partition);
-    const int64_t n = static_cast<int64_t>(p.values.size());
-    tensors.push_back({name, TensorDtype::kF32, {n}, p.values.data()});
+    const int64_t n = p.num_elements;
+    tensors.push_back({name, TensorDtype::kF32, {n}, p.values});
     for (size_t k = 0; k < p.slots.size(); ++k) {
-      tensors.push_back(
-          {absl::StrCat(name, ".slot", k), TensorDtype::kF32, {n}, p.slots[k].data()});
+      tensors.push_back({absl::StrCat(name, ".slot", k), TensorDtype::kF32, {n}, p.slots[k]});
     }
     partition_lines.push_back(absl::StrCat(p.tensor_id, " ", p.partition, " ", p.offset, " ", n,
                                            " ", p.version, " ", p.updates));

@@ -70,6 +70,28 @@ std::string CheckpointDir(const std::string& job_id, int64_t step, int64_t attem
 absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
                                                const ShardSnapshot& snapshot);
 
+// A partition to write from arrays its owner keeps, not copied: `values` and
+// each of `slots` hold `num_elements` floats.
+struct PartitionArrays {
+  int32_t tensor_id = 0;
+  int32_t partition = 0;
+  int64_t offset = 0;
+  int64_t version = 0;
+  int64_t updates = 0;
+  int64_t num_elements = 0;
+  const float* values = nullptr;
+  std::vector<const float*> slots;
+};
+
+// The arrays of `p`, valid while it is unchanged.
+PartitionArrays ArraysOf(const PartitionSnapshot& p);
+
+// WriteShardSnapshot with `partitions` (sorted by (tensor, partition)) in
+// place of snapshot.partitions, which is ignored.
+absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
+                                               const ShardSnapshot& snapshot,
+                                               const std::vector<PartitionArrays>& partitions);
+
 // Reads a shard file, first checking it has `expected`'s size and CRC32C (a
 // file that does not is DataLoss naming it: partial or corrupt).
 absl::StatusOr<ShardSnapshot> ReadShardSnapshot(const std::string& path,

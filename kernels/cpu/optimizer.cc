@@ -104,6 +104,102 @@ void ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp, const fl
   }
 }
 
+// The out-of-place twins of the updates above: the same expressions in the
+// same order (so the same bits), inputs and outputs apart.
+
+DOWNPOUR_VECTOR_CLONES void SgdUpdateTo(const OptimizerHyperparams& hp,
+                                        const float* __restrict grad, int64_t n,
+                                        const float* __restrict param_in,
+                                        float* __restrict param_out) {
+  const float lr = hp.learning_rate;
+  const float wd = hp.weight_decay;
+  if (wd == 0.f) {
+    for (int64_t i = 0; i < n; ++i) param_out[i] = param_in[i] - lr * grad[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) param_out[i] = param_in[i] - lr * (grad[i] + wd * param_in[i]);
+  }
+}
+
+DOWNPOUR_VECTOR_CLONES void MomentumUpdateTo(const OptimizerHyperparams& hp,
+                                             const float* __restrict grad, int64_t n,
+                                             const float* __restrict param_in,
+                                             const float* __restrict velocity_in,
+                                             float* __restrict param_out,
+                                             float* __restrict velocity_out) {
+  const float lr = hp.learning_rate;
+  const float mu = hp.momentum;
+  const float wd = hp.weight_decay;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i] + wd * param_in[i];
+    const float v = mu * velocity_in[i] + g;
+    velocity_out[i] = v;
+    param_out[i] = param_in[i] - lr * v;
+  }
+}
+
+DOWNPOUR_VECTOR_CLONES void AdagradUpdateTo(const OptimizerHyperparams& hp,
+                                            const float* __restrict grad, int64_t n,
+                                            const float* __restrict param_in,
+                                            const float* __restrict accumulator_in,
+                                            float* __restrict param_out,
+                                            float* __restrict accumulator_out) {
+  const float lr = hp.learning_rate;
+  const float eps = hp.epsilon;
+  const float wd = hp.weight_decay;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i] + wd * param_in[i];
+    const float a = accumulator_in[i] + g * g;
+    accumulator_out[i] = a;
+    param_out[i] = param_in[i] - lr * g / (std::sqrt(a) + eps);
+  }
+}
+
+DOWNPOUR_VECTOR_CLONES void AdamUpdateTo(const OptimizerHyperparams& hp,
+                                         const float* __restrict grad, int64_t n,
+                                         const float* __restrict param_in,
+                                         const float* __restrict m_in, const float* __restrict v_in,
+                                         float* __restrict param_out, float* __restrict m_out,
+                                         float* __restrict v_out) {
+  const float b1 = hp.beta1;
+  const float b2 = hp.beta2;
+  const float eps = hp.epsilon;
+  const float wd = hp.weight_decay;
+  const AdamCorrections c = AdamBiasCorrections(hp);
+  const float step_size = c.step_size;
+  const float inv_sqrt_bc2 = c.inv_sqrt_bc2;
+  const float one_minus_b1 = 1.f - b1;
+  const float one_minus_b2 = 1.f - b2;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i] + wd * param_in[i];
+    const float mi = b1 * m_in[i] + one_minus_b1 * g;
+    const float vi = b2 * v_in[i] + one_minus_b2 * g * g;
+    m_out[i] = mi;
+    v_out[i] = vi;
+    param_out[i] = param_in[i] - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+void ApplyOptimizerTo(OptimizerKind kind, const OptimizerHyperparams& hp, const float* grad,
+                      int64_t n, const float* param_in, const float* const* slots_in,
+                      float* param_out, float* const* slots_out) {
+  if (n <= 0) return;
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      SgdUpdateTo(hp, grad, n, param_in, param_out);
+      return;
+    case OptimizerKind::kMomentum:
+      MomentumUpdateTo(hp, grad, n, param_in, slots_in[0], param_out, slots_out[0]);
+      return;
+    case OptimizerKind::kAdagrad:
+      AdagradUpdateTo(hp, grad, n, param_in, slots_in[0], param_out, slots_out[0]);
+      return;
+    case OptimizerKind::kAdam:
+      AdamUpdateTo(hp, grad, n, param_in, slots_in[0], slots_in[1], param_out, slots_out[0],
+                   slots_out[1]);
+      return;
+  }
+}
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace downpour

@@ -42,6 +42,17 @@ void AdamUpdate(const OptimizerHyperparams& hp, const float* grad, int64_t n, fl
 void ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp, const float* grad,
                     int64_t n, float* param, float* const* slots);
 
+// ApplyOptimizer out of place, to the same bits: reads the parameters and
+// slots from `param_in` / `slots_in` and writes the updated ones to
+// `param_out` / `slots_out`, leaving the inputs as they were. A parameter
+// shard updates so a partition whose arrays a checkpoint is still writing
+// (ps/parameter_store.h): no copy first, and the same bytes read and written
+// as in place.
+// REQUIRES: no output array overlaps an input or another output.
+void ApplyOptimizerTo(OptimizerKind kind, const OptimizerHyperparams& hp, const float* grad,
+                      int64_t n, const float* param_in, const float* const* slots_in,
+                      float* param_out, float* const* slots_out);
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace downpour

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -111,6 +112,47 @@ INSTANTIATE_TEST_SUITE_P(AllOptimizers, OptimizerTest,
                                            Case{OptimizerKind::kAdagrad, 0.01f, 1031},
                                            Case{OptimizerKind::kAdam, 0.f, 7},
                                            Case{OptimizerKind::kAdam, 0.01f, 1031}));
+
+// Out of place reads the inputs it is given, leaves them alone, and writes
+// exactly the bits the update in place would have.
+TEST_P(OptimizerTest, OutOfPlaceMatchesInPlaceBitForBit) {
+  const Case c = GetParam();
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  const int num_slots = NumOptimizerSlots(c.kind);
+  std::vector<float> param(c.n), grad(c.n);
+  std::vector<std::vector<float>> slots(num_slots, std::vector<float>(c.n));
+  for (float& x : param) x = dist(rng);
+  for (float& x : grad) x = dist(rng);
+  for (auto& s : slots) {
+    for (float& x : s) x = c.kind == OptimizerKind::kMomentum ? dist(rng) : std::fabs(dist(rng));
+  }
+  const std::vector<float> param_before = param;
+  const std::vector<std::vector<float>> slots_before = slots;
+  std::vector<float> param_out(c.n, -7.f);
+  std::vector<std::vector<float>> slots_out(num_slots, std::vector<float>(c.n, -7.f));
+  std::vector<const float*> in_ptrs;
+  std::vector<float*> out_ptrs, slot_ptrs;
+  for (int k = 0; k < num_slots; ++k) {
+    in_ptrs.push_back(slots[k].data());
+    out_ptrs.push_back(slots_out[k].data());
+    slot_ptrs.push_back(slots[k].data());
+  }
+  OptimizerHyperparams hp;
+  hp.learning_rate = 0.05f;
+  hp.weight_decay = c.weight_decay;
+  hp.step = 3;
+  ApplyOptimizerTo(c.kind, hp, grad.data(), c.n, param.data(), in_ptrs.data(), param_out.data(),
+                   out_ptrs.data());
+  EXPECT_EQ(param, param_before);
+  EXPECT_EQ(slots, slots_before);
+  ApplyOptimizer(c.kind, hp, grad.data(), c.n, param.data(), slot_ptrs.data());
+  EXPECT_EQ(std::memcmp(param.data(), param_out.data(), c.n * sizeof(float)), 0);
+  for (int k = 0; k < num_slots; ++k) {
+    EXPECT_EQ(std::memcmp(slots[k].data(), slots_out[k].data(), c.n * sizeof(float)), 0)
+        << "slot " << k;
+  }
+}
 
 TEST(OptimizerTest, SgdSimpleValues) {
   OptimizerHyperparams hp;
