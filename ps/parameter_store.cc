@@ -166,6 +166,8 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
   OptimizerKind optimizer = OptimizerKind::kSgd;
   ConsistencySpec::Mode mode = ConsistencySpec::SYNC;
   int num_workers = 1;
+  // ASYNC/SSP: the steps each push stands for (ConsistencySpec.push_every).
+  int64_t steps_per_push = 1;
   // SYNC: arrivals that complete a step (num_workers - backup_workers).
   int sync_quorum = 1;
   std::vector<std::unique_ptr<Partition>> partitions;  // Sorted by key.
@@ -173,7 +175,9 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
 
   bool sync() const { return mode == ConsistencySpec::SYNC; }
   // The job's progress as of a partition at `version` (see the header).
-  int64_t Progress(int64_t version) const { return sync() ? version : version / num_workers; }
+  int64_t Progress(int64_t version) const {
+    return sync() ? version : version * steps_per_push / num_workers;
+  }
 
   absl::Mutex mu;
   // Signalled whenever a version, a worker's step count, an in-flight request
@@ -342,6 +346,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   job->optimizer = *OptimizerKindOf(spec.optimizer());  // Validated above.
   job->mode = spec.consistency().mode();
   job->num_workers = spec.num_workers();
+  job->steps_per_push = std::max(1, spec.consistency().push_every());
   job->sync_quorum = spec.num_workers() - spec.consistency().backup_workers();
   job->shard = shard_index;
   job->attempt = attempt;

@@ -4,8 +4,9 @@
 // Each job's partitions hold their values, optimizer slots and version (the
 // number of steps, SYNC, or pushes, ASYNC/SSP, applied to it). A job's
 // progress, which drives its learning-rate schedule, is the version in SYNC
-// and the pushes received from all workers divided by num_workers in
-// ASYNC/SSP (see OptimizerSpec in proto/job.proto), so a schedule ends with
+// and the pushes received from all workers, times the steps each stands
+// for (push_every), divided by num_workers in ASYNC/SSP (see OptimizerSpec
+// in proto/job.proto), so a schedule ends with
 // the job whatever the mode; Adam's bias correction counts the updates
 // actually applied to the partition. Retried pushes are applied once
 // (ps/request_dedup.h).

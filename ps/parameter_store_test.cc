@@ -665,6 +665,24 @@ TEST_F(ParameterStoreTest, AsyncScheduleFollowsTheJobsProgress) {
   ExpectNear(pulled.values, {expected, expected});
 }
 
+// With push_every a push stands for that many of the worker's steps: one
+// push of each of 2 workers pushing every 2 steps is 2 steps of progress.
+TEST_F(ParameterStoreTest, AsyncProgressCountsTheStepsEachPushStandsFor) {
+  JobSpec spec = Spec(ConsistencySpec::ASYNC, 2);
+  spec.mutable_consistency()->set_push_every(2);
+  spec.mutable_optimizer()->mutable_schedule()->set_kind(LearningRateSchedule::STEP);
+  spec.mutable_optimizer()->mutable_schedule()->set_decay_steps(1);
+  spec.mutable_optimizer()->mutable_schedule()->set_decay_rate(0.5f);
+  AddJob(spec);
+  PushOk(MakePush(0, 1, 1, {{{1, 0}, {1, 1}}}));  // Progress 0: lr 0.1.
+  PushOk(MakePush(1, 1, 1, {{{1, 0}, {1, 1}}}));  // Progress 1: lr 0.05.
+  PushOk(MakePush(0, 2, 3, {{{1, 0}, {1, 1}}}));  // Progress 2: lr 0.025.
+  const float expected = 1.f - 0.1f - 0.05f - 0.025f;
+  Pulled pulled = PullOne({1, 0});
+  EXPECT_EQ(pulled.version, 3);
+  ExpectNear(pulled.values, {expected, expected});
+}
+
 // Captures the store hands its checkpoint sink, kept (their arrays lent)
 // until Release.
 class SnapshotSink {
