@@ -112,19 +112,22 @@ TEST_F(DataAssignmentTest, ALostRanksDataGoesToTheLiveRanksWhenNoWorkerTakesItOv
   job = *state_->GetJob("j");
   EXPECT_TRUE(job.workers(1).absorbed());
   EXPECT_EQ(job.workers(1).data_size(), 0);
-  // Rank 2 (two files) first, then rank 0 (three).
-  EXPECT_THAT(FilesOf(job.workers(2).data()), ::testing::ElementsAre("part-2", "part-5", "part-1"));
-  EXPECT_THAT(FilesOf(job.workers(0).data()),
-              ::testing::ElementsAre("part-0", "part-3", "part-6", "part-4"));
+  // SYNC: the least loaded rank (2, with two files) takes the lost rank's
+  // files and its batch a step, so a step averages as many examples.
+  EXPECT_THAT(FilesOf(job.workers(2).data()),
+              ::testing::ElementsAre("part-2", "part-5", "part-1", "part-4"));
+  EXPECT_EQ(job.workers(0).data_size(), 3);
+  EXPECT_EQ(job.workers(2).batches_per_step(), 2);
+  EXPECT_EQ(job.workers(0).batches_per_step(), 0);
   EXPECT_EQ(job.workers(2).data_step(), 35);
-  EXPECT_EQ(job.workers(0).data_step(), 40);
   EXPECT_EQ(job.message(), "");
   EXPECT_THAT(job.events().rbegin()->message(),
               HasSubstr("worker rank 1 not taken over within 30s: its data (2 file parts) "
-                        "handed to ranks 2 (1 parts), 0 (1 parts) from their current step"));
-  HeartbeatResponse beat = Beat("a");
+                        "handed to rank 2 (2 parts, 2 batches a step) from their current step"));
+  HeartbeatResponse beat = Beat("c");
   EXPECT_EQ(beat.tasks(0).data_size(), 4);
-  EXPECT_EQ(beat.tasks(0).data_step(), 40);
+  EXPECT_EQ(beat.tasks(0).data_step(), 35);
+  EXPECT_EQ(beat.tasks(0).batches_per_step(), 2);
   EXPECT_EQ(beat.tasks(0).steps(), 0);  // SYNC: a step is every worker's.
   EXPECT_THAT(Beat("s").tasks(0).absent_ranks(), ::testing::ElementsAre(1));
 

@@ -179,6 +179,7 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     *task->mutable_data() = worker.data();
     task->set_data_step(worker.data_step());
     task->set_steps(worker.steps());
+    task->set_batches_per_step(worker.batches_per_step());
   }
   return response;
 }

@@ -133,17 +133,26 @@ void CoordinatorState::AbsorbLostRanks() {
     for (WorkerProgress& lost : *updated.mutable_workers()) {
       // Rank 0 evaluates the job at its end: it waits for a taker.
       if (!Unclaimed(lost) || lost.rank() == 0 || lost.lost_ms() + wait_ms > now_ms) continue;
-      // The live ranks still training, least data first.
+      // The live ranks still training, least loaded first.
+      const bool sync = job.spec().consistency().mode() == ConsistencySpec::SYNC;
       std::vector<WorkerProgress*> receivers;
       for (WorkerProgress& worker : *updated.mutable_workers()) {
         if (!worker.lost() && !worker.finished()) receivers.push_back(&worker);
       }
       // With none, the data stays untrained (the job's end says so).
       if (receivers.empty()) break;
+      auto batches = [](const WorkerProgress* w) { return std::max(1, w->batches_per_step()); };
       std::stable_sort(receivers.begin(), receivers.end(),
-                       [](const WorkerProgress* a, const WorkerProgress* b) {
-                         return a->data_size() < b->data_size();
+                       [&](const WorkerProgress* a, const WorkerProgress* b) {
+                         return std::make_pair(batches(a), a->data_size()) <
+                                std::make_pair(batches(b), b->data_size());
                        });
+      // SYNC: one rank takes the lost one's data and its batches a step, so
+      // every step still averages as many examples as in a clean run.
+      if (sync) {
+        receivers.resize(1);
+        receivers[0]->set_batches_per_step(batches(receivers[0]) + batches(&lost));
+      }
       const std::vector<DataPart> parts(lost.data().begin(), lost.data().end());
       const std::vector<std::vector<DataPart>> dealt = DealParts(parts, receivers.size());
       // ASYNC/SSP: the rank's remaining steps go with its data, so the job
@@ -151,9 +160,7 @@ void CoordinatorState::AbsorbLostRanks() {
       // worker's: it has none of its own).
       const int64_t steps = job.spec().steps();
       const int64_t remaining =
-          job.spec().consistency().mode() == ConsistencySpec::SYNC
-              ? 0
-              : std::max<int64_t>(0, (lost.steps() > 0 ? lost.steps() : steps) - lost.step());
+          sync ? 0 : std::max<int64_t>(0, (lost.steps() > 0 ? lost.steps() : steps) - lost.step());
       std::vector<std::string> to;
       for (size_t i = 0; i < receivers.size(); ++i) {
         const int64_t extra =
@@ -165,8 +172,10 @@ void CoordinatorState::AbsorbLostRanks() {
         receiver.set_data_step(receiver.step());
         if (extra > 0)
           receiver.set_steps((receiver.steps() > 0 ? receiver.steps() : steps) + extra);
-        to.push_back(absl::StrCat(receiver.rank(), " (", dealt[i].size(), " parts",
-                                  extra > 0 ? absl::StrCat(", +", extra, " steps") : "", ")"));
+        to.push_back(absl::StrCat(
+            receiver.rank(), " (", dealt[i].size(), " parts",
+            extra > 0 ? absl::StrCat(", +", extra, " steps") : "",
+            sync ? absl::StrCat(", ", receiver.batches_per_step(), " batches a step") : "", ")"));
       }
       lost.set_absorbed(true);
       lost.clear_data();

@@ -43,10 +43,12 @@ std::vector<const float*> Gradients(const Model& model, bool skipped) {
 // (ConsistencySpec.push_every).
 class GradientSum {
  public:
-  void Add(const Model& model) {
+  // Adds gradients by tensor id (none: nothing to add), of `model`'s sizes.
+  void Add(const Model& model, const std::vector<const float*>& grads) {
+    if (grads.empty()) return;
     sums_.resize(model.params().size());
     for (size_t i = 0; i < sums_.size(); ++i) {
-      const float* g = model.grad(static_cast<int>(i));
+      const float* g = grads[i];
       const int64_t n = model.params()[i].num_elements;
       if (sums_[i].empty()) {
         sums_[i].assign(g, g + n);
@@ -55,6 +57,11 @@ class GradientSum {
       }
     }
     any_ = true;
+  }
+  void Scale(float factor) {
+    for (std::vector<float>& sum : sums_) {
+      for (float& x : sum) x *= factor;
+    }
   }
   // The sum by tensor id, or none when every step since the last push was
   // skipped; valid until Clear().
@@ -257,11 +264,13 @@ bool SameData(const std::vector<DataPart>& a, const std::vector<DataPart>& b) {
 
 }  // namespace
 
-void JobTrainer::UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps) {
+void JobTrainer::UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps,
+                            int batches_per_step) {
   // Only ever more steps (a run that already ended keeps its end).
   int64_t known = steps_.load();
   while (steps > known && !steps_.compare_exchange_weak(known, steps)) {
   }
+  batches_per_step_.store(std::max(1, batches_per_step));
   absl::MutexLock lock(&data_mu_);
   const bool same = data_step == data_step_ && SameData(data, data_);
   new_data_ = std::move(data);
@@ -332,6 +341,7 @@ absl::Status JobTrainer::Train() {
   // step, which a first pull finds.
   int64_t first_step = task_.restore().step();
   steps_.store(task_.steps() > 0 ? task_.steps() : spec.steps());
+  batches_per_step_.store(std::max(1, task_.batches_per_step()));
   if (task_.has_join()) {
     if (spec.consistency().mode() == ConsistencySpec::SYNC) {
       RETURN_IF_ERROR(PullParameters(model, 0, 0));
@@ -455,19 +465,44 @@ absl::Status JobTrainer::Train() {
                        " file parts from step ", step, " (it took on a lost rank's data)"));
     }
     const double step_began = MonotonicSeconds();
-    ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
-    const double waited = MonotonicSeconds() - step_began;
-    total_input_wait += waited;
-    if (input_wait) input_wait->Increment(waited);
-    permanent_ = false;
-    if (!have_batch) return absl::InternalError("training data ended");
-    ASSIGN_OR_RETURN(
-        StepResult result,
-        replica_set->TrainStep(batch.features.data(), batch.labels.data(), batch.size, step));
-    if (!result.skipped && !std::isfinite(result.loss)) {
-      diverged_ = true;
-      return absl::InternalError(absl::StrCat("training diverged at step ", step, ": the loss is ",
-                                              result.loss, NonFiniteGradient(*model)));
+    // A SYNC rank that took on a lost rank's batch trains on several a step
+    // and pushes their mean.
+    const int batches = std::max(1, batches_per_step_.load());
+    GradientSum step_mean;
+    StepResult result;
+    double loss_sum = 0;
+    int trained = 0;
+    int64_t step_examples = 0;
+    for (int b = 0; b < batches; ++b) {
+      permanent_ = true;
+      const double wait_began = MonotonicSeconds();
+      ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
+      const double waited = MonotonicSeconds() - wait_began;
+      total_input_wait += waited;
+      if (input_wait) input_wait->Increment(waited);
+      permanent_ = false;
+      if (!have_batch) return absl::InternalError("training data ended");
+      ASSIGN_OR_RETURN(result, replica_set->TrainStep(batch.features.data(), batch.labels.data(),
+                                                      batch.size, step));
+      if (!result.skipped && !std::isfinite(result.loss)) {
+        diverged_ = true;
+        return absl::InternalError(absl::StrCat("training diverged at step ", step,
+                                                ": the loss is ", result.loss,
+                                                NonFiniteGradient(*model)));
+      }
+      step_examples += batch.size;
+      if (batches > 1 && !result.skipped) {
+        step_mean.Add(*model, Gradients(*model, false));
+        loss_sum += result.loss;
+        ++trained;
+      }
+    }
+    if (batches > 1) {
+      result.skipped = trained == 0;
+      if (trained > 0) {
+        result.loss = static_cast<float>(loss_sum / trained);
+        step_mean.Scale(1.f / static_cast<float>(trained));
+      }
     }
     // A step that FP16 loss scaling skipped is pushed as skipped in every
     // mode: the shards count it as this worker's step but take no gradient
@@ -485,9 +520,10 @@ absl::Status JobTrainer::Train() {
     const bool push =
         push_every == 1 || final_step || checkpoint.step() > 0 || (step + 1) % push_every == 0;
     const bool fetch = !final_step && (step + 1) % fetch_every == 0;
-    std::vector<const float*> grads = Gradients(*model, result.skipped);
+    std::vector<const float*> grads =
+        batches > 1 ? step_mean.Gradients() : Gradients(*model, result.skipped);
     if (push_every > 1) {
-      if (!result.skipped) accumulated.Add(*model);
+      accumulated.Add(*model, grads);
       grads = accumulated.Gradients();
     }
     if (push && fetch) {
@@ -505,7 +541,7 @@ absl::Status JobTrainer::Train() {
 
     window_loss += result.loss;
     ++window_steps;
-    window_examples += batch.size;
+    window_examples += step_examples;
     steps_completed_.store(step + 1);
     if (steps_done) steps_done->Increment();
     const double step_took = MonotonicSeconds() - step_began;

@@ -66,7 +66,7 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
     // The rank took on a lost rank's data (and, ASYNC/SSP, steps).
     if (task.data_size() > 0) {
       run.trainer->UpdateData(std::vector<DataPart>(task.data().begin(), task.data().end()),
-                              task.data_step(), task.steps());
+                              task.data_step(), task.steps(), task.batches_per_step());
     }
   }
   for (auto& [id, job] : running_) {
