@@ -180,6 +180,7 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     task->set_data_step(worker.data_step());
     task->set_steps(worker.steps());
     task->set_batches_per_step(worker.batches_per_step());
+    task->set_takes_checkpoints(task->checkpoints() && task->rank() == CheckpointRank(job));
   }
   return response;
 }
@@ -390,7 +391,7 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   // part with its last report).
   if (done) job.set_message("trained; writing the final checkpoint");
   RETURN_IF_ERROR(Commit(std::move(job), milestone));
-  if (request.has_checkpoint() && rank == 0)
+  if (request.has_checkpoint() && rank == CheckpointRank(jobs_[request.job_id()]))
     TakeWorkerState(request.job_id(), request.checkpoint());
   return response;
 }

@@ -161,6 +161,9 @@ class CoordinatorState : public Coordinator {
   // model: it rolls back whole), has no checkpoint, or no spare is free.
   absl::StatusOr<bool> ReplaceShard(const JobStatus& job, int index, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank that takes the job's checkpoints: 0, or while rank 0 is lost
+  // the lowest rank still training; -1 when none is.
+  static int CheckpointRank(const JobStatus& job);
   // The job's message while ranks are lost ("" when none is).
   static std::string WaitingFor(const JobStatus& job);
   // What a job that ends with lost ranks did not train ("" when none is).

@@ -666,6 +666,31 @@ TEST_F(CheckpointingTest, AJobWithALostRankEndsOnceItsFinalCheckpointIsWritten) 
   EXPECT_THAT(done.message(), HasSubstr("without the data of worker rank 1 from step 0"));
 }
 
+TEST_F(CheckpointingTest, WhileRankZeroIsLostTheLowestLiveRankTakesTheCheckpoints) {
+  Register("w2", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 2), "j").ok());
+  const std::string zero = state_->GetJob("j")->placement().worker_nodes(0);
+  const std::string one = state_->GetJob("j")->placement().worker_nodes(1);
+  EXPECT_TRUE(Beat(zero).tasks(0).takes_checkpoints());
+  EXPECT_FALSE(Beat(one).tasks(0).takes_checkpoints());
+  for (int i = 0; i < 4; ++i) {  // Rank 0's worker silent past the timeout.
+    Advance(absl::Seconds(2));
+    for (const std::string& node : {std::string("s0"), std::string("s1"), one}) Beat(node);
+    state_->Tick();
+  }
+  ASSERT_TRUE(state_->GetJob("j")->workers(0).lost());
+  EXPECT_TRUE(Beat(one).tasks(0).takes_checkpoints());
+  // Its state completes the checkpoint with the shards' files.
+  ReportProgressRequest report = Progress("j", one, 1, 5);
+  report.mutable_checkpoint()->set_step(5);
+  report.mutable_checkpoint()->set_attempt(1);
+  report.mutable_checkpoint()->set_state("rank 1's state");
+  ASSERT_TRUE(state_->ReportProgress(report).ok());
+  ShardWrote(0, 5);
+  ShardWrote(1, 5);
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{5}));
+}
+
 TEST_F(CheckpointingTest, AFinalCheckpointThatNeverCompletesStillEndsTheJob) {
   Start();
   WorkerTook(10, /*finished=*/true);

@@ -42,6 +42,13 @@ bool Unclaimed(const WorkerProgress& worker) { return worker.lost() && !worker.a
 
 }  // namespace
 
+int CoordinatorState::CheckpointRank(const JobStatus& job) {
+  for (const WorkerProgress& worker : job.workers()) {
+    if (!worker.lost() && (!worker.finished() || worker.rank() == 0)) return worker.rank();
+  }
+  return -1;
+}
+
 std::string CoordinatorState::WaitingFor(const JobStatus& job) {
   std::vector<int> lost;
   for (const WorkerProgress& worker : job.workers()) {
@@ -307,9 +314,8 @@ void CoordinatorState::TickDrains() {
     }
     const bool saved = !job.checkpoints().empty() && job.checkpoints().rbegin()->time_ms() >=
                                                          absl::ToUnixMillis(it->second.began);
-    // Rank 0 takes checkpoints: with it lost or finished, none will come.
-    const bool none_coming =
-        !job.workers().empty() && (job.workers(0).lost() || job.workers(0).finished());
+    // With no rank to take checkpoints, none will come.
+    const bool none_coming = CheckpointRank(job) < 0;
     const bool overdue =
         none_coming || options_.now() - it->second.began > options_.checkpoint_timeout;
     if (!saved && !overdue) {

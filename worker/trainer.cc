@@ -100,7 +100,9 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
     : task_(std::move(task)),
       options_(std::move(options)),
       shards_(std::move(shards)),
-      reporter_(std::move(reporter)) {}
+      reporter_(std::move(reporter)) {
+  takes_checkpoints_.store(task_.takes_checkpoints());
+}
 
 absl::Status JobTrainer::StartExchange(const std::vector<ParamInfo>& params) {
   const std::vector<PartitionPlacement> partitions(task_.placement().partitions().begin(),
@@ -225,7 +227,7 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
 
 bool JobTrainer::CheckpointDue(int64_t step) {
   const JobSpec& spec = task_.spec();
-  if (!task_.checkpoints() || task_.rank() != 0 || step + 1 >= spec.steps()) return false;
+  if (!task_.checkpoints() || !takes_checkpoints_.load() || step + 1 >= spec.steps()) return false;
   const int64_t wanted = checkpoint_wanted_ms_.load();
   const int64_t every = spec.checkpoint().every_steps();
   if (wanted <= checkpoint_taken_ms_ && (every <= 0 || (step + 1) % every != 0)) return false;

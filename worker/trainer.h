@@ -92,6 +92,9 @@ class JobTrainer {
   // step (SYNC): read and run them from the next step on. Thread-safe.
   void UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps,
                   int batches_per_step);
+  // Whether this rank takes the job's checkpoints (Task.takes_checkpoints:
+  // rank 0, or another while rank 0 is lost). Thread-safe.
+  void SetTakesCheckpoints(bool takes) { takes_checkpoints_.store(takes); }
   // Which start of the job this trainer runs (Task.attempt).
   int64_t attempt() const { return task_.attempt(); }
   // The job ended elsewhere: stop without reporting.
@@ -154,6 +157,7 @@ class JobTrainer {
   bool permanent_ = false;
   bool diverged_ = false;
   std::atomic<int64_t> checkpoint_wanted_ms_{0};
+  std::atomic<bool> takes_checkpoints_{false};
   int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};

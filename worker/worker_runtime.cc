@@ -60,6 +60,7 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
       Start(next);
       continue;
     }
+    run.trainer->SetTakesCheckpoints(task.takes_checkpoints());
     if (task.checkpoint_requested_ms() > 0) {
       run.trainer->RequestCheckpoint(task.checkpoint_requested_ms());
     }
