@@ -368,19 +368,17 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   int64_t min_step = INT64_MAX;
   double loss = 0, rate = 0;
   int present = 0;
-  bool all_finished = true;
   for (const WorkerProgress& w : job.workers()) {
     if (w.lost()) continue;
     ++present;
     min_step = std::min(min_step, w.step());
     loss += w.loss();
     rate += w.finished() ? 0 : w.examples_per_sec();
-    all_finished = all_finished && w.finished();
   }
   job.set_step(min_step);
   job.set_loss(loss / present);
   job.set_examples_per_sec(rate);
-  const bool done = all_finished && job.test_accuracy() >= 0;
+  const bool done = TrainingDone(job);
   if (done && (!Saves(job) || HasCheckpointAt(job, job.spec().steps()))) {
     RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, Untrained(job)));
     SchedulePending();

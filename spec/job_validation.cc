@@ -45,6 +45,11 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   if (spec.stop_at_accuracy() < 0 || spec.stop_at_accuracy() > 1) {
     return Bad("stop_at_accuracy", "must be in [0, 1]");
   }
+  // Only periodic evaluations can end a job early.
+  if (spec.stop_at_accuracy() > 0 && spec.eval_every_steps() == 0) {
+    return Bad("stop_at_accuracy",
+               "needs eval_every_steps > 0 (the job is evaluated only at its end)");
+  }
   if (spec.restart().max_restarts() < -1) {
     return Bad("restart.max_restarts", "must be -1 (never), 0 (the default, 3) or more");
   }

@@ -56,6 +56,10 @@ TEST(JobValidationTest, EvaluationSettingsAreChecked) {
   ApplyJobDefaults(&spec);
   spec.set_eval_every_steps(-5);
   EXPECT_EQ(ValidateJobSpec(spec).status().message(), "eval_every_steps must not be negative");
+  spec.set_eval_every_steps(0);
+  spec.set_stop_at_accuracy(0.9);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "stop_at_accuracy needs eval_every_steps > 0 (the job is evaluated only at its end)");
   spec.set_eval_every_steps(100);
   spec.set_stop_at_accuracy(1.01);
   EXPECT_EQ(ValidateJobSpec(spec).status().message(), "stop_at_accuracy must be in [0, 1]");
