@@ -454,6 +454,8 @@ absl::Status JobTrainer::Train() {
   const int64_t push_every = std::max(1, spec.consistency().push_every());
   const int64_t fetch_every = std::max(1, spec.consistency().fetch_every());
   GradientSum accumulated;
+  // The mean of a step's batches when it trains on several (SYNC hand-out).
+  GradientSum step_mean;
   for (int64_t step = first_step; step < steps_.load(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     if (!pulled) RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
@@ -470,7 +472,7 @@ absl::Status JobTrainer::Train() {
     // A SYNC rank that took on a lost rank's batch trains on several a step
     // and pushes their mean.
     const int batches = std::max(1, batches_per_step_.load());
-    GradientSum step_mean;
+    step_mean.Clear();
     StepResult result;
     double loss_sum = 0;
     int trained = 0;
