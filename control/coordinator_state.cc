@@ -167,11 +167,11 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     for (const WorkerProgress& worker : job.workers()) {
       if (worker.lost() || worker.finished()) task->add_absent_ranks(worker.rank());
     }
+    if (node.info.role() != WORKER) continue;
+    const WorkerProgress& worker = job.workers(task->rank());
     // A worker that took its rank over continues where the rank had got to,
     // with the workers' state of the checkpoint the job records (the hand-over
     // made it the newest).
-    if (node.info.role() != WORKER) continue;
-    const WorkerProgress& worker = job.workers(task->rank());
     if (worker.joined()) {
       task->mutable_join()->set_step(worker.step());
       task->mutable_join()->set_worker_state(job.restore().worker_state());
