@@ -38,6 +38,9 @@ ABSL_FLAG(int64_t, push_timeout_ms, 30000,
           "the job fails");
 ABSL_FLAG(int32_t, channels_per_shard, 2, "gRPC connections to each parameter shard");
 ABSL_FLAG(int32_t, max_inflight, 4, "Push/pull messages in flight at once per job");
+ABSL_FLAG(int64_t, message_kb, 4096,
+          "Largest push/pull message in KiB (partitions are never split): smaller messages "
+          "spread a step's exchange over more threads and connections");
 
 namespace downpour {
 namespace {
@@ -79,6 +82,13 @@ int Main() {
   if (absl::GetFlag(FLAGS_compute_threads) < 1) {
     return ExitWithError(absl::InvalidArgumentError("--compute_threads must be at least 1"));
   }
+  if (absl::GetFlag(FLAGS_max_inflight) < 1) {
+    return ExitWithError(absl::InvalidArgumentError("--max_inflight must be at least 1"));
+  }
+  if (absl::GetFlag(FLAGS_message_kb) < 1 || absl::GetFlag(FLAGS_message_kb) > (1 << 20)) {
+    return ExitWithError(
+        absl::InvalidArgumentError("--message_kb must be between 1 and 1048576 (1 GiB)"));
+  }
   if (access(absl::GetFlag(FLAGS_data_dir).c_str(), R_OK | X_OK) != 0) {
     return ExitWithError(absl::NotFoundError(absl::StrCat(
         "--data_dir ", absl::GetFlag(FLAGS_data_dir), " is not a readable directory")));
@@ -105,6 +115,7 @@ int Main() {
   trainer_options.exchange.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));
   trainer_options.exchange.push_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_push_timeout_ms));
   trainer_options.exchange.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  trainer_options.exchange.message_bytes = absl::GetFlag(FLAGS_message_kb) << 10;
   trainer_options.metrics = &metrics;
   RemoteParameterShard::Options shard_options;
   // One attempt may take the whole budget (a frozen shard fails the push at

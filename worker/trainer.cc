@@ -408,7 +408,9 @@ absl::Status JobTrainer::Train() {
   Gauge* accuracy_gauge = nullptr;
   Counter* input_wait = nullptr;
   Counter* step_seconds = nullptr;
-  double total_input_wait = 0, total_step_seconds = 0;
+  Counter* compute_seconds = nullptr;
+  Counter* exchange_seconds = nullptr;
+  double total_input_wait = 0, total_step_seconds = 0, total_compute = 0, total_exchange = 0;
   if (options_.metrics != nullptr) {
     steps_done =
         options_.metrics->GetCounter("downpour_worker_steps_total", "Training steps run.", labels);
@@ -422,6 +424,14 @@ absl::Status JobTrainer::Train() {
     step_seconds = options_.metrics->GetCounter(
         "downpour_worker_step_seconds_total",
         "Time in training steps (input, compute and exchange).", labels);
+    compute_seconds = options_.metrics->GetCounter(
+        "downpour_worker_compute_seconds_total",
+        "Time training steps spent computing forward and backward (to the gradients on the "
+        "host).",
+        labels);
+    exchange_seconds = options_.metrics->GetCounter(
+        "downpour_worker_exchange_seconds_total",
+        "Time training steps spent pushing gradients and pulling parameters.", labels);
     if (rank == 0) {
       accuracy_gauge = options_.metrics->GetGauge("downpour_worker_test_accuracy",
                                                   "Latest test-set accuracy (rank 0).", labels);
@@ -486,8 +496,12 @@ absl::Status JobTrainer::Train() {
       if (input_wait) input_wait->Increment(waited);
       permanent_ = false;
       if (!have_batch) return absl::InternalError("training data ended");
+      const double compute_began = MonotonicSeconds();
       ASSIGN_OR_RETURN(result, replica_set->TrainStep(batch.features.data(), batch.labels.data(),
                                                       batch.size, step));
+      const double computed = MonotonicSeconds() - compute_began;
+      total_compute += computed;
+      if (compute_seconds) compute_seconds->Increment(computed);
       if (!result.skipped && !std::isfinite(result.loss)) {
         diverged_ = true;
         return absl::InternalError(absl::StrCat("training diverged at step ", step,
@@ -530,6 +544,7 @@ absl::Status JobTrainer::Train() {
       accumulated.Add(*model, grads);
       grads = accumulated.Gradients();
     }
+    const double exchange_began = MonotonicSeconds();
     if (push && fetch) {
       RETURN_IF_ERROR(PushGradientsAndPull(model, step, grads, min_version(step + 1),
                                            min_worker_steps(step + 1)));
@@ -538,6 +553,9 @@ absl::Status JobTrainer::Train() {
     } else if (fetch) {
       RETURN_IF_ERROR(PullParameters(model, min_version(step + 1), min_worker_steps(step + 1)));
     }
+    const double exchanged = MonotonicSeconds() - exchange_began;
+    total_exchange += exchanged;
+    if (exchange_seconds) exchange_seconds->Increment(exchanged);
     if (push) accumulated.Clear();
     // A last step pulls nothing; should the rank's steps grow, the next one
     // pulls first.
@@ -591,10 +609,17 @@ absl::Status JobTrainer::Train() {
     }
   }
   if (total_step_seconds > 0) {
+    // Where a step's time went (the rest: accumulating, checkpoint state,
+    // progress reports).
+    const int64_t trained = std::max<int64_t>(1, steps_.load() - first_step);
+    const double ms = 1000.0 / static_cast<double>(trained);
     Log(absl::StrFormat(
-        "job %s: rank %d trained %d steps in %.2f s, %.1f%% of it waiting for input",
-        task_.job_id(), rank, steps_.load() - first_step, total_step_seconds,
-        100 * total_input_wait / total_step_seconds));
+        "job %s: rank %d trained %d steps in %.2f s, %.1f%% of it waiting for input; per step "
+        "%.3f ms: input %.3f, compute %.3f, exchange %.3f, other %.3f",
+        task_.job_id(), rank, trained, total_step_seconds,
+        100 * total_input_wait / total_step_seconds, total_step_seconds * ms, total_input_wait * ms,
+        total_compute * ms, total_exchange * ms,
+        (total_step_seconds - total_input_wait - total_compute - total_exchange) * ms));
   }
   if (rank != 0) {
     // A rank taken over after its last step has nothing to train.
