@@ -39,7 +39,7 @@ class RemoteParameterShard final : public ParameterShard {
     // Largest message received (a Pull of many partitions can be large).
     int max_message_bytes = 256 << 20;
     // Connections to the shard; calls go round-robin.
-    int num_channels = 2;
+    int num_channels = 4;
     // PushPull exchanges go over long-lived /PushPullStream streams (one per
     // concurrent caller, kept open between calls) instead of a unary call
     // each. A stream that fails or times out is closed and the call fails

@@ -12,7 +12,7 @@
 
 namespace downpour {
 
-inline constexpr int64_t kDefaultPartitionBytes = 4 << 20;
+inline constexpr int64_t kDefaultPartitionBytes = 256 << 10;
 
 // Partitions of at most `partition_bytes` (float32) per tensor, in tensor
 // order, each assigned to one of `num_shards` shards: largest first onto the

@@ -36,11 +36,12 @@ ABSL_FLAG(int64_t, pull_timeout_ms, 120000,
 ABSL_FLAG(int64_t, push_timeout_ms, 30000,
           "How long a push may take, retries against a dead or frozen shard included, before "
           "the job fails");
-ABSL_FLAG(int32_t, channels_per_shard, 2, "gRPC connections to each parameter shard");
-ABSL_FLAG(int32_t, max_inflight, 4, "Push/pull messages in flight at once per job");
-ABSL_FLAG(int64_t, message_kb, 4096,
-          "Largest push/pull message in KiB (partitions are never split): smaller messages "
-          "spread a step's exchange over more threads and connections");
+ABSL_FLAG(int32_t, channels_per_shard, 4, "gRPC connections to each parameter shard");
+ABSL_FLAG(int32_t, max_inflight, 8, "Push/pull messages in flight at once per job");
+ABSL_FLAG(int64_t, message_kb, 0,
+          "Largest push/pull message in KiB (partitions are never split); 0: the model's size / "
+          "(4 x max_inflight), within 256 KiB..4 MiB. Smaller messages spread a step's exchange "
+          "over more threads and connections");
 
 namespace downpour {
 namespace {
@@ -85,9 +86,9 @@ int Main() {
   if (absl::GetFlag(FLAGS_max_inflight) < 1) {
     return ExitWithError(absl::InvalidArgumentError("--max_inflight must be at least 1"));
   }
-  if (absl::GetFlag(FLAGS_message_kb) < 1 || absl::GetFlag(FLAGS_message_kb) > (1 << 20)) {
-    return ExitWithError(
-        absl::InvalidArgumentError("--message_kb must be between 1 and 1048576 (1 GiB)"));
+  if (absl::GetFlag(FLAGS_message_kb) < 0 || absl::GetFlag(FLAGS_message_kb) > (1 << 20)) {
+    return ExitWithError(absl::InvalidArgumentError(
+        "--message_kb must be between 0 (automatic) and 1048576 (1 GiB)"));
   }
   if (access(absl::GetFlag(FLAGS_data_dir).c_str(), R_OK | X_OK) != 0) {
     return ExitWithError(absl::NotFoundError(absl::StrCat(

@@ -19,6 +19,11 @@ bool Retryable(const absl::Status& status) {
 
 }  // namespace
 
+int64_t AutoMessageBytes(int64_t total_bytes, int max_inflight) {
+  const int64_t per_message = total_bytes / (4 * std::max(1, max_inflight));
+  return std::clamp<int64_t>(per_message, 256 << 10, 4 << 20);
+}
+
 ParameterExchange::ParameterExchange(ExchangeOptions options,
                                      const std::vector<PartitionPlacement>& partitions,
                                      std::vector<ParameterShard*> shards)
@@ -33,6 +38,11 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
            std::make_pair(b.tensor_id(), b.partition());
   });
   partitions_per_shard_.assign(shards_.size(), 0);
+  int64_t total_bytes = 0;
+  for (const PartitionPlacement& p : sorted) total_bytes += p.num_elements() * sizeof(float);
+  const int64_t message_bytes = options_.message_bytes > 0
+                                    ? options_.message_bytes
+                                    : AutoMessageBytes(total_bytes, options_.max_inflight);
   // Consecutive partitions of a shard share a message up to message_bytes.
   std::vector<int> open(shards_.size(), -1);
   std::vector<int64_t> open_bytes(shards_.size(), 0);
@@ -40,7 +50,7 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
     const int s = p.shard();
     ++partitions_per_shard_[s];
     const int64_t bytes = p.num_elements() * static_cast<int64_t>(sizeof(float));
-    if (open[s] < 0 || open_bytes[s] + bytes > options_.message_bytes) {
+    if (open[s] < 0 || open_bytes[s] + bytes > message_bytes) {
       open[s] = static_cast<int>(messages_.size());
       open_bytes[s] = 0;
       messages_.push_back(Message{s, {}, {}});

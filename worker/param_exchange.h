@@ -66,11 +66,20 @@ struct ExchangeOptions {
   absl::Duration push_timeout = absl::Seconds(30);
   // Element type of gradients on the wire.
   WireDtype gradient_dtype = WireDtype::kFloat32;
-  // Largest message, in float32 bytes (partitions are never split).
-  int64_t message_bytes = 4 << 20;
+  // Largest message, in float32 bytes (partitions are never split); 0:
+  // chosen from the model's size, so a step has about four messages per
+  // message in flight (AutoMessageBytes).
+  int64_t message_bytes = 0;
   // Messages in flight at once.
-  int max_inflight = 4;
+  int max_inflight = 8;
 };
+
+// The message size for `total_bytes` of float32 parameters and
+// `max_inflight` messages in flight: total / (4 x max_inflight), within
+// [256 KiB, 4 MiB]. Smaller messages spread a step's exchange over more
+// threads and connections on both sides (the shard receives, applies and
+// answers them at once), at a fixed cost per message.
+int64_t AutoMessageBytes(int64_t total_bytes, int max_inflight);
 
 class ParameterExchange {
  public:

@@ -327,5 +327,16 @@ TEST(ParameterExchangeTest, HalfWidthGradientsApplyAsTheirRoundedValues) {
   EXPECT_NE(as_bf16, PushOnceWithSgd(WireDtype::kFloat32, raw));
 }
 
+TEST(AutoMessageBytesTest, AboutFourMessagesPerMessageInFlightWithinBounds) {
+  // The Fashion-MNIST CNN (1.7 MB): the smallest messages.
+  EXPECT_EQ(AutoMessageBytes(1686568, 8), 256 << 10);
+  // ResNet-18 (45 MB): 32 messages of 1.4 MB.
+  EXPECT_EQ(AutoMessageBytes(44691240, 8), 44691240 / 32);
+  // A large model: the largest.
+  EXPECT_EQ(AutoMessageBytes(int64_t{1} << 32, 8), 4 << 20);
+  // No messages in flight is taken as one.
+  EXPECT_EQ(AutoMessageBytes(int64_t{64} << 20, 0), 4 << 20);
+}
+
 }  // namespace
 }  // namespace downpour
