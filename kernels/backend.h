@@ -241,6 +241,14 @@ class ComputeBackend {
   // AllocateHost memory, untouched until the upload has run.
   virtual absl::Status UploadAside(void* device, const void* host, size_t bytes) = 0;
   virtual absl::Status JoinUploads() = 0;
+  // A device-to-host copy queued after every op queued so far, on a stream
+  // of its own (a GPU's download stream), so the ops queued after it do not
+  // wait for it: a layer's gradient goes down while backward goes on.
+  // Returns a ticket for WaitDownload; `host` is AllocateHost memory.
+  virtual absl::StatusOr<int64_t> DownloadAside(void* host, const void* device, size_t bytes) = 0;
+  // Blocks until download `ticket` (and every one queued before it) has
+  // landed. Thread-safe: any thread may wait while another queues work.
+  virtual absl::Status WaitDownload(int64_t ticket) = 0;
   // Waits for all queued work.
   virtual absl::Status Synchronize() = 0;
 

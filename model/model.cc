@@ -446,7 +446,18 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status Model::Backward(int64_t batch) {
+absl::Status Model::StreamGradients(int first, int last,
+                                    const std::function<void(int, int64_t)>& queued) {
+  const int64_t begin = param_offset_[first];
+  const int64_t end = param_offset_[last] + shape_.params[last].num_elements;
+  ASSIGN_OR_RETURN(int64_t ticket,
+                   backend_->DownloadAside(grad_host_ + begin, grad_compute_ + begin,
+                                           sizeof(float) * (end - begin)));
+  for (int id = last; id >= first; --id) queued(id, ticket);
+  return absl::OkStatus();
+}
+
+absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_t)>* queued) {
   const model_internal::Storage& st = *storage_;
   // A buffer's gradient is overwritten by the first layer that contributes to
   // it (in reverse order) and added to by the others.
@@ -483,6 +494,10 @@ absl::Status Model::Backward(int64_t batch) {
     }
     RETURN_IF_ERROR(RunLayer(i, /*forward=*/false, nullptr, &args));
     if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i + 3));
+    const std::vector<int32_t>& ids = shape_.layers[i].param_ids;
+    if (queued != nullptr && !ids.empty()) {
+      RETURN_IF_ERROR(StreamGradients(ids.front(), ids.back(), *queued));
+    }
   }
   return absl::OkStatus();
 }
@@ -501,14 +516,19 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   if (options.params_from_host) RETURN_IF_ERROR(ParamsToDevice());
   RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
-  RETURN_IF_ERROR(Backward(batch));
+  // FP16's gradients are final only after the step's verdict.
+  const bool stream = options.gradient_queued != nullptr;
+  RETURN_IF_ERROR(Backward(batch, stream && !loss_scaling_ ? &options.gradient_queued : nullptr));
   if (ScratchToPlan()) RETURN_IF_ERROR(PlanScratch());
   RETURN_IF_ERROR(UnscaleGradients());
   bool skipped = false;
   if (loss_scaling_) {
     ASSIGN_OR_RETURN(skipped, FinishLossScaling());  // Waits; zeroes a skipped step's grads.
   }
-  if (options.grads_to_host) {
+  if (stream && loss_scaling_ && !params().empty()) {
+    RETURN_IF_ERROR(
+        StreamGradients(0, static_cast<int>(params().size()) - 1, options.gradient_queued));
+  } else if (options.grads_to_host && !stream) {
     RETURN_IF_ERROR(backend_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
   }
   RETURN_IF_ERROR(backend_->ToHost(state_host_, state_compute_, sizeof(float) * state_total_));

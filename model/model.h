@@ -34,6 +34,7 @@
 #define DOWNPOUR_MODEL_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +91,15 @@ struct LayerTime {
 struct TrainStepOptions {
   bool params_from_host = true;  // Copy param(id) to the device first.
   bool grads_to_host = true;     // Copy the gradients to grad(id) after.
+  // Streams the gradients out during backward: once a layer's backward is
+  // queued, its parameters' gradients are queued to grad(id) beside the
+  // compute (ComputeBackend::DownloadAside) and gradient_queued(id, ticket)
+  // is called for each, in the order backward finishes them (last layer
+  // first); Model::WaitGradient(ticket) blocks until grad(id) holds it, on
+  // any thread. Each gradient goes to the host once (grads_to_host is
+  // moot). With FP16 loss scaling they go after the step's verdict,
+  // unscaled (zeros for a skipped step). Called on the TrainStep thread.
+  std::function<void(int param_id, int64_t ticket)> gradient_queued;
 };
 
 struct ModelOptions {
@@ -164,6 +174,11 @@ class Model {
   // Copies the device gradients to grad(id) and waits (after a TrainStep
   // that left them on the device).
   absl::Status GradsToHost();
+  // Waits until the gradient TrainStepOptions::gradient_queued announced
+  // with `ticket` is in grad(id); ticket < 0: it already is. Thread-safe.
+  absl::Status WaitGradient(int64_t ticket) {
+    return ticket < 0 ? absl::OkStatus() : backend_->WaitDownload(ticket);
+  }
   // The backend the model computes on: work queued on it (a device group's
   // collectives, model/replica_set.h) runs after the model's work so far.
   kernels::ComputeBackend& backend() { return *backend_; }
@@ -257,7 +272,13 @@ class Model {
   // Runs every layer's forward, adding the loss to the backend's counters; dropout
   // is active only when training.
   absl::Status Forward(int64_t batch, bool training, int64_t step);
-  absl::Status Backward(int64_t batch);
+  // Streams each layer's parameter gradients out as its backward is queued
+  // when `queued` is set (TrainStepOptions::gradient_queued).
+  absl::Status Backward(int64_t batch, const std::function<void(int, int64_t)>* queued = nullptr);
+  // Queues the gradients of params [first, last] (ids, contiguous) to the
+  // host and announces each to `queued`, last id first.
+  absl::Status StreamGradients(int first, int last,
+                               const std::function<void(int, int64_t)>& queued);
   kernels::Act Activation(int buffer) const;
   // Profiling: marks slot on the device and on the host.
   absl::Status MarkLayer(int slot);

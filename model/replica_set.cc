@@ -144,16 +144,28 @@ ReplicaSet::ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
       param_count_(ParamCount(*replicas_[0])),
       nccl_(std::move(nccl)) {}
 
-absl::StatusOr<StepResult> ReplicaSet::TrainStep(const float* features, const int32_t* labels,
-                                                 int64_t batch, int64_t step) {
+absl::StatusOr<StepResult> ReplicaSet::TrainStep(
+    const float* features, const int32_t* labels, int64_t batch, int64_t step,
+    const std::function<void(int, int64_t)>& gradient_queued) {
   const int n = static_cast<int>(std::min<int64_t>(size(), batch));
   // One replica, one example, or no batch at all (which TrainStep rejects).
-  if (n <= 1) return primary()->TrainStep(features, labels, batch, step);
+  if (n <= 1) {
+    TrainStepOptions options;
+    options.gradient_queued = gradient_queued;
+    return primary()->TrainStep(features, labels, batch, step, options);
+  }
   const std::vector<int64_t> begin = SliceStarts(batch, n);
   // The communicators span every replica: a batch smaller than the set
   // (rare: a short last batch) takes the host path.
-  if (nccl_ != nullptr && n == size()) return TrainStepWithNccl(features, labels, step, begin);
-  return TrainStepOnHost(features, labels, step, begin);
+  absl::StatusOr<StepResult> result = nccl_ != nullptr && n == size()
+                                          ? TrainStepWithNccl(features, labels, step, begin)
+                                          : TrainStepOnHost(features, labels, step, begin);
+  if (result.ok() && gradient_queued != nullptr) {
+    for (int id = static_cast<int>(primary()->params().size()) - 1; id >= 0; --id) {
+      gradient_queued(id, -1);
+    }
+  }
+  return result;
 }
 
 std::vector<absl::StatusOr<StepResult>> ReplicaSet::TrainSlices(const float* features,

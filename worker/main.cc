@@ -38,6 +38,9 @@ ABSL_FLAG(int64_t, push_timeout_ms, 30000,
           "the job fails");
 ABSL_FLAG(int32_t, channels_per_shard, 4, "gRPC connections to each parameter shard");
 ABSL_FLAG(int32_t, max_inflight, 8, "Push/pull messages in flight at once per job");
+ABSL_FLAG(bool, overlap, true,
+          "Push each step's gradients (and pull the parameters back) message by message while "
+          "backward still runs; false: after it (the serial path, for comparison)");
 ABSL_FLAG(int64_t, message_kb, 0,
           "Largest push/pull message in KiB (partitions are never split); 0: the model's size / "
           "(4 x max_inflight), within 256 KiB..4 MiB. Smaller messages spread a step's exchange "
@@ -117,6 +120,7 @@ int Main() {
   trainer_options.exchange.push_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_push_timeout_ms));
   trainer_options.exchange.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   trainer_options.exchange.message_bytes = absl::GetFlag(FLAGS_message_kb) << 10;
+  trainer_options.overlap = absl::GetFlag(FLAGS_overlap);
   trainer_options.metrics = &metrics;
   RemoteParameterShard::Options shard_options;
   // One attempt may take the whole budget (a frozen shard fails the push at

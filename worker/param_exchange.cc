@@ -58,7 +58,23 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
     messages_[open[s]].partitions.push_back(p);
     open_bytes[s] += bytes;
   }
-  const int threads = std::max(0, options_.max_inflight - 1);  // The caller runs tasks too.
+  for (int i = 0; i < static_cast<int>(messages_.size()); ++i) {
+    int distinct = 0;
+    for (size_t k = 0; k < messages_[i].partitions.size(); ++k) {
+      const int tensor = messages_[i].partitions[k].tensor_id();
+      if (tensor >= static_cast<int>(messages_of_tensor_.size())) {
+        messages_of_tensor_.resize(tensor + 1);
+      }
+      std::vector<int>& of_tensor = messages_of_tensor_[tensor];
+      if (of_tensor.empty() || of_tensor.back() != i) {
+        of_tensor.push_back(i);
+        ++distinct;
+      }
+    }
+    tensors_in_message_.push_back(distinct);
+  }
+  // A streamed step's messages all run on the pool (the caller computes).
+  const int threads = std::max(1, options_.max_inflight);
   for (int i = 0; i < threads; ++i) pool_.emplace_back([this] { PoolLoop(); });
 }
 
@@ -75,44 +91,59 @@ void ParameterExchange::PoolLoop() {
   while (true) {
     mu_.Await(absl::Condition(
         +[](ParameterExchange* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-          return self->stopping_ || self->next_task_ < self->num_tasks_;
+          return self->stopping_ || !self->queue_.empty();
         },
         this));
     if (stopping_) return;
-    const int i = next_task_++;
-    ++running_;
-    const std::function<absl::Status(int)>* task = task_;
+    const int i = queue_.front();
+    queue_.pop_front();
+    const std::function<absl::Status(int)> task = task_;
     mu_.Unlock();
-    absl::Status status = (*task)(i);
+    absl::Status status = task(i);
     mu_.Lock();
-    --running_;
+    --pending_;
     if (!status.ok() && first_error_.ok()) first_error_ = status;
   }
 }
 
-absl::Status ParameterExchange::RunAll(int n, const std::function<absl::Status(int)>& task) {
+void ParameterExchange::Queue(int i) { queue_.push_back(i); }
+
+absl::Status ParameterExchange::Drain() {
   absl::MutexLock lock(&mu_);
-  task_ = &task;
-  num_tasks_ = n;
-  next_task_ = 0;
-  first_error_ = absl::OkStatus();
-  while (next_task_ < num_tasks_) {
-    const int i = next_task_++;
-    ++running_;
-    mu_.Unlock();
-    absl::Status status = task(i);
-    mu_.Lock();
-    --running_;
-    if (!status.ok() && first_error_.ok()) first_error_ = status;
+  while (true) {
+    // Help with the queue, then wait for what is running or unreleased.
+    while (!queue_.empty()) {
+      const int i = queue_.front();
+      queue_.pop_front();
+      const std::function<absl::Status(int)> task = task_;
+      mu_.Unlock();
+      absl::Status status = task(i);
+      mu_.Lock();
+      --pending_;
+      if (!status.ok() && first_error_.ok()) first_error_ = status;
+    }
+    if (pending_ == 0) break;
+    mu_.Await(absl::Condition(
+        +[](ParameterExchange* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+          return self->pending_ == 0 || !self->queue_.empty();
+        },
+        this));
   }
-  mu_.Await(absl::Condition(
-      +[](ParameterExchange* self)
-           ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->running_ == 0; },
-      this));
   task_ = nullptr;
-  num_tasks_ = 0;
-  next_task_ = 0;
-  return first_error_;
+  absl::Status status = first_error_;
+  first_error_ = absl::OkStatus();
+  return status;
+}
+
+absl::Status ParameterExchange::RunAll(int n, const std::function<absl::Status(int)>& task) {
+  {
+    absl::MutexLock lock(&mu_);
+    task_ = task;
+    pending_ = n;
+    first_error_ = absl::OkStatus();
+    for (int i = 0; i < n; ++i) Queue(i);
+  }
+  return Drain();
 }
 
 PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequence,
@@ -308,6 +339,31 @@ absl::Status ParameterExchange::CaptureNow(int64_t checkpoint_step, int64_t last
   });
 }
 
+absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t sequence,
+                                                const std::vector<const float*>& grads,
+                                                int64_t min_version, int64_t min_worker_steps,
+                                                absl::Time push_give_up, absl::Time pull_give_up,
+                                                const std::vector<float*>& params,
+                                                const std::function<bool()>& cancelled) {
+  Payload payload;
+  const PushRequest push = MakePushRequest(i, step, sequence, grads, &payload);
+  const PullRequest pull = MakePullRequest(i, min_version, min_worker_steps);
+  if (cancelled()) return absl::CancelledError("job ended");
+  Payload pulled;
+  absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
+      push, payload, pull,
+      std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &pulled);
+  if (response.ok()) return CopyPulled(i, response->pull(), pulled, params);
+  if (!Retryable(response.status())) {
+    return Annotate(response.status(), absl::StrCat("exchanging with shard ", messages_[i].shard));
+  }
+  // A timeout or lost connection (or a pull still waiting for other
+  // workers): finish with separate calls. The push keeps its request id,
+  // so it is applied once whether or not the combined call applied it.
+  RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
+  return ReceivePull(i, pull, pull_give_up, params, cancelled);
+}
+
 absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const float*>& grads,
                                          int64_t min_version, int64_t min_worker_steps,
                                          const std::vector<float*>& params,
@@ -320,25 +376,78 @@ absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const f
   const absl::Time pull_give_up = now + options_.pull_timeout;
   // First layers first: the order the next forward pass needs them.
   absl::Status status = RunAll(n, [&](int i) -> absl::Status {
-    Payload payload;
-    const PushRequest push = MakePushRequest(i, step, first_sequence + i, grads, &payload);
-    const PullRequest pull = MakePullRequest(i, min_version, min_worker_steps);
-    if (cancelled()) return absl::CancelledError("job ended");
-    Payload pulled;
-    absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
-        push, payload, pull,
-        std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &pulled);
-    if (response.ok()) return CopyPulled(i, response->pull(), pulled, params);
-    if (!Retryable(response.status())) {
-      return Annotate(response.status(),
-                      absl::StrCat("exchanging with shard ", messages_[i].shard));
-    }
-    // A timeout or lost connection (or a pull still waiting for other
-    // workers): finish with separate calls. The push keeps its request id,
-    // so it is applied once whether or not the combined call applied it.
-    RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
-    return ReceivePull(i, pull, pull_give_up, params, cancelled);
+    return ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
+                           push_give_up, pull_give_up, params, cancelled);
   });
+  checkpoint_step_ = 0;
+  return status;
+}
+
+void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const float*>& grads,
+                                      int64_t min_version, int64_t min_worker_steps,
+                                      const std::vector<float*>& params,
+                                      const std::function<bool()>& cancelled) {
+  const int n = static_cast<int>(messages_.size());
+  const int64_t first_sequence = sequence_ + 1;
+  sequence_ += n;
+  const absl::Time now = absl::Now();
+  const absl::Time push_give_up = now + options_.push_timeout;
+  const absl::Time pull_give_up = now + options_.pull_timeout;
+  absl::MutexLock lock(&mu_);
+  unready_ = tensors_in_message_;
+  ready_wait_.assign(n, nullptr);
+  unreleased_ = n;
+  pending_ = n;
+  first_error_ = absl::OkStatus();
+  // Copies: the step's pointers, for tasks that run after this returns.
+  task_ = [this, step, first_sequence, grads, min_version, min_worker_steps, push_give_up,
+           pull_give_up, params, cancelled](int i) -> absl::Status {
+    std::function<absl::Status()> wait;
+    {
+      absl::MutexLock lock(&mu_);
+      wait = std::move(ready_wait_[i]);
+    }
+    if (wait) RETURN_IF_ERROR(Annotate(wait(), "waiting for the gradients to push"));
+    return ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
+                           push_give_up, pull_give_up, params, cancelled);
+  };
+  // A model without tensors has nothing to wait for.
+  for (int i = 0; i < n; ++i) {
+    if (unready_[i] == 0) {
+      --unreleased_;
+      Queue(i);
+    }
+  }
+}
+
+void ParameterExchange::GradientReady(int tensor_id, std::function<absl::Status()> wait) {
+  if (tensor_id < 0 || tensor_id >= static_cast<int>(messages_of_tensor_.size())) return;
+  absl::MutexLock lock(&mu_);
+  for (int i : messages_of_tensor_[tensor_id]) {
+    if (unready_[i] <= 0) continue;  // Announced twice: sent already.
+    ready_wait_[i] = wait;           // The last announced is the last to land.
+    if (--unready_[i] == 0) {
+      --unreleased_;
+      Queue(i);
+    }
+  }
+}
+
+absl::Status ParameterExchange::FinishPushPull(bool abandon) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (unreleased_ > 0) {
+      if (!abandon && first_error_.ok()) {
+        first_error_ = absl::InternalError(
+            absl::StrCat(unreleased_, " push messages never had all their gradients announced"));
+      }
+      // Never sent: they hold gradients not computed.
+      pending_ -= unreleased_;
+      unreleased_ = 0;
+      for (int& left : unready_) left = 0;
+    }
+  }
+  absl::Status status = Drain();
   checkpoint_step_ = 0;
   return status;
 }

@@ -13,7 +13,10 @@
 // (worker_id, incarnation, sequence), so one retried after a timeout or lost
 // connection is applied once.
 // PushPull does a step's push and the next step's pull in one round trip per
-// message.
+// message. BeginPushPull / GradientReady / FinishPushPull do the same while
+// the gradients are still being computed: each message goes out as soon as
+// the last of its tensors' gradients is ready (backward produces them last
+// layer first), so the exchange overlaps the backward pass.
 //
 // Thread-compatible: one exchange belongs to one trainer; Push, Pull and
 // PushPull are not called concurrently with each other. The shards are not owned and must
@@ -23,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -111,6 +115,23 @@ class ParameterExchange {
                         int64_t min_worker_steps, const std::vector<float*>& params,
                         const std::function<bool()>& cancelled);
 
+  // PushPull(step, grads, min_version, min_worker_steps, params) with each
+  // message sent once GradientReady has been called for each of its
+  // tensors: BeginPushPull starts the step (nothing is sent yet);
+  // GradientReady(id, wait) says tensor id's gradient is in grads[id] once
+  // wait() returns OK (called on the exchange's threads before the message
+  // goes; an error fails the step); FinishPushPull waits for every message
+  // and returns the first error. `abandon`: the step failed before all its
+  // gradients were ready; messages not yet released are never sent.
+  // grads, params and cancelled must outlive FinishPushPull.
+  // REQUIRES: grads has a pointer for every tensor; no other call between
+  // BeginPushPull and FinishPushPull but GradientReady.
+  void BeginPushPull(int64_t step, const std::vector<const float*>& grads, int64_t min_version,
+                     int64_t min_worker_steps, const std::vector<float*>& params,
+                     const std::function<bool()>& cancelled);
+  void GradientReady(int tensor_id, std::function<absl::Status()> wait);
+  absl::Status FinishPushPull(bool abandon = false);
+
   // Checkpoints (rank 0). MarkNextPush(S): the next Push or PushPull asks
   // every shard to capture its partitions for a checkpoint at step S
   // (PushRequest.checkpoint_step). CaptureNow(S, last_step): the same
@@ -148,9 +169,20 @@ class ParameterExchange {
   absl::Status CopyPulled(int i, const PullResponse& response, const Payload& payload,
                           const std::vector<float*>& params) const;
 
+  // Message i's push and pull in one round trip (PushPull's and a streamed
+  // step's), falling back to separate calls on a timeout or lost connection.
+  absl::Status ExchangeMessage(int i, int64_t step, int64_t sequence,
+                               const std::vector<const float*>& grads, int64_t min_version,
+                               int64_t min_worker_steps, absl::Time push_give_up,
+                               absl::Time pull_give_up, const std::vector<float*>& params,
+                               const std::function<bool()>& cancelled);
   // Runs task(i) for every i in [0, n) on the pool (and the calling thread),
   // starting them in order of i; returns the first error.
   absl::Status RunAll(int n, const std::function<absl::Status(int)>& task);
+  // The pool runs task_ on each index queued, in order; Drain waits (helping
+  // with the queue) until `pending_` is 0 and returns the first error.
+  void Queue(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Drain() ABSL_LOCKS_EXCLUDED(mu_);
   void PoolLoop();
 
   const ExchangeOptions options_;
@@ -161,12 +193,23 @@ class ParameterExchange {
   mutable std::atomic<int64_t> max_pulled_version_{0};
   int64_t checkpoint_step_ = 0;  // For the next push's requests (0: none).
 
+  // Per tensor id, the messages holding its partitions; per message, how
+  // many distinct tensors it holds.
+  std::vector<std::vector<int>> messages_of_tensor_;
+  std::vector<int> tensors_in_message_;
+
   absl::Mutex mu_;
-  const std::function<absl::Status(int)>* task_ ABSL_GUARDED_BY(mu_) = nullptr;
-  int num_tasks_ ABSL_GUARDED_BY(mu_) = 0;
-  int next_task_ ABSL_GUARDED_BY(mu_) = 0;
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<absl::Status(int)> task_ ABSL_GUARDED_BY(mu_);
+  std::deque<int> queue_ ABSL_GUARDED_BY(mu_);
+  // Tasks of the current batch not yet finished (queued, running, or still
+  // to be released by GradientReady).
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  // A streamed step: per message, its tensors not yet ready and the wait of
+  // the last one released; whether any message is still unreleased.
+  std::vector<int> unready_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<absl::Status()>> ready_wait_ ABSL_GUARDED_BY(mu_);
+  int unreleased_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> pool_;
 };

@@ -138,10 +138,13 @@ JobSpec SmallSpec() {
 }
 
 // Trains 5 steps of fixed gradients over `transport`, with a Push then a Pull
-// per step or (`combined`) one PushPull, and returns the pulled parameters.
+// per step or (`combined`) one PushPull — `streamed`: BeginPushPull, each
+// tensor announced last first, FinishPushPull — and returns the pulled
+// parameters.
 // Adds to `duplicates` the pushes the faulty transport saw answered as
 // duplicates.
-std::vector<float> Train(Transport transport, bool combined, int* duplicates) {
+std::vector<float> Train(Transport transport, bool combined, int* duplicates,
+                         bool streamed = false) {
   const JobSpec spec = SmallSpec();
   auto params = ValidateJobSpec(spec);
   EXPECT_TRUE(params.ok()) << params.status();
@@ -189,7 +192,13 @@ std::vector<float> Train(Transport transport, bool combined, int* duplicates) {
     }
     std::vector<float*> v;
     for (auto& t : values) v.push_back(t.data());
-    if (combined) {
+    if (combined && streamed) {
+      exchange.BeginPushPull(step, g, 0, step + 1, v, [] { return false; });
+      for (int id = static_cast<int>(g.size()) - 1; id >= 0; --id) {
+        exchange.GradientReady(id, [] { return absl::OkStatus(); });
+      }
+      EXPECT_TRUE(exchange.FinishPushPull().ok());
+    } else if (combined) {
       EXPECT_TRUE(exchange.PushPull(step, g, 0, step + 1, v, [] { return false; }).ok());
     } else {
       EXPECT_TRUE(exchange.Push(step, g).ok());
@@ -222,6 +231,106 @@ TEST(ParameterExchangeTest, PushPullEqualsPushThenPull) {
   ExpectEqual(separate, Train(Transport::kClean, true, &duplicates));
   ExpectEqual(separate, Train(Transport::kDuplicatingReordering, true, &duplicates));
   EXPECT_GT(duplicates, 0);  // The faulty transport replayed pushes; none applied twice.
+}
+
+TEST(ParameterExchangeTest, StreamedPushPullEqualsPushThenPull) {
+  int duplicates = 0;
+  const std::vector<float> separate = Train(Transport::kClean, false, &duplicates);
+  ExpectEqual(separate, Train(Transport::kClean, true, &duplicates, /*streamed=*/true));
+  ExpectEqual(separate,
+              Train(Transport::kDuplicatingReordering, true, &duplicates, /*streamed=*/true));
+  ExpectEqual(separate, Train(Transport::kTimingOutPushPull, true, &duplicates, /*streamed=*/true));
+  EXPECT_GT(duplicates, 0);
+}
+
+// Counts the pushes that reach a store.
+class CountingShard final : public ParameterShard {
+ public:
+  explicit CountingShard(ParameterShard* inner) : inner_(inner) {}
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    ++pushes_;
+    return inner_->Push(request, payload);
+  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    return inner_->Pull(request, deadline, payload);
+  }
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
+                                            const PullRequest& pull, absl::Time deadline,
+                                            Payload* pull_payload) override {
+    ++pushes_;
+    return inner_->PushPull(push, push_payload, pull, deadline, pull_payload);
+  }
+  int pushes() const { return pushes_.load(); }
+
+ private:
+  ParameterShard* const inner_;
+  std::atomic<int> pushes_{0};
+};
+
+// A streamed step's message goes as soon as its tensors are announced,
+// before the others are (what overlaps the exchange with backward); one
+// whose gradient wait fails fails the step; an abandoned step sends nothing
+// it was not told of.
+TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
+  JobSpec spec = SmallSpec();
+  spec.set_num_shards(1);
+  auto params = ValidateJobSpec(spec);
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto placed = PlacePartitions(*params, 1, spec.partition_bytes());
+  ASSERT_TRUE(placed.ok());
+  ParameterStore store;
+  ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
+  CountingShard shard(&store);
+  ExchangeOptions options;
+  options.job_id = "j";
+  options.worker_id = "w";
+  options.incarnation = 1;
+  options.message_bytes = 1024;  // One partition a message.
+  ParameterExchange exchange(options, *placed, {&shard});
+  std::vector<std::vector<float>> grads, values;
+  std::vector<const float*> g;
+  std::vector<float*> v;
+  for (const ParamInfo& p : *params) {
+    grads.emplace_back(p.num_elements, 0.1f);
+    values.emplace_back(p.num_elements);
+    g.push_back(grads.back().data());
+    v.push_back(values.back().data());
+  }
+  ASSERT_EQ(g.size(), 2u);  // Weight, bias.
+  const auto never = [] { return false; };
+
+  exchange.BeginPushPull(0, g, 0, 1, v, never);
+  // The bias (one partition): its message goes while the weight's are
+  // still unannounced.
+  exchange.GradientReady(1, [] { return absl::OkStatus(); });
+  for (int i = 0; i < 1000 && shard.pushes() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(shard.pushes(), 1);
+  exchange.GradientReady(0, [] { return absl::OkStatus(); });
+  ASSERT_TRUE(exchange.FinishPushPull().ok());
+  const int messages = shard.pushes();
+  EXPECT_GT(messages, 2);  // The weight's 8 KiB went in 1 KiB messages.
+
+  // A failed wait fails the step, naming it. (Later steps pull without
+  // waiting for the worker's pushes: theirs are left incomplete.)
+  exchange.BeginPushPull(1, g, 0, 0, v, never);
+  exchange.GradientReady(1, [] { return absl::InternalError("the device is gone"); });
+  exchange.GradientReady(0, [] { return absl::OkStatus(); });
+  const absl::Status failed = exchange.FinishPushPull();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(failed.message().find("the device is gone"), std::string::npos) << failed;
+
+  // Abandoned before any gradient: nothing goes; unannounced without
+  // abandoning is an error.
+  const int before = shard.pushes();
+  exchange.BeginPushPull(2, g, 0, 0, v, never);
+  EXPECT_TRUE(exchange.FinishPushPull(/*abandon=*/true).ok());
+  exchange.BeginPushPull(2, g, 0, 0, v, never);
+  exchange.GradientReady(1, [] { return absl::OkStatus(); });
+  EXPECT_EQ(exchange.FinishPushPull().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(shard.pushes(), before + 1);
 }
 
 TEST(ParameterExchangeTest, TimedOutPushPullFinishesWithoutApplyingTwice) {

@@ -39,6 +39,13 @@ std::vector<const float*> Gradients(const Model& model, bool skipped) {
   return grads;
 }
 
+// The model's host parameters by tensor id, for a pull.
+std::vector<float*> ParamPointers(Model* model) {
+  std::vector<float*> params(model->params().size());
+  for (size_t i = 0; i < params.size(); ++i) params[i] = model->param(static_cast<int>(i));
+  return params;
+}
+
 // The sum of a worker's gradients over the steps between its pushes
 // (ConsistencySpec.push_every).
 class GradientSum {
@@ -191,9 +198,7 @@ absl::StatusOr<ReportProgressResponse> JobTrainer::Send(ReportProgressRequest re
 
 absl::Status JobTrainer::PullParameters(Model* model, int64_t min_version,
                                         int64_t min_worker_steps) {
-  std::vector<float*> params(model->params().size());
-  for (size_t i = 0; i < params.size(); ++i) params[i] = model->param(static_cast<int>(i));
-  return exchange_->Pull(min_version, min_worker_steps, params,
+  return exchange_->Pull(min_version, min_worker_steps, ParamPointers(model),
                          [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
@@ -204,9 +209,7 @@ absl::Status JobTrainer::PushGradients(int64_t step, const std::vector<const flo
 absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step,
                                               const std::vector<const float*>& grads,
                                               int64_t min_version, int64_t min_worker_steps) {
-  std::vector<float*> params(model->params().size());
-  for (size_t i = 0; i < params.size(); ++i) params[i] = model->param(static_cast<int>(i));
-  return exchange_->PushPull(step, grads, min_version, min_worker_steps, params,
+  return exchange_->PushPull(step, grads, min_version, min_worker_steps, ParamPointers(model),
                              [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
@@ -487,6 +490,26 @@ absl::Status JobTrainer::Train() {
     double loss_sum = 0;
     int trained = 0;
     int64_t step_examples = 0;
+    // A checkpoint at step + 1: this push asks the shards to capture it.
+    const bool checkpoint_due = CheckpointDue(step);
+    if (checkpoint_due) exchange_->MarkNextPush(step + 1);
+    const bool final_step = step + 1 >= steps_.load();
+    const bool push =
+        push_every == 1 || final_step || checkpoint_due || (step + 1) % push_every == 0;
+    const bool fetch = !final_step && (step + 1) % fetch_every == 0;
+    // The exchange overlaps backward: each message of the push (and the
+    // pull that comes back with it) goes as soon as backward has produced
+    // its gradients. Not where the push is of something else than this
+    // step's one batch (several batches' mean, a sum over steps) or where
+    // FP16's verdict on the whole step decides whether it is pushed at all.
+    const bool stream = options_.overlap && push && fetch && batches == 1 && push_every == 1 &&
+                        model->precision() != FP16;
+    std::function<void(int, int64_t)> gradient_queued;
+    if (stream) {
+      gradient_queued = [this, model](int id, int64_t ticket) {
+        exchange_->GradientReady(id, [model, ticket] { return model->WaitGradient(ticket); });
+      };
+    }
     for (int b = 0; b < batches; ++b) {
       permanent_ = true;
       const double wait_began = MonotonicSeconds();
@@ -497,12 +520,24 @@ absl::Status JobTrainer::Train() {
       permanent_ = false;
       if (!have_batch) return absl::InternalError("training data ended");
       const double compute_began = MonotonicSeconds();
-      ASSIGN_OR_RETURN(result, replica_set->TrainStep(batch.features.data(), batch.labels.data(),
-                                                      batch.size, step));
+      if (stream) {
+        exchange_->BeginPushPull(step, Gradients(*model, false), min_version(step + 1),
+                                 min_worker_steps(step + 1), ParamPointers(model),
+                                 [this] { return cancelled_.load() || job_ended_.load(); });
+      }
+      absl::StatusOr<StepResult> trained_step = replica_set->TrainStep(
+          batch.features.data(), batch.labels.data(), batch.size, step, gradient_queued);
+      if (!trained_step.ok()) {
+        if (stream) (void)exchange_->FinishPushPull(/*abandon=*/true);
+        return trained_step.status();
+      }
+      result = *trained_step;
       const double computed = MonotonicSeconds() - compute_began;
       total_compute += computed;
       if (compute_seconds) compute_seconds->Increment(computed);
       if (!result.skipped && !std::isfinite(result.loss)) {
+        // Its gradients have gone: the shards refuse them too.
+        if (stream) (void)exchange_->FinishPushPull();
         diverged_ = true;
         return absl::InternalError(absl::StrCat("training diverged at step ", step,
                                                 ": the loss is ", result.loss,
@@ -526,18 +561,17 @@ absl::Status JobTrainer::Train() {
     // mode: the shards count it as this worker's step but take no gradient
     // from it (a SYNC step completes with the workers that brought one; SSP's
     // bound and the final pull see the worker's progress).
-    // A checkpoint at step + 1: this push asks the shards to capture it.
     CheckpointWorkerState checkpoint;
-    if (CheckpointDue(step)) {
-      exchange_->MarkNextPush(step + 1);
+    if (checkpoint_due) {
       checkpoint.set_step(step + 1);
       checkpoint.set_attempt(task_.attempt());
-      ASSIGN_OR_RETURN(*checkpoint.mutable_state(), SaveWorkerState(*model));
+      absl::StatusOr<std::string> state = SaveWorkerState(*model);
+      if (!state.ok()) {
+        if (stream) (void)exchange_->FinishPushPull();
+        return state.status();
+      }
+      *checkpoint.mutable_state() = *std::move(state);
     }
-    const bool final_step = step + 1 >= steps_.load();
-    const bool push =
-        push_every == 1 || final_step || checkpoint.step() > 0 || (step + 1) % push_every == 0;
-    const bool fetch = !final_step && (step + 1) % fetch_every == 0;
     std::vector<const float*> grads =
         batches > 1 ? step_mean.Gradients() : Gradients(*model, result.skipped);
     if (push_every > 1) {
@@ -545,7 +579,9 @@ absl::Status JobTrainer::Train() {
       grads = accumulated.Gradients();
     }
     const double exchange_began = MonotonicSeconds();
-    if (push && fetch) {
+    if (stream) {
+      RETURN_IF_ERROR(exchange_->FinishPushPull());
+    } else if (push && fetch) {
       RETURN_IF_ERROR(PushGradientsAndPull(model, step, grads, min_version(step + 1),
                                            min_worker_steps(step + 1)));
     } else if (push) {

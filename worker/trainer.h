@@ -62,6 +62,10 @@ struct TrainerOptions {
   // runs a job again in the same attempt (it took a rank over) numbers its
   // requests above its earlier runs', which the shards remember.
   int64_t run_index = 0;
+  // Each step's push and pull overlap its backward pass (message by
+  // message as the gradients come out; ParameterExchange::BeginPushPull);
+  // false: the step's exchange starts after backward (the serial path).
+  bool overlap = true;
 };
 
 class JobTrainer {

@@ -16,6 +16,9 @@ namespace kernels {
 namespace cuda {
 namespace {
 
+// DownloadAside's tickets in flight at most (a step queues one per layer).
+constexpr int64_t kDownloadTickets = 256;
+
 // DeviceMemory's free functions.
 void FreeDevice(void* ptr) { cudaFree(ptr); }
 void FreeHost(void* ptr) { cudaFreeHost(ptr); }
@@ -51,6 +54,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   // compute stream; JoinUploads makes the compute stream wait for them.
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&backend->copy_stream_, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&backend->uploaded_, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&backend->download_stream_, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&backend->download_mark_, cudaEventDisableTiming));
+  // Created up front: WaitDownload reads the ring from other threads.
+  backend->downloaded_.resize(kDownloadTickets);
+  for (cudaEvent_t& e : backend->downloaded_) {
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   return backend;
 }
 
@@ -68,6 +79,14 @@ CudaBackend::~CudaBackend() {
   if (copy_stream_ != nullptr) {
     cudaStreamSynchronize(copy_stream_);
     cudaStreamDestroy(copy_stream_);
+  }
+  if (download_stream_ != nullptr) {
+    cudaStreamSynchronize(download_stream_);
+    cudaStreamDestroy(download_stream_);
+  }
+  if (download_mark_ != nullptr) cudaEventDestroy(download_mark_);
+  for (cudaEvent_t e : downloaded_) {
+    if (e != nullptr) cudaEventDestroy(e);
   }
 }
 
@@ -195,6 +214,31 @@ absl::Status CudaBackend::UploadAside(void* device, const void* host, size_t byt
 absl::Status CudaBackend::JoinUploads() {
   CUDA_RETURN_IF_ERROR(cudaEventRecord(uploaded_, copy_stream_));
   return FromCuda(cudaStreamWaitEvent(ctx_->stream, uploaded_, 0), "cudaStreamWaitEvent");
+}
+
+absl::StatusOr<int64_t> CudaBackend::DownloadAside(void* host, const void* device, size_t bytes) {
+  const int64_t ticket = next_ticket_++;
+  if (ticket >= kDownloadTickets) {
+    // The ring's event for this ticket was last recorded kDownloadTickets
+    // ago; whoever waits on it now must not see that one.
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(downloaded_[ticket % kDownloadTickets]));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(download_mark_, ctx_->stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(download_stream_, download_mark_, 0));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, download_stream_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(downloaded_[ticket % kDownloadTickets], download_stream_));
+  return ticket;
+}
+
+absl::Status CudaBackend::WaitDownload(int64_t ticket) {
+  if (ticket < 0 || ticket >= next_ticket_.load()) {
+    return absl::InvalidArgumentError(absl::StrCat("no download ", ticket, " was queued"));
+  }
+  // A ticket whose event has been recorded again since has landed (the
+  // ring waits for it first); waiting on the newer one only waits longer.
+  return FromCuda(cudaEventSynchronize(downloaded_[ticket % kDownloadTickets]),
+                  "waiting for a download");
 }
 
 absl::Status CudaBackend::ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp,

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,8 @@ class CudaBackend final : public ComputeBackend {
   absl::Status ToHost(void* host, const void* device, size_t bytes) override;
   absl::Status UploadAside(void* device, const void* host, size_t bytes) override;
   absl::Status JoinUploads() override;
+  absl::StatusOr<int64_t> DownloadAside(void* host, const void* device, size_t bytes) override;
+  absl::Status WaitDownload(int64_t ticket) override;
   absl::Status Synchronize() override { return ctx_->Synchronize(); }
   absl::Status ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp,
                               const std::vector<TensorUpdate>& tensors) override;
@@ -103,6 +106,13 @@ class CudaBackend final : public ComputeBackend {
   // UploadAside's stream, and the event JoinUploads records on it.
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t uploaded_ = nullptr;
+  // DownloadAside's stream; the event marking the compute stream's place
+  // for it; a ring of events recorded after each download (ticket t is
+  // downloaded_[t % size], waited for before the ring comes round again).
+  cudaStream_t download_stream_ = nullptr;
+  cudaEvent_t download_mark_ = nullptr;
+  std::vector<cudaEvent_t> downloaded_;
+  std::atomic<int64_t> next_ticket_{0};
   std::unique_ptr<MultiTensorPlan> plan_;
   std::vector<TensorUpdate> plan_tensors_;  // What plan_ was made for.
   std::vector<cudaEvent_t> marks_;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -148,6 +149,43 @@ TEST_F(CudaBackendTest, OpsAfterJoinUploadsSeeTheUploads) {
   std::vector<float> expected(values);
   for (float& v : expected) v = v > 0.f ? v : 0.f;
   EXPECT_EQ(Download(*gpu_, relu, n), expected);
+}
+
+TEST_F(CudaBackendTest, DownloadAsideLandsWhatTheOpsBeforeItWroteAndAnotherThreadWaits) {
+  const int64_t n = 1 << 20;
+  const std::vector<float> values = Random(n, 4);
+  float* x = Upload(*gpu_, values);
+  std::vector<float> expected(values);
+  for (float& v : expected) v = v > 0.f ? v : 0.f;
+  // More downloads than the ring holds, each after its own op: every ticket
+  // still lands what its op wrote.
+  std::vector<float*> relus;
+  std::vector<DeviceMemory> hosts;
+  std::vector<int64_t> tickets;
+  for (int i = 0; i < 300; ++i) {
+    float* relu = Alloc<float>(*gpu_, i % 100 == 0 ? n : 1024);
+    ASSERT_NE(relu, nullptr);
+    const int64_t count = i % 100 == 0 ? n : 1024;
+    auto host = gpu_->AllocateHost(sizeof(float) * count);
+    ASSERT_TRUE(host.ok()) << host.status();
+    ASSERT_OK(gpu_->ReluForward(count, Act(x), Act(relu)));
+    auto ticket = gpu_->DownloadAside(host->as<void>(), relu, sizeof(float) * count);
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    tickets.push_back(*ticket);
+    relus.push_back(relu);
+    hosts.push_back(std::move(*host));
+  }
+  // The last big one, waited for on another thread.
+  absl::Status waited;
+  std::thread([&] { waited = gpu_->WaitDownload(tickets[200]); }).join();
+  ASSERT_OK(waited);
+  const float* last = hosts[200].as<float>();
+  EXPECT_EQ(std::vector<float>(last, last + n), expected);
+  ASSERT_OK(gpu_->WaitDownload(tickets.back()));
+  const float* small = hosts.back().as<float>();
+  EXPECT_EQ(std::vector<float>(small, small + 1024),
+            std::vector<float>(expected.begin(), expected.begin() + 1024));
+  EXPECT_EQ(gpu_->WaitDownload(tickets.back() + 1).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CudaBackendTest, DenseForwardMatchesTheCpuBackend) {
