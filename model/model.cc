@@ -502,6 +502,13 @@ absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_
   return absl::OkStatus();
 }
 
+absl::Status Model::UploadParam(int id, int64_t offset, int64_t count) {
+  if (!backend_->gpu()) return absl::OkStatus();
+  RETURN_IF_ERROR(backend_->MakeCurrent());  // The calling thread's device.
+  const int64_t at = param_offset_[id] + offset;
+  return backend_->UploadAside(param_compute_ + at, param_host_ + at, sizeof(float) * count);
+}
+
 absl::Status Model::ParamsToDevice() {
   return backend_->ToDevice(param_compute_, param_host_, sizeof(float) * param_total_);
 }

@@ -228,6 +228,12 @@ class Model {
   absl::Status Synchronize();
   // Copies param(id) (host) to the compute memory, queued.
   absl::Status ParamsToDevice();
+  // Queues elements [offset, offset + count) of param(id) to the compute
+  // memory beside the compute (ComputeBackend::UploadAside), so parameters
+  // go up as they arrive; the next TrainStep with params_from_host = false
+  // waits for them. Thread-safe against other UploadParam calls (not
+  // against TrainStep or Evaluate). A no-op on the CPU.
+  absl::Status UploadParam(int id, int64_t offset, int64_t count);
   // Compute memory the model holds now, by use.
   struct ComputeMemory {
     int64_t parameters = 0;  // Parameters, gradients, optimizer slots, state.

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "google/protobuf/text_format.h"
@@ -226,6 +228,54 @@ TEST_F(ModelGpuTest, TrainStepMatchesTheCpu) {
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_NEAR(c->loss_sum, g->loss_sum, 1e-4 * (1 + std::abs(c->loss_sum)));
   EXPECT_EQ(c->correct, g->correct);
+}
+
+// The overlapped worker's step: gradients announced layer by layer as they
+// go down (each once, last layer first, waited for on another thread) and
+// parameters queued up tensor by tensor (UploadParam) instead of copied at
+// the step's start: the same steps as the plain TrainStep's.
+TEST_F(ModelGpuTest, StreamedGradientsAndUploadedParamsMatchThePlainStep) {
+  auto plain = MakeModel(kSmallNet, 0);
+  auto streamed = MakeModel(kSmallNet, 0);
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(streamed, nullptr);
+  const int64_t batch = 32;
+  const int num_params = static_cast<int>(plain->params().size());
+  for (int step = 0; step < 4; ++step) {
+    const Batch b = RandomBatch(batch, plain->input_size(), 5, 300 + step);
+    std::vector<std::pair<int, int64_t>> announced;
+    TrainStepOptions options;
+    options.params_from_host = step == 0;  // Later: UploadParam below.
+    options.gradient_queued = [&](int id, int64_t ticket) { announced.emplace_back(id, ticket); };
+    auto p = plain->TrainStep(b.features.data(), b.labels.data(), batch, step);
+    auto s = streamed->TrainStep(b.features.data(), b.labels.data(), batch, step, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_EQ(static_cast<int>(announced.size()), num_params);
+    for (int k = 0; k < num_params; ++k) {
+      EXPECT_EQ(announced[k].first, num_params - 1 - k) << "announced out of order";
+    }
+    absl::Status waited;
+    std::thread([&] {
+      for (const auto& [id, ticket] : announced) {
+        waited.Update(streamed->WaitGradient(ticket));
+      }
+    }).join();
+    ASSERT_TRUE(waited.ok()) << waited;
+    EXPECT_NEAR(p->loss, s->loss, 1e-5 * (1 + std::abs(p->loss))) << "step " << step;
+    for (const ParamInfo& info : plain->params()) {
+      ExpectClose(plain->grad(info.id), streamed->grad(info.id), info.num_elements, 1e-5,
+                  info.name + " grad, step " + std::to_string(step));
+      for (int64_t i = 0; i < info.num_elements; ++i) {
+        plain->param(info.id)[i] -= 0.1f * plain->grad(info.id)[i];
+        streamed->param(info.id)[i] = plain->param(info.id)[i];
+      }
+      // Half now, half later: partitions arrive in pieces.
+      const int64_t half = info.num_elements / 2;
+      ASSERT_TRUE(streamed->UploadParam(info.id, half, info.num_elements - half).ok());
+      ASSERT_TRUE(streamed->UploadParam(info.id, 0, half).ok());
+    }
+  }
 }
 
 // The device-resident loop (bench/step_time's): forward, backward and the

@@ -144,16 +144,13 @@ ReplicaSet::ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
       param_count_(ParamCount(*replicas_[0])),
       nccl_(std::move(nccl)) {}
 
-absl::StatusOr<StepResult> ReplicaSet::TrainStep(
-    const float* features, const int32_t* labels, int64_t batch, int64_t step,
-    const std::function<void(int, int64_t)>& gradient_queued) {
+absl::StatusOr<StepResult> ReplicaSet::TrainStep(const float* features, const int32_t* labels,
+                                                 int64_t batch, int64_t step,
+                                                 const TrainStepOptions& options) {
   const int n = static_cast<int>(std::min<int64_t>(size(), batch));
   // One replica, one example, or no batch at all (which TrainStep rejects).
-  if (n <= 1) {
-    TrainStepOptions options;
-    options.gradient_queued = gradient_queued;
-    return primary()->TrainStep(features, labels, batch, step, options);
-  }
+  if (n <= 1) return primary()->TrainStep(features, labels, batch, step, options);
+  const auto& gradient_queued = options.gradient_queued;
   const std::vector<int64_t> begin = SliceStarts(batch, n);
   // The communicators span every replica: a batch smaller than the set
   // (rare: a short last batch) takes the host path.

@@ -66,13 +66,12 @@ class ReplicaSet {
   // Each replica's own local state (batch-norm statistics) moves with its
   // slice. Errors are the first failing replica's, or the NCCL call's; after
   // one, no collective is left pending.
-  // With `gradient_queued`, the gradients are announced to it as they
-  // reach primary()'s grad(id): during backward with one replica
-  // (TrainStepOptions::gradient_queued; Model::WaitGradient), after the
-  // reduce with several (ticket -1: already there).
-  absl::StatusOr<StepResult> TrainStep(
-      const float* features, const int32_t* labels, int64_t batch, int64_t step,
-      const std::function<void(int param_id, int64_t ticket)>& gradient_queued = nullptr);
+  // `options`: with one replica, as Model::TrainStep takes them. With
+  // several, parameters always come from primary()'s host copy and the
+  // gradients go to its grad(id); options.gradient_queued hears of them
+  // after the reduce (ticket -1: already there).
+  absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
+                                       int64_t step, const TrainStepOptions& options = {});
 
  private:
   ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,

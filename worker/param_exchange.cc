@@ -344,16 +344,23 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
                                                 int64_t min_version, int64_t min_worker_steps,
                                                 absl::Time push_give_up, absl::Time pull_give_up,
                                                 const std::vector<float*>& params,
-                                                const std::function<bool()>& cancelled) {
+                                                const std::function<bool()>& cancelled,
+                                                const PulledFn* pulled) {
+  // Tells `pulled` of the message's partitions once they are in params.
+  auto landed = [&](absl::Status copied) -> absl::Status {
+    if (!copied.ok() || pulled == nullptr || *pulled == nullptr) return copied;
+    for (const PartitionPlacement& p : messages_[i].partitions) RETURN_IF_ERROR((*pulled)(p));
+    return absl::OkStatus();
+  };
   Payload payload;
   const PushRequest push = MakePushRequest(i, step, sequence, grads, &payload);
   const PullRequest pull = MakePullRequest(i, min_version, min_worker_steps);
   if (cancelled()) return absl::CancelledError("job ended");
-  Payload pulled;
+  Payload values;
   absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
       push, payload, pull,
-      std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &pulled);
-  if (response.ok()) return CopyPulled(i, response->pull(), pulled, params);
+      std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &values);
+  if (response.ok()) return landed(CopyPulled(i, response->pull(), values, params));
   if (!Retryable(response.status())) {
     return Annotate(response.status(), absl::StrCat("exchanging with shard ", messages_[i].shard));
   }
@@ -361,7 +368,7 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
   // workers): finish with separate calls. The push keeps its request id,
   // so it is applied once whether or not the combined call applied it.
   RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
-  return ReceivePull(i, pull, pull_give_up, params, cancelled);
+  return landed(ReceivePull(i, pull, pull_give_up, params, cancelled));
 }
 
 absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const float*>& grads,
@@ -386,7 +393,7 @@ absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const f
 void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const float*>& grads,
                                       int64_t min_version, int64_t min_worker_steps,
                                       const std::vector<float*>& params,
-                                      const std::function<bool()>& cancelled) {
+                                      const std::function<bool()>& cancelled, PulledFn pulled) {
   const int n = static_cast<int>(messages_.size());
   const int64_t first_sequence = sequence_ + 1;
   sequence_ += n;
@@ -401,7 +408,7 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
   first_error_ = absl::OkStatus();
   // Copies: the step's pointers, for tasks that run after this returns.
   task_ = [this, step, first_sequence, grads, min_version, min_worker_steps, push_give_up,
-           pull_give_up, params, cancelled](int i) -> absl::Status {
+           pull_give_up, params, cancelled, pulled](int i) -> absl::Status {
     std::function<absl::Status()> wait;
     {
       absl::MutexLock lock(&mu_);
@@ -409,7 +416,7 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
     }
     if (wait) RETURN_IF_ERROR(Annotate(wait(), "waiting for the gradients to push"));
     return ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
-                           push_give_up, pull_give_up, params, cancelled);
+                           push_give_up, pull_give_up, params, cancelled, &pulled);
   };
   // A model without tensors has nothing to wait for.
   for (int i = 0; i < n; ++i) {

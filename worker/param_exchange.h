@@ -123,12 +123,16 @@ class ParameterExchange {
   // goes; an error fails the step); FinishPushPull waits for every message
   // and returns the first error. `abandon`: the step failed before all its
   // gradients were ready; messages not yet released are never sent.
-  // grads, params and cancelled must outlive FinishPushPull.
+  // `pulled`, when set, is called on an exchange thread for each partition
+  // once its values are in params (a GPU trainer queues them to the device
+  // there); an error fails the step. grads, params and cancelled must
+  // outlive FinishPushPull.
   // REQUIRES: grads has a pointer for every tensor; no other call between
   // BeginPushPull and FinishPushPull but GradientReady.
+  using PulledFn = std::function<absl::Status(const PartitionPlacement&)>;
   void BeginPushPull(int64_t step, const std::vector<const float*>& grads, int64_t min_version,
                      int64_t min_worker_steps, const std::vector<float*>& params,
-                     const std::function<bool()>& cancelled);
+                     const std::function<bool()>& cancelled, PulledFn pulled = nullptr);
   void GradientReady(int tensor_id, std::function<absl::Status()> wait);
   absl::Status FinishPushPull(bool abandon = false);
 
@@ -175,7 +179,8 @@ class ParameterExchange {
                                const std::vector<const float*>& grads, int64_t min_version,
                                int64_t min_worker_steps, absl::Time push_give_up,
                                absl::Time pull_give_up, const std::vector<float*>& params,
-                               const std::function<bool()>& cancelled);
+                               const std::function<bool()>& cancelled,
+                               const PulledFn* pulled = nullptr);
   // Runs task(i) for every i in [0, n) on the pool (and the calling thread),
   // starting them in order of i; returns the first error.
   absl::Status RunAll(int n, const std::function<absl::Status(int)>& task);

@@ -469,6 +469,9 @@ absl::Status JobTrainer::Train() {
   GradientSum accumulated;
   // The mean of a step's batches when it trains on several (SYNC hand-out).
   GradientSum step_mean;
+  // Whether the last pull also put the parameters on the device (an
+  // overlapped step's): the next step does not copy them up again.
+  bool params_on_device = false;
   for (int64_t step = first_step; step < steps_.load(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     if (!pulled) RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
@@ -504,12 +507,22 @@ absl::Status JobTrainer::Train() {
     // FP16's verdict on the whole step decides whether it is pushed at all.
     const bool stream = options_.overlap && push && fetch && batches == 1 && push_every == 1 &&
                         model->precision() != FP16;
-    std::function<void(int, int64_t)> gradient_queued;
+    TrainStepOptions step_options;
+    step_options.params_from_host = !params_on_device;
     if (stream) {
-      gradient_queued = [this, model](int id, int64_t ticket) {
+      step_options.gradient_queued = [this, model](int id, int64_t ticket) {
         exchange_->GradientReady(id, [model, ticket] { return model->WaitGradient(ticket); });
       };
     }
+    // A GPU worker of one replica queues each partition pulled back to the
+    // device at once, on the copy stream: the next step finds them there.
+    ParameterExchange::PulledFn upload;
+    if (stream && replica_set->size() == 1 && model->device() >= 0) {
+      upload = [model](const PartitionPlacement& p) {
+        return model->UploadParam(p.tensor_id(), p.offset(), p.num_elements());
+      };
+    }
+    params_on_device = false;
     for (int b = 0; b < batches; ++b) {
       permanent_ = true;
       const double wait_began = MonotonicSeconds();
@@ -521,12 +534,14 @@ absl::Status JobTrainer::Train() {
       if (!have_batch) return absl::InternalError("training data ended");
       const double compute_began = MonotonicSeconds();
       if (stream) {
-        exchange_->BeginPushPull(step, Gradients(*model, false), min_version(step + 1),
-                                 min_worker_steps(step + 1), ParamPointers(model),
-                                 [this] { return cancelled_.load() || job_ended_.load(); });
+        exchange_->BeginPushPull(
+            step, Gradients(*model, false), min_version(step + 1), min_worker_steps(step + 1),
+            ParamPointers(model), [this] { return cancelled_.load() || job_ended_.load(); },
+            upload);
       }
       absl::StatusOr<StepResult> trained_step = replica_set->TrainStep(
-          batch.features.data(), batch.labels.data(), batch.size, step, gradient_queued);
+          batch.features.data(), batch.labels.data(), batch.size, step, step_options);
+      step_options.params_from_host = true;  // A second batch of the step.
       if (!trained_step.ok()) {
         if (stream) (void)exchange_->FinishPushPull(/*abandon=*/true);
         return trained_step.status();
@@ -581,6 +596,7 @@ absl::Status JobTrainer::Train() {
     const double exchange_began = MonotonicSeconds();
     if (stream) {
       RETURN_IF_ERROR(exchange_->FinishPushPull());
+      params_on_device = upload != nullptr;
     } else if (push && fetch) {
       RETURN_IF_ERROR(PushGradientsAndPull(model, step, grads, min_version(step + 1),
                                            min_worker_steps(step + 1)));
