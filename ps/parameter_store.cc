@@ -15,6 +15,7 @@
 #include "kernels/cpu/optimizer.h"
 #include "ps/lr_schedule.h"
 #include "ps/parameter_arrays.h"
+#include "ps/rank_ordered_sum.h"
 #include "ps/request_dedup.h"
 #include "spec/job_validation.h"
 #include "spec/params.h"
@@ -132,12 +133,10 @@ struct ParameterStore::Partition {
   int64_t updates ABSL_GUARDED_BY(mu) = 0;
   // Values and optimizer slots; a checkpoint capture borrows them.
   ParameterArrays arrays ABSL_GUARDED_BY(mu);
-  // SYNC: the sum of the gradients pushed for step == version, which ranks
-  // have pushed it (skipped or not) and how many brought a gradient.
-  std::vector<float> grad_sum ABSL_GUARDED_BY(mu);
-  std::vector<bool> arrived ABSL_GUARDED_BY(mu);
-  int num_arrived ABSL_GUARDED_BY(mu) = 0;
-  int num_contributors ABSL_GUARDED_BY(mu) = 0;
+  // SYNC: the gradients pushed for step == version, summed in rank order
+  // whatever order they arrive in, and which ranks have pushed it (skipped
+  // or not).
+  RankOrderedSum step_sum ABSL_GUARDED_BY(mu);
   // SYNC: the checkpoint step at which this partition is to be captured (0:
   // none pending).
   int64_t capture_at ABSL_GUARDED_BY(mu) = 0;
@@ -367,10 +366,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
       // Checkpoints will borrow the arrays: the first update after each
       // writes these, mapped now rather than on a push.
       if (sink_) partition->arrays.ReserveSpare();
-      if (job->sync()) {
-        partition->grad_sum.assign(n, 0.f);
-        partition->arrived.assign(job->num_workers, false);
-      }
+      if (job->sync()) partition->step_sum = RankOrderedSum(job->num_workers, n);
     }
     job->partitions.push_back(std::move(partition));
   }
@@ -572,28 +568,19 @@ bool ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
   // A late push (a straggler the backup workers replaced) or a second one
   // of the same rank for this step is acknowledged and ignored.
   if (request.step() < version) return true;
-  if (p.arrived[rank]) return false;
+  if (p.step_sum.arrived(rank)) return false;
   // An absent rank (a worker the coordinator gave up on, still pushing)
   // brings nothing.
   if (job.any_absent.load(std::memory_order_acquire)) {
     absl::MutexLock job_lock(&job.mu);
     if (!job.Counts(rank)) return false;
   }
-  p.arrived[rank] = true;
-  ++p.num_arrived;
-  const int64_t n = p.num_elements;
-  float* sum = p.grad_sum.data();
-  if (!request.skipped()) {
-    const bool first = p.num_contributors++ == 0;
-    ForEachGradientRun(payload, piece.offset, n, piece.dtype, scratch,
-                       [&](const float* grad, int64_t start, int64_t count) {
-                         float* out = sum + start;
-                         if (first) {
-                           std::memcpy(out, grad, count * kFloatBytes);
-                         } else {
-                           for (int64_t i = 0; i < count; ++i) out[i] += grad[i];
-                         }
-                       });
+  if (request.skipped()) {
+    p.step_sum.Skip(rank);
+  } else {
+    p.step_sum.Add(rank, [&](auto write) {
+      ForEachGradientRun(payload, piece.offset, p.num_elements, piece.dtype, scratch, write);
+    });
   }
   MaybeCompleteStep(job, p);
   return false;
@@ -601,13 +588,15 @@ bool ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
 
 void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
   const int64_t version = p.version.load(std::memory_order_relaxed);
-  if (p.num_arrived == 0 || p.num_arrived < job.Quorum()) return;
+  const int num_arrived = p.step_sum.num_arrived();
+  if (num_arrived == 0 || num_arrived < job.Quorum()) return;
   // The step is complete: the mean over the workers that brought a gradient
   // (a skipped step is no contributor), or no update when none did.
   const int64_t n = p.num_elements;
-  float* sum = p.grad_sum.data();
-  if (p.num_contributors > 0) {
-    const float scale = 1.f / static_cast<float>(p.num_contributors);
+  const int num_contributors = p.step_sum.num_contributors();
+  if (num_contributors > 0) {
+    float* sum = p.step_sum.Finish();
+    const float scale = 1.f / static_cast<float>(num_contributors);
     float probe = 0.f;  // See AllFinite.
     for (int64_t i = 0; i < n; ++i) {
       sum[i] *= scale;
@@ -624,9 +613,7 @@ void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
           0, n);
     }
   }
-  std::fill(p.arrived.begin(), p.arrived.end(), false);
-  p.num_arrived = 0;
-  p.num_contributors = 0;
+  p.step_sum.Reset();
   p.version.store(version + 1, std::memory_order_release);
   if (p.capture_at == version + 1) {
     p.capture_at = 0;
@@ -820,10 +807,7 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
                   s.slots[k].size() * kFloatBytes);
     }
     p.updates = s.updates;
-    if (job->sync()) {
-      std::fill(p.arrived.begin(), p.arrived.end(), false);
-      p.num_arrived = p.num_contributors = 0;
-    }
+    if (job->sync()) p.step_sum.Reset();
     p.version.store(s.version, std::memory_order_release);
   }
   absl::MutexLock lock(&job->mu);

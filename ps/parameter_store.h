@@ -9,7 +9,11 @@
 // in proto/job.proto), so a schedule ends with
 // the job whatever the mode; Adam's bias correction counts the updates
 // actually applied to the partition. Retried pushes are applied once
-// (ps/request_dedup.h).
+// (ps/request_dedup.h). A SYNC step sums the workers' gradients in rank
+// order whatever order they arrive in (ps/rank_ordered_sum.h: up to
+// num_workers - 1 gradients held aside per partition, buffers kept across
+// steps), so a SYNC step's result depends on which gradients count, never
+// on the order they arrive in.
 //
 // Thread-safety: thread-safe. The store locks per job and per partition, so
 // pushes to different partitions apply in parallel; no store-wide lock is
@@ -137,9 +141,10 @@ class ParameterStore : public ParameterShard {
   // ASYNC/SSP: applies one partition's gradient (nothing for a skipped push).
   void ApplyNow(Job& job, const PushRequest& request, const Payload& payload, const Piece& piece,
                 std::vector<float>* scratch) const;
-  // SYNC: adds one partition's gradient to its step's sum, and applies the
-  // mean once the step's quorum has arrived. Returns whether the push came
-  // after its step had completed (late).
+  // SYNC: adds one partition's gradient to its step's sum (in rank order,
+  // ps/rank_ordered_sum.h), and applies the mean once the step's quorum has
+  // arrived. Returns whether the push came after its step had completed
+  // (late).
   bool Accumulate(Job& job, const PushRequest& request, const Payload& payload, const Piece& piece,
                   std::vector<float>* scratch) const;
   // SYNC: applies partition `p`'s step if its quorum has arrived.
