@@ -57,10 +57,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&backend->download_stream_, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&backend->download_mark_, cudaEventDisableTiming));
-  // Created up front: WaitDownload reads the ring from other threads.
+  // Created up front: WaitDownload reads the ring from other threads, which
+  // sleep while they wait (blocking sync) instead of spinning on the cores
+  // the thread queueing the step and the exchange need.
   backend->downloaded_.resize(kDownloadTickets);
   for (cudaEvent_t& e : backend->downloaded_) {
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
   }
   return backend;
 }
