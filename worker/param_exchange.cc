@@ -95,8 +95,8 @@ void ParameterExchange::PoolLoop() {
         },
         this));
     if (stopping_) return;
-    const int i = queue_.front();
-    queue_.pop_front();
+    const int i = queue_.top();
+    queue_.pop();
     const std::function<absl::Status(int)> task = task_;
     mu_.Unlock();
     absl::Status status = task(i);
@@ -106,15 +106,15 @@ void ParameterExchange::PoolLoop() {
   }
 }
 
-void ParameterExchange::Queue(int i) { queue_.push_back(i); }
+void ParameterExchange::Queue(int i) { queue_.push(i); }
 
 absl::Status ParameterExchange::Drain() {
   absl::MutexLock lock(&mu_);
   while (true) {
     // Help with the queue, then wait for what is running or unreleased.
     while (!queue_.empty()) {
-      const int i = queue_.front();
-      queue_.pop_front();
+      const int i = queue_.top();
+      queue_.pop();
       const std::function<absl::Status(int)> task = task_;
       mu_.Unlock();
       absl::Status status = task(i);

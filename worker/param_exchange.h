@@ -26,9 +26,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
+#include <queue>
 #include <string>
 #include <thread>
 #include <vector>
@@ -184,7 +184,7 @@ class ParameterExchange {
   // Runs task(i) for every i in [0, n) on the pool (and the calling thread),
   // starting them in order of i; returns the first error.
   absl::Status RunAll(int n, const std::function<absl::Status(int)>& task);
-  // The pool runs task_ on each index queued, in order; Drain waits (helping
+  // The pool runs task_ on each index queued, lowest first; Drain waits (helping
   // with the queue) until `pending_` is 0 and returns the first error.
   void Queue(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Drain() ABSL_LOCKS_EXCLUDED(mu_);
@@ -205,7 +205,10 @@ class ParameterExchange {
 
   absl::Mutex mu_;
   std::function<absl::Status(int)> task_ ABSL_GUARDED_BY(mu_);
-  std::deque<int> queue_ ABSL_GUARDED_BY(mu_);
+  // Queued tasks, lowest index first: of a streamed step's messages ready
+  // at once, the first layers' go first (the next forward needs them
+  // first), as in P3 / BytePS priority scheduling.
+  std::priority_queue<int, std::vector<int>, std::greater<int>> queue_ ABSL_GUARDED_BY(mu_);
   // Tasks of the current batch not yet finished (queued, running, or still
   // to be released by GradientReady).
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
