@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -270,8 +271,8 @@ absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
     payload.CopyTo(offset, size, reinterpret_cast<char*>(params[p.tensor_id()] + p.offset()));
     offset += size;
     const int64_t version = response.partitions(k).version();
-    int64_t seen = max_pulled_version_.load(std::memory_order_relaxed);
-    while (version > seen && !max_pulled_version_.compare_exchange_weak(seen, version)) {
+    int64_t seen = min_pulled_version_.load(std::memory_order_relaxed);
+    while (version < seen && !min_pulled_version_.compare_exchange_weak(seen, version)) {
     }
   }
   return absl::OkStatus();
@@ -281,6 +282,7 @@ absl::Status ParameterExchange::Pull(int64_t min_version, int64_t min_worker_ste
                                      const std::vector<float*>& params,
                                      const std::function<bool()>& cancelled) {
   const absl::Time give_up = absl::Now() + options_.pull_timeout;
+  min_pulled_version_.store(std::numeric_limits<int64_t>::max());
   // First layers first: messages_ is in tensor order.
   return RunAll(static_cast<int>(messages_.size()), [&](int i) -> absl::Status {
     return ReceivePull(i, MakePullRequest(i, min_version, min_worker_steps), give_up, params,

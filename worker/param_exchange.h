@@ -145,9 +145,12 @@ class ParameterExchange {
   absl::Status CaptureNow(int64_t checkpoint_step, int64_t last_step,
                           const std::function<bool()>& cancelled);
 
-  // The highest partition version any pull has returned (SYNC: the step the
-  // job's shards are at; a worker joining a running job starts there).
-  int64_t max_pulled_version() const { return max_pulled_version_.load(); }
+  // The lowest partition version the last Pull returned. SYNC: the step
+  // every partition has reached — a worker joining a running job starts
+  // there, so a step the lost worker pushed to some partitions only (it died
+  // mid-push) is completed on the others, while those already past it take
+  // the repeated push as late: each partition applies each step once.
+  int64_t min_pulled_version() const { return min_pulled_version_.load(); }
 
  private:
   struct Message {
@@ -195,7 +198,7 @@ class ParameterExchange {
   std::vector<Message> messages_;  // Sorted by (first tensor, partition).
   std::vector<int> partitions_per_shard_;
   int64_t sequence_ = 0;
-  mutable std::atomic<int64_t> max_pulled_version_{0};
+  mutable std::atomic<int64_t> min_pulled_version_{0};
   int64_t checkpoint_step_ = 0;  // For the next push's requests (0: none).
 
   // Per tensor id, the messages holding its partitions; per message, how

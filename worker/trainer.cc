@@ -342,15 +342,15 @@ absl::Status JobTrainer::Train() {
   Model* model = replica_set->primary();
   RETURN_IF_ERROR(StartExchange(model->params()));
   // Where this worker starts: the job's start, its checkpoint's step, or
-  // where the rank it takes over had got to — in SYNC the shards' current
-  // step, which a first pull finds.
+  // where the rank it takes over had got to — in SYNC the step every
+  // partition has reached, which a first pull finds.
   int64_t first_step = task_.restore().step();
   steps_.store(task_.steps() > 0 ? task_.steps() : spec.steps());
   batches_per_step_.store(std::max(1, task_.batches_per_step()));
   if (task_.has_join()) {
     if (spec.consistency().mode() == ConsistencySpec::SYNC) {
       RETURN_IF_ERROR(PullParameters(model, 0, 0));
-      first_step = exchange_->max_pulled_version();
+      first_step = exchange_->min_pulled_version();
     } else {
       first_step = task_.join().step();
     }

@@ -1,5 +1,6 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -78,48 +79,87 @@ class TrainerTest : public ::testing::Test {
     WriteDataset(data_dir_ + "/test-00000-of-00001", 32);
   }
 
+  // Spec()'s job (of `workers` workers) on fresh in-process shards.
+  void HostJob(int workers) {
+    spec_ = Spec();
+    spec_.set_num_workers(workers);
+    auto params = ValidateJobSpec(spec_);
+    ASSERT_TRUE(params.ok()) << params.status();
+    params_ = *params;
+    auto placed = PlacePartitions(params_, kShards, spec_.partition_bytes());
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    placed_ = *placed;
+    stores_.clear();
+    shards_.clear();
+    for (int s = 0; s < kShards; ++s) {
+      stores_.push_back(std::make_unique<ParameterStore>());
+      ASSERT_TRUE(stores_.back()->AddJob("j", spec_, s, placed_).ok());
+      shards_.push_back(stores_.back().get());
+    }
+  }
+
+  // Rank `rank`'s task: every `workers`-th record of the one file.
+  Task RankTask(int rank, int workers) const {
+    Task task;
+    task.set_job_id("j");
+    *task.mutable_spec() = spec_;
+    task.set_rank(rank);
+    for (const PartitionPlacement& p : placed_) *task.mutable_placement()->add_partitions() = p;
+    DataPart* part = task.add_data();
+    part->set_file("train-00000-of-00001");
+    part->set_stride(workers);
+    part->set_offset(rank);
+    return task;
+  }
+
+  TrainerOptions Options(int rank, bool overlap) const {
+    TrainerOptions options;
+    options.node_id = absl::StrCat("w", rank);
+    options.incarnation = 1;
+    options.data_dir = data_dir_;
+    options.exchange.pull_timeout = absl::Seconds(20);
+    options.exchange.pull_slice = absl::Milliseconds(200);
+    options.exchange.message_bytes = 1024;
+    options.exchange.max_inflight = 4;
+    options.overlap = overlap;
+    return options;
+  }
+
+  std::unique_ptr<JobTrainer> Trainer(Task task, TrainerOptions options) {
+    return std::make_unique<JobTrainer>(
+        std::move(task), std::move(options), shards_,
+        [](const ReportProgressRequest&) -> absl::StatusOr<ReportProgressResponse> {
+          return ReportProgressResponse();
+        });
+  }
+
+  // Every partition's values and versions, as the shards hold them.
+  std::string Values(std::vector<int64_t>* versions = nullptr) {
+    std::string values;
+    for (auto& store : stores_) {
+      PullRequest pull;
+      pull.set_job_id("j");
+      Payload payload;
+      absl::StatusOr<PullResponse> pulled =
+          store->Pull(pull, absl::Now() + absl::Seconds(10), &payload);
+      EXPECT_TRUE(pulled.ok()) << pulled.status();
+      if (!pulled.ok()) continue;
+      values += payload.ToString();
+      for (const PartitionHeader& h : pulled->partitions()) {
+        if (versions != nullptr) versions->push_back(h.version());
+      }
+    }
+    return values;
+  }
+
   // Trains Spec() with kWorkers trainers on threads against in-process
   // shards and returns every partition's final values, as the shards hold
   // them, byte for byte.
   std::string TrainSync(bool overlap) {
-    const JobSpec spec = Spec();
-    auto params = ValidateJobSpec(spec);
-    EXPECT_TRUE(params.ok()) << params.status();
-    auto placed = PlacePartitions(*params, kShards, spec.partition_bytes());
-    EXPECT_TRUE(placed.ok()) << placed.status();
-    std::vector<std::unique_ptr<ParameterStore>> stores;
-    std::vector<ParameterShard*> shards;
-    for (int s = 0; s < kShards; ++s) {
-      stores.push_back(std::make_unique<ParameterStore>());
-      EXPECT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
-      shards.push_back(stores.back().get());
-    }
+    HostJob(kWorkers);
     std::vector<std::unique_ptr<JobTrainer>> trainers;
     for (int rank = 0; rank < kWorkers; ++rank) {
-      Task task;
-      task.set_job_id("j");
-      *task.mutable_spec() = spec;
-      task.set_rank(rank);
-      for (const PartitionPlacement& p : *placed) *task.mutable_placement()->add_partitions() = p;
-      // Every third record of the one file.
-      DataPart* part = task.add_data();
-      part->set_file("train-00000-of-00001");
-      part->set_stride(kWorkers);
-      part->set_offset(rank);
-      TrainerOptions options;
-      options.node_id = absl::StrCat("w", rank);
-      options.incarnation = 1;
-      options.data_dir = data_dir_;
-      options.exchange.pull_timeout = absl::Seconds(60);
-      options.exchange.pull_slice = absl::Milliseconds(200);
-      options.exchange.message_bytes = 1024;
-      options.exchange.max_inflight = 4;
-      options.overlap = overlap;
-      trainers.push_back(std::make_unique<JobTrainer>(
-          task, options, shards,
-          [](const ReportProgressRequest&) -> absl::StatusOr<ReportProgressResponse> {
-            return ReportProgressResponse();
-          }));
+      trainers.push_back(Trainer(RankTask(rank, kWorkers), Options(rank, overlap)));
     }
     std::vector<absl::Status> results(kWorkers);
     std::vector<std::thread> threads;
@@ -130,21 +170,18 @@ class TrainerTest : public ::testing::Test {
     for (int rank = 0; rank < kWorkers; ++rank) {
       EXPECT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank];
     }
-    std::string values;
-    for (auto& store : stores) {
-      PullRequest pull;
-      pull.set_job_id("j");
-      pull.set_min_version(spec.steps());
-      Payload payload;
-      absl::StatusOr<PullResponse> pulled =
-          store->Pull(pull, absl::Now() + absl::Seconds(10), &payload);
-      EXPECT_TRUE(pulled.ok()) << pulled.status();
-      values += payload.ToString();
-    }
+    std::vector<int64_t> versions;
+    const std::string values = Values(&versions);
+    for (int64_t v : versions) EXPECT_EQ(v, spec_.steps());
     return values;
   }
 
   std::string data_dir_;
+  JobSpec spec_;
+  std::vector<ParamInfo> params_;
+  std::vector<PartitionPlacement> placed_;
+  std::vector<std::unique_ptr<ParameterStore>> stores_;
+  std::vector<ParameterShard*> shards_;
 };
 
 // The overlapped exchange changes when each partition's gradients reach
@@ -160,6 +197,60 @@ TEST_F(TrainerTest, SyncWithOverlapIsBitIdenticalToTheSerialPath) {
     ASSERT_EQ(overlapped.size(), serial.size());
     EXPECT_TRUE(overlapped == serial) << "run " << run << " differs from the serial path";
   }
+}
+
+// A SYNC worker that died halfway through a pipelined push left its step on
+// some partitions only. The worker that takes its rank over starts at the
+// step every partition has reached: the partitions that missed the step
+// take it from the new worker, the others take its repeat as late, and
+// every partition applies every step once — the job ends, at every
+// partition's last version, instead of waiting for a step that some
+// partitions would never get.
+TEST_F(TrainerTest, ARankTakenOverAfterAHalfPushedStepAppliesEveryStepOnce) {
+  HostJob(1);
+  const int64_t steps = spec_.steps();
+  {
+    // The lost worker: five whole steps, then part of the sixth.
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = "lost";
+    options.incarnation = 1;
+    options.message_bytes = 1024;
+    ParameterExchange lost(options, placed_, shards_);
+    std::vector<std::vector<float>> grads, values;
+    std::vector<const float*> g;
+    std::vector<float*> v;
+    for (const ParamInfo& p : params_) {
+      grads.emplace_back(p.num_elements, 0.01f);
+      values.emplace_back(p.num_elements);
+      g.push_back(grads.back().data());
+      v.push_back(values.back().data());
+    }
+    const auto never = [] { return false; };
+    for (int64_t step = 0; step < 5; ++step) {
+      ASSERT_TRUE(lost.PushPull(step, g, step + 1, 0, v, never).ok());
+    }
+    // Backward got past the last two layers (messages holding only their
+    // partitions went), not the first.
+    lost.BeginPushPull(5, g, 6, 0, v, never);
+    for (int id = static_cast<int>(params_.size()) - 1; id >= 2; --id) {
+      lost.GradientReady(id, [] { return absl::OkStatus(); });
+    }
+    ASSERT_TRUE(lost.FinishPushPull(/*abandon=*/true).ok());
+  }
+  std::vector<int64_t> versions;
+  Values(&versions);
+  ASSERT_EQ(*std::min_element(versions.begin(), versions.end()), 5);
+  ASSERT_EQ(*std::max_element(versions.begin(), versions.end()), 6);
+
+  Task task = RankTask(0, 1);
+  task.mutable_join()->set_step(5);
+  std::unique_ptr<JobTrainer> joiner = Trainer(task, Options(0, /*overlap=*/true));
+  const absl::Status status = joiner->Run();
+  ASSERT_TRUE(status.ok()) << status;
+  versions.clear();
+  Values(&versions);
+  for (int64_t version : versions) EXPECT_EQ(version, steps);
 }
 
 }  // namespace
