@@ -96,33 +96,28 @@ void ParameterExchange::PoolLoop() {
         },
         this));
     if (stopping_) return;
-    const int i = queue_.top();
-    queue_.pop();
-    const std::function<absl::Status(int)> task = task_;
-    mu_.Unlock();
-    absl::Status status = task(i);
-    mu_.Lock();
-    --pending_;
-    if (!status.ok() && first_error_.ok()) first_error_ = status;
+    RunNext();
   }
 }
 
 void ParameterExchange::Queue(int i) { queue_.push(i); }
 
+void ParameterExchange::RunNext() {
+  const int i = queue_.top();
+  queue_.pop();
+  const std::function<absl::Status(int)> task = task_;
+  mu_.Unlock();
+  absl::Status status = task(i);
+  mu_.Lock();
+  --pending_;
+  if (!status.ok() && first_error_.ok()) first_error_ = status;
+}
+
 absl::Status ParameterExchange::Drain() {
   absl::MutexLock lock(&mu_);
   while (true) {
     // Help with the queue, then wait for what is running or unreleased.
-    while (!queue_.empty()) {
-      const int i = queue_.top();
-      queue_.pop();
-      const std::function<absl::Status(int)> task = task_;
-      mu_.Unlock();
-      absl::Status status = task(i);
-      mu_.Lock();
-      --pending_;
-      if (!status.ok() && first_error_.ok()) first_error_ = status;
-    }
+    while (!queue_.empty()) RunNext();
     if (pending_ == 0) break;
     mu_.Await(absl::Condition(
         +[](ParameterExchange* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {

@@ -190,6 +190,9 @@ class ParameterExchange {
   // The pool runs task_ on each index queued, lowest first; Drain waits (helping
   // with the queue) until `pending_` is 0 and returns the first error.
   void Queue(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the lowest queued index and runs task_ on it outside the lock.
+  // REQUIRES: the queue is not empty.
+  void RunNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Drain() ABSL_LOCKS_EXCLUDED(mu_);
   void PoolLoop();
 
