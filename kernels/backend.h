@@ -265,6 +265,10 @@ class ComputeBackend {
   virtual absl::Status RegisterReducedWeights(
       const std::vector<std::pair<const float*, int64_t>>& ranges) = 0;
   virtual absl::Status CastReducedWeights() = 0;
+  // The same for the one registered range that starts at `w` (nothing when
+  // none does): a forward that starts on its first layers before the later
+  // layers' weights have arrived refreshes each layer's copy as it goes.
+  virtual absl::Status CastReducedWeight(const float* w) = 0;
 
   // Profiling: Mark(i) notes when the work queued so far ends (at the time
   // it runs); MarkMs(i, j) is the time from mark i to mark j, after a

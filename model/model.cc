@@ -413,7 +413,8 @@ kernels::Act Model::Activation(int buffer) const {
                                             : static_cast<const void*>(input_));
 }
 
-absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
+absl::Status Model::Forward(int64_t batch, bool training, int64_t step,
+                            const std::function<absl::Status(int)>* await) {
   const model_internal::Storage& st = *storage_;
   model_internal::ForwardArgs args;
   args.batch = batch;
@@ -428,10 +429,18 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step) {
                                             kernels::Act(st.input_activations.as<void>())));
   }
   // The weights changed since the last pass (shards' values or the device
-  // optimizer): one cast for the whole step instead of one per op.
-  RETURN_IF_ERROR(backend_->CastReducedWeights());
+  // optimizer): one cast for the whole step instead of one per op, or one
+  // per layer as its weights arrive.
+  const bool gated = await != nullptr && *await != nullptr;
+  if (!gated) RETURN_IF_ERROR(backend_->CastReducedWeights());
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (layers_[i]->aliases_input()) continue;
+    const std::vector<int32_t>& ids = shape_.layers[i].param_ids;
+    if (gated && !ids.empty()) {
+      RETURN_IF_ERROR((*await)(static_cast<int>(i)));
+      RETURN_IF_ERROR(backend_->JoinUploads());
+      RETURN_IF_ERROR(backend_->CastReducedWeight(param_compute_ + param_offset_[ids[0]]));
+    }
     args.x.clear();
     for (int input : shape_.layers[i].inputs) {
       args.x.push_back(
@@ -522,7 +531,8 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   RETURN_IF_ERROR(StageBatch(features, labels, batch));
   if (options.params_from_host) RETURN_IF_ERROR(ParamsToDevice());
   RETURN_IF_ERROR(BeginLossScaling());
-  RETURN_IF_ERROR(Forward(batch, /*training=*/true, step));
+  RETURN_IF_ERROR(Forward(batch, /*training=*/true, step, &options.await_layer_params));
+  if (options.before_backward) RETURN_IF_ERROR(options.before_backward());
   // FP16's gradients are final only after the step's verdict.
   const bool stream = options.gradient_queued != nullptr;
   RETURN_IF_ERROR(Backward(batch, stream && !loss_scaling_ ? &options.gradient_queued : nullptr));

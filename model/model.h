@@ -100,6 +100,17 @@ struct TrainStepOptions {
   // moot). With FP16 loss scaling they go after the step's verdict,
   // unscaled (zeros for a skipped step). Called on the TrainStep thread.
   std::function<void(int param_id, int64_t ticket)> gradient_queued;
+  // Parameters arriving during the step: before the forward of each layer
+  // with parameters, await_layer_params(layer) is called (on the TrainStep
+  // thread) and returns once that layer's parameters are in param(id) and
+  // queued to the device (UploadParam); the layer then waits for those
+  // uploads, so the first layers compute while the later ones' parameters
+  // are still coming. An error ends the step. With params_from_host false.
+  std::function<absl::Status(int layer)> await_layer_params;
+  // Called once the forward pass is queued, before the backward pass (the
+  // overlapped worker finishes the last step's exchange and starts this
+  // one's there); an error ends the step.
+  std::function<absl::Status()> before_backward;
 };
 
 struct ModelOptions {
@@ -277,7 +288,10 @@ class Model {
   absl::Status StageBatch(const float* features, const int32_t* labels, int64_t batch);
   // Runs every layer's forward, adding the loss to the backend's counters; dropout
   // is active only when training.
-  absl::Status Forward(int64_t batch, bool training, int64_t step);
+  // With `await` (TrainStepOptions::await_layer_params), each layer with
+  // parameters waits for them, and bf16/fp16 casts its weights as it goes.
+  absl::Status Forward(int64_t batch, bool training, int64_t step,
+                       const std::function<absl::Status(int)>* await = nullptr);
   // Streams each layer's parameter gradients out as its backward is queued
   // when `queued` is set (TrainStepOptions::gradient_queued).
   absl::Status Backward(int64_t batch, const std::function<void(int, int64_t)>* queued = nullptr);

@@ -110,6 +110,7 @@ void ParameterExchange::RunNext() {
   absl::Status status = task(i);
   mu_.Lock();
   --pending_;
+  if (static_cast<size_t>(i) < finished_.size()) finished_[i] = true;
   if (!status.ok() && first_error_.ok()) first_error_ = status;
 }
 
@@ -399,6 +400,7 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
   const absl::Time pull_give_up = now + options_.pull_timeout;
   absl::MutexLock lock(&mu_);
   unready_ = tensors_in_message_;
+  finished_.assign(n, false);
   ready_wait_.assign(n, nullptr);
   unreleased_ = n;
   pending_ = n;
@@ -435,6 +437,29 @@ void ParameterExchange::GradientReady(int tensor_id, std::function<absl::Status(
       Queue(i);
     }
   }
+}
+
+absl::Status ParameterExchange::AwaitTensors(const std::vector<int32_t>& tensor_ids) {
+  absl::MutexLock lock(&mu_);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!first_error_.ok()) return true;
+    for (int32_t id : tensor_ids) {
+      if (id < 0 || id >= static_cast<int>(messages_of_tensor_.size())) continue;
+      for (int i : messages_of_tensor_[id]) {
+        if (static_cast<size_t>(i) < finished_.size() && !finished_[i]) return false;
+      }
+    }
+    return true;
+  };
+  // The waiting thread helps with the queue, as Drain does.
+  while (!done()) {
+    if (!queue_.empty()) {
+      RunNext();
+      continue;
+    }
+    mu_.Await(absl::Condition(&done));
+  }
+  return first_error_;
 }
 
 absl::Status ParameterExchange::FinishPushPull(bool abandon) {

@@ -134,6 +134,12 @@ class ParameterExchange {
                      int64_t min_worker_steps, const std::vector<float*>& params,
                      const std::function<bool()>& cancelled, PulledFn pulled = nullptr);
   void GradientReady(int tensor_id, std::function<absl::Status()> wait);
+  // Blocks until every message holding a partition of these tensors has
+  // been exchanged (its values in params, `pulled` called) in the streamed
+  // step in flight, or until some message of it failed (its error). The
+  // next step's forward waits here layer by layer, so it starts on the
+  // first layers while the rest are still coming back.
+  absl::Status AwaitTensors(const std::vector<int32_t>& tensor_ids);
   absl::Status FinishPushPull(bool abandon = false);
 
   // Checkpoints (rank 0). MarkNextPush(S): the next Push or PushPull asks
@@ -222,6 +228,8 @@ class ParameterExchange {
   // A streamed step: per message, its tensors not yet ready and the wait of
   // the last one released; whether any message is still unreleased.
   std::vector<int> unready_ ABSL_GUARDED_BY(mu_);
+  // Per message of the current batch: its task has returned.
+  std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<absl::Status()>> ready_wait_ ABSL_GUARDED_BY(mu_);
   int unreleased_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -469,11 +470,37 @@ absl::Status JobTrainer::Train() {
   GradientSum accumulated;
   // The mean of a step's batches when it trains on several (SYNC hand-out).
   GradientSum step_mean;
-  // Whether the last pull also put the parameters on the device (an
-  // overlapped step's): the next step does not copy them up again.
-  bool params_on_device = false;
+  // An overlapped step's exchange goes on into the next step: its forward
+  // waits layer by layer for the parameters coming back (and, on a GPU,
+  // going up to the device as they come), and it is finished before that
+  // step's backward starts the next exchange. `pending`: one is in flight
+  // (of step `pending_step`); `pending_uploads`: it queues the parameters
+  // to the device.
+  bool pending = false, pending_uploads = false;
+  int64_t pending_step = 0;
+  double exchange_waited = 0;  // In the current step, inside its compute.
+  auto finish_pending = [&]() -> absl::Status {
+    if (!pending) return absl::OkStatus();
+    const double began = MonotonicSeconds();
+    pending = false;
+    absl::Status finished = exchange_->FinishPushPull();
+    exchange_waited += MonotonicSeconds() - began;
+    RETURN_IF_ERROR(finished);
+    steps_completed_.store(pending_step + 1);
+    return absl::OkStatus();
+  };
+  // On every way out, what is in flight ends before the model it reads
+  // and writes goes.
+  absl::Cleanup abandon_pending = [&] {
+    if (pending) (void)exchange_->FinishPushPull(/*abandon=*/true);
+  };
   for (int64_t step = first_step; step < steps_.load(); ++step) {
-    if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
+    if (cancelled_.load() || job_ended_.load()) {
+      // A draining worker hands its rank back with the last step's
+      // exchange done (the steps it reported are the steps it pushed).
+      if (shutting_down_.load() && !job_ended_.load()) (void)finish_pending();
+      return absl::CancelledError("job ended");
+    }
     if (!pulled) RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
     permanent_ = true;
     if (data_changed_.exchange(false)) {
@@ -495,7 +522,6 @@ absl::Status JobTrainer::Train() {
     int64_t step_examples = 0;
     // A checkpoint at step + 1: this push asks the shards to capture it.
     const bool checkpoint_due = CheckpointDue(step);
-    if (checkpoint_due) exchange_->MarkNextPush(step + 1);
     const bool final_step = step + 1 >= steps_.load();
     const bool push =
         push_every == 1 || final_step || checkpoint_due || (step + 1) % push_every == 0;
@@ -507,13 +533,6 @@ absl::Status JobTrainer::Train() {
     // FP16's verdict on the whole step decides whether it is pushed at all.
     const bool stream = options_.overlap && push && fetch && batches == 1 && push_every == 1 &&
                         model->precision() != FP16;
-    TrainStepOptions step_options;
-    step_options.params_from_host = !params_on_device;
-    if (stream) {
-      step_options.gradient_queued = [this, model](int id, int64_t ticket) {
-        exchange_->GradientReady(id, [model, ticket] { return model->WaitGradient(ticket); });
-      };
-    }
     // A GPU worker of one replica queues each partition pulled back to the
     // device at once, on the copy stream: the next step finds them there.
     ParameterExchange::PulledFn upload;
@@ -522,7 +541,44 @@ absl::Status JobTrainer::Train() {
         return model->UploadParam(p.tensor_id(), p.offset(), p.num_elements());
       };
     }
-    params_on_device = false;
+    // This step's exchange: marked for a checkpoint, and begun when it
+    // overlaps backward (the last step's is finished first).
+    auto start_exchange = [&]() -> absl::Status {
+      RETURN_IF_ERROR(finish_pending());
+      if (checkpoint_due) exchange_->MarkNextPush(step + 1);
+      if (!stream) return absl::OkStatus();
+      exchange_->BeginPushPull(
+          step, Gradients(*model, false), min_version(step + 1), min_worker_steps(step + 1),
+          ParamPointers(model),
+          // A drain finishes the exchange in flight; a job ended elsewhere
+          // does not.
+          [this] { return job_ended_.load() || (cancelled_.load() && !shutting_down_.load()); },
+          upload);
+      pending = true;
+      pending_step = step;
+      return absl::OkStatus();
+    };
+    TrainStepOptions step_options;
+    // The last step's exchange still in flight: a replica that reads the
+    // parameters where they land (the CPU's, or a GPU's they are uploaded
+    // to) starts its forward on them layer by layer.
+    const bool gated =
+        pending && replica_set->size() == 1 && (pending_uploads || model->device() < 0);
+    if (gated) {
+      step_options.params_from_host = !pending_uploads;
+      step_options.await_layer_params = [&](int layer) -> absl::Status {
+        const double began = MonotonicSeconds();
+        absl::Status arrived = exchange_->AwaitTensors(model->shape().layers[layer].param_ids);
+        exchange_waited += MonotonicSeconds() - began;
+        return arrived;
+      };
+      step_options.before_backward = start_exchange;
+    }
+    if (stream) {
+      step_options.gradient_queued = [this, model](int id, int64_t ticket) {
+        exchange_->GradientReady(id, [model, ticket] { return model->WaitGradient(ticket); });
+      };
+    }
     for (int b = 0; b < batches; ++b) {
       permanent_ = true;
       const double wait_began = MonotonicSeconds();
@@ -533,26 +589,20 @@ absl::Status JobTrainer::Train() {
       permanent_ = false;
       if (!have_batch) return absl::InternalError("training data ended");
       const double compute_began = MonotonicSeconds();
-      if (stream) {
-        exchange_->BeginPushPull(
-            step, Gradients(*model, false), min_version(step + 1), min_worker_steps(step + 1),
-            ParamPointers(model), [this] { return cancelled_.load() || job_ended_.load(); },
-            upload);
-      }
-      absl::StatusOr<StepResult> trained_step = replica_set->TrainStep(
-          batch.features.data(), batch.labels.data(), batch.size, step, step_options);
-      step_options.params_from_host = true;  // A second batch of the step.
-      if (!trained_step.ok()) {
-        if (stream) (void)exchange_->FinishPushPull(/*abandon=*/true);
-        return trained_step.status();
-      }
-      result = *trained_step;
-      const double computed = MonotonicSeconds() - compute_began;
+      exchange_waited = 0;
+      if (b == 0 && !gated) RETURN_IF_ERROR(start_exchange());
+      ASSIGN_OR_RETURN(result, replica_set->TrainStep(batch.features.data(), batch.labels.data(),
+                                                      batch.size, step, step_options));
+      // A second batch of the step (SYNC hand-out, never overlapped): the
+      // parameters are whole on the host by then.
+      step_options = TrainStepOptions();
+      const double computed = MonotonicSeconds() - compute_began - exchange_waited;
       total_compute += computed;
+      total_exchange += exchange_waited;
       if (compute_seconds) compute_seconds->Increment(computed);
+      if (exchange_seconds) exchange_seconds->Increment(exchange_waited);
       if (!result.skipped && !std::isfinite(result.loss)) {
         // Its gradients have gone: the shards refuse them too.
-        if (stream) (void)exchange_->FinishPushPull();
         diverged_ = true;
         return absl::InternalError(absl::StrCat("training diverged at step ", step,
                                                 ": the loss is ", result.loss,
@@ -580,12 +630,7 @@ absl::Status JobTrainer::Train() {
     if (checkpoint_due) {
       checkpoint.set_step(step + 1);
       checkpoint.set_attempt(task_.attempt());
-      absl::StatusOr<std::string> state = SaveWorkerState(*model);
-      if (!state.ok()) {
-        if (stream) (void)exchange_->FinishPushPull();
-        return state.status();
-      }
-      *checkpoint.mutable_state() = *std::move(state);
+      ASSIGN_OR_RETURN(*checkpoint.mutable_state(), SaveWorkerState(*model));
     }
     std::vector<const float*> grads =
         batches > 1 ? step_mean.Gradients() : Gradients(*model, result.skipped);
@@ -595,8 +640,9 @@ absl::Status JobTrainer::Train() {
     }
     const double exchange_began = MonotonicSeconds();
     if (stream) {
-      RETURN_IF_ERROR(exchange_->FinishPushPull());
-      params_on_device = upload != nullptr;
+      // In flight: the next step finishes it (or what needs the whole
+      // parameters first: an evaluation, a plain exchange, the end).
+      pending_uploads = upload != nullptr;
     } else if (push && fetch) {
       RETURN_IF_ERROR(PushGradientsAndPull(model, step, grads, min_version(step + 1),
                                            min_worker_steps(step + 1)));
@@ -616,7 +662,7 @@ absl::Status JobTrainer::Train() {
     window_loss += result.loss;
     ++window_steps;
     window_examples += step_examples;
-    steps_completed_.store(step + 1);
+    if (!stream) steps_completed_.store(step + 1);  // Else once its exchange is.
     if (steps_done) steps_done->Increment();
     const double step_took = MonotonicSeconds() - step_began;
     total_step_seconds += step_took;
@@ -644,6 +690,7 @@ absl::Status JobTrainer::Train() {
     if (rank == 0 && spec.eval_every_steps() > 0 && (step + 1) % spec.eval_every_steps() == 0 &&
         !last) {
       const double began = MonotonicSeconds();
+      RETURN_IF_ERROR(finish_pending());
       ASSIGN_OR_RETURN(std::unique_ptr<BatchReader> test_set, OpenTestSet());
       ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model, test_set.get()));
       if (accuracy_gauge) accuracy_gauge->Set(accuracy);
@@ -660,6 +707,7 @@ absl::Status JobTrainer::Train() {
       window_start += MonotonicSeconds() - began;
     }
   }
+  RETURN_IF_ERROR(finish_pending());
   if (total_step_seconds > 0) {
     // Where a step's time went (the rest: accumulating, checkpoint state,
     // progress reports).

@@ -130,6 +130,7 @@ class CpuBackend final : public ComputeBackend {
     return absl::OkStatus();
   }
   absl::Status CastReducedWeights() override { return absl::OkStatus(); }
+  absl::Status CastReducedWeight(const float*) override { return absl::OkStatus(); }
   absl::Status Mark(int slot) override {
     if (static_cast<size_t>(slot) >= marks_.size()) marks_.resize(slot + 1);
     marks_[slot] = std::chrono::steady_clock::now();

@@ -273,6 +273,10 @@ absl::Status CudaBackend::RegisterReducedWeights(
 
 absl::Status CudaBackend::CastReducedWeights() { return cuda::CastReducedWeights(*ctx_); }
 
+absl::Status CudaBackend::CastReducedWeight(const float* w) {
+  return cuda::CastReducedWeight(*ctx_, w);
+}
+
 absl::Status CudaBackend::Mark(int slot) {
   while (static_cast<size_t>(slot) >= marks_.size()) {
     cudaEvent_t e = nullptr;

@@ -87,6 +87,7 @@ class CudaBackend final : public ComputeBackend {
   absl::Status RegisterReducedWeights(
       const std::vector<std::pair<const float*, int64_t>>& ranges) override;
   absl::Status CastReducedWeights() override;
+  absl::Status CastReducedWeight(const float* w) override;
   absl::Status Mark(int slot) override;
   absl::StatusOr<double> MarkMs(int from, int to) override;
 

@@ -20,6 +20,8 @@ struct ReducedWeightCopies {
   size_t bytes = 0;
   const float* src_base = nullptr;
   std::unordered_map<const float*, const void*> copy_of;
+  // Into the table, and that range's length (host copies).
+  std::unordered_map<const float*, std::pair<int, int64_t>> index_of;
   ReducedWeightCopies() = default;
   ReducedWeightCopies(const ReducedWeightCopies&) = delete;
   ReducedWeightCopies& operator=(const ReducedWeightCopies&) = delete;
@@ -61,6 +63,7 @@ absl::Status RegisterReducedWeights(CudaContext& ctx,
       cudaMemcpy(w->table, table.data(), sizeof(int64_t) * table.size(), cudaMemcpyHostToDevice));
   for (int i = 0; i < n; ++i) {
     w->copy_of[kept[i].first] = static_cast<char*>(w->copies) + 2 * table[n + i];
+    w->index_of[kept[i].first] = {i, kept[i].second};
   }
   w->num_ranges = n;
   w->src_base = base;
@@ -80,6 +83,19 @@ absl::Status CastReducedWeights(const CudaContext& ctx) {
                                     w->table + 2 * w->num_ranges, w->max_count, w->src_base,
                                     w->copies, ctx.compute == ComputePrecision::kFp16),
       "CastRangesToReduced");
+}
+
+absl::Status CastReducedWeight(const CudaContext& ctx, const float* w) {
+  const ReducedWeightCopies* r = ctx.reduced_weights.get();
+  if (r == nullptr) return absl::OkStatus();
+  auto it = r->index_of.find(w);
+  if (it == r->index_of.end()) return absl::OkStatus();
+  const auto [i, count] = it->second;
+  const int n = r->num_ranges;
+  return FromCuda(internal::CastRangesToReduced(ctx.stream, 1, r->table + i, r->table + n + i,
+                                                r->table + 2 * n + i, count, r->src_base, r->copies,
+                                                ctx.compute == ComputePrecision::kFp16),
+                  "CastRangesToReduced");
 }
 
 const void* FindReducedCopy(const CudaContext& ctx, const float* w) {

@@ -33,6 +33,9 @@ absl::Status RegisterReducedWeights(CudaContext& ctx,
                                     const std::vector<std::pair<const float*, int64_t>>& ranges);
 // Refreshes every registered copy from its fp32 range (one kernel).
 absl::Status CastReducedWeights(const CudaContext& ctx);
+// Refreshes the copy of the registered range that starts at `w` (one
+// kernel; nothing when no range starts there).
+absl::Status CastReducedWeight(const CudaContext& ctx, const float* w);
 // Device bytes the registered copies take.
 size_t ReducedWeightBytes(const CudaContext& ctx);
 
