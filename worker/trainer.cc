@@ -495,12 +495,7 @@ absl::Status JobTrainer::Train() {
     if (pending) (void)exchange_->FinishPushPull(/*abandon=*/true);
   };
   for (int64_t step = first_step; step < steps_.load(); ++step) {
-    if (cancelled_.load() || job_ended_.load()) {
-      // A draining worker hands its rank back with the last step's
-      // exchange done (the steps it reported are the steps it pushed).
-      if (shutting_down_.load() && !job_ended_.load()) (void)finish_pending();
-      return absl::CancelledError("job ended");
-    }
+    if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     if (!pulled) RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
     permanent_ = true;
     if (data_changed_.exchange(false)) {
@@ -549,11 +544,7 @@ absl::Status JobTrainer::Train() {
       if (!stream) return absl::OkStatus();
       exchange_->BeginPushPull(
           step, Gradients(*model, false), min_version(step + 1), min_worker_steps(step + 1),
-          ParamPointers(model),
-          // A drain finishes the exchange in flight; a job ended elsewhere
-          // does not.
-          [this] { return job_ended_.load() || (cancelled_.load() && !shutting_down_.load()); },
-          upload);
+          ParamPointers(model), [this] { return cancelled_.load() || job_ended_.load(); }, upload);
       pending = true;
       pending_step = step;
       return absl::OkStatus();
@@ -671,7 +662,9 @@ absl::Status JobTrainer::Train() {
     if ((step + 1) % spec.log_every_steps() == 0 || last || checkpoint.step() > 0) {
       const double now = MonotonicSeconds();
       ReportProgressRequest progress;
-      progress.set_step(step + 1);
+      // The steps whose exchange is done (an overlapped step's is still in
+      // flight): what a drain or a taker of the rank counts on.
+      progress.set_step(steps_completed_.load());
       last_loss = window_loss / window_steps;
       progress.set_loss(last_loss);
       last_rate = window_examples / std::max(1e-9, now - window_start);
