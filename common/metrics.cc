@@ -85,16 +85,29 @@ Gauge* MetricsRegistry::GetGauge(const std::string& name, const std::string& hel
   return slot.get();
 }
 
+namespace {
+
+template <typename Family>
+void EraseMatching(Family& family, const MetricLabels& match) {
+  for (auto c = family.counters.begin(); c != family.counters.end();) {
+    c = Matches(c->first, match) ? family.counters.erase(c) : std::next(c);
+  }
+  for (auto g = family.gauges.begin(); g != family.gauges.end();) {
+    g = Matches(g->first, match) ? family.gauges.erase(g) : std::next(g);
+  }
+}
+
+}  // namespace
+
 void MetricsRegistry::RemoveSeries(const std::string& name, const MetricLabels& match) {
   absl::MutexLock lock(&mu_);
   auto it = families_.find(name);
-  if (it == families_.end()) return;
-  for (auto c = it->second.counters.begin(); c != it->second.counters.end();) {
-    c = Matches(c->first, match) ? it->second.counters.erase(c) : std::next(c);
-  }
-  for (auto g = it->second.gauges.begin(); g != it->second.gauges.end();) {
-    g = Matches(g->first, match) ? it->second.gauges.erase(g) : std::next(g);
-  }
+  if (it != families_.end()) EraseMatching(it->second, match);
+}
+
+void MetricsRegistry::RemoveSeries(const MetricLabels& match) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, family] : families_) EraseMatching(family, match);
 }
 
 std::string MetricsRegistry::Exposition() const {

@@ -57,6 +57,8 @@ class MetricsRegistry {
   // Removes every series of `name` whose labels include all of `match` (e.g.
   // a finished job's series).
   void RemoveSeries(const std::string& name, const MetricLabels& match);
+  // The same for every metric (all of a finished job's series at once).
+  void RemoveSeries(const MetricLabels& match);
 
   // The whole registry in Prometheus text exposition format.
   std::string Exposition() const;

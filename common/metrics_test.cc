@@ -35,5 +35,18 @@ TEST(MetricsRegistryTest, RemoveSeriesDropsMatchingLabels) {
   EXPECT_NE(text.find("job=\"b\""), std::string::npos);
 }
 
+TEST(MetricsRegistryTest, RemoveSeriesOfEveryMetricDropsAJobsSeries) {
+  MetricsRegistry registry;
+  registry.GetGauge("g", "h", {{"job", "a"}})->Set(1);
+  registry.GetCounter("c", "h", {{"job", "a"}, {"rank", "0"}})->Increment(1);
+  registry.GetCounter("c", "h", {{"job", "b"}})->Increment(1);
+  registry.GetGauge("up", "h")->Set(1);
+  registry.RemoveSeries({{"job", "a"}});
+  const std::string text = registry.Exposition();
+  EXPECT_EQ(text.find("job=\"a\""), std::string::npos) << text;
+  EXPECT_NE(text.find("c{job=\"b\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("up 1"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace downpour

@@ -127,13 +127,8 @@ std::vector<std::string> WorkerRuntime::Jobs() {
 
 void WorkerRuntime::Forget(const std::string& job_id) {
   if (options_.metrics == nullptr) return;
-  for (const char* name :
-       {"downpour_worker_steps_total", "downpour_worker_loss",
-        "downpour_worker_examples_per_second", "downpour_worker_input_wait_seconds_total",
-        "downpour_worker_step_seconds_total", "downpour_worker_compute_seconds_total",
-        "downpour_worker_exchange_seconds_total", "downpour_worker_test_accuracy"}) {
-    options_.metrics->RemoveSeries(name, {{"job", job_id}});
-  }
+  // Every series the job's trainer made.
+  options_.metrics->RemoveSeries({{"job", job_id}});
 }
 
 void WorkerRuntime::Start(const Task& task) {
