@@ -253,5 +253,79 @@ TEST_F(TrainerTest, ARankTakenOverAfterAHalfPushedStepAppliesEveryStepOnce) {
   for (int64_t version : versions) EXPECT_EQ(version, steps);
 }
 
+// SYNC with a rank lost halfway through a pushed step: the other rank goes
+// on alone once the shards count the lost rank absent, and a worker takes
+// the lost rank over later. Every partition stays within a step of the
+// others throughout, and the job ends with every partition at its last
+// step (what a checkpoint of the job at any step needs).
+TEST_F(TrainerTest, PartitionsKeepInStepWhileALostRankIsAbsentAndTakenOver) {
+  HostJob(2);
+  spec_.set_steps(4000);
+  for (auto& store : stores_) store->DropJob("j");
+  for (int s = 0; s < kShards; ++s) ASSERT_TRUE(stores_[s]->AddJob("j", spec_, s, placed_).ok());
+  const int64_t steps = spec_.steps();
+  // Rank 1 trains throughout.
+  std::unique_ptr<JobTrainer> rank1 = Trainer(RankTask(1, 2), Options(1, /*overlap=*/true));
+  absl::Status rank1_status;
+  std::thread rank1_thread([&] { rank1_status = rank1->Run(); });
+  {
+    // Rank 0's first worker: some whole steps, then part of one.
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = "lost";
+    options.incarnation = 1;
+    options.message_bytes = 1024;
+    options.pull_timeout = absl::Seconds(20);
+    ParameterExchange lost(options, placed_, shards_);
+    std::vector<std::vector<float>> grads, values;
+    std::vector<const float*> g;
+    std::vector<float*> v;
+    for (const ParamInfo& p : params_) {
+      grads.emplace_back(p.num_elements, 0.01f);
+      values.emplace_back(p.num_elements);
+      g.push_back(grads.back().data());
+      v.push_back(values.back().data());
+    }
+    const auto never = [] { return false; };
+    for (int64_t step = 0; step < 20; ++step) {
+      ASSERT_TRUE(lost.PushPull(step, g, step + 1, 0, v, never).ok());
+    }
+    lost.BeginPushPull(20, g, 21, 0, v, never);
+    for (int id = static_cast<int>(params_.size()) - 1; id >= 2; --id) {
+      lost.GradientReady(id, [] { return absl::OkStatus(); });
+    }
+    ASSERT_TRUE(lost.FinishPushPull(/*abandon=*/true).ok());
+  }
+  // The coordinator gives the lost rank up: rank 1 goes on alone.
+  for (auto& store : stores_) store->SetAbsentWorkers("j", {0});
+  auto spread = [&] {
+    std::vector<int64_t> versions;
+    Values(&versions);
+    return *std::max_element(versions.begin(), versions.end()) -
+           *std::min_element(versions.begin(), versions.end());
+  };
+  for (int i = 0; i < 20; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    ASSERT_LE(spread(), 1) << "while rank 0 is absent";
+  }
+  // A worker takes rank 0 over.
+  Task task = RankTask(0, 2);
+  task.mutable_join()->set_step(20);
+  std::unique_ptr<JobTrainer> taker = Trainer(task, Options(0, /*overlap=*/true));
+  absl::Status taker_status;
+  std::thread taker_thread([&] { taker_status = taker->Run(); });
+  for (int i = 0; i < 20; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    EXPECT_LE(spread(), 1) << "after the take-over";
+  }
+  taker_thread.join();
+  rank1_thread.join();
+  ASSERT_TRUE(taker_status.ok()) << taker_status;
+  ASSERT_TRUE(rank1_status.ok()) << rank1_status;
+  std::vector<int64_t> versions;
+  Values(&versions);
+  for (int64_t version : versions) EXPECT_EQ(version, steps);
+}
+
 }  // namespace
 }  // namespace downpour
