@@ -231,49 +231,79 @@ TEST_F(ModelGpuTest, TrainStepMatchesTheCpu) {
 }
 
 // The overlapped worker's step: gradients announced layer by layer as they
-// go down (each once, last layer first, waited for on another thread) and
-// parameters queued up tensor by tensor (UploadParam) instead of copied at
-// the step's start: the same steps as the plain TrainStep's.
+// go down (each once, last layer first, waited for on another thread);
+// parameters queued up tensor by tensor (UploadParam) after the step, or,
+// every other step, layer by layer as the forward reaches them
+// (await_layer_params, which bf16 follows with each layer's cast): the same
+// steps as the plain TrainStep's, in strict fp32 and in bf16.
 TEST_F(ModelGpuTest, StreamedGradientsAndUploadedParamsMatchThePlainStep) {
-  auto plain = MakeModel(kSmallNet, 0);
-  auto streamed = MakeModel(kSmallNet, 0);
-  ASSERT_NE(plain, nullptr);
-  ASSERT_NE(streamed, nullptr);
-  const int64_t batch = 32;
-  const int num_params = static_cast<int>(plain->params().size());
-  for (int step = 0; step < 4; ++step) {
-    const Batch b = RandomBatch(batch, plain->input_size(), 5, 300 + step);
-    std::vector<std::pair<int, int64_t>> announced;
-    TrainStepOptions options;
-    options.params_from_host = step == 0;  // Later: UploadParam below.
-    options.gradient_queued = [&](int id, int64_t ticket) { announced.emplace_back(id, ticket); };
-    auto p = plain->TrainStep(b.features.data(), b.labels.data(), batch, step);
-    auto s = streamed->TrainStep(b.features.data(), b.labels.data(), batch, step, options);
-    ASSERT_TRUE(p.ok()) << p.status();
-    ASSERT_TRUE(s.ok()) << s.status();
-    ASSERT_EQ(static_cast<int>(announced.size()), num_params);
-    for (int k = 0; k < num_params; ++k) {
-      EXPECT_EQ(announced[k].first, num_params - 1 - k) << "announced out of order";
-    }
-    absl::Status waited;
-    std::thread([&] {
-      for (const auto& [id, ticket] : announced) {
-        waited.Update(streamed->WaitGradient(ticket));
+  for (Precision precision : {FP32_STRICT, BF16}) {
+    SCOPED_TRACE(Precision_Name(precision));
+    ModelOptions model_options;
+    model_options.device = 0;
+    model_options.precision = precision;
+    auto plain_or = Model::Create(ParseSpec(kSmallNet), 7, model_options);
+    auto streamed_or = Model::Create(ParseSpec(kSmallNet), 7, model_options);
+    ASSERT_TRUE(plain_or.ok()) << plain_or.status();
+    ASSERT_TRUE(streamed_or.ok()) << streamed_or.status();
+    Model& plain = **plain_or;
+    Model& streamed = **streamed_or;
+    const double tolerance = precision == BF16 ? 2e-2 : 1e-5;
+    const int64_t batch = 32;
+    const int num_params = static_cast<int>(plain.params().size());
+    for (int step = 0; step < 6; ++step) {
+      const Batch b = RandomBatch(batch, plain.input_size(), 5, 300 + step);
+      const bool gated = step % 2 == 1;
+      std::vector<std::pair<int, int64_t>> announced;
+      int awaited = 0, before_backward = 0;
+      TrainStepOptions options;
+      options.params_from_host = step == 0;  // Later: UploadParam.
+      options.gradient_queued = [&](int id, int64_t ticket) { announced.emplace_back(id, ticket); };
+      if (gated) {
+        options.await_layer_params = [&](int layer) -> absl::Status {
+          ++awaited;
+          for (int32_t id : streamed.shape().layers[layer].param_ids) {
+            absl::Status up = streamed.UploadParam(id, 0, streamed.params()[id].num_elements);
+            if (!up.ok()) return up;
+          }
+          return absl::OkStatus();
+        };
+        options.before_backward = [&] {
+          ++before_backward;
+          return absl::OkStatus();
+        };
       }
-    }).join();
-    ASSERT_TRUE(waited.ok()) << waited;
-    EXPECT_NEAR(p->loss, s->loss, 1e-5 * (1 + std::abs(p->loss))) << "step " << step;
-    for (const ParamInfo& info : plain->params()) {
-      ExpectClose(plain->grad(info.id), streamed->grad(info.id), info.num_elements, 1e-5,
-                  info.name + " grad, step " + std::to_string(step));
-      for (int64_t i = 0; i < info.num_elements; ++i) {
-        plain->param(info.id)[i] -= 0.1f * plain->grad(info.id)[i];
-        streamed->param(info.id)[i] = plain->param(info.id)[i];
+      auto p = plain.TrainStep(b.features.data(), b.labels.data(), batch, step);
+      auto s = streamed.TrainStep(b.features.data(), b.labels.data(), batch, step, options);
+      ASSERT_TRUE(p.ok()) << p.status();
+      ASSERT_TRUE(s.ok()) << s.status();
+      ASSERT_EQ(static_cast<int>(announced.size()), num_params);
+      for (int k = 0; k < num_params; ++k) {
+        EXPECT_EQ(announced[k].first, num_params - 1 - k) << "announced out of order";
       }
-      // Half now, half later: partitions arrive in pieces.
-      const int64_t half = info.num_elements / 2;
-      ASSERT_TRUE(streamed->UploadParam(info.id, half, info.num_elements - half).ok());
-      ASSERT_TRUE(streamed->UploadParam(info.id, 0, half).ok());
+      if (gated) {
+        EXPECT_GT(awaited, 1);  // Every layer with parameters.
+        EXPECT_EQ(before_backward, 1);
+      }
+      absl::Status waited;
+      std::thread([&] {
+        for (const auto& [id, ticket] : announced) waited.Update(streamed.WaitGradient(ticket));
+      }).join();
+      ASSERT_TRUE(waited.ok()) << waited;
+      EXPECT_NEAR(p->loss, s->loss, tolerance * (1 + std::abs(p->loss))) << "step " << step;
+      for (const ParamInfo& info : plain.params()) {
+        ExpectClose(plain.grad(info.id), streamed.grad(info.id), info.num_elements, tolerance,
+                    info.name + " grad, step " + std::to_string(step));
+        for (int64_t i = 0; i < info.num_elements; ++i) {
+          plain.param(info.id)[i] -= 0.1f * plain.grad(info.id)[i];
+          streamed.param(info.id)[i] = plain.param(info.id)[i];
+        }
+        if (step % 2 == 0) continue;  // The next step uploads as it goes.
+        // Half now, half later: partitions arrive in pieces.
+        const int64_t half = info.num_elements / 2;
+        ASSERT_TRUE(streamed.UploadParam(info.id, half, info.num_elements - half).ok());
+        ASSERT_TRUE(streamed.UploadParam(info.id, 0, half).ok());
+      }
     }
   }
 }
