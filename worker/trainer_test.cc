@@ -152,6 +152,37 @@ class TrainerTest : public ::testing::Test {
     return values;
   }
 
+  // Rank 0's worker lost halfway through a pushed step: `whole` whole
+  // steps, then the next one's last layers only (backward got past them,
+  // not the first: messages holding only their partitions went).
+  void LoseRankZeroMidPush(int64_t whole) {
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = "lost";
+    options.incarnation = 1;
+    options.message_bytes = 1024;
+    options.pull_timeout = absl::Seconds(20);
+    ParameterExchange lost(options, placed_, shards_);
+    std::vector<std::vector<float>> grads, values;
+    std::vector<const float*> g;
+    std::vector<float*> v;
+    for (const ParamInfo& p : params_) {
+      grads.emplace_back(p.num_elements, 0.01f);
+      values.emplace_back(p.num_elements);
+      g.push_back(grads.back().data());
+      v.push_back(values.back().data());
+    }
+    const auto never = [] { return false; };
+    for (int64_t step = 0; step < whole; ++step) {
+      ASSERT_TRUE(lost.PushPull(step, g, step + 1, 0, v, never).ok());
+    }
+    lost.BeginPushPull(whole, g, whole + 1, 0, v, never);
+    for (int id = static_cast<int>(params_.size()) - 1; id >= 2; --id) {
+      lost.GradientReady(id, [] { return absl::OkStatus(); });
+    }
+    ASSERT_TRUE(lost.FinishPushPull(/*abandon=*/true).ok());
+  }
+
   // Trains Spec() with kWorkers trainers on threads against in-process
   // shards and returns every partition's final values, as the shards hold
   // them, byte for byte.
@@ -209,35 +240,7 @@ TEST_F(TrainerTest, SyncWithOverlapIsBitIdenticalToTheSerialPath) {
 TEST_F(TrainerTest, ARankTakenOverAfterAHalfPushedStepAppliesEveryStepOnce) {
   HostJob(1);
   const int64_t steps = spec_.steps();
-  {
-    // The lost worker: five whole steps, then part of the sixth.
-    ExchangeOptions options;
-    options.job_id = "j";
-    options.worker_id = "lost";
-    options.incarnation = 1;
-    options.message_bytes = 1024;
-    ParameterExchange lost(options, placed_, shards_);
-    std::vector<std::vector<float>> grads, values;
-    std::vector<const float*> g;
-    std::vector<float*> v;
-    for (const ParamInfo& p : params_) {
-      grads.emplace_back(p.num_elements, 0.01f);
-      values.emplace_back(p.num_elements);
-      g.push_back(grads.back().data());
-      v.push_back(values.back().data());
-    }
-    const auto never = [] { return false; };
-    for (int64_t step = 0; step < 5; ++step) {
-      ASSERT_TRUE(lost.PushPull(step, g, step + 1, 0, v, never).ok());
-    }
-    // Backward got past the last two layers (messages holding only their
-    // partitions went), not the first.
-    lost.BeginPushPull(5, g, 6, 0, v, never);
-    for (int id = static_cast<int>(params_.size()) - 1; id >= 2; --id) {
-      lost.GradientReady(id, [] { return absl::OkStatus(); });
-    }
-    ASSERT_TRUE(lost.FinishPushPull(/*abandon=*/true).ok());
-  }
+  LoseRankZeroMidPush(5);
   std::vector<int64_t> versions;
   Values(&versions);
   ASSERT_EQ(*std::min_element(versions.begin(), versions.end()), 5);
@@ -268,34 +271,7 @@ TEST_F(TrainerTest, PartitionsKeepInStepWhileALostRankIsAbsentAndTakenOver) {
   std::unique_ptr<JobTrainer> rank1 = Trainer(RankTask(1, 2), Options(1, /*overlap=*/true));
   absl::Status rank1_status;
   std::thread rank1_thread([&] { rank1_status = rank1->Run(); });
-  {
-    // Rank 0's first worker: some whole steps, then part of one.
-    ExchangeOptions options;
-    options.job_id = "j";
-    options.worker_id = "lost";
-    options.incarnation = 1;
-    options.message_bytes = 1024;
-    options.pull_timeout = absl::Seconds(20);
-    ParameterExchange lost(options, placed_, shards_);
-    std::vector<std::vector<float>> grads, values;
-    std::vector<const float*> g;
-    std::vector<float*> v;
-    for (const ParamInfo& p : params_) {
-      grads.emplace_back(p.num_elements, 0.01f);
-      values.emplace_back(p.num_elements);
-      g.push_back(grads.back().data());
-      v.push_back(values.back().data());
-    }
-    const auto never = [] { return false; };
-    for (int64_t step = 0; step < 20; ++step) {
-      ASSERT_TRUE(lost.PushPull(step, g, step + 1, 0, v, never).ok());
-    }
-    lost.BeginPushPull(20, g, 21, 0, v, never);
-    for (int id = static_cast<int>(params_.size()) - 1; id >= 2; --id) {
-      lost.GradientReady(id, [] { return absl::OkStatus(); });
-    }
-    ASSERT_TRUE(lost.FinishPushPull(/*abandon=*/true).ok());
-  }
+  LoseRankZeroMidPush(20);
   // The coordinator gives the lost rank up: rank 1 goes on alone.
   for (auto& store : stores_) store->SetAbsentWorkers("j", {0});
   auto spread = [&] {
