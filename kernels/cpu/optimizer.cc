@@ -34,54 +34,85 @@ DOWNPOUR_VECTOR_CLONES void SgdUpdate(const OptimizerHyperparams& hp, const floa
   }
 }
 
+// One element of each update, written once for the in-place loops and
+// their out-of-place twins below (so both compute the same bits): takes the
+// gradient, the parameter and the slots, writes the new slots and returns
+// the new parameter.
+#define DOWNPOUR_ELEMENT static inline __attribute__((always_inline))
+
+struct MomentumConstants {
+  explicit MomentumConstants(const OptimizerHyperparams& hp)
+      : lr(hp.learning_rate), mu(hp.momentum), wd(hp.weight_decay) {}
+  float lr, mu, wd;
+};
+DOWNPOUR_ELEMENT float MomentumStep(const MomentumConstants& k, float grad, float param,
+                                    float velocity, float* velocity_out) {
+  const float g = grad + k.wd * param;
+  const float v = k.mu * velocity + g;
+  *velocity_out = v;
+  return param - k.lr * v;
+}
+
+struct AdagradConstants {
+  explicit AdagradConstants(const OptimizerHyperparams& hp)
+      : lr(hp.learning_rate), eps(hp.epsilon), wd(hp.weight_decay) {}
+  float lr, eps, wd;
+};
+DOWNPOUR_ELEMENT float AdagradStep(const AdagradConstants& k, float grad, float param,
+                                   float accumulator, float* accumulator_out) {
+  const float g = grad + k.wd * param;
+  const float a = accumulator + g * g;
+  *accumulator_out = a;
+  return param - k.lr * g / (std::sqrt(a) + k.eps);
+}
+
+struct AdamConstants {
+  // Bias corrections once per call; the loop stays in float.
+  explicit AdamConstants(const OptimizerHyperparams& hp)
+      : b1(hp.beta1),
+        b2(hp.beta2),
+        eps(hp.epsilon),
+        wd(hp.weight_decay),
+        step_size(AdamBiasCorrections(hp).step_size),
+        inv_sqrt_bc2(AdamBiasCorrections(hp).inv_sqrt_bc2),
+        one_minus_b1(1.f - hp.beta1),
+        one_minus_b2(1.f - hp.beta2) {}
+  float b1, b2, eps, wd, step_size, inv_sqrt_bc2, one_minus_b1, one_minus_b2;
+};
+DOWNPOUR_ELEMENT float AdamStep(const AdamConstants& k, float grad, float param, float m, float v,
+                                float* m_out, float* v_out) {
+  const float g = grad + k.wd * param;
+  const float mi = k.b1 * m + k.one_minus_b1 * g;
+  const float vi = k.b2 * v + k.one_minus_b2 * g * g;
+  *m_out = mi;
+  *v_out = vi;
+  return param - k.step_size * mi / (std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps);
+}
+
 DOWNPOUR_VECTOR_CLONES void MomentumUpdate(const OptimizerHyperparams& hp,
                                            const float* __restrict grad, int64_t n,
                                            float* __restrict param, float* __restrict velocity) {
-  const float lr = hp.learning_rate;
-  const float mu = hp.momentum;
-  const float wd = hp.weight_decay;
+  const MomentumConstants k(hp);
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * param[i];
-    const float v = mu * velocity[i] + g;
-    velocity[i] = v;
-    param[i] -= lr * v;
+    param[i] = MomentumStep(k, grad[i], param[i], velocity[i], &velocity[i]);
   }
 }
 
 DOWNPOUR_VECTOR_CLONES void AdagradUpdate(const OptimizerHyperparams& hp,
                                           const float* __restrict grad, int64_t n,
                                           float* __restrict param, float* __restrict accumulator) {
-  const float lr = hp.learning_rate;
-  const float eps = hp.epsilon;
-  const float wd = hp.weight_decay;
+  const AdagradConstants k(hp);
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * param[i];
-    const float a = accumulator[i] + g * g;
-    accumulator[i] = a;
-    param[i] -= lr * g / (std::sqrt(a) + eps);
+    param[i] = AdagradStep(k, grad[i], param[i], accumulator[i], &accumulator[i]);
   }
 }
 
 DOWNPOUR_VECTOR_CLONES void AdamUpdate(const OptimizerHyperparams& hp, const float* __restrict grad,
                                        int64_t n, float* __restrict param, float* __restrict m,
                                        float* __restrict v) {
-  const float b1 = hp.beta1;
-  const float b2 = hp.beta2;
-  const float eps = hp.epsilon;
-  const float wd = hp.weight_decay;
-  // Bias corrections once per call; the loop stays in float.
-  const AdamCorrections c = AdamBiasCorrections(hp);
-  const float step_size = c.step_size;
-  const float inv_sqrt_bc2 = c.inv_sqrt_bc2;
-  const float one_minus_b1 = 1.f - b1;
-  const float one_minus_b2 = 1.f - b2;
+  const AdamConstants k(hp);
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * param[i];
-    const float mi = b1 * m[i] + one_minus_b1 * g;
-    const float vi = b2 * v[i] + one_minus_b2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] -= step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    param[i] = AdamStep(k, grad[i], param[i], m[i], v[i], &m[i], &v[i]);
   }
 }
 
@@ -126,14 +157,9 @@ DOWNPOUR_VECTOR_CLONES void MomentumUpdateTo(const OptimizerHyperparams& hp,
                                              const float* __restrict velocity_in,
                                              float* __restrict param_out,
                                              float* __restrict velocity_out) {
-  const float lr = hp.learning_rate;
-  const float mu = hp.momentum;
-  const float wd = hp.weight_decay;
+  const MomentumConstants k(hp);
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * param_in[i];
-    const float v = mu * velocity_in[i] + g;
-    velocity_out[i] = v;
-    param_out[i] = param_in[i] - lr * v;
+    param_out[i] = MomentumStep(k, grad[i], param_in[i], velocity_in[i], &velocity_out[i]);
   }
 }
 
@@ -143,14 +169,9 @@ DOWNPOUR_VECTOR_CLONES void AdagradUpdateTo(const OptimizerHyperparams& hp,
                                             const float* __restrict accumulator_in,
                                             float* __restrict param_out,
                                             float* __restrict accumulator_out) {
-  const float lr = hp.learning_rate;
-  const float eps = hp.epsilon;
-  const float wd = hp.weight_decay;
+  const AdagradConstants k(hp);
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * param_in[i];
-    const float a = accumulator_in[i] + g * g;
-    accumulator_out[i] = a;
-    param_out[i] = param_in[i] - lr * g / (std::sqrt(a) + eps);
+    param_out[i] = AdagradStep(k, grad[i], param_in[i], accumulator_in[i], &accumulator_out[i]);
   }
 }
 
@@ -160,22 +181,9 @@ DOWNPOUR_VECTOR_CLONES void AdamUpdateTo(const OptimizerHyperparams& hp,
                                          const float* __restrict m_in, const float* __restrict v_in,
                                          float* __restrict param_out, float* __restrict m_out,
                                          float* __restrict v_out) {
-  const float b1 = hp.beta1;
-  const float b2 = hp.beta2;
-  const float eps = hp.epsilon;
-  const float wd = hp.weight_decay;
-  const AdamCorrections c = AdamBiasCorrections(hp);
-  const float step_size = c.step_size;
-  const float inv_sqrt_bc2 = c.inv_sqrt_bc2;
-  const float one_minus_b1 = 1.f - b1;
-  const float one_minus_b2 = 1.f - b2;
+  const AdamConstants k(hp);
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * param_in[i];
-    const float mi = b1 * m_in[i] + one_minus_b1 * g;
-    const float vi = b2 * v_in[i] + one_minus_b2 * g * g;
-    m_out[i] = mi;
-    v_out[i] = vi;
-    param_out[i] = param_in[i] - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    param_out[i] = AdamStep(k, grad[i], param_in[i], m_in[i], v_in[i], &m_out[i], &v_out[i]);
   }
 }
 
