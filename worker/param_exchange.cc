@@ -105,9 +105,9 @@ void ParameterExchange::Queue(int i) { queue_.push(i); }
 void ParameterExchange::RunNext() {
   const int i = queue_.top();
   queue_.pop();
-  const std::function<absl::Status(int)> task = task_;
+  const std::shared_ptr<const std::function<absl::Status(int)>> task = task_;
   mu_.Unlock();
-  absl::Status status = task(i);
+  absl::Status status = (*task)(i);
   mu_.Lock();
   --pending_;
   if (static_cast<size_t>(i) < finished_.size()) finished_[i] = true;
@@ -135,7 +135,7 @@ absl::Status ParameterExchange::Drain() {
 absl::Status ParameterExchange::RunAll(int n, const std::function<absl::Status(int)>& task) {
   {
     absl::MutexLock lock(&mu_);
-    task_ = task;
+    task_ = std::make_shared<const std::function<absl::Status(int)>>(task);
     pending_ = n;
     first_error_ = absl::OkStatus();
     for (int i = 0; i < n; ++i) Queue(i);
@@ -406,17 +406,18 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
   pending_ = n;
   first_error_ = absl::OkStatus();
   // Copies: the step's pointers, for tasks that run after this returns.
-  task_ = [this, step, first_sequence, grads, min_version, min_worker_steps, push_give_up,
-           pull_give_up, params, cancelled, pulled](int i) -> absl::Status {
-    std::function<absl::Status()> wait;
-    {
-      absl::MutexLock lock(&mu_);
-      wait = std::move(ready_wait_[i]);
-    }
-    if (wait) RETURN_IF_ERROR(Annotate(wait(), "waiting for the gradients to push"));
-    return ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
-                           push_give_up, pull_give_up, params, cancelled, &pulled);
-  };
+  task_ = std::make_shared<const std::function<absl::Status(int)>>(
+      [this, step, first_sequence, grads, min_version, min_worker_steps, push_give_up, pull_give_up,
+       params, cancelled, pulled](int i) -> absl::Status {
+        std::function<absl::Status()> wait;
+        {
+          absl::MutexLock lock(&mu_);
+          wait = std::move(ready_wait_[i]);
+        }
+        if (wait) RETURN_IF_ERROR(Annotate(wait(), "waiting for the gradients to push"));
+        return ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
+                               push_give_up, pull_give_up, params, cancelled, &pulled);
+      });
   // A model without tensors has nothing to wait for.
   for (int i = 0; i < n; ++i) {
     if (unready_[i] == 0) {

@@ -216,7 +216,9 @@ class ParameterExchange {
   std::vector<int> tensors_in_message_;
 
   absl::Mutex mu_;
-  std::function<absl::Status(int)> task_ ABSL_GUARDED_BY(mu_);
+  // Shared with the tasks running it: a message is not a copy of the step's
+  // state (its pointers and callbacks).
+  std::shared_ptr<const std::function<absl::Status(int)>> task_ ABSL_GUARDED_BY(mu_);
   // Queued tasks, lowest index first: of a streamed step's messages ready
   // at once, the first layers' go first (the next forward needs them
   // first), as in P3 / BytePS priority scheduling.

@@ -477,6 +477,10 @@ absl::Status JobTrainer::Train() {
   // (of step `pending_step`); `pending_uploads`: it queues the parameters
   // to the device.
   bool pending = false, pending_uploads = false;
+  // What an overlapped step pushes from and pulls into: the model's own
+  // buffers, the same every step.
+  const std::vector<const float*> model_grads = Gradients(*model, false);
+  const std::vector<float*> model_params = ParamPointers(model);
   int64_t pending_step = 0;
   double exchange_waited = 0;  // In the current step, inside its compute.
   auto finish_pending = [&]() -> absl::Status {
@@ -543,8 +547,8 @@ absl::Status JobTrainer::Train() {
       if (checkpoint_due) exchange_->MarkNextPush(step + 1);
       if (!stream) return absl::OkStatus();
       exchange_->BeginPushPull(
-          step, Gradients(*model, false), min_version(step + 1), min_worker_steps(step + 1),
-          ParamPointers(model), [this] { return cancelled_.load() || job_ended_.load(); }, upload);
+          step, model_grads, min_version(step + 1), min_worker_steps(step + 1), model_params,
+          [this] { return cancelled_.load() || job_ended_.load(); }, upload);
       pending = true;
       pending_step = step;
       return absl::OkStatus();
