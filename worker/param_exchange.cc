@@ -373,19 +373,13 @@ absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const f
                                          int64_t min_version, int64_t min_worker_steps,
                                          const std::vector<float*>& params,
                                          const std::function<bool()>& cancelled) {
-  const int n = static_cast<int>(messages_.size());
-  const int64_t first_sequence = sequence_ + 1;
-  sequence_ += n;
-  const absl::Time now = absl::Now();
-  const absl::Time push_give_up = now + options_.push_timeout;
-  const absl::Time pull_give_up = now + options_.pull_timeout;
-  // First layers first: the order the next forward pass needs them.
-  absl::Status status = RunAll(n, [&](int i) -> absl::Status {
-    return ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
-                           push_give_up, pull_give_up, params, cancelled);
-  });
-  checkpoint_step_ = 0;
-  return status;
+  // A streamed step whose gradients are all ready at once: every message
+  // queued, first layers first (the order the next forward needs them).
+  BeginPushPull(step, grads, min_version, min_worker_steps, params, cancelled);
+  for (int id = 0; id < static_cast<int>(messages_of_tensor_.size()); ++id) {
+    GradientReady(id, nullptr);
+  }
+  return FinishPushPull();
 }
 
 void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const float*>& grads,
