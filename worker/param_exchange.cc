@@ -110,7 +110,7 @@ void ParameterExchange::RunNext() {
   absl::Status status = (*task)(i);
   mu_.Lock();
   --pending_;
-  if (static_cast<size_t>(i) < finished_.size()) finished_[i] = true;
+  finished_[i] = true;
   if (!status.ok() && first_error_.ok()) first_error_ = status;
 }
 
@@ -137,6 +137,7 @@ absl::Status ParameterExchange::RunAll(int n, const std::function<absl::Status(i
     absl::MutexLock lock(&mu_);
     task_ = std::make_shared<const std::function<absl::Status(int)>>(task);
     pending_ = n;
+    finished_.assign(n, false);
     first_error_ = absl::OkStatus();
     for (int i = 0; i < n; ++i) Queue(i);
   }

@@ -230,7 +230,7 @@ class ParameterExchange {
   // A streamed step: per message, its tensors not yet ready and the wait of
   // the last one released; whether any message is still unreleased.
   std::vector<int> unready_ ABSL_GUARDED_BY(mu_);
-  // Per message of the current batch: its task has returned.
+  // Per task of the current batch (RunAll, BeginPushPull): it has returned.
   std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<absl::Status()>> ready_wait_ ABSL_GUARDED_BY(mu_);
   int unreleased_ ABSL_GUARDED_BY(mu_) = 0;

@@ -19,9 +19,14 @@ struct ReducedWeightCopies {
   int64_t max_count = 0;
   size_t bytes = 0;
   const float* src_base = nullptr;
-  std::unordered_map<const float*, const void*> copy_of;
-  // Into the table, and that range's length (host copies).
-  std::unordered_map<const float*, std::pair<int, int64_t>> index_of;
+  // Per range start: its copy, and its index in the table and length (host
+  // copies of the table's).
+  struct Range {
+    const void* copy;
+    int index;
+    int64_t count;
+  };
+  std::unordered_map<const float*, Range> ranges;
   ReducedWeightCopies() = default;
   ReducedWeightCopies(const ReducedWeightCopies&) = delete;
   ReducedWeightCopies& operator=(const ReducedWeightCopies&) = delete;
@@ -62,8 +67,8 @@ absl::Status RegisterReducedWeights(CudaContext& ctx,
   CUDA_RETURN_IF_ERROR(
       cudaMemcpy(w->table, table.data(), sizeof(int64_t) * table.size(), cudaMemcpyHostToDevice));
   for (int i = 0; i < n; ++i) {
-    w->copy_of[kept[i].first] = static_cast<char*>(w->copies) + 2 * table[n + i];
-    w->index_of[kept[i].first] = {i, kept[i].second};
+    w->ranges[kept[i].first] = {static_cast<char*>(w->copies) + 2 * table[n + i], i,
+                                kept[i].second};
   }
   w->num_ranges = n;
   w->src_base = base;
@@ -88,10 +93,10 @@ absl::Status CastReducedWeights(const CudaContext& ctx) {
 absl::Status CastReducedWeight(const CudaContext& ctx, const float* w) {
   const ReducedWeightCopies* r = ctx.reduced_weights.get();
   if (r == nullptr) return absl::OkStatus();
-  auto it = r->index_of.find(w);
-  if (it == r->index_of.end()) return absl::OkStatus();
-  const auto [i, count] = it->second;
-  const int n = r->num_ranges;
+  auto it = r->ranges.find(w);
+  if (it == r->ranges.end()) return absl::OkStatus();
+  const int i = it->second.index, n = r->num_ranges;
+  const int64_t count = it->second.count;
   return FromCuda(internal::CastRangesToReduced(ctx.stream, 1, r->table + i, r->table + n + i,
                                                 r->table + 2 * n + i, count, r->src_base, r->copies,
                                                 ctx.compute == ComputePrecision::kFp16),
@@ -100,8 +105,8 @@ absl::Status CastReducedWeight(const CudaContext& ctx, const float* w) {
 
 const void* FindReducedCopy(const CudaContext& ctx, const float* w) {
   if (ctx.reduced_weights == nullptr) return nullptr;
-  auto it = ctx.reduced_weights->copy_of.find(w);
-  return it != ctx.reduced_weights->copy_of.end() ? it->second : nullptr;
+  auto it = ctx.reduced_weights->ranges.find(w);
+  return it != ctx.reduced_weights->ranges.end() ? it->second.copy : nullptr;
 }
 
 }  // namespace cuda
