@@ -57,7 +57,8 @@ void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, WireDt
   constexpr int64_t kChunk = 16 << 10;
   const int width = BytesPerElement(dtype);
   if (dtype != WireDtype::kFloat32) {
-    std::vector<char> raw;
+    // The server thread's own, kept across pushes (no allocation a push).
+    thread_local std::vector<char> raw;
     for (int64_t start = 0; start < n; start += kChunk) {
       const int64_t count = std::min(kChunk, n - start);
       raw.resize(count * width);
@@ -849,7 +850,8 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
       }
     }
   }
-  std::vector<float> scratch;
+  // The server thread's own, kept across pushes (no allocation a push).
+  thread_local std::vector<float> scratch;
   bool late = false;
   for (const Piece& piece : pieces) {
     if (job->sync()) {
