@@ -277,6 +277,14 @@ class ComputeBackend {
   virtual absl::StatusOr<double> MarkMs(int from, int to) = 0;
 };
 
+// A range of floats of every rank's buffer in a DeviceGroup collective, and
+// the rank that owns it (the source of a broadcast, the root of a reduce).
+struct DeviceShare {
+  int64_t offset = 0;
+  int64_t count = 0;
+  int owner = 0;
+};
+
 // Collectives over backends on distinct GPUs (NCCL): a worker's replicas
 // move parameters and gradients between their devices without the host.
 // Every collective is issued for all ranks at once from the calling thread
@@ -290,17 +298,21 @@ class DeviceGroup {
  public:
   virtual ~DeviceGroup() = default;
   virtual int size() const = 0;
-  // Copies `count` floats from buffers[0] (rank 0's device) into buffers[r]
-  // of every other rank.
-  // REQUIRES: buffers has size() entries, buffers[r] holds `count` floats
-  // in rank r's memory.
-  virtual absl::Status Broadcast(const std::vector<float*>& buffers, int64_t count) = 0;
-  // buffers[0] = sum over r of weights[r] * buffers[r] (count floats each);
-  // the other ranks' buffers are left as they were. Each rank's weight is
-  // applied on its own device by the reduction itself.
+  // For each share: copies its floats from the owner's buffer into every
+  // other rank's, at the same place (one share owned by rank 0 is a plain
+  // broadcast; one per rank, an all-gather).
+  // REQUIRES: buffers has size() entries, buffers[r] in rank r's memory
+  // holds every share's floats; shares lie inside them, owners < size().
+  virtual absl::Status Broadcast(const std::vector<float*>& buffers,
+                                 const std::vector<DeviceShare>& shares) = 0;
+  // For each share: its floats in the owner's buffer become the sum over r
+  // of weights[r] * rank r's (a reduce, or over one share per rank a
+  // reduce-scatter); the other ranks' are left as they were. Each rank's
+  // weight is applied on its own device by the reduction itself.
   // REQUIRES: as Broadcast, and weights has size() entries.
-  virtual absl::Status WeightedSumToRankZero(const std::vector<float*>& buffers,
-                                             const std::vector<float>& weights, int64_t count) = 0;
+  virtual absl::Status WeightedSum(const std::vector<float*>& buffers,
+                                   const std::vector<float>& weights,
+                                   const std::vector<DeviceShare>& shares) = 0;
 };
 
 }  // namespace kernels

@@ -94,6 +94,37 @@ absl::Status CheckContiguous(Model* model) {
   return absl::OkStatus();
 }
 
+// Owner of each param id over n replicas: whole tensors in params() order,
+// each to the replica whose equal cut of the block holds its middle (so
+// owners never decrease and the shares are contiguous).
+std::vector<int> ShareOwners(const Model& model, int n, int64_t total) {
+  std::vector<int> owner;
+  int64_t offset = 0;
+  for (const ParamInfo& p : model.params()) {
+    const int64_t middle = offset + p.num_elements / 2;
+    owner.push_back(total == 0 ? 0
+                               : static_cast<int>(std::min<int64_t>(n - 1, middle * n / total)));
+    offset += p.num_elements;
+  }
+  return owner;
+}
+
+// The contiguous shares the owners make, one per replica (empty where a
+// replica owns nothing).
+std::vector<kernels::DeviceShare> SharesOf(const Model& model, const std::vector<int>& owner,
+                                           int n) {
+  std::vector<kernels::DeviceShare> shares(n);
+  for (int r = 0; r < n; ++r) shares[r].owner = r;
+  int64_t offset = 0;
+  for (size_t id = 0; id < owner.size(); ++id) {
+    kernels::DeviceShare& share = shares[owner[id]];
+    if (share.count == 0) share.offset = offset;
+    share.count += model.params()[id].num_elements;
+    offset += model.params()[id].num_elements;
+  }
+  return shares;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplicaSet>> ReplicaSet::Create(
@@ -142,7 +173,11 @@ ReplicaSet::ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
                        std::unique_ptr<kernels::DeviceGroup> nccl)
     : replicas_(std::move(replicas)),
       param_count_(ParamCount(*replicas_[0])),
-      nccl_(std::move(nccl)) {}
+      nccl_(std::move(nccl)) {
+  if (nccl_ == nullptr) return;
+  owner_ = ShareOwners(*replicas_[0], size(), param_count_);
+  shares_ = SharesOf(*replicas_[0], owner_, size());
+}
 
 absl::StatusOr<StepResult> ReplicaSet::TrainStep(const float* features, const int32_t* labels,
                                                  int64_t batch, int64_t step,
@@ -154,15 +189,29 @@ absl::StatusOr<StepResult> ReplicaSet::TrainStep(const float* features, const in
   const std::vector<int64_t> begin = SliceStarts(batch, n);
   // The communicators span every replica: a batch smaller than the set
   // (rare: a short last batch) takes the host path.
-  absl::StatusOr<StepResult> result = nccl_ != nullptr && n == size()
-                                          ? TrainStepWithNccl(features, labels, step, begin)
-                                          : TrainStepOnHost(features, labels, step, begin);
+  if (nccl_ != nullptr && n == size()) {
+    return TrainStepWithNccl(features, labels, step, begin, options);
+  }
+  absl::StatusOr<StepResult> result = TrainStepOnHost(features, labels, step, begin);
   if (result.ok() && gradient_queued != nullptr) {
     for (int id = static_cast<int>(primary()->params().size()) - 1; id >= 0; --id) {
       gradient_queued(id, -1);
     }
   }
   return result;
+}
+
+absl::Status ReplicaSet::UploadParam(int id, int64_t offset, int64_t count) {
+  if (size() == 1) return primary()->UploadParam(id, offset, count);
+  if (nccl_ == nullptr) return absl::OkStatus();
+  Model* to = replicas_[owner_[id]].get();
+  RETURN_IF_ERROR(to->backend().MakeCurrent());  // The calling thread's device.
+  return to->backend().UploadAside(to->device_param(id) + offset, primary()->param(id) + offset,
+                                   sizeof(float) * count);
+}
+
+absl::Status ReplicaSet::WaitGradient(int id, int64_t ticket) {
+  return replicas_[owner(id)]->WaitGradient(ticket);
 }
 
 std::vector<absl::StatusOr<StepResult>> ReplicaSet::TrainSlices(const float* features,
@@ -223,7 +272,8 @@ absl::StatusOr<StepResult> ReplicaSet::TrainStepOnHost(const float* features, co
 // step leaves none pending.
 absl::StatusOr<StepResult> ReplicaSet::TrainStepWithNccl(const float* features,
                                                          const int32_t* labels, int64_t step,
-                                                         const std::vector<int64_t>& begin) {
+                                                         const std::vector<int64_t>& begin,
+                                                         const TrainStepOptions& options) {
   const int n = size();
   Model* primary = this->primary();
   std::vector<float*> params(n, nullptr), grads(n, nullptr);
@@ -234,11 +284,21 @@ absl::StatusOr<StepResult> ReplicaSet::TrainStepWithNccl(const float* features,
     }
   }
 
-  // Parameters: replica 0's host copy to its device, then to the others',
-  // queued on each replica's stream ahead of its step.
-  RETURN_IF_ERROR(primary->backend().MakeCurrent());
-  RETURN_IF_ERROR(primary->ParamsToDevice());
-  RETURN_IF_ERROR(nccl_->Broadcast(params, param_count_));
+  // Parameters: each share up to its owner's device (unless UploadParam
+  // queued it there already), on the copy streams side by side, then from
+  // every owner to the other devices, queued on each replica's stream ahead
+  // of its step.
+  for (int r = 0; r < n; ++r) {
+    kernels::ComputeBackend& backend = replicas_[r]->backend();
+    RETURN_IF_ERROR(backend.MakeCurrent());
+    const kernels::DeviceShare& share = shares_[r];
+    if (options.params_from_host && share.count > 0) {
+      RETURN_IF_ERROR(backend.UploadAside(
+          params[r] + share.offset, primary->param(0) + share.offset, sizeof(float) * share.count));
+    }
+    RETURN_IF_ERROR(backend.JoinUploads());
+  }
+  RETURN_IF_ERROR(nccl_->Broadcast(params, shares_));
 
   TrainStepOptions on_device;
   on_device.params_from_host = false;
@@ -249,12 +309,45 @@ absl::StatusOr<StepResult> ReplicaSet::TrainStepWithNccl(const float* features,
     // No reduce: the step's gradients are zeros, whatever the replicas that
     // did not overflow computed.
     ZeroGrads(primary);
+    if (options.gradient_queued) {
+      for (int id = static_cast<int>(primary->params().size()) - 1; id >= 0; --id) {
+        options.gradient_queued(id, -1);
+      }
+    }
     return total;
   }
   // The weights are applied on each device, inside the reduce.
-  RETURN_IF_ERROR(nccl_->WeightedSumToRankZero(grads, SliceWeights(begin), param_count_));
-  RETURN_IF_ERROR(primary->GradsToHost());
+  RETURN_IF_ERROR(nccl_->WeightedSum(grads, SliceWeights(begin), shares_));
+  RETURN_IF_ERROR(SharesToHost(options.gradient_queued));
   return total;
+}
+
+absl::Status ReplicaSet::SharesToHost(const std::function<void(int, int64_t)>& queued) {
+  Model* primary = this->primary();
+  const int num_params = static_cast<int>(primary->params().size());
+  // Each owner's copies go on its own download stream, after the reduce on
+  // its compute stream; the first tensors first (the shards' pulls send
+  // them back first, and the next forward needs them first).
+  std::vector<std::vector<int64_t>> tickets(size());
+  for (int r = 0; r < size(); ++r) {
+    Model* from = replicas_[r].get();
+    RETURN_IF_ERROR(from->backend().MakeCurrent());
+    for (int id = 0; id < num_params; ++id) {
+      if (owner_[id] != r) continue;
+      ASSIGN_OR_RETURN(int64_t ticket, from->backend().DownloadAside(
+                                           primary->grad(id), from->device_grad(id),
+                                           sizeof(float) * primary->params()[id].num_elements));
+      if (queued) {
+        queued(id, ticket);
+      } else {
+        tickets[r].push_back(ticket);
+      }
+    }
+  }
+  for (int r = 0; r < size(); ++r) {
+    for (int64_t ticket : tickets[r]) RETURN_IF_ERROR(replicas_[r]->WaitGradient(ticket));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace downpour

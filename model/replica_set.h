@@ -7,12 +7,20 @@
 //
 // How parameters reach the replicas and gradients come back:
 // - Two or more replicas, each on its own GPU: NCCL (a kernels::DeviceGroup
-//   over the replicas' backends). Replica 0's host
-//   parameters go to its device and are broadcast from there to the other
-//   devices; each replica trains on those device-resident parameters and
-//   leaves its gradient on its device; a reduce into replica 0's device,
-//   each replica's gradient pre-multiplied there by its share of the batch,
-//   forms the batch mean, and only that is copied to the host.
+//   over the replicas' backends). The parameters are cut into one share
+//   per replica (whole tensors, contiguous, about equal in bytes), and each
+//   replica moves its own share between the host and its device, so every
+//   GPU's link carries a part of the traffic:
+//   - parameters: each share goes up from replica 0's host copy to its
+//     owner's device (or is already there: UploadParam, as parameters
+//     arrive from the shards), then every share is broadcast from its owner
+//     to the other devices (an all-gather);
+//   - gradients: each replica trains on those device-resident parameters
+//     and leaves its gradient on its device; a reduce-scatter (one reduce
+//     per share, into its owner, each replica's gradient pre-multiplied by
+//     its share of the batch) forms the batch mean, and each owner copies
+//     its share of it into replica 0's host grad(), streaming each tensor
+//     to the exchange as it lands where the step asks (gradient_queued).
 // - Otherwise (replicas on the CPU, CPU and GPU mixed, two on one GPU, or
 //   NCCL failed to start, which is logged): on the host. Replica 0's host
 //   parameters are copied into the others', each replica's TrainStep moves
@@ -67,11 +75,28 @@ class ReplicaSet {
   // slice. Errors are the first failing replica's, or the NCCL call's; after
   // one, no collective is left pending.
   // `options`: with one replica, as Model::TrainStep takes them. With
-  // several, parameters always come from primary()'s host copy and the
-  // gradients go to its grad(id); options.gradient_queued hears of them
-  // after the reduce (ticket -1: already there).
+  // several, the gradients go to primary()'s grad(id), announced to
+  // options.gradient_queued as each is queued there (wait with
+  // WaitGradient; ticket -1: already there); with NCCL the parameters come
+  // from primary()'s host copy unless options.params_from_host is false,
+  // which says every share was queued to its owner with UploadParam since
+  // the last step (on the host path they always come from the host copy).
+  // The other options are for one replica only.
   absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
                                        int64_t step, const TrainStepOptions& options = {});
+
+  // Queues elements [offset, offset + count) of primary()'s host param(id)
+  // to the device that holds that parameter's share: primary()'s alone
+  // with one replica (Model::UploadParam), its owner's with NCCL (and a
+  // no-op on the host path, which reads the host copy). Thread-safe against
+  // other UploadParam calls, as Model's.
+  absl::Status UploadParam(int id, int64_t offset, int64_t count);
+  // Waits until the gradient of param `id` that TrainStep announced with
+  // `ticket` is in primary()->grad(id) (Model::WaitGradient on the replica
+  // that copied it). Thread-safe.
+  absl::Status WaitGradient(int id, int64_t ticket);
+  // The replica whose device moves param `id` to and from the host.
+  int owner(int id) const { return owner_.empty() ? 0 : owner_[id]; }
 
  private:
   ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
@@ -86,10 +111,18 @@ class ReplicaSet {
   absl::StatusOr<StepResult> TrainStepOnHost(const float* features, const int32_t* labels,
                                              int64_t step, const std::vector<int64_t>& begin);
   absl::StatusOr<StepResult> TrainStepWithNccl(const float* features, const int32_t* labels,
-                                               int64_t step, const std::vector<int64_t>& begin);
+                                               int64_t step, const std::vector<int64_t>& begin,
+                                               const TrainStepOptions& options);
+  // The gradient's shares from their owners' devices to primary()'s host
+  // grad(), each tensor announced to `queued` when set (else waited for).
+  absl::Status SharesToHost(const std::function<void(int, int64_t)>& queued);
 
   const std::vector<std::unique_ptr<Model>> replicas_;
   const int64_t param_count_;  // Floats in one replica's parameter block.
+  // With NCCL: the replicas' shares of the parameter block, and the owner
+  // of each param id; empty otherwise.
+  std::vector<kernels::DeviceShare> shares_;
+  std::vector<int> owner_;
   // Declared after the replicas, so the communicators go first.
   std::unique_ptr<kernels::DeviceGroup> nccl_;
 };

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -245,6 +247,81 @@ TEST(ReplicasTest, TwoGpusFollowTheUpdatedParameters) {
 TEST(ReplicasTest, TwoGpusReplicaFailureLeavesNothingPending) {
   SKIP_WITHOUT_TWO_GPUS();
   ExpectBadSliceFailsCleanly({0, 1});
+}
+
+// Each GPU owns a contiguous run of whole tensors, in order, and both own
+// some: each moves its own share between the host and its device.
+TEST(ReplicasTest, TwoGpusEachOwnAShareOfTheParameters) {
+  SKIP_WITHOUT_TWO_GPUS();
+  auto set = MakeSet({0, 1});
+  ASSERT_TRUE(set);
+  std::vector<int> owned(2, 0);
+  int last = 0;
+  for (const ParamInfo& p : set->primary()->params()) {
+    const int owner = set->owner(p.id);
+    ASSERT_GE(owner, last) << p.name;
+    ASSERT_LT(owner, 2) << p.name;
+    last = owner;
+    owned[owner] += p.num_elements;
+  }
+  EXPECT_GT(owned[0], 0);
+  EXPECT_GT(owned[1], 0);
+}
+
+// The gradients streamed out as each share lands (gradient_queued, then
+// WaitGradient on any thread), with the parameters of every share queued to
+// its GPU as a pull brings them (UploadParam, params_from_host false): the
+// same steps as one GPU over the whole batch.
+TEST(ReplicasTest, TwoGpusStreamGradientsAndTakeUploadedShares) {
+  SKIP_WITHOUT_TWO_GPUS();
+  auto whole = MakeModel(0);
+  auto set = MakeSet({0, 1});
+  ASSERT_TRUE(whole && set);
+  ScrambleSecondaryReplicas(set.get());
+  Model* primary = set->primary();
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = RandomBatch(10, 40 + step);
+    std::vector<std::pair<int, int64_t>> queued;
+    TrainStepOptions options;
+    options.params_from_host = step == 0;  // Later steps: uploaded below.
+    options.gradient_queued = [&](int id, int64_t ticket) { queued.emplace_back(id, ticket); };
+    // The host gradient must come from the step, not be left over.
+    for (const ParamInfo& p : primary->params()) {
+      std::fill(primary->grad(p.id), primary->grad(p.id) + p.num_elements, -7.f);
+    }
+    auto expected = whole->TrainStep(b.features.data(), b.labels.data(), b.size, step);
+    auto actual = set->TrainStep(b.features.data(), b.labels.data(), b.size, step, options);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_TRUE(actual.ok()) << actual.status();
+    EXPECT_NEAR(actual->loss, expected->loss, 1e-5);
+    ASSERT_EQ(queued.size(), primary->params().size());
+    std::vector<bool> seen(queued.size(), false);
+    std::thread waiter([&] {
+      for (const auto& [id, ticket] : queued) EXPECT_TRUE(set->WaitGradient(id, ticket).ok());
+    });
+    waiter.join();
+    for (const auto& [id, ticket] : queued) {
+      ASSERT_FALSE(seen[id]) << "param " << id << " announced twice";
+      seen[id] = true;
+      const ParamInfo& p = primary->params()[id];
+      for (int64_t i = 0; i < p.num_elements; ++i) {
+        ASSERT_NEAR(primary->grad(id)[i], whole->grad(id)[i], 1e-5)
+            << p.name << "[" << i << "] at step " << step;
+      }
+    }
+    // A pull's worth of new parameters, partition by partition (two pieces
+    // of each tensor), queued to their GPUs as they come.
+    for (const ParamInfo& p : whole->params()) {
+      for (int64_t i = 0; i < p.num_elements; ++i) {
+        const float updated = whole->param(p.id)[i] - 0.5f * whole->grad(p.id)[i];
+        whole->param(p.id)[i] = updated;
+        primary->param(p.id)[i] = updated;
+      }
+      const int64_t half = p.num_elements / 2;
+      ASSERT_TRUE(set->UploadParam(p.id, 0, half).ok());
+      ASSERT_TRUE(set->UploadParam(p.id, half, p.num_elements - half).ok());
+    }
+  }
 }
 
 // Replica 1's slice overflows FP16 (features far outside its range), replica

@@ -532,12 +532,14 @@ absl::Status JobTrainer::Train() {
     // FP16's verdict on the whole step decides whether it is pushed at all.
     const bool stream = options_.overlap && push && fetch && batches == 1 && push_every == 1 &&
                         model->precision() != FP16;
-    // A GPU worker of one replica queues each partition pulled back to the
-    // device at once, on the copy stream: the next step finds them there.
+    // A GPU worker queues each partition pulled back to the device at once,
+    // on the copy stream (of the GPU whose share it is, with several): the
+    // next step finds them there.
     ParameterExchange::PulledFn upload;
-    if (stream && replica_set->size() == 1 && model->device() >= 0) {
-      upload = [model](const PartitionPlacement& p) {
-        return model->UploadParam(p.tensor_id(), p.offset(), p.num_elements());
+    if (stream && model->device() >= 0 &&
+        (replica_set->size() == 1 || replica_set->reduces_with_nccl())) {
+      upload = [replicas = replica_set.get()](const PartitionPlacement& p) {
+        return replicas->UploadParam(p.tensor_id(), p.offset(), p.num_elements());
       };
     }
     // This step's exchange: marked for a checkpoint, and begun when it
@@ -568,10 +570,16 @@ absl::Status JobTrainer::Train() {
         return arrived;
       };
       step_options.before_backward = start_exchange;
+    } else if (replica_set->size() > 1) {
+      // Several GPUs: the last step's exchange is finished before this
+      // step starts (the shares are gathered across the devices first),
+      // its partitions already queued to their GPUs.
+      step_options.params_from_host = !(pending && pending_uploads);
     }
     if (stream) {
-      step_options.gradient_queued = [this, model](int id, int64_t ticket) {
-        exchange_->GradientReady(id, [model, ticket] { return model->WaitGradient(ticket); });
+      step_options.gradient_queued = [this, replicas = replica_set.get()](int id, int64_t ticket) {
+        exchange_->GradientReady(
+            id, [replicas, id, ticket] { return replicas->WaitGradient(id, ticket); });
       };
     }
     for (int b = 0; b < batches; ++b) {

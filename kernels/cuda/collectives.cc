@@ -59,15 +59,15 @@ class NcclGroup final : public DeviceGroup {
 
   int size() const override { return comms_->size(); }
 
-  absl::Status Broadcast(const std::vector<float*>& buffers, int64_t count) override {
+  absl::Status Broadcast(const std::vector<float*>& buffers,
+                         const std::vector<DeviceShare>& shares) override {
     KeepCurrentDevice keep;
-    return comms_->Broadcast(buffers, count, streams_);
+    return comms_->Broadcast(buffers, shares, streams_);
   }
-
-  absl::Status WeightedSumToRankZero(const std::vector<float*>& buffers,
-                                     const std::vector<float>& weights, int64_t count) override {
+  absl::Status WeightedSum(const std::vector<float*>& buffers, const std::vector<float>& weights,
+                           const std::vector<DeviceShare>& shares) override {
     KeepCurrentDevice keep;
-    return comms_->WeightedSumToRankZero(buffers, weights, count, streams_);
+    return comms_->WeightedSum(buffers, weights, shares, streams_);
   }
 
  private:
@@ -107,39 +107,52 @@ NcclCommunicators::~NcclCommunicators() {
 }
 
 absl::Status NcclCommunicators::CheckArguments(const std::vector<float*>& buffers,
+                                               const std::vector<DeviceShare>& shares,
                                                const std::vector<cudaStream_t>& streams) const {
   if (buffers.size() != comms_.size() || streams.size() != comms_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("a collective over ", comms_.size(),
                                                    " ranks was given ", buffers.size(),
                                                    " buffers and ", streams.size(), " streams"));
   }
+  for (const DeviceShare& share : shares) {
+    if (share.offset < 0 || share.count < 0 || share.owner < 0 || share.owner >= size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a collective over ", comms_.size(), " ranks was given a share of ",
+                       share.count, " floats at ", share.offset, " owned by rank ", share.owner));
+    }
+  }
   return absl::OkStatus();
 }
 
-absl::Status NcclCommunicators::Broadcast(const std::vector<float*>& buffers, int64_t count,
+absl::Status NcclCommunicators::Broadcast(const std::vector<float*>& buffers,
+                                          const std::vector<DeviceShare>& shares,
                                           const std::vector<cudaStream_t>& streams) {
   RETURN_IF_ERROR(broken_);
-  RETURN_IF_ERROR(CheckArguments(buffers, streams));
-  if (count == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckArguments(buffers, shares, streams));
   absl::Status status = IssueOnEveryRank(size(), "ncclBroadcast", [&](int r) {
-    return ncclBroadcast(buffers[r], buffers[r], static_cast<size_t>(count), ncclFloat,
-                         /*root=*/0, comms_[r], streams[r]);
+    for (const DeviceShare& share : shares) {
+      if (share.count == 0) continue;
+      float* at = buffers[r] + share.offset;
+      const ncclResult_t result = ncclBroadcast(at, at, static_cast<size_t>(share.count), ncclFloat,
+                                                share.owner, comms_[r], streams[r]);
+      if (result != ncclSuccess) return result;
+    }
+    return ncclSuccess;
   });
   if (!status.ok()) broken_ = status;
   return status;
 }
 
-absl::Status NcclCommunicators::WeightedSumToRankZero(const std::vector<float*>& buffers,
-                                                      const std::vector<float>& weights,
-                                                      int64_t count,
-                                                      const std::vector<cudaStream_t>& streams) {
+absl::Status NcclCommunicators::WeightedSum(const std::vector<float*>& buffers,
+                                            const std::vector<float>& weights,
+                                            const std::vector<DeviceShare>& shares,
+                                            const std::vector<cudaStream_t>& streams) {
   RETURN_IF_ERROR(broken_);
-  RETURN_IF_ERROR(CheckArguments(buffers, streams));
+  RETURN_IF_ERROR(CheckArguments(buffers, shares, streams));
   if (weights.size() != comms_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a weighted sum over ", comms_.size(), " ranks was given ", weights.size(), " weights"));
   }
-  if (count == 0) return absl::OkStatus();
   // One operator per rank, each multiplying by that rank's weight (read
   // now, from the host: ncclScalarHostImmediate). An operator may go as soon
   // as the last call given it has returned, i.e. after ncclGroupEnd.
@@ -159,10 +172,17 @@ absl::Status NcclCommunicators::WeightedSumToRankZero(const std::vector<float*>&
         "ncclRedOpCreatePreMulSum"));
     ops.push_back(op);
   }
-  // In place on rank 0; the other ranks' receive buffers are not written.
+  // In place on each share's owner; the other ranks' receive buffers are
+  // not written.
   absl::Status status = IssueOnEveryRank(size(), "ncclReduce", [&](int r) {
-    return ncclReduce(buffers[r], buffers[r], static_cast<size_t>(count), ncclFloat, ops[r],
-                      /*root=*/0, comms_[r], streams[r]);
+    for (const DeviceShare& share : shares) {
+      if (share.count == 0) continue;
+      float* at = buffers[r] + share.offset;
+      const ncclResult_t result = ncclReduce(at, at, static_cast<size_t>(share.count), ncclFloat,
+                                             ops[r], share.owner, comms_[r], streams[r]);
+      if (result != ncclSuccess) return result;
+    }
+    return ncclSuccess;
   });
   if (!status.ok()) broken_ = status;
   return status;

@@ -50,25 +50,20 @@ class NcclCommunicators {
 
   int size() const { return static_cast<int>(comms_.size()); }
 
-  // Copies `count` floats from buffers[0] (rank 0's device) into buffers[r]
-  // of every other rank; rank r's part is queued on streams[r].
-  // REQUIRES: buffers and streams have size() entries, buffers[r] holds
-  // `count` floats on rank r's device, streams[r] belongs to that device.
-  absl::Status Broadcast(const std::vector<float*>& buffers, int64_t count,
+  // DeviceGroup::Broadcast and WeightedSum over these communicators: every
+  // share's call for rank r is queued on streams[r], all inside one group.
+  // REQUIRES: buffers and streams have size() entries, streams[r] belongs
+  // to rank r's device, and as DeviceGroup's.
+  absl::Status Broadcast(const std::vector<float*>& buffers, const std::vector<DeviceShare>& shares,
                          const std::vector<cudaStream_t>& streams);
-
-  // buffers[0] = sum over r of weights[r] * buffers[r] (count floats each);
-  // the other ranks' buffers are left as they were. Each rank's weight is
-  // applied on its own device by the reduction itself (a pre-multiplied
-  // sum), so nothing passes through the host. Queued as Broadcast.
-  // REQUIRES: as Broadcast, and weights has size() entries.
-  absl::Status WeightedSumToRankZero(const std::vector<float*>& buffers,
-                                     const std::vector<float>& weights, int64_t count,
-                                     const std::vector<cudaStream_t>& streams);
+  absl::Status WeightedSum(const std::vector<float*>& buffers, const std::vector<float>& weights,
+                           const std::vector<DeviceShare>& shares,
+                           const std::vector<cudaStream_t>& streams);
 
  private:
   explicit NcclCommunicators(std::vector<ncclComm_t> comms) : comms_(std::move(comms)) {}
   absl::Status CheckArguments(const std::vector<float*>& buffers,
+                              const std::vector<DeviceShare>& shares,
                               const std::vector<cudaStream_t>& streams) const;
 
   std::vector<ncclComm_t> comms_;
