@@ -1,0 +1,141 @@
+#include "common/process_metrics.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/build_info.h"
+
+namespace downpour {
+namespace {
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::Status Unparsable(const std::string& path) {
+  return absl::DataLossError(absl::StrCat("cannot parse ", path));
+}
+
+}  // namespace
+
+absl::StatusOr<ProcessStats> ReadProcessStats(const std::string& proc_root,
+                                              const std::string& pid) {
+  const std::string dir = absl::StrCat(proc_root, "/", pid);
+  ProcessStats stats;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+
+  // PID/stat: "pid (comm) state ppid ..."; comm may hold spaces and
+  // parentheses, so the fields are counted from the last ')'. Field 3
+  // (state) is fields[0]: utime 14, stime 15, starttime 22, vsize 23, rss 24.
+  const std::string stat_path = dir + "/stat";
+  auto stat = ReadWhole(stat_path);
+  if (!stat.ok()) return stat.status();
+  const size_t close = stat->rfind(')');
+  if (close == std::string::npos) return Unparsable(stat_path);
+  const std::vector<std::string> fields =
+      absl::StrSplit(absl::StripAsciiWhitespace(stat->substr(close + 1)), ' ', absl::SkipEmpty());
+  double utime, stime, starttime, vsize, rss;
+  if (fields.size() < 22 || !absl::SimpleAtod(fields[11], &utime) ||
+      !absl::SimpleAtod(fields[12], &stime) || !absl::SimpleAtod(fields[19], &starttime) ||
+      !absl::SimpleAtod(fields[20], &vsize) || !absl::SimpleAtod(fields[21], &rss)) {
+    return Unparsable(stat_path);
+  }
+  stats.cpu_seconds = (utime + stime) / ticks;
+  stats.virtual_bytes = vsize;
+  stats.resident_bytes = rss * page;
+
+  // The boot time, which starttime counts from ("btime SECONDS" in stat).
+  const std::string boot_path = proc_root + "/stat";
+  auto boot = ReadWhole(boot_path);
+  if (!boot.ok()) return boot.status();
+  double btime = -1;
+  for (absl::string_view line : absl::StrSplit(*boot, '\n')) {
+    if (absl::ConsumePrefix(&line, "btime ") &&
+        !absl::SimpleAtod(absl::StripAsciiWhitespace(line), &btime)) {
+      return Unparsable(boot_path);
+    }
+  }
+  if (btime < 0) return Unparsable(boot_path);
+  stats.start_time_seconds = btime + starttime / ticks;
+
+  // PID/limits: "Max open files  SOFT  HARD  files".
+  const std::string limits_path = dir + "/limits";
+  auto limits = ReadWhole(limits_path);
+  if (!limits.ok()) return limits.status();
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(*limits, '\n')) {
+    if (!absl::ConsumePrefix(&line, "Max open files")) continue;
+    const std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (words.empty()) return Unparsable(limits_path);
+    if (words[0] == "unlimited") {
+      stats.max_fds = std::numeric_limits<double>::infinity();
+      found = true;
+    } else {
+      found = absl::SimpleAtod(words[0], &stats.max_fds);
+    }
+    if (!found) return Unparsable(limits_path);
+  }
+  if (!found) return Unparsable(limits_path);
+
+  const std::string fd_path = dir + "/fd";
+  DIR* fds = opendir(fd_path.c_str());
+  if (fds == nullptr) return absl::NotFoundError(absl::StrCat("cannot list ", fd_path));
+  int open = 0;
+  while (dirent* entry = readdir(fds)) {
+    if (entry->d_name[0] != '.') ++open;
+  }
+  closedir(fds);
+  // Listing the directory held one descriptor of our own.
+  stats.open_fds = pid == "self" && open > 0 ? open - 1 : open;
+  return stats;
+}
+
+void AddProcessMetrics(MetricsRegistry* registry) {
+  Counter* cpu = registry->GetCounter("process_cpu_seconds_total",
+                                      "Total user and system CPU time spent in seconds.");
+  Gauge* resident =
+      registry->GetGauge("process_resident_memory_bytes", "Resident memory size in bytes.");
+  Gauge* virtual_bytes =
+      registry->GetGauge("process_virtual_memory_bytes", "Virtual memory size in bytes.");
+  Gauge* open_fds = registry->GetGauge("process_open_fds", "Number of open file descriptors.");
+  Gauge* max_fds =
+      registry->GetGauge("process_max_fds", "Maximum number of open file descriptors.");
+  Gauge* start = registry->GetGauge("process_start_time_seconds",
+                                    "Start time of the process since unix epoch in seconds.");
+  auto collect = [=] {
+    absl::StatusOr<ProcessStats> stats = ReadProcessStats();
+    if (!stats.ok()) return;
+    cpu->RaiseTo(stats->cpu_seconds);
+    resident->Set(stats->resident_bytes);
+    virtual_bytes->Set(stats->virtual_bytes);
+    open_fds->Set(stats->open_fds);
+    max_fds->Set(stats->max_fds);
+    start->Set(stats->start_time_seconds);
+  };
+  collect();
+  registry->AddCollector(collect);
+}
+
+void AddBuildInfo(MetricsRegistry* registry, const std::string& daemon) {
+  registry
+      ->GetGauge("downpour_build_info",
+                 "Always 1; the labels say which daemon, release and commit this is.",
+                 {{"daemon", daemon}, {"version", BuildVersion()}, {"commit", BuildCommit()}})
+      ->Set(1);
+}
+
+}  // namespace downpour

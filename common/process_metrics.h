@@ -1,0 +1,44 @@
+// The metrics every Downpour daemon exports about itself, with the names and
+// meanings Prometheus' own clients use: process_cpu_seconds_total,
+// process_resident_memory_bytes, process_virtual_memory_bytes,
+// process_open_fds, process_max_fds, process_start_time_seconds (read from
+// /proc at each scrape), and downpour_build_info{daemon,version,commit} = 1.
+//
+// Thread-safe. The registry is not owned and must outlive nothing here (the
+// collector keeps only copies).
+#ifndef DOWNPOUR_COMMON_PROCESS_METRICS_H_
+#define DOWNPOUR_COMMON_PROCESS_METRICS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/metrics.h"
+
+namespace downpour {
+
+struct ProcessStats {
+  double cpu_seconds = 0;  // User and system time.
+  double resident_bytes = 0;
+  double virtual_bytes = 0;
+  double open_fds = 0;
+  double max_fds = 0;             // The soft limit; +Inf when unlimited.
+  double start_time_seconds = 0;  // Since the Unix epoch.
+};
+
+// The stats of process `pid` ("self" or a number) from the procfs mounted at
+// `proc_root`: PID/stat, PID/limits, the entries of PID/fd, and the boot time
+// in stat. An error names the file it could not read or parse.
+absl::StatusOr<ProcessStats> ReadProcessStats(const std::string& proc_root = "/proc",
+                                              const std::string& pid = "self");
+
+// Exports this process's process_* metrics, read afresh at every exposition
+// (a failed read keeps the last values).
+void AddProcessMetrics(MetricsRegistry* registry);
+
+// Exports downpour_build_info{daemon, version, commit} 1 (common/build_info.h);
+// `daemon` is the binary's name ("downpour-ps").
+void AddBuildInfo(MetricsRegistry* registry, const std::string& daemon);
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_COMMON_PROCESS_METRICS_H_

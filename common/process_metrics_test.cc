@@ -1,0 +1,129 @@
+#include "common/process_metrics.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/build_info.h"
+#include "gtest/gtest.h"
+
+namespace downpour {
+namespace {
+
+// A procfs of one process, 4242, written under the test's temp directory.
+class FakeProc {
+ public:
+  explicit FakeProc(const std::string& name)
+      : root_(absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name)) {
+    mkdir(root_.c_str(), 0755);
+    mkdir((root_ + "/4242").c_str(), 0755);
+    mkdir((root_ + "/4242/fd").c_str(), 0755);
+  }
+  void Write(const std::string& path, const std::string& text) {
+    std::ofstream(root_ + "/" + path) << text;
+  }
+  const std::string& root() const { return root_; }
+
+ private:
+  std::string root_;
+};
+
+// Fields 3.. of PID/stat with utime (14), stime (15), starttime (22), vsize
+// (23) and rss (24) set.
+std::string StatLine(const std::string& comm) {
+  const std::map<int, std::string> set = {
+      {14, "250"}, {15, "150"}, {22, "1000"}, {23, "1048576"}, {24, "100"}};
+  std::string out = absl::StrCat("4242 (", comm, ") S");
+  for (int field = 4; field <= 52; ++field) {
+    auto it = set.find(field);
+    absl::StrAppend(&out, " ", it == set.end() ? "0" : it->second);
+  }
+  return out + "\n";
+}
+
+TEST(ProcessStatsTest, ReadsStatLimitsFdsAndBootTime) {
+  FakeProc proc("proc_ok");
+  proc.Write("4242/stat", StatLine("downpour-ps (x) y"));
+  proc.Write("stat", "cpu  1 2 3\nbtime 1700000000\nprocesses 9\n");
+  proc.Write("4242/limits",
+             "Limit                     Soft Limit           Hard Limit           Units\n"
+             "Max open files            1024                 4096                 files\n");
+  for (const char* fd : {"0", "1", "2"}) proc.Write(absl::StrCat("4242/fd/", fd), "");
+  absl::StatusOr<ProcessStats> stats = ReadProcessStats(proc.root(), "4242");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  EXPECT_DOUBLE_EQ(stats->cpu_seconds, 400 / ticks);
+  EXPECT_DOUBLE_EQ(stats->start_time_seconds, 1700000000 + 1000 / ticks);
+  EXPECT_DOUBLE_EQ(stats->virtual_bytes, 1048576);
+  EXPECT_DOUBLE_EQ(stats->resident_bytes, 100 * page);
+  EXPECT_DOUBLE_EQ(stats->max_fds, 1024);
+  EXPECT_DOUBLE_EQ(stats->open_fds, 3);
+}
+
+TEST(ProcessStatsTest, UnlimitedFilesIsInfinite) {
+  FakeProc proc("proc_unlimited");
+  proc.Write("4242/stat", StatLine("w"));
+  proc.Write("stat", "btime 1\n");
+  proc.Write("4242/limits", "Max open files            unlimited            unlimited files\n");
+  absl::StatusOr<ProcessStats> stats = ReadProcessStats(proc.root(), "4242");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(std::isinf(stats->max_fds));
+  EXPECT_EQ(stats->open_fds, 0);
+}
+
+TEST(ProcessStatsTest, AMissingOrMalformedFileIsNamed) {
+  FakeProc proc("proc_bad");
+  absl::StatusOr<ProcessStats> missing = ReadProcessStats(proc.root(), "4242");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("4242/stat"), std::string::npos) << missing.status();
+  proc.Write("4242/stat", "4242 (short) S 1 2 3\n");
+  absl::StatusOr<ProcessStats> malformed = ReadProcessStats(proc.root(), "4242");
+  ASSERT_FALSE(malformed.ok());
+  EXPECT_NE(malformed.status().message().find("cannot parse"), std::string::npos);
+  proc.Write("4242/stat", StatLine("w"));
+  proc.Write("stat", "cpu 1 2\n");
+  absl::StatusOr<ProcessStats> no_btime = ReadProcessStats(proc.root(), "4242");
+  ASSERT_FALSE(no_btime.ok());
+  EXPECT_NE(no_btime.status().message().find("/stat"), std::string::npos);
+}
+
+TEST(ProcessStatsTest, ThisProcessFromTheRealProc) {
+  absl::StatusOr<ProcessStats> stats = ReadProcessStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->resident_bytes, 0);
+  EXPECT_GE(stats->virtual_bytes, stats->resident_bytes);
+  EXPECT_GE(stats->open_fds, 3);  // stdin, stdout, stderr at least.
+  EXPECT_GT(stats->max_fds, 0);
+  EXPECT_GT(stats->start_time_seconds, 1e9);
+  EXPECT_LE(stats->start_time_seconds, static_cast<double>(std::time(nullptr)) + 1);
+}
+
+TEST(ProcessMetricsTest, ExportsProcessSeriesAndBuildInfo) {
+  MetricsRegistry registry;
+  AddProcessMetrics(&registry);
+  AddBuildInfo(&registry, "downpour-test");
+  const std::string text = registry.Exposition();
+  for (const char* type :
+       {"# TYPE process_cpu_seconds_total counter", "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_virtual_memory_bytes gauge", "# TYPE process_open_fds gauge",
+        "# TYPE process_max_fds gauge", "# TYPE process_start_time_seconds gauge"}) {
+    EXPECT_NE(text.find(type), std::string::npos) << type << " in\n" << text;
+  }
+  EXPECT_NE(
+      text.find(absl::StrCat("downpour_build_info{commit=\"", BuildCommit(),
+                             "\",daemon=\"downpour-test\",version=\"", BuildVersion(), "\"} 1\n")),
+      std::string::npos)
+      << text;
+  EXPECT_STRNE(BuildCommit(), "");
+}
+
+}  // namespace
+}  // namespace downpour
