@@ -11,12 +11,13 @@
 #include "common/net_address.h"
 #include "common/status.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "rpc/server_metrics.h"
 
 namespace downpour {
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
                                               const std::vector<grpc::Service*>& services,
-                                              int max_message_bytes) {
+                                              MetricsRegistry* metrics, int max_message_bytes) {
   auto parsed = ParseHostPort(listen);
   if (!parsed.ok()) return parsed.status();
   grpc::EnableDefaultHealthCheckService(true);
@@ -32,6 +33,11 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   for (grpc::Service* service : services) builder.RegisterService(service);
+  if (metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeServerMetricsFactory(metrics));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   RunningServer running;
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || port == 0) {
@@ -87,7 +93,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
   auto daemon = std::unique_ptr<NodeDaemon>(new NodeDaemon());
   ASSIGN_OR_RETURN(daemon->metrics_server_,
                    MetricsHttpServer::StartIfRequested(options.metrics_listen, metrics));
-  ASSIGN_OR_RETURN(daemon->server_, StartGrpcServer(options.listen, services));
+  ASSIGN_OR_RETURN(daemon->server_, StartGrpcServer(options.listen, services, metrics));
   ASSIGN_OR_RETURN(daemon->coordinator_, RemoteCoordinator::Create(options.coordinator));
   // A heartbeat that takes longer than this counts as missed.
   daemon->coordinator_->set_rpc_timeout(absl::Seconds(5));

@@ -30,9 +30,12 @@ struct RunningServer {
 };
 
 // Builds and starts a server on `listen` with `services` (not owned) and the
-// standard health service. Messages up to `max_message_bytes` are accepted.
+// standard health service. With `metrics` (not owned; it must outlive the
+// server), every call is measured (rpc/server_metrics.h). Messages up to
+// `max_message_bytes` are accepted.
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
                                               const std::vector<grpc::Service*>& services,
+                                              MetricsRegistry* metrics = nullptr,
                                               int max_message_bytes = 256 << 20);
 
 // Writes `address` to `path` atomically (temp file + rename). No-op when
@@ -70,7 +73,7 @@ class NodeDaemon {
   };
 
   // Serves /metrics (when asked) from `metrics` (not owned), then `services`
-  // (not owned) and gRPC health on options.listen, then registers with the
+  // (not owned) and gRPC health on options.listen, measured into `metrics`, then registers with the
   // coordinator (its tasks go to `on_tasks`, on the agent's thread), then
   // writes the port file.
   static absl::StatusOr<std::unique_ptr<NodeDaemon>> Start(
