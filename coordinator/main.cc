@@ -14,9 +14,11 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
+#include "common/process_metrics.h"
 #include "common/status.h"
 #include "control/coordinator_state.h"
 #include "control/job_store.h"
+#include "coordinator/coordinator_metrics.h"
 #include "rpc/coordinator_service.h"
 #include "rpc/daemon.h"
 
@@ -40,26 +42,6 @@ ABSL_FLAG(int64_t, checkpoint_timeout_s, 600,
 
 namespace downpour {
 namespace {
-
-void UpdateGauges(control::CoordinatorState* state, MetricsRegistry* metrics) {
-  int64_t alive_shards = 0, alive_workers = 0;
-  const std::vector<NodeInfo> nodes = state->ListNodes().value();  // Local: never fails.
-  for (const NodeInfo& node : nodes) {
-    if (!node.alive()) continue;
-    (node.role() == SHARD ? alive_shards : alive_workers)++;
-  }
-  metrics->GetGauge("downpour_nodes_alive", "Nodes heartbeating.", {{"role", "shard"}})
-      ->Set(alive_shards);
-  metrics->GetGauge("downpour_nodes_alive", "Nodes heartbeating.", {{"role", "worker"}})
-      ->Set(alive_workers);
-  std::map<JobState, int64_t> counts;
-  const std::vector<JobStatus> jobs = state->ListJobs().value();
-  for (const JobStatus& job : jobs) counts[job.state()]++;
-  for (JobState s : {PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED}) {
-    metrics->GetGauge("downpour_jobs", "Jobs by state.", {{"state", JobState_Name(s)}})
-        ->Set(counts[s]);
-  }
-}
 
 int Main() {
   BlockTerminationSignals();
@@ -99,11 +81,14 @@ int Main() {
   if (!state.ok()) return ExitWithError(state.status());
 
   MetricsRegistry metrics;
+  AddBuildInfo(&metrics, "downpour-coordinator");
+  AddProcessMetrics(&metrics);
+  CoordinatorMetrics coordinator_metrics(&metrics);
   auto metrics_server =
       MetricsHttpServer::StartIfRequested(absl::GetFlag(FLAGS_metrics_listen), &metrics);
   if (!metrics_server.ok()) return ExitWithError(metrics_server.status());
   CoordinatorService service(state->get(), &metrics);
-  auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service});
+  auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}, &metrics);
   if (!server.ok()) return ExitWithError(server.status());
   absl::Status written = WritePortFile(absl::GetFlag(FLAGS_port_file), server->address);
   if (!written.ok()) return ExitWithError(written);
@@ -117,7 +102,9 @@ int Main() {
   std::thread ticker([&] {
     while (!stop.WaitForNotificationWithTimeout(options.heartbeat_interval / 2)) {
       (*state)->Tick();
-      UpdateGauges(state->get(), &metrics);
+      // Local calls: they never fail.
+      coordinator_metrics.Update((*state)->ListNodes().value(), (*state)->ListJobs().value(),
+                                 absl::Now());
     }
   });
   const std::string signal = WaitForTerminationSignal();
