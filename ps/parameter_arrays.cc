@@ -165,4 +165,15 @@ ParameterArrays::Arrays ParameterArrays::ReturnCopy(Arrays copy) {
   return {};
 }
 
+int64_t ParameterArrays::MemoryBytes() const {
+  auto bytes = [](const Arrays& a) {
+    int64_t floats = static_cast<int64_t>(a.values.capacity());
+    for (const std::vector<float>& slot : a.slots) floats += slot.capacity();
+    return floats * static_cast<int64_t>(sizeof(float));
+  };
+  int64_t total = bytes(live_) + bytes(spare_);
+  for (const Retired& r : retired_) total += bytes(r.arrays);
+  return total;
+}
+
 }  // namespace downpour

@@ -115,6 +115,9 @@ class ParameterArrays {
   // is returned for the caller to free.
   Arrays ReturnCopy(Arrays copy);
 
+  // Bytes of every array held: live, lent and spare.
+  int64_t MemoryBytes() const;
+
   // Lent arrays that are no longer live (tests).
   int retired() const { return static_cast<int>(retired_.size()); }
   bool has_spare() const { return !spare_.values.empty(); }

@@ -400,6 +400,17 @@ int64_t ParameterStore::RememberedRequests(const std::string& job_id) const {
   return (*job)->requests.Remembered();
 }
 
+int64_t ParameterStore::MemoryBytes(const std::string& job_id) const {
+  auto job = FindJob(job_id);
+  if (!job.ok()) return 0;
+  int64_t bytes = 0;
+  for (const std::unique_ptr<Partition>& p : (*job)->partitions) {
+    absl::MutexLock lock(&p->mu);
+    bytes += p->arrays.MemoryBytes() + p->step_sum.MemoryBytes();
+  }
+  return bytes;
+}
+
 void ParameterStore::DropJob(const std::string& job_id) {
   std::shared_ptr<Job> job;
   {

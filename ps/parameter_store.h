@@ -88,6 +88,10 @@ class ParameterStore : public ParameterShard {
   // flight).
   int64_t RememberedRequests(const std::string& job_id) const;
 
+  // Bytes the partitions of `job_id` hold: values, optimizer slots, spare
+  // and lent copies (checkpoints), SYNC sums. 0 for an unknown job.
+  int64_t MemoryBytes(const std::string& job_id) const;
+
   // Checkpoints. A push carrying checkpoint_step S starts a capture of the
   // job's partitions on this shard: in SYNC each partition is captured when
   // its version reaches S (which it has not passed: rank 0 marks the push of

@@ -142,6 +142,18 @@ TEST_F(ParameterStoreTest, AsyncAppliesEachPushOnArrival) {
   ExpectNear(three.values, {0.7f, 0.6f});
 }
 
+TEST_F(ParameterStoreTest, MemoryBytesCountsValuesAndOptimizerSlots) {
+  EXPECT_EQ(store_.MemoryBytes(kJob), 0);
+  // 8 elements on this shard (Placements): values only with SGD.
+  AddJob(Spec(ConsistencySpec::ASYNC, 2));
+  EXPECT_EQ(store_.MemoryBytes(kJob), 8 * 4);
+  store_.DropJob(kJob);
+  EXPECT_EQ(store_.MemoryBytes(kJob), 0);
+  // Adam: values, m and v.
+  AddJob(Spec(ConsistencySpec::ASYNC, 2, 0, OptimizerSpec::ADAM));
+  EXPECT_EQ(store_.MemoryBytes(kJob), 3 * 8 * 4);
+}
+
 TEST_F(ParameterStoreTest, DuplicateRequestIsAppliedOnce) {
   AddJob(Spec(ConsistencySpec::ASYNC, 1));
   const PushRequest request = MakePush(0, 1, 0, {{{1, 0}, {1, 1}}});

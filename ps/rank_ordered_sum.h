@@ -36,6 +36,12 @@ class RankOrderedSum {
   int num_contributors() const { return num_contributors_; }
   // Buffers made so far for gradients held aside (kept across steps).
   int num_buffers() const { return static_cast<int>(buffers_.size()); }
+  // Bytes of the sum and the buffers held aside.
+  int64_t MemoryBytes() const {
+    int64_t floats = static_cast<int64_t>(sum_.capacity());
+    for (const std::vector<float>& b : buffers_) floats += static_cast<int64_t>(b.capacity());
+    return floats * static_cast<int64_t>(sizeof(float));
+  }
 
   // Takes `rank`'s gradient: for_each_run(write) calls write(grad, start,
   // count) with runs of it that together cover [0, num_elements) once (a
