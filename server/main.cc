@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/platform/malloc_tuning.h"
+#include "common/process_metrics.h"
 #include "common/status.h"
 #include "ps/checkpoint.h"
 #include "ps/parameter_store.h"
@@ -46,12 +47,14 @@ int Main() {
     writer = std::make_unique<CheckpointWriter>(checkpoint_root);
   }
   MetricsRegistry metrics;
+  AddBuildInfo(&metrics, "downpour-ps");
+  AddProcessMetrics(&metrics);
   ParameterStore store;
   if (writer != nullptr) {
     store.SetCheckpointSink([w = writer.get()](ShardCapture c) { w->Write(std::move(c)); });
   }
-  ParameterServerService service(&store);
   ShardRuntime runtime(&store, writer.get(), &metrics);
+  ParameterServerService service(runtime.serving());
   options.checkpoints = writer != nullptr;
   options.add_to_heartbeat = [&runtime](HeartbeatRequest* r) { runtime.AddToHeartbeat(r); };
   auto daemon =

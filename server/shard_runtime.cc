@@ -12,6 +12,7 @@ ShardRuntime::ShardRuntime(ParameterStore* store, CheckpointWriter* writer,
     : store_(store),
       writer_(writer),
       metrics_(metrics),
+      measured_(store, metrics),
       jobs_gauge_(metrics->GetGauge("downpour_ps_jobs", "Jobs hosted on this shard.")),
       bytes_gauge_(metrics->GetGauge("downpour_ps_parameter_bytes",
                                      "Parameter bytes hosted on this shard.")) {}
@@ -47,7 +48,7 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
     if (auto it = hosted_.find(task.job_id()); it != hosted_.end()) {
       store_->SetAbsentWorkers(task.job_id(),
                                {task.absent_ranks().begin(), task.absent_ranks().end()});
-      ExportLatePushes(task.job_id(), &it->second);
+      ExportJob(task.job_id(), &it->second);
       continue;
     }
     if (refused_.count(task.job_id())) continue;
@@ -63,6 +64,16 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
   }
   jobs_gauge_->Set(hosted_.size());
   bytes_gauge_->Set(bytes_);
+}
+
+void ShardRuntime::ExportJob(const std::string& job_id, Hosted* hosted) {
+  metrics_
+      ->GetGauge("downpour_ps_memory_bytes",
+                 "Memory the job's partitions hold on this shard: values, optimizer slots, "
+                 "checkpoint copies, SYNC sums.",
+                 {{"job", job_id}})
+      ->Set(static_cast<double>(store_->MemoryBytes(job_id)));
+  ExportLatePushes(job_id, hosted);
 }
 
 void ShardRuntime::ExportLatePushes(const std::string& job_id, Hosted* hosted) {
@@ -82,7 +93,9 @@ void ShardRuntime::ExportLatePushes(const std::string& job_id, Hosted* hosted) {
 
 void ShardRuntime::Drop(const std::string& job_id) {
   store_->DropJob(job_id);
+  measured_.RemoveJob(job_id);
   metrics_->RemoveSeries("downpour_ps_late_pushes_total", {{"job", job_id}});
+  metrics_->RemoveSeries("downpour_ps_memory_bytes", {{"job", job_id}});
   if (writer_ != nullptr) writer_->ForgetJob(job_id);
 }
 
@@ -136,7 +149,9 @@ absl::Status ShardRuntime::Host(const Task& task) {
     return added;
   }
   const int64_t bytes = BytesPerShard(partitions, shards)[task.rank()];
-  hosted_[task.job_id()] = Hosted{bytes, task.attempt()};
+  Hosted& hosted = hosted_[task.job_id()] = Hosted{bytes, task.attempt()};
+  measured_.AddJob(task.job_id());
+  ExportJob(task.job_id(), &hosted);
   bytes_ += bytes;
   Log(absl::StrCat("job ", task.job_id(), ": hosting shard ", task.rank(), " (", bytes,
                    " parameter bytes)"));

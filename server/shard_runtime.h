@@ -5,7 +5,8 @@
 // host, and drop a job's partitions once the job is no longer its task. With
 // a CheckpointWriter it writes the snapshots the store captures and reports
 // them with every heartbeat. It exports the hosted jobs and bytes as
-// metrics.
+// metrics, each job's memory (downpour_ps_memory_bytes{job}), and through
+// serving() the traffic of each job (server/shard_metrics.h).
 //
 // Thread-safe (the node agent calls OnTasks and AddToHeartbeat from its
 // thread). The store, the writer and the metrics registry are not owned and
@@ -25,6 +26,7 @@
 #include "proto/coordinator.pb.h"
 #include "ps/checkpoint.h"
 #include "ps/parameter_store.h"
+#include "server/shard_metrics.h"
 
 namespace downpour {
 
@@ -43,6 +45,10 @@ class ShardRuntime {
   // Jobs hosted now, sorted.
   std::vector<std::string> HostedJobs() const;
 
+  // What the shard's gRPC service serves: the store, with each hosted job's
+  // requests measured.
+  ParameterShard* serving() { return &measured_; }
+
  private:
   absl::Status Host(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts this shard's file of the task's checkpoint into the hosted job.
@@ -52,6 +58,7 @@ class ShardRuntime {
   ParameterStore* const store_;
   CheckpointWriter* const writer_;
   MetricsRegistry* const metrics_;
+  MeasuredShard measured_;
   Gauge* const jobs_gauge_;
   Gauge* const bytes_gauge_;
   mutable absl::Mutex mu_;
@@ -61,6 +68,8 @@ class ShardRuntime {
     // Late pushes by rank as last exported (downpour_ps_late_pushes_total).
     std::vector<int64_t> late_pushes;
   };
+  // Brings the job's memory gauge and late-push counters up to the store's.
+  void ExportJob(const std::string& job_id, Hosted* hosted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Brings the job's late-push counters up to the store's counts.
   void ExportLatePushes(const std::string& job_id, Hosted* hosted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -89,12 +89,25 @@ TEST_F(ShardRuntimeTest, HostsItsTasksAndDropsThemWhenTheyEnd) {
   const std::vector<PartitionPlacement> partitions(task.placement().partitions().begin(),
                                                    task.placement().partitions().end());
   EXPECT_EQ(Gauge("downpour_ps_parameter_bytes"), BytesPerShard(partitions, 2)[0]);
+  // The job's memory: at least its parameters (Adam's slots come on top).
+  EXPECT_GE(metrics_.GetGauge("downpour_ps_memory_bytes", "", {{"job", "j"}})->value(),
+            BytesPerShard(partitions, 2)[0]);
+  // Pushes and pulls through serving() are measured, per job.
+  PullRequest pull;
+  pull.set_job_id("j");
+  ASSERT_TRUE(runtime_.serving()->Pull(pull, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_NE(metrics_.Exposition().find("downpour_ps_sent_bytes_total{job=\"j\"} " +
+                                       std::to_string(BytesPerShard(partitions, 2)[0]) + "\n"),
+            std::string::npos)
+      << metrics_.Exposition();
 
   Tasks({});
   EXPECT_TRUE(runtime_.HostedJobs().empty());
   EXPECT_EQ(PullCode(store_, "j"), absl::StatusCode::kNotFound);
   EXPECT_EQ(Gauge("downpour_ps_jobs"), 0);
   EXPECT_EQ(Gauge("downpour_ps_parameter_bytes"), 0);
+  // The job's own series go with it.
+  EXPECT_EQ(metrics_.Exposition().find("job=\"j\""), std::string::npos) << metrics_.Exposition();
 }
 
 TEST_F(ShardRuntimeTest, JobItCannotHostIsRefusedWithTheReasonUntilItEnds) {
