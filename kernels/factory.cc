@@ -1,5 +1,7 @@
 #include "kernels/factory.h"
 
+#include <cuda_runtime_api.h>
+
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +52,19 @@ absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
 }
 
 int GpuCount() { return cuda::CudaDeviceCount(); }
+
+absl::StatusOr<GpuMemory> GpuMemoryInfo(int device) {
+  RETURN_IF_ERROR(DescribeDevice(device).status());
+  size_t free = 0, total = 0;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaMemGetInfo(&free, &total);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(e)));
+  }
+  return GpuMemory{static_cast<int64_t>(total - free), static_cast<int64_t>(total)};
+}
 
 std::string GpuUnavailableReason() { return cuda::CudaUnavailableReason(); }
 

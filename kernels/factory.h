@@ -6,6 +6,7 @@
 #ifndef DOWNPOUR_KERNELS_FACTORY_H_
 #define DOWNPOUR_KERNELS_FACTORY_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,16 @@ std::string GpuUnavailableReason();
 // <name>" ("cuda:0 NVIDIA H100 80GB HBM3"); FailedPrecondition naming the
 // reason when device d is unusable.
 absl::StatusOr<std::string> DescribeDevice(int device);
+
+// Memory of CUDA device `device`, as the driver counts it (every process's
+// allocations and contexts): used = total - free. FailedPrecondition naming
+// the reason when the device is unusable. Makes the calling thread's current
+// device `device`, and the device's context if this process has none yet.
+struct GpuMemory {
+  int64_t used_bytes = 0;
+  int64_t total_bytes = 0;
+};
+absl::StatusOr<GpuMemory> GpuMemoryInfo(int device);
 
 // Threads the CPU backend's matrix products use, process-wide (OpenBLAS);
 // `num_threads` <= 0 leaves the library's choice (all cores).

@@ -4,7 +4,9 @@
 #ifndef DOWNPOUR_MODEL_DEVICES_H_
 #define DOWNPOUR_MODEL_DEVICES_H_
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 
@@ -19,6 +21,10 @@ std::string GpuUnavailableReason();
 // NVIDIA H100 80GB HBM3"); FailedPrecondition naming the reason when device d
 // is unusable.
 absl::StatusOr<std::string> DescribeDevice(int device);
+
+// Bytes of CUDA device `device`'s memory in use (by every process) and in
+// all; FailedPrecondition naming the reason when the device is unusable.
+absl::StatusOr<std::pair<int64_t, int64_t>> GpuMemoryUsedAndTotal(int device);
 
 // Threads the CPU's matrix products use, process-wide (<= 0: all cores).
 void SetCpuThreads(int num_threads);
