@@ -19,10 +19,12 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/platform/malloc_tuning.h"
+#include "common/process_metrics.h"
 #include "model/devices.h"
 #include "rpc/daemon.h"
 #include "rpc/node_flags.h"
 #include "rpc/ps_client.h"
+#include "worker/worker_metrics.h"
 #include "worker/worker_runtime.h"
 
 ABSL_FLAG(std::string, data_dir, ".", "Relative record-file globs of jobs resolve against this");
@@ -41,6 +43,9 @@ ABSL_FLAG(int32_t, max_inflight, 8, "Push/pull messages in flight at once per jo
 ABSL_FLAG(bool, overlap, true,
           "Push each step's gradients (and pull the parameters back) message by message while "
           "backward still runs; false: after it (the serial path, for comparison)");
+ABSL_FLAG(int64_t, job_metrics_grace_s, 600,
+          "How long an ended job's metric series (its steps, losses, step times, traffic per "
+          "shard) stay on /metrics with their last values before they are dropped");
 ABSL_FLAG(int64_t, message_kb, 0,
           "Largest push/pull message in KiB (partitions are never split); 0: the model's size / "
           "(4 x max_inflight), within 256 KiB..4 MiB. Smaller messages spread a step's exchange "
@@ -97,6 +102,9 @@ int Main() {
     return ExitWithError(absl::NotFoundError(absl::StrCat(
         "--data_dir ", absl::GetFlag(FLAGS_data_dir), " is not a readable directory")));
   }
+  if (absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
+    return ExitWithError(absl::InvalidArgumentError("--job_metrics_grace_s must not be negative"));
+  }
   SetCpuThreads(absl::GetFlag(FLAGS_compute_threads));
   auto devices = ResolveDevices(absl::GetFlag(FLAGS_devices));
   if (!devices.ok()) return ExitWithError(devices.status());
@@ -108,10 +116,16 @@ int Main() {
   if (daemon_options.devices.empty()) daemon_options.devices.push_back("cpu");
 
   MetricsRegistry metrics;
+  AddBuildInfo(&metrics, "downpour-worker");
+  AddProcessMetrics(&metrics);
   for (const std::string& name : daemon_options.devices) {
     metrics.GetGauge("downpour_worker_devices", "Compute devices in use.", {{"device", name}})
         ->Set(1);
   }
+  // Named as above ("cpu" alone when there is no GPU: no series).
+  AddGpuMemoryMetrics(&metrics, *devices,
+                      devices->empty() ? std::vector<std::string>() : daemon_options.devices,
+                      GpuMemoryUsedAndTotal);
   TrainerOptions trainer_options;
   // One model replica per listed GPU (or one on the CPU).
   trainer_options.devices = *devices;
@@ -128,9 +142,14 @@ int Main() {
   // connection) within it.
   shard_options.push_attempt_timeout = trainer_options.exchange.push_timeout;
   shard_options.num_channels = absl::GetFlag(FLAGS_channels_per_shard);
-  WorkerRuntime runtime(trainer_options, [shard_options](const std::string& address) {
-    return std::unique_ptr<ParameterShard>(RemoteParameterShard::Create(address, shard_options));
-  });
+  WorkerRuntime runtime(
+      trainer_options,
+      [shard_options](const std::string& address) {
+        return std::unique_ptr<ParameterShard>(
+            RemoteParameterShard::Create(address, shard_options));
+      },
+      /*failed_run_grace=*/absl::Seconds(10),
+      /*metrics_grace=*/absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s)));
   auto daemon =
       NodeDaemon::Start(daemon_options, {}, &metrics,
                         [&runtime](const std::vector<Task>& tasks) { runtime.OnTasks(tasks); });

@@ -16,6 +16,7 @@
 #include "model/replica_set.h"
 #include "spec/shard_map.h"
 #include "spec/wire_dtype.h"
+#include "worker/worker_metrics.h"
 #include "worker/worker_state.h"
 
 namespace downpour {
@@ -153,6 +154,7 @@ absl::Status JobTrainer::Run() {
     failed.set_permanent(permanent_);
     // A shard that found a non-finite gradient says so in its error.
     failed.set_diverged(diverged_ || absl::StrContains(status.message(), "training diverged"));
+    CountFailure(options_.metrics, FailureReason(status, failed.diverged()));
     Report(failed, /*final=*/true);
     failed_.store(true);
   }
@@ -405,42 +407,9 @@ absl::Status JobTrainer::Train() {
   permanent_ = false;
 
   const ConsistencySpec::Mode mode = spec.consistency().mode();
-  const MetricLabels labels = {{"job", task_.job_id()}};
-  Counter* steps_done = nullptr;
-  Gauge* loss_gauge = nullptr;
-  Gauge* rate_gauge = nullptr;
-  Gauge* accuracy_gauge = nullptr;
-  Counter* input_wait = nullptr;
-  Counter* step_seconds = nullptr;
-  Counter* compute_seconds = nullptr;
-  Counter* exchange_seconds = nullptr;
+  const TrainerMetrics metrics =
+      TrainerMetrics::Create(options_.metrics, task_.job_id(), /*evaluates=*/rank == 0);
   double total_input_wait = 0, total_step_seconds = 0, total_compute = 0, total_exchange = 0;
-  if (options_.metrics != nullptr) {
-    steps_done =
-        options_.metrics->GetCounter("downpour_worker_steps_total", "Training steps run.", labels);
-    loss_gauge =
-        options_.metrics->GetGauge("downpour_worker_loss", "Latest training loss.", labels);
-    rate_gauge = options_.metrics->GetGauge("downpour_worker_examples_per_second",
-                                            "Training throughput.", labels);
-    input_wait =
-        options_.metrics->GetCounter("downpour_worker_input_wait_seconds_total",
-                                     "Time training steps waited for their input batch.", labels);
-    step_seconds = options_.metrics->GetCounter(
-        "downpour_worker_step_seconds_total",
-        "Time in training steps (input, compute and exchange).", labels);
-    compute_seconds = options_.metrics->GetCounter(
-        "downpour_worker_compute_seconds_total",
-        "Time training steps spent computing forward and backward (to the gradients on the "
-        "host).",
-        labels);
-    exchange_seconds = options_.metrics->GetCounter(
-        "downpour_worker_exchange_seconds_total",
-        "Time training steps spent pushing gradients and pulling parameters.", labels);
-    if (rank == 0) {
-      accuracy_gauge = options_.metrics->GetGauge("downpour_worker_test_accuracy",
-                                                  "Latest test-set accuracy (rank 0).", labels);
-    }
-  }
 
   double window_start = MonotonicSeconds();
   double window_loss = 0, last_loss = 0, last_rate = 0;
@@ -519,6 +488,7 @@ absl::Status JobTrainer::Train() {
     double loss_sum = 0;
     int trained = 0;
     int64_t step_examples = 0;
+    double step_input_wait = 0, step_compute = 0, step_exchange = 0;
     // A checkpoint at step + 1: this push asks the shards to capture it.
     const bool checkpoint_due = CheckpointDue(step);
     const bool final_step = step + 1 >= steps_.load();
@@ -588,7 +558,7 @@ absl::Status JobTrainer::Train() {
       ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
       const double waited = MonotonicSeconds() - wait_began;
       total_input_wait += waited;
-      if (input_wait) input_wait->Increment(waited);
+      step_input_wait += waited;
       permanent_ = false;
       if (!have_batch) return absl::InternalError("training data ended");
       const double compute_began = MonotonicSeconds();
@@ -602,8 +572,8 @@ absl::Status JobTrainer::Train() {
       const double computed = MonotonicSeconds() - compute_began - exchange_waited;
       total_compute += computed;
       total_exchange += exchange_waited;
-      if (compute_seconds) compute_seconds->Increment(computed);
-      if (exchange_seconds) exchange_seconds->Increment(exchange_waited);
+      step_compute += computed;
+      step_exchange += exchange_waited;
       if (!result.skipped && !std::isfinite(result.loss)) {
         // Its gradients have gone: the shards refuse them too.
         diverged_ = true;
@@ -656,7 +626,7 @@ absl::Status JobTrainer::Train() {
     }
     const double exchanged = MonotonicSeconds() - exchange_began;
     total_exchange += exchanged;
-    if (exchange_seconds) exchange_seconds->Increment(exchanged);
+    step_exchange += exchanged;
     if (push) accumulated.Clear();
     // A last step pulls nothing; should the rank's steps grow, the next one
     // pulls first.
@@ -666,10 +636,16 @@ absl::Status JobTrainer::Train() {
     ++window_steps;
     window_examples += step_examples;
     if (!stream) steps_completed_.store(step + 1);  // Else once its exchange is.
-    if (steps_done) steps_done->Increment();
     const double step_took = MonotonicSeconds() - step_began;
     total_step_seconds += step_took;
-    if (step_seconds) step_seconds->Increment(step_took);
+    if (metrics.steps) {
+      metrics.steps->Increment();
+      metrics.examples->Increment(static_cast<double>(step_examples));
+      metrics.step_seconds->Observe(step_took);
+      metrics.compute_seconds->Observe(step_compute);
+      metrics.exchange_seconds->Observe(step_exchange);
+      metrics.input_wait_seconds->Observe(step_input_wait);
+    }
     const bool last = step + 1 == steps_.load();
     if ((step + 1) % spec.log_every_steps() == 0 || last || checkpoint.step() > 0) {
       const double now = MonotonicSeconds();
@@ -681,8 +657,10 @@ absl::Status JobTrainer::Train() {
       progress.set_loss(last_loss);
       last_rate = window_examples / std::max(1e-9, now - window_start);
       progress.set_examples_per_sec(last_rate);
-      if (loss_gauge) loss_gauge->Set(progress.loss());
-      if (rate_gauge) rate_gauge->Set(progress.examples_per_sec());
+      if (metrics.loss) metrics.loss->Set(progress.loss());
+      if (metrics.examples_per_second) {
+        metrics.examples_per_second->Set(progress.examples_per_sec());
+      }
       progress.set_finished(last && rank != 0);
       if (checkpoint.step() > 0) *progress.mutable_checkpoint() = std::move(checkpoint);
       Report(progress, /*final=*/progress.finished());
@@ -698,7 +676,7 @@ absl::Status JobTrainer::Train() {
       RETURN_IF_ERROR(finish_pending());
       ASSIGN_OR_RETURN(std::unique_ptr<BatchReader> test_set, OpenTestSet());
       ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model, test_set.get()));
-      if (accuracy_gauge) accuracy_gauge->Set(accuracy);
+      if (metrics.test_accuracy) metrics.test_accuracy->Set(accuracy);
       Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy, " at step ",
                        step + 1));
       ReportProgressRequest evaluated;
@@ -741,6 +719,7 @@ absl::Status JobTrainer::Train() {
   RETURN_IF_ERROR(PullParameters(model, mode == ConsistencySpec::SYNC ? spec.steps() : 0,
                                  mode == ConsistencySpec::SYNC ? 0 : spec.steps()));
   ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model, test_reader.get()));
+  if (metrics.test_accuracy) metrics.test_accuracy->Set(accuracy);
   ReportProgressRequest done;
   if (task_.checkpoints()) {
     // The final checkpoint: what export takes away.

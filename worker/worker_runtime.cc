@@ -6,14 +6,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "worker/worker_metrics.h"
 
 namespace downpour {
 
 WorkerRuntime::WorkerRuntime(TrainerOptions options, ShardConnector connect,
-                             absl::Duration failed_run_grace)
+                             absl::Duration failed_run_grace, absl::Duration metrics_grace)
     : options_(std::move(options)),
       connect_(std::move(connect)),
-      failed_run_grace_(failed_run_grace) {}
+      failed_run_grace_(failed_run_grace),
+      metrics_grace_(metrics_grace) {}
 
 WorkerRuntime::~WorkerRuntime() { StopAll(); }
 
@@ -81,15 +83,34 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
       ++it;
     }
   }
-  // Forget ended jobs whose thread has returned.
+  // Forget ended jobs whose thread has returned (their metric series after
+  // the grace).
   for (auto it = running_.begin(); it != running_.end();) {
     if (!current.count(it->first) && it->second->done.load()) {
       it->second->thread.join();
-      Forget(it->first);
+      forget_at_[it->first] = absl::Now() + metrics_grace_;
       it = running_.erase(it);
     } else {
       ++it;
     }
+  }
+  ForgetExpired();
+}
+
+void WorkerRuntime::ForgetExpired() {
+  const absl::Time now = absl::Now();
+  for (auto it = forget_at_.begin(); it != forget_at_.end();) {
+    const std::string& id = it->first;
+    const bool running =
+        running_.count(id) > 0 ||
+        std::any_of(retiring_.begin(), retiring_.end(),
+                    [&](const std::unique_ptr<RunningJob>& job) { return job->job_id == id; });
+    if (now < it->second || running) {
+      ++it;
+      continue;
+    }
+    Forget(id);
+    it = forget_at_.erase(it);
   }
 }
 
@@ -97,10 +118,7 @@ bool WorkerRuntime::StopAll(absl::Duration retiring_grace) {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
   for (auto& [id, job] : running_) job->trainer->Shutdown();
-  for (auto& [id, job] : running_) {
-    job->thread.join();
-    Forget(id);
-  }
+  for (auto& [id, job] : running_) job->thread.join();
   running_.clear();
   const absl::Time give_up = absl::Now() + retiring_grace;
   bool all = true;
@@ -133,10 +151,18 @@ void WorkerRuntime::Forget(const std::string& job_id) {
 
 void WorkerRuntime::Start(const Task& task) {
   auto job = std::make_unique<RunningJob>();
+  job->job_id = task.job_id();
+  // The job runs here again: its series go on.
+  forget_at_.erase(task.job_id());
   std::vector<ParameterShard*> shards;
   for (const std::string& address : task.shard_addresses()) {
     job->shard_addresses.push_back(address);
-    job->shards.push_back(connect_(address));
+    std::unique_ptr<ParameterShard> shard = connect_(address);
+    if (options_.metrics != nullptr) {
+      shard = std::make_unique<MeasuredShardClient>(
+          std::move(shard), options_.metrics, task.job_id(), static_cast<int>(job->shards.size()));
+    }
+    job->shards.push_back(std::move(shard));
     shards.push_back(job->shards.back().get());
   }
   NodeAgent* agent = agent_.load();

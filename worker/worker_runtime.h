@@ -40,9 +40,13 @@ class WorkerRuntime {
 
   // A run that failed and reported it, while the job stays this worker's
   // task for `failed_run_grace` (the coordinator never acted on the
-  // report), runs its rank again from where it had got to.
+  // report), runs its rank again from where it had got to. An ended job's
+  // metric series (options.metrics: the trainer's, and its shard clients',
+  // worker/worker_metrics.h) keep their last values for `metrics_grace`, so
+  // a scrape after the end still sees them, and then go.
   WorkerRuntime(TrainerOptions options, ShardConnector connect,
-                absl::Duration failed_run_grace = absl::Seconds(10));
+                absl::Duration failed_run_grace = absl::Seconds(10),
+                absl::Duration metrics_grace = absl::Minutes(10));
   ~WorkerRuntime();
 
   // The agent reports go through and whose identity trainers use. Tasks that
@@ -66,6 +70,7 @@ class WorkerRuntime {
 
  private:
   struct RunningJob {
+    std::string job_id;
     std::vector<std::string> shard_addresses;
     std::vector<std::unique_ptr<ParameterShard>> shards;
     std::unique_ptr<JobTrainer> trainer;
@@ -77,11 +82,16 @@ class WorkerRuntime {
   void Start(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the per-job metric series of an ended job, so a long-lived worker
   // does not accumulate them.
+  // REQUIRES: no run of the job is left (they update those series).
   void Forget(const std::string& job_id);
+  // Forgets the ended jobs whose metrics grace has passed and that have no
+  // run left here.
+  void ForgetExpired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TrainerOptions options_;
   const ShardConnector connect_;
   const absl::Duration failed_run_grace_;
+  const absl::Duration metrics_grace_;
   std::atomic<NodeAgent*> agent_{nullptr};
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
@@ -93,6 +103,8 @@ class WorkerRuntime {
   // (TrainerOptions::run_index).
   std::map<std::string, std::pair<int64_t, int64_t>> runs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Ended jobs whose metric series stay until then.
+  std::map<std::string, absl::Time> forget_at_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace downpour

@@ -100,6 +100,7 @@ class WorkerRuntimeTest : public ::testing::Test {
 
     TrainerOptions options;
     options.data_dir = data_dir_;
+    options.metrics = &metrics_;
     options.exchange.pull_timeout = absl::Seconds(30);
     options.exchange.pull_slice = absl::Milliseconds(200);
     runtime_ = std::make_unique<WorkerRuntime>(
@@ -107,7 +108,7 @@ class WorkerRuntimeTest : public ::testing::Test {
         [this](const std::string& address) {
           return std::make_unique<InProcessShard>(&stores_[address], &traffic_);
         },
-        /*failed_run_grace=*/absl::Milliseconds(300));
+        /*failed_run_grace=*/absl::Milliseconds(300), MetricsGrace());
     NodeAgent::Options agent;
     agent.coordinator_name = "fake";
     agent.self.set_id(kNode);
@@ -144,6 +145,13 @@ class WorkerRuntimeTest : public ::testing::Test {
     return task;
   }
 
+  // How long an ended job's series stay.
+  virtual absl::Duration MetricsGrace() const { return absl::Minutes(10); }
+
+  bool Exported(const std::string& text) {
+    return metrics_.Exposition().find(text) != std::string::npos;
+  }
+
   bool AwaitNoJobs() {
     for (int i = 0; i < 200; ++i) {
       if (runtime_->Jobs().empty()) return true;
@@ -153,6 +161,7 @@ class WorkerRuntimeTest : public ::testing::Test {
   }
 
   std::string data_dir_;
+  MetricsRegistry metrics_;
   std::map<std::string, ParameterStore> stores_;
   Traffic traffic_;
   control::FakeCoordinator coordinator_;
@@ -177,6 +186,32 @@ TEST_F(WorkerRuntimeTest, TrainsItsTaskAndReportsTheResult) {
 
   coordinator_.SetTasks(kNode, {});
   EXPECT_TRUE(AwaitNoJobs());
+  // The ended job's series stay, with their last values, for the grace.
+  coordinator_.AwaitHeartbeats(2);
+  EXPECT_TRUE(Exported("downpour_worker_steps_total{job=\"j\"} 40\n")) << metrics_.Exposition();
+  EXPECT_TRUE(Exported("downpour_worker_step_seconds_count{job=\"j\"} 40\n"));
+  EXPECT_TRUE(Exported("downpour_worker_examples_total{job=\"j\"} 320\n"));
+  EXPECT_TRUE(Exported("downpour_worker_test_accuracy{job=\"j\"} "));
+  // Its shard clients' too: rank 0's pulls and pushes to shard 0.
+  EXPECT_TRUE(Exported("downpour_worker_pull_seconds_count{job=\"j\",shard=\"0\"} "));
+  EXPECT_TRUE(Exported("downpour_worker_pushed_bytes_total{job=\"j\",shard=\"0\"} "));
+}
+
+// A worker whose ended jobs' series go at once.
+class WorkerRuntimeNoGraceTest : public WorkerRuntimeTest {
+ protected:
+  absl::Duration MetricsGrace() const override { return absl::ZeroDuration(); }
+};
+
+TEST_F(WorkerRuntimeNoGraceTest, AnEndedJobsSeriesGoAfterTheGrace) {
+  coordinator_.SetTasks(kNode, {HostedTask("j", Spec(5))});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.has_test_accuracy(); }));
+  EXPECT_TRUE(Exported("job=\"j\""));
+  coordinator_.SetTasks(kNode, {});
+  ASSERT_TRUE(AwaitNoJobs());
+  coordinator_.AwaitHeartbeats(2);
+  EXPECT_FALSE(Exported("job=\"j\"")) << metrics_.Exposition();
 }
 
 TEST_F(WorkerRuntimeTest, AsyncPushesEveryNStepsAndPullsEveryMAsTheSpecSays) {
@@ -206,6 +241,8 @@ TEST_F(WorkerRuntimeTest, ShardThatCannotHostTheJobFailsItWithTheReason) {
   ASSERT_TRUE(
       coordinator_.AwaitReport([](const ReportProgressRequest& r) { return !r.error().empty(); }));
   EXPECT_THAT(coordinator_.reports().back().error(), HasSubstr("no memory for 9 GiB"));
+  EXPECT_TRUE(Exported("downpour_worker_failures_total{reason=\"failed_precondition\"} "))
+      << metrics_.Exposition();
 }
 
 TEST_F(WorkerRuntimeTest, AFailedRunStillAssignedAfterTheGraceRunsItsRankAgain) {
