@@ -13,10 +13,11 @@
 #                     data imported before the clock starts: that is a
 #                     running service as its users see it.
 #   examples_per_s    steady-state training throughput, all workers
-#                     together. Downpour: each worker's Prometheus counters
-#                     (downpour_worker_steps_total, ..._step_seconds_total,
-#                     ..._input_wait_seconds_total, ..._compute_seconds_total,
-#                     ..._exchange_seconds_total; worker/trainer.cc) are
+#                     together. Downpour: each worker's Prometheus series
+#                     (downpour_worker_steps_total, and the _sum of the
+#                     histograms ..._step_seconds, ..._input_wait_seconds,
+#                     ..._compute_seconds, ..._exchange_seconds;
+#                     worker/worker_metrics.h) are
 #                     polled every SAMPLE_INTERVAL (0.2 s) during the run;
 #                     the windows are, per epoch after the first, the first
 #                     and last poll whose rank-0 step lies strictly between

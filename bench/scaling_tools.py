@@ -103,12 +103,14 @@ def cmd_nodes(a):
 
 # ---------------------------------------------------------------- sample
 
+# The step-time histograms' _sum series: the seconds the counters of the
+# same names without _sum (before the histograms) counted.
 METRICS = {
     'downpour_worker_steps_total': 'steps',
-    'downpour_worker_step_seconds_total': 'step_s',
-    'downpour_worker_input_wait_seconds_total': 'input_s',
-    'downpour_worker_compute_seconds_total': 'compute_s',
-    'downpour_worker_exchange_seconds_total': 'exchange_s',
+    'downpour_worker_step_seconds_sum': 'step_s',
+    'downpour_worker_input_wait_seconds_sum': 'input_s',
+    'downpour_worker_compute_seconds_sum': 'compute_s',
+    'downpour_worker_exchange_seconds_sum': 'exchange_s',
 }
 METRIC_LINE = re.compile(r'^(downpour_worker_\w+)(\{[^}]*\})?\s+(\S+)')
 

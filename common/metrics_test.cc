@@ -140,6 +140,9 @@ TEST(MetricsRegistryTest, ValuesAreWrittenInFullAndHelpIsEscaped) {
   EXPECT_EQ(FormatMetricValue(0.25), "0.25");
   EXPECT_EQ(FormatMetricValue(0.0001), "0.0001");
   EXPECT_EQ(FormatMetricValue(1e300), "1e+300");
+  EXPECT_EQ(FormatMetricValue(1.5e-7), "1.5e-07");
+  EXPECT_EQ(FormatMetricValue(1795720226.47), "1795720226.47");
+  EXPECT_EQ(FormatMetricValue(0.1 + 0.2), "0.30000000000000004");
   EXPECT_EQ(FormatMetricValue(std::nan("")), "NaN");
   EXPECT_EQ(FormatMetricValue(-std::numeric_limits<double>::infinity()), "-Inf");
   MetricsRegistry registry;
