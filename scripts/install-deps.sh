@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Downpour builds and runs with. Idempotent: when
-# everything is present it prints nothing and returns at once.
+# Installs the Debian packages Downpour builds and runs with (and tests with:
+# prometheus gives promtool, which tests/metrics_test runs over every
+# daemon's /metrics). Idempotent: when everything is present it prints
+# nothing and returns at once.
 set -euo pipefail
 
 PACKAGES=(
@@ -10,6 +12,7 @@ PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libcivetweb-dev libsqlite3-dev
   dataset-fashion-mnist python3-venv
+  prometheus
 )
 
 missing=()

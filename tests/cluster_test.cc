@@ -24,10 +24,11 @@ namespace {
 
 class ClusterTest : public ClusterFixture {
  protected:
-  void StartCluster(int shards, int workers) {
+  void StartCluster(int shards, int workers, std::vector<std::string> worker_flags = {}) {
     LocalCluster::Options options;
     options.shards = shards;
     options.workers = workers;
+    options.worker_flags = std::move(worker_flags);
     ClusterFixture::StartCluster(options);
   }
 
@@ -330,7 +331,9 @@ TEST_F(ClusterTest, SigtermDrainsAWorkerCleanlyAndItsRankGoesOn) {
 }
 
 TEST_F(ClusterTest, StopEndsARunningJobAndFreesItsWorkers) {
-  StartCluster(1, 1);
+  // An ended job's worker series go at once (no grace): their going shows
+  // the trainer ended.
+  StartCluster(1, 1, {"--job_metrics_grace_s=0"});
   ASSERT_EQ(
       cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("ASYNC", 1, 1, 100000)), "--job_id=s"})
           .exit_code,
@@ -384,8 +387,8 @@ TEST_F(ClusterTest, NodesHealthAndMetricsAreServed) {
   auto worker_metrics = HttpGet(cluster_->MetricsAddressOf("worker0"), "/metrics");
   ASSERT_TRUE(worker_metrics.ok()) << worker_metrics.status();
   for (const char* series :
-       {"downpour_worker_steps_total", "downpour_worker_input_wait_seconds_total",
-        "downpour_worker_step_seconds_total"}) {
+       {"downpour_worker_steps_total", "downpour_worker_input_wait_seconds_sum",
+        "downpour_worker_step_seconds_count"}) {
     EXPECT_NE(worker_metrics->find(absl::StrCat(series, "{job=\"metered\"} ")), std::string::npos)
         << series << " in " << *worker_metrics;
   }
