@@ -12,7 +12,7 @@ PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libcivetweb-dev libsqlite3-dev
   dataset-fashion-mnist python3-venv
-  prometheus
+  prometheus python3-yaml shellcheck
 )
 
 missing=()

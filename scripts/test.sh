@@ -8,7 +8,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 log=$(mktemp -t downpour-test.XXXXXX)
 layering=$(mktemp -t downpour-layering.XXXXXX)
 export_xml=$(mktemp -t downpour-export.XXXXXX)
-trap 'rm -f "$log" "$layering" "$export_xml"' EXIT
+deploy_xml=$(mktemp -t downpour-deploy.XXXXXX)
+trap 'rm -f "$log" "$layering" "$export_xml" "$deploy_xml"' EXIT
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
 # The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
 # so outside `bazel test`).
@@ -18,4 +19,8 @@ python3 "$ROOT/tests/layering_test.py" --junit "$layering"
 python=$("$ROOT/scripts/python-deps.sh") || python=python3
 "$python" "$ROOT/tests/export_numpy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$export_xml"
-python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml"
+# deploy/ against the built daemons' flags and ports, plus promtool,
+# systemd-analyze and the other tools it finds (Debian's python3 for PyYAML).
+/usr/bin/python3 "$ROOT/deploy/deploy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
+  --junit "$deploy_xml"
+python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" "$deploy_xml"
