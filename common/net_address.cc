@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace downpour {
 
@@ -23,6 +24,38 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& text) {
     return bad("port must be a number from 0 to 65535");
   }
   return result;
+}
+
+bool IsWildcardHost(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+std::string JoinHostPort(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return v6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& advertise,
+                                              const std::string& listen_host, int bound_port,
+                                              const std::string& hostname) {
+  if (!advertise.empty()) {
+    // A bare host (no colon, or an IPv6 one in brackets) takes the bound port.
+    const bool bare = advertise.find(':') == std::string::npos ||
+                      (advertise.front() == '[' && advertise.back() == ']');
+    ASSIGN_OR_RETURN(HostPort parsed, ParseHostPort(bare ? advertise + ":0" : advertise));
+    if (IsWildcardHost(parsed.host)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--advertise=", advertise, " names no host others can reach (give HOST or HOST:PORT)"));
+    }
+    return JoinHostPort(parsed.host, parsed.port == 0 ? bound_port : parsed.port);
+  }
+  if (!IsWildcardHost(listen_host)) return JoinHostPort(listen_host, bound_port);
+  if (hostname.empty()) {
+    return absl::InvalidArgumentError(
+        "listening on every interface, but this machine has no name to advertise: give "
+        "--advertise=HOST");
+  }
+  return JoinHostPort(hostname, bound_port);
 }
 
 }  // namespace downpour

@@ -16,6 +16,22 @@ struct HostPort {
 // Accepts "host:port", "[v6]:port" and ":port" (host 0.0.0.0); port 0..65535.
 absl::StatusOr<HostPort> ParseHostPort(const std::string& text);
 
+// Whether `host` is a wildcard listen address (0.0.0.0, ::): every
+// interface, reachable by no one at that name.
+bool IsWildcardHost(const std::string& host);
+
+// "HOST:PORT", with brackets around an IPv6 host.
+std::string JoinHostPort(const std::string& host, int port);
+
+// The address other processes reach a daemon at, for its registration:
+// `advertise` when given ("HOST:PORT", or "HOST" or "HOST:0" for the port it
+// bound), else the address it listens on with a wildcard host replaced by
+// `hostname` (the machine's name). InvalidArgument for a malformed
+// `advertise`, a wildcard one, or a wildcard listen host with no hostname.
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& advertise,
+                                              const std::string& listen_host, int bound_port,
+                                              const std::string& hostname);
+
 }  // namespace downpour
 
 #endif  // DOWNPOUR_COMMON_NET_ADDRESS_H_

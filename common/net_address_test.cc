@@ -25,5 +25,36 @@ TEST(ParseHostPortTest, RejectsBadPorts) {
   EXPECT_NE(ParseHostPort("x:y").status().message().find("\"x:y\""), std::string::npos);
 }
 
+// What a daemon registers: --advertise when given (its port, or the bound
+// one), else where it listens, a wildcard host replaced by the machine's
+// name.
+TEST(AdvertisedAddressTest, ListenAddressByDefault) {
+  EXPECT_EQ(*AdvertisedAddress("", "127.0.0.1", 4100, "node7"), "127.0.0.1:4100");
+  EXPECT_EQ(*AdvertisedAddress("", "10.0.0.5", 4100, "node7"), "10.0.0.5:4100");
+  EXPECT_EQ(*AdvertisedAddress("", "::1", 4100, "node7"), "[::1]:4100");
+}
+
+TEST(AdvertisedAddressTest, WildcardListenAdvertisesTheHostName) {
+  EXPECT_EQ(*AdvertisedAddress("", "0.0.0.0", 4100, "node7"), "node7:4100");
+  EXPECT_EQ(*AdvertisedAddress("", "::", 4100, "node7"), "node7:4100");
+  const auto nameless = AdvertisedAddress("", "0.0.0.0", 4100, "");
+  EXPECT_EQ(nameless.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nameless.status().message().find("--advertise=HOST"), std::string::npos);
+}
+
+TEST(AdvertisedAddressTest, AdvertiseWinsAndMayTakeTheBoundPort) {
+  EXPECT_EQ(*AdvertisedAddress("10.1.2.3:5000", "0.0.0.0", 4100, "node7"), "10.1.2.3:5000");
+  EXPECT_EQ(*AdvertisedAddress("10.1.2.3", "0.0.0.0", 4100, "node7"), "10.1.2.3:4100");
+  EXPECT_EQ(*AdvertisedAddress("shard-0.ps:0", "0.0.0.0", 4100, ""), "shard-0.ps:4100");
+  EXPECT_EQ(*AdvertisedAddress("[fd00::2]", "::", 4100, ""), "[fd00::2]:4100");
+}
+
+TEST(AdvertisedAddressTest, BadAdvertiseIsInvalidArgument) {
+  for (const char* bad : {"0.0.0.0:4100", ":4100", "host:http", "host:70000", "[::]"}) {
+    const auto a = AdvertisedAddress(bad, "127.0.0.1", 4100, "node7");
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace downpour

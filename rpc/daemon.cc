@@ -1,6 +1,7 @@
 #include "rpc/daemon.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -44,9 +45,31 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", listen, " (address in use or not local)"));
   }
-  running.address = absl::StrCat(parsed->host == "0.0.0.0" ? "127.0.0.1" : parsed->host, ":", port);
+  running.address = JoinHostPort(IsWildcardHost(parsed->host) ? "127.0.0.1" : parsed->host, port);
+  running.port = port;
   return running;
 }
+
+namespace {
+
+// This machine's name, or "" when it has none.
+std::string MachineName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+// The registered metrics address: where it listens, a wildcard host
+// replaced by the advertised one's host.
+std::string AdvertisedMetrics(const MetricsHttpServer* server, const std::string& advertised) {
+  if (server == nullptr) return "";
+  auto bound = ParseHostPort(server->address());
+  auto host = ParseHostPort(advertised);
+  if (!bound.ok() || !host.ok() || !IsWildcardHost(bound->host)) return server->address();
+  return JoinHostPort(host->host, bound->port);
+}
+
+}  // namespace
 
 absl::Status WritePortFile(const std::string& path, const std::string& address) {
   if (path.empty()) return absl::OkStatus();
@@ -98,16 +121,20 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
   // A heartbeat that takes longer than this counts as missed.
   daemon->coordinator_->set_rpc_timeout(absl::Seconds(5));
 
+  ASSIGN_OR_RETURN(const HostPort listen, ParseHostPort(options.listen));
+  ASSIGN_OR_RETURN(
+      const std::string address,
+      AdvertisedAddress(options.advertise, listen.host, daemon->server_.port, MachineName()));
+
   NodeAgent::Options agent;
   agent.coordinator_name = options.coordinator;
   agent.startup_timeout = options.coordinator_timeout;
-  const std::string& address = daemon->server_.address;
   agent.self.set_id(!options.node_id.empty()
                         ? options.node_id
                         : absl::StrCat(options.role == SHARD ? "ps@" : "worker@", address));
   agent.self.set_role(options.role);
   agent.self.set_address(address);
-  agent.self.set_metrics_address(daemon->metrics_server_ ? daemon->metrics_server_->address() : "");
+  agent.self.set_metrics_address(AdvertisedMetrics(daemon->metrics_server_.get(), address));
   for (const std::string& device : options.devices) agent.self.add_devices(device);
   agent.self.set_checkpoints(options.checkpoints);
   agent.add_to_heartbeat = options.add_to_heartbeat;
@@ -121,8 +148,8 @@ NodeDaemon::~NodeDaemon() { Shutdown(); }
 
 std::string NodeDaemon::Describe() const {
   return absl::StrCat(
-      "serving on ", server_.address,
-      metrics_server_ ? absl::StrCat(", metrics on ", metrics_server_->address()) : "");
+      "serving on ", server_.address, " as ", self().address(),
+      metrics_server_ ? absl::StrCat(", metrics on ", self().metrics_address()) : "");
 }
 
 void NodeDaemon::Shutdown() {

@@ -25,8 +25,10 @@ namespace downpour {
 
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;
-  // HOST:PORT actually bound.
+  // HOST:PORT actually bound (a wildcard host as 127.0.0.1, for this
+  // machine's own clients), and the port alone.
   std::string address;
+  int port = 0;
 };
 
 // Builds and starts a server on `listen` with `services` (not owned) and the
@@ -57,13 +59,17 @@ class NodeDaemon {
   struct Options {
     NodeRole role = SHARD;
     std::string listen = "127.0.0.1:0";
+    // Where other machines reach it, registered with the coordinator:
+    // HOST:PORT, or HOST for the bound port; empty: the listen address, a
+    // wildcard host replaced by the machine's name (net_address.h).
+    std::string advertise;
     std::string port_file;
     std::string metrics_listen;  // Empty: no /metrics.
     std::string coordinator;     // HOST:PORT; required.
     // Start-up fails unless the coordinator accepts the registration within
     // this.
     absl::Duration coordinator_timeout = absl::Seconds(30);
-    // Stable node name; empty: "ps@<address>" or "worker@<address>".
+    // Stable node name; empty: "ps@<advertised address>" or "worker@...".
     std::string node_id;
     std::vector<std::string> devices;  // A worker's compute devices, advertised.
     // A shard that writes checkpoints (it has a --checkpoint_root).
@@ -83,7 +89,7 @@ class NodeDaemon {
 
   NodeAgent& agent() { return *agent_; }
   const NodeInfo& self() const { return agent_->self(); }
-  // "serving on HOST:PORT[, metrics on HOST:PORT]".
+  // "serving on HOST:PORT as ADVERTISED[, metrics on ADVERTISED METRICS]".
   std::string Describe() const;
 
   // Stops the agent (no more tasks or heartbeats), then the server (calls in

@@ -5,6 +5,10 @@
 #include "absl/flags/flag.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT (port 0 picks one)");
+ABSL_FLAG(std::string, advertise, "",
+          "Address other machines reach this daemon at, registered with the coordinator: "
+          "HOST:PORT, or HOST for the bound port (default: the --listen address; on a wildcard "
+          "such as 0.0.0.0, this machine's name)");
 ABSL_FLAG(std::string, port_file, "", "File to write the bound HOST:PORT to once serving");
 ABSL_FLAG(std::string, metrics_listen, "", "HTTP address for /metrics (empty: off)");
 ABSL_FLAG(std::string, coordinator, "", "Coordinator HOST:PORT (required)");
@@ -19,6 +23,7 @@ NodeDaemon::Options NodeDaemonOptionsFromFlags(NodeRole role) {
   NodeDaemon::Options options;
   options.role = role;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.coordinator = absl::GetFlag(FLAGS_coordinator);

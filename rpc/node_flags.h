@@ -1,4 +1,4 @@
-// The flags a shard and a worker daemon share (--listen, --port_file,
+// The flags a shard and a worker daemon share (--listen, --advertise, --port_file,
 // --metrics_listen, --coordinator, --coordinator_timeout_ms, --node_id),
 // defined once and read once, in main, into NodeDaemon::Options. Only the
 // shard and worker binaries link this (the coordinator's --listen differs).

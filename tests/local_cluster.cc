@@ -295,10 +295,15 @@ absl::StatusOr<std::unique_ptr<Process>> LocalCluster::StartDaemon(const std::st
     argv = {kIp, "netns", "exec", hosts_[name].netns};
   }
   argv.push_back(Runfile(binary));
-  if (name != "coordinator") argv.push_back(absl::StrCat("--listen=", *host, ":0"));
+  const bool wildcard = options_.wildcard_listen && options_.network_namespaces;
+  const std::string listen_host = wildcard ? "0.0.0.0" : *host;
+  if (name != "coordinator") {
+    argv.push_back(absl::StrCat("--listen=", listen_host, ":0"));
+    if (wildcard) argv.push_back(absl::StrCat("--advertise=", *host));
+  }
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back(absl::StrCat("--port_file=", dir_, "/", name, ".port"));
-  argv.push_back(absl::StrCat("--metrics_listen=", *host, ":0"));
+  argv.push_back(absl::StrCat("--metrics_listen=", listen_host, ":0"));
   return Process::Spawn(argv, dir_ + "/" + name + ".log");
 }
 
@@ -317,6 +322,10 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   auto address = WaitForPortFile(dir_ + "/coordinator.port", coordinator_.get(), absl::Seconds(30));
   if (!address.ok()) return address.status();
   coordinator_address_ = *address;
+  if (options_.wildcard_listen && !bridge_.empty()) {
+    // Listening everywhere, it is reached at its address on the bridge.
+    coordinator_address_ = subnet_ + "1" + address->substr(address->rfind(':'));
+  }
   return absl::OkStatus();
 }
 
@@ -324,7 +333,9 @@ absl::Status LocalCluster::Start() {
   if (options_.network_namespaces) {
     if (absl::Status s = SetUpBridge(); !s.ok()) return s;
   }
-  absl::Status started = StartCoordinator(bridge_.empty() ? "127.0.0.1:0" : subnet_ + "1:0");
+  absl::Status started = StartCoordinator(bridge_.empty()            ? "127.0.0.1:0"
+                                          : options_.wildcard_listen ? "0.0.0.0:0"
+                                                                     : subnet_ + "1:0");
   if (!started.ok()) return started;
   for (int i = 0; i < options_.shards; ++i) {
     absl::Status added = AddShard();

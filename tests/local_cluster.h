@@ -88,6 +88,10 @@ class LocalCluster {
     // Shards and workers in network namespaces of their own (needs root;
     // see NetworkNamespacesUnavailable).
     bool network_namespaces = false;
+    // With network_namespaces: every daemon listens on every interface
+    // (--listen=0.0.0.0:0, metrics too), shards and workers advertising
+    // their namespace's address (--advertise), as on real hosts.
+    bool wildcard_listen = false;
   };
 
   // Why this process cannot make network namespaces ("" when it can).

@@ -31,11 +31,13 @@ class NetworkFaultTest : public ClusterFixture {
     if (!why.empty()) GTEST_SKIP() << "network namespaces unavailable: " << why;
   }
 
-  void StartCluster(int shards, int workers, bool checkpoints = false) {
+  void StartCluster(int shards, int workers, bool checkpoints = false,
+                    bool wildcard_listen = false) {
     LocalCluster::Options options;
     options.shards = shards;
     options.workers = workers;
     options.network_namespaces = true;
+    options.wildcard_listen = wildcard_listen;
     if (checkpoints) options.checkpoint_root = MakeTempDir("checkpoints");
     ClusterFixture::StartCluster(options);
   }
@@ -59,6 +61,31 @@ class NetworkFaultTest : public ClusterFixture {
     return job;
   }
 };
+
+// Every daemon on a host of its own, listening on every interface
+// (--listen=0.0.0.0:0) as on a real cluster, shards and workers advertising
+// their host's address: they register it (not a loopback or wildcard one),
+// find one another through it, and train.
+TEST_F(NetworkFaultTest, DaemonsListeningEverywhereRegisterTheirAdvertisedAddresses) {
+  StartCluster(2, 2, /*checkpoints=*/false, /*wildcard_listen=*/true);
+  CommandResult nodes = cluster_->Ctl({"nodes"});
+  ASSERT_EQ(nodes.exit_code, 0) << nodes.err;
+  for (const std::string name : {"ps0", "ps1", "worker0", "worker1"}) {
+    const std::string address = cluster_->AddressOf(name);
+    EXPECT_TRUE(absl::StartsWith(address, "10.")) << name << " advertised " << address;
+    EXPECT_NE(nodes.out.find(address), std::string::npos) << name << ":\n" << nodes.out;
+    const std::string metrics = cluster_->MetricsAddressOf(name);
+    EXPECT_EQ(metrics.substr(0, metrics.rfind(':')), address.substr(0, address.rfind(':')))
+        << name << "'s metrics on " << metrics;
+  }
+  EXPECT_EQ(nodes.out.find("127.0.0.1"), std::string::npos) << nodes.out;
+  EXPECT_EQ(nodes.out.find("0.0.0.0"), std::string::npos) << nodes.out;
+  ASSERT_EQ(cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("SYNC", 2, 2, 300)), "--job_id=j"})
+                .exit_code,
+            0);
+  const JobStatus job = ExpectSucceeds("j");
+  EXPECT_GT(job.test_accuracy(), 0.7);
+}
 
 TEST_F(NetworkFaultTest, AWorkerCutOffForLessThanTheNodeTimeoutHeals) {
   StartCluster(1, 2);
