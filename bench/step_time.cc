@@ -13,9 +13,8 @@
 // One JSON line per model: step_ms_loop is the median over `repeats` timed
 // loops of `steps` steps (device synchronised before and after each loop)
 // of the loop's wall time / steps. mem_mb is the device memory the run took
-// (cudaMemGetInfo before the model and after the timing).
-#include <cuda_runtime_api.h>
-
+// (cudaMemGetInfo before the model and after the timing). Built without CUDA
+// (bench/BUILD.bazel), it runs the CPU kernels only.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,9 +30,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/text_format.h"
-#include "kernels/cuda/conv_plan.h"
 #include "model/devices.h"
 #include "model/model.h"
+
+#ifdef DOWNPOUR_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/conv_plan.h"
+#endif
 
 ABSL_FLAG(std::string, models, "mlp,cnn,resnet18,vgg11", "Models (files <name>.pbtxt)");
 ABSL_FLAG(std::string, models_dir, "bench/models", "Folder of the ModelSpec text files");
@@ -67,6 +71,14 @@ double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The little the benchmark does on the device itself, outside the model.
+// Without CUDA, DescribeDevice refuses every device >= 0 first.
+#ifdef DOWNPOUR_WITH_CUDA
+void SelectDevice(int device, bool log_conv) {
+  if (device >= 0) cudaSetDevice(device);
+  kernels::cuda::SetConvPlanLogging(log_conv);
+}
+
 size_t UsedDeviceBytes(int device) {
   if (device < 0) return 0;
   size_t free = 0, total = 0;
@@ -74,12 +86,34 @@ size_t UsedDeviceBytes(int device) {
   return total - free;
 }
 
+// A device copy of `host` on `device` (the host memory itself for the CPU).
+template <typename T>
+T* ToDevice(int device, std::vector<T>& host) {
+  if (device < 0) return host.data();
+  T* copy = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&copy), host.size() * sizeof(T));
+  cudaMemcpy(copy, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return copy;
+}
+
+void FreeOnDevice(int device, void* copy) {
+  if (device >= 0) cudaFree(copy);
+}
+#else
+void SelectDevice(int, bool) {}
+size_t UsedDeviceBytes(int) { return 0; }
+template <typename T>
+T* ToDevice(int, std::vector<T>& host) {
+  return host.data();
+}
+void FreeOnDevice(int, void*) {}
+#endif
+
 int Run() {
   const int device = absl::GetFlag(FLAGS_device);
   auto name = DescribeDevice(device);
   if (!name.ok()) return Fail("device", name.status());
-  if (device >= 0) cudaSetDevice(device);
-  kernels::cuda::SetConvPlanLogging(absl::GetFlag(FLAGS_log_conv));
+  SelectDevice(device, absl::GetFlag(FLAGS_log_conv));
   const std::string layout_name = absl::GetFlag(FLAGS_conv_layout);
   kernels::ConvLayout layout = kernels::ConvLayout::kAuto;
   if (layout_name == "nhwc") {
@@ -129,16 +163,8 @@ int Run() {
     for (float& f : features) f = value(gen);
     std::vector<int32_t> labels(batch);
     for (int32_t& l : labels) l = static_cast<int32_t>(gen() % m.num_classes());
-    float* features_dev = features.data();
-    int32_t* labels_dev = labels.data();
-    if (device >= 0) {
-      cudaMalloc(reinterpret_cast<void**>(&features_dev), features.size() * sizeof(float));
-      cudaMalloc(reinterpret_cast<void**>(&labels_dev), labels.size() * sizeof(int32_t));
-      cudaMemcpy(features_dev, features.data(), features.size() * sizeof(float),
-                 cudaMemcpyHostToDevice);
-      cudaMemcpy(labels_dev, labels.data(), labels.size() * sizeof(int32_t),
-                 cudaMemcpyHostToDevice);
-    }
+    float* features_dev = ToDevice(device, features);
+    int32_t* labels_dev = ToDevice(device, labels);
 
     OptimizerHyperparams hp;
     hp.learning_rate = 1e-3f;
@@ -224,10 +250,8 @@ int Run() {
       std::fflush(stdout);
     }
     model->reset();
-    if (device >= 0) {
-      cudaFree(features_dev);
-      cudaFree(labels_dev);
-    }
+    FreeOnDevice(device, features_dev);
+    FreeOnDevice(device, labels_dev);
   }
   return 0;
 }

@@ -1,19 +1,32 @@
 #include "kernels/factory.h"
 
-#include <cuda_runtime_api.h>
-
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/layers.h"
+
+// The CUDA branch exists only in a build with the toolkit (kernels/BUILD.bazel
+// defines DOWNPOUR_WITH_CUDA then); without it this file names no CUDA API.
+#ifdef DOWNPOUR_WITH_CUDA
+#include <cuda_runtime_api.h>
+
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/collectives.h"
 #include "kernels/cuda/context.h"
+#endif
 
 namespace downpour {
 namespace kernels {
+
+#ifdef DOWNPOUR_WITH_CUDA
+
+bool BuiltWithCuda() { return true; }
+
+int GpuCount() { return cuda::CudaDeviceCount(); }
+
+std::string GpuUnavailableReason() { return cuda::CudaUnavailableReason(); }
 
 absl::StatusOr<std::string> DescribeDevice(int device) {
   if (device < 0) return std::string("cpu");
@@ -26,10 +39,69 @@ absl::StatusOr<std::string> DescribeDevice(int device) {
   return absl::StrCat("cuda:", device, " ", cuda::CudaDeviceName(device));
 }
 
+absl::StatusOr<GpuMemory> GpuMemoryInfo(int device) {
+  RETURN_IF_ERROR(DescribeDevice(device).status());
+  size_t free = 0, total = 0;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaMemGetInfo(&free, &total);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(e)));
+  }
+  return GpuMemory{static_cast<int64_t>(total - free), static_cast<int64_t>(total)};
+}
+
+namespace {
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateGpuBackend(const BackendOptions& options) {
+  return cuda::CreateCudaBackend(options);
+}
+absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateGpuGroup(
+    const std::vector<ComputeBackend*>& backends) {
+  return cuda::CreateNcclGroup(backends);
+}
+}  // namespace
+
+#else  // !DOWNPOUR_WITH_CUDA
+
+namespace {
+constexpr char kBuiltWithoutCuda[] =
+    "built without CUDA (no CUDA toolkit at build time, or --config=cpu)";
+}  // namespace
+
+bool BuiltWithCuda() { return false; }
+
+int GpuCount() { return 0; }
+
+std::string GpuUnavailableReason() { return absl::StrCat("no CUDA device: ", kBuiltWithoutCuda); }
+
+absl::StatusOr<std::string> DescribeDevice(int device) {
+  if (device < 0) return std::string("cpu");
+  return absl::FailedPreconditionError(
+      absl::StrCat("CUDA device ", device, ": ", kBuiltWithoutCuda));
+}
+
+absl::StatusOr<GpuMemory> GpuMemoryInfo(int device) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("CUDA device ", device, ": ", kBuiltWithoutCuda));
+}
+
+namespace {
+// Not reached: DescribeDevice refuses every GPU, and no backend is a GPU one.
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateGpuBackend(const BackendOptions&) {
+  return absl::FailedPreconditionError(kBuiltWithoutCuda);
+}
+absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateGpuGroup(const std::vector<ComputeBackend*>&) {
+  return absl::FailedPreconditionError(kBuiltWithoutCuda);
+}
+}  // namespace
+
+#endif  // DOWNPOUR_WITH_CUDA
+
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptions& options) {
   if (options.device < 0) return cpu::CreateCpuBackend();
   RETURN_IF_ERROR(DescribeDevice(options.device).status());
-  return cuda::CreateCudaBackend(options);
+  return CreateGpuBackend(options);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
@@ -48,25 +120,8 @@ absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
     return absl::InvalidArgumentError(
         absl::StrCat("a device group needs two or more GPUs, got ", backends.size()));
   }
-  return cuda::CreateNcclGroup(backends);
+  return CreateGpuGroup(backends);
 }
-
-int GpuCount() { return cuda::CudaDeviceCount(); }
-
-absl::StatusOr<GpuMemory> GpuMemoryInfo(int device) {
-  RETURN_IF_ERROR(DescribeDevice(device).status());
-  size_t free = 0, total = 0;
-  cudaError_t e = cudaSetDevice(device);
-  if (e == cudaSuccess) e = cudaMemGetInfo(&free, &total);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(e)));
-  }
-  return GpuMemory{static_cast<int64_t>(total - free), static_cast<int64_t>(total)};
-}
-
-std::string GpuUnavailableReason() { return cuda::CudaUnavailableReason(); }
 
 void SetCpuThreads(int num_threads) { cpu::SetCpuThreads(num_threads); }
 

@@ -28,6 +28,11 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptio
 absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
     const std::vector<ComputeBackend*>& backends);
 
+// Whether this program was built with CUDA. Without the CUDA toolkit at build
+// time (or with --config=cpu) only the CPU backend exists: GpuCount() is 0
+// and every GPU device is refused with "built without CUDA".
+bool BuiltWithCuda();
+
 // Number of usable CUDA devices; 0 when there is no driver, no device, or the
 // runtime reports any error (which it does on a machine without a GPU).
 int GpuCount();

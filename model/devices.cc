@@ -4,6 +4,8 @@
 
 namespace downpour {
 
+bool BuiltWithCuda() { return kernels::BuiltWithCuda(); }
+
 int GpuCount() { return kernels::GpuCount(); }
 
 std::string GpuUnavailableReason() { return kernels::GpuUnavailableReason(); }

@@ -12,7 +12,11 @@
 
 namespace downpour {
 
-// Number of usable CUDA devices (0 on a machine without a GPU).
+// Whether this program was built with CUDA (kernels/factory.h).
+bool BuiltWithCuda();
+
+// Number of usable CUDA devices (0 on a machine without a GPU, and in a
+// build without CUDA).
 int GpuCount();
 // Why no GPU is usable ("no CUDA device: ..."), or "" when one is.
 std::string GpuUnavailableReason();

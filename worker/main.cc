@@ -32,7 +32,8 @@ ABSL_FLAG(int32_t, compute_threads, 1, "CPU threads for the math of each replica
 ABSL_FLAG(std::string, devices, "auto",
           "Compute devices: 'auto' (every visible GPU, else the CPU), 'cpu', or CUDA device "
           "numbers as this process sees them after CUDA_VISIBLE_DEVICES, e.g. '0,1'; with no "
-          "GPU present the worker falls back to the CPU and says so in its log");
+          "GPU present the worker falls back to the CPU and says so in its log (a worker built "
+          "without CUDA refuses device numbers)");
 ABSL_FLAG(int64_t, pull_timeout_ms, 120000,
           "How long a pull may wait for other workers or a shard before the job fails");
 ABSL_FLAG(int64_t, push_timeout_ms, 30000,
@@ -76,6 +77,13 @@ absl::StatusOr<std::vector<int>> ResolveDevices(const std::string& flag) {
       }
       devices.push_back(d);
     }
+  }
+  // A GPU named outright from a worker built without CUDA is refused rather
+  // than quietly run on the CPU: no host could give it that GPU.
+  if (!devices.empty() && !BuiltWithCuda()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--devices=", flag, ": ", DescribeDevice(devices[0]).status().message(),
+                     "; --devices=cpu or auto computes on the CPU"));
   }
   if (count == 0) {
     Log(absl::StrCat("--devices=", flag, ": ", GpuUnavailableReason(), "; computing on the CPU"));
