@@ -466,7 +466,8 @@ absl::Status Model::StreamGradients(int first, int last,
   return absl::OkStatus();
 }
 
-absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_t)>* queued) {
+absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_t)>* queued,
+                             const std::function<void(int)>* on_device) {
   const model_internal::Storage& st = *storage_;
   // A buffer's gradient is overwritten by the first layer that contributes to
   // it (in reverse order) and added to by the others.
@@ -507,6 +508,9 @@ absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_
     if (queued != nullptr && !ids.empty()) {
       RETURN_IF_ERROR(StreamGradients(ids.front(), ids.back(), *queued));
     }
+    if (on_device != nullptr) {
+      for (auto id = ids.rbegin(); id != ids.rend(); ++id) (*on_device)(*id);
+    }
   }
   return absl::OkStatus();
 }
@@ -535,7 +539,9 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   if (options.before_backward) RETURN_IF_ERROR(options.before_backward());
   // FP16's gradients are final only after the step's verdict.
   const bool stream = options.gradient_queued != nullptr;
-  RETURN_IF_ERROR(Backward(batch, stream && !loss_scaling_ ? &options.gradient_queued : nullptr));
+  const bool on_device = options.gradient_on_device != nullptr && !stream && !loss_scaling_;
+  RETURN_IF_ERROR(Backward(batch, stream && !loss_scaling_ ? &options.gradient_queued : nullptr,
+                           on_device ? &options.gradient_on_device : nullptr));
   if (ScratchToPlan()) RETURN_IF_ERROR(PlanScratch());
   RETURN_IF_ERROR(UnscaleGradients());
   bool skipped = false;

@@ -100,6 +100,13 @@ struct TrainStepOptions {
   // moot). With FP16 loss scaling they go after the step's verdict,
   // unscaled (zeros for a skipped step). Called on the TrainStep thread.
   std::function<void(int param_id, int64_t ticket)> gradient_queued;
+  // Gradients staying on the device (grads_to_host false, no
+  // gradient_queued): once a layer's backward is queued,
+  // gradient_on_device(id) is called for each of its parameters, last layer
+  // first, so that work behind it on the same stream (a collective) can be
+  // queued at once. Not with FP16 loss scaling (the verdict comes after).
+  // Called on the TrainStep thread.
+  std::function<void(int param_id)> gradient_on_device;
   // Parameters arriving during the step: before the forward of each layer
   // with parameters, await_layer_params(layer) is called (on the TrainStep
   // thread) and returns once that layer's parameters are in param(id) and
@@ -294,7 +301,9 @@ class Model {
                        const std::function<absl::Status(int)>* await = nullptr);
   // Streams each layer's parameter gradients out as its backward is queued
   // when `queued` is set (TrainStepOptions::gradient_queued).
-  absl::Status Backward(int64_t batch, const std::function<void(int, int64_t)>* queued = nullptr);
+  // `on_device`: TrainStepOptions::gradient_on_device's, when set.
+  absl::Status Backward(int64_t batch, const std::function<void(int, int64_t)>* queued = nullptr,
+                        const std::function<void(int)>* on_device = nullptr);
   // Queues the gradients of params [first, last] (ids, contiguous) to the
   // host and announces each to `queued`, last id first.
   absl::Status StreamGradients(int first, int last,

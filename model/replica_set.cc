@@ -177,6 +177,11 @@ ReplicaSet::ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
   if (nccl_ == nullptr) return;
   owner_ = ShareOwners(*replicas_[0], size(), param_count_);
   shares_ = SharesOf(*replicas_[0], owner_, size());
+  int64_t offset = 0;
+  for (const ParamInfo& p : replicas_[0]->params()) {
+    offset_.push_back(offset);
+    offset += p.num_elements;
+  }
 }
 
 absl::StatusOr<StepResult> ReplicaSet::TrainStep(const float* features, const int32_t* labels,
@@ -192,6 +197,15 @@ absl::StatusOr<StepResult> ReplicaSet::TrainStep(const float* features, const in
   if (nccl_ != nullptr && n == size()) {
     return TrainStepWithNccl(features, labels, step, begin, options);
   }
+  // The host path trains on the whole host parameters: the caller's
+  // parameters arriving, and its hook before backward, come first.
+  if (options.await_layer_params) {
+    const auto& layers = primary()->shape().layers;
+    for (int layer = 0; layer < static_cast<int>(layers.size()); ++layer) {
+      if (!layers[layer].param_ids.empty()) RETURN_IF_ERROR(options.await_layer_params(layer));
+    }
+  }
+  if (options.before_backward) RETURN_IF_ERROR(options.before_backward());
   absl::StatusOr<StepResult> result = TrainStepOnHost(features, labels, step, begin);
   if (result.ok() && gradient_queued != nullptr) {
     for (int id = static_cast<int>(primary()->params().size()) - 1; id >= 0; --id) {
@@ -214,17 +228,17 @@ absl::Status ReplicaSet::WaitGradient(int id, int64_t ticket) {
   return replicas_[owner(id)]->WaitGradient(ticket);
 }
 
-std::vector<absl::StatusOr<StepResult>> ReplicaSet::TrainSlices(const float* features,
-                                                                const int32_t* labels, int64_t step,
-                                                                const std::vector<int64_t>& begin,
-                                                                const TrainStepOptions& options) {
+std::vector<absl::StatusOr<StepResult>> ReplicaSet::TrainSlices(
+    const float* features, const int32_t* labels, int64_t step, const std::vector<int64_t>& begin,
+    const std::vector<TrainStepOptions>& options) {
   const int n = static_cast<int>(begin.size()) - 1;
   const int64_t feature_size = primary()->input_size();
   // The step number only seeds dropout masks: each replica gets its own
   // stream of them, so slices do not repeat one another's masks.
   auto train = [&](int r) {
     return replicas_[r]->TrainStep(features + begin[r] * feature_size, labels + begin[r],
-                                   begin[r + 1] - begin[r], step * n + r, options);
+                                   begin[r + 1] - begin[r], step * n + r,
+                                   options.empty() ? TrainStepOptions() : options[r]);
   };
   std::vector<absl::StatusOr<StepResult>> results(n, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
@@ -270,41 +284,135 @@ absl::StatusOr<StepResult> ReplicaSet::TrainStepOnHost(const float* features, co
 // all is decided here after every slice has finished: so all ranks always
 // issue the same collectives in the same order, and an error or a skipped
 // step leaves none pending.
+struct ReplicaSet::Overlap {
+  // What a part done once for all replicas (a layer's gather, the hook
+  // before backward) is at: kToDo, kRunning (on some replica's thread) or
+  // kDone (with its status).
+  enum { kToDo, kRunning, kDone };
+  struct Once {
+    int state = kToDo;
+    absl::Status status;
+  };
+
+  const TrainStepOptions* options = nullptr;  // The caller's.
+  std::vector<float*> params, grads;          // Each replica's device blocks.
+  std::vector<float> weights;                 // Each slice's share of the batch.
+
+  // The Onces' fields are guarded by mu (the vector is sized before the
+  // replicas start).
+  absl::Mutex mu;
+  std::vector<Once> layers;
+  Once before_backward;
+  // Per param id, under collective_mu_: the replicas whose backward has
+  // queued its gradient; the first failure of a reduce or copy.
+  std::vector<int> arrived;
+  absl::Status error;
+
+  // Runs `part` on the first thread to ask and gives every asker its status,
+  // the others waiting until it is done.
+  absl::Status RunOnce(Once* once, const std::function<absl::Status()>& part) {
+    mu.Lock();
+    if (once->state == kToDo) {
+      once->state = kRunning;
+      mu.Unlock();
+      absl::Status status = part();
+      mu.Lock();
+      once->status = std::move(status);
+      once->state = kDone;
+    } else {
+      mu.Await(absl::Condition(
+          +[](Once* o) { return o->state == kDone; }, once));
+    }
+    absl::Status status = once->status;
+    mu.Unlock();
+    return status;
+  }
+};
+
+// Every collective below is issued by one thread for every replica at once
+// (the device group groups them), under collective_mu_: all ranks see the
+// same collectives in the same order. The whole-block ones are decided here
+// after every slice has finished; the overlapped ones are issued only once
+// every replica has reached them (a layer's gather: the replica that asks
+// first; a tensor's reduce: the last replica whose backward produced it),
+// so an error or a skipped step leaves none pending.
 absl::StatusOr<StepResult> ReplicaSet::TrainStepWithNccl(const float* features,
                                                          const int32_t* labels, int64_t step,
                                                          const std::vector<int64_t>& begin,
                                                          const TrainStepOptions& options) {
   const int n = size();
   Model* primary = this->primary();
-  std::vector<float*> params(n, nullptr), grads(n, nullptr);
+  Overlap overlap;
+  overlap.options = &options;
+  overlap.params.assign(n, nullptr);
+  overlap.grads.assign(n, nullptr);
   for (int r = 0; r < n; ++r) {
     if (param_count_ > 0) {
-      params[r] = replicas_[r]->device_param(0);
-      grads[r] = replicas_[r]->device_grad(0);
+      overlap.params[r] = replicas_[r]->device_param(0);
+      overlap.grads[r] = replicas_[r]->device_grad(0);
     }
   }
+  overlap.weights = SliceWeights(begin);
+  overlap.arrived.assign(primary->params().size(), 0);
+  overlap.layers.resize(primary->shape().layers.size());
+  // Layer by layer as the parameters arrive (the caller's
+  // await_layer_params), or the whole block first.
+  const bool gather_by_layer = options.await_layer_params != nullptr;
+  // Each gradient reduced and on its way to the host as soon as every
+  // replica has it (not with FP16, whose verdict comes after the step).
+  bool reduce_by_tensor = options.gradient_queued != nullptr;
+  for (const auto& r : replicas_) reduce_by_tensor = reduce_by_tensor && r->precision() != FP16;
 
-  // Parameters: each share up to its owner's device (unless UploadParam
-  // queued it there already), on the copy streams side by side, then from
-  // every owner to the other devices, queued on each replica's stream ahead
-  // of its step.
+  if (!gather_by_layer) {
+    // Each share up to its owner's device (unless UploadParam queued it
+    // there already), on the copy streams side by side, then from every
+    // owner to the other devices, queued on each replica's stream ahead of
+    // its step.
+    for (int r = 0; r < n; ++r) {
+      kernels::ComputeBackend& backend = replicas_[r]->backend();
+      RETURN_IF_ERROR(backend.MakeCurrent());
+      const kernels::DeviceShare& share = shares_[r];
+      if (options.params_from_host && share.count > 0) {
+        RETURN_IF_ERROR(backend.UploadAside(overlap.params[r] + share.offset,
+                                            primary->param(0) + share.offset,
+                                            sizeof(float) * share.count));
+      }
+      RETURN_IF_ERROR(backend.JoinUploads());
+    }
+    absl::MutexLock lock(&collective_mu_);
+    RETURN_IF_ERROR(nccl_->Broadcast(overlap.params, shares_));
+  }
+
+  std::vector<TrainStepOptions> per_replica(n);
   for (int r = 0; r < n; ++r) {
-    kernels::ComputeBackend& backend = replicas_[r]->backend();
-    RETURN_IF_ERROR(backend.MakeCurrent());
-    const kernels::DeviceShare& share = shares_[r];
-    if (options.params_from_host && share.count > 0) {
-      RETURN_IF_ERROR(backend.UploadAside(
-          params[r] + share.offset, primary->param(0) + share.offset, sizeof(float) * share.count));
+    TrainStepOptions& o = per_replica[r];
+    o.params_from_host = false;
+    o.grads_to_host = false;
+    if (gather_by_layer) {
+      o.await_layer_params = [this, &overlap, r](int layer) {
+        return GatherLayer(overlap, layer, r);
+      };
     }
-    RETURN_IF_ERROR(backend.JoinUploads());
+    if (options.before_backward) {
+      o.before_backward = [this, &overlap] { return BeforeBackward(overlap); };
+    }
+    if (reduce_by_tensor) {
+      o.gradient_on_device = [this, &overlap, r](int id) { GradientOnDevice(overlap, id, r); };
+    }
   }
-  RETURN_IF_ERROR(nccl_->Broadcast(params, shares_));
-
-  TrainStepOptions on_device;
-  on_device.params_from_host = false;
-  on_device.grads_to_host = false;
   ASSIGN_OR_RETURN(StepResult total,
-                   CombineSlices(TrainSlices(features, labels, step, begin, on_device), begin));
+                   CombineSlices(TrainSlices(features, labels, step, begin, per_replica), begin));
+  if (reduce_by_tensor) {
+    RETURN_IF_ERROR(overlap.error);
+    for (size_t id = 0; id < overlap.arrived.size(); ++id) {
+      if (overlap.arrived[id] != n) {
+        return absl::InternalError(absl::StrCat("the gradient of ", primary->params()[id].name,
+                                                " came from ", overlap.arrived[id], " of ", n,
+                                                " replicas"));
+      }
+    }
+    return total;
+  }
   if (total.skipped) {
     // No reduce: the step's gradients are zeros, whatever the replicas that
     // did not overflow computed.
@@ -317,9 +425,63 @@ absl::StatusOr<StepResult> ReplicaSet::TrainStepWithNccl(const float* features,
     return total;
   }
   // The weights are applied on each device, inside the reduce.
-  RETURN_IF_ERROR(nccl_->WeightedSum(grads, SliceWeights(begin), shares_));
+  {
+    absl::MutexLock lock(&collective_mu_);
+    RETURN_IF_ERROR(nccl_->WeightedSum(overlap.grads, overlap.weights, shares_));
+  }
   RETURN_IF_ERROR(SharesToHost(options.gradient_queued));
   return total;
+}
+
+void ReplicaSet::GradientOnDevice(Overlap& step, int id, int r) {
+  absl::MutexLock lock(&collective_mu_);
+  if (++step.arrived[id] < size() || !step.error.ok()) return;
+  Model* owner = replicas_[owner_[id]].get();
+  const int64_t count = primary()->params()[id].num_elements;
+  absl::Status status = nccl_->WeightedSum(step.grads, step.weights,
+                                           {kernels::DeviceShare{offset_[id], count, owner_[id]}});
+  if (status.ok()) status = owner->backend().MakeCurrent();
+  absl::StatusOr<int64_t> ticket = status;
+  if (status.ok()) {
+    ticket = owner->backend().DownloadAside(primary()->grad(id), owner->device_grad(id),
+                                            sizeof(float) * count);
+  }
+  if (ticket.ok()) {
+    absl::MutexLock callbacks(&callbacks_mu_);
+    step.options->gradient_queued(id, *ticket);
+  }
+  // This thread goes on driving replica r's device.
+  absl::Status back = replicas_[r]->backend().MakeCurrent();
+  step.error = !ticket.ok() ? ticket.status() : back;
+}
+
+absl::Status ReplicaSet::GatherLayer(Overlap& step, int layer, int r) {
+  return step.RunOnce(&step.layers[layer], [&]() -> absl::Status {
+    {
+      absl::MutexLock callbacks(&callbacks_mu_);
+      RETURN_IF_ERROR(step.options->await_layer_params(layer));
+    }
+    // The layer's parameters are queued to their owners' copy streams:
+    // each owner's stream waits for them, then they go to every device.
+    std::vector<kernels::DeviceShare> shares;
+    absl::MutexLock lock(&collective_mu_);
+    for (int id : primary()->shape().layers[layer].param_ids) {
+      const int owner = owner_[id];
+      shares.push_back({offset_[id], primary()->params()[id].num_elements, owner});
+      RETURN_IF_ERROR(replicas_[owner]->backend().MakeCurrent());
+      RETURN_IF_ERROR(replicas_[owner]->backend().JoinUploads());
+    }
+    absl::Status broadcast = nccl_->Broadcast(step.params, shares);
+    RETURN_IF_ERROR(replicas_[r]->backend().MakeCurrent());
+    return broadcast;
+  });
+}
+
+absl::Status ReplicaSet::BeforeBackward(Overlap& step) {
+  return step.RunOnce(&step.before_backward, [&] {
+    absl::MutexLock callbacks(&callbacks_mu_);
+    return step.options->before_backward();
+  });
 }
 
 absl::Status ReplicaSet::SharesToHost(const std::function<void(int, int64_t)>& queued) {

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 
@@ -102,12 +103,17 @@ class ReplicaSet {
   ReplicaSet(std::vector<std::unique_ptr<Model>> replicas,
              std::unique_ptr<kernels::DeviceGroup> nccl);
 
-  // Runs replica r's TrainStep on slice r, r in [0, begin.size() - 1), each
-  // from its own thread (replica 0 from this one), and waits for all.
+  // What the replicas' threads share during one NCCL step whose
+  // collectives overlap the replicas' compute (replica_set.cc).
+  struct Overlap;
+
+  // Runs replica r's TrainStep on slice r with options[r] (or default ones
+  // where options is empty), r in [0, begin.size() - 1), each from its own
+  // thread (replica 0 from this one), and waits for all.
   std::vector<absl::StatusOr<StepResult>> TrainSlices(const float* features, const int32_t* labels,
                                                       int64_t step,
                                                       const std::vector<int64_t>& begin,
-                                                      const TrainStepOptions& options);
+                                                      const std::vector<TrainStepOptions>& options);
   absl::StatusOr<StepResult> TrainStepOnHost(const float* features, const int32_t* labels,
                                              int64_t step, const std::vector<int64_t>& begin);
   absl::StatusOr<StepResult> TrainStepWithNccl(const float* features, const int32_t* labels,
@@ -116,6 +122,15 @@ class ReplicaSet {
   // The gradient's shares from their owners' devices to primary()'s host
   // grad(), each tensor announced to `queued` when set (else waited for).
   absl::Status SharesToHost(const std::function<void(int, int64_t)>& queued);
+  // The overlapped step's parts, each called from a replica's thread
+  // (replica r's): the gradient of param `id` is queued on replica r's
+  // device (the last replica to get there reduces it into its owner and
+  // queues it to the host); layer `layer`'s parameters are wanted (the
+  // first replica to want them awaits them and broadcasts them from their
+  // owners); the step's backward is about to start (once for all).
+  void GradientOnDevice(Overlap& step, int id, int r);
+  absl::Status GatherLayer(Overlap& step, int layer, int r);
+  absl::Status BeforeBackward(Overlap& step);
 
   const std::vector<std::unique_ptr<Model>> replicas_;
   const int64_t param_count_;  // Floats in one replica's parameter block.
@@ -123,6 +138,14 @@ class ReplicaSet {
   // of each param id; empty otherwise.
   std::vector<kernels::DeviceShare> shares_;
   std::vector<int> owner_;
+  std::vector<int64_t> offset_;  // Of each param id in the block.
+  // Held to issue a collective: one thread at a time drives the
+  // communicators, so every rank sees them in one order.
+  absl::Mutex collective_mu_;
+  // Held around the caller's callbacks (await_layer_params, before_backward,
+  // gradient_queued) when replicas' threads call them: one at a time, as
+  // from one thread.
+  absl::Mutex callbacks_mu_;
   // Declared after the replicas, so the communicators go first.
   std::unique_ptr<kernels::DeviceGroup> nccl_;
 };

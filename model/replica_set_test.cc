@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "model/devices.h"
 
@@ -322,6 +323,95 @@ TEST(ReplicasTest, TwoGpusStreamGradientsAndTakeUploadedShares) {
       ASSERT_TRUE(set->UploadParam(p.id, half, p.num_elements - half).ok());
     }
   }
+}
+
+// One step as the overlapped worker drives it: the parameters arrive layer
+// by layer while the step runs (await_layer_params, which queues them with
+// UploadParam), a hook runs once before backward, and each gradient is
+// announced as it is ready. Returns the layers awaited, in order, and how
+// often the hook ran; the gradients are checked against `whole`.
+struct OverlappedStep {
+  std::vector<int> awaited;
+  int before_backward = 0;
+};
+OverlappedStep RunOverlappedStep(ReplicaSet* set, Model* whole, const Batch& b, int64_t step) {
+  OverlappedStep seen;
+  Model* primary = set->primary();
+  std::vector<std::pair<int, int64_t>> queued;
+  TrainStepOptions options;
+  options.params_from_host = false;
+  options.await_layer_params = [&](int layer) -> absl::Status {
+    seen.awaited.push_back(layer);
+    for (int id : primary->shape().layers[layer].param_ids) {
+      const float* from = whole->param(id);
+      std::copy(from, from + primary->params()[id].num_elements, primary->param(id));
+      RETURN_IF_ERROR(set->UploadParam(id, 0, primary->params()[id].num_elements));
+    }
+    return absl::OkStatus();
+  };
+  options.before_backward = [&] {
+    ++seen.before_backward;
+    return absl::OkStatus();
+  };
+  options.gradient_queued = [&](int id, int64_t ticket) { queued.emplace_back(id, ticket); };
+  auto expected = whole->TrainStep(b.features.data(), b.labels.data(), b.size, step);
+  auto actual = set->TrainStep(b.features.data(), b.labels.data(), b.size, step, options);
+  EXPECT_TRUE(expected.ok()) << expected.status();
+  EXPECT_TRUE(actual.ok()) << actual.status();
+  if (!expected.ok() || !actual.ok()) return seen;
+  EXPECT_NEAR(actual->loss, expected->loss, 1e-5);
+  EXPECT_EQ(queued.size(), primary->params().size());
+  std::vector<int> times(primary->params().size(), 0);
+  for (const auto& [id, ticket] : queued) {
+    ++times[id];
+    EXPECT_TRUE(set->WaitGradient(id, ticket).ok());
+  }
+  for (const ParamInfo& p : primary->params()) {
+    EXPECT_EQ(times[p.id], 1) << p.name;
+    for (int64_t i = 0; i < p.num_elements; ++i) {
+      EXPECT_NEAR(primary->grad(p.id)[i], whole->grad(p.id)[i], 1e-5)
+          << p.name << "[" << i << "] at step " << step;
+    }
+  }
+  return seen;
+}
+
+// Several overlapped steps, new parameters each time (an SGD step of the
+// whole-batch model, delivered layer by layer): every layer with parameters
+// is awaited once, in order, the hook runs once, and the gradients are the
+// whole batch's.
+void ExpectOverlappedStepsMatchWhole(const std::vector<int>& devices, int64_t batch) {
+  auto whole = MakeModel(devices[0]);
+  auto set = MakeSet(devices);
+  ASSERT_TRUE(whole && set);
+  ScrambleSecondaryReplicas(set.get());
+  std::vector<int> layers_with_params;
+  const auto& layers = whole->shape().layers;
+  for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
+    if (!layers[i].param_ids.empty()) layers_with_params.push_back(i);
+  }
+  for (int step = 0; step < 3; ++step) {
+    const OverlappedStep seen =
+        RunOverlappedStep(set.get(), whole.get(), RandomBatch(batch, 60 + step), step);
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_EQ(seen.awaited, layers_with_params);
+    EXPECT_EQ(seen.before_backward, 1);
+    if (set->reduces_with_nccl()) ExpectDeviceParamsArePrimarys(set.get());
+    for (const ParamInfo& p : whole->params()) {
+      for (int64_t i = 0; i < p.num_elements; ++i) {
+        whole->param(p.id)[i] -= 0.5f * whole->grad(p.id)[i];
+      }
+    }
+  }
+}
+
+TEST(ReplicasTest, CpuReplicasTakeParametersAsTheyArrive) {
+  ExpectOverlappedStepsMatchWhole({-1, -1}, 9);
+}
+
+TEST(ReplicasTest, TwoGpusOverlapGathersAndReducesWithTheSteps) {
+  SKIP_WITHOUT_TWO_GPUS();
+  ExpectOverlappedStepsMatchWhole({0, 1}, 9);
 }
 
 // Replica 1's slice overflows FP16 (features far outside its range), replica

@@ -528,9 +528,10 @@ absl::Status JobTrainer::Train() {
     TrainStepOptions step_options;
     // The last step's exchange still in flight: a replica that reads the
     // parameters where they land (the CPU's, or a GPU's they are uploaded
-    // to) starts its forward on them layer by layer.
+    // to; with several GPUs, each layer's go from their owners to the
+    // others as they come) starts its forward on them layer by layer.
     const bool gated =
-        pending && replica_set->size() == 1 && (pending_uploads || model->device() < 0);
+        pending && (pending_uploads || (replica_set->size() == 1 && model->device() < 0));
     if (gated) {
       step_options.params_from_host = !pending_uploads;
       step_options.await_layer_params = [&](int layer) -> absl::Status {
@@ -540,11 +541,6 @@ absl::Status JobTrainer::Train() {
         return arrived;
       };
       step_options.before_backward = start_exchange;
-    } else if (replica_set->size() > 1) {
-      // Several GPUs: the last step's exchange is finished before this
-      // step starts (the shares are gathered across the devices first),
-      // its partitions already queued to their GPUs.
-      step_options.params_from_host = !(pending && pending_uploads);
     }
     if (stream) {
       step_options.gradient_queued = [this, replicas = replica_set.get()](int id, int64_t ticket) {
