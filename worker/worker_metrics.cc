@@ -47,18 +47,29 @@ MeasuredShardClient::PullKey MeasuredShardClient::KeyOf(const PullRequest& reque
 }
 
 void MeasuredShardClient::BeforePush(const PushRequest& request) {
+  // Nothing failed (the usual case): no lock on the exchange's hot path.
+  if (remembered_.load(std::memory_order_acquire) == 0) return;
   absl::MutexLock lock(&mu_);
-  if (failed_pushes_.erase(request.request_id().sequence()) > 0) retries_->Increment();
+  if (failed_pushes_.erase(request.request_id().sequence()) > 0) {
+    remembered_.fetch_sub(1, std::memory_order_release);
+    retries_->Increment();
+  }
 }
 
 void MeasuredShardClient::BeforePull(const PullRequest& request) {
+  if (remembered_.load(std::memory_order_acquire) == 0) return;
   absl::MutexLock lock(&mu_);
-  if (failed_pulls_.erase(KeyOf(request)) > 0) retries_->Increment();
+  if (failed_pulls_.erase(KeyOf(request)) > 0) {
+    remembered_.fetch_sub(1, std::memory_order_release);
+    retries_->Increment();
+  }
 }
 
 void MeasuredShardClient::PushFailed(const PushRequest& request) {
   absl::MutexLock lock(&mu_);
-  failed_pushes_.insert(request.request_id().sequence());
+  if (failed_pushes_.insert(request.request_id().sequence()).second) {
+    remembered_.fetch_add(1, std::memory_order_release);
+  }
 }
 
 void MeasuredShardClient::PullFailed(const PullRequest& request, const absl::Status& status) {
@@ -66,7 +77,9 @@ void MeasuredShardClient::PullFailed(const PullRequest& request, const absl::Sta
   // is reissued by design, not retried.
   if (absl::IsDeadlineExceeded(status)) return;
   absl::MutexLock lock(&mu_);
-  failed_pulls_.insert(KeyOf(request));
+  if (failed_pulls_.insert(KeyOf(request)).second) {
+    remembered_.fetch_add(1, std::memory_order_release);
+  }
 }
 
 absl::StatusOr<PushResponse> MeasuredShardClient::Push(const PushRequest& request,

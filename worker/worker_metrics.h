@@ -34,6 +34,7 @@
 #ifndef DOWNPOUR_WORKER_WORKER_METRICS_H_
 #define DOWNPOUR_WORKER_WORKER_METRICS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -85,6 +86,8 @@ class MeasuredShardClient final : public ParameterShard {
   Counter* const pushed_bytes_;
   Counter* const pulled_bytes_;
   Counter* const retries_;
+  // Entries in the two sets below: while 0, calls take no lock.
+  std::atomic<int> remembered_{0};
   absl::Mutex mu_;
   absl::flat_hash_set<int64_t> failed_pushes_ ABSL_GUARDED_BY(mu_);  // Sequences.
   absl::flat_hash_set<PullKey> failed_pulls_ ABSL_GUARDED_BY(mu_);
