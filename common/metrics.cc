@@ -129,9 +129,8 @@ std::string FormatMetricValue(double value) {
   // Plain decimals where they are short (a timestamp, a latency), an
   // exponent only for the very small and very large.
   const double magnitude = std::fabs(value);
-  const std::chars_format format = magnitude >= 1e-4 && magnitude < 1e15
-                                       ? std::chars_format::fixed
-                                       : std::chars_format::general;
+  const std::chars_format format =
+      magnitude >= 1e-4 && magnitude < 1e15 ? std::chars_format::fixed : std::chars_format::general;
   char buffer[400];
   const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value, format);
   return std::string(buffer, result.ptr);
