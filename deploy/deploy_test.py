@@ -151,10 +151,12 @@ class Daemons:
                     name.startswith("no") and name[2:] in known):
                 problems.append(f"{where}: {daemon} has no flag --{name}")
                 continue
-            if name in ("listen", "metrics_listen", "coordinator") and value:
+            if name == "advertise" and ":" not in value:
+                continue  # HOST alone: the bound port
+            if name in ("listen", "metrics_listen", "coordinator", "advertise") and value:
                 port = resolve_port(value, env)
                 owner = "downpour-coordinator" if name == "coordinator" else daemon
-                want = self.ports[owner].get("listen" if name == "coordinator" else name)
+                want = self.ports[owner].get("listen" if name in ("coordinator", "advertise") else name)
                 if port is None:
                     problems.append(f"{where}: cannot tell the port of --{name}={value}")
                 elif port == 0:
