@@ -441,18 +441,23 @@ void ReplicaSet::GradientOnDevice(Overlap& step, int id, int r) {
   absl::Status status = nccl_->WeightedSum(step.grads, step.weights,
                                            {kernels::DeviceShare{offset_[id], count, owner_[id]}});
   if (status.ok()) status = owner->backend().MakeCurrent();
-  absl::StatusOr<int64_t> ticket = status;
+  int64_t ticket = -1;
   if (status.ok()) {
-    ticket = owner->backend().DownloadAside(primary()->grad(id), owner->device_grad(id),
-                                            sizeof(float) * count);
+    absl::StatusOr<int64_t> queued = owner->backend().DownloadAside(
+        primary()->grad(id), owner->device_grad(id), sizeof(float) * count);
+    if (queued.ok()) {
+      ticket = *queued;
+    } else {
+      status = queued.status();
+    }
   }
-  if (ticket.ok()) {
+  if (status.ok()) {
     absl::MutexLock callbacks(&callbacks_mu_);
-    step.options->gradient_queued(id, *ticket);
+    step.options->gradient_queued(id, ticket);
   }
   // This thread goes on driving replica r's device.
   absl::Status back = replicas_[r]->backend().MakeCurrent();
-  step.error = !ticket.ok() ? ticket.status() : back;
+  step.error = status.ok() ? back : status;
 }
 
 absl::Status ReplicaSet::GatherLayer(Overlap& step, int layer, int r) {
