@@ -6,12 +6,20 @@
 //   byte    payload[length]
 //   uint32  masked_crc32c(payload)
 //
+// A file may also be GZIP-compressed as a whole, as TensorFlow writes it with
+// TFRecordOptions(compression_type="GZIP"): the framing above is the
+// uncompressed stream.
+//
 // RecordWriter writes `path.tmp` and renames it to `path` on a successful
 // Close(), after an fsync, so a reader never sees a torn file; a writer
 // destroyed without Close() removes its temporary file.
 // RecordReader reads sequentially through a large buffer and reports any damage
 // (checksum mismatch, truncation, absurd length) as absl::DataLossError
-// "corrupt record in <file> at offset <N>: <what>".
+// "corrupt record in <file> at offset <N>: <what>"; for a compressed file the
+// offset is in the uncompressed stream, and damage to the compression itself (a
+// bad gzip header or checksum, a stream cut short) is DataLossError
+// "corrupt gzip stream in <file>: <what>". Decompression streams through a
+// fixed-size buffer: a file is never inflated whole into memory.
 //
 // Thread-safety: neither class is thread-safe; use one object from one thread
 // at a time. Ownership: each object owns its file descriptor and buffer.
@@ -38,11 +46,27 @@ inline constexpr size_t kRecordFooterBytes = 4;
 // allocate that much memory.
 inline constexpr uint64_t kMaxRecordLength = uint64_t{1} << 30;
 
+// How a record file is compressed as a whole.
+enum class Compression {
+  // Reading: GZIP when the file starts with gzip's magic bytes and is not a
+  // valid uncompressed record (whose first header carries its own checksum,
+  // so a record length that happens to begin with the magic is not mistaken).
+  // Writing: the same as kNone.
+  kAuto,
+  kNone,
+  kGzip,
+};
+
+// The zlib stream of a compressed file; defined in record_io.cc so that
+// zlib.h stays out of this header.
+struct GzipStream;
+
 class RecordWriter {
  public:
   // Creates `path + ".tmp"` (truncating any stale one). `path` itself appears
-  // only when Close() succeeds.
-  static absl::StatusOr<std::unique_ptr<RecordWriter>> Open(const std::string& path);
+  // only when Close() succeeds. With kGzip the file is one gzip member.
+  static absl::StatusOr<std::unique_ptr<RecordWriter>> Open(
+      const std::string& path, Compression compression = Compression::kNone);
 
   RecordWriter(const RecordWriter&) = delete;
   RecordWriter& operator=(const RecordWriter&) = delete;
@@ -58,13 +82,18 @@ class RecordWriter {
 
   const std::string& path() const { return file_->path(); }
   int64_t records_written() const { return records_written_; }
-  // Bytes of framed records written so far (the final file size after Close()).
+  // Bytes written to the file so far (its final size after Close()); for a
+  // compressed file, what the compressor has emitted yet.
   int64_t bytes_written() const { return static_cast<int64_t>(file_->bytes()); }
 
  private:
-  explicit RecordWriter(std::unique_ptr<AtomicFile> file);
+  RecordWriter(std::unique_ptr<AtomicFile> file, std::unique_ptr<GzipStream> gzip);
+  // Appends framed bytes, through the compressor when there is one; `finish`
+  // ends the gzip member.
+  absl::Status Append(absl::string_view bytes, bool finish = false);
 
   std::unique_ptr<AtomicFile> file_;  // Writes path.tmp; renamed by Close.
+  std::unique_ptr<GzipStream> gzip_;  // Null for an uncompressed file.
   bool closed_ = false;
   int64_t records_written_ = 0;
 };
@@ -74,8 +103,10 @@ class RecordReader {
   static constexpr size_t kDefaultBufferSize = size_t{4} << 20;
 
   // Opens `path` for sequential reading with a `buffer_size`-byte read buffer.
+  // kGzip on a file without gzip's magic bytes is DataLossError naming it.
   static absl::StatusOr<std::unique_ptr<RecordReader>> Open(
-      const std::string& path, size_t buffer_size = kDefaultBufferSize);
+      const std::string& path, size_t buffer_size = kDefaultBufferSize,
+      Compression compression = Compression::kAuto);
 
   RecordReader(const RecordReader&) = delete;
   RecordReader& operator=(const RecordReader&) = delete;
@@ -87,20 +118,26 @@ class RecordReader {
   absl::StatusOr<bool> Read(std::string* record);
 
   const std::string& path() const { return path_; }
-  // File offset of the next record to read; after Read() returns a record, the
-  // offset that record started at is record_offset().
+  bool compressed() const { return gzip_ != nullptr; }
+  // Offset of the next record to read (in the uncompressed stream of a
+  // compressed file); after Read() returns a record, the offset that record
+  // started at is record_offset().
   int64_t offset() const { return offset_; }
   int64_t record_offset() const { return record_offset_; }
 
  private:
-  RecordReader(std::string path, int fd, size_t buffer_size);
+  RecordReader(std::string path, int fd, size_t buffer_size, std::unique_ptr<GzipStream> gzip);
   // Copies up to `n` bytes into `dst`, refilling the buffer as needed; returns
   // fewer than `n` only at end of file.
   absl::StatusOr<size_t> ReadBytes(char* dst, size_t n);
+  // Reads up to `want` (uncompressed) bytes into `target`; 0 only at end of file.
+  absl::StatusOr<size_t> Fill(char* target, size_t want);
+  absl::StatusOr<size_t> Inflate(char* target, size_t want);
   absl::Status Corrupt(absl::string_view what) const;
 
   const std::string path_;
   int fd_;
+  std::unique_ptr<GzipStream> gzip_;  // Null for an uncompressed file.
   std::unique_ptr<char[]> buffer_;
   const size_t buffer_size_;
   size_t buffer_pos_ = 0;
