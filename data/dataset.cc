@@ -37,6 +37,15 @@ absl::Status ValidateOptions(const BatchReaderOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("BatchReader batch_size must be > 0; got ", o.batch_size));
   }
+  if (o.image.known() && o.image.size() != o.feature_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BatchReader image shape ", o.image.height, "x", o.image.width, "x",
+                     o.image.channels, " does not hold feature_size ", o.feature_size, " values"));
+  }
+  if (o.augment.enabled() && !o.image.known()) {
+    return absl::InvalidArgumentError(
+        "BatchReader augmentation (random crop, flip) needs the input's image shape");
+  }
   if (o.shuffle_buffer < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("BatchReader shuffle_buffer must be >= 0; got ", o.shuffle_buffer));
@@ -109,11 +118,18 @@ absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
   return reader;
 }
 
-BatchReader::BatchReader(const BatchReaderOptions& options) : options_(options) {
+BatchReader::BatchReader(const BatchReaderOptions& options)
+    : options_(options), compressed_(options.slices.size(), false) {
   std::seed_seq seq{static_cast<uint32_t>(options.seed), static_cast<uint32_t>(options.seed >> 32),
                     static_cast<uint32_t>(options.stream),
                     static_cast<uint32_t>(options.stream >> 32)};
   rng_.seed(seq);
+  // A generator of its own, so turning augmentation on keeps the order.
+  std::seed_seq augment_seq{static_cast<uint32_t>(options.seed),
+                            static_cast<uint32_t>(options.seed >> 32),
+                            static_cast<uint32_t>(options.stream),
+                            static_cast<uint32_t>(options.stream >> 32), 0x61756721u};
+  augment_rng_.seed(augment_seq);
 }
 
 std::string BatchReader::PathOf(int i) const {
@@ -179,14 +195,27 @@ void BatchReader::ProducerLoop() {
   };
   Batch batch;
   new_batch(&batch);
+  ExampleFormat format;
+  format.feature_key = options_.feature_key;
+  format.label_key = options_.label_key;
+  format.feature_size = options_.feature_size;
+  format.image = options_.image;
+  format.encoding = options_.encoding;
+  const bool augment = options_.augment.enabled();
+  if (augment) unaugmented_.resize(options_.feature_size);
   auto add = [&](const PendingRecord& record) -> absl::StatusOr<bool> {
     const int64_t slot = batch.size;
-    absl::Status s =
-        DecodeExample(record.data, options_.feature_key, options_.label_key, options_.feature_size,
-                      batch.features.data() + slot * options_.feature_size, &batch.labels[slot]);
+    float* features = batch.features.data() + slot * options_.feature_size;
+    absl::Status s = DecodeExample(record.data, format, augment ? unaugmented_.data() : features,
+                                   &batch.labels[slot]);
     if (!s.ok()) {
       return Annotate(
-          s, absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset));
+          s, absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset,
+                          compressed_[record.file] ? " of its uncompressed stream" : ""));
+    }
+    if (augment) {
+      const AugmentDraw draw = DrawAugmentation(options_.augment, &augment_rng_);
+      ApplyAugmentation(options_.augment, draw, options_.image, unaugmented_.data(), features);
     }
     if (++batch.size == options_.batch_size) {
       if (!PushBatch(&batch)) return false;
@@ -205,8 +234,10 @@ void BatchReader::ProducerLoop() {
     for (int f : order) {
       if (StopRequested()) return Finish(absl::CancelledError("BatchReader stopped"));
       const FileSlice& slice = options_.slices[f];
-      absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(PathOf(f));
+      absl::StatusOr<std::unique_ptr<RecordReader>> reader =
+          RecordReader::Open(PathOf(f), RecordReader::kDefaultBufferSize, options_.compression);
       if (!reader.ok()) return Finish(reader.status());
+      compressed_[f] = (*reader)->compressed();
       for (int64_t index = 0;; ++index) {
         absl::StatusOr<bool> got = (*reader)->Read(&record.data);
         if (!got.ok()) return Finish(got.status());

@@ -12,6 +12,14 @@
 // at the end of each epoch, so every epoch is a permutation of the slices'
 // records. The order is a deterministic function of (seed, stream).
 //
+// Augmentation (random crop and flip, data/augment.h) draws from a generator
+// of its own, also a function of (seed, stream), in the order examples are
+// batched: the same seed gives the same crops, and turning augmentation on
+// does not change the order of the examples.
+//
+// Records may be GZIP-compressed files (data/record_io.h); feature values may
+// be PNG or JPEG images (data/image.h), decoded on the background thread.
+//
 // With repeat = true (training) epochs follow one another forever and every
 // batch is full; with repeat = false (evaluation) one pass is made, the last
 // batch may be short, and Next() then reports end of data.
@@ -37,6 +45,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "data/augment.h"
+#include "data/example.h"
+#include "data/record_io.h"
 
 namespace downpour {
 namespace data {
@@ -68,7 +79,15 @@ struct BatchReaderOptions {
   std::string data_dir;
   std::string feature_key = "image";
   std::string label_key = "label";
-  int64_t feature_size = 0;    // Elements per example; must be > 0.
+  int64_t feature_size = 0;  // Elements per example; must be > 0.
+  // The model's input as an image (height, width, channels), for PNG/JPEG
+  // values and augmentation; unknown (zeros) for a flat input.
+  ImageShape image;
+  FeatureEncoding encoding = FeatureEncoding::kBySize;
+  Compression compression = Compression::kAuto;  // Of every file.
+  // Random crop / flip of each example (training data only). REQUIRES, when
+  // enabled: a known `image` of feature_size elements.
+  AugmentOptions augment;
   int64_t batch_size = 0;      // Must be > 0.
   int64_t shuffle_buffer = 0;  // 0 = read in order.
   uint64_t seed = 0;
@@ -127,6 +146,9 @@ class BatchReader {
 
   const BatchReaderOptions options_;
   std::mt19937_64 rng_;                        // Used only by the producer thread.
+  std::mt19937_64 augment_rng_;                // Used only by the producer thread.
+  std::vector<float> unaugmented_;             // Used only by the producer thread.
+  std::vector<bool> compressed_;               // Per slice; used only by the producer thread.
   std::vector<PendingRecord> shuffle_buffer_;  // Used only by the producer thread.
 
   mutable absl::Mutex mu_;

@@ -41,6 +41,19 @@ std::string FeatureKeys(const tensorflow::Example& example) {
 absl::Status DecodeExample(absl::string_view serialized, const std::string& feature_key,
                            const std::string& label_key, int64_t feature_size, float* features,
                            int32_t* label) {
+  ExampleFormat format;
+  format.feature_key = feature_key;
+  format.label_key = label_key;
+  format.feature_size = feature_size;
+  format.encoding = FeatureEncoding::kRaw;
+  return DecodeExample(serialized, format, features, label);
+}
+
+absl::Status DecodeExample(absl::string_view serialized, const ExampleFormat& format,
+                           float* features, int32_t* label) {
+  const std::string& feature_key = format.feature_key;
+  const std::string& label_key = format.label_key;
+  const int64_t feature_size = format.feature_size;
   // Reused per thread: parsing into a cleared message keeps its allocations.
   thread_local tensorflow::Example example;
   example.Clear();
@@ -60,13 +73,29 @@ absl::Status DecodeExample(absl::string_view serialized, const std::string& feat
   const tensorflow::Feature& feature = it->second;
   if (feature.has_bytes_list()) {
     const auto& values = feature.bytes_list().value();
-    if (values.size() != 1 || static_cast<int64_t>(values[0].size()) != feature_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("feature \"", feature_key, "\" has ", values.size(), " bytes value(s) of ",
-                       values.empty() ? 0 : values[0].size(), " bytes; expected one value of ",
-                       feature_size, " bytes"));
+    const bool raw = format.encoding == FeatureEncoding::kRaw ||
+                     (format.encoding == FeatureEncoding::kBySize && values.size() == 1 &&
+                      static_cast<int64_t>(values[0].size()) == feature_size);
+    if (values.size() != 1 || (raw && static_cast<int64_t>(values[0].size()) != feature_size) ||
+        (format.encoding == FeatureEncoding::kBySize && !raw &&
+         SniffImageFormat(values[0]) == ImageFormat::kUnknown)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "feature \"", feature_key, "\" has ", values.size(), " bytes value(s) of ",
+          values.empty() ? 0 : values[0].size(), " bytes; expected one value of ", feature_size,
+          " bytes", format.encoding == FeatureEncoding::kRaw ? "" : " or one PNG or JPEG image"));
     }
     const auto* bytes = reinterpret_cast<const uint8_t*>(values[0].data());
+    // Reused per thread, like `example`: decoding allocates nothing per record.
+    thread_local std::vector<uint8_t> decoded;
+    if (!raw) {
+      decoded.resize(feature_size);
+      absl::Status s = DecodeImage(values[0], format.image, feature_size, decoded.data());
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("feature \"", feature_key, "\": ", s.message()));
+      }
+      bytes = decoded.data();
+    }
     constexpr float kScale = 1.0f / 255.0f;
     for (int64_t i = 0; i < feature_size; ++i) features[i] = bytes[i] * kScale;
   } else if (feature.has_float_list()) {

@@ -2,7 +2,9 @@
 # Installs the Debian packages Downpour builds and runs with (and tests with:
 # prometheus gives promtool, which tests/metrics_test runs over every
 # daemon's /metrics). Idempotent: when everything is present it prints
-# nothing and returns at once.
+# nothing and returns at once. The CUDA toolkit is not among them: the build
+# uses it where it is installed and builds for the CPU only where it is not
+# (third_party/system/system.bzl).
 set -euo pipefail
 
 PACKAGES=(
@@ -11,6 +13,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libcivetweb-dev libsqlite3-dev
+  zlib1g-dev libjpeg62-turbo-dev libpng-dev
   dataset-fashion-mnist python3-venv
   prometheus python3-yaml shellcheck
 )

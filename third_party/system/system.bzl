@@ -55,6 +55,9 @@ cc_library(
 """.format(repr(_pkg_config_libs(ctx, ["openblas"]))))
     build.append(_library("civetweb", ["-lcivetweb", "-lpthread", "-ldl"]))
     build.append(_library("zlib", ["-lz"]))
+    # Image decoding of tf.Example features: libjpeg-turbo and libpng.
+    build.append(_library("jpeg", _pkg_config_libs(ctx, ["libjpeg"])))
+    build.append(_library("png", _pkg_config_libs(ctx, ["libpng"])))
     build.append(_library("sqlite3", _pkg_config_libs(ctx, ["sqlite3"])))
     ctx.file("BUILD.bazel", "\n".join(build))
 
