@@ -1,5 +1,6 @@
 #include "spec/job_validation.h"
 
+#include <algorithm>
 #include <cctype>
 #include <utility>
 
@@ -123,8 +124,37 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
     return Bad("consistency.backup_workers", "applies to mode SYNC only");
   }
 
+  if (!DatasetSpec::Compression_IsValid(data.compression())) {
+    return Bad("dataset.compression", absl::StrCat("has unknown value ", data.compression(),
+                                                   "; must be AUTO, NONE or GZIP"));
+  }
+  if (!DatasetSpec::Encoding_IsValid(data.encoding())) {
+    return Bad("dataset.encoding", absl::StrCat("has unknown value ", data.encoding(),
+                                                "; must be BY_SIZE, RAW or ENCODED"));
+  }
+
   auto shape = InferModel(spec.model());
   if (!shape.ok()) return shape.status();
+  const std::vector<int64_t>& input = shape->input_shape;
+  const bool image_input = input.size() == 3 && (input[2] == 1 || input[2] == 3);
+  if (data.encoding() == DatasetSpec::ENCODED && !image_input) {
+    return Bad("dataset.encoding",
+               "ENCODED needs model.input_shape [height, width, channels] with 1 (grayscale) or "
+               "3 (RGB) channels");
+  }
+  const bool augmented = data.has_random_crop() || data.random_flip_left_right();
+  if (augmented && input.size() != 3) {
+    return Bad(data.has_random_crop() ? "dataset.random_crop" : "dataset.random_flip_left_right",
+               "needs model.input_shape [height, width, channels]");
+  }
+  if (data.has_random_crop()) {
+    const int32_t padding = data.random_crop().padding();
+    if (padding < 0 || padding > input[0] || padding > input[1]) {
+      return Bad("dataset.random_crop.padding",
+                 absl::StrCat("must be in [0, ", std::min(input[0], input[1]),
+                              "] (the input's height and width); got ", padding));
+    }
+  }
   // Bounds that keep a typo from exhausting a worker's or a shard's memory.
   const double batch_bytes = 4.0 * data.batch_size() * shape->input_size;
   if (batch_bytes > kMaxBatchBytes) {

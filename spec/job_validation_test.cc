@@ -3,6 +3,7 @@
 // push_every / fetch_every and the evaluation settings.
 #include "spec/job_validation.h"
 
+#include <algorithm>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -65,6 +66,47 @@ TEST(JobValidationTest, EvaluationSettingsAreChecked) {
   EXPECT_EQ(ValidateJobSpec(spec).status().message(), "stop_at_accuracy must be in [0, 1]");
   spec.set_stop_at_accuracy(0.9);
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
+}
+
+TEST(JobValidationTest, ImageDataOptionsAreChecked) {
+  JobSpec spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
+  ApplyJobDefaults(&spec);
+  DatasetSpec* data = spec.mutable_dataset();
+  // A flat input (input_shape [8]) takes compression but neither images nor
+  // augmentation.
+  data->set_compression(DatasetSpec::GZIP);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  data->set_compression(static_cast<DatasetSpec::Compression>(9));
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "dataset.compression has unknown value 9; must be AUTO, NONE or GZIP");
+  data->set_compression(DatasetSpec::AUTO);
+  data->set_random_flip_left_right(true);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "dataset.random_flip_left_right needs model.input_shape [height, width, channels]");
+  data->set_random_flip_left_right(false);
+  data->set_encoding(DatasetSpec::ENCODED);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "dataset.encoding ENCODED needs model.input_shape [height, width, channels] with 1 "
+            "(grayscale) or 3 (RGB) channels");
+
+  // An 8x4 RGB image.
+  spec.mutable_model()->clear_input_shape();
+  for (int d : {8, 4, 3}) spec.mutable_model()->add_input_shape(d);
+  LayerSpec flatten;
+  flatten.mutable_flatten();
+  *spec.mutable_model()->mutable_layer()->Add() = flatten;
+  std::rotate(spec.mutable_model()->mutable_layer()->rbegin(),
+              spec.mutable_model()->mutable_layer()->rbegin() + 1,
+              spec.mutable_model()->mutable_layer()->rend());
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  data->mutable_random_crop()->set_padding(4);
+  data->set_random_flip_left_right(true);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  data->mutable_random_crop()->set_padding(5);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "dataset.random_crop.padding must be in [0, 4] (the input's height and width); got 5");
+  data->mutable_random_crop()->set_padding(-1);
+  EXPECT_FALSE(ValidateJobSpec(spec).ok());
 }
 
 }  // namespace

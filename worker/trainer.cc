@@ -31,6 +31,23 @@ int64_t FeatureSize(const ModelSpec& model) {
   return n;
 }
 
+// What every reader of the job's records needs: keys, sizes, the input as an
+// image, encoding and compression (augmentation is the training reader's).
+void SetExampleFormat(const JobSpec& spec, BatchReaderOptions* options) {
+  const DatasetSpec& data = spec.dataset();
+  options->feature_key = data.feature_key();
+  options->label_key = data.label_key();
+  options->feature_size = FeatureSize(spec.model());
+  const auto& input = spec.model().input_shape();
+  if (input.size() == 3) options->image = data::ImageShape{input[0], input[1], input[2]};
+  options->encoding = data.encoding() == DatasetSpec::RAW       ? data::FeatureEncoding::kRaw
+                      : data.encoding() == DatasetSpec::ENCODED ? data::FeatureEncoding::kEncoded
+                                                                : data::FeatureEncoding::kBySize;
+  options->compression = data.compression() == DatasetSpec::NONE   ? data::Compression::kNone
+                         : data.compression() == DatasetSpec::GZIP ? data::Compression::kGzip
+                                                                   : data::Compression::kAuto;
+}
+
 // The model's gradients by tensor id, or none for a skipped step.
 std::vector<const float*> Gradients(const Model& model, bool skipped) {
   std::vector<const float*> grads;
@@ -223,9 +240,7 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
                    data::ListRecordFiles(spec.dataset().test_files(), options_.data_dir));
   options.slices = data::WholeFiles(files);
   options.data_dir = options_.data_dir;
-  options.feature_key = spec.dataset().feature_key();
-  options.label_key = spec.dataset().label_key();
-  options.feature_size = FeatureSize(spec.model());
+  SetExampleFormat(spec, &options);
   options.batch_size = 1000;
   options.repeat = false;
   return BatchReader::Create(options);
@@ -294,9 +309,11 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTrainingData(
     data.slices.push_back(data::FileSlice{part.file(), part.stride(), part.offset()});
   }
   data.data_dir = options_.data_dir;
-  data.feature_key = spec.dataset().feature_key();
-  data.label_key = spec.dataset().label_key();
-  data.feature_size = FeatureSize(spec.model());
+  SetExampleFormat(spec, &data);
+  if (spec.dataset().has_random_crop()) {
+    data.augment.crop_padding = spec.dataset().random_crop().padding();
+  }
+  data.augment.flip_left_right = spec.dataset().random_flip_left_right();
   data.batch_size = spec.dataset().batch_size();
   data.shuffle_buffer = spec.dataset().shuffle_buffer();
   data.seed = spec.seed();
