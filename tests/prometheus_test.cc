@@ -334,13 +334,15 @@ TEST_F(PrometheusTest, ScrapesEveryDaemonAndEveryPanelAndTheConsoleShowTheRunnin
   StartCluster(options);
   ASSERT_FALSE(HasFatalFailure());
 
-  // A job that outlasts the test (stopped at its end).
+  // A job that outlasts the test (stopped at its end), evaluating the test
+  // set as it goes so that the accuracy panels have data too.
+  const std::string spec =
+      absl::StrCat(FashionMlpSpec("ASYNC", 2, 2, 1000000), "eval_every_steps: 100\n");
   CommandResult submitted =
-      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("ASYNC", 2, 2, 1000000)),
-                     absl::StrCat("--job_id=", kJob)});
+      cluster_->Ctl({"submit", WriteSpec(spec), absl::StrCat("--job_id=", kJob)});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   ASSERT_TRUE(AwaitJob(kJob, [](const JobStatus& j) {
-    return j.state() == RUNNING && j.step() > 0;
+    return j.state() == RUNNING && j.evaluations_size() > 0;
   })) << cluster_->Logs();
 
   const std::string dir = MakeTempDir("prometheus");
@@ -398,16 +400,13 @@ TEST_F(PrometheusTest, ScrapesEveryDaemonAndEveryPanelAndTheConsoleShowTheRunnin
   std::map<std::string, std::string> errors;
   for (int round = 0; round < 60; ++round) {
     if (round > 0) absl::SleepFor(absl::Seconds(1));
+    series.clear();
+    errors.clear();
     bool missing = false;
     for (const PanelQuery& q : queries) {
-      if (series[q.where] > 0) continue;
       absl::StatusOr<int> n = Evaluate(q.expr);
-      if (n.ok()) {
-        series[q.where] = *n;
-        errors.erase(q.where);
-      } else {
-        errors[q.where] = n.status().ToString();
-      }
+      series[q.where] = n.value_or(0);
+      if (!n.ok()) errors[q.where] = n.status().ToString();
       missing = missing || (q.may_be_empty.empty() && series[q.where] == 0);
     }
     if (!missing) break;
@@ -438,25 +437,34 @@ TEST_F(PrometheusTest, ScrapesEveryDaemonAndEveryPanelAndTheConsoleShowTheRunnin
   const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
   const std::string out_dir = outputs != nullptr ? outputs : dir;
   std::ofstream(out_dir + "/downpour-console.html") << dom.out;
-  // The job's row of the jobs table: its name, state and step cells.
-  const std::regex job_row(R"(^<td>[^<]*</td>\s*<td>RUNNING</td>\s*<td>(\d+)</td>)");
+  // The job's row of the jobs table: name, state, step, loss, test accuracy
+  // (it has evaluated) and examples/s.
+  const std::regex job_row(
+      R"(^<td>[^<]*</td>\s*<td>RUNNING</td>\s*<td>(\d+)</td>\s*<td>([0-9.]+)</td>\s*)"
+      R"(<td>([0-9.]+)</td>\s*<td>([^<]+)</td>)");
   const std::string cell = absl::StrCat("<td>", kJob, "</td>");
-  int64_t step = -1;
-  for (size_t at = dom.out.find(cell); at != std::string::npos && step < 0;
+  std::smatch row;
+  bool found = false;
+  for (size_t at = dom.out.find(cell); at != std::string::npos && !found;
        at = dom.out.find(cell, at + 1)) {
-    const std::string from_cell = dom.out.substr(at, 300);
-    std::smatch row;
-    if (std::regex_search(from_cell, row, job_row)) {
-      ASSERT_TRUE(absl::SimpleAtoi(row[1].str(), &step));
-    }
+    const std::string from_cell = dom.out.substr(at, 400);
+    found = std::regex_search(from_cell, row, job_row);
   }
-  ASSERT_GE(step, 0) << "the console names no running job " << kJob << " with a step:\n" << dom.out;
+  ASSERT_TRUE(found) << "the console's jobs table has no row for " << kJob
+                     << " RUNNING with its step, loss and test accuracy:\n"
+                     << dom.out;
+  int64_t step = 0;
+  double accuracy = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(row[1].str(), &step));
+  ASSERT_TRUE(absl::SimpleAtod(row[3].str(), &accuracy));
   const JobStatus job = cluster_->GetJob(kJob);
   EXPECT_GT(step, 0);
   EXPECT_LE(step, job.step()) << "the console shows a step the job has not reached";
+  EXPECT_GT(accuracy, 0.1) << "no better than chance";
   EXPECT_EQ(job.state(), RUNNING) << job.message();
   std::cout << "prometheus_test: the console shows " << kJob << " RUNNING at step " << step
-            << " (the job is at " << job.step() << ")" << std::endl;
+            << ", loss " << row[2] << ", test accuracy " << row[3] << ", " << row[4]
+            << " examples/s (the job is at step " << job.step() << ")" << std::endl;
   for (const char* text : {"downpour-coordinator", "downpour-ps", "downpour-worker"}) {
     EXPECT_TRUE(absl::StrContains(dom.out, absl::StrCat("<td>", text, "</td>"))) << text;
   }
