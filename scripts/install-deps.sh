@@ -15,7 +15,7 @@ PACKAGES=(
   libopenblas-dev libcivetweb-dev libsqlite3-dev
   zlib1g-dev libjpeg62-turbo-dev libpng-dev
   dataset-fashion-mnist python3-venv
-  prometheus python3-yaml shellcheck
+  prometheus python3-yaml shellcheck chromium
 )
 
 missing=()
