@@ -69,6 +69,19 @@ class Coordinator {
   // one) as safetensors bytes (control/export.h has the layouts).
   virtual absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
                                                 bool native_layout) = 0;
+
+  // Operator's tools. DescribeJob: the job and its progress history.
+  virtual absl::StatusOr<JobDescription> DescribeJob(const std::string& job_id) = 0;
+  // Removes an ended job from the store; FailedPrecondition while it is
+  // pending or running (stop it first).
+  virtual absl::Status DeleteJob(const std::string& job_id) = 0;
+  // `cordoned`: the node gets no new work and its running jobs move off it
+  // as recovery allows (a worker's rank to a free worker, a shard's jobs
+  // after a checkpoint); false: it takes work again. Returns the node.
+  virtual absl::StatusOr<NodeInfo> CordonNode(const std::string& node_id, bool cordoned) = 0;
+  // The job's log lines after request.after_sequence, waiting up to
+  // request.timeout_ms for one.
+  virtual absl::StatusOr<JobLogsResponse> JobLogs(const JobLogsRequest& request) = 0;
 };
 
 // Whether a job in `state` has ended (SUCCEEDED, FAILED or STOPPED).

@@ -60,6 +60,12 @@ void CoordinatorState::AddEvent(JobStatus* job, const std::string& message) {
     job->mutable_events()->DeleteSubrange(0, job->events_size() - kMaxEvents);
   }
   Log(absl::StrCat("job ", job->id(), ": ", message));
+  JobLogLine line;
+  line.set_job_id(job->id());
+  line.set_source("coordinator");
+  line.set_time_ms(event->time_ms());
+  line.set_text(message);
+  AppendJobLog(std::move(line));
 }
 
 void CoordinatorState::TakeCheckpointPart(const CheckpointPart& part) {

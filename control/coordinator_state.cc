@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "control/checkpoints.h"
@@ -48,6 +49,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
     entry.info = std::move(node);
     entry.last_heartbeat = now;
     entry.heard = false;
+    // A node dead before the restart stays dead, as last heard then.
+    if (!entry.info.alive() && entry.info.last_heartbeat_ms() > 0) {
+      entry.last_heartbeat = absl::FromUnixMillis(entry.info.last_heartbeat_ms());
+    }
   }
   for (JobStatus& job : jobs) {
     state->job_order_.push_back(job.id());
@@ -99,12 +104,22 @@ absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeIn
   }
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node.id());
-  if (it != nodes_.end() && it->second.info.incarnation() != node.incarnation()) {
+  const bool known = it != nodes_.end();
+  if (known && it->second.info.incarnation() != node.incarnation()) {
     RETURN_IF_ERROR(FailJobsOfNode(node.id(), absl::StrCat("node ", node.id(), " restarted")));
   }
   NodeInfo info = node;
   info.set_alive(true);
+  // An operator's cordon outlives the node's restarts.
+  info.set_cordoned(known && it->second.info.cordoned());
+  const bool arrived =
+      !known || !it->second.info.alive() || it->second.info.incarnation() != node.incarnation();
   RETURN_IF_ERROR(SaveNode(info));
+  if (arrived) {
+    Log(absl::StrCat(node.role() == SHARD ? "shard" : "worker", " node ", node.id(), " at ",
+                     node.address(), known ? " registered again" : " joined",
+                     info.cordoned() ? " (cordoned: no new work)" : ""));
+  }
   nodes_[node.id()].last_heartbeat = options_.now();
   nodes_[node.id()].heard = true;
   SchedulePending();
@@ -145,6 +160,11 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   }
   if (node.info.role() == SHARD) {
     for (const CheckpointPart& part : request.checkpoints()) TakeCheckpointPart(part);
+  }
+  for (const JobLogLine& line : request.logs()) {
+    JobLogLine from_node = line;
+    from_node.set_source(node.info.id());
+    AppendJobLog(std::move(from_node));
   }
   response.set_released(node.draining && Released(node.info.id()));
   for (const std::string& id : job_order_) {
@@ -245,6 +265,9 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& re
   }
   RETURN_IF_ERROR(Commit(job, /*durable=*/true));
   job_order_.push_back(id);
+  Log(absl::StrCat("job ", id, " submitted: ", spec.name().empty() ? "unnamed" : spec.name(), ", ",
+                   spec.num_workers(), " workers, ", spec.num_shards(), " shards, ", spec.steps(),
+                   " steps, ", ConsistencySpec::Mode_Name(spec.consistency().mode())));
   SchedulePending();
   return jobs_[id];
 }
@@ -375,9 +398,12 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     loss += w.loss();
     rate += w.finished() ? 0 : w.examples_per_sec();
   }
-  job.set_step(min_step);
+  // A worker taking a rank over, or a start from a checkpoint, reports an
+  // earlier step than the job has shown: the step shown never goes back.
+  job.set_step(std::max(job.step(), min_step));
   job.set_loss(loss / present);
   job.set_examples_per_sec(rate);
+  RecordProgress(job);
   const bool done = TrainingDone(job);
   if (done && (!Saves(job) || HasCheckpointAt(job, job.spec().steps()))) {
     RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, Untrained(job)));
@@ -400,6 +426,7 @@ void CoordinatorState::Tick() {
   TickCheckpoints();
   TickDrains();
   SchedulePending();
+  TickRetention();
   changed_.SignalAll();
 }
 
@@ -471,7 +498,10 @@ void CoordinatorState::DetectDeadNodes() {
     if (failed.ok()) {
       NodeInfo dead = node.info;
       dead.set_alive(false);
+      // Kept, so a restarted coordinator still shows when it was last heard.
+      dead.set_last_heartbeat_ms(ToMillis(node.last_heartbeat));
       failed = SaveNode(dead);
+      if (failed.ok()) Log(absl::StrCat("lost ", why));
     }
     const std::string what = absl::StrCat("the death of node ", id);
     if (failed.ok()) {
@@ -496,7 +526,9 @@ void CoordinatorState::SchedulePending() {
   for (const auto& [id, node] : nodes_) {
     // A node not heard from since a restart may be gone, a draining one is
     // leaving: no new work.
-    if (Alive(node) && node.heard && !node.draining) alive.push_back(node.info);
+    if (Alive(node) && node.heard && !node.draining && !node.info.cordoned()) {
+      alive.push_back(node.info);
+    }
   }
   for (ScheduleDecision& decision : control::SchedulePending(jobs, alive)) {
     JobStatus job = jobs_[decision.job_id];
@@ -534,8 +566,10 @@ void CoordinatorState::SchedulePending() {
                            job.has_restore()
                                ? absl::StrCat(" from the checkpoint at step ", job.restore().step())
                                : "",
-                           " on ", job.placement().worker_nodes_size(), " workers and ",
-                           job.placement().shard_nodes_size(), " shards",
+                           " on ", job.placement().worker_nodes_size(), " workers (",
+                           absl::StrJoin(job.placement().worker_nodes(), ", "), ") and ",
+                           job.placement().shard_nodes_size(), " shards (",
+                           absl::StrJoin(job.placement().shard_nodes(), ", "), ")",
                            Saves(job) ? "; checkpoints on" : ""));
         written = Commit(job, /*durable=*/true);
         if (written.ok()) {

@@ -16,6 +16,7 @@
 #ifndef DOWNPOUR_CONTROL_COORDINATOR_STATE_H_
 #define DOWNPOUR_CONTROL_COORDINATOR_STATE_H_
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -57,6 +58,16 @@ class CoordinatorState : public Coordinator {
     // A checkpoint not complete this long after rank 0 took it is given up
     // (an event says why).
     absl::Duration checkpoint_timeout = absl::Minutes(10);
+    // Retention: ended jobs beyond the newest job_retention_count (0: no
+    // limit) or ended longer ago than job_retention_age (zero: no limit)
+    // leave the store; so do nodes dead for longer than dead_node_retention
+    // (zero: kept) that no running job names.
+    int job_retention_count = 0;
+    absl::Duration job_retention_age = absl::ZeroDuration();
+    absl::Duration dead_node_retention = absl::ZeroDuration();
+    // Log lines kept per job (the newest) and progress points per job.
+    int job_log_lines = 2000;
+    int progress_points = 1000;
     // Current time; tests inject their own.
     std::function<absl::Time()> now = [] { return absl::Now(); };
   };
@@ -84,10 +95,16 @@ class CoordinatorState : public Coordinator {
   absl::StatusOr<JobStatus> ResumeJob(const std::string& job_id) override;
   absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
                                         bool native_layout) override;
+  absl::StatusOr<JobDescription> DescribeJob(const std::string& job_id) override;
+  absl::Status DeleteJob(const std::string& job_id) override;
+  absl::StatusOr<NodeInfo> CordonNode(const std::string& node_id, bool cordoned) override;
+  // `timeout_ms` is measured on Options::now.
+  absl::StatusOr<JobLogsResponse> JobLogs(const JobLogsRequest& request) override;
 
   // Declares silent nodes dead (failing their running jobs), starts pending
   // jobs that now fit, asks for the checkpoints the jobs' cadence wants,
-  // gives up checkpoints past checkpoint_timeout, and wakes watchers to look at the clock. Called
+  // gives up checkpoints past checkpoint_timeout, removes what retention no
+  // longer keeps, and wakes watchers to look at the clock. Called
   // periodically by the daemon, and after every membership or job change.
   void Tick();
 
@@ -169,6 +186,17 @@ class CoordinatorState : public Coordinator {
   // What a job that ends with lost ranks did not train ("" when none is).
   static std::string Untrained(const JobStatus& job);
   void DetectDeadNodes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `line` to its job's log (the newest job_log_lines are kept) and
+  // wakes JobLogs callers. Lines of unknown jobs are dropped.
+  void AppendJobLog(JobLogLine line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Samples the job's progress for DescribeJob (at most one point a second
+  // unless the step moved by a tenth of the steps).
+  void RecordProgress(const JobStatus& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `job_id` from the store, then from memory.
+  absl::Status RemoveJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the retention options (Options::job_retention_*,
+  // dead_node_retention).
+  void TickRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A change the coordinator made by itself could not be written: logged
   // (once, until the store's error changes), retried by the next Tick.
@@ -237,6 +265,14 @@ class CoordinatorState : public Coordinator {
     absl::Time began;
   };
   std::map<std::string, Drain> drains_ ABSL_GUARDED_BY(mu_);
+  // Each job's recent log lines, oldest first, and the sequence of the next.
+  struct JobLog {
+    std::deque<JobLogLine> lines;
+    int64_t next_sequence = 1;
+  };
+  std::map<std::string, JobLog> job_logs_ ABSL_GUARDED_BY(mu_);
+  // Each job's sampled progress (not durable).
+  std::map<std::string, std::deque<ProgressPoint>> progress_ ABSL_GUARDED_BY(mu_);
   // What LogWriteFailure logged last, by what could not be written.
   std::map<std::string, std::string> write_failures_ ABSL_GUARDED_BY(mu_);
 };

@@ -4,6 +4,7 @@
 #ifndef DOWNPOUR_CONTROL_COORDINATOR_STATE_FIXTURE_H_
 #define DOWNPOUR_CONTROL_COORDINATOR_STATE_FIXTURE_H_
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,8 +35,19 @@ class MemoryJobStore : public JobStore {
   absl::Status SaveNode(const NodeInfo& node) override { return Put(&data_->nodes, node); }
   absl::StatusOr<std::vector<JobStatus>> LoadJobs() override { return data_->jobs; }
   absl::StatusOr<std::vector<NodeInfo>> LoadNodes() override { return data_->nodes; }
+  absl::Status DeleteJob(const std::string& id) override { return Remove(&data_->jobs, id); }
+  absl::Status DeleteNode(const std::string& id) override { return Remove(&data_->nodes, id); }
 
  private:
+  template <typename T>
+  absl::Status Remove(std::vector<T>* items, const std::string& id) {
+    if (data_->failing) return absl::InternalError("state database: disk I/O error");
+    items->erase(std::remove_if(items->begin(), items->end(),
+                                [&](const T& item) { return item.id() == id; }),
+                 items->end());
+    return absl::OkStatus();
+  }
+
   template <typename T>
   absl::Status Put(std::vector<T>* items, const T& item) {
     if (data_->failing) return absl::InternalError("state database: disk I/O error");
@@ -62,9 +74,12 @@ class CoordinatorStateTest : public ::testing::Test {
  protected:
   void SetUp() override { Restart(); }
 
-  void Restart() {
+  void Restart() { Restart(CoordinatorState::Options()); }
+
+  // Restarts with `options` (node timeout, checkpoints and the clock are the
+  // fixture's).
+  void Restart(CoordinatorState::Options options) {
     state_.reset();
-    CoordinatorState::Options options;
     options.node_timeout = absl::Seconds(5);
     options.checkpoint_root = checkpoint_root_;
     options.checkpoint_timeout = absl::Minutes(1);

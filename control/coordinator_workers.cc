@@ -90,7 +90,7 @@ void CoordinatorState::AssignLostRanks() {
   std::vector<std::string> free;
   for (const auto& [id, node] : nodes_) {
     if (node.info.role() == WORKER && Alive(node) && node.heard && !node.draining &&
-        !busy.count(id)) {
+        !node.info.cordoned() && !busy.count(id)) {
       free.push_back(id);
     }
   }
@@ -249,7 +249,8 @@ absl::StatusOr<bool> CoordinatorState::ReplaceShard(const JobStatus& job, int in
   std::string spare;
   for (const auto& [id, node] : nodes_) {
     if (node.info.role() == SHARD && node.info.checkpoints() && Alive(node) && node.heard &&
-        !node.draining && std::find(shards.begin(), shards.end(), id) == shards.end()) {
+        !node.draining && !node.info.cordoned() &&
+        std::find(shards.begin(), shards.end(), id) == shards.end()) {
       spare = id;
       break;
     }

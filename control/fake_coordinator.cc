@@ -34,6 +34,7 @@ absl::StatusOr<HeartbeatResponse> FakeCoordinator::Heartbeat(const HeartbeatRequ
     response.set_reregister(true);
     return response;
   }
+  for (const JobLogLine& line : request.logs()) log_lines_.push_back(line);
   for (const Task& task : tasks_[request.node_id()]) *response.add_tasks() = task;
   return response;
 }
@@ -79,6 +80,18 @@ absl::StatusOr<std::string> FakeCoordinator::ExportJob(const std::string&, int64
   return NoQueue();
 }
 
+absl::StatusOr<JobDescription> FakeCoordinator::DescribeJob(const std::string&) {
+  return NoQueue();
+}
+
+absl::Status FakeCoordinator::DeleteJob(const std::string&) { return NoQueue(); }
+
+absl::StatusOr<NodeInfo> FakeCoordinator::CordonNode(const std::string&, bool) { return NoQueue(); }
+
+absl::StatusOr<JobLogsResponse> FakeCoordinator::JobLogs(const JobLogsRequest&) {
+  return NoQueue();
+}
+
 void FakeCoordinator::SetTasks(const std::string& node_id, std::vector<Task> tasks) {
   absl::MutexLock lock(&mu_);
   tasks_[node_id] = std::move(tasks);
@@ -112,6 +125,11 @@ NodeInfo FakeCoordinator::last_registered() {
 std::vector<ReportProgressRequest> FakeCoordinator::reports() {
   absl::MutexLock lock(&mu_);
   return reports_;
+}
+
+std::vector<JobLogLine> FakeCoordinator::log_lines() {
+  absl::MutexLock lock(&mu_);
+  return log_lines_;
 }
 
 bool FakeCoordinator::HeartbeatsReached() const { return heartbeats_ >= awaited_heartbeats_; }

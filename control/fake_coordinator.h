@@ -47,6 +47,10 @@ class FakeCoordinator : public Coordinator {
   absl::StatusOr<JobStatus> ResumeJob(const std::string& job_id) override;
   absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
                                         bool native_layout) override;
+  absl::StatusOr<JobDescription> DescribeJob(const std::string& job_id) override;
+  absl::Status DeleteJob(const std::string& job_id) override;
+  absl::StatusOr<NodeInfo> CordonNode(const std::string& node_id, bool cordoned) override;
+  absl::StatusOr<JobLogsResponse> JobLogs(const JobLogsRequest& request) override;
 
   // The tasks node `node_id`'s heartbeats hand it from now on.
   void SetTasks(const std::string& node_id, std::vector<Task> tasks);
@@ -60,6 +64,8 @@ class FakeCoordinator : public Coordinator {
   int registrations();
   NodeInfo last_registered();
   std::vector<ReportProgressRequest> reports();
+  // Every log line heartbeats brought, in order.
+  std::vector<JobLogLine> log_lines();
   // Waits up to `timeout` until `n` more heartbeats (answered or not) have
   // arrived; false if they did not.
   bool AwaitHeartbeats(int n, absl::Duration timeout = absl::Seconds(20));
@@ -76,6 +82,7 @@ class FakeCoordinator : public Coordinator {
   std::map<std::string, std::vector<Task>> tasks_ ABSL_GUARDED_BY(mu_);
   std::vector<NodeInfo> registered_ ABSL_GUARDED_BY(mu_);
   std::vector<ReportProgressRequest> reports_ ABSL_GUARDED_BY(mu_);
+  std::vector<JobLogLine> log_lines_ ABSL_GUARDED_BY(mu_);
   ReportHandler report_handler_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int awaited_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;

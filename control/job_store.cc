@@ -26,6 +26,8 @@ class SqliteJobStore : public JobStore {
   }
   absl::StatusOr<std::vector<JobStatus>> LoadJobs() override { return LoadAll<JobStatus>("jobs"); }
   absl::StatusOr<std::vector<NodeInfo>> LoadNodes() override { return LoadAll<NodeInfo>("nodes"); }
+  absl::Status DeleteJob(const std::string& job_id) override { return Delete("jobs", job_id); }
+  absl::Status DeleteNode(const std::string& node_id) override { return Delete("nodes", node_id); }
 
   absl::Status Exec(const std::string& sql) {
     char* error = nullptr;
@@ -52,6 +54,20 @@ class SqliteJobStore : public JobStore {
     }
     sqlite3_bind_text(stmt, 1, id.data(), id.size(), SQLITE_TRANSIENT);
     sqlite3_bind_blob(stmt, 2, blob.data(), blob.size(), SQLITE_TRANSIENT);
+    const int rc = sqlite3_step(stmt);
+    sqlite3_finalize(stmt);
+    if (rc != SQLITE_DONE) return Error(sqlite3_errmsg(db_));
+    return absl::OkStatus();
+  }
+
+  absl::Status Delete(const char* table, const std::string& id) {
+    absl::MutexLock lock(&mu_);
+    const std::string sql = absl::StrCat("DELETE FROM ", table, " WHERE id = ?");
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+      return Error(sqlite3_errmsg(db_));
+    }
+    sqlite3_bind_text(stmt, 1, id.data(), id.size(), SQLITE_TRANSIENT);
     const int rc = sqlite3_step(stmt);
     sqlite3_finalize(stmt);
     if (rc != SQLITE_DONE) return Error(sqlite3_errmsg(db_));

@@ -26,6 +26,9 @@ class JobStore {
   // Inserts or replaces the node with this id.
   virtual absl::Status SaveNode(const NodeInfo& node) = 0;
   virtual absl::StatusOr<std::vector<NodeInfo>> LoadNodes() = 0;
+  // Remove the job or node with this id (no error when there is none).
+  virtual absl::Status DeleteJob(const std::string& job_id) = 0;
+  virtual absl::Status DeleteNode(const std::string& node_id) = 0;
 };
 
 // Opens (creating if needed) `state_dir`/coordinator.db.

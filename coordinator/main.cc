@@ -8,6 +8,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/file.h"
@@ -39,9 +41,32 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "shares with the same flag); empty: jobs are not saved");
 ABSL_FLAG(int64_t, checkpoint_timeout_s, 600,
           "A checkpoint not complete this long after it was taken is given up");
+ABSL_FLAG(int32_t, job_retention_count, 1000,
+          "Ended jobs beyond the newest this many leave the store (0: no limit)");
+ABSL_FLAG(std::string, job_retention_age, "0",
+          "Ended jobs that ended longer ago than this leave the store (e.g. 7d, 36h, 90s; "
+          "0: no limit)");
+ABSL_FLAG(std::string, dead_node_retention, "24h",
+          "Nodes dead for longer than this (and named by no running job) leave the store "
+          "(0: kept)");
 
 namespace downpour {
 namespace {
+
+// A duration flag: a bare number is seconds, "d" counts days, otherwise
+// absl's syntax ("36h", "90s"); zero or more.
+absl::StatusOr<absl::Duration> ParseRetention(const std::string& name, std::string text) {
+  double count = 0;
+  absl::Duration d;
+  if (absl::SimpleAtod(text, &count) && count >= 0) return absl::Seconds(count);
+  if (absl::EndsWith(text, "d") && absl::SimpleAtod(text.substr(0, text.size() - 1), &count) &&
+      count >= 0) {
+    return absl::Hours(24 * count);
+  }
+  if (absl::ParseDuration(text, &d) && d >= absl::ZeroDuration()) return d;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", name, "=", text, " is not a duration (e.g. 7d, 36h, 90s, or 0)"));
+}
 
 int Main() {
   BlockTerminationSignals();
@@ -68,6 +93,16 @@ int Main() {
   if (absl::GetFlag(FLAGS_checkpoint_timeout_s) < 1) {
     return ExitWithError(absl::InvalidArgumentError("--checkpoint_timeout_s must be >= 1"));
   }
+  if (absl::GetFlag(FLAGS_job_retention_count) < 0) {
+    return ExitWithError(
+        absl::InvalidArgumentError("--job_retention_count must not be negative (0: no limit)"));
+  }
+  absl::StatusOr<absl::Duration> job_retention_age =
+      ParseRetention("job_retention_age", absl::GetFlag(FLAGS_job_retention_age));
+  if (!job_retention_age.ok()) return ExitWithError(job_retention_age.status());
+  absl::StatusOr<absl::Duration> dead_node_retention =
+      ParseRetention("dead_node_retention", absl::GetFlag(FLAGS_dead_node_retention));
+  if (!dead_node_retention.ok()) return ExitWithError(dead_node_retention.status());
   auto store = control::OpenSqliteJobStore(absl::GetFlag(FLAGS_state_dir));
   if (!store.ok()) return ExitWithError(store.status());
   control::CoordinatorState::Options options;
@@ -77,6 +112,9 @@ int Main() {
   options.recovery_grace = absl::Seconds(absl::GetFlag(FLAGS_recovery_grace_s));
   options.checkpoint_timeout = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_timeout_s));
   options.handover_wait = absl::Seconds(absl::GetFlag(FLAGS_handover_wait_s));
+  options.job_retention_count = absl::GetFlag(FLAGS_job_retention_count);
+  options.job_retention_age = *job_retention_age;
+  options.dead_node_retention = *dead_node_retention;
   auto state = control::CoordinatorState::Create(options, std::move(store).value());
   if (!state.ok()) return ExitWithError(state.status());
 
@@ -119,7 +157,7 @@ int Main() {
 }  // namespace downpour
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("downpour-coordinator --state_dir=DIR [--listen=HOST:PORT]");
+  downpour::SetDaemonUsage("downpour-coordinator --state_dir=DIR [--listen=HOST:PORT] [flags]");
   absl::ParseCommandLine(argc, argv);
   return downpour::Main();
 }

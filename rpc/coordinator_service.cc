@@ -125,4 +125,32 @@ grpc::Status CoordinatorService::ExportJob(grpc::ServerContext*, const ExportJob
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::DescribeJob(grpc::ServerContext*,
+                                             const DescribeJobRequest* request,
+                                             JobDescription* response) {
+  return Reply(coordinator_->DescribeJob(request->job_id()), response);
+}
+
+grpc::Status CoordinatorService::DeleteJob(grpc::ServerContext*, const DeleteJobRequest* request,
+                                           DeleteJobResponse*) {
+  return ToGrpcStatus(coordinator_->DeleteJob(request->job_id()));
+}
+
+grpc::Status CoordinatorService::CordonNode(grpc::ServerContext*, const CordonNodeRequest* request,
+                                            NodeInfo* response) {
+  return Reply(coordinator_->CordonNode(request->node_id(), request->cordoned()), response);
+}
+
+grpc::Status CoordinatorService::JobLogs(grpc::ServerContext* context,
+                                         const JobLogsRequest* request, JobLogsResponse* response) {
+  // Answer a little before the caller's own deadline, like WatchJob.
+  JobLogsRequest bounded = *request;
+  const absl::Duration caller_left =
+      absl::FromChrono(context->deadline()) - absl::Now() - absl::Milliseconds(500);
+  bounded.set_timeout_ms(std::clamp<int64_t>(
+      std::min<int64_t>(request->timeout_ms(), absl::ToInt64Milliseconds(caller_left)), 0,
+      kMaxWatchMillis));
+  return Reply(coordinator_->JobLogs(bounded), response);
+}
+
 }  // namespace downpour

@@ -33,6 +33,12 @@ class CoordinatorService : public downpour::Coordinator::Service {
                          grpc::ServerWriter<ExportChunk>*) override;
   grpc::Status ReportProgress(grpc::ServerContext*, const ReportProgressRequest*,
                               ReportProgressResponse*) override;
+  grpc::Status DescribeJob(grpc::ServerContext*, const DescribeJobRequest*,
+                           JobDescription*) override;
+  grpc::Status DeleteJob(grpc::ServerContext*, const DeleteJobRequest*,
+                         DeleteJobResponse*) override;
+  grpc::Status CordonNode(grpc::ServerContext*, const CordonNodeRequest*, NodeInfo*) override;
+  grpc::Status JobLogs(grpc::ServerContext*, const JobLogsRequest*, JobLogsResponse*) override;
 
  private:
   control::Coordinator* const coordinator_;

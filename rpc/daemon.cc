@@ -8,7 +8,12 @@
 #include <cstring>
 #include <fstream>
 
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/log.h"
 #include "common/net_address.h"
 #include "common/status.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -70,6 +75,18 @@ std::string AdvertisedMetrics(const MetricsHttpServer* server, const std::string
 }
 
 }  // namespace
+
+void SetDaemonUsage(const char* usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  // Flags defined in Abseil's own files (--flagfile, --fromenv...) are left
+  // to --helpfull.
+  const auto ours = [](absl::string_view file) { return !absl::StrContains(file, "absl/"); };
+  config.contains_help_flags = ours;
+  config.contains_helpshort_flags = ours;
+  config.contains_helppackage_flags = ours;
+  absl::SetFlagsUsageConfig(config);
+}
 
 absl::Status WritePortFile(const std::string& path, const std::string& address) {
   if (path.empty()) return absl::OkStatus();
@@ -140,6 +157,14 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
   agent.add_to_heartbeat = options.add_to_heartbeat;
   ASSIGN_OR_RETURN(daemon->agent_,
                    NodeAgent::Start(agent, daemon->coordinator_.get(), std::move(on_tasks)));
+  // The node's lines about a job ("job ID: ...") go to the coordinator, for
+  // downpourctl logs.
+  SetLogObserver([agent = daemon->agent_.get()](absl::Time time, absl::string_view message) {
+    if (!absl::ConsumePrefix(&message, "job ")) return;
+    const size_t colon = message.find(": ");
+    if (colon == absl::string_view::npos || colon == 0) return;
+    agent->AddJobLog(std::string(message.substr(0, colon)), time, message.substr(colon + 2));
+  });
   RETURN_IF_ERROR(WritePortFile(options.port_file, address));
   return daemon;
 }
@@ -153,6 +178,7 @@ std::string NodeDaemon::Describe() const {
 }
 
 void NodeDaemon::Shutdown() {
+  if (agent_ != nullptr) SetLogObserver(nullptr);
   agent_.reset();
   if (server_.server != nullptr) {
     server_.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -40,6 +40,12 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
                                               MetricsRegistry* metrics = nullptr,
                                               int max_message_bytes = 256 << 20);
 
+// Sets the program's usage line and makes --help and --helpshort list the
+// flags of Downpour's own files (the daemon's and rpc/'s shared ones), not
+// only those of a file named after the program; --helpfull adds absl's.
+// Call in main before absl::ParseCommandLine.
+void SetDaemonUsage(const char* usage);
+
 // Writes `address` to `path` atomically (temp file + rename). No-op when
 // `path` is empty.
 absl::Status WritePortFile(const std::string& path, const std::string& address);

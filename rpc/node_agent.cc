@@ -71,8 +71,21 @@ void NodeAgent::HeartbeatLoop() {
       request.set_draining(draining_);
     }
     if (options_.add_to_heartbeat) options_.add_to_heartbeat(&request);
+    {
+      absl::MutexLock lock(&logs_mu_);
+      for (JobLogLine& line : pending_logs_) *request.add_logs() = std::move(line);
+      pending_logs_.clear();
+    }
     absl::StatusOr<HeartbeatResponse> response = coordinator_->Heartbeat(request);
     absl::Status status = response.status();
+    if (!status.ok() || response->reregister()) {
+      // Not taken: sent again with the next heartbeat, before newer lines.
+      absl::MutexLock lock(&logs_mu_);
+      for (int i = request.logs_size() - 1; i >= 0; --i) {
+        pending_logs_.push_front(std::move(*request.mutable_logs(i)));
+      }
+      while (pending_logs_.size() > static_cast<size_t>(kMaxPendingLogs)) pending_logs_.pop_front();
+    }
     if (status.ok() && response->reregister()) status = Register();
     if (!status.ok()) {
       if (reachable) {
@@ -92,6 +105,17 @@ void NodeAgent::HeartbeatLoop() {
       released_ = draining_ && response->released();
     }
   }
+}
+
+void NodeAgent::AddJobLog(const std::string& job_id, absl::Time time, absl::string_view text) {
+  JobLogLine line;
+  line.set_job_id(job_id);
+  line.set_source(options_.self.id());
+  line.set_time_ms(absl::ToUnixMillis(time));
+  line.set_text(std::string(text));
+  absl::MutexLock lock(&logs_mu_);
+  pending_logs_.push_back(std::move(line));
+  while (pending_logs_.size() > static_cast<size_t>(kMaxPendingLogs)) pending_logs_.pop_front();
 }
 
 void NodeAgent::Drain() {

@@ -12,6 +12,7 @@
 #ifndef DOWNPOUR_RPC_NODE_AGENT_H_
 #define DOWNPOUR_RPC_NODE_AGENT_H_
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -54,6 +55,11 @@ class NodeAgent {
 
   const NodeInfo& self() const { return options_.self; }
 
+  // A line the node logged about job `job_id`: sent with the next heartbeat
+  // (the newest kMaxPendingLogs are kept while the coordinator is away).
+  void AddJobLog(const std::string& job_id, absl::Time time, absl::string_view text);
+  static constexpr int kMaxPendingLogs = 2000;
+
   // The node is leaving (SIGTERM): heartbeats say so from now on, and the
   // coordinator gives it no new work and moves what it holds elsewhere.
   void Drain();
@@ -75,6 +81,9 @@ class NodeAgent {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+  // Its own lock: AddJobLog runs inside Log, which mu_'s holders may call.
+  absl::Mutex logs_mu_;
+  std::deque<JobLogLine> pending_logs_ ABSL_GUARDED_BY(logs_mu_);
   std::thread thread_;
 };
 

@@ -1,5 +1,6 @@
 #include "rpc/remote_coordinator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -181,6 +182,35 @@ absl::StatusOr<ReportProgressResponse> RemoteCoordinator::ReportProgress(
     const ReportProgressRequest& request) {
   return Call<ReportProgressRequest, ReportProgressResponse>(
       "ReportProgress", &Stub::ReportProgress, request, rpc_timeout_);
+}
+
+absl::StatusOr<JobDescription> RemoteCoordinator::DescribeJob(const std::string& job_id) {
+  DescribeJobRequest request;
+  request.set_job_id(job_id);
+  return Call<DescribeJobRequest, JobDescription>("DescribeJob", &Stub::DescribeJob, request,
+                                                  rpc_timeout_);
+}
+
+absl::Status RemoteCoordinator::DeleteJob(const std::string& job_id) {
+  DeleteJobRequest request;
+  request.set_job_id(job_id);
+  return Call<DeleteJobRequest, DeleteJobResponse>("DeleteJob", &Stub::DeleteJob, request,
+                                                   rpc_timeout_)
+      .status();
+}
+
+absl::StatusOr<NodeInfo> RemoteCoordinator::CordonNode(const std::string& node_id, bool cordoned) {
+  CordonNodeRequest request;
+  request.set_node_id(node_id);
+  request.set_cordoned(cordoned);
+  return Call<CordonNodeRequest, NodeInfo>("CordonNode", &Stub::CordonNode, request, rpc_timeout_);
+}
+
+absl::StatusOr<JobLogsResponse> RemoteCoordinator::JobLogs(const JobLogsRequest& request) {
+  // A long poll: its own wait plus the usual grace.
+  return Call<JobLogsRequest, JobLogsResponse>(
+      "JobLogs", &Stub::JobLogs, request,
+      absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms())) + kWatchGrace);
 }
 
 }  // namespace downpour

@@ -79,6 +79,11 @@ class RemoteCoordinator : public control::Coordinator {
                                         bool native_layout) override;
   absl::StatusOr<ReportProgressResponse> ReportProgress(
       const ReportProgressRequest& request) override;
+  absl::StatusOr<JobDescription> DescribeJob(const std::string& job_id) override;
+  absl::Status DeleteJob(const std::string& job_id) override;
+  absl::StatusOr<NodeInfo> CordonNode(const std::string& node_id, bool cordoned) override;
+  // A long poll: its deadline is request.timeout_ms plus 5s.
+  absl::StatusOr<JobLogsResponse> JobLogs(const JobLogsRequest& request) override;
 
  private:
   // Runs one unary call with `timeout` as its deadline and converts a

@@ -86,7 +86,7 @@ int Main() {
 }  // namespace downpour
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("downpour-ps --coordinator=HOST:PORT [--listen=HOST:PORT]");
+  downpour::SetDaemonUsage("downpour-ps --coordinator=HOST:PORT [--listen=HOST:PORT] [flags]");
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
   return downpour::Main();

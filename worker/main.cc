@@ -186,8 +186,8 @@ int Main() {
 }  // namespace downpour
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "downpour-worker --coordinator=HOST:PORT [--listen=HOST:PORT] [--data_dir=DIR]");
+  downpour::SetDaemonUsage(
+      "downpour-worker --coordinator=HOST:PORT [--listen=HOST:PORT] [--data_dir=DIR] [flags]");
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
   return downpour::Main();
