@@ -24,6 +24,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -66,7 +67,7 @@ std::string FindProgram(const std::string& name) {
   std::vector<std::string> dirs = absl::StrSplit(path != nullptr ? path : "", ':');
   dirs.push_back("/usr/bin");
   for (const std::string& dir : dirs) {
-    const std::string candidate = dir + "/" + name;
+    std::string candidate = absl::StrCat(dir, "/", name);
     if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
