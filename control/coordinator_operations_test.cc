@@ -1,0 +1,233 @@
+// The coordinator's operator tools: describe, delete, cordon, job logs and
+// retention (control/coordinator_operations.cc).
+#include <algorithm>
+
+#include "control/coordinator_state_fixture.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace downpour {
+namespace control {
+namespace {
+
+using ::testing::HasSubstr;
+
+bool Stored(const std::vector<JobStatus>& jobs, const std::string& id) {
+  return std::any_of(jobs.begin(), jobs.end(), [&](const JobStatus& j) { return j.id() == id; });
+}
+
+class CoordinatorOperationsTest : public CoordinatorStateTest {
+ protected:
+  // Runs job `id` (1 worker, 1 shard) to success.
+  void RunToEnd(const std::string& id) {
+    ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), id).ok());
+    const JobStatus job = *state_->GetJob(id);
+    ASSERT_EQ(job.state(), RUNNING);
+    ReportProgressRequest done =
+        Progress(id, job.placement().worker_nodes(0), 0, job.spec().steps());
+    done.set_finished(true);
+    done.set_has_test_accuracy(true);
+    done.set_test_accuracy(0.5);
+    ASSERT_TRUE(state_->ReportProgress(done).ok());
+    ASSERT_EQ(StateOf(id), SUCCEEDED);
+  }
+};
+
+TEST_F(CoordinatorOperationsTest, DeleteRefusesARunningJobAndRemovesAnEndedOneDurably) {
+  Register("s", SHARD);
+  Register("w", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "running").ok());
+  absl::Status refused = state_->DeleteJob("running");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("stop it first"));
+  ASSERT_TRUE(state_->StopJob("running").ok());
+  ASSERT_TRUE(state_->DeleteJob("running").ok());
+  EXPECT_EQ(state_->GetJob("running").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(Stored(stored_.jobs, "running"));
+  EXPECT_EQ(state_->DeleteJob("running").code(), absl::StatusCode::kNotFound);
+  Restart();
+  EXPECT_TRUE(state_->ListJobs()->empty());
+}
+
+TEST_F(CoordinatorOperationsTest, JobLogsHoldTheNodesLinesAndTheCoordinatorsEvents) {
+  Register("s", SHARD);
+  Register("w", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  HeartbeatRequest beat;
+  beat.set_node_id("w");
+  beat.set_incarnation(1);
+  JobLogLine* line = beat.add_logs();
+  line->set_job_id("j");
+  line->set_text("starting as worker rank 0");
+  JobLogLine* other = beat.add_logs();
+  other->set_job_id("no-such-job");
+  other->set_text("dropped");
+  ASSERT_TRUE(state_->Heartbeat(beat).ok());
+
+  JobLogsRequest request;
+  request.set_job_id("j");
+  JobLogsResponse logs = *state_->JobLogs(request);
+  ASSERT_GE(logs.lines_size(), 2);
+  EXPECT_EQ(logs.lines(0).source(), "coordinator");
+  EXPECT_THAT(logs.lines(0).text(), HasSubstr("started"));
+  EXPECT_EQ(logs.lines().rbegin()->source(), "w");
+  EXPECT_EQ(logs.lines().rbegin()->text(), "starting as worker rank 0");
+  EXPECT_FALSE(logs.job_ended());
+
+  // After the last line: nothing new yet (no wait), then the job's end.
+  request.set_after_sequence(logs.lines().rbegin()->sequence());
+  request.set_timeout_ms(0);
+  EXPECT_EQ(state_->JobLogs(request)->lines_size(), 0);
+  ASSERT_TRUE(state_->StopJob("j").ok());
+  JobLogsResponse ended = *state_->JobLogs(request);
+  EXPECT_TRUE(ended.job_ended());
+  ASSERT_EQ(ended.lines_size(), 1);
+  EXPECT_THAT(ended.lines(0).text(), HasSubstr("STOPPED"));
+}
+
+TEST_F(CoordinatorOperationsTest, ALogKeepsItsNewestLines) {
+  CoordinatorState::Options options;
+  options.job_log_lines = 3;
+  Restart(options);
+  Register("s", SHARD);
+  Register("w", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  HeartbeatRequest beat;
+  beat.set_node_id("w");
+  beat.set_incarnation(1);
+  for (int i = 0; i < 5; ++i) {
+    JobLogLine* line = beat.add_logs();
+    line->set_job_id("j");
+    line->set_text(absl::StrCat("line ", i));
+  }
+  ASSERT_TRUE(state_->Heartbeat(beat).ok());
+  JobLogsRequest request;
+  request.set_job_id("j");
+  JobLogsResponse logs = *state_->JobLogs(request);
+  ASSERT_EQ(logs.lines_size(), 3);
+  EXPECT_TRUE(logs.truncated());
+  EXPECT_EQ(logs.lines(2).text(), "line 4");
+}
+
+TEST_F(CoordinatorOperationsTest, DescribeHasTheProgressHistoryAndTheStepNeverGoesBack) {
+  Register("s", SHARD);
+  Register("w", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "w", 0, 5)).ok());
+  Advance(absl::Seconds(2));
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "w", 0, 8)).ok());
+  Advance(absl::Seconds(2));
+  // A report of an earlier step (a rank taken over) does not move it back.
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "w", 0, 6)).ok());
+  JobDescription description = *state_->DescribeJob("j");
+  EXPECT_EQ(description.job().step(), 8);
+  ASSERT_EQ(description.progress_size(), 2);
+  EXPECT_EQ(description.progress(0).step(), 5);
+  EXPECT_EQ(description.progress(1).step(), 8);
+  EXPECT_EQ(state_->DescribeJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorOperationsTest, ACordonedWorkerHandsItsRankToAFreeWorkerAndGetsNoNewWork) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  JobSpec spec = SmallSpec(1, 1);
+  spec.mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  ASSERT_EQ(state_->GetJob("j")->placement().worker_nodes(0), "a");
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 4)).ok());
+  Register("b", WORKER);
+
+  absl::StatusOr<NodeInfo> drained = state_->CordonNode("a", true);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_TRUE(drained->cordoned());
+  const JobStatus moved = *state_->GetJob("j");
+  EXPECT_EQ(moved.state(), RUNNING);
+  EXPECT_EQ(moved.placement().worker_nodes(0), "b");
+  EXPECT_EQ(Beat("a").tasks_size(), 0);
+  ASSERT_EQ(Beat("b").tasks_size(), 1);
+
+  // No new work while cordoned, even after the node restarts; uncordon
+  // gives it work again.
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "next").ok());
+  Register("a", WORKER, /*incarnation=*/2);
+  EXPECT_EQ(StateOf("next"), PENDING);
+  EXPECT_TRUE(state_->CordonNode("a", true)->cordoned());
+  Restart();
+  EXPECT_TRUE(std::any_of(state_->ListNodes()->begin(), state_->ListNodes()->end(),
+                          [](const NodeInfo& n) { return n.id() == "a" && n.cordoned(); }));
+  Register("s", SHARD);
+  Register("a", WORKER, 2);
+  EXPECT_EQ(StateOf("next"), PENDING);
+  EXPECT_FALSE(state_->CordonNode("a", false)->cordoned());
+  EXPECT_EQ(StateOf("next"), RUNNING);
+  EXPECT_EQ(state_->CordonNode("ghost", true).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorOperationsTest, RetentionRemovesEndedJobsBeyondTheCountAndAge) {
+  CoordinatorState::Options options;
+  options.job_retention_count = 2;
+  options.job_retention_age = absl::Hours(1);
+  Restart(options);
+  Register("s", SHARD);
+  Register("w", WORKER);
+  for (const char* id : {"a", "b", "c"}) {
+    RunToEnd(id);
+    Advance(absl::Seconds(3));
+    Beat("s");
+    Beat("w");
+  }
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "running").ok());
+  state_->Tick();
+  // The oldest ended job is past the count.
+  EXPECT_EQ(state_->GetJob("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(Stored(stored_.jobs, "a"));
+  EXPECT_TRUE(state_->GetJob("b").ok());
+  EXPECT_TRUE(state_->GetJob("c").ok());
+  // Past the age, every ended job goes; a running one stays, however old.
+  for (int i = 0; i < 40; ++i) {
+    Advance(absl::Minutes(3));
+    Beat("s");
+    Beat("w");
+  }
+  state_->Tick();
+  EXPECT_FALSE(state_->GetJob("b").ok());
+  EXPECT_FALSE(state_->GetJob("c").ok());
+  EXPECT_EQ(StateOf("running"), RUNNING);
+  EXPECT_EQ(stored_.jobs.size(), 1u);
+}
+
+TEST_F(CoordinatorOperationsTest, ADeadNodeShowsWhenItWasLastHeardAndLeavesAfterTheGrace) {
+  CoordinatorState::Options options;
+  options.dead_node_retention = absl::Hours(1);
+  Restart(options);
+  Register("s", SHARD);
+  Register("w", WORKER);
+  const int64_t heard = absl::ToUnixMillis(Now());
+  Advance(absl::Seconds(10));
+  Beat("s");
+  state_->Tick();
+  std::vector<NodeInfo> nodes = *state_->ListNodes();
+  auto w =
+      std::find_if(nodes.begin(), nodes.end(), [](const NodeInfo& n) { return n.id() == "w"; });
+  ASSERT_NE(w, nodes.end());
+  EXPECT_FALSE(w->alive());
+  EXPECT_EQ(w->last_heartbeat_ms(), heard);
+  // A restarted coordinator still knows when the dead node was last heard.
+  Restart(options);
+  nodes = *state_->ListNodes();
+  w = std::find_if(nodes.begin(), nodes.end(), [](const NodeInfo& n) { return n.id() == "w"; });
+  ASSERT_NE(w, nodes.end());
+  EXPECT_EQ(w->last_heartbeat_ms(), heard);
+
+  Advance(absl::Hours(2));
+  Beat("s");
+  state_->Tick();
+  nodes = *state_->ListNodes();
+  EXPECT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].id(), "s");
+  EXPECT_EQ(stored_.nodes.size(), 1u);
+}
+
+}  // namespace
+}  // namespace control
+}  // namespace downpour
