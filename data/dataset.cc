@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <utility>
 
@@ -50,6 +51,10 @@ absl::Status ValidateOptions(const BatchReaderOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("BatchReader shuffle_buffer must be >= 0; got ", o.shuffle_buffer));
   }
+  if (o.decode_threads < 1 || o.decode_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BatchReader decode_threads must be in [1, 256]; got ", o.decode_threads));
+  }
   if (o.prefetch_depth < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("BatchReader prefetch_depth must be >= 1; got ", o.prefetch_depth));
@@ -61,6 +66,81 @@ std::string Resolve(const std::string& data_dir, const std::string& name) {
   if (data_dir.empty() || name.front() == '/') return name;
   return absl::StrCat(data_dir, absl::EndsWith(data_dir, "/") ? "" : "/", name);
 }
+
+// Runs fn(0..n-1) on the calling thread and `helpers` more threads, for
+// decoding one batch's examples in parallel. Run() returns when every call has
+// returned. Thread-safety: Run() is called from one thread at a time.
+class DecodePool {
+ public:
+  explicit DecodePool(int helpers) {
+    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { HelperLoop(); });
+  }
+  ~DecodePool() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+      work_.SignalAll();
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+  DecodePool(const DecodePool&) = delete;
+  DecodePool& operator=(const DecodePool&) = delete;
+
+  void Run(int64_t n, const std::function<void(int64_t)>& fn) {
+    if (threads_.empty() || n < 2) {
+      for (int64_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      fn_ = &fn;
+      n_ = n;
+      next_.store(0);
+      busy_ = static_cast<int>(threads_.size());
+      ++generation_;
+      work_.SignalAll();
+    }
+    Work(fn, n);
+    absl::MutexLock lock(&mu_);
+    while (busy_ > 0) done_.Wait(&mu_);
+    fn_ = nullptr;
+  }
+
+ private:
+  void Work(const std::function<void(int64_t)>& fn, int64_t n) {
+    for (int64_t i = next_.fetch_add(1); i < n; i = next_.fetch_add(1)) fn(i);
+  }
+
+  void HelperLoop() {
+    int64_t seen = 0;
+    while (true) {
+      const std::function<void(int64_t)>* fn;
+      int64_t n;
+      {
+        absl::MutexLock lock(&mu_);
+        while (!stop_ && generation_ == seen) work_.Wait(&mu_);
+        if (stop_) return;
+        seen = generation_;
+        fn = fn_;
+        n = n_;
+      }
+      Work(*fn, n);
+      absl::MutexLock lock(&mu_);
+      if (--busy_ == 0) done_.Signal();
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::CondVar work_;  // Signalled for a new generation or stop.
+  absl::CondVar done_;  // Signalled when the last helper finishes a generation.
+  const std::function<void(int64_t)>* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int64_t n_ ABSL_GUARDED_BY(mu_) = 0;
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // Helpers not yet done with this generation.
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> next_{0};  // The next index to run.
+  std::vector<std::thread> threads_;
+};
 
 }  // namespace
 
@@ -202,22 +282,43 @@ void BatchReader::ProducerLoop() {
   format.image = options_.image;
   format.encoding = options_.encoding;
   const bool augment = options_.augment.enabled();
-  if (augment) unaugmented_.resize(options_.feature_size);
-  auto add = [&](const PendingRecord& record) -> absl::StatusOr<bool> {
-    const int64_t slot = batch.size;
+  // The batch's records, with their augmentation drawn in batch order, are
+  // decoded together on the pool: the same batches whatever its size.
+  std::vector<PendingRecord> pending(options_.batch_size);
+  std::vector<AugmentDraw> draws(options_.batch_size);
+  std::vector<absl::Status> errors(options_.batch_size);
+  DecodePool pool(options_.decode_threads - 1);
+  const std::function<void(int64_t)> decode = [&](int64_t slot) {
     float* features = batch.features.data() + slot * options_.feature_size;
-    absl::Status s = DecodeExample(record.data, format, augment ? unaugmented_.data() : features,
-                                   &batch.labels[slot]);
-    if (!s.ok()) {
+    thread_local std::vector<float> unaugmented;
+    if (augment) unaugmented.resize(options_.feature_size);
+    errors[slot] = DecodeExample(pending[slot].data, format,
+                                 augment ? unaugmented.data() : features, &batch.labels[slot]);
+    if (augment && errors[slot].ok()) {
+      ApplyAugmentation(options_.augment, draws[slot], options_.image, unaugmented.data(),
+                        features);
+    }
+  };
+  // Decodes the pending records into `batch`; the first bad one is the error.
+  auto decode_batch = [&]() -> absl::Status {
+    pool.Run(batch.size, decode);
+    for (int64_t slot = 0; slot < batch.size; ++slot) {
+      if (errors[slot].ok()) continue;
+      const PendingRecord& record = pending[slot];
       return Annotate(
-          s, absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset,
-                          compressed_[record.file] ? " of its uncompressed stream" : ""));
+          errors[slot],
+          absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset,
+                       compressed_[record.file] ? " of its uncompressed stream" : ""));
     }
-    if (augment) {
-      const AugmentDraw draw = DrawAugmentation(options_.augment, &augment_rng_);
-      ApplyAugmentation(options_.augment, draw, options_.image, unaugmented_.data(), features);
-    }
+    return absl::OkStatus();
+  };
+  // Takes `record` (leaving the caller an old string to reuse).
+  auto add = [&](PendingRecord& record) -> absl::StatusOr<bool> {
+    const int64_t slot = batch.size;
+    std::swap(pending[slot], record);
+    if (augment) draws[slot] = DrawAugmentation(options_.augment, &augment_rng_);
     if (++batch.size == options_.batch_size) {
+      RETURN_IF_ERROR(decode_batch());
       if (!PushBatch(&batch)) return false;
       new_batch(&batch);
     }
@@ -282,6 +383,7 @@ void BatchReader::ProducerLoop() {
     }
   }
   if (batch.size > 0) {
+    if (absl::Status s = decode_batch(); !s.ok()) return Finish(s);
     batch.features.resize(batch.size * options_.feature_size);
     batch.labels.resize(batch.size);
     if (!PushBatch(&batch)) return Finish(absl::CancelledError("BatchReader stopped"));

@@ -18,7 +18,8 @@
 // does not change the order of the examples.
 //
 // Records may be GZIP-compressed files (data/record_io.h); feature values may
-// be PNG or JPEG images (data/image.h), decoded on the background thread.
+// be PNG or JPEG images (data/image.h). The background thread reads a batch's
+// records, then decodes them on itself and decode_threads - 1 helpers.
 //
 // With repeat = true (training) epochs follow one another forever and every
 // batch is full; with repeat = false (evaluation) one pass is made, the last
@@ -95,6 +96,9 @@ struct BatchReaderOptions {
   uint64_t stream = 0;
   bool repeat = true;
   int prefetch_depth = 4;  // Ready batches kept in the queue; must be > 0.
+  // Threads that decode a batch's examples (the reader's own thread and
+  // decode_threads - 1 more); must be > 0. Batches are the same for any number.
+  int decode_threads = 1;
 };
 
 struct Batch {
@@ -147,7 +151,6 @@ class BatchReader {
   const BatchReaderOptions options_;
   std::mt19937_64 rng_;                        // Used only by the producer thread.
   std::mt19937_64 augment_rng_;                // Used only by the producer thread.
-  std::vector<float> unaugmented_;             // Used only by the producer thread.
   std::vector<bool> compressed_;               // Per slice; used only by the producer thread.
   std::vector<PendingRecord> shuffle_buffer_;  // Used only by the producer thread.
 

@@ -153,6 +153,65 @@ TEST(DatasetImageTest, BadImageInACompressedFileNamesTheFile) {
   EXPECT_THAT(got.status().message(), HasSubstr("corrupt PNG image"));
 }
 
+TEST(DatasetImageTest, DecodeThreadsGiveTheSameBatches) {
+  BatchReaderOptions options = RgbOptions();
+  options.augment.crop_padding = 2;
+  options.augment.flip_left_right = true;
+  options.shuffle_buffer = 5;
+  options.batch_size = 6;
+  options.repeat = true;
+  options.seed = 4;
+  std::vector<std::vector<float>> features[2];
+  std::vector<std::vector<int32_t>> labels[2];
+  for (int run = 0; run < 2; ++run) {
+    options.decode_threads = run == 0 ? 1 : 3;
+    auto reader = BatchReader::Create(options);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    Batch batch;
+    for (int b = 0; b < 12; ++b) {  // 72 examples: 4.5 epochs.
+      absl::StatusOr<bool> got = (*reader)->Next(&batch);
+      ASSERT_TRUE(got.ok() && *got) << got.status();
+      features[run].push_back(batch.features);
+      labels[run].push_back(batch.labels);
+    }
+  }
+  EXPECT_EQ(labels[0], labels[1]);
+  EXPECT_EQ(features[0], features[1]);
+}
+
+TEST(DatasetImageTest, WithDecodeThreadsTheFirstBadExampleIsReported) {
+  const std::string dir = testing::NewTempDir();
+  std::vector<std::string> records;
+  for (int i = 0; i < 8; ++i) {
+    tensorflow::Example example;
+    auto* map = example.mutable_features()->mutable_feature();
+    // Examples 5 and 6 hold a feature of the wrong size; the rest are fine.
+    const int64_t n = (i == 5 || i == 6) ? 7 : kShape.size();
+    (*map)["image/encoded"].mutable_bytes_list()->add_value(std::string(n, '\x10'));
+    (*map)["image/class/label"].mutable_int64_list()->add_value(i);
+    records.push_back(example.SerializeAsString());
+  }
+  testing::WriteRecordsOrDie(dir + "/some-bad.tfrecord", records);
+  BatchReaderOptions options = RgbOptions();
+  options.slices = WholeFiles({"some-bad.tfrecord"});
+  options.data_dir = dir;
+  options.encoding = FeatureEncoding::kRaw;
+  options.compression = Compression::kAuto;
+  options.decode_threads = 4;
+  auto reader = BatchReader::Create(options);
+  ASSERT_TRUE(reader.ok());
+  Batch batch;
+  absl::StatusOr<bool> got = (*reader)->Next(&batch);  // Examples 0-3.
+  ASSERT_TRUE(got.ok() && *got) << got.status();
+  EXPECT_EQ(batch.labels, (std::vector<int32_t>{0, 1, 2, 3}));
+  got = (*reader)->Next(&batch);
+  ASSERT_FALSE(got.ok());
+  // Example 5's offset: five records before it, each framed.
+  const size_t offset = 5 * (records[0].size() + kRecordHeaderBytes + kRecordFooterBytes);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("some-bad.tfrecord at offset " + std::to_string(offset) + ":"));
+}
+
 TEST(DatasetImageTest, AugmentationNeedsAnImageShape) {
   BatchReaderOptions options = RgbOptions();
   options.image = ImageShape();

@@ -133,6 +133,10 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
                                                 "; must be BY_SIZE, RAW or ENCODED"));
   }
 
+  if (data.decode_threads() < 0 || data.decode_threads() > 64) {
+    return Bad("dataset.decode_threads", "must be in [0, 64] (0: automatic)");
+  }
+
   auto shape = InferModel(spec.model());
   if (!shape.ok()) return shape.status();
   const std::vector<int64_t>& input = shape->input_shape;

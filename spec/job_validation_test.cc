@@ -80,6 +80,11 @@ TEST(JobValidationTest, ImageDataOptionsAreChecked) {
   EXPECT_EQ(ValidateJobSpec(spec).status().message(),
             "dataset.compression has unknown value 9; must be AUTO, NONE or GZIP");
   data->set_compression(DatasetSpec::AUTO);
+  data->set_decode_threads(65);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "dataset.decode_threads must be in [0, 64] (0: automatic)");
+  data->set_decode_threads(4);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
   data->set_random_flip_left_right(true);
   EXPECT_EQ(ValidateJobSpec(spec).status().message(),
             "dataset.random_flip_left_right needs model.input_shape [height, width, channels]");

@@ -43,6 +43,10 @@ void SetExampleFormat(const JobSpec& spec, BatchReaderOptions* options) {
   options->encoding = data.encoding() == DatasetSpec::RAW       ? data::FeatureEncoding::kRaw
                       : data.encoding() == DatasetSpec::ENCODED ? data::FeatureEncoding::kEncoded
                                                                 : data::FeatureEncoding::kBySize;
+  // Automatic: half the cores, leaving the rest to training and the exchange.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  options->decode_threads =
+      data.decode_threads() > 0 ? data.decode_threads() : std::clamp(cores / 2, 1, 4);
   options->compression = data.compression() == DatasetSpec::NONE   ? data::Compression::kNone
                          : data.compression() == DatasetSpec::GZIP ? data::Compression::kGzip
                                                                    : data::Compression::kAuto;
