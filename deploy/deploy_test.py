@@ -131,6 +131,12 @@ class Daemons:
                                  "(bazel build //server/... //coordinator/... //worker/... //client/...)")
         coordinator = port_of(self.flags["downpour-coordinator"]["listen"])
         client = port_of(self.flags["downpourctl"]["coordinator"])
+        if client is None:
+            # No default in the flag: downpourctl resolves it (flag, context,
+            # $DOWNPOUR_COORDINATOR) and its --help names the last resort.
+            usage = run([os.path.join(bazel_bin, BINARIES["downpourctl"]), "--help"])
+            last = re.search(r"else (\S+:\d+)\.", usage.stdout + usage.stderr)
+            client = port_of(last.group(1)) if last else None
         if coordinator != client:
             raise AssertionError(f"the coordinator listens on {coordinator} by default but "
                                  f"downpourctl dials {client}")
