@@ -84,6 +84,28 @@ TEST(DaemonTest, ListenAddressInUseIsReported) {
   EXPECT_EQ((*first)->Stop(), 0);
 }
 
+// --help lists the daemon's own flags (its main's and rpc/'s shared ones),
+// not only --helpfull.
+TEST(DaemonTest, HelpListsEachDaemonsOwnFlags) {
+  const struct {
+    std::string binary;
+    std::vector<std::string> flags;
+  } daemons[] = {
+      {"coordinator/downpour-coordinator", {"--state_dir", "--job_retention_count", "--listen"}},
+      {"server/downpour-ps", {"--coordinator", "--listen", "--drain_timeout_s"}},
+      {"worker/downpour-worker", {"--coordinator", "--data_dir", "--advertise"}},
+  };
+  for (const auto& daemon : daemons) {
+    CommandResult help = RunCommand({Runfile(daemon.binary), "--help"}, absl::Seconds(20));
+    const std::string text = help.out + help.err;
+    for (const std::string& flag : daemon.flags) {
+      EXPECT_NE(text.find(flag + " ("), std::string::npos) << daemon.binary << " --help: " << text;
+    }
+    // absl's own flags are left to --helpfull.
+    EXPECT_EQ(text.find("--flagfile ("), std::string::npos) << daemon.binary;
+  }
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace downpour
