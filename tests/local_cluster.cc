@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -285,17 +286,18 @@ absl::StatusOr<std::unique_ptr<Process>> LocalCluster::StartDaemon(const std::st
                                                                    const std::string& binary,
                                                                    std::vector<std::string> flags) {
   std::remove((dir_ + "/" + name + ".port").c_str());
-  // The coordinator stays in this namespace, on the bridge.
+  // The coordinator stays in this namespace, on the bridge, unless every
+  // daemon listens on a wildcard: then it has a host of its own too.
+  const bool wildcard = options_.wildcard_listen && options_.network_namespaces;
+  const bool own_host = name != "coordinator" || wildcard;
   absl::StatusOr<std::string> host =
-      name == "coordinator" ? (bridge_.empty() ? std::string("127.0.0.1") : subnet_ + "1")
-                            : HostFor(name);
+      own_host ? HostFor(name) : (bridge_.empty() ? std::string("127.0.0.1") : subnet_ + "1");
   if (!host.ok()) return host.status();
   std::vector<std::string> argv;
-  if (name != "coordinator" && options_.network_namespaces) {
+  if (own_host && options_.network_namespaces) {
     argv = {kIp, "netns", "exec", hosts_[name].netns};
   }
   argv.push_back(Runfile(binary));
-  const bool wildcard = options_.wildcard_listen && options_.network_namespaces;
   const std::string listen_host = wildcard ? "0.0.0.0" : *host;
   if (name != "coordinator") {
     argv.push_back(absl::StrCat("--listen=", listen_host, ":0"));
@@ -323,8 +325,9 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   if (!address.ok()) return address.status();
   coordinator_address_ = *address;
   if (options_.wildcard_listen && !bridge_.empty()) {
-    // Listening everywhere, it is reached at its address on the bridge.
-    coordinator_address_ = subnet_ + "1" + address->substr(address->rfind(':'));
+    // Listening everywhere on a host of its own: reached at that host's
+    // address.
+    coordinator_address_ = hosts_["coordinator"].address + address->substr(address->rfind(':'));
   }
   return absl::OkStatus();
 }
@@ -386,7 +389,12 @@ std::string LocalCluster::MetricsAddressOf(const std::string& name) const {
   if (at == std::string::npos) return "";
   const size_t start = at + 11;
   size_t end = log.find_first_of(", \n", start);
-  return log.substr(start, end - start);
+  const std::string logged = log.substr(start, end - start);
+  // One listening on every interface (the coordinator logs where it
+  // listens) is reached at its host's address.
+  auto host = hosts_.find(name);
+  if (host == hosts_.end() || !absl::StartsWith(logged, "0.0.0.0:")) return logged;
+  return host->second.address + logged.substr(logged.rfind(':'));
 }
 
 absl::Status LocalCluster::RestartCoordinator(absl::Duration down, int signal) {

@@ -88,9 +88,10 @@ class LocalCluster {
     // Shards and workers in network namespaces of their own (needs root;
     // see NetworkNamespacesUnavailable).
     bool network_namespaces = false;
-    // With network_namespaces: every daemon listens on every interface
+    // With network_namespaces: every daemon, the coordinator too, on a host
+    // (namespace) of its own, listening on every interface
     // (--listen=0.0.0.0:0, metrics too), shards and workers advertising
-    // their namespace's address (--advertise), as on real hosts.
+    // their host's address (--advertise), as on real hosts.
     bool wildcard_listen = false;
   };
 

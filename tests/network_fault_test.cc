@@ -62,14 +62,16 @@ class NetworkFaultTest : public ClusterFixture {
   }
 };
 
-// Every daemon on a host of its own, listening on every interface
-// (--listen=0.0.0.0:0) as on a real cluster, shards and workers advertising
-// their host's address: they register it (not a loopback or wildcard one),
-// find one another through it, and train.
+// Every daemon, the coordinator too, on a host of its own, listening on
+// every interface (--listen=0.0.0.0:0) as on a real cluster, shards and
+// workers advertising their host's address: they register it (not a
+// loopback or wildcard one), find one another through it, and train.
 TEST_F(NetworkFaultTest, DaemonsListeningEverywhereRegisterTheirAdvertisedAddresses) {
   StartCluster(2, 2, /*checkpoints=*/false, /*wildcard_listen=*/true);
   CommandResult nodes = cluster_->Ctl({"nodes"});
   ASSERT_EQ(nodes.exit_code, 0) << nodes.err;
+  EXPECT_TRUE(absl::StartsWith(cluster_->coordinator_address(), "10."))
+      << "the coordinator is reached at " << cluster_->coordinator_address();
   for (const std::string name : {"ps0", "ps1", "worker0", "worker1"}) {
     const std::string address = cluster_->AddressOf(name);
     EXPECT_TRUE(absl::StartsWith(address, "10.")) << name << " advertised " << address;

@@ -330,7 +330,7 @@ TEST_F(PrometheusTest, ScrapesEveryDaemonAndEveryPanelAndTheConsoleShowTheRunnin
   options.wildcard_listen = why_not.empty();
   const std::string network =
       why_not.empty()
-          ? "every shard and worker in a network namespace of its own, every daemon "
+          ? "every daemon in a network namespace of its own (the coordinator too), "
             "listening on 0.0.0.0 and advertising its host's address"
           : absl::StrCat("every daemon on loopback (no network namespaces: ", why_not, ")");
   std::cout << "prometheus_test: " << network << std::endl;
