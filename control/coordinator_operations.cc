@@ -40,6 +40,7 @@ absl::Status CoordinatorState::RemoveJob(const std::string& job_id) {
   drains_.erase(job_id);
   job_logs_.erase(job_id);
   progress_.erase(job_id);
+  if (tensorboard_) tensorboard_->CloseJob(job_id);
   changed_.SignalAll();
   return absl::OkStatus();
 }

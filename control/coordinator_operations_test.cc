@@ -1,8 +1,14 @@
 // The coordinator's operator tools: describe, delete, cordon, job logs and
 // retention (control/coordinator_operations.cc).
 #include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "control/coordinator_state_fixture.h"
+#include "control/tensorboard_events.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -153,7 +159,9 @@ TEST_F(CoordinatorOperationsTest, ACordonedWorkerHandsItsRankToAFreeWorkerAndGet
   EXPECT_EQ(StateOf("next"), PENDING);
   EXPECT_TRUE(state_->CordonNode("a", true)->cordoned());
   Restart();
-  EXPECT_TRUE(std::any_of(state_->ListNodes()->begin(), state_->ListNodes()->end(),
+  // One listing: begin() and end() of two temporaries would be two vectors.
+  const std::vector<NodeInfo> nodes = *state_->ListNodes();
+  EXPECT_TRUE(std::any_of(nodes.begin(), nodes.end(),
                           [](const NodeInfo& n) { return n.id() == "a" && n.cordoned(); }));
   Register("s", SHARD);
   Register("a", WORKER, 2);
@@ -226,6 +234,59 @@ TEST_F(CoordinatorOperationsTest, ADeadNodeShowsWhenItWasLastHeardAndLeavesAfter
   EXPECT_EQ(nodes.size(), 1u);
   EXPECT_EQ(nodes[0].id(), "s");
   EXPECT_EQ(stored_.nodes.size(), 1u);
+}
+
+TEST_F(CoordinatorOperationsTest, EachJobsScalarsGoToTensorBoardAcrossARestart) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/tensorboard_scalars");
+  ASSERT_TRUE(RemoveAll(dir).ok());
+  CoordinatorState::Options options;
+  options.tensorboard_dir = dir;
+  Restart(options);
+  Register("s", SHARD);
+  Register("w", WORKER);
+  JobSpec spec = SmallSpec(1, 1);
+  spec.set_steps(30);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  auto report = [&](int64_t step, double loss) {
+    ReportProgressRequest r = Progress("j", "w", 0, step);
+    r.set_loss(loss);
+    r.set_examples_per_sec(100 * step);
+    return r;
+  };
+  ASSERT_TRUE(state_->ReportProgress(report(5, 2.0)).ok());
+  ReportProgressRequest evaluated = report(10, 1.5);
+  evaluated.mutable_evaluation()->set_step(10);
+  evaluated.mutable_evaluation()->set_accuracy(0.6);
+  ASSERT_TRUE(state_->ReportProgress(evaluated).ok());
+  // An earlier step (a rank taken over) adds no point: steps only rise.
+  ASSERT_TRUE(state_->ReportProgress(report(7, 9.0)).ok());
+  Advance(absl::Seconds(2));
+  Restart(options);
+  ASSERT_TRUE(state_->ReportProgress(report(20, 1.0)).ok());
+  ReportProgressRequest done = report(30, 0.5);
+  done.set_finished(true);
+  done.set_has_test_accuracy(true);
+  done.set_test_accuracy(0.8);
+  ASSERT_TRUE(state_->ReportProgress(done).ok());
+  ASSERT_EQ(StateOf("j"), SUCCEEDED);
+
+  absl::StatusOr<std::vector<std::string>> files = ListDir(dir + "/j");
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 2u);  // One per run of the coordinator.
+  std::sort(files->begin(), files->end());
+  std::map<std::string, std::vector<std::pair<int64_t, float>>> series;
+  for (const std::string& name : *files) {
+    EXPECT_THAT(name, ::testing::StartsWith("events.out.tfevents."));
+    for (const Point& p : Scalars(ReadEvents(absl::StrCat(dir, "/j/", name)))) {
+      series[p.tag].emplace_back(p.step, p.value);
+    }
+  }
+  using Series = std::vector<std::pair<int64_t, float>>;
+  EXPECT_EQ(series["loss"], (Series{{5, 2.0f}, {10, 1.5f}, {20, 1.0f}, {30, 0.5f}}));
+  // The rate of a job whose workers have all finished is no point.
+  EXPECT_EQ(series["examples_per_second"], (Series{{5, 500.0f}, {10, 1000.0f}, {20, 2000.0f}}));
+  EXPECT_EQ(series["test_accuracy"], (Series{{10, 0.6f}, {30, 0.8f}}));
 }
 
 }  // namespace

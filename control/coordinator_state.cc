@@ -62,7 +62,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
 }
 
 CoordinatorState::CoordinatorState(Options options, std::unique_ptr<JobStore> store)
-    : options_(std::move(options)), store_(std::move(store)) {}
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      tensorboard_(options_.tensorboard_dir.empty()
+                       ? nullptr
+                       : std::make_unique<TensorBoardWriter>(TensorBoardWriter::Options{
+                             options_.tensorboard_dir, "", options_.now})) {}
 
 absl::Time CoordinatorState::Deadline(const NodeEntry& node) const {
   const absl::Time deadline = node.last_heartbeat + options_.node_timeout;
@@ -363,11 +368,18 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     final->set_step(request.step());
     final->set_accuracy(request.test_accuracy());
     final->set_time_ms(absl::ToUnixMillis(options_.now()));
+    if (tensorboard_) {
+      tensorboard_->AddScalar(job.id(), "test_accuracy", request.step(), request.test_accuracy());
+    }
   }
   if (request.has_evaluation() && rank == 0) {
     Evaluation* evaluation = job.add_evaluations();
     *evaluation = request.evaluation();
     evaluation->set_time_ms(absl::ToUnixMillis(options_.now()));
+    if (tensorboard_) {
+      tensorboard_->AddScalar(job.id(), "test_accuracy", evaluation->step(),
+                              evaluation->accuracy());
+    }
     // The curve keeps its newest points.
     constexpr int kMaxEvaluations = 1000;
     if (job.evaluations_size() > kMaxEvaluations) {
@@ -391,9 +403,11 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   int64_t min_step = INT64_MAX;
   double loss = 0, rate = 0;
   int present = 0;
+  bool training = false;
   for (const WorkerProgress& w : job.workers()) {
     if (w.lost()) continue;
     ++present;
+    training = training || !w.finished();
     min_step = std::min(min_step, w.step());
     loss += w.loss();
     rate += w.finished() ? 0 : w.examples_per_sec();
@@ -404,6 +418,14 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   job.set_loss(loss / present);
   job.set_examples_per_sec(rate);
   RecordProgress(job);
+  if (tensorboard_) {
+    tensorboard_->AddScalar(job.id(), "loss", job.step(), job.loss());
+    // Finished workers count no examples: the rate after the last one
+    // finished says nothing about the run.
+    if (training) {
+      tensorboard_->AddScalar(job.id(), "examples_per_second", job.step(), job.examples_per_sec());
+    }
+  }
   const bool done = TrainingDone(job);
   if (done && (!Saves(job) || HasCheckpointAt(job, job.spec().steps()))) {
     RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, Untrained(job)));
@@ -455,6 +477,7 @@ absl::Status CoordinatorState::FinishJob(const JobStatus& job, JobState state,
   AddEvent(&ended, absl::StrCat(JobState_Name(state), message.empty() ? "" : ": ", message));
   RETURN_IF_ERROR(Commit(std::move(ended), /*durable=*/true));
   pending_checkpoints_.erase(job.id());
+  if (tensorboard_) tensorboard_->CloseJob(job.id());
   return absl::OkStatus();
 }
 

@@ -29,6 +29,7 @@
 #include "common/safetensors.h"
 #include "control/coordinator.h"
 #include "control/job_store.h"
+#include "control/tensorboard_writer.h"
 #include "proto/coordinator.pb.h"
 #include "proto/job.pb.h"
 
@@ -65,6 +66,10 @@ class CoordinatorState : public Coordinator {
     int job_retention_count = 0;
     absl::Duration job_retention_age = absl::ZeroDuration();
     absl::Duration dead_node_retention = absl::ZeroDuration();
+    // Where each job's loss, examples_per_second and test_accuracy go as
+    // TensorBoard event files, DIR/JOB_ID/ (control/tensorboard_writer.h);
+    // empty: not written.
+    std::string tensorboard_dir;
     // Log lines kept per job (the newest) and progress points per job.
     int job_log_lines = 2000;
     int progress_points = 1000;
@@ -240,6 +245,8 @@ class CoordinatorState : public Coordinator {
 
   const Options options_;
   const std::unique_ptr<JobStore> store_;
+  // Null when Options::tensorboard_dir is empty.
+  const std::unique_ptr<TensorBoardWriter> tensorboard_;
   // Nodes loaded from the store are not judged before this.
   absl::Time grace_until_;
 

@@ -27,7 +27,9 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address HOST:PORT (port 0 picks one)");
 ABSL_FLAG(std::string, port_file, "", "File to write the bound HOST:PORT to once serving");
 ABSL_FLAG(std::string, metrics_listen, "", "HTTP address for /metrics (empty: off)");
-ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job database (required)");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory of the durable job database and of each job's TensorBoard event files, "
+          "DIR/tensorboard/JOB_ID/ (required)");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "How often nodes heartbeat");
 ABSL_FLAG(int64_t, node_timeout_ms, 5000, "A node silent this long is declared dead");
 ABSL_FLAG(int64_t, recovery_grace_s, 600,
@@ -115,6 +117,7 @@ int Main() {
   options.job_retention_count = absl::GetFlag(FLAGS_job_retention_count);
   options.job_retention_age = *job_retention_age;
   options.dead_node_retention = *dead_node_retention;
+  options.tensorboard_dir = absl::StrCat(absl::GetFlag(FLAGS_state_dir), "/tensorboard");
   auto state = control::CoordinatorState::Create(options, std::move(store).value());
   if (!state.ok()) return ExitWithError(state.status());
 
