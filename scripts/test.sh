@@ -8,9 +8,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 log=$(mktemp -t downpour-test.XXXXXX)
 layering=$(mktemp -t downpour-layering.XXXXXX)
 export_xml=$(mktemp -t downpour-export.XXXXXX)
+tensorboard_xml=$(mktemp -t downpour-tensorboard.XXXXXX)
 deploy_xml=$(mktemp -t downpour-deploy.XXXXXX)
 cpu_only_xml=$(mktemp -t downpour-cpu-only.XXXXXX)
-trap 'rm -f "$log" "$layering" "$export_xml" "$deploy_xml" "$cpu_only_xml"' EXIT
+trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$cpu_only_xml"' EXIT
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
 # The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
 # so outside `bazel test`).
@@ -20,6 +21,10 @@ python3 "$ROOT/tests/layering_test.py" --junit "$layering"
 python=$("$ROOT/scripts/python-deps.sh") || python=python3
 "$python" "$ROOT/tests/export_numpy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$export_xml"
+# The coordinator's TensorBoard event files, read during a job by PyPI
+# tensorboard's EventAccumulator (same venv; skipped without it).
+"$python" "$ROOT/tests/tensorboard_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
+  --junit "$tensorboard_xml"
 # deploy/ against the built daemons' flags and ports, plus promtool,
 # systemd-analyze and the other tools it finds (Debian's python3 for PyYAML).
 /usr/bin/python3 "$ROOT/deploy/deploy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
@@ -27,5 +32,5 @@ python=$("$ROOT/scripts/python-deps.sh") || python=python3
 # The daemons built with the CUDA toolkit hidden (a second Bazel output base in
 # a temp dir: a cold build of minutes) train a short job on the CPU.
 python3 "$ROOT/tests/cpu_only_build_test.py" --junit "$cpu_only_xml"
-python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" "$deploy_xml" \
-  "$cpu_only_xml"
+python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" \
+  "$tensorboard_xml" "$deploy_xml" "$cpu_only_xml"
