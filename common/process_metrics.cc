@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -102,6 +103,57 @@ absl::StatusOr<ProcessStats> ReadProcessStats(const std::string& proc_root,
   // Listing the directory held one descriptor of our own.
   stats.open_fds = pid == "self" && open > 0 ? open - 1 : open;
   return stats;
+}
+
+absl::StatusOr<double> ReadMemoryLimit(const std::string& proc_root, const std::string& cgroup_root,
+                                       const std::string& pid) {
+  const std::string meminfo_path = proc_root + "/meminfo";
+  auto meminfo = ReadWhole(meminfo_path);
+  if (!meminfo.ok()) return meminfo.status();
+  double limit = -1;
+  for (absl::string_view line : absl::StrSplit(*meminfo, '\n')) {
+    if (!absl::ConsumePrefix(&line, "MemTotal:")) continue;
+    line = absl::StripAsciiWhitespace(line);
+    if (!absl::ConsumeSuffix(&line, " kB") ||
+        !absl::SimpleAtod(absl::StripAsciiWhitespace(line), &limit)) {
+      return Unparsable(meminfo_path);
+    }
+    limit *= 1024;
+  }
+  if (limit < 0) return Unparsable(meminfo_path);
+
+  // The cgroup files that may hold a limit: v2's memory.max of the process's
+  // own group ("0::/PATH" in PID/cgroup), v1's memory controller.
+  std::vector<std::string> candidates = {cgroup_root + "/memory/memory.limit_in_bytes"};
+  auto groups = ReadWhole(absl::StrCat(proc_root, "/", pid, "/cgroup"));
+  if (groups.ok()) {
+    for (absl::string_view line : absl::StrSplit(*groups, '\n')) {
+      if (absl::ConsumePrefix(&line, "0::")) {
+        candidates.push_back(absl::StrCat(cgroup_root, line == "/" ? "" : line, "/memory.max"));
+      }
+    }
+  }
+  for (const std::string& path : candidates) {
+    auto text = ReadWhole(path);
+    if (!text.ok()) continue;  // No such controller: no limit there.
+    const absl::string_view value = absl::StripAsciiWhitespace(*text);
+    if (value == "max") continue;
+    double bytes = 0;
+    if (!absl::SimpleAtod(value, &bytes)) return Unparsable(path);
+    // v1 writes a huge number for "no limit"; the machine's bounds it.
+    limit = std::min(limit, bytes);
+  }
+  return limit;
+}
+
+void AddMemoryLimit(MetricsRegistry* registry, const std::string& name, const std::string& help) {
+  Gauge* gauge = registry->GetGauge(name, help);
+  auto collect = [gauge] {
+    absl::StatusOr<double> limit = ReadMemoryLimit();
+    if (limit.ok()) gauge->Set(*limit);
+  };
+  collect();
+  registry->AddCollector(collect);
 }
 
 void AddProcessMetrics(MetricsRegistry* registry) {

@@ -31,6 +31,19 @@ struct ProcessStats {
 absl::StatusOr<ProcessStats> ReadProcessStats(const std::string& proc_root = "/proc",
                                               const std::string& pid = "self");
 
+// The memory process `pid` may use, in bytes: the limit of its cgroup
+// (v2: memory.max of the cgroup PID/cgroup names under `cgroup_root`; v1:
+// memory/memory.limit_in_bytes) where one is set, else the machine's
+// (MemTotal in meminfo), whichever is smaller. An error names the file it
+// could not read or parse (a missing cgroup file means no limit there).
+absl::StatusOr<double> ReadMemoryLimit(const std::string& proc_root = "/proc",
+                                       const std::string& cgroup_root = "/sys/fs/cgroup",
+                                       const std::string& pid = "self");
+
+// Exports `name` (a gauge) as ReadMemoryLimit's, read at every exposition:
+// the limit a daemon's memory alert compares its use with.
+void AddMemoryLimit(MetricsRegistry* registry, const std::string& name, const std::string& help);
+
 // Exports this process's process_* metrics, read afresh at every exposition
 // (a failed read keeps the last values).
 void AddProcessMetrics(MetricsRegistry* registry);

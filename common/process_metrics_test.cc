@@ -48,6 +48,45 @@ std::string StatLine(const std::string& comm) {
   return out + "\n";
 }
 
+TEST(MemoryLimitTest, MachineMemoryWithoutACgroupLimit) {
+  FakeProc proc("mem_machine");
+  proc.Write("meminfo", "MemTotal:       16384 kB\nMemFree:         1024 kB\n");
+  proc.Write("4242/cgroup", "0::/\n");
+  const std::string cgroup = proc.root() + "/cgroup";
+  mkdir(cgroup.c_str(), 0755);
+  std::ofstream(cgroup + "/memory.max") << "max\n";
+  absl::StatusOr<double> limit = ReadMemoryLimit(proc.root(), cgroup, "4242");
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_EQ(*limit, 16384.0 * 1024);
+}
+
+TEST(MemoryLimitTest, TheProcessesCgroupLimitWhenSmaller) {
+  FakeProc proc("mem_cgroup");
+  proc.Write("meminfo", "MemTotal:       16384 kB\n");
+  proc.Write("4242/cgroup", "0::/system.slice/downpour-ps.service\n");
+  const std::string cgroup = proc.root() + "/cgroup";
+  mkdir(cgroup.c_str(), 0755);
+  mkdir((cgroup + "/system.slice").c_str(), 0755);
+  mkdir((cgroup + "/system.slice/downpour-ps.service").c_str(), 0755);
+  std::ofstream(cgroup + "/system.slice/downpour-ps.service/memory.max") << "4194304\n";
+  absl::StatusOr<double> limit = ReadMemoryLimit(proc.root(), cgroup, "4242");
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_EQ(*limit, 4194304.0);
+}
+
+TEST(MemoryLimitTest, MissingOrBadFilesAreErrorsNamingThem) {
+  FakeProc proc("mem_bad");
+  absl::StatusOr<double> missing = ReadMemoryLimit(proc.root(), proc.root() + "/none", "4242");
+  EXPECT_NE(missing.status().message().find("meminfo"), std::string::npos) << missing.status();
+  proc.Write("meminfo", "MemTotal: lots\n");
+  absl::StatusOr<double> bad = ReadMemoryLimit(proc.root(), proc.root() + "/none", "4242");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  // The real one, on this machine.
+  absl::StatusOr<double> real = ReadMemoryLimit();
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_GT(*real, 0);
+}
+
 TEST(ProcessStatsTest, ReadsStatLimitsFdsAndBootTime) {
   FakeProc proc("proc_ok");
   proc.Write("4242/stat", StatLine("downpour-ps (x) y"));

@@ -49,6 +49,8 @@ int Main() {
   MetricsRegistry metrics;
   AddBuildInfo(&metrics, "downpour-ps");
   AddProcessMetrics(&metrics);
+  AddMemoryLimit(&metrics, "downpour_ps_memory_limit_bytes",
+                 "Memory the shard may use: its cgroup's limit, else the machine's.");
   ParameterStore store;
   if (writer != nullptr) {
     store.SetCheckpointSink([w = writer.get()](ShardCapture c) { w->Write(std::move(c)); });
