@@ -30,14 +30,15 @@ import tempfile
 import time
 import traceback
 import urllib.request
-from xml.sax.saxutils import escape
 
 import yaml
 
 DEPLOY = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(DEPLOY)
 sys.path.insert(0, DEPLOY)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 import panel_queries  # noqa: E402
+from junit import write_junit  # noqa: E402
 
 # daemon -> its binary under bazel-bin.
 BINARIES = {
@@ -805,18 +806,8 @@ def main():
     skipped = sum(1 for r in results if r[2] == "skipped")
     print(f"deploy: {len(results) - failed - skipped} passed, {failed} failed, {skipped} skipped")
     if args.junit:
-        with open(args.junit, "w") as out:
-            out.write(f'<testsuites><testsuite name="deploy" tests="{len(results)}" '
-                      f'failures="{failed}" skipped="{skipped}">\n')
-            for name, doc, status, message in results:
-                out.write(f'  <testcase classname="deploy" name="{escape(doc, {chr(34): "&quot;"})}">')
-                if status == "failed":
-                    out.write(f'<failure message="{escape(message.splitlines()[0] if message else "", {chr(34): "&quot;"})}">'
-                              f'{escape(message)}</failure>')
-                elif status == "skipped":
-                    out.write(f'<skipped message="{escape(message, {chr(34): "&quot;"})}"/>')
-                out.write("</testcase>\n")
-            out.write("</testsuite></testsuites>\n")
+        write_junit(args.junit, "deploy",
+                    [(doc, status, message) for _, doc, status, message in results])
     return 1 if failed else 0
 
 

@@ -29,7 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from xml.sax.saxutils import escape
+
+from junit import write_junit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMONS = {
@@ -294,16 +295,9 @@ def main():
         print(f"cpu-only: FAILED {name}:\n  " + message.replace("\n", "\n  "), file=sys.stderr)
     print(f"cpu-only: {len(results) - len(failed)} of {len(results)} checks pass")
     if args.junit:
-        with open(args.junit, "w") as out:
-            out.write(f'<testsuites><testsuite name="cpu_only_build" tests="{len(results)}" '
-                      f'failures="{len(failed)}">\n')
-            for name, message in results:
-                out.write(f'  <testcase classname="cpu_only_build" name="{escape(name)}">')
-                if message:
-                    out.write(f'<failure message="{escape(message.splitlines()[0])}">'
-                              f'{escape(message)}</failure>')
-                out.write("</testcase>\n")
-            out.write("</testsuite></testsuites>\n")
+        write_junit(args.junit, "cpu_only_build",
+                    [(name, "failed" if message else "passed", message)
+                     for name, message in results])
     return 1 if failed else 0
 
 

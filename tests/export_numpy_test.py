@@ -144,6 +144,18 @@ class Cluster:
                                f"{result.stderr.strip()}")
         return result.stdout
 
+    def finish(self, failed):
+        """Stops the daemons, prints each one's last log lines after a
+        failure, and removes the work folder."""
+        self.stop()
+        if failed:
+            for log in sorted(os.listdir(self.work)):
+                if log.endswith(".log"):
+                    with open(os.path.join(self.work, log)) as f:
+                        tail = f.readlines()[-15:]
+                    print(f"--- {log}\n{''.join(tail)}", file=sys.stderr)
+        shutil.rmtree(self.work, ignore_errors=True)
+
     def stop(self):
         for p in self.procs:
             p.terminate()
@@ -208,14 +220,7 @@ def main():
         ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
         print(f"export_numpy_test: {e}", file=sys.stderr)
     finally:
-        cluster.stop()
-        if failed:
-            for log in sorted(os.listdir(work)):
-                if log.endswith(".log"):
-                    with open(os.path.join(work, log)) as f:
-                        tail = f.readlines()[-15:]
-                    print(f"--- {log}\n{''.join(tail)}", file=sys.stderr)
-        shutil.rmtree(work, ignore_errors=True)
+        cluster.finish(failed)
     ET.ElementTree(suite).write(args.junit)
     return 1 if failed else 0
 

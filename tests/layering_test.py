@@ -18,7 +18,8 @@ import os
 import re
 import subprocess
 import sys
-from xml.sax.saxutils import escape
+
+from junit import write_junit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -148,16 +149,9 @@ def main():
                 print(f"  {p}", file=sys.stderr)
     print(f"layering: {len(results) - failed} of {len(results)} rules hold")
     if args.junit:
-        with open(args.junit, "w") as out:
-            out.write(f'<testsuites><testsuite name="layering" tests="{len(results)}" '
-                      f'failures="{failed}">\n')
-            for name, problems in results:
-                out.write(f'  <testcase classname="layering" name="{escape(name)}">')
-                if problems:
-                    out.write(f'<failure message="{escape(problems[0])}">'
-                              f'{escape(chr(10).join(problems))}</failure>')
-                out.write("</testcase>\n")
-            out.write("</testsuite></testsuites>\n")
+        write_junit(args.junit, "layering",
+                    [(name, "failed" if problems else "passed", "\n".join(problems))
+                     for name, problems in results])
     return 1 if failed else 0
 
 

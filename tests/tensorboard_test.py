@@ -20,7 +20,6 @@ import argparse
 import math
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -131,14 +130,7 @@ def main():
         ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
         print(f"tensorboard_test: FAILED: {e}", file=sys.stderr)
     finally:
-        cluster.stop()
-        if failed:
-            for log in sorted(os.listdir(work)):
-                if log.endswith(".log"):
-                    with open(os.path.join(work, log)) as f:
-                        tail = f.readlines()[-15:]
-                    print(f"--- {log}\n{''.join(tail)}", file=sys.stderr)
-        shutil.rmtree(work, ignore_errors=True)
+        cluster.finish(failed)
     ET.ElementTree(suite).write(args.junit)
     return 1 if failed else 0
 
