@@ -59,18 +59,16 @@ class HiddenCuda:
     def __init__(self, scratch):
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("CUDA_HOME", "CUDA_PATH", "DOWNPOUR_CUDA")}
+        self.env["PATH"] = ":".join(p for p in os.environ.get("PATH", "").split(":")
+                                    if "cuda" not in p.lower())
         self.prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE_CUDA,
                        "hide-cuda"]
         probe = subprocess.run(self.prefix + ["test", "!", "-e", "/usr/local/cuda/bin/nvcc"],
                                env=self.env, capture_output=True)
         if os.geteuid() == 0 and shutil.which("unshare") and probe.returncode == 0:
-            # PATH stays as the main build's (its CUDA folders are empty
-            # here): actions see PATH, so the disk cache serves the same ones.
             self.how = ("every /usr/local/cuda* covered by an empty tmpfs (private mount namespace)"
                         if glob.glob("/usr/local/cuda*") else "no /usr/local/cuda* on this machine")
         else:
-            self.env["PATH"] = ":".join(p for p in os.environ.get("PATH", "").split(":")
-                                        if "cuda" not in p.lower())
             self.prefix = []
             empty = os.path.join(scratch, "no-cuda")
             os.makedirs(empty)
