@@ -131,11 +131,7 @@ class Run:
         start = time.monotonic()
         # --symlink_prefix=/: no bazel-* links, so the workspace's keep
         # pointing at the main build.
-        # The main build's disk cache, when given, serves every action the
-        # toolkit does not change (all but the factory's and its dependants').
-        cache = [f"--disk_cache={self.args.disk_cache}"] if self.args.disk_cache else []
-        if self.bazel("build", "--symlink_prefix=/", "--noshow_progress", *cache,
-                      *DAEMONS.values()):
+        if self.bazel("build", "--symlink_prefix=/", "--noshow_progress", *DAEMONS.values()):
             raise Failure("bazel build failed:\n" + tail(self.log))
         print(f"cpu-only: daemons and downpourctl built in {time.monotonic() - start:.0f} s "
               f"({self.hidden.how})")
@@ -270,7 +266,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--junit", help="write the results as JUnit XML here")
     parser.add_argument("--output_base", help="keep the CPU-only Bazel output base here")
-    parser.add_argument("--disk_cache", help="a Bazel disk cache the main build filled")
     parser.add_argument("--steps", type=int, default=300, help="training steps of the job")
     args = parser.parse_args()
     test = Run(args)
