@@ -470,9 +470,12 @@ absl::Status ReplicaSet::GatherLayer(Overlap& step, int layer, int r) {
     // each owner's stream waits for them, then they go to every device.
     std::vector<kernels::DeviceShare> shares;
     absl::MutexLock lock(&collective_mu_);
+    std::set<int> owners;
     for (int id : primary()->shape().layers[layer].param_ids) {
-      const int owner = owner_[id];
-      shares.push_back({offset_[id], primary()->params()[id].num_elements, owner});
+      shares.push_back({offset_[id], primary()->params()[id].num_elements, owner_[id]});
+      owners.insert(owner_[id]);
+    }
+    for (int owner : owners) {
       RETURN_IF_ERROR(replicas_[owner]->backend().MakeCurrent());
       RETURN_IF_ERROR(replicas_[owner]->backend().JoinUploads());
     }

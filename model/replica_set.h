@@ -82,7 +82,11 @@ class ReplicaSet {
   // from primary()'s host copy unless options.params_from_host is false,
   // which says every share was queued to its owner with UploadParam since
   // the last step (on the host path they always come from the host copy).
-  // The other options are for one replica only.
+  // await_layer_params and before_backward are called as for one replica:
+  // with NCCL, each layer awaited once (by the first replica to need it, its
+  // parameters then broadcast from their owners) and the hook run once
+  // before any replica's backward; on the host path, every layer awaited
+  // and the hook run before the step. grads_to_host is for one replica.
   absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
                                        int64_t step, const TrainStepOptions& options = {});
 
