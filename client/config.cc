@@ -143,7 +143,14 @@ absl::StatusOr<std::string> ResolveCoordinator(const std::string& flag, const ch
     *source = "DOWNPOUR_COORDINATOR";
     return std::string(env);
   }
-  if (const CtlContext* current = config.Find(config.current_context)) {
+  if (!config.current_context.empty()) {
+    // A misspelt current-context must not quietly mean the default address.
+    const CtlContext* current = config.Find(config.current_context);
+    if (current == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("current-context ", config.current_context,
+                       " is not among the config file's contexts; fix it with config use-context"));
+    }
     *source = absl::StrCat("context ", current->name);
     return current->coordinator;
   }

@@ -50,7 +50,8 @@ std::string FormatCtlConfig(const CtlConfig& config);
 absl::Status SaveCtlConfig(const std::string& path, const CtlConfig& config);
 
 // The coordinator to talk to (see the header comment); `source` says where
-// it came from, for messages. InvalidArgument for an unknown --context.
+// it came from, for messages. InvalidArgument for an unknown --context or a
+// current-context that names no context.
 absl::StatusOr<std::string> ResolveCoordinator(const std::string& flag, const char* env,
                                                const std::string& context_flag,
                                                const CtlConfig& config, std::string* source);

@@ -50,6 +50,8 @@ TEST(CtlConfigTest, FlagThenContextThenEnvironmentThenCurrentContext) {
   EXPECT_EQ(*ResolveCoordinator("", nullptr, "", config, &source), "coord.example:7070");
   EXPECT_EQ(*ResolveCoordinator("", nullptr, "", CtlConfig(), &source), "127.0.0.1:7070");
   EXPECT_FALSE(ResolveCoordinator("", nullptr, "nope", config, &source).ok());
+  config.current_context = "gone";
+  EXPECT_FALSE(ResolveCoordinator("", nullptr, "", config, &source).ok());
 }
 
 TEST(CtlConfigTest, SavesAndLoadsAFile) {
