@@ -2,7 +2,6 @@
 // on the reader's thread, random crop and flip (deterministic per seed, and
 // each augmented example a crop/flip of the original), and a bad image
 // inside a compressed file reported naming the file.
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -22,12 +21,7 @@ using ::testing::HasSubstr;
 
 constexpr ImageShape kShape{8, 8, 3};
 
-std::string TestDataDir() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/" +
-         (workspace != nullptr ? workspace : "downpour") + "/data/testdata";
-}
+using testing::TestDataDir;
 
 BatchReaderOptions RgbOptions() {
   BatchReaderOptions o;

@@ -3,7 +3,6 @@
 // PNG and JPEG images, and checks every decoded pixel against what
 // TensorFlow itself decoded (expected.txt).
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,10 +24,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string TestData(const std::string& name) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/" +
-         (workspace != nullptr ? workspace : "downpour") + "/data/testdata/" + name;
+  return testing::TestDataDir() + "/" + name;
 }
 
 struct Expected {

@@ -13,6 +13,13 @@ namespace downpour {
 namespace data {
 namespace testing {
 
+std::string TestDataDir() {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* workspace = getenv("TEST_WORKSPACE");
+  return std::string(srcdir != nullptr ? srcdir : ".") + "/" +
+         (workspace != nullptr ? workspace : "downpour") + "/data/testdata";
+}
+
 std::string NewTempDir() {
   const char* root = getenv("TEST_TMPDIR");
   std::string templ = std::string(root != nullptr ? root : "/tmp") + "/data_test_XXXXXX";

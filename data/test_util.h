@@ -15,6 +15,10 @@ namespace testing {
 // (or /tmp when run outside Bazel).
 std::string NewTempDir();
 
+// The checked-in data/testdata directory in the test's runfiles (the
+// :testdata filegroup must be in the test's `data`).
+std::string TestDataDir();
+
 std::string ReadFileOrDie(const std::string& path);
 void WriteFileOrDie(const std::string& path, const std::string& contents);
 
