@@ -11,6 +11,7 @@
 #define DOWNPOUR_COMMON_METRICS_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -78,6 +79,11 @@ class Histogram {
 // step or a loopback RPC in the first buckets, a CPU step or a SYNC pull
 // waiting for stragglers in the last.
 const std::vector<double>& SecondsBuckets();
+
+// Seconds from `start` to now, to observe into a SecondsBuckets histogram.
+inline double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 class MetricsRegistry {
  public:

@@ -17,10 +17,6 @@ using grpc::experimental::InterceptionHookPoints;
 // gRPC's status codes, 0 (OK) to 16 (Unauthenticated).
 constexpr int kNumCodes = 17;
 
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // What the interceptors of one method record into, made once per method: a
 // call looks them up without allocating.
 struct MethodMetrics {

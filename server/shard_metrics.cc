@@ -9,10 +9,6 @@ const char* const kSeries[] = {"downpour_ps_apply_seconds", "downpour_ps_receive
                                "downpour_ps_sent_bytes_total",
                                "downpour_ps_deduplicated_pushes_total"};
 
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 }  // namespace
 
 void MeasuredShard::AddJob(const std::string& job_id) {

@@ -6,13 +6,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace downpour {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
 
 MeasuredShardClient::MeasuredShardClient(std::unique_ptr<ParameterShard> shard,
                                          MetricsRegistry* metrics, const std::string& job_id,
