@@ -6,6 +6,7 @@
 
 // jpeglib.h needs size_t and FILE declared before it.
 #include "absl/strings/str_cat.h"
+#include "jerror.h"  // NOLINT: after jpeglib.h, which it needs
 #include "jpeglib.h"
 #include "png.h"
 
@@ -70,11 +71,13 @@ void JpegErrorExit(j_common_ptr info) {
   std::longjmp(errors->jump, 1);
 }
 
-// Warnings (level -1) are corrupt data libjpeg would paper over, e.g.
-// "Premature end of JPEG file" filled with gray: an error here, as in
-// TensorFlow's decoder. Trace messages (level >= 0) are ignored.
+// A truncated file ("Premature end of JPEG file", which libjpeg would fill
+// with gray) is an error here, as in TensorFlow's decoder. Other warnings
+// (level -1: e.g. extraneous bytes before a marker, common in real
+// datasets) are decoded through, as TensorFlow and PIL do; trace messages
+// (level >= 0) are ignored.
 void JpegEmitMessage(j_common_ptr info, int level) {
-  if (level < 0) JpegErrorExit(info);
+  if (level < 0 && info->err->msg_code == JWRN_JPEG_EOF) JpegErrorExit(info);
 }
 
 // Returns 0 on success, else fills errors->message. Plain C types only
