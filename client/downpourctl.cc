@@ -26,6 +26,7 @@
 #include "client/config.h"
 #include "client/output.h"
 #include "common/build_info.h"
+#include "common/duration_flag.h"
 #include "common/net_address.h"
 
 ABSL_FLAG(std::string, coordinator, "",
@@ -239,17 +240,6 @@ absl::StatusOr<std::vector<std::string>> ExpandShortFlags(int argc, char** argv)
 }
 
 // A bare number is seconds; otherwise absl's duration syntax ("90s", "10m").
-absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& name, const std::string& text) {
-  double seconds;
-  if (absl::SimpleAtod(text, &seconds) && seconds >= 0) {
-    return absl::Seconds(seconds);
-  }
-  absl::Duration d;
-  if (absl::ParseDuration(text, &d) && d >= absl::ZeroDuration()) return d;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", name, "=", text, " is not a duration (e.g. 90s, 10m, or 0)"));
-}
-
 std::string ConfigPath() {
   const std::string flag = absl::GetFlag(FLAGS_config);
   if (!flag.empty()) return flag;

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/duration_flag.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -57,19 +58,6 @@ namespace {
 
 // A duration flag: a bare number is seconds, "d" counts days, otherwise
 // absl's syntax ("36h", "90s"); zero or more.
-absl::StatusOr<absl::Duration> ParseRetention(const std::string& name, std::string text) {
-  double count = 0;
-  absl::Duration d;
-  if (absl::SimpleAtod(text, &count) && count >= 0) return absl::Seconds(count);
-  if (absl::EndsWith(text, "d") && absl::SimpleAtod(text.substr(0, text.size() - 1), &count) &&
-      count >= 0) {
-    return absl::Hours(24 * count);
-  }
-  if (absl::ParseDuration(text, &d) && d >= absl::ZeroDuration()) return d;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", name, "=", text, " is not a duration (e.g. 7d, 36h, 90s, or 0)"));
-}
-
 int Main() {
   BlockTerminationSignals();
   SetLogPrefix("downpour-coordinator");
@@ -100,10 +88,10 @@ int Main() {
         absl::InvalidArgumentError("--job_retention_count must not be negative (0: no limit)"));
   }
   absl::StatusOr<absl::Duration> job_retention_age =
-      ParseRetention("job_retention_age", absl::GetFlag(FLAGS_job_retention_age));
+      ParseDurationFlag("job_retention_age", absl::GetFlag(FLAGS_job_retention_age));
   if (!job_retention_age.ok()) return ExitWithError(job_retention_age.status());
   absl::StatusOr<absl::Duration> dead_node_retention =
-      ParseRetention("dead_node_retention", absl::GetFlag(FLAGS_dead_node_retention));
+      ParseDurationFlag("dead_node_retention", absl::GetFlag(FLAGS_dead_node_retention));
   if (!dead_node_retention.ok()) return ExitWithError(dead_node_retention.status());
   auto store = control::OpenSqliteJobStore(absl::GetFlag(FLAGS_state_dir));
   if (!store.ok()) return ExitWithError(store.status());
