@@ -111,14 +111,17 @@ if [[ $STAGES == *train* ]]; then
   for f in ps.port w.port; do for _ in $(seq 100); do [[ -s $W/$f ]] && break; sleep 0.1; done; done
   sleep 1
   downpourctl --coordinator="$C" nodes 2>&1 | tee "$OUT/nodes.txt"
+  M=$(grep -o 'metrics on [0-9.:]*' "$W/worker.log" | head -1 | awk '{print $3}')
+  scrape() { python3 -c "import urllib.request;print(urllib.request.urlopen('http://$M/metrics').read().decode())"; }
+  # The worker's /metrics while the job trains (GPU memory in use), kept whole.
+  [[ -n $M ]] && (sleep "${SCRAPE_AFTER_S:-10}"; scrape >"$OUT/metrics_during.txt" 2>&1) &
   start=$SECONDS
   timeout ${TRAIN_TIMEOUT:-400} downpourctl --coordinator="$C" submit "${TRAIN_SPEC:-examples/fashion_mnist_cnn.pbtxt}" \
     --wait --timeout=390s >"$OUT/train.txt" 2>"$OUT/train_progress.txt"
   echo "train rc=$? wall_s=$((SECONDS - start))"
   tail -3 "$OUT/train_progress.txt"; cat "$OUT/train.txt"
-  M=$(grep -o 'metrics on [0-9.:]*' "$W/worker.log" | head -1 | awk '{print $3}')
-  [[ -n $M ]] && python3 -c "import urllib.request;print(urllib.request.urlopen('http://$M/metrics').read().decode())" \
-    2>/dev/null | grep -E 'downpour_worker_devices|examples_per_second' | tee "$OUT/metrics.txt"
+  [[ -n $M ]] && grep -E '^downpour_worker_(devices|gpu_memory)' "$OUT/metrics_during.txt"
+  [[ -n $M ]] && scrape 2>/dev/null | grep -E 'downpour_worker_(devices|gpu_memory)|examples_per_second' | tee "$OUT/metrics.txt"
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   sleep 1
   cp "$W/worker.log" "$W/ps.log" "$OUT/" 2>/dev/null
