@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "spec/limits.h"
 #include "spec/model_shape.h"
 #include "spec/shard_map.h"
 
@@ -16,6 +18,57 @@ constexpr int64_t kMaxModelBytes = int64_t{32} << 30;
 
 absl::Status Bad(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, " ", what));
+}
+
+// The sizes of spec/limits.h, checked before anything reads the spec's
+// lists; the total last, so a single long field is named as itself.
+absl::Status CheckSizes(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckBytes("name", spec.name(), kMaxNameBytes));
+  if (spec.num_workers() > kMaxWorkers) {
+    return Bad("num_workers",
+               absl::StrCat("is ", spec.num_workers(), "; the limit is ", kMaxWorkers));
+  }
+  if (spec.num_shards() > kMaxShards) {
+    return Bad("num_shards", absl::StrCat("is ", spec.num_shards(), "; the limit is ", kMaxShards));
+  }
+  if (spec.checkpoint().keep() > kMaxCheckpointsKept) {
+    return Bad("checkpoint.keep", absl::StrCat("is ", spec.checkpoint().keep(), "; the limit is ",
+                                               kMaxCheckpointsKept));
+  }
+  if (spec.partition_bytes() > kMaxPartitionBytes) {
+    return Bad("partition_bytes", absl::StrCat("is ", spec.partition_bytes(), "; the limit is ",
+                                               kMaxPartitionBytes, " (", kMaxPartitionBytes >> 20,
+                                               " MiB: a partition travels whole in one message)"));
+  }
+  const ModelSpec& model = spec.model();
+  RETURN_IF_ERROR(CheckCount("model.input_shape", model.input_shape_size(), kMaxInputRank));
+  RETURN_IF_ERROR(CheckCount("model.layer", model.layer_size(), kMaxLayers));
+  for (int i = 0; i < model.layer_size(); ++i) {
+    const LayerSpec& layer = model.layer(i);
+    const std::string where = absl::StrCat("model.layer[", i, "]");
+    RETURN_IF_ERROR(CheckBytes(absl::StrCat(where, ".name"), layer.name(), kMaxNameBytes));
+    RETURN_IF_ERROR(
+        CheckCount(absl::StrCat(where, ".inputs"), layer.inputs_size(), kMaxLayerInputs));
+    for (int k = 0; k < layer.inputs_size(); ++k) {
+      RETURN_IF_ERROR(
+          CheckBytes(absl::StrCat(where, ".inputs[", k, "]"), layer.inputs(k), kMaxNameBytes));
+    }
+  }
+  const DatasetSpec& data = spec.dataset();
+  RETURN_IF_ERROR(CheckDataPath("dataset.train_files", data.train_files()));
+  RETURN_IF_ERROR(CheckDataPath("dataset.test_files", data.test_files()));
+  RETURN_IF_ERROR(CheckBytes("dataset.feature_key", data.feature_key(), kMaxFeatureKeyBytes));
+  RETURN_IF_ERROR(CheckBytes("dataset.label_key", data.label_key(), kMaxFeatureKeyBytes));
+  return CheckSize("the job spec", spec.ByteSizeLong(), kMaxJobSpecBytes);
+}
+
+// Partitions `params` make at `partition_bytes` (as PlacePartitions cuts
+// them), counted before any is made.
+int64_t CountPartitions(const std::vector<ParamInfo>& params, int64_t partition_bytes) {
+  const int64_t max_elements = std::max<int64_t>(1, partition_bytes / sizeof(float));
+  int64_t count = 0;
+  for (const ParamInfo& p : params) count += (p.num_elements + max_elements - 1) / max_elements;
+  return count;
 }
 
 }  // namespace
@@ -31,6 +84,7 @@ void ApplyJobDefaults(JobSpec* spec) {
 }
 
 absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckSizes(spec));
   if (spec.num_workers() < 1) return Bad("num_workers", "must be at least 1");
   if (spec.num_shards() < 1) return Bad("num_shards", "must be at least 1");
   if (spec.steps() < 1) return Bad("steps", "must be at least 1");
@@ -174,15 +228,25 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
                absl::StrCat("has ", static_cast<int64_t>(param_bytes) >> 20,
                             " MiB of parameters; the limit is ", kMaxModelBytes >> 20, " MiB"));
   }
+  const int64_t partitions = CountPartitions(shape->params, spec.partition_bytes());
+  if (partitions > kMaxPartitions) {
+    return Bad("partition_bytes",
+               absl::StrCat(spec.partition_bytes(), " cuts the model's ",
+                            static_cast<int64_t>(param_bytes) >> 20, " MiB into ", partitions,
+                            " partitions; the limit is ", kMaxPartitions,
+                            " (every node is sent the placement): use larger partitions"));
+  }
   auto placed = PlacePartitions(shape->params, spec.num_shards(), spec.partition_bytes());
   if (!placed.ok()) return placed.status();
   return shape->params;
 }
 
 absl::Status ValidateJobId(const std::string& job_id) {
-  if (job_id.empty() || job_id.size() > 64 || !std::isalnum(static_cast<uint8_t>(job_id[0]))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job id \"", job_id, "\" must be 1 to 64 characters starting with a letter or digit"));
+  RETURN_IF_ERROR(CheckBytes("the job id", job_id, kMaxJobIdBytes));
+  if (job_id.empty() || !std::isalnum(static_cast<uint8_t>(job_id[0]))) {
+    return absl::InvalidArgumentError(absl::StrCat("job id \"", job_id, "\" must be 1 to ",
+                                                   kMaxJobIdBytes,
+                                                   " characters starting with a letter or digit"));
   }
   for (char c : job_id) {
     if (!std::isalnum(static_cast<uint8_t>(c)) && c != '.' && c != '_' && c != '-') {

@@ -16,7 +16,10 @@ namespace downpour {
 void ApplyJobDefaults(JobSpec* spec);
 
 // Returns the model's parameters when `spec` (after ApplyJobDefaults) is
-// valid, or InvalidArgument naming the first bad field.
+// valid, or InvalidArgument naming the first bad field. The sizes of
+// spec/limits.h are checked first (every string and list, the placement's
+// partitions, the whole spec), and the record-file globs must be relative
+// with no component that can match "..".
 absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec);
 
 // Job ids: 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit.

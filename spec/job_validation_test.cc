@@ -1,12 +1,17 @@
 // ValidateJobSpec's checks: every Precision the proto defines is accepted
 // and an unknown number is refused naming the field and the valid names;
-// push_every / fetch_every and the evaluation settings.
+// push_every / fetch_every and the evaluation settings; the size limits of
+// spec/limits.h, each named with its size and limit; record-file globs that
+// could leave the worker's data directory.
 #include "spec/job_validation.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "spec/limits.h"
 #include "spec/test_jobs.h"
 
 namespace downpour {
@@ -112,6 +117,135 @@ TEST(JobValidationTest, ImageDataOptionsAreChecked) {
             "dataset.random_crop.padding must be in [0, 4] (the input's height and width); got 5");
   data->mutable_random_crop()->set_padding(-1);
   EXPECT_FALSE(ValidateJobSpec(spec).ok());
+}
+
+// The message ValidateJobSpec gives `spec` after defaults ("" when valid).
+std::string Refusal(JobSpec spec) {
+  ApplyJobDefaults(&spec);
+  const auto params = ValidateJobSpec(spec);
+  if (params.ok()) return "";
+  EXPECT_EQ(params.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(params.status().message());
+}
+
+TEST(JobValidationTest, EveryStringAndListOfTheSpecIsBounded) {
+  const JobSpec base = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
+  EXPECT_EQ(Refusal(base), "");
+  struct Case {
+    std::function<void(JobSpec*)> change;
+    std::string message;
+  };
+  const std::string long_name(kMaxNameBytes + 1, 'n');
+  const std::vector<Case> cases = {
+      {[&](JobSpec* s) { s->set_name(long_name); }, "name is 129 bytes; the limit is 128 bytes"},
+      {[](JobSpec* s) { s->set_num_workers(kMaxWorkers + 1); },
+       "num_workers is 4097; the limit is 4096"},
+      {[](JobSpec* s) { s->set_num_shards(kMaxShards + 1); },
+       "num_shards is 1025; the limit is 1024"},
+      {[](JobSpec* s) { s->mutable_checkpoint()->set_keep(101); },
+       "checkpoint.keep is 101; the limit is 100"},
+      {[](JobSpec* s) { s->set_partition_bytes(kMaxPartitionBytes + 1); },
+       "partition_bytes is 67108865; the limit is 67108864 (64 MiB: a partition travels whole "
+       "in one message)"},
+      {[](JobSpec* s) {
+         for (int i = 0; i < 8; ++i) s->mutable_model()->add_input_shape(1);
+       },
+       "model.input_shape has 9 entries; the limit is 8"},
+      {[](JobSpec* s) {
+         while (s->model().layer_size() <= kMaxLayers)
+           s->mutable_model()->add_layer()->mutable_relu();
+       },
+       "model.layer has 2049 entries; the limit is 2048"},
+      {[&](JobSpec* s) { s->mutable_model()->mutable_layer(1)->set_name(long_name); },
+       "model.layer[1].name is 129 bytes; the limit is 128 bytes"},
+      {[](JobSpec* s) {
+         for (int i = 0; i <= kMaxLayerInputs; ++i)
+           s->mutable_model()->mutable_layer(3)->add_inputs("x");
+       },
+       "model.layer[3].inputs has 65 entries; the limit is 64"},
+      {[&](JobSpec* s) { s->mutable_model()->mutable_layer(2)->add_inputs(long_name); },
+       "model.layer[2].inputs[0] is 129 bytes; the limit is 128 bytes"},
+      {[](JobSpec* s) { s->mutable_dataset()->set_train_files(std::string(5000, 'a')); },
+       "dataset.train_files is 5000 bytes; the limit is 4096 bytes (4 KiB)"},
+      {[](JobSpec* s) { s->mutable_dataset()->set_test_files(std::string(4097, 'a')); },
+       "dataset.test_files is 4097 bytes; the limit is 4096 bytes (4 KiB)"},
+      {[](JobSpec* s) { s->mutable_dataset()->set_feature_key(std::string(257, 'k')); },
+       "dataset.feature_key is 257 bytes; the limit is 256 bytes"},
+      {[](JobSpec* s) { s->mutable_dataset()->set_label_key(std::string(300, 'k')); },
+       "dataset.label_key is 300 bytes; the limit is 256 bytes"},
+  };
+  for (const Case& c : cases) {
+    JobSpec spec = base;
+    c.change(&spec);
+    EXPECT_EQ(Refusal(spec), c.message);
+  }
+}
+
+TEST(JobValidationTest, TheWholeSpecIsBoundedFieldsItDoesNotKnowIncluded) {
+  JobSpec spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
+  // Many layers of names within their own limits.
+  for (int i = 0; i < 1200; ++i) {
+    LayerSpec* layer = spec.mutable_model()->add_layer();
+    layer->set_name(std::string(120, 'a' + i % 26) + std::to_string(i));
+    layer->mutable_relu();
+  }
+  EXPECT_EQ(Refusal(spec).rfind("the job spec is ", 0), 0u) << Refusal(spec);
+  EXPECT_NE(Refusal(spec).find("; the limit is 131072 bytes (128 KiB)"), std::string::npos);
+  // A field this version does not know (number 999, length-delimited).
+  JobSpec unknown = SmallMlpJob(1, 1);
+  std::string bytes = unknown.SerializeAsString();
+  const std::string blob(200 << 10, 'u');
+  bytes += std::string("\xba\x3e", 2);  // Tag of field 999, wire type 2.
+  uint32_t size = blob.size();
+  while (size >= 0x80) {
+    bytes.push_back(static_cast<char>(size | 0x80));
+    size >>= 7;
+  }
+  bytes.push_back(static_cast<char>(size));
+  bytes += blob;
+  ASSERT_TRUE(unknown.ParseFromString(bytes));
+  EXPECT_EQ(Refusal(unknown).rfind("the job spec is ", 0), 0u) << Refusal(unknown);
+}
+
+TEST(JobValidationTest, TooManyPartitionsForThePlacementAreRefused) {
+  JobSpec spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
+  // 8 x 3M + 3M x 3 weights: in 1 KiB partitions, over 2^17 of them.
+  spec.mutable_model()->mutable_layer(0)->mutable_dense()->set_units(3000000);
+  spec.set_partition_bytes(1024);
+  const std::string message = Refusal(spec);
+  EXPECT_EQ(
+      message.rfind("partition_bytes 1024 cuts the model's 137 MiB into 140627 partitions", 0), 0u)
+      << message;
+  EXPECT_NE(message.find("; the limit is 131072 (every node is sent the placement)"),
+            std::string::npos)
+      << message;
+  spec.set_partition_bytes(256 << 10);
+  EXPECT_EQ(Refusal(spec), "");
+}
+
+TEST(JobValidationTest, DataPathsMustStayInsideTheWorkersDataDirectory) {
+  JobSpec spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
+  spec.mutable_dataset()->set_train_files("/etc/*");
+  EXPECT_EQ(Refusal(spec),
+            "dataset.train_files \"/etc/*\" is an absolute path; record files are named relative "
+            "to each worker's --data_dir");
+  spec.mutable_dataset()->set_train_files("fashion-mnist/train-*");
+  spec.mutable_dataset()->set_test_files("../x");
+  EXPECT_EQ(Refusal(spec),
+            "dataset.test_files \"../x\" has the component \"..\", which can name the parent "
+            "directory; record files must stay inside each worker's --data_dir");
+  spec.mutable_dataset()->set_test_files("data/.*/test-*");
+  EXPECT_NE(Refusal(spec).find("has the component \".*\""), std::string::npos);
+  spec.mutable_dataset()->set_test_files("data/test-*");
+  EXPECT_EQ(Refusal(spec), "");
+}
+
+TEST(JobValidationTest, JobIdsAreBounded) {
+  EXPECT_TRUE(ValidateJobId(std::string(kMaxJobIdBytes, 'j')).ok());
+  EXPECT_EQ(ValidateJobId(std::string(kMaxJobIdBytes + 1, 'j')).message(),
+            "the job id is 65 bytes; the limit is 64 bytes");
+  EXPECT_FALSE(ValidateJobId("").ok());
+  EXPECT_FALSE(ValidateJobId("a/b").ok());
 }
 
 }  // namespace
