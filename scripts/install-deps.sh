@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Downpour builds and runs with (and tests with:
 # prometheus gives promtool, which tests/metrics_test runs over every
-# daemon's /metrics). Idempotent: when everything is present it prints
-# nothing and returns at once. The CUDA toolkit is not among them: the build
+# daemon's /metrics; slurm-wlm and munge are the one-node Slurm that
+# deploy/slurm_test.py runs the CPU batch script on, about 20 s of apt).
+# Idempotent: when everything is present it prints nothing and returns at
+# once. The CUDA toolkit is not among them: the build
 # uses it where it is installed and builds for the CPU only where it is not
 # (third_party/system/system.bzl).
 set -euo pipefail
@@ -16,6 +18,7 @@ PACKAGES=(
   zlib1g-dev libjpeg62-turbo-dev libpng-dev
   dataset-fashion-mnist python3-venv
   prometheus python3-yaml shellcheck chromium
+  slurm-wlm munge
 )
 
 missing=()

@@ -10,8 +10,9 @@ layering=$(mktemp -t downpour-layering.XXXXXX)
 export_xml=$(mktemp -t downpour-export.XXXXXX)
 tensorboard_xml=$(mktemp -t downpour-tensorboard.XXXXXX)
 deploy_xml=$(mktemp -t downpour-deploy.XXXXXX)
+slurm_xml=$(mktemp -t downpour-slurm.XXXXXX)
 cpu_only_xml=$(mktemp -t downpour-cpu-only.XXXXXX)
-trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$cpu_only_xml"' EXIT
+trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml"' EXIT
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
 # The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
 # so outside `bazel test`).
@@ -29,8 +30,13 @@ python=$("$ROOT/scripts/python-deps.sh") || python=python3
 # systemd-analyze and the other tools it finds (Debian's python3 for PyYAML).
 /usr/bin/python3 "$ROOT/deploy/deploy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$deploy_xml"
+# deploy/slurm/downpour-cpu.sbatch trains a short job on a one-node Slurm of
+# its own (munged, slurmctld, slurmd from a temp dir; about 15 s; root only,
+# skipped elsewhere or without Slurm).
+/usr/bin/python3 "$ROOT/deploy/slurm_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
+  --junit "$slurm_xml"
 # The daemons built with the CUDA toolkit hidden (a second Bazel output base in
 # a temp dir: a cold build of minutes) train a short job on the CPU.
 python3 "$ROOT/tests/cpu_only_build_test.py" --junit "$cpu_only_xml"
 python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" \
-  "$tensorboard_xml" "$deploy_xml" "$cpu_only_xml"
+  "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml"
