@@ -2,6 +2,7 @@
 
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "control/coordinator.h"
@@ -16,6 +17,13 @@ int Fail(int code, absl::string_view message) {
 int FailStatus(const absl::Status& status) {
   const bool rejected = status.code() == absl::StatusCode::kInvalidArgument ||
                         status.code() == absl::StatusCode::kAlreadyExists;
+  if (status.code() == absl::StatusCode::kUnauthenticated) {
+    return Fail(kExitFailed,
+                absl::StrCat("the coordinator does not know who you are: ", status.message()));
+  }
+  if (status.code() == absl::StatusCode::kPermissionDenied) {
+    return Fail(kExitFailed, absl::StrCat("the coordinator refused: ", status.message()));
+  }
   return Fail(rejected ? kExitUsage : kExitFailed, status.message());
 }
 
@@ -24,7 +32,8 @@ int UsageError(absl::string_view message) { return Fail(kExitUsage, message); }
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 absl::StatusOr<std::unique_ptr<RemoteCoordinator>> ConnectTo(const CtlOptions& options) {
-  return RemoteCoordinator::Connect(options.coordinator, options.connect_timeout);
+  return RemoteCoordinator::Connect(options.coordinator, options.connect_timeout,
+                                    options.credentials);
 }
 
 std::string StepsText(const JobStatus& job) {

@@ -32,6 +32,9 @@ constexpr int kExitTimedOut = 3;
 // Every flag's value, parsed.
 struct CtlOptions {
   std::string coordinator;
+  // TLS and the bearer token (--tls_ca, --tls_cert, --tls_key, --token_file,
+  // DOWNPOUR_TOKEN, or the context's).
+  ClientCredentials credentials;
   OutputFormat output = OutputFormat::kTable;
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration wait_timeout = absl::ZeroDuration();  // Zero: no limit.

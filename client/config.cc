@@ -81,8 +81,17 @@ absl::StatusOr<CtlConfig> ParseCtlConfig(const std::string& text, const std::str
       config.contexts.back().name = value;
     } else if (key == "coordinator") {
       config.contexts.back().coordinator = value;
+    } else if (key == "tls_ca") {
+      config.contexts.back().tls_ca = value;
+    } else if (key == "tls_cert") {
+      config.contexts.back().tls_cert = value;
+    } else if (key == "tls_key") {
+      config.contexts.back().tls_key = value;
+    } else if (key == "token_file") {
+      config.contexts.back().token_file = value;
     } else {
-      return error(absl::StrCat("unknown context key '", key, "' (name, coordinator)"));
+      return error(absl::StrCat("unknown context key '", key,
+                                "' (name, coordinator, tls_ca, tls_cert, tls_key, token_file)"));
     }
   }
   for (const CtlContext& c : config.contexts) {
@@ -103,6 +112,12 @@ std::string FormatCtlConfig(const CtlConfig& config) {
   std::string out = absl::StrCat("current-context: ", config.current_context, "\ncontexts:\n");
   for (const CtlContext& c : config.contexts) {
     absl::StrAppend(&out, "- name: ", c.name, "\n  coordinator: ", c.coordinator, "\n");
+    for (const auto& [key, value] : {std::pair<const char*, const std::string&>{"tls_ca", c.tls_ca},
+                                     {"tls_cert", c.tls_cert},
+                                     {"tls_key", c.tls_key},
+                                     {"token_file", c.token_file}}) {
+      if (!value.empty()) absl::StrAppend(&out, "  ", key, ": ", value, "\n");
+    }
   }
   return out;
 }
@@ -156,6 +171,22 @@ absl::StatusOr<std::string> ResolveCoordinator(const std::string& flag, const ch
   }
   *source = "the default";
   return std::string(kDefaultCoordinator);
+}
+
+CtlContext ResolveSecurity(const CtlContext& flags, const std::string& source,
+                           const CtlConfig& config) {
+  CtlContext resolved = flags;
+  absl::string_view name = source;
+  const CtlContext* context =
+      absl::ConsumePrefix(&name, "context ") ? config.Find(std::string(name)) : nullptr;
+  if (context == nullptr) return resolved;
+  for (auto [ours, theirs] : {std::pair{&resolved.tls_ca, &context->tls_ca},
+                              {&resolved.tls_cert, &context->tls_cert},
+                              {&resolved.tls_key, &context->tls_key},
+                              {&resolved.token_file, &context->token_file}}) {
+    if (ours->empty()) *ours = *theirs;
+  }
+  return resolved;
 }
 
 }  // namespace downpour

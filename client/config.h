@@ -7,6 +7,8 @@
 //   contexts:
 //   - name: prod
 //     coordinator: coordinator.example.org:7070
+//     tls_ca: /etc/downpour/ca.crt
+//     token_file: /home/me/.config/downpour/prod.token
 //   - name: local
 //     coordinator: 127.0.0.1:7070
 //
@@ -27,6 +29,12 @@ namespace downpour {
 struct CtlContext {
   std::string name;
   std::string coordinator;
+  // How to prove who we are to a coordinator that serves TLS (--tls_ca,
+  // --tls_cert, --tls_key, --token_file); empty: not given.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string token_file;
 };
 
 struct CtlConfig {
@@ -48,6 +56,12 @@ absl::StatusOr<CtlConfig> ParseCtlConfig(const std::string& text, const std::str
 std::string FormatCtlConfig(const CtlConfig& config);
 // Writes atomically, creating the directory.
 absl::Status SaveCtlConfig(const std::string& path, const CtlConfig& config);
+
+// The TLS files and token file to use: each of `flags`' when given, else
+// that of the context the coordinator came from (`source`, as
+// ResolveCoordinator set it: "context NAME").
+CtlContext ResolveSecurity(const CtlContext& flags, const std::string& source,
+                           const CtlConfig& config);
 
 // The coordinator to talk to (see the header comment); `source` says where
 // it came from, for messages. InvalidArgument for an unknown --context or a

@@ -16,6 +16,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -27,7 +28,10 @@
 #include "client/output.h"
 #include "common/build_info.h"
 #include "common/duration_flag.h"
+#include "common/file.h"
 #include "common/net_address.h"
+#include "common/status.h"
+#include "rpc/security.h"
 
 ABSL_FLAG(std::string, coordinator, "",
           "HOST:PORT of the coordinator (default: $DOWNPOUR_COORDINATOR, else the current "
@@ -36,6 +40,14 @@ ABSL_FLAG(std::string, context, "", "use this context of the config file for the
 ABSL_FLAG(std::string, config, "",
           "the config file of contexts (default $XDG_CONFIG_HOME/downpour/config.yaml or "
           "~/.config/downpour/config.yaml)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "CA bundle of a coordinator that serves TLS (default: the context's tls_ca)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "client certificate to prove who you are (with --tls_key; default: the context's)");
+ABSL_FLAG(std::string, tls_key, "", "private key of --tls_cert");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding your bearer token (default: $DOWNPOUR_TOKEN, else the context's "
+          "token_file)");
 ABSL_FLAG(std::string, output, "table", "output format: table, wide, json or yaml (-o for short)");
 ABSL_FLAG(std::string, job_id, "", "submit: the new job's id (empty: the coordinator picks one)");
 ABSL_FLAG(bool, wait, false,
@@ -115,13 +127,17 @@ commands:
   config get-contexts   list the contexts of the config file
   config current-context
   config use-context NAME
-  config set-context NAME --coordinator=HOST:PORT
+  config set-context NAME --coordinator=HOST:PORT [--tls_ca=F --tls_cert=F
+                        --tls_key=F --token_file=F]
   config delete-context NAME
   version               downpourctl's version (and the coordinator's address)
   completion bash       a bash completion script: source <(downpourctl completion bash)
 
 the coordinator: --coordinator, else --context's, else $DOWNPOUR_COORDINATOR,
   else the config file's current context, else 127.0.0.1:7070.
+security: a coordinator that serves TLS needs --tls_ca; prove who you are with
+  --token_file (or $DOWNPOUR_TOKEN) or --tls_cert/--tls_key; each defaults to
+  the context's.
 flags: -o/--output table|wide|json|yaml, --connect_timeout (default 5s),
        --reconnect_timeout (wait; default 30s); see --help for all.
 exit status: 0 ok, 1 failed (job failed or stopped, coordinator error),
@@ -152,7 +168,7 @@ _downpourctl() {
     COMPREPLY=($(compgen -W "table wide json yaml" -- "$cur")); return
   fi
   if [[ $cur == -* ]]; then
-    COMPREPLY=($(compgen -W "--coordinator= --context= --config= --output= --job_id= --wait --timeout= --init_from= --out= --checkpoint= --layout= --follow --tail= -f -o" -- "$cur"))
+    COMPREPLY=($(compgen -W "--coordinator= --context= --config= --output= --job_id= --wait --timeout= --init_from= --out= --checkpoint= --layout= --follow --tail= --tls_ca= --tls_cert= --tls_key= --token_file= -f -o" -- "$cur"))
     return
   fi
   case "$cmd" in
@@ -239,7 +255,35 @@ absl::StatusOr<std::vector<std::string>> ExpandShortFlags(int argc, char** argv)
   return args;
 }
 
-// A bare number is seconds; otherwise absl's duration syntax ("90s", "10m").
+// TLS from the resolved files, and the token: --token_file's, else
+// $DOWNPOUR_TOKEN, else the context's token_file.
+absl::StatusOr<ClientCredentials> CtlCredentials(const CtlContext& security,
+                                                 const char* token_env) {
+  ClientCredentials credentials;
+  SecurityOptions tls;
+  tls.tls = TlsFiles{security.tls_cert, security.tls_key, security.tls_ca};
+  if (tls.tls.enabled()) {
+    ASSIGN_OR_RETURN(credentials.channel, MakeChannelCredentials(tls));
+  }
+  const std::string token_file = absl::GetFlag(FLAGS_token_file);
+  std::string path = !token_file.empty() ? token_file : "";
+  if (path.empty() && token_env != nullptr && *token_env != '\0') {
+    credentials.bearer_token = std::string(absl::StripAsciiWhitespace(token_env));
+    return credentials;
+  }
+  if (path.empty()) path = security.token_file;
+  if (path.empty()) return credentials;
+  absl::StatusOr<std::string> token = ReadFileToString(path);
+  if (!token.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " cannot be read"));
+  }
+  credentials.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
+  if (credentials.bearer_token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  }
+  return credentials;
+}
+
 std::string ConfigPath() {
   const std::string flag = absl::GetFlag(FLAGS_config);
   if (!flag.empty()) return flag;
@@ -303,6 +347,10 @@ int RunConfig(const CtlOptions& options, const std::vector<std::string>& args) {
     }
     if (existing == nullptr) existing = &config->contexts.emplace_back(CtlContext{args[1], ""});
     existing->coordinator = address;
+    existing->tls_ca = absl::GetFlag(FLAGS_tls_ca);
+    existing->tls_cert = absl::GetFlag(FLAGS_tls_cert);
+    existing->tls_key = absl::GetFlag(FLAGS_tls_key);
+    existing->token_file = absl::GetFlag(FLAGS_token_file);
     if (config->current_context.empty()) config->current_context = args[1];
   } else if (verb == "delete-context") {
     if (int code = needs_name("config delete-context NAME"); code != kExitOk) return code;
@@ -399,6 +447,14 @@ int Main(int argc, char** argv) {
         source == "--coordinator" ? "" : absl::StrCat(" (from ", source, ")"),
         " is not HOST:PORT: ", address.status().message()));
   }
+
+  absl::StatusOr<ClientCredentials> credentials = CtlCredentials(
+      ResolveSecurity(CtlContext{"", "", absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+                                 absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_token_file)},
+                      source, *config),
+      std::getenv("DOWNPOUR_TOKEN"));
+  if (!credentials.ok()) return UsageError(credentials.status().message());
+  options.credentials = *std::move(credentials);
 
   if (command == "version") {
     if (!args.empty()) return UsageError("version takes no arguments");

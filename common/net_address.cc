@@ -1,5 +1,6 @@
 #include "common/net_address.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -28,6 +29,10 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& text) {
 
 bool IsWildcardHost(const std::string& host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || absl::StartsWith(host, "127.");
 }
 
 std::string JoinHostPort(const std::string& host, int port) {

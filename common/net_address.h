@@ -20,6 +20,10 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& text);
 // interface, reachable by no one at that name.
 bool IsWildcardHost(const std::string& host);
 
+// Whether `host` names this machine's loopback interface only (localhost,
+// 127.0.0.0/8, ::1): what only local processes can reach.
+bool IsLoopbackHost(const std::string& host);
+
 // "HOST:PORT", with brackets around an IPv6 host.
 std::string JoinHostPort(const std::string& host, int port);
 

@@ -28,6 +28,15 @@ TEST(ParseHostPortTest, RejectsBadPorts) {
 // What a daemon registers: --advertise when given (its port, or the bound
 // one), else where it listens, a wildcard host replaced by the machine's
 // name.
+TEST(IsLoopbackHostTest, OnlyLoopbackNames) {
+  for (const char* host : {"localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+  }
+  for (const char* host : {"", "0.0.0.0", "::", "10.0.0.1", "example.org", "128.0.0.1"}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+  }
+}
+
 TEST(AdvertisedAddressTest, ListenAddressByDefault) {
   EXPECT_EQ(*AdvertisedAddress("", "127.0.0.1", 4100, "node7"), "127.0.0.1:4100");
   EXPECT_EQ(*AdvertisedAddress("", "10.0.0.5", 4100, "node7"), "10.0.0.5:4100");

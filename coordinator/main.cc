@@ -17,17 +17,25 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
+#include "common/net_address.h"
 #include "common/process_metrics.h"
 #include "common/status.h"
 #include "control/coordinator_state.h"
 #include "control/job_store.h"
 #include "coordinator/coordinator_metrics.h"
+#include "rpc/auth.h"
 #include "rpc/coordinator_service.h"
 #include "rpc/daemon.h"
+#include "rpc/security.h"
+#include "rpc/security_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address HOST:PORT (port 0 picks one)");
 ABSL_FLAG(std::string, port_file, "", "File to write the bound HOST:PORT to once serving");
 ABSL_FLAG(std::string, metrics_listen, "", "HTTP address for /metrics (empty: off)");
+ABSL_FLAG(std::string, auth_config, "",
+          "Who may call and as what (text-format downpour.AuthConfig, proto/auth.proto); "
+          "needs TLS. Empty: every caller may do everything (allowed on loopback, or with "
+          "--insecure)");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory of the durable job database and of each job's TensorBoard event files, "
           "DIR/tensorboard/JOB_ID/ (required)");
@@ -56,14 +64,43 @@ ABSL_FLAG(std::string, dead_node_retention, "24h",
 namespace downpour {
 namespace {
 
-// A duration flag: a bare number is seconds, "d" counts days, otherwise
-// absl's syntax ("36h", "90s"); zero or more.
+// Who may call (--auth_config) and how they connect (--tls_*): a
+// coordinator other machines can reach serves TLS and authorizes every call
+// unless --insecure; authorization needs TLS, since nodes prove who they are
+// with certificates.
+absl::StatusOr<std::unique_ptr<Authenticator>> LoadAuth(const std::string& listen,
+                                                        const SecurityOptions& security) {
+  RETURN_IF_ERROR(CheckListenSecurity(listen, security));
+  const std::string path = absl::GetFlag(FLAGS_auth_config);
+  if (path.empty()) {
+    ASSIGN_OR_RETURN(const HostPort parsed, ParseHostPort(listen));
+    if (!IsLoopbackHost(parsed.host) && !security.insecure) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to let anyone who reaches ", listen,
+          " submit and stop jobs: give --auth_config (who may do what; scripts/make-certs.sh "
+          "writes one), or --insecure to do it anyway"));
+    }
+    return std::make_unique<Authenticator>();
+  }
+  if (!security.tls.enabled()) {
+    return absl::FailedPreconditionError(
+        "--auth_config needs --tls_cert, --tls_key and --tls_ca: nodes prove who they are with "
+        "client certificates");
+  }
+  return Authenticator::FromFile(path);
+}
+
 int Main() {
   BlockTerminationSignals();
   SetLogPrefix("downpour-coordinator");
   if (absl::GetFlag(FLAGS_state_dir).empty()) {
     return ExitWithError(absl::InvalidArgumentError("--state_dir is required"));
   }
+  const SecurityOptions security = SecurityOptionsFromFlags();
+  auto auth = LoadAuth(absl::GetFlag(FLAGS_listen), security);
+  if (!auth.ok()) return ExitWithError(auth.status());
+  auto credentials = MakeServerCredentials(security, ClientCertificates::kOptional);
+  if (!credentials.ok()) return ExitWithError(credentials.status());
   if (absl::GetFlag(FLAGS_heartbeat_interval_ms) < 10 ||
       absl::GetFlag(FLAGS_node_timeout_ms) < absl::GetFlag(FLAGS_heartbeat_interval_ms)) {
     return ExitWithError(absl::InvalidArgumentError(
@@ -116,14 +153,17 @@ int Main() {
   auto metrics_server =
       MetricsHttpServer::StartIfRequested(absl::GetFlag(FLAGS_metrics_listen), &metrics);
   if (!metrics_server.ok()) return ExitWithError(metrics_server.status());
-  CoordinatorService service(state->get(), &metrics);
-  auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}, &metrics);
+  CoordinatorService service(state->get(), &metrics, auth->get());
+  auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}, &metrics, 256 << 20,
+                                *std::move(credentials));
   if (!server.ok()) return ExitWithError(server.status());
   absl::Status written = WritePortFile(absl::GetFlag(FLAGS_port_file), server->address);
   if (!written.ok()) return ExitWithError(written);
   Log(absl::StrCat(
       "serving on ", server->address,
       *metrics_server ? absl::StrCat(", metrics on ", (*metrics_server)->address()) : "",
+      security.tls.enabled() ? ", TLS" : ", plaintext",
+      (*auth)->open() ? ", open to every caller" : ", callers authorized by --auth_config",
       ", state in ", absl::GetFlag(FLAGS_state_dir),
       checkpoint_root.empty() ? "" : absl::StrCat(", checkpoints in ", checkpoint_root)));
 

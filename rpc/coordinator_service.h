@@ -4,15 +4,27 @@
 #ifndef DOWNPOUR_RPC_COORDINATOR_SERVICE_H_
 #define DOWNPOUR_RPC_COORDINATOR_SERVICE_H_
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "common/metrics.h"
 #include "control/coordinator.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "rpc/auth.h"
 
 namespace downpour {
 
 class CoordinatorService : public downpour::Coordinator::Service {
  public:
-  CoordinatorService(control::Coordinator* coordinator, MetricsRegistry* metrics);
+  // Every call is first authorized by `auth` (not owned; null: an open
+  // coordinator) against MethodRoles().
+  CoordinatorService(control::Coordinator* coordinator, MetricsRegistry* metrics,
+                     const Authenticator* auth = nullptr);
+
+  // The roles that may call each method of the service, by method name. A
+  // method missing here may be called by no one (deny by default).
+  static const std::map<std::string, std::vector<CallerRole>>& MethodRoles();
 
   grpc::Status RegisterNode(grpc::ServerContext*, const RegisterNodeRequest*,
                             RegisterNodeResponse*) override;
@@ -41,7 +53,14 @@ class CoordinatorService : public downpour::Coordinator::Service {
   grpc::Status JobLogs(grpc::ServerContext*, const JobLogsRequest*, JobLogsResponse*) override;
 
  private:
+  // Whether the caller of `context` may call `method`; a node may only
+  // speak for itself (`node_id`, when the request names one).
+  grpc::Status Authorize(const grpc::ServerContext& context, const char* method,
+                         const std::string* node_id = nullptr) const;
+
   control::Coordinator* const coordinator_;
+  const Authenticator open_auth_;
+  const Authenticator* const auth_;
   Counter* const submitted_;
   Counter* const rejected_;
   Counter* const heartbeats_;

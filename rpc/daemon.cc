@@ -21,15 +21,17 @@
 
 namespace downpour {
 
-absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
-                                              const std::vector<grpc::Service*>& services,
-                                              MetricsRegistry* metrics, int max_message_bytes) {
+absl::StatusOr<RunningServer> StartGrpcServer(
+    const std::string& listen, const std::vector<grpc::Service*>& services,
+    MetricsRegistry* metrics, int max_message_bytes,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   auto parsed = ParseHostPort(listen);
   if (!parsed.ok()) return parsed.status();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      listen, credentials != nullptr ? credentials : grpc::InsecureServerCredentials(), &port);
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon share
   // a busy port silently; an address in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -130,11 +132,18 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("--coordinator=HOST:PORT is required");
   }
+  RETURN_IF_ERROR(CheckListenSecurity(options.listen, options.security));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> server_credentials,
+                   MakeServerCredentials(options.security, ClientCertificates::kRequired));
+  ClientCredentials coordinator_credentials;
+  ASSIGN_OR_RETURN(coordinator_credentials.channel, MakeChannelCredentials(options.security));
   auto daemon = std::unique_ptr<NodeDaemon>(new NodeDaemon());
   ASSIGN_OR_RETURN(daemon->metrics_server_,
                    MetricsHttpServer::StartIfRequested(options.metrics_listen, metrics));
-  ASSIGN_OR_RETURN(daemon->server_, StartGrpcServer(options.listen, services, metrics));
-  ASSIGN_OR_RETURN(daemon->coordinator_, RemoteCoordinator::Create(options.coordinator));
+  ASSIGN_OR_RETURN(daemon->server_, StartGrpcServer(options.listen, services, metrics, 256 << 20,
+                                                    std::move(server_credentials)));
+  ASSIGN_OR_RETURN(daemon->coordinator_,
+                   RemoteCoordinator::Create(options.coordinator, coordinator_credentials));
   // A heartbeat that takes longer than this counts as missed.
   daemon->coordinator_->set_rpc_timeout(absl::Seconds(5));
 

@@ -20,6 +20,7 @@
 #include "proto/coordinator.pb.h"
 #include "rpc/node_agent.h"
 #include "rpc/remote_coordinator.h"
+#include "rpc/security.h"
 
 namespace downpour {
 
@@ -34,11 +35,12 @@ struct RunningServer {
 // Builds and starts a server on `listen` with `services` (not owned) and the
 // standard health service. With `metrics` (not owned; it must outlive the
 // server), every call is measured (rpc/server_metrics.h). Messages up to
-// `max_message_bytes` are accepted.
-absl::StatusOr<RunningServer> StartGrpcServer(const std::string& listen,
-                                              const std::vector<grpc::Service*>& services,
-                                              MetricsRegistry* metrics = nullptr,
-                                              int max_message_bytes = 256 << 20);
+// `max_message_bytes` are accepted. Plaintext without `credentials`
+// (rpc/security.h makes them).
+absl::StatusOr<RunningServer> StartGrpcServer(
+    const std::string& listen, const std::vector<grpc::Service*>& services,
+    MetricsRegistry* metrics = nullptr, int max_message_bytes = 256 << 20,
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
 // Sets the program's usage line and makes --help and --helpshort list the
 // flags of Downpour's own files (the daemon's and rpc/'s shared ones), not
@@ -82,6 +84,10 @@ class NodeDaemon {
     bool checkpoints = false;
     // See NodeAgent::Options.
     std::function<void(HeartbeatRequest*)> add_to_heartbeat;
+    // TLS for the server (client certificates required: only nodes call a
+    // node) and for the calls to the coordinator; plaintext only on loopback
+    // unless insecure.
+    SecurityOptions security;
   };
 
   // Serves /metrics (when asked) from `metrics` (not owned), then `services`

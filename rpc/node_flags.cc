@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "rpc/security_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT (port 0 picks one)");
 ABSL_FLAG(std::string, advertise, "",
@@ -29,6 +30,7 @@ NodeDaemon::Options NodeDaemonOptionsFromFlags(NodeRole role) {
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   options.coordinator_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_coordinator_timeout_ms));
   options.node_id = absl::GetFlag(FLAGS_node_id);
+  options.security = SecurityOptionsFromFlags();
   return options;
 }
 

@@ -136,8 +136,10 @@ std::unique_ptr<RemoteParameterShard> RemoteParameterShard::Create(const std::st
     // drops the client's deadline filter, so a call to a frozen shard would
     // never end.)
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    channels.push_back(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    channels.push_back(grpc::CreateCustomChannel(
+        address,
+        options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(),
+        args));
   }
   return std::make_unique<RemoteParameterShard>(address, std::move(channels), options);
 }

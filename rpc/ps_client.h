@@ -46,9 +46,11 @@ class RemoteParameterShard final : public ParameterShard {
     // as a unary one would (the caller's retry opens a new stream); a shard
     // without the method is called unary from then on.
     bool use_streams = true;
+    // TLS (rpc/security.h: MakeChannelCredentials); null: plaintext.
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
   };
 
-  // Connects (lazily, insecure credentials) to the shard at `address`
+  // Connects (lazily, with options.credentials) to the shard at `address`
   // (HOST:PORT).
   static std::unique_ptr<RemoteParameterShard> Create(const std::string& address,
                                                       const Options& options);

@@ -5,9 +5,11 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "common/status.h"
 #include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/impl/rpc_service_method.h"
 #include "grpcpp/support/method_handler.h"
+#include "rpc/auth.h"
 #include "rpc/grpc_status.h"
 
 namespace downpour {
@@ -27,7 +29,7 @@ class ParameterServerService::PushPullStreamReactor final
     : public grpc::ServerBidiReactor<TensorMessage, TensorMessage> {
  public:
   PushPullStreamReactor(ParameterServerService* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context) {
+      : service_(service), context_(context), peer_(PeerNodeId(*context)) {
     StartRead(&request_);
   }
 
@@ -47,6 +49,10 @@ class ParameterServerService::PushPullStreamReactor final
         std::min(absl::FromChrono(context_->deadline()),
                  header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
                                          : absl::InfiniteFuture()));
+    if (absl::Status denied = service_->AdmitExchange(peer_, header.exchange()); !denied.ok()) {
+      AnswerError(denied);
+      return;
+    }
     ParameterShard* shard = service_->shard_;
     absl::StatusOr<PushResponse> pushed = shard->Push(header.exchange().push(), request_.payload);
     // The request's buffers go back to gRPC before the answer is written.
@@ -128,6 +134,7 @@ class ParameterServerService::PushPullStreamReactor final
 
   ParameterServerService* const service_;
   grpc::CallbackServerContext* const context_;
+  const std::string peer_;  // The caller's node certificate names it.
   TensorMessage request_;
   TensorMessage response_;
   absl::Mutex waiter_mu_;
@@ -169,10 +176,32 @@ absl::Time ParameterServerService::PullDeadline(absl::Time caller_deadline) cons
   return deadline;
 }
 
-grpc::Status ParameterServerService::Push(grpc::ServerContext* /*context*/,
+absl::Status ParameterServerService::Admit(const std::string& peer, const std::string& job_id,
+                                           int rank) const {
+  if (!options_.authorize) return absl::OkStatus();
+  if (peer.empty()) {
+    return absl::UnauthenticatedError(
+        "a shard serves nodes only, and the caller presented no node certificate");
+  }
+  return options_.authorize(peer, job_id, rank);
+}
+
+absl::Status ParameterServerService::AdmitExchange(const std::string& peer,
+                                                   const PushPullRequest& exchange) const {
+  if (exchange.has_push()) {
+    RETURN_IF_ERROR(Admit(peer, exchange.push().job_id(), exchange.push().worker_rank()));
+  }
+  return Admit(peer, exchange.pull().job_id(), exchange.pull().worker_rank());
+}
+
+grpc::Status ParameterServerService::Push(grpc::ServerContext* context,
                                           const TensorMessage* request, TensorMessage* response) {
   PushRequest header;
   if (!header.ParseFromString(request->header)) return BadHeader("PushRequest");
+  if (absl::Status denied = Admit(PeerNodeId(*context), header.job_id(), header.worker_rank());
+      !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   absl::StatusOr<PushResponse> result = shard_->Push(header, request->payload);
   if (!result.ok()) return ToGrpcStatus(result.status());
   response->header = result->SerializeAsString();
@@ -183,6 +212,10 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context,
                                           const TensorMessage* request, TensorMessage* response) {
   PullRequest header;
   if (!header.ParseFromString(request->header)) return BadHeader("PullRequest");
+  if (absl::Status denied = Admit(PeerNodeId(*context), header.job_id(), header.worker_rank());
+      !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   absl::StatusOr<PullResponse> result =
       shard_->Pull(header, PullDeadline(*context), &response->payload);
   if (!result.ok()) return ToGrpcStatus(result.status());
@@ -195,6 +228,9 @@ grpc::Status ParameterServerService::PushPull(grpc::ServerContext* context,
                                               TensorMessage* response) {
   PushPullRequest header;
   if (!header.ParseFromString(request->header)) return BadHeader("PushPullRequest");
+  if (absl::Status denied = AdmitExchange(PeerNodeId(*context), header); !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   absl::StatusOr<PushPullResponse> result = shard_->PushPull(
       header.push(), request->payload, header.pull(), PullDeadline(*context), &response->payload);
   if (!result.ok()) return ToGrpcStatus(result.status());

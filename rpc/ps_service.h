@@ -15,9 +15,14 @@
 #ifndef DOWNPOUR_RPC_PS_SERVICE_H_
 #define DOWNPOUR_RPC_PS_SERVICE_H_
 
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/service_type.h"
+#include "proto/parameter_server.pb.h"
 #include "ps/parameter_shard.h"
 #include "rpc/tensor_wire.h"
 
@@ -28,6 +33,11 @@ class ParameterServerService final : public grpc::Service {
   struct Options {
     // Longest a Pull waits, whatever (or without) the caller's deadline.
     absl::Duration max_pull_wait = absl::Seconds(60);
+    // Set where callers prove who they are (TLS): every request must come
+    // from a node certificate (rpc/auth.h), and this says whether node
+    // `peer` may push and pull as rank `rank` of job `job_id`.
+    std::function<absl::Status(const std::string& peer, const std::string& job_id, int rank)>
+        authorize;
   };
 
   explicit ParameterServerService(ParameterShard* shard) : ParameterServerService(shard, {}) {}
@@ -45,6 +55,11 @@ class ParameterServerService final : public grpc::Service {
   // less a margin.
   absl::Time PullDeadline(const grpc::ServerContext& context) const;
   absl::Time PullDeadline(absl::Time deadline) const;
+  // OK when options_.authorize admits node `peer` ("" without a node
+  // certificate) to job `job_id` as rank `rank`; AdmitExchange, to both
+  // halves of a push-pull.
+  absl::Status Admit(const std::string& peer, const std::string& job_id, int rank) const;
+  absl::Status AdmitExchange(const std::string& peer, const PushPullRequest& exchange) const;
 
   // Serves /PushPullStream: PushPull exchanges, one after the other, on a
   // long-lived stream, handled by the callback API on the thread that read

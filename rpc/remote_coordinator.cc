@@ -23,7 +23,7 @@ using Stub = downpour::Coordinator::StubInterface;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RemoteCoordinator>> RemoteCoordinator::Create(
-    const std::string& address) {
+    const std::string& address, const ClientCredentials& credentials) {
   if (address.empty()) {
     return absl::InvalidArgumentError(
         "the coordinator address is empty; pass --coordinator=HOST:PORT");
@@ -32,15 +32,20 @@ absl::StatusOr<std::unique_ptr<RemoteCoordinator>> RemoteCoordinator::Create(
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
   // A long job history makes ListJobs answers large.
   args.SetMaxReceiveMessageSize(256 << 20);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  return std::make_unique<RemoteCoordinator>(address, channel,
-                                             downpour::Coordinator::NewStub(channel));
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      address,
+      credentials.channel != nullptr ? credentials.channel : grpc::InsecureChannelCredentials(),
+      args);
+  auto client = std::make_unique<RemoteCoordinator>(address, channel,
+                                                    downpour::Coordinator::NewStub(channel));
+  client->bearer_token_ = credentials.bearer_token;
+  return client;
 }
 
 absl::StatusOr<std::unique_ptr<RemoteCoordinator>> RemoteCoordinator::Connect(
-    const std::string& address, absl::Duration connect_timeout) {
-  ASSIGN_OR_RETURN(std::unique_ptr<RemoteCoordinator> client, Create(address));
+    const std::string& address, absl::Duration connect_timeout,
+    const ClientCredentials& credentials) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RemoteCoordinator> client, Create(address, credentials));
   RETURN_IF_ERROR(client->WaitUntilConnected(connect_timeout));
   return client;
 }
@@ -74,11 +79,18 @@ absl::Status RemoteCoordinator::CallError(const char* name, const grpc::Status& 
   }
 }
 
+void RemoteCoordinator::Prepare(grpc::ClientContext* context, absl::Duration timeout) const {
+  SetDeadline(context, absl::ToChronoMilliseconds(timeout));
+  if (!bearer_token_.empty()) {
+    context->AddMetadata(kAuthorizationHeader, absl::StrCat("Bearer ", bearer_token_));
+  }
+}
+
 template <typename Request, typename Response, typename Method>
 absl::StatusOr<Response> RemoteCoordinator::Call(const char* name, Method method,
                                                  const Request& request, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(&context, absl::ToChronoMilliseconds(timeout));
+  Prepare(&context, timeout);
   Response response;
   const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
   if (status.ok()) return response;
@@ -167,7 +179,7 @@ absl::StatusOr<std::string> RemoteCoordinator::ExportJob(const std::string& job_
   request.set_step(step);
   request.set_native_layout(native_layout);
   grpc::ClientContext context;
-  SetDeadline(&context, absl::ToChronoMilliseconds(long_call_timeout_));
+  Prepare(&context, long_call_timeout_);
   std::unique_ptr<grpc::ClientReaderInterface<ExportChunk>> reader =
       stub_->ExportJob(&context, request);
   std::string file;

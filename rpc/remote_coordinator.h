@@ -26,19 +26,23 @@
 #include "control/coordinator.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "rpc/security.h"
 
 namespace downpour {
 
 class RemoteCoordinator : public control::Coordinator {
  public:
   // A client of the coordinator at `address` (HOST:PORT) that connects when
-  // first used. InvalidArgument for an empty address.
-  static absl::StatusOr<std::unique_ptr<RemoteCoordinator>> Create(const std::string& address);
+  // first used, with `credentials` (default: plaintext, no token).
+  // InvalidArgument for an empty address.
+  static absl::StatusOr<std::unique_ptr<RemoteCoordinator>> Create(
+      const std::string& address, const ClientCredentials& credentials = {});
   // As Create, then waits up to `connect_timeout` for the connection: an
   // unreachable coordinator gives Unavailable "cannot reach coordinator at
   // HOST:PORT within 5s".
   static absl::StatusOr<std::unique_ptr<RemoteCoordinator>> Connect(
-      const std::string& address, absl::Duration connect_timeout = absl::Seconds(5));
+      const std::string& address, absl::Duration connect_timeout = absl::Seconds(5),
+      const ClientCredentials& credentials = {});
 
   // Wraps an existing stub (a test may pass a fake). `channel` may be null, in
   // which case WaitUntilConnected returns OK at once.
@@ -94,11 +98,16 @@ class RemoteCoordinator : public control::Coordinator {
   absl::StatusOr<Response> Call(const char* name, Method method, const Request& request,
                                 absl::Duration timeout);
 
+  // A call's context: its deadline, and the bearer token if there is one.
+  void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
+
   const std::string address_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<downpour::Coordinator::StubInterface> stub_;
   absl::Duration rpc_timeout_ = absl::Seconds(10);
   absl::Duration long_call_timeout_ = absl::Minutes(10);
+  // Sent with every call as "authorization: Bearer ..." (empty: none).
+  std::string bearer_token_;
 };
 
 }  // namespace downpour

@@ -56,7 +56,14 @@ int Main() {
     store.SetCheckpointSink([w = writer.get()](ShardCapture c) { w->Write(std::move(c)); });
   }
   ShardRuntime runtime(&store, writer.get(), &metrics);
-  ParameterServerService service(runtime.serving());
+  ParameterServerService::Options service_options;
+  if (options.security.tls.enabled()) {
+    service_options.authorize = [&runtime](const std::string& peer, const std::string& job_id,
+                                           int rank) {
+      return runtime.AuthorizeWorker(peer, job_id, rank);
+    };
+  }
+  ParameterServerService service(runtime.serving(), service_options);
   options.checkpoints = writer != nullptr;
   options.add_to_heartbeat = [&runtime](HeartbeatRequest* r) { runtime.AddToHeartbeat(r); };
   auto daemon =

@@ -17,10 +17,28 @@ ShardRuntime::ShardRuntime(ParameterStore* store, CheckpointWriter* writer,
       bytes_gauge_(metrics->GetGauge("downpour_ps_parameter_bytes",
                                      "Parameter bytes hosted on this shard.")) {}
 
+absl::Status ShardRuntime::AuthorizeWorker(const std::string& peer, const std::string& job_id,
+                                           int rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(job_id);
+  if (it == workers_.end()) return absl::OkStatus();
+  if (rank >= 0 && rank < static_cast<int>(it->second.size()) && it->second[rank] == peer) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("node ", peer, " is not worker rank ", rank, " of job ", job_id,
+                   " (as this shard last heard from the coordinator)"));
+}
+
 void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
   absl::MutexLock lock(&mu_);
   std::map<std::string, int64_t> current;  // Job -> attempt.
-  for (const Task& task : tasks) current[task.job_id()] = task.attempt();
+  workers_.clear();
+  for (const Task& task : tasks) {
+    current[task.job_id()] = task.attempt();
+    workers_[task.job_id()].assign(task.placement().worker_nodes().begin(),
+                                   task.placement().worker_nodes().end());
+  }
   // Jobs that ended here, or started again (resumed, recovered: hosted
   // afresh below), are dropped first.
   for (auto it = refused_.begin(); it != refused_.end();) {

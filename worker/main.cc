@@ -24,6 +24,7 @@
 #include "rpc/daemon.h"
 #include "rpc/node_flags.h"
 #include "rpc/ps_client.h"
+#include "rpc/security.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_runtime.h"
 
@@ -150,6 +151,9 @@ int Main() {
   // connection) within it.
   shard_options.push_attempt_timeout = trainer_options.exchange.push_timeout;
   shard_options.num_channels = absl::GetFlag(FLAGS_channels_per_shard);
+  auto shard_credentials = MakeChannelCredentials(daemon_options.security);
+  if (!shard_credentials.ok()) return ExitWithError(shard_credentials.status());
+  shard_options.credentials = *std::move(shard_credentials);
   WorkerRuntime runtime(
       trainer_options,
       [shard_options](const std::string& address) {

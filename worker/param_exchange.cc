@@ -13,9 +13,11 @@
 namespace downpour {
 namespace {
 
+// NotFound: the shard does not host the job yet. PermissionDenied: the
+// shard has not yet heard that this worker took its rank over (TLS).
 bool Retryable(const absl::Status& status) {
   return absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
-         absl::IsNotFound(status);
+         absl::IsNotFound(status) || absl::IsPermissionDenied(status);
 }
 
 }  // namespace

@@ -55,6 +55,8 @@ cc_library(
 """.format(repr(_pkg_config_libs(ctx, ["openblas"]))))
     build.append(_library("civetweb", ["-lcivetweb", "-lpthread", "-ldl"]))
     build.append(_library("zlib", ["-lz"]))
+    # SHA-256 of bearer tokens and certificate checks (OpenSSL's libcrypto).
+    build.append(_library("crypto", _pkg_config_libs(ctx, ["libcrypto"])))
     # Image decoding of tf.Example features: libjpeg-turbo and libpng.
     build.append(_library("jpeg", _pkg_config_libs(ctx, ["libjpeg"])))
     build.append(_library("png", _pkg_config_libs(ctx, ["libpng"])))
