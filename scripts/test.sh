@@ -27,9 +27,10 @@ python=$("$ROOT/scripts/python-deps.sh") || python=python3
 "$python" "$ROOT/tests/tensorboard_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$tensorboard_xml"
 # deploy/ against the built daemons' flags and ports, plus promtool,
-# systemd-analyze and the other tools it finds (Debian's python3 for PyYAML).
+# systemd-analyze and the other tools it finds (Debian's python3 for PyYAML;
+# hadolint from the venv).
 /usr/bin/python3 "$ROOT/deploy/deploy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
-  --junit "$deploy_xml"
+  --hadolint "$ROOT/.venv/bin/hadolint" --junit "$deploy_xml"
 # deploy/slurm/downpour-cpu.sbatch trains a short job on a one-node Slurm of
 # its own (munged, slurmctld, slurmd from a temp dir; about 15 s; root only,
 # skipped elsewhere or without Slurm).
