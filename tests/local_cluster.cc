@@ -304,6 +304,15 @@ absl::StatusOr<std::unique_ptr<Process>> LocalCluster::StartDaemon(const std::st
     if (wildcard) argv.push_back(absl::StrCat("--advertise=", *host));
   }
   argv.insert(argv.end(), flags.begin(), flags.end());
+  if (const std::string& tls = options_.tls_dir; !tls.empty()) {
+    argv.push_back(absl::StrCat("--tls_cert=", tls, "/", name, ".crt"));
+    argv.push_back(absl::StrCat("--tls_key=", tls, "/", name, ".key"));
+    argv.push_back(absl::StrCat("--tls_ca=", tls, "/ca.crt"));
+    if (name != "coordinator") argv.push_back(absl::StrCat("--node_id=", name));
+    if (name == "coordinator" && access((tls + "/auth.pbtxt").c_str(), R_OK) == 0) {
+      argv.push_back(absl::StrCat("--auth_config=", tls, "/auth.pbtxt"));
+    }
+  }
   argv.push_back(absl::StrCat("--port_file=", dir_, "/", name, ".port"));
   argv.push_back(absl::StrCat("--metrics_listen=", listen_host, ":0"));
   return Process::Spawn(argv, dir_ + "/" + name + ".log");
@@ -413,6 +422,9 @@ absl::Status LocalCluster::RestartCoordinator(absl::Duration down, int signal) {
 CommandResult LocalCluster::Ctl(const std::vector<std::string>& args, absl::Duration timeout) {
   std::vector<std::string> argv = {Runfile("client/downpourctl"),
                                    absl::StrCat("--coordinator=", coordinator_address_)};
+  if (!options_.tls_dir.empty())
+    argv.push_back(absl::StrCat("--tls_ca=", options_.tls_dir, "/ca.crt"));
+  argv.insert(argv.end(), options_.ctl_flags.begin(), options_.ctl_flags.end());
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, timeout);
 }

@@ -93,6 +93,14 @@ class LocalCluster {
     // (--listen=0.0.0.0:0, metrics too), shards and workers advertising
     // their host's address (--advertise), as on real hosts.
     bool wildcard_listen = false;
+    // Certificates of scripts/make-certs.sh: every daemon serves and calls
+    // over mutual TLS with DIR/NAME.crt and .key ("coordinator", "ps0",
+    // "worker1"; shards and workers run with --node_id=NAME), the
+    // coordinator authorizes with DIR/auth.pbtxt when it exists, and Ctl
+    // trusts DIR/ca.crt. Empty: plaintext, open.
+    std::string tls_dir;
+    // Added to every downpourctl command line (e.g. --token_file=...).
+    std::vector<std::string> ctl_flags;
   };
 
   // Why this process cannot make network namespaces ("" when it can).
