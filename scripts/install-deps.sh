@@ -14,7 +14,7 @@ PACKAGES=(
   build-essential pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libcivetweb-dev libsqlite3-dev
+  libopenblas-dev libcivetweb-dev libsqlite3-dev libssl-dev openssl
   zlib1g-dev libjpeg62-turbo-dev libpng-dev
   dataset-fashion-mnist python3-venv
   prometheus python3-yaml shellcheck chromium
