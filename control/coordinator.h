@@ -45,7 +45,11 @@ class Coordinator {
     request.set_job_id(job_id);
     return SubmitJob(request);
   }
-  // In submission order.
+  // In submission order, each job a summary: the lists that grow with the
+  // model, the data and the job's history — placement.partitions,
+  // data_files, the workers' data, events, restore and all evaluations but
+  // the newest — are left out (GetJob has them), so a long job history
+  // lists within a message.
   virtual absl::StatusOr<std::vector<JobStatus>> ListJobs() = 0;
   virtual absl::StatusOr<JobStatus> GetJob(const std::string& job_id) = 0;
   // Long poll: returns once the job's version exceeds `known_version`, or

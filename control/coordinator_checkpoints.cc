@@ -12,6 +12,9 @@
 #include "control/checkpoints.h"
 #include "control/coordinator_state.h"
 #include "control/export.h"
+#include "control/request_limits.h"
+#include "spec/checkpoint_files.h"
+#include "spec/limits.h"
 
 namespace downpour {
 namespace control {
@@ -55,7 +58,9 @@ bool CoordinatorState::TrainingDone(const JobStatus& job) {
 void CoordinatorState::AddEvent(JobStatus* job, const std::string& message) {
   JobEvent* event = job->add_events();
   event->set_time_ms(ToMillis(options_.now()));
-  event->set_message(message);
+  // Events name nodes, files and errors: a job of thousands of workers
+  // keeps its 200 within a few MiB.
+  event->set_message(TruncateText(message, kMaxEventBytes));
   if (job->events_size() > kMaxEvents) {
     job->mutable_events()->DeleteSubrange(0, job->events_size() - kMaxEvents);
   }
@@ -64,7 +69,7 @@ void CoordinatorState::AddEvent(JobStatus* job, const std::string& message) {
   line.set_job_id(job->id());
   line.set_source("coordinator");
   line.set_time_ms(event->time_ms());
-  line.set_text(message);
+  line.set_text(TruncateText(message, kMaxLogLineBytes));
   AppendJobLog(std::move(line));
 }
 
@@ -77,14 +82,26 @@ void CoordinatorState::TakeCheckpointPart(const CheckpointPart& part) {
       part.step() <= settled_checkpoint_[part.job_id()]) {
     return;
   }
+  // The file's name becomes a path under the checkpoint root: only the
+  // name a shard of the job writes is taken.
+  const int shard = part.file().shard();
+  if (shard < 0 || shard >= job->second.placement().shard_nodes_size() ||
+      (part.error().empty() && part.file().name() != ShardFileName(shard))) {
+    return;
+  }
   PendingCheckpoint& pending = pending_checkpoints_[part.job_id()][part.step()];
   if (pending.began == absl::Time()) pending.began = options_.now();
   if (!part.error().empty()) {
-    AbandonCheckpoint(part.job_id(), part.step(),
-                      absl::StrCat("shard ", part.file().shard(), ": ", part.error()));
+    AbandonCheckpoint(
+        part.job_id(), part.step(),
+        absl::StrCat("shard ", shard, ": ", TruncateText(part.error(), kMaxMessageBytes)));
     return;
   }
-  pending.shard_files[part.file().shard()] = part.file();
+  CheckpointFile& file = pending.shard_files[shard];
+  file = part.file();
+  // It goes into the manifest and the job's record: fields this
+  // coordinator does not know stay out.
+  file.DiscardUnknownFields();
   MaybeCommitCheckpoint(part.job_id(), part.step());
 }
 
@@ -340,6 +357,7 @@ absl::StatusOr<SafetensorsFile> CoordinatorState::ReadInitialWeights(const InitF
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::CheckpointJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
   if (job->state() != RUNNING) {
@@ -359,6 +377,7 @@ absl::StatusOr<JobStatus> CoordinatorState::CheckpointJob(const std::string& job
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::ResumeJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   std::vector<CheckpointInfo> checkpoints;
   {
     absl::MutexLock lock(&mu_);
@@ -413,6 +432,7 @@ absl::StatusOr<JobStatus> CoordinatorState::ResumeJob(const std::string& job_id)
 
 absl::StatusOr<std::string> CoordinatorState::ExportJob(const std::string& job_id, int64_t step,
                                                         bool native_layout) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   std::vector<CheckpointInfo> checkpoints;
   JobSpec spec;
   {

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "control/coordinator_state.h"
+#include "control/request_limits.h"
 
 namespace downpour {
 namespace control {
@@ -22,6 +23,7 @@ bool Names(const google::protobuf::RepeatedPtrField<std::string>& nodes, const s
 }  // namespace
 
 absl::StatusOr<JobDescription> CoordinatorState::DescribeJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
   JobDescription description;
@@ -46,6 +48,7 @@ absl::Status CoordinatorState::RemoveJob(const std::string& job_id) {
 }
 
 absl::Status CoordinatorState::DeleteJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
   if (!IsTerminal(job->state())) {
@@ -59,6 +62,7 @@ absl::Status CoordinatorState::DeleteJob(const std::string& job_id) {
 }
 
 absl::StatusOr<NodeInfo> CoordinatorState::CordonNode(const std::string& node_id, bool cordoned) {
+  RETURN_IF_ERROR(CheckNodeIdArgument(node_id));
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) {
@@ -104,6 +108,7 @@ void CoordinatorState::AppendJobLog(JobLogLine line) {
 }
 
 absl::StatusOr<JobLogsResponse> CoordinatorState::JobLogs(const JobLogsRequest& request) {
+  RETURN_IF_ERROR(CheckJobIdArgument(request.job_id()));
   absl::MutexLock lock(&mu_);
   const absl::Time deadline =
       options_.now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms()));

@@ -10,8 +10,10 @@
 #include "common/status.h"
 #include "control/checkpoints.h"
 #include "control/export.h"
+#include "control/request_limits.h"
 #include "control/scheduler.h"
 #include "spec/job_validation.h"
+#include "spec/limits.h"
 
 namespace downpour {
 namespace control {
@@ -99,6 +101,7 @@ absl::Status CoordinatorState::SaveNode(const NodeInfo& info) {
 }
 
 absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeInfo& node) {
+  RETURN_IF_ERROR(CheckNodeInfo(node));
   if (node.id().empty()) return absl::InvalidArgumentError("node id is required");
   if (node.role() != SHARD && node.role() != WORKER) {
     return absl::InvalidArgumentError(
@@ -134,6 +137,7 @@ absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeIn
 }
 
 absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatRequest& request) {
+  RETURN_IF_ERROR(CheckHeartbeatRequest(request));
   absl::MutexLock lock(&mu_);
   HeartbeatResponse response;
   auto it = nodes_.find(request.node_id());
@@ -167,8 +171,13 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     for (const CheckpointPart& part : request.checkpoints()) TakeCheckpointPart(part);
   }
   for (const JobLogLine& line : request.logs()) {
-    JobLogLine from_node = line;
+    // Only what a line is, its text cut to the limit (a long line is the
+    // node's own output: it never costs the node its heartbeat).
+    JobLogLine from_node;
+    from_node.set_job_id(line.job_id());
     from_node.set_source(node.info.id());
+    from_node.set_time_ms(line.time_ms());
+    from_node.set_text(TruncateText(line.text(), kMaxLogLineBytes));
     AppendJobLog(std::move(from_node));
   }
   response.set_released(node.draining && Released(node.info.id()));
@@ -180,7 +189,13 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     task->set_attempt(job.attempt());
     task->set_checkpoints(Saves(job));
     task->set_checkpoint_requested_ms(job.checkpoint_requested_ms());
-    if (job.has_restore()) *task->mutable_restore() = job.restore();
+    if (job.has_restore()) {
+      *task->mutable_restore() = job.restore();
+      // Shards restore from the files; the workers' state (up to
+      // kMaxWorkerStateBytes) goes to workers only, so a shard hosting many
+      // jobs is not sent it once per job every heartbeat.
+      if (node.info.role() == SHARD) task->mutable_restore()->clear_worker_state();
+    }
     *task->mutable_spec() = job.spec();
     *task->mutable_placement() = job.placement();
     for (const std::string& shard : job.placement().shard_nodes()) {
@@ -231,6 +246,7 @@ std::string CoordinatorState::NewJobId(const std::string& name) {
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& request) {
+  RETURN_IF_ERROR(CheckSubmitJobRequest(request));
   JobSpec spec = request.spec();
   ApplyJobDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec).status());
@@ -280,11 +296,26 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& re
 absl::StatusOr<std::vector<JobStatus>> CoordinatorState::ListJobs() {
   absl::MutexLock lock(&mu_);
   std::vector<JobStatus> out;
-  for (const std::string& id : job_order_) out.push_back(jobs_[id]);
+  for (const std::string& id : job_order_) out.push_back(ListedJob(jobs_[id]));
   return out;
 }
 
+JobStatus CoordinatorState::ListedJob(const JobStatus& job) {
+  JobStatus listed;
+  listed.CopyFrom(job);
+  listed.mutable_placement()->clear_partitions();
+  listed.clear_data_files();
+  for (WorkerProgress& worker : *listed.mutable_workers()) worker.clear_data();
+  listed.clear_events();
+  listed.clear_restore();
+  if (listed.evaluations_size() > 1) {
+    listed.mutable_evaluations()->DeleteSubrange(0, listed.evaluations_size() - 1);
+  }
+  return listed;
+}
+
 absl::StatusOr<JobStatus> CoordinatorState::GetJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
   return *job;
@@ -293,6 +324,7 @@ absl::StatusOr<JobStatus> CoordinatorState::GetJob(const std::string& job_id) {
 absl::StatusOr<JobStatus> CoordinatorState::WatchJob(const std::string& job_id,
                                                      int64_t known_version,
                                                      absl::Duration timeout) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = options_.now() + timeout;
   while (true) {
@@ -305,6 +337,7 @@ absl::StatusOr<JobStatus> CoordinatorState::WatchJob(const std::string& job_id,
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::StopJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
   if (!IsTerminal(job->state())) {
@@ -316,6 +349,7 @@ absl::StatusOr<JobStatus> CoordinatorState::StopJob(const std::string& job_id) {
 
 absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     const ReportProgressRequest& request) {
+  RETURN_IF_ERROR(CheckReportProgressRequest(request));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobStatus * current, FindJob(request.job_id()));
   ReportProgressResponse response;
@@ -346,8 +380,10 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     return response;
   }
   if (!request.error().empty()) {
-    const std::string why =
-        absl::StrCat("worker ", rank, " (", request.node_id(), "): ", request.error());
+    // The worker's own words, cut to the limit: refused, they would leave
+    // the job running without the worker.
+    const std::string why = absl::StrCat("worker ", rank, " (", request.node_id(),
+                                         "): ", TruncateText(request.error(), kMaxMessageBytes));
     RETURN_IF_ERROR(request.permanent() ? FinishJob(*current, FAILED, why)
                                         : FailOrRestart(*current, why, request.diverged()));
     SchedulePending();
@@ -374,7 +410,8 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   }
   if (request.has_evaluation() && rank == 0) {
     Evaluation* evaluation = job.add_evaluations();
-    *evaluation = request.evaluation();
+    evaluation->set_step(request.evaluation().step());
+    evaluation->set_accuracy(request.evaluation().accuracy());
     evaluation->set_time_ms(absl::ToUnixMillis(options_.now()));
     if (tensorboard_) {
       tensorboard_->AddScalar(job.id(), "test_accuracy", evaluation->step(),

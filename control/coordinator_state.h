@@ -177,6 +177,8 @@ class CoordinatorState : public Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives every rank of `job` its first share of job->data_files().
   static void ShareDataFiles(JobStatus* job);
+  // `job` as ListJobs shows it (see Coordinator::ListJobs).
+  static JobStatus ListedJob(const JobStatus& job);
   // Shard `index` of running ASYNC/SSP `job` is lost: a spare shard takes
   // it over, restoring only its partitions from the newest checkpoint, and
   // the job goes on. False (nothing changed) when the job is SYNC (one

@@ -729,7 +729,9 @@ TEST_F(CheckpointingTest, ResumeFallsBackPastACorruptCheckpointAndStartsAgain) {
   EXPECT_EQ(task.restore().step(), 2);
   EXPECT_EQ(task.restore().dir(), "j/step-2");
   EXPECT_EQ(task.restore().files_size(), 2);
-  EXPECT_EQ(task.restore().worker_state(), "worker state bytes");
+  // The workers' state goes to workers only (shards restore from the files).
+  EXPECT_EQ(task.restore().worker_state(), "");
+  EXPECT_EQ(Beat("w").tasks(0).restore().worker_state(), "worker state bytes");
 
   // Only a FAILED or STOPPED job resumes.
   EXPECT_THAT(state_->ResumeJob("j").status().message(),

@@ -16,6 +16,7 @@
 #include "control/checkpoints.h"
 #include "control/coordinator_state.h"
 #include "spec/data_assignment.h"
+#include "spec/limits.h"
 
 namespace downpour {
 namespace control {
@@ -221,10 +222,23 @@ void CoordinatorState::ShareDataFiles(JobStatus* job) {
 absl::StatusOr<ReportProgressResponse> CoordinatorState::AssignData(
     const JobStatus& job, int rank, const ReportProgressRequest& request) {
   if (job.data_files().empty()) {
+    // With fewer files than ranks every rank's share names every file: the
+    // shares are num_workers times the listing, in the job's record and
+    // each worker's Task.
+    size_t listed = 0;
+    for (const std::string& file : request.data_files()) listed += file.size();
+    const bool whole = request.data_files_size() >= job.workers_size();
+    const size_t shares = whole ? listed : listed * job.workers_size();
+    if (shares > kMaxDataShareBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the training data's shares would name ", shares, " bytes of files (",
+          request.data_files_size(), " files matching ", job.spec().dataset().train_files(),
+          " among ", job.workers_size(), " ranks); the limit is ", kMaxDataShareBytes >> 20,
+          " MiB: use at least as many files as workers, or shorter paths"));
+    }
     JobStatus updated = job;
     updated.mutable_data_files()->CopyFrom(request.data_files());
     ShareDataFiles(&updated);
-    const bool whole = updated.data_files_size() >= updated.workers_size();
     AddEvent(
         &updated,
         absl::StrCat("training data: ", updated.data_files_size(), " record file",

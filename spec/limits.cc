@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -33,6 +34,17 @@ absl::Status CheckCount(absl::string_view field, int64_t count, int64_t limit) {
   if (count <= limit) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(field, " has ", count, " entries; the limit is ", limit));
+}
+
+absl::Status CheckNodeId(absl::string_view field, absl::string_view id) {
+  if (absl::Status size = CheckBytes(field, id, kMaxNodeIdBytes); !size.ok()) return size;
+  for (char c : id) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " \"", absl::CHexEscape(id), "\" holds a control character"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckDataPath(absl::string_view field, absl::string_view path) {

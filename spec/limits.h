@@ -4,23 +4,27 @@
 // coordinator's requests, ps/parameter_store for pushes and pulls) agree,
 // and so what the daemons later send out stays within their peers' limits.
 //
-// What the limits protect. Every node and downpourctl receive messages of
-// up to 256 MiB from the coordinator (rpc/remote_coordinator.cc), and the
-// coordinator copies what it accepts into later messages:
-//   - the spec into every Task of every heartbeat response (one per running
-//     job the node takes part in: one for a worker, a few for a shard),
-//     together with the placement (one entry per partition) and the
-//     rank's data;
-//   - the spec and a summary of every job into ListJobs (up to
-//     --job_retention_count ended jobs, 1000 by default, plus the queue);
-//   - the whole job into GetJob, WatchJob and DescribeJob.
-// With the limits below, one Task is at most about 128 KiB of spec + 3 MiB
-// of partitions + 4 MiB of node names and addresses + 16 MiB of data
-// shares, a job's summary in ListJobs at most 128 KiB of spec + 1 MiB of
-// placement and progress (a few KiB for jobs of tens of workers), and a
-// whole job below 64 MiB — so no single field anyone sends can push a
-// later message past a receiver's limit or grow the coordinator's memory
-// without bound.
+// What the limits protect. Every node and downpourctl take messages of up
+// to 256 MiB from the coordinator (rpc/remote_coordinator.cc), a shard and
+// a worker 256 MiB from each other, and the coordinator copies what it
+// accepts into later messages:
+//   - into every Task of every heartbeat response (one per running job the
+//     node takes part in) the spec (<= 128 KiB), the placement (<= 3 MiB of
+//     partitions, <= 2.5 MiB of node ids) and the shards' addresses
+//     (<= 0.5 MiB); a worker's Task also its data share (<= 16 MiB) and the
+//     workers' state (<= 2 x 8 MiB): a worker, in one job at a time, gets
+//     at most ~40 MiB; a shard ~6 MiB per job (a job that large has
+//     thousands of workers and a 32 GiB model);
+//   - into ListJobs a summary of every job (control/coordinator.h): the
+//     spec and the placement's node ids, the workers' progress, the
+//     checkpoints kept — a few KiB plus the spec for jobs of tens of
+//     workers, so the 1000 jobs --job_retention_count keeps by default
+//     list in about 130 MiB even if every spec is at its limit;
+//   - into GetJob, WatchJob and DescribeJob the whole job, below 64 MiB:
+//     the above, the data listing (8 MiB) and shares (16 MiB), 200 events
+//     of <= 16 KiB, the workers' state.
+// So no single field anyone sends can push a later message past a
+// receiver's limit or grow the coordinator's memory without bound.
 //
 // Sizes are bytes of UTF-8 (what protobuf stores), counts are entries.
 // Thread-safety: constants and pure functions.
@@ -108,8 +112,6 @@ inline constexpr int kMaxLogLinesPerHeartbeat = 2000;
 // Checkpoint parts in one heartbeat: a shard repeats its last few per running
 // job.
 inline constexpr int kMaxCheckpointPartsPerHeartbeat = 4096;
-// One checkpoint part as sent (a shard file's name, size, CRC and an error).
-inline constexpr size_t kMaxCheckpointPartBytes = 8 << 10;
 // A worker's listing of the files matching train_files
 // (ReportProgressRequest.data_files): ImageNet as TFRecords is ~1000 files.
 inline constexpr int kMaxDataFiles = 100000;
@@ -132,6 +134,10 @@ absl::Status CheckBytes(absl::string_view field, absl::string_view value, size_t
 absl::Status CheckSize(absl::string_view field, size_t size, size_t limit);
 // InvalidArgument "FIELD has N entries; the limit is L" when `count` > `limit`.
 absl::Status CheckCount(absl::string_view field, int64_t count, int64_t limit);
+
+// A node id (`field` names it): at most kMaxNodeIdBytes, and no control
+// characters (a shard's checkpoint writes worker ids one to a line).
+absl::Status CheckNodeId(absl::string_view field, absl::string_view id);
 
 // A record-file glob of a job spec (`field` names it in the message): at
 // most kMaxPathBytes, relative (each worker resolves it against its

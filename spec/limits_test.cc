@@ -24,6 +24,14 @@ TEST(LimitsTest, SizesAndCountsNameTheFieldTheSizeAndTheLimit) {
             "model.layer has 3000 entries; the limit is 2048");
 }
 
+TEST(LimitsTest, NodeIdsAreBoundedAndHoldNoControlCharacters) {
+  EXPECT_TRUE(CheckNodeId("node id", "worker@10.0.0.7:7071").ok());
+  EXPECT_EQ(CheckNodeId("node id", std::string(513, 'w')).message(),
+            "node id is 513 bytes; the limit is 512 bytes");
+  EXPECT_EQ(CheckNodeId("node id", "a\nb").message(),
+            "node id \"a\\nb\" holds a control character");
+}
+
 TEST(LimitsTest, RelativeDataPathsInsideTheDataDirectoryPass) {
   for (const char* path : {"train-*", "fashion-mnist/train-*.tfrecord", "a/./b", "a..b/c", "..a/x",
                            "a/...", "sub/*", "[.]./x", "a/.hidden"}) {
