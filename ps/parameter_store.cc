@@ -18,6 +18,7 @@
 #include "ps/rank_ordered_sum.h"
 #include "ps/request_dedup.h"
 #include "spec/job_validation.h"
+#include "spec/limits.h"
 #include "spec/params.h"
 #include "spec/shard_map.h"
 #include "spec/wire_dtype.h"
@@ -455,6 +456,11 @@ absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
   if (request.partitions_in_step() < 0) {
     return invalid("partitions_in_step ", request.partitions_in_step(), " is negative");
   }
+  // Each partition at most once: no more headers than partitions here.
+  if (request.partitions_size() > static_cast<int64_t>(job.partitions.size())) {
+    return invalid("partitions has ", request.partitions_size(), " entries; this shard holds ",
+                   job.partitions.size(), " of the job");
+  }
   std::vector<Piece> pieces;
   pieces.reserve(request.partitions_size());
   absl::flat_hash_set<Partition*> seen;
@@ -834,6 +840,11 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
 
 absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
                                                   const Payload& payload) {
+  // The strings a push carries; its lists are bounded by the job (ParsePush).
+  RETURN_IF_ERROR(CheckBytes("push job_id", request.job_id(), kMaxJobIdBytes));
+  // Remembered per worker for exactly-once, and written one to a line into
+  // checkpoints.
+  RETURN_IF_ERROR(CheckNodeId("push request_id.worker_id", request.request_id().worker_id()));
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   if (job->has_diverged.load(std::memory_order_acquire)) return job->DivergedError();
   if (request.attempt() != 0 && job->attempt != 0 && request.attempt() != job->attempt) {
@@ -884,6 +895,7 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
 
 absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, absl::Time deadline,
                                                   Payload* payload) {
+  RETURN_IF_ERROR(CheckBytes("pull job_id", request.job_id(), kMaxJobIdBytes));
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   if (request.dtype() != FLOAT32 && request.dtype() != DTYPE_UNSPECIFIED) {
     return absl::UnimplementedError(absl::StrCat("pull from job ", job->id, ": dtype ",
@@ -895,13 +907,27 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     wanted.reserve(job->partitions.size());
     for (const auto& p : job->partitions) wanted.push_back(p.get());
   } else {
+    // The answer holds each key's values: a key listed twice (or a list
+    // longer than the job's partitions here) would multiply the bytes a
+    // small request makes the shard allocate.
+    if (request.keys_size() > static_cast<int64_t>(job->partitions.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pull from job ", job->id, ": keys has ", request.keys_size(),
+                       " entries; this shard holds ", job->partitions.size(), " of the job"));
+    }
     wanted.reserve(request.keys_size());
+    absl::flat_hash_set<const Partition*> seen;
     for (const PartitionKey& key : request.keys()) {
       auto it = job->by_key.find(KeyPair(key.tensor_id(), key.partition()));
       if (it == job->by_key.end()) {
         return absl::NotFoundError(absl::StrCat("pull from job ", job->id, ": no partition ",
                                                 KeyName(key.tensor_id(), key.partition()),
                                                 " on this shard"));
+      }
+      if (!seen.insert(it->second).second) {
+        return absl::InvalidArgumentError(absl::StrCat("pull from job ", job->id, ": partition ",
+                                                       KeyName(key.tensor_id(), key.partition()),
+                                                       " is listed twice"));
       }
       wanted.push_back(it->second);
     }

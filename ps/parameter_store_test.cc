@@ -376,6 +376,42 @@ TEST_F(ParameterStoreTest, RejectsMalformedPushes) {
   EXPECT_FALSE(PushOk(MakePush(0, 1, 0, {{{0, 0}, {1, 2, 3}}})).duplicate());
 }
 
+// spec/limits.h at the shard's door: the strings a push or pull carries,
+// and lists no longer than the job's partitions here, each once (a pull of
+// one key listed a million times would make the shard allocate a million
+// copies).
+TEST_F(ParameterStoreTest, BoundsTheStringsAndListsOfPushesAndPulls) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 2));  // Shard 0 holds 0/0, 0/1 and 1/0.
+  auto refusal = [](const absl::Status& status) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    return std::string(status.message());
+  };
+  EXPECT_EQ(refusal(store_.Pull(MakePull({{0, 0}, {0, 0}}), Soon()).status()),
+            "pull from job job-1: partition 0/0 is listed twice");
+  EXPECT_EQ(refusal(store_.Pull(MakePull(std::vector<Key>(4, {0, 0})), Soon()).status()),
+            "pull from job job-1: keys has 4 entries; this shard holds 3 of the job");
+  PullRequest long_job = MakePull({{0, 0}});
+  long_job.set_job_id(std::string(1 << 20, 'j'));
+  EXPECT_EQ(refusal(store_.Pull(long_job, Soon()).status()),
+            "pull job_id is 1048576 bytes; the limit is 64 bytes");
+
+  const std::vector<Grad> four = {
+      {{0, 0}, {1, 2, 3}}, {{0, 0}, {1, 2, 3}}, {{0, 1}, {1, 2, 3}}, {{1, 0}, {1, 2}}};
+  EXPECT_EQ(refusal(store_.Push(MakePush(0, 1, 0, four)).status()),
+            "push to job job-1: partitions has 4 entries; this shard holds 3 of the job");
+  const std::vector<Grad> one = {{{0, 0}, {1, 2, 3}}};
+  EXPECT_EQ(refusal(store_.Push(MakePush(0, 2, 0, one, std::string(513, 'w'))).status()),
+            "push request_id.worker_id is 513 bytes; the limit is 512 bytes");
+  EXPECT_EQ(refusal(store_.Push(MakePush(0, 3, 0, one, "w\n0")).status()),
+            "push request_id.worker_id \"w\\n0\" holds a control character");
+  PushRequest long_push_job = MakePush(0, 4, 0, one);
+  long_push_job.set_job_id(std::string(65, 'j'));
+  EXPECT_EQ(refusal(store_.Push(long_push_job).status()),
+            "push job_id is 65 bytes; the limit is 64 bytes");
+  // Nothing was applied.
+  EXPECT_EQ(PullOne({0, 0}).version, 0);
+}
+
 TEST_F(ParameterStoreTest, ConcurrentAsyncPushesAreAllApplied) {
   AddJob(Spec(ConsistencySpec::ASYNC, 4));
   std::vector<std::thread> workers;
