@@ -2,7 +2,8 @@
 # Installs the Debian packages Downpour builds and runs with (and tests with:
 # prometheus gives promtool, which tests/metrics_test runs over every
 # daemon's /metrics; slurm-wlm and munge are the one-node Slurm that
-# deploy/slurm_test.py runs the CPU batch script on, about 20 s of apt).
+# deploy/slurm_test.py runs the CPU batch script on, about 20 s of apt;
+# clang, its sanitizer and libFuzzer runtimes and lld build fuzz/).
 # Idempotent: when everything is present it prints nothing and returns at
 # once. The CUDA toolkit is not among them: the build
 # uses it where it is installed and builds for the CPU only where it is not
@@ -19,6 +20,7 @@ PACKAGES=(
   dataset-fashion-mnist python3-venv
   prometheus python3-yaml shellcheck chromium
   slurm-wlm munge
+  clang libclang-rt-14-dev lld
 )
 
 missing=()

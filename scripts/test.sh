@@ -12,7 +12,8 @@ tensorboard_xml=$(mktemp -t downpour-tensorboard.XXXXXX)
 deploy_xml=$(mktemp -t downpour-deploy.XXXXXX)
 slurm_xml=$(mktemp -t downpour-slurm.XXXXXX)
 cpu_only_xml=$(mktemp -t downpour-cpu-only.XXXXXX)
-trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml"' EXIT
+fuzz_xml=$(mktemp -t downpour-fuzz.XXXXXX)
+trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml"' EXIT
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
 # The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
 # so outside `bazel test`).
@@ -39,5 +40,12 @@ python=$("$ROOT/scripts/python-deps.sh") || python=python3
 # The daemons built with the CUDA toolkit hidden (a second Bazel output base in
 # a temp dir: a cold build of minutes) train a short job on the CPU.
 python3 "$ROOT/tests/cpu_only_build_test.py" --junit "$cpu_only_xml"
+# Each fuzz target of fuzz/ for FUZZ_SECONDS (default 10), two at a time, over
+# a copy of its seeds: clang, ASan and UBSan in an output base of its own (a
+# cold build of minutes; warm in ~/.cache/downpour-fuzz after that). A crash
+# fails its case; the run's directory (crash inputs, logs) is kept then.
+fuzz_out=$(mktemp -d -t downpour-fuzz-run.XXXXXX)
+FUZZ_OUT=$fuzz_out "$ROOT/scripts/fuzz.sh" --junit "$fuzz_xml" --parallel 2 "${FUZZ_SECONDS:-10}" &&
+  rm -rf "$fuzz_out"
 python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" \
-  "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml"
+  "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml"
