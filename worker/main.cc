@@ -20,6 +20,7 @@
 #include "common/metrics.h"
 #include "common/platform/malloc_tuning.h"
 #include "common/process_metrics.h"
+#include "data/data_roots.h"
 #include "model/devices.h"
 #include "rpc/daemon.h"
 #include "rpc/node_flags.h"
@@ -28,7 +29,13 @@
 #include "worker/worker_metrics.h"
 #include "worker/worker_runtime.h"
 
-ABSL_FLAG(std::string, data_dir, ".", "Relative record-file globs of jobs resolve against this");
+ABSL_FLAG(std::string, data_dir, ".",
+          "The directory jobs' record files are read from: a job names them relative to it "
+          "(an absolute name or '..' is refused at submit), and a file whose real path, "
+          "symlinks followed, is outside it and --data_roots fails the job");
+ABSL_FLAG(std::string, data_roots, "",
+          "Comma-separated absolute directories that symlinks under --data_dir may lead into "
+          "(e.g. a dataset on another volume); empty: --data_dir only");
 ABSL_FLAG(int32_t, compute_threads, 1, "CPU threads for the math of each replica");
 ABSL_FLAG(std::string, devices, "auto",
           "Compute devices: 'auto' (every visible GPU, else the CPU), 'cpu', or CUDA device "
@@ -111,6 +118,15 @@ int Main() {
     return ExitWithError(absl::NotFoundError(absl::StrCat(
         "--data_dir ", absl::GetFlag(FLAGS_data_dir), " is not a readable directory")));
   }
+  std::vector<std::string> data_roots;
+  for (absl::string_view root :
+       absl::StrSplit(absl::GetFlag(FLAGS_data_roots), ',', absl::SkipEmpty())) {
+    data_roots.emplace_back(root);
+  }
+  // Checked once here, so a bad entry stops the worker at start.
+  absl::StatusOr<data::DataRoots> roots =
+      data::DataRoots::Create(absl::GetFlag(FLAGS_data_dir), data_roots);
+  if (!roots.ok()) return ExitWithError(roots.status());
   if (absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
     return ExitWithError(absl::InvalidArgumentError("--job_metrics_grace_s must not be negative"));
   }
@@ -139,6 +155,7 @@ int Main() {
   // One model replica per listed GPU (or one on the CPU).
   trainer_options.devices = *devices;
   trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  trainer_options.data_roots = data_roots;
   trainer_options.exchange.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));
   trainer_options.exchange.push_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_push_timeout_ms));
   trainer_options.exchange.max_inflight = absl::GetFlag(FLAGS_max_inflight);

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "data/data_roots.h"
 #include "data/dataset.h"
 #include "model/replica_set.h"
 #include "spec/shard_map.h"
@@ -212,7 +213,7 @@ absl::StatusOr<ReportProgressResponse> JobTrainer::Send(ReportProgressRequest re
     // coordinator restart loses nothing); one the coordinator rejected
     // outright will not be accepted later.
     if (!final || cancelled_.load() || absl::IsPermissionDenied(answer.status()) ||
-        absl::IsNotFound(answer.status())) {
+        absl::IsNotFound(answer.status()) || absl::IsInvalidArgument(answer.status())) {
       return answer;
     }
     absl::SleepFor(backoff);  // Backoff between delivery attempts of a result.
@@ -242,12 +243,20 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
   BatchReaderOptions options;
   ASSIGN_OR_RETURN(std::vector<std::string> files,
                    data::ListRecordFiles(spec.dataset().test_files(), options_.data_dir));
+  RETURN_IF_ERROR(CheckDataFiles(files));
   options.slices = data::WholeFiles(files);
   options.data_dir = options_.data_dir;
   SetExampleFormat(spec, &options);
   options.batch_size = 1000;
   options.repeat = false;
   return BatchReader::Create(options);
+}
+
+absl::Status JobTrainer::CheckDataFiles(const std::vector<std::string>& files) const {
+  ASSIGN_OR_RETURN(const data::DataRoots roots,
+                   data::DataRoots::Create(options_.data_dir, options_.data_roots));
+  for (const std::string& file : files) RETURN_IF_ERROR(roots.Check(file));
+  return absl::OkStatus();
 }
 
 bool JobTrainer::CheckpointDue(int64_t step) {
@@ -266,6 +275,7 @@ absl::StatusOr<std::vector<DataPart>> JobTrainer::TrainingData(int64_t* data_ste
   ReportProgressRequest listing;
   ASSIGN_OR_RETURN(std::vector<std::string> files,
                    data::ListRecordFiles(task_.spec().dataset().train_files(), options_.data_dir));
+  RETURN_IF_ERROR(CheckDataFiles(files));
   listing.mutable_data_files()->Assign(files.begin(), files.end());
   absl::StatusOr<ReportProgressResponse> answer = Send(std::move(listing), /*final=*/true);
   if (!answer.ok()) {
@@ -309,9 +319,13 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTrainingData(
     const std::vector<DataPart>& parts, int64_t data_step) const {
   const JobSpec& spec = task_.spec();
   BatchReaderOptions data;
+  std::vector<std::string> files;
   for (const DataPart& part : parts) {
     data.slices.push_back(data::FileSlice{part.file(), part.stride(), part.offset()});
+    files.push_back(part.file());
   }
+  // The coordinator's share may name any file: each is checked here too.
+  RETURN_IF_ERROR(CheckDataFiles(files));
   data.data_dir = options_.data_dir;
   SetExampleFormat(spec, &data);
   if (spec.dataset().has_random_crop()) {

@@ -47,6 +47,10 @@ struct TrainerOptions {
   int64_t incarnation = 0;
   // Relative record-file globs of the job are resolved against this.
   std::string data_dir;
+  // Directories besides data_dir that the record files may lead into
+  // through symlinks (--data_roots); a file whose real path is elsewhere
+  // fails the job (data/data_roots.h).
+  std::vector<std::string> data_roots;
   // The exchange's timeouts and tuning (pull_timeout, pull_slice,
   // push_timeout, max_inflight, message_bytes); the trainer fills in the
   // job's own fields (job, rank, identity, wire dtype).
@@ -133,6 +137,9 @@ class JobTrainer {
                                     const std::vector<const float*>& grads, int64_t min_version,
                                     int64_t min_worker_steps);
   absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
+  // OK when every one of `files` (as the job names them) is inside the
+  // worker's data directories (TrainerOptions::data_roots).
+  absl::Status CheckDataFiles(const std::vector<std::string>& files) const;
   // The rank's data (Task.data), or, when the task has none yet, the share
   // the coordinator gives for this worker's listing of the record files.
   absl::StatusOr<std::vector<DataPart>> TrainingData(int64_t* data_step);

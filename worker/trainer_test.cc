@@ -1,5 +1,7 @@
 #include "worker/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -8,8 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "data/example.h"
 #include "data/record_io.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ps/parameter_store.h"
 #include "spec/job_validation.h"
@@ -301,6 +305,55 @@ TEST_F(TrainerTest, PartitionsKeepInStepWhileALostRankIsAbsentAndTakenOver) {
   std::vector<int64_t> versions;
   Values(&versions);
   for (int64_t version : versions) EXPECT_EQ(version, steps);
+}
+
+// A record file whose real path is outside the worker's data directories
+// fails the job, naming the file, as a permanent error (a restart would not
+// help) — whether the worker listed it or the coordinator handed it out;
+// the operator's --data_roots allows the directory it leads into.
+TEST_F(TrainerTest, ARecordFileLeadingOutsideTheDataDirectoryFailsTheJobNamingIt) {
+  const std::string dir = data_dir_ + "/confined";
+  const std::string outside = data_dir_ + "/outside";
+  ASSERT_EQ(
+      std::system(
+          absl::StrCat("rm -rf ", dir, " ", outside, " && mkdir -p ", dir, " ", outside).c_str()),
+      0);
+  WriteDataset(dir + "/test-00000-of-00001", 32);
+  WriteDataset(outside + "/secret", 96);
+  ASSERT_EQ(symlink((outside + "/secret").c_str(), (dir + "/train-00000-of-00001").c_str()), 0);
+  TrainerOptions options = Options(0, /*overlap=*/false);
+  options.data_dir = dir;
+
+  HostJob(1);
+  Task listed = RankTask(0, 1);  // Lists train-* itself.
+  listed.clear_data();
+  Task given = RankTask(0, 1);  // Handed train-00000-of-00001.
+  for (const Task& task : {listed, given}) {
+    HostJob(1);
+    absl::Mutex mu;
+    std::vector<ReportProgressRequest> reports;
+    JobTrainer trainer(
+        task, options, shards_,
+        [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
+          absl::MutexLock lock(&mu);
+          reports.push_back(r);
+          return ReportProgressResponse();
+        });
+    const absl::Status status = trainer.Run();
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::StartsWith("record file train-00000-of-00001 leads to "));
+    absl::MutexLock lock(&mu);
+    for (const ReportProgressRequest& r : reports) EXPECT_EQ(r.data_files_size(), 0);
+    ASSERT_FALSE(reports.empty());
+    EXPECT_EQ(reports.back().error(), status.message());
+    EXPECT_TRUE(reports.back().permanent());
+  }
+
+  HostJob(1);
+  options.data_roots = {outside};
+  const absl::Status allowed = Trainer(given, options)->Run();
+  EXPECT_TRUE(allowed.ok()) << allowed;
 }
 
 }  // namespace
