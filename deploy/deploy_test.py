@@ -344,8 +344,9 @@ class Cases:
             spec = c.get(probe)
             if not spec:
                 problems.append(f"{where}: no {probe}")
-            elif spec.get("grpc", {}).get("port") != want["listen"]:
-                problems.append(f"{where}: {probe} is not grpc.health.v1 on port {want['listen']}")
+            # kubelet's gRPC probe cannot speak TLS: the gRPC port, over TCP.
+            elif spec.get("tcpSocket", {}).get("port") != want["listen"]:
+                problems.append(f"{where}: {probe} is not a TCP probe of port {want['listen']}")
         annotated = pod["metadata"].get("annotations", {}).get("prometheus.io/port")
         if annotated is not None and int(annotated) != want["metrics_listen"]:
             problems.append(f"{where}: prometheus.io/port {annotated}, metrics port {want['metrics_listen']}")

@@ -13,7 +13,8 @@ that configuration. Once the node is idle, Fashion-MNIST is imported with
       SPEC DATA
 
 runs, SPEC being examples/fashion_mnist_mlp.pbtxt with fewer steps (--steps),
-the built binaries in DOWNPOUR_BIN. The job must end SUCCEEDED with a test
+the built binaries in DOWNPOUR_BIN, every daemon on mutual TLS (TLS_DIR: the
+script makes the certificates). The job must end SUCCEEDED with a test
 accuracy (a coordinator, two shards, two workers, each logging its SIGTERM
 when the script stops them), and Slurm must record it COMPLETED. Then every
 daemon started here is stopped; a process still carrying this run's
@@ -254,7 +255,11 @@ class SlurmRun:
 
         run_dir = os.path.join(self.scratch, "job")
         output = os.path.join(self.scratch, "job.out")
-        env = dict(self.env, DOWNPOUR_BIN=bin_dir, RUN_DIR=run_dir)
+        # On mutual TLS, as a real cluster runs: the script makes the
+        # certificates (scripts/make-certs.sh) for every daemon it starts.
+        env = dict(self.env, DOWNPOUR_BIN=bin_dir, RUN_DIR=run_dir,
+                   TLS_DIR=os.path.join(self.scratch, "tls"),
+                   MAKE_CERTS=os.path.join(ROOT, "scripts", "make-certs.sh"))
         argv = ["sbatch", "--wait", "--parsable", "--nodes=1", "--ntasks-per-node=2",
                 f"--time={JOB_TIMEOUT_S // 60}", f"--output={output}", SBATCH, spec_path, data]
         started = time.monotonic()
@@ -289,7 +294,11 @@ class SlurmRun:
         if unstopped:
             raise Failure(f"no 'SIGTERM received' in {unstopped}: the script did not stop them in order"
                           + self.job_logs(run_dir))
-        return [m.group(0), f"slurm job {self.job_id} COMPLETED in {wall:.1f} s"]
+        coordinator_log = tail(os.path.join(run_dir, "logs", "coordinator.log"), 200)
+        if "TLS, callers authorized by --auth_config" not in coordinator_log:
+            raise Failure("the coordinator did not serve mutual TLS with --auth_config:\n"
+                          + coordinator_log[-1500:])
+        return [m.group(0), f"slurm job {self.job_id} COMPLETED in {wall:.1f} s, on mutual TLS"]
 
     def job_logs(self, run_dir):
         folder = os.path.join(run_dir, "logs")

@@ -304,6 +304,8 @@ absl::StatusOr<std::unique_ptr<Process>> LocalCluster::StartDaemon(const std::st
     if (wildcard) argv.push_back(absl::StrCat("--advertise=", *host));
   }
   argv.insert(argv.end(), flags.begin(), flags.end());
+  // Off loopback (hosts on a bridge), plaintext is refused unless asked for.
+  if (options_.network_namespaces && options_.tls_dir.empty()) argv.push_back("--insecure");
   if (const std::string& tls = options_.tls_dir; !tls.empty()) {
     argv.push_back(absl::StrCat("--tls_cert=", tls, "/", name, ".crt"));
     argv.push_back(absl::StrCat("--tls_key=", tls, "/", name, ".key"));
