@@ -150,8 +150,9 @@ int Main() {
   AddBuildInfo(&metrics, "downpour-coordinator");
   AddProcessMetrics(&metrics);
   CoordinatorMetrics coordinator_metrics(&metrics);
-  auto metrics_server =
-      MetricsHttpServer::StartIfRequested(absl::GetFlag(FLAGS_metrics_listen), &metrics);
+  auto metrics_serving = MetricsServing(absl::GetFlag(FLAGS_metrics_listen), security);
+  if (!metrics_serving.ok()) return ExitWithError(metrics_serving.status());
+  auto metrics_server = MetricsHttpServer::StartIfRequested(*metrics_serving, &metrics);
   if (!metrics_server.ok()) return ExitWithError(metrics_server.status());
   CoordinatorService service(state->get(), &metrics, auth->get());
   auto server = StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}, &metrics, 256 << 20,
@@ -161,7 +162,9 @@ int Main() {
   if (!written.ok()) return ExitWithError(written);
   Log(absl::StrCat(
       "serving on ", server->address,
-      *metrics_server ? absl::StrCat(", metrics on ", (*metrics_server)->address()) : "",
+      *metrics_server ? absl::StrCat(", metrics on ", (*metrics_server)->address(),
+                                     (*metrics_server)->tls() ? " (HTTPS)" : "")
+                      : "",
       security.tls.enabled() ? ", TLS" : ", plaintext",
       (*auth)->open() ? ", open to every caller" : ", callers authorized by --auth_config",
       ", state in ", absl::GetFlag(FLAGS_state_dir),

@@ -57,6 +57,20 @@ absl::StatusOr<RunningServer> StartGrpcServer(
   return running;
 }
 
+absl::StatusOr<MetricsHttpOptions> MetricsServing(const std::string& listen,
+                                                  const SecurityOptions& security) {
+  MetricsHttpOptions options;
+  options.listen = listen;
+  if (!security.metrics_tls) return options;
+  if (security.tls.cert.empty() || security.tls.key.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics_tls serves /metrics with --tls_cert and --tls_key: give them");
+  }
+  options.tls_cert_file = security.tls.cert;
+  options.tls_key_file = security.tls.key;
+  return options;
+}
+
 namespace {
 
 // This machine's name, or "" when it has none.
@@ -138,8 +152,10 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
   ClientCredentials coordinator_credentials;
   ASSIGN_OR_RETURN(coordinator_credentials.channel, MakeChannelCredentials(options.security));
   auto daemon = std::unique_ptr<NodeDaemon>(new NodeDaemon());
+  ASSIGN_OR_RETURN(const MetricsHttpOptions metrics_serving,
+                   MetricsServing(options.metrics_listen, options.security));
   ASSIGN_OR_RETURN(daemon->metrics_server_,
-                   MetricsHttpServer::StartIfRequested(options.metrics_listen, metrics));
+                   MetricsHttpServer::StartIfRequested(metrics_serving, metrics));
   ASSIGN_OR_RETURN(daemon->server_, StartGrpcServer(options.listen, services, metrics, 256 << 20,
                                                     std::move(server_credentials)));
   ASSIGN_OR_RETURN(daemon->coordinator_,
@@ -181,9 +197,10 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
 NodeDaemon::~NodeDaemon() { Shutdown(); }
 
 std::string NodeDaemon::Describe() const {
-  return absl::StrCat(
-      "serving on ", server_.address, " as ", self().address(),
-      metrics_server_ ? absl::StrCat(", metrics on ", self().metrics_address()) : "");
+  return absl::StrCat("serving on ", server_.address, " as ", self().address(),
+                      metrics_server_ ? absl::StrCat(", metrics on ", self().metrics_address(),
+                                                     metrics_server_->tls() ? " (HTTPS)" : "")
+                                      : "");
 }
 
 void NodeDaemon::Shutdown() {

@@ -42,6 +42,11 @@ absl::StatusOr<RunningServer> StartGrpcServer(
     MetricsRegistry* metrics = nullptr, int max_message_bytes = 256 << 20,
     std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
+// How /metrics is served on `listen` (empty: not at all): over HTTPS with
+// the TLS certificate and key when security.metrics_tls, which needs them.
+absl::StatusOr<MetricsHttpOptions> MetricsServing(const std::string& listen,
+                                                  const SecurityOptions& security);
+
 // Sets the program's usage line and makes --help and --helpshort list the
 // flags of Downpour's own files (the daemon's and rpc/'s shared ones), not
 // only those of a file named after the program; --helpfull adds absl's.

@@ -39,6 +39,7 @@ absl::StatusOr<std::unique_ptr<RemoteCoordinator>> RemoteCoordinator::Create(
   auto client = std::make_unique<RemoteCoordinator>(address, channel,
                                                     downpour::Coordinator::NewStub(channel));
   client->bearer_token_ = credentials.bearer_token;
+  client->tls_ = credentials.channel != nullptr;
   return client;
 }
 
@@ -58,8 +59,11 @@ absl::Status RemoteCoordinator::WaitUntilConnected(absl::Duration timeout) {
   if (channel_ == nullptr) return absl::OkStatus();
   if (!channel_->WaitForConnected(std::chrono::system_clock::now() +
                                   absl::ToChronoMilliseconds(timeout))) {
-    return absl::UnavailableError(absl::StrCat("cannot reach coordinator at ", address_, " within ",
-                                               absl::FormatDuration(timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach coordinator at ", address_, " within ", absl::FormatDuration(timeout),
+        tls_ ? " (down, unreachable, or its certificate is not from our --tls_ca's CA or does "
+               "not name that host)"
+             : " (down, unreachable, or it serves TLS: give --tls_ca)"));
   }
   return absl::OkStatus();
 }

@@ -108,6 +108,7 @@ class RemoteCoordinator : public control::Coordinator {
   absl::Duration long_call_timeout_ = absl::Minutes(10);
   // Sent with every call as "authorization: Bearer ..." (empty: none).
   std::string bearer_token_;
+  bool tls_ = false;  // For the hint of a failed connection.
 };
 
 }  // namespace downpour

@@ -5,12 +5,21 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/log.h"
 #include "common/net_address.h"
 #include "common/status.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -124,6 +133,120 @@ unsigned ReloadSeconds(const SecurityOptions& options) {
   return static_cast<unsigned>(std::max<int64_t>(1, absl::ToInt64Seconds(options.reload_interval)));
 }
 
+// Writes `text` to `path` through a temporary file and a rename, so a reader
+// sees the old file or the new one, never a part.
+absl::Status WriteAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+// The operator's TLS files, copied into a private directory that gRPC's
+// file watcher reads. The copies are replaced (atomically, file by file)
+// only when the operator's files have changed, stayed still for a moment and
+// check out together (ValidateTlsFiles): a file caught half-written by `cp`,
+// or a certificate renewed before its key, is never served (gRPC aborts on
+// an empty certificate chain); the last good files stay until the set is
+// whole again. Stages live as long as the process.
+class StagedTlsFiles {
+ public:
+  // The staged copies of `files` (one stage per distinct set of files).
+  static absl::StatusOr<TlsFiles> Stage(const TlsFiles& files, bool client,
+                                        absl::Duration interval) {
+    static absl::Mutex mu;
+    static auto* stages =
+        new std::map<std::tuple<std::string, std::string, std::string, bool>, StagedTlsFiles*>();
+    absl::MutexLock lock(&mu);
+    const auto key = std::make_tuple(files.cert, files.key, files.ca, client);
+    if (auto it = stages->find(key); it != stages->end()) return it->second->staged_;
+    RETURN_IF_ERROR(ValidateTlsFiles(files, client));
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/downpour-tls-XXXXXX");
+    if (mkdtemp(dir.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("cannot make a directory like ", dir));
+    }
+    auto* stage = new StagedTlsFiles(files, client, dir);
+    RETURN_IF_ERROR(stage->Copy());
+    std::thread([stage, interval] { stage->Watch(interval); }).detach();
+    (*stages)[key] = stage;
+    return stage->staged_;
+  }
+
+ private:
+  StagedTlsFiles(const TlsFiles& files, bool client, const std::string& dir)
+      : source_(files), client_(client) {
+    staged_.ca = dir + "/ca.pem";
+    if (!files.cert.empty()) staged_.cert = dir + "/cert.pem";
+    if (!files.key.empty()) staged_.key = dir + "/key.pem";
+  }
+
+  // The sources' sizes, modification times and inodes, to notice a change.
+  std::string Fingerprint() const {
+    std::string print;
+    for (const std::string* path : {&source_.cert, &source_.key, &source_.ca}) {
+      struct stat info {};
+      if (!path->empty() && stat(path->c_str(), &info) == 0) {
+        absl::StrAppend(&print, info.st_size, ":", info.st_mtim.tv_sec, ".", info.st_mtim.tv_nsec,
+                        ":", info.st_ino, ";");
+      } else {
+        absl::StrAppend(&print, "-;");
+      }
+    }
+    return print;
+  }
+
+  absl::Status Copy() {
+    fingerprint_ = Fingerprint();
+    for (auto [from, to] : {std::pair{&source_.ca, &staged_.ca},
+                            {&source_.key, &staged_.key},
+                            {&source_.cert, &staged_.cert}}) {
+      if (from->empty()) continue;
+      std::ifstream in(*from, std::ios::binary);
+      std::stringstream text;
+      text << in.rdbuf();
+      RETURN_IF_ERROR(WriteAtomically(*to, text.str()));
+      chmod(to->c_str(), 0600);
+    }
+    return absl::OkStatus();
+  }
+
+  void Watch(absl::Duration interval) {
+    std::string refused;  // The set last refused, logged once.
+    while (true) {
+      absl::SleepFor(interval);
+      const std::string now = Fingerprint();
+      if (now == fingerprint_ || now == refused) continue;
+      // Let a writer finish what it started.
+      absl::SleepFor(absl::Milliseconds(200));
+      if (Fingerprint() != now) continue;
+      if (absl::Status valid = ValidateTlsFiles(source_, client_); !valid.ok()) {
+        Log(absl::StrCat("TLS files changed but not reloaded (the last good ones stay): ",
+                         valid.message()));
+        refused = now;
+        continue;
+      }
+      if (absl::Status copied = Copy(); !copied.ok()) {
+        Log(absl::StrCat("TLS files not reloaded: ", copied.message()));
+        continue;
+      }
+      Log(absl::StrCat("TLS files reloaded: ", source_.cert.empty() ? source_.ca : source_.cert));
+    }
+  }
+
+  const TlsFiles source_;
+  const bool client_;
+  TlsFiles staged_;
+  std::string fingerprint_;
+};
+
 }  // namespace
 
 absl::Status ValidateTlsFiles(const TlsFiles& files, bool client) {
@@ -145,9 +268,10 @@ absl::Status ValidateTlsFiles(const TlsFiles& files, bool client) {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityOptions& options, ClientCertificates client_certificates) {
   if (!options.tls.enabled()) return grpc::InsecureServerCredentials();
-  RETURN_IF_ERROR(ValidateTlsFiles(options.tls, /*client=*/false));
+  ASSIGN_OR_RETURN(const TlsFiles staged,
+                   StagedTlsFiles::Stage(options.tls, /*client=*/false, options.reload_interval));
   auto provider = std::make_shared<FileWatcherCertificateProvider>(
-      options.tls.key, options.tls.cert, options.tls.ca, ReloadSeconds(options));
+      staged.key, staged.cert, staged.ca, ReloadSeconds(options));
   grpc::experimental::TlsServerCredentialsOptions tls(provider);
   tls.watch_root_certs();
   tls.watch_identity_key_cert_pairs();
@@ -165,13 +289,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const SecurityOptions& options) {
   if (!options.tls.enabled()) return grpc::InsecureChannelCredentials();
-  RETURN_IF_ERROR(ValidateTlsFiles(options.tls, /*client=*/true));
-  const bool identity = !options.tls.cert.empty();
-  auto provider =
-      identity ? std::make_shared<FileWatcherCertificateProvider>(
-                     options.tls.key, options.tls.cert, options.tls.ca, ReloadSeconds(options))
-               : std::make_shared<FileWatcherCertificateProvider>(options.tls.ca,
-                                                                  ReloadSeconds(options));
+  ASSIGN_OR_RETURN(const TlsFiles staged,
+                   StagedTlsFiles::Stage(options.tls, /*client=*/true, options.reload_interval));
+  const bool identity = !staged.cert.empty();
+  auto provider = identity ? std::make_shared<FileWatcherCertificateProvider>(
+                                 staged.key, staged.cert, staged.ca, ReloadSeconds(options))
+                           : std::make_shared<FileWatcherCertificateProvider>(
+                                 staged.ca, ReloadSeconds(options));
   grpc::experimental::TlsChannelCredentialsOptions tls;
   tls.set_certificate_provider(provider);
   tls.watch_root_certs();

@@ -34,6 +34,8 @@ struct SecurityOptions {
   bool insecure = false;
   // How often the PEM files are checked for changes.
   absl::Duration reload_interval = absl::Seconds(60);
+  // /metrics over HTTPS with tls.cert and tls.key (read at start).
+  bool metrics_tls = false;
 };
 
 // Checks that the files of a server (or a client with a certificate: all

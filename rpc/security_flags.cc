@@ -13,6 +13,8 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(int32_t, tls_reload_s, 60,
           "How often the TLS files are checked; changed ones are loaded for new connections "
           "without a restart");
+ABSL_FLAG(bool, metrics_tls, false,
+          "Serve /metrics (--metrics_listen) over HTTPS with --tls_cert and --tls_key");
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext gRPC on an address other machines can reach (refused without this; "
           "loopback is always allowed)");
@@ -26,6 +28,7 @@ SecurityOptions SecurityOptionsFromFlags() {
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
   options.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_s));
   options.insecure = absl::GetFlag(FLAGS_insecure);
+  options.metrics_tls = absl::GetFlag(FLAGS_metrics_tls);
   return options;
 }
 

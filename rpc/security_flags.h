@@ -1,5 +1,5 @@
 // The transport-security flags every daemon shares (--tls_cert, --tls_key,
-// --tls_ca, --tls_reload_s, --insecure), defined once and read once, in
+// --tls_ca, --tls_reload_s, --insecure, --metrics_tls), defined once and read once, in
 // main, into SecurityOptions.
 #ifndef DOWNPOUR_RPC_SECURITY_FLAGS_H_
 #define DOWNPOUR_RPC_SECURITY_FLAGS_H_

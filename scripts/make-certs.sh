@@ -43,16 +43,20 @@ fi
 # issue NAME CN SAN EXTENDED_KEY_USAGE
 issue() {
   local name=$1 cn=$2 san=$3 eku=$4
+  # New files beside the old ones, then renamed over them: a daemon watching
+  # them never reads half a file.
   openssl ecparam -name prime256v1 -genkey -noout -out "$dir/$name.key.tmp"
-  openssl pkcs8 -topk8 -nocrypt -in "$dir/$name.key.tmp" -out "$dir/$name.key"
+  openssl pkcs8 -topk8 -nocrypt -in "$dir/$name.key.tmp" -out "$dir/$name.key.new"
   rm -f "$dir/$name.key.tmp"
-  openssl req -new -key "$dir/$name.key" -subj "/CN=$cn" -out "$dir/$name.csr"
+  openssl req -new -key "$dir/$name.key.new" -subj "/CN=$cn" -out "$dir/$name.csr"
   printf 'subjectAltName=%s\nextendedKeyUsage=%s\nkeyUsage=critical,digitalSignature\nbasicConstraints=CA:FALSE\n' \
     "$san" "$eku" >"$dir/$name.ext"
   openssl x509 -req -in "$dir/$name.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
-    -days "$days" -sha256 -extfile "$dir/$name.ext" -out "$dir/$name.crt" 2>/dev/null
+    -days "$days" -sha256 -extfile "$dir/$name.ext" -out "$dir/$name.crt.new" 2>/dev/null
   rm -f "$dir/$name.csr" "$dir/$name.ext"
-  chmod 644 "$dir/$name.crt"
+  chmod 644 "$dir/$name.crt.new"
+  mv "$dir/$name.key.new" "$dir/$name.key"
+  mv "$dir/$name.crt.new" "$dir/$name.crt"
 }
 
 # host_names HOST,... : the SAN entries of a server.

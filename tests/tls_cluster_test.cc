@@ -5,8 +5,9 @@
 // certificate claiming another node's name are turned away; a node not
 // placed on a job cannot pull its parameters from a shard; the
 // coordinator's certificate is rotated under a running job, which goes on;
-// and daemons refuse to serve plaintext, or an open coordinator, where
-// other machines can reach them.
+// the coordinator's /metrics is HTTPS only; and daemons refuse to serve
+// plaintext, or an open coordinator, where other machines can reach them.
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,7 +47,7 @@ class TlsClusterTest : public ClusterFixture {
     options.workers = 2;
     options.tls_dir = *certs_;
     options.ctl_flags = {absl::StrCat("--token_file=", *certs_, "/alice.token")};
-    options.coordinator_flags = {"--tls_reload_s=1"};
+    options.coordinator_flags = {"--tls_reload_s=1", "--metrics_tls"};
     StartCluster(options);
   }
 
@@ -75,6 +76,21 @@ TEST_F(TlsClusterTest, OnlyThoseWhoBelongGetIn) {
                                          "--job_id=demo", "--wait", "--timeout=120s"});
   ASSERT_EQ(trained.exit_code, 0) << trained.err << cluster_->Logs();
   EXPECT_THAT(trained.out, HasSubstr("SUCCEEDED"));
+
+  // The coordinator's /metrics speaks HTTPS only.
+  const std::string metrics = cluster_->MetricsAddressOf("coordinator");
+  auto fetch = [&](const std::string& url) {
+    return RunCommand(
+        {"/usr/bin/python3", "-c",
+         absl::StrCat("import ssl, sys, urllib.request; "
+                      "c = ssl.create_default_context(cafile='",
+                      Cert("ca", "crt"), "'); sys.stdout.write(urllib.request.urlopen('", url,
+                      "', context=c, timeout=5).read().decode())")});
+  };
+  CommandResult scraped = fetch("https://" + metrics + "/metrics");
+  EXPECT_THAT(scraped.out, HasSubstr("downpour_build_info"))
+      << metrics << " exit " << scraped.exit_code << " " << scraped.err;
+  EXPECT_NE(fetch("http://" + metrics + "/metrics").exit_code, 0);
 
   // A viewer reads, but may not submit.
   const std::string viewer = absl::StrCat("--token_file=", Cert("bob", "token"));
@@ -108,6 +124,7 @@ TEST_F(TlsClusterTest, OnlyThoseWhoBelongGetIn) {
                   "--connect_timeout=2s", "list"});
   EXPECT_NE(plaintext.exit_code, 0);
   EXPECT_THAT(plaintext.err, HasSubstr("cannot reach coordinator"));
+  EXPECT_THAT(plaintext.err, HasSubstr("or it serves TLS: give --tls_ca"));
 
   // A node certificate cannot register as another node.
   auto impostor = Process::Spawn(
@@ -148,6 +165,14 @@ TEST_F(TlsClusterTest, OnlyThoseWhoBelongGetIn) {
   // connections get the new one, and the job goes on.
   const std::string before = PresentedSerial();
   ASSERT_THAT(before, HasSubstr("serial="));
+  // A certificate file caught half-written is not served: the last good one
+  // stays.
+  const std::string good = ReadFile(Cert("coordinator", "crt"));
+  std::ofstream(Cert("coordinator", "crt"), std::ios::trunc) << good.substr(0, good.size() / 2);
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_EQ(PresentedSerial(), before);
+  EXPECT_THAT(ReadFile(cluster_->coordinator()->log_path()),
+              HasSubstr("TLS files changed but not reloaded (the last good ones stay)"));
   CommandResult reissued = RunCommand({Runfile("scripts/make-certs.sh"), *certs_, "coordinator"});
   ASSERT_EQ(reissued.exit_code, 0) << reissued.err;
   const int64_t step_at_rotation = cluster_->GetJob("long").step();
@@ -157,6 +182,7 @@ TEST_F(TlsClusterTest, OnlyThoseWhoBelongGetIn) {
     after = PresentedSerial();
   }
   EXPECT_NE(after, before) << "the coordinator still presents the old certificate";
+  EXPECT_THAT(ReadFile(cluster_->coordinator()->log_path()), HasSubstr("TLS files reloaded"));
   ASSERT_TRUE(AwaitJob("long", [&](const JobStatus& j) {
     return j.state() == RUNNING && j.step() >= step_at_rotation + 50;
   })) << cluster_->Logs();
