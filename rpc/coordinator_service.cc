@@ -118,11 +118,7 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context, const Li
   if (grpc::Status denied = Authorize(*context, "ListJobs"); !denied.ok()) return denied;
   absl::StatusOr<std::vector<JobStatus>> jobs = coordinator_->ListJobs();
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  for (JobStatus& job : *jobs) {
-    // A big model's partition list is long; GetJob has it.
-    job.mutable_placement()->clear_partitions();
-    *response->add_jobs() = std::move(job);
-  }
+  for (JobStatus& job : *jobs) *response->add_jobs() = std::move(job);
   return grpc::Status::OK;
 }
 

@@ -39,7 +39,10 @@ std::string ReadAll(const std::string& path) {
 
 class SecurityTest : public ::testing::Test {
  protected:
+  // Once per process: daemons' credentials stage the files they were made
+  // from, so the files stay the same for every suite.
   static void SetUpTestSuite() {
+    if (dir_ != nullptr) return;
     const char* tmp = std::getenv("TEST_TMPDIR");
     dir_ = new std::string(absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/certs"));
     other_ = new std::string(absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/other-ca"));
