@@ -39,7 +39,7 @@ ROOT = os.path.dirname(DEPLOY)
 sys.path.insert(0, DEPLOY)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import panel_queries  # noqa: E402
-from junit import write_junit  # noqa: E402
+from junit import report  # noqa: E402
 
 # daemon -> its binary under bazel-bin.
 BINARIES = {
@@ -809,16 +809,8 @@ def main():
         except Exception as e:  # noqa: BLE001 - every failure is reported
             message = str(e) if isinstance(e, AssertionError) else traceback.format_exc()
             results.append((name, doc, "failed", message))
-    for name, doc, status, message in results:
-        print(f"deploy: {status.upper():7} {doc}" + (f"\n  {message}".replace("\n", "\n  ") if message else ""),
-              file=sys.stderr if status == "failed" else sys.stdout)
-    failed = sum(1 for r in results if r[2] == "failed")
-    skipped = sum(1 for r in results if r[2] == "skipped")
-    print(f"deploy: {len(results) - failed - skipped} passed, {failed} failed, {skipped} skipped")
-    if args.junit:
-        write_junit(args.junit, "deploy",
-                    [(doc, status, message) for _, doc, status, message in results])
-    return 1 if failed else 0
+    cases = [(doc, status, message) for _, doc, status, message in results]
+    return 1 if report("deploy", cases, args.junit, tag_lines=True) else 0
 
 
 if __name__ == "__main__":

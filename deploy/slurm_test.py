@@ -45,7 +45,7 @@ import time
 DEPLOY = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(DEPLOY)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from junit import write_junit  # noqa: E402
+from junit import report  # noqa: E402
 
 SBATCH = os.path.join("deploy", "slurm", "downpour-cpu.sbatch")
 BINARIES = ("coordinator/downpour-coordinator", "server/downpour-ps", "worker/downpour-worker",
@@ -408,15 +408,7 @@ def main():
         results.append((names[2], "failed" if left else "passed",
                         "left running (killed): " + "; ".join(f"{pid} {cmd}" for pid, cmd in left)
                         if left else ""))
-    for name, status, message in results:
-        print(f"{status.upper():7} {name}" + (f"\n  {message}".replace("\n", "\n  ") if message else ""),
-              file=sys.stderr if status == "failed" else sys.stdout)
-    failed = sum(1 for r in results if r[1] == "failed")
-    skipped = sum(1 for r in results if r[1] == "skipped")
-    print(f"slurm: {len(results) - failed - skipped} passed, {failed} failed, {skipped} skipped")
-    if args.junit:
-        write_junit(args.junit, "slurm", results)
-    return 1 if failed else 0
+    return 1 if report("slurm", results, args.junit) else 0
 
 
 if __name__ == "__main__":
