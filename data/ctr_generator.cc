@@ -1,0 +1,518 @@
+#include "data/ctr_generator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/file.h"
+#include "common/splitmix64.h"
+#include "common/status.h"
+#include "data/idx.h"
+#include "data/record_io.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/example.pb.h"
+
+namespace downpour {
+namespace data {
+namespace {
+
+// Ranks take the low 40 bits of the id's pre-image, the feature the bits
+// above, so (feature, rank) -> id is one-to-one.
+constexpr int kRankBits = 40;
+constexpr int64_t kMaxVocabulary = (int64_t{1} << kRankBits) - 1;
+constexpr int kMaxFeatures = 4096;
+constexpr int kMaxIds = 1000;
+constexpr int kInteractionDims = 4;
+constexpr int kCalibrationExamples = 16384;
+// The split tag of the examples the bias is calibrated on; never written.
+constexpr uint64_t kCalibrationSplit = 2;
+constexpr int64_t kMaxIndex = int64_t{1} << 56;
+
+// Successive draws of one example: SplitMix64 over a counter.
+class Stream {
+ public:
+  explicit Stream(uint64_t state) : state_(state) {}
+  uint64_t Next() { return SplitMix64(state_++); }
+  // In [0, 1), 53 bits.
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t state_;
+};
+
+// A standard normal value from 64 random bits (Box-Muller over two halves).
+double Gaussian(uint64_t bits) {
+  const double u1 = (static_cast<double>(bits >> 32) + 0.5) * 0x1.0p-32;  // (0, 1)
+  const double u2 = static_cast<double>(bits & 0xffffffffu) * 0x1.0p-32;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+
+// -log of the probability given to what happened.
+double Surprise(double probability, int label) {
+  constexpr double kFloor = 1e-15;
+  return -std::log(std::max(label != 0 ? probability : 1.0 - probability, kFloor));
+}
+
+bool IsFileName(absl::string_view name) {
+  if (name.empty() || name == "." || name == "..") return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+absl::Status CheckOptions(const CtrOptions& o) {
+  const auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(parts...));
+  };
+  if (o.sparse_features < 1 || o.sparse_features > kMaxFeatures) {
+    return bad("sparse_features=", o.sparse_features, " must be between 1 and ", kMaxFeatures);
+  }
+  if (o.dense_features < 0 || o.dense_features > kMaxFeatures) {
+    return bad("dense_features=", o.dense_features, " must be between 0 and ", kMaxFeatures);
+  }
+  if (!o.vocabularies.empty() && static_cast<int>(o.vocabularies.size()) != o.sparse_features) {
+    return bad("vocabulary lists ", o.vocabularies.size(), " values for ", o.sparse_features,
+               " sparse features; give one per feature or MIN:MAX");
+  }
+  for (int64_t v : o.vocabularies) {
+    if (v < 1 || v > kMaxVocabulary) {
+      return bad("vocabulary ", v, " must be between 1 and ", kMaxVocabulary);
+    }
+  }
+  if (o.vocabularies.empty() && (o.min_vocabulary < 1 || o.max_vocabulary > kMaxVocabulary ||
+                                 o.min_vocabulary > o.max_vocabulary)) {
+    return bad("vocabulary ", o.min_vocabulary, ":", o.max_vocabulary,
+               " must satisfy 1 <= MIN <= MAX <= ", kMaxVocabulary);
+  }
+  if (!(o.zipf > 0 && o.zipf <= 10)) return bad("zipf=", o.zipf, " must be in (0, 10]");
+  if (o.max_ids < 1 || o.max_ids > kMaxIds) {
+    return bad("max_ids=", o.max_ids, " must be between 1 and ", kMaxIds);
+  }
+  if (!(o.click_rate >= 0.001 && o.click_rate <= 0.999)) {
+    return bad("click_rate=", o.click_rate, " must be between 0.001 and 0.999");
+  }
+  for (const auto& [name, value] : {std::pair<const char*, double>{"weight_scale", o.weight_scale},
+                                    {"dense_weight_scale", o.dense_weight_scale},
+                                    {"interaction", o.interaction}}) {
+    if (!(value >= 0 && value <= 100)) return bad(name, "=", value, " must be in [0, 100]");
+  }
+  if (o.interaction_pairs < 0) {
+    return bad("interaction_pairs=", o.interaction_pairs, " must not be negative");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseVocabularies(absl::string_view text, CtrOptions* options) {
+  const auto parse = [&](absl::string_view part, int64_t* value) {
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vocabulary '", text, "' is not MIN:MAX or a comma-separated list of integers"));
+    }
+    return absl::OkStatus();
+  };
+  options->vocabularies.clear();
+  if (absl::StrContains(text, ':')) {
+    std::vector<absl::string_view> bounds = absl::StrSplit(text, ':');
+    if (bounds.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("vocabulary '", text, "' is not MIN:MAX"));
+    }
+    RETURN_IF_ERROR(parse(bounds[0], &options->min_vocabulary));
+    RETURN_IF_ERROR(parse(bounds[1], &options->max_vocabulary));
+    return absl::OkStatus();
+  }
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int64_t value = 0;
+    RETURN_IF_ERROR(parse(part, &value));
+    options->vocabularies.push_back(value);
+  }
+  return absl::OkStatus();
+}
+
+const char* CombinerName(Combiner combiner) { return combiner == Combiner::kMean ? "mean" : "sum"; }
+
+// ------------------------------------------------------------- ZipfSampler
+
+namespace {
+
+// log1p(x) / x and expm1(x) / x, exact near 0.
+double Helper1(double x) {
+  return std::abs(x) > 1e-8 ? std::log1p(x) / x : 1 - x * (0.5 - x * (1.0 / 3 - 0.25 * x));
+}
+double Helper2(double x) {
+  return std::abs(x) > 1e-8 ? std::expm1(x) / x : 1 + x * 0.5 * (1 + x / 3 * (1 + 0.25 * x));
+}
+
+}  // namespace
+
+ZipfSampler::ZipfSampler(int64_t n, double s) : n_(n), s_(s) {
+  h_integral_x1_ = HIntegral(1.5) - 1;
+  h_integral_n_ = HIntegral(static_cast<double>(n) + 0.5);
+  threshold_ = 2 - HIntegralInverse(HIntegral(2.5) - H(2));
+}
+
+double ZipfSampler::H(double x) const { return std::exp(-s_ * std::log(x)); }
+
+// The integral of H from 1 to x (up to a constant), finite at s = 1.
+double ZipfSampler::HIntegral(double x) const {
+  const double log_x = std::log(x);
+  return Helper2((1 - s_) * log_x) * log_x;
+}
+
+double ZipfSampler::HIntegralInverse(double x) const {
+  double t = x * (1 - s_);
+  if (t < -1) t = -1;  // Rounding can push it just below its bound.
+  return std::exp(Helper1(t) * x);
+}
+
+// ------------------------------------------------------------ CtrGenerator
+
+CtrGenerator::CtrGenerator(const CtrOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<CtrGenerator>> CtrGenerator::Create(const CtrOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  std::unique_ptr<CtrGenerator> g(new CtrGenerator(options));
+  const int num_sparse = options.sparse_features;
+  const uint64_t seed_key = SplitMix64(options.seed ^ 0x43545247454e3031ULL);  // "CTRGEN01"
+  g->id_offset_ = SplitMix64(seed_key + 1);
+  g->weight_key_ = SplitMix64(seed_key + 2);
+  g->interaction_key_ = SplitMix64(seed_key + 3);
+  g->stream_key_ = SplitMix64(seed_key + 4);
+  g->interaction_pairs_ = std::min(options.interaction_pairs, num_sparse / 2);
+
+  std::vector<int64_t> vocabularies = options.vocabularies;
+  if (vocabularies.empty()) {
+    const double log_min = std::log(static_cast<double>(options.min_vocabulary));
+    const double log_max = std::log(static_cast<double>(options.max_vocabulary));
+    for (int f = 0; f < num_sparse; ++f) {
+      const double t = num_sparse > 1 ? static_cast<double>(f) / (num_sparse - 1) : 0;
+      vocabularies.push_back(
+          std::clamp<int64_t>(std::llround(std::exp(log_min + t * (log_max - log_min))),
+                              options.min_vocabulary, options.max_vocabulary));
+    }
+  }
+  const auto [smallest, largest] = std::minmax_element(vocabularies.begin(), vocabularies.end());
+  const double log_span = std::log(static_cast<double>(*largest) / static_cast<double>(*smallest));
+  for (int f = 0; f < num_sparse; ++f) {
+    CtrFeature feature;
+    feature.name = absl::StrCat("C", f + 1);
+    feature.vocabulary = vocabularies[f];
+    feature.max_ids = f % 2 == 0 ? 1 : options.max_ids;
+    feature.combiner = f % 4 == 1 ? Combiner::kMean : Combiner::kSum;
+    const double t =
+        log_span > 0
+            ? std::log(static_cast<double>(feature.vocabulary) / static_cast<double>(*smallest)) /
+                  log_span
+            : 0;
+    feature.weight_scale = options.weight_scale * (1 - 0.75 * t);
+    g->features_.push_back(std::move(feature));
+    g->samplers_.emplace_back(vocabularies[f], options.zipf);
+  }
+  const int num_dense = options.dense_features;
+  for (int j = 0; j < num_dense; ++j) {
+    const double t = num_dense > 1 ? static_cast<double>(j) / (num_dense - 1) : 0;
+    g->dense_means_.push_back(std::pow(1000.0, t));
+    g->dense_weights_.push_back(options.dense_weight_scale *
+                                Gaussian(SplitMix64(g->weight_key_ ^ (0xdeadULL << 32 | j))));
+    g->dense_names_.push_back(absl::StrCat("I", j + 1));
+  }
+
+  // The bias that makes the mean click probability click_rate, on examples
+  // of a stream that is never written.
+  std::vector<double> logits;
+  CtrExample example;
+  for (int i = 0; i < kCalibrationExamples; ++i) {
+    g->Draw(SplitMix64(g->stream_key_ ^ (kCalibrationSplit << 56 | static_cast<uint64_t>(i))),
+            &example);
+    logits.push_back(g->RawLogit(example));
+  }
+  double low = -40, high = 40;
+  for (int iteration = 0; iteration < 100; ++iteration) {
+    const double mid = (low + high) / 2;
+    double sum = 0;
+    for (double logit : logits) sum += Sigmoid(logit + mid);
+    (sum / logits.size() < options.click_rate ? low : high) = mid;
+  }
+  g->bias_ = (low + high) / 2;
+  return g;
+}
+
+void CtrGenerator::Draw(uint64_t state, CtrExample* out) const {
+  Stream stream(state);
+  const auto uniform = [&stream] { return stream.Uniform(); };
+  const int num_sparse = static_cast<int>(features_.size());
+  out->ids.clear();
+  out->id_offsets.resize(num_sparse + 1);
+  for (int f = 0; f < num_sparse; ++f) {
+    out->id_offsets[f] = static_cast<int32_t>(out->ids.size());
+    const int max_ids = features_[f].max_ids;
+    const int count =
+        max_ids == 1 ? 1 : 1 + std::min(max_ids - 1, static_cast<int>(stream.Uniform() * max_ids));
+    for (int k = 0; k < count; ++k) {
+      const uint64_t rank = static_cast<uint64_t>(samplers_[f].Sample(uniform));
+      out->ids.push_back(static_cast<int64_t>(
+          SplitMix64(id_offset_ + (static_cast<uint64_t>(f) << kRankBits) + rank)));
+    }
+  }
+  out->id_offsets[num_sparse] = static_cast<int32_t>(out->ids.size());
+  out->dense.resize(dense_means_.size());
+  for (size_t j = 0; j < dense_means_.size(); ++j) {
+    const double exponential = -std::log1p(-stream.Uniform());
+    out->dense[j] = static_cast<float>(std::log1p(std::floor(dense_means_[j] * exponential)));
+  }
+  out->click_probability = Sigmoid(bias_ + RawLogit(*out));
+  out->label = stream.Uniform() < out->click_probability ? 1 : 0;
+}
+
+void CtrGenerator::Generate(CtrSplit split, int64_t index, CtrExample* out) const {
+  Draw(
+      SplitMix64(stream_key_ ^ (static_cast<uint64_t>(split) << 56 | static_cast<uint64_t>(index))),
+      out);
+}
+
+double CtrGenerator::RawLogit(const CtrExample& example) const {
+  double logit = 0;
+  const int num_sparse = static_cast<int>(features_.size());
+  for (int f = 0; f < num_sparse; ++f) {
+    const int begin = example.id_offsets[f], end = example.id_offsets[f + 1];
+    if (begin == end) continue;
+    double sum = 0;
+    for (int k = begin; k < end; ++k) {
+      sum += Gaussian(SplitMix64(static_cast<uint64_t>(example.ids[k]) ^ weight_key_));
+    }
+    if (features_[f].combiner == Combiner::kMean) sum /= (end - begin);
+    logit += features_[f].weight_scale * sum;
+  }
+  for (size_t j = 0; j < dense_weights_.size(); ++j) logit += dense_weights_[j] * example.dense[j];
+  for (int p = 0; p < interaction_pairs_; ++p) {
+    double vectors[2][kInteractionDims] = {};
+    for (int side = 0; side < 2; ++side) {
+      const int f = 2 * p + side;
+      const int begin = example.id_offsets[f], end = example.id_offsets[f + 1];
+      for (int k = begin; k < end; ++k) {
+        const uint64_t key = static_cast<uint64_t>(example.ids[k]) ^ interaction_key_;
+        for (int d = 0; d < kInteractionDims; ++d) {
+          vectors[side][d] += Gaussian(SplitMix64(key + d));
+        }
+      }
+      if (features_[f].combiner == Combiner::kMean && end > begin) {
+        for (double& v : vectors[side]) v /= (end - begin);
+      }
+    }
+    double dot = 0;
+    for (int d = 0; d < kInteractionDims; ++d) dot += vectors[0][d] * vectors[1][d];
+    logit += options_.interaction * dot / std::sqrt(static_cast<double>(kInteractionDims));
+  }
+  return logit;
+}
+
+double CtrGenerator::Logit(const CtrExample& example) const { return bias_ + RawLogit(example); }
+
+std::string CtrGenerator::Encode(const CtrExample& example) const {
+  // Reused per thread: a cleared message keeps its allocations.
+  thread_local tensorflow::Example message;
+  message.Clear();
+  auto* map = message.mutable_features()->mutable_feature();
+  for (size_t f = 0; f < features_.size(); ++f) {
+    auto* values = (*map)[features_[f].name].mutable_int64_list();
+    for (int k = example.id_offsets[f]; k < example.id_offsets[f + 1]; ++k) {
+      values->add_value(example.ids[k]);
+    }
+  }
+  for (size_t j = 0; j < dense_names_.size(); ++j) {
+    (*map)[dense_names_[j]].mutable_float_list()->add_value(example.dense[j]);
+  }
+  (*map)["label"].mutable_int64_list()->add_value(example.label);
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
+// ----------------------------------------------------------- BinaryMetrics
+
+void BinaryMetrics::Add(double probability, int label) {
+  (label != 0 ? positives_ : negatives_).push_back(probability);
+  log_loss_sum_ += Surprise(probability, label);
+}
+
+double BinaryMetrics::LogLoss() const {
+  const int64_t n = examples();
+  return n == 0 ? std::numeric_limits<double>::quiet_NaN() : log_loss_sum_ / n;
+}
+
+double BinaryMetrics::Auc() {
+  if (positives_.empty() || negatives_.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(positives_.begin(), positives_.end());
+  std::sort(negatives_.begin(), negatives_.end());
+  // For each negative: the positives scored above it, plus half of those tied.
+  // Counted in halves so the sum stays an exact integer.
+  int64_t twice_correct = 0;
+  size_t below = 0, not_above = 0;  // Positives < score and <= score.
+  for (double score : negatives_) {
+    while (below < positives_.size() && positives_[below] < score) ++below;
+    if (not_above < below) not_above = below;
+    while (not_above < positives_.size() && positives_[not_above] <= score) ++not_above;
+    twice_correct += 2 * static_cast<int64_t>(positives_.size() - not_above) +
+                     static_cast<int64_t>(not_above - below);
+  }
+  return static_cast<double>(twice_correct) /
+         (2.0 * static_cast<double>(positives_.size()) * static_cast<double>(negatives_.size()));
+}
+
+// --------------------------------------------------------- WriteCtrDataset
+
+namespace {
+
+struct SplitCounter {
+  int64_t examples = 0;
+  int64_t clicks = 0;
+  double probability_sum = 0;
+  double log_loss_sum = 0;
+};
+
+absl::Status WriteSplit(const CtrGenerator& generator, CtrSplit split, int64_t count,
+                        const CtrDatasetOptions& options, const std::string& prefix,
+                        CtrSplitSummary* summary, BinaryMetrics* metrics) {
+  std::vector<std::unique_ptr<RecordWriter>> writers;
+  for (int s = 0; s < options.num_shards; ++s) {
+    ASSIGN_OR_RETURN(auto writer,
+                     RecordWriter::Open(absl::StrCat(
+                         options.out_dir, "/", ShardFileName(prefix, s, options.num_shards))));
+    writers.push_back(std::move(writer));
+  }
+  SplitCounter counter;
+  CtrExample example;
+  for (int64_t i = 0; i < count; ++i) {
+    generator.Generate(split, i, &example);
+    RETURN_IF_ERROR(writers[i % options.num_shards]->Write(generator.Encode(example)));
+    ++counter.examples;
+    counter.clicks += example.label;
+    counter.probability_sum += example.click_probability;
+    counter.log_loss_sum += Surprise(example.click_probability, example.label);
+    if (metrics != nullptr) metrics->Add(example.click_probability, example.label);
+  }
+  // Writers dropped on an early return above remove their temporary files.
+  for (auto& writer : writers) RETURN_IF_ERROR(writer->Close());
+  summary->examples = counter.examples;
+  summary->clicks = counter.clicks;
+  const double n = std::max<int64_t>(counter.examples, 1);
+  summary->mean_probability = counter.probability_sum / n;
+  summary->bayes_log_loss = counter.log_loss_sum / n;
+  summary->bayes_auc =
+      metrics != nullptr ? metrics->Auc() : std::numeric_limits<double>::quiet_NaN();
+  return absl::OkStatus();
+}
+
+// A JSON number; null for NaN, which JSON lacks.
+std::string Number(double value, const char* format = "%.6f") {
+  if (!std::isfinite(value)) return "null";
+  return absl::StrFormat(format, value);
+}
+
+std::string SplitJson(const CtrSplitSummary& split, bool with_auc) {
+  const double n = std::max<int64_t>(split.examples, 1);
+  return absl::StrCat("{\"examples\": ", split.examples, ", \"clicks\": ", split.clicks,
+                      ", \"click_rate\": ", Number(split.clicks / n),
+                      ", \"mean_click_probability\": ", Number(split.mean_probability),
+                      with_auc ? absl::StrCat(", \"bayes_auc\": ", Number(split.bayes_auc)) : "",
+                      ", \"bayes_log_loss\": ", Number(split.bayes_log_loss), "}");
+}
+
+}  // namespace
+
+absl::StatusOr<CtrDatasetSummary> WriteCtrDataset(const CtrDatasetOptions& options) {
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("out_dir is empty");
+  if (!IsFileName(options.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name '", options.name, "' must be letters, digits, '.', '_' or '-' (a file prefix)"));
+  }
+  if (options.num_shards < 1 || options.num_shards > 99999) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shards=", options.num_shards, " must be between 1 and 99999"));
+  }
+  if (options.train_examples < 1 || options.train_examples >= kMaxIndex) {
+    return absl::InvalidArgumentError(absl::StrCat("examples=", options.train_examples,
+                                                   " must be between 1 and ", kMaxIndex - 1));
+  }
+  if (options.test_examples < 0 || options.test_examples >= kMaxIndex) {
+    return absl::InvalidArgumentError(absl::StrCat("test_examples=", options.test_examples,
+                                                   " must be between 0 and ", kMaxIndex - 1));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CtrGenerator> generator,
+                   CtrGenerator::Create(options.generator));
+  RETURN_IF_ERROR(MakeDirs(options.out_dir));
+
+  CtrDatasetSummary summary;
+  const std::string train = absl::StrCat(options.name, "-train");
+  const std::string test = absl::StrCat(options.name, "-test");
+  const std::string shards = absl::StrFormat("-*-of-%05d.tfrecord", options.num_shards);
+  summary.train_pattern = train + shards;
+  summary.test_pattern = test + shards;
+  RETURN_IF_ERROR(WriteSplit(*generator, CtrSplit::kTrain, options.train_examples, options, train,
+                             &summary.train, nullptr));
+  BinaryMetrics metrics;
+  RETURN_IF_ERROR(WriteSplit(*generator, CtrSplit::kTest, options.test_examples, options, test,
+                             &summary.test, &metrics));
+
+  summary.summary_path = absl::StrCat(options.out_dir, "/", options.name, ".json");
+  ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> file,
+                   AtomicFile::Create(summary.summary_path, "summary file"));
+  RETURN_IF_ERROR(file->Append(CtrSummaryJson(options, *generator, summary)));
+  RETURN_IF_ERROR(file->Commit());
+  return summary;
+}
+
+std::string CtrSummaryJson(const CtrDatasetOptions& options, const CtrGenerator& generator,
+                           const CtrDatasetSummary& summary) {
+  const CtrOptions& o = generator.options();
+  std::vector<std::string> sparse;
+  for (const CtrFeature& f : generator.features()) {
+    sparse.push_back(absl::StrFormat(
+        "    {\"name\": \"%s\", \"vocabulary\": %d, \"max_ids\": %d, \"combiner\": \"%s\", "
+        "\"weight_scale\": %s}",
+        f.name, f.vocabulary, f.max_ids, CombinerName(f.combiner), Number(f.weight_scale, "%.6g")));
+  }
+  std::vector<std::string> dense;
+  for (size_t j = 0; j < generator.dense_means().size(); ++j) {
+    dense.push_back(absl::StrFormat("    {\"name\": \"I%d\", \"mean_count\": %s, \"weight\": %s}",
+                                    j + 1, Number(generator.dense_means()[j], "%.6g"),
+                                    Number(generator.dense_weights()[j], "%.6g")));
+  }
+  return absl::StrCat(
+      "{\n  \"kind\": \"ctr\",\n  \"name\": \"", options.name,
+      "\",\n  \"shards\": ", options.num_shards, ",\n  \"train_files\": \"", summary.train_pattern,
+      "\",\n  \"test_files\": \"", summary.test_pattern,
+      "\",\n  \"label_key\": \"label\",\n  \"generator\": {\"seed\": ", o.seed,
+      ", \"sparse_features\": ", o.sparse_features, ", \"dense_features\": ", o.dense_features,
+      ", \"zipf\": ", Number(o.zipf, "%.6g"), ", \"max_ids\": ", o.max_ids,
+      ", \"target_click_rate\": ", Number(o.click_rate, "%.6g"),
+      ", \"weight_scale\": ", Number(o.weight_scale, "%.6g"),
+      ", \"dense_weight_scale\": ", Number(o.dense_weight_scale, "%.6g"),
+      ", \"interaction\": ", Number(o.interaction, "%.6g"),
+      ", \"interaction_pairs\": ", std::min(o.interaction_pairs, o.sparse_features / 2),
+      ", \"bias\": ", Number(generator.bias(), "%.9g"), "},\n  \"sparse\": [\n",
+      absl::StrJoin(sparse, ",\n"), "\n  ],\n  \"dense\": [\n", absl::StrJoin(dense, ",\n"),
+      dense.empty() ? "" : "\n", "  ],\n  \"train\": ", SplitJson(summary.train, false),
+      ",\n  \"test\": ", SplitJson(summary.test, true), "\n}\n");
+}
+
+}  // namespace data
+}  // namespace downpour
