@@ -59,6 +59,18 @@ struct CtlOptions {
   std::string fashion_mnist;
   int32_t shards = 1;
   int64_t limit = 0;
+  // dataset generate (also out_dir, name, shards); the generator's own
+  // checks (data/ctr_generator.h) judge the values.
+  std::string kind;
+  int64_t examples = 1000000;
+  int64_t test_examples = 100000;
+  uint64_t seed = 1;
+  double zipf = 1.05;
+  std::string vocabulary = "1000:10000000";
+  int32_t sparse_features = 26;
+  int32_t dense_features = 13;
+  int32_t max_ids = 3;
+  double click_rate = 0.1;
 };
 
 // Prints one sentence to stderr and returns `code`.
@@ -101,7 +113,7 @@ int RunCheckpoint(const CtlOptions& options, const std::vector<std::string>& arg
 int RunResume(const CtlOptions& options, const std::vector<std::string>& args);
 int RunExport(const CtlOptions& options, const std::vector<std::string>& args);
 
-// dataset import (client/dataset_command.cc).
+// dataset import and dataset generate (client/dataset_command.cc).
 int RunDataset(const CtlOptions& options, const std::vector<std::string>& args);
 
 }  // namespace downpour

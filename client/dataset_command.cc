@@ -1,5 +1,6 @@
 // downpourctl dataset import: IDX files (MNIST, Fashion-MNIST) into record
-// shards, offline.
+// shards; dataset generate: a synthetic click log (data/ctr_generator.h).
+// Both offline.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/commands.h"
+#include "data/ctr_generator.h"
 #include "data/idx.h"
 
 namespace downpour {
@@ -42,13 +44,81 @@ int ImportOne(const data::IdxImportOptions& import) {
   return kExitOk;
 }
 
+// dataset generate --kind=ctr: writes the shards and NAME.json, prints one
+// line of what was written and its Bayes figures.
+int RunGenerate(const CtlOptions& options) {
+  if (options.kind != "ctr") {
+    return UsageError(
+        options.kind.empty()
+            ? "dataset generate needs --kind=ctr (the only kind)"
+            : absl::StrCat("--kind=", options.kind, " is not supported; the only kind is ctr"));
+  }
+  for (const auto& [flag, set] : {std::pair<const char*, bool>{"--images", !options.images.empty()},
+                                  {"--labels", !options.labels.empty()},
+                                  {"--fashion_mnist", !options.fashion_mnist.empty()},
+                                  {"--limit", options.limit != 0},
+                                  {"--format", options.format != "idx"}}) {
+    if (set) {
+      return UsageError(
+          absl::StrCat(flag, " is for dataset import; generate sizes with --examples"));
+    }
+  }
+  if (options.out_dir.empty()) return UsageError("dataset generate needs --out_dir=DIR");
+  if (options.name.empty()) return UsageError("dataset generate needs --name=NAME");
+  data::CtrDatasetOptions dataset;
+  dataset.out_dir = options.out_dir;
+  dataset.name = options.name;
+  dataset.train_examples = options.examples;
+  dataset.test_examples = options.test_examples;
+  dataset.num_shards = options.shards;
+  data::CtrOptions& generator = dataset.generator;
+  generator.seed = options.seed;
+  generator.zipf = options.zipf;
+  generator.sparse_features = options.sparse_features;
+  generator.dense_features = options.dense_features;
+  generator.max_ids = options.max_ids;
+  generator.click_rate = options.click_rate;
+  absl::Status parsed = data::ParseVocabularies(options.vocabulary, &generator);
+  if (!parsed.ok()) return UsageError(absl::StrCat("--", parsed.message()));
+
+  const absl::Time start = absl::Now();
+  absl::StatusOr<data::CtrDatasetSummary> summary = data::WriteCtrDataset(dataset);
+  if (!summary.ok()) {
+    // Bad flags are the generator's InvalidArgument ("zipf=0 must be ..."),
+    // named here as the flags they came from.
+    if (absl::IsInvalidArgument(summary.status())) {
+      return UsageError(absl::StrCat("--", summary.status().message()));
+    }
+    return Fail(kExitFailed, summary.status().message());
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const int64_t total = summary->train.examples + summary->test.examples;
+  const auto rate = [](const data::CtrSplitSummary& split) {
+    return split.examples == 0
+               ? 0.0
+               : static_cast<double>(split.clicks) / static_cast<double>(split.examples);
+  };
+  std::cout << absl::StrFormat(
+                   "%s: wrote %d train and %d test examples to %s/%s and %s, summary %s; click "
+                   "rate %.4f (test %.4f), test Bayes AUC %.4f, Bayes log loss %.4f; %.1f s, "
+                   "%.0f examples/s",
+                   options.name, summary->train.examples, summary->test.examples, options.out_dir,
+                   summary->train_pattern, summary->test_pattern, summary->summary_path,
+                   rate(summary->train), rate(summary->test), summary->test.bayes_auc,
+                   summary->test.bayes_log_loss, seconds, seconds > 0 ? total / seconds : 0.0)
+            << std::endl;
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunDataset(const CtlOptions& options, const std::vector<std::string>& args) {
+  if (args.size() == 1 && args[0] == "generate") return RunGenerate(options);
   if (args.size() != 1 || args[0] != "import") {
     return UsageError(
-        "dataset takes one subcommand, import: downpourctl dataset import "
-        "--out_dir=DIR ...");
+        "dataset takes one subcommand, import or generate: downpourctl dataset import "
+        "--out_dir=DIR ... or downpourctl dataset generate --kind=ctr --out_dir=DIR "
+        "--name=NAME ...");
   }
   const std::string out_dir = options.out_dir;
   const int shards = options.shards;

@@ -1,5 +1,5 @@
 // downpourctl: the operator's command line over the Coordinator service, and
-// the offline dataset importer. See kUsage for the commands and
+// the offline dataset importer and generator. See kUsage for the commands and
 // client/commands.h for the exit status. This file parses the flags, picks
 // the coordinator (client/config.h) and runs one command; config, version
 // and completion live here too.
@@ -81,6 +81,19 @@ ABSL_FLAG(std::string, fashion_mnist, "",
           "test");
 ABSL_FLAG(int32_t, shards, 1, "dataset import: number of record files");
 ABSL_FLAG(int64_t, limit, 0, "dataset import: import at most this many examples (0 = all)");
+ABSL_FLAG(std::string, kind, "", "dataset generate: what to generate (ctr)");
+ABSL_FLAG(int64_t, examples, 1000000, "dataset generate: training examples");
+ABSL_FLAG(int64_t, test_examples, 100000, "dataset generate: test examples");
+ABSL_FLAG(uint64_t, seed, 1, "dataset generate: seed of the generating model and the draws");
+ABSL_FLAG(double, zipf, 1.05, "dataset generate: skew s of the ids' Zipf law P(rank r) ~ r^-s");
+ABSL_FLAG(std::string, vocabulary, "1000:10000000",
+          "dataset generate: ids per sparse feature, MIN:MAX (spread geometrically over the "
+          "features) or one value per feature, comma separated");
+ABSL_FLAG(int32_t, sparse_features, 26, "dataset generate: sparse (int64 id) features C1..");
+ABSL_FLAG(int32_t, dense_features, 13, "dataset generate: dense (float) features I1..");
+ABSL_FLAG(int32_t, max_ids, 3,
+          "dataset generate: most ids of a multi-valued sparse feature (C2, C4, ...)");
+ABSL_FLAG(double, click_rate, 0.1, "dataset generate: the mean click probability");
 
 namespace downpour {
 namespace {
@@ -124,6 +137,12 @@ commands:
   dataset import [--fashion_mnist=DIR] --out_dir=DIR [--shards=N] [--limit=N]
                         import Fashion-MNIST's train and test sets from DIR
                         (default /usr/share/datasets/fashion-mnist)
+  dataset generate --kind=ctr --out_dir=DIR --name=NAME [--examples=N]
+                 [--test_examples=M] [--shards=K] [--seed=S] [--zipf=S]
+                 [--vocabulary=MIN:MAX|V1,V2,..] [--click_rate=P]
+                        write a synthetic click log (Criteo-shaped, known
+                        generating model) as NAME-train/NAME-test shards and
+                        NAME.json with its Bayes AUC and log loss
   config get-contexts   list the contexts of the config file
   config current-context
   config use-context NAME
@@ -181,7 +200,7 @@ _downpourctl() {
     config)
       if [[ -z $sub ]]; then COMPREPLY=($(compgen -W "get-contexts current-context use-context set-context delete-context" -- "$cur"))
       else COMPREPLY=($(compgen -W "$(downpourctl config get-contexts -o json 2>/dev/null | sed -n 's/.*"name": "\([^"]*\)".*/\1/p')" -- "$cur")); fi ;;
-    dataset) COMPREPLY=($(compgen -W "import" -- "$cur")) ;;
+    dataset) COMPREPLY=($(compgen -W "import generate" -- "$cur")) ;;
     completion) COMPREPLY=($(compgen -W "bash" -- "$cur")) ;;
     submit) COMPREPLY=($(compgen -f -- "$cur")) ;;
   esac
@@ -419,6 +438,16 @@ int Main(int argc, char** argv) {
   options.fashion_mnist = absl::GetFlag(FLAGS_fashion_mnist);
   options.shards = absl::GetFlag(FLAGS_shards);
   options.limit = absl::GetFlag(FLAGS_limit);
+  options.kind = absl::GetFlag(FLAGS_kind);
+  options.examples = absl::GetFlag(FLAGS_examples);
+  options.test_examples = absl::GetFlag(FLAGS_test_examples);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.zipf = absl::GetFlag(FLAGS_zipf);
+  options.vocabulary = absl::GetFlag(FLAGS_vocabulary);
+  options.sparse_features = absl::GetFlag(FLAGS_sparse_features);
+  options.dense_features = absl::GetFlag(FLAGS_dense_features);
+  options.max_ids = absl::GetFlag(FLAGS_max_ids);
+  options.click_rate = absl::GetFlag(FLAGS_click_rate);
 
   if (command == "dataset") return RunDataset(options, args);
   if (command == "config") return RunConfig(options, args);

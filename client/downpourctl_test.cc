@@ -204,6 +204,47 @@ TEST(DownpourctlTest, DatasetImportFashionMnist) {
   EXPECT_EQ(access((out_dir + "/test-00000-of-00002.tfrecord").c_str(), R_OK), 0);
 }
 
+TEST(DownpourctlTest, DatasetGenerateCtrWritesShardsAndSummary) {
+  const std::string out_dir = absl::StrCat(TempDir(), "/ctr");
+  Result r = RunCtl({"dataset", "generate", "--kind=ctr", "--out_dir=" + out_dir, "--name=clicks",
+                     "--examples=20000", "--test_examples=2000", "--shards=2", "--seed=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("clicks: wrote 20000 train and 2000 test examples to " + out_dir +
+                               "/clicks-train-*-of-00002.tfrecord"));
+  EXPECT_THAT(r.out, HasSubstr("test Bayes AUC 0."));
+  for (const char* file :
+       {"clicks-train-00000-of-00002.tfrecord", "clicks-train-00001-of-00002.tfrecord",
+        "clicks-test-00000-of-00002.tfrecord", "clicks-test-00001-of-00002.tfrecord"}) {
+    EXPECT_EQ(access(absl::StrCat(out_dir, "/", file).c_str(), R_OK), 0) << file;
+  }
+  const std::string json = ReadFile(out_dir + "/clicks.json");
+  EXPECT_THAT(json, HasSubstr("\"seed\": 3,"));
+  EXPECT_THAT(json, HasSubstr("\"train\": {\"examples\": 20000, \"clicks\": "));
+  EXPECT_THAT(json, HasSubstr("\"test\": {\"examples\": 2000, \"clicks\": "));
+  const size_t at = json.find("\"bayes_auc\": ");
+  ASSERT_NE(at, std::string::npos) << json;
+  const double auc = std::strtod(json.c_str() + at + 13, nullptr);
+  EXPECT_GT(auc, 0.6);
+  EXPECT_LT(auc, 0.95);
+}
+
+TEST(DownpourctlTest, DatasetGenerateBadFlagsExit2) {
+  const std::string out_dir = absl::StrCat(TempDir(), "/ctr-bad");
+  for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--zipf=0", "--zipf=0 must be"},
+           {"--kind=images", "--kind=images is not supported"},
+           {"--vocabulary=10,20", "--vocabulary lists 2 values for 26 sparse features"},
+           {"--examples=0", "--examples=0 must be"},
+           {"--limit=5", "--limit is for dataset import"}}) {
+    std::vector<std::string> args = {
+        "dataset", "generate", "--kind=ctr", "--name=x", "--out_dir=" + out_dir, "--examples=10"};
+    args.push_back(flag);
+    Result r = RunCtl(args);
+    EXPECT_EQ(r.exit_code, 2) << flag;
+    EXPECT_THAT(r.err, HasSubstr(message)) << flag;
+  }
+}
+
 // ------------------------------------------------------- a fake coordinator
 
 // Jobs advance 100 steps per WatchJob from an up-to-date client; a job named
