@@ -94,18 +94,20 @@ int RunGenerate(const CtlOptions& options) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const int64_t total = summary->train.examples + summary->test.examples;
   const auto rate = [](const data::CtrSplitSummary& split) {
-    return split.examples == 0
-               ? 0.0
-               : static_cast<double>(split.clicks) / static_cast<double>(split.examples);
+    return static_cast<double>(split.clicks) / static_cast<double>(split.examples);
   };
+  const data::CtrSplitSummary& test = summary->test;
+  const std::string figures =
+      test.examples == 0
+          ? absl::StrFormat("click rate %.4f (no test examples)", rate(summary->train))
+          : absl::StrFormat("click rate %.4f (test %.4f), test Bayes AUC %.4f, Bayes log loss %.4f",
+                            rate(summary->train), rate(test), test.bayes_auc, test.bayes_log_loss);
   std::cout << absl::StrFormat(
-                   "%s: wrote %d train and %d test examples to %s/%s and %s, summary %s; click "
-                   "rate %.4f (test %.4f), test Bayes AUC %.4f, Bayes log loss %.4f; %.1f s, "
-                   "%.0f examples/s",
-                   options.name, summary->train.examples, summary->test.examples, options.out_dir,
-                   summary->train_pattern, summary->test_pattern, summary->summary_path,
-                   rate(summary->train), rate(summary->test), summary->test.bayes_auc,
-                   summary->test.bayes_log_loss, seconds, seconds > 0 ? total / seconds : 0.0)
+                   "%s: wrote %d train and %d test examples to %s/%s and %s, summary %s; %s; "
+                   "%.1f s, %.0f examples/s",
+                   options.name, summary->train.examples, test.examples, options.out_dir,
+                   summary->train_pattern, summary->test_pattern, summary->summary_path, figures,
+                   seconds, seconds > 0 ? total / seconds : 0.0)
             << std::endl;
   return kExitOk;
 }

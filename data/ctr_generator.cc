@@ -483,24 +483,28 @@ absl::Status WriteSplit(const CtrGenerator& generator, CtrSplit split, int64_t c
   for (auto& writer : writers) RETURN_IF_ERROR(writer->Close());
   summary->examples = counter.examples;
   summary->clicks = counter.clicks;
-  const double n = std::max<int64_t>(counter.examples, 1);
-  summary->mean_probability = counter.probability_sum / n;
-  summary->bayes_log_loss = counter.log_loss_sum / n;
+  // NaN (null in the JSON) for an empty split.
+  const double n = static_cast<double>(counter.examples);
+  summary->mean_probability = n > 0 ? counter.probability_sum / n : std::nan("");
+  summary->bayes_log_loss = n > 0 ? counter.log_loss_sum / n : std::nan("");
   summary->bayes_auc =
       metrics != nullptr ? metrics->Auc() : std::numeric_limits<double>::quiet_NaN();
   return absl::OkStatus();
 }
 
-// A JSON number; null for NaN, which JSON lacks.
-std::string Number(double value, const char* format = "%.6f") {
-  if (!std::isfinite(value)) return "null";
-  return absl::StrFormat(format, value);
+// JSON numbers, 6 decimals or `digits` significant ones; null for NaN,
+// which JSON lacks.
+std::string Number(double value) {
+  return std::isfinite(value) ? absl::StrFormat("%.6f", value) : "null";
+}
+std::string Significant(double value, int digits) {
+  return std::isfinite(value) ? absl::StrFormat("%.*g", digits, value) : "null";
 }
 
 std::string SplitJson(const CtrSplitSummary& split, bool with_auc) {
-  const double n = std::max<int64_t>(split.examples, 1);
+  const double n = static_cast<double>(split.examples);
   return absl::StrCat("{\"examples\": ", split.examples, ", \"clicks\": ", split.clicks,
-                      ", \"click_rate\": ", Number(split.clicks / n),
+                      ", \"click_rate\": ", Number(n > 0 ? split.clicks / n : std::nan("")),
                       ", \"mean_click_probability\": ", Number(split.mean_probability),
                       with_auc ? absl::StrCat(", \"bayes_auc\": ", Number(split.bayes_auc)) : "",
                       ", \"bayes_log_loss\": ", Number(split.bayes_log_loss), "}");
@@ -558,13 +562,13 @@ std::string CtrSummaryJson(const CtrDatasetOptions& options, const CtrGenerator&
     sparse.push_back(absl::StrFormat(
         "    {\"name\": \"%s\", \"vocabulary\": %d, \"max_ids\": %d, \"combiner\": \"%s\", "
         "\"weight_scale\": %s}",
-        f.name, f.vocabulary, f.max_ids, CombinerName(f.combiner), Number(f.weight_scale, "%.6g")));
+        f.name, f.vocabulary, f.max_ids, CombinerName(f.combiner), Significant(f.weight_scale, 6)));
   }
   std::vector<std::string> dense;
   for (size_t j = 0; j < generator.dense_means().size(); ++j) {
     dense.push_back(absl::StrFormat("    {\"name\": \"I%d\", \"mean_count\": %s, \"weight\": %s}",
-                                    j + 1, Number(generator.dense_means()[j], "%.6g"),
-                                    Number(generator.dense_weights()[j], "%.6g")));
+                                    j + 1, Significant(generator.dense_means()[j], 6),
+                                    Significant(generator.dense_weights()[j], 6)));
   }
   return absl::StrCat(
       "{\n  \"kind\": \"ctr\",\n  \"name\": \"", options.name,
@@ -572,13 +576,13 @@ std::string CtrSummaryJson(const CtrDatasetOptions& options, const CtrGenerator&
       "\",\n  \"test_files\": \"", summary.test_pattern,
       "\",\n  \"label_key\": \"label\",\n  \"generator\": {\"seed\": ", o.seed,
       ", \"sparse_features\": ", o.sparse_features, ", \"dense_features\": ", o.dense_features,
-      ", \"zipf\": ", Number(o.zipf, "%.6g"), ", \"max_ids\": ", o.max_ids,
-      ", \"target_click_rate\": ", Number(o.click_rate, "%.6g"),
-      ", \"weight_scale\": ", Number(o.weight_scale, "%.6g"),
-      ", \"dense_weight_scale\": ", Number(o.dense_weight_scale, "%.6g"),
-      ", \"interaction\": ", Number(o.interaction, "%.6g"),
+      ", \"zipf\": ", Significant(o.zipf, 6), ", \"max_ids\": ", o.max_ids,
+      ", \"target_click_rate\": ", Significant(o.click_rate, 6),
+      ", \"weight_scale\": ", Significant(o.weight_scale, 6),
+      ", \"dense_weight_scale\": ", Significant(o.dense_weight_scale, 6),
+      ", \"interaction\": ", Significant(o.interaction, 6),
       ", \"interaction_pairs\": ", std::min(o.interaction_pairs, o.sparse_features / 2),
-      ", \"bias\": ", Number(generator.bias(), "%.9g"), "},\n  \"sparse\": [\n",
+      ", \"bias\": ", Significant(generator.bias(), 9), "},\n  \"sparse\": [\n",
       absl::StrJoin(sparse, ",\n"), "\n  ],\n  \"dense\": [\n", absl::StrJoin(dense, ",\n"),
       dense.empty() ? "" : "\n", "  ],\n  \"train\": ", SplitJson(summary.train, false),
       ",\n  \"test\": ", SplitJson(summary.test, true), "\n}\n");

@@ -1,11 +1,14 @@
 #include "data/ctr_generator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +106,7 @@ TEST(CtrGeneratorTest, TopIdsOfAFeatureHaveZipfFrequencies) {
     ++counts[example.ids[example.id_offsets[0]]];
   }
   std::vector<int> sorted;
+  sorted.reserve(counts.size());
   for (const auto& [id, count] : counts) sorted.push_back(count);
   std::sort(sorted.rbegin(), sorted.rend());
   const double h = Harmonic(1000, 1.05);
@@ -288,7 +292,7 @@ TEST(CtrGeneratorTest, WrittenFilesReadBackAsTheExamplesDrawn) {
 }
 
 TEST(CtrGeneratorTest, BadOptionsNameTheOption) {
-  const auto create_error = [](CtrOptions options) {
+  const auto create_error = [](const CtrOptions& options) {
     return std::string(CtrGenerator::Create(options).status().message());
   };
   CtrOptions o;
