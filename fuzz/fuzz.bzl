@@ -3,9 +3,11 @@
 Built with --config=fuzz (clang, see .bazelrc), the test is a libFuzzer
 binary: scripts/fuzz.sh runs it for a while over a copy of its corpus, and
 `bazel test` runs it with -runs=0, which executes the seed corpus once under
-ASan and UBSan. Built without it (gcc, the main build), fuzz_main.cc replays
-the seed corpus through LLVMFuzzerTestOneInput, so `bazel test //...` keeps
-every seed (and every crash input kept as a seed) passing.
+ASan and UBSan; DOWNPOUR_LIBFUZZER is defined then, for code that calls into
+libFuzzer (a custom mutator). Built without it (gcc, the main build),
+fuzz_main.cc replays the seed corpus through LLVMFuzzerTestOneInput, so
+`bazel test //...` keeps every seed (and every crash input kept as a seed)
+passing.
 """
 
 load("@rules_cc//cc:defs.bzl", "cc_test")
@@ -26,6 +28,10 @@ def fuzz_test(name, srcs, deps, corpus, dict = None):
         srcs = srcs,
         args = ["-runs=0", native.package_name() + "/" + corpus],
         data = native.glob([corpus + "/**"]) + ([dict] if dict else []),
+        local_defines = select({
+            ":libfuzzer": ["DOWNPOUR_LIBFUZZER"],
+            "//conditions:default": [],
+        }),
         linkopts = select({
             ":libfuzzer": ["-fsanitize=fuzzer"],
             "//conditions:default": [],

@@ -121,6 +121,17 @@ void CheckRefusal(const grpc::Status& status) {
 }  // namespace
 }  // namespace downpour
 
+#ifdef DOWNPOUR_LIBFUZZER
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+
+// Mutates the PushRequest header with its length prefix kept true, so its
+// fields (a step, a rank, a partition) change without the frame falling apart.
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
+                                          unsigned int seed) {
+  return downpour::fuzz::MutateFramedInput(data, size, max_size, seed, LLVMFuzzerMutate);
+}
+#endif
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   grpc::ByteBuffer buffer = downpour::fuzz::ReceivedMessage(data, size);

@@ -28,6 +28,19 @@ grpc::ByteBuffer ReceivedMessage(const uint8_t* data, size_t size);
 // `slice_size` bytes (0: one slice): what the seed corpora hold.
 std::string FuzzInput(const TensorMessage& message, uint8_t slice_size);
 
+// libFuzzer's mutator of a byte range (LLVMFuzzerMutate): mutates `size`
+// bytes at `data` in place into at most `max_size` and returns the new size.
+using MutateBytes = size_t (*)(uint8_t* data, size_t size, size_t max_size);
+
+// A structure-aware mutation of a fuzz input of this format, for
+// LLVMFuzzerCustomMutator: by `seed`, mutates the header alone, the payload
+// alone or the slice byte, keeping the length prefix true (a plain mutation
+// that grows or shrinks the header makes the frame mean something else), or
+// now and then the whole input as bytes, length prefix included. Returns the
+// new size, at most `max_size`.
+size_t MutateFramedInput(uint8_t* data, size_t size, size_t max_size, unsigned seed,
+                         MutateBytes mutate);
+
 }  // namespace fuzz
 }  // namespace downpour
 

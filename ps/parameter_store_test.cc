@@ -1,6 +1,7 @@
 #include "ps/parameter_store.h"
 
 #include <atomic>
+#include <limits>
 #include <map>
 #include <thread>
 #include <utility>
@@ -370,6 +371,12 @@ TEST_F(ParameterStoreTest, RejectsMalformedPushes) {
   std::tie(code, message) = code_and_message(other_job);
   EXPECT_EQ(code, absl::StatusCode::kNotFound);
   EXPECT_THAT(message, HasSubstr("job nope is not hosted on this shard"));
+
+  // Found by fuzz/push_fuzzer: the worker's step count, step + 1, overflowed.
+  std::tie(code, message) =
+      code_and_message(MakePush(0, 7, std::numeric_limits<int64_t>::max(), {{{1, 0}, {1, 2}}}));
+  EXPECT_EQ(code, absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(message, HasSubstr("step 9223372036854775807 is out of range"));
 
   // Nothing was applied, and the rejected ids were not remembered.
   EXPECT_EQ(PullOne({0, 0}).version, 0);
