@@ -119,8 +119,9 @@ TEST_F(ParameterStoreTest, AsyncCheckpointCapturesAtOnceAtEachPartitionsVersion)
   PushOk(MakePush(0, 1, 0, {{{0, 0}, {1, 1, 1}}}));
   PushOk(MakePush(1, 1, 0, {{{0, 0}, {1, 1, 1}}}));
   PushOk(WithCheckpoint(MakePush(0, 2, 1, {{{1, 0}, {1, 1}}}), 2));
-  ASSERT_EQ(sink.snapshots().size(), 1u);
-  const ShardSnapshot& snapshot = sink.snapshots()[0];
+  const std::vector<ShardSnapshot> snapshots = sink.snapshots();
+  ASSERT_EQ(snapshots.size(), 1u);
+  const ShardSnapshot& snapshot = snapshots[0];
   EXPECT_TRUE(snapshot.error.empty());
   EXPECT_FALSE(snapshot.sync);
   // Captured before this push's own update: 0/0 at 2, the others at 0.
