@@ -51,6 +51,11 @@ class ClusterFixture : public ::testing::Test {
     ASSERT_TRUE(imported.ok()) << imported;
   }
 
+  static void TearDownTestSuite() {
+    delete data_dir_;
+    data_dir_ = nullptr;
+  }
+
   // Starts a cluster on the imported data (options.data_dir is filled in).
   void StartCluster(LocalCluster::Options options) {
     options.data_dir = *data_dir_;
