@@ -448,10 +448,11 @@ TEST_F(PrometheusTest, ScrapesEveryDaemonAndEveryPanelAndTheConsoleShowTheRunnin
       R"(<td>([0-9.]+)</td>\s*<td>([^<]+)</td>)");
   const std::string cell = absl::StrCat("<td>", kJob, "</td>");
   std::smatch row;
+  std::string from_cell;  // What row's submatches point into.
   bool found = false;
   for (size_t at = dom.out.find(cell); at != std::string::npos && !found;
        at = dom.out.find(cell, at + 1)) {
-    const std::string from_cell = dom.out.substr(at, 400);
+    from_cell = dom.out.substr(at, 400);
     found = std::regex_search(from_cell, row, job_row);
   }
   ASSERT_TRUE(found) << "the console's jobs table has no row for " << kJob
