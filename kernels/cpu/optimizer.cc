@@ -6,7 +6,9 @@ namespace downpour {
 namespace kernels {
 namespace cpu {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: it instruments the clones' resolver, which the
+// dynamic loader runs before TSan's runtime is initialized (a crash at start).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define DOWNPOUR_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define DOWNPOUR_VECTOR_CLONES
