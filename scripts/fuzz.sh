@@ -7,7 +7,8 @@
 # timeout or out-of-memory, or a target that did not run.
 #
 # usage: scripts/fuzz.sh [--junit FILE] [--parallel N] [SECONDS | -runs=N] [TARGET...]
-#   SECONDS      per target (default 600); -runs=N stops after N inputs instead
+#   SECONDS      per target (default 600; 0 skips fuzzing, reported as
+#                skipped); -runs=N stops after N inputs instead
 #   TARGET       e.g. job_spec_fuzzer (default: every target in fuzz/)
 #   --parallel N targets run N at a time (default 1); all run under nice
 #   --junit FILE one test case per target, for scripts/count_tests.py
@@ -31,6 +32,28 @@ while (($#)); do
 done
 if ((${#targets[@]} == 0)); then
   for f in "$ROOT"/fuzz/*_fuzzer.cc; do targets+=("$(basename "$f" .cc)"); done
+fi
+
+# write_junit TSV: the cases of TSV (target, passed|failed|skipped, message).
+write_junit() {
+  [[ -n $junit ]] || return 0
+  python3 - "$1" "$junit" "$ROOT/tests" <<'EOF'
+import sys
+sys.path.insert(0, sys.argv[3])
+from junit import write_junit
+cases = [line.rstrip("\n").split("\t", 2) for line in open(sys.argv[1]) if line.strip()]
+write_junit(sys.argv[2], "fuzz", [(name, result, "" if result == "passed" else message)
+                                  for name, result, message in cases])
+EOF
+}
+
+if [[ $budget == -max_total_time=0 ]]; then
+  skipped=$(mktemp -t downpour-fuzz-skipped.XXXXXX)
+  for t in "${targets[@]}"; do printf '%s\tskipped\t%s\n' "$t" "0 seconds asked" >>"$skipped"; done
+  write_junit "$skipped"
+  rm -f "$skipped"
+  echo "fuzz: skipped (0 seconds per target)"
+  exit 0
 fi
 
 output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/downpour-fuzz}
@@ -105,14 +128,5 @@ for t in "${targets[@]}"; do
   fi
 done
 echo "fuzz: logs, crash inputs and grown corpora in $out; binaries in $bin/fuzz"
-if [[ -n $junit ]]; then
-  python3 - "$cases" "$junit" "$ROOT/tests" <<'EOF'
-import sys
-sys.path.insert(0, sys.argv[3])
-from junit import write_junit
-cases = [line.rstrip("\n").split("\t", 2) for line in open(sys.argv[1]) if line.strip()]
-write_junit(sys.argv[2], "fuzz", [(name, result, "" if result == "passed" else message)
-                                  for name, result, message in cases])
-EOF
-fi
+write_junit "$cases"
 exit $status

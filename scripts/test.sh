@@ -40,10 +40,11 @@ python=$("$ROOT/scripts/python-deps.sh") || python=python3
 # The daemons built with the CUDA toolkit hidden (a second Bazel output base in
 # a temp dir: a cold build of minutes) train a short job on the CPU.
 python3 "$ROOT/tests/cpu_only_build_test.py" --junit "$cpu_only_xml"
-# Each fuzz target of fuzz/ for FUZZ_SECONDS (default 10), two at a time, over
-# a copy of its seeds: clang, ASan and UBSan in an output base of its own (a
-# cold build of minutes; warm in ~/.cache/downpour-fuzz after that). A crash
-# fails its case; the run's directory (crash inputs, logs) is kept then.
+# Each fuzz target of fuzz/ for FUZZ_SECONDS (default 10; 0 skips them), two at
+# a time, over a copy of its seeds: clang, ASan and UBSan in an output base of
+# its own (a cold build of about 4.5 min on 2 busy cores; warm in
+# ~/.cache/downpour-fuzz after that). A crash fails its case; the run's
+# directory (crash inputs, logs) is kept then.
 fuzz_out=$(mktemp -d -t downpour-fuzz-run.XXXXXX)
 FUZZ_OUT=$fuzz_out "$ROOT/scripts/fuzz.sh" --junit "$fuzz_xml" --parallel 2 "${FUZZ_SECONDS:-10}" &&
   rm -rf "$fuzz_out"
