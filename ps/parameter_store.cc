@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <utility>
 
@@ -455,9 +454,7 @@ absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
   }
   if (request.step() < 0) return invalid("step ", request.step(), " is negative");
   // A worker's pushed steps count to step + 1, which the largest int64 lacks.
-  if (request.step() == std::numeric_limits<int64_t>::max()) {
-    return invalid("step ", request.step(), " is out of range");
-  }
+  if (request.step() == INT64_MAX) return invalid("step ", request.step(), " is out of range");
   if (request.partitions_in_step() < 0) {
     return invalid("partitions_in_step ", request.partitions_in_step(), " is negative");
   }
