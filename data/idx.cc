@@ -127,20 +127,48 @@ IdxReader::IdxReader(std::string path, void* file) : path_(std::move(path)), fil
 
 IdxReader::~IdxReader() { gzclose(AsGz(file_)); }
 
-absl::Status IdxReader::ReadItems(int64_t count, uint8_t* out) {
+absl::Status IdxReader::CheckRemaining(int64_t count) const {
   if (count < 0 || items_read_ + count > num_items()) {
     return absl::OutOfRangeError(absl::StrCat("cannot read ", count, " items from IDX file ", path_,
                                               ": only ", num_items() - items_read_, " of ",
                                               num_items(), " remain"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status IdxReader::Truncated(int64_t got) const {
+  return absl::DataLossError(absl::StrCat("IDX file ", path_, " is truncated: its header declares ",
+                                          num_items(), " items but it ends after ",
+                                          items_read_ + got / item_size_));
+}
+
+absl::Status IdxReader::ReadItems(int64_t count, uint8_t* out) {
+  RETURN_IF_ERROR(CheckRemaining(count));
   const int64_t want = count * item_size_;
   ASSIGN_OR_RETURN(const int64_t got, GzReadFully(AsGz(file_), path_, out, want));
-  if (got < want) {
-    return absl::DataLossError(
-        absl::StrCat("IDX file ", path_, " is truncated: its header declares ", num_items(),
-                     " items but it ends after ", items_read_ + got / item_size_));
-  }
+  if (got < want) return Truncated(got);
   items_read_ += count;
+  return absl::OkStatus();
+}
+
+absl::Status IdxReader::ReadItem(std::vector<uint8_t>* item) {
+  if (static_cast<int64_t>(item->size()) >= item_size_) {
+    item->resize(item_size_);
+    return ReadItems(1, item->data());
+  }
+  RETURN_IF_ERROR(CheckRemaining(1));
+  // 1 MiB at first (more than an image of a real data set), then doubling.
+  constexpr int64_t kFirstBytes = int64_t{1} << 20;
+  int64_t done = 0;
+  while (done < item_size_) {
+    const int64_t size = std::min(item_size_, std::max(kFirstBytes, 2 * done));
+    item->resize(size);
+    ASSIGN_OR_RETURN(const int64_t got,
+                     GzReadFully(AsGz(file_), path_, item->data() + done, size - done));
+    if (got < size - done) return Truncated(done + got);
+    done = size;
+  }
+  ++items_read_;
   return absl::OkStatus();
 }
 
@@ -192,10 +220,10 @@ absl::StatusOr<int64_t> ImportIdx(const IdxImportOptions& options) {
   }
 
   const std::vector<int64_t> shape = {images->dims()[1], images->dims()[2], 1};
-  std::vector<uint8_t> pixels(images->item_size());
+  std::vector<uint8_t> pixels;  // Grows with the first image's bytes.
   uint8_t label = 0;
   for (int64_t i = 0; i < total; ++i) {
-    RETURN_IF_ERROR(images->ReadItems(1, pixels.data()));
+    RETURN_IF_ERROR(images->ReadItem(&pixels));
     RETURN_IF_ERROR(labels->ReadItems(1, &label));
     RETURN_IF_ERROR(writers[i % options.num_shards]->Write(
         EncodeImageExample(pixels.data(), images->item_size(), label, shape)));

@@ -46,11 +46,22 @@ class IdxReader {
   // Reading past num_items() or a file shorter than its header says is an error.
   absl::Status ReadItems(int64_t count, uint8_t* out);
 
+  // Reads the next item into `*item`, resized to item_size() bytes, with the
+  // errors of ReadItems. The buffer grows only as the item's bytes arrive: a
+  // header may declare items of up to 1 GiB that the file does not hold, and
+  // a truncated file is then reported having taken about as much memory as
+  // it has bytes. Passing the same buffer for the next items reuses it.
+  absl::Status ReadItem(std::vector<uint8_t>* item);
+
   // Returns an error if bytes follow the last item. REQUIRES: all items read.
   absl::Status CheckAtEnd();
 
  private:
   IdxReader(std::string path, void* file);
+  // OutOfRange unless `count` more items remain.
+  absl::Status CheckRemaining(int64_t count) const;
+  // DataLoss: the file ended `got` bytes into the items being read.
+  absl::Status Truncated(int64_t got) const;
 
   const std::string path_;
   void* file_;  // gzFile, kept opaque so zlib.h stays out of this header.

@@ -165,6 +165,44 @@ TEST(IdxTest, TruncatedAndTrailingDataAreErrors) {
   EXPECT_THAT(imported.status().message(), HasSubstr("data after the last"));
 }
 
+// Found by fuzz/idx_fuzzer: a 30-byte file whose header declares one image
+// of 32768 x 32768 made the import allocate (and zero) 1 GiB before finding
+// the file truncated. The buffer now grows with the bytes that arrive.
+TEST(IdxTest, ItemsLargerThanTheFileTakeNoMoreMemoryThanItsBytes) {
+  const std::string dir = NewTempDir();
+  const std::string huge = BigEndian32(0x803) + BigEndian32(1) + BigEndian32(32768) +
+                           BigEndian32(32768) + std::string(14, '\x7f');
+  WriteFileOrDie(dir + "/images", huge);
+  WriteFileOrDie(dir + "/labels", LabelsIdx(1));
+  auto reader = IdxReader::Open(dir + "/images", 3);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->item_size(), int64_t{1} << 30);
+  std::vector<uint8_t> item;
+  const absl::Status read = (*reader)->ReadItem(&item);
+  EXPECT_EQ(read.code(), absl::StatusCode::kDataLoss) << read;
+  EXPECT_THAT(read.message(), HasSubstr("is truncated: its header declares 1 items"));
+  EXPECT_LE(item.capacity(), size_t{1} << 20);
+
+  IdxImportOptions options{dir + "/images", dir + "/labels", dir + "/out", "huge", 1, 0};
+  auto imported = ImportIdx(options);
+  EXPECT_EQ(imported.status().code(), absl::StatusCode::kDataLoss) << imported.status();
+  EXPECT_THAT(imported.status().message(), HasSubstr("truncated"));
+}
+
+TEST(IdxTest, ReadItemReadsEachItemIntoOneBuffer) {
+  const std::string dir = NewTempDir();
+  WriteFileOrDie(dir + "/images", ImagesIdx(3));
+  auto reader = IdxReader::Open(dir + "/images", 3);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<uint8_t> item;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*reader)->ReadItem(&item).ok());
+    EXPECT_EQ(item, std::vector<uint8_t>(kRows * kCols, i));
+  }
+  EXPECT_EQ((*reader)->ReadItem(&item).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE((*reader)->CheckAtEnd().ok());
+}
+
 TEST(IdxTest, MissingFileIsNotFound) {
   const std::string dir = NewTempDir();
   IdxImportOptions options{dir + "/none", dir + "/none2", dir + "/out", "m", 1, 0};
