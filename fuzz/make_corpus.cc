@@ -155,6 +155,10 @@ void IdxFiles(const fs::path& out) {
   WriteFile(out / "three_2x2", IdxInput(0, images, labels));
   WriteFile(out / "three_2x2_two_shards_limit_2", IdxInput(1 | (2 << 2), images, labels));
   WriteFile(out / "three_2x2_gzip", IdxInput(2, Gzip(images), Gzip(labels)));
+  // One image of 32768 x 32768 declared, 4 bytes of it there (import once
+  // allocated the whole GiB before finding the file truncated).
+  WriteFile(out / "regression_huge_item",
+            IdxInput(0, Idx({1, 32768, 32768}, "\x01\x02\x03\x04"), Idx({1}, "\x01")));
 }
 
 PartitionHeader Header(int32_t tensor, int32_t partition, DType dtype, int64_t n) {
