@@ -13,14 +13,20 @@ deploy_xml=$(mktemp -t downpour-deploy.XXXXXX)
 slurm_xml=$(mktemp -t downpour-slurm.XXXXXX)
 cpu_only_xml=$(mktemp -t downpour-cpu-only.XXXXXX)
 fuzz_xml=$(mktemp -t downpour-fuzz.XXXXXX)
-trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml"' EXIT
+venv_out=$(mktemp -t downpour-venv.XXXXXX)
+trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml" "$venv_out"' EXIT
+# The pinned PyPI venv of the Python checks below is made while Bazel builds
+# (downloads, not CPU).
+"$ROOT/scripts/python-deps.sh" >"$venv_out" &
+venv_pid=$!
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
 # The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
 # so outside `bazel test`).
 python3 "$ROOT/tests/layering_test.py" --junit "$layering"
 # Exported models loaded by NumPy through the PyPI safetensors package (pinned
 # in a venv); without them the check reports itself skipped, with the reason.
-python=$("$ROOT/scripts/python-deps.sh") || python=python3
+python=python3
+wait "$venv_pid" && python=$(cat "$venv_out")
 "$python" "$ROOT/tests/export_numpy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$export_xml"
 # The coordinator's TensorBoard event files, read during a job by PyPI
