@@ -5,14 +5,15 @@
 // out of its sight, so every field a Mutex guards would look like a data race
 // between the threads that take turns holding it. Under --config=tsan
 // (.bazelrc) this file is linked into every program and defines absl's
-// out-of-line synchronization entry points itself. A definition in the
-// program interposes on the shared library's for every caller; each one tells
-// TSan what the call does, with the same <sanitizer/tsan_interface.h>
-// annotations Abseil makes when it is itself built with TSan, and calls the
-// library's function, found with dlsym(RTLD_NEXT). Memory touched without
-// holding the mutex is still reported, and TSan checks lock order too.
-// Condition functions run inside the library's lock operations, where TSan
-// ignores memory accesses, so their reads are not checked.
+// out-of-line synchronization entry points itself. The dynamic linker finds
+// these definitions (in the program, or a library it loads before Abseil's)
+// first, for every caller; each tells TSan what the call does, with the
+// <sanitizer/tsan_interface.h> annotations Abseil makes when it is itself
+// built with TSan, and calls the library's function, found with
+// dlsym(RTLD_NEXT). Memory touched without holding the mutex is still
+// reported (tsan_absl_sync_test shows both sides), and TSan checks lock order
+// too. Condition functions run inside the library's lock operations, where
+// TSan ignores memory accesses, so their reads are not checked.
 //
 // Without TSan the file compiles to nothing.
 #if defined(__SANITIZE_THREAD__)
