@@ -278,15 +278,21 @@ TEST_F(TrainerTest, PartitionsKeepInStepWhileALostRankIsAbsentAndTakenOver) {
   LoseRankZeroMidPush(20);
   // The coordinator gives the lost rank up: rank 1 goes on alone.
   for (auto& store : stores_) store->SetAbsentWorkers("j", {0});
+  // The shards are read one after another while rank 1 goes on, so one pass
+  // can show a spread that never existed (it did under ASan, where a pass is
+  // slow). Versions only rise: at the instant between two passes the spread
+  // is at least the first pass's highest version minus the second's lowest.
   auto spread = [&] {
-    std::vector<int64_t> versions;
-    Values(&versions);
-    return *std::max_element(versions.begin(), versions.end()) -
-           *std::min_element(versions.begin(), versions.end());
+    std::vector<int64_t> before;
+    std::vector<int64_t> after;
+    Values(&before);
+    Values(&after);
+    return *std::max_element(before.begin(), before.end()) -
+           *std::min_element(after.begin(), after.end());
   };
   for (int i = 0; i < 20; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
-    ASSERT_LE(spread(), 1) << "while rank 0 is absent";
+    EXPECT_LE(spread(), 1) << "while rank 0 is absent";  // Not ASSERT: rank1_thread runs.
   }
   // A worker takes rank 0 over.
   Task task = RankTask(0, 2);
