@@ -23,9 +23,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string TestData(const std::string& name) {
-  return testing::TestDataDir() + "/" + name;
-}
+std::string TestData(const std::string& name) { return testing::TestDataDir() + "/" + name; }
 
 struct Expected {
   std::string file;
