@@ -58,6 +58,9 @@ class ParameterServerService final : public grpc::Service {
   // OK when options_.authorize admits node `peer` ("" without a node
   // certificate) to job `job_id` as rank `rank`; AdmitExchange, to both
   // halves of a push-pull.
+  // The node the caller's certificate names, read only when
+  // options_.authorize is set ("" otherwise).
+  std::string CallerOf(const grpc::ServerContextBase& context) const;
   absl::Status Admit(const std::string& peer, const std::string& job_id, int rank) const;
   absl::Status AdmitExchange(const std::string& peer, const PushPullRequest& exchange) const;
 
