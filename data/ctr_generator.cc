@@ -56,12 +56,6 @@ double Gaussian(uint64_t bits) {
 
 double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
-// -log of the probability given to what happened.
-double Surprise(double probability, int label) {
-  constexpr double kFloor = 1e-15;
-  return -std::log(std::max(label != 0 ? probability : 1.0 - probability, kFloor));
-}
-
 bool IsFileName(absl::string_view name) {
   if (name.empty() || name == "." || name == "..") return false;
   for (char c : name) {
@@ -416,37 +410,6 @@ std::string CtrGenerator::Encode(const CtrExample& example) const {
   return out;
 }
 
-// ----------------------------------------------------------- BinaryMetrics
-
-void BinaryMetrics::Add(double probability, int label) {
-  (label != 0 ? positives_ : negatives_).push_back(probability);
-  log_loss_sum_ += Surprise(probability, label);
-}
-
-double BinaryMetrics::LogLoss() const {
-  const int64_t n = examples();
-  return n == 0 ? std::numeric_limits<double>::quiet_NaN() : log_loss_sum_ / n;
-}
-
-double BinaryMetrics::Auc() {
-  if (positives_.empty() || negatives_.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(positives_.begin(), positives_.end());
-  std::sort(negatives_.begin(), negatives_.end());
-  // For each negative: the positives scored above it, plus half of those tied.
-  // Counted in halves so the sum stays an exact integer.
-  int64_t twice_correct = 0;
-  size_t below = 0, not_above = 0;  // Positives < score and <= score.
-  for (double score : negatives_) {
-    while (below < positives_.size() && positives_[below] < score) ++below;
-    if (not_above < below) not_above = below;
-    while (not_above < positives_.size() && positives_[not_above] <= score) ++not_above;
-    twice_correct += 2 * static_cast<int64_t>(positives_.size() - not_above) +
-                     static_cast<int64_t>(not_above - below);
-  }
-  return static_cast<double>(twice_correct) /
-         (2.0 * static_cast<double>(positives_.size()) * static_cast<double>(negatives_.size()));
-}
-
 // --------------------------------------------------------- WriteCtrDataset
 
 namespace {
@@ -476,7 +439,7 @@ absl::Status WriteSplit(const CtrGenerator& generator, CtrSplit split, int64_t c
     ++counter.examples;
     counter.clicks += example.label;
     counter.probability_sum += example.click_probability;
-    counter.log_loss_sum += Surprise(example.click_probability, example.label);
+    counter.log_loss_sum += BinaryCrossEntropy(example.click_probability, example.label);
     if (metrics != nullptr) metrics->Add(example.click_probability, example.label);
   }
   // Writers dropped on an early return above remove their temporary files.

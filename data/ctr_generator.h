@@ -31,7 +31,7 @@
 //
 // Thread-safety: CtrGenerator is immutable after Create; Generate, Logit and
 // Encode may run concurrently (each caller owns its CtrExample).
-// BinaryMetrics and WriteCtrDataset's objects are used by one thread.
+// WriteCtrDataset's objects are used by one thread.
 #ifndef DOWNPOUR_DATA_CTR_GENERATOR_H_
 #define DOWNPOUR_DATA_CTR_GENERATOR_H_
 
@@ -43,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/binary_metrics.h"  // The Bayes AUC and log loss.
 
 namespace downpour {
 namespace data {
@@ -162,24 +163,6 @@ class CtrGenerator {
   uint64_t stream_key_ = 0;
   int interaction_pairs_ = 0;
   double bias_ = 0;
-};
-
-// AUC and log loss of predicted probabilities against labels, added one at a
-// time. AUC is exact (ties count one half), from the sorted scores of each
-// class: 8 bytes per example are kept, so a million examples take 8 MB.
-class BinaryMetrics {
- public:
-  void Add(double probability, int label);
-  int64_t examples() const { return static_cast<int64_t>(positives_.size() + negatives_.size()); }
-  int64_t positives() const { return static_cast<int64_t>(positives_.size()); }
-  double LogLoss() const;
-  // NaN when either class is missing. Sorts the kept scores (hence not const).
-  double Auc();
-
- private:
-  std::vector<double> positives_;
-  std::vector<double> negatives_;
-  double log_loss_sum_ = 0;
 };
 
 struct CtrDatasetOptions {
