@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -71,6 +72,28 @@ int64_t CountPartitions(const std::vector<ParamInfo>& params, int64_t partition_
   return count;
 }
 
+// JobSpec.metrics: known, each once; AUC and LOG_LOSS score P(class 1), so
+// they need a two-class model.
+absl::Status CheckMetrics(const JobSpec& spec) {
+  std::vector<bool> listed(Metric_ARRAYSIZE, false);
+  for (int i = 0; i < spec.metrics_size(); ++i) {
+    const int metric = spec.metrics(i);
+    if (!Metric_IsValid(metric)) {
+      return Bad(absl::StrCat("metrics[", i, "]"),
+                 absl::StrCat("has unknown value ", metric, "; must be ACCURACY, AUC or LOG_LOSS"));
+    }
+    const std::string& name = Metric_Name(spec.metrics(i));
+    if (listed[metric]) return Bad("metrics", absl::StrCat("lists ", name, " twice"));
+    listed[metric] = true;
+    const int32_t classes = spec.model().num_classes();
+    if (metric != ACCURACY && classes != 2) {
+      return Bad("metrics:",
+                 absl::StrCat(name, " needs a two-class model (num_classes 2), got ", classes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void ApplyJobDefaults(JobSpec* spec) {
@@ -105,6 +128,7 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
     return Bad("stop_at_accuracy",
                "needs eval_every_steps > 0 (the job is evaluated only at its end)");
   }
+  RETURN_IF_ERROR(CheckMetrics(spec));
   if (spec.restart().max_restarts() < -1) {
     return Bad("restart.max_restarts", "must be -1 (never), 0 (the default, 3) or more");
   }

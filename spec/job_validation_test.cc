@@ -1,6 +1,7 @@
 // ValidateJobSpec's checks: every Precision the proto defines is accepted
 // and an unknown number is refused naming the field and the valid names;
-// push_every / fetch_every and the evaluation settings; the size limits of
+// push_every / fetch_every and the evaluation settings; the metrics (known,
+// once each, AUC and LOG_LOSS for two-class models only); the size limits of
 // spec/limits.h, each named with its size and limit; record-file globs that
 // could leave the worker's data directory.
 #include "spec/job_validation.h"
@@ -71,6 +72,33 @@ TEST(JobValidationTest, EvaluationSettingsAreChecked) {
   EXPECT_EQ(ValidateJobSpec(spec).status().message(), "stop_at_accuracy must be in [0, 1]");
   spec.set_stop_at_accuracy(0.9);
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
+}
+
+TEST(JobValidationTest, MetricsAreKnownListedOnceAndAucNeedsTwoClasses) {
+  JobSpec spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
+  ApplyJobDefaults(&spec);
+  spec.add_metrics(ACCURACY);  // num_classes 3.
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  spec.add_metrics(AUC);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "metrics: AUC needs a two-class model (num_classes 2), got 3");
+  spec.set_metrics(1, LOG_LOSS);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "metrics: LOG_LOSS needs a two-class model (num_classes 2), got 3");
+
+  spec.mutable_model()->set_num_classes(2);
+  spec.mutable_model()->mutable_layer(2)->mutable_dense()->set_units(2);
+  spec.set_metrics(1, AUC);
+  spec.add_metrics(LOG_LOSS);
+  const auto params = ValidateJobSpec(spec);
+  EXPECT_TRUE(params.ok()) << params.status();
+  spec.add_metrics(AUC);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(), "metrics lists AUC twice");
+  spec.set_metrics(3, static_cast<Metric>(7));
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "metrics[3] has unknown value 7; must be ACCURACY, AUC or LOG_LOSS");
+  spec.clear_metrics();
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());  // Empty: ACCURACY.
 }
 
 TEST(JobValidationTest, ImageDataOptionsAreChecked) {
