@@ -303,6 +303,8 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
   updated.set_state(PENDING);
   updated.set_message(absl::StrCat("restarting after: ", why));
   updated.set_test_accuracy(-1);
+  updated.clear_test_auc();
+  updated.clear_test_log_loss();
   updated.set_resumed_from_step(from);
   updated.set_checkpoint_requested_ms(0);
   updated.set_not_before_ms(ToMillis(options_.now() + backoff));
@@ -422,6 +424,8 @@ absl::StatusOr<JobStatus> CoordinatorState::ResumeJob(const std::string& job_id)
   updated.set_state(PENDING);
   updated.set_message("");
   updated.set_test_accuracy(-1);
+  updated.clear_test_auc();
+  updated.clear_test_log_loss();
   updated.set_end_time_ms(0);
   updated.set_resumed_from_step(restore->step());
   *updated.mutable_restore() = *std::move(restore);

@@ -258,6 +258,8 @@ TEST_F(CoordinatorOperationsTest, EachJobsScalarsGoToTensorBoardAcrossARestart) 
   ReportProgressRequest evaluated = report(10, 1.5);
   evaluated.mutable_evaluation()->set_step(10);
   evaluated.mutable_evaluation()->set_accuracy(0.6);
+  evaluated.mutable_evaluation()->set_auc(0.65);
+  evaluated.mutable_evaluation()->set_log_loss(0.625);
   ASSERT_TRUE(state_->ReportProgress(evaluated).ok());
   // An earlier step (a rank taken over) adds no point: steps only rise.
   ASSERT_TRUE(state_->ReportProgress(report(7, 9.0)).ok());
@@ -268,6 +270,8 @@ TEST_F(CoordinatorOperationsTest, EachJobsScalarsGoToTensorBoardAcrossARestart) 
   done.set_finished(true);
   done.set_has_test_accuracy(true);
   done.set_test_accuracy(0.8);
+  done.set_test_auc(0.75);
+  done.set_test_log_loss(0.5);
   ASSERT_TRUE(state_->ReportProgress(done).ok());
   ASSERT_EQ(StateOf("j"), SUCCEEDED);
 
@@ -287,6 +291,8 @@ TEST_F(CoordinatorOperationsTest, EachJobsScalarsGoToTensorBoardAcrossARestart) 
   // The rate of a job whose workers have all finished is no point.
   EXPECT_EQ(series["examples_per_second"], (Series{{5, 500.0f}, {10, 1000.0f}, {20, 2000.0f}}));
   EXPECT_EQ(series["test_accuracy"], (Series{{10, 0.6f}, {30, 0.8f}}));
+  EXPECT_EQ(series["test_auc"], (Series{{10, 0.65f}, {30, 0.75f}}));
+  EXPECT_EQ(series["test_log_loss"], (Series{{10, 0.625f}, {30, 0.5f}}));
 }
 
 }  // namespace

@@ -35,6 +35,30 @@ bool HasCheckpointAt(const JobStatus& job, int64_t step) {
   return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() == step;
 }
 
+// The job's test_auc and test_log_loss are the newest evaluation's (final or
+// periodic), cleared where it has none; its scalars go to TensorBoard.
+void RecordEvaluation(const Evaluation& evaluation, TensorBoardWriter* tensorboard,
+                      JobStatus* job) {
+  if (evaluation.has_auc()) {
+    job->set_test_auc(evaluation.auc());
+  } else {
+    job->clear_test_auc();
+  }
+  if (evaluation.has_log_loss()) {
+    job->set_test_log_loss(evaluation.log_loss());
+  } else {
+    job->clear_test_log_loss();
+  }
+  if (tensorboard == nullptr) return;
+  tensorboard->AddScalar(job->id(), "test_accuracy", evaluation.step(), evaluation.accuracy());
+  if (evaluation.has_auc()) {
+    tensorboard->AddScalar(job->id(), "test_auc", evaluation.step(), evaluation.auc());
+  }
+  if (evaluation.has_log_loss()) {
+    tensorboard->AddScalar(job->id(), "test_log_loss", evaluation.step(), evaluation.log_loss());
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
@@ -403,20 +427,21 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     Evaluation* final = job.add_evaluations();
     final->set_step(request.step());
     final->set_accuracy(request.test_accuracy());
+    if (request.has_test_auc()) final->set_auc(request.test_auc());
+    if (request.has_test_log_loss()) final->set_log_loss(request.test_log_loss());
     final->set_time_ms(absl::ToUnixMillis(options_.now()));
-    if (tensorboard_) {
-      tensorboard_->AddScalar(job.id(), "test_accuracy", request.step(), request.test_accuracy());
-    }
+    RecordEvaluation(*final, tensorboard_.get(), &job);
   }
   if (request.has_evaluation() && rank == 0) {
     Evaluation* evaluation = job.add_evaluations();
     evaluation->set_step(request.evaluation().step());
     evaluation->set_accuracy(request.evaluation().accuracy());
-    evaluation->set_time_ms(absl::ToUnixMillis(options_.now()));
-    if (tensorboard_) {
-      tensorboard_->AddScalar(job.id(), "test_accuracy", evaluation->step(),
-                              evaluation->accuracy());
+    if (request.evaluation().has_auc()) evaluation->set_auc(request.evaluation().auc());
+    if (request.evaluation().has_log_loss()) {
+      evaluation->set_log_loss(request.evaluation().log_loss());
     }
+    evaluation->set_time_ms(absl::ToUnixMillis(options_.now()));
+    RecordEvaluation(*evaluation, tensorboard_.get(), &job);
     // The curve keeps its newest points.
     constexpr int kMaxEvaluations = 1000;
     if (job.evaluations_size() > kMaxEvaluations) {

@@ -66,7 +66,8 @@ class CoordinatorState : public Coordinator {
     int job_retention_count = 0;
     absl::Duration job_retention_age = absl::ZeroDuration();
     absl::Duration dead_node_retention = absl::ZeroDuration();
-    // Where each job's loss, examples_per_second and test_accuracy go as
+    // Where each job's loss, examples_per_second and test_accuracy (and
+    // test_auc, test_log_loss when its metrics ask for them) go as
     // TensorBoard event files, DIR/JOB_ID/ (control/tensorboard_writer.h);
     // empty: not written.
     std::string tensorboard_dir;

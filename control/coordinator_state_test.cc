@@ -102,6 +102,62 @@ TEST_F(CoordinatorStateTest, EvaluationsAreRecordedAndStopAtAccuracyEndsTheJob) 
   EXPECT_EQ(job.evaluations_size(), 3);
 }
 
+TEST_F(CoordinatorStateTest, AucAndLogLossAreTheNewestEvaluationsAndARestartClearsThem) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  JobSpec spec = SmallSpec(1, 1);
+  spec.mutable_model()->set_num_classes(2);
+  spec.mutable_model()->mutable_layer(2)->mutable_dense()->set_units(2);
+  spec.add_metrics(AUC);
+  spec.add_metrics(LOG_LOSS);
+  spec.set_steps(100);
+  spec.set_eval_every_steps(50);
+  spec.mutable_restart()->set_max_restarts(1);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  ReportProgressRequest evaluated = Progress("j", "a", 0, 50);
+  evaluated.mutable_evaluation()->set_step(50);
+  evaluated.mutable_evaluation()->set_accuracy(0.7);
+  evaluated.mutable_evaluation()->set_auc(0.75);
+  evaluated.mutable_evaluation()->set_log_loss(0.5);
+  ASSERT_TRUE(state_->ReportProgress(evaluated).ok());
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_DOUBLE_EQ(job.test_auc(), 0.75);
+  EXPECT_DOUBLE_EQ(job.test_log_loss(), 0.5);
+  EXPECT_LT(job.test_accuracy(), 0);  // Still the final one's alone.
+  ASSERT_EQ(job.evaluations_size(), 1);
+  EXPECT_DOUBLE_EQ(job.evaluations(0).auc(), 0.75);
+  EXPECT_DOUBLE_EQ(StoredJob("j")->test_auc(), 0.75);
+
+  ReportProgressRequest failed = Progress("j", "a", 0, 60);
+  failed.set_error("pulling from shard 0: deadline exceeded");
+  ASSERT_TRUE(state_->ReportProgress(failed).ok());
+  job = *state_->GetJob("j");
+  ASSERT_EQ(job.state(), PENDING);
+  EXPECT_FALSE(job.has_test_auc());
+  EXPECT_FALSE(job.has_test_log_loss());
+
+  Advance(absl::Seconds(2));
+  Beat("s");
+  Beat("a");
+  state_->Tick();
+  ASSERT_EQ(StateOf("j"), RUNNING);
+  ReportProgressRequest done = Progress("j", "a", 0, 100);
+  done.set_finished(true);
+  done.set_has_test_accuracy(true);
+  done.set_test_accuracy(0.8);
+  done.set_test_auc(0.81);
+  done.set_test_log_loss(0.42);
+  ASSERT_TRUE(state_->ReportProgress(done).ok());
+  job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_DOUBLE_EQ(job.test_auc(), 0.81);
+  EXPECT_DOUBLE_EQ(job.test_log_loss(), 0.42);
+  const Evaluation& final = *job.evaluations().rbegin();
+  EXPECT_EQ(final.step(), 100);
+  EXPECT_DOUBLE_EQ(final.auc(), 0.81);
+  EXPECT_DOUBLE_EQ(final.log_loss(), 0.42);
+}
+
 TEST_F(CoordinatorStateTest, AReportOfAnotherStartOfTheJobIsIgnored) {
   Register("s", SHARD);
   Register("a", WORKER);
