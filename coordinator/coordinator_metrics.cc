@@ -1,5 +1,6 @@
 #include "coordinator/coordinator_metrics.h"
 
+#include <cmath>
 #include <set>
 
 namespace downpour {
@@ -99,6 +100,29 @@ void CoordinatorMetrics::UpdateJob(const JobStatus& job, absl::Time now) {
                    "The job's test-set accuracy: the final evaluation, or the latest before it.",
                    labels)
         ->Set(accuracy);
+  }
+  // Only for jobs whose metrics ask for them, and only once known: a restart
+  // clears them, and a NaN (a test set of one class) is no AUC.
+  const auto known = [](bool has, double value) { return has && std::isfinite(value); };
+  if (known(job.has_test_auc(), job.test_auc())) {
+    metrics_
+        ->GetGauge("downpour_job_test_auc",
+                   "The job's test-set AUC (JobSpec.metrics AUC): the final evaluation, or the "
+                   "latest before it.",
+                   labels)
+        ->Set(job.test_auc());
+  } else {
+    metrics_->RemoveSeries("downpour_job_test_auc", labels);
+  }
+  if (known(job.has_test_log_loss(), job.test_log_loss())) {
+    metrics_
+        ->GetGauge("downpour_job_test_log_loss",
+                   "The job's test-set log loss (JobSpec.metrics LOG_LOSS): the final "
+                   "evaluation, or the latest before it.",
+                   labels)
+        ->Set(job.test_log_loss());
+  } else {
+    metrics_->RemoveSeries("downpour_job_test_log_loss", labels);
   }
 }
 

@@ -8,6 +8,11 @@
 //   downpour_job_examples_per_second{job}
 //   downpour_job_test_accuracy{job}   the final or latest evaluation (absent
 //                                     before the first)
+//   downpour_job_test_auc{job}        the final or latest evaluation's AUC
+//   downpour_job_test_log_loss{job}   and log loss (JobSpec.metrics); present
+//                                     only while the job's status has them
+//                                     (not before the first evaluation, nor
+//                                     after a restart until the next one)
 //   downpour_job_last_progress_timestamp_seconds{job}
 //                                     when the step last changed
 //

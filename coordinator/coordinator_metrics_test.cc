@@ -1,5 +1,6 @@
 #include "coordinator/coordinator_metrics.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,31 @@ TEST_F(CoordinatorMetricsTest, AFinishedJobKeepsItsLastValuesUntilItLeavesTheSto
   metrics_.Update({}, {Job("other", RUNNING, 1)}, At(1000));
   EXPECT_FALSE(Mentions("job=\"done\"")) << registry_.Exposition();
   EXPECT_TRUE(Has("downpour_job_step{job=\"other\"} 1"));
+}
+
+TEST_F(CoordinatorMetricsTest, AucAndLogLossArePresentOnlyWhileKnown) {
+  JobStatus job = Job("ctr", RUNNING, 10);
+  metrics_.Update({}, {job}, At(100));
+  EXPECT_FALSE(Mentions("downpour_job_test_auc{"));
+  EXPECT_FALSE(Mentions("downpour_job_test_log_loss{"));
+
+  job.set_test_auc(0.75);
+  job.set_test_log_loss(0.4375);
+  metrics_.Update({}, {job}, At(110));
+  EXPECT_TRUE(Has("downpour_job_test_auc{job=\"ctr\"} 0.75"));
+  EXPECT_TRUE(Has("downpour_job_test_log_loss{job=\"ctr\"} 0.4375"));
+
+  // A restart clears them; a test set of one class has no AUC.
+  job.clear_test_auc();
+  job.clear_test_log_loss();
+  metrics_.Update({}, {job}, At(120));
+  EXPECT_FALSE(Mentions("downpour_job_test_auc{"));
+  EXPECT_FALSE(Mentions("downpour_job_test_log_loss{"));
+  job.set_test_auc(std::nan(""));
+  job.set_test_log_loss(0.5);
+  metrics_.Update({}, {job}, At(130));
+  EXPECT_FALSE(Mentions("downpour_job_test_auc{"));
+  EXPECT_TRUE(Has("downpour_job_test_log_loss{job=\"ctr\"} 0.5"));
 }
 
 TEST_F(CoordinatorMetricsTest, AJobFirstSeenAfterARestartDatesItsProgressAsBestItCan) {
