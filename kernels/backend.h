@@ -127,6 +127,10 @@ class Act {
   X(DropoutBackward, (int64_t n, float rate, const uint8_t* mask, Act dy, Act dx, Write dx_write), \
     (n, rate, mask, dy, dx, dx_write))                                                             \
   X(CopyOrAdd, (int64_t n, Act x, Act y, Write write), (n, x, y, write))                           \
+  X(CopyBlock,                                                                                     \
+    (int64_t rows, int64_t width, Act x, int64_t x_stride, int64_t x_offset, Act y,                \
+     int64_t y_stride, int64_t y_offset, Write write),                                             \
+    (rows, width, x, x_stride, x_offset, y, y_stride, y_offset, write))                            \
   X(Zero, (int64_t n, Act x), (n, x))                                                              \
   X(Add, (int64_t n, Act a, Act b, Act y), (n, a, b, y))                                           \
   X(MaxPoolForward, (const WindowShape& s, Act x, Act y), (s, x, y))                               \

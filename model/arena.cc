@@ -78,7 +78,7 @@ ArenaPlan PlanArena(const ModelShape& shape, const std::vector<ArenaBuffer>& buf
   for (int i = 0; i < n; ++i) {
     if (shape.layers[i].kind == LayerKind::kFlatten) continue;
     for (int input : shape.layers[i].inputs) {
-      const int b = input == LayerShape::kModelInput ? 0 : buffer_of_layer[input];
+      const int b = input < 0 ? 0 : buffer_of_layer[input];
       if (b <= 0) continue;
       value_last[b] = std::max(value_last[b], i);
       if (BackwardReadsInput(shape.layers[i].kind)) {

@@ -254,6 +254,63 @@ class AddLayer : public Layer {
   const int64_t elements_;
 };
 
+class ConcatLayer : public Layer {
+ public:
+  // rows: examples times the product of every axis but the last.
+  ConcatLayer(int64_t rows_per_example, std::vector<int64_t> widths)
+      : rows_per_example_(rows_per_example), widths_(std::move(widths)) {
+    for (int64_t w : widths_) width_ += w;
+  }
+
+  absl::Status Forward(ComputeBackend& ops, const ForwardArgs& a) override {
+    const int64_t rows = a.batch * rows_per_example_;
+    int64_t offset = 0;
+    for (size_t k = 0; k < widths_.size(); ++k) {
+      RETURN_IF_ERROR(ops.CopyBlock(rows, widths_[k], a.x[k], widths_[k], 0, a.y, width_, offset,
+                                    kernels::Write::kOverwrite));
+      offset += widths_[k];
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Backward(ComputeBackend& ops, const BackwardArgs& a) override {
+    const int64_t rows = a.batch * rows_per_example_;
+    int64_t offset = 0;
+    for (size_t k = 0; k < widths_.size(); ++k) {
+      if (a.dx[k] != nullptr) {
+        RETURN_IF_ERROR(ops.CopyBlock(rows, widths_[k], a.dy, width_, offset, a.dx[k], widths_[k],
+                                      0, a.dx_write[k]));
+      }
+      offset += widths_[k];
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int64_t rows_per_example_;
+  const std::vector<int64_t> widths_;
+  int64_t width_ = 0;
+};
+
+// A sparse embedding's pooled rows, which the worker wrote into the layer's
+// model-input slot: forward copies them to the output, backward hands the
+// gradient to the slot of the input gradient (Model::input_grad), from which
+// the worker derives the rows' gradients.
+class SparseEmbeddingLayer : public Layer {
+ public:
+  explicit SparseEmbeddingLayer(int64_t dim) : dim_(dim) {}
+
+  absl::Status Forward(ComputeBackend& ops, const ForwardArgs& a) override {
+    return ops.CopyOrAdd(a.batch * dim_, a.x[0], a.y, kernels::Write::kOverwrite);
+  }
+  absl::Status Backward(ComputeBackend& ops, const BackwardArgs& a) override {
+    if (a.dx[0] == nullptr) return absl::OkStatus();
+    return ops.CopyOrAdd(a.batch * dim_, a.dy, a.dx[0], a.dx_write[0]);
+  }
+
+ private:
+  const int64_t dim_;
+};
+
 class EmbeddingLayer : public Layer {
  public:
   // `ids_from_input`: the ids are the model input (read as given, never in
@@ -289,6 +346,11 @@ class EmbeddingLayer : public Layer {
   const bool ids_from_input_;
 };
 
+const std::vector<int64_t>& InputShape(const ModelShape& shape, int input) {
+  return input < 0 ? shape.input_slots[LayerShape::SlotOf(input)].shape
+                   : shape.layers[input].output_shape;
+}
+
 }  // namespace
 
 std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t seed,
@@ -317,9 +379,7 @@ std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t
     case LayerKind::kAvgPool:
       return std::make_unique<PoolLayer>(layer.window, layer.kind == LayerKind::kMaxPool);
     case LayerKind::kGlobalAvgPool: {
-      const int input = layer.inputs[0];
-      const std::vector<int64_t>& in =
-          input == LayerShape::kModelInput ? shape.input_shape : shape.layers[input].output_shape;
+      const std::vector<int64_t>& in = InputShape(shape, layer.inputs[0]);
       return std::make_unique<GlobalAvgPoolLayer>(in[0] * in[1], in[2]);
     }
     case LayerKind::kBatchNorm:
@@ -329,9 +389,16 @@ std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t
     case LayerKind::kAdd:
       return std::make_unique<AddLayer>(elements);
     case LayerKind::kEmbedding:
+      if (layer.sparse_table >= 0) {
+        return std::make_unique<SparseEmbeddingLayer>(layer.embedding_dim);
+      }
       return std::make_unique<EmbeddingLayer>(elements / layer.embedding_dim, layer.vocab_size,
-                                              layer.embedding_dim, p(0), g(0),
-                                              layer.inputs[0] == LayerShape::kModelInput);
+                                              layer.embedding_dim, p(0), g(0), layer.inputs[0] < 0);
+    case LayerKind::kConcat: {
+      std::vector<int64_t> widths;
+      for (int input : layer.inputs) widths.push_back(InputShape(shape, input).back());
+      return std::make_unique<ConcatLayer>(elements / layer.output_shape.back(), std::move(widths));
+    }
   }
   return nullptr;
 }

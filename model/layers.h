@@ -29,7 +29,7 @@ struct ForwardArgs {
   std::vector<Act> x;  // One per LayerShape::inputs entry.
   Act y;               // Null for the loss and for aliasing layers.
   const int32_t* labels = nullptr;
-  // The model input as given (floats), for embeddings' ids.
+  // The layer's model-input slot as given (floats), for embeddings' ids.
   const float* model_input = nullptr;
   float loss_scale = 1.f;  // FP16: what the loss's gradient is multiplied by.
 };

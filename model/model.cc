@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "common/wire_dtype.h"
 #include "kernels/factory.h"
 #include "model/arena.h"
 #include "model/devices.h"
@@ -44,6 +45,9 @@ struct Storage {
   DeviceMemory input_activations;           // Reduced activations: the input in their type.
   DeviceMemory features_host, labels_host;  // GPU only: page-locked staging.
   DeviceMemory slots;                       // ApplyOptimizerOnDevice's.
+  // Sparse embeddings: the gradient of the loss with respect to the model
+  // input (slot-major, as the input), and its host copy on a GPU.
+  DeviceMemory input_grad, input_grad_host;
   int num_slots = 0;
   std::vector<Buffer> buffers;       // Activations; [0] is the model input (no memory).
   DeviceMemory arena;                // Every buffer's values and gradients.
@@ -73,9 +77,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
   } else {
     // An embedding's ids are floats; fed by another layer they would be
     // activations, which a reduced type cannot hold exactly.
+    if (IsReducedPrecision(precision) && !shape.sparse_tables.empty()) {
+      std::fprintf(stderr,
+                   "model: sparse embeddings exchange their pooled rows in fp32; precision %s "
+                   "runs in fp32\n",
+                   Precision_Name(precision).c_str());
+      precision = FP32;
+    }
     for (const LayerShape& layer : shape.layers) {
       if (IsReducedPrecision(precision) && layer.kind == LayerKind::kEmbedding &&
-          layer.inputs[0] != LayerShape::kModelInput) {
+          layer.inputs[0] >= 0) {
         std::fprintf(stderr,
                      "model: embedding \"%s\" reads ids from another layer; precision %s runs in "
                      "fp32\n",
@@ -185,8 +196,7 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
   if (backend_->activation_bytes() != sizeof(float)) {
     for (const LayerShape& layer : shape_.layers) {
       for (int input : layer.inputs) {
-        input_to_activations_ |=
-            input == LayerShape::kModelInput && layer.kind != LayerKind::kEmbedding;
+        input_to_activations_ |= input < 0 && layer.kind != LayerKind::kEmbedding;
       }
     }
   }
@@ -196,7 +206,7 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
   for (size_t i = 0; i < shape_.layers.size(); ++i) {
     const LayerShape& layer = shape_.layers[i];
     const int input = layer.inputs[0];
-    const int in_buffer = input == LayerShape::kModelInput ? 0 : buffer_of_layer[input];
+    const int in_buffer = input < 0 ? 0 : buffer_of_layer[input];
     const int64_t elements = CheckedProduct(layer.output_shape);
     int buffer = -1;
     if (layer.kind == LayerKind::kFlatten) {
@@ -226,12 +236,12 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
   for (const LayerShape& layer : shape_.layers) {
     if (layer.kind == LayerKind::kFlatten) continue;
     for (int input : layer.inputs) {
-      if (input != LayerShape::kModelInput) ++readers[buffer_of_layer[input]];
+      if (input >= 0) ++readers[buffer_of_layer[input]];
     }
   }
   for (size_t i = 0; i < shape_.layers.size(); ++i) {
     const LayerShape& layer = shape_.layers[i];
-    if (layer.kind != LayerKind::kRelu || layer.inputs[0] == LayerShape::kModelInput) continue;
+    if (layer.kind != LayerKind::kRelu || layer.inputs[0] < 0) continue;
     const int input = layer.inputs[0];
     const int in_buffer = buffer_of_layer[input];
     if (in_buffer <= 0 || readers[in_buffer] != 1) continue;
@@ -281,10 +291,11 @@ absl::Status Model::CheckBatch(const float* features, const int32_t* labels, int
   // Ids read straight from the features; an embedding fed by another layer
   // reads an id that is not in its table as zeros.
   for (const LayerShape& layer : shape_.layers) {
-    if (layer.kind != LayerKind::kEmbedding || layer.inputs[0] != LayerShape::kModelInput) {
+    if (layer.kind != LayerKind::kEmbedding || layer.inputs[0] >= 0 || layer.sparse_table >= 0) {
       continue;
     }
-    for (int64_t i = 0; i < batch * shape_.input_size; ++i) {
+    const InputSlot& slot = shape_.input_slots[LayerShape::SlotOf(layer.inputs[0])];
+    for (int64_t i = batch * slot.offset; i < batch * (slot.offset + slot.width); ++i) {
       if (kernels::EmbeddingRow(features[i], layer.vocab_size) < 0) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "features[%d] = %g is not an id of embedding \"%s\" (an integer in [0, %d))", i,
@@ -309,6 +320,17 @@ absl::Status Model::Reserve(int64_t batch) {
     st.input_activations = {};
     ASSIGN_OR_RETURN(st.input_activations,
                      backend_->Allocate(backend_->activation_bytes() * batch * shape_.input_size));
+  }
+  if (!shape_.sparse_tables.empty()) {
+    const size_t bytes = sizeof(float) * batch * shape_.input_size;
+    st.input_grad = {};
+    st.input_grad_host = {};
+    ASSIGN_OR_RETURN(st.input_grad, backend_->Allocate(bytes));
+    if (backend_->gpu()) {
+      ASSIGN_OR_RETURN(st.input_grad_host, backend_->AllocateHost(bytes));
+    }
+    // Slots no layer writes (dense inputs) read as zeros.
+    RETURN_IF_ERROR(backend_->ZeroFloats(batch * shape_.input_size, st.input_grad.as<float>()));
   }
   for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*backend_, batch));
   st.capacity = batch;
@@ -413,6 +435,21 @@ kernels::Act Model::Activation(int buffer) const {
                                             : static_cast<const void*>(input_));
 }
 
+kernels::Act Model::InputOf(int input, int64_t batch) const {
+  if (input >= 0) return Activation(storage_->buffer_of_layer[input]);
+  const int64_t at = batch * shape_.input_slots[LayerShape::SlotOf(input)].offset;
+  if (input_to_activations_) {
+    return kernels::Act(storage_->input_activations.as<char>() + at * backend_->activation_bytes());
+  }
+  return kernels::Act(static_cast<const void*>(input_ + at));
+}
+
+const float* Model::ModelInputOf(int layer, int64_t batch) const {
+  const int input = shape_.layers[layer].inputs[0];
+  if (input >= 0) return nullptr;
+  return input_ + batch * shape_.input_slots[LayerShape::SlotOf(input)].offset;
+}
+
 absl::Status Model::Forward(int64_t batch, bool training, int64_t step,
                             const std::function<absl::Status(int)>* await) {
   const model_internal::Storage& st = *storage_;
@@ -421,7 +458,6 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step,
   args.training = training;
   args.step = static_cast<uint64_t>(step);
   args.labels = labels_;
-  args.model_input = input_;
   if (training && loss_scaling_) args.loss_scale = static_cast<float>(step_scale_);
   RETURN_IF_ERROR(backend_->ResetLoss());
   if (input_to_activations_) {
@@ -442,10 +478,8 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step,
       RETURN_IF_ERROR(backend_->CastReducedWeight(param_compute_ + param_offset_[ids[0]]));
     }
     args.x.clear();
-    for (int input : shape_.layers[i].inputs) {
-      args.x.push_back(
-          Activation(input == LayerShape::kModelInput ? 0 : st.buffer_of_layer[input]));
-    }
+    for (int input : shape_.layers[i].inputs) args.x.push_back(InputOf(input, batch));
+    args.model_input = ModelInputOf(static_cast<int>(i), batch);
     const int out = st.buffer_of_layer[i];
     args.y = out > 0 ? st.buffers[out].value_ptr() : nullptr;
     if (profiling_) RETURN_IF_ERROR(MarkLayer(4 * i));
@@ -474,7 +508,6 @@ absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_
   std::vector<bool> written(st.buffers.size(), false);
   model_internal::BackwardArgs args;
   args.batch = batch;
-  args.model_input = input_;
   for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
     if (layers_[i]->aliases_input()) continue;
     const int out = st.buffer_of_layer[i];
@@ -494,9 +527,19 @@ absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_
     args.x.clear();
     args.dx.clear();
     args.dx_write.clear();
+    args.model_input = ModelInputOf(i, batch);
     for (int input : shape_.layers[i].inputs) {
-      const int in = input == LayerShape::kModelInput ? 0 : st.buffer_of_layer[input];
-      args.x.push_back(Activation(in));
+      args.x.push_back(InputOf(input, batch));
+      if (input < 0) {
+        // Only a sparse embedding's slot has a gradient, and one reader.
+        const InputSlot& slot = shape_.input_slots[LayerShape::SlotOf(input)];
+        args.dx.push_back(slot.sparse_table < 0
+                              ? kernels::Act()
+                              : kernels::Act(st.input_grad.as<float>() + batch * slot.offset));
+        args.dx_write.push_back(kernels::Write::kOverwrite);
+        continue;
+      }
+      const int in = st.buffer_of_layer[input];
       args.dx.push_back(in > 0 ? st.buffers[in].grad_ptr() : kernels::Act());
       args.dx_write.push_back(written[in] ? kernels::Write::kAccumulate
                                           : kernels::Write::kOverwrite);
@@ -555,11 +598,22 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
     RETURN_IF_ERROR(backend_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
   }
   RETURN_IF_ERROR(backend_->ToHost(state_host_, state_compute_, sizeof(float) * state_total_));
+  if (backend_->gpu() && !shape_.sparse_tables.empty()) {
+    model_internal::Storage& st = *storage_;
+    RETURN_IF_ERROR(backend_->ToHost(st.input_grad_host.as<void>(), st.input_grad.as<void>(),
+                                     sizeof(float) * batch * shape_.input_size));
+  }
   ASSIGN_OR_RETURN(kernels::LossStats loss, backend_->ReadLoss());  // Waits.
   StepResult result{loss.loss_sum / static_cast<double>(batch), loss.correct};
   result.skipped = skipped;
   result.loss_scale = step_scale_;
   return result;
+}
+
+const float* Model::input_grad() const {
+  if (shape_.sparse_tables.empty()) return nullptr;
+  const model_internal::Storage& st = *storage_;
+  return backend_->gpu() ? st.input_grad_host.as<float>() : st.input_grad.as<float>();
 }
 
 absl::Status Model::GradsToHost() {
@@ -588,15 +642,32 @@ absl::StatusOr<bool> Model::FinishLossScaling() {
 }
 
 absl::StatusOr<EvalResult> Model::Evaluate(const float* features, const int32_t* labels,
-                                           int64_t batch) {
+                                           int64_t batch, std::vector<float>* logits) {
   RETURN_IF_ERROR(backend_->MakeCurrent());
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
   RETURN_IF_ERROR(Reserve(batch));
   RETURN_IF_ERROR(StageBatch(features, labels, batch));
   RETURN_IF_ERROR(ParamsToDevice());
   RETURN_IF_ERROR(Forward(batch, /*training=*/false, /*step=*/0));
+  if (logits != nullptr) RETURN_IF_ERROR(ReadLogits(batch, logits));
   ASSIGN_OR_RETURN(kernels::LossStats loss, backend_->ReadLoss());
   return EvalResult{loss.loss_sum, loss.correct};
+}
+
+absl::Status Model::ReadLogits(int64_t batch, std::vector<float>* logits) {
+  const int64_t n = batch * shape_.num_classes;
+  logits->resize(n);
+  const kernels::Act at = InputOf(shape_.layers.back().inputs[0], batch);
+  const size_t bytes = backend_->activation_bytes();
+  if (bytes == sizeof(float)) {
+    return backend_->ToHost(logits->data(), at, sizeof(float) * n);
+  }
+  std::vector<char> reduced(bytes * n);
+  RETURN_IF_ERROR(backend_->ToHost(reduced.data(), at, bytes * n));
+  RETURN_IF_ERROR(backend_->Synchronize());
+  DecodeFloats(precision_ == FP16 ? WireDtype::kFloat16 : WireDtype::kBfloat16, reduced.data(), n,
+               logits->data());
+  return absl::OkStatus();
 }
 
 absl::Status Model::TrainStepOnDevice(const float* features, const int32_t* labels, int64_t batch,

@@ -215,8 +215,18 @@ class Model {
   absl::Status RestoreLocalState(double loss_scale);
 
   // Forward in inference mode (dropout is the identity, batch norm uses the
-  // running statistics); grads untouched.
-  absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch);
+  // running statistics); grads untouched. With `logits`, also the loss
+  // layer's input, [batch, num_classes()] (for AUC and the like).
+  absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch,
+                                      std::vector<float>* logits = nullptr);
+
+  // Sparse embeddings (shape().sparse_tables): after a TrainStep of `batch`
+  // examples, the gradient of the mean loss with respect to the model input,
+  // [batch * input_size()] slot-major as the features: a sparse embedding's
+  // slot (shape().input_slots) holds the gradient of its pooled rows, from
+  // which the rows' gradients follow. Host memory; null without sparse
+  // embeddings.
+  const float* input_grad() const;
 
   // ---- Device-resident training: nothing is copied to or from the host.
   // The compute memory of param(id) / grad(id) (the same pointers on the CPU).
@@ -309,6 +319,12 @@ class Model {
   absl::Status StreamGradients(int first, int last,
                                const std::function<void(int, int64_t)>& queued);
   kernels::Act Activation(int buffer) const;
+  // What a layer input (a layer index, or a model-input slot) reads.
+  kernels::Act InputOf(int input, int64_t batch) const;
+  // The model-input slot layer `layer` reads as given (floats), or null.
+  const float* ModelInputOf(int layer, int64_t batch) const;
+  // Copies the loss layer's input to `logits` as floats (waits).
+  absl::Status ReadLogits(int64_t batch, std::vector<float>* logits);
   // Profiling: marks slot on the device and on the host.
   absl::Status MarkLayer(int slot);
 

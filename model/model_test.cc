@@ -45,7 +45,7 @@ INSTANTIATE_TEST_SUITE_P(
     Errors, InferModelErrorTest,
     ::testing::Values(
         ErrorCase{"num_classes: 10 layer { softmax_cross_entropy {} }",
-                  "model.input_shape is required"},
+                  "model.input_shape (or model.inputs) is required"},
         ErrorCase{"input_shape: [28, 0] num_classes: 10 layer { softmax_cross_entropy {} }",
                   "model.input_shape[1] must be positive, got 0"},
         ErrorCase{"input_shape: 10 layer { softmax_cross_entropy {} }",
@@ -55,17 +55,18 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"input_shape: 10 num_classes: 10", "model.layer is empty"},
         ErrorCase{std::string(kHead) + "layer { dense { units: 10 } } layer { }" + kTail,
                   "model.layer[1]: no layer type set"},
-        ErrorCase{std::string(kHead) +
-                      "layer { name: 'fc1' dense { units: 10 } } layer { relu {} }"
-                      " layer { name: 'fc2' inputs: 'fc9' dense { units: 10 } }" +
-                      kTail,
-                  "model.layer[2] (\"fc2\"): input \"fc9\" is not an earlier layer"},
+        ErrorCase{
+            std::string(kHead) +
+                "layer { name: 'fc1' dense { units: 10 } } layer { relu {} }"
+                " layer { name: 'fc2' inputs: 'fc9' dense { units: 10 } }" +
+                kTail,
+            "model.layer[2] (\"fc2\"): input \"fc9\" is not a model input or an earlier layer"},
         ErrorCase{std::string(kHead) + "layer { name: 'a' inputs: 'b' dense { units: 10 } }" +
                       " layer { name: 'b' dense { units: 10 } }" + kTail,
-                  "model.layer[0] (\"a\"): input \"b\" is not an earlier layer"},
+                  "model.layer[0] (\"a\"): input \"b\" is not a model input or an earlier layer"},
         ErrorCase{
             std::string(kHead) + "layer { name: 'a' inputs: 'a' dense { units: 10 } }" + kTail,
-            "model.layer[0] (\"a\"): input \"a\" is not an earlier layer"},
+            "model.layer[0] (\"a\"): input \"a\" is not a model input or an earlier layer"},
         ErrorCase{std::string(kHead) + "layer { name: 'fc' dense { units: 10 } }" +
                       " layer { name: 'fc' relu {} }" + kTail,
                   "model.layer[1] (\"fc\"): duplicate layer name"},

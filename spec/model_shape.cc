@@ -1,6 +1,8 @@
 #include "spec/model_shape.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <unordered_map>
 #include <utility>
 
@@ -178,26 +180,158 @@ const char* LayerKindName(LayerKind kind) {
       return "add";
     case LayerKind::kEmbedding:
       return "embedding";
+    case LayerKind::kConcat:
+      return "concat";
   }
   return "unknown";
 }
 
-absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
-  ModelShape model;
-  if (spec.input_shape_size() == 0) {
-    return absl::InvalidArgumentError("model.input_shape is required");
+namespace {
+
+// Largest InputSpec.max_ids.
+constexpr int32_t kMaxIdsPerExample = 1 << 16;
+
+// Validates ModelSpec.inputs into `model` (a slot per DENSE input) and
+// `input_of_name`.
+absl::Status InferInputs(const ModelSpec& spec, ModelShape* model,
+                         std::unordered_map<std::string, int>* input_of_name) {
+  for (int i = 0; i < spec.inputs_size(); ++i) {
+    InputSpec input = spec.inputs(i);
+    const std::string where = absl::StrFormat("model.inputs[%d] (\"%s\")", i, input.name());
+    auto error = [&where](auto&&... parts) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
+    };
+    if (input.name().empty()) return error("name is required");
+    if (!input_of_name->emplace(input.name(), i).second) return error("duplicate input name");
+    if (input.features().empty()) input.add_features(input.name());
+    for (const std::string& feature : input.features()) {
+      if (feature.empty()) return error("a feature name is empty");
+    }
+    switch (input.kind()) {
+      case InputSpec::DENSE: {
+        if (input.max_ids() != 0) return error("max_ids is for SPARSE inputs");
+        if (input.shape().empty()) input.add_shape(input.features_size());
+        InputSlot slot;
+        slot.name = input.name();
+        slot.shape.assign(input.shape().begin(), input.shape().end());
+        for (int64_t d : slot.shape) {
+          if (d <= 0) return error("shape must be positive, got ", ShapeString(slot.shape));
+        }
+        slot.width = CheckedProduct(slot.shape);
+        if (slot.width < 0) return error("shape has more than 2^31-1 elements");
+        slot.input = i;
+        model->input_slots.push_back(std::move(slot));
+        break;
+      }
+      case InputSpec::SPARSE:
+        if (input.features_size() != 1) {
+          return error("a SPARSE input reads exactly 1 feature, got ", input.features_size());
+        }
+        if (!input.shape().empty()) return error("shape is for DENSE inputs");
+        if (input.max_ids() == 0) input.set_max_ids(64);
+        if (input.max_ids() < 0 || input.max_ids() > kMaxIdsPerExample) {
+          return error("max_ids must be in [1, ", kMaxIdsPerExample, "], got ", input.max_ids());
+        }
+        break;
+      default:
+        return error("kind ", static_cast<int>(input.kind()), " is unknown");
+    }
+    model->inputs.push_back(std::move(input));
   }
-  for (int i = 0; i < spec.input_shape_size(); ++i) {
-    if (spec.input_shape(i) <= 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "model.input_shape[%d] must be positive, got %d", i, spec.input_shape(i)));
+  return absl::OkStatus();
+}
+
+// Validates a sparse embedding (EmbeddingLayer with sparse: true) reading
+// SPARSE input `input`, and adds its table and input slot.
+absl::Status InferSparseEmbedding(const EmbeddingLayer& emb, int layer_index, int input,
+                                  LayerShape* layer, ModelShape* model,
+                                  const std::function<absl::Status(std::string)>& error) {
+  if (input < 0 || model->inputs[input].kind() != InputSpec::SPARSE) {
+    return error("embedding with sparse: true reads a SPARSE model input (ModelSpec.inputs)");
+  }
+  SparseTableInfo table;
+  table.name = absl::StrCat(layer->name, "/table");
+  table.layer = layer_index;
+  table.input = input;
+  table.hash_ids = emb.hash_ids();
+  table.vocab_size = emb.vocab_size();
+  if (table.vocab_size == 0 && table.hash_ids) table.vocab_size = INT64_MAX;
+  if (table.vocab_size <= 0) {
+    return error(absl::StrCat("embedding.vocab_size must be positive (or 0 with hash_ids), got ",
+                              emb.vocab_size()));
+  }
+  table.dim = emb.dim();
+  if (!EmbeddingLayer::Combiner_IsValid(emb.combiner())) {
+    return error(absl::StrCat("embedding.combiner ", emb.combiner(), " is unknown"));
+  }
+  table.mean = emb.combiner() == EmbeddingLayer::MEAN;
+  if (!(emb.init_scale() >= 0.f && std::isfinite(emb.init_scale()))) {
+    return error(absl::StrCat("embedding.init_scale must be >= 0, got ", emb.init_scale()));
+  }
+  table.init_scale =
+      emb.init_scale() > 0.f ? emb.init_scale() : 1.f / std::sqrt(static_cast<float>(emb.dim()));
+  if (emb.max_rows() < 0) {
+    return error(absl::StrCat("embedding.max_rows must not be negative, got ", emb.max_rows()));
+  }
+  table.max_rows = emb.max_rows();
+  if (!EmbeddingLayer::Eviction_IsValid(emb.eviction())) {
+    return error(absl::StrCat("embedding.eviction ", emb.eviction(), " is unknown"));
+  }
+  table.eviction = emb.eviction();
+  table.has_optimizer = emb.has_optimizer();
+  if (table.has_optimizer) {
+    table.optimizer = emb.optimizer();
+    if (table.optimizer.kind() == OptimizerSpec::MOMENTUM) {
+      return error(
+          "embedding.optimizer: MOMENTUM is not offered for sparse tables (SGD, ADAGRAD, "
+          "ADAM)");
     }
   }
-  model.input_shape.assign(spec.input_shape().begin(), spec.input_shape().end());
-  model.input_size = CheckedProduct(model.input_shape);
-  if (model.input_size < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.input_shape ", ShapeString(model.input_shape), " has more than 2^31-1 elements"));
+  InputSlot slot;
+  slot.name = layer->name;
+  slot.shape = {table.dim};
+  slot.width = table.dim;
+  slot.sparse_table = static_cast<int>(model->sparse_tables.size());
+  table.slot = static_cast<int>(model->input_slots.size());
+  layer->sparse_table = slot.sparse_table;
+  layer->inputs = {LayerShape::ModelInputSlot(table.slot)};
+  model->input_slots.push_back(std::move(slot));
+  model->sparse_tables.push_back(std::move(table));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
+  ModelShape model;
+  std::unordered_map<std::string, int> input_of_name;
+  if (spec.inputs_size() > 0) {
+    if (spec.input_shape_size() > 0) {
+      return absl::InvalidArgumentError(
+          "model.input_shape and model.inputs exclude each other: give the shapes in inputs");
+    }
+    RETURN_IF_ERROR(InferInputs(spec, &model, &input_of_name));
+  } else {
+    if (spec.input_shape_size() == 0) {
+      return absl::InvalidArgumentError("model.input_shape (or model.inputs) is required");
+    }
+    for (int i = 0; i < spec.input_shape_size(); ++i) {
+      if (spec.input_shape(i) <= 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "model.input_shape[%d] must be positive, got %d", i, spec.input_shape(i)));
+      }
+    }
+    model.input_shape.assign(spec.input_shape().begin(), spec.input_shape().end());
+    model.input_size = CheckedProduct(model.input_shape);
+    if (model.input_size < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.input_shape ", ShapeString(model.input_shape), " has more than 2^31-1 elements"));
+    }
+    InputSlot whole;
+    whole.name = "input";
+    whole.shape = model.input_shape;
+    whole.width = model.input_size;
+    model.input_slots.push_back(std::move(whole));
   }
   if (spec.num_classes() <= 0) {
     return absl::InvalidArgumentError(
@@ -251,6 +385,9 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
       case LayerSpec::kEmbedding:
         layer.kind = LayerKind::kEmbedding;
         break;
+      case LayerSpec::kConcat:
+        layer.kind = LayerKind::kConcat;
+        break;
       case LayerSpec::KIND_NOT_SET:
         return absl::InvalidArgumentError(
             absl::StrFormat("model.layer[%d]%s: no layer type set", i,
@@ -266,24 +403,67 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
     if (auto it = index_of_name.find(layer.name); it != index_of_name.end()) {
       return error("duplicate layer name (model.layer[", it->second, "] has it too)");
     }
+    if (input_of_name.count(layer.name) > 0) {
+      return error("a model input has this name too");
+    }
+    // A SPARSE model input read by this layer (ModelSpec.inputs index).
+    int sparse_input = -1;
+    // A named input: its DENSE slot, or a SPARSE input (only a sparse
+    // embedding reads one: it gets a slot of its own below).
+    auto read_input = [&](int index) -> absl::Status {
+      if (model.inputs[index].kind() == InputSpec::SPARSE) {
+        if (layer.kind != LayerKind::kEmbedding || !ls.embedding().sparse()) {
+          return error("input \"", model.inputs[index].name(),
+                       "\" is SPARSE: only an embedding with sparse: true reads it");
+        }
+        sparse_input = index;
+        layer.inputs.push_back(LayerShape::kModelInput);  // Replaced by its slot.
+        return absl::OkStatus();
+      }
+      for (size_t k = 0; k < model.input_slots.size(); ++k) {
+        if (model.input_slots[k].input == index) {
+          layer.inputs.push_back(LayerShape::ModelInputSlot(static_cast<int>(k)));
+        }
+      }
+      return absl::OkStatus();
+    };
     if (ls.inputs_size() == 0) {
-      layer.inputs.push_back(i == 0 ? LayerShape::kModelInput : i - 1);
+      if (i > 0) {
+        layer.inputs.push_back(i - 1);
+      } else if (model.inputs.size() > 1) {
+        return error("set inputs: the model has ", model.inputs.size(), " named inputs");
+      } else if (model.inputs.size() == 1) {
+        RETURN_IF_ERROR(read_input(0));
+      } else {
+        layer.inputs.push_back(LayerShape::kModelInput);
+      }
     }
     for (const std::string& input : ls.inputs()) {
+      if (auto it = input_of_name.find(input); it != input_of_name.end()) {
+        RETURN_IF_ERROR(read_input(it->second));
+        continue;
+      }
       auto it = index_of_name.find(input);
       if (it == index_of_name.end()) {
-        return error("input \"", input, "\" is not an earlier layer");
+        return error("input \"", input, "\" is not a model input or an earlier layer");
       }
       layer.inputs.push_back(it->second);
     }
+    if (layer.kind == LayerKind::kEmbedding && ls.embedding().sparse()) {
+      if (layer.inputs.size() != 1) {
+        return error("embedding takes exactly 1 input, got ", layer.inputs.size());
+      }
+      RETURN_IF_ERROR(InferSparseEmbedding(ls.embedding(), i, sparse_input, &layer, &model,
+                                           [&](std::string why) { return error(why); }));
+    }
     auto shape_of = [&model](int input) -> const std::vector<int64_t>& {
-      return input == LayerShape::kModelInput ? model.input_shape
-                                              : model.layers[input].output_shape;
+      return input < 0 ? model.input_slots[LayerShape::SlotOf(input)].shape
+                       : model.layers[input].output_shape;
     };
     // Add sums two or more tensors; every other layer type reads one.
-    if (layer.kind == LayerKind::kAdd) {
+    if (layer.kind == LayerKind::kAdd || layer.kind == LayerKind::kConcat) {
       if (layer.inputs.size() < 2) {
-        return error("add takes at least 2 inputs (set inputs), got ", layer.inputs.size());
+        return error(kind, " takes at least 2 inputs (set inputs), got ", layer.inputs.size());
       }
     } else if (layer.inputs.size() != 1) {
       return error(kind, " takes exactly 1 input, got ", layer.inputs.size());
@@ -420,12 +600,51 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
         }
         layer.output_shape = in_shape;
         break;
+      case LayerKind::kConcat: {
+        int64_t width = 0;
+        for (size_t k = 0; k < layer.inputs.size(); ++k) {
+          const std::vector<int64_t>& shape = shape_of(layer.inputs[k]);
+          if (shape.size() != in_shape.size() ||
+              !std::equal(shape.begin(), shape.end() - 1, in_shape.begin())) {
+            return error("concat inputs must agree but in their last axis; \"", ls.inputs(0),
+                         "\" is ", ShapeString(in_shape), " but \"", ls.inputs(k), "\" is ",
+                         ShapeString(shape));
+          }
+          width += shape.back();
+        }
+        layer.output_shape = in_shape;
+        layer.output_shape.back() = width;
+        if (CheckedProduct(layer.output_shape) < 0) {
+          return error("concat output ", ShapeString(layer.output_shape),
+                       " has more than 2^31-1 elements");
+        }
+        break;
+      }
       case LayerKind::kEmbedding: {
         const EmbeddingLayer& emb = ls.embedding();
+        if (emb.dim() <= 0) return error("embedding.dim must be positive, got ", emb.dim());
+        if (emb.sparse()) {  // Its table and slot are above.
+          layer.vocab_size = model.sparse_tables.back().vocab_size;
+          layer.embedding_dim = emb.dim();
+          layer.output_shape = {emb.dim()};
+          break;
+        }
+        if (emb.hash_ids() || emb.max_rows() != 0 || emb.has_optimizer() ||
+            emb.init_scale() != 0.f || emb.combiner() != EmbeddingLayer::SUM ||
+            emb.eviction() != EmbeddingLayer::LRU) {
+          return error(
+              "embedding: hash_ids, combiner, optimizer, init_scale, max_rows and "
+              "eviction are for sparse: true");
+        }
+        // Ids travel as floats to a dense table: exact below 2^24.
+        constexpr int64_t kMaxDenseVocab = int64_t{1} << 24;
+        if (emb.vocab_size() > kMaxDenseVocab) {
+          return error("embedding.vocab_size ", emb.vocab_size(),
+                       " is more than a dense table takes (2^24, ids as floats); set sparse: true");
+        }
         if (emb.vocab_size() <= 0) {
           return error("embedding.vocab_size must be positive, got ", emb.vocab_size());
         }
-        if (emb.dim() <= 0) return error("embedding.dim must be positive, got ", emb.dim());
         layer.vocab_size = emb.vocab_size();
         layer.embedding_dim = emb.dim();
         layer.output_shape = in_shape;
@@ -458,6 +677,16 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
     }
     index_of_name.emplace(layer.name, i);
     model.layers.push_back(std::move(layer));
+  }
+  if (!model.inputs.empty()) {
+    for (InputSlot& slot : model.input_slots) {
+      slot.offset = model.input_size;
+      model.input_size += slot.width;
+      if (model.input_size > kMaxTensorElements) {
+        return absl::InvalidArgumentError("model.inputs: more than 2^31-1 elements per example");
+      }
+    }
+    model.input_shape = {model.input_size};
   }
   return model;
 }

@@ -39,6 +39,7 @@ enum class LayerKind {
   kBatchNorm,
   kAdd,
   kEmbedding,
+  kConcat,
 };
 
 // The name LayerSpec uses for a kind ("dense", "softmax_cross_entropy", ...).
@@ -46,8 +47,13 @@ const char* LayerKindName(LayerKind kind);
 
 // One layer after validation.
 struct LayerShape {
-  // Index in `inputs` meaning the model's input features.
+  // Index in `inputs` meaning the model's input features: slot 0 of
+  // ModelShape::input_slots (the whole input of a model without named
+  // inputs). Slot k is kModelInput - k.
   static constexpr int kModelInput = -1;
+  static constexpr int ModelInputSlot(int slot) { return kModelInput - slot; }
+  // The slot an input index names; REQUIRES: input < 0.
+  static constexpr int SlotOf(int input) { return kModelInput - input; }
 
   std::string name;  // As given, or "<type><index>".
   LayerKind kind = LayerKind::kDense;
@@ -64,11 +70,60 @@ struct LayerShape {
   std::vector<int32_t> local_state_ids;  // kBatchNorm: running mean, running var.
   int64_t vocab_size = 0;                // kEmbedding.
   int64_t embedding_dim = 0;             // kEmbedding.
+  // kEmbedding with sparse: true: its table is ModelShape::sparse_tables
+  // [sparse_table], not a parameter; the layer copies its model-input slot
+  // (the pooled rows the worker writes there) to its output, and its
+  // gradient back to that slot of the input gradient.
+  int sparse_table = -1;
+};
+
+// A contiguous part of the model input. The input of a batch is slot-major:
+// slot k's values, [batch, width] example-major, start at element
+// batch * offset, so a layer reads its slot without a copy.
+struct InputSlot {
+  std::string name;  // The input's (or the sparse embedding layer's) name.
+  int64_t offset = 0;
+  int64_t width = 0;  // Product of shape.
+  std::vector<int64_t> shape;
+  // ModelSpec.inputs index of a DENSE input, or -1.
+  int input = -1;
+  // ModelShape::sparse_tables index whose pooled rows the worker writes
+  // here, or -1.
+  int sparse_table = -1;
+};
+
+// A sparse embedding table (EmbeddingLayer with sparse: true), held by the
+// parameter servers, rows created on first touch.
+struct SparseTableInfo {
+  std::string name;  // "<layer>/table".
+  int layer = -1;    // Index in ModelShape::layers.
+  int input = -1;    // ModelSpec.inputs index of its SPARSE input.
+  int slot = -1;     // Index in ModelShape::input_slots.
+  // Ids lie in [0, vocab_size); with hash_ids, any id is hashed into it
+  // (vocab_size 2^63 - 1 standing for 2^63 when the spec gives 0).
+  int64_t vocab_size = 0;
+  bool hash_ids = false;
+  int64_t dim = 0;
+  bool mean = false;       // The combiner: MEAN (true) or SUM.
+  float init_scale = 0.f;  // Resolved: > 0.
+  int64_t max_rows = 0;
+  EmbeddingLayer::Eviction eviction = EmbeddingLayer::LRU;
+  // The table's optimizer when set, else the job's (resolved by the caller).
+  bool has_optimizer = false;
+  OptimizerSpec optimizer;
 };
 
 struct ModelShape {
-  std::vector<int64_t> input_shape;  // Per example, without the batch.
-  int64_t input_size = 0;            // Product of input_shape.
+  // Per example, without the batch: ModelSpec.input_shape, or [input_size]
+  // for a model with named inputs.
+  std::vector<int64_t> input_shape;
+  int64_t input_size = 0;  // Elements per example: the sum of the slots' widths.
+  // One slot for a model without named inputs; else one per DENSE input
+  // (in spec order), then one per sparse embedding layer (in layer order).
+  std::vector<InputSlot> input_slots;
+  std::vector<SparseTableInfo> sparse_tables;
+  // A copy of ModelSpec.inputs (for the data reader).
+  std::vector<InputSpec> inputs;
   int32_t num_classes = 0;
   std::vector<ParamInfo> params;   // ids 0..n-1, in layer order.
   std::vector<LayerShape> layers;  // In spec order.

@@ -142,6 +142,13 @@ void CopyOrAdd(const CpuContext& /*ctx*/, int64_t n, const float* x, float* y, W
   }
 }
 
+void CopyBlock(const CpuContext& ctx, int64_t rows, int64_t width, const float* x, int64_t x_stride,
+               int64_t x_offset, float* y, int64_t y_stride, int64_t y_offset, Write write) {
+  for (int64_t r = 0; r < rows; ++r) {
+    CopyOrAdd(ctx, width, x + r * x_stride + x_offset, y + r * y_stride + y_offset, write);
+  }
+}
+
 void Zero(const CpuContext& /*ctx*/, int64_t n, float* x) { std::fill(x, x + n, 0.f); }
 
 void Add(const CpuContext& /*ctx*/, int64_t n, const float* a, const float* b, float* y) {

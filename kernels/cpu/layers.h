@@ -87,6 +87,12 @@ void SoftmaxCrossEntropy(const CpuContext& ctx, int64_t batch, int64_t classes, 
 // handed to a tensor read by several layers.
 void CopyOrAdd(const CpuContext& ctx, int64_t n, const float* x, float* y, Write write);
 
+// For r < rows, c < width: y[r * y_stride + y_offset + c] = (kOverwrite) or
+// += (kAccumulate) x[r * x_stride + x_offset + c]: a block of columns of a
+// row-major matrix into another (concatenation along the last axis).
+void CopyBlock(const CpuContext& ctx, int64_t rows, int64_t width, const float* x, int64_t x_stride,
+               int64_t x_offset, float* y, int64_t y_stride, int64_t y_offset, Write write);
+
 // Sets x[0, n) to zero.
 void Zero(const CpuContext& ctx, int64_t n, float* x);
 

@@ -65,6 +65,22 @@ absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const T* x, T* y, Writ
   return FromCuda(k::CopyOrAdd<T>(ctx.stream, n, x, y, true), "CopyOrAdd");
 }
 
+template <typename T>
+absl::Status CopyBlock(const CudaContext& ctx, int64_t rows, int64_t width, const T* x,
+                       int64_t x_stride, int64_t x_offset, T* y, int64_t y_stride, int64_t y_offset,
+                       Write write) {
+  if (rows == 0 || width == 0) return absl::OkStatus();
+  x += x_offset;
+  y += y_offset;
+  if (!Acc(write)) {
+    return FromCuda(
+        cudaMemcpy2DAsync(y, y_stride * sizeof(T), x, x_stride * sizeof(T), width * sizeof(T), rows,
+                          cudaMemcpyDeviceToDevice, ctx.stream),
+        "cudaMemcpy2DAsync");
+  }
+  return FromCuda(k::AddBlock<T>(ctx.stream, rows, width, x, x_stride, y, y_stride), "AddBlock");
+}
+
 absl::Status UnscaleCheckFinite(const CudaContext& ctx, int64_t n, float inv_scale, float* g,
                                 int* flag) {
   return FromCuda(k::UnscaleCheckFinite(ctx.stream, n, inv_scale, g, flag), "UnscaleCheckFinite");
@@ -104,6 +120,8 @@ DOWNPOUR_CONVERT_FROM(__half)
                                                     const T*, const int32_t*, T*, float, double*, \
                                                     unsigned long long*);                         \
   template absl::Status CopyOrAdd<T>(const CudaContext&, int64_t, const T*, T*, Write);           \
+  template absl::Status CopyBlock<T>(const CudaContext&, int64_t, int64_t, const T*, int64_t,     \
+                                     int64_t, T*, int64_t, int64_t, Write);                       \
   template absl::Status Zero<T>(const CudaContext&, int64_t, T*);                                 \
   template absl::Status Add<T>(const CudaContext&, int64_t, const T*, const T*, T*);
 DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)

@@ -209,6 +209,17 @@ __global__ void CopyOrAddKernel(int64_t n, const T* x, T* y, bool accumulate) {
 }
 
 template <typename T>
+__global__ void AddBlockKernel(int64_t rows, int64_t width, const T* x, int64_t x_stride, T* y,
+                               int64_t y_stride) {
+  GRID_STRIDE(i, rows * width) {
+    const int64_t r = i / width;
+    const int64_t c = i - r * width;
+    T* out = y + r * y_stride + c;
+    *out = FromF<T>(ToF(*out) + ToF(x[r * x_stride + c]));
+  }
+}
+
+template <typename T>
 __global__ void AddKernel(int64_t n, const T* a, const T* b, T* y) {
   GRID_STRIDE(i, n) { y[i] = FromF<T>(ToF(a[i]) + ToF(b[i])); }
 }
@@ -316,6 +327,14 @@ cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const T* x, T* y, bool acc
 }
 
 template <typename T>
+cudaError_t AddBlock(cudaStream_t stream, int64_t rows, int64_t width, const T* x, int64_t x_stride,
+                     T* y, int64_t y_stride) {
+  AddBlockKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(rows, width, x, x_stride, y,
+                                                                y_stride);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t Add(cudaStream_t stream, int64_t n, const T* a, const T* b, T* y) {
   constexpr int kN = kPack<T>;
   if (Packed(n, kN, a, b, y)) {
@@ -337,6 +356,8 @@ cudaError_t Add(cudaStream_t stream, int64_t n, const T* a, const T* b, T* y) {
   template cudaError_t DropoutBackward<T>(cudaStream_t, int64_t, float, const uint8_t*, const T*, \
                                           T*, bool);                                              \
   template cudaError_t CopyOrAdd<T>(cudaStream_t, int64_t, const T*, T*, bool);                   \
+  template cudaError_t AddBlock<T>(cudaStream_t, int64_t, int64_t, const T*, int64_t, T*,         \
+                                   int64_t);                                                      \
   template cudaError_t Add<T>(cudaStream_t, int64_t, const T*, const T*, T*);
 
 #define DOWNPOUR_INSTANTIATE_CONVERT(S, D)                                                       \

@@ -66,6 +66,10 @@ cudaError_t DropoutBackward(cudaStream_t stream, int64_t n, float rate, const ui
                             const T* dy, T* dx, bool accumulate);
 template <typename T>
 cudaError_t CopyOrAdd(cudaStream_t stream, int64_t n, const T* x, T* y, bool accumulate);
+// y[r * y_stride + c] += x[r * x_stride + c] for r < rows, c < width.
+template <typename T>
+cudaError_t AddBlock(cudaStream_t stream, int64_t rows, int64_t width, const T* x, int64_t x_stride,
+                     T* y, int64_t y_stride);
 template <typename T>
 cudaError_t Add(cudaStream_t stream, int64_t n, const T* a, const T* b, T* y);
 

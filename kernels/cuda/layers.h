@@ -99,6 +99,12 @@ absl::Status SoftmaxCrossEntropyAsync(const CudaContext& ctx, int64_t batch, int
 template <typename T>
 absl::Status CopyOrAdd(const CudaContext& ctx, int64_t n, const T* x, T* y, Write write);
 
+// As cpu::CopyBlock (a block of columns of one matrix into another).
+template <typename T>
+absl::Status CopyBlock(const CudaContext& ctx, int64_t rows, int64_t width, const T* x,
+                       int64_t x_stride, int64_t x_offset, T* y, int64_t y_stride, int64_t y_offset,
+                       Write write);
+
 // Loss scaling: g *= inv_scale over n gradients, and *flag (device int) set
 // to 1 when any of them was inf or NaN (never cleared here; the caller
 // zeroes it before the step).

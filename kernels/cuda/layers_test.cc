@@ -127,6 +127,19 @@ TEST_F(CudaKernelTest, ElementWise) {
   ExpectClose(y, Download(y_, n), "copy or add");
   ASSERT_TRUE(cuda::Zero(ctx(), n, y_).ok());
   ExpectClose(std::vector<float>(n, 0.f), Download(y_, n), "zero");
+
+  // Columns [3, 3 + 17) of a [101, 29] matrix into columns [5, 22) of a
+  // [101, 40] one, then added back.
+  const int64_t rows = 101, width = 17;
+  std::vector<float> block(rows * 40, 0.f);
+  ASSERT_TRUE(cuda::Zero(ctx(), rows * 40, y_).ok());
+  ASSERT_TRUE(cuda::CopyBlock(ctx(), rows, width, x_, 29, 3, y_, 40, 5, Write::kOverwrite).ok());
+  cpu::CopyBlock(cpu_, rows, width, x.data(), 29, 3, block.data(), 40, 5, Write::kOverwrite);
+  ExpectClose(block, Download(y_, rows * 40), "copy block");
+  ASSERT_TRUE(cuda::CopyBlock(ctx(), rows, width, x_, 29, 3, y_, 40, 5, Write::kAccumulate).ok());
+  cpu::CopyBlock(cpu_, rows, width, x.data(), 29, 3, block.data(), 40, 5, Write::kAccumulate);
+  ExpectClose(block, Download(y_, rows * 40), "add block");
+  EXPECT_EQ(block[5], 2.f * x[3]);
 }
 
 TEST_F(CudaKernelTest, SoftmaxCrossEntropy) {
