@@ -248,7 +248,8 @@ TEST(DownpourctlTest, DatasetGenerateBadFlagsExit2) {
 // ------------------------------------------------------- a fake coordinator
 
 // Jobs advance 100 steps per WatchJob from an up-to-date client; a job named
-// "fail" fails at its last step; a spec with no steps is rejected. While
+// "fail" fails at its last step; one named "ctr" is evaluated with AUC and
+// log loss every 100 steps; a spec with no steps is rejected. While
 // `stalled`, WatchJob holds (like a job making no progress).
 class FakeCoordinator final : public Coordinator::Service {
  public:
@@ -313,20 +314,7 @@ class FakeCoordinator final : public Coordinator::Service {
                            absl::Milliseconds(50));
     }
     if (!stalled_ && request->known_version() >= job->version() && job->state() == RUNNING) {
-      job->set_step(std::min(job->step() + 100, job->spec().steps()));
-      job->set_loss(1.0f / job->step());
-      job->set_examples_per_sec(1234);
-      job->set_version(job->version() + 1);
-      if (job->step() == job->spec().steps()) {
-        job->set_end_time_ms(job->start_time_ms() + 2500);
-        if (job->spec().name() == "fail") {
-          job->set_state(FAILED);
-          job->set_message("worker 0: loss became NaN at step 300");
-        } else {
-          job->set_state(SUCCEEDED);
-          job->set_test_accuracy(0.85);
-        }
-      }
+      Advance(job);
     }
     *response = *job;
     return grpc::Status::OK;
@@ -349,7 +337,43 @@ class FakeCoordinator final : public Coordinator::Service {
     stalled_ = stalled;
   }
 
+  // 100 steps of job `id`, as an up-to-date watcher would see them.
+  void AdvanceJob(const std::string& id) {
+    absl::MutexLock lock(&mu_);
+    JobStatus* job = Find(id);
+    ASSERT_NE(job, nullptr) << id;
+    Advance(job);
+  }
+
  private:
+  void Advance(JobStatus* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    job->set_step(std::min(job->step() + 100, job->spec().steps()));
+    job->set_loss(1.0f / job->step());
+    job->set_examples_per_sec(1234);
+    job->set_version(job->version() + 1);
+    if (job->spec().name() == "ctr") {
+      const bool last = job->step() == job->spec().steps();
+      Evaluation* evaluation = job->add_evaluations();
+      evaluation->set_step(job->step());
+      evaluation->set_accuracy(0.85);
+      evaluation->set_auc(last ? 0.7981 : 0.75);
+      evaluation->set_log_loss(last ? 0.441 : 0.5);
+      evaluation->set_time_ms(job->submit_time_ms() + 1000);
+      job->set_test_auc(evaluation->auc());
+      job->set_test_log_loss(evaluation->log_loss());
+    }
+    if (job->step() == job->spec().steps()) {
+      job->set_end_time_ms(job->start_time_ms() + 2500);
+      if (job->spec().name() == "fail") {
+        job->set_state(FAILED);
+        job->set_message("worker 0: loss became NaN at step 300");
+      } else {
+        job->set_state(SUCCEEDED);
+        job->set_test_accuracy(0.85);
+      }
+    }
+  }
+
   JobStatus* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (JobStatus& job : jobs_) {
       if (job.id() == id) return &job;
@@ -465,6 +489,39 @@ TEST_F(DownpourctlServerTest, SubmitAndWaitSucceeds) {
   EXPECT_EQ(r.out,
             "job job-1 SUCCEEDED steps=300 test_accuracy=0.8500 "
             "wall_s=2.5\n");
+}
+
+TEST_F(DownpourctlServerTest, AucAndLogLossShowWhereTheJobHasThem) {
+  ASSERT_EQ(RunCtl({Flag(), "submit", JobFile("ctr", 200), "--job_id=ctr-1"}).exit_code, 0);
+  // One evaluation in: the latest's figures, not yet the job's result.
+  service_.AdvanceJob("ctr-1");
+  Result get = RunCtl({Flag(), "get", "ctr-1"});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_THAT(get.out, HasSubstr("test accuracy:  -\n"));
+  EXPECT_THAT(get.out, HasSubstr("test AUC:       0.7500 (latest evaluation)\n"));
+  EXPECT_THAT(get.out, HasSubstr("test log loss:  0.5000 (latest evaluation)\n"));
+  EXPECT_THAT(get.out, HasSubstr("  step 100  accuracy 0.8500  AUC 0.7500  log loss 0.5000  at "));
+  Result list = RunCtl({Flag(), "list"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_THAT(list.out, Not(HasSubstr("TEST_AUC")));  // No job has a final AUC yet.
+
+  Result wait = RunCtl({Flag(), "wait", "ctr-1"});
+  ASSERT_EQ(wait.exit_code, 0) << wait.err;
+  EXPECT_EQ(wait.out,
+            "job ctr-1 SUCCEEDED steps=200 test_accuracy=0.8500 test_auc=0.7981 "
+            "test_log_loss=0.4410 wall_s=2.5\n");
+  get = RunCtl({Flag(), "get", "ctr-1"});
+  EXPECT_THAT(get.out, HasSubstr("test AUC:       0.7981\n"));
+  EXPECT_THAT(get.out, HasSubstr("test log loss:  0.4410\n"));
+  EXPECT_THAT(get.out, HasSubstr("  step 200  accuracy 0.8500  AUC 0.7981  log loss 0.4410  at "));
+  ASSERT_EQ(RunCtl({Flag(), "submit", JobFile("mnist", 300), "--job_id=mnist-1"}).exit_code, 0);
+  list = RunCtl({Flag(), "list"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_THAT(list.out, HasSubstr("TEST_ACC  TEST_AUC  AGE"));
+  EXPECT_THAT(list.out, ::testing::ContainsRegex("ctr-1 .* 0\\.8500 +0\\.7981 "));
+  EXPECT_THAT(list.out, ::testing::ContainsRegex("mnist-1 .* - +- "));
+  get = RunCtl({Flag(), "get", "mnist-1"});
+  EXPECT_THAT(get.out, Not(HasSubstr("AUC")));
 }
 
 TEST_F(DownpourctlServerTest, WaitJsonPrintsTheJob) {

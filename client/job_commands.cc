@@ -94,13 +94,18 @@ int PrintFinal(const JobStatus& job, const CtlOptions& options) {
   if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
     PrintMessage(job, options.output);
   } else {
-    // A job that measured no accuracy (it failed first) shows none.
+    // A job that measured no accuracy (it failed first) shows none; the AUC
+    // and log loss are there when its metrics asked for them.
+    std::string figures;
+    if (job.test_accuracy() >= 0) {
+      figures = absl::StrFormat(" test_accuracy=%.4f", job.test_accuracy());
+      if (job.has_test_auc()) absl::StrAppendFormat(&figures, " test_auc=%.4f", job.test_auc());
+      if (job.has_test_log_loss()) {
+        absl::StrAppendFormat(&figures, " test_log_loss=%.4f", job.test_log_loss());
+      }
+    }
     std::cout << absl::StrFormat("job %s %s steps=%d%s wall_s=%.1f", job.id(),
-                                 JobState_Name(job.state()), job.step(),
-                                 job.test_accuracy() < 0
-                                     ? ""
-                                     : absl::StrFormat(" test_accuracy=%.4f", job.test_accuracy()),
-                                 WallSeconds(job))
+                                 JobState_Name(job.state()), job.step(), figures, WallSeconds(job))
               << std::endl;
   }
   if (job.state() == SUCCEEDED) return kExitOk;
@@ -250,6 +255,10 @@ int RunList(const CtlOptions& options, const std::vector<std::string>& args) {
     return kExitOk;
   }
   const bool wide = options.output == OutputFormat::kWide;
+  // A TEST_AUC column only where some job has an AUC (JobSpec.metrics), so
+  // a list of classifiers stays as narrow as it was.
+  const bool auc = std::any_of(jobs->begin(), jobs->end(),
+                               [](const JobStatus& job) { return TestAucText(job) != "-"; });
   const int64_t now = NowMs();
   std::vector<std::vector<std::string>> rows;
   for (const JobStatus& job : *jobs) {
@@ -259,7 +268,9 @@ int RunList(const CtlOptions& options, const std::vector<std::string>& args) {
     }
     rows.push_back({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
                     JobState_Name(job.state()), StepsText(job), LossText(job),
-                    TestAccuracyText(job), age});
+                    TestAccuracyText(job)});
+    if (auc) rows.back().push_back(TestAucText(job));
+    rows.back().push_back(age);
     if (wide) {
       rows.back().push_back(absl::StrCat(job.placement().worker_nodes_size()));
       rows.back().push_back(absl::StrCat(job.placement().shard_nodes_size()));
@@ -267,8 +278,9 @@ int RunList(const CtlOptions& options, const std::vector<std::string>& args) {
       rows.back().push_back(job.message().empty() ? "-" : job.message());
     }
   }
-  std::vector<std::string> header = {"ID",   "NAME",     "STATE", "STEP/STEPS",
-                                     "LOSS", "TEST_ACC", "AGE"};
+  std::vector<std::string> header = {"ID", "NAME", "STATE", "STEP/STEPS", "LOSS", "TEST_ACC"};
+  if (auc) header.push_back("TEST_AUC");
+  header.push_back("AGE");
   if (wide) header.insert(header.end(), {"WORKERS", "SHARDS", "EXAMPLES/S", "MESSAGE"});
   PrintTable(header, rows);
   return kExitOk;
@@ -288,6 +300,12 @@ void PrintJobSummary(const JobStatus& job) {
   line("loss", LossText(job));
   line("examples/s", absl::StrFormat("%.0f", job.examples_per_sec()));
   line("test accuracy", TestAccuracyText(job));
+  // Before the final evaluation, the latest periodic one's.
+  const char* latest = TestAccuracyText(job) == "-" ? " (latest evaluation)" : "";
+  if (job.has_test_auc()) line("test AUC", absl::StrFormat("%.4f%s", job.test_auc(), latest));
+  if (job.has_test_log_loss()) {
+    line("test log loss", absl::StrFormat("%.4f%s", job.test_log_loss(), latest));
+  }
   line("message", job.message().empty() ? "-" : job.message());
   if (job.submit_time_ms() > 0) {
     line("submitted",
@@ -332,11 +350,15 @@ void PrintJobSummary(const JobStatus& job) {
                                  c.bytes() / 1048576.0,
                                  FormatShortDuration(absl::Milliseconds(now - c.time_ms())));
   }
-  // The test-accuracy curve: time since submission, as a user waits for it.
+  // The test-accuracy curve (and AUC, log loss where measured): time since
+  // submission, as a user waits for it.
   if (!job.evaluations().empty()) line("evaluations", absl::StrCat(job.evaluations_size()));
   for (const Evaluation& e : job.evaluations()) {
+    std::string figures = absl::StrFormat("accuracy %.4f", e.accuracy());
+    if (e.has_auc()) absl::StrAppendFormat(&figures, "  AUC %.4f", e.auc());
+    if (e.has_log_loss()) absl::StrAppendFormat(&figures, "  log loss %.4f", e.log_loss());
     std::cout << absl::StrFormat(
-        "  step %d  accuracy %.4f  at %s\n", e.step(), e.accuracy(),
+        "  step %d  %s  at %s\n", e.step(), figures,
         FormatShortDuration(absl::Milliseconds(e.time_ms() - job.submit_time_ms())));
   }
   line("events", job.events().empty() ? "-" : absl::StrCat(job.events_size()));
