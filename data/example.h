@@ -1,8 +1,13 @@
-// Encoding and decoding of tf.train.Example records for supervised training:
-// one dense feature (raw uint8 bytes, a PNG or JPEG image, or floats) and one
-// integer class label.
+// Encoding and decoding of tf.train.Example records for supervised training,
+// in one of two modes:
+//   - one dense feature (raw uint8 bytes, a PNG or JPEG image, or floats) and
+//     one integer class label: DecodeExample;
+//   - several named inputs (proto/job.proto's InputSpec), each DENSE (the
+//     floats of one or more features, concatenated) or SPARSE (a variable
+//     number of int64 ids), and the label: InputDecoder.
 //
-// Thread-safety: the functions are pure and safe to call from any thread.
+// Thread-safety: the functions are pure and safe to call from any thread; an
+// InputDecoder is immutable after Create and may be shared by threads.
 // Ownership: callers own all buffers; nothing is retained.
 #ifndef DOWNPOUR_DATA_EXAMPLE_H_
 #define DOWNPOUR_DATA_EXAMPLE_H_
@@ -11,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "data/image.h"
 
@@ -69,6 +76,119 @@ absl::Status DecodeExample(absl::string_view serialized, const std::string& feat
 // same input always gives the same bytes.
 std::string EncodeImageExample(const uint8_t* pixels, int64_t n, int64_t label,
                                const std::vector<int64_t>& shape);
+
+// ------------------------------------------------------------ named inputs
+
+// What one named input (InputSpec) reads of each example.
+struct InputFormat {
+  std::string name;  // For messages.
+  bool sparse = false;
+  // Dense: one or more features (float_list, or int64_list converted to
+  // float), concatenated in order. Sparse: exactly one int64_list.
+  std::vector<std::string> features;
+  int64_t size = 0;     // Dense: values per example in all (> 0); sparse: 0.
+  int32_t max_ids = 0;  // Sparse: the most ids one example may hold (> 0); dense: 0.
+};
+
+// One input's share of a batch of `n` examples.
+struct InputBatch {
+  std::vector<float> values;     // Dense: n * InputFormat::size, example-major.
+  std::vector<int64_t> ids;      // Sparse: every example's ids, one example after another.
+  std::vector<int64_t> offsets;  // Sparse: n + 1 entries; example i's ids are
+                                 // ids[offsets[i], offsets[i + 1]).
+};
+
+// One example's inputs as InputDecoder::Decode leaves them, before they are
+// placed in a batch (sparse lengths vary, so a batch's layout is known only
+// once all its examples are decoded). Reused from record to record, it keeps
+// its allocations.
+struct DecodedInputs {
+  std::vector<float> values;     // Every dense input's values, input after input.
+  std::vector<int64_t> ids;      // Every sparse input's ids, input after input.
+  std::vector<int64_t> id_ends;  // Per input: the end of its ids in `ids`
+                                 // (a dense input repeats the previous end).
+  int32_t label = 0;
+};
+
+// Decodes serialized tensorflow.Example records into named inputs and an
+// int32 label, parsing the wire format directly: the features asked for are
+// found through one hash lookup per map entry, nothing is allocated per
+// feature, and no protobuf message is built (except for a record whose
+// encoding a hand parser should not guess at, e.g. one Feature written as
+// two messages to be merged, which goes through protobuf once and then the
+// same path). A feature key may appear in several inputs.
+//
+// Use, for a batch on several threads: Decode each record into its own
+// DecodedInputs (any thread, any order), then LayOutBatch once, then
+// PlaceExample for each example (any thread, any order). The batch is the
+// same however the work was spread.
+//
+// Errors are one sentence naming the input, the feature and what is wrong,
+// InvalidArgumentError: a missing dense feature (a missing sparse feature is
+// zero ids, like Criteo's missing values; a Feature with no list is an empty
+// one), a bytes_list (or a float_list of ids), a dense total other than
+// `size`, more than `max_ids` ids, a label missing, not an int64_list of one
+// value, or outside int32. A record that is not a tensorflow.Example is
+// DataLossError. Features that no input names are not examined.
+//
+// Thread-safety: immutable after Create; Decode, LayOutBatch and PlaceExample
+// may run concurrently (on distinct outputs). Decode keeps scratch per thread.
+class InputDecoder {
+ public:
+  // Checks the formats (InvalidArgumentError naming the input): at least one
+  // input; names non-empty and unique; a dense input has features and
+  // size > 0 and no max_ids; a sparse one exactly one feature, max_ids > 0
+  // and no size; feature keys and `label_key` non-empty.
+  static absl::StatusOr<InputDecoder> Create(std::vector<InputFormat> inputs,
+                                             std::string label_key);
+
+  const std::vector<InputFormat>& inputs() const { return inputs_; }
+  const std::string& label_key() const { return label_key_; }
+  // Floats of every dense input of one example together.
+  int64_t dense_values() const { return dense_values_; }
+
+  // Decodes one record into `*out` (all of it rewritten). On error `*out` is
+  // unspecified.
+  absl::Status Decode(absl::string_view serialized, DecodedInputs* out) const;
+
+  // Sizes `*batch` (one InputBatch per input) for examples[0..n) and fills the
+  // sparse inputs' offsets. REQUIRES: each examples[i] was decoded by Decode
+  // of this decoder.
+  void LayOutBatch(const DecodedInputs* examples, int64_t n, std::vector<InputBatch>* batch) const;
+  // Copies `example`'s values and ids to its place, example `index`, in a
+  // batch laid out by LayOutBatch from the same examples.
+  void PlaceExample(const DecodedInputs& example, int64_t index,
+                    std::vector<InputBatch>* batch) const;
+  // Appends `example` after the examples `*batch` holds (an empty vector
+  // holds none): LayOutBatch and PlaceExample for one thread.
+  void AppendExample(const DecodedInputs& example, std::vector<InputBatch>* batch) const;
+
+ private:
+  InputDecoder() = default;
+  // Decode on the wire format alone. Sets `*unusual` (and returns OK) where
+  // the record needs protobuf's merging of sub-messages.
+  absl::Status DecodeWire(absl::string_view serialized, DecodedInputs* out, bool* unusual) const;
+
+  std::vector<InputFormat> inputs_;
+  std::string label_key_;
+  // Each distinct feature key asked for (the label's included) and its slot.
+  std::vector<std::string> keys_;
+  absl::flat_hash_map<std::string, int> slot_of_key_;
+  std::vector<std::vector<int>> input_slots_;  // Per input: the slots of its features.
+  int label_slot_ = 0;
+  std::vector<int64_t> value_begin_;  // Per input: where its values start in
+                                      // DecodedInputs::values (dense inputs).
+  int64_t dense_values_ = 0;
+};
+
+// Decodes a serialized tf.Example into example `index` of `*out` (one
+// InputBatch per input, in order; appended after examples 0..index-1, which
+// it must hold — for index 0, `out` may be empty) and its label. For tools
+// and tests: it builds an InputDecoder per call; a reader keeps one.
+// On error `*out` is unchanged.
+absl::Status DecodeInputs(absl::string_view serialized, const std::vector<InputFormat>& inputs,
+                          const std::string& label_key, int64_t index, std::vector<InputBatch>* out,
+                          int32_t* label);
 
 }  // namespace data
 }  // namespace downpour

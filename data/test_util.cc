@@ -55,6 +55,24 @@ std::string TaggedExample(int64_t id, int64_t n) {
   return EncodeImageExample(pixels.data(), n, id, {n, 1, 1});
 }
 
+std::vector<InputFormat> CtrInputFormats(int sparse, int dense, int max_ids) {
+  std::vector<InputFormat> inputs;
+  for (int f = 1; f <= sparse; ++f) {
+    InputFormat input;
+    input.name = "C" + std::to_string(f);
+    input.sparse = true;
+    input.features = {input.name};
+    input.max_ids = max_ids;
+    inputs.push_back(input);
+  }
+  InputFormat input;
+  input.name = "dense";
+  for (int j = 1; j <= dense; ++j) input.features.push_back("I" + std::to_string(j));
+  input.size = dense;
+  inputs.push_back(input);
+  return inputs;
+}
+
 }  // namespace testing
 }  // namespace data
 }  // namespace downpour

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "data/example.h"
+
 namespace downpour {
 namespace data {
 namespace testing {
@@ -28,6 +30,11 @@ void WriteRecordsOrDie(const std::string& path, const std::vector<std::string>& 
 // An image example whose `n` pixels all equal `id % 256` and whose label is `id`,
 // so that a decoded example can be traced back to the record it came from.
 std::string TaggedExample(int64_t id, int64_t n);
+
+// The inputs of a model of the click log that data/ctr_generator writes:
+// sparse "C1".."C<sparse>" (each its own feature, at most `max_ids` ids) and
+// "dense", the features "I1".."I<dense>" of one value each.
+std::vector<InputFormat> CtrInputFormats(int sparse = 26, int dense = 13, int max_ids = 3);
 
 }  // namespace testing
 }  // namespace data
