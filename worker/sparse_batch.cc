@@ -1,0 +1,117 @@
+#include "worker/sparse_batch.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/status.h"
+#include "spec/sparse_ids.h"
+
+namespace downpour {
+
+void PackDenseInputs(const ModelShape& shape, const std::vector<data::InputBatch>& inputs,
+                     int64_t batch, float* features) {
+  for (const InputSlot& slot : shape.input_slots) {
+    if (slot.input < 0) continue;
+    const std::vector<float>& values = inputs[slot.input].values;
+    std::memcpy(features + batch * slot.offset, values.data(), sizeof(float) * batch * slot.width);
+  }
+}
+
+absl::StatusOr<SparseBatch> SparseBatch::Plan(const ModelShape& shape,
+                                              const std::vector<data::InputBatch>& inputs,
+                                              int64_t batch, int num_shards) {
+  SparseBatch plan;
+  plan.batch_ = batch;
+  plan.num_shards_ = num_shards;
+  absl::flat_hash_map<int64_t, int64_t> seen;  // Row -> shard << 32 | place.
+  for (const SparseTableInfo& info : shape.sparse_tables) {
+    const data::InputBatch& input = inputs[info.input];
+    Table table;
+    table.dim = info.dim;
+    table.slot_offset = shape.input_slots[info.slot].offset;
+    table.mean = info.mean;
+    table.offsets = input.offsets;
+    table.shard_rows.resize(num_shards);
+    table.id_shard.resize(input.ids.size());
+    table.id_place.resize(input.ids.size());
+    seen.clear();
+    seen.reserve(input.ids.size());
+    for (size_t k = 0; k < input.ids.size(); ++k) {
+      ASSIGN_OR_RETURN(const int64_t row, SparseRowOf(info, input.ids[k]));
+      auto [it, fresh] = seen.try_emplace(row, 0);
+      if (fresh) {
+        const int shard = SparseShardOf(row, num_shards);
+        std::vector<int64_t>& rows = table.shard_rows[shard];
+        it->second = (static_cast<int64_t>(shard) << 32) | static_cast<int64_t>(rows.size());
+        rows.push_back(row);
+      }
+      table.id_shard[k] = static_cast<int32_t>(it->second >> 32);
+      table.id_place[k] = static_cast<int32_t>(it->second & 0xffffffff);
+    }
+    plan.tables_.push_back(std::move(table));
+  }
+  return plan;
+}
+
+int64_t SparseBatch::ids_read() const {
+  int64_t n = 0;
+  for (const Table& t : tables_) n += static_cast<int64_t>(t.id_shard.size());
+  return n;
+}
+
+int64_t SparseBatch::distinct_rows() const {
+  int64_t n = 0;
+  for (const Table& t : tables_) {
+    for (const auto& rows : t.shard_rows) n += static_cast<int64_t>(rows.size());
+  }
+  return n;
+}
+
+void SparseBatch::Pool(const std::vector<std::vector<const float*>>& values,
+                       float* features) const {
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const Table& table = tables_[t];
+    const int64_t dim = table.dim;
+    float* slot = features + batch_ * table.slot_offset;
+    std::fill(slot, slot + batch_ * dim, 0.f);
+    const std::vector<int64_t>& offsets = table.offsets;
+    for (int64_t b = 0; b < batch_; ++b) {
+      float* out = slot + b * dim;
+      for (int64_t k = offsets[b]; k < offsets[b + 1]; ++k) {
+        const float* row = values[t][table.id_shard[k]] + int64_t{table.id_place[k]} * dim;
+        for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
+      }
+      const int64_t count = offsets[b + 1] - offsets[b];
+      if (table.mean && count > 1) {
+        const float inv = 1.f / static_cast<float>(count);
+        for (int64_t d = 0; d < dim; ++d) out[d] *= inv;
+      }
+    }
+  }
+}
+
+void SparseBatch::RowGradients(const float* input_grad,
+                               std::vector<std::vector<std::vector<float>>>* grads) const {
+  grads->resize(tables_.size());
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const Table& table = tables_[t];
+    const int64_t dim = table.dim;
+    std::vector<std::vector<float>>& out = (*grads)[t];
+    out.resize(num_shards_);
+    for (int s = 0; s < num_shards_; ++s) out[s].assign(table.shard_rows[s].size() * dim, 0.f);
+    const float* slot = input_grad + batch_ * table.slot_offset;
+    const std::vector<int64_t>& offsets = table.offsets;
+    for (int64_t b = 0; b < batch_; ++b) {
+      const float* g = slot + b * dim;
+      const int64_t count = offsets[b + 1] - offsets[b];
+      const float scale = table.mean && count > 1 ? 1.f / static_cast<float>(count) : 1.f;
+      for (int64_t k = offsets[b]; k < offsets[b + 1]; ++k) {
+        float* row = out[table.id_shard[k]].data() + int64_t{table.id_place[k]} * dim;
+        for (int64_t d = 0; d < dim; ++d) row[d] += scale * g[d];
+      }
+    }
+  }
+}
+
+}  // namespace downpour

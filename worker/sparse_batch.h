@@ -1,0 +1,84 @@
+// SparseBatch: a training step's sparse work on the worker, between the
+// batch's named inputs (data/example.h InputBatch) and the model's input
+// (slot-major, spec/model_shape.h InputSlot).
+//
+// Per sparse table (SparseTableInfo), Plan maps each id of the batch to its
+// row (spec/sparse_ids.h), keeps each row once (a step pulls and pushes a row
+// once however often the batch reads it) and sorts the rows by the shard
+// that holds them. Once the rows are pulled, Pool combines each example's
+// rows (SUM or MEAN) into its table's input slot; after the backward pass,
+// RowGradients turns the slot's gradient into each row's: the sum over the
+// examples reading it of their slot gradient (divided by the example's
+// number of ids for MEAN). An example with no ids pools to zeros and gives
+// no gradient.
+//
+// Thread-compatible: a SparseBatch belongs to one step of one trainer; its
+// const methods may run concurrently.
+#ifndef DOWNPOUR_WORKER_SPARSE_BATCH_H_
+#define DOWNPOUR_WORKER_SPARSE_BATCH_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/example.h"
+#include "spec/model_shape.h"
+
+namespace downpour {
+
+// Copies the batch's DENSE inputs (`inputs`, one per ModelSpec.inputs) into
+// their slots of `features` (batch * input_size floats, slot-major).
+void PackDenseInputs(const ModelShape& shape, const std::vector<data::InputBatch>& inputs,
+                     int64_t batch, float* features);
+
+class SparseBatch {
+ public:
+  // InvalidArgument naming the table and id for an id outside an exact
+  // vocabulary. REQUIRES: inputs holds one InputBatch per shape.inputs, of
+  // `batch` examples; num_shards > 0.
+  static absl::StatusOr<SparseBatch> Plan(const ModelShape& shape,
+                                          const std::vector<data::InputBatch>& inputs,
+                                          int64_t batch, int num_shards);
+
+  int64_t batch() const { return batch_; }
+  int num_tables() const { return static_cast<int>(tables_.size()); }
+  int num_shards() const { return num_shards_; }
+  // The distinct rows of `table` held by `shard`, in the order their values
+  // are pulled and their gradients pushed.
+  const std::vector<int64_t>& rows(int table, int shard) const {
+    return tables_[table].shard_rows[shard];
+  }
+  // Ids the batch read in all (before de-duplication) and distinct rows.
+  int64_t ids_read() const;
+  int64_t distinct_rows() const;
+
+  // Writes every sparse table's slot of `features` (batch * input_size,
+  // slot-major) from the pulled rows: values[table][shard] holds
+  // rows(table, shard).size() * dim floats.
+  void Pool(const std::vector<std::vector<const float*>>& values, float* features) const;
+
+  // From the model's input gradient (Model::input_grad, slot-major), each
+  // row's gradient: (*grads)[table][shard] is resized to rows(table,
+  // shard).size() * dim floats, in the order of rows().
+  void RowGradients(const float* input_grad,
+                    std::vector<std::vector<std::vector<float>>>* grads) const;
+
+ private:
+  struct Table {
+    int64_t dim = 0;
+    int64_t slot_offset = 0;  // Of the slot, per example (times batch).
+    bool mean = false;
+    std::vector<int64_t> offsets;  // The input's, batch + 1.
+    std::vector<std::vector<int64_t>> shard_rows;
+    // Per id of the input (in order): its row's shard and place there.
+    std::vector<int32_t> id_shard;
+    std::vector<int32_t> id_place;
+  };
+  int64_t batch_ = 0;
+  int num_shards_ = 0;
+  std::vector<Table> tables_;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_WORKER_SPARSE_BATCH_H_
