@@ -55,6 +55,19 @@ absl::Status CheckSizes(const JobSpec& spec) {
           CheckBytes(absl::StrCat(where, ".inputs[", k, "]"), layer.inputs(k), kMaxNameBytes));
     }
   }
+  RETURN_IF_ERROR(CheckCount("model.inputs", model.inputs_size(), kMaxLayers));
+  for (int i = 0; i < model.inputs_size(); ++i) {
+    const InputSpec& input = model.inputs(i);
+    const std::string where = absl::StrCat("model.inputs[", i, "]");
+    RETURN_IF_ERROR(CheckBytes(absl::StrCat(where, ".name"), input.name(), kMaxNameBytes));
+    RETURN_IF_ERROR(CheckCount(absl::StrCat(where, ".shape"), input.shape_size(), kMaxInputRank));
+    RETURN_IF_ERROR(
+        CheckCount(absl::StrCat(where, ".features"), input.features_size(), kMaxLayerInputs));
+    for (int k = 0; k < input.features_size(); ++k) {
+      RETURN_IF_ERROR(CheckBytes(absl::StrCat(where, ".features[", k, "]"), input.features(k),
+                                 kMaxFeatureKeyBytes));
+    }
+  }
   const DatasetSpec& data = spec.dataset();
   RETURN_IF_ERROR(CheckDataPath("dataset.train_files", data.train_files()));
   RETURN_IF_ERROR(CheckDataPath("dataset.test_files", data.test_files()));
