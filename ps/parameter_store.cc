@@ -13,8 +13,10 @@
 #include "common/status.h"
 #include "common/wire_dtype.h"
 #include "kernels/cpu/optimizer.h"
+#include "ps/gradient_runs.h"
 #include "ps/lr_schedule.h"
 #include "ps/parameter_arrays.h"
+#include "ps/parameter_store_job.h"
 #include "ps/rank_ordered_sum.h"
 #include "ps/request_dedup.h"
 #include "spec/job_validation.h"
@@ -24,86 +26,17 @@
 #include "spec/wire_dtype.h"
 
 namespace downpour {
+
+using store_internal::KeyName;
+using store_internal::KeyPair;
+
 namespace {
 
 constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
 
-using KeyPair = std::pair<int32_t, int32_t>;
-
-std::string KeyName(int32_t tensor_id, int32_t partition) {
-  return absl::StrCat(tensor_id, "/", partition);
-}
-
 RequestKey KeyOf(const PushRequest& request) {
   const RequestId& id = request.request_id();
   return {id.worker_id(), id.incarnation(), id.sequence()};
-}
-
-// Whether all of v[0, n) are finite: x - x is 0 for a finite x and NaN
-// otherwise, and a sum with a NaN in it is NaN (vectorizes; no branches).
-bool AllFinite(const float* v, int64_t n) {
-  float probe = 0.f;
-  for (int64_t i = 0; i < n; ++i) probe += v[i] - v[i];
-  return probe == 0.f;
-}
-
-// Calls fn(grad, start, count) over the gradient of elements [0, n) held in
-// bytes [offset, ...) of `payload` as `dtype`: in place where a piece holds
-// aligned float32 elements, else through `scratch` in bounded chunks, so a
-// payload received as many network buffers is applied without first being
-// joined into one.
-template <typename Fn>
-void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, WireDtype dtype,
-                        std::vector<float>* scratch, Fn fn) {
-  constexpr int64_t kChunk = 16 << 10;
-  const int width = BytesPerElement(dtype);
-  if (dtype != WireDtype::kFloat32) {
-    // The server thread's own, kept across pushes (no allocation a push).
-    thread_local std::vector<char> raw;
-    for (int64_t start = 0; start < n; start += kChunk) {
-      const int64_t count = std::min(kChunk, n - start);
-      raw.resize(count * width);
-      scratch->resize(count);
-      payload.CopyTo(offset + start * width, count * width, raw.data());
-      DecodeFloats(dtype, raw.data(), count, scratch->data());
-      fn(scratch->data(), start, count);
-    }
-    return;
-  }
-  int64_t done = 0;
-  size_t piece_start = 0;
-  for (const Payload::Piece& piece : payload.pieces()) {
-    if (done == n) break;
-    const size_t piece_end = piece_start + piece.size;
-    const size_t want = offset + done * kFloatBytes;
-    if (want >= piece_end) {
-      piece_start = piece_end;
-      continue;
-    }
-    const char* at = piece.data + (want - piece_start);
-    const int64_t whole = std::min<int64_t>(n - done, (piece_end - want) / kFloatBytes);
-    if (whole > 0 && reinterpret_cast<uintptr_t>(at) % alignof(float) == 0) {
-      fn(reinterpret_cast<const float*>(at), done, whole);
-      done += whole;
-      if (done < n && (piece_end - want) % kFloatBytes == 0) {
-        piece_start = piece_end;
-        continue;
-      }
-    }
-    // Unaligned, or an element split across pieces: copy what remains of
-    // this piece (plus the split element) in chunks.
-    while (done < n && offset + done * kFloatBytes < piece_end) {
-      const int64_t count = std::min<int64_t>(
-          {kChunk, n - done,
-           static_cast<int64_t>((piece_end - (offset + done * kFloatBytes)) / kFloatBytes) + 1});
-      scratch->resize(count);
-      payload.CopyTo(offset + done * kFloatBytes, count * kFloatBytes,
-                     reinterpret_cast<char*>(scratch->data()));
-      fn(scratch->data(), done, count);
-      done += count;
-    }
-    piece_start = piece_end;
-  }
 }
 
 PushResponse DuplicateResponse() {
@@ -113,152 +46,6 @@ PushResponse DuplicateResponse() {
 }
 
 }  // namespace
-
-struct ParameterStore::Partition {
-  Partition(int32_t tensor_id_in, int32_t partition_in, int64_t offset_in, int64_t n)
-      : tensor_id(tensor_id_in), partition(partition_in), offset(offset_in), num_elements(n) {}
-
-  std::string Name() const { return KeyName(tensor_id, partition); }
-
-  const int32_t tensor_id;
-  const int32_t partition;
-  const int64_t offset;
-  const int64_t num_elements;
-
-  absl::Mutex mu;
-  // SYNC: steps completed; ASYNC/SSP: pushes received (skipped ones too).
-  // Written under `mu`; read without it by pulls waiting on the job's
-  // condition variable.
-  std::atomic<int64_t> version{0};
-  // Optimizer updates applied (Adam's t): fewer than the version when steps
-  // were skipped.
-  int64_t updates ABSL_GUARDED_BY(mu) = 0;
-  // Values and optimizer slots; a checkpoint capture borrows them.
-  ParameterArrays arrays ABSL_GUARDED_BY(mu);
-  // SYNC: the gradients pushed for step == version, summed in rank order
-  // whatever order they arrive in, and which ranks have pushed it (skipped
-  // or not).
-  RankOrderedSum step_sum ABSL_GUARDED_BY(mu);
-  // SYNC: the checkpoint step at which this partition is to be captured (0:
-  // none pending).
-  int64_t capture_at ABSL_GUARDED_BY(mu) = 0;
-
-  // Lends the arrays as they are now, for a capture (GiveBack ends it).
-  PartitionArrays Lend(int64_t* generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    ParameterArrays::Loan loan = arrays.Lend();
-    *generation = loan.generation;
-    PartitionArrays lent;
-    lent.tensor_id = tensor_id;
-    lent.partition = partition;
-    lent.offset = offset;
-    lent.version = version.load(std::memory_order_relaxed);
-    lent.updates = updates;
-    lent.num_elements = num_elements;
-    lent.values = loan.values;
-    lent.slots = std::move(loan.slots);
-    return lent;
-  }
-};
-
-struct ParameterStore::Job : std::enable_shared_from_this<Job> {
-  // Immutable after AddJob.
-  std::string id;
-  OptimizerSpec optimizer_spec;
-  OptimizerKind optimizer = OptimizerKind::kSgd;
-  ConsistencySpec::Mode mode = ConsistencySpec::SYNC;
-  int num_workers = 1;
-  // ASYNC/SSP: the steps each push stands for (ConsistencySpec.push_every).
-  int64_t steps_per_push = 1;
-  // SYNC: arrivals that complete a step (num_workers - backup_workers).
-  int sync_quorum = 1;
-  std::vector<std::unique_ptr<Partition>> partitions;  // Sorted by key.
-  absl::flat_hash_map<KeyPair, Partition*> by_key;
-
-  bool sync() const { return mode == ConsistencySpec::SYNC; }
-  // The job's progress as of a partition at `version` (see the header).
-  int64_t Progress(int64_t version) const {
-    return sync() ? version : version * steps_per_push / num_workers;
-  }
-
-  absl::Mutex mu;
-  // Signalled whenever a version, a worker's step count, an in-flight request
-  // or `dropped` changes.
-  absl::CondVar changed;
-  bool dropped ABSL_GUARDED_BY(mu) = false;
-  // Per worker rank: max pushed step + 1.
-  std::vector<int64_t> worker_steps ABSL_GUARDED_BY(mu);
-  // Per worker rank: whether it counts in SYNC quorums, SSP's bound and the
-  // final pull. An absent rank (SetAbsentWorkers) counts again from the first
-  // fresh push of the worker that took it over (kJoining until then); that
-  // worker first pulled every partition at the step it pushes, so the rank
-  // counts at every partition's version from then on.
-  enum class Presence : uint8_t { kCounts, kAbsent, kJoining };
-  std::vector<Presence> presence ABSL_GUARDED_BY(mu);
-  // Some rank does not count (kept with `presence`): quorums look.
-  std::atomic<bool> any_absent{false};
-  // SYNC, per worker rank: pushes that arrived after their step completed
-  // without them (a straggler the backup workers replaced).
-  std::vector<int64_t> late_pushes ABSL_GUARDED_BY(mu);
-  // Set once a non-finite gradient reached a partition: every later push and
-  // pull of the job fails with `diverged`.
-  std::atomic<bool> has_diverged{false};
-  std::string diverged ABSL_GUARDED_BY(mu);
-
-  void Diverge(const std::string& why) ABSL_LOCKS_EXCLUDED(mu) {
-    absl::MutexLock lock(&mu);
-    if (has_diverged.load()) return;
-    diverged = why;
-    has_diverged.store(true, std::memory_order_release);
-    Log(absl::StrCat("job ", id, ": ", why));
-    changed.SignalAll();
-  }
-  absl::Status DivergedError() ABSL_LOCKS_EXCLUDED(mu) {
-    absl::MutexLock lock(&mu);
-    return absl::FailedPreconditionError(diverged);
-  }
-
-  bool Counts(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return presence[rank] == Presence::kCounts;
-  }
-  void UpdateAnyAbsent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    any_absent.store(std::any_of(presence.begin(), presence.end(),
-                                 [](Presence p) { return p != Presence::kCounts; }),
-                     std::memory_order_release);
-  }
-  // SYNC: arrivals that complete a step: the ranks that count, less the
-  // backup workers, at least one.
-  int Quorum() ABSL_LOCKS_EXCLUDED(mu) {
-    if (!any_absent.load(std::memory_order_acquire)) return sync_quorum;
-    absl::MutexLock lock(&mu);
-    int counting = 0;
-    for (int rank = 0; rank < num_workers; ++rank) counting += Counts(rank);
-    return std::max(1, counting - (num_workers - sync_quorum));
-  }
-  // Per worker rank: partitions applied so far of steps pushed in several
-  // requests (PushRequest.partitions_in_step), by step.
-  std::vector<std::map<int64_t, int64_t>> partial_steps ABSL_GUARDED_BY(mu);
-  RequestDedup requests ABSL_GUARDED_BY(mu);
-
-  int shard = 0;        // Immutable after AddJob.
-  int64_t attempt = 0;  // Immutable after AddJob.
-  // The checkpoint capture in flight (step 0: none), and the last step one
-  // was started for. Lock order: a partition's mu, then capture_mu, then mu.
-  absl::Mutex capture_mu;
-  int64_t capture_step ABSL_GUARDED_BY(capture_mu) = 0;
-  int64_t last_capture_step ABSL_GUARDED_BY(capture_mu) = 0;
-  size_t capture_expected ABSL_GUARDED_BY(capture_mu) = 0;
-  // The partitions' arrays lent to the capture so far, and the generation
-  // of each loan.
-  std::vector<PartitionArrays> captured ABSL_GUARDED_BY(capture_mu);
-  std::vector<std::pair<Partition*, int64_t>> loans ABSL_GUARDED_BY(capture_mu);
-  // Captures complete or failed, for HandOver to pass to the sink; `any_ready`
-  // lets pushes skip the locks when there are none.
-  std::vector<ShardCapture> ready ABSL_GUARDED_BY(capture_mu);
-  std::atomic<bool> any_ready{false};
-  // Held while handing captures to the sink (outside every other lock of
-  // the job, so a sink may drop a capture at once), keeping their order.
-  absl::Mutex handover_mu;
-};
 
 // The loans of a capture (in the order of its partitions), given back, or
 // the copies that replaced them (Detach), when the capture is destroyed.
@@ -322,7 +109,7 @@ struct ParameterStore::Piece {
   WireDtype dtype;
 };
 
-ParameterStore::ParameterStore() = default;
+ParameterStore::ParameterStore(MemoryBudget* budget) : budget_(budget) {}
 ParameterStore::~ParameterStore() = default;
 
 absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& given,
@@ -352,6 +139,31 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   job->shard = shard_index;
   job->attempt = attempt;
   const int num_slots = NumOptimizerSlots(job->optimizer);
+  if (budget_ != nullptr) {
+    // Values and slots, spare ones for checkpoints, the SYNC sum.
+    int64_t floats = 0;
+    for (const PartitionPlacement& placement : partitions) {
+      if (placement.shard() != shard_index) continue;
+      floats += placement.num_elements() * ((1 + num_slots) * (sink_ ? 2 : 1) + job->sync());
+    }
+    const int64_t bytes = floats * kFloatBytes;
+    if (!budget_->TryReserve(bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          where, ": its partitions need ", bytes, " bytes on this shard, more than the ",
+          budget_->limit() - budget_->used(), " left of its memory limit of ", budget_->limit(),
+          " bytes (raise --memory_limit or add shards)"));
+    }
+    job->budget = budget_;
+    job->reserved_bytes = bytes;
+  }
+  {
+    Job* diverging = job.get();  // Owns the tables: outlives them.
+    absl::StatusOr<std::unique_ptr<SparseStore>> sparse =
+        SparseStore::Create(job_id, spec, shard_index, budget_,
+                            [diverging](const std::string& why) { diverging->Diverge(why); });
+    if (!sparse.ok()) return Annotate(sparse.status(), where);
+    job->sparse = *std::move(sparse);
+  }
 
   for (const PartitionPlacement& placement : partitions) {
     if (placement.shard() != shard_index) continue;
@@ -409,7 +221,14 @@ int64_t ParameterStore::MemoryBytes(const std::string& job_id) const {
     absl::MutexLock lock(&p->mu);
     bytes += p->arrays.MemoryBytes() + p->step_sum.MemoryBytes();
   }
+  if ((*job)->sparse != nullptr) bytes += (*job)->sparse->MemoryBytes();
   return bytes;
+}
+
+std::vector<SparseTableStats> ParameterStore::SparseTables(const std::string& job_id) const {
+  auto job = FindJob(job_id);
+  if (!job.ok() || (*job)->sparse == nullptr) return {};
+  return (*job)->sparse->Stats();
 }
 
 void ParameterStore::DropJob(const std::string& job_id) {
@@ -443,7 +262,8 @@ absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
 }
 
 absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
-    const Job& job, const PushRequest& request, const Payload& payload) const {
+    const Job& job, const PushRequest& request, const Payload& payload,
+    std::vector<SparseStore::PushPiece>* sparse) const {
   const std::string where = absl::StrCat("push to job ", job.id);
   auto invalid = [&where](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
@@ -487,6 +307,13 @@ absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
     }
     pieces.push_back({partition, static_cast<size_t>(offset), *dtype});
     offset += size;
+  }
+  sparse->clear();
+  if (request.sparse_size() > 0) {
+    if (job.sparse == nullptr) return invalid("sparse rows given; the job has no sparse tables");
+    size_t end = 0;
+    ASSIGN_OR_RETURN(*sparse, job.sparse->ParsePush(request, payload, offset, &end));
+    offset = static_cast<int64_t>(end);
   }
   if (offset != static_cast<int64_t>(payload.size())) {
     return invalid("payload has ", payload.size(), " bytes, the headers describe ", offset);
@@ -661,6 +488,7 @@ void ParameterStore::SetAbsentWorkers(const std::string& job_id, const std::vect
     if (it == jobs_.end()) return;
     job = it->second;
   }
+  if (job->sparse != nullptr) job->sparse->SetAbsentWorkers(ranks);
   bool newly_absent = false;
   {
     absl::MutexLock lock(&job->mu);
@@ -854,8 +682,10 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
         absl::StrCat("push to job ", job->id, " from its start ", request.attempt(),
                      "; this shard hosts its start ", job->attempt));
   }
+  if (job->sparse != nullptr) RETURN_IF_ERROR(job->sparse->failure());
   // Everything that does not depend on state is checked first.
-  ASSIGN_OR_RETURN(std::vector<Piece> pieces, ParsePush(*job, request, payload));
+  std::vector<SparseStore::PushPiece> sparse;
+  ASSIGN_OR_RETURN(std::vector<Piece> pieces, ParsePush(*job, request, payload, &sparse));
   ASSIGN_OR_RETURN(bool fresh, Reserve(*job, request));
   if (!fresh) return DuplicateResponse();
   if (request.checkpoint_step() > 0 && sink_) BeginCapture(*job, request.checkpoint_step());
@@ -873,10 +703,26 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
                          "; pull version ", request.step(), " first"));
       }
     }
+    if (request.sparse_size() > 0) {
+      if (absl::Status ahead = job->sparse->CheckStep(request.step()); !ahead.ok()) {
+        Settle(*job, request, /*applied=*/false);
+        return ahead;
+      }
+    }
+  }
+  bool late = false;
+  // First, so that a row the memory budget refuses leaves the partitions
+  // as they were.
+  if (request.sparse_size() > 0) {
+    absl::StatusOr<bool> sparse_late = job->sparse->Push(request, payload, sparse);
+    if (!sparse_late.ok()) {
+      Settle(*job, request, /*applied=*/false);
+      return sparse_late.status();
+    }
+    late = *sparse_late;
   }
   // The server thread's own, kept across pushes (no allocation a push).
   thread_local std::vector<float> scratch;
-  bool late = false;
   for (const Piece& piece : pieces) {
     if (job->sync()) {
       late = Accumulate(*job, request, payload, piece, &scratch) || late;
@@ -904,8 +750,17 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
                                                  DType_Name(request.dtype()),
                                                  " is not supported yet; pull FLOAT32"));
   }
+  int64_t sparse_bytes = 0;
+  SparseStore* const sparse = request.sparse_size() > 0 ? job->sparse.get() : nullptr;
+  if (request.sparse_size() > 0) {
+    if (sparse == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pull from job ", job->id, ": sparse rows asked for; the job has no sparse tables"));
+    }
+    ASSIGN_OR_RETURN(sparse_bytes, sparse->PullBytes(request));
+  }
   std::vector<Partition*> wanted;
-  if (request.keys().empty()) {
+  if (request.keys().empty() && sparse == nullptr) {
     wanted.reserve(job->partitions.size());
     for (const auto& p : job->partitions) wanted.push_back(p.get());
   } else {
@@ -948,6 +803,10 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
                               min_version);
         }
       }
+      if (sparse != nullptr) {
+        std::string tables = sparse->Unmet(min_version);
+        if (!tables.empty()) return tables;
+      }
       for (int rank = 0; rank < job->num_workers; ++rank) {
         if (!job->Counts(rank)) continue;
         if (job->worker_steps[rank] < min_steps) {
@@ -961,6 +820,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     while (true) {
       if (job->dropped) return absl::AbortedError(absl::StrCat("job ", job->id, " was dropped"));
       if (job->has_diverged.load()) return absl::FailedPreconditionError(job->diverged);
+      if (sparse != nullptr) RETURN_IF_ERROR(sparse->failure());
       const std::string waiting_for = unmet();
       if (waiting_for.empty()) break;
       if (absl::Now() >= deadline) {
@@ -976,6 +836,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
   PullResponse response;
   int64_t total = 0;
   for (const Partition* p : wanted) total += p->num_elements * kFloatBytes;
+  total += sparse_bytes;
   // One snapshot buffer, handed to the transport as is (no further copy).
   std::shared_ptr<char> buffer(new char[std::max<int64_t>(total, 1)],
                                std::default_delete<char[]>());
@@ -993,6 +854,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     std::memcpy(out, p->arrays.values(), p->num_elements * kFloatBytes);
     out += p->num_elements * kFloatBytes;
   }
+  if (sparse != nullptr) RETURN_IF_ERROR(sparse->Pull(request, out, &response));
   return response;
 }
 

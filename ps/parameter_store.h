@@ -15,6 +15,21 @@
 // steps), so a SYNC step's result depends on which gradients count, never
 // on the order they arrive in.
 //
+// Sparse embedding tables (issue 13): a job whose model has them gets a
+// SparseStore (ps/sparse_store.h) beside its partitions, which takes the
+// `sparse` part of its pushes (after the dense partitions' bytes, through
+// the same exactly-once check, applied before the partitions so that a
+// refused row leaves the partitions untouched) and of its pulls (rows after
+// the partitions' bytes; with `sparse` set and `keys` empty, no partition).
+// A pull waits for the tables' version as for the partitions'. A request may
+// list no partition at all (a shard holding none of the job's partitions
+// still gets each worker's rows of every step).
+//
+// Memory: with a MemoryBudget (the shard's --memory_limit), a job's
+// partitions reserve their values, optimizer slots, spare arrays (with a
+// checkpoint sink) and SYNC sums from it when added, and give them back when
+// the job is freed; the tables' rows reserve as they grow.
+//
 // Thread-safety: thread-safe. The store locks per job and per partition, so
 // pushes to different partitions apply in parallel; no store-wide lock is
 // held while an optimizer runs. Ownership: the store owns every partition,
@@ -37,14 +52,17 @@
 #include "absl/time/time.h"
 #include "proto/job.pb.h"
 #include "ps/checkpoint.h"
+#include "ps/memory_budget.h"
 #include "ps/parameter_shard.h"
 #include "ps/shard_capture.h"
+#include "ps/sparse_store.h"
 
 namespace downpour {
 
 class ParameterStore : public ParameterShard {
  public:
-  ParameterStore();
+  // `budget` (not owned; may be null: no limit) must outlive the store.
+  explicit ParameterStore(MemoryBudget* budget = nullptr);
   ~ParameterStore() override;
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
@@ -57,7 +75,10 @@ class ParameterStore : public ParameterShard {
   // store cannot serve (a range outside its tensor, a partition placed twice).
   // `attempt` is the job's start hosted (Task.attempt): pushes of another
   // start (a cancelled run's, still in flight) are refused, and checkpoint
-  // snapshots are stamped with it; 0 takes any.
+  // snapshots are stamped with it; 0 takes any. The model's sparse tables
+  // are made here (ps/sparse_store.h: InvalidArgument naming a table whose
+  // optimizer the shard cannot run). ResourceExhausted, in one sentence,
+  // when the memory budget cannot hold the partitions.
   absl::Status AddJob(const std::string& job_id, const JobSpec& spec, int shard_index,
                       const std::vector<PartitionPlacement>& partitions, int64_t attempt = 0);
 
@@ -89,8 +110,13 @@ class ParameterStore : public ParameterShard {
   int64_t RememberedRequests(const std::string& job_id) const;
 
   // Bytes the partitions of `job_id` hold: values, optimizer slots, spare
-  // and lent copies (checkpoints), SYNC sums. 0 for an unknown job.
+  // and lent copies (checkpoints), SYNC sums; and its sparse tables' bytes.
+  // 0 for an unknown job.
   int64_t MemoryBytes(const std::string& job_id) const;
+
+  // The sparse tables of `job_id` (rows, evictions, bytes), in table order;
+  // empty for an unknown job or one without tables.
+  std::vector<SparseTableStats> SparseTables(const std::string& job_id) const;
 
   // Checkpoints. A push carrying checkpoint_step S starts a capture of the
   // job's partitions on this shard: in SYNC each partition is captured when
@@ -135,8 +161,11 @@ class ParameterStore : public ParameterShard {
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
   // The partitions of `request` and where their bytes start in `payload`;
   // InvalidArgument / NotFound naming what is wrong.
+  // The sparse rows (`*sparse`, empty for a request without) follow the
+  // partitions' bytes.
   absl::StatusOr<std::vector<Piece>> ParsePush(const Job& job, const PushRequest& request,
-                                               const Payload& payload) const;
+                                               const Payload& payload,
+                                               std::vector<SparseStore::PushPiece>* sparse) const;
   // Exactly once: true when `request` is fresh (reserved for this caller),
   // false when it was applied before; waits while another caller applies it.
   absl::StatusOr<bool> Reserve(Job& job, const PushRequest& request) const;
@@ -165,7 +194,8 @@ class ParameterStore : public ParameterShard {
   // REQUIRES: no lock of the job or its partitions is held.
   void HandOver(Job& job) const;
 
-  CheckpointSink sink_;  // Set before jobs are hosted.
+  MemoryBudget* const budget_;  // May be null.
+  CheckpointSink sink_;         // Set before jobs are hosted.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Status> refused_ ABSL_GUARDED_BY(mu_);

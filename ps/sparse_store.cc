@@ -1,0 +1,437 @@
+#include "ps/sparse_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "ps/gradient_runs.h"
+#include "ps/lr_schedule.h"
+#include "spec/sparse_ids.h"
+#include "spec/wire_dtype.h"
+
+namespace downpour {
+namespace {
+
+constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
+
+}  // namespace
+
+SparseStore::SparseStore(std::string job_id, const JobSpec& spec, int shard_index,
+                         DivergedFn diverged)
+    : job_id_(std::move(job_id)),
+      shard_(shard_index),
+      num_shards_(spec.num_shards()),
+      num_workers_(spec.num_workers()),
+      mode_(spec.consistency().mode()),
+      steps_per_push_(std::max(1, spec.consistency().push_every())),
+      backup_workers_(spec.consistency().backup_workers()),
+      diverged_(std::move(diverged)) {
+  absl::MutexLock lock(&mu_);
+  presence_.assign(num_workers_, Presence::kCounts);
+  arrived_.assign(num_workers_, false);
+  held_.resize(num_workers_);
+}
+
+SparseStore::~SparseStore() = default;
+
+absl::StatusOr<std::unique_ptr<SparseStore>> SparseStore::Create(const std::string& job_id,
+                                                                 const JobSpec& spec,
+                                                                 int shard_index,
+                                                                 MemoryBudget* budget,
+                                                                 DivergedFn diverged) {
+  ASSIGN_OR_RETURN(ModelShape model, InferModel(spec.model()));
+  if (model.sparse_tables.empty()) return nullptr;
+  std::unique_ptr<SparseStore> store(
+      new SparseStore(job_id, spec, shard_index, std::move(diverged)));
+  for (SparseTableInfo& info : model.sparse_tables) {
+    const std::string where = absl::StrCat("sparse table ", info.name);
+    Table table;
+    table.optimizer = info.has_optimizer ? info.optimizer : spec.optimizer();
+    absl::StatusOr<OptimizerKind> kind = OptimizerKindOf(table.optimizer);
+    if (!kind.ok()) return Annotate(kind.status(), where);
+    if (*kind == OptimizerKind::kMomentum) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where,
+          ": MOMENTUM is not offered for sparse tables; give the embedding an optimizer "
+          "of its own (SGD, ADAGRAD or ADAM)"));
+    }
+    if (!(table.optimizer.learning_rate() > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": optimizer.learning_rate must be positive, got ",
+                       table.optimizer.learning_rate()));
+    }
+    SparseTableOptions options;
+    options.name = info.name;
+    options.dim = info.dim;
+    options.optimizer = *kind;
+    options.hyper = HyperparamsAt(table.optimizer, 0, 1);
+    options.init_scale = info.init_scale;
+    options.seed = spec.seed();
+    // This shard's share of the bound, rounded up.
+    options.max_rows =
+        info.max_rows > 0 ? (info.max_rows + spec.num_shards() - 1) / spec.num_shards() : 0;
+    options.eviction =
+        info.eviction == EmbeddingLayer::LFU ? EvictionPolicy::kLfu : EvictionPolicy::kLru;
+    options.budget = budget;
+    ASSIGN_OR_RETURN(table.rows, SparseTable::Create(options));
+    table.info = std::move(info);
+    store->tables_.push_back(std::move(table));
+  }
+  absl::MutexLock lock(&store->mu_);
+  for (Held& held : store->held_) {
+    held.ids.resize(store->tables_.size());
+    held.grads.resize(store->tables_.size());
+  }
+  return store;
+}
+
+absl::Status SparseStore::CheckRow(const Table& table, int64_t id, const std::string& where) const {
+  if (id < 0 || id >= table.info.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": table ", table.info.name,
+                                                   " has no row ", id, " (vocab_size ",
+                                                   table.info.vocab_size, ")"));
+  }
+  const int owner = SparseShardOf(id, num_shards_);
+  if (owner != shard_) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": row ", id, " of table ",
+                                                   table.info.name, " belongs to shard ", owner,
+                                                   ", not ", shard_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SparseStore::PushPiece>> SparseStore::ParsePush(
+    const PushRequest& request, const Payload& payload, size_t offset, size_t* end) const {
+  std::vector<PushPiece> pieces;
+  pieces.reserve(request.sparse_size());
+  std::vector<bool> listed(tables_.size(), false);
+  absl::flat_hash_set<int64_t> seen;
+  for (const SparseRows& rows : request.sparse()) {
+    if (rows.table() < 0 || rows.table() >= num_tables()) {
+      return absl::InvalidArgumentError(absl::StrCat("push to job ", job_id_, ": sparse table ",
+                                                     rows.table(), " is outside the job's ",
+                                                     num_tables()));
+    }
+    const Table& table = tables_[rows.table()];
+    const std::string where = absl::StrCat("push to job ", job_id_, ": table ", table.info.name);
+    if (listed[rows.table()])
+      return absl::InvalidArgumentError(absl::StrCat(where, " is listed twice"));
+    listed[rows.table()] = true;
+    absl::StatusOr<WireDtype> dtype = WireDtypeOf(rows.dtype());
+    if (!dtype.ok()) return Annotate(dtype.status(), where);
+    seen.clear();
+    for (int64_t id : rows.ids()) {
+      RETURN_IF_ERROR(CheckRow(table, id, absl::StrCat("push to job ", job_id_)));
+      if (!seen.insert(id).second) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": row ", id, " is listed twice"));
+      }
+    }
+    const int64_t size =
+        request.skipped() ? 0 : rows.ids_size() * table.info.dim * BytesPerElement(*dtype);
+    if (static_cast<int64_t>(offset) + size > static_cast<int64_t>(payload.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": payload has ", payload.size(), " bytes, fewer than the ",
+                       rows.ids_size(), " rows of ", table.info.dim, " elements need"));
+    }
+    pieces.push_back({rows.table(), &rows, offset, *dtype});
+    offset += size;
+  }
+  *end = offset;
+  return pieces;
+}
+
+absl::Status SparseStore::CheckStep(int64_t step) const {
+  if (!sync()) return absl::OkStatus();
+  const int64_t version = version_.load(std::memory_order_acquire);
+  if (step <= version) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("push to job ", job_id_, ": step ", step,
+                                                    " of the sparse tables is ahead of their "
+                                                    "version ",
+                                                    version, "; pull version ", step, " first"));
+}
+
+void SparseStore::Decode(const Payload& payload, const PushPiece& piece,
+                         std::vector<float>* out) const {
+  const int64_t n = piece.rows->ids_size() * tables_[piece.table].info.dim;
+  out->resize(n);
+  // The server thread's own, kept across pushes.
+  thread_local std::vector<float> scratch;
+  ForEachGradientRun(payload, piece.offset, n, piece.dtype, &scratch,
+                     [out](const float* grad, int64_t start, int64_t count) {
+                       std::copy(grad, grad + count, out->data() + start);
+                     });
+}
+
+absl::Status SparseStore::ApplyRows(int t, const int64_t* ids, int64_t n, const float* grads,
+                                    int64_t progress, int64_t step, int rank,
+                                    std::string* diverged) {
+  Table& table = tables_[t];
+  if (!AllFinite(grads, n * table.info.dim)) {
+    // Not applied: the rows stay finite, and the job fails with the reason.
+    const std::string who =
+        rank >= 0 ? absl::StrCat("worker rank ", rank, "'s gradient") : "the workers' gradient";
+    *diverged = absl::StrCat("training diverged at step ", step, ": ", who, " for sparse table ",
+                             table.info.name, " is not finite (found by shard ", shard_, ")");
+    return absl::OkStatus();
+  }
+  const float learning_rate = HyperparamsAt(table.optimizer, progress, 1).learning_rate;
+  absl::Status applied = table.rows->Apply(ids, n, grads, learning_rate);
+  if (!applied.ok()) return Annotate(applied, absl::StrCat("push to job ", job_id_));
+  return absl::OkStatus();
+}
+
+absl::Status SparseStore::ApplyNow(const PushRequest& request, const Payload& payload,
+                                   const std::vector<PushPiece>& pieces) {
+  const int64_t version = version_.load(std::memory_order_acquire);
+  if (!request.skipped()) {
+    const int64_t progress = version * steps_per_push_ / num_workers_;
+    thread_local std::vector<float> grads;
+    for (const PushPiece& piece : pieces) {
+      const int64_t n = piece.rows->ids_size();
+      if (n == 0) continue;
+      Decode(payload, piece, &grads);
+      std::string diverged;
+      absl::Status applied = ApplyRows(piece.table, piece.rows->ids().data(), n, grads.data(),
+                                       progress, request.step(), request.worker_rank(), &diverged);
+      if (!applied.ok()) {
+        absl::MutexLock lock(&mu_);
+        Fail(applied);
+        return applied;
+      }
+      if (!diverged.empty()) {
+        diverged_(diverged);
+        break;
+      }
+    }
+  }
+  version_.fetch_add(1, std::memory_order_acq_rel);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SparseStore::Push(const PushRequest& request, const Payload& payload,
+                                       const std::vector<PushPiece>& pieces) {
+  RETURN_IF_ERROR(failure());
+  if (!sync()) {
+    RETURN_IF_ERROR(ApplyNow(request, payload, pieces));
+    return false;
+  }
+  const int rank = request.worker_rank();
+  // Decoded before the lock, so ranks decode in parallel.
+  Held mine;
+  if (!request.skipped()) {
+    mine.ids.resize(tables_.size());
+    mine.grads.resize(tables_.size());
+    for (const PushPiece& piece : pieces) {
+      mine.ids[piece.table].assign(piece.rows->ids().begin(), piece.rows->ids().end());
+      Decode(payload, piece, &mine.grads[piece.table]);
+    }
+  }
+  bool late = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    const int64_t version = version_.load(std::memory_order_relaxed);
+    if (request.step() < version) {
+      late = true;
+    } else if (request.step() > version) {
+      return CheckStep(request.step());
+    } else {
+      if (presence_[rank] == Presence::kJoining) presence_[rank] = Presence::kCounts;
+      // An absent rank (a worker the coordinator gave up on, still pushing)
+      // and a second push of the same step bring nothing.
+      if (presence_[rank] == Presence::kCounts && !arrived_[rank]) {
+        arrived_[rank] = true;
+        ++num_arrived_;
+        if (!request.skipped()) {
+          ++num_contributors_;
+          for (size_t t = 0; t < tables_.size(); ++t) {
+            held_bytes_ += static_cast<int64_t>(mine.ids[t].size() * sizeof(int64_t) +
+                                                mine.grads[t].size() * sizeof(float));
+            held_[rank].ids[t].swap(mine.ids[t]);
+            held_[rank].grads[t].swap(mine.grads[t]);
+          }
+        }
+        MaybeCompleteStep();
+      }
+    }
+  }
+  ReportDiverged();
+  RETURN_IF_ERROR(failure());
+  return late;
+}
+
+int SparseStore::Quorum() const {
+  int counting = 0;
+  for (Presence p : presence_) counting += p == Presence::kCounts;
+  return std::max(1, counting - backup_workers_);
+}
+
+void SparseStore::MaybeCompleteStep() {
+  if (!failure_.ok() || num_arrived_ == 0 || num_arrived_ < Quorum()) return;
+  const int64_t version = version_.load(std::memory_order_relaxed);
+  if (num_contributors_ > 0) {
+    const float scale = 1.f / static_cast<float>(num_contributors_);
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      const int64_t dim = tables_[t].info.dim;
+      // The rows any rank brought, in the order first seen, and their sums
+      // in rank order: ((g0 + g1) + g2) ...
+      absl::flat_hash_map<int64_t, int64_t> index;
+      std::vector<int64_t> ids;
+      std::vector<float> sum;
+      for (int rank = 0; rank < num_workers_; ++rank) {
+        if (!arrived_[rank]) continue;
+        const std::vector<int64_t>& rank_ids = held_[rank].ids[t];
+        const float* grads = held_[rank].grads[t].data();
+        for (size_t i = 0; i < rank_ids.size(); ++i) {
+          const float* g = grads + i * dim;
+          auto [it, fresh] = index.emplace(rank_ids[i], static_cast<int64_t>(ids.size()));
+          if (fresh) {
+            ids.push_back(rank_ids[i]);
+            sum.insert(sum.end(), g, g + dim);
+          } else {
+            float* into = sum.data() + it->second * dim;
+            for (int64_t k = 0; k < dim; ++k) into[k] += g[k];
+          }
+        }
+      }
+      if (ids.empty()) continue;
+      for (float& v : sum) v *= scale;
+      std::string diverged;
+      absl::Status applied =
+          ApplyRows(static_cast<int>(t), ids.data(), static_cast<int64_t>(ids.size()), sum.data(),
+                    version, version, /*rank=*/-1, &diverged);
+      if (!applied.ok()) {
+        Fail(applied);
+        return;
+      }
+      if (!diverged.empty()) divergences_.push_back(std::move(diverged));
+    }
+  }
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    arrived_[rank] = false;
+    for (std::vector<int64_t>& ids : held_[rank].ids) ids.clear();
+    for (std::vector<float>& grads : held_[rank].grads) grads.clear();
+  }
+  num_arrived_ = 0;
+  num_contributors_ = 0;
+  held_bytes_ = 0;
+  version_.store(version + 1, std::memory_order_release);
+}
+
+void SparseStore::Fail(const absl::Status& status) {
+  if (failure_.ok()) failure_ = status;
+  failed_.store(true, std::memory_order_release);
+}
+
+void SparseStore::ReportDiverged() {
+  std::vector<std::string> reasons;
+  {
+    absl::MutexLock lock(&mu_);
+    reasons.swap(divergences_);
+  }
+  for (const std::string& why : reasons) diverged_(why);
+}
+
+absl::Status SparseStore::failure() const {
+  if (!failed_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  return failure_;
+}
+
+void SparseStore::SetAbsentWorkers(const std::vector<int>& ranks) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      const bool absent = std::count(ranks.begin(), ranks.end(), rank) > 0;
+      if (absent) {
+        presence_[rank] = Presence::kAbsent;
+      } else if (presence_[rank] == Presence::kAbsent) {
+        presence_[rank] = Presence::kJoining;
+      }
+    }
+    if (sync()) MaybeCompleteStep();
+  }
+  ReportDiverged();
+}
+
+absl::StatusOr<int64_t> SparseStore::PullBytes(const PullRequest& request) const {
+  int64_t bytes = 0;
+  for (const SparseRows& rows : request.sparse()) {
+    if (rows.table() < 0 || rows.table() >= num_tables()) {
+      return absl::InvalidArgumentError(absl::StrCat("pull from job ", job_id_, ": sparse table ",
+                                                     rows.table(), " is outside the job's ",
+                                                     num_tables()));
+    }
+    const Table& table = tables_[rows.table()];
+    const std::string where = absl::StrCat("pull from job ", job_id_);
+    for (int64_t id : rows.ids()) RETURN_IF_ERROR(CheckRow(table, id, where));
+    bytes += rows.ids_size() * table.info.dim * kFloatBytes;
+  }
+  return bytes;
+}
+
+absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullResponse* response) {
+  RETURN_IF_ERROR(failure());
+  for (const SparseRows& asked : request.sparse()) {
+    Table& table = tables_[asked.table()];
+    SparseRows* rows = response->add_sparse();
+    rows->set_table(asked.table());
+    *rows->mutable_ids() = asked.ids();
+    rows->set_dtype(FLOAT32);
+    // The buffer is aligned for floats, and every part of it is whole floats.
+    absl::Status looked_up =
+        table.rows->Lookup(asked.ids().data(), asked.ids_size(), reinterpret_cast<float*>(out));
+    if (!looked_up.ok()) return Annotate(looked_up, absl::StrCat("pull from job ", job_id_));
+    out += asked.ids_size() * table.info.dim * kFloatBytes;
+  }
+  return absl::OkStatus();
+}
+
+std::string SparseStore::Unmet(int64_t min_version) const {
+  const int64_t version = version_.load(std::memory_order_acquire);
+  if (version >= min_version) return "";
+  std::string unmet =
+      absl::StrCat("the sparse tables still at version ", version, " < ", min_version);
+  // The ranks missing from the step, unless a step is being applied now
+  // (the caller holds its job's lock: it does not wait for that).
+  if (sync() && mu_.TryLock()) {
+    std::vector<int> missing;
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (presence_[rank] == Presence::kCounts && !arrived_[rank]) missing.push_back(rank);
+    }
+    mu_.Unlock();
+    if (!missing.empty()) {
+      absl::StrAppend(&unmet, " (step ", version, " waits for worker rank",
+                      missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), ")");
+    }
+  }
+  return unmet;
+}
+
+std::vector<SparseTableStats> SparseStore::Stats() const {
+  std::vector<SparseTableStats> stats;
+  for (const Table& table : tables_) {
+    stats.push_back(
+        {table.info.name, table.rows->rows(), table.rows->evictions(), table.rows->bytes()});
+  }
+  return stats;
+}
+
+int64_t SparseStore::MemoryBytes() const {
+  int64_t bytes = 0;
+  for (const Table& table : tables_) bytes += table.rows->bytes();
+  absl::MutexLock lock(&mu_);
+  return bytes + held_bytes_;
+}
+
+std::vector<SparseTable::Snapshot> SparseStore::Snapshot() const {
+  std::vector<SparseTable::Snapshot> snapshots;
+  for (const Table& table : tables_) snapshots.push_back(table.rows->TakeSnapshot());
+  return snapshots;
+}
+
+}  // namespace downpour

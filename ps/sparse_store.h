@@ -1,0 +1,224 @@
+// SparseStore: the sparse embedding tables of one job on one parameter
+// shard (issue 13): this shard's rows of every table of the job's model
+// (spec/model_shape.h SparseTableInfo; EmbeddingLayer with sparse: true),
+// each a SparseTable (ps/sparse_table.h) reserving from the shard's
+// MemoryBudget. ParameterStore (ps/parameter_store.h) owns one per job with
+// tables and hands it the `sparse` part of the job's pushes and pulls
+// (proto/parameter_server.proto SparseRows), after its own exactly-once
+// check: the store's Reserve/Settle cover the dense partitions and the rows
+// of a request together, so this class sees each fresh request once.
+//
+// Tables: a table's optimizer is its own OptimizerSpec when it has one,
+// else the job's, with ps/lr_schedule.h's defaults for fields left at zero;
+// max_rows is divided over the job's shards (rounded up). A row belongs to
+// shard SparseShardOf(row, num_shards) (spec/sparse_ids.h); a request naming
+// a row of another shard, or outside the table's vocabulary, is refused.
+//
+// Consistency, as the dense partitions behave (ps/parameter_store.h):
+// - ASYNC/SSP: a push's rows are applied at once, with the learning rate the
+//   table's schedule gives at the job's progress: the sparse pushes received
+//   (skipped ones too) times push_every over num_workers. version() counts
+//   those pushes.
+// - SYNC: a push's rows are held until every rank that counts (less the
+//   backup workers; SetAbsentWorkers) has pushed the step, then each table
+//   applies the mean over the ranks that brought gradients (a skipped push
+//   is no contributor) of their summed gradients: per row, the ranks'
+//   gradients added in increasing rank order whatever order they arrived in
+//   (a row one rank did not touch gets nothing from it), times
+//   1 / contributors, as the dense step's RankOrderedSum does, so the result
+//   does not depend on arrival order. version() is then the step + 1. A push
+//   of a step already completed (a straggler) is late and ignored; one ahead
+//   of version() is refused (CheckStep).
+// A non-finite gradient (ASYNC) or mean (SYNC) is not applied; the job's
+// `diverged` callback is told. A row the budget refuses to create (a table
+// without max_rows when the shard's --memory_limit is reached; see
+// SparseTable::Lookup) fails the pull with ResourceExhausted carrying the
+// table's message; in a push it also fails every later push and pull of the
+// job (failure()), since a table may hold part of the update.
+//
+// Checkpoints (a later task): Snapshot() takes each table's
+// SparseTable::Snapshot; the SYNC step in progress and version() would go
+// beside them.
+//
+// Thread-safety: thread-safe. Tables lock per stripe; a SYNC step's held
+// gradients and the ranks' presence are under one mutex, held while a
+// completed step is applied (the next step cannot begin before it: its
+// pushes come after their pulls of this step's version). Ownership: owns its
+// tables and the gradients held for a SYNC step; the budget is borrowed and
+// must outlive the store.
+#ifndef DOWNPOUR_PS_SPARSE_STORE_H_
+#define DOWNPOUR_PS_SPARSE_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/payload.h"
+#include "common/wire_dtype.h"
+#include "proto/job.pb.h"
+#include "proto/parameter_server.pb.h"
+#include "ps/memory_budget.h"
+#include "ps/sparse_table.h"
+#include "spec/model_shape.h"
+
+namespace downpour {
+
+// One table's numbers, for metrics.
+struct SparseTableStats {
+  std::string name;  // "<layer>/table".
+  int64_t rows = 0;
+  int64_t evictions = 0;
+  int64_t bytes = 0;
+};
+
+class SparseStore {
+ public:
+  // Called (outside every lock of the store) with one sentence when a
+  // gradient is not finite: the job has diverged.
+  using DivergedFn = std::function<void(const std::string& why)>;
+
+  // The tables of `spec` (defaults applied and validated: ValidateJobSpec)
+  // on shard `shard_index`, or null (OK) when the model has none.
+  // InvalidArgument naming the table for an optimizer the shard cannot run
+  // (MOMENTUM, a learning_rate that is not positive); ResourceExhausted when
+  // the budget cannot hold a table's fixed part. `budget` may be null (no
+  // limit).
+  static absl::StatusOr<std::unique_ptr<SparseStore>> Create(const std::string& job_id,
+                                                             const JobSpec& spec, int shard_index,
+                                                             MemoryBudget* budget,
+                                                             DivergedFn diverged);
+  ~SparseStore();
+  SparseStore(const SparseStore&) = delete;
+  SparseStore& operator=(const SparseStore&) = delete;
+
+  int num_tables() const { return static_cast<int>(tables_.size()); }
+
+  // One entry of a push's `sparse`: its table and where its rows' bytes
+  // start in the payload (none for a skipped push).
+  struct PushPiece {
+    int table = 0;
+    const SparseRows* rows = nullptr;  // Points into the request.
+    size_t offset = 0;
+    WireDtype dtype = WireDtype::kFloat32;
+  };
+  // Checks `request.sparse()`, whose bytes start at `offset` of `payload`,
+  // and sets `*end` past them. InvalidArgument naming the table (and id):
+  // an unknown or repeated table, a repeated id, an id outside the table or
+  // of another shard, an unknown dtype, bytes missing. Reads no state.
+  absl::StatusOr<std::vector<PushPiece>> ParsePush(const PushRequest& request,
+                                                   const Payload& payload, size_t offset,
+                                                   size_t* end) const;
+
+  // SYNC: FailedPrecondition when `step` is ahead of version() (the worker
+  // must pull it first). OK in ASYNC/SSP.
+  absl::Status CheckStep(int64_t step) const;
+
+  // Takes the rows of a fresh request with a non-empty `sparse` (`pieces`
+  // from ParsePush): ASYNC/SSP applies them; SYNC holds them for the step
+  // and applies the step once complete. Returns whether the push was late
+  // (SYNC: its step had completed without it). ResourceExhausted as above,
+  // or failure().
+  // REQUIRES: the caller has made sure the request is applied once.
+  absl::StatusOr<bool> Push(const PushRequest& request, const Payload& payload,
+                            const std::vector<PushPiece>& pieces);
+
+  // The worker ranks that push no more (ParameterStore::SetAbsentWorkers):
+  // a SYNC step completes without them, at once when the others have
+  // arrived. A rank no longer listed counts again from its next push.
+  void SetAbsentWorkers(const std::vector<int>& ranks);
+
+  // Checks `request.sparse()` (known tables, ids of this shard; ids may
+  // repeat) and returns the bytes its rows take as FLOAT32. InvalidArgument
+  // naming the table and id. Reads no state.
+  absl::StatusOr<int64_t> PullBytes(const PullRequest& request) const;
+  // Writes the rows of `request.sparse()` (checked by PullBytes) at `out`,
+  // row-major, table after table in the order asked, and lists them in
+  // `response->sparse` (FLOAT32). Missing rows are created;
+  // ResourceExhausted (the table's message) when one cannot be.
+  absl::Status Pull(const PullRequest& request, char* out, PullResponse* response);
+
+  // SYNC: steps completed; ASYNC/SSP: pushes with rows received.
+  int64_t version() const { return version_.load(std::memory_order_acquire); }
+  // What waiting for version `min_version` still waits for ("" when
+  // nothing): the version, and in SYNC the ranks missing from the step.
+  std::string Unmet(int64_t min_version) const;
+  // OK, or the push failure that made the tables unusable.
+  absl::Status failure() const;
+
+  std::vector<SparseTableStats> Stats() const;
+  // The tables' bytes and the gradients held for the SYNC step.
+  int64_t MemoryBytes() const;
+  // Every table's rows, in table order (checkpoints: a later task).
+  std::vector<SparseTable::Snapshot> Snapshot() const;
+
+ private:
+  struct Table {
+    SparseTableInfo info;
+    OptimizerSpec optimizer;  // The table's own, or the job's.
+    std::unique_ptr<SparseTable> rows;
+  };
+  // A rank's gradients held for the SYNC step: per table, ids and rows.
+  struct Held {
+    std::vector<std::vector<int64_t>> ids;
+    std::vector<std::vector<float>> grads;
+  };
+  enum class Presence : uint8_t { kCounts, kAbsent, kJoining };
+
+  SparseStore(std::string job_id, const JobSpec& spec, int shard_index, DivergedFn diverged);
+
+  bool sync() const { return mode_ == ConsistencySpec::SYNC; }
+  // Checks one row id of `table` against its vocabulary and this shard.
+  // `where` starts the message ("push to job J").
+  absl::Status CheckRow(const Table& table, int64_t id, const std::string& where) const;
+  // Decodes piece `piece`'s gradients (ids_size() * dim floats) into `out`.
+  void Decode(const Payload& payload, const PushPiece& piece, std::vector<float>* out) const;
+  // Applies `n` rows to table `t` at the learning rate of `progress`; rows
+  // that are not all finite are not applied, and `*diverged` says why
+  // (`step` and `rank`, -1 for a SYNC step's mean, name them).
+  absl::Status ApplyRows(int t, const int64_t* ids, int64_t n, const float* grads, int64_t progress,
+                         int64_t step, int rank, std::string* diverged);
+  absl::Status ApplyNow(const PushRequest& request, const Payload& payload,
+                        const std::vector<PushPiece>& pieces);
+  // SYNC: applies the step if its quorum has arrived, and starts the next.
+  void MaybeCompleteStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int Quorum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `status` the store's failure (the first one stays).
+  void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells `diverged_` the reasons found under mu_.
+  void ReportDiverged();
+
+  const std::string job_id_;
+  const int shard_;
+  const int num_shards_;
+  const int num_workers_;
+  const ConsistencySpec::Mode mode_;
+  const int64_t steps_per_push_;
+  const int backup_workers_;
+  const DivergedFn diverged_;
+  std::vector<Table> tables_;  // Immutable after Create (the rows are not).
+
+  std::atomic<int64_t> version_{0};
+  std::atomic<bool> failed_{false};
+  mutable absl::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> divergences_ ABSL_GUARDED_BY(mu_);  // Not yet reported.
+  std::vector<Presence> presence_ ABSL_GUARDED_BY(mu_);
+  // SYNC: the step version_ in progress: which ranks have arrived, which
+  // brought gradients, and their gradients.
+  std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
+  int num_arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  int num_contributors_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_PS_SPARSE_STORE_H_

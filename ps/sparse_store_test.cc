@@ -1,0 +1,569 @@
+// Sparse embedding tables on a parameter shard (ps/sparse_store.h), driven
+// through ParameterStore as workers drive it: rows pushed and pulled beside
+// (or without) the dense partitions, in each consistency mode, exactly once,
+// within a memory budget.
+#include "ps/sparse_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/wire_dtype.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/optimizer.h"
+#include "ps/lr_schedule.h"
+#include "ps/memory_budget.h"
+#include "ps/parameter_store.h"
+#include "ps/sparse_table.h"
+#include "spec/sparse_ids.h"
+
+namespace downpour {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kJob[] = "job-s";
+constexpr int kShards = 2;
+constexpr uint64_t kSeed = 11;
+constexpr float kLearningRate = 0.5f;
+
+// Two dense features and two sparse tables joined into one dense layer:
+// table 0 "emb/table" (dim 4, vocab 1000, the job's SGD) and table 1
+// "tags/table" (dim 2, vocab 50, `tags` fields). Parameters: fc/weight [8, 2]
+// (tensor 0) and fc/bias [2] (tensor 1).
+JobSpec Spec(ConsistencySpec::Mode mode, int num_workers, const std::string& tags = "") {
+  constexpr char kSpec[] = R"pb(
+    model {
+      num_classes: 2
+      inputs {
+        name: "x"
+        features: [ "a", "b" ]
+      }
+      inputs { name: "c" kind: SPARSE }
+      inputs { name: "t" kind: SPARSE }
+      layer {
+        name: "emb"
+        inputs: "c"
+        embedding { sparse: true vocab_size: 1000 dim: 4 }
+      }
+      layer {
+        name: "tags"
+        inputs: "t"
+        embedding { sparse: true vocab_size: 50 dim: 2 }
+      }
+      layer {
+        name: "joined"
+        inputs: [ "x", "emb", "tags" ]
+        concat {}
+      }
+      layer {
+        name: "fc"
+        dense { units: 2 }
+      }
+      layer { softmax_cross_entropy {} }
+    }
+    dataset { train_files: "train-*" test_files: "test-*" batch_size: 4 }
+    steps: 100
+  )pb";
+  JobSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kSpec, &spec));
+  EXPECT_TRUE(google::protobuf::TextFormat::MergeFromString(
+      tags, spec.mutable_model()->mutable_layer(1)->mutable_embedding()));
+  spec.set_num_shards(kShards);
+  spec.set_num_workers(num_workers);
+  spec.set_seed(kSeed);
+  spec.mutable_consistency()->set_mode(mode);
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+  spec.mutable_optimizer()->set_learning_rate(kLearningRate);
+  return spec;
+}
+
+// fc/weight (16 elements) and fc/bias (2), on `shard`.
+std::vector<PartitionPlacement> Placements(int shard) {
+  std::vector<PartitionPlacement> out(2);
+  for (int t = 0; t < 2; ++t) {
+    out[t].set_tensor_id(t);
+    out[t].set_partition(0);
+    out[t].set_num_elements(t == 0 ? 16 : 2);
+    out[t].set_shard(shard);
+  }
+  return out;
+}
+
+constexpr int64_t kDim[] = {4, 2};
+const char* const kTableName[] = {"emb/table", "tags/table"};
+
+// The first `n` rows of table 0 held by shard `shard`, from `from`.
+std::vector<int64_t> RowsOf(int shard, int n, int64_t from = 0) {
+  std::vector<int64_t> rows;
+  for (int64_t row = from; static_cast<int>(rows.size()) < n; ++row) {
+    if (SparseShardOf(row, kShards) == shard) rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<float> InitialRow(int table, int64_t id) {
+  std::vector<float> row(kDim[table]);
+  InitSparseRow(kSeed, kTableName[table], id, 1.f / std::sqrt(static_cast<float>(kDim[table])),
+                kDim[table], row.data());
+  return row;
+}
+
+struct Rows {
+  int table = 0;
+  std::vector<int64_t> ids;
+  std::vector<float> grads;  // ids.size() * dim.
+};
+
+// A push of rows (no partitions unless `dense` is given: fc/bias's gradient).
+PushRequest MakePush(int rank, int64_t sequence, int64_t step, const std::vector<Rows>& rows,
+                     const std::vector<float>& dense = {}) {
+  PushRequest request;
+  request.set_job_id(kJob);
+  request.set_worker_rank(rank);
+  request.mutable_request_id()->set_worker_id(absl::StrCat("w", rank));
+  request.mutable_request_id()->set_incarnation(1);
+  request.mutable_request_id()->set_sequence(sequence);
+  request.set_step(step);
+  if (!dense.empty()) {
+    PartitionHeader* header = request.add_partitions();
+    header->mutable_key()->set_tensor_id(1);
+    header->set_dtype(FLOAT32);
+    header->set_num_elements(dense.size());
+    request.mutable_payload()->append(reinterpret_cast<const char*>(dense.data()),
+                                      dense.size() * sizeof(float));
+  }
+  for (const Rows& r : rows) {
+    SparseRows* sparse = request.add_sparse();
+    sparse->set_table(r.table);
+    sparse->set_dtype(FLOAT32);
+    for (int64_t id : r.ids) sparse->add_ids(id);
+    request.mutable_payload()->append(reinterpret_cast<const char*>(r.grads.data()),
+                                      r.grads.size() * sizeof(float));
+  }
+  return request;
+}
+
+PullRequest MakePull(int table, const std::vector<int64_t>& ids, int64_t min_version = 0) {
+  PullRequest request;
+  request.set_job_id(kJob);
+  request.set_min_version(min_version);
+  SparseRows* rows = request.add_sparse();
+  rows->set_table(table);
+  for (int64_t id : ids) rows->add_ids(id);
+  return request;
+}
+
+// The rows of a pull's response, by id (the pull asked for one table).
+std::map<int64_t, std::vector<float>> RowsIn(const PullResponse& response, size_t offset = 0) {
+  std::map<int64_t, std::vector<float>> out;
+  const std::string& bytes = response.payload();
+  for (const SparseRows& rows : response.sparse()) {
+    EXPECT_EQ(rows.dtype(), FLOAT32);
+    const int64_t dim = kDim[rows.table()];
+    for (int64_t id : rows.ids()) {
+      std::vector<float>& row = out[id];
+      row.resize(dim);
+      std::memcpy(row.data(), bytes.data() + offset, dim * sizeof(float));
+      offset += dim * sizeof(float);
+    }
+  }
+  EXPECT_EQ(offset, bytes.size());
+  return out;
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+// The row after SGD steps with gradients `grads` at learning rate
+// kLearningRate (the reference update the tables run).
+std::vector<float> AfterSgd(std::vector<float> row, const std::vector<std::vector<float>>& grads,
+                            float learning_rate = kLearningRate) {
+  OptimizerHyperparams hp;
+  hp.learning_rate = learning_rate;
+  for (const std::vector<float>& g : grads) {
+    kernels::cpu::SgdUpdate(hp, g.data(), static_cast<int64_t>(row.size()), row.data());
+  }
+  return row;
+}
+
+class SparseStoreTest : public ::testing::Test {
+ protected:
+  // Hosts the job as shard 0 of 2, with the dense partitions on `dense_shard`.
+  void Host(const JobSpec& spec, int dense_shard = 1) {
+    absl::Status added = store_.AddJob(kJob, spec, 0, Placements(dense_shard));
+    ASSERT_TRUE(added.ok()) << added;
+  }
+  PushResponse PushOk(const PushRequest& request) {
+    absl::StatusOr<PushResponse> response = store_.Push(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? *response : PushResponse();
+  }
+  std::map<int64_t, std::vector<float>> PullRows(int table, const std::vector<int64_t>& ids,
+                                                 int64_t min_version = 0) {
+    absl::StatusOr<PullResponse> response = store_.Pull(MakePull(table, ids, min_version), Soon());
+    EXPECT_TRUE(response.ok()) << response.status();
+    if (!response.ok()) return {};
+    EXPECT_EQ(response->partitions_size(), 0);
+    return RowsIn(*response);
+  }
+
+  MemoryBudget budget_{0};
+  ParameterStore store_{&budget_};
+};
+
+TEST_F(SparseStoreTest, DenseJobHasNoTables) {
+  JobSpec spec;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(model {
+             input_shape: 2
+             num_classes: 2
+             layer {
+               name: "fc"
+               dense { units: 2 }
+             }
+             layer { softmax_cross_entropy {} }
+           }
+           num_shards: 1
+           num_workers: 1)pb",
+      &spec));
+  auto store = SparseStore::Create(kJob, spec, 0, &budget_, [](const std::string&) {});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*store, nullptr);
+}
+
+TEST_F(SparseStoreTest, TablesTakeTheirOwnOptimizerOrTheJobs) {
+  // MOMENTUM for the job: a table without an optimizer of its own cannot
+  // run it.
+  JobSpec spec = Spec(ConsistencySpec::ASYNC, 1, "optimizer { kind: ADAGRAD learning_rate: 0.25 }");
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::MOMENTUM);
+  auto refused = SparseStore::Create(kJob, spec, 0, &budget_, [](const std::string&) {});
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("sparse table emb/table: MOMENTUM"));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_.AddJob(kJob, spec, 0, Placements(1))));
+
+  // tags/table runs Adagrad at 0.25 (epsilon defaulted); emb/table SGD.
+  Host(Spec(ConsistencySpec::ASYNC, 1, "optimizer { kind: ADAGRAD learning_rate: 0.25 }"));
+  int64_t tag = 0;
+  while (SparseShardOf(tag, kShards) != 0) ++tag;
+  const std::vector<float> grad = {0.5f, -2.f};
+  PushOk(MakePush(0, 1, 0, {{1, {tag}, grad}}));
+  std::vector<float> expected = InitialRow(1, tag);
+  std::vector<float> accumulator(2, 0.f);
+  OptimizerSpec adagrad;
+  adagrad.set_kind(OptimizerSpec::ADAGRAD);
+  adagrad.set_learning_rate(0.25f);
+  kernels::cpu::AdagradUpdate(HyperparamsAt(adagrad, 0, 1), grad.data(), 2, expected.data(),
+                              accumulator.data());
+  EXPECT_EQ(PullRows(1, {tag})[tag], expected);
+}
+
+// SYNC: three workers' rows, pushed in every order, give the same bits: per
+// row the mean over the contributing workers of their gradients summed in
+// rank order (a row a worker did not touch gets nothing from it).
+TEST_F(SparseStoreTest, SyncAppliesTheRankOrderedMeanWhateverTheArrivalOrder) {
+  const std::vector<int64_t> ids = RowsOf(0, 3);
+  const int64_t a = ids[0], b = ids[1], c = ids[2];
+  // Row b's sum depends on the order of addition: (1e8 + 1) - 1e8 = 0 in
+  // float, but (1e8 - 1e8) + 1 = 1.
+  const std::vector<Rows> pushed[3] = {
+      {{0, {a, b}, {1, 2, 3, 4, 1e8f, 1e8f, 1e8f, 1e8f}}},
+      {{0, {b}, {1, 1, 1, 1}}},
+      {{0, {c, b}, {-1, -2, -3, -4, -1e8f, -1e8f, -1e8f, -1e8f}}},
+  };
+  std::vector<int> order = {0, 1, 2};
+  std::vector<std::map<int64_t, std::vector<float>>> results;
+  int job = 0;
+  do {
+    MemoryBudget budget(0);
+    ParameterStore store(&budget);
+    ASSERT_TRUE(store.AddJob(kJob, Spec(ConsistencySpec::SYNC, 3), 0, Placements(1)).ok());
+    for (int rank : order) {
+      ASSERT_TRUE(store.Push(MakePush(rank, 1, 0, pushed[rank])).ok());
+    }
+    auto response = store.Pull(MakePull(0, {a, b, c}, /*min_version=*/1), Soon());
+    ASSERT_TRUE(response.ok()) << response.status();
+    results.push_back(RowsIn(*response));
+    ++job;
+  } while (std::next_permutation(order.begin(), order.end()));
+  ASSERT_EQ(job, 6);
+  for (const auto& result : results) EXPECT_EQ(result, results[0]);
+
+  const float third = 1.f / 3.f;
+  auto mean = [third](std::vector<float> sum) {
+    for (float& v : sum) v *= third;
+    return sum;
+  };
+  std::vector<float> sum_b(4);
+  for (int k = 0; k < 4; ++k) sum_b[k] = (1e8f + 1.f) + -1e8f;  // Rank order.
+  EXPECT_EQ(results[0].at(a), AfterSgd(InitialRow(0, a), {mean({1, 2, 3, 4})}));
+  EXPECT_EQ(results[0].at(b), AfterSgd(InitialRow(0, b), {mean(sum_b)}));
+  EXPECT_EQ(results[0].at(c), AfterSgd(InitialRow(0, c), {mean({-1, -2, -3, -4})}));
+}
+
+TEST_F(SparseStoreTest, SyncPullWaitsForTheStepAndTimesOutSayingWhy) {
+  Host(Spec(ConsistencySpec::SYNC, 2));
+  const int64_t id = RowsOf(0, 1)[0];
+  // Step 0 is the rows as created.
+  EXPECT_EQ(PullRows(0, {id})[id], InitialRow(0, id));
+  PushOk(MakePush(0, 1, 0, {{0, {id}, {1, 1, 1, 1}}}));
+
+  auto timed_out =
+      store_.Pull(MakePull(0, {id}, /*min_version=*/1), absl::Now() + absl::Milliseconds(50));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(timed_out.status())) << timed_out.status();
+  EXPECT_THAT(
+      timed_out.status().message(),
+      HasSubstr("the sparse tables still at version 0 < 1 (step 0 waits for worker rank 1)"));
+
+  // A step ahead of the tables is refused, whole.
+  auto ahead = store_.Push(MakePush(1, 1, 1, {{0, {id}, {1, 1, 1, 1}}}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(ahead.status())) << ahead.status();
+  EXPECT_THAT(ahead.status().message(), HasSubstr("pull version 1 first"));
+
+  std::map<int64_t, std::vector<float>> pulled;
+  std::thread waiter([&] { pulled = PullRows(0, {id}, /*min_version=*/1); });
+  absl::SleepFor(absl::Milliseconds(20));
+  PushOk(MakePush(1, 2, 0, {{0, {id}, {3, 3, 3, 3}}}));
+  waiter.join();
+  EXPECT_EQ(pulled[id], AfterSgd(InitialRow(0, id), {{2, 2, 2, 2}}));
+
+  // Dropping the job ends a waiting pull.
+  std::thread dropper([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    store_.DropJob(kJob);
+  });
+  auto aborted = store_.Pull(MakePull(0, {id}, /*min_version=*/2), Soon());
+  dropper.join();
+  EXPECT_TRUE(absl::IsAborted(aborted.status())) << aborted.status();
+}
+
+TEST_F(SparseStoreTest, SyncLatePushesAreDroppedAndCounted) {
+  JobSpec spec = Spec(ConsistencySpec::SYNC, 3);
+  spec.mutable_consistency()->set_backup_workers(1);
+  Host(spec);
+  const int64_t id = RowsOf(0, 1)[0];
+  PushOk(MakePush(0, 1, 0, {{0, {id}, {2, 2, 2, 2}}}));
+  PushOk(MakePush(2, 1, 0, {{0, {id}, {4, 4, 4, 4}}}));  // Two of three: complete.
+  const std::vector<float> after = PullRows(0, {id}, 1)[id];
+  EXPECT_EQ(after, AfterSgd(InitialRow(0, id), {{3, 3, 3, 3}}));
+  PushOk(MakePush(1, 1, 0, {{0, {id}, {100, 100, 100, 100}}}));  // The straggler.
+  EXPECT_EQ(PullRows(0, {id}, 1)[id], after);
+  EXPECT_EQ(store_.LatePushes(kJob), (std::vector<int64_t>{0, 1, 0}));
+}
+
+// ASYNC: each push applies at once, at the learning rate of the job's
+// progress: the pushes received times push_every over num_workers.
+TEST_F(SparseStoreTest, AsyncAppliesAtOnceAtTheScheduledRate) {
+  JobSpec spec = Spec(ConsistencySpec::ASYNC, 2);
+  spec.mutable_optimizer()->mutable_schedule()->set_warmup_steps(4);
+  Host(spec);
+  const int64_t id = RowsOf(0, 1)[0];
+  const std::vector<float> g = {1, 2, 3, 4};
+  std::vector<float> expected = InitialRow(0, id);
+  // Progress 0, 0 (1 push / 2 workers), 1: warmup rates 1/4, 1/4, 2/4.
+  const float rates[] = {kLearningRate / 4, kLearningRate / 4, kLearningRate * 2 / 4};
+  for (int push = 0; push < 3; ++push) {
+    PushOk(MakePush(push % 2, push + 1, push, {{0, {id}, g}}));
+    expected = AfterSgd(expected, {g}, rates[push]);
+    EXPECT_EQ(PullRows(0, {id})[id], expected) << "after push " << push;
+  }
+}
+
+// SSP: a worker's pull waits until every worker has pushed the steps the
+// bound asks for; a push of rows alone (no partition here) counts as the
+// worker's step.
+TEST_F(SparseStoreTest, SspBoundCountsPushesWithoutPartitions) {
+  JobSpec spec = Spec(ConsistencySpec::SSP, 2);
+  spec.mutable_consistency()->set_staleness(1);
+  Host(spec);
+  const int64_t id = RowsOf(0, 1)[0];
+  PushOk(MakePush(0, 1, 0, {{0, {id}, {1, 1, 1, 1}}}));
+  PushOk(MakePush(0, 2, 1, {{0, {}, {}}}));
+  PullRequest pull = MakePull(0, {id});
+  pull.set_min_worker_steps(1);  // Rank 0 at step 2, staleness 1.
+  auto waited = store_.Pull(pull, absl::Now() + absl::Milliseconds(50));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(waited.status())) << waited.status();
+  EXPECT_THAT(waited.status().message(), HasSubstr("worker 1 has pushed 0 steps < 1"));
+  PushOk(MakePush(1, 1, 0, {{0, {}, {}}}));
+  EXPECT_TRUE(store_.Pull(pull, Soon()).ok());
+}
+
+TEST_F(SparseStoreTest, RetriedRequestAppliesOnce) {
+  Host(Spec(ConsistencySpec::ASYNC, 1));
+  const int64_t id = RowsOf(0, 1)[0];
+  const PushRequest push = MakePush(0, 7, 0, {{0, {id}, {1, 1, 1, 1}}});
+  EXPECT_FALSE(PushOk(push).duplicate());
+  EXPECT_TRUE(PushOk(push).duplicate());
+  EXPECT_EQ(PullRows(0, {id})[id], AfterSgd(InitialRow(0, id), {{1, 1, 1, 1}}));
+}
+
+TEST_F(SparseStoreTest, SkippedPushCountsButAddsNothing) {
+  Host(Spec(ConsistencySpec::SYNC, 2));
+  const int64_t id = RowsOf(0, 1)[0];
+  PushOk(MakePush(0, 1, 0, {{0, {id}, {2, 4, 6, 8}}}));
+  PushRequest skipped = MakePush(1, 1, 0, {{0, {id}, {}}});
+  skipped.set_skipped(true);
+  PushOk(skipped);
+  // The mean over the one worker that brought a gradient.
+  EXPECT_EQ(PullRows(0, {id}, 1)[id], AfterSgd(InitialRow(0, id), {{2, 4, 6, 8}}));
+}
+
+TEST_F(SparseStoreTest, AbsentRanksCompleteTheStep) {
+  Host(Spec(ConsistencySpec::SYNC, 3));
+  const int64_t id = RowsOf(0, 1)[0];
+  PushOk(MakePush(0, 1, 0, {{0, {id}, {1, 1, 1, 1}}}));
+  PushOk(MakePush(1, 1, 0, {{0, {id}, {3, 3, 3, 3}}}));
+  auto waiting = store_.Pull(MakePull(0, {id}, 1), absl::Now() + absl::Milliseconds(20));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waiting.status())) << waiting.status();
+  store_.SetAbsentWorkers(kJob, {2});
+  EXPECT_EQ(PullRows(0, {id}, 1)[id], AfterSgd(InitialRow(0, id), {{2, 2, 2, 2}}));
+  // Its pushes bring nothing while it is absent.
+  PushOk(MakePush(0, 2, 1, {{0, {id}, {1, 1, 1, 1}}}));
+  PushOk(MakePush(2, 1, 1, {{0, {id}, {100, 100, 100, 100}}}));
+  PushOk(MakePush(1, 2, 1, {{0, {id}, {1, 1, 1, 1}}}));
+  EXPECT_EQ(PullRows(0, {id}, 2)[id], AfterSgd(InitialRow(0, id), {{2, 2, 2, 2}, {1, 1, 1, 1}}));
+}
+
+TEST_F(SparseStoreTest, RefusesRowsOfOtherShardsAndMalformedRows) {
+  Host(Spec(ConsistencySpec::ASYNC, 1));
+  const int64_t mine = RowsOf(0, 1)[0], theirs = RowsOf(1, 1)[0];
+  auto push = [this](const PushRequest& request) { return store_.Push(request).status(); };
+  absl::Status status = push(MakePush(0, 1, 0, {{0, {mine, theirs}, std::vector<float>(8)}}));
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("push to job job-s: row ", theirs,
+                                     " of table emb/table belongs to shard 1, not 0")));
+  status = store_.Pull(MakePull(0, {theirs}), Soon()).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("pull from job job-s: row"));
+
+  status = push(MakePush(0, 2, 0, {{0, {mine, mine}, std::vector<float>(8)}}));
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("table emb/table: row ", mine, " is listed twice")));
+  status = push(MakePush(0, 3, 0, {{0, {-4}, std::vector<float>(4)}}));
+  EXPECT_THAT(status.message(), HasSubstr("table emb/table has no row -4"));
+  status = push(MakePush(0, 4, 0, {{5, {mine}, std::vector<float>(4)}}));
+  EXPECT_THAT(status.message(), HasSubstr("sparse table 5 is outside the job's 2"));
+  // Bytes short of the rows, and bytes beyond them.
+  status = push(MakePush(0, 5, 0, {{0, {mine}, std::vector<float>(3)}}));
+  EXPECT_THAT(status.message(), HasSubstr("fewer than the 1 rows of 4 elements need"));
+  status = push(MakePush(0, 6, 0, {{0, {mine}, std::vector<float>(5)}}));
+  EXPECT_THAT(status.message(), HasSubstr("payload has 20 bytes, the headers describe 16"));
+  // None of them changed a row.
+  EXPECT_EQ(PullRows(0, {mine})[mine], InitialRow(0, mine));
+}
+
+// The rows' bytes follow the partitions' in a push and in a pull's answer.
+TEST_F(SparseStoreTest, RowsFollowThePartitionsBytes) {
+  Host(Spec(ConsistencySpec::ASYNC, 1), /*dense_shard=*/0);
+  const int64_t id = RowsOf(0, 1)[0];
+  PushOk(MakePush(0, 1, 0, {{0, {id}, {1, 1, 1, 1}}}, /*dense=*/{2, 2}));
+  PullRequest pull = MakePull(0, {id});
+  pull.add_keys()->set_tensor_id(1);
+  auto response = store_.Pull(pull, Soon());
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->partitions_size(), 1);
+  std::vector<float> bias(2);
+  std::memcpy(bias.data(), response->payload().data(), sizeof(float) * 2);
+  EXPECT_EQ(bias, (std::vector<float>{-kLearningRate * 2, -kLearningRate * 2}));
+  EXPECT_EQ(RowsIn(*response, 2 * sizeof(float))[id], AfterSgd(InitialRow(0, id), {{1, 1, 1, 1}}));
+  // Rows alone: no partition.
+  EXPECT_EQ(PullRows(0, {id}).size(), 1u);
+}
+
+// bf16 gradients decode through common/wire_dtype.h.
+TEST_F(SparseStoreTest, DecodesNarrowGradients) {
+  Host(Spec(ConsistencySpec::ASYNC, 1));
+  const int64_t id = RowsOf(0, 1)[0];
+  PushRequest push = MakePush(0, 1, 0, {{0, {id}, {}}});
+  const std::vector<float> g = {0.5f, -1.f, 2.f, 0.25f};  // Exact in bf16.
+  std::string bytes(g.size() * 2, '\0');
+  EncodeFloats(WireDtype::kBfloat16, g.data(), g.size(), bytes.data());
+  push.mutable_sparse(0)->set_dtype(BFLOAT16);
+  push.set_payload(bytes);
+  PushOk(push);
+  EXPECT_EQ(PullRows(0, {id})[id], AfterSgd(InitialRow(0, id), {g}));
+}
+
+TEST_F(SparseStoreTest, MemoryIsCountedAndFreedWithTheJob) {
+  Host(Spec(ConsistencySpec::ASYNC, 1), /*dense_shard=*/0);
+  const int64_t dense_bytes = budget_.used();  // Partitions and the tables' fixed parts.
+  PullRows(0, RowsOf(0, 100));
+  EXPECT_GT(budget_.used(), dense_bytes);
+  const std::vector<SparseTableStats> tables = store_.SparseTables(kJob);
+  ASSERT_EQ(tables.size(), 2u);
+  EXPECT_EQ(tables[0].name, "emb/table");
+  EXPECT_EQ(tables[0].rows, 100);
+  EXPECT_EQ(tables[1].rows, 0);
+  EXPECT_GE(store_.MemoryBytes(kJob), tables[0].bytes + tables[1].bytes + 18 * 4);
+  store_.DropJob(kJob);
+  EXPECT_EQ(budget_.used(), 0);
+}
+
+TEST_F(SparseStoreTest, EvictsPastTheShardsShareOfMaxRows) {
+  // max_rows 10 over 2 shards: 5 here.
+  JobSpec spec = Spec(ConsistencySpec::ASYNC, 1);
+  spec.mutable_model()->mutable_layer(0)->mutable_embedding()->set_max_rows(10);
+  Host(spec);
+  for (int64_t id : RowsOf(0, 20)) PullRows(0, {id});
+  const std::vector<SparseTableStats> tables = store_.SparseTables(kJob);
+  EXPECT_EQ(tables[0].rows, 5);
+  EXPECT_EQ(tables[0].evictions, 15);
+}
+
+TEST_F(SparseStoreTest, RowsPastTheMemoryLimitAreRefused) {
+  // What the job takes before any row, then room for a few blocks of rows.
+  int64_t base = 0;
+  {
+    MemoryBudget probe(0);
+    ParameterStore store(&probe);
+    ASSERT_TRUE(store.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements(1)).ok());
+    base = probe.used();
+  }
+  MemoryBudget budget(base + 4096);
+  ParameterStore store(&budget);
+  ASSERT_TRUE(store.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements(1)).ok());
+  auto pulled = store.Pull(MakePull(0, RowsOf(0, 400)), Soon());
+  ASSERT_TRUE(absl::IsResourceExhausted(pulled.status())) << pulled.status();
+  EXPECT_THAT(pulled.status().message(), HasSubstr("pull from job job-s: shard memory limit of"));
+  EXPECT_THAT(pulled.status().message(), HasSubstr("--memory_limit"));
+  EXPECT_GT(budget.refusals(), 0);
+  // A push that cannot create its rows fails the job's later requests too.
+  const std::vector<int64_t> ids = RowsOf(0, 400);
+  auto pushed = store.Push(MakePush(0, 1, 0, {{0, ids, std::vector<float>(ids.size() * 4)}}));
+  ASSERT_TRUE(absl::IsResourceExhausted(pushed.status())) << pushed.status();
+  auto later = store.Pull(MakePull(0, {ids[0]}), Soon());
+  EXPECT_TRUE(absl::IsResourceExhausted(later.status())) << later.status();
+  EXPECT_EQ(later.status().message(), pushed.status().message());
+}
+
+TEST_F(SparseStoreTest, PartitionsPastTheMemoryLimitRefuseTheJob) {
+  MemoryBudget budget(40);  // fc/weight and fc/bias take 72 bytes.
+  ParameterStore store(&budget);
+  absl::Status added = store.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements(0));
+  ASSERT_TRUE(absl::IsResourceExhausted(added)) << added;
+  EXPECT_EQ(added.message(),
+            "job job-s: its partitions need 72 bytes on this shard, more than the 40 left of its "
+            "memory limit of 40 bytes (raise --memory_limit or add shards)");
+  EXPECT_EQ(budget.used(), 0);
+}
+
+TEST_F(SparseStoreTest, NonFiniteGradientsFailTheJob) {
+  Host(Spec(ConsistencySpec::ASYNC, 1));
+  const int64_t id = RowsOf(0, 1)[0];
+  PushOk(MakePush(0, 1, 3, {{0, {id}, {1, NAN, 1, 1}}}));
+  auto pulled = store_.Pull(MakePull(0, {id}), Soon());
+  EXPECT_TRUE(absl::IsFailedPrecondition(pulled.status())) << pulled.status();
+  EXPECT_THAT(pulled.status().message(),
+              HasSubstr("training diverged at step 3: worker rank 0's gradient for sparse table "
+                        "emb/table is not finite"));
+}
+
+}  // namespace
+}  // namespace downpour
