@@ -39,6 +39,8 @@ constexpr uint32_t kMaxStripeSlots = kSlotMask;
 constexpr int kTagShift = 50;
 
 constexpr uint32_t kMaxTouches = std::numeric_limits<uint32_t>::max();
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr int64_t kMaxIdsPerCall = std::numeric_limits<int32_t>::max();
 
 // Not SplitMix64(id) itself: the caller may shard ids by a hash like it,
 // which would leave a shard's ids alike in the low bits the index uses.
@@ -149,14 +151,41 @@ class StripeRows {
     }
   }
 
-  // The index entry where row `id` is (or would go), for prefetching.
-  const uint32_t* IndexEntry(uint64_t hash) const {
-    return index_mask_ == 0 ? nullptr : &index_[static_cast<uint32_t>(hash) & index_mask_];
+  // What a Find of `hash` and a Touch will read, to prefetch in three
+  // stages, each once the one before is in cache: the index entry; the
+  // first `bytes` of the row it names (most likely the row); the rows next
+  // to it in the eviction order (LRU) or its bucket (LFU). `whole`: the
+  // optimizer slots too, else up to the values.
+  void Prefetch(int stage, uint64_t hash, bool whole) const {
+    if (index_mask_ == 0) return;
+    const uint32_t* entry = &index_[static_cast<uint32_t>(hash) & index_mask_];
+    if (stage == 0 || *entry == 0) {
+      __builtin_prefetch(entry);
+      return;
+    }
+    const uint32_t slot = (*entry & kSlotMask) - 1;
+    const std::byte* record = Record(slot);
+    if (stage == 1) {
+      const size_t bytes =
+          whole ? shape_.stride : shape_.values_offset + sizeof(float) * shape_.dim;
+      for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(record + line);
+      return;
+    }
+    const RowMeta& meta = Meta(slot);
+    if (shape_.lfu) {
+      __builtin_prefetch(&BucketAt(meta.bucket));
+      return;
+    }
+    if (meta.prev != kNone) __builtin_prefetch(Record(meta.prev));
+    if (meta.next != kNone) __builtin_prefetch(Record(meta.next));
   }
 
+  // A free slot: one freed before, else the lowest never used; kNone when
+  // every slot holds a row.
   uint32_t PopFree() {
     const uint32_t slot = free_head_;
-    if (slot != kNone) free_head_ = Meta(slot).next;
+    if (slot == kNone) return unused_ < slots_ ? unused_++ : kNone;
+    free_head_ = Meta(slot).next;
     return slot;
   }
   void PushFree(uint32_t slot) {
@@ -171,21 +200,15 @@ class StripeRows {
     return static_cast<int64_t>(rows) * shape_.stride +
            IndexBytes(IndexCapacityFor(uint64_t{slots_} + rows)) - IndexBytes(index_mask_ + 1);
   }
-  // Adds a block's slots to the free list (the lowest popped first).
+  // Adds a block of unused slots. Not zeroed, nor written: a slot is
+  // written when it is first used (so a block's pages are touched as it
+  // fills).
   void Grow() {
     const uint32_t rows = NextBlockRows();
-    blocks_.push_back(std::make_unique<std::byte[]>(static_cast<size_t>(rows) * shape_.stride));
-    const uint32_t first = slots_;
+    blocks_.emplace_back(new std::byte[static_cast<size_t>(rows) * shape_.stride]);
     slots_ += rows;
     const uint32_t capacity = IndexCapacityFor(slots_);
     if (capacity != index_mask_ + 1) Rehash(capacity);
-    for (uint32_t slot = slots_; slot-- > first;) {
-      PushFree(slot);
-      if (shape_.lfu) {
-        BucketAt(slot).next = free_bucket_;
-        free_bucket_ = slot;
-      }
-    }
     bytes_ += static_cast<int64_t>(rows) * shape_.stride;
   }
 
@@ -205,7 +228,7 @@ class StripeRows {
   // Makes the stripe empty, freeing its memory.
   void Reset() {
     blocks_.clear();
-    slots_ = 0;
+    slots_ = unused_ = unused_bucket_ = 0;
     rows_ = 0;
     free_head_ = kNone;
     index_.reset();
@@ -231,20 +254,15 @@ class StripeRows {
     ++rows_;
     if (!shape_.lfu) {
       ListPushBack(&lru_head_, &lru_tail_, slot);
-    } else if (last_bucket != nullptr) {
-      uint32_t bucket = *last_bucket;
-      if (bucket == kNone || BucketAt(bucket).count != touches) {
-        bucket = NewBucketAfter(bucket, touches);
-      }
-      AddToBucket(bucket, slot);
-      *last_bucket = bucket;
     } else {
-      // A new row (touches 1, the least there is) joins the first bucket.
-      uint32_t bucket = bucket_head_;
+      // A new row (1 touch, the fewest) joins the first bucket.
+      const uint32_t after = last_bucket != nullptr ? *last_bucket : kNone;
+      uint32_t bucket = last_bucket != nullptr ? after : bucket_head_;
       if (bucket == kNone || BucketAt(bucket).count != touches) {
-        bucket = NewBucketAfter(kNone, touches);
+        bucket = NewBucketAfter(after, touches);
       }
       AddToBucket(bucket, slot);
+      if (last_bucket != nullptr) *last_bucket = bucket;
     }
   }
 
@@ -298,13 +316,15 @@ class StripeRows {
   }
 
   // The row eviction takes next: the least recently (LRU) or least often,
-  // then least recently (LFU), touched that no call has pinned; kNone when
-  // there is none.
+  // then least recently (LFU), touched that the call in progress has not
+  // pinned; kNone when there is none. The call touched every row it pinned,
+  // so they are the most recent of their list: a list whose first row is
+  // pinned has no other.
   uint32_t Victim() const {
-    if (!shape_.lfu) return FirstUnpinned(lru_head_);
+    if (!shape_.lfu) return lru_head_ != kNone && !Meta(lru_head_).pinned ? lru_head_ : kNone;
     for (uint32_t bucket = bucket_head_; bucket != kNone; bucket = BucketAt(bucket).next) {
-      const uint32_t slot = FirstUnpinned(BucketAt(bucket).head);
-      if (slot != kNone) return slot;
+      const uint32_t slot = BucketAt(bucket).head;
+      if (!Meta(slot).pinned) return slot;
     }
     return kNone;
   }
@@ -387,31 +407,14 @@ class StripeRows {
     RowMeta& meta = Meta(slot);
     meta.prev = *tail;
     meta.next = kNone;
-    if (*tail != kNone) {
-      Meta(*tail).next = slot;
-    } else {
-      *head = slot;
-    }
+    (*tail != kNone ? Meta(*tail).next : *head) = slot;
     *tail = slot;
   }
 
   void ListRemove(uint32_t* head, uint32_t* tail, uint32_t slot) {
     const RowMeta& meta = Meta(slot);
-    if (meta.prev != kNone) {
-      Meta(meta.prev).next = meta.next;
-    } else {
-      *head = meta.next;
-    }
-    if (meta.next != kNone) {
-      Meta(meta.next).prev = meta.prev;
-    } else {
-      *tail = meta.prev;
-    }
-  }
-
-  uint32_t FirstUnpinned(uint32_t slot) const {
-    while (slot != kNone && Meta(slot).pinned) slot = Meta(slot).next;
-    return slot;
+    (meta.prev != kNone ? Meta(meta.prev).next : *head) = meta.next;
+    (meta.next != kNone ? Meta(meta.next).prev : *tail) = meta.prev;
   }
 
   void AddToBucket(uint32_t bucket, uint32_t slot) {
@@ -423,29 +426,25 @@ class StripeRows {
   // A bucket of `count` after `after` (kNone: first). There is always a free
   // node: buckets are never empty, so never more than the rows.
   uint32_t NewBucketAfter(uint32_t after, uint32_t count) {
-    const uint32_t bucket = free_bucket_;
+    uint32_t bucket = free_bucket_;
+    if (bucket == kNone) {
+      bucket = unused_bucket_++;
+    } else {
+      free_bucket_ = BucketAt(bucket).next;
+    }
     Bucket& node = BucketAt(bucket);
-    free_bucket_ = node.next;
     node.count = count;
     node.head = node.tail = kNone;
     node.prev = after;
     node.next = after == kNone ? bucket_head_ : BucketAt(after).next;
     if (node.next != kNone) BucketAt(node.next).prev = bucket;
-    if (after == kNone) {
-      bucket_head_ = bucket;
-    } else {
-      BucketAt(after).next = bucket;
-    }
+    (after != kNone ? BucketAt(after).next : bucket_head_) = bucket;
     return bucket;
   }
 
   void FreeBucket(uint32_t bucket) {
     Bucket& node = BucketAt(bucket);
-    if (node.prev != kNone) {
-      BucketAt(node.prev).next = node.next;
-    } else {
-      bucket_head_ = node.next;
-    }
+    (node.prev != kNone ? BucketAt(node.prev).next : bucket_head_) = node.next;
     if (node.next != kNone) BucketAt(node.next).prev = node.prev;
     node.next = free_bucket_;
     free_bucket_ = bucket;
@@ -454,7 +453,9 @@ class StripeRows {
   RowShape shape_;
   uint32_t max_slots_ = 0;
   std::vector<std::unique_ptr<std::byte[]>> blocks_;
-  uint32_t slots_ = 0;  // In the blocks, free or not.
+  uint32_t slots_ = 0;          // In the blocks, free or not.
+  uint32_t unused_ = 0;         // Slots from here on were never used.
+  uint32_t unused_bucket_ = 0;  // Likewise for LFU bucket nodes.
   uint32_t rows_ = 0;
   uint32_t free_head_ = kNone;
   std::unique_ptr<uint32_t[]> index_;
@@ -466,8 +467,16 @@ class StripeRows {
   int64_t bytes_ = 0;  // Blocks and index.
 };
 
-std::string ShapeError(const std::string& table, const std::string& what) {
+std::string TableError(const std::string& table, const std::string& what) {
   return absl::StrCat("sparse table ", table, ": ", what);
+}
+
+absl::Status CheckCount(const std::string& table, int64_t n) {
+  if (n < 0 || n > kMaxIdsPerCall) {
+    return absl::InvalidArgumentError(
+        TableError(table, absl::StrCat("a call takes 0 to ", kMaxIdsPerCall, " ids, got ", n)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -489,19 +498,12 @@ struct SparseTable::Grouping {
   std::vector<uint32_t> begin;   // Stripe s: order[begin[s] .. begin[s + 1]).
 };
 
-namespace {
-
-constexpr int64_t kMaxDim = int64_t{1} << 20;
-constexpr int64_t kMaxIdsPerCall = std::numeric_limits<int32_t>::max();
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
     const SparseTableOptions& options) {
   const std::string& table = options.name;
   if (options.dim <= 0 || options.dim > kMaxDim) {
     return absl::InvalidArgumentError(
-        ShapeError(table, absl::StrCat("dim must be in [1, ", kMaxDim, "], got ", options.dim)));
+        TableError(table, absl::StrCat("dim must be in [1, ", kMaxDim, "], got ", options.dim)));
   }
   switch (options.optimizer) {
     case OptimizerKind::kSgd:
@@ -510,14 +512,14 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
       break;
     case OptimizerKind::kMomentum:
       return absl::InvalidArgumentError(
-          ShapeError(table, "MOMENTUM is not offered for sparse tables; use SGD, ADAGRAD or ADAM"));
+          TableError(table, "MOMENTUM is not offered for sparse tables; use SGD, ADAGRAD or ADAM"));
   }
   if (!(options.init_scale > 0.f) || !std::isfinite(options.init_scale)) {
-    return absl::InvalidArgumentError(ShapeError(
+    return absl::InvalidArgumentError(TableError(
         table, absl::StrCat("init_scale must be a finite number > 0, got ", options.init_scale)));
   }
   if (options.max_rows < 0) {
-    return absl::InvalidArgumentError(ShapeError(
+    return absl::InvalidArgumentError(TableError(
         table, absl::StrCat("max_rows must be >= 0 (0: no bound), got ", options.max_rows)));
   }
   int stripe_bits = kMaxStripeBits;
@@ -529,7 +531,7 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
     }
     const int64_t most = int64_t{kMaxStripeSlots} << stripe_bits;
     if (options.max_rows > most) {
-      return absl::InvalidArgumentError(ShapeError(
+      return absl::InvalidArgumentError(TableError(
           table, absl::StrCat("max_rows must be at most ", most, ", got ", options.max_rows)));
     }
   }
@@ -665,7 +667,14 @@ bool SparseTable::ResolveRows(Stripe& stripe, const int64_t* ids, const Grouping
   StripeRows& rows = stripe.rows;
   const size_t row_bytes = sizeof(float) * dim_;
   bool missing = false;
+  // Memory latency, not work, bounds a lookup: what the id kAhead on reads
+  // is prefetched, in stages (see Prefetch).
+  constexpr uint32_t kAhead = 4;
   for (uint32_t k = begin; k < end; ++k) {
+    for (int stage = 0; stage < 3; ++stage) {
+      const uint32_t ahead = k + kAhead * (3 - stage);
+      if (ahead < end) rows.Prefetch(stage, grouping.hashes[grouping.order[ahead]], out == nullptr);
+    }
     const uint32_t i = grouping.order[k];
     const uint32_t slot = rows.Find(ids[i], grouping.hashes[i]);
     slots[k - begin] = slot;
@@ -745,18 +754,6 @@ void SparseTable::RemoveCreatedRows(const std::vector<int64_t>& ids) {
     }
   }
 }
-
-namespace {
-
-absl::Status CheckCount(const std::string& table, int64_t n) {
-  if (n < 0 || n > kMaxIdsPerCall) {
-    return absl::InvalidArgumentError(
-        ShapeError(table, absl::StrCat("a call takes 0 to ", kMaxIdsPerCall, " ids, got ", n)));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status SparseTable::Lookup(const int64_t* ids, int64_t n, float* out) {
   absl::Status status = CheckCount(name_, n);
@@ -874,19 +871,19 @@ SparseTable::Snapshot SparseTable::TakeSnapshot() const {
 
 absl::Status SparseTable::Restore(const Snapshot& snapshot) {
   if (snapshot.dim != dim_) {
-    return absl::InvalidArgumentError(ShapeError(
+    return absl::InvalidArgumentError(TableError(
         name_,
         absl::StrCat("the snapshot's rows have dim ", snapshot.dim, ", the table's ", dim_)));
   }
   if (snapshot.slots != num_slots_) {
-    return absl::InvalidArgumentError(ShapeError(
+    return absl::InvalidArgumentError(TableError(
         name_, absl::StrCat("the snapshot keeps ", snapshot.slots,
                             " optimizer slots per row, the table's optimizer ", num_slots_)));
   }
   const size_t n = snapshot.ids.size();
   if (snapshot.values.size() != n * dim_ || snapshot.slot_values.size() != n * dim_ * num_slots_ ||
       snapshot.updates.size() != n || snapshot.touches.size() != n) {
-    return absl::InvalidArgumentError(ShapeError(
+    return absl::InvalidArgumentError(TableError(
         name_,
         absl::StrCat("the snapshot of ", n, " rows holds ", snapshot.values.size(), " values, ",
                      snapshot.slot_values.size(), " slot values, ", snapshot.updates.size(),
@@ -896,7 +893,7 @@ absl::Status SparseTable::Restore(const Snapshot& snapshot) {
     if ((k > 0 && snapshot.ids[k] <= snapshot.ids[k - 1]) || snapshot.updates[k] < 0 ||
         snapshot.touches[k] < 0) {
       return absl::InvalidArgumentError(
-          ShapeError(name_, absl::StrCat("the snapshot's row ", k, " (id ", snapshot.ids[k],
+          TableError(name_, absl::StrCat("the snapshot's row ", k, " (id ", snapshot.ids[k],
                                          ") is out of order or has a negative count")));
     }
   }
