@@ -16,15 +16,22 @@
 #include "common/process_metrics.h"
 #include "common/status.h"
 #include "ps/checkpoint.h"
+#include "ps/memory_budget.h"
 #include "ps/parameter_store.h"
 #include "rpc/daemon.h"
 #include "rpc/node_flags.h"
 #include "rpc/ps_service.h"
+#include "server/shard_metrics.h"
 #include "server/shard_runtime.h"
 
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and read from, ROOT/JOB_ID/step-S/ (in a cluster, "
           "a filesystem the coordinator and every shard share); empty: this shard writes none");
+ABSL_FLAG(int64_t, memory_limit, 0,
+          "Bytes the shard may hold for its jobs (0: no limit): each job's partitions are "
+          "reserved when it is hosted (a job that does not fit is refused), and sparse table rows "
+          "as they are created (past it a table with max_rows evicts its rows; one without fails "
+          "the job with ResourceExhausted)");
 ABSL_FLAG(int32_t, drain_timeout_s, 120,
           "On SIGTERM, how long the shard keeps serving while the coordinator checkpoints its "
           "jobs and moves them to other shards; it exits once they are moved or this passes");
@@ -39,6 +46,10 @@ int Main() {
   if (absl::GetFlag(FLAGS_drain_timeout_s) < 0) {
     return ExitWithError(absl::InvalidArgumentError("--drain_timeout_s must not be negative"));
   }
+  if (absl::GetFlag(FLAGS_memory_limit) < 0) {
+    return ExitWithError(
+        absl::InvalidArgumentError("--memory_limit must not be negative (bytes; 0: no limit)"));
+  }
   const std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   std::unique_ptr<CheckpointWriter> writer;
   if (!checkpoint_root.empty()) {
@@ -51,7 +62,9 @@ int Main() {
   AddProcessMetrics(&metrics);
   AddMemoryLimit(&metrics, "downpour_ps_memory_limit_bytes",
                  "Memory the shard may use: its cgroup's limit, else the machine's.");
-  ParameterStore store;
+  MemoryBudget budget(absl::GetFlag(FLAGS_memory_limit));
+  AddMemoryBudgetMetrics(&budget, &metrics);
+  ParameterStore store(&budget);
   if (writer != nullptr) {
     store.SetCheckpointSink([w = writer.get()](ShardCapture c) { w->Write(std::move(c)); });
   }
@@ -70,8 +83,10 @@ int Main() {
       NodeDaemon::Start(options, {&service}, &metrics,
                         [&runtime](const std::vector<Task>& tasks) { runtime.OnTasks(tasks); });
   if (!daemon.ok()) return ExitWithError(daemon.status());
-  Log(absl::StrCat("shard ", (*daemon)->self().id(), " ", (*daemon)->Describe(),
-                   writer ? absl::StrCat(", checkpoints in ", checkpoint_root) : ""));
+  Log(absl::StrCat(
+      "shard ", (*daemon)->self().id(), " ", (*daemon)->Describe(),
+      writer ? absl::StrCat(", checkpoints in ", checkpoint_root) : "",
+      budget.limit() > 0 ? absl::StrCat(", memory limit ", budget.limit(), " bytes") : ""));
 
   const std::string signal = WaitForTerminationSignal();
   if (!runtime.HostedJobs().empty()) {

@@ -3,12 +3,14 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "ps/memory_budget.h"
 
 namespace downpour {
 namespace {
 
 // A shard that answers as told: pushes of sequence 2 are duplicates, pulls
-// send 24 bytes; everything of job "gone" fails.
+// send 24 bytes and the sparse rows asked for; everything of job "gone"
+// fails.
 class FakeShard : public ParameterShard {
  public:
   using ParameterShard::Pull;
@@ -24,7 +26,9 @@ class FakeShard : public ParameterShard {
     if (request.job_id() == "gone") return absl::NotFoundError("gone");
     *payload = Payload();
     payload->Append(bytes_, sizeof(bytes_));
-    return PullResponse();
+    PullResponse response;
+    *response.mutable_sparse() = request.sparse();
+    return response;
   }
 
  private:
@@ -75,6 +79,45 @@ TEST_F(MeasuredShardTest, CountsEachHostedJobsTraffic) {
   EXPECT_TRUE(Has("downpour_ps_sent_bytes_total{job=\"j\"} 48")) << metrics_.Exposition();
   EXPECT_TRUE(Has("downpour_ps_deduplicated_pushes_total{job=\"j\"} 1"));
   EXPECT_TRUE(Has("downpour_ps_apply_seconds_count{job=\"j\"} 3")) << metrics_.Exposition();
+}
+
+TEST_F(MeasuredShardTest, CountsSparseRowsPushedAndPulled) {
+  measured_.AddJob("j");
+  PushRequest push;
+  push.set_job_id("j");
+  push.mutable_request_id()->set_sequence(1);
+  SparseRows* first = push.add_sparse();
+  for (int64_t id : {1, 2, 3}) first->add_ids(id);
+  SparseRows* second = push.add_sparse();
+  for (int64_t id : {4, 5}) second->add_ids(id);
+  ASSERT_TRUE(measured_.Push(push, Payload()).ok());
+  push.mutable_request_id()->set_sequence(2);  // A duplicate: applied before.
+  ASSERT_TRUE(measured_.Push(push, Payload()).ok());
+  push.mutable_request_id()->set_sequence(3);
+  push.set_skipped(true);  // Brings no gradients.
+  ASSERT_TRUE(measured_.Push(push, Payload()).ok());
+  PullRequest pull;
+  pull.set_job_id("j");
+  SparseRows* asked = pull.add_sparse();
+  for (int64_t id : {7, 8, 9, 10}) asked->add_ids(id);
+  Payload pulled;
+  ASSERT_TRUE(measured_.Pull(pull, absl::InfiniteFuture(), &pulled).ok());
+  EXPECT_TRUE(Has("downpour_shard_sparse_rows_pushed_total{job=\"j\"} 5")) << metrics_.Exposition();
+  EXPECT_TRUE(Has("downpour_shard_sparse_rows_pulled_total{job=\"j\"} 4")) << metrics_.Exposition();
+  measured_.RemoveJob("j");
+  EXPECT_EQ(metrics_.Exposition().find("sparse"), std::string::npos);
+}
+
+TEST_F(MeasuredShardTest, ExportsTheMemoryBudget) {
+  MemoryBudget budget(1000);
+  AddMemoryBudgetMetrics(&budget, &metrics_);
+  ASSERT_TRUE(budget.TryReserve(600));
+  EXPECT_FALSE(budget.TryReserve(600));
+  EXPECT_TRUE(Has("downpour_shard_memory_used_bytes 600")) << metrics_.Exposition();
+  EXPECT_TRUE(Has("downpour_shard_memory_limit_bytes 1000"));
+  EXPECT_TRUE(Has("downpour_shard_memory_refusals_total 1"));
+  budget.Release(600);
+  EXPECT_TRUE(Has("downpour_shard_memory_used_bytes 0"));
 }
 
 TEST_F(MeasuredShardTest, JobsNotHostedLeaveNoSeries) {

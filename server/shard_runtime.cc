@@ -92,6 +92,22 @@ void ShardRuntime::ExportJob(const std::string& job_id, Hosted* hosted) {
                  {{"job", job_id}})
       ->Set(static_cast<double>(store_->MemoryBytes(job_id)));
   ExportLatePushes(job_id, hosted);
+  const std::vector<SparseTableStats> tables = store_->SparseTables(job_id);
+  hosted->evictions.resize(tables.size(), 0);
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const MetricLabels labels = {{"job", job_id}, {"table", tables[t].name}};
+    metrics_
+        ->GetGauge("downpour_shard_sparse_rows",
+                   "Rows the sparse table holds on this shard (created on first touch).", labels)
+        ->Set(static_cast<double>(tables[t].rows));
+    Counter* evictions = metrics_->GetCounter(
+        "downpour_shard_sparse_evictions_total",
+        "Rows of the sparse table evicted on this shard, past its share of max_rows or the "
+        "shard's --memory_limit (recreated afresh on their next touch).",
+        labels);
+    evictions->Increment(static_cast<double>(tables[t].evictions - hosted->evictions[t]));
+    hosted->evictions[t] = tables[t].evictions;
+  }
 }
 
 void ShardRuntime::ExportLatePushes(const std::string& job_id, Hosted* hosted) {
@@ -114,6 +130,8 @@ void ShardRuntime::Drop(const std::string& job_id) {
   measured_.RemoveJob(job_id);
   metrics_->RemoveSeries("downpour_ps_late_pushes_total", {{"job", job_id}});
   metrics_->RemoveSeries("downpour_ps_memory_bytes", {{"job", job_id}});
+  metrics_->RemoveSeries("downpour_shard_sparse_rows", {{"job", job_id}});
+  metrics_->RemoveSeries("downpour_shard_sparse_evictions_total", {{"job", job_id}});
   if (writer_ != nullptr) writer_->ForgetJob(job_id);
 }
 

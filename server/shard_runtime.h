@@ -5,8 +5,9 @@
 // host, and drop a job's partitions once the job is no longer its task. With
 // a CheckpointWriter it writes the snapshots the store captures and reports
 // them with every heartbeat. It exports the hosted jobs and bytes as
-// metrics, each job's memory (downpour_ps_memory_bytes{job}), and through
-// serving() the traffic of each job (server/shard_metrics.h).
+// metrics, each job's memory (downpour_ps_memory_bytes{job}) and sparse
+// tables (downpour_shard_sparse_rows and _evictions_total{job,table}), and
+// through serving() the traffic of each job (server/shard_metrics.h).
 //
 // Thread-safe (the node agent calls OnTasks and AddToHeartbeat from its
 // thread). The store, the writer and the metrics registry are not owned and
@@ -73,8 +74,12 @@ class ShardRuntime {
     int64_t attempt = 0;  // Task::attempt: a later start is hosted afresh.
     // Late pushes by rank as last exported (downpour_ps_late_pushes_total).
     std::vector<int64_t> late_pushes;
+    // Evictions by sparse table as last exported
+    // (downpour_shard_sparse_evictions_total).
+    std::vector<int64_t> evictions;
   };
-  // Brings the job's memory gauge and late-push counters up to the store's.
+  // Brings the job's memory gauge, late-push counters and sparse table
+  // series up to the store's.
   void ExportJob(const std::string& job_id, Hosted* hosted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Brings the job's late-push counters up to the store's counts.
   void ExportLatePushes(const std::string& job_id, Hosted* hosted)

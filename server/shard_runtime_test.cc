@@ -6,10 +6,13 @@
 
 #include "control/fake_coordinator.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "ps/memory_budget.h"
 #include "rpc/node_agent.h"
 #include "spec/job_validation.h"
 #include "spec/shard_map.h"
+#include "spec/sparse_ids.h"
 #include "spec/test_jobs.h"
 
 namespace downpour {
@@ -20,14 +23,14 @@ using ::testing::HasSubstr;
 
 constexpr char kNode[] = "ps@test";
 
-// A job of a small MLP over two shards, as the coordinator places it; this
-// shard is `shard`.
-Task MakeTask(const std::string& job_id, int shard) {
+// A job of a small MLP (or `spec`) over two shards, as the coordinator
+// places it; this shard is `shard`.
+Task MakeTask(const std::string& job_id, int shard, const JobSpec* given = nullptr) {
   Task task;
   task.set_job_id(job_id);
   task.set_rank(shard);
   JobSpec* spec = task.mutable_spec();
-  *spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/2);
+  *spec = given != nullptr ? *given : SmallMlpJob(/*num_workers=*/1, /*num_shards=*/2);
   ApplyJobDefaults(spec);
   auto params = ValidateJobSpec(*spec);
   EXPECT_TRUE(params.ok()) << params.status();
@@ -129,6 +132,87 @@ TEST_F(ShardRuntimeTest, JobItCannotHostIsRefusedWithTheReasonUntilItEnds) {
   Tasks({});
   EXPECT_EQ(PullCode(store_, "bad"), absl::StatusCode::kNotFound);
   EXPECT_EQ(PullCode(store_, "wrong"), absl::StatusCode::kNotFound);
+}
+
+// A job with a sparse table (ids 0..99, dim 4) over two shards.
+JobSpec SparseJob() {
+  JobSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        model {
+          num_classes: 2
+          inputs { name: "c" kind: SPARSE }
+          layer {
+            name: "emb"
+            inputs: "c"
+            embedding { sparse: true vocab_size: 100 dim: 4 max_rows: 6 }
+          }
+          layer {
+            name: "fc"
+            dense { units: 2 }
+          }
+          layer { softmax_cross_entropy {} }
+        }
+        dataset { train_files: "train-*" test_files: "test-*" batch_size: 4 }
+        optimizer { learning_rate: 0.1 }
+        num_workers: 1
+        num_shards: 2
+        steps: 10
+      )pb",
+      &spec));
+  return spec;
+}
+
+// Without the node agent: the runtime is handed its tasks directly.
+TEST(ShardRuntimeSparseTest, ExportsSparseTablesAndTheMemoryLimit) {
+  MemoryBudget budget(1 << 20);
+  ParameterStore store(&budget);
+  MetricsRegistry metrics;
+  ShardRuntime runtime(&store, /*writer=*/nullptr, &metrics);
+  const JobSpec spec = SparseJob();
+  runtime.OnTasks({MakeTask("s", 0, &spec)});
+  ASSERT_THAT(runtime.HostedJobs(), ElementsAre("s"));
+  // Rows of this shard, one pull each: 3 of them held (max_rows 6 over 2
+  // shards), 2 evicted.
+  int pulled = 0;
+  for (int64_t row = 0; pulled < 5; ++row) {
+    if (SparseShardOf(row, 2) != 0) continue;
+    PullRequest pull;
+    pull.set_job_id("s");
+    SparseRows* rows = pull.add_sparse();
+    rows->add_ids(row);
+    ASSERT_TRUE(runtime.serving()->Pull(pull, absl::Now() + absl::Seconds(5)).ok());
+    ++pulled;
+  }
+  runtime.OnTasks({MakeTask("s", 0, &spec)});
+  const std::string exposition = metrics.Exposition();
+  EXPECT_THAT(exposition,
+              HasSubstr("downpour_shard_sparse_rows{job=\"s\",table=\"emb/table\"} 3\n"));
+  EXPECT_THAT(exposition, HasSubstr("downpour_shard_sparse_evictions_total{job=\"s\",table=\"emb/"
+                                    "table\"} 2\n"));
+  EXPECT_THAT(exposition, HasSubstr("downpour_shard_sparse_rows_pulled_total{job=\"s\"} 5\n"));
+  EXPECT_GE(metrics.GetGauge("downpour_ps_memory_bytes", "", {{"job", "s"}})->value(),
+            store.SparseTables("s")[0].bytes);
+
+  runtime.OnTasks({});
+  EXPECT_EQ(metrics.Exposition().find("job=\"s\""), std::string::npos) << metrics.Exposition();
+  EXPECT_EQ(budget.used(), 0);
+}
+
+TEST(ShardRuntimeSparseTest, JobPastTheMemoryLimitIsRefusedWithTheReason) {
+  MemoryBudget budget(100);
+  ParameterStore store(&budget);
+  MetricsRegistry metrics;
+  ShardRuntime runtime(&store, /*writer=*/nullptr, &metrics);
+  runtime.OnTasks({MakeTask("m", 0)});
+  EXPECT_TRUE(runtime.HostedJobs().empty());
+  PullRequest pull;
+  pull.set_job_id("m");
+  const absl::Status refused = store.Pull(pull, absl::Now() + absl::Seconds(5)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("the shard cannot host job m: job m: its partitions "
+                                           "need"));
+  EXPECT_THAT(refused.message(), HasSubstr("memory limit of 100 bytes (raise --memory_limit"));
 }
 
 TEST_F(ShardRuntimeTest, CoordinatorOutageKeepsTheJobs) {
