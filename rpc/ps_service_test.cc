@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/wire_dtype.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
@@ -224,6 +225,125 @@ TEST_F(PsServiceTest, StreamedPushPullWaitsForOtherWorkersAndStaysUsable) {
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_TRUE(done->push().duplicate());
   EXPECT_EQ(done->pull().partitions_size(), 2);
+}
+
+// A SYNC job of two workers with a sparse table "emb/table" (100 rows of 4)
+// read by fc (fc/weight: 8 elements, tensor 0; fc/bias: 2, tensor 1), all on
+// this one shard.
+JobSpec SparseSpec() {
+  JobSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        model {
+          num_classes: 2
+          inputs { name: "c" kind: SPARSE }
+          layer {
+            name: "emb"
+            inputs: "c"
+            embedding { sparse: true vocab_size: 100 dim: 4 }
+          }
+          layer {
+            name: "fc"
+            dense { units: 2 }
+          }
+          layer { softmax_cross_entropy {} }
+        }
+        dataset { train_files: "train-*" test_files: "test-*" batch_size: 2 }
+        optimizer { kind: SGD learning_rate: 0.5 }
+        consistency { mode: SYNC }
+        num_workers: 2
+        num_shards: 1
+        steps: 10
+      )pb",
+      &spec));
+  return spec;
+}
+
+std::vector<PartitionPlacement> SparsePlacements() {
+  std::vector<PartitionPlacement> out(2);
+  for (int t = 0; t < 2; ++t) {
+    out[t].set_tensor_id(t);
+    out[t].set_num_elements(t == 0 ? 8 : 2);
+  }
+  return out;
+}
+
+// A worker's step: fc/bias's gradient (float32), then rows 3 and 7 of the
+// table with bfloat16 gradients (one row per four values of `rows`).
+PushRequest SparsePush(int rank, const std::vector<float>& bias, const std::vector<float>& rows,
+                       Payload* payload, std::string* storage) {
+  PushRequest request = MakePush(kJob, rank, 1, 0, 0, bias);
+  request.mutable_partitions(0)->mutable_key()->set_tensor_id(1);
+  SparseRows* sparse = request.add_sparse();
+  sparse->set_dtype(BFLOAT16);
+  sparse->add_ids(3);
+  sparse->add_ids(7);
+  *storage = request.payload();
+  storage->resize(storage->size() + rows.size() * 2);
+  EncodeFloats(WireDtype::kBfloat16, rows.data(), static_cast<int64_t>(rows.size()),
+               storage->data() + bias.size() * sizeof(float));
+  request.clear_payload();
+  *payload = Payload();
+  payload->Append(storage->data(), storage->size());
+  return request;
+}
+
+TEST_F(PsServiceTest, SparseRowsTravelBesideThePartitions) {
+  ASSERT_TRUE(store_.AddJob(kJob, SparseSpec(), 0, SparsePlacements()).ok());
+  PullRequest rows_only;
+  rows_only.set_job_id(kJob);
+  SparseRows* asked = rows_only.add_sparse();
+  asked->add_ids(3);
+  asked->add_ids(7);
+  absl::StatusOr<PullResponse> before = shard_->Pull(rows_only, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->partitions_size(), 0);
+  ASSERT_EQ(before->sparse_size(), 1);
+  const std::vector<float> initial = Floats(before->payload());
+  ASSERT_EQ(initial.size(), 8u);
+
+  // Both values exact in bfloat16; the mean of the two workers' rows is
+  // {1, 0, 0, 0.5} for row 3 and {-1, 1, 0.25, 0} for row 7.
+  const std::vector<float> rows0 = {0.5f, -1.f, 2.f, 0.25f, -1.5f, 2.f, 0.5f, 1.f};
+  const std::vector<float> rows1 = {1.5f, 1.f, -2.f, 0.75f, -0.5f, 0.f, 0.f, -1.f};
+  // Rank 1 pushes and pulls the next step in one streamed exchange, which
+  // waits for rank 0's unary push.
+  PullRequest step1 = rows_only;
+  step1.add_keys()->set_tensor_id(1);
+  step1.set_min_version(1);
+  absl::StatusOr<PushPullResponse> exchanged;
+  Payload pulled;
+  std::thread rank1([&] {
+    Payload payload;
+    std::string storage;
+    const PushRequest push = SparsePush(1, {3.f, 1.f}, rows1, &payload, &storage);
+    exchanged = shard_->PushPull(push, payload, step1, absl::Now() + absl::Seconds(10), &pulled);
+  });
+  Payload payload;
+  std::string storage;
+  const PushRequest push = SparsePush(0, {1.f, 1.f}, rows0, &payload, &storage);
+  absl::SleepFor(absl::Milliseconds(50));
+  absl::StatusOr<PushResponse> pushed = shard_->Push(push, payload);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  rank1.join();
+  ASSERT_TRUE(exchanged.ok()) << exchanged.status();
+  const PullResponse& response = exchanged->pull();
+  ASSERT_EQ(response.partitions_size(), 1);
+  ASSERT_EQ(response.sparse_size(), 1);
+  EXPECT_EQ(response.sparse(0).dtype(), FLOAT32);
+  EXPECT_THAT(response.sparse(0).ids(), ::testing::ElementsAre(3, 7));
+  // fc/bias: 0 - 0.5 * mean({1, 1}, {3, 1}); then the rows.
+  const std::vector<float> mean = {1.f, 0.f, 0.f, 0.5f, -1.f, 1.f, 0.25f, 0.f};
+  std::vector<float> expected = {-1.f, -0.5f};
+  for (size_t k = 0; k < 8; ++k) expected.push_back(initial[k] - 0.5f * mean[k]);
+  EXPECT_EQ(Floats(pulled.ToString()), expected);
+
+  // A payload longer than its partitions and rows is refused, naming both.
+  payload.Append("\0\0", 2);
+  absl::StatusOr<PushResponse> bad = shard_->Push(push, payload);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("payload has 26 bytes, the "
+                                                             "headers describe 24"));
 }
 
 TEST_F(PsServiceTest, StreamedPushPullToAnUnreachableShardFailsWithinTheDeadline) {
