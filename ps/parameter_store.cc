@@ -665,6 +665,11 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
   }
   job->requests.Import(snapshot.requests);
   job->changed.SignalAll();
+  if (job->sparse != nullptr) {
+    Log(absl::StrCat("job ", job_id, ": restored from step ", snapshot.step,
+                     " without its sparse tables (checkpoints do not hold them yet): their rows "
+                     "start afresh"));
+  }
   return absl::OkStatus();
 }
 

@@ -19,7 +19,8 @@
 //   32 bytes of metadata (id, update count, touches, eviction links), for LFU
 //   a 20-byte frequency-bucket node, then its values and optimizer slots
 //   (Adagrad's accumulator; Adam's m and v), dim floats each, contiguous.
-//   Freed slots are reused through a free list.
+//   Freed slots are reused through a free list; a new block's slots are
+//   taken in order, not written before.
 // - Index: open addressing with linear probing over 4-byte entries (the
 //   slot, and 8 bits of the id's hash so most probes of other ids end without
 //   reading their row), at most 3/4 full, deleted by backward shift (no
@@ -48,8 +49,14 @@
 // and a block it grew stays as free slots. Apply creates a stripe's missing
 // rows before updating any of its rows, but stripes are taken in turn: when
 // a later stripe fails, the earlier ones' gradients have been applied (a
-// non-evicting table's Apply creates rows only after a failed Lookup or a
-// Restore dropped them; an evicting one fails only without a row to evict).
+// non-evicting table's Apply creates only rows not looked up before, or
+// dropped by a failed Lookup or a Restore; an evicting one fails only
+// without a row to evict).
+//
+// Speed: a call is bound by memory latency, so it prefetches each id's index
+// entry, row and eviction neighbours a few ids ahead. sparse_table_test's
+// ThroughputOfLookupAndApply prints the rows per second of Lookup and Apply
+// (dim 16, Adam, Zipf-distributed ids).
 //
 // Thread-safety: thread-safe. A call groups its ids by stripe and takes each
 // stripe's lock once, one stripe at a time, so calls on different stripes run

@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <list>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
