@@ -141,7 +141,11 @@ class SparseStore {
   // Writes the rows of `request.sparse()` (checked by PullBytes) at `out`,
   // row-major, table after table in the order asked, and lists them in
   // `response->sparse` (FLOAT32). Missing rows are created;
-  // ResourceExhausted (the table's message) when one cannot be.
+  // ResourceExhausted (the table's message) when one cannot be. A read-only
+  // pull (sparse_read_only: an evaluation's) creates them too for now, as
+  // SparseTable has no lookup that leaves missing rows out: its answer is
+  // the same (a missing row's initial values), but the rows take memory and
+  // count as touched.
   absl::Status Pull(const PullRequest& request, char* out, PullResponse* response);
 
   // SYNC: steps completed; ASYNC/SSP: pushes with rows received.

@@ -87,8 +87,8 @@ void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
 void ShardRuntime::ExportJob(const std::string& job_id, Hosted* hosted) {
   metrics_
       ->GetGauge("downpour_ps_memory_bytes",
-                 "Memory the job's partitions hold on this shard: values, optimizer slots, "
-                 "checkpoint copies, SYNC sums.",
+                 "Memory the job holds on this shard: its partitions' values, optimizer slots, "
+                 "checkpoint copies and SYNC sums, and its sparse tables' rows.",
                  {{"job", job_id}})
       ->Set(static_cast<double>(store_->MemoryBytes(job_id)));
   ExportLatePushes(job_id, hosted);
