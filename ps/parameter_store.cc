@@ -353,7 +353,11 @@ absl::StatusOr<bool> ParameterStore::Reserve(Job& job, const PushRequest& reques
 void ParameterStore::Settle(Job& job, const PushRequest& request, bool applied) const {
   absl::MutexLock lock(&job.mu);
   job.requests.Settle(KeyOf(request), applied);
-  if (applied) {
+  // A worker sends a step's rows in a request of their own (its sparse
+  // exchange): where this shard holds partitions of the job, their pushes
+  // count the worker's step, not the rows'.
+  const bool rows_only = request.partitions_size() == 0 && request.sparse_size() > 0;
+  if (applied && !(rows_only && !job.partitions.empty())) {
     const int rank = request.worker_rank();
     int64_t& steps = job.worker_steps[rank];
     const int64_t expected = request.partitions_in_step();

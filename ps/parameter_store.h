@@ -169,7 +169,9 @@ class ParameterStore : public ParameterShard {
   // Exactly once: true when `request` is fresh (reserved for this caller),
   // false when it was applied before; waits while another caller applies it.
   absl::StatusOr<bool> Reserve(Job& job, const PushRequest& request) const;
-  // Ends the reservation; an applied push counts towards its worker's steps.
+  // Ends the reservation; an applied push counts towards its worker's steps
+  // (a push of rows alone only where the shard holds no partition of the
+  // job: elsewhere the partitions' pushes count the step).
   void Settle(Job& job, const PushRequest& request, bool applied) const;
   // ASYNC/SSP: applies one partition's gradient (nothing for a skipped push).
   void ApplyNow(Job& job, const PushRequest& request, const Payload& payload, const Piece& piece,
