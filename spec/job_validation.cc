@@ -107,6 +107,41 @@ absl::Status CheckMetrics(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// An OptimizerSpec's values (`field` names it: "optimizer", or a sparse
+// table's).
+absl::Status CheckOptimizer(const OptimizerSpec& opt, const std::string& field) {
+  if (!OptimizerSpec::Kind_IsValid(opt.kind())) {
+    return Bad(absl::StrCat(field, ".kind"), absl::StrCat("has unknown value ", opt.kind()));
+  }
+  if (!LearningRateSchedule::Kind_IsValid(opt.schedule().kind())) {
+    return Bad(absl::StrCat(field, ".schedule.kind"),
+               absl::StrCat("has unknown value ", opt.schedule().kind()));
+  }
+  if (!(opt.learning_rate() > 0))
+    return Bad(absl::StrCat(field, ".learning_rate"), "must be positive");
+  if (opt.momentum() < 0 || opt.momentum() >= 1) {
+    return Bad(absl::StrCat(field, ".momentum"), "must be in [0, 1)");
+  }
+  if (opt.beta1() < 0 || opt.beta1() >= 1) return Bad("optimizer.beta1", "must be in [0, 1)");
+  if (opt.beta2() < 0 || opt.beta2() >= 1) return Bad("optimizer.beta2", "must be in [0, 1)");
+  if (opt.epsilon() < 0) return Bad(absl::StrCat(field, ".epsilon"), "must not be negative");
+  if (opt.weight_decay() < 0)
+    return Bad(absl::StrCat(field, ".weight_decay"), "must not be negative");
+  const LearningRateSchedule& schedule = opt.schedule();
+  if (schedule.warmup_steps() < 0) {
+    return Bad(absl::StrCat(field, ".schedule.warmup_steps"), "must not be negative");
+  }
+  if (schedule.kind() != LearningRateSchedule::CONSTANT && schedule.decay_steps() < 1) {
+    return Bad(absl::StrCat(field, ".schedule.decay_steps"),
+               "must be at least 1 for STEP and COSINE");
+  }
+  if (schedule.kind() == LearningRateSchedule::STEP &&
+      !(schedule.decay_rate() > 0 && schedule.decay_rate() <= 1)) {
+    return Bad(absl::StrCat(field, ".schedule.decay_rate"), "must be in (0, 1] for STEP");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void ApplyJobDefaults(JobSpec* spec) {
@@ -163,33 +198,7 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
                                          "; must be FP32 (the default), TF32, FP32_STRICT, "
                                          "BF16 or FP16"));
   }
-  const OptimizerSpec& opt = spec.optimizer();
-  if (!OptimizerSpec::Kind_IsValid(opt.kind())) {
-    return Bad("optimizer.kind", absl::StrCat("has unknown value ", opt.kind()));
-  }
-  if (!LearningRateSchedule::Kind_IsValid(opt.schedule().kind())) {
-    return Bad("optimizer.schedule.kind",
-               absl::StrCat("has unknown value ", opt.schedule().kind()));
-  }
-  if (!(opt.learning_rate() > 0)) return Bad("optimizer.learning_rate", "must be positive");
-  if (opt.momentum() < 0 || opt.momentum() >= 1) {
-    return Bad("optimizer.momentum", "must be in [0, 1)");
-  }
-  if (opt.beta1() < 0 || opt.beta1() >= 1) return Bad("optimizer.beta1", "must be in [0, 1)");
-  if (opt.beta2() < 0 || opt.beta2() >= 1) return Bad("optimizer.beta2", "must be in [0, 1)");
-  if (opt.epsilon() < 0) return Bad("optimizer.epsilon", "must not be negative");
-  if (opt.weight_decay() < 0) return Bad("optimizer.weight_decay", "must not be negative");
-  const LearningRateSchedule& schedule = opt.schedule();
-  if (schedule.warmup_steps() < 0) {
-    return Bad("optimizer.schedule.warmup_steps", "must not be negative");
-  }
-  if (schedule.kind() != LearningRateSchedule::CONSTANT && schedule.decay_steps() < 1) {
-    return Bad("optimizer.schedule.decay_steps", "must be at least 1 for STEP and COSINE");
-  }
-  if (schedule.kind() == LearningRateSchedule::STEP &&
-      !(schedule.decay_rate() > 0 && schedule.decay_rate() <= 1)) {
-    return Bad("optimizer.schedule.decay_rate", "must be in (0, 1] for STEP");
-  }
+  RETURN_IF_ERROR(CheckOptimizer(spec.optimizer(), "optimizer"));
 
   const ConsistencySpec& consistency = spec.consistency();
   if (!ConsistencySpec::Mode_IsValid(consistency.mode())) {
@@ -230,6 +239,18 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
 
   auto shape = InferModel(spec.model());
   if (!shape.ok()) return shape.status();
+  // Sparse tables keep row-wise optimizer state: no momentum.
+  for (const SparseTableInfo& table : shape->sparse_tables) {
+    const std::string field = absl::StrCat("model.layer[", table.layer, "].embedding.optimizer");
+    if (table.has_optimizer) RETURN_IF_ERROR(CheckOptimizer(table.optimizer, field));
+    const OptimizerSpec::Kind kind =
+        table.has_optimizer ? table.optimizer.kind() : spec.optimizer().kind();
+    if (kind == OptimizerSpec::MOMENTUM) {
+      return Bad(field, absl::StrCat("of sparse table ", table.name,
+                                     " would be MOMENTUM, which sparse tables do not offer: give "
+                                     "it an optimizer of its own (SGD, ADAGRAD or ADAM)"));
+    }
+  }
   const std::vector<int64_t>& input = shape->input_shape;
   const bool image_input = input.size() == 3 && (input[2] == 1 || input[2] == 3);
   if (data.encoding() == DatasetSpec::ENCODED && !image_input) {

@@ -101,6 +101,40 @@ TEST(JobValidationTest, MetricsAreKnownListedOnceAndAucNeedsTwoClasses) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok());  // Empty: ACCURACY.
 }
 
+TEST(JobValidationTest, SparseTablesTakeNoMomentumAndCheckTheirOwnOptimizer) {
+  JobSpec spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
+  ApplyJobDefaults(&spec);
+  ModelSpec* model = spec.mutable_model();
+  model->clear_input_shape();
+  model->set_num_classes(2);
+  InputSpec* ids = model->add_inputs();
+  ids->set_name("ids");
+  ids->set_kind(InputSpec::SPARSE);
+  model->clear_layer();
+  LayerSpec* emb = model->add_layer();
+  emb->set_name("emb");
+  emb->add_inputs("ids");
+  emb->mutable_embedding()->set_sparse(true);
+  emb->mutable_embedding()->set_vocab_size(100);
+  emb->mutable_embedding()->set_dim(4);
+  model->add_layer()->mutable_dense()->set_units(2);
+  model->add_layer()->mutable_softmax_cross_entropy();
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
+  auto params = ValidateJobSpec(spec);
+  EXPECT_TRUE(params.ok()) << params.status();
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::MOMENTUM);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "model.layer[0].embedding.optimizer of sparse table emb/table would be MOMENTUM, which "
+            "sparse tables do not offer: give it an optimizer of its own (SGD, ADAGRAD or ADAM)");
+  OptimizerSpec* own = emb->mutable_embedding()->mutable_optimizer();
+  own->set_kind(OptimizerSpec::ADAGRAD);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "model.layer[0].embedding.optimizer.learning_rate must be positive");
+  own->set_learning_rate(0.05f);
+  params = ValidateJobSpec(spec);
+  EXPECT_TRUE(params.ok()) << params.status();
+}
+
 TEST(JobValidationTest, ImageDataOptionsAreChecked) {
   JobSpec spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
   ApplyJobDefaults(&spec);
