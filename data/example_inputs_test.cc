@@ -1,6 +1,7 @@
 // InputDecoder (data/example.h): named dense and sparse inputs, checked
 // against the click-log generator's own examples and against a decoder built
 // on protobuf's parser (the reference for every unusual or damaged record).
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -572,38 +573,52 @@ TEST(InputDecoderTest, DamagedRecordsDecodeAsProtobufReadsThemOrFail) {
 }
 
 // The figure for the worker's critical path: CTR records (26 id lists, 13
-// floats, a label) decoded on one thread. No time is asserted.
-TEST(InputDecoderSpeedTest, CtrRecordsOnOneThread) {
-  std::unique_ptr<CtrGenerator> generator = MakeGenerator();
-  ASSERT_NE(generator, nullptr);
-  constexpr int kRecords = 4096;  // One step of a CTR worker.
-  std::vector<std::string> records(kRecords);
-  CtrExample drawn;
-  size_t bytes = 0;
-  for (int e = 0; e < kRecords; ++e) {
-    generator->Generate(CtrSplit::kTrain, e, &drawn);
-    records[e] = generator->Encode(drawn);
-    bytes += records[e].size();
+// floats, a label; one step of 4096) decoded on one thread, beside protobuf's
+// parser for scale. No time is asserted. The best of 7 rounds is printed:
+// the machine may be shared, and interference only ever slows a round down.
+class InputDecoderSpeedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::unique_ptr<CtrGenerator> generator = MakeGenerator();
+    ASSERT_NE(generator, nullptr);
+    CtrExample drawn;
+    for (int e = 0; e < kRecords; ++e) {
+      generator->Generate(CtrSplit::kTrain, e, &drawn);
+      records_.push_back(generator->Encode(drawn));
+      bytes_ += records_.back().size();
+    }
   }
-  const InputDecoder decoder = MakeDecoder(CtrInputFormats());
-  DecodedInputs out;
-  auto measure = [&](const char* what, const std::function<bool(const std::string&)>& decode) {
-    int64_t decoded = 0;
-    const absl::Time start = absl::Now();
-    absl::Duration elapsed;
-    do {
-      for (const std::string& record : records) ASSERT_TRUE(decode(record)) << what;
-      decoded += kRecords;
-      elapsed = absl::Now() - start;
-    } while (elapsed < absl::Milliseconds(700));
-    const double seconds = absl::ToDoubleSeconds(elapsed);
+  void Measure(const char* what, const std::function<bool(const std::string&)>& decode) {
+    double best = 1e9;
+    for (int round = 0; round < 7; ++round) {
+      int64_t decoded = 0;
+      const absl::Time start = absl::Now();
+      absl::Duration elapsed;
+      do {
+        for (const std::string& record : records_) ASSERT_TRUE(decode(record)) << what;
+        decoded += kRecords;
+        elapsed = absl::Now() - start;
+      } while (elapsed < absl::Milliseconds(100));
+      best = std::min(best, absl::ToDoubleSeconds(elapsed) / decoded);
+    }
     std::printf("%s: %.0f CTR examples/s on one thread (%.0f ns each, %.0f MB/s; %zu bytes each)\n",
-                what, decoded / seconds, 1e9 * seconds / decoded,
-                bytes * (decoded / kRecords) / seconds / 1e6, bytes / kRecords);
-  };
-  measure("InputDecoder", [&](const std::string& r) { return decoder.Decode(r, &out).ok(); });
-  measure("protobuf parse + Map lookups (reference)", [&](const std::string& r) {
-    return ReferenceDecode(r, decoder.inputs(), "label", &out).ok();
+                what, 1 / best, 1e9 * best, bytes_ / kRecords / best / 1e6, bytes_ / kRecords);
+  }
+
+  static constexpr int kRecords = 4096;
+  std::vector<std::string> records_;
+  size_t bytes_ = 0;
+  const InputDecoder decoder_ = MakeDecoder(CtrInputFormats());
+  DecodedInputs out_;
+};
+
+TEST_F(InputDecoderSpeedTest, CtrRecordsOnOneThread) {
+  Measure("InputDecoder", [&](const std::string& r) { return decoder_.Decode(r, &out_).ok(); });
+}
+
+TEST_F(InputDecoderSpeedTest, ProtobufReferenceOnOneThread) {
+  Measure("protobuf parse + Map lookups (reference)", [&](const std::string& r) {
+    return ReferenceDecode(r, decoder_.inputs(), "label", &out_).ok();
   });
 }
 
