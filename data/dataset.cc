@@ -30,7 +30,19 @@ absl::Status ValidateOptions(const BatchReaderOptions& o) {
                        ", offset ", slice.offset, ") is not a file and 0 <= offset < stride"));
     }
   }
-  if (o.feature_size <= 0) {
+  if (!o.inputs.empty()) {
+    // The single-feature mode's options would be silently ignored.
+    if (o.feature_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BatchReader reads named inputs; feature_size (", o.feature_size,
+          ") is for the single-feature mode and must be 0 (each input has its own size)"));
+    }
+    if (o.image.known() || o.augment.enabled()) {
+      return absl::InvalidArgumentError(
+          "BatchReader reads named inputs; an image shape and augmentation are for the "
+          "single-feature mode only");
+    }
+  } else if (o.feature_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("BatchReader feature_size must be > 0; got ", o.feature_size));
   }
@@ -193,7 +205,14 @@ absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
           absl::StrCat("record file ", path, " cannot be read: ", std::strerror(errno)));
     }
   }
+  std::unique_ptr<const InputDecoder> input_decoder;
+  if (!options.inputs.empty()) {
+    absl::StatusOr<InputDecoder> decoder = InputDecoder::Create(options.inputs, options.label_key);
+    if (!decoder.ok()) return Annotate(decoder.status(), "BatchReader inputs");
+    input_decoder = std::make_unique<const InputDecoder>(*std::move(decoder));
+  }
   std::unique_ptr<BatchReader> reader(new BatchReader(options));
+  reader->input_decoder_ = std::move(input_decoder);
   reader->producer_ = std::thread([r = reader.get()] { r->ProducerLoop(); });
   return reader;
 }
@@ -268,10 +287,12 @@ bool BatchReader::PushBatch(Batch* batch) {
 }
 
 void BatchReader::ProducerLoop() {
-  auto new_batch = [this](Batch* b) {
+  const InputDecoder* const inputs = input_decoder_.get();
+  auto new_batch = [&](Batch* b) {
     b->size = 0;
-    b->features.assign(options_.batch_size * options_.feature_size, 0.0f);
+    b->features.assign(inputs != nullptr ? 0 : options_.batch_size * options_.feature_size, 0.0f);
     b->labels.assign(options_.batch_size, 0);
+    b->inputs.clear();  // Laid out once the batch is decoded.
   };
   Batch batch;
   new_batch(&batch);
@@ -287,8 +308,16 @@ void BatchReader::ProducerLoop() {
   std::vector<PendingRecord> pending(options_.batch_size);
   std::vector<AugmentDraw> draws(options_.batch_size);
   std::vector<absl::Status> errors(options_.batch_size);
+  // With inputs: each example decoded apart (sparse lengths vary), then
+  // placed in the batch once its layout is known.
+  std::vector<DecodedInputs> decoded(inputs != nullptr ? options_.batch_size : 0);
   DecodePool pool(options_.decode_threads - 1);
   const std::function<void(int64_t)> decode = [&](int64_t slot) {
+    if (inputs != nullptr) {
+      errors[slot] = inputs->Decode(pending[slot].data, &decoded[slot]);
+      if (errors[slot].ok()) batch.labels[slot] = decoded[slot].label;
+      return;
+    }
     float* features = batch.features.data() + slot * options_.feature_size;
     thread_local std::vector<float> unaugmented;
     if (augment) unaugmented.resize(options_.feature_size);
@@ -297,6 +326,15 @@ void BatchReader::ProducerLoop() {
     if (augment && errors[slot].ok()) {
       ApplyAugmentation(options_.augment, draws[slot], options_.image, unaugmented.data(),
                         features);
+    }
+  };
+  // Copies decoded examples to their places, a chunk of them per call: a
+  // call per example would cost more in hand-offs than the copy.
+  constexpr int64_t kPlaceChunk = 256;
+  const std::function<void(int64_t)> place = [&](int64_t chunk) {
+    const int64_t end = std::min(batch.size, (chunk + 1) * kPlaceChunk);
+    for (int64_t e = chunk * kPlaceChunk; e < end; ++e) {
+      inputs->PlaceExample(decoded[e], e, &batch.inputs);
     }
   };
   // Decodes the pending records into `batch`; the first bad one is the error.
@@ -309,6 +347,10 @@ void BatchReader::ProducerLoop() {
           errors[slot],
           absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset,
                        compressed_[record.file] ? " of its uncompressed stream" : ""));
+    }
+    if (inputs != nullptr) {
+      inputs->LayOutBatch(decoded.data(), batch.size, &batch.inputs);
+      pool.Run((batch.size + kPlaceChunk - 1) / kPlaceChunk, place);
     }
     return absl::OkStatus();
   };

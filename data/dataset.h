@@ -2,9 +2,11 @@
 // tensorflow.Example it is given — whole, or every `stride`-th record of a
 // file from `offset`, which is how the coordinator shares files out when
 // there are fewer files than workers (spec/data_assignment.h) — decodes them
-// into dense float features and int32 labels, optionally shuffles, and
-// assembles batches ahead of time on a background thread, so that Next()
-// normally returns without touching the disk.
+// into int32 labels and either one dense float feature per example or, with
+// `inputs`, several named inputs (dense floats and variable-length int64 id
+// lists: data/example.h's InputDecoder), optionally shuffles, and assembles
+// batches ahead of time on a background thread, so that Next() normally
+// returns without touching the disk.
 //
 // Shuffling (shuffle_buffer > 0): each epoch visits the slices in a freshly
 // shuffled order and draws records at random from a buffer of
@@ -78,9 +80,13 @@ struct BatchReaderOptions {
   // against data_dir.
   std::vector<FileSlice> slices;
   std::string data_dir;
+  // Named inputs (InputSpec): non-empty selects that mode, where
+  // feature_key, feature_size, image, encoding and augment are unused (and
+  // Create refuses a feature_size, image or augmentation given anyway).
+  std::vector<InputFormat> inputs;
   std::string feature_key = "image";
   std::string label_key = "label";
-  int64_t feature_size = 0;  // Elements per example; must be > 0.
+  int64_t feature_size = 0;  // Elements per example; must be > 0 (without inputs).
   // The model's input as an image (height, width, channels), for PNG/JPEG
   // values and augmentation; unknown (zeros) for a flat input.
   ImageShape image;
@@ -103,8 +109,11 @@ struct BatchReaderOptions {
 
 struct Batch {
   int64_t size = 0;             // Examples in this batch (<= batch_size).
-  std::vector<float> features;  // size * feature_size, example-major.
+  std::vector<float> features;  // size * feature_size, example-major; empty with inputs.
   std::vector<int32_t> labels;  // size.
+  // With BatchReaderOptions::inputs: one per input, in order, each holding
+  // `size` examples.
+  std::vector<InputBatch> inputs;
 };
 
 class BatchReader {
@@ -149,6 +158,8 @@ class BatchReader {
   bool StopRequested() const;
 
   const BatchReaderOptions options_;
+  // With options_.inputs; immutable, shared by the decode threads.
+  std::unique_ptr<const InputDecoder> input_decoder_;
   std::mt19937_64 rng_;                        // Used only by the producer thread.
   std::mt19937_64 augment_rng_;                // Used only by the producer thread.
   std::vector<bool> compressed_;               // Per slice; used only by the producer thread.
