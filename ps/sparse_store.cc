@@ -383,8 +383,11 @@ absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullRespon
     *rows->mutable_ids() = asked.ids();
     rows->set_dtype(FLOAT32);
     // The buffer is aligned for floats, and every part of it is whole floats.
+    float* rows_out = reinterpret_cast<float*>(out);
     absl::Status looked_up =
-        table.rows->Lookup(asked.ids().data(), asked.ids_size(), reinterpret_cast<float*>(out));
+        request.sparse_read_only()
+            ? table.rows->Peek(asked.ids().data(), asked.ids_size(), rows_out)
+            : table.rows->Lookup(asked.ids().data(), asked.ids_size(), rows_out);
     if (!looked_up.ok()) return Annotate(looked_up, absl::StrCat("pull from job ", job_id_));
     out += asked.ids_size() * table.info.dim * kFloatBytes;
   }

@@ -142,10 +142,10 @@ class SparseStore {
   // row-major, table after table in the order asked, and lists them in
   // `response->sparse` (FLOAT32). Missing rows are created;
   // ResourceExhausted (the table's message) when one cannot be. A read-only
-  // pull (sparse_read_only: an evaluation's) creates them too for now, as
-  // SparseTable has no lookup that leaves missing rows out: its answer is
-  // the same (a missing row's initial values), but the rows take memory and
-  // count as touched.
+  // pull (sparse_read_only: an evaluation's) changes nothing
+  // (SparseTable::Peek): a missing row is answered with the values it would
+  // be created with and is not created, no row is touched or evicted, and
+  // no memory is reserved.
   absl::Status Pull(const PullRequest& request, char* out, PullResponse* response);
 
   // SYNC: steps completed; ASYNC/SSP: pushes with rows received.

@@ -59,7 +59,7 @@
 // (dim 16, Adam, Zipf-distributed ids).
 //
 // Thread-safety: thread-safe. A call groups its ids by stripe and takes each
-// stripe's lock once, one stripe at a time, so calls on different stripes run
+// stripe's lock once (Peek's too), one stripe at a time, so calls on different stripes run
 // in parallel, and a call's update of one row is atomic against others'
 // reads. TakeSnapshot reads the stripes in turn: consistent per stripe, and
 // for the table when no Apply runs meanwhile; Restore takes every stripe's
@@ -127,6 +127,13 @@ class SparseTable {
   // table to evict", with the rows this call created removed again (see the
   // header comment); `out` is then unspecified.
   absl::Status Lookup(const int64_t* ids, int64_t n, float* out);
+
+  // Writes the rows of ids[0..n) to out[n * dim] without changing the
+  // table (an evaluation's read): a row that exists is copied under its
+  // stripe's lock and not touched; one that does not is written as it would
+  // be created (InitSparseRow), and is not created. Never evicts, never
+  // reserves memory. InvalidArgument only for n out of range.
+  absl::Status Peek(const int64_t* ids, int64_t n, float* out) const;
 
   // Applies gradients grads[n * dim] to rows ids[0..n) with the table's
   // optimizer at `learning_rate`, each row with its own optimizer state

@@ -417,6 +417,77 @@ TEST(SparseTableTest, EvictsUnderBudgetPressure) {
   EXPECT_EQ(IdsOf(*table), last);
 }
 
+std::vector<float> PeekOk(const SparseTable& table, const std::vector<int64_t>& ids) {
+  std::vector<float> out(ids.size() * table.dim(), std::nanf(""));
+  absl::Status status = table.Peek(ids.data(), static_cast<int64_t>(ids.size()), out.data());
+  EXPECT_TRUE(status.ok()) << status;
+  return out;
+}
+
+// A peek answers existing rows as they are and others as they would be
+// created, and changes nothing: no row created or touched, no byte reserved.
+TEST(SparseTableTest, PeekCreatesAndTouchesNothing) {
+  MemoryBudget budget(0);
+  SparseTableOptions options = Options(4, OptimizerKind::kAdam);
+  options.budget = &budget;
+  std::unique_ptr<SparseTable> table = MakeTable(options);
+  LookupOk(*table, {1, 2, 3});
+  ApplyOk(*table, {2}, {1, -1, 2, -2}, 0.1f);
+  const std::vector<float> trained = LookupOk(*table, {2});
+  const SparseTable::Snapshot before = table->TakeSnapshot();
+  const int64_t used = budget.used();
+  const int64_t bytes = table->bytes();
+
+  // Ids repeat, exist or not, in any order.
+  const std::vector<float> rows = PeekOk(*table, {2, 9, 1, 9, 1000000007});
+  EXPECT_TRUE(SameBits(RowOf(rows, 0, 4), trained));
+  EXPECT_TRUE(SameBits(RowOf(rows, 1, 4), InitRow(9)));
+  EXPECT_TRUE(SameBits(RowOf(rows, 2, 4), InitRow(1)));
+  EXPECT_TRUE(SameBits(RowOf(rows, 3, 4), InitRow(9)));
+  EXPECT_TRUE(SameBits(RowOf(rows, 4, 4), InitRow(1000000007)));
+  EXPECT_EQ(table->rows(), 3);
+  EXPECT_EQ(table->bytes(), bytes);
+  EXPECT_EQ(budget.used(), used);
+  ExpectSameSnapshot(table->TakeSnapshot(), before);  // Touch counts included.
+  EXPECT_TRUE(table->Peek(nullptr, 0, nullptr).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(table->Peek(nullptr, -1, nullptr)));
+}
+
+// A full table peeked at evicts nothing, and its eviction order is as it
+// was: a peek is no touch.
+TEST(SparseTableTest, PeekAtAFullTableEvictsNothing) {
+  std::unique_ptr<SparseTable> table = MakeTable(Options(4, OptimizerKind::kSgd, 3));
+  LookupOk(*table, {1, 2, 3});
+  const std::vector<float> rows = PeekOk(*table, {1, 4, 5, 6});
+  EXPECT_TRUE(SameBits(RowOf(rows, 1, 4), InitRow(4)));
+  EXPECT_EQ(IdsOf(*table), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(table->evictions(), 0);
+  LookupOk(*table, {7});  // 1 is still the least recently touched.
+  EXPECT_EQ(IdsOf(*table), (std::vector<int64_t>{2, 3, 7}));
+
+  // A table that does not evict, at its memory limit: a peek still answers.
+  MemoryBudget budget(0);
+  SparseTableOptions options = Options(4);
+  options.budget = &budget;
+  std::unique_ptr<SparseTable> bounded = MakeTable(options);
+  LookupOk(*bounded, {1});
+  MemoryBudget full(bounded->bytes());
+  options.budget = &full;
+  bounded = MakeTable(options);
+  std::vector<int64_t> ids;
+  absl::Status created;
+  for (int64_t id = 0; created.ok(); ++id) {
+    std::vector<float> out(4);
+    created = bounded->Lookup(&id, 1, out.data());
+    ids.push_back(id + 1000);
+  }
+  ASSERT_TRUE(absl::IsResourceExhausted(created)) << created;
+  const int64_t refusals = full.refusals();
+  const std::vector<float> peeked = PeekOk(*bounded, ids);
+  EXPECT_TRUE(SameBits(RowOf(peeked, 0, 4), InitRow(ids[0])));
+  EXPECT_EQ(full.refusals(), refusals);
+}
+
 // Restore gives back the table a snapshot was taken of: values, optimizer
 // state, step counts and touch counts, and it trains on as the original does.
 class SparseTableRestoreTest : public ::testing::TestWithParam<EvictionPolicy> {};
