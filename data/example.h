@@ -131,7 +131,8 @@ struct DecodedInputs {
 // DataLossError. Features that no input names are not examined.
 //
 // Thread-safety: immutable after Create; Decode, LayOutBatch and PlaceExample
-// may run concurrently (on distinct outputs). Decode keeps scratch per thread.
+// may run concurrently (on distinct outputs). Decode allocates nothing once
+// `out` has grown to size (the protobuf path keeps a message per thread).
 class InputDecoder {
  public:
   // Checks the formats (InvalidArgumentError naming the input): at least one

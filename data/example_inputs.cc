@@ -3,14 +3,19 @@
 //
 // Going through protobuf's generated parser builds a Map of 40 std::string
 // keys and 40 Feature messages per CTR record and then looks each feature up
-// by key; reading the bytes in place and hashing each entry's key once is
-// several times faster and allocates nothing. The hand parser follows
-// protobuf's rules where a valid Example may differ from the usual layout
-// (unknown fields and groups skipped, packed and unpacked lists, several list
-// chunks, a key given twice: the last entry wins, Features given twice:
-// merged). What needs protobuf's merging of sub-messages (one map entry with
-// two values, one Feature with two lists) is handed to protobuf, whose
-// canonical re-serialization then takes the same path.
+// by key; reading the bytes in place and hashing each entry's key once
+// allocates nothing and is about ten times faster: a CTR record of 930 bytes
+// (26 id lists, 13 floats, a label) in 1.0-1.5 us on one thread against
+// 12-20 us (InputDecoderSpeedTest in example_inputs_test, best of 7 rounds,
+// on the project's 2-core Xeon VM shared with other builds).
+//
+// The hand parser follows protobuf's rules where a valid Example may differ
+// from the usual layout (unknown fields and groups skipped, packed and
+// unpacked lists, several list chunks, a key given twice: the last entry
+// wins, Features given twice: merged). What needs protobuf's merging of
+// sub-messages (one map entry with two values, one Feature with two lists)
+// is handed to protobuf, whose canonical re-serialization then takes the
+// same path.
 #include <algorithm>
 #include <cstring>
 #include <limits>
