@@ -367,6 +367,7 @@ absl::Status LocalCluster::AddShard() {
   if (!options_.checkpoint_root.empty()) {
     flags.push_back(absl::StrCat("--checkpoint_root=", options_.checkpoint_root));
   }
+  flags.insert(flags.end(), options_.shard_flags.begin(), options_.shard_flags.end());
   const std::string name = absl::StrCat("ps", shards_.size());
   auto process = StartDaemon(name, "server/downpour-ps", flags);
   if (!process.ok()) return process.status();

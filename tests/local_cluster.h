@@ -82,6 +82,7 @@ class LocalCluster {
     // cores) does not starve a live node past it.
     int64_t node_timeout_ms = 4000;
     std::vector<std::string> worker_flags;
+    std::vector<std::string> shard_flags;
     std::vector<std::string> coordinator_flags;
     // The coordinator's and every shard's --checkpoint_root (empty: none).
     std::string checkpoint_root;

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/binary_metrics.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -34,13 +35,28 @@ int64_t FeatureSize(const ModelSpec& model) {
 
 // What every reader of the job's records needs: keys, sizes, the input as an
 // image, encoding and compression (augmentation is the training reader's).
-void SetExampleFormat(const JobSpec& spec, BatchReaderOptions* options) {
+void SetExampleFormat(const JobSpec& spec, const ModelShape& shape, BatchReaderOptions* options) {
   const DatasetSpec& data = spec.dataset();
   options->feature_key = data.feature_key();
   options->label_key = data.label_key();
   options->feature_size = FeatureSize(spec.model());
   const auto& input = spec.model().input_shape();
   if (input.size() == 3) options->image = data::ImageShape{input[0], input[1], input[2]};
+  // Named inputs (InferModel has filled in their defaults).
+  if (!shape.inputs.empty()) options->feature_size = 0;
+  for (const InputSpec& named : shape.inputs) {
+    data::InputFormat format;
+    format.name = named.name();
+    format.sparse = named.kind() == InputSpec::SPARSE;
+    format.features.assign(named.features().begin(), named.features().end());
+    if (format.sparse) {
+      format.max_ids = named.max_ids();
+    } else {
+      format.size = 1;
+      for (int64_t d : named.shape()) format.size *= d;
+    }
+    options->inputs.push_back(std::move(format));
+  }
   options->encoding = data.encoding() == DatasetSpec::RAW       ? data::FeatureEncoding::kRaw
                       : data.encoding() == DatasetSpec::ENCODED ? data::FeatureEncoding::kEncoded
                                                                 : data::FeatureEncoding::kBySize;
@@ -135,7 +151,8 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
   takes_checkpoints_.store(task_.takes_checkpoints());
 }
 
-absl::Status JobTrainer::StartExchange(const std::vector<ParamInfo>& params) {
+absl::Status JobTrainer::StartExchange(const Model& model) {
+  const std::vector<ParamInfo>& params = model.params();
   const std::vector<PartitionPlacement> partitions(task_.placement().partitions().begin(),
                                                    task_.placement().partitions().end());
   // The coordinator placed the job for this model; a placement from a
@@ -159,6 +176,10 @@ absl::Status JobTrainer::StartExchange(const std::vector<ParamInfo>& params) {
   // larger partition is a message of its own): a model of many small
   // partitions then costs a few exchanges per step, not one per partition.
   exchange_ = std::make_unique<ParameterExchange>(exchange, partitions, shards_);
+  if (!shape_.inputs.empty()) {
+    input_stage_ = std::make_unique<InputStage>(
+        shape_, exchange, shards_, [this] { return cancelled_.load() || job_ended_.load(); });
+  }
   return absl::OkStatus();
 }
 
@@ -246,7 +267,7 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
   RETURN_IF_ERROR(CheckDataFiles(files));
   options.slices = data::WholeFiles(files);
   options.data_dir = options_.data_dir;
-  SetExampleFormat(spec, &options);
+  SetExampleFormat(spec, shape_, &options);
   options.batch_size = 1000;
   options.repeat = false;
   return BatchReader::Create(options);
@@ -327,7 +348,7 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTrainingData(
   // The coordinator's share may name any file: each is checked here too.
   RETURN_IF_ERROR(CheckDataFiles(files));
   data.data_dir = options_.data_dir;
-  SetExampleFormat(spec, &data);
+  SetExampleFormat(spec, shape_, &data);
   if (spec.dataset().has_random_crop()) {
     data.augment.crop_padding = spec.dataset().random_crop().padding();
   }
@@ -341,22 +362,53 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTrainingData(
   return BatchReader::Create(data);
 }
 
-absl::StatusOr<double> JobTrainer::EvaluateTestSet(Model* model, BatchReader* reader) {
+absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(Model* model, BatchReader* reader,
+                                                        int64_t min_version,
+                                                        int64_t min_worker_steps) {
+  const JobSpec& spec = task_.spec();
+  bool auc = false, log_loss = false;
+  for (int metric : spec.metrics()) {
+    auc |= metric == AUC;
+    log_loss |= metric == LOG_LOSS;
+  }
   Batch batch;
   int64_t correct = 0, total = 0;
+  BinaryMetrics binary;
+  std::vector<float> logits;
   while (true) {
     ASSIGN_OR_RETURN(bool more, reader->Next(&batch));
     if (!more) break;
-    ASSIGN_OR_RETURN(EvalResult result,
-                     model->Evaluate(batch.features.data(), batch.labels.data(), batch.size));
+    const float* features = batch.features.data();
+    if (input_stage_ != nullptr) {
+      ASSIGN_OR_RETURN(features, input_stage_->EvalFeatures(batch, min_version, min_worker_steps));
+    }
+    ASSIGN_OR_RETURN(EvalResult result, model->Evaluate(features, batch.labels.data(), batch.size,
+                                                        auc || log_loss ? &logits : nullptr));
+    if (auc || log_loss) {
+      // Two classes: P(class 1) = sigmoid(logit 1 - logit 0).
+      for (int64_t i = 0; i < batch.size; ++i) {
+        const double margin = logits[2 * i + 1] - logits[2 * i];
+        binary.Add(1.0 / (1.0 + std::exp(-margin)), batch.labels[i]);
+      }
+    }
     correct += result.correct;
     total += batch.size;
   }
   if (total == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("test set ", task_.spec().dataset().test_files(), " holds no examples"));
+        absl::StrCat("test set ", spec.dataset().test_files(), " holds no examples"));
   }
-  return static_cast<double>(correct) / total;
+  TestMetrics metrics;
+  metrics.accuracy = static_cast<double>(correct) / total;
+  if (auc) metrics.auc = binary.Auc();
+  if (log_loss) metrics.log_loss = binary.LogLoss();
+  return metrics;
+}
+
+void TestMetrics::Describe(std::string* text) const {
+  absl::StrAppend(text, "test accuracy ", accuracy);
+  if (auc) absl::StrAppend(text, ", AUC ", *auc);
+  if (log_loss) absl::StrAppend(text, ", log loss ", *log_loss);
 }
 
 absl::Status JobTrainer::Train() {
@@ -378,7 +430,14 @@ absl::Status JobTrainer::Train() {
   ASSIGN_OR_RETURN(auto replica_set, ReplicaSet::Create(std::move(replicas)));
   // Replica 0 exchanges with the shards and evaluates.
   Model* model = replica_set->primary();
-  RETURN_IF_ERROR(StartExchange(model->params()));
+  shape_ = model->shape();
+  if (!shape_.sparse_tables.empty() && replica_set->size() > 1) {
+    permanent_ = true;
+    return absl::UnimplementedError(
+        "sparse embeddings train on one device per worker: give --devices one GPU (or run a "
+        "worker per GPU)");
+  }
+  RETURN_IF_ERROR(StartExchange(*model));
   // Where this worker starts: the job's start, its checkpoint's step, or
   // where the rank it takes over had got to — in SYNC the step every
   // partition has reached, which a first pull finds.
@@ -502,6 +561,11 @@ absl::Status JobTrainer::Train() {
   absl::Cleanup abandon_pending = [&] {
     if (pending) (void)exchange_->FinishPushPull(/*abandon=*/true);
   };
+  // Sparse tables: the batch after this step's, read before its exchange
+  // (which pulls its rows).
+  const bool sparse = input_stage_ != nullptr && input_stage_->sparse();
+  Batch next_batch;
+  bool have_next = false;
   for (int64_t step = first_step; step < steps_.load(); ++step) {
     if (cancelled_.load() || job_ended_.load()) return absl::CancelledError("job ended");
     if (!pulled) RETURN_IF_ERROR(PullParameters(model, min_version(step), min_worker_steps(step)));
@@ -518,6 +582,10 @@ absl::Status JobTrainer::Train() {
     // A SYNC rank that took on a lost rank's batch trains on several a step
     // and pushes their mean.
     const int batches = std::max(1, batches_per_step_.load());
+    if (sparse && batches > 1) {
+      return absl::UnimplementedError(
+          "a SYNC rank of a job with sparse tables cannot take on a lost rank's batches yet");
+    }
     step_mean.Clear();
     StepResult result;
     double loss_sum = 0;
@@ -586,7 +654,13 @@ absl::Status JobTrainer::Train() {
     for (int b = 0; b < batches; ++b) {
       permanent_ = true;
       const double wait_began = MonotonicSeconds();
-      ASSIGN_OR_RETURN(bool have_batch, reader->Next(&batch));
+      bool have_batch = true;
+      if (have_next) {
+        batch = std::move(next_batch);
+        have_next = false;
+      } else {
+        ASSIGN_OR_RETURN(have_batch, reader->Next(&batch));
+      }
       const double waited = MonotonicSeconds() - wait_began;
       total_input_wait += waited;
       step_input_wait += waited;
@@ -595,8 +669,16 @@ absl::Status JobTrainer::Train() {
       const double compute_began = MonotonicSeconds();
       exchange_waited = 0;
       if (b == 0 && !gated) RETURN_IF_ERROR(start_exchange());
-      ASSIGN_OR_RETURN(result, replica_set->TrainStep(batch.features.data(), batch.labels.data(),
-                                                      batch.size, step, step_options));
+      const float* features = batch.features.data();
+      if (input_stage_ != nullptr) {
+        // The rows came back with the last step's exchange (or are pulled).
+        const double began = MonotonicSeconds();
+        ASSIGN_OR_RETURN(features,
+                         input_stage_->Features(batch, min_version(step), min_worker_steps(step)));
+        exchange_waited += MonotonicSeconds() - began;
+      }
+      ASSIGN_OR_RETURN(result, replica_set->TrainStep(features, batch.labels.data(), batch.size,
+                                                      step, step_options));
       // A second batch of the step (SYNC hand-out, never overlapped): the
       // parameters are whole on the host by then.
       step_options = TrainStepOptions();
@@ -635,6 +717,18 @@ absl::Status JobTrainer::Train() {
       checkpoint.set_step(step + 1);
       checkpoint.set_attempt(task_.attempt());
       ASSIGN_OR_RETURN(*checkpoint.mutable_state(), SaveWorkerState(*model));
+    }
+    if (sparse) {
+      // The rows' gradients go, and the next batch's rows come, beside the
+      // dense exchange.
+      const Batch* next = nullptr;
+      if (!final_step) {
+        ASSIGN_OR_RETURN(have_next, reader->Next(&next_batch));
+        if (!have_next) return absl::InternalError("training data ended");
+        next = &next_batch;
+      }
+      RETURN_IF_ERROR(input_stage_->Exchange(step, *model, next, min_version(step + 1),
+                                             min_worker_steps(step + 1)));
     }
     std::vector<const float*> grads =
         batches > 1 ? step_mean.Gradients() : Gradients(*model, result.skipped);
@@ -705,23 +799,29 @@ absl::Status JobTrainer::Train() {
         !last) {
       const double began = MonotonicSeconds();
       RETURN_IF_ERROR(finish_pending());
+      RETURN_IF_ERROR(input_stage_ ? input_stage_->Finish() : absl::OkStatus());
       ASSIGN_OR_RETURN(std::unique_ptr<BatchReader> test_set, OpenTestSet());
-      ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model, test_set.get()));
-      if (metrics.test_accuracy) metrics.test_accuracy->Set(accuracy);
-      Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy, " at step ",
-                       step + 1));
+      // The rows as of the parameters pulled: no wait.
+      ASSIGN_OR_RETURN(TestMetrics tested, EvaluateTestSet(model, test_set.get(), 0, 0));
+      if (metrics.test_accuracy) metrics.test_accuracy->Set(tested.accuracy);
+      std::string said = absl::StrCat("job ", task_.job_id(), ": ");
+      tested.Describe(&said);
+      Log(absl::StrCat(said, " at step ", step + 1));
       ReportProgressRequest evaluated;
       evaluated.set_step(step + 1);
       evaluated.set_loss(last_loss);
       evaluated.set_examples_per_sec(last_rate);
       evaluated.mutable_evaluation()->set_step(step + 1);
-      evaluated.mutable_evaluation()->set_accuracy(accuracy);
+      evaluated.mutable_evaluation()->set_accuracy(tested.accuracy);
+      if (tested.auc) evaluated.mutable_evaluation()->set_auc(*tested.auc);
+      if (tested.log_loss) evaluated.mutable_evaluation()->set_log_loss(*tested.log_loss);
       Report(evaluated, /*final=*/false);
       // The evaluation is not training time.
       window_start += MonotonicSeconds() - began;
     }
   }
   RETURN_IF_ERROR(finish_pending());
+  if (input_stage_ != nullptr) RETURN_IF_ERROR(input_stage_->Finish());
   if (total_step_seconds > 0) {
     // Where a step's time went (the rest: accumulating, checkpoint state,
     // progress reports).
@@ -747,10 +847,12 @@ absl::Status JobTrainer::Train() {
   }
 
   // Rank 0 evaluates the final model: every worker's last update applied.
-  RETURN_IF_ERROR(PullParameters(model, mode == ConsistencySpec::SYNC ? spec.steps() : 0,
-                                 mode == ConsistencySpec::SYNC ? 0 : spec.steps()));
-  ASSIGN_OR_RETURN(double accuracy, EvaluateTestSet(model, test_reader.get()));
-  if (metrics.test_accuracy) metrics.test_accuracy->Set(accuracy);
+  const int64_t final_version = mode == ConsistencySpec::SYNC ? spec.steps() : 0;
+  const int64_t final_worker_steps = mode == ConsistencySpec::SYNC ? 0 : spec.steps();
+  RETURN_IF_ERROR(PullParameters(model, final_version, final_worker_steps));
+  ASSIGN_OR_RETURN(TestMetrics tested,
+                   EvaluateTestSet(model, test_reader.get(), final_version, final_worker_steps));
+  if (metrics.test_accuracy) metrics.test_accuracy->Set(tested.accuracy);
   ReportProgressRequest done;
   if (task_.checkpoints()) {
     // The final checkpoint: what export takes away.
@@ -761,12 +863,16 @@ absl::Status JobTrainer::Train() {
     done.mutable_checkpoint()->set_attempt(task_.attempt());
     ASSIGN_OR_RETURN(*done.mutable_checkpoint()->mutable_state(), SaveWorkerState(*model));
   }
-  Log(absl::StrCat("job ", task_.job_id(), ": test accuracy ", accuracy));
+  std::string said = absl::StrCat("job ", task_.job_id(), ": ");
+  tested.Describe(&said);
+  Log(said);
   done.set_step(steps_.load());
   done.set_loss(last_loss);
   done.set_finished(true);
   done.set_has_test_accuracy(true);
-  done.set_test_accuracy(accuracy);
+  done.set_test_accuracy(tested.accuracy);
+  if (tested.auc) done.set_test_auc(*tested.auc);
+  if (tested.log_loss) done.set_test_log_loss(*tested.log_loss);
   Report(done, /*final=*/true);
   return absl::OkStatus();
 }

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include "model/model.h"
 #include "proto/coordinator.pb.h"
 #include "ps/parameter_shard.h"
+#include "worker/input_stage.h"
 #include "worker/param_exchange.h"
 
 namespace downpour {
@@ -70,6 +72,14 @@ struct TrainerOptions {
   // message as the gradients come out; ParameterExchange::BeginPushPull);
   // false: the step's exchange starts after backward (the serial path).
   bool overlap = true;
+};
+
+// What an evaluation of the test set measured (JobSpec.metrics).
+struct TestMetrics {
+  double accuracy = 0;
+  std::optional<double> auc, log_loss;
+  // "test accuracy A[, AUC X][, log loss Y]" appended to `text`.
+  void Describe(std::string* text) const;
 };
 
 class JobTrainer {
@@ -127,7 +137,7 @@ class JobTrainer {
   absl::Status Train();
   // Checks the task's placement against the model's parameters and sets up
   // the exchange with the job's shards.
-  absl::Status StartExchange(const std::vector<ParamInfo>& params);
+  absl::Status StartExchange(const Model& model);
   absl::Status PullParameters(Model* model, int64_t min_version, int64_t min_worker_steps);
   // Pushes gradients by tensor id as step `step`'s (none: a skipped step).
   absl::Status PushGradients(int64_t step, const std::vector<const float*>& grads);
@@ -150,7 +160,11 @@ class JobTrainer {
   // has the final checkpoint instead): at the spec's every_steps, or when
   // the coordinator has asked since the last one.
   bool CheckpointDue(int64_t step);
-  absl::StatusOr<double> EvaluateTestSet(Model* model, data::BatchReader* reader);
+  // The test set's metrics; a model with sparse tables reads their rows
+  // once the tables have had min_version steps and every worker
+  // min_worker_steps.
+  absl::StatusOr<TestMetrics> EvaluateTestSet(Model* model, data::BatchReader* reader,
+                                              int64_t min_version, int64_t min_worker_steps);
   // Sends a report; a final one (finished, accuracy, failure) is retried
   // until delivered or the trainer is cancelled. Ordinary progress is best
   // effort.
@@ -163,6 +177,10 @@ class JobTrainer {
   const std::vector<ParameterShard*> shards_;
   const Reporter reporter_;
   std::unique_ptr<ParameterExchange> exchange_;  // Set by StartExchange.
+  // The model's shape (set by Train) and, for a model with named inputs,
+  // its input stage (set by StartExchange).
+  ModelShape shape_;
+  std::unique_ptr<InputStage> input_stage_;
   // Why Train failed, for the coordinator: the error would recur on a
   // restart (data, model), or training diverged.
   bool permanent_ = false;

@@ -1,0 +1,78 @@
+// InputStage: the model input of a job whose model has named inputs
+// (ModelSpec.inputs): each batch's dense inputs packed into their slots and,
+// for sparse embeddings, the rows the batch reads pulled from the shards and
+// pooled into theirs (worker/sparse_batch.h, worker/sparse_exchange.h).
+//
+// A training step: Features(batch) gives the step's input — its rows came
+// back with the last step's exchange (Exchange(..., next = this batch)), or
+// are pulled now (the first step); after the step's backward,
+// Exchange(step, model, next) sends the rows' gradients and asks for the
+// next batch's rows in one request per shard, in the background, while the
+// trainer exchanges the dense partitions. Evaluation reads rows without
+// creating them (EvalFeatures).
+//
+// Thread-compatible: one trainer drives it.
+#ifndef DOWNPOUR_WORKER_INPUT_STAGE_H_
+#define DOWNPOUR_WORKER_INPUT_STAGE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/dataset.h"
+#include "model/model.h"
+#include "ps/parameter_shard.h"
+#include "spec/model_shape.h"
+#include "worker/param_exchange.h"
+#include "worker/sparse_batch.h"
+#include "worker/sparse_exchange.h"
+
+namespace downpour {
+
+class InputStage {
+ public:
+  // `shape` must outlive the stage; `options` as the dense exchange's.
+  InputStage(const ModelShape& shape, ExchangeOptions options, std::vector<ParameterShard*> shards,
+             std::function<bool()> cancelled);
+
+  // The model input of `batch` (batch.size * input_size floats, slot-major),
+  // valid until the next call. Pulls its rows once the tables have had
+  // min_version steps and every worker min_worker_steps, unless the last
+  // Exchange brought them (then waits for that exchange).
+  absl::StatusOr<const float*> Features(const data::Batch& batch, int64_t min_version,
+                                        int64_t min_worker_steps);
+  // After the step's backward on `model` (its input gradient): pushes the
+  // rows' gradients as step `step`'s and, with `next`, pulls next's rows
+  // (the next Features call must be for `next`). Returns at once.
+  absl::Status Exchange(int64_t step, const Model& model, const data::Batch* next,
+                        int64_t min_version, int64_t min_worker_steps);
+  // Waits for the exchange in flight, if any.
+  absl::Status Finish();
+  // The input of a test batch, its rows read without creating any.
+  absl::StatusOr<const float*> EvalFeatures(const data::Batch& batch, int64_t min_version,
+                                            int64_t min_worker_steps);
+
+  bool sparse() const { return exchange_ != nullptr; }
+  int64_t rows_pushed() const { return exchange_ ? exchange_->rows_pushed() : 0; }
+  int64_t rows_pulled() const { return exchange_ ? exchange_->rows_pulled() : 0; }
+
+ private:
+  absl::StatusOr<const float*> Pack(const data::Batch& batch, const SparseBatch* plan);
+
+  const ModelShape& shape_;
+  const int num_shards_;
+  std::function<bool()> cancelled_;
+  std::unique_ptr<SparseExchange> exchange_;  // Null without sparse tables.
+  // The plan of the batch being trained (current_) and of the one whose rows
+  // are coming (next_); swapped as steps go.
+  std::unique_ptr<SparseBatch> current_, next_;
+  bool next_pulled_ = false;
+  std::vector<std::vector<std::vector<float>>> grads_;
+  std::vector<float> features_;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_WORKER_INPUT_STAGE_H_

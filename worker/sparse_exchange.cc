@@ -1,0 +1,192 @@
+#include "worker/sparse_exchange.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/wire_dtype.h"
+#include "spec/wire_dtype.h"
+
+namespace downpour {
+namespace {
+
+// As the dense exchange: a timeout, a lost connection, a shard not hosting
+// the job yet, or one not yet told this worker holds its rank.
+bool Retryable(const absl::Status& status) {
+  return absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
+         absl::IsNotFound(status) || absl::IsPermissionDenied(status);
+}
+
+}  // namespace
+
+SparseExchange::SparseExchange(const ModelShape& shape, ExchangeOptions options,
+                               std::vector<ParameterShard*> shards)
+    : shape_(shape),
+      options_(std::move(options)),
+      shards_(std::move(shards)),
+      sequence_(options_.first_sequence) {
+  const size_t tables = shape_.sparse_tables.size();
+  pulled_.assign(tables, std::vector<std::vector<float>>(shards_.size()));
+  row_pointers_.assign(tables, std::vector<const float*>(shards_.size(), nullptr));
+  encoded_.resize(shards_.size());
+}
+
+SparseExchange::~SparseExchange() { (void)Finish(); }
+
+void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
+                           const std::vector<std::vector<std::vector<float>>>* grads,
+                           const SparseBatch* next, int64_t min_version, int64_t min_worker_steps,
+                           std::function<bool()> cancelled, bool read_only) {
+  step_ = step;
+  read_only_ = read_only;
+  pushed_ = pushed;
+  grads_ = grads;
+  next_ = next;
+  min_version_ = min_version;
+  min_worker_steps_ = min_worker_steps;
+  cancelled_ = std::move(cancelled);
+  results_.assign(shards_.size(), absl::OkStatus());
+  const int64_t first = sequence_ + 1;
+  if (pushed_ != nullptr) sequence_ += static_cast<int64_t>(shards_.size());
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    threads_.emplace_back([this, s, first] {
+      results_[s] = ExchangeWithShard(static_cast<int>(s), first + static_cast<int64_t>(s));
+    });
+  }
+}
+
+absl::Status SparseExchange::Finish() {
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  absl::Status first;
+  for (const absl::Status& s : results_) first.Update(s);
+  results_.clear();
+  if (first.ok() && next_ != nullptr) {
+    for (size_t t = 0; t < pulled_.size(); ++t) {
+      for (size_t s = 0; s < shards_.size(); ++s) {
+        row_pointers_[t][s] = pulled_[t][s].data();
+        rows_pulled_ += static_cast<int64_t>(next_->rows(t, s).size());
+      }
+    }
+  }
+  if (first.ok() && pushed_ != nullptr) rows_pushed_ += pushed_->distinct_rows();
+  return first;
+}
+
+absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
+  const int tables = static_cast<int>(shape_.sparse_tables.size());
+  PushRequest push;
+  Payload push_payload;
+  if (pushed_ != nullptr) {
+    push.set_job_id(options_.job_id);
+    push.set_worker_rank(options_.rank);
+    push.set_step(step_);
+    push.set_attempt(options_.attempt);
+    RequestId* id = push.mutable_request_id();
+    id->set_worker_id(absl::StrCat(options_.worker_id, "#sparse"));
+    id->set_incarnation(options_.incarnation);
+    id->set_sequence(sequence);
+    const WireDtype dtype = options_.gradient_dtype;
+    const int bytes = BytesPerElement(dtype);
+    int64_t elements = 0;
+    for (int t = 0; t < tables; ++t) elements += static_cast<int64_t>((*grads_)[t][s].size());
+    if (dtype != WireDtype::kFloat32) encoded_[s].resize(elements * bytes);
+    int64_t at = 0;
+    for (int t = 0; t < tables; ++t) {
+      SparseRows* rows = push.add_sparse();
+      rows->set_table(t);
+      rows->set_dtype(DTypeOf(dtype));
+      const std::vector<int64_t>& ids = pushed_->rows(t, s);
+      rows->mutable_ids()->Assign(ids.begin(), ids.end());
+      const std::vector<float>& g = (*grads_)[t][s];
+      if (g.empty()) continue;
+      if (dtype == WireDtype::kFloat32) {
+        push_payload.Append(reinterpret_cast<const char*>(g.data()), sizeof(float) * g.size());
+      } else {
+        char* out = encoded_[s].data() + at * bytes;
+        EncodeFloats(dtype, g.data(), static_cast<int64_t>(g.size()), out);
+        push_payload.Append(out, bytes * g.size());
+      }
+      at += static_cast<int64_t>(g.size());
+    }
+  }
+  PullRequest pull;
+  if (next_ != nullptr) {
+    pull.set_job_id(options_.job_id);
+    pull.set_worker_rank(options_.rank);
+    pull.set_min_version(min_version_);
+    pull.set_min_worker_steps(min_worker_steps_);
+    pull.set_dtype(FLOAT32);
+    pull.set_sparse_read_only(read_only_);
+    for (int t = 0; t < tables; ++t) {
+      SparseRows* rows = pull.add_sparse();
+      rows->set_table(t);
+      const std::vector<int64_t>& ids = next_->rows(t, s);
+      rows->mutable_ids()->Assign(ids.begin(), ids.end());
+    }
+  }
+  // The same request on every attempt: the shard applies the push once; a
+  // pull that waited its slice out (other workers, SYNC) is asked again.
+  const absl::Time push_give_up = absl::Now() + options_.push_timeout;
+  const absl::Time pull_give_up = absl::Now() + options_.pull_timeout;
+  const absl::Time give_up = next_ != nullptr ? pull_give_up : push_give_up;
+  absl::Duration backoff = absl::Milliseconds(20);
+  Payload pulled;
+  PullResponse response;
+  while (true) {
+    if (cancelled_()) return absl::CancelledError("job ended");
+    const absl::Time started = absl::Now();
+    const absl::Time deadline = std::min(give_up, started + options_.pull_slice);
+    absl::Status status;
+    if (pushed_ != nullptr && next_ != nullptr) {
+      absl::StatusOr<PushPullResponse> answer =
+          shards_[s]->PushPull(push, push_payload, pull, deadline, &pulled);
+      status = answer.status();
+      if (answer.ok()) response = std::move(*answer->mutable_pull());
+    } else if (pushed_ != nullptr) {
+      status = shards_[s]->Push(push, push_payload).status();
+    } else {
+      absl::StatusOr<PullResponse> answer = shards_[s]->Pull(pull, deadline, &pulled);
+      status = answer.status();
+      if (answer.ok()) response = std::move(*answer);
+    }
+    if (status.ok()) break;
+    if (!Retryable(status) || absl::Now() >= give_up) {
+      return Annotate(status, absl::StrCat("exchanging sparse rows with shard ", s));
+    }
+    if (absl::Now() - started < options_.pull_slice / 2) {
+      absl::SleepFor(std::min(backoff, give_up - absl::Now()));
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+  if (next_ == nullptr) return absl::OkStatus();
+  // The rows, table after table, as asked.
+  if (response.sparse_size() != tables) {
+    return absl::InternalError(absl::StrCat("shard ", s, " answered ", response.sparse_size(),
+                                            " sparse tables of ", tables));
+  }
+  size_t offset = 0;
+  for (const PartitionHeader& p : response.partitions()) offset += sizeof(float) * p.num_elements();
+  for (int t = 0; t < tables; ++t) {
+    const SparseRows& rows = response.sparse(t);
+    const std::vector<int64_t>& asked = next_->rows(t, s);
+    if (rows.table() != t || rows.ids_size() != static_cast<int>(asked.size()) ||
+        (rows.dtype() != FLOAT32 && rows.dtype() != DTYPE_UNSPECIFIED)) {
+      return absl::InternalError(
+          absl::StrCat("shard ", s, " answered other rows than asked of table ", t));
+    }
+    const size_t bytes = sizeof(float) * asked.size() * shape_.sparse_tables[t].dim;
+    if (offset + bytes > pulled.size()) {
+      return absl::InternalError(absl::StrCat("shard ", s, " sent ", pulled.size(),
+                                              " bytes, fewer than the rows asked for"));
+    }
+    std::vector<float>& out = pulled_[t][s];
+    out.resize(bytes / sizeof(float));
+    pulled.CopyTo(offset, bytes, reinterpret_cast<char*>(out.data()));
+    offset += bytes;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace downpour

@@ -1,0 +1,96 @@
+// SparseExchange: the worker side of a job's sparse tables (spec/model_shape.h
+// SparseTableInfo) — per step, the gradients of the rows the step read go
+// to the shards holding them and the rows the next step reads come back, one
+// request per shard (ParameterShard::PushPull; a pull alone before the first
+// step), all shards at once on threads of the exchange's own, so the rows
+// travel while the dense partitions are exchanged (worker/param_exchange.h).
+//
+// Every push carries one SparseRows per table (empty `ids` where the step
+// read none of the shard's rows), so a SYNC step of the tables completes on
+// each shard once every worker has pushed it. Requests have an exactly-once
+// identity of their own ("<worker_id>#sparse"), so a retried push is
+// applied once and the dense exchange's window is untouched. Timeouts and
+// lost connections are retried with the same request until the push or
+// pull timeout; a shard that refuses (its memory limit, a bad id) fails the
+// step with its reason.
+//
+// Thread-compatible: one trainer drives it; Begin and Finish alternate. The
+// shards are not owned and must outlive the exchange.
+#ifndef DOWNPOUR_WORKER_SPARSE_EXCHANGE_H_
+#define DOWNPOUR_WORKER_SPARSE_EXCHANGE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "ps/parameter_shard.h"
+#include "spec/model_shape.h"
+#include "worker/param_exchange.h"
+#include "worker/sparse_batch.h"
+
+namespace downpour {
+
+class SparseExchange {
+ public:
+  // `options` as the dense exchange's (job, rank, identity, attempt,
+  // timeouts, gradient dtype); `shards[i]` serves shard index i.
+  SparseExchange(const ModelShape& shape, ExchangeOptions options,
+                 std::vector<ParameterShard*> shards);
+  ~SparseExchange();
+  SparseExchange(const SparseExchange&) = delete;
+  SparseExchange& operator=(const SparseExchange&) = delete;
+
+  // Starts step `step`'s exchange: with `pushed`, the rows' gradients of
+  // `grads` ([table][shard], SparseBatch::RowGradients) as step `step`'s
+  // push; with `next`, a pull of next's rows once the tables have had
+  // `min_version` steps and every worker `min_worker_steps` (`read_only`: an
+  // evaluation's, creating no row). Returns at once.
+  // `pushed`, `grads`, `next` and `cancelled` must outlive Finish.
+  void Begin(int64_t step, const SparseBatch* pushed,
+             const std::vector<std::vector<std::vector<float>>>* grads, const SparseBatch* next,
+             int64_t min_version, int64_t min_worker_steps, std::function<bool()> cancelled,
+             bool read_only = false);
+  // Waits for the exchange Begin started and returns its first error (a
+  // no-op OK without one). After a pull, rows() holds next's rows.
+  absl::Status Finish();
+  bool in_flight() const { return !threads_.empty(); }
+
+  // The rows pulled last: [table][shard], rows(table, shard).size() * dim
+  // floats each, as SparseBatch::Pool takes them.
+  const std::vector<std::vector<const float*>>& rows() const { return row_pointers_; }
+
+  // Rows pushed and pulled so far (for metrics).
+  int64_t rows_pushed() const { return rows_pushed_; }
+  int64_t rows_pulled() const { return rows_pulled_; }
+
+ private:
+  // Shard s's part of the exchange Begin started.
+  absl::Status ExchangeWithShard(int s, int64_t sequence);
+
+  const ModelShape& shape_;
+  const ExchangeOptions options_;
+  const std::vector<ParameterShard*> shards_;
+  int64_t sequence_;
+  // The exchange in flight.
+  int64_t step_ = 0;
+  const SparseBatch* pushed_ = nullptr;
+  const std::vector<std::vector<std::vector<float>>>* grads_ = nullptr;
+  const SparseBatch* next_ = nullptr;
+  int64_t min_version_ = 0, min_worker_steps_ = 0;
+  bool read_only_ = false;
+  std::function<bool()> cancelled_;
+  std::vector<std::thread> threads_;
+  std::vector<absl::Status> results_;
+  // Pulled rows, [table][shard], and pointers to them.
+  std::vector<std::vector<std::vector<float>>> pulled_;
+  std::vector<std::vector<const float*>> row_pointers_;
+  std::vector<std::vector<char>> encoded_;  // Per shard: 16-bit gradients.
+  int64_t rows_pushed_ = 0, rows_pulled_ = 0;
+};
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_WORKER_SPARSE_EXCHANGE_H_
