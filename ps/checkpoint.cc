@@ -97,7 +97,11 @@ void CheckpointWriter::Loop() {
       min_version = std::min(min_version, p.version);
       max_version = std::max(max_version, p.version);
     }
-    file->set_min_version(capture.partitions().empty() ? 0 : min_version);
+    if (capture.partitions().empty()) {
+      // A shard holding only sparse tables of the job: their version.
+      min_version = max_version = snapshot.has_sparse ? snapshot.sparse_version : 0;
+    }
+    file->set_min_version(min_version);
     file->set_max_version(max_version);
     const std::string dir =
         absl::StrCat(root_, "/", CheckpointDir(snapshot.job_id, snapshot.step, snapshot.attempt));

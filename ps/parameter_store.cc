@@ -48,13 +48,19 @@ PushResponse DuplicateResponse() {
 }  // namespace
 
 // The loans of a capture (in the order of its partitions), given back, or
-// the copies that replaced them (Detach), when the capture is destroyed.
-// Holds the job, so a job dropped meanwhile keeps its partitions until then.
+// the copies that replaced them (Detach), when the capture is destroyed;
+// and its sparse tables' part, if any. Holds the job, so a job dropped
+// meanwhile keeps its partitions and tables until then.
 class ParameterStore::CaptureLease : public ShardCapture::Lease {
  public:
-  CaptureLease(std::shared_ptr<Job> job, std::vector<std::pair<Partition*, int64_t>> loans)
-      : job_(std::move(job)) {
+  CaptureLease(std::shared_ptr<Job> job, std::vector<std::pair<Partition*, int64_t>> loans,
+               std::shared_ptr<SparseCapture> tables)
+      : job_(std::move(job)), tables_(std::move(tables)) {
     for (const auto& [partition, generation] : loans) loans_.push_back({partition, generation});
+  }
+
+  void TakeTables(ShardSnapshot* info, bool keep) override {
+    if (tables_ != nullptr) tables_->Take(info, keep);
   }
   ~CaptureLease() override {
     for (Loan& loan : loans_) {
@@ -99,6 +105,7 @@ class ParameterStore::CaptureLease : public ShardCapture::Lease {
   };
 
   const std::shared_ptr<Job> job_;
+  const std::shared_ptr<SparseCapture> tables_;  // May be null.
   std::vector<Loan> loans_;
 };
 
@@ -511,7 +518,10 @@ void ParameterStore::SetAbsentWorkers(const std::string& job_id, const std::vect
     job->UpdateAnyAbsent();
     job->changed.SignalAll();
   }
-  if (!newly_absent || !job->sync()) return;
+  if (!job->sync()) return;
+  // The tables' step may have completed (a capture made ready).
+  HandOver(*job);
+  if (!newly_absent) return;
   // Steps that waited only for the lost ranks complete now.
   for (const auto& partition : job->partitions) {
     absl::MutexLock lock(&partition->mu);
@@ -529,11 +539,25 @@ void ParameterStore::BeginCapture(Job& job, int64_t step) const {
     absl::MutexLock lock(&job.capture_mu);
     if (job.capture_step != 0 || step <= job.last_capture_step) return;
     job.capture_step = job.last_capture_step = step;
-    job.capture_expected = job.partitions.size();
+    job.capture_expected = job.partitions.size() + (job.sparse != nullptr ? 1 : 0);
     job.captured.clear();
     job.loans.clear();
+    job.captured_tables = nullptr;
   }
-  if (job.partitions.empty()) Deliver(job, step, nullptr, "");
+  if (job.capture_expected == 0) Deliver(job, step, nullptr, "");
+  if (job.sparse != nullptr) {
+    // The tables complete a step as a whole: captured when they reach it
+    // (see SparseStore::CaptureAt), beside the partitions. The store owns
+    // the tables, and the tables this function: `job` outlives it.
+    job.sparse->CaptureAt(
+        step, [this, &job, step](absl::StatusOr<std::shared_ptr<SparseCapture>> tables) {
+          if (tables.ok()) {
+            Deliver(job, step, nullptr, "", *std::move(tables));
+          } else {
+            Deliver(job, step, nullptr, std::string(tables.status().message()));
+          }
+        });
+  }
   for (const auto& partition : job.partitions) {
     Partition& p = *partition;
     absl::MutexLock lock(&p.mu);
@@ -551,7 +575,8 @@ void ParameterStore::BeginCapture(Job& job, int64_t step) const {
   HandOver(job);
 }
 
-void ParameterStore::Deliver(Job& job, int64_t step, Partition* p, const std::string& error) const {
+void ParameterStore::Deliver(Job& job, int64_t step, Partition* p, const std::string& error,
+                             std::shared_ptr<SparseCapture> tables) const {
   absl::MutexLock lock(&job.capture_mu);
   if (job.capture_step != step) return;
   ShardSnapshot info;
@@ -566,13 +591,17 @@ void ParameterStore::Deliver(Job& job, int64_t step, Partition* p, const std::st
     // back when the failed capture is dropped.
     info.error = error;
     job.captured.clear();
+    job.captured_tables = nullptr;
   } else {
     if (p != nullptr) {
       int64_t generation = 0;
       job.captured.push_back(p->Lend(&generation));
       job.loans.emplace_back(p, generation);
     }
-    if (job.captured.size() < job.capture_expected) return;
+    if (tables != nullptr) job.captured_tables = std::move(tables);
+    if (job.captured.size() + (job.captured_tables != nullptr ? 1 : 0) < job.capture_expected) {
+      return;
+    }
     absl::MutexLock job_lock(&job.mu);
     info.worker_steps = job.worker_steps;
     // In SYNC every worker has pushed `step` steps at version `step` (the
@@ -597,10 +626,12 @@ void ParameterStore::Deliver(Job& job, int64_t step, Partition* p, const std::st
   }
   if (!error.empty()) loans = std::move(job.loans);
   job.ready.emplace_back(std::move(info), std::move(partitions),
-                         std::make_unique<CaptureLease>(job.shared_from_this(), std::move(loans)));
+                         std::make_unique<CaptureLease>(job.shared_from_this(), std::move(loans),
+                                                        std::move(job.captured_tables)));
   job.any_ready.store(true, std::memory_order_release);
   job.captured.clear();
   job.loans.clear();
+  job.captured_tables = nullptr;
   job.capture_step = 0;
 }
 
@@ -648,6 +679,15 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
       }
     }
   }
+  // The tables first: rows that do not fit the memory limit refuse the
+  // restore before a partition changes.
+  if (job->sparse != nullptr) {
+    RETURN_IF_ERROR(job->sparse->Restore(snapshot));
+  } else if (snapshot.has_sparse && !snapshot.sparse_tables.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the checkpoint holds sparse table ",
+                                                   snapshot.sparse_tables[0].name,
+                                                   "; the job has none"));
+  }
   for (const PartitionSnapshot& s : snapshot.partitions) {
     Partition& p = *job->by_key[KeyPair(s.tensor_id, s.partition)];
     absl::MutexLock lock(&p.mu);
@@ -669,11 +709,6 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
   }
   job->requests.Import(snapshot.requests);
   job->changed.SignalAll();
-  if (job->sparse != nullptr) {
-    Log(absl::StrCat("job ", job_id, ": restored from step ", snapshot.step,
-                     " without its sparse tables (checkpoints do not hold them yet): their rows "
-                     "start afresh"));
-  }
   return absl::OkStatus();
 }
 

@@ -136,14 +136,27 @@ class ParameterStore : public ParameterShard {
   // (ps/parameter_arrays.h). Both use spare arrays made when the job is added
   // with a sink set, so a shard that checkpoints keeps a second set of values
   // and optimizer slots (what a copy at each checkpoint needed too).
+  //
+  // The sparse tables are one more part of the capture (SparseStore::
+  // CaptureAt): in SYNC taken when the tables' version reaches S (they
+  // complete a step as a whole), before step S's rows are applied; in
+  // ASYNC/SSP at once, their rows copied on the push's thread. In SYNC the
+  // rows are copied by Detach on the writer's thread, unless the push that
+  // applies step S comes first and copies them (under the tables' lock)
+  // before it changes a row; tables past S make the capture an error.
   using CheckpointSink = std::function<void(ShardCapture)>;
   // REQUIRES: no job hosted yet.
   void SetCheckpointSink(CheckpointSink sink);
 
   // Puts `snapshot`, this shard's part of a checkpoint of `job_id`, into the
   // hosted job: partitions' values, slots, versions and updates, the
-  // workers' pushed steps and the exactly-once windows. InvalidArgument,
-  // naming the partition, when it does not match the job's partitions here.
+  // workers' pushed steps, the exactly-once windows, and the sparse tables'
+  // rows and version (SparseStore::Restore: a checkpoint written before
+  // checkpoints held them restarts the rows afresh). InvalidArgument, naming
+  // the partition or table, when it does not match the job's here;
+  // ResourceExhausted naming the table whose rows do not fit the shard's
+  // memory limit. The checkpoint must be of the job's number of shards (a
+  // job's spec, so its num_shards, is the same at every start).
   absl::Status Restore(const std::string& job_id, const ShardSnapshot& snapshot);
 
   using ParameterShard::Pull;
@@ -188,10 +201,11 @@ class ParameterStore : public ParameterShard {
   // Checkpoint capture (see SetCheckpointSink).
   void BeginCapture(Job& job, int64_t step) const;
   // Lends partition `p`'s arrays (none: nullptr) to the job's capture of
-  // `step`, or fails it with `error`; a capture whole or failed is made
-  // ready for HandOver.
+  // `step`, or gives it the sparse tables' part (`tables`), or fails it with
+  // `error`; a capture whole or failed is made ready for HandOver.
   // REQUIRES: p->mu is held.
-  void Deliver(Job& job, int64_t step, Partition* p, const std::string& error) const;
+  void Deliver(Job& job, int64_t step, Partition* p, const std::string& error,
+               std::shared_ptr<SparseCapture> tables = nullptr) const;
   // Passes the job's ready captures to the sink.
   // REQUIRES: no lock of the job or its partitions is held.
   void HandOver(Job& job) const;

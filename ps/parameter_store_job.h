@@ -192,6 +192,9 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
   // of each loan.
   std::vector<PartitionArrays> captured ABSL_GUARDED_BY(capture_mu);
   std::vector<std::pair<Partition*, int64_t>> loans ABSL_GUARDED_BY(capture_mu);
+  // The sparse tables' part of the capture, once they reached its step
+  // (counted in capture_expected as one more part).
+  std::shared_ptr<SparseCapture> captured_tables ABSL_GUARDED_BY(capture_mu);
   // Captures complete or failed, for HandOver to pass to the sink; `any_ready`
   // lets pushes skip the locks when there are none.
   std::vector<ShardCapture> ready ABSL_GUARDED_BY(capture_mu);

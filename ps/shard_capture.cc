@@ -33,8 +33,16 @@ ShardCapture ShardCapture::Owning(ShardSnapshot snapshot) {
   return ShardCapture(std::move(snapshot), std::move(arrays), std::move(owned));
 }
 
+void ShardCapture::Detach() {
+  if (lease_ == nullptr) return;
+  lease_->Detach(&partitions_);
+  if (!tables_taken_) lease_->TakeTables(&info_, /*keep=*/false);
+  tables_taken_ = true;
+}
+
 ShardSnapshot ShardCapture::Copy() const {
   ShardSnapshot snapshot = info_;
+  if (!tables_taken_ && lease_ != nullptr) lease_->TakeTables(&snapshot, /*keep=*/true);
   snapshot.partitions.reserve(partitions_.size());
   for (const PartitionArrays& a : partitions_) {
     PartitionSnapshot p;

@@ -3,7 +3,10 @@
 // partitions' arrays, borrowed from the store rather than copied. The store
 // leaves a captured partition's arrays untouched (a push that updates the
 // partition writes fresh arrays instead; ps/parameter_store.h) until the
-// capture is destroyed, which hands them back.
+// capture is destroyed, which hands them back. A job's sparse tables come
+// through the lease too (a SparseCapture, ps/sparse_store.h): their rows are
+// copied into the capture's fields by Detach, on the writer's thread,
+// unless the store had to copy them first.
 //
 // Thread-safety: thread-compatible. A capture may be moved to, and destroyed
 // on, any thread that holds no lock of the store. Ownership: a capture owns
@@ -26,6 +29,10 @@ class ShardCapture {
     virtual ~Lease() = default;
     // See ShardCapture::Detach; `partitions` are the capture's.
     virtual void Detach(std::vector<PartitionArrays>* partitions) {}
+    // Sets `info`'s sparse tables (ShardSnapshot::has_sparse and after), if
+    // the capture has any; `keep`: a copy, so that a later call gets them
+    // too. Called once with keep false at most (Detach).
+    virtual void TakeTables(ShardSnapshot* info, bool keep) {}
   };
 
   ShardCapture() = default;
@@ -40,6 +47,7 @@ class ShardCapture {
   static ShardCapture Owning(ShardSnapshot snapshot);
 
   // The checkpoint's fields; info().partitions is empty: see partitions().
+  // The sparse tables are there once detached (Copy has them before).
   const ShardSnapshot& info() const { return info_; }
   const std::vector<PartitionArrays>& partitions() const { return partitions_; }
   // The whole snapshot, its arrays copied.
@@ -47,14 +55,14 @@ class ShardCapture {
   // Copies each borrowed partition that no update has reached since the
   // capture into arrays of the capture's own (the store's spare ones: no
   // allocation), holding no lock of the store while it copies, and ends its
-  // loan: the updates after that go in place. The writer calls it as soon as
-  // it takes the capture, while the workers compute.
-  void Detach() {
-    if (lease_ != nullptr) lease_->Detach(&partitions_);
-  }
+  // loan: the updates after that go in place; and puts the sparse tables'
+  // rows into info(). The writer calls it as soon as it takes the capture,
+  // while the workers compute.
+  void Detach();
 
  private:
   ShardSnapshot info_;
+  bool tables_taken_ = false;  // info_ holds the sparse tables.
   std::vector<PartitionArrays> partitions_;
   // Declared last: destroyed first, after nothing reads the arrays.
   std::unique_ptr<Lease> lease_;

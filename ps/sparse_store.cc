@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "ps/gradient_runs.h"
 #include "ps/lr_schedule.h"
@@ -273,6 +274,12 @@ int SparseStore::Quorum() const {
 void SparseStore::MaybeCompleteStep() {
   if (!failure_.ok() || num_arrived_ == 0 || num_arrived_ < Quorum()) return;
   const int64_t version = version_.load(std::memory_order_relaxed);
+  // A capture of this version whose rows nobody has copied yet: now,
+  // before the step changes them.
+  if (std::shared_ptr<SparseCapture> frozen = frozen_.lock()) {
+    if (frozen->version() == version && !frozen->copied_) CopyRows(frozen.get());
+  }
+  frozen_.reset();
   if (num_contributors_ > 0) {
     const float scale = 1.f / static_cast<float>(num_contributors_);
     for (size_t t = 0; t < tables_.size(); ++t) {
@@ -320,6 +327,11 @@ void SparseStore::MaybeCompleteStep() {
   num_contributors_ = 0;
   held_bytes_ = 0;
   version_.store(version + 1, std::memory_order_release);
+  if (capture_at_ == version + 1) {
+    handoffs_.emplace_back(std::move(capture_fn_), Freeze(version + 1));
+    capture_at_ = 0;
+    capture_fn_ = nullptr;
+  }
 }
 
 void SparseStore::Fail(const absl::Status& status) {
@@ -329,11 +341,14 @@ void SparseStore::Fail(const absl::Status& status) {
 
 void SparseStore::ReportDiverged() {
   std::vector<std::string> reasons;
+  std::vector<std::pair<CapturedFn, std::shared_ptr<SparseCapture>>> handoffs;
   {
     absl::MutexLock lock(&mu_);
     reasons.swap(divergences_);
+    handoffs.swap(handoffs_);
   }
   for (const std::string& why : reasons) diverged_(why);
+  for (auto& [captured, capture] : handoffs) captured(std::move(capture));
 }
 
 absl::Status SparseStore::failure() const {
@@ -435,6 +450,133 @@ std::vector<SparseTable::Snapshot> SparseStore::Snapshot() const {
   std::vector<SparseTable::Snapshot> snapshots;
   for (const Table& table : tables_) snapshots.push_back(table.rows->TakeSnapshot());
   return snapshots;
+}
+
+void SparseCapture::Take(ShardSnapshot* info, bool keep) {
+  {
+    absl::MutexLock lock(&store_->mu_);
+    if (!copied_) store_->CopyRows(this);
+  }
+  info->has_sparse = true;
+  info->sparse_version = version_;
+  if (keep) {
+    info->sparse_tables = tables_;
+  } else {
+    info->sparse_tables = std::move(tables_);
+    tables_.clear();
+  }
+}
+
+std::shared_ptr<SparseCapture> SparseStore::Freeze(int64_t version) {
+  std::shared_ptr<SparseCapture> capture(new SparseCapture(this, version));
+  frozen_ = capture;
+  return capture;
+}
+
+void SparseStore::CopyRows(SparseCapture* capture) {
+  capture->tables_.clear();
+  capture->tables_.reserve(tables_.size());
+  for (const Table& table : tables_) {
+    SparseTable::Snapshot rows = table.rows->TakeSnapshot();
+    SparseTableSnapshot out;
+    out.name = table.info.name;
+    out.dim = rows.dim;
+    out.slots = rows.slots;
+    out.ids = std::move(rows.ids);
+    out.values = std::move(rows.values);
+    out.slot_values = std::move(rows.slot_values);
+    out.updates = std::move(rows.updates);
+    out.touches = std::move(rows.touches);
+    capture->tables_.push_back(std::move(out));
+  }
+  capture->copied_ = true;
+}
+
+void SparseStore::CaptureAt(int64_t step, CapturedFn captured) {
+  absl::StatusOr<std::shared_ptr<SparseCapture>> result;
+  {
+    absl::MutexLock lock(&mu_);
+    capture_at_ = 0;  // Replaced, if one was pending.
+    capture_fn_ = nullptr;
+    const int64_t version = version_.load(std::memory_order_acquire);
+    if (!sync()) {
+      result = std::shared_ptr<SparseCapture>(new SparseCapture(this, version));
+      CopyRows(result->get());
+    } else if (version > step) {
+      result = absl::FailedPreconditionError(
+          absl::StrCat("the sparse tables are already at version ", version,
+                       ", past the checkpoint's step ", step));
+    } else if (version == step) {
+      result = Freeze(step);
+    } else {
+      capture_at_ = step;
+      capture_fn_ = std::move(captured);
+      return;
+    }
+  }
+  captured(std::move(result));
+}
+
+absl::Status SparseStore::Restore(const ShardSnapshot& snapshot) {
+  const std::string where = absl::StrCat("restoring job ", job_id_, " from step ", snapshot.step);
+  int64_t version = snapshot.sparse_version;
+  if (!snapshot.has_sparse) {
+    version = snapshot.step;
+    if (!sync()) {
+      version = 0;
+      for (const PartitionSnapshot& p : snapshot.partitions) version = std::max(version, p.version);
+    }
+    for (Table& table : tables_) {
+      SparseTable::Snapshot none;
+      none.dim = table.info.dim;
+      none.slots = NumOptimizerSlots(*OptimizerKindOf(table.optimizer));  // Checked by Create.
+      RETURN_IF_ERROR(Annotate(table.rows->Restore(none), where));
+    }
+    Log(absl::StrCat("job ", job_id_, ": the checkpoint at step ", snapshot.step,
+                     " holds no sparse table rows (written before checkpoints held them): "
+                     "their rows start afresh at version ",
+                     version));
+  } else {
+    for (const SparseTableSnapshot& saved : snapshot.sparse_tables) {
+      if (std::none_of(tables_.begin(), tables_.end(),
+                       [&](const Table& t) { return t.info.name == saved.name; })) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": the checkpoint's sparse table ",
+                                                       saved.name, " is not the job's"));
+      }
+    }
+    for (Table& table : tables_) {
+      const SparseTableSnapshot* saved = nullptr;
+      for (const SparseTableSnapshot& t : snapshot.sparse_tables) {
+        if (t.name == table.info.name) saved = &t;
+      }
+      if (saved == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": the checkpoint has no sparse table ", table.info.name));
+      }
+      for (int64_t id : saved->ids) RETURN_IF_ERROR(CheckRow(table, id, where));
+      SparseTable::Snapshot rows;
+      rows.dim = saved->dim;
+      rows.slots = saved->slots;
+      rows.ids = saved->ids;
+      rows.values = saved->values;
+      rows.slot_values = saved->slot_values;
+      rows.updates = saved->updates;
+      rows.touches = saved->touches;
+      absl::Status restored = table.rows->Restore(rows);
+      if (!restored.ok()) return Annotate(restored, where);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    arrived_[rank] = false;
+    for (std::vector<int64_t>& ids : held_[rank].ids) ids.clear();
+    for (std::vector<float>& grads : held_[rank].grads) grads.clear();
+  }
+  num_arrived_ = 0;
+  num_contributors_ = 0;
+  held_bytes_ = 0;
+  version_.store(version, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 }  // namespace downpour

@@ -36,16 +36,20 @@
 // table's message; in a push it also fails every later push and pull of the
 // job (failure()), since a table may hold part of the update.
 //
-// Checkpoints (a later task): Snapshot() takes each table's
-// SparseTable::Snapshot; the SYNC step in progress and version() would go
-// beside them.
+// Checkpoints: CaptureAt takes the tables' part of the shard's checkpoint
+// (a SparseCapture: every row that exists, with its optimizer slots and
+// counts, and version()) at the checkpoint's step, and Restore puts it back.
+// A SYNC step's gradients held for ranks that have pushed it are not in a
+// checkpoint: the workers push that step again after a restore, as they do
+// the dense partitions'.
 //
 // Thread-safety: thread-safe. Tables lock per stripe; a SYNC step's held
-// gradients and the ranks' presence are under one mutex, held while a
-// completed step is applied (the next step cannot begin before it: its
-// pushes come after their pulls of this step's version). Ownership: owns its
-// tables and the gradients held for a SYNC step; the budget is borrowed and
-// must outlive the store.
+// gradients, the ranks' presence and the pending capture are under one
+// mutex, held while a completed step is applied (the next step cannot begin
+// before it: its pushes come after their pulls of this step's version).
+// Ownership: owns its tables and the gradients held for a SYNC step; the
+// budget is borrowed and must outlive the store; a SparseCapture points to
+// its store, which must outlive it.
 #ifndef DOWNPOUR_PS_SPARSE_STORE_H_
 #define DOWNPOUR_PS_SPARSE_STORE_H_
 
@@ -54,6 +58,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -66,9 +71,38 @@
 #include "proto/parameter_server.pb.h"
 #include "ps/memory_budget.h"
 #include "ps/sparse_table.h"
+#include "spec/checkpoint_files.h"
 #include "spec/model_shape.h"
 
 namespace downpour {
+
+class SparseStore;
+
+// The sparse tables' part of one checkpoint of a shard (ShardSnapshot's
+// sparse fields): the rows as they were at the capture's version, copied
+// from the tables by the first of Take's callers and the store (which copies
+// them before it applies anything past that version). Thread-compatible;
+// Take may run beside the store's pushes and pulls.
+class SparseCapture {
+ public:
+  SparseCapture(const SparseCapture&) = delete;
+  SparseCapture& operator=(const SparseCapture&) = delete;
+
+  int64_t version() const { return version_; }
+  // Sets `info`'s has_sparse, sparse_version and sparse_tables, copying the
+  // rows from the tables first if nobody has. `keep`: copies them into
+  // `info`, so a later Take gets them too; else moves them there.
+  void Take(ShardSnapshot* info, bool keep);
+
+ private:
+  friend class SparseStore;
+  SparseCapture(SparseStore* store, int64_t version) : store_(store), version_(version) {}
+
+  SparseStore* const store_;
+  const int64_t version_;
+  bool copied_ = false;  // Under store_->mu_; tables_ is immutable once set.
+  std::vector<SparseTableSnapshot> tables_;
+};
 
 // One table's numbers, for metrics.
 struct SparseTableStats {
@@ -159,10 +193,37 @@ class SparseStore {
   std::vector<SparseTableStats> Stats() const;
   // The tables' bytes and the gradients held for the SYNC step.
   int64_t MemoryBytes() const;
-  // Every table's rows, in table order (checkpoints: a later task).
+  // Every table's rows, in table order.
   std::vector<SparseTable::Snapshot> Snapshot() const;
 
+  // Checkpoints. `captured` gets the tables' capture at version `step` once
+  // the tables are at it: at once when they are (and in ASYNC/SSP, at
+  // whatever version they are: their pushes apply without the store's lock,
+  // so the rows are copied now, on the caller's thread), else (SYNC, below
+  // it) from the push or SetAbsentWorkers that completes step - 1, after the
+  // store's locks are let go. In SYNC the rows are copied off the push path
+  // when they can be: by SparseCapture::Take (the checkpoint writer), unless
+  // the push that applies step `step` comes first, which copies them before
+  // it changes a row. A SYNC capture asked for when the tables are past
+  // `step` gets FailedPrecondition saying so. A later CaptureAt replaces a
+  // pending one. `captured` must not call into this store.
+  using CapturedFn = std::function<void(absl::StatusOr<std::shared_ptr<SparseCapture>>)>;
+  void CaptureAt(int64_t step, CapturedFn captured);
+
+  // Replaces every table's rows and version() with `snapshot`'s (this
+  // shard's part of a checkpoint; its dense part is the caller's). A
+  // snapshot without tables (written before checkpoints held them) leaves
+  // the rows to start afresh, at the checkpoint's version: its step in SYNC,
+  // its partitions' highest version in ASYNC/SSP. InvalidArgument naming the
+  // table for a table missing, unknown or of another shape, or a row outside
+  // the table's vocabulary or of another shard; ResourceExhausted naming the
+  // table (SparseTable::Restore) when its rows do not fit the shard's memory
+  // limit. REQUIRES: no push or pull of the job runs (it was just added).
+  absl::Status Restore(const ShardSnapshot& snapshot);
+
  private:
+  friend class SparseCapture;
+
   struct Table {
     SparseTableInfo info;
     OptimizerSpec optimizer;  // The table's own, or the job's.
@@ -195,8 +256,14 @@ class SparseStore {
   int Quorum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `status` the store's failure (the first one stays).
   void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells `diverged_` the reasons found under mu_.
+  // Tells `diverged_` the reasons found under mu_, and hands the captures
+  // made ready under it to their CapturedFn.
   void ReportDiverged();
+  // SYNC: a capture of the tables as they are now, at `version`, whose rows
+  // are copied before the step `version` is applied.
+  std::shared_ptr<SparseCapture> Freeze(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies every table's rows into `capture`.
+  void CopyRows(SparseCapture* capture) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string job_id_;
   const int shard_;
@@ -221,6 +288,14 @@ class SparseStore {
   int num_contributors_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // SYNC checkpoints: the step a capture waits for (0: none) and who gets
+  // it; the capture whose rows the tables still hold (copied before its
+  // version's step is applied, unless nobody holds it any more); captures
+  // to hand over once mu_ is let go.
+  int64_t capture_at_ ABSL_GUARDED_BY(mu_) = 0;
+  CapturedFn capture_fn_ ABSL_GUARDED_BY(mu_);
+  std::weak_ptr<SparseCapture> frozen_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<CapturedFn, std::shared_ptr<SparseCapture>>> handoffs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace downpour

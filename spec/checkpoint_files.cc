@@ -1,8 +1,10 @@
 #include "spec/checkpoint_files.h"
 
 #include <cstring>
+#include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,6 +23,108 @@ std::string PartitionName(int32_t tensor_id, int32_t partition) {
 
 absl::Status Damaged(const std::string& path, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is damaged: ", what));
+}
+
+std::string SparseTensorName(const std::string& table, absl::string_view what) {
+  return absl::StrCat("sparse/", table, "/", what);
+}
+
+// The sparse tables' tensors and their "sparse" metadata; InvalidArgument
+// for a table whose vectors are not the sizes its header gives (the tensors
+// point into the vectors).
+absl::Status AddSparseTables(const ShardSnapshot& snapshot, std::vector<TensorToWrite>* tensors,
+                             std::string* metadata) {
+  std::vector<std::string> lines = {absl::StrCat("version ", snapshot.sparse_version)};
+  for (const SparseTableSnapshot& t : snapshot.sparse_tables) {
+    const int64_t rows = static_cast<int64_t>(t.ids.size());
+    if (t.name.empty() || t.dim <= 0 || t.slots < 0 ||
+        t.values.size() != static_cast<size_t>(rows * t.dim) ||
+        t.slot_values.size() != static_cast<size_t>(rows * t.dim * t.slots) ||
+        t.updates.size() != t.ids.size() || t.touches.size() != t.ids.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparse table \"", t.name, "\" of the shard snapshot: ", rows, " ids, dim ", t.dim, ", ",
+          t.slots, " slots, but ", t.values.size(), " values, ", t.slot_values.size(),
+          " slot values, ", t.updates.size(), " update and ", t.touches.size(), " touch counts"));
+    }
+    lines.push_back(absl::StrCat(rows, " ", t.dim, " ", t.slots, " ", t.name));
+    tensors->push_back({SparseTensorName(t.name, "ids"), TensorDtype::kI64, {rows}, t.ids.data()});
+    tensors->push_back(
+        {SparseTensorName(t.name, "values"), TensorDtype::kF32, {rows, t.dim}, t.values.data()});
+    for (int k = 0; k < t.slots; ++k) {
+      tensors->push_back({SparseTensorName(t.name, absl::StrCat("slot", k)),
+                          TensorDtype::kF32,
+                          {rows, t.dim},
+                          t.slot_values.data() + static_cast<size_t>(k) * rows * t.dim});
+    }
+    tensors->push_back(
+        {SparseTensorName(t.name, "updates"), TensorDtype::kI64, {rows}, t.updates.data()});
+    tensors->push_back(
+        {SparseTensorName(t.name, "touches"), TensorDtype::kI64, {rows}, t.touches.data()});
+  }
+  *metadata = absl::StrJoin(lines, "\n");
+  return absl::OkStatus();
+}
+
+// Appends tensor `name` of `file` (`dtype`, `shape`) to `out`, or DataLoss
+// naming `path`, the table and the tensor. Copied: a file's I64 tensors need
+// not be 8-byte aligned.
+template <typename T>
+absl::Status AppendTensor(const SafetensorsFile& file, const std::string& path,
+                          const std::string& table, const std::string& name, TensorDtype dtype,
+                          const std::vector<int64_t>& shape, std::vector<T>* out) {
+  auto it = file.tensors().find(name);
+  if (it == file.tensors().end()) {
+    return Damaged(path, absl::StrCat("sparse table ", table, " has no tensor ", name));
+  }
+  const SafetensorsFile::Tensor& tensor = it->second;
+  if (tensor.dtype != dtype || tensor.shape != shape) {
+    return Damaged(
+        path,
+        absl::StrCat("sparse table ", table, ": tensor ", name, " is ",
+                     TensorDtypeName(tensor.dtype), " [", absl::StrJoin(tensor.shape, ", "),
+                     "], not ", TensorDtypeName(dtype), " [", absl::StrJoin(shape, ", "), "]"));
+  }
+  const size_t at = out->size();
+  out->resize(at + tensor.data.size() / sizeof(T));
+  std::memcpy(out->data() + at, tensor.data.data(), tensor.data.size());
+  return absl::OkStatus();
+}
+
+// The tables of the "sparse" metadata `text` (see the header).
+absl::Status ReadSparseTables(const SafetensorsFile& file, const std::string& path,
+                              const std::string& text, ShardSnapshot* snapshot) {
+  const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  if (lines.empty() || !absl::StartsWith(lines[0], "version ") ||
+      !absl::SimpleAtoi(lines[0].substr(8), &snapshot->sparse_version)) {
+    return Damaged(path, "its \"sparse\" metadata does not start with the tables' version");
+  }
+  snapshot->has_sparse = true;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const std::vector<std::string> f = absl::StrSplit(lines[i], absl::MaxSplits(' ', 3));
+    SparseTableSnapshot t;
+    int64_t rows = 0;
+    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &rows) || !absl::SimpleAtoi(f[1], &t.dim) ||
+        !absl::SimpleAtoi(f[2], &t.slots) || rows < 0 || t.dim <= 0 || t.slots < 0 || t.slots > 2 ||
+        f[3].empty()) {
+      return Damaged(path, absl::StrCat("bad sparse table line \"", lines[i], "\""));
+    }
+    t.name = f[3];
+    RETURN_IF_ERROR(AppendTensor(file, path, t.name, SparseTensorName(t.name, "ids"),
+                                 TensorDtype::kI64, {rows}, &t.ids));
+    RETURN_IF_ERROR(AppendTensor(file, path, t.name, SparseTensorName(t.name, "values"),
+                                 TensorDtype::kF32, {rows, t.dim}, &t.values));
+    for (int k = 0; k < t.slots; ++k) {
+      RETURN_IF_ERROR(AppendTensor(file, path, t.name,
+                                   SparseTensorName(t.name, absl::StrCat("slot", k)),
+                                   TensorDtype::kF32, {rows, t.dim}, &t.slot_values));
+    }
+    RETURN_IF_ERROR(AppendTensor(file, path, t.name, SparseTensorName(t.name, "updates"),
+                                 TensorDtype::kI64, {rows}, &t.updates));
+    RETURN_IF_ERROR(AppendTensor(file, path, t.name, SparseTensorName(t.name, "touches"),
+                                 TensorDtype::kI64, {rows}, &t.touches));
+    snapshot->sparse_tables.push_back(std::move(t));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -94,13 +198,17 @@ absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
                                          w.applied.empty() ? "-" : absl::StrJoin(w.applied, ","),
                                          " ", w.worker_id));
   }
-  return WriteSafetensors(path, tensors,
-                          {{"job", snapshot.job_id},
-                           {"shard", absl::StrCat(snapshot.shard)},
-                           {"step", absl::StrCat(snapshot.step)},
-                           {"mode", snapshot.sync ? "SYNC" : "ASYNC"},
-                           {"partitions", absl::StrJoin(partition_lines, "\n")},
-                           {"requests", absl::StrJoin(request_lines, "\n")}});
+  std::map<std::string, std::string> metadata = {
+      {"job", snapshot.job_id},
+      {"shard", absl::StrCat(snapshot.shard)},
+      {"step", absl::StrCat(snapshot.step)},
+      {"mode", snapshot.sync ? "SYNC" : "ASYNC"},
+      {"partitions", absl::StrJoin(partition_lines, "\n")},
+      {"requests", absl::StrJoin(request_lines, "\n")}};
+  if (snapshot.has_sparse) {
+    RETURN_IF_ERROR(AddSparseTables(snapshot, &tensors, &metadata["sparse"]));
+  }
+  return WriteSafetensors(path, tensors, metadata);
 }
 
 absl::StatusOr<ShardSnapshot> ReadShardSnapshot(const std::string& path,
@@ -165,6 +273,9 @@ absl::StatusOr<ShardSnapshot> ReadShardSnapshot(const std::string& path,
     }
     w.worker_id = f[3];
     snapshot.requests.push_back(std::move(w));
+  }
+  if (auto sparse = meta.find("sparse"); sparse != meta.end()) {
+    RETURN_IF_ERROR(ReadSparseTables(file, path, sparse->second, &snapshot));
   }
   return snapshot;
 }

@@ -10,6 +10,15 @@
 // (I64) each rank's pushed steps; metadata "job", "shard", "step", "mode",
 // "partitions" (one "T P offset elements version updates" line each) and
 // "requests" (one "incarnation floor seq,seq,... worker_id" line per worker).
+// A job with sparse embedding tables also has metadata "sparse": a line
+// "version V" (the tables' version: SYNC, the step), then one "rows dim
+// slots name" line per table, and per table NAME ("<layer>/table") the rows
+// this shard holds, sorted by id: "sparse/NAME/ids" (I64 [rows]),
+// "sparse/NAME/values" (F32 [rows, dim]), "sparse/NAME/slot<K>" (F32 [rows,
+// dim], optimizer slot K), "sparse/NAME/updates" and "sparse/NAME/touches"
+// (I64 [rows]). A file without "sparse" (written before checkpoints held
+// the tables) reads with has_sparse false. The manifest's size and CRC32C
+// cover the whole file, tables included.
 //
 // Thread-safety: the functions are thread-safe.
 #ifndef DOWNPOUR_SPEC_CHECKPOINT_FILES_H_
@@ -44,6 +53,19 @@ struct PartitionSnapshot {
   std::vector<std::vector<float>> slots;
 };
 
+// One sparse embedding table's rows on a shard (ps/sparse_table.h): only
+// the rows that exist, sorted by id, with their optimizer state and counts.
+struct SparseTableSnapshot {
+  std::string name;  // "<layer>/table" (spec/model_shape.h SparseTableInfo).
+  int64_t dim = 0;
+  int slots = 0;  // Optimizer slots per row: SGD 0, Adagrad 1, Adam 2.
+  std::vector<int64_t> ids;
+  std::vector<float> values;       // [rows * dim], row-major.
+  std::vector<float> slot_values;  // [slots][rows * dim], slot-major.
+  std::vector<int64_t> updates;    // Per row: optimizer updates (Adam's t).
+  std::vector<int64_t> touches;    // Per row: touches (its eviction order).
+};
+
 struct ShardSnapshot {
   std::string job_id;
   int shard = 0;
@@ -53,6 +75,13 @@ struct ShardSnapshot {
   std::vector<PartitionSnapshot> partitions;  // Sorted by (tensor, partition).
   std::vector<int64_t> worker_steps;
   std::vector<RequestWindow> requests;
+  // The job's sparse tables on this shard (ps/sparse_store.h), in the
+  // model's table order: false for a job without tables, and in a file
+  // written before checkpoints held them. `sparse_version` is the tables'
+  // version (SYNC: the step; ASYNC/SSP: pushes of rows received).
+  bool has_sparse = false;
+  int64_t sparse_version = 0;
+  std::vector<SparseTableSnapshot> sparse_tables;
   // Non-empty: the capture failed (a partition was past the step); nothing
   // else is set but the job, shard and step.
   std::string error;
@@ -67,6 +96,8 @@ std::string ShardFileName(int shard);
 // start's files.
 std::string CheckpointDir(const std::string& job_id, int64_t step, int64_t attempt = 1);
 
+// InvalidArgument naming the table for a sparse table whose vectors do not
+// have the sizes its ids, dim and slots give.
 absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
                                                const ShardSnapshot& snapshot);
 
@@ -93,7 +124,9 @@ absl::StatusOr<WrittenFile> WriteShardSnapshot(const std::string& path,
                                                const std::vector<PartitionArrays>& partitions);
 
 // Reads a shard file, first checking it has `expected`'s size and CRC32C (a
-// file that does not is DataLoss naming it: partial or corrupt).
+// file that does not is DataLoss naming it: partial or corrupt); a file
+// whose contents do not hold together (a sparse table's tensor missing or of
+// another shape) is DataLoss naming it and what is wrong.
 absl::StatusOr<ShardSnapshot> ReadShardSnapshot(const std::string& path,
                                                 const CheckpointFile& expected);
 

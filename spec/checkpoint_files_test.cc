@@ -76,6 +76,150 @@ TEST(CheckpointTest, ShardSnapshotRoundTrips) {
   EXPECT_EQ(read->requests[0].worker_id, "worker@host with spaces:7");
   EXPECT_EQ(read->requests[0].applied, (std::vector<int64_t>{8, 10}));
   EXPECT_EQ(read->requests[1].floor, -5);
+  // No sparse tables: as a file written before checkpoints held them.
+  EXPECT_FALSE(read->has_sparse);
+  EXPECT_TRUE(read->sparse_tables.empty());
+}
+
+// Sample() with two sparse tables: Adam's (two slots) and SGD's (none, and
+// no rows on this shard).
+ShardSnapshot SampleWithTables() {
+  ShardSnapshot s = Sample();
+  s.has_sparse = true;
+  s.sparse_version = 40;
+  SparseTableSnapshot emb;
+  emb.name = "emb/table";
+  emb.dim = 2;
+  emb.slots = 2;
+  emb.ids = {3, 17, int64_t{1} << 40};
+  emb.values = {0.5f, -0.5f, 1.f, 2.f, -3.f, 4.f};
+  emb.slot_values = {1, 2, 3, 4, 5, 6, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f};
+  emb.updates = {1, 0, 39};
+  emb.touches = {4, 1, 80};
+  SparseTableSnapshot tags;
+  tags.name = "tags/table";
+  tags.dim = 3;
+  s.sparse_tables = {emb, tags};
+  return s;
+}
+
+CheckpointFile Expected(const WrittenFile& written) {
+  CheckpointFile expected;
+  expected.set_bytes(written.bytes);
+  expected.set_crc32c(written.crc32c);
+  return expected;
+}
+
+TEST(CheckpointTest, SparseTablesRoundTrip) {
+  const std::string path = TempDir("sparse_round_trip") + "/" + ShardFileName(1);
+  const ShardSnapshot s = SampleWithTables();
+  auto written = WriteShardSnapshot(path, s);
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto read = ReadShardSnapshot(path, Expected(*written));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->has_sparse);
+  EXPECT_EQ(read->sparse_version, 40);
+  ASSERT_EQ(read->sparse_tables.size(), 2u);
+  for (size_t t = 0; t < 2; ++t) {
+    const SparseTableSnapshot& a = s.sparse_tables[t];
+    const SparseTableSnapshot& b = read->sparse_tables[t];
+    EXPECT_EQ(b.name, a.name);
+    EXPECT_EQ(b.dim, a.dim);
+    EXPECT_EQ(b.slots, a.slots);
+    EXPECT_EQ(b.ids, a.ids);
+    EXPECT_EQ(b.values, a.values);
+    EXPECT_EQ(b.slot_values, a.slot_values);
+    EXPECT_EQ(b.updates, a.updates);
+    EXPECT_EQ(b.touches, a.touches);
+  }
+  EXPECT_EQ(read->partitions.size(), 2u);  // The dense part is as before.
+
+  // A PyTorch-readable file: the rows are plain tensors.
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto values = file->Get("sparse/emb/table/values");
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(values->shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(file->Get("sparse/emb/table/slot1")->dtype, TensorDtype::kF32);
+  EXPECT_EQ(file->Get("sparse/emb/table/ids")->dtype, TensorDtype::kI64);
+
+  // A table whose vectors do not match its ids is not written.
+  ShardSnapshot bad = SampleWithTables();
+  bad.sparse_tables[0].slot_values.pop_back();
+  auto refused = WriteShardSnapshot(path + ".bad", bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("emb/table"));
+}
+
+// A table section cut short or changed is refused naming the file: by the
+// manifest's size and CRC32C, and (a file whose CRC32C was recomputed) by
+// its tensors' shapes.
+TEST(CheckpointTest, DamagedSparseTablesAreRefusedNamingTheFile) {
+  const std::string dir = TempDir("sparse_damaged");
+  const std::string path = dir + "/" + ShardFileName(1);
+  auto written = WriteShardSnapshot(path, SampleWithTables());
+  ASSERT_TRUE(written.ok()) << written.status();
+  const std::string bytes = ReadFileToString(path).value();
+  // The tables' bytes are the last of the file.
+  for (size_t cut : {size_t{8}, size_t{60}}) {
+    auto truncated = AtomicFile::Create(path, "test file");
+    ASSERT_TRUE((*truncated)->Append(bytes.substr(0, bytes.size() - cut)).ok());
+    ASSERT_TRUE((*truncated)->Commit().ok());
+    auto read = ReadShardSnapshot(path, Expected(*written));
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+    EXPECT_THAT(read.status().message(), HasSubstr(path));
+  }
+  std::string flipped = bytes;
+  flipped[bytes.size() - 20] ^= 0x01;  // In the tables' counts.
+  auto changed = AtomicFile::Create(path, "test file");
+  ASSERT_TRUE((*changed)->Append(flipped).ok());
+  ASSERT_TRUE((*changed)->Commit().ok());
+  auto read = ReadShardSnapshot(path, Expected(*written));
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(), HasSubstr(path));
+  EXPECT_THAT(read.status().message(), HasSubstr("CRC32C"));
+
+  // Consistent bytes, inconsistent tables: ids of 2 rows where the header
+  // says 3; a tensor missing; a header line that does not parse.
+  const int64_t ids[2] = {1, 2};
+  const float values[6] = {};
+  const int64_t counts[3] = {};
+  struct Case {
+    std::string sparse;
+    std::vector<TensorToWrite> tensors;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"version 4\n3 2 0 emb/table",
+       {{"sparse/emb/table/ids", TensorDtype::kI64, {2}, ids},
+        {"sparse/emb/table/values", TensorDtype::kF32, {3, 2}, values},
+        {"sparse/emb/table/updates", TensorDtype::kI64, {3}, counts},
+        {"sparse/emb/table/touches", TensorDtype::kI64, {3}, counts}},
+       "sparse table emb/table: tensor sparse/emb/table/ids is I64 [2], not I64 [3]"},
+      {"version 4\n3 2 0 emb/table",
+       {{"sparse/emb/table/values", TensorDtype::kF32, {3, 2}, values}},
+       "sparse table emb/table has no tensor sparse/emb/table/ids"},
+      {"version 4\n3 two 0 emb/table", {}, "bad sparse table line"},
+      {"3 2 0 emb/table", {}, "does not start with the tables' version"},
+  };
+  for (const Case& c : cases) {
+    std::vector<TensorToWrite> tensors = c.tensors;
+    const int64_t steps[1] = {4};
+    tensors.push_back({"worker_steps", TensorDtype::kI64, {1}, steps});
+    auto made = WriteSafetensors(path, tensors,
+                                 {{"job", "job-1"},
+                                  {"shard", "1"},
+                                  {"step", "4"},
+                                  {"mode", "SYNC"},
+                                  {"partitions", ""},
+                                  {"requests", ""},
+                                  {"sparse", c.sparse}});
+    ASSERT_TRUE(made.ok()) << made.status();
+    auto damaged = ReadShardSnapshot(path, Expected(*made));
+    EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << c.says;
+    EXPECT_THAT(damaged.status().message(), HasSubstr(absl::StrCat("checkpoint file ", path)));
+    EXPECT_THAT(damaged.status().message(), HasSubstr(c.says));
+  }
 }
 
 TEST(CheckpointTest, PartialOrCorruptFileIsRefusedNamingIt) {
