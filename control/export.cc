@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,7 @@
 #include "spec/checkpoint_files.h"
 #include "spec/model_shape.h"
 #include "spec/shard_map.h"
+#include "spec/sparse_ids.h"
 
 namespace downpour {
 namespace control {
@@ -27,19 +29,67 @@ struct Tensor {
   TensorDtype dtype = TensorDtype::kF32;
   std::vector<int64_t> shape;
   std::vector<float> values;
-  int64_t integer = 0;  // kI64 scalars.
+  int64_t integer = 0;            // kI64 scalars.
+  std::vector<int64_t> integers;  // Other kI64 tensors.
 };
 
-// Every parameter whole, joined from the shards' partitions.
-absl::StatusOr<std::vector<std::vector<float>>> JoinParameters(const std::string& root,
-                                                               const CheckpointRestore& checkpoint,
-                                                               const ModelShape& shape) {
-  std::vector<std::vector<float>> params(shape.params.size());
+// A sparse table's rows from every shard, ids ascending: row k of `rows`
+// ([ids, dim]) is id ids[k].
+struct JoinedTable {
+  std::vector<int64_t> ids;
+  std::vector<float> rows;
+};
+
+// What the shards' files hold: every parameter whole, joined from the
+// shards' partitions, and every sparse table's rows (in the model's table
+// order; none from files written before checkpoints held them).
+struct Joined {
+  std::vector<std::vector<float>> params;
+  std::vector<JoinedTable> tables;
+};
+
+// Adds `saved`, shard file `path`'s rows of a table of `shape`, to
+// `parts` (per table, each row's id and values).
+absl::Status AddRows(const std::string& path, const ModelShape& shape,
+                     const SparseTableSnapshot& saved,
+                     std::vector<std::vector<std::pair<int64_t, const float*>>>* parts) {
+  for (size_t t = 0; t < shape.sparse_tables.size(); ++t) {
+    const SparseTableInfo& info = shape.sparse_tables[t];
+    if (info.name != saved.name) continue;
+    if (saved.dim != info.dim) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": sparse table ",
+                                              saved.name, " has rows of dim ", saved.dim,
+                                              ", the job's ", info.dim));
+    }
+    for (size_t k = 0; k < saved.ids.size(); ++k) {
+      (*parts)[t].emplace_back(saved.ids[k], saved.values.data() + k * saved.dim);
+    }
+    return absl::OkStatus();
+  }
+  return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": sparse table ", saved.name,
+                                          " is not one of the job's model"));
+}
+
+absl::StatusOr<Joined> JoinShards(const std::string& root, const CheckpointRestore& checkpoint,
+                                  const ModelShape& shape) {
+  Joined joined;
+  std::vector<std::vector<float>>& params = joined.params;
+  params.resize(shape.params.size());
   std::vector<int64_t> covered(shape.params.size(), 0);
   for (const ParamInfo& p : shape.params) params[p.id].assign(p.num_elements, 0.f);
+  // The snapshots stay until their rows are joined.
+  std::vector<ShardSnapshot> snapshots;
+  std::vector<std::vector<std::pair<int64_t, const float*>>> parts(shape.sparse_tables.size());
+  snapshots.reserve(checkpoint.files_size());
   for (const CheckpointFile& file : checkpoint.files()) {
     const std::string path = absl::StrCat(root, "/", checkpoint.dir(), "/", file.name());
-    ASSIGN_OR_RETURN(ShardSnapshot snapshot, ReadShardSnapshot(path, file));
+    ASSIGN_OR_RETURN(ShardSnapshot read, ReadShardSnapshot(path, file));
+    snapshots.push_back(std::move(read));
+    ShardSnapshot& snapshot = snapshots.back();
+    for (SparseTableSnapshot& saved : snapshot.sparse_tables) {
+      RETURN_IF_ERROR(AddRows(path, shape, saved, &parts));
+      std::vector<float>().swap(saved.slot_values);  // Not exported.
+    }
     for (const PartitionSnapshot& part : snapshot.partitions) {
       const int64_t n = static_cast<int64_t>(part.values.size());
       if (part.tensor_id < 0 || part.tensor_id >= static_cast<int>(params.size()) ||
@@ -52,6 +102,7 @@ absl::StatusOr<std::vector<std::vector<float>>> JoinParameters(const std::string
                 params[part.tensor_id].begin() + part.offset);
       covered[part.tensor_id] += n;
     }
+    snapshot.partitions.clear();
   }
   for (const ParamInfo& p : shape.params) {
     if (covered[p.id] != p.num_elements) {
@@ -60,7 +111,42 @@ absl::StatusOr<std::vector<std::vector<float>>> JoinParameters(const std::string
                                               " elements of ", p.name));
     }
   }
-  return params;
+  for (size_t t = 0; t < parts.size(); ++t) {
+    std::vector<std::pair<int64_t, const float*>>& rows = parts[t];
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    const int64_t dim = shape.sparse_tables[t].dim;
+    JoinedTable table;
+    table.ids.reserve(rows.size());
+    table.rows.reserve(rows.size() * dim);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (k > 0 && rows[k].first == rows[k - 1].first) {
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint ", checkpoint.dir(), ": row ", rows[k].first, " of sparse table ",
+            shape.sparse_tables[t].name, " is in two shards' files"));
+      }
+      table.ids.push_back(rows[k].first);
+      table.rows.insert(table.rows.end(), rows[k].second, rows[k].second + dim);
+    }
+    joined.tables.push_back(std::move(table));
+  }
+  return joined;
+}
+
+// The sparse table of layer `layer`, or -1.
+int SparseTableOf(const ModelShape& shape, int layer) {
+  for (size_t t = 0; t < shape.sparse_tables.size(); ++t) {
+    if (shape.sparse_tables[t].layer == layer) return static_cast<int>(t);
+  }
+  return -1;
+}
+
+// The names of a sparse table's two tensors: its rows' ids, and the rows.
+std::string SparseIdsName(const LayerShape& layer, ExportLayout layout) {
+  return absl::StrCat(layer.name, layout == ExportLayout::kPyTorch ? ".ids" : "/ids");
+}
+std::string SparseRowsName(const LayerShape& layer, ExportLayout layout) {
+  return absl::StrCat(layer.name, layout == ExportLayout::kPyTorch ? ".weight" : "/table");
 }
 
 // "<layer>/weight" -> "weight".
@@ -129,6 +215,62 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// The rows `weights` holds of sparse table `info` (of `layer`), by our names
+// or PyTorch's (see the header), sorted by id; none when it has neither.
+absl::StatusOr<JoinedTable> InitialRows(const SafetensorsFile& weights, const LayerShape& layer,
+                                        const SparseTableInfo& info) {
+  JoinedTable table;
+  for (ExportLayout layout : {ExportLayout::kNative, ExportLayout::kPyTorch}) {
+    const std::string ids_name = SparseIdsName(layer, layout);
+    const std::string rows_name = SparseRowsName(layer, layout);
+    auto ids = weights.tensors().find(ids_name);
+    auto rows = weights.tensors().find(rows_name);
+    if (ids == weights.tensors().end() && rows == weights.tensors().end()) continue;
+    if (ids == weights.tensors().end() || rows == weights.tensors().end()) {
+      const std::string& has = ids == weights.tensors().end() ? rows_name : ids_name;
+      const std::string& lacks = ids == weights.tensors().end() ? ids_name : rows_name;
+      return absl::InvalidArgumentError(absl::StrCat("the initial weights have ", has, " but no ",
+                                                     lacks, " (sparse table ", info.name,
+                                                     " needs both)"));
+    }
+    const int64_t n = ids->second.shape.size() == 1 ? ids->second.shape[0] : -1;
+    if (ids->second.dtype != TensorDtype::kI64 || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the initial weights' ", ids_name, " is ", TensorDtypeName(ids->second.dtype), " ",
+          ShapeText(ids->second.shape), "; sparse table ", info.name, "'s ids are I64 [rows]"));
+    }
+    if (rows->second.dtype != TensorDtype::kF32 ||
+        rows->second.shape != std::vector<int64_t>{n, info.dim}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the initial weights' ", rows_name, " is ", TensorDtypeName(rows->second.dtype), " ",
+          ShapeText(rows->second.shape), "; the model's is F32 ", ShapeText({n, info.dim})));
+    }
+    std::vector<int64_t> given(n);
+    std::memcpy(given.data(), ids->second.data.data(), n * sizeof(int64_t));
+    std::vector<float> values(n * info.dim);
+    std::memcpy(values.data(), rows->second.data.data(), values.size() * sizeof(float));
+    std::vector<int64_t> order(n);
+    for (int64_t k = 0; k < n; ++k) order[k] = k;
+    std::sort(order.begin(), order.end(),
+              [&](int64_t a, int64_t b) { return given[a] < given[b]; });
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t id = given[order[k]];
+      if (id < 0 || id >= info.vocab_size || (k > 0 && id == table.ids.back())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the initial weights' ", ids_name, " holds id ", id,
+            id < 0 || id >= info.vocab_size ? absl::StrCat(", outside sparse table ", info.name,
+                                                           "'s vocabulary of ", info.vocab_size)
+                                            : " twice"));
+      }
+      table.ids.push_back(id);
+      const float* row = values.data() + order[k] * info.dim;
+      table.rows.insert(table.rows.end(), row, row + info.dim);
+    }
+    return table;
+  }
+  return table;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& root, const std::string& job_id,
@@ -136,12 +278,25 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& root, const std:
                                              const CheckpointRestore& checkpoint,
                                              ExportLayout layout) {
   ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec.model()));
-  ASSIGN_OR_RETURN(std::vector<std::vector<float>> params, JoinParameters(root, checkpoint, shape));
+  ASSIGN_OR_RETURN(Joined joined, JoinShards(root, checkpoint, shape));
+  std::vector<std::vector<float>>& params = joined.params;
   ASSIGN_OR_RETURN(SafetensorsFile state,
                    SafetensorsFile::Parse(checkpoint.worker_state(),
                                           absl::StrCat(checkpoint.dir(), "/", kWorkerStateName)));
   std::vector<Tensor> tensors;
-  for (const LayerShape& layer : shape.layers) {
+  for (size_t l = 0; l < shape.layers.size(); ++l) {
+    const LayerShape& layer = shape.layers[l];
+    if (const int t = SparseTableOf(shape, static_cast<int>(l)); t >= 0) {
+      JoinedTable& table = joined.tables[t];
+      const int64_t rows = static_cast<int64_t>(table.ids.size());
+      Tensor ids{SparseIdsName(layer, layout), TensorDtype::kI64, {rows}};
+      ids.integers = std::move(table.ids);
+      tensors.push_back(std::move(ids));
+      tensors.push_back({SparseRowsName(layer, layout),
+                         TensorDtype::kF32,
+                         {rows, shape.sparse_tables[t].dim},
+                         std::move(table.rows)});
+    }
     for (int32_t id : layer.param_ids) {
       const ParamInfo& p = shape.params[id];
       Tensor t{p.name, TensorDtype::kF32, p.shape, std::move(params[id])};
@@ -178,9 +333,11 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& root, const std:
 
   std::vector<TensorToWrite> out;
   for (const Tensor& t : tensors) {
-    out.push_back({t.name, t.dtype, t.shape,
-                   t.dtype == TensorDtype::kI64 ? static_cast<const void*>(&t.integer)
-                                                : static_cast<const void*>(t.values.data())});
+    const void* data = t.values.data();
+    if (t.dtype == TensorDtype::kI64) {
+      data = t.shape.empty() ? static_cast<const void*>(&t.integer) : t.integers.data();
+    }
+    out.push_back({t.name, t.dtype, t.shape, data});
   }
   std::string spec_text;
   google::protobuf::TextFormat::PrintToString(spec, &spec_text);
@@ -232,6 +389,11 @@ absl::StatusOr<CheckpointInfo> WriteInitialCheckpoint(const std::string& root,
       ASSIGN_OR_RETURN(state[id], find(layer, shape.local_state[id]));
     }
   }
+  std::vector<JoinedTable> tables;
+  for (const SparseTableInfo& info : shape.sparse_tables) {
+    ASSIGN_OR_RETURN(JoinedTable table, InitialRows(weights, shape.layers[info.layer], info));
+    tables.push_back(std::move(table));
+  }
 
   // The job's partitions, as its shards will hold them.
   ASSIGN_OR_RETURN(std::vector<PartitionPlacement> placed,
@@ -255,6 +417,24 @@ absl::StatusOr<CheckpointInfo> WriteInitialCheckpoint(const std::string& root,
       part.values.assign(values.begin() + p.offset(),
                          values.begin() + p.offset() + p.num_elements());
       snapshot.partitions.push_back(std::move(part));
+    }
+    // Each sparse table's rows this shard holds, without optimizer state.
+    snapshot.has_sparse = !shape.sparse_tables.empty();
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const int64_t dim = shape.sparse_tables[t].dim;
+      SparseTableSnapshot rows;
+      rows.name = shape.sparse_tables[t].name;
+      rows.dim = dim;
+      for (size_t k = 0; k < tables[t].ids.size(); ++k) {
+        const int64_t id = tables[t].ids[k];
+        if (SparseShardOf(id, spec.num_shards()) != shard) continue;
+        rows.ids.push_back(id);
+        rows.values.insert(rows.values.end(), tables[t].rows.begin() + k * dim,
+                           tables[t].rows.begin() + (k + 1) * dim);
+      }
+      rows.updates.assign(rows.ids.size(), 0);
+      rows.touches.assign(rows.ids.size(), 1);
+      snapshot.sparse_tables.push_back(std::move(rows));
     }
     ASSIGN_OR_RETURN(WrittenFile written,
                      WriteShardSnapshot(absl::StrCat(dir, "/", ShardFileName(shard)), snapshot));

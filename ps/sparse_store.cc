@@ -529,7 +529,7 @@ absl::Status SparseStore::Restore(const ShardSnapshot& snapshot) {
     for (Table& table : tables_) {
       SparseTable::Snapshot none;
       none.dim = table.info.dim;
-      none.slots = NumOptimizerSlots(*OptimizerKindOf(table.optimizer));  // Checked by Create.
+      none.slots = NumOptimizerSlots(*OptimizerKindOf(table.optimizer));
       RETURN_IF_ERROR(Annotate(table.rows->Restore(none), where));
     }
     Log(absl::StrCat("job ", job_id_, ": the checkpoint at step ", snapshot.step,
@@ -562,6 +562,14 @@ absl::Status SparseStore::Restore(const ShardSnapshot& snapshot) {
       rows.slot_values = saved->slot_values;
       rows.updates = saved->updates;
       rows.touches = saved->touches;
+      const int slots = NumOptimizerSlots(*OptimizerKindOf(table.optimizer));
+      if (rows.slots == 0 && slots > 0 && rows.dim == table.info.dim) {
+        // Rows without optimizer state (a new job's initial weights): the
+        // state starts afresh, as a new row's.
+        rows.slots = slots;
+        rows.slot_values.assign(rows.ids.size() * rows.dim * slots, 0.f);
+        rows.updates.assign(rows.ids.size(), 0);
+      }
       absl::Status restored = table.rows->Restore(rows);
       if (!restored.ok()) return Annotate(restored, where);
     }

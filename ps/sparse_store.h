@@ -214,7 +214,9 @@ class SparseStore {
   // shard's part of a checkpoint; its dense part is the caller's). A
   // snapshot without tables (written before checkpoints held them) leaves
   // the rows to start afresh, at the checkpoint's version: its step in SYNC,
-  // its partitions' highest version in ASYNC/SSP. InvalidArgument naming the
+  // its partitions' highest version in ASYNC/SSP. A table saved without
+  // optimizer slots (a new job's initial weights) starts its rows' optimizer
+  // state afresh. InvalidArgument naming the
   // table for a table missing, unknown or of another shape, or a row outside
   // the table's vocabulary or of another shard; ResourceExhausted naming the
   // table (SparseTable::Restore) when its rows do not fit the shard's memory
