@@ -248,6 +248,34 @@ TEST_F(SparseStoreCheckpointTest, OldCheckpointWithoutTablesStartsTheRowsAfresh)
   EXPECT_EQ(async->version(), 12);
 }
 
+// Rows without optimizer state (a new job's initial weights, written by
+// control/export.h): the values are restored, the state starts afresh.
+TEST_F(SparseStoreCheckpointTest, RowsWithoutOptimizerStateStartItAfresh) {
+  const JobSpec spec = TrainedSpec(ConsistencySpec::SYNC, 2);
+  ShardSnapshot initial;
+  initial.has_sparse = true;
+  for (int t = 0; t < 2; ++t) {
+    SparseTableSnapshot table;
+    table.name = kTableName[t];
+    table.dim = kDim[t];
+    table.ids = RowsOf(0, 3);
+    if (t == 1) table.ids.resize(1);  // tags/table's vocabulary is 50.
+    table.values.assign(table.ids.size() * kDim[t], 0.75f);
+    table.updates.assign(table.ids.size(), 0);
+    table.touches.assign(table.ids.size(), 1);
+    initial.sparse_tables.push_back(std::move(table));
+  }
+  std::unique_ptr<SparseStore> store = Make(spec);
+  absl::Status status = store->Restore(initial);
+  ASSERT_TRUE(status.ok()) << status;
+  const std::vector<SparseTable::Snapshot> rows = store->Snapshot();
+  EXPECT_EQ(rows[0].ids, initial.sparse_tables[0].ids);
+  EXPECT_EQ(rows[0].values, initial.sparse_tables[0].values);
+  EXPECT_EQ(rows[0].slot_values, std::vector<float>(3 * 4, 0.f));  // Adagrad's.
+  EXPECT_EQ(rows[1].slot_values, std::vector<float>(2 * 2, 0.f));  // Adam's m and v.
+  EXPECT_EQ(store->version(), 0);
+}
+
 TEST_F(SparseStoreCheckpointTest, RestoreRefusesWhatIsNotTheJobs) {
   const JobSpec spec = TrainedSpec(ConsistencySpec::SYNC, 2);
   std::unique_ptr<SparseStore> store = Make(spec);
