@@ -363,6 +363,7 @@ std::string ToJson(const SparseResult& r) {
   return absl::StrFormat(
       "{\"mode\": \"%s\", \"skew\": %.2f, \"workers\": %d, \"shards\": %d, \"batch\": %d, "
       "\"features\": %d, \"tables\": %d, \"dim\": %d, \"vocab\": %d, \"steps\": %d, "
+      "\"batches_drawn\": %d, "
       "\"ids_per_step\": %.0f, \"rows_per_step\": %.1f, \"plan_us\": %.0f, "
       "\"step_p50_ms\": %.3f, \"step_p99_ms\": %.3f, \"wall_s\": %.3f, "
       "\"pulled_rows_per_s_worker\": %.0f, \"pushed_rows_per_s_worker\": %.0f, "
@@ -374,11 +375,11 @@ std::string ToJson(const SparseResult& r) {
       "\"dense_measured_bytes_per_step\": %.0f, \"dense_step_ms_scaled\": %.3f, "
       "\"sparse_over_dense_time\": %.5f}",
       c.sync ? "SYNC" : "ASYNC", c.skew, c.workers, c.shards, c.batch, c.features, c.tables, c.dim,
-      c.vocab, c.steps, r.ids_per_step, r.rows_per_step, r.plan_us, r.step_p50_ms, r.step_p99_ms,
-      r.wall_s, r.pulled_rows_per_s_worker, r.pushed_rows_per_s_worker, r.pulled_rows_per_s_shard,
-      r.pushed_rows_per_s_shard, r.max_rows_per_s_shard, r.shard_cpu_us_per_row,
-      r.worker_cpu_us_per_row, r.sparse_bytes_per_step, r.id_bytes_per_step, r.dense_bytes_per_step,
-      r.rows_held, r.bytes_per_row, r.dense_vocab, r.dense_step_p50_ms,
+      c.vocab, c.steps, r.batches_drawn, r.ids_per_step, r.rows_per_step, r.plan_us, r.step_p50_ms,
+      r.step_p99_ms, r.wall_s, r.pulled_rows_per_s_worker, r.pushed_rows_per_s_worker,
+      r.pulled_rows_per_s_shard, r.pushed_rows_per_s_shard, r.max_rows_per_s_shard,
+      r.shard_cpu_us_per_row, r.worker_cpu_us_per_row, r.sparse_bytes_per_step, r.id_bytes_per_step,
+      r.dense_bytes_per_step, r.rows_held, r.bytes_per_row, r.dense_vocab, r.dense_step_p50_ms,
       r.dense_measured_bytes_per_step, r.dense_step_ms_scaled,
       r.dense_step_ms_scaled > 0 ? r.step_p50_ms / r.dense_step_ms_scaled : 0.0);
 }
@@ -404,6 +405,24 @@ struct SparseBench::State {
       out.push_back(std::move(text));
     }
     return out;
+  }
+  // Waits (20 s at most) until no shard hosts a job; returns the bytes the
+  // shards' memory budgets then hold.
+  absl::StatusOr<double> AwaitIdleShards(int shards) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (true) {
+      ASSIGN_OR_RETURN(std::vector<std::string> scrapes, Scrape(shards));
+      double jobs = 0, used = 0;
+      for (const std::string& scrape : scrapes) {
+        jobs += SumOf(scrape, "downpour_ps_jobs", "");
+        used += SumOf(scrape, "downpour_shard_memory_used_bytes", "");
+      }
+      if (jobs == 0) return used;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError("the shards still host a stopped job after 20 s");
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
   }
   double ShardCpuSeconds(int shards) {
     double sum = 0;
@@ -480,11 +499,9 @@ absl::StatusOr<SparseResult> SparseBench::Run(const SparseConfig& config) {
   const JobSpec spec = SparseJobSpec(config);
   RETURN_IF_ERROR(ValidateJobSpec(spec).status());
   ASSIGN_OR_RETURN(const ModelShape shape, InferModel(spec.model()));
-  ASSIGN_OR_RETURN(std::vector<std::string> before, st.Scrape(config.shards));
-  double used_before = 0;
-  for (const std::string& scrape : before) {
-    used_before += SumOf(scrape, "downpour_shard_memory_used_bytes", "");
-  }
+  // The shards' memory before the job, once they have dropped the last
+  // job (they do on a heartbeat after StopJob).
+  ASSIGN_OR_RETURN(const double used_before, st.AwaitIdleShards(config.shards));
 
   const std::string job_id = absl::StrCat("sparse-", ++st.jobs);
   ASSIGN_OR_RETURN(JobStatus submitted, st.coordinator->SubmitJob(spec, job_id));
@@ -556,6 +573,7 @@ absl::StatusOr<SparseResult> SparseBench::Run(const SparseConfig& config) {
   double plan_total = 0;
   for (double seconds : plan_seconds) plan_total += seconds;
   result.plan_us = 1e6 * plan_total / (static_cast<double>(config.workers) * drawn);
+  result.batches_drawn = drawn;
   result.dense_bytes_per_step = 2.0 * config.tables * config.vocab * config.dim * 4;
 
   // Each worker's shard clients and exchange.

@@ -63,7 +63,7 @@ struct SparseConfig {
   int64_t vocab = 1'000'000;  // Rows per table; ids are ranks 0..vocab-1.
   double skew = 1.0;
   bool sync = false;  // SYNC; else ASYNC.
-  int steps = 60;     // Timed steps per worker (after warm-up steps).
+  int steps = 300;    // Timed steps per worker (after warm-up steps).
   int warmup = 3;
   uint64_t seed = 1;
 };
@@ -84,7 +84,10 @@ struct SparseResult {
   double ids_per_step = 0;
   double rows_per_step = 0;  // Distinct rows pulled (= pushed) per step.
   double plan_us = 0;        // SparseBatch::Plan per batch (worker CPU, untimed).
-  double step_p50_ms = 0;    // One SparseExchange Begin..Finish.
+  // Batches drawn per worker: warmup + steps + 1, fewer (then cycled) where
+  // they would not fit in 1 GiB.
+  int batches_drawn = 0;
+  double step_p50_ms = 0;  // One SparseExchange Begin..Finish.
   double step_p99_ms = 0;
   double wall_s = 0;  // Timed steps, first start to last finish.
   // Worker side: rows one worker pushed / pulled per second.

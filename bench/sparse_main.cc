@@ -31,7 +31,7 @@ ABSL_FLAG(int32_t, dim, 16, "Embedding dimension");
 ABSL_FLAG(int64_t, vocab, 1'000'000, "Rows per table (ids are Zipf ranks 0..vocab-1)");
 ABSL_FLAG(std::string, skews, "0.8,1.0,1.2", "Zipf exponents, one ASYNC line each");
 ABSL_FLAG(double, sync_skew, 1.0, "Skew of the one SYNC line (0: no SYNC line)");
-ABSL_FLAG(int32_t, steps, 60, "Timed steps per worker per line");
+ABSL_FLAG(int32_t, steps, 300, "Timed steps per worker per line");
 ABSL_FLAG(int32_t, warmup, 3, "Untimed steps per worker before them");
 ABSL_FLAG(int64_t, dense_vocab, 0,
           "Rows of the dense baseline's table (0: vocab, at most 4,000,000; -1: no baseline)");
@@ -202,7 +202,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "sparse [--workers=2 --shards=2 --batch=512 --features=26 --tables=1 --dim=16 "
-      "--vocab=1000000 --skews=0.8,1.0,1.2 --sync_skew=1.0 --steps=60] | --draws_only ...");
+      "--vocab=1000000 --skews=0.8,1.0,1.2 --sync_skew=1.0 --steps=300] | --draws_only ...");
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
   return downpour::bench::Main();
