@@ -179,12 +179,19 @@ std::vector<ZipfSampler> Samplers(const SparseConfig& config) {
   return std::vector<ZipfSampler>(config.tables, ZipfSampler(config.vocab, config.skew));
 }
 
-// The model's head: a dense layer of 2 units over `input`, and the loss.
-void AddHead(ModelSpec* model, const std::string& input) {
-  LayerSpec* head = model->add_layer();
-  head->set_name("head");
-  if (!input.empty()) head->add_inputs(input);
-  head->mutable_dense()->set_units(2);
+// The model's head over `input` (`width` values per example): a hidden
+// dense layer of `hidden` units, relu, a dense layer of 2 units, the loss.
+// Never exchanged by the benchmark; it exists because a model needs one, and
+// its hidden weight has at least 256 x shards elements so that the job can
+// be placed on every shard at 1 KiB partitions.
+void AddHead(ModelSpec* model, const std::string& input, int64_t width, int shards) {
+  const int64_t hidden = std::max<int64_t>(64, (int64_t{256} * shards + width - 1) / width);
+  LayerSpec* layer = model->add_layer();
+  layer->set_name("hidden");
+  if (!input.empty()) layer->add_inputs(input);
+  layer->mutable_dense()->set_units(static_cast<int32_t>(hidden));
+  model->add_layer()->mutable_relu();
+  model->add_layer()->mutable_dense()->set_units(2);
   model->add_layer()->mutable_softmax_cross_entropy();
 }
 
@@ -317,8 +324,9 @@ JobSpec SparseJobSpec(const SparseConfig& config) {
     joined->mutable_concat();
     head_input = "joined";
   }
-  AddHead(model, head_input);
+  AddHead(model, head_input, int64_t{config.tables} * config.dim, config.shards);
   SetJobCommon(config, &spec);
+  spec.set_partition_bytes(1024);
   return spec;
 }
 
@@ -332,7 +340,7 @@ JobSpec DenseJobSpec(const SparseConfig& config, int64_t vocab) {
   embedding->set_vocab_size(vocab);
   embedding->set_dim(config.dim);
   model->add_layer()->mutable_flatten();
-  AddHead(model, "");
+  AddHead(model, "", int64_t{config.features} * config.dim, config.shards);
   SparseConfig async = config;
   async.sync = false;
   SetJobCommon(async, &spec);

@@ -129,8 +129,8 @@ struct SparseResult {
 std::string ToJson(const SparseResult& result);
 
 // The job the benchmark submits: `tables` sparse embeddings (Adam, LRU, no
-// max_rows) pooled with SUM, concatenated when several, a dense layer of 2
-// units and the loss.
+// max_rows) pooled with SUM, concatenated when several, then a small MLP
+// head (a hidden layer, relu, 2 units) and the loss.
 JobSpec SparseJobSpec(const SparseConfig& config);
 // The baseline's job: ids as floats into a dense embedding of vocab x dim,
 // flattened, the same head.
