@@ -537,7 +537,9 @@ absl::Status SparseStore::Restore(const ShardSnapshot& snapshot) {
                      "their rows start afresh at version ",
                      version));
   } else {
+    int64_t rows_restored = 0;
     for (const SparseTableSnapshot& saved : snapshot.sparse_tables) {
+      rows_restored += static_cast<int64_t>(saved.ids.size());
       if (std::none_of(tables_.begin(), tables_.end(),
                        [&](const Table& t) { return t.info.name == saved.name; })) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": the checkpoint's sparse table ",
@@ -573,6 +575,8 @@ absl::Status SparseStore::Restore(const ShardSnapshot& snapshot) {
       absl::Status restored = table.rows->Restore(rows);
       if (!restored.ok()) return Annotate(restored, where);
     }
+    Log(absl::StrCat("job ", job_id_, ": restored ", rows_restored, " rows of ", tables_.size(),
+                     " sparse tables at version ", version));
   }
   absl::MutexLock lock(&mu_);
   for (int rank = 0; rank < num_workers_; ++rank) {
