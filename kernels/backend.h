@@ -47,6 +47,13 @@ struct BackendOptions {
   // GPU convolutions: the layout measured fastest per shape, or one forced
   // (diagnostics and tests).
   ConvLayout conv_layout = ConvLayout::kAuto;
+  // > 0: the most compute memory the backend holds (Allocate's blocks, a
+  // GPU's workspace and reduced weight copies), in bytes: an Allocate that
+  // would pass it fails with ResourceExhausted naming the device, the size
+  // asked for, what is held and the limit (kernels/memory_cap.h). A worker's
+  // --device_memory_limit, so that "does not fit one GPU" can be tried on a
+  // large one. 0: no limit but the device's own.
+  int64_t memory_limit = 0;
 };
 
 // Memory a backend allocated: host, page-locked host or device memory, freed
@@ -54,10 +61,15 @@ struct BackendOptions {
 class DeviceMemory {
  public:
   using FreeFunction = void (*)(void*);
+  // Called with `context` and the size after the memory is freed (a
+  // backend's accounting, kernels/memory_cap.h).
+  using ReleaseHook = void (*)(void* context, size_t bytes);
 
   DeviceMemory() = default;
   DeviceMemory(void* ptr, size_t bytes, FreeFunction free)
       : ptr_(ptr), bytes_(bytes), free_(free) {}
+  DeviceMemory(void* ptr, size_t bytes, FreeFunction free, ReleaseHook hook, void* hook_context)
+      : ptr_(ptr), bytes_(bytes), free_(free), hook_(hook), hook_context_(hook_context) {}
   DeviceMemory(DeviceMemory&& other) noexcept { *this = std::move(other); }
   DeviceMemory& operator=(DeviceMemory&& other) noexcept {
     if (this != &other) {
@@ -65,6 +77,8 @@ class DeviceMemory {
       ptr_ = std::exchange(other.ptr_, nullptr);
       bytes_ = std::exchange(other.bytes_, 0);
       free_ = std::exchange(other.free_, nullptr);
+      hook_ = std::exchange(other.hook_, nullptr);
+      hook_context_ = std::exchange(other.hook_context_, nullptr);
     }
     return *this;
   }
@@ -81,12 +95,15 @@ class DeviceMemory {
  private:
   void Release() {
     if (ptr_ != nullptr && free_ != nullptr) free_(ptr_);
+    if (ptr_ != nullptr && hook_ != nullptr) hook_(hook_context_, bytes_);
     ptr_ = nullptr;
   }
 
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   FreeFunction free_ = nullptr;
+  ReleaseHook hook_ = nullptr;
+  void* hook_context_ = nullptr;
 };
 
 // An activation tensor or its gradient in the backend's memory, of the

@@ -1,5 +1,6 @@
 #include "kernels/factory.h"
 
+#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/collectives.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/stream_link.h"
 #endif
 
 namespace downpour {
@@ -60,6 +62,10 @@ absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateGpuGroup(
     const std::vector<ComputeBackend*>& backends) {
   return cuda::CreateNcclGroup(backends);
 }
+absl::StatusOr<std::unique_ptr<StreamLink>> CreateGpuStreamLink(
+    const std::vector<ComputeBackend*>& backends, int signals_per_rank) {
+  return cuda::CreateCudaStreamLink(backends, signals_per_rank);
+}
 }  // namespace
 
 #else  // !DOWNPOUR_WITH_CUDA
@@ -94,12 +100,16 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateGpuBackend(const BackendOp
 absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateGpuGroup(const std::vector<ComputeBackend*>&) {
   return absl::FailedPreconditionError(kBuiltWithoutCuda);
 }
+absl::StatusOr<std::unique_ptr<StreamLink>> CreateGpuStreamLink(const std::vector<ComputeBackend*>&,
+                                                                int) {
+  return absl::FailedPreconditionError(kBuiltWithoutCuda);
+}
 }  // namespace
 
 #endif  // DOWNPOUR_WITH_CUDA
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptions& options) {
-  if (options.device < 0) return cpu::CreateCpuBackend();
+  if (options.device < 0) return cpu::CreateCpuBackend(options.memory_limit);
   RETURN_IF_ERROR(DescribeDevice(options.device).status());
   return CreateGpuBackend(options);
 }
@@ -121,6 +131,47 @@ absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
         absl::StrCat("a device group needs two or more GPUs, got ", backends.size()));
   }
   return CreateGpuGroup(backends);
+}
+
+namespace {
+
+// The CPU's link: every rank's work runs when called, on its caller's
+// thread, so a copy is a memcpy and the callers' handover orders signals.
+class HostStreamLink final : public StreamLink {
+ public:
+  explicit HostStreamLink(int size) : size_(size) {}
+  int size() const override { return size_; }
+  absl::Status Copy(int, void* dst, int, const void* src, int, size_t bytes) override {
+    if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Mark(int, int) override { return absl::OkStatus(); }
+  absl::Status Wait(int, int, int) override { return absl::OkStatus(); }
+
+ private:
+  const int size_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StreamLink>> CreateStreamLink(
+    const std::vector<ComputeBackend*>& backends, int signals_per_rank) {
+  if (backends.empty()) return absl::InvalidArgumentError("a stream link needs a backend");
+  if (signals_per_rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a stream link needs signals_per_rank >= 0, got ", signals_per_rank));
+  }
+  int gpus = 0;
+  for (const ComputeBackend* backend : backends) {
+    if (backend == nullptr) return absl::InvalidArgumentError("a stream link's backend is null");
+    gpus += backend->gpu() ? 1 : 0;
+  }
+  if (gpus == 0) return std::unique_ptr<StreamLink>(new HostStreamLink(backends.size()));
+  if (gpus != static_cast<int>(backends.size())) {
+    return absl::InvalidArgumentError(
+        "a stream link joins CPU backends or GPU backends, not a mix of both");
+  }
+  return CreateGpuStreamLink(backends, signals_per_rank);
 }
 
 void SetCpuThreads(int num_threads) { cpu::SetCpuThreads(num_threads); }

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/stream_link.h"
 
 namespace downpour {
 namespace kernels {
@@ -27,6 +28,14 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptio
 // NCCL error when the communicators cannot be created.
 absl::StatusOr<std::unique_ptr<DeviceGroup>> CreateDeviceGroup(
     const std::vector<ComputeBackend*>& backends);
+
+// Copies and signals between `backends` (not owned; they must outlive the
+// link), for pipeline stages: all CPU backends (copies are memcpy, signals
+// no-ops), or all GPU backends (kernels/cuda/stream_link.h; two may share a
+// device), each rank with `signals_per_rank` signals. InvalidArgument for
+// none, a mix of CPU and GPU, or signals_per_rank < 0.
+absl::StatusOr<std::unique_ptr<StreamLink>> CreateStreamLink(
+    const std::vector<ComputeBackend*>& backends, int signals_per_rank);
 
 // Whether this program was built with CUDA. Without the CUDA toolkit at build
 // time (or with --config=cpu) only the CPU backend exists: GpuCount() is 0

@@ -19,7 +19,7 @@ class DenseLayer : public Layer {
   }
   absl::Status Backward(ComputeBackend& ops, const BackwardArgs& a) override {
     return ops.DenseBackward(a.batch, in_, out_, a.x[0], w_, a.dy, a.dx[0], a.dx_write[0], dw_, db_,
-                             kernels::Write::kOverwrite);
+                             a.param_write);
   }
 
  private:
@@ -124,7 +124,7 @@ class Conv2dLayer : public Layer {
   }
   absl::Status Backward(ComputeBackend& ops, const BackwardArgs& a) override {
     return ops.Conv2dBackward(Batched(window_, a.batch), a.x[0], w_, a.dy, a.dx[0], a.dx_write[0],
-                              dw_, db_, kernels::Write::kOverwrite);
+                              dw_, db_, a.param_write);
   }
 
   bool FuseFollowingRelu() override {
@@ -212,7 +212,7 @@ class BatchNormLayer : public Layer {
   absl::Status Backward(ComputeBackend& ops, const BackwardArgs& a) override {
     return ops.BatchNormBackward(a.batch * positions_, channels_, a.x[0], a.dy, gamma_, save_mean(),
                                  save_inv_std(), a.dx[0], a.dx_write[0], dgamma_, dbeta_,
-                                 kernels::Write::kOverwrite);
+                                 a.param_write);
   }
 
  private:
@@ -332,7 +332,7 @@ class EmbeddingLayer : public Layer {
   absl::Status Backward(ComputeBackend& ops, const BackwardArgs& a) override {
     const float* ids = ids_from_input_ ? a.model_input : a.x[0];
     RETURN_IF_ERROR(ops.EmbeddingBackward(a.batch * ids_per_example_, vocab_, dim_, ids, a.dy,
-                                          dtable_, kernels::Write::kOverwrite));
+                                          dtable_, a.param_write));
     if (a.dx[0] != nullptr && a.dx_write[0] == kernels::Write::kOverwrite) {
       return ops.Zero(a.batch * ids_per_example_, a.dx[0]);
     }
@@ -346,6 +346,31 @@ class EmbeddingLayer : public Layer {
   const bool ids_from_input_;
 };
 
+// A pipeline stage's boundary (LayerKind::kStageOutput): its inputs leave
+// for later stages after forward, which does nothing; backward hands each
+// input the gradient that came back for it (BackwardArgs::stage_output_grad,
+// one [batch, width] block per input).
+class StageOutputLayer : public Layer {
+ public:
+  explicit StageOutputLayer(std::vector<int64_t> widths) : widths_(std::move(widths)) {}
+
+  absl::Status Forward(ComputeBackend&, const ForwardArgs&) override { return absl::OkStatus(); }
+  absl::Status Backward(ComputeBackend& ops, const BackwardArgs& a) override {
+    const char* received = a.stage_output_grad;
+    for (size_t k = 0; k < widths_.size(); ++k) {
+      const int64_t n = a.batch * widths_[k];
+      if (a.dx[k] != nullptr) {
+        RETURN_IF_ERROR(ops.CopyOrAdd(n, Act(received), a.dx[k], a.dx_write[k]));
+      }
+      received += n * ops.activation_bytes();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<int64_t> widths_;  // Elements per example of each input.
+};
+
 const std::vector<int64_t>& InputShape(const ModelShape& shape, int input) {
   return input < 0 ? shape.input_slots[LayerShape::SlotOf(input)].shape
                    : shape.layers[input].output_shape;
@@ -354,7 +379,8 @@ const std::vector<int64_t>& InputShape(const ModelShape& shape, int input) {
 }  // namespace
 
 std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t seed,
-                                 const LayerTensors& tensors) {
+                                 const LayerTensors& tensors, int64_t mask_index) {
+  if (mask_index < 0) mask_index = static_cast<int64_t>(index);
   const LayerShape& layer = shape.layers[index];
   const int64_t elements = CheckedProduct(layer.output_shape);
   auto p = [&](size_t k) { return k < tensors.params.size() ? tensors.params[k] : nullptr; };
@@ -370,7 +396,7 @@ std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t
       return std::make_unique<FlattenLayer>();
     case LayerKind::kDropout:
       return std::make_unique<DropoutLayer>(elements, layer.dropout_rate,
-                                            SplitMix64(seed ^ SplitMix64(index + 1)));
+                                            SplitMix64(seed ^ SplitMix64(mask_index + 1)));
     case LayerKind::kSoftmaxCrossEntropy:
       return std::make_unique<SoftmaxCrossEntropyLayer>(shape.num_classes);
     case LayerKind::kConv2d:
@@ -398,6 +424,11 @@ std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t
       std::vector<int64_t> widths;
       for (int input : layer.inputs) widths.push_back(InputShape(shape, input).back());
       return std::make_unique<ConcatLayer>(elements / layer.output_shape.back(), std::move(widths));
+    }
+    case LayerKind::kStageOutput: {
+      std::vector<int64_t> widths;
+      for (int input : layer.inputs) widths.push_back(CheckedProduct(InputShape(shape, input)));
+      return std::make_unique<StageOutputLayer>(std::move(widths));
     }
   }
   return nullptr;

@@ -42,6 +42,12 @@ struct BackwardArgs {
   std::vector<Act> dx;                   // Null entries: no gradient wanted (model input).
   std::vector<kernels::Write> dx_write;  // Overwrite for the first contribution, then add.
   const float* model_input = nullptr;
+  // How parameter gradients are written: a pipeline stage adds each
+  // micro-batch's to the step's (model/pipeline.h).
+  kernels::Write param_write = kernels::Write::kOverwrite;
+  // kStageOutput: the gradients later stages sent back, one block of
+  // [batch, width] per input, in input order.
+  Act stage_output_grad;
 };
 
 // A layer's computation over the backend's ops.
@@ -74,9 +80,11 @@ struct LayerTensors {
   std::vector<float*> state;
 };
 
-// The layer `shape.layers[index]` of a model seeded with `seed`.
+// The layer `shape.layers[index]` of a model seeded with `seed`. Dropout
+// draws its masks from `mask_index` (the layer's index in the whole model
+// when `shape` is a pipeline stage's; -1: `index`).
 std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t seed,
-                                 const LayerTensors& tensors);
+                                 const LayerTensors& tensors, int64_t mask_index = -1);
 
 }  // namespace model_internal
 }  // namespace downpour

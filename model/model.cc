@@ -15,52 +15,35 @@
 #include "model/arena.h"
 #include "model/devices.h"
 #include "model/layers.h"
+#include "model/model_storage.h"
 #include "model/precision.h"
 
 namespace downpour {
-namespace model_internal {
-
-using kernels::DeviceMemory;
-
-// One activation tensor: per-example size, values and (in training) the
-// gradient of the loss with respect to them, in the compute memory. Both
-// live in the Model's activation arena (model/arena.h), which reuses
-// memory between tensors whose lifetimes in the step do not overlap.
-struct Buffer {
-  int64_t elements = 0;
-  // >= 1: the values are that buffer's, overwritten in place (a ReLU that is
-  // its input's only reader).
-  int value_alias = -1;
-  void* value_data = nullptr;
-  void* grad_data = nullptr;
-  kernels::Act value_ptr() const { return kernels::Act(value_data); }
-  kernels::Act grad_ptr() const { return kernels::Act(grad_data); }
-};
-
-// Every block of memory a Model owns besides its layers' scratch.
-struct Storage {
-  DeviceMemory params, grads, state;                 // Compute memory.
-  DeviceMemory params_host, grads_host, state_host;  // GPU only: page-locked copies.
-  DeviceMemory features, labels;                     // GPU only: the staged batch.
-  DeviceMemory input_activations;           // Reduced activations: the input in their type.
-  DeviceMemory features_host, labels_host;  // GPU only: page-locked staging.
-  DeviceMemory slots;                       // ApplyOptimizerOnDevice's.
-  // Sparse embeddings: the gradient of the loss with respect to the model
-  // input (slot-major, as the input), and its host copy on a GPU.
-  DeviceMemory input_grad, input_grad_host;
-  int num_slots = 0;
-  std::vector<Buffer> buffers;       // Activations; [0] is the model input (no memory).
-  DeviceMemory arena;                // Every buffer's values and gradients.
-  std::vector<int> buffer_of_layer;  // -1 for the loss (scalar output).
-  int64_t capacity = 0;              // Largest batch the buffers hold.
-  int64_t staged_capacity = 0;       // Largest batch features/labels hold.
-};
-
-}  // namespace model_internal
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint64_t seed,
                                                      const ModelOptions& options) {
   ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec));
+  return CreateFromShape(std::move(shape), seed, options, StageOptions());
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::CreateStage(ModelShape shape, uint64_t seed,
+                                                          const ModelOptions& options,
+                                                          const StageOptions& stage) {
+  if (stage.activation_sets < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a stage needs activation_sets >= 1, got ", stage.activation_sets));
+  }
+  if (!stage.init_params.empty() && stage.init_params.size() != shape.params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a stage of ", shape.params.size(),
+                                                   " parameters was given ",
+                                                   stage.init_params.size(), " to initialise"));
+  }
+  return CreateFromShape(std::move(shape), seed, options, stage);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::CreateFromShape(ModelShape shape, uint64_t seed,
+                                                              const ModelOptions& options,
+                                                              StageOptions stage) {
   ASSIGN_OR_RETURN(std::string name, DescribeDevice(options.device));
   Precision precision = options.precision;
   if (!Precision_IsValid(precision)) {
@@ -101,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
   const GpuPrecision gpu_precision = GpuPrecisionOf(precision);
   backend_options.precision = gpu_precision.compute;
   backend_options.tf32 = gpu_precision.tf32;
+  backend_options.memory_limit = options.memory_limit;
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
                    kernels::CreateBackend(backend_options));
   if (!(options.initial_loss_scale >= 1.0) || !std::isfinite(options.initial_loss_scale)) {
@@ -108,14 +92,27 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint
         "initial loss scale must be finite and >= 1, got ", options.initial_loss_scale));
   }
   std::unique_ptr<Model> model(new Model(std::move(shape), seed, std::max(options.device, -1),
-                                         std::move(name), precision, options.initial_loss_scale));
+                                         std::move(name), precision, options.initial_loss_scale,
+                                         std::move(stage)));
   RETURN_IF_ERROR(model->Init(std::move(backend)));
   return model;
 }
 
+namespace {
+
+// The index of `shape`'s kStageOutput layer (its last), or -1.
+int OutputLayerOf(const ModelShape& shape) {
+  if (shape.layers.empty() || shape.layers.back().kind != LayerKind::kStageOutput) return -1;
+  return static_cast<int>(shape.layers.size()) - 1;
+}
+
+}  // namespace
+
 Model::Model(ModelShape shape, uint64_t seed, int device, std::string device_name,
-             Precision precision, double initial_loss_scale)
+             Precision precision, double initial_loss_scale, StageOptions stage)
     : shape_(std::move(shape)),
+      stage_(std::move(stage)),
+      output_layer_(OutputLayerOf(shape_)),
       seed_(seed),
       device_(device),
       device_name_(std::move(device_name)),
@@ -167,7 +164,9 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
     state_host_ = state_compute_;
   }
   for (const ParamInfo& p : shape_.params) {
-    InitParamRange(p, seed_, 0, p.num_elements, param(p.id));
+    // A stage's values are the whole model's (whose ids seed them).
+    const ParamInfo& init = stage_.init_params.empty() ? p : stage_.init_params[p.id];
+    InitParamRange(init, seed_, 0, p.num_elements, param(p.id));
   }
   if (param_total > 0) std::memset(grad_host_, 0, param_bytes);
   for (const ParamInfo& p : shape_.local_state) {
@@ -192,8 +191,8 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
   std::vector<Buffer>& buffers = st.buffers;
   std::vector<int>& buffer_of_layer = st.buffer_of_layer;
   // Reduced activations: layers other than embeddings read a converted copy
-  // of the input.
-  if (backend_->activation_bytes() != sizeof(float)) {
+  // of the input (a stage's boundary input comes in that type).
+  if (backend_->activation_bytes() != sizeof(float) && !stage_.boundary_input) {
     for (const LayerShape& layer : shape_.layers) {
       for (int input : layer.inputs) {
         input_to_activations_ |= input < 0 && layer.kind != LayerKind::kEmbedding;
@@ -211,24 +210,13 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
     int buffer = -1;
     if (layer.kind == LayerKind::kFlatten) {
       buffer = in_buffer;
-    } else if (layer.kind != LayerKind::kSoftmaxCrossEntropy) {
+    } else if (layer.kind != LayerKind::kSoftmaxCrossEntropy &&
+               layer.kind != LayerKind::kStageOutput) {
       buffer = static_cast<int>(buffers.size());
       buffers.emplace_back();
       buffers.back().elements = elements;
     }
     buffer_of_layer.push_back(buffer);
-
-    model_internal::LayerTensors tensors;
-    for (int32_t id : layer.param_ids) {
-      tensors.params.push_back(param_compute_ + param_offset_[id]);
-      tensors.grads.push_back(grad_compute_ + param_offset_[id]);
-    }
-    for (int32_t id : layer.local_state_ids) {
-      tensors.state.push_back(state_compute_ + state_offset_[id]);
-    }
-    std::unique_ptr<model_internal::Layer> impl =
-        model_internal::MakeLayer(shape_, i, seed_, tensors);
-    layers_.push_back(std::move(impl));
   }
   // A ReLU that is the only reader of its input overwrites it (its backward
   // needs only its output).
@@ -239,6 +227,8 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
       if (input >= 0) ++readers[buffer_of_layer[input]];
     }
   }
+  // (convolution, ReLU) pairs that fuse.
+  std::vector<std::pair<int, int>> fused;
   for (size_t i = 0; i < shape_.layers.size(); ++i) {
     const LayerShape& layer = shape_.layers[i];
     if (layer.kind != LayerKind::kRelu || layer.inputs[0] < 0) continue;
@@ -252,11 +242,61 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
     // Nothing else reads the convolution's output before the ReLU: the
     // convolution applies it in the pass that writes its output (one pass
     // over the activation fewer; the ReLU's backward is unchanged).
-    if (producer == LayerKind::kConv2d && layers_[input]->FuseFollowingRelu()) {
-      layers_[i]->ForwardDoneByInput();
-    }
+    if (producer == LayerKind::kConv2d) fused.emplace_back(input, static_cast<int>(i));
+  }
+  // Every set has layers of its own (their scratch is per micro-batch).
+  st.sets.resize(static_cast<size_t>(stage_.activation_sets));
+  for (int set = stage_.activation_sets - 1; set >= 0; --set) {
+    UseSet(set);
+    MakeLayers(fused);
   }
   return absl::OkStatus();
+}
+
+void Model::MakeLayers(const std::vector<std::pair<int, int>>& fused) {
+  layers_.clear();
+  for (size_t i = 0; i < shape_.layers.size(); ++i) {
+    const LayerShape& layer = shape_.layers[i];
+    model_internal::LayerTensors tensors;
+    for (int32_t id : layer.param_ids) {
+      tensors.params.push_back(param_compute_ + param_offset_[id]);
+      tensors.grads.push_back(grad_compute_ + param_offset_[id]);
+    }
+    for (int32_t id : layer.local_state_ids) {
+      tensors.state.push_back(state_compute_ + state_offset_[id]);
+    }
+    layers_.push_back(model_internal::MakeLayer(shape_, i, seed_, tensors,
+                                                stage_.first_layer + static_cast<int64_t>(i)));
+  }
+  for (const auto& [conv, relu] : fused) {
+    if (layers_[conv]->FuseFollowingRelu()) layers_[relu]->ForwardDoneByInput();
+  }
+}
+
+void Model::SwapCurrentSet(model_internal::ActivationSet& other) {
+  model_internal::Storage& st = *storage_;
+  std::swap(st.arena, other.arena);
+  other.value.resize(st.buffers.size(), nullptr);
+  other.grad.resize(st.buffers.size(), nullptr);
+  for (size_t b = 0; b < st.buffers.size(); ++b) {
+    std::swap(st.buffers[b].value_data, other.value[b]);
+    std::swap(st.buffers[b].grad_data, other.grad[b]);
+  }
+  std::swap(scratch_at_, other.scratch_at);
+  std::swap(layers_, other.layers);
+  std::swap(st.input_activations, other.input_activations);
+  std::swap(st.boundary_grad, other.boundary_grad);
+  std::swap(st.output_grad, other.output_grad);
+  std::swap(input_, other.input);
+  std::swap(labels_, other.labels);
+}
+
+void Model::UseSet(int set) {
+  if (set == current_set_) return;
+  model_internal::Storage& st = *storage_;
+  SwapCurrentSet(st.sets[current_set_]);
+  SwapCurrentSet(st.sets[set]);
+  current_set_ = set;
 }
 
 Model::~Model() {
@@ -276,13 +316,21 @@ absl::Status Model::CheckBatch(const float* features, const int32_t* labels, int
   if (features == nullptr || labels == nullptr) {
     return absl::InvalidArgumentError("features and labels must not be null");
   }
+  return CheckStageBatch(features, labels, batch);
+}
+
+absl::Status Model::CheckStageBatch(const float* features, const int32_t* labels,
+                                    int64_t batch) const {
+  if (batch <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch must be positive, got ", batch));
+  }
   int64_t widest = 0;
   for (const model_internal::Buffer& b : storage_->buffers) widest = std::max(widest, b.elements);
   if (batch > kMaxTensorElements / std::max<int64_t>(widest, shape_.num_classes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch of ", batch, " examples is too large for this model"));
   }
-  for (int64_t i = 0; i < batch; ++i) {
+  for (int64_t i = 0; labels != nullptr && i < batch; ++i) {
     if (labels[i] < 0 || labels[i] >= shape_.num_classes) {
       return absl::InvalidArgumentError(
           absl::StrFormat("labels[%d] = %d is outside [0, %d)", i, labels[i], shape_.num_classes));
@@ -291,7 +339,8 @@ absl::Status Model::CheckBatch(const float* features, const int32_t* labels, int
   // Ids read straight from the features; an embedding fed by another layer
   // reads an id that is not in its table as zeros.
   for (const LayerShape& layer : shape_.layers) {
-    if (layer.kind != LayerKind::kEmbedding || layer.inputs[0] >= 0 || layer.sparse_table >= 0) {
+    if (features == nullptr || layer.kind != LayerKind::kEmbedding || layer.inputs[0] >= 0 ||
+        layer.sparse_table >= 0) {
       continue;
     }
     const InputSlot& slot = shape_.input_slots[LayerShape::SlotOf(layer.inputs[0])];
@@ -313,14 +362,37 @@ absl::Status Model::Reserve(int64_t batch) {
   st.capacity = 0;
   // The layers' scratch needs depend on the batch: measured again.
   scratch_need_.assign(2 * layers_.size(), 0);
-  scratch_at_.assign(2 * layers_.size(), nullptr);
   scratch_planned_ = false;
   RETURN_IF_ERROR(PlanArena(batch));
-  if (input_to_activations_) {
-    st.input_activations = {};
-    ASSIGN_OR_RETURN(st.input_activations,
-                     backend_->Allocate(backend_->activation_bytes() * batch * shape_.input_size));
+  const size_t input_bytes = backend_->activation_bytes() * batch * shape_.input_size;
+  int64_t output_elements = 0;  // Per example, of every kStageOutput input.
+  if (output_layer_ >= 0) {
+    for (int input : shape_.layers[output_layer_].inputs) {
+      output_elements += CheckedProduct(shape_.layers[input].output_shape);
+    }
   }
+  const int current = current_set_;
+  for (int set = 0; set < stage_.activation_sets; ++set) {
+    UseSet(set);
+    if (input_to_activations_ || stage_.boundary_input) {
+      st.input_activations = {};
+      ASSIGN_OR_RETURN(st.input_activations, backend_->Allocate(input_bytes));
+    }
+    if (stage_.boundary_input) {
+      st.boundary_grad = {};
+      ASSIGN_OR_RETURN(st.boundary_grad, backend_->Allocate(input_bytes));
+      // Every slot's readers write it; zeros all the same.
+      RETURN_IF_ERROR(
+          backend_->Zero(batch * shape_.input_size, kernels::Act(st.boundary_grad.as<void>())));
+    }
+    if (output_layer_ >= 0) {
+      st.output_grad = {};
+      ASSIGN_OR_RETURN(st.output_grad,
+                       backend_->Allocate(backend_->activation_bytes() * batch * output_elements));
+    }
+    for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*backend_, batch));
+  }
+  UseSet(current);
   if (!shape_.sparse_tables.empty()) {
     const size_t bytes = sizeof(float) * batch * shape_.input_size;
     st.input_grad = {};
@@ -332,7 +404,6 @@ absl::Status Model::Reserve(int64_t batch) {
     // Slots no layer writes (dense inputs) read as zeros.
     RETURN_IF_ERROR(backend_->ZeroFloats(batch * shape_.input_size, st.input_grad.as<float>()));
   }
-  for (auto& layer : layers_) RETURN_IF_ERROR(layer->Reserve(*backend_, batch));
   st.capacity = batch;
   return absl::OkStatus();
 }
@@ -368,16 +439,24 @@ absl::Status Model::PlanArena(int64_t batch) {
   for (const model_internal::Buffer& b : st.buffers) buffers.push_back({b.elements, b.value_alias});
   const model_internal::ArenaPlan plan = model_internal::PlanArena(
       shape_, buffers, st.buffer_of_layer, scratch_need_, backend_->activation_bytes(), batch);
+  // The sets' arenas, freed first (they are replaced, not grown).
+  for (model_internal::ActivationSet& set : st.sets) set.arena = {};
   st.arena = {};
-  ASSIGN_OR_RETURN(st.arena, backend_->Allocate(plan.bytes));
-  char* base = st.arena.as<char>();
-  for (size_t b = 1; b < st.buffers.size(); ++b) {
-    st.buffers[b].value_data = base + plan.value_offset[b];
-    st.buffers[b].grad_data = base + plan.grad_offset[b];
+  const int current = current_set_;
+  for (int set = 0; set < stage_.activation_sets; ++set) {
+    UseSet(set);
+    ASSIGN_OR_RETURN(st.arena, backend_->Allocate(plan.bytes));
+    char* base = st.arena.as<char>();
+    for (size_t b = 1; b < st.buffers.size(); ++b) {
+      st.buffers[b].value_data = base + plan.value_offset[b];
+      st.buffers[b].grad_data = base + plan.grad_offset[b];
+    }
+    scratch_at_.assign(plan.scratch_offset.size(), nullptr);
+    for (size_t i = 0; i < plan.scratch_offset.size(); ++i) {
+      scratch_at_[i] = plan.scratch_offset[i] < 0 ? nullptr : base + plan.scratch_offset[i];
+    }
   }
-  for (size_t i = 0; i < plan.scratch_offset.size(); ++i) {
-    scratch_at_[i] = plan.scratch_offset[i] < 0 ? nullptr : base + plan.scratch_offset[i];
-  }
+  UseSet(current);
   return absl::OkStatus();
 }
 
@@ -431,17 +510,20 @@ absl::Status Model::StageBatch(const float* features, const int32_t* labels, int
 
 kernels::Act Model::Activation(int buffer) const {
   if (buffer != 0) return storage_->buffers[buffer].value_ptr();
-  return kernels::Act(input_to_activations_ ? storage_->input_activations.as<void>()
-                                            : static_cast<const void*>(input_));
+  return SlotInput(0, 0);
+}
+
+kernels::Act Model::SlotInput(int slot, int64_t batch) const {
+  const int64_t at = batch * shape_.input_slots[slot].offset;
+  if (input_to_activations_ || stage_.boundary_input) {
+    return kernels::Act(storage_->input_activations.as<char>() + at * backend_->activation_bytes());
+  }
+  return kernels::Act(static_cast<const void*>(input_ + at));
 }
 
 kernels::Act Model::InputOf(int input, int64_t batch) const {
   if (input >= 0) return Activation(storage_->buffer_of_layer[input]);
-  const int64_t at = batch * shape_.input_slots[LayerShape::SlotOf(input)].offset;
-  if (input_to_activations_) {
-    return kernels::Act(storage_->input_activations.as<char>() + at * backend_->activation_bytes());
-  }
-  return kernels::Act(static_cast<const void*>(input_ + at));
+  return SlotInput(LayerShape::SlotOf(input), batch);
 }
 
 const float* Model::ModelInputOf(int layer, int64_t batch) const {
@@ -451,7 +533,8 @@ const float* Model::ModelInputOf(int layer, int64_t batch) const {
 }
 
 absl::Status Model::Forward(int64_t batch, bool training, int64_t step,
-                            const std::function<absl::Status(int)>* await) {
+                            const std::function<absl::Status(int)>* await,
+                            const model_internal::PassOptions& pass) {
   const model_internal::Storage& st = *storage_;
   model_internal::ForwardArgs args;
   args.batch = batch;
@@ -459,7 +542,8 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step,
   args.step = static_cast<uint64_t>(step);
   args.labels = labels_;
   if (training && loss_scaling_) args.loss_scale = static_cast<float>(step_scale_);
-  RETURN_IF_ERROR(backend_->ResetLoss());
+  args.loss_scale *= pass.loss_weight;
+  if (pass.first) RETURN_IF_ERROR(backend_->ResetLoss());
   if (input_to_activations_) {
     RETURN_IF_ERROR(backend_->ToActivations(batch * shape_.input_size, input_,
                                             kernels::Act(st.input_activations.as<void>())));
@@ -468,7 +552,7 @@ absl::Status Model::Forward(int64_t batch, bool training, int64_t step,
   // optimizer): one cast for the whole step instead of one per op, or one
   // per layer as its weights arrive.
   const bool gated = await != nullptr && *await != nullptr;
-  if (!gated) RETURN_IF_ERROR(backend_->CastReducedWeights());
+  if (!gated && pass.first) RETURN_IF_ERROR(backend_->CastReducedWeights());
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (layers_[i]->aliases_input()) continue;
     const std::vector<int32_t>& ids = shape_.layers[i].param_ids;
@@ -506,8 +590,11 @@ absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_
   // A buffer's gradient is overwritten by the first layer that contributes to
   // it (in reverse order) and added to by the others.
   std::vector<bool> written(st.buffers.size(), false);
+  std::vector<bool> slot_written(shape_.input_slots.size(), false);
   model_internal::BackwardArgs args;
   args.batch = batch;
+  args.param_write = param_write_;
+  args.stage_output_grad = kernels::Act(st.output_grad.as<void>());
   for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
     if (layers_[i]->aliases_input()) continue;
     const int out = st.buffer_of_layer[i];
@@ -530,6 +617,17 @@ absl::Status Model::Backward(int64_t batch, const std::function<void(int, int64_
     args.model_input = ModelInputOf(i, batch);
     for (int input : shape_.layers[i].inputs) {
       args.x.push_back(InputOf(input, batch));
+      if (input < 0 && stage_.boundary_input) {
+        // An earlier stage's output: its gradient goes back there.
+        const int k = LayerShape::SlotOf(input);
+        args.dx.push_back(
+            kernels::Act(st.boundary_grad.as<char>() +
+                         batch * shape_.input_slots[k].offset * backend_->activation_bytes()));
+        args.dx_write.push_back(slot_written[k] ? kernels::Write::kAccumulate
+                                                : kernels::Write::kOverwrite);
+        slot_written[k] = true;
+        continue;
+      }
       if (input < 0) {
         // Only a sparse embedding's slot has a gradient, and one reader.
         const InputSlot& slot = shape_.input_slots[LayerShape::SlotOf(input)];

@@ -26,6 +26,13 @@
 // scratch in it, live only during that layer's call. In bf16/fp16 the
 // activations are stored in that type.
 //
+// Pipeline stages (model/pipeline.h): a Model may be one stage of a model
+// split over devices (CreateStage), which runs a step's micro-batches one
+// pass at a time (the Stage* methods), keeps several micro-batches'
+// activations at once (each in an activation set of its own: arena, layer
+// scratch, boundary buffers), takes earlier stages' outputs as its input and
+// hands their gradients back, and adds up its micro-batches' gradients.
+//
 // Thread safety: Model is thread-compatible: const methods may run
 // concurrently; TrainStep and Evaluate mutate internal buffers and need
 // external synchronisation. Model owns every buffer it returns pointers to
@@ -37,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -49,11 +57,19 @@
 
 namespace downpour {
 namespace model_internal {
+struct ActivationSet;
 struct BackwardArgs;
 struct ForwardArgs;
 class Layer;
 struct Buffer;
 struct Storage;
+
+// The part of Model's forward passes that differs between a whole step and
+// a stage's micro-batch.
+struct PassOptions {
+  bool first = true;        // Resets the loss counters and casts reduced weights.
+  float loss_weight = 1.f;  // Multiplies the loss's gradient.
+};
 }  // namespace model_internal
 
 struct StepResult {
@@ -137,6 +153,32 @@ struct ModelOptions {
   Precision precision = FP32;
   // FP16's first loss scale (tests force an overflow with a huge one).
   double initial_loss_scale = DynamicLossScale::kDefaultInitial;
+  // > 0: the most compute memory the model's backend may hold, in bytes
+  // (kernels::BackendOptions::memory_limit; a worker's
+  // --device_memory_limit): past it, creation or a step fails with
+  // ResourceExhausted naming the device, the size and the limit.
+  int64_t memory_limit = 0;
+};
+
+// What makes a Model one stage of a model split over devices: the pipeline
+// of model/pipeline.h builds each stage's shape (model/pipeline_stages.h)
+// and drives the stages through the Stage* methods below. The defaults make
+// a whole model.
+struct StageOptions {
+  // Micro-batches the stage holds at once (one forward ahead of its
+  // backward each), every one with activations, layer scratch (dropout
+  // masks, batch-norm statistics) and boundary buffers of its own.
+  int activation_sets = 1;
+  // The input slots are earlier stages' outputs: they arrive in the
+  // activation type (StageBuffers::input) and their gradient is kept
+  // (StageBuffers::input_grad).
+  bool boundary_input = false;
+  // The index in the whole model of this model's first layer: dropout draws
+  // its masks as the whole model's layer would.
+  int64_t first_layer = 0;
+  // The whole model's ParamInfo of each parameter, by this model's id: their
+  // ids seed the initial values. Empty: the model's own.
+  std::vector<ParamInfo> init_params;
 };
 
 class Model {
@@ -262,6 +304,72 @@ class Model {
   // waits for them. Thread-safe against other UploadParam calls (not
   // against TrainStep or Evaluate). A no-op on the CPU.
   absl::Status UploadParam(int id, int64_t offset, int64_t count);
+  // ---- Pipeline stages (model/pipeline.h drives them; a Model made by
+  // Create needs none of this). A stage's step: BeginStageStep, then for
+  // each micro-batch a StageForward and later a StageBackward in the same
+  // activation set, then EndStageStep. The copies between stages go to and
+  // from stage_buffers(set). All queued: nothing waits but where said.
+  //
+  // A model of `shape`, a stage's (its layers re-indexed, earlier stages'
+  // outputs as its input slots, a kStageOutput last layer where later
+  // stages read its outputs). Errors as Create's.
+  static absl::StatusOr<std::unique_ptr<Model>> CreateStage(ModelShape shape, uint64_t seed,
+                                                            const ModelOptions& options,
+                                                            const StageOptions& stage);
+  int activation_sets() const { return stage_.activation_sets; }
+  // Where set `set`'s boundary tensors lie, in the compute memory and the
+  // activation type, each [batch, width] example-major for the set's
+  // micro-batch of `batch` examples: the input slot k at input + batch *
+  // offset (shape().input_slots), its gradient likewise at input_grad; the
+  // kStageOutput layer's input k at outputs[k], and the gradient that came
+  // back for it at output_grad, block after block in input order. Null
+  // where the stage has none. Valid until a BeginStageStep or Evaluate that
+  // grows the capacity, or an EndStageStep that plans the scratch.
+  // REQUIRES: 0 <= set < activation_sets().
+  struct StageBuffers {
+    kernels::Act input, input_grad;
+    std::vector<kernels::Act> outputs;
+    kernels::Act output_grad;
+  };
+  StageBuffers stage_buffers(int set) const;
+  // Readies a step of micro-batches of at most `capacity` examples: grows
+  // the buffers, queues param(id) to the device when params_from_host, and
+  // resets the loss counters.
+  absl::Status BeginStageStep(int64_t capacity, bool params_from_host);
+  // Queues a micro-batch's forward pass in set `set` (training: dropout
+  // masks drawn from `mask_step`, batch norm's running statistics moved).
+  // `features`: [batch, input_size()] floats in the compute memory, for a
+  // stage reading the model input (the first); otherwise the set's input
+  // buffer holds the micro-batch. `labels`: [batch] in the compute memory
+  // for the stage with the loss, else null. The loss's gradient is
+  // multiplied by `loss_weight` (the micro-batch's share of the step's
+  // batch: the step's gradient is the batch mean). `first`: the step's
+  // first forward pass (reduced weights are cast then, and with `await`,
+  // TrainStepOptions::await_layer_params, each layer awaits its parameters).
+  // REQUIRES: batch <= the capacity; inputs checked (CheckStageBatch).
+  absl::Status StageForward(int set, const float* features, const int32_t* labels, int64_t batch,
+                            int64_t mask_step, float loss_weight, bool training, bool first,
+                            const std::function<absl::Status(int)>* await = nullptr);
+  // Queues the backward pass of set `set`'s micro-batch (its last training
+  // StageForward), its parameter gradients overwriting the step's (`first`)
+  // or added to them. REQUIRES: output_grad holds the gradients sent back.
+  absl::Status StageBackward(int set, int64_t batch, bool first);
+  // Ends a training step: measures and plans the scratch after the first
+  // one (waits), then queues the gradients to grad(id) (grads_to_host), or
+  // streams them announced to `queued` as TrainStepOptions::gradient_queued
+  // says, and the local state to local_state_data(id).
+  absl::Status EndStageStep(bool grads_to_host,
+                            const std::function<void(int, int64_t)>* queued = nullptr);
+  // The loss counters since BeginStageStep: the sum over the forward
+  // passes' examples and the correct count (the stage with the loss). Waits.
+  absl::StatusOr<kernels::LossStats> ReadStageLoss();
+  // Appends the last forward pass's logits (the loss layer's input) as
+  // floats. Waits.
+  absl::Status AppendStageLogits(int64_t batch, std::vector<float>* logits);
+  // As TrainStep checks its batch: the labels (a stage with the loss) and
+  // ids read from the features (a stage reading the model input).
+  absl::Status CheckStageBatch(const float* features, const int32_t* labels, int64_t batch) const;
+
   // Compute memory the model holds now, by use.
   struct ComputeMemory {
     int64_t parameters = 0;  // Parameters, gradients, optimizer slots, state.
@@ -276,7 +384,8 @@ class Model {
 
  private:
   Model(ModelShape shape, uint64_t seed, int device, std::string device_name, Precision precision,
-        double initial_loss_scale);
+        double initial_loss_scale, StageOptions stage);
+
   // FP16: takes the step's scale and clears the non-finite flag.
   absl::Status BeginLossScaling();
   // FP16: after Backward, unscales the gradients and flags non-finite ones.
@@ -308,7 +417,8 @@ class Model {
   // With `await` (TrainStepOptions::await_layer_params), each layer with
   // parameters waits for them, and bf16/fp16 casts its weights as it goes.
   absl::Status Forward(int64_t batch, bool training, int64_t step,
-                       const std::function<absl::Status(int)>* await = nullptr);
+                       const std::function<absl::Status(int)>* await = nullptr,
+                       const model_internal::PassOptions& pass = {});
   // Streams each layer's parameter gradients out as its backward is queued
   // when `queued` is set (TrainStepOptions::gradient_queued).
   // `on_device`: TrainStepOptions::gradient_on_device's, when set.
@@ -327,8 +437,29 @@ class Model {
   absl::Status ReadLogits(int64_t batch, std::vector<float>* logits);
   // Profiling: marks slot on the device and on the host.
   absl::Status MarkLayer(int slot);
+  // Creates the current set's layers over the parameters (Init), fusing
+  // each convolution of `fused` into the ReLU that follows it.
+  void MakeLayers(const std::vector<std::pair<int, int>>& fused);
+  // Makes set `set` the current one (the activations, layers and boundary
+  // buffers the passes use), swapping the current one out.
+  void UseSet(int set);
+  void SwapCurrentSet(model_internal::ActivationSet& other);
+  // The compute memory of model input slot `slot` for `batch` examples: the
+  // floats given, or their copy in the activation type.
+  kernels::Act SlotInput(int slot, int64_t batch) const;
+  // Shared by Create and CreateStage.
+  static absl::StatusOr<std::unique_ptr<Model>> CreateFromShape(ModelShape shape, uint64_t seed,
+                                                                const ModelOptions& options,
+                                                                StageOptions stage);
 
   const ModelShape shape_;
+  const StageOptions stage_;
+  // The kStageOutput layer (a stage whose outputs later stages read), or -1.
+  const int output_layer_;
+  int current_set_ = 0;  // The activation set the passes use.
+  // How backward writes parameter gradients (a stage's later micro-batches
+  // add theirs).
+  kernels::Write param_write_ = kernels::Write::kOverwrite;
   const uint64_t seed_;
   const int device_;
   const std::string device_name_;

@@ -182,6 +182,8 @@ const char* LayerKindName(LayerKind kind) {
       return "embedding";
     case LayerKind::kConcat:
       return "concat";
+    case LayerKind::kStageOutput:
+      return "stage_output";
   }
   return "unknown";
 }
@@ -297,6 +299,103 @@ absl::Status InferSparseEmbedding(const EmbeddingLayer& emb, int layer_index, in
   layer->inputs = {LayerShape::ModelInputSlot(table.slot)};
   model->input_slots.push_back(std::move(slot));
   model->sparse_tables.push_back(std::move(table));
+  return absl::OkStatus();
+}
+
+// Largest PipelineSpec.micro_batches.
+constexpr int32_t kMaxMicroBatches = 4096;
+
+// Validates ModelSpec.pipeline against the model's layers into
+// model->pipeline.
+absl::Status InferPipeline(const ModelSpec& spec,
+                           const std::unordered_map<std::string, int>& index_of_name,
+                           ModelShape* model) {
+  if (!spec.has_pipeline()) return absl::OkStatus();
+  const PipelineSpec& pipeline = spec.pipeline();
+  if (pipeline.stage_size() == 0) {
+    return absl::InvalidArgumentError("model.pipeline.stage is empty: give one stage or more");
+  }
+  if (pipeline.micro_batches() < 0 || pipeline.micro_batches() > kMaxMicroBatches) {
+    return absl::InvalidArgumentError(absl::StrCat("model.pipeline.micro_batches must be in [0, ",
+                                                   kMaxMicroBatches, "], got ",
+                                                   pipeline.micro_batches()));
+  }
+  if (!PipelineSpec::Schedule_IsValid(pipeline.schedule())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.pipeline.schedule ", pipeline.schedule(), " is unknown"));
+  }
+  if (!model->sparse_tables.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.pipeline: sparse embeddings (layer \"",
+        model->layers[model->sparse_tables[0].layer].name, "\") cannot be split into stages yet"));
+  }
+  const int n = static_cast<int>(model->layers.size());
+  std::vector<int> stage_of(n, -1);
+  for (int s = 0; s < pipeline.stage_size(); ++s) {
+    const PipelineSpec::Stage& stage = pipeline.stage(s);
+    if (stage.layers_size() == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("model.pipeline.stage[%d]: no layers", s));
+    }
+    for (int k = 0; k < stage.layers_size(); ++k) {
+      const std::string& name = stage.layers(k);
+      const std::string where =
+          absl::StrFormat("model.pipeline.stage[%d].layers[%d] (\"%s\")", s, k, name);
+      auto it = index_of_name.find(name);
+      if (it == index_of_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": not a layer of the model"));
+      }
+      if (stage_of[it->second] >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": already in stage[", stage_of[it->second], "]"));
+      }
+      stage_of[it->second] = s;
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const LayerShape& layer = model->layers[i];
+    if (stage_of[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.pipeline: layer \"", layer.name, "\" is in no stage"));
+    }
+    if (i > 0 && stage_of[i] < stage_of[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.pipeline: layer \"", layer.name, "\" (stage[", stage_of[i],
+                       "]) follows \"", model->layers[i - 1].name, "\" (stage[", stage_of[i - 1],
+                       "]); stages follow the layer order"));
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const LayerShape& layer = model->layers[i];
+    const std::string where =
+        absl::StrFormat("model.pipeline.stage[%d]: layer \"%s\"", stage_of[i], layer.name);
+    for (int input : layer.inputs) {
+      if (input < 0) {
+        if (stage_of[i] > 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, " reads the model input; only the first stage does"));
+        }
+        continue;
+      }
+      if (stage_of[input] == stage_of[i]) continue;
+      if (layer.kind == LayerKind::kFlatten) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " flattens \"", model->layers[input].name,
+                         "\" of an earlier stage; put the flatten in that stage"));
+      }
+      if (layer.kind == LayerKind::kEmbedding) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " reads ids from \"", model->layers[input].name,
+                         "\" of an earlier stage; keep them in one stage"));
+      }
+    }
+  }
+  PipelineShape& shape = model->pipeline;
+  for (int i = 0; i < n; ++i) {
+    if (i == 0 || stage_of[i] != stage_of[i - 1]) shape.first_layer.push_back(i);
+  }
+  shape.micro_batches =
+      pipeline.micro_batches() > 0 ? pipeline.micro_batches() : 4 * pipeline.stage_size();
+  shape.schedule = pipeline.schedule();
   return absl::OkStatus();
 }
 
@@ -671,6 +770,8 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
                        "] logits, got ", ShapeString(in_shape));
         }
         break;
+      case LayerKind::kStageOutput:
+        return error("stage_output is internal to pipeline stages");
     }
     if (i == last && layer.kind != LayerKind::kSoftmaxCrossEntropy) {
       return error("the last layer must be softmax_cross_entropy, got ", kind);
@@ -688,7 +789,13 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
     }
     model.input_shape = {model.input_size};
   }
+  RETURN_IF_ERROR(InferPipeline(spec, index_of_name, &model));
   return model;
+}
+
+int PipelineShape::StageOf(int layer) const {
+  const auto after = std::upper_bound(first_layer.begin(), first_layer.end(), layer);
+  return static_cast<int>(after - first_layer.begin()) - 1;
 }
 
 }  // namespace downpour

@@ -40,6 +40,11 @@ enum class LayerKind {
   kAdd,
   kEmbedding,
   kConcat,
+  // Never in a ModelSpec: the last layer of a pipeline stage whose outputs
+  // later stages read (model/pipeline_stages.h). Its inputs are those
+  // outputs; it has no output of its own, and its backward hands each input
+  // the gradient the later stages sent back.
+  kStageOutput,
 };
 
 // The name LayerSpec uses for a kind ("dense", "softmax_cross_entropy", ...).
@@ -113,6 +118,20 @@ struct SparseTableInfo {
   OptimizerSpec optimizer;
 };
 
+// ModelSpec.pipeline after validation: the model's layers cut into stages
+// that follow the layer order.
+struct PipelineShape {
+  // The index in ModelShape::layers of each stage's first layer (ascending;
+  // stage s ends where stage s + 1 begins). Empty: no pipeline.
+  std::vector<int> first_layer;
+  int micro_batches = 0;  // Resolved: > 0.
+  PipelineSpec::Schedule schedule = PipelineSpec::ONE_F_ONE_B;
+
+  int num_stages() const { return static_cast<int>(first_layer.size()); }
+  // REQUIRES: num_stages() > 0 and 0 <= layer < the model's layer count.
+  int StageOf(int layer) const;
+};
+
 struct ModelShape {
   // Per example, without the batch: ModelSpec.input_shape, or [input_size]
   // for a model with named inputs.
@@ -132,6 +151,7 @@ struct ModelShape {
   // parameter server never sees them, and each worker's evaluation uses its
   // own. `init` is kZeros or kOnes.
   std::vector<ParamInfo> local_state;
+  PipelineShape pipeline;
 };
 
 // Validates `spec` and derives its parameters and per-layer output shapes.
@@ -141,7 +161,11 @@ struct ModelShape {
 // kernel_w * in_channels) and "<layer>/bias" [filters]; batch_norm has
 // "<layer>/gamma" (ones) and "<layer>/beta" (zeros) [channels], plus local
 // state "<layer>/running_mean" (zeros) and "<layer>/running_var" (ones);
-// embedding has "<layer>/table" [vocab_size, dim] (Glorot uniform). Errors
+// embedding has "<layer>/table" [vocab_size, dim] (Glorot uniform). A
+// pipeline (ModelSpec.pipeline) is checked against the layers: every layer
+// in exactly one stage, stages in layer order, only the first reading the
+// model's inputs, no sparse embedding, no stage beginning with a flatten of
+// an earlier stage's output, and no embedding reading ids from one. Errors
 // are InvalidArgument with one sentence naming the field, e.g.
 //   model.layer[2] ("fc2"): input "fc9" is not an earlier layer
 absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec);

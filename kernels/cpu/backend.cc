@@ -7,17 +7,21 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "kernels/cpu/layers.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/memory_cap.h"
 
 namespace downpour {
 namespace kernels {
 namespace cpu {
 namespace {
 
+void* AlignedOrNull(size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 absl::StatusOr<DeviceMemory> AllocateAligned(size_t bytes) {
   if (bytes == 0) return DeviceMemory();
-  void* ptr = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  void* ptr = AlignedOrNull(bytes);
   if (ptr == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
@@ -27,6 +31,8 @@ absl::StatusOr<DeviceMemory> AllocateAligned(size_t bytes) {
 
 class CpuBackend final : public ComputeBackend {
  public:
+  explicit CpuBackend(int64_t memory_limit) : cap_(memory_limit, "cpu") {}
+
 #define DOWNPOUR_CPU_OP(name, params, args) \
   absl::Status name params override {       \
     cpu::name(ctx_, DOWNPOUR_UNPAREN args); \
@@ -96,7 +102,18 @@ class CpuBackend final : public ComputeBackend {
   int64_t workspace_bytes() const override { return 0; }
   int64_t weight_copy_bytes() const override { return 0; }
   absl::Status MakeCurrent() override { return absl::OkStatus(); }
-  absl::StatusOr<DeviceMemory> Allocate(size_t bytes) override { return AllocateAligned(bytes); }
+  // Counted against the memory limit; AllocateHost's blocks (staging) are not.
+  absl::StatusOr<DeviceMemory> Allocate(size_t bytes) override {
+    if (bytes == 0) return DeviceMemory();
+    RETURN_IF_ERROR(cap_.Take(bytes, 0));
+    void* ptr = AlignedOrNull(bytes);
+    if (ptr == nullptr) {
+      cap_.Give(bytes);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+    }
+    return cap_.Track(ptr, bytes, &std::free);
+  }
   absl::StatusOr<DeviceMemory> AllocateHost(size_t bytes) override {
     return AllocateAligned(bytes);
   }
@@ -147,6 +164,7 @@ class CpuBackend final : public ComputeBackend {
     return workspace_.data();
   }
 
+  MemoryCap cap_;
   CpuContext ctx_;
   std::vector<float> workspace_;  // im2col scratch, shared by every conv2d.
   LossStats loss_;
@@ -156,7 +174,9 @@ class CpuBackend final : public ComputeBackend {
 
 }  // namespace
 
-std::unique_ptr<ComputeBackend> CreateCpuBackend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<ComputeBackend> CreateCpuBackend(int64_t memory_limit) {
+  return std::make_unique<CpuBackend>(memory_limit);
+}
 
 }  // namespace cpu
 }  // namespace kernels

@@ -5,6 +5,7 @@
 #ifndef DOWNPOUR_KERNELS_CPU_BACKEND_H_
 #define DOWNPOUR_KERNELS_CPU_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "kernels/backend.h"
@@ -13,7 +14,8 @@ namespace downpour {
 namespace kernels {
 namespace cpu {
 
-std::unique_ptr<ComputeBackend> CreateCpuBackend();
+// `memory_limit`: BackendOptions::memory_limit (0: none).
+std::unique_ptr<ComputeBackend> CreateCpuBackend(int64_t memory_limit = 0);
 
 }  // namespace cpu
 }  // namespace kernels

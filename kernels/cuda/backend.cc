@@ -41,6 +41,8 @@ absl::Status ForActivationType(ComputePrecision precision, F&& f) {
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
   auto backend = std::unique_ptr<CudaBackend>(new CudaBackend());
+  backend->cap_ =
+      std::make_unique<MemoryCap>(options.memory_limit, absl::StrCat("cuda:", options.device));
   // Small at first: convolutions grow it to what their fastest algorithms
   // need (conv_plan.h).
   ASSIGN_OR_RETURN(backend->ctx_, CudaContext::Create(options.device, size_t{16} << 20));
@@ -179,13 +181,15 @@ int64_t CudaBackend::weight_copy_bytes() const {
 
 absl::StatusOr<DeviceMemory> CudaBackend::Allocate(size_t bytes) {
   if (bytes == 0) return DeviceMemory();
+  RETURN_IF_ERROR(cap_->Take(bytes, workspace_bytes() + weight_copy_bytes()));
   void* ptr = nullptr;
   if (cudaMalloc(&ptr, bytes) != cudaSuccess) {
     cudaGetLastError();
+    cap_->Give(bytes);
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory"));
   }
-  return DeviceMemory(ptr, bytes, &FreeDevice);
+  return cap_->Track(ptr, bytes, &FreeDevice);
 }
 
 absl::StatusOr<DeviceMemory> CudaBackend::AllocateHost(size_t bytes) {

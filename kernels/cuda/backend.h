@@ -28,6 +28,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/optimizer.h"
+#include "kernels/memory_cap.h"
 
 namespace downpour {
 namespace kernels {
@@ -101,6 +102,9 @@ class CudaBackend final : public ComputeBackend {
   int* Flag() { return reinterpret_cast<int*>(counters_.as<char>() + 16); }
   bool SameTensors(const std::vector<TensorUpdate>& tensors) const;
 
+  // BackendOptions::memory_limit's accounting; declared before every block
+  // it counts.
+  std::unique_ptr<MemoryCap> cap_;
   std::unique_ptr<CudaContext> ctx_;
   DeviceMemory counters_;       // double loss sum, uint64 correct, int non-finite flag.
   DeviceMemory counters_host_;  // Page-locked, for ReadLoss and ReadNonFinite.
