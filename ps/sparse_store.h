@@ -204,7 +204,10 @@ class SparseStore {
   // store's locks are let go. In SYNC the rows are copied off the push path
   // when they can be: by SparseCapture::Take (the checkpoint writer), unless
   // the push that applies step `step` comes first, which copies them before
-  // it changes a row. A SYNC capture asked for when the tables are past
+  // it changes a row. Meanwhile step `step`'s pulls may create rows (at
+  // their initial values, as good as absent) and, in a table at its
+  // max_rows or the memory limit, evict some: the capture then lacks rows
+  // those pulls evicted, as the run does. A SYNC capture asked for when the tables are past
   // `step` gets FailedPrecondition saying so. A later CaptureAt replaces a
   // pending one. `captured` must not call into this store.
   using CapturedFn = std::function<void(absl::StatusOr<std::shared_ptr<SparseCapture>>)>;

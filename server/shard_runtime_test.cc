@@ -1,15 +1,19 @@
 #include "server/shard_runtime.h"
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "control/fake_coordinator.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "ps/memory_budget.h"
 #include "rpc/node_agent.h"
+#include "spec/checkpoint_files.h"
 #include "spec/job_validation.h"
 #include "spec/shard_map.h"
 #include "spec/sparse_ids.h"
@@ -213,6 +217,91 @@ TEST(ShardRuntimeSparseTest, JobPastTheMemoryLimitIsRefusedWithTheReason) {
   EXPECT_THAT(refused.message(), HasSubstr("the shard cannot host job m: job m: its partitions "
                                            "need"));
   EXPECT_THAT(refused.message(), HasSubstr("memory limit of 100 bytes (raise --memory_limit"));
+}
+
+// A task resuming from a checkpoint: this shard's file puts the sparse
+// table's rows back, unless they do not fit the shard's memory limit, which
+// refuses the job naming the table.
+TEST(ShardRuntimeSparseTest, RestoresTheTablesRowsOrRefusesThemPastTheMemoryLimit) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string root = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/shard_runtime_sparse");
+  ASSERT_TRUE(RemoveAll(root).ok());
+  JobSpec spec = SparseJob();
+  spec.mutable_model()->mutable_layer(0)->mutable_embedding()->clear_max_rows();
+  Task task = MakeTask("r", 0, &spec);
+  ShardSnapshot snapshot;
+  snapshot.job_id = "r";
+  snapshot.step = 5;
+  snapshot.worker_steps = {5};
+  for (const PartitionPlacement& p : task.placement().partitions()) {
+    if (p.shard() != 0) continue;
+    PartitionSnapshot part;
+    part.tensor_id = p.tensor_id();
+    part.partition = p.partition();
+    part.offset = p.offset();
+    part.version = 5;
+    part.values.assign(p.num_elements(), 0.5f);
+    snapshot.partitions.push_back(part);
+  }
+  snapshot.has_sparse = true;
+  snapshot.sparse_version = 5;
+  SparseTableSnapshot table;
+  table.name = "emb/table";
+  table.dim = 4;
+  for (int64_t row = 0; row < 100; ++row) {
+    if (SparseShardOf(row, 2) != 0) continue;
+    table.ids.push_back(row);
+    table.updates.push_back(5);
+    table.touches.push_back(5);
+  }
+  table.values.assign(table.ids.size() * 4, 0.25f);
+  snapshot.sparse_tables.push_back(table);
+  const std::string dir = CheckpointDir("r", 5);
+  ASSERT_TRUE(MakeDirs(absl::StrCat(root, "/", dir)).ok());
+  auto written = WriteShardSnapshot(absl::StrCat(root, "/", dir, "/", ShardFileName(0)), snapshot);
+  ASSERT_TRUE(written.ok()) << written.status();
+  CheckpointRestore* restore = task.mutable_restore();
+  restore->set_step(5);
+  restore->set_dir(dir);
+  CheckpointFile* file = restore->add_files();
+  file->set_name(ShardFileName(0));
+  file->set_shard(0);
+  file->set_bytes(written->bytes);
+  file->set_crc32c(written->crc32c);
+
+  CheckpointWriter writer(root);
+  {
+    ParameterStore store;
+    MetricsRegistry metrics;
+    ShardRuntime runtime(&store, &writer, &metrics);
+    runtime.OnTasks({task});
+    ASSERT_THAT(runtime.HostedJobs(), ElementsAre("r"));
+    EXPECT_EQ(store.SparseTables("r")[0].rows, static_cast<int64_t>(table.ids.size()));
+  }
+  // Room for the job before its rows, and few of them.
+  int64_t empty = 0;
+  {
+    MemoryBudget probe(0);
+    ParameterStore store(&probe);
+    MetricsRegistry metrics;
+    ShardRuntime runtime(&store, &writer, &metrics);
+    runtime.OnTasks({MakeTask("r", 0, &spec)});
+    empty = probe.used();
+  }
+  MemoryBudget budget(empty + 256);
+  ParameterStore store(&budget);
+  MetricsRegistry metrics;
+  ShardRuntime runtime(&store, &writer, &metrics);
+  runtime.OnTasks({task});
+  EXPECT_TRUE(runtime.HostedJobs().empty());
+  PullRequest pull;
+  pull.set_job_id("r");
+  const absl::Status refused = store.Pull(pull, absl::Now() + absl::Seconds(5)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("the shard cannot host job r: restoring job r from "
+                                           "step 5: shard memory limit of"));
+  EXPECT_THAT(refused.message(), HasSubstr("table emb/table"));
+  EXPECT_EQ(budget.used(), 0);
 }
 
 TEST_F(ShardRuntimeTest, CoordinatorOutageKeepsTheJobs) {
