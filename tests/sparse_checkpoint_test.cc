@@ -170,7 +170,7 @@ TEST_F(SparseCheckpointTest, AKilledShardsRowsAreRestoredFromTheCheckpoint) {
   EXPECT_EQ(job.state(), SUCCEEDED);
   EXPECT_GE(job.restarts(), 1) << Events(job);
   EXPECT_GE(job.resumed_from_step(), 200) << Events(job);
-  // The replacement loaded its rows; the live shard reloaded its own.
+  // The replacement loaded its rows from the checkpoint.
   const std::string replacement = cluster_->shard(2)->Log();
   EXPECT_TRUE(absl::StrContains(
       replacement, absl::StrCat(" sparse tables at version ", job.resumed_from_step())))
