@@ -183,7 +183,11 @@ class Act {
   X(EmbeddingBackward,                                                                             \
     (int64_t num_ids, int64_t vocab, int64_t dim, const float* ids, Act dy, float* dtable,         \
      Write param_write),                                                                           \
-    (num_ids, vocab, dim, ids, dy, dtable, param_write))
+    (num_ids, vocab, dim, ids, dy, dtable, param_write))                                           \
+  X(PairwiseDotForward, (int64_t batch, int64_t vectors, int64_t dim, Act x, Act y),               \
+    (batch, vectors, dim, x, y))                                                                   \
+  X(PairwiseDotBackward, (int64_t batch, int64_t vectors, int64_t dim, Act x, Act dy, Act dx),     \
+    (batch, vectors, dim, x, dy, dx))
 
 #define DOWNPOUR_UNPAREN(...) __VA_ARGS__
 

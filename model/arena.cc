@@ -16,6 +16,7 @@ bool BackwardReadsInput(LayerKind kind) {
     case LayerKind::kBatchNorm:
     case LayerKind::kMaxPool:
     case LayerKind::kEmbedding:
+    case LayerKind::kDotInteraction:
       return true;
     default:
       return false;

@@ -291,6 +291,50 @@ class ConcatLayer : public Layer {
   int64_t width_ = 0;
 };
 
+// DLRM's interaction: the k inputs ([dim] each) packed into one [batch, k,
+// dim] scratch, every pair's dot product out; backward unpacks the packed
+// gradient into each input's.
+class DotInteractionLayer : public Layer {
+ public:
+  DotInteractionLayer(int64_t vectors, int64_t dim) : vectors_(vectors), dim_(dim) {}
+
+  absl::Status Reserve(ComputeBackend& ops, int64_t batch) override {
+    const size_t bytes = ops.activation_bytes() * batch * vectors_ * dim_;
+    ASSIGN_OR_RETURN(packed_, ops.Allocate(bytes));
+    ASSIGN_OR_RETURN(dpacked_, ops.Allocate(bytes));
+    return absl::OkStatus();
+  }
+  absl::Status Forward(ComputeBackend& ops, const ForwardArgs& a) override {
+    RETURN_IF_ERROR(Pack(ops, a.batch, a.x));
+    return ops.PairwiseDotForward(a.batch, vectors_, dim_, kernels::Act(packed_.as<void>()), a.y);
+  }
+  // Packs the inputs again (several micro-batches may be in flight between
+  // a forward and its backward; the inputs are kept, the scratch is not).
+  absl::Status Backward(ComputeBackend& ops, const BackwardArgs& a) override {
+    RETURN_IF_ERROR(Pack(ops, a.batch, a.x));
+    const kernels::Act packed(packed_.as<void>()), dpacked(dpacked_.as<void>());
+    RETURN_IF_ERROR(ops.PairwiseDotBackward(a.batch, vectors_, dim_, packed, a.dy, dpacked));
+    for (int64_t i = 0; i < vectors_; ++i) {
+      if (a.dx[i] == nullptr) continue;
+      RETURN_IF_ERROR(ops.CopyBlock(a.batch, dim_, dpacked, vectors_ * dim_, i * dim_, a.dx[i],
+                                    dim_, 0, a.dx_write[i]));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Pack(ComputeBackend& ops, int64_t batch, const std::vector<Act>& x) {
+    for (int64_t i = 0; i < vectors_; ++i) {
+      RETURN_IF_ERROR(ops.CopyBlock(batch, dim_, x[i], dim_, 0, kernels::Act(packed_.as<void>()),
+                                    vectors_ * dim_, i * dim_, kernels::Write::kOverwrite));
+    }
+    return absl::OkStatus();
+  }
+
+  const int64_t vectors_, dim_;
+  kernels::DeviceMemory packed_, dpacked_;
+};
+
 // A sparse embedding's pooled rows, which the worker wrote into the layer's
 // model-input slot: forward copies them to the output, backward hands the
 // gradient to the slot of the input gradient (Model::input_grad), from which
@@ -420,6 +464,9 @@ std::unique_ptr<Layer> MakeLayer(const ModelShape& shape, size_t index, uint64_t
       }
       return std::make_unique<EmbeddingLayer>(elements / layer.embedding_dim, layer.vocab_size,
                                               layer.embedding_dim, p(0), g(0), layer.inputs[0] < 0);
+    case LayerKind::kDotInteraction:
+      return std::make_unique<DotInteractionLayer>(static_cast<int64_t>(layer.inputs.size()),
+                                                   InputShape(shape, layer.inputs[0]).back());
     case LayerKind::kConcat: {
       std::vector<int64_t> widths;
       for (int input : layer.inputs) widths.push_back(InputShape(shape, input).back());

@@ -251,6 +251,103 @@ TEST(ModelInputsTest, GradientsOfParametersAndSparseSlotsMatchFiniteDifferences)
   }
 }
 
+// DLRM in miniature: a bottom layer on the dense input, three sparse
+// embeddings, their pairwise dot products joined with the bottom output.
+constexpr char kDlrm[] = R"pb(
+  num_classes: 2
+  inputs { name: "counts" shape: 3 }
+  inputs { name: "C1" kind: SPARSE }
+  layer {
+    name: "bottom"
+    inputs: "counts"
+    dense { units: 4 }
+  }
+  layer {
+    name: "e1"
+    inputs: "C1"
+    embedding { sparse: true vocab_size: 9 dim: 4 }
+  }
+  layer {
+    name: "e2"
+    inputs: "C1"
+    embedding { sparse: true vocab_size: 9 dim: 4 }
+  }
+  layer {
+    name: "e3"
+    inputs: "C1"
+    embedding { sparse: true vocab_size: 9 dim: 4 }
+  }
+  layer {
+    name: "dots"
+    inputs: [ "bottom", "e1", "e2", "e3" ]
+    dot_interaction {}
+  }
+  layer {
+    name: "top_in"
+    inputs: [ "bottom", "dots" ]
+    concat {}
+  }
+  layer {
+    name: "top"
+    dense { units: 2 }
+  }
+  layer {
+    name: "loss"
+    softmax_cross_entropy {}
+  }
+)pb";
+
+TEST(ModelInputsTest, DotInteractionGradientsMatchFiniteDifferences) {
+  const auto shape = InferModel(ParseSpec(kDlrm));
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->layers[4].output_shape, std::vector<int64_t>{6});  // 4 choose 2.
+  auto created = Model::Create(ParseSpec(kDlrm), 2);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Model& model = **created;
+  const int64_t batch = 3;
+  std::vector<float> x = RandomInput(model, batch, 8);
+  const std::vector<int32_t> labels = {0, 1, 1};
+  ASSERT_TRUE(model.TrainStep(x.data(), labels.data(), batch, 0).ok());
+  const std::vector<float> input_grad(model.input_grad(),
+                                      model.input_grad() + batch * model.input_size());
+  std::vector<std::vector<float>> param_grad;
+  for (const ParamInfo& p : model.params()) {
+    param_grad.emplace_back(model.grad(p.id), model.grad(p.id) + p.num_elements);
+  }
+  auto mean_loss = [&]() {
+    auto r = model.Evaluate(x.data(), labels.data(), batch);
+    EXPECT_TRUE(r.ok());
+    return r->loss_sum / batch;
+  };
+  int checked = 0;
+  auto check = [&](float* v, double analytic, const std::string& what) {
+    const float eps = 1e-3f, saved = *v;
+    *v = saved + eps;
+    const double plus = mean_loss();
+    *v = saved - eps;
+    const double minus = mean_loss();
+    *v = saved;
+    const double numeric = (plus - minus) / (2.0 * eps);
+    EXPECT_LT(
+        std::abs(analytic - numeric) / std::max({std::abs(analytic), std::abs(numeric), 1e-2}),
+        1e-2)
+        << what << " analytic " << analytic << " numeric " << numeric;
+    ++checked;
+  };
+  for (const InputSlot& slot : shape->input_slots) {
+    if (slot.sparse_table < 0) continue;
+    for (int64_t i = batch * slot.offset; i < batch * (slot.offset + slot.width); ++i) {
+      check(&x[i], input_grad[i], slot.name + " input " + std::to_string(i));
+    }
+  }
+  for (const ParamInfo& p : model.params()) {
+    for (int64_t i = 0; i < p.num_elements; ++i) {
+      check(model.param(p.id) + i, param_grad[p.id][i], p.name + "[" + std::to_string(i) + "]");
+    }
+  }
+  EXPECT_EQ(checked, batch * 12 + (3 * 4 + 4) + (10 * 2 + 2));
+}
+
 TEST(ModelInputsTest, EvaluateReturnsTheLogitsOfItsLoss) {
   auto created = Model::Create(ParseSpec(kSpec), 3);
   ASSERT_TRUE(created.ok()) << created.status();

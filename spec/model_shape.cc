@@ -182,6 +182,8 @@ const char* LayerKindName(LayerKind kind) {
       return "embedding";
     case LayerKind::kConcat:
       return "concat";
+    case LayerKind::kDotInteraction:
+      return "dot_interaction";
     case LayerKind::kStageOutput:
       return "stage_output";
   }
@@ -487,6 +489,9 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
       case LayerSpec::kConcat:
         layer.kind = LayerKind::kConcat;
         break;
+      case LayerSpec::kDotInteraction:
+        layer.kind = LayerKind::kDotInteraction;
+        break;
       case LayerSpec::KIND_NOT_SET:
         return absl::InvalidArgumentError(
             absl::StrFormat("model.layer[%d]%s: no layer type set", i,
@@ -560,7 +565,8 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
                        : model.layers[input].output_shape;
     };
     // Add sums two or more tensors; every other layer type reads one.
-    if (layer.kind == LayerKind::kAdd || layer.kind == LayerKind::kConcat) {
+    if (layer.kind == LayerKind::kAdd || layer.kind == LayerKind::kConcat ||
+        layer.kind == LayerKind::kDotInteraction) {
       if (layer.inputs.size() < 2) {
         return error(kind, " takes at least 2 inputs (set inputs), got ", layer.inputs.size());
       }
@@ -717,6 +723,21 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
           return error("concat output ", ShapeString(layer.output_shape),
                        " has more than 2^31-1 elements");
         }
+        break;
+      }
+      case LayerKind::kDotInteraction: {
+        if (in_shape.size() != 1) {
+          return error("dot_interaction takes rank-1 inputs, got ", ShapeString(in_shape));
+        }
+        for (size_t k = 1; k < layer.inputs.size(); ++k) {
+          if (shape_of(layer.inputs[k]) != in_shape) {
+            return error("dot_interaction inputs must have the same shape; \"", ls.inputs(0),
+                         "\" is ", ShapeString(in_shape), " but \"", ls.inputs(k), "\" is ",
+                         ShapeString(shape_of(layer.inputs[k])));
+          }
+        }
+        const int64_t k = static_cast<int64_t>(layer.inputs.size());
+        layer.output_shape = {k * (k - 1) / 2};
         break;
       }
       case LayerKind::kEmbedding: {

@@ -40,6 +40,7 @@ enum class LayerKind {
   kAdd,
   kEmbedding,
   kConcat,
+  kDotInteraction,
   // Never in a ModelSpec: the last layer of a pipeline stage whose outputs
   // later stages read (model/pipeline_stages.h). Its inputs are those
   // outputs; it has no output of its own, and its backward hands each input

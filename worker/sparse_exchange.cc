@@ -47,6 +47,7 @@ void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
   min_worker_steps_ = min_worker_steps;
   cancelled_ = std::move(cancelled);
   results_.assign(shards_.size(), absl::OkStatus());
+  in_flight_ = true;
   const int64_t first = sequence_ + 1;
   if (pushed_ != nullptr) sequence_ += static_cast<int64_t>(shards_.size());
   for (size_t s = 0; s < shards_.size(); ++s) {
@@ -57,6 +58,8 @@ void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
 }
 
 absl::Status SparseExchange::Finish() {
+  if (!in_flight_) return absl::OkStatus();
+  in_flight_ = false;
   for (std::thread& t : threads_) t.join();
   threads_.clear();
   absl::Status first;
@@ -71,6 +74,9 @@ absl::Status SparseExchange::Finish() {
     }
   }
   if (first.ok() && pushed_ != nullptr) rows_pushed_ += pushed_->distinct_rows();
+  // The caller's plans and gradients are not ours to keep.
+  pushed_ = next_ = nullptr;
+  grads_ = nullptr;
   return first;
 }
 

@@ -56,7 +56,7 @@ class SparseExchange {
   // Waits for the exchange Begin started and returns its first error (a
   // no-op OK without one). After a pull, rows() holds next's rows.
   absl::Status Finish();
-  bool in_flight() const { return !threads_.empty(); }
+  bool in_flight() const { return in_flight_; }
 
   // The rows pulled last: [table][shard], rows(table, shard).size() * dim
   // floats each, as SparseBatch::Pool takes them.
@@ -82,6 +82,7 @@ class SparseExchange {
   int64_t min_version_ = 0, min_worker_steps_ = 0;
   bool read_only_ = false;
   std::function<bool()> cancelled_;
+  bool in_flight_ = false;  // Begun and not yet finished.
   std::vector<std::thread> threads_;
   std::vector<absl::Status> results_;
   // Pulled rows, [table][shard], and pointers to them.

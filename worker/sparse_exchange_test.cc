@@ -180,6 +180,15 @@ TEST_F(SparseExchangeTest, AsyncAppliesEachPushAtOnceAndEvaluationsCreateNoRow) 
     for (const SparseTableStats& t : store->SparseTables("j")) rows_after += t.rows;
   }
   EXPECT_EQ(rows_after, 1);
+  // Finishing again, the evaluation's plan gone, is a no-op.
+  EXPECT_TRUE(w0->Finish().ok());
+  {
+    const SparseBatch gone = Plan({{6}});
+    w0->Begin(0, nullptr, nullptr, &gone, 0, 0, kNever, /*read_only=*/true);
+    ASSERT_TRUE(w0->Finish().ok());
+  }
+  EXPECT_TRUE(w0->Finish().ok());
+  EXPECT_FALSE(w0->in_flight());
 }
 
 TEST_F(SparseExchangeTest, AShardThatRefusesFailsTheStepWithItsReason) {

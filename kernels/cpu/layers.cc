@@ -493,6 +493,39 @@ void EmbeddingBackward(const CpuContext& /*ctx*/, int64_t num_ids, int64_t vocab
   }
 }
 
+void PairwiseDotForward(const CpuContext& /*ctx*/, int64_t batch, int64_t vectors, int64_t dim,
+                        const float* x, float* y) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* xb = x + b * vectors * dim;
+    for (int64_t i = 0; i < vectors; ++i) {
+      for (int64_t j = i + 1; j < vectors; ++j) {
+        float dot = 0.f;
+        for (int64_t t = 0; t < dim; ++t) dot += xb[i * dim + t] * xb[j * dim + t];
+        *y++ = dot;
+      }
+    }
+  }
+}
+
+void PairwiseDotBackward(const CpuContext& /*ctx*/, int64_t batch, int64_t vectors, int64_t dim,
+                         const float* x, const float* dy, float* dx) {
+  const int64_t pairs = vectors * (vectors - 1) / 2;
+  std::fill(dx, dx + batch * vectors * dim, 0.f);
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* xb = x + b * vectors * dim;
+    float* db = dx + b * vectors * dim;
+    const float* g = dy + b * pairs;
+    for (int64_t i = 0; i < vectors; ++i) {
+      for (int64_t j = i + 1; j < vectors; ++j, ++g) {
+        for (int64_t t = 0; t < dim; ++t) {
+          db[i * dim + t] += *g * xb[j * dim + t];
+          db[j * dim + t] += *g * xb[i * dim + t];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace downpour

@@ -185,6 +185,15 @@ void EmbeddingForward(const CpuContext& ctx, int64_t num_ids, int64_t vocab, int
 void EmbeddingBackward(const CpuContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
                        const float* ids, const float* dy, float* dtable, Write param_write);
 
+// x is [batch, vectors, dim]; y [batch, vectors * (vectors - 1) / 2] holds
+// every pair's dot product <x_i, x_j>, i < j, in order (0,1), (0,2), ...,
+// (0,v-1), (1,2), ... (DLRM's interaction). Backward overwrites dx:
+// dx_i = sum over j != i of dy(i,j) x_j.
+void PairwiseDotForward(const CpuContext& ctx, int64_t batch, int64_t vectors, int64_t dim,
+                        const float* x, float* y);
+void PairwiseDotBackward(const CpuContext& ctx, int64_t batch, int64_t vectors, int64_t dim,
+                         const float* x, const float* dy, float* dx);
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace downpour

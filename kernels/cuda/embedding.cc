@@ -27,10 +27,28 @@ absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t 
                   "EmbeddingBackward");
 }
 
-#define DOWNPOUR_INSTANTIATE(T)                                                             \
-  template absl::Status EmbeddingForward<T>(const CudaContext&, int64_t, int64_t, int64_t,  \
-                                            const float*, const float*, T*);                \
-  template absl::Status EmbeddingBackward<T>(const CudaContext&, int64_t, int64_t, int64_t, \
+template <typename T>
+absl::Status PairwiseDotForward(const CudaContext& ctx, int64_t batch, int64_t vectors, int64_t dim,
+                                const T* x, T* y) {
+  return FromCuda(k::PairwiseDotForward<T>(ctx.stream, batch, vectors, dim, x, y),
+                  "PairwiseDotForward");
+}
+
+template <typename T>
+absl::Status PairwiseDotBackward(const CudaContext& ctx, int64_t batch, int64_t vectors,
+                                 int64_t dim, const T* x, const T* dy, T* dx) {
+  return FromCuda(k::PairwiseDotBackward<T>(ctx.stream, batch, vectors, dim, x, dy, dx),
+                  "PairwiseDotBackward");
+}
+
+#define DOWNPOUR_INSTANTIATE(T)                                                               \
+  template absl::Status PairwiseDotForward<T>(const CudaContext&, int64_t, int64_t, int64_t,  \
+                                              const T*, T*);                                  \
+  template absl::Status PairwiseDotBackward<T>(const CudaContext&, int64_t, int64_t, int64_t, \
+                                               const T*, const T*, T*);                       \
+  template absl::Status EmbeddingForward<T>(const CudaContext&, int64_t, int64_t, int64_t,    \
+                                            const float*, const float*, T*);                  \
+  template absl::Status EmbeddingBackward<T>(const CudaContext&, int64_t, int64_t, int64_t,   \
                                              const float*, const T*, float*, Write);
 DOWNPOUR_FOR_EACH_ACTIVATION_TYPE(DOWNPOUR_INSTANTIATE)
 #undef DOWNPOUR_INSTANTIATE

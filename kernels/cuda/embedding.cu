@@ -36,6 +36,46 @@ __global__ void EmbeddingBackwardKernel(int64_t num_ids, int64_t vocab, int64_t 
   }
 }
 
+// Thread per (example, i, j), j > i: one pair's dot product.
+template <typename T>
+__global__ void PairwiseDotForwardKernel(int64_t batch, int64_t vectors, int64_t dim, const T* x,
+                                         T* y) {
+  const int64_t pairs = vectors * (vectors - 1) / 2;
+  GRID_STRIDE(n, batch * vectors * vectors) {
+    const int64_t b = n / (vectors * vectors);
+    const int64_t i = (n / vectors) % vectors;
+    const int64_t j = n % vectors;
+    if (j <= i) continue;
+    const T* xb = x + b * vectors * dim;
+    float dot = 0.f;
+    for (int64_t t = 0; t < dim; ++t) dot += ToF(xb[i * dim + t]) * ToF(xb[j * dim + t]);
+    const int64_t p = i * vectors - i * (i + 1) / 2 + (j - i - 1);
+    y[b * pairs + p] = FromF<T>(dot);
+  }
+}
+
+// Thread per (example, i, t): dx_i[t] = sum over j != i of dy(i,j) x_j[t].
+template <typename T>
+__global__ void PairwiseDotBackwardKernel(int64_t batch, int64_t vectors, int64_t dim, const T* x,
+                                          const T* dy, T* dx) {
+  const int64_t pairs = vectors * (vectors - 1) / 2;
+  GRID_STRIDE(n, batch * vectors * dim) {
+    const int64_t b = n / (vectors * dim);
+    const int64_t i = (n / dim) % vectors;
+    const int64_t t = n % dim;
+    const T* xb = x + b * vectors * dim;
+    const T* g = dy + b * pairs;
+    float sum = 0.f;
+    for (int64_t j = 0; j < vectors; ++j) {
+      if (j == i) continue;
+      const int64_t lo = j < i ? j : i, hi = j < i ? i : j;
+      const int64_t p = lo * vectors - lo * (lo + 1) / 2 + (hi - lo - 1);
+      sum += ToF(g[p]) * ToF(xb[j * dim + t]);
+    }
+    dx[n] = FromF<T>(sum);
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -54,7 +94,29 @@ cudaError_t EmbeddingBackward(cudaStream_t stream, int64_t num_ids, int64_t voca
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t PairwiseDotForward(cudaStream_t stream, int64_t batch, int64_t vectors, int64_t dim,
+                               const T* x, T* y) {
+  if (batch * vectors * vectors == 0) return cudaSuccess;
+  PairwiseDotForwardKernel<<<Blocks(batch * vectors * vectors), kThreads, 0, stream>>>(
+      batch, vectors, dim, x, y);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t PairwiseDotBackward(cudaStream_t stream, int64_t batch, int64_t vectors, int64_t dim,
+                                const T* x, const T* dy, T* dx) {
+  if (batch * vectors * dim == 0) return cudaSuccess;
+  PairwiseDotBackwardKernel<<<Blocks(batch * vectors * dim), kThreads, 0, stream>>>(batch, vectors,
+                                                                                    dim, x, dy, dx);
+  return cudaGetLastError();
+}
+
 #define DOWNPOUR_INSTANTIATE(T)                                                                    \
+  template cudaError_t PairwiseDotForward<T>(cudaStream_t, int64_t, int64_t, int64_t, const T*,    \
+                                             T*);                                                  \
+  template cudaError_t PairwiseDotBackward<T>(cudaStream_t, int64_t, int64_t, int64_t, const T*,   \
+                                              const T*, T*);                                       \
   template cudaError_t EmbeddingForward<T>(cudaStream_t, int64_t, int64_t, int64_t, const float*,  \
                                            const float*, T*);                                      \
   template cudaError_t EmbeddingBackward<T>(cudaStream_t, int64_t, int64_t, int64_t, const float*, \

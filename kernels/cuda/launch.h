@@ -174,6 +174,13 @@ cudaError_t EmbeddingForward(cudaStream_t stream, int64_t num_ids, int64_t vocab
 template <typename T>
 cudaError_t EmbeddingBackward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
                               const float* ids, const T* dy, float* dtable);
+// Pairwise dot products of [batch, vectors, dim] (see cpu::PairwiseDot*).
+template <typename T>
+cudaError_t PairwiseDotForward(cudaStream_t stream, int64_t batch, int64_t vectors, int64_t dim,
+                               const T* x, T* y);
+template <typename T>
+cudaError_t PairwiseDotBackward(cudaStream_t stream, int64_t batch, int64_t vectors, int64_t dim,
+                                const T* x, const T* dy, T* dx);
 
 // ---- optimizer.cu
 

@@ -191,6 +191,14 @@ template <typename T>
 absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
                                const float* ids, const T* dy, float* dtable, Write param_write);
 
+// As cpu::PairwiseDotForward / PairwiseDotBackward (accumulated in fp32).
+template <typename T>
+absl::Status PairwiseDotForward(const CudaContext& ctx, int64_t batch, int64_t vectors, int64_t dim,
+                                const T* x, T* y);
+template <typename T>
+absl::Status PairwiseDotBackward(const CudaContext& ctx, int64_t batch, int64_t vectors,
+                                 int64_t dim, const T* x, const T* dy, T* dx);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace downpour

@@ -140,6 +140,16 @@ TEST_F(CudaKernelTest, ElementWise) {
   cpu::CopyBlock(cpu_, rows, width, x.data(), 29, 3, block.data(), 40, 5, Write::kAccumulate);
   ExpectClose(block, Download(y_, rows * 40), "add block");
   EXPECT_EQ(block[5], 2.f * x[3]);
+
+  // Pairwise dot products of 27 vectors of 16 per example, and back.
+  const int64_t examples = 37, vectors = 27, dim = 16, pairs = vectors * (vectors - 1) / 2;
+  std::vector<float> dots(examples * pairs), back(examples * vectors * dim);
+  ASSERT_TRUE(cuda::PairwiseDotForward(ctx(), examples, vectors, dim, x_, y_).ok());
+  cpu::PairwiseDotForward(cpu_, examples, vectors, dim, x.data(), dots.data());
+  ExpectClose(dots, Download(y_, examples * pairs), "pairwise dot");
+  ASSERT_TRUE(cuda::PairwiseDotBackward(ctx(), examples, vectors, dim, x_, dy_, other_).ok());
+  cpu::PairwiseDotBackward(cpu_, examples, vectors, dim, x.data(), dy.data(), back.data());
+  ExpectClose(back, Download(other_, examples * vectors * dim), "pairwise dot backward");
 }
 
 TEST_F(CudaKernelTest, SoftmaxCrossEntropy) {
