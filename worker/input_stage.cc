@@ -43,7 +43,8 @@ absl::StatusOr<const float*> InputStage::Features(const data::Batch& batch, int6
 }
 
 absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::Batch* next,
-                                  int64_t min_version, int64_t min_worker_steps) {
+                                  int64_t min_version, int64_t min_worker_steps,
+                                  int64_t checkpoint_step) {
   if (exchange_ == nullptr) return absl::OkStatus();
   current_->RowGradients(model.input_grad(), &grads_);
   next_.reset();
@@ -53,7 +54,7 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
     next_ = std::make_unique<SparseBatch>(std::move(plan));
   }
   exchange_->Begin(step, current_.get(), &grads_, next_.get(), min_version, min_worker_steps,
-                   cancelled_, /*read_only=*/false);
+                   cancelled_, /*read_only=*/false, checkpoint_step);
   next_pulled_ = next != nullptr;
   return absl::OkStatus();
 }

@@ -46,8 +46,10 @@ class InputStage {
   // After the step's backward on `model` (its input gradient): pushes the
   // rows' gradients as step `step`'s and, with `next`, pulls next's rows
   // (the next Features call must be for `next`). Returns at once.
+  // `checkpoint_step` > 0: the push asks the shards for a checkpoint at
+  // that step (rank 0; SparseExchange::Begin).
   absl::Status Exchange(int64_t step, const Model& model, const data::Batch* next,
-                        int64_t min_version, int64_t min_worker_steps);
+                        int64_t min_version, int64_t min_worker_steps, int64_t checkpoint_step = 0);
   // Waits for the exchange in flight, if any.
   absl::Status Finish();
   // The input of a test batch, its rows read without creating any.

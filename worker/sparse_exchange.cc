@@ -37,9 +37,11 @@ SparseExchange::~SparseExchange() { (void)Finish(); }
 void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
                            const std::vector<std::vector<std::vector<float>>>* grads,
                            const SparseBatch* next, int64_t min_version, int64_t min_worker_steps,
-                           std::function<bool()> cancelled, bool read_only) {
+                           std::function<bool()> cancelled, bool read_only,
+                           int64_t checkpoint_step) {
   step_ = step;
   read_only_ = read_only;
+  checkpoint_step_ = checkpoint_step;
   pushed_ = pushed;
   grads_ = grads;
   next_ = next;
@@ -89,6 +91,7 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
     push.set_worker_rank(options_.rank);
     push.set_step(step_);
     push.set_attempt(options_.attempt);
+    push.set_checkpoint_step(checkpoint_step_);
     RequestId* id = push.mutable_request_id();
     id->set_worker_id(absl::StrCat(options_.worker_id, "#sparse"));
     id->set_incarnation(options_.incarnation);

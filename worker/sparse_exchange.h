@@ -47,12 +47,15 @@ class SparseExchange {
   // `grads` ([table][shard], SparseBatch::RowGradients) as step `step`'s
   // push; with `next`, a pull of next's rows once the tables have had
   // `min_version` steps and every worker `min_worker_steps` (`read_only`: an
-  // evaluation's, creating no row). Returns at once.
+  // evaluation's, creating no row). A push with `checkpoint_step` > 0 asks
+  // every shard to capture the job at that step (PushRequest.checkpoint_step;
+  // a shard holding only rows of the job hears it from no other push).
+  // Returns at once.
   // `pushed`, `grads`, `next` and `cancelled` must outlive Finish.
   void Begin(int64_t step, const SparseBatch* pushed,
              const std::vector<std::vector<std::vector<float>>>* grads, const SparseBatch* next,
              int64_t min_version, int64_t min_worker_steps, std::function<bool()> cancelled,
-             bool read_only = false);
+             bool read_only = false, int64_t checkpoint_step = 0);
   // Waits for the exchange Begin started and returns its first error (a
   // no-op OK without one). After a pull, rows() holds next's rows.
   absl::Status Finish();
@@ -81,6 +84,7 @@ class SparseExchange {
   const SparseBatch* next_ = nullptr;
   int64_t min_version_ = 0, min_worker_steps_ = 0;
   bool read_only_ = false;
+  int64_t checkpoint_step_ = 0;
   std::function<bool()> cancelled_;
   bool in_flight_ = false;  // Begun and not yet finished.
   std::vector<std::thread> threads_;

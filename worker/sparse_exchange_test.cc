@@ -3,12 +3,14 @@
 // ASYNC at once), retried requests apply once, evaluations create nothing.
 #include "worker/sparse_exchange.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "ps/parameter_store.h"
@@ -55,6 +57,10 @@ class SparseExchangeTest : public ::testing::Test {
     ASSERT_TRUE(placed.ok());
     for (int s = 0; s < 2; ++s) {
       stores_.push_back(std::make_unique<ParameterStore>());
+      stores_.back()->SetCheckpointSink([this, s](ShardCapture capture) {
+        absl::MutexLock lock(&captured_mu_);
+        captured_.emplace_back(s, capture.info().step);
+      });
       ASSERT_TRUE(stores_.back()->AddJob("j", spec_, s, *placed).ok());
       shards_.push_back(stores_.back().get());
     }
@@ -118,6 +124,8 @@ class SparseExchangeTest : public ::testing::Test {
 
   JobSpec spec_;
   ModelShape shape_;
+  absl::Mutex captured_mu_;
+  std::vector<std::pair<int, int64_t>> captured_ ABSL_GUARDED_BY(captured_mu_);  // (shard, step)
   std::vector<std::unique_ptr<ParameterStore>> stores_;
   std::vector<ParameterShard*> shards_;
 };
@@ -217,6 +225,22 @@ TEST_F(SparseExchangeTest, AShardThatRefusesFailsTheStepWithItsReason) {
   EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
   EXPECT_NE(refused.message().find("shard memory limit"), std::string::npos) << refused;
   EXPECT_NE(refused.message().find("exchanging sparse rows with shard"), std::string::npos);
+}
+
+TEST_F(SparseExchangeTest, APushCarryingACheckpointStepStartsACaptureOnEveryShard) {
+  Host("ASYNC");
+  auto w0 = Exchange(0);
+  const SparseBatch a = Plan({{1, 2, 3, 4, 5, 6}});
+  w0->Begin(0, nullptr, nullptr, &a, 0, 0, kNever);
+  ASSERT_TRUE(w0->Finish().ok());
+  const auto g = Grads(a, 1.f);
+  w0->Begin(0, &a, &g, nullptr, 0, 0, kNever, /*read_only=*/false, /*checkpoint_step=*/1);
+  ASSERT_TRUE(w0->Finish().ok());
+  absl::MutexLock lock(&captured_mu_);
+  ASSERT_EQ(captured_.size(), 2u);
+  std::sort(captured_.begin(), captured_.end());
+  EXPECT_EQ(captured_[0], std::make_pair(0, int64_t{1}));
+  EXPECT_EQ(captured_[1], std::make_pair(1, int64_t{1}));
 }
 
 TEST_F(SparseExchangeTest, ACancelledExchangeStops) {

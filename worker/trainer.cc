@@ -728,7 +728,8 @@ absl::Status JobTrainer::Train() {
         next = &next_batch;
       }
       RETURN_IF_ERROR(input_stage_->Exchange(step, *model, next, min_version(step + 1),
-                                             min_worker_steps(step + 1)));
+                                             min_worker_steps(step + 1),
+                                             checkpoint_due ? step + 1 : 0));
     }
     std::vector<const float*> grads =
         batches > 1 ? step_mean.Gradients() : Gradients(*model, result.skipped);
