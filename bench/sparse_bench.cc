@@ -381,7 +381,8 @@ std::string ToJson(const SparseResult& r) {
       "\"id_bytes_per_step\": %.0f, \"dense_bytes_per_step\": %.0f, \"rows_held\": %d, "
       "\"bytes_per_row\": %.1f, \"dense_vocab\": %d, \"dense_step_p50_ms\": %.3f, "
       "\"dense_measured_bytes_per_step\": %.0f, \"dense_step_ms_scaled\": %.3f, "
-      "\"sparse_over_dense_time\": %.5f}",
+      "\"sparse_over_dense_time\": %.5f, \"max_shard_bytes\": %.0f, "
+      "\"total_shard_bytes\": %.0f, \"evictions\": %.0f, \"refusals\": %.0f}",
       c.sync ? "SYNC" : "ASYNC", c.skew, c.workers, c.shards, c.batch, c.features, c.tables, c.dim,
       c.vocab, c.steps, r.batches_drawn, r.ids_per_step, r.rows_per_step, r.plan_us, r.step_p50_ms,
       r.step_p99_ms, r.wall_s, r.pulled_rows_per_s_worker, r.pushed_rows_per_s_worker,
@@ -389,7 +390,8 @@ std::string ToJson(const SparseResult& r) {
       r.shard_cpu_us_per_row, r.worker_cpu_us_per_row, r.sparse_bytes_per_step, r.id_bytes_per_step,
       r.dense_bytes_per_step, r.rows_held, r.bytes_per_row, r.dense_vocab, r.dense_step_p50_ms,
       r.dense_measured_bytes_per_step, r.dense_step_ms_scaled,
-      r.dense_step_ms_scaled > 0 ? r.step_p50_ms / r.dense_step_ms_scaled : 0.0);
+      r.dense_step_ms_scaled > 0 ? r.step_p50_ms / r.dense_step_ms_scaled : 0.0, r.max_shard_bytes,
+      r.total_shard_bytes, r.evictions, r.refusals);
 }
 
 // --------------------------------------------------------- the real cluster
@@ -455,6 +457,9 @@ absl::StatusOr<std::unique_ptr<SparseBench>> SparseBench::Start(const Options& o
   testing::LocalCluster::Options cluster;
   cluster.shards = options.max_shards;
   cluster.workers = 0;
+  if (options.shard_memory_limit > 0) {
+    cluster.shard_flags = {absl::StrCat("--memory_limit=", options.shard_memory_limit)};
+  }
   // Loaded loopback on two cores must not look like a dead node.
   cluster.heartbeat_interval_ms = 100;
   cluster.node_timeout_ms = 20000;
@@ -670,9 +675,14 @@ absl::StatusOr<SparseResult> SparseBench::Run(const SparseConfig& config) {
   ASSIGN_OR_RETURN(std::vector<std::string> after, st.Scrape(config.shards));
   double used_after = 0, held = 0;
   for (const std::string& scrape : after) {
-    used_after += SumOf(scrape, "downpour_shard_memory_used_bytes", "");
+    const double used = SumOf(scrape, "downpour_shard_memory_used_bytes", "");
+    used_after += used;
+    result.max_shard_bytes = std::max(result.max_shard_bytes, used);
     held += SumOf(scrape, "downpour_shard_sparse_rows", job_id);
+    result.evictions += SumOf(scrape, "downpour_shard_sparse_evictions_total", job_id);
+    result.refusals += SumOf(scrape, "downpour_shard_memory_refusals_total", "");
   }
+  result.total_shard_bytes = used_after;
   result.rows_held = static_cast<int64_t>(held);
   if (held > 0) result.bytes_per_row = (used_after - used_before) / held;
   exchanges.clear();

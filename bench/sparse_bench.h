@@ -115,6 +115,12 @@ struct SparseResult {
   // included).
   int64_t rows_held = 0;
   double bytes_per_row = 0;
+  // Over the shards after the run: the most any one held, all of it, and
+  // the rows evicted and the budget refusals (0 unless a shard ran out).
+  double max_shard_bytes = 0;
+  double total_shard_bytes = 0;
+  double evictions = 0;
+  double refusals = 0;
   // The naive baseline (filled in by the caller from RunDense): one table as
   // a dense parameter of dense_vocab x dim, pushed and pulled whole.
   int64_t dense_vocab = 0;
@@ -148,6 +154,8 @@ class SparseBench {
   struct Options {
     int max_workers = 2;
     int max_shards = 2;
+    // Every shard's --memory_limit in bytes (0: none).
+    int64_t shard_memory_limit = 0;
   };
 
   // Starts the coordinator, `max_shards` downpour-ps processes and

@@ -32,6 +32,9 @@ ABSL_FLAG(int64_t, vocab, 1'000'000, "Rows per table (ids are Zipf ranks 0..voca
 ABSL_FLAG(std::string, skews, "0.8,1.0,1.2", "Zipf exponents, one ASYNC line each");
 ABSL_FLAG(double, sync_skew, 1.0, "Skew of the one SYNC line (0: no SYNC line)");
 ABSL_FLAG(int32_t, steps, 300, "Timed steps per worker per line");
+ABSL_FLAG(int64_t, memory_limit, 0,
+          "Every shard's --memory_limit in bytes (0: none); the lines then report each shard's "
+          "memory, evictions and refusals");
 ABSL_FLAG(int32_t, warmup, 3, "Untimed steps per worker before them");
 ABSL_FLAG(int64_t, dense_vocab, 0,
           "Rows of the dense baseline's table (0: vocab, at most 4,000,000; -1: no baseline)");
@@ -136,6 +139,7 @@ int Main() {
   SparseBench::Options options;
   options.max_workers = base.workers;
   options.max_shards = base.shards;
+  options.shard_memory_limit = absl::GetFlag(FLAGS_memory_limit);
   auto bench = SparseBench::Start(options);
   if (!bench.ok()) return Fail(std::string(bench.status().message()));
 
@@ -192,6 +196,16 @@ int Main() {
     results.push_back(*result);
   }
   PrintTable(results);
+  if (absl::GetFlag(FLAGS_memory_limit) > 0) {
+    for (const SparseResult& r : results) {
+      std::printf(
+          "%s skew %.1f: %lld rows held, %.1f MiB over %d shards (the most on one: %.1f MiB of a "
+          "%.1f MiB limit), %.0f evictions, %.0f refusals\n",
+          r.config.sync ? "SYNC" : "ASYNC", r.config.skew, static_cast<long long>(r.rows_held),
+          Mib(r.total_shard_bytes), r.config.shards, Mib(r.max_shard_bytes),
+          Mib(static_cast<double>(absl::GetFlag(FLAGS_memory_limit))), r.evictions, r.refusals);
+    }
+  }
   return 0;
 }
 

@@ -1,9 +1,11 @@
 #include "data/ctr_generator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -421,35 +423,58 @@ struct SplitCounter {
   double log_loss_sum = 0;
 };
 
+// Shard s holds examples s, s + num_shards, ...: the shards are written on
+// threads of their own (at most the machine's cores at once), each with its
+// own counters, merged in shard order, so the files and figures are the same
+// for any number of threads.
 absl::Status WriteSplit(const CtrGenerator& generator, CtrSplit split, int64_t count,
                         const CtrDatasetOptions& options, const std::string& prefix,
                         CtrSplitSummary* summary, BinaryMetrics* metrics) {
-  std::vector<std::unique_ptr<RecordWriter>> writers;
-  for (int s = 0; s < options.num_shards; ++s) {
-    ASSIGN_OR_RETURN(auto writer,
-                     RecordWriter::Open(absl::StrCat(
-                         options.out_dir, "/", ShardFileName(prefix, s, options.num_shards))));
-    writers.push_back(std::move(writer));
+  const int shards = options.num_shards;
+  std::vector<SplitCounter> counters(shards);
+  std::vector<BinaryMetrics> shard_metrics(metrics != nullptr ? shards : 0);
+  std::vector<absl::Status> results(shards);
+  auto write_shard = [&](int s) -> absl::Status {
+    ASSIGN_OR_RETURN(auto writer, RecordWriter::Open(absl::StrCat(
+                                      options.out_dir, "/", ShardFileName(prefix, s, shards))));
+    SplitCounter& counter = counters[s];
+    CtrExample example;
+    for (int64_t i = s; i < count; i += shards) {
+      generator.Generate(split, i, &example);
+      // A writer dropped on an early return removes its temporary file.
+      RETURN_IF_ERROR(writer->Write(generator.Encode(example)));
+      ++counter.examples;
+      counter.clicks += example.label;
+      counter.probability_sum += example.click_probability;
+      counter.log_loss_sum += BinaryCrossEntropy(example.click_probability, example.label);
+      if (metrics != nullptr) shard_metrics[s].Add(example.click_probability, example.label);
+    }
+    return writer->Close();
+  };
+  const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, shards);
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int s = next++; s < shards; s = next++) results[s] = write_shard(s);
+    });
   }
-  SplitCounter counter;
-  CtrExample example;
-  for (int64_t i = 0; i < count; ++i) {
-    generator.Generate(split, i, &example);
-    RETURN_IF_ERROR(writers[i % options.num_shards]->Write(generator.Encode(example)));
-    ++counter.examples;
-    counter.clicks += example.label;
-    counter.probability_sum += example.click_probability;
-    counter.log_loss_sum += BinaryCrossEntropy(example.click_probability, example.label);
-    if (metrics != nullptr) metrics->Add(example.click_probability, example.label);
+  for (std::thread& t : pool) t.join();
+  for (const absl::Status& result : results) RETURN_IF_ERROR(result);
+  SplitCounter total;
+  for (int s = 0; s < shards; ++s) {
+    total.examples += counters[s].examples;
+    total.clicks += counters[s].clicks;
+    total.probability_sum += counters[s].probability_sum;
+    total.log_loss_sum += counters[s].log_loss_sum;
+    if (metrics != nullptr) metrics->Merge(shard_metrics[s]);
   }
-  // Writers dropped on an early return above remove their temporary files.
-  for (auto& writer : writers) RETURN_IF_ERROR(writer->Close());
-  summary->examples = counter.examples;
-  summary->clicks = counter.clicks;
+  summary->examples = total.examples;
+  summary->clicks = total.clicks;
   // NaN (null in the JSON) for an empty split.
-  const double n = static_cast<double>(counter.examples);
-  summary->mean_probability = n > 0 ? counter.probability_sum / n : std::nan("");
-  summary->bayes_log_loss = n > 0 ? counter.log_loss_sum / n : std::nan("");
+  const double n = static_cast<double>(total.examples);
+  summary->mean_probability = n > 0 ? total.probability_sum / n : std::nan("");
+  summary->bayes_log_loss = n > 0 ? total.log_loss_sum / n : std::nan("");
   summary->bayes_auc =
       metrics != nullptr ? metrics->Auc() : std::numeric_limits<double>::quiet_NaN();
   return absl::OkStatus();
