@@ -18,12 +18,14 @@
 #     bazel-bin/coordinator/downpour-coordinator bazel-bin/server/downpour-ps \
 #     bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl
 #   (cd .device && tar -cf - bundle | xz -T2 > bundle.tar.xz && rm -rf bundle)
-# Then the device tool: carry [".device"], command "bash bench/ctr_session.sh".
+# Then the device tool: carry [".device"], command "bash bench/ctr_session.sh"
+# (BUNDLE_DIR=.device/ctr with the bundle made there, carry [".device/ctr"]).
 set -uo pipefail
 OUT=${OUT:-$PWD/ctr-out}
 mkdir -p "$OUT"
-[[ -f .device/bundle.tar.xz && ! -d .device/bundle ]] && tar -xJf .device/bundle.tar.xz -C .device
-source .device/bundle/env.sh
+B=${BUNDLE_DIR:-.device}
+[[ -f $B/bundle.tar.xz && ! -d $B/bundle ]] && tar -xJf "$B/bundle.tar.xz" -C "$B"
+source "$B/bundle/env.sh"
 STAGES=${STAGES:-tests table ctr}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/gpu.txt"
 nproc | tee "$OUT/cores.txt"
@@ -37,8 +39,14 @@ fi
 
 if [[ $STAGES == *table* ]]; then
   # dim 64, 3M rows drawn near-uniformly (skew 0.01): ~816 B a row with Adam.
+  # The bench finds the daemons as tests do, under $TEST_SRCDIR/downpour.
+  R=$(mktemp -d)
+  mkdir -p "$R/downpour/server" "$R/downpour/coordinator" "$R/downpour/client"
+  ln -s "$(command -v downpour-ps)" "$R/downpour/server/downpour-ps"
+  ln -s "$(command -v downpour-coordinator)" "$R/downpour/coordinator/downpour-coordinator"
+  ln -s "$(command -v downpourctl)" "$R/downpour/client/downpourctl"
   start=$SECONDS
-  sparse --shards=4 --workers=2 --tables=1 --features=26 --dim=64 --vocab=3000000 --batch=8192 \
+  TEST_SRCDIR=$R TEST_WORKSPACE=downpour sparse --shards=4 --workers=2 --tables=1 --features=26 --dim=64 --vocab=3000000 --batch=8192 \
     --skews=0.01 --sync_skew=0 --steps=${TABLE_STEPS:-40} --warmup=1 --dense_vocab=-1 \
     --memory_limit=1073741824 >"$OUT/table.txt" 2>"$OUT/table.err"
   echo "table rc=$? wall_s=$((SECONDS - start))"
