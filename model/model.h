@@ -333,9 +333,11 @@ class Model {
   };
   StageBuffers stage_buffers(int set) const;
   // Readies a step of micro-batches of at most `capacity` examples: grows
-  // the buffers, queues param(id) to the device when params_from_host, and
-  // resets the loss counters.
-  absl::Status BeginStageStep(int64_t capacity, bool params_from_host);
+  // the buffers, queues param(id) to the device when params_from_host,
+  // casts the bf16/fp16 weight copies (unless `weights_arrive`: the
+  // parameters come during the step, and each layer's first forward pass
+  // casts its own as they do), and resets the loss counters.
+  absl::Status BeginStageStep(int64_t capacity, bool params_from_host, bool weights_arrive = false);
   // Queues a micro-batch's forward pass in set `set` (training: dropout
   // masks drawn from `mask_step`, batch norm's running statistics moved).
   // `features`: [batch, input_size()] floats in the compute memory, for a
@@ -344,8 +346,8 @@ class Model {
   // for the stage with the loss, else null. The loss's gradient is
   // multiplied by `loss_weight` (the micro-batch's share of the step's
   // batch: the step's gradient is the batch mean). `first`: the step's
-  // first forward pass (reduced weights are cast then, and with `await`,
-  // TrainStepOptions::await_layer_params, each layer awaits its parameters).
+  // first forward pass (with `await`, TrainStepOptions::await_layer_params,
+  // each layer awaits its parameters and casts its reduced copy then).
   // REQUIRES: batch <= the capacity; inputs checked (CheckStageBatch).
   absl::Status StageForward(int set, const float* features, const int32_t* labels, int64_t batch,
                             int64_t mask_step, float loss_weight, bool training, bool first,

@@ -34,7 +34,7 @@ Model::StageBuffers Model::stage_buffers(int set) const {
   return buffers;
 }
 
-absl::Status Model::BeginStageStep(int64_t capacity, bool params_from_host) {
+absl::Status Model::BeginStageStep(int64_t capacity, bool params_from_host, bool weights_arrive) {
   RETURN_IF_ERROR(backend_->MakeCurrent());
   if (capacity <= 0) {
     return absl::InvalidArgumentError(
@@ -42,6 +42,9 @@ absl::Status Model::BeginStageStep(int64_t capacity, bool params_from_host) {
   }
   RETURN_IF_ERROR(Reserve(capacity));
   if (params_from_host) RETURN_IF_ERROR(ParamsToDevice());
+  // Here rather than at the first forward pass, which waits for the earlier
+  // stages: the cast runs while this stage has nothing else to do.
+  if (!weights_arrive) RETURN_IF_ERROR(backend_->CastReducedWeights());
   RETURN_IF_ERROR(BeginLossScaling());
   return backend_->ResetLoss();
 }
@@ -61,9 +64,6 @@ absl::Status Model::StageForward(int set, const float* features, const int32_t* 
   model_internal::PassOptions pass;
   pass.first = false;  // BeginStageStep reset the loss.
   pass.loss_weight = loss_weight;
-  if (first && (await == nullptr || *await == nullptr)) {
-    RETURN_IF_ERROR(backend_->CastReducedWeights());
-  }
   return Forward(batch, training, mask_step, first ? await : nullptr, pass);
 }
 

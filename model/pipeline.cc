@@ -198,30 +198,24 @@ absl::Status PipelineModel::StageInputs(const float* features, const int32_t* la
                                         const std::vector<int64_t>& sizes) {
   int64_t batch = 0;
   for (int64_t size : sizes) batch += size;
-  // Each micro-batch's features slot-major on their own, one after another.
-  const std::vector<InputSlot>& slots = shape_.input_slots;
-  host_features_.resize(static_cast<size_t>(batch * shape_.input_size));
-  int64_t begin = 0;
-  for (int64_t size : sizes) {
-    float* out = host_features_.data() + begin * shape_.input_size;
-    for (const InputSlot& slot : slots) {
-      std::memcpy(out + size * slot.offset, features + batch * slot.offset + begin * slot.width,
-                  sizeof(float) * size * slot.width);
-    }
-    begin += size;
-  }
   Model& first = *stages_.front();
   Model& last = *stages_.back();
-  const size_t feature_bytes = sizeof(float) * host_features_.size();
+  const size_t feature_bytes = sizeof(float) * batch * shape_.input_size;
   const size_t label_bytes = sizeof(int32_t) * batch;
   RETURN_IF_ERROR(first.backend().MakeCurrent());
+  // Page-locked staging, so that each upload is a DMA queued beside the
+  // compute (the last step or evaluation waited for its own).
+  if (host_features_.bytes() < feature_bytes) {
+    host_features_ = {};
+    ASSIGN_OR_RETURN(host_features_, first.backend().AllocateHost(feature_bytes));
+  }
   if (features_.bytes() < feature_bytes) {
     RETURN_IF_ERROR(first.Synchronize());
     features_ = {};
     ASSIGN_OR_RETURN(features_, first.backend().Allocate(feature_bytes));
   }
-  RETURN_IF_ERROR(
-      first.backend().ToDevice(features_.as<void>(), host_features_.data(), feature_bytes));
+  staged_features_ = features;
+  staged_batch_ = batch;
   RETURN_IF_ERROR(last.backend().MakeCurrent());
   if (labels_.bytes() < label_bytes) {
     RETURN_IF_ERROR(last.Synchronize());
@@ -229,6 +223,21 @@ absl::Status PipelineModel::StageInputs(const float* features, const int32_t* la
     ASSIGN_OR_RETURN(labels_, last.backend().Allocate(label_bytes));
   }
   return last.backend().ToDevice(labels_.as<void>(), labels, label_bytes);
+}
+
+absl::Status PipelineModel::StageFeatures(int64_t begin, int64_t size) {
+  // The micro-batch's rows of every slot, slot-major on their own.
+  const int64_t at = begin * shape_.input_size;
+  float* out = host_features_.as<float>() + at;
+  for (const InputSlot& slot : shape_.input_slots) {
+    std::memcpy(out + size * slot.offset,
+                staged_features_ + staged_batch_ * slot.offset + begin * slot.width,
+                sizeof(float) * size * slot.width);
+  }
+  kernels::ComputeBackend& backend = stages_.front()->backend();
+  RETURN_IF_ERROR(backend.UploadAside(features_.as<float>() + at, out,
+                                      sizeof(float) * size * shape_.input_size));
+  return backend.JoinUploads();
 }
 
 absl::Status PipelineModel::PullInputs(Step& step, int s, int j) {
@@ -292,6 +301,7 @@ absl::Status PipelineModel::RunStage(Step& step, int s) {
     const int set = j % model.activation_sets();
     const int64_t size = step.sizes[j];
     if (pass.forward) {
+      if (s == 0) RETURN_IF_ERROR(StageFeatures(step.begins[j], size));
       RETURN_IF_ERROR(PullInputs(step, s, j));
       const float* features =
           s == 0 ? features_.as<float>() + step.begins[j] * shape_.input_size : nullptr;
@@ -354,7 +364,8 @@ absl::StatusOr<StepResult> PipelineModel::TrainStep(const float* features, const
     begin += step.sizes[j];
   }
   for (const auto& stage : stages_) {
-    RETURN_IF_ERROR(stage->BeginStageStep(capacity_, options.params_from_host));
+    RETURN_IF_ERROR(stage->BeginStageStep(capacity_, options.params_from_host,
+                                          options.await_layer_params != nullptr));
   }
   RETURN_IF_ERROR(StageInputs(features, labels, step.sizes));
   for (const auto& stage : stages_) {
@@ -439,6 +450,7 @@ absl::StatusOr<EvalResult> PipelineModel::Evaluate(const float* features, const 
         }
         RETURN_IF_ERROR(link_->Mark(s, 1));
       }
+      if (s == 0) RETURN_IF_ERROR(StageFeatures(begin, sizes[j]));
       const float* f = s == 0 ? features_.as<float>() + begin * shape_.input_size : nullptr;
       const int32_t* l = last ? labels_.as<int32_t>() + begin : nullptr;
       RETURN_IF_ERROR(model.StageForward(0, f, l, sizes[j], 0, 1.f, /*training=*/false,

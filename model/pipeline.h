@@ -152,10 +152,15 @@ class PipelineModel {
   }
   // The micro-batches' sizes for `batch` examples: m about equal parts.
   std::vector<int64_t> MicroBatches(int64_t batch) const;
-  // Puts the micro-batches' features (each slot-major) on the first stage's
-  // device and their labels on the last's, queued.
+  // Puts the labels of a step's micro-batches on the last stage's device
+  // (queued) and readies StageFeatures for `features`.
   absl::Status StageInputs(const float* features, const int32_t* labels,
                            const std::vector<int64_t>& sizes);
+  // Queues the features of the micro-batch of `size` examples from example
+  // `begin` (slot-major on their own) to the first stage's device, beside
+  // its compute; its next forward pass waits for them. On the first
+  // stage's thread.
+  absl::Status StageFeatures(int64_t begin, int64_t size);
   // Stage s's part of a training step, on its own thread.
   absl::Status RunStage(Step& step, int s);
   // Copies micro-batch j's inputs of stage s (set `set`) from the stages
@@ -177,8 +182,9 @@ class PipelineModel {
   std::unique_ptr<kernels::StreamLink> link_;
   // The micro-batches' features (first stage) and labels (last), in the
   // compute memory, and their host staging.
-  kernels::DeviceMemory features_, labels_;
-  std::vector<float> host_features_;
+  kernels::DeviceMemory features_, labels_, host_features_;
+  const float* staged_features_ = nullptr;  // The step's, as given.
+  int64_t staged_batch_ = 0;
   int64_t capacity_ = 0;  // The largest micro-batch trained so far.
   // Held around the caller's callbacks, which the stages' threads call.
   absl::Mutex callbacks_mu_;
