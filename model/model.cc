@@ -869,8 +869,13 @@ Model::ComputeMemory Model::compute_memory() const {
   const model_internal::Storage& st = *storage_;
   ComputeMemory m;
   m.parameters = st.params.bytes() + st.grads.bytes() + st.state.bytes() + st.slots.bytes();
-  m.activations =
-      st.arena.bytes() + st.input_activations.bytes() + st.features.bytes() + st.labels.bytes();
+  m.activations = st.arena.bytes() + st.input_activations.bytes() + st.boundary_grad.bytes() +
+                  st.output_grad.bytes() + st.features.bytes() + st.labels.bytes();
+  // A stage's other activation sets.
+  for (const model_internal::ActivationSet& set : st.sets) {
+    m.activations += set.arena.bytes() + set.input_activations.bytes() + set.boundary_grad.bytes() +
+                     set.output_grad.bytes();
+  }
   m.workspace = backend_->workspace_bytes();
   m.weight_copies = backend_->weight_copy_bytes();
   return m;

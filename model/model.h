@@ -375,8 +375,9 @@ class Model {
   // Compute memory the model holds now, by use.
   struct ComputeMemory {
     int64_t parameters = 0;  // Parameters, gradients, optimizer slots, state.
-    // The activation arena (with every layer's scratch, once measured) and
-    // the staged batch.
+    // The activation arena (with every layer's scratch, once measured; a
+    // stage's, one per activation set, with its boundary buffers) and the
+    // staged batch.
     int64_t activations = 0;
     int64_t workspace = 0;      // The GPU's scratch (cuDNN's and ours).
     int64_t weight_copies = 0;  // bf16/fp16 copies of the weights.
