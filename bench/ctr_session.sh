@@ -58,12 +58,12 @@ if [[ $STAGES == *ctr* ]]; then
   D=$W/data
   start=$SECONDS
   downpourctl dataset generate --kind=ctr --out_dir="$D/ctr" --name=ctr --examples=10000000 \
-    --test_examples=1000000 --shards=32 --vocabulary=100:100000 2>&1 | tee "$OUT/generate.txt"
+    --test_examples=1000000 --shards=32 --vocabulary=${CTR_VOCABULARY:-100:10000} 2>&1 | tee "$OUT/generate.txt"
   echo "generate wall_s=$((SECONDS - start))"
   downpour-coordinator --listen=127.0.0.1:0 --port_file="$W/c.port" --state_dir="$W/state" \
     >"$W/coordinator.log" 2>&1 &
   for _ in $(seq 100); do [[ -s $W/c.port ]] && break; sleep 0.1; done
-  C=127.0.0.1:$(cat "$W/c.port")
+  C=$(cat "$W/c.port")
   for i in 0 1; do
     downpour-ps --listen=127.0.0.1:0 --port_file="$W/ps$i.port" --coordinator="$C" \
       --memory_limit=${SHARD_LIMIT:-0} >"$W/ps$i.log" 2>&1 &
