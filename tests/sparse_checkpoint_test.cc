@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "spec/checkpoint_files.h"
+#include "tests/click_log.h"
 #include "tests/local_cluster.h"
 
 namespace downpour {
@@ -33,30 +34,9 @@ namespace {
 
 constexpr int kTables = 26;
 
-struct ClickLog {
-  std::string data_dir;
-  data::CtrDatasetSummary summary;
-};
-
-// The click log of tests/sparse_cluster_test.cc, made once per test binary.
+// The click log, made once per test binary.
 const ClickLog& Log() {
-  static const ClickLog* log = [] {
-    auto* made = new ClickLog;
-    made->data_dir = MakeTempDir("ctr-data");
-    data::CtrDatasetOptions options;
-    options.generator.seed = 7;
-    options.generator.min_vocabulary = 20;
-    options.generator.max_vocabulary = 2000;
-    options.out_dir = made->data_dir + "/ctr";
-    options.name = "ctr";
-    options.train_examples = 400000;
-    options.test_examples = 40000;
-    options.num_shards = 4;
-    auto summary = data::WriteCtrDataset(options);
-    EXPECT_TRUE(summary.ok()) << summary.status();
-    if (summary.ok()) made->summary = *summary;
-    return made;
-  }();
+  static const ClickLog* log = new ClickLog(MakeClickLog(400000, 40000, 20, 2000));
   return *log;
 }
 

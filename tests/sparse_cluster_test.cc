@@ -15,38 +15,17 @@
 #include "absl/strings/str_split.h"
 #include "data/ctr_generator.h"
 #include "gtest/gtest.h"
+#include "tests/click_log.h"
 #include "tests/local_cluster.h"
 
 namespace downpour {
 namespace testing {
 namespace {
 
-// The click log, made once per test binary.
-struct ClickLog {
-  std::string data_dir;
-  data::CtrDatasetSummary summary;
-};
-
+// Small vocabularies, so a short run sees their rows often enough to
+// learn them: the Bayes AUC is within reach. Made once per test binary.
 const ClickLog& Log() {
-  static const ClickLog* log = [] {
-    auto* made = new ClickLog;
-    made->data_dir = MakeTempDir("ctr-data");
-    data::CtrDatasetOptions options;
-    options.generator.seed = 7;
-    // Small vocabularies, so a short run sees their rows often enough to
-    // learn them: the Bayes AUC is within reach.
-    options.generator.min_vocabulary = 10;
-    options.generator.max_vocabulary = 200;
-    options.out_dir = made->data_dir + "/ctr";
-    options.name = "ctr";
-    options.train_examples = 1000000;
-    options.test_examples = 40000;
-    options.num_shards = 4;
-    auto summary = data::WriteCtrDataset(options);
-    EXPECT_TRUE(summary.ok()) << summary.status();
-    if (summary.ok()) made->summary = *summary;
-    return made;
-  }();
+  static const ClickLog* log = new ClickLog(MakeClickLog(1000000, 40000, 10, 200));
   return *log;
 }
 
