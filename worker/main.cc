@@ -41,7 +41,14 @@ ABSL_FLAG(std::string, devices, "auto",
           "Compute devices: 'auto' (every visible GPU, else the CPU), 'cpu', or CUDA device "
           "numbers as this process sees them after CUDA_VISIBLE_DEVICES, e.g. '0,1'; with no "
           "GPU present the worker falls back to the CPU and says so in its log (a worker built "
-          "without CUDA refuses device numbers)");
+          "without CUDA refuses device numbers). A model replica runs on each device, or, for a "
+          "job split into pipeline stages (model.pipeline), stage i on the i-th device (one per "
+          "stage; 'cpu': every stage on the CPU)");
+ABSL_FLAG(int64_t, device_memory_limit, 0,
+          "The most compute memory, in bytes, that each model replica or pipeline stage may hold "
+          "on its device (parameters, gradients, activations, workspace, reduced weight copies); "
+          "a job that needs more fails naming the device. 0: no limit but the device's own. "
+          "Tries on a large GPU whether a model fits a smaller one, whole or in pipeline stages");
 ABSL_FLAG(int64_t, pull_timeout_ms, 120000,
           "How long a pull may wait for other workers or a shard before the job fails");
 ABSL_FLAG(int64_t, push_timeout_ms, 30000,
@@ -127,6 +134,10 @@ int Main() {
   absl::StatusOr<data::DataRoots> roots =
       data::DataRoots::Create(absl::GetFlag(FLAGS_data_dir), data_roots);
   if (!roots.ok()) return ExitWithError(roots.status());
+  if (absl::GetFlag(FLAGS_device_memory_limit) < 0) {
+    return ExitWithError(absl::InvalidArgumentError(
+        "--device_memory_limit must not be negative (bytes per device; 0: no limit)"));
+  }
   if (absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
     return ExitWithError(absl::InvalidArgumentError("--job_metrics_grace_s must not be negative"));
   }
@@ -152,8 +163,10 @@ int Main() {
                       devices->empty() ? std::vector<std::string>() : daemon_options.devices,
                       GpuMemoryUsedAndTotal);
   TrainerOptions trainer_options;
-  // One model replica per listed GPU (or one on the CPU).
+  // One model replica per listed GPU (or one on the CPU), or a pipeline
+  // stage per listed GPU for a job whose model is split into stages.
   trainer_options.devices = *devices;
+  trainer_options.device_memory_limit = absl::GetFlag(FLAGS_device_memory_limit);
   trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
   trainer_options.data_roots = data_roots;
   trainer_options.exchange.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));

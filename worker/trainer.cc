@@ -15,7 +15,6 @@
 #include "common/status.h"
 #include "data/data_roots.h"
 #include "data/dataset.h"
-#include "model/replica_set.h"
 #include "spec/shard_map.h"
 #include "spec/wire_dtype.h"
 #include "worker/worker_metrics.h"
@@ -70,7 +69,7 @@ void SetExampleFormat(const JobSpec& spec, const ModelShape& shape, BatchReaderO
 }
 
 // The model's gradients by tensor id, or none for a skipped step.
-std::vector<const float*> Gradients(const Model& model, bool skipped) {
+std::vector<const float*> Gradients(const ModelRunner& model, bool skipped) {
   std::vector<const float*> grads;
   if (skipped) return grads;
   for (size_t i = 0; i < model.params().size(); ++i) {
@@ -80,7 +79,7 @@ std::vector<const float*> Gradients(const Model& model, bool skipped) {
 }
 
 // The model's host parameters by tensor id, for a pull.
-std::vector<float*> ParamPointers(Model* model) {
+std::vector<float*> ParamPointers(ModelRunner* model) {
   std::vector<float*> params(model->params().size());
   for (size_t i = 0; i < params.size(); ++i) params[i] = model->param(static_cast<int>(i));
   return params;
@@ -91,7 +90,7 @@ std::vector<float*> ParamPointers(Model* model) {
 class GradientSum {
  public:
   // Adds gradients by tensor id (none: nothing to add), of `model`'s sizes.
-  void Add(const Model& model, const std::vector<const float*>& grads) {
+  void Add(const ModelRunner& model, const std::vector<const float*>& grads) {
     if (grads.empty()) return;
     sums_.resize(model.params().size());
     for (size_t i = 0; i < sums_.size(); ++i) {
@@ -129,7 +128,7 @@ class GradientSum {
 };
 
 // "; the first non-finite gradient is fc1/weight's", or "".
-std::string NonFiniteGradient(const Model& model) {
+std::string NonFiniteGradient(const ModelRunner& model) {
   for (const ParamInfo& p : model.params()) {
     const float* g = model.grad(p.id);
     for (int64_t i = 0; i < p.num_elements; ++i) {
@@ -151,7 +150,7 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
   takes_checkpoints_.store(task_.takes_checkpoints());
 }
 
-absl::Status JobTrainer::StartExchange(const Model& model) {
+absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   const std::vector<ParamInfo>& params = model.params();
   const std::vector<PartitionPlacement> partitions(task_.placement().partitions().begin(),
                                                    task_.placement().partitions().end());
@@ -242,7 +241,7 @@ absl::StatusOr<ReportProgressResponse> JobTrainer::Send(ReportProgressRequest re
   }
 }
 
-absl::Status JobTrainer::PullParameters(Model* model, int64_t min_version,
+absl::Status JobTrainer::PullParameters(ModelRunner* model, int64_t min_version,
                                         int64_t min_worker_steps) {
   return exchange_->Pull(min_version, min_worker_steps, ParamPointers(model),
                          [this] { return cancelled_.load() || job_ended_.load(); });
@@ -252,7 +251,7 @@ absl::Status JobTrainer::PushGradients(int64_t step, const std::vector<const flo
   return exchange_->Push(step, grads, [this] { return cancelled_.load() || job_ended_.load(); });
 }
 
-absl::Status JobTrainer::PushGradientsAndPull(Model* model, int64_t step,
+absl::Status JobTrainer::PushGradientsAndPull(ModelRunner* model, int64_t step,
                                               const std::vector<const float*>& grads,
                                               int64_t min_version, int64_t min_worker_steps) {
   return exchange_->PushPull(step, grads, min_version, min_worker_steps, ParamPointers(model),
@@ -362,7 +361,7 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTrainingData(
   return BatchReader::Create(data);
 }
 
-absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(Model* model, BatchReader* reader,
+absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, BatchReader* reader,
                                                         int64_t min_version,
                                                         int64_t min_worker_steps) {
   const JobSpec& spec = task_.spec();
@@ -414,29 +413,20 @@ void TestMetrics::Describe(std::string* text) const {
 absl::Status JobTrainer::Train() {
   const JobSpec& spec = task_.spec();
   const int rank = task_.rank();
-  std::vector<std::unique_ptr<Model>> replicas;
-  for (int device : options_.devices.empty() ? std::vector<int>{-1} : options_.devices) {
-    ModelOptions model_options;
-    model_options.device = device;
-    model_options.precision = spec.precision();
-    absl::StatusOr<std::unique_ptr<Model>> created =
-        Model::Create(spec.model(), spec.seed(), model_options);
-    permanent_ = !created.ok();
-    ASSIGN_OR_RETURN(auto replica, std::move(created));
-    Log(absl::StrCat("job ", task_.job_id(), ": model replica on ", replica->device_name(), ", ",
-                     Precision_Name(replica->precision())));
-    replicas.push_back(std::move(replica));
+  ModelOptions model_options;
+  model_options.memory_limit = options_.device_memory_limit;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> created =
+      ModelRunner::Create(spec, options_.devices, model_options);
+  // A model that cannot be made here (its spec, the devices it needs, their
+  // memory) cannot be on a restart either.
+  permanent_ = !created.ok();
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, std::move(created));
+  for (const std::string& line : runner->Describe()) {
+    Log(absl::StrCat("job ", task_.job_id(), ": ", line));
   }
-  ASSIGN_OR_RETURN(auto replica_set, ReplicaSet::Create(std::move(replicas)));
-  // Replica 0 exchanges with the shards and evaluates.
-  Model* model = replica_set->primary();
+  // What the loop trains, exchanges and evaluates with.
+  ModelRunner* model = runner.get();
   shape_ = model->shape();
-  if (!shape_.sparse_tables.empty() && replica_set->size() > 1) {
-    permanent_ = true;
-    return absl::UnimplementedError(
-        "sparse embeddings train on one device per worker: give --devices one GPU (or run a "
-        "worker per GPU)");
-  }
   RETURN_IF_ERROR(StartExchange(*model));
   // Where this worker starts: the job's start, its checkpoint's step, or
   // where the rank it takes over had got to — in SYNC the step every
@@ -477,7 +467,7 @@ absl::Status JobTrainer::Train() {
   const std::string& worker_state =
       task_.has_join() ? task_.join().worker_state() : task_.restore().worker_state();
   if (!worker_state.empty()) {
-    RETURN_IF_ERROR(Annotate(LoadWorkerState(worker_state, replica_set.get()),
+    RETURN_IF_ERROR(Annotate(LoadWorkerState(worker_state, model),
                              task_.has_join()
                                  ? "loading the workers' state of the newest checkpoint"
                                  : absl::StrCat("restoring the checkpoint at step ", first_step)));
@@ -609,10 +599,9 @@ absl::Status JobTrainer::Train() {
     // on the copy stream (of the GPU whose share it is, with several): the
     // next step finds them there.
     ParameterExchange::PulledFn upload;
-    if (stream && model->device() >= 0 &&
-        (replica_set->size() == 1 || replica_set->reduces_with_nccl())) {
-      upload = [replicas = replica_set.get()](const PartitionPlacement& p) {
-        return replicas->UploadParam(p.tensor_id(), p.offset(), p.num_elements());
+    if (stream && model->uploads_pulled_params()) {
+      upload = [model](const PartitionPlacement& p) {
+        return model->UploadParam(p.tensor_id(), p.offset(), p.num_elements());
       };
     }
     // This step's exchange: marked for a checkpoint, and begun when it
@@ -629,12 +618,12 @@ absl::Status JobTrainer::Train() {
       return absl::OkStatus();
     };
     TrainStepOptions step_options;
-    // The last step's exchange still in flight: a replica that reads the
+    // The last step's exchange still in flight: a model that reads the
     // parameters where they land (the CPU's, or a GPU's they are uploaded
     // to; with several GPUs, each layer's go from their owners to the
-    // others as they come) starts its forward on them layer by layer.
-    const bool gated =
-        pending && (pending_uploads || (replica_set->size() == 1 && model->device() < 0));
+    // others as they come, or to its pipeline stage's GPU) starts its
+    // forward on them layer by layer.
+    const bool gated = pending && (pending_uploads || model->reads_host_params());
     if (gated) {
       step_options.params_from_host = !pending_uploads;
       step_options.await_layer_params = [&](int layer) -> absl::Status {
@@ -646,9 +635,9 @@ absl::Status JobTrainer::Train() {
       step_options.before_backward = start_exchange;
     }
     if (stream) {
-      step_options.gradient_queued = [this, replicas = replica_set.get()](int id, int64_t ticket) {
-        exchange_->GradientReady(
-            id, [replicas, id, ticket] { return replicas->WaitGradient(id, ticket); });
+      step_options.gradient_queued = [this, model](int id, int64_t ticket) {
+        exchange_->GradientReady(id,
+                                 [model, id, ticket] { return model->WaitGradient(id, ticket); });
       };
     }
     for (int b = 0; b < batches; ++b) {
@@ -677,8 +666,8 @@ absl::Status JobTrainer::Train() {
                          input_stage_->Features(batch, min_version(step), min_worker_steps(step)));
         exchange_waited += MonotonicSeconds() - began;
       }
-      ASSIGN_OR_RETURN(result, replica_set->TrainStep(features, batch.labels.data(), batch.size,
-                                                      step, step_options));
+      ASSIGN_OR_RETURN(
+          result, model->TrainStep(features, batch.labels.data(), batch.size, step, step_options));
       // A second batch of the step (SYNC hand-out, never overlapped): the
       // parameters are whole on the host by then.
       step_options = TrainStepOptions();
@@ -727,8 +716,8 @@ absl::Status JobTrainer::Train() {
         if (!have_next) return absl::InternalError("training data ended");
         next = &next_batch;
       }
-      RETURN_IF_ERROR(input_stage_->Exchange(step, *model, next, min_version(step + 1),
-                                             min_worker_steps(step + 1),
+      RETURN_IF_ERROR(input_stage_->Exchange(step, *model->whole_model(), next,
+                                             min_version(step + 1), min_worker_steps(step + 1),
                                              checkpoint_due ? step + 1 : 0));
     }
     std::vector<const float*> grads =

@@ -1,5 +1,6 @@
-// JobTrainer: one worker's part of one job — the training loop of a model
-// replica. Each step it pulls the parameters from the job's shards, runs
+// JobTrainer: one worker's part of one job — the training loop of the job's
+// model on the worker's devices (replicas of it, or its pipeline stages:
+// worker/model_runner.h). Each step it pulls the parameters from the job's shards, runs
 // forward and backward on its next batch, and pushes the gradients back; it
 // reports progress every log_every_steps and, on rank 0, evaluates the final
 // model on the held-out set. Where the job is saved (Task.checkpoints), rank
@@ -36,10 +37,10 @@
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "data/dataset.h"
-#include "model/model.h"
 #include "proto/coordinator.pb.h"
 #include "ps/parameter_shard.h"
 #include "worker/input_stage.h"
+#include "worker/model_runner.h"
 #include "worker/param_exchange.h"
 
 namespace downpour {
@@ -58,12 +59,17 @@ struct TrainerOptions {
   // job's own fields (job, rank, identity, wire dtype).
   ExchangeOptions exchange;
   MetricsRegistry* metrics = nullptr;  // Optional, not owned.
-  // Where the model replicas compute: one replica per CUDA device listed
-  // (ModelOptions::device), or one on the CPU when empty. With several, each
-  // step's batch is split across them and their gradients are reduced into
-  // the first replica before the push (NCCL between GPUs; see
-  // model/replica_set.h).
+  // Where the model computes (worker/model_runner.h): one replica per CUDA
+  // device listed (ModelOptions::device), or one on the CPU when empty. With
+  // several, each step's batch is split across them and their gradients are
+  // reduced into the first replica before the push (NCCL between GPUs; see
+  // model/replica_set.h). A job whose model is split into pipeline stages
+  // (ModelSpec.pipeline) runs stage i on the i-th device listed, which must
+  // be one per stage, or every stage on the CPU when empty.
   std::vector<int> devices;
+  // > 0: the most compute memory each replica or pipeline stage may hold on
+  // its device, in bytes (--device_memory_limit; ModelOptions::memory_limit).
+  int64_t device_memory_limit = 0;
   // Which run of this job in this process this is (0 first): a worker that
   // runs a job again in the same attempt (it took a rank over) numbers its
   // requests above its earlier runs', which the shards remember.
@@ -137,13 +143,13 @@ class JobTrainer {
   absl::Status Train();
   // Checks the task's placement against the model's parameters and sets up
   // the exchange with the job's shards.
-  absl::Status StartExchange(const Model& model);
-  absl::Status PullParameters(Model* model, int64_t min_version, int64_t min_worker_steps);
+  absl::Status StartExchange(const ModelRunner& model);
+  absl::Status PullParameters(ModelRunner* model, int64_t min_version, int64_t min_worker_steps);
   // Pushes gradients by tensor id as step `step`'s (none: a skipped step).
   absl::Status PushGradients(int64_t step, const std::vector<const float*>& grads);
   // PushGradients(step, grads), then PullParameters(min_version,
   // min_worker_steps), in one round trip per message.
-  absl::Status PushGradientsAndPull(Model* model, int64_t step,
+  absl::Status PushGradientsAndPull(ModelRunner* model, int64_t step,
                                     const std::vector<const float*>& grads, int64_t min_version,
                                     int64_t min_worker_steps);
   absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
@@ -163,7 +169,7 @@ class JobTrainer {
   // The test set's metrics; a model with sparse tables reads their rows
   // once the tables have had min_version steps and every worker
   // min_worker_steps.
-  absl::StatusOr<TestMetrics> EvaluateTestSet(Model* model, data::BatchReader* reader,
+  absl::StatusOr<TestMetrics> EvaluateTestSet(ModelRunner* model, data::BatchReader* reader,
                                               int64_t min_version, int64_t min_worker_steps);
   // Sends a report; a final one (finished, accuracy, failure) is retried
   // until delivered or the trainer is cancelled. Ordinary progress is best

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -83,9 +85,9 @@ class TrainerTest : public ::testing::Test {
     WriteDataset(data_dir_ + "/test-00000-of-00001", 32);
   }
 
-  // Spec()'s job (of `workers` workers) on fresh in-process shards.
-  void HostJob(int workers) {
-    spec_ = Spec();
+  // `spec` (of `workers` workers) on fresh in-process shards.
+  void HostJob(int workers, const JobSpec& spec = Spec()) {
+    spec_ = spec;
     spec_.set_num_workers(workers);
     auto params = ValidateJobSpec(spec_);
     ASSERT_TRUE(params.ok()) << params.status();
@@ -187,11 +189,11 @@ class TrainerTest : public ::testing::Test {
     ASSERT_TRUE(lost.FinishPushPull(/*abandon=*/true).ok());
   }
 
-  // Trains Spec() with kWorkers trainers on threads against in-process
+  // Trains `spec` with kWorkers trainers on threads against in-process
   // shards and returns every partition's final values, as the shards hold
   // them, byte for byte.
-  std::string TrainSync(bool overlap) {
-    HostJob(kWorkers);
+  std::string TrainSync(bool overlap, const JobSpec& spec = Spec()) {
+    HostJob(kWorkers, spec);
     std::vector<std::unique_ptr<JobTrainer>> trainers;
     for (int rank = 0; rank < kWorkers; ++rank) {
       trainers.push_back(Trainer(RankTask(rank, kWorkers), Options(rank, overlap)));
@@ -232,6 +234,87 @@ TEST_F(TrainerTest, SyncWithOverlapIsBitIdenticalToTheSerialPath) {
     ASSERT_EQ(overlapped.size(), serial.size());
     EXPECT_TRUE(overlapped == serial) << "run " << run << " differs from the serial path";
   }
+}
+
+// Spec()'s model split into pipeline stages (layer names as InferModel
+// gives unnamed layers), `micro` micro-batches a step.
+JobSpec PipelineSpec(const std::vector<std::vector<std::string>>& stages, int micro) {
+  JobSpec spec = Spec();
+  for (const auto& layers : stages) {
+    PipelineSpec::Stage* stage = spec.mutable_model()->mutable_pipeline()->add_stage();
+    for (const std::string& name : layers) stage->add_layers(name);
+  }
+  spec.mutable_model()->mutable_pipeline()->set_micro_batches(micro);
+  return spec;
+}
+
+// A job whose model is split into stages trains through the shards as the
+// unsplit model does: the stages run on the CPU (no --devices) and, in one
+// micro-batch, push the gradients the whole model would on the same
+// batches, so every SYNC step applies the same update and the shards end
+// with the unsplit job's parameters — serial or overlapped (each layer's
+// forward awaits its parameters from the stages' threads, each gradient
+// goes as its stage's backward finishes it).
+TEST_F(TrainerTest, APipelineJobPushesTheUnsplitModelsGradients) {
+  const std::string unsplit = TrainSync(/*overlap=*/false);
+  ASSERT_FALSE(unsplit.empty());
+  const JobSpec split =
+      PipelineSpec({{"dense0", "relu1"}, {"dense2", "relu3", "dense4", "softmax_cross_entropy5"}},
+                   /*micro=*/1);
+  for (bool overlap : {false, true}) {
+    const std::string trained = TrainSync(overlap, split);
+    ASSERT_EQ(trained.size(), unsplit.size());
+    EXPECT_TRUE(trained == unsplit) << (overlap ? "overlapped" : "serial");
+  }
+}
+
+// In several micro-batches (and stages) the step's gradient is the same
+// mean, summed in another order: the job trains to the unsplit job's
+// parameters within rounding.
+TEST_F(TrainerTest, APipelineInMicroBatchesTrainsToTheUnsplitModelsParameters) {
+  JobSpec whole = Spec();
+  whole.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+  whole.mutable_optimizer()->set_learning_rate(0.05f);
+  JobSpec split =
+      PipelineSpec({{"dense0"}, {"relu1", "dense2", "relu3"}, {"dense4", "softmax_cross_entropy5"}},
+                   /*micro=*/4);
+  *split.mutable_optimizer() = whole.optimizer();
+  const std::string unsplit = TrainSync(/*overlap=*/true, whole);
+  const std::string trained = TrainSync(/*overlap=*/true, split);
+  ASSERT_EQ(trained.size(), unsplit.size());
+  ASSERT_EQ(trained.size() % sizeof(float), 0u);
+  std::vector<float> a(trained.size() / sizeof(float)), b(a.size());
+  std::memcpy(a.data(), trained.data(), trained.size());
+  std::memcpy(b.data(), unsplit.data(), unsplit.size());
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(double{a[i]} - b[i]));
+  EXPECT_LT(diff, 1e-5);
+}
+
+// A worker whose --devices do not give each stage one fails the job at
+// once, permanently (a restart on this worker would not help), in one
+// sentence; no GPU is needed to see it, as the devices are counted first.
+TEST_F(TrainerTest, APipelineOnTooFewDevicesFailsTheJobNamingBoth) {
+  HostJob(1,
+          PipelineSpec(
+              {{"dense0"}, {"relu1", "dense2"}, {"relu3", "dense4", "softmax_cross_entropy5"}}, 4));
+  TrainerOptions options = Options(0, /*overlap=*/true);
+  options.devices = {0, 1};
+  absl::Mutex mu;
+  std::vector<ReportProgressRequest> reports;
+  JobTrainer trainer(RankTask(0, 1), options, shards_,
+                     [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
+                       absl::MutexLock lock(&mu);
+                       reports.push_back(r);
+                       return ReportProgressResponse();
+                     });
+  const absl::Status status = trainer.Run();
+  EXPECT_EQ(status.message(),
+            "the job's pipeline has 3 stages; this worker has 2 devices (--devices)");
+  absl::MutexLock lock(&mu);
+  ASSERT_FALSE(reports.empty());
+  EXPECT_EQ(reports.back().error(), status.message());
+  EXPECT_TRUE(reports.back().permanent());
 }
 
 // A SYNC worker that died halfway through a pipelined push left its step on

@@ -9,7 +9,7 @@
 
 namespace downpour {
 
-absl::StatusOr<std::string> SaveWorkerState(const Model& model) {
+absl::StatusOr<std::string> SaveWorkerState(const ModelRunner& model) {
   std::vector<TensorToWrite> tensors;
   for (const ParamInfo& state : model.local_state()) {
     tensors.push_back(
@@ -20,7 +20,7 @@ absl::StatusOr<std::string> SaveWorkerState(const Model& model) {
   return SerializeSafetensors(tensors, {});
 }
 
-absl::Status LoadWorkerState(const std::string& bytes, ReplicaSet* replicas) {
+absl::Status LoadWorkerState(const std::string& bytes, ModelRunner* model) {
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(bytes, "the workers' state"));
   ASSIGN_OR_RETURN(SafetensorsFile::Tensor scale, file.Get(kLossScaleTensor));
   if (scale.dtype != TensorDtype::kF64 || scale.data.size() != sizeof(double)) {
@@ -28,19 +28,16 @@ absl::Status LoadWorkerState(const std::string& bytes, ReplicaSet* replicas) {
   }
   double loss_scale = 0;
   std::memcpy(&loss_scale, scale.data.data(), sizeof(double));
-  for (int r = 0; r < replicas->size(); ++r) {
-    Model* model = replicas->replica(r);
-    for (const ParamInfo& state : model->local_state()) {
-      absl::StatusOr<const float*> values = file.Floats(state.name, state.num_elements);
-      if (!values.ok()) {
-        return absl::DataLossError(
-            absl::StrCat("the workers' state does not fit the model: ", values.status().message()));
-      }
-      std::memcpy(model->local_state_data(state.id), *values, sizeof(float) * state.num_elements);
+  std::vector<const float*> values(model->local_state().size());
+  for (const ParamInfo& state : model->local_state()) {
+    absl::StatusOr<const float*> found = file.Floats(state.name, state.num_elements);
+    if (!found.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("the workers' state does not fit the model: ", found.status().message()));
     }
-    RETURN_IF_ERROR(model->RestoreLocalState(loss_scale));
+    values[state.id] = *found;
   }
-  return absl::OkStatus();
+  return model->RestoreLocalState(values, loss_scale);
 }
 
 }  // namespace downpour

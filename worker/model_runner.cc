@@ -1,0 +1,170 @@
+#include "worker/model_runner.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "model/pipeline.h"
+#include "model/replica_set.h"
+
+namespace downpour {
+namespace {
+
+// Data parallelism: a replica per device; replica 0 holds the host copies
+// the trainer reads and writes.
+class ReplicaRunner : public ModelRunner {
+ public:
+  explicit ReplicaRunner(std::unique_ptr<ReplicaSet> replicas)
+      : replicas_(std::move(replicas)), primary_(replicas_->primary()) {}
+
+  std::vector<std::string> Describe() const override {
+    std::vector<std::string> lines;
+    for (int r = 0; r < replicas_->size(); ++r) {
+      const Model& replica = *replicas_->replica(r);
+      lines.push_back(absl::StrCat("model replica on ", replica.device_name(), ", ",
+                                   Precision_Name(replica.precision())));
+    }
+    return lines;
+  }
+  const ModelShape& shape() const override { return primary_->shape(); }
+  float* param(int id) override { return primary_->param(id); }
+  const float* grad(int id) const override { return primary_->grad(id); }
+  const float* local_state_data(int id) const override { return primary_->local_state_data(id); }
+  int device() const override { return primary_->device(); }
+  Precision precision() const override { return primary_->precision(); }
+  double loss_scale() const override { return primary_->loss_scale(); }
+  bool uploads_pulled_params() const override {
+    return primary_->device() >= 0 && (replicas_->size() == 1 || replicas_->reduces_with_nccl());
+  }
+  bool reads_host_params() const override {
+    return replicas_->size() == 1 && primary_->device() < 0;
+  }
+  absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
+                                       int64_t step, const TrainStepOptions& options) override {
+    return replicas_->TrainStep(features, labels, batch, step, options);
+  }
+  absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch,
+                                      std::vector<float>* logits) override {
+    return primary_->Evaluate(features, labels, batch, logits);
+  }
+  absl::Status UploadParam(int id, int64_t offset, int64_t count) override {
+    return replicas_->UploadParam(id, offset, count);
+  }
+  absl::Status WaitGradient(int id, int64_t ticket) override {
+    return replicas_->WaitGradient(id, ticket);
+  }
+  absl::Status RestoreLocalState(const std::vector<const float*>& values,
+                                 double loss_scale) override {
+    for (int r = 0; r < replicas_->size(); ++r) {
+      Model* replica = replicas_->replica(r);
+      for (const ParamInfo& state : replica->local_state()) {
+        std::memcpy(replica->local_state_data(state.id), values[state.id],
+                    sizeof(float) * state.num_elements);
+      }
+      RETURN_IF_ERROR(replica->RestoreLocalState(loss_scale));
+    }
+    return absl::OkStatus();
+  }
+  const Model* whole_model() const override { return primary_; }
+
+ private:
+  const std::unique_ptr<ReplicaSet> replicas_;
+  Model* const primary_;
+};
+
+// Model parallelism: the stages of one model, which routes every id to the
+// stage holding it.
+class PipelineRunner : public ModelRunner {
+ public:
+  explicit PipelineRunner(std::unique_ptr<PipelineModel> pipeline)
+      : pipeline_(std::move(pipeline)) {}
+
+  std::vector<std::string> Describe() const override {
+    const int stages = pipeline_->num_stages();
+    return {absl::StrCat("pipeline of ", stages, stages == 1 ? " stage" : " stages", " in ",
+                         pipeline_->micro_batches(), " micro-batches (",
+                         PipelineSpec::Schedule_Name(pipeline_->schedule()), "): ",
+                         pipeline_->device_name(), ", ", Precision_Name(pipeline_->precision()))};
+  }
+  const ModelShape& shape() const override { return pipeline_->shape(); }
+  float* param(int id) override { return pipeline_->param(id); }
+  const float* grad(int id) const override { return pipeline_->grad(id); }
+  const float* local_state_data(int id) const override { return pipeline_->local_state_data(id); }
+  int device() const override { return pipeline_->device(); }
+  Precision precision() const override { return pipeline_->precision(); }
+  double loss_scale() const override { return pipeline_->loss_scale(); }
+  // Each stage's parameters go up to its own device (the stages are all on
+  // the CPU or all on GPUs).
+  bool uploads_pulled_params() const override { return pipeline_->device() >= 0; }
+  bool reads_host_params() const override { return pipeline_->device() < 0; }
+  absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
+                                       int64_t step, const TrainStepOptions& options) override {
+    return pipeline_->TrainStep(features, labels, batch, step, options);
+  }
+  absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch,
+                                      std::vector<float>* logits) override {
+    return pipeline_->Evaluate(features, labels, batch, logits);
+  }
+  absl::Status UploadParam(int id, int64_t offset, int64_t count) override {
+    return pipeline_->UploadParam(id, offset, count);
+  }
+  absl::Status WaitGradient(int id, int64_t ticket) override {
+    return pipeline_->WaitGradient(id, ticket);
+  }
+  absl::Status RestoreLocalState(const std::vector<const float*>& values,
+                                 double loss_scale) override {
+    for (const ParamInfo& state : pipeline_->local_state()) {
+      std::memcpy(pipeline_->local_state_data(state.id), values[state.id],
+                  sizeof(float) * state.num_elements);
+    }
+    return pipeline_->RestoreLocalState(loss_scale);
+  }
+  const Model* whole_model() const override { return nullptr; }
+
+ private:
+  const std::unique_ptr<PipelineModel> pipeline_;
+};
+
+std::string Count(int64_t n, const char* what) {
+  return absl::StrCat(n, " ", what, n == 1 ? "" : "s");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const JobSpec& spec,
+                                                                 const std::vector<int>& devices,
+                                                                 const ModelOptions& options) {
+  ModelOptions model_options = options;
+  model_options.precision = spec.precision();
+  if (spec.model().has_pipeline()) {
+    const int stages = spec.model().pipeline().stage_size();
+    if (stages > 0 && !devices.empty() && static_cast<int>(devices.size()) != stages) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the job's pipeline has ", Count(stages, "stage"), "; this worker has ",
+                       Count(static_cast<int64_t>(devices.size()), "device"), " (--devices)"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> pipeline,
+                     PipelineModel::Create(spec.model(), spec.seed(),
+                                           devices.empty() ? std::vector<int>(stages, -1) : devices,
+                                           model_options));
+    return std::make_unique<PipelineRunner>(std::move(pipeline));
+  }
+  std::vector<std::unique_ptr<Model>> replicas;
+  for (int device : devices.empty() ? std::vector<int>{-1} : devices) {
+    model_options.device = device;
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> replica,
+                     Model::Create(spec.model(), spec.seed(), model_options));
+    if (!replica->shape().sparse_tables.empty() && devices.size() > 1) {
+      return absl::UnimplementedError(
+          "sparse embeddings train on one device per worker: give --devices one GPU (or run a "
+          "worker per GPU)");
+    }
+    replicas.push_back(std::move(replica));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ReplicaSet> replica_set,
+                   ReplicaSet::Create(std::move(replicas)));
+  return std::make_unique<ReplicaRunner>(std::move(replica_set));
+}
+
+}  // namespace downpour
