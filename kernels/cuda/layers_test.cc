@@ -141,8 +141,11 @@ TEST_F(CudaKernelTest, ElementWise) {
   ExpectClose(block, Download(y_, rows * 40), "add block");
   EXPECT_EQ(block[5], 2.f * x[3]);
 
-  // Pairwise dot products of 27 vectors of 16 per example, and back.
-  const int64_t examples = 37, vectors = 27, dim = 16, pairs = vectors * (vectors - 1) / 2;
+  // Pairwise dot products of 27 vectors of 16 per example, and back (within
+  // the n elements of the buffers above).
+  const int64_t examples = 13, vectors = 27, dim = 16, pairs = vectors * (vectors - 1) / 2;
+  ASSERT_LE(examples * vectors * dim, n);
+  ASSERT_LE(examples * pairs, n);
   std::vector<float> dots(examples * pairs), back(examples * vectors * dim);
   ASSERT_TRUE(cuda::PairwiseDotForward(ctx(), examples, vectors, dim, x_, y_).ok());
   cpu::PairwiseDotForward(cpu_, examples, vectors, dim, x.data(), dots.data());
