@@ -19,6 +19,16 @@ trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$
 # (downloads, not CPU).
 "$ROOT/scripts/python-deps.sh" >"$venv_out" &
 venv_pid=$!
+# The fuzz targets (clang, ASan: an output base of their own, minutes cold)
+# build at the lowest priority while the tests run: the integration tests
+# mostly wait (heartbeats, timeouts), so the build takes the idle CPU and
+# the fuzz step below finds it done.
+fuzz_build_log=$(mktemp -t downpour-fuzz-build.XXXXXX)
+if [[ ${FUZZ_SECONDS:-10} != 0 ]]; then
+  nice -n 19 bazel --output_base="${FUZZ_OUTPUT_BASE:-$HOME/.cache/downpour-fuzz}" build \
+    --config=fuzz //fuzz:all >"$fuzz_build_log" 2>&1 &
+  fuzz_build_pid=$!
+fi
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
 # The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
 # so outside `bazel test`).
@@ -51,6 +61,8 @@ python3 "$ROOT/tests/cpu_only_build_test.py" --junit "$cpu_only_xml"
 # its own (a cold build of about 4.5 min on 2 busy cores; warm in
 # ~/.cache/downpour-fuzz after that). A crash fails its case; the run's
 # directory (crash inputs, logs) is kept then.
+[[ -n ${fuzz_build_pid:-} ]] && wait "$fuzz_build_pid"
+rm -f "$fuzz_build_log"
 fuzz_out=$(mktemp -d -t downpour-fuzz-run.XXXXXX)
 FUZZ_OUT=$fuzz_out "$ROOT/scripts/fuzz.sh" --junit "$fuzz_xml" --parallel 2 "${FUZZ_SECONDS:-10}" &&
   rm -rf "$fuzz_out"
