@@ -15,8 +15,8 @@ namespace downpour {
 namespace {
 
 TEST(ExamplesTest, EveryExampleSpecValidates) {
-  const std::string dir = std::string(std::getenv("TEST_SRCDIR")) + "/" +
-                          std::getenv("TEST_WORKSPACE") + "/examples";
+  const std::string dir =
+      std::string(std::getenv("TEST_SRCDIR")) + "/" + std::getenv("TEST_WORKSPACE") + "/examples";
   DIR* listing = opendir(dir.c_str());
   ASSERT_NE(listing, nullptr) << dir;
   std::vector<std::string> specs;
