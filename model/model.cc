@@ -400,6 +400,7 @@ absl::Status Model::Reserve(int64_t batch) {
     ASSIGN_OR_RETURN(st.input_grad, backend_->Allocate(bytes));
     if (backend_->gpu()) {
       ASSIGN_OR_RETURN(st.input_grad_host, backend_->AllocateHost(bytes));
+      std::memset(st.input_grad_host.as<void>(), 0, bytes);  // The dense slots stay so.
     }
     // Slots no layer writes (dense inputs) read as zeros.
     RETURN_IF_ERROR(backend_->ZeroFloats(batch * shape_.input_size, st.input_grad.as<float>()));
@@ -698,8 +699,12 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
   RETURN_IF_ERROR(backend_->ToHost(state_host_, state_compute_, sizeof(float) * state_total_));
   if (backend_->gpu() && !shape_.sparse_tables.empty()) {
     model_internal::Storage& st = *storage_;
-    RETURN_IF_ERROR(backend_->ToHost(st.input_grad_host.as<void>(), st.input_grad.as<void>(),
-                                     sizeof(float) * batch * shape_.input_size));
+    // Only the sparse embeddings' slots have a gradient: they come after
+    // the dense inputs' (spec/model_shape.h), so the copy is their span.
+    const int64_t begin = batch * shape_.input_slots[shape_.sparse_tables[0].slot].offset;
+    RETURN_IF_ERROR(backend_->ToHost(st.input_grad_host.as<float>() + begin,
+                                     st.input_grad.as<float>() + begin,
+                                     sizeof(float) * (batch * shape_.input_size - begin)));
   }
   ASSIGN_OR_RETURN(kernels::LossStats loss, backend_->ReadLoss());  // Waits.
   StepResult result{loss.loss_sum / static_cast<double>(batch), loss.correct};

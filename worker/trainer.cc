@@ -272,6 +272,13 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
   return BatchReader::Create(options);
 }
 
+absl::Status JobTrainer::PermanentIfBadData(absl::Status status) {
+  // InvalidArgument from the input stage is the data's (an id outside its
+  // table's exact vocabulary) or the request's: it recurs on a restart.
+  if (absl::IsInvalidArgument(status)) permanent_ = true;
+  return status;
+}
+
 absl::Status JobTrainer::CheckDataFiles(const std::vector<std::string>& files) const {
   ASSIGN_OR_RETURN(const data::DataRoots roots,
                    data::DataRoots::Create(options_.data_dir, options_.data_roots));
@@ -662,8 +669,10 @@ absl::Status JobTrainer::Train() {
       if (input_stage_ != nullptr) {
         // The rows came back with the last step's exchange (or are pulled).
         const double began = MonotonicSeconds();
-        ASSIGN_OR_RETURN(features,
-                         input_stage_->Features(batch, min_version(step), min_worker_steps(step)));
+        absl::StatusOr<const float*> packed =
+            input_stage_->Features(batch, min_version(step), min_worker_steps(step));
+        RETURN_IF_ERROR(PermanentIfBadData(packed.status()));
+        features = *packed;
         exchange_waited += MonotonicSeconds() - began;
       }
       ASSIGN_OR_RETURN(
@@ -712,13 +721,16 @@ absl::Status JobTrainer::Train() {
       // dense exchange.
       const Batch* next = nullptr;
       if (!final_step) {
+        // A bad record recurs on a restart (as the reads above).
+        permanent_ = true;
         ASSIGN_OR_RETURN(have_next, reader->Next(&next_batch));
+        permanent_ = false;
         if (!have_next) return absl::InternalError("training data ended");
         next = &next_batch;
       }
-      RETURN_IF_ERROR(input_stage_->Exchange(step, *model->whole_model(), next,
-                                             min_version(step + 1), min_worker_steps(step + 1),
-                                             checkpoint_due ? step + 1 : 0));
+      RETURN_IF_ERROR(PermanentIfBadData(
+          input_stage_->Exchange(step, *model->whole_model(), next, min_version(step + 1),
+                                 min_worker_steps(step + 1), checkpoint_due ? step + 1 : 0)));
     }
     std::vector<const float*> grads =
         batches > 1 ? step_mean.Gradients() : Gradients(*model, result.skipped);

@@ -156,6 +156,9 @@ class JobTrainer {
   // OK when every one of `files` (as the job names them) is inside the
   // worker's data directories (TrainerOptions::data_roots).
   absl::Status CheckDataFiles(const std::vector<std::string>& files) const;
+  // `status`, marking the failure permanent when it is InvalidArgument (bad
+  // data met by the input stage).
+  absl::Status PermanentIfBadData(absl::Status status);
   // The rank's data (Task.data), or, when the task has none yet, the share
   // the coordinator gives for this worker's listing of the record files.
   absl::StatusOr<std::vector<DataPart>> TrainingData(int64_t* data_step);

@@ -13,9 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "data/ctr_generator.h"
 #include "data/example.h"
 #include "data/record_io.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/devices.h"
 #include "ps/parameter_store.h"
@@ -348,6 +350,61 @@ TEST_F(TrainerTest, APipelineOnTooFewDevicesFailsTheJobNamingBoth) {
   absl::MutexLock lock(&mu);
   ASSERT_FALSE(reports.empty());
   EXPECT_EQ(reports.back().error(), status.message());
+  EXPECT_TRUE(reports.back().permanent());
+}
+
+// A click log whose ids fall outside the sparse table's exact vocabulary
+// (the generator's ids span the int64 range; the table takes [0, 10)): the
+// job fails at its first step, permanently (the data would fail a restart
+// too), naming the table and the id.
+TEST_F(TrainerTest, AnIdOutsideASparseTablesVocabularyFailsTheJobPermanently) {
+  data::CtrDatasetOptions generated;
+  generated.out_dir = data_dir_ + "/ctr";
+  generated.name = "ctr";
+  generated.train_examples = 64;
+  generated.test_examples = 16;
+  ASSERT_TRUE(data::WriteCtrDataset(generated).ok());
+  JobSpec spec;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        name: "ids"
+        model {
+          num_classes: 2
+          inputs { name: "C1" kind: SPARSE }
+          layer {
+            name: "e"
+            inputs: "C1"
+            embedding { sparse: true vocab_size: 10 dim: 2 }
+          }
+          layer { dense { units: 2 } }
+          layer { softmax_cross_entropy {} }
+        }
+        dataset { train_files: "ctr/ctr-train-*" test_files: "ctr/ctr-test-*" batch_size: 8 }
+        optimizer { kind: SGD learning_rate: 0.1 }
+        num_workers: 1
+        num_shards: 2
+        steps: 3
+        seed: 1
+      )pb",
+      &spec));
+  ApplyJobDefaults(&spec);
+  HostJob(1, spec);
+  Task task = RankTask(0, 1);
+  task.mutable_data(0)->set_file("ctr/ctr-train-00000-of-00001.tfrecord");
+  std::vector<ReportProgressRequest> reports;
+  absl::Mutex mu;
+  JobTrainer trainer(task, Options(0, /*overlap=*/true), shards_,
+                     [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
+                       absl::MutexLock lock(&mu);
+                       reports.push_back(r);
+                       return ReportProgressResponse();
+                     });
+  const absl::Status status = trainer.Run();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_NE(status.message().find("is outside table e/table (vocab_size 10"), std::string::npos)
+      << status;
+  absl::MutexLock lock(&mu);
+  ASSERT_FALSE(reports.empty());
   EXPECT_TRUE(reports.back().permanent());
 }
 
