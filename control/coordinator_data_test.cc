@@ -128,7 +128,8 @@ TEST_F(DataAssignmentTest, ALostRanksDataGoesToTheLiveRanksWhenNoWorkerTakesItOv
   EXPECT_EQ(beat.tasks(0).data_size(), 4);
   EXPECT_EQ(beat.tasks(0).data_step(), 35);
   EXPECT_EQ(beat.tasks(0).batches_per_step(), 2);
-  EXPECT_EQ(beat.tasks(0).steps(), 0);  // SYNC: a step is every worker's.
+  // SYNC: a step is every worker's, so the rank's target stays the spec's.
+  EXPECT_EQ(beat.tasks(0).steps(), 100);
   EXPECT_THAT(Beat("s").tasks(0).absent_ranks(), ::testing::ElementsAre(1));
 
   // A worker that comes now has nothing to take over.

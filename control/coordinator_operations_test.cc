@@ -133,6 +133,45 @@ TEST_F(CoordinatorOperationsTest, DescribeHasTheProgressHistoryAndTheStepNeverGo
   EXPECT_EQ(state_->DescribeJob("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(CoordinatorOperationsTest, LogsProgressAndTheStepsTimeSurviveARestart) {
+  Register("s", SHARD);
+  Register("w", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  HeartbeatRequest beat;
+  beat.set_node_id("w");
+  beat.set_incarnation(1);
+  JobLogLine* line = beat.add_logs();
+  line->set_job_id("j");
+  line->set_text("epoch 1");
+  ASSERT_TRUE(state_->Heartbeat(beat).ok());
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "w", 0, 5)).ok());
+  const int64_t moved_ms = absl::ToUnixMillis(Now());
+  Advance(absl::Seconds(3));
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "w", 0, 5)).ok());  // No move.
+  EXPECT_EQ(state_->GetJob("j")->step_time_ms(), moved_ms);
+  state_->Tick();  // Writes the history.
+  Restart();
+
+  JobLogsRequest request;
+  request.set_job_id("j");
+  JobLogsResponse logs = *state_->JobLogs(request);
+  std::vector<std::string> texts;
+  for (const JobLogLine& l : logs.lines()) texts.push_back(l.text());
+  EXPECT_THAT(texts, ::testing::Contains("epoch 1"));
+  EXPECT_THAT(texts, ::testing::Contains(::testing::HasSubstr("started on 1 workers")));
+  JobDescription description = *state_->DescribeJob("j");
+  ASSERT_EQ(description.progress_size(), 1);
+  EXPECT_EQ(description.progress(0).step(), 5);
+  EXPECT_EQ(description.job().step_time_ms(), moved_ms);
+  // New lines follow on from the old ones' sequence.
+  beat.mutable_logs(0)->set_text("epoch 2");
+  Register("w", WORKER);
+  ASSERT_TRUE(state_->Heartbeat(beat).ok());
+  JobLogsResponse after = *state_->JobLogs(request);
+  EXPECT_EQ(after.lines(after.lines_size() - 1).text(), "epoch 2");
+  EXPECT_EQ(after.lines(after.lines_size() - 1).sequence(), logs.lines_size() + 1);
+}
+
 TEST_F(CoordinatorOperationsTest, ACordonedWorkerHandsItsRankToAFreeWorkerAndGetsNoNewWork) {
   Register("s", SHARD);
   Register("a", WORKER);

@@ -1,8 +1,12 @@
+// CoordinatorState's requests and job transitions: membership, submission,
+// progress reports, the jobs' ends and restarts, scheduling, retention.
+// coordinator_recovery.cc has what happens when nodes leave;
+// coordinator_checkpoints.cc the checkpoint requests.
 #include "control/coordinator_state.h"
 
 #include <algorithm>
-#include <cctype>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,26 +23,46 @@ namespace downpour {
 namespace control {
 namespace {
 
+constexpr int kDefaultMaxRestarts = 3;
+constexpr int kDefaultBackoffSeconds = 1;
+// An evaluation curve keeps its newest points.
+constexpr int kMaxEvaluations = 1000;
+
 int64_t ToMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
-bool InPlacement(const Placement& placement, const std::string& node_id) {
-  return std::count(placement.shard_nodes().begin(), placement.shard_nodes().end(), node_id) +
-             std::count(placement.worker_nodes().begin(), placement.worker_nodes().end(), node_id) >
-         0;
+bool Names(const google::protobuf::RepeatedPtrField<std::string>& nodes, const std::string& id) {
+  return std::find(nodes.begin(), nodes.end(), id) != nodes.end();
 }
 
-absl::Status NoSuchJob(const std::string& job_id) {
-  return absl::NotFoundError(absl::StrCat("no job \"", job_id, "\""));
+bool InPlacement(const Placement& placement, const std::string& node_id) {
+  return Names(placement.shard_nodes(), node_id) || Names(placement.worker_nodes(), node_id);
 }
 
 bool HasCheckpointAt(const JobStatus& job, int64_t step) {
   return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() == step;
 }
 
-// The job's test_auc and test_log_loss are the newest evaluation's (final or
-// periodic), cleared where it has none; its scalars go to TensorBoard.
+// An evaluation (the final one or a periodic one) as a worker reported it.
+Evaluation Reported(int64_t step, double accuracy, std::optional<double> auc,
+                    std::optional<double> log_loss, absl::Time now) {
+  Evaluation evaluation;
+  evaluation.set_step(step);
+  evaluation.set_accuracy(accuracy);
+  if (auc.has_value()) evaluation.set_auc(*auc);
+  if (log_loss.has_value()) evaluation.set_log_loss(*log_loss);
+  evaluation.set_time_ms(ToMillis(now));
+  return evaluation;
+}
+
+// Adds `evaluation` to the job's curve: the job's test_auc and test_log_loss
+// are the newest evaluation's, cleared where it has none; its scalars go to
+// TensorBoard.
 void RecordEvaluation(const Evaluation& evaluation, TensorBoardWriter* tensorboard,
                       JobStatus* job) {
+  *job->add_evaluations() = evaluation;
+  if (job->evaluations_size() > kMaxEvaluations) {
+    job->mutable_evaluations()->DeleteSubrange(0, job->evaluations_size() - kMaxEvaluations);
+  }
   if (evaluation.has_auc()) {
     job->set_test_auc(evaluation.auc());
   } else {
@@ -59,6 +83,31 @@ void RecordEvaluation(const Evaluation& evaluation, TensorBoardWriter* tensorboa
   }
 }
 
+// The job's step, loss and rate from its present workers' (lost ranks do
+// not hold it back); whether any of them still trains.
+bool Aggregate(absl::Time now, JobStatus* job) {
+  int64_t min_step = INT64_MAX;
+  double loss = 0, rate = 0;
+  int present = 0;
+  bool training = false;
+  for (const WorkerProgress& w : job->workers()) {
+    if (w.lost()) continue;
+    ++present;
+    training = training || !w.finished();
+    min_step = std::min(min_step, w.step());
+    loss += w.loss();
+    rate += w.finished() ? 0 : w.examples_per_sec();
+  }
+  // A worker taking a rank over, or a start from a checkpoint, reports an
+  // earlier step than the job has shown: the step shown never goes back.
+  const int64_t step = std::max(job->step(), min_step);
+  if (step != job->step()) job->set_step_time_ms(ToMillis(now));
+  job->set_step(step);
+  job->set_loss(loss / present);
+  job->set_examples_per_sec(rate);
+  return training;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
@@ -67,23 +116,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
       std::unique_ptr<CoordinatorState>(new CoordinatorState(std::move(options), std::move(store)));
   ASSIGN_OR_RETURN(std::vector<JobStatus> jobs, state->store_->LoadJobs());
   ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, state->store_->LoadNodes());
-  absl::MutexLock lock(&state->mu_);
-  const absl::Time now = state->options_.now();
-  state->grace_until_ = now + state->options_.recovery_grace;
-  for (NodeInfo& node : nodes) {
-    NodeEntry& entry = state->nodes_[node.id()];
-    entry.info = std::move(node);
-    entry.last_heartbeat = now;
-    entry.heard = false;
-    // A node dead before the restart stays dead, as last heard then.
-    if (!entry.info.alive() && entry.info.last_heartbeat_ms() > 0) {
-      entry.last_heartbeat = absl::FromUnixMillis(entry.info.last_heartbeat_ms());
+  RETURN_IF_ERROR(state->history_.Load());
+  for (JobStatus& job : jobs) {
+    // A rank's step target is always in its record (stores of earlier
+    // versions left it 0 for "the spec's steps").
+    for (WorkerProgress& worker : *job.mutable_workers()) {
+      if (worker.steps() == 0) worker.set_steps(job.spec().steps());
     }
   }
-  for (JobStatus& job : jobs) {
-    state->job_order_.push_back(job.id());
-    state->jobs_[job.id()] = std::move(job);
-  }
+  state->jobs_.Load(std::move(jobs));
+  state->nodes_.Load(std::move(nodes));
   return state;
 }
 
@@ -93,36 +135,19 @@ CoordinatorState::CoordinatorState(Options options, std::unique_ptr<JobStore> st
       tensorboard_(options_.tensorboard_dir.empty()
                        ? nullptr
                        : std::make_unique<TensorBoardWriter>(TensorBoardWriter::Options{
-                             options_.tensorboard_dir, "", options_.now})) {}
+                             options_.tensorboard_dir, "", options_.now})),
+      history_({options_.job_log_lines, options_.progress_points, options_.now}, store_.get()),
+      jobs_({options_.progress_persist_interval, options_.job_retention_count,
+             options_.job_retention_age, options_.now},
+            store_.get()),
+      nodes_({options_.node_timeout, options_.recovery_grace, options_.dead_node_retention,
+              options_.now},
+             store_.get()),
+      checkpoints_({options_.checkpoint_root, options_.checkpoint_timeout, options_.now},
+                   &history_),
+      handover_({options_.handover_wait, options_.now}, &history_) {}
 
-absl::Time CoordinatorState::Deadline(const NodeEntry& node) const {
-  const absl::Time deadline = node.last_heartbeat + options_.node_timeout;
-  return node.heard ? deadline : std::max(deadline, grace_until_);
-}
-
-bool CoordinatorState::Alive(const NodeEntry& node) const {
-  return node.info.alive() && options_.now() <= Deadline(node);
-}
-
-NodeInfo CoordinatorState::Describe(const NodeEntry& node) const {
-  NodeInfo info = node.info;
-  info.set_alive(Alive(node));
-  info.set_draining(node.draining);
-  info.set_last_heartbeat_ms(ToMillis(node.last_heartbeat));
-  return info;
-}
-
-absl::StatusOr<JobStatus*> CoordinatorState::FindJob(const std::string& job_id) {
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return NoSuchJob(job_id);
-  return &it->second;
-}
-
-absl::Status CoordinatorState::SaveNode(const NodeInfo& info) {
-  RETURN_IF_ERROR(store_->SaveNode(info));
-  nodes_[info.id()].info = info;
-  return absl::OkStatus();
-}
+// ---- Membership ----
 
 absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeInfo& node) {
   RETURN_IF_ERROR(CheckNodeInfo(node));
@@ -135,25 +160,10 @@ absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeIn
     return absl::InvalidArgumentError(absl::StrCat("node ", node.id(), ": address is required"));
   }
   absl::MutexLock lock(&mu_);
-  auto it = nodes_.find(node.id());
-  const bool known = it != nodes_.end();
-  if (known && it->second.info.incarnation() != node.incarnation()) {
+  if (nodes_.Restarted(node)) {
     RETURN_IF_ERROR(FailJobsOfNode(node.id(), absl::StrCat("node ", node.id(), " restarted")));
   }
-  NodeInfo info = node;
-  info.set_alive(true);
-  // An operator's cordon outlives the node's restarts.
-  info.set_cordoned(known && it->second.info.cordoned());
-  const bool arrived =
-      !known || !it->second.info.alive() || it->second.info.incarnation() != node.incarnation();
-  RETURN_IF_ERROR(SaveNode(info));
-  if (arrived) {
-    Log(absl::StrCat(node.role() == SHARD ? "shard" : "worker", " node ", node.id(), " at ",
-                     node.address(), known ? " registered again" : " joined",
-                     info.cordoned() ? " (cordoned: no new work)" : ""));
-  }
-  nodes_[node.id()].last_heartbeat = options_.now();
-  nodes_[node.id()].heard = true;
+  RETURN_IF_ERROR(nodes_.Register(node));
   SchedulePending();
   RegisterNodeResponse response;
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -164,51 +174,43 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
   RETURN_IF_ERROR(CheckHeartbeatRequest(request));
   absl::MutexLock lock(&mu_);
   HeartbeatResponse response;
-  auto it = nodes_.find(request.node_id());
-  if (it == nodes_.end() || it->second.info.incarnation() != request.incarnation()) {
+  std::optional<NodeRegistry::Beat> beat =
+      nodes_.Heartbeat(request.node_id(), request.incarnation(), request.draining());
+  if (!beat.has_value()) {
     response.set_reregister(true);
     return response;
   }
-  NodeEntry& node = it->second;
-  node.last_heartbeat = options_.now();
-  node.heard = true;
-  if (request.draining() && !node.draining) {
-    node.draining = true;
-    Log(absl::StrCat("node ", request.node_id(), " is draining"));
-    if (node.info.role() == SHARD) DrainShard(node.info.id());
+  const NodeInfo& node = beat->node;
+  if (beat->began_draining && node.role() == SHARD) DrainShard(node.id());
+  if (beat->revived) {
+    NoteWrite(absl::StrCat("node ", node.id(), " alive again"), beat->revival);
+    if (beat->revival.ok()) SchedulePending();
   }
-  if (!node.info.alive()) {
-    // Back from the dead: alive again once that is recorded (the next
-    // heartbeat tries again otherwise).
-    NodeInfo info = node.info;
-    info.set_alive(true);
-    const std::string what = absl::StrCat("node ", info.id(), " alive again");
-    absl::Status saved = SaveNode(info);
-    if (saved.ok()) {
-      write_failures_.erase(what);
-      SchedulePending();
-    } else {
-      LogWriteFailure(what, saved);
-    }
-  }
-  if (node.info.role() == SHARD) {
+  if (node.role() == SHARD) {
     for (const CheckpointPart& part : request.checkpoints()) TakeCheckpointPart(part);
   }
   for (const JobLogLine& line : request.logs()) {
+    // Lines of unknown jobs are dropped.
+    if (jobs_.Find(line.job_id()) == nullptr) continue;
     // Only what a line is, its text cut to the limit (a long line is the
     // node's own output: it never costs the node its heartbeat).
     JobLogLine from_node;
     from_node.set_job_id(line.job_id());
-    from_node.set_source(node.info.id());
+    from_node.set_source(node.id());
     from_node.set_time_ms(line.time_ms());
     from_node.set_text(TruncateText(line.text(), kMaxLogLineBytes));
-    AppendJobLog(std::move(from_node));
+    history_.AddLine(std::move(from_node));
   }
-  response.set_released(node.draining && Released(node.info.id()));
-  for (const std::string& id : job_order_) {
-    const JobStatus& job = jobs_[id];
-    if (job.state() != RUNNING || !InPlacement(job.placement(), node.info.id())) continue;
-    Task* task = response.add_tasks();
+  response.set_released(beat->draining && Released(node.id()));
+  AddTasks(node, &response);
+  return response;
+}
+
+void CoordinatorState::AddTasks(const NodeInfo& node, HeartbeatResponse* response) {
+  for (const std::string& id : jobs_.Ids()) {
+    const JobStatus& job = *jobs_.Find(id);
+    if (job.state() != RUNNING || !InPlacement(job.placement(), node.id())) continue;
+    Task* task = response->add_tasks();
     task->set_job_id(job.id());
     task->set_attempt(job.attempt());
     task->set_checkpoints(Saves(job));
@@ -218,24 +220,24 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
       // Shards restore from the files; the workers' state (up to
       // kMaxWorkerStateBytes) goes to workers only, so a shard hosting many
       // jobs is not sent it once per job every heartbeat.
-      if (node.info.role() == SHARD) task->mutable_restore()->clear_worker_state();
+      if (node.role() == SHARD) task->mutable_restore()->clear_worker_state();
     }
     *task->mutable_spec() = job.spec();
     *task->mutable_placement() = job.placement();
     for (const std::string& shard : job.placement().shard_nodes()) {
-      task->add_shard_addresses(nodes_[shard].info.address());
+      task->add_shard_addresses(nodes_.Address(shard));
     }
     const auto& nodes =
-        node.info.role() == SHARD ? job.placement().shard_nodes() : job.placement().worker_nodes();
-    task->set_rank(std::find(nodes.begin(), nodes.end(), node.info.id()) - nodes.begin());
+        node.role() == SHARD ? job.placement().shard_nodes() : job.placement().worker_nodes();
+    task->set_rank(std::find(nodes.begin(), nodes.end(), node.id()) - nodes.begin());
     for (const WorkerProgress& worker : job.workers()) {
       if (worker.lost() || worker.finished()) task->add_absent_ranks(worker.rank());
     }
-    if (node.info.role() != WORKER) continue;
+    if (node.role() != WORKER) continue;
     const WorkerProgress& worker = job.workers(task->rank());
     // A worker that took its rank over continues where the rank had got to,
-    // with the workers' state of the checkpoint the job records (the hand-over
-    // made it the newest).
+    // with the workers' state of the checkpoint the job records (the
+    // hand-over made it the newest).
     if (worker.joined()) {
       task->mutable_join()->set_step(worker.step());
       task->mutable_join()->set_worker_state(job.restore().worker_state());
@@ -244,30 +246,37 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     task->set_data_step(worker.data_step());
     task->set_steps(worker.steps());
     task->set_batches_per_step(worker.batches_per_step());
-    task->set_takes_checkpoints(task->checkpoints() && task->rank() == CheckpointRank(job));
+    task->set_takes_checkpoints(task->checkpoints() &&
+                                task->rank() == CheckpointOrchestrator::CheckpointRank(job));
   }
-  return response;
 }
 
-absl::StatusOr<std::vector<NodeInfo>> CoordinatorState::ListNodes() {
+absl::StatusOr<std::vector<NodeInfo>> CoordinatorState::ListNodes() { return nodes_.List(); }
+
+absl::StatusOr<NodeInfo> CoordinatorState::CordonNode(const std::string& node_id, bool cordoned) {
+  RETURN_IF_ERROR(CheckNodeIdArgument(node_id));
   absl::MutexLock lock(&mu_);
-  std::vector<NodeInfo> out;
-  for (const auto& [id, node] : nodes_) out.push_back(Describe(node));
-  return out;
+  ASSIGN_OR_RETURN(NodeInfo node, nodes_.SetCordoned(node_id, cordoned));
+  if (cordoned) {
+    // Workers hand their rank on (as a lost worker's is); shards move their
+    // jobs after a checkpoint (as a SIGTERM drain does).
+    if (node.role() == SHARD) DrainShard(node_id);
+    absl::Status first;
+    for (const std::string& id : jobs_.Ids()) {
+      const JobStatus& job = *jobs_.Find(id);
+      const auto& workers = job.placement().worker_nodes();
+      if (job.state() != RUNNING || !Names(workers, node_id)) continue;
+      const int rank = std::find(workers.begin(), workers.end(), node_id) - workers.begin();
+      first.Update(
+          LoseWorker(job, rank, absl::StrCat("worker node ", node_id, " drained by operator")));
+    }
+    RETURN_IF_ERROR(first);
+  }
+  SchedulePending();
+  return node;
 }
 
-std::string CoordinatorState::NewJobId(const std::string& name) {
-  std::string base;
-  for (char c : name) {
-    base.push_back(std::isalnum(static_cast<uint8_t>(c)) || c == '-' || c == '_' ? c : '-');
-  }
-  if (base.empty() || !std::isalnum(static_cast<uint8_t>(base[0]))) base = "job" + base;
-  base = base.substr(0, 48);
-  for (size_t n = jobs_.size() + 1;; ++n) {
-    std::string id = absl::StrCat(base, "-", n);
-    if (jobs_.count(id) == 0) return id;
-  }
-}
+// ---- Jobs ----
 
 absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& request) {
   RETURN_IF_ERROR(CheckSubmitJobRequest(request));
@@ -283,10 +292,10 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& re
   absl::MutexLock lock(&mu_);
   std::string id = request.job_id();
   if (id.empty()) {
-    id = NewJobId(spec.name());
+    id = jobs_.NewId(spec.name());
   } else {
     RETURN_IF_ERROR(ValidateJobId(id));
-    if (jobs_.count(id)) {
+    if (jobs_.Find(id) != nullptr) {
       return absl::AlreadyExistsError(absl::StrCat("job id \"", id, "\" already exists"));
     }
   }
@@ -306,76 +315,93 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& re
                      CompleteCheckpoint(options_.checkpoint_root, {info}, 0, &refused));
     *job.add_checkpoints() = info;
     *job.mutable_restore() = std::move(restore);
-    AddEvent(&job, absl::StrCat("initial weights from ", init_from));
+    history_.AddEvent(&job, absl::StrCat("initial weights from ", init_from));
   }
-  RETURN_IF_ERROR(Commit(job, /*durable=*/true));
-  job_order_.push_back(id);
+  absl::Status inserted = jobs_.Insert(job);
+  if (!inserted.ok()) {
+    history_.Remove(id);
+    return inserted;
+  }
   Log(absl::StrCat("job ", id, " submitted: ", spec.name().empty() ? "unnamed" : spec.name(), ", ",
                    spec.num_workers(), " workers, ", spec.num_shards(), " shards, ", spec.steps(),
                    " steps, ", ConsistencySpec::Mode_Name(spec.consistency().mode())));
   SchedulePending();
-  return jobs_[id];
+  return *jobs_.Find(id);
 }
 
 absl::StatusOr<std::vector<JobStatus>> CoordinatorState::ListJobs() {
-  absl::MutexLock lock(&mu_);
-  std::vector<JobStatus> out;
-  for (const std::string& id : job_order_) out.push_back(ListedJob(jobs_[id]));
-  return out;
-}
-
-JobStatus CoordinatorState::ListedJob(const JobStatus& job) {
-  JobStatus listed;
-  listed.CopyFrom(job);
-  listed.mutable_placement()->clear_partitions();
-  listed.clear_data_files();
-  for (WorkerProgress& worker : *listed.mutable_workers()) worker.clear_data();
-  listed.clear_events();
-  listed.clear_restore();
-  if (listed.evaluations_size() > 1) {
-    listed.mutable_evaluations()->DeleteSubrange(0, listed.evaluations_size() - 1);
-  }
-  return listed;
+  return jobs_.List(JobSummary);
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::GetJob(const std::string& job_id) {
   RETURN_IF_ERROR(CheckJobIdArgument(job_id));
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
-  return *job;
+  return jobs_.Get(job_id);
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::WatchJob(const std::string& job_id,
                                                      int64_t known_version,
                                                      absl::Duration timeout) {
   RETURN_IF_ERROR(CheckJobIdArgument(job_id));
-  absl::MutexLock lock(&mu_);
-  const absl::Time deadline = options_.now() + timeout;
-  while (true) {
-    ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
-    const absl::Time now = options_.now();
-    if (job->version() > known_version || now >= deadline) return *job;
-    // Tick wakes watchers too, so an injected clock that jumps is noticed.
-    changed_.WaitWithTimeout(&mu_, deadline - now);
-  }
+  return jobs_.Watch(job_id, known_version, options_.now() + timeout);
 }
 
 absl::StatusOr<JobStatus> CoordinatorState::StopJob(const std::string& job_id) {
   RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(JobStatus * job, FindJob(job_id));
+  ASSIGN_OR_RETURN(const JobStatus* job, jobs_.Lookup(job_id));
   if (!IsTerminal(job->state())) {
     RETURN_IF_ERROR(FinishJob(*job, STOPPED, "stopped by operator"));
     SchedulePending();  // Its workers are free now.
   }
-  return jobs_[job_id];
+  return *jobs_.Find(job_id);
+}
+
+absl::StatusOr<JobDescription> CoordinatorState::DescribeJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
+  ASSIGN_OR_RETURN(JobStatus job, jobs_.Get(job_id));
+  JobDescription description;
+  *description.mutable_job() = std::move(job);
+  for (ProgressPoint& point : history_.Progress(job_id)) {
+    *description.add_progress() = std::move(point);
+  }
+  return description;
+}
+
+absl::Status CoordinatorState::DeleteJob(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobIdArgument(job_id));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const JobStatus* job, jobs_.Lookup(job_id));
+  if (!IsTerminal(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" is ", JobState_Name(job->state()),
+                     "; stop it first (downpourctl stop ", job_id, ")"));
+  }
+  RETURN_IF_ERROR(RemoveJob(job_id));
+  Log(absl::StrCat("job ", job_id, " deleted by operator"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobLogsResponse> CoordinatorState::JobLogs(const JobLogsRequest& request) {
+  RETURN_IF_ERROR(CheckJobIdArgument(request.job_id()));
+  const absl::Time deadline =
+      options_.now() + absl::Milliseconds(std::max<int64_t>(0, request.timeout_ms()));
+  while (true) {
+    const int64_t seen = history_.version();
+    ASSIGN_OR_RETURN(JobState state, jobs_.State(request.job_id()));
+    JobLogsResponse response = history_.LinesAfter(request.job_id(), request.after_sequence());
+    response.set_job_ended(IsTerminal(state));
+    const absl::Time now = options_.now();
+    if (response.lines_size() > 0 || response.job_ended() || now >= deadline) return response;
+    // Tick wakes followers too, so an injected clock that jumps is noticed.
+    history_.WaitForChange(seen, deadline - now);
+  }
 }
 
 absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     const ReportProgressRequest& request) {
   RETURN_IF_ERROR(CheckReportProgressRequest(request));
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(JobStatus * current, FindJob(request.job_id()));
+  ASSIGN_OR_RETURN(const JobStatus* current, jobs_.Lookup(request.job_id()));
   ReportProgressResponse response;
   // A run of an earlier start of the job (its report was in flight when the
   // job started again) has ended: nothing it says applies to this start.
@@ -390,10 +416,18 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     return absl::PermissionDeniedError(absl::StrCat(
         "node ", request.node_id(), " is not worker rank ", rank, " of job ", current->id()));
   }
-  if (request.data_files_size() > 0) return AssignData(*current, rank, request);
+  if (request.data_files_size() > 0) {
+    JobStatus job = *current;
+    ASSIGN_OR_RETURN(bool listed, handover_.TakeListing(&job, request));
+    if (listed) RETURN_IF_ERROR(jobs_.Commit(std::move(job), /*durable=*/true));
+    const WorkerProgress& worker = jobs_.Find(request.job_id())->workers(rank);
+    *response.mutable_data() = worker.data();
+    response.set_data_step(worker.data_step());
+    return response;
+  }
   if (request.drained()) {
     // A leaving worker takes no rank over, not even the one it gave back.
-    nodes_[request.node_id()].draining = true;
+    nodes_.MarkDraining(request.node_id());
     JobStatus job = *current;
     job.mutable_workers(rank)->set_step(request.step());
     RETURN_IF_ERROR(LoseWorker(
@@ -414,7 +448,15 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
     response.set_job_ended(true);
     return response;
   }
-  JobStatus job = *current;
+  return TakeProgress(*current, request);
+}
+
+absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
+    const JobStatus& current, const ReportProgressRequest& request) {
+  const absl::Time now = options_.now();
+  const int rank = request.rank();
+  ReportProgressResponse response;
+  JobStatus job = current;
   WorkerProgress* worker = job.mutable_workers(rank);
   const bool milestone = (request.finished() && !worker->finished()) ||
                          request.has_test_accuracy() || request.has_evaluation();
@@ -422,64 +464,36 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   worker->set_loss(request.loss());
   worker->set_examples_per_sec(request.examples_per_sec());
   worker->set_finished(worker->finished() || request.finished());
+  auto optional = [](bool has, double value) {
+    return has ? std::optional<double>(value) : std::nullopt;
+  };
   if (request.has_test_accuracy()) {
     job.set_test_accuracy(request.test_accuracy());
-    Evaluation* final = job.add_evaluations();
-    final->set_step(request.step());
-    final->set_accuracy(request.test_accuracy());
-    if (request.has_test_auc()) final->set_auc(request.test_auc());
-    if (request.has_test_log_loss()) final->set_log_loss(request.test_log_loss());
-    final->set_time_ms(absl::ToUnixMillis(options_.now()));
-    RecordEvaluation(*final, tensorboard_.get(), &job);
+    RecordEvaluation(Reported(request.step(), request.test_accuracy(),
+                              optional(request.has_test_auc(), request.test_auc()),
+                              optional(request.has_test_log_loss(), request.test_log_loss()), now),
+                     tensorboard_.get(), &job);
   }
   if (request.has_evaluation() && rank == 0) {
-    Evaluation* evaluation = job.add_evaluations();
-    evaluation->set_step(request.evaluation().step());
-    evaluation->set_accuracy(request.evaluation().accuracy());
-    if (request.evaluation().has_auc()) evaluation->set_auc(request.evaluation().auc());
-    if (request.evaluation().has_log_loss()) {
-      evaluation->set_log_loss(request.evaluation().log_loss());
-    }
-    evaluation->set_time_ms(absl::ToUnixMillis(options_.now()));
-    RecordEvaluation(*evaluation, tensorboard_.get(), &job);
-    // The curve keeps its newest points.
-    constexpr int kMaxEvaluations = 1000;
-    if (job.evaluations_size() > kMaxEvaluations) {
-      job.mutable_evaluations()->DeleteSubrange(0, job.evaluations_size() - kMaxEvaluations);
-    }
+    const Evaluation& e = request.evaluation();
+    RecordEvaluation(Reported(e.step(), e.accuracy(), optional(e.has_auc(), e.auc()),
+                              optional(e.has_log_loss(), e.log_loss()), now),
+                     tensorboard_.get(), &job);
     const double target = job.spec().stop_at_accuracy();
-    if (target > 0 && evaluation->accuracy() >= target) {
-      job.set_test_accuracy(evaluation->accuracy());
-      RETURN_IF_ERROR(FinishJob(
-          job, SUCCEEDED,
-          absl::StrCat("stopped early: test accuracy ", evaluation->accuracy(),
-                       " reached stop_at_accuracy ", target, " at step ", evaluation->step(),
-                       Saves(job) ? " (the newest checkpoint is from before it)" : "")));
+    if (target > 0 && e.accuracy() >= target) {
+      job.set_test_accuracy(e.accuracy());
+      RETURN_IF_ERROR(
+          FinishJob(job, SUCCEEDED,
+                    absl::StrCat("stopped early: test accuracy ", e.accuracy(),
+                                 " reached stop_at_accuracy ", target, " at step ", e.step(),
+                                 Saves(job) ? " (the newest checkpoint is from before it)" : "")));
       SchedulePending();
       response.set_job_ended(true);
       return response;
     }
   }
-
-  // Lost ranks (no worker took them over) do not hold the job back.
-  int64_t min_step = INT64_MAX;
-  double loss = 0, rate = 0;
-  int present = 0;
-  bool training = false;
-  for (const WorkerProgress& w : job.workers()) {
-    if (w.lost()) continue;
-    ++present;
-    training = training || !w.finished();
-    min_step = std::min(min_step, w.step());
-    loss += w.loss();
-    rate += w.finished() ? 0 : w.examples_per_sec();
-  }
-  // A worker taking a rank over, or a start from a checkpoint, reports an
-  // earlier step than the job has shown: the step shown never goes back.
-  job.set_step(std::max(job.step(), min_step));
-  job.set_loss(loss / present);
-  job.set_examples_per_sec(rate);
-  RecordProgress(job);
+  const bool training = Aggregate(now, &job);
+  history_.RecordProgress(job);
   if (tensorboard_) {
     tensorboard_->AddScalar(job.id(), "loss", job.step(), job.loss());
     // Finished workers count no examples: the rate after the last one
@@ -490,43 +504,23 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::ReportProgress(
   }
   const bool done = TrainingDone(job);
   if (done && (!Saves(job) || HasCheckpointAt(job, job.spec().steps()))) {
-    RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, Untrained(job)));
+    RETURN_IF_ERROR(FinishJob(job, SUCCEEDED, RankHandover::Untrained(job)));
     SchedulePending();
     response.set_job_ended(true);
     return response;
   }
-  // A saved job ends once its final checkpoint is written (rank 0 sends its
-  // part with its last report).
+  // A saved job ends once its final checkpoint is written (the
+  // checkpointing rank sends its part with its last report).
   if (done) job.set_message("trained; writing the final checkpoint");
-  RETURN_IF_ERROR(Commit(std::move(job), milestone));
-  if (request.has_checkpoint() && rank == CheckpointRank(jobs_[request.job_id()]))
+  RETURN_IF_ERROR(jobs_.Commit(std::move(job), milestone));
+  const JobStatus& recorded = *jobs_.Find(request.job_id());
+  if (request.has_checkpoint() && rank == CheckpointOrchestrator::CheckpointRank(recorded)) {
     TakeWorkerState(request.job_id(), request.checkpoint());
+  }
   return response;
 }
 
-void CoordinatorState::Tick() {
-  absl::MutexLock lock(&mu_);
-  DetectDeadNodes();
-  TickCheckpoints();
-  TickDrains();
-  SchedulePending();
-  TickRetention();
-  changed_.SignalAll();
-}
-
-absl::Status CoordinatorState::Commit(JobStatus updated, bool durable) {
-  updated.set_version(updated.version() + 1);
-  const absl::Time now = options_.now();
-  auto last = last_persisted_.find(updated.id());
-  if (durable || last == last_persisted_.end() ||
-      now - last->second >= options_.progress_persist_interval) {
-    RETURN_IF_ERROR(store_->SaveJob(updated));
-    last_persisted_[updated.id()] = now;
-  }
-  jobs_[updated.id()] = std::move(updated);
-  changed_.SignalAll();
-  return absl::OkStatus();
-}
+// ---- Transitions ----
 
 absl::Status CoordinatorState::FinishJob(const JobStatus& job, JobState state,
                                          const std::string& message) {
@@ -536,142 +530,209 @@ absl::Status CoordinatorState::FinishJob(const JobStatus& job, JobState state,
   ended.set_end_time_ms(ToMillis(options_.now()));
   ended.set_examples_per_sec(0);
   ended.set_checkpoint_requested_ms(0);
-  AddEvent(&ended, absl::StrCat(JobState_Name(state), message.empty() ? "" : ": ", message));
-  RETURN_IF_ERROR(Commit(std::move(ended), /*durable=*/true));
-  pending_checkpoints_.erase(job.id());
+  history_.AddEvent(&ended,
+                    absl::StrCat(JobState_Name(state), message.empty() ? "" : ": ", message));
+  RETURN_IF_ERROR(jobs_.Commit(std::move(ended), /*durable=*/true));
+  checkpoints_.Forget(job.id());
   if (tensorboard_) tensorboard_->CloseJob(job.id());
   return absl::OkStatus();
 }
 
-bool CoordinatorState::Released(const std::string& node_id) const {
-  return std::none_of(jobs_.begin(), jobs_.end(), [&](const auto& entry) {
-    return entry.second.state() == RUNNING && InPlacement(entry.second.placement(), node_id);
-  });
+absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::string& why,
+                                             bool diverged, bool moved) {
+  const RestartPolicy& policy = job.spec().restart();
+  const int max_restarts =
+      policy.max_restarts() == 0 ? kDefaultMaxRestarts : std::max(0, policy.max_restarts());
+  if (!moved &&
+      (job.restarts_in_a_row() >= max_restarts || (diverged && !policy.rollback_on_divergence()))) {
+    return FinishJob(job, FAILED,
+                     job.restarts_in_a_row() == 0
+                         ? why
+                         : absl::StrCat(why, " (after ", job.restarts_in_a_row(),
+                                        " automatic restarts without progress; `downpourctl get` "
+                                        "has the history)"));
+  }
+  JobStatus updated = job;
+  updated.set_restarts(job.restarts() + 1);
+  if (!moved) updated.set_restarts_in_a_row(job.restarts_in_a_row() + 1);
+  // Its newest complete checkpoint (a damaged one is refused, and the one
+  // before taken), or the start.
+  std::vector<std::string> refused;
+  absl::StatusOr<CheckpointRestore> restore = checkpoints_.NewestCheckpoint(job, &refused);
+  for (const std::string& reason : refused) {
+    history_.AddEvent(&updated, absl::StrCat("refused ", reason));
+  }
+  const int64_t from = restore.ok() ? restore->step() : 0;
+  auto* list = updated.mutable_checkpoints();
+  list->erase(std::remove_if(list->begin(), list->end(),
+                             [&](const CheckpointInfo& c) { return c.step() > from; }),
+              list->end());
+  if (restore.ok()) {
+    *updated.mutable_restore() = *std::move(restore);
+  } else {
+    updated.clear_restore();
+  }
+  const absl::Duration backoff =
+      moved ? absl::ZeroDuration()
+            : std::min(absl::Minutes(5),
+                       absl::Seconds(policy.backoff_seconds() > 0 ? policy.backoff_seconds()
+                                                                  : kDefaultBackoffSeconds) *
+                           (int64_t{1} << std::min(job.restarts_in_a_row(), 16)));
+  history_.AddEvent(
+      &updated, absl::StrCat("restart ", updated.restarts(),
+                             moved ? " (a move, not counted)"
+                                   : absl::StrCat(" (", updated.restarts_in_a_row(), " of ",
+                                                  max_restarts, " in a row)"),
+                             " in ", absl::FormatDuration(backoff), " after: ", why, "; at step ",
+                             job.step(), ", continues ",
+                             restore.ok() ? absl::StrCat("from the checkpoint at step ", from)
+                                          : "from the start (no checkpoint yet)"));
+  updated.set_state(PENDING);
+  updated.set_message(absl::StrCat("restarting after: ", why));
+  updated.set_test_accuracy(-1);
+  updated.clear_test_auc();
+  updated.clear_test_log_loss();
+  updated.set_resumed_from_step(from);
+  updated.set_checkpoint_requested_ms(0);
+  updated.set_not_before_ms(ToMillis(options_.now() + backoff));
+  RETURN_IF_ERROR(jobs_.Commit(std::move(updated), /*durable=*/true));
+  checkpoints_.Forget(job.id());
+  return absl::OkStatus();
 }
 
-absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const std::string& why) {
-  absl::Status first;
-  for (auto& [id, job] : jobs_) {
-    if (job.state() != RUNNING || !InPlacement(job.placement(), node_id)) continue;
-    const auto& workers = job.placement().worker_nodes();
-    auto rank = std::find(workers.begin(), workers.end(), node_id);
-    if (rank != workers.end()) {
-      first.Update(LoseWorker(job, static_cast<int>(rank - workers.begin()), why));
-      continue;
-    }
-    const auto& shards = job.placement().shard_nodes();
-    const int index = std::find(shards.begin(), shards.end(), node_id) - shards.begin();
-    absl::StatusOr<bool> replaced = ReplaceShard(job, index, why);
-    if (!replaced.ok()) {
-      first.Update(replaced.status());
-    } else if (!*replaced) {
-      first.Update(FailOrRestart(job, why, /*diverged=*/false));
-    }
+absl::Status CoordinatorState::StartJob(const JobStatus& pending, Placement placement) {
+  JobStatus job = pending;
+  *job.mutable_placement() = std::move(placement);
+  job.clear_workers();
+  for (int rank = 0; rank < job.placement().worker_nodes_size(); ++rank) {
+    WorkerProgress* progress = job.add_workers();
+    progress->set_rank(rank);
+    progress->set_node_id(job.placement().worker_nodes(rank));
+    // Every rank's step target is in its record (the hand-over of a lost
+    // rank's steps raises it).
+    progress->set_steps(job.spec().steps());
   }
-  return first;
-}
-
-void CoordinatorState::DetectDeadNodes() {
-  const absl::Time now = options_.now();
-  for (auto& [id, node] : nodes_) {
-    if (!node.info.alive() || now <= Deadline(node)) continue;
-    const std::string why = absl::StrCat(
-        node.info.role() == SHARD ? "shard" : "worker", " node ", id, " at ", node.info.address(),
-        " stopped heartbeating for ", absl::FormatDuration(now - node.last_heartbeat));
-    // Its jobs end first; the node counts as dead once that is recorded.
-    absl::Status failed = FailJobsOfNode(id, why);
-    if (failed.ok()) {
-      NodeInfo dead = node.info;
-      dead.set_alive(false);
-      // Kept, so a restarted coordinator still shows when it was last heard.
-      dead.set_last_heartbeat_ms(ToMillis(node.last_heartbeat));
-      failed = SaveNode(dead);
-      if (failed.ok()) Log(absl::StrCat("lost ", why));
-    }
-    const std::string what = absl::StrCat("the death of node ", id);
-    if (failed.ok()) {
-      write_failures_.erase(what);
-    } else {
-      LogWriteFailure(what, failed);
-    }
-  }
+  // Every start shares the files out afresh: all ranks are present.
+  RankHandover::ShareDataFiles(&job);
+  job.set_state(RUNNING);
+  job.set_message("");
+  job.set_start_time_ms(ToMillis(options_.now()));
+  job.set_attempt(job.attempt() + 1);
+  job.set_checkpoint_requested_ms(0);
+  job.set_not_before_ms(0);
+  history_.AddEvent(
+      &job, absl::StrCat(job.attempt() == 1 ? "started" : "started again",
+                         job.has_restore()
+                             ? absl::StrCat(" from the checkpoint at step ", job.restore().step())
+                             : "",
+                         " on ", job.placement().worker_nodes_size(), " workers (",
+                         absl::StrJoin(job.placement().worker_nodes(), ", "), ") and ",
+                         job.placement().shard_nodes_size(), " shards (",
+                         absl::StrJoin(job.placement().shard_nodes(), ", "), ")",
+                         Saves(job) ? "; checkpoints on" : ""));
+  const int64_t from = job.restore().step();
+  RETURN_IF_ERROR(jobs_.Commit(std::move(job), /*durable=*/true));
+  checkpoints_.Started(pending.id(), from);
+  return absl::OkStatus();
 }
 
 void CoordinatorState::SchedulePending() {
   // Running jobs' lost ranks come before pending jobs.
-  AssignLostRanks();
-  AbsorbLostRanks();
+  HandOverLostRanks();
   std::vector<const JobStatus*> jobs;
   const int64_t now_ms = ToMillis(options_.now());
-  for (const std::string& id : job_order_) {
+  for (const std::string& id : jobs_.Ids()) {
+    const JobStatus* job = jobs_.Find(id);
     // A job restarting after a failure waits out its back-off.
-    if (jobs_[id].not_before_ms() <= now_ms) jobs.push_back(&jobs_[id]);
+    if (job->not_before_ms() <= now_ms) jobs.push_back(job);
   }
-  std::vector<NodeInfo> alive;
-  for (const auto& [id, node] : nodes_) {
-    // A node not heard from since a restart may be gone, a draining one is
-    // leaving: no new work.
-    if (Alive(node) && node.heard && !node.draining && !node.info.cordoned()) {
-      alive.push_back(node.info);
-    }
-  }
-  for (ScheduleDecision& decision : control::SchedulePending(jobs, alive)) {
-    JobStatus job = jobs_[decision.job_id];
-    absl::Status written;
-    std::string what = absl::StrCat("the start of job ", decision.job_id);
+  for (ScheduleDecision& decision : control::SchedulePending(jobs, nodes_.Available())) {
+    JobStatus job = *jobs_.Find(decision.job_id);
     switch (decision.action) {
       case ScheduleDecision::Action::kWait:
         if (job.message() == decision.message) continue;
         job.set_message(decision.message);
-        written = Commit(std::move(job), /*durable=*/false);
-        what = absl::StrCat("why job ", decision.job_id, " waits");
+        NoteWrite(absl::StrCat("why job ", decision.job_id, " waits"),
+                  jobs_.Commit(std::move(job), /*durable=*/false));
         break;
       case ScheduleDecision::Action::kFail:
-        written = FinishJob(job, FAILED, decision.message);
-        what = absl::StrCat("the failure of job ", decision.job_id);
+        NoteWrite(absl::StrCat("the failure of job ", decision.job_id),
+                  FinishJob(job, FAILED, decision.message));
         break;
       case ScheduleDecision::Action::kStart:
-        *job.mutable_placement() = std::move(decision.placement);
-        job.clear_workers();
-        for (int rank = 0; rank < job.placement().worker_nodes_size(); ++rank) {
-          WorkerProgress* progress = job.add_workers();
-          progress->set_rank(rank);
-          progress->set_node_id(job.placement().worker_nodes(rank));
-        }
-        // Every start shares the files out afresh: all ranks are present.
-        ShareDataFiles(&job);
-        job.set_state(RUNNING);
-        job.set_message("");
-        job.set_start_time_ms(ToMillis(options_.now()));
-        job.set_attempt(job.attempt() + 1);
-        job.set_checkpoint_requested_ms(0);
-        job.set_not_before_ms(0);
-        AddEvent(&job, absl::StrCat(
-                           job.attempt() == 1 ? "started" : "started again",
-                           job.has_restore()
-                               ? absl::StrCat(" from the checkpoint at step ", job.restore().step())
-                               : "",
-                           " on ", job.placement().worker_nodes_size(), " workers (",
-                           absl::StrJoin(job.placement().worker_nodes(), ", "), ") and ",
-                           job.placement().shard_nodes_size(), " shards (",
-                           absl::StrJoin(job.placement().shard_nodes(), ", "), ")",
-                           Saves(job) ? "; checkpoints on" : ""));
-        written = Commit(job, /*durable=*/true);
-        if (written.ok()) {
-          pending_checkpoints_.erase(job.id());
-          settled_checkpoint_[job.id()] = job.restore().step();
-        }
+        NoteWrite(absl::StrCat("the start of job ", decision.job_id),
+                  StartJob(job, std::move(decision.placement)));
         break;
-    }
-    if (written.ok()) {
-      write_failures_.erase(what);
-    } else {
-      LogWriteFailure(what, written);
     }
   }
 }
 
-void CoordinatorState::LogWriteFailure(const std::string& what, const absl::Status& status) {
+// ---- Tick and its housekeeping ----
+
+void CoordinatorState::Tick() {
+  absl::MutexLock lock(&mu_);
+  DetectDeadNodes();
+  TickCheckpoints();
+  TickDrains();
+  SchedulePending();
+  TickRetention();
+  NoteWrite("the jobs' log lines and progress", history_.Flush());
+  jobs_.Wake();
+  history_.Wake();
+}
+
+bool CoordinatorState::Saves(const JobStatus& job) {
+  if (checkpoints_.root().empty()) return false;
+  for (const std::string& shard : job.placement().shard_nodes()) {
+    if (!nodes_.KeepsCheckpoints(shard)) return false;
+  }
+  return true;
+}
+
+bool CoordinatorState::Released(const std::string& node_id) {
+  for (const std::string& id : jobs_.Ids()) {
+    const JobStatus& job = *jobs_.Find(id);
+    if (job.state() == RUNNING && InPlacement(job.placement(), node_id)) return false;
+  }
+  return true;
+}
+
+absl::Status CoordinatorState::RemoveJob(const std::string& job_id) {
+  RETURN_IF_ERROR(jobs_.Remove(job_id));
+  checkpoints_.Remove(job_id);
+  history_.Remove(job_id);
+  if (tensorboard_) tensorboard_->CloseJob(job_id);
+  return absl::OkStatus();
+}
+
+void CoordinatorState::TickRetention() {
+  for (const std::string& id : jobs_.Expired()) {
+    absl::Status removed = RemoveJob(id);
+    NoteWrite(absl::StrCat("the removal of job ", id), removed);
+    if (!removed.ok()) continue;
+    Log(absl::StrCat(
+        "job ", id,
+        " removed: past the job retention (--job_retention_count=", options_.job_retention_count,
+        ", --job_retention_age=", absl::FormatDuration(options_.job_retention_age), ")"));
+  }
+  // A running job still naming a node (a lost rank's old holder) keeps it.
+  std::set<std::string> named;
+  for (const std::string& id : jobs_.Ids()) {
+    const JobStatus& job = *jobs_.Find(id);
+    if (job.state() != RUNNING) continue;
+    named.insert(job.placement().worker_nodes().begin(), job.placement().worker_nodes().end());
+    named.insert(job.placement().shard_nodes().begin(), job.placement().shard_nodes().end());
+  }
+  for (const auto& [id, failed] : nodes_.RemoveDead(named)) {
+    NoteWrite(absl::StrCat("the removal of node ", id), failed);
+  }
+}
+
+void CoordinatorState::NoteWrite(const std::string& what, const absl::Status& status) {
+  if (status.ok()) {
+    write_failures_.erase(what);
+    return;
+  }
   std::string& last = write_failures_[what];
   if (last == status.message()) return;
   last = std::string(status.message());

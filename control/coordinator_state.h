@@ -1,22 +1,37 @@
 // CoordinatorState: the network-free control plane of downpour-coordinator,
-// implementing control::Coordinator — membership (register, heartbeat,
-// failure detection), the job queue and job state machine, placement
-// (control/scheduler.h) and data-shard assignment (worker ranks).
+// implementing control::Coordinator. It is a facade over collaborators that
+// each own one piece of state (leveldb's DBImpl over its VersionSet):
+//
+//   NodeRegistry            membership, heartbeats, liveness, drains, cordons
+//   JobTable                jobs in submission order, their durable records
+//   CheckpointOrchestrator  checkpoints being gathered, cadence, drains' moves
+//   RankHandover            lost worker ranks: takers, dealing their data
+//   JobHistory              each job's log lines, events and progress points
+//   scheduler.h             placement of pending jobs (pure)
+//
+// What this class adds is the job lock, which serialises every change to
+// the jobs: a request or a Tick takes it, reads the records it needs, asks
+// the collaborators what changes, and commits the new records through
+// JobTable. Reads that need no consistency with a change in flight (GetJob,
+// ListJobs, WatchJob, ListNodes, JobLogs, DescribeJob) go to the
+// collaborators without it.
+//
+// Lock order: the job lock (mu_), then JobTable's, NodeRegistry's,
+// CheckpointOrchestrator's, JobHistory's. Each collaborator's lock is a
+// leaf for the ones before it: none calls back into this class.
 //
 // Durability: every change of a job or node is written through the JobStore
 // before it takes effect in memory (progress-only changes at most every
-// progress_persist_interval), so what callers see is what a restarted
-// coordinator loads. A write that fails changes nothing: a request fails with
-// the store's error; a change the coordinator makes by itself (starting a
-// pending job, declaring a node dead) is logged and tried again on the next
-// Tick.
+// progress_persist_interval; the history at every Tick), so what callers see
+// is what a restarted coordinator loads. A write that fails changes nothing:
+// a request fails with the store's error; a change the coordinator makes by
+// itself (starting a pending job, declaring a node dead) is logged and tried
+// again on the next Tick.
 //
-// Thread-safe: one mutex guards all state; WatchJob waits on a condition
-// variable. Time comes from Options::now (tests inject a clock).
+// Thread-safe. Time comes from Options::now (tests inject a clock).
 #ifndef DOWNPOUR_CONTROL_COORDINATOR_STATE_H_
 #define DOWNPOUR_CONTROL_COORDINATOR_STATE_H_
 
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,8 +42,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/safetensors.h"
+#include "control/checkpoint_orchestrator.h"
 #include "control/coordinator.h"
+#include "control/job_history.h"
 #include "control/job_store.h"
+#include "control/job_table.h"
+#include "control/node_registry.h"
+#include "control/rank_handover.h"
 #include "control/tensorboard_writer.h"
 #include "proto/coordinator.pb.h"
 #include "proto/job.pb.h"
@@ -51,7 +71,7 @@ class CoordinatorState : public Coordinator {
     absl::Duration recovery_grace = absl::Minutes(10);
     // A lost worker rank (not rank 0, which evaluates) that no free worker
     // takes over within this long has its data dealt out to the job's live
-    // ranks (AbsorbLostRanks).
+    // ranks (RankHandover::Absorb).
     absl::Duration handover_wait = absl::Seconds(30);
     // Where checkpoints live (a filesystem every shard with --checkpoint_root
     // shares); empty: jobs are not saved.
@@ -78,9 +98,9 @@ class CoordinatorState : public Coordinator {
     std::function<absl::Time()> now = [] { return absl::Now(); };
   };
 
-  // Loads jobs and nodes from `store`. Nodes loaded from the store count as
-  // alive for recovery_grace from now (see Options), so running jobs get that
-  // long to be re-joined after a coordinator restart.
+  // Loads jobs, nodes and the jobs' history from `store`. Nodes loaded from
+  // the store count as alive for recovery_grace from now (see Options), so
+  // running jobs get that long to be re-joined after a coordinator restart.
   static absl::StatusOr<std::unique_ptr<CoordinatorState>> Create(Options options,
                                                                   std::unique_ptr<JobStore> store);
 
@@ -110,42 +130,16 @@ class CoordinatorState : public Coordinator {
   // Declares silent nodes dead (failing their running jobs), starts pending
   // jobs that now fit, asks for the checkpoints the jobs' cadence wants,
   // gives up checkpoints past checkpoint_timeout, removes what retention no
-  // longer keeps, and wakes watchers to look at the clock. Called
-  // periodically by the daemon, and after every membership or job change.
+  // longer keeps, writes the jobs' history, and wakes watchers to look at
+  // the clock. Called periodically by the daemon.
   void Tick();
 
  private:
   CoordinatorState(Options options, std::unique_ptr<JobStore> store);
 
-  struct NodeEntry {
-    NodeInfo info;
-    absl::Time last_heartbeat;
-    // Registered or heartbeated since this coordinator started (false for a
-    // node loaded from the store until it does).
-    bool heard = true;
-    // Told to stop (SIGTERM): gets no new work (HeartbeatRequest.draining).
-    bool draining = false;
-  };
-
-  // A checkpoint rank 0 has taken, gathering its files.
-  struct PendingCheckpoint {
-    absl::Time began;
-    bool have_worker_state = false;
-    std::string worker_state;
-    std::map<int, CheckpointFile> shard_files;
-  };
-
-  // Makes `updated` the job's state: bumps its version and writes it to the
-  // store (always when `durable`, else at most every
-  // progress_persist_interval), then wakes watchers. Nothing changes when
-  // the write fails.
-  absl::Status Commit(JobStatus updated, bool durable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- Job transitions (coordinator_state.cc) ----
   // Commits the end of `job`.
   absl::Status FinishJob(const JobStatus& job, JobState state, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes `info` the node's record (written first, like a job's).
-  absl::Status SaveNode(const NodeInfo& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status FailJobsOfNode(const std::string& node_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A running job failed for `why`: it starts again from its newest complete
   // checkpoint if its RestartPolicy allows one more restart (a divergence
@@ -153,137 +147,92 @@ class CoordinatorState : public Coordinator {
   // not fail but moves off a draining shard — always, at once, uncounted.
   absl::Status FailOrRestart(const JobStatus& job, const std::string& why, bool diverged,
                              bool moved = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A shard node began draining: its running jobs take a checkpoint and move
-  // off it (TickDrains), or move at once when they are not saved.
-  void DrainShard(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves jobs whose checkpoint since a drain began is in (or overdue).
-  void TickDrains() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a draining node holds nothing a running job needs.
-  bool Released(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Worker `rank` of running `job` is gone (dead, restarted, drained): the
-  // job goes on without it, and AssignLostRanks hands the rank on.
+  // Starts pending jobs that fit the available nodes (after running jobs'
+  // lost ranks have had their takers).
+  void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits the start of `job` on `placement`.
+  absl::Status StartJob(const JobStatus& job, Placement placement)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker's progress report (or its last one) on running `job`.
+  absl::StatusOr<ReportProgressResponse> TakeProgress(const JobStatus& job,
+                                                      const ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Nodes that leave (coordinator_recovery.cc) ----
+  // Every running job of `node_id` loses it: a worker's rank is handed on,
+  // a shard's job moves to a spare (ReplaceShard) or restarts.
+  absl::Status FailJobsOfNode(const std::string& node_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `rank` of running `job` is gone: the job goes on without it.
   absl::Status LoseWorker(const JobStatus& job, int rank, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives lost ranks of running jobs to free workers (alive, not draining,
-  // not working on a running job), oldest job first.
-  void AssignLostRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Deals the data of ranks lost for longer than handover_wait out to their
-  // jobs' live ranks, least loaded first; the ranks are then absorbed.
-  void AbsorbLostRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker's listing of the job's record files (ReportProgressRequest.
-  // data_files): shares them out unless that was done, and answers with the
-  // rank's share.
-  absl::StatusOr<ReportProgressResponse> AssignData(const JobStatus& job, int rank,
-                                                    const ReportProgressRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives every rank of `job` its first share of job->data_files().
-  static void ShareDataFiles(JobStatus* job);
-  // `job` as ListJobs shows it (see Coordinator::ListJobs).
-  static JobStatus ListedJob(const JobStatus& job);
   // Shard `index` of running ASYNC/SSP `job` is lost: a spare shard takes
   // it over, restoring only its partitions from the newest checkpoint, and
   // the job goes on. False (nothing changed) when the job is SYNC (one
   // model: it rolls back whole), has no checkpoint, or no spare is free.
   absl::StatusOr<bool> ReplaceShard(const JobStatus& job, int index, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The rank that takes the job's checkpoints: 0, or while rank 0 is lost
-  // the lowest rank still training; -1 when none is.
-  static int CheckpointRank(const JobStatus& job);
-  // The job's message while ranks are lost ("" when none is).
-  static std::string WaitingFor(const JobStatus& job);
-  // What a job that ends with lost ranks did not train ("" when none is).
-  static std::string Untrained(const JobStatus& job);
+  // Gives lost ranks of running jobs to free workers, oldest job first,
+  // then deals out the data of ranks no one took in time.
+  void HandOverLostRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A shard node began draining: its running jobs take a checkpoint and move
+  // off it (TickDrains), or move at once when they are not saved.
+  void DrainShard(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves jobs whose checkpoint since a drain began is in (or overdue).
+  void TickDrains() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DetectDeadNodes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `line` to its job's log (the newest job_log_lines are kept) and
-  // wakes JobLogs callers. Lines of unknown jobs are dropped.
-  void AppendJobLog(JobLogLine line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Samples the job's progress for DescribeJob (at most one point a second
-  // unless the step moved by a tenth of the steps).
-  void RecordProgress(const JobStatus& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes `job_id` from the store, then from memory.
-  absl::Status RemoveJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies the retention options (Options::job_retention_*,
-  // dead_node_retention).
-  void TickRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A change the coordinator made by itself could not be written: logged
-  // (once, until the store's error changes), retried by the next Tick.
-  void LogWriteFailure(const std::string& what, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // When a silent node is declared dead.
-  absl::Time Deadline(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Alive(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the job's state is saved: the coordinator and every shard node
-  // of its placement have a checkpoint root.
-  bool Saves(const JobStatus& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends an event to `job` (the caller commits it) and logs it.
-  void AddEvent(JobStatus* job, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A shard's file or rank 0's state for a checkpoint of a running job;
-  // commits the checkpoint once it has everything.
+
+  // ---- Checkpoints (coordinator_checkpoints.cc) ----
+  // A shard's part or the checkpointing rank's state came in.
   void TakeCheckpointPart(const CheckpointPart& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TakeWorkerState(const std::string& job_id, const CheckpointWorkerState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeCommitCheckpoint(const std::string& job_id, int64_t step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits a complete checkpoint, or gives up a failed one.
+  void Settle(const std::string& job_id, int64_t step,
+              const CheckpointOrchestrator::Gathered& gathered) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checkpoint at `step` cannot complete: recorded as an event (a job
   // waiting for its final checkpoint succeeds without it).
   void AbandonCheckpoint(const std::string& job_id, int64_t step, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tick's part: cadence by time, timeouts, final checkpoints lost.
+  // Tick's part: timeouts, final checkpoints lost, cadence by time.
   void TickCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether every worker has finished (lost ranks aside) and the accuracy is
-  // in: the job only waits for its final checkpoint.
-  static bool TrainingDone(const JobStatus& job);
-  std::string NewJobId(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  NodeInfo Describe(const NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<JobStatus*> FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The newest complete checkpoint of `job` (damaged newer ones described
-  // in `refused`); NotFound when it has none, or checkpoints are off.
-  absl::StatusOr<CheckpointRestore> NewestCheckpoint(const JobStatus& job,
-                                                     std::vector<std::string>* refused) const;
   // The weights `init` names, checked to be a safetensors file; `what`
   // describes them for the job's events.
   absl::StatusOr<SafetensorsFile> ReadInitialWeights(const InitFrom& init, std::string* what)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- Helpers ----
+  // The job's tasks for `node` (a heartbeat's answer).
+  void AddTasks(const NodeInfo& node, HeartbeatResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the job's state is saved: the coordinator and every shard node
+  // of its placement have a checkpoint root.
+  bool Saves(const JobStatus& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a draining node holds nothing a running job needs.
+  bool Released(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the retention options.
+  void TickRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `job_id` from the store, then from every collaborator.
+  absl::Status RemoveJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A change the coordinator made by itself (`what`) was written (ok) or
+  // not: a failure is logged once until the store's error changes, and
+  // retried by the next Tick.
+  void NoteWrite(const std::string& what, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const Options options_;
   const std::unique_ptr<JobStore> store_;
   // Null when Options::tensorboard_dir is empty.
   const std::unique_ptr<TensorBoardWriter> tensorboard_;
-  // Nodes loaded from the store are not judged before this.
-  absl::Time grace_until_;
+  JobHistory history_;
+  JobTable jobs_;
+  NodeRegistry nodes_;
+  CheckpointOrchestrator checkpoints_;
+  const RankHandover handover_;
 
+  // The job lock.
   absl::Mutex mu_;
-  absl::CondVar changed_;
-  std::map<std::string, NodeEntry> nodes_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, JobStatus> jobs_ ABSL_GUARDED_BY(mu_);
-  // Submission order, for list output and FIFO scheduling.
-  std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, absl::Time> last_persisted_ ABSL_GUARDED_BY(mu_);
-  // Checkpoints being gathered, by job and step (not durable: a restarted
-  // coordinator takes the next one).
-  std::map<std::string, std::map<int64_t, PendingCheckpoint>> pending_checkpoints_
-      ABSL_GUARDED_BY(mu_);
-  // The highest step whose checkpoint each job has committed or given up in
-  // this run of the job: parts for it that heartbeats repeat are ignored.
-  std::map<std::string, int64_t> settled_checkpoint_ ABSL_GUARDED_BY(mu_);
-  // Jobs moving off a draining shard once a checkpoint is in: the shard and
-  // when the drain began (not durable: the shard's next heartbeat after a
-  // coordinator restart begins it again).
-  struct Drain {
-    std::string node_id;
-    absl::Time began;
-  };
-  std::map<std::string, Drain> drains_ ABSL_GUARDED_BY(mu_);
-  // Each job's recent log lines, oldest first, and the sequence of the next.
-  struct JobLog {
-    std::deque<JobLogLine> lines;
-    int64_t next_sequence = 1;
-  };
-  std::map<std::string, JobLog> job_logs_ ABSL_GUARDED_BY(mu_);
-  // Each job's sampled progress (not durable).
-  std::map<std::string, std::deque<ProgressPoint>> progress_ ABSL_GUARDED_BY(mu_);
-  // What LogWriteFailure logged last, by what could not be written.
+  // What NoteWrite logged last, by what could not be written.
   std::map<std::string, std::string> write_failures_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,6 +1,6 @@
 // The fixture of CoordinatorState's tests: an in-memory job store that
-// survives "restarts", an injected clock, and helpers to register nodes,
-// heartbeat and report progress. Test-only.
+// survives "restarts" (control/memory_job_store.h), an injected clock, and helpers to register
+// nodes, heartbeat and report progress. Test-only.
 #ifndef DOWNPOUR_CONTROL_COORDINATOR_STATE_FIXTURE_H_
 #define DOWNPOUR_CONTROL_COORDINATOR_STATE_FIXTURE_H_
 
@@ -11,57 +11,12 @@
 
 #include "absl/synchronization/mutex.h"
 #include "control/coordinator_state.h"
+#include "control/memory_job_store.h"
 #include "gtest/gtest.h"
 #include "spec/test_jobs.h"
 
 namespace downpour {
 namespace control {
-
-// A JobStore in memory, shared across "restarts" of the coordinator; its
-// writes fail while `failing` is set (a full disk, a lost volume).
-class MemoryJobStore : public JobStore {
- public:
-  struct Data {
-    std::vector<JobStatus> jobs;
-    std::vector<NodeInfo> nodes;
-    bool failing = false;
-    std::string failing_job;  // Writes of this job fail.
-  };
-  explicit MemoryJobStore(Data* data) : data_(data) {}
-  absl::Status SaveJob(const JobStatus& job) override {
-    if (job.id() == data_->failing_job) return absl::InternalError("state database: disk full");
-    return Put(&data_->jobs, job);
-  }
-  absl::Status SaveNode(const NodeInfo& node) override { return Put(&data_->nodes, node); }
-  absl::StatusOr<std::vector<JobStatus>> LoadJobs() override { return data_->jobs; }
-  absl::StatusOr<std::vector<NodeInfo>> LoadNodes() override { return data_->nodes; }
-  absl::Status DeleteJob(const std::string& id) override { return Remove(&data_->jobs, id); }
-  absl::Status DeleteNode(const std::string& id) override { return Remove(&data_->nodes, id); }
-
- private:
-  template <typename T>
-  absl::Status Remove(std::vector<T>* items, const std::string& id) {
-    if (data_->failing) return absl::InternalError("state database: disk I/O error");
-    items->erase(std::remove_if(items->begin(), items->end(),
-                                [&](const T& item) { return item.id() == id; }),
-                 items->end());
-    return absl::OkStatus();
-  }
-
-  template <typename T>
-  absl::Status Put(std::vector<T>* items, const T& item) {
-    if (data_->failing) return absl::InternalError("state database: disk I/O error");
-    for (T& existing : *items) {
-      if (existing.id() == item.id()) {
-        existing = item;
-        return absl::OkStatus();
-      }
-    }
-    items->push_back(item);
-    return absl::OkStatus();
-  }
-  Data* data_;
-};
 
 // Fails on the first failure (restarts have tests of their own).
 inline JobSpec SmallSpec(int workers, int shards) {

@@ -1,8 +1,9 @@
-// Durable storage of the coordinator's jobs and nodes.
+// Durable storage of the coordinator's jobs, nodes and each job's history
+// (log lines and progress points).
 //
 // JobStore is the interface; OpenSqliteJobStore keeps everything in one
-// SQLite database under the coordinator's --state_dir so jobs and their state
-// survive a restart. Implementations are thread-safe.
+// SQLite database under the coordinator's --state_dir so jobs, their state
+// and their history survive a restart. Implementations are thread-safe.
 #ifndef DOWNPOUR_CONTROL_JOB_STORE_H_
 #define DOWNPOUR_CONTROL_JOB_STORE_H_
 
@@ -17,6 +18,19 @@
 namespace downpour {
 namespace control {
 
+// A job's progress point, as the store keeps it.
+struct JobProgressRecord {
+  std::string job_id;
+  ProgressPoint point;
+};
+
+// What JobHistory keeps of its jobs: log lines (each names its job and
+// carries its sequence) and progress points, oldest first.
+struct JobHistoryRecords {
+  std::vector<JobLogLine> lines;
+  std::vector<JobProgressRecord> points;
+};
+
 class JobStore {
  public:
   virtual ~JobStore() = default;
@@ -26,7 +40,15 @@ class JobStore {
   // Inserts or replaces the node with this id.
   virtual absl::Status SaveNode(const NodeInfo& node) = 0;
   virtual absl::StatusOr<std::vector<NodeInfo>> LoadNodes() = 0;
-  // Remove the job or node with this id (no error when there is none).
+  // Appends `added` in one transaction, then keeps only the newest
+  // `keep_lines` log lines and `keep_points` progress points of each job
+  // that gained any.
+  virtual absl::Status AppendHistory(const JobHistoryRecords& added, int keep_lines,
+                                     int keep_points) = 0;
+  // Every job's history, each job's records oldest first.
+  virtual absl::StatusOr<JobHistoryRecords> LoadHistory() = 0;
+  // Remove the job (with its history) or node with this id (no error when
+  // there is none).
   virtual absl::Status DeleteJob(const std::string& job_id) = 0;
   virtual absl::Status DeleteNode(const std::string& node_id) = 0;
 };

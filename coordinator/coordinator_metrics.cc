@@ -14,6 +14,7 @@ bool Ended(JobState state) { return state == SUCCEEDED || state == FAILED || sta
 // first seen (after a coordinator restart, its steps came earlier).
 double FirstProgressSeconds(const JobStatus& job, absl::Time now) {
   if (Ended(job.state()) && job.end_time_ms() > 0) return job.end_time_ms() / 1000.0;
+  if (job.step_time_ms() > 0) return job.step_time_ms() / 1000.0;
   if (job.step() == 0 && job.start_time_ms() > 0) return job.start_time_ms() / 1000.0;
   if (job.step() == 0 && job.submit_time_ms() > 0) return job.submit_time_ms() / 1000.0;
   return absl::ToDoubleSeconds(now - absl::UnixEpoch());
@@ -62,7 +63,9 @@ void CoordinatorMetrics::UpdateJob(const JobStatus& job, absl::Time now) {
     seen->second.progress_seconds = FirstProgressSeconds(job, now);
   } else if (job.step() != seen->second.step) {
     seen->second.step = job.step();
-    seen->second.progress_seconds = absl::ToDoubleSeconds(now - absl::UnixEpoch());
+    seen->second.progress_seconds = job.step_time_ms() > 0
+                                        ? job.step_time_ms() / 1000.0
+                                        : absl::ToDoubleSeconds(now - absl::UnixEpoch());
   }
   for (JobState s : kStates) {
     MetricLabels state = labels;

@@ -78,6 +78,19 @@ TEST_F(CoordinatorMetricsTest, AJobsSeriesFollowItsProgress) {
   EXPECT_TRUE(Has("downpour_job_last_progress_timestamp_seconds{job=\"j\"} 130"));
 }
 
+TEST_F(CoordinatorMetricsTest, ARestartedCoordinatorShowsWhenTheStepLastMoved) {
+  // The job's record says when its step moved: a coordinator that restarts
+  // long after does not make a stalled job look fresh.
+  JobStatus job = Job("stalled", RUNNING, 40);
+  job.set_step_time_ms(70000);
+  metrics_.Update({}, {job}, At(900));
+  EXPECT_TRUE(Has("downpour_job_last_progress_timestamp_seconds{job=\"stalled\"} 70"));
+  job.set_step(41);
+  job.set_step_time_ms(905000);
+  metrics_.Update({}, {job}, At(910));
+  EXPECT_TRUE(Has("downpour_job_last_progress_timestamp_seconds{job=\"stalled\"} 905"));
+}
+
 TEST_F(CoordinatorMetricsTest, AFinishedJobKeepsItsLastValuesUntilItLeavesTheStore) {
   JobStatus job = Job("done", RUNNING, 90);
   job.set_loss(0.25f);

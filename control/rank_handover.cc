@@ -1,0 +1,195 @@
+#include "control/rank_handover.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "spec/data_assignment.h"
+#include "spec/limits.h"
+
+namespace downpour {
+namespace control {
+
+RankHandover::RankHandover(Options options, JobHistory* history)
+    : options_(std::move(options)), history_(history) {}
+
+bool RankHandover::Unclaimed(const WorkerProgress& worker) {
+  return worker.lost() && !worker.absorbed();
+}
+
+bool RankHandover::HasUnclaimed(const JobStatus& job) {
+  return job.state() == RUNNING &&
+         std::any_of(job.workers().begin(), job.workers().end(), Unclaimed);
+}
+
+std::string RankHandover::WaitingFor(const JobStatus& job) {
+  std::vector<int> lost;
+  for (const WorkerProgress& worker : job.workers()) {
+    if (Unclaimed(worker)) lost.push_back(worker.rank());
+  }
+  if (lost.empty()) return "";
+  return absl::StrCat("worker rank", lost.size() > 1 ? "s " : " ", absl::StrJoin(lost, ", "),
+                      " lost; waiting for a free worker to take ", lost.size() > 1 ? "them" : "it",
+                      " over", lost[0] == 0 ? " (rank 0 evaluates the job at its end)" : "");
+}
+
+std::string RankHandover::Untrained(const JobStatus& job) {
+  std::vector<std::string> lost;
+  for (const WorkerProgress& worker : job.workers()) {
+    if (Unclaimed(worker)) {
+      lost.push_back(absl::StrCat("rank ", worker.rank(), " from step ", worker.step()));
+    }
+  }
+  if (lost.empty()) return "";
+  return absl::StrCat("without the data of worker ", absl::StrJoin(lost, ", "),
+                      " (lost; no worker was free to take it over)");
+}
+
+bool RankHandover::Lose(JobStatus* job, int rank, const std::string& why) const {
+  WorkerProgress* lost = job->mutable_workers(rank);
+  if (lost->lost() || lost->finished()) return false;
+  lost->set_lost(true);
+  lost->set_lost_ms(absl::ToUnixMillis(options_.now()));
+  lost->set_examples_per_sec(0);
+  job->mutable_placement()->set_worker_nodes(rank, "");
+  history_->AddEvent(job,
+                     absl::StrCat("worker rank ", rank, " lost at step ", lost->step(), ": ", why,
+                                  "; the job goes on without it until a worker takes it over"));
+  job->set_message(WaitingFor(*job));
+  return true;
+}
+
+bool RankHandover::AssignTakers(
+    JobStatus* job, std::deque<std::string>* free,
+    const std::function<absl::StatusOr<CheckpointRestore>()>& newest) const {
+  // Once rank 0 has evaluated the job, its end does not wait for more.
+  if (!HasUnclaimed(*job) || job->test_accuracy() >= 0 || free->empty()) return false;
+  for (WorkerProgress& worker : *job->mutable_workers()) {
+    if (!Unclaimed(worker) || free->empty()) continue;
+    const std::string node = free->front();
+    free->pop_front();
+    worker.set_lost(false);
+    worker.set_lost_ms(0);
+    worker.set_joined(true);
+    worker.set_node_id(node);
+    job->mutable_placement()->set_worker_nodes(worker.rank(), node);
+    history_->AddEvent(
+        job, absl::StrCat("worker rank ", worker.rank(), " taken over by worker node ", node,
+                          " from step ", worker.step()));
+  }
+  // The takers load the workers' state (batch-norm statistics) of the
+  // checkpoint the job records: the newest one, better than a fresh
+  // model's for a rank 0 that evaluates soon.
+  absl::StatusOr<CheckpointRestore> restore = newest();
+  if (restore.ok()) *job->mutable_restore() = *std::move(restore);
+  job->set_message(WaitingFor(*job));
+  return true;
+}
+
+bool RankHandover::Absorb(JobStatus* job) const {
+  if (job->state() != RUNNING || job->data_files().empty()) return false;
+  const int64_t now_ms = absl::ToUnixMillis(options_.now());
+  const int64_t wait_ms = absl::ToInt64Milliseconds(options_.handover_wait);
+  const bool sync = job->spec().consistency().mode() == ConsistencySpec::SYNC;
+  bool absorbed = false;
+  for (WorkerProgress& lost : *job->mutable_workers()) {
+    // Rank 0 evaluates the job at its end: it waits for a taker.
+    if (!Unclaimed(lost) || lost.rank() == 0 || lost.lost_ms() + wait_ms > now_ms) continue;
+    // The live ranks still training, least loaded first.
+    std::vector<WorkerProgress*> receivers;
+    for (WorkerProgress& worker : *job->mutable_workers()) {
+      if (!worker.lost() && !worker.finished()) receivers.push_back(&worker);
+    }
+    // With none, the data stays untrained (the job's end says so).
+    if (receivers.empty()) break;
+    auto batches = [](const WorkerProgress* w) { return std::max(1, w->batches_per_step()); };
+    std::stable_sort(receivers.begin(), receivers.end(),
+                     [&](const WorkerProgress* a, const WorkerProgress* b) {
+                       return std::make_pair(batches(a), a->data_size()) <
+                              std::make_pair(batches(b), b->data_size());
+                     });
+    // SYNC: one rank takes the lost one's data and its batches a step, so
+    // every step still averages as many examples as in a clean run.
+    if (sync) {
+      receivers.resize(1);
+      receivers[0]->set_batches_per_step(batches(receivers[0]) + batches(&lost));
+    }
+    const std::vector<DataPart> parts(lost.data().begin(), lost.data().end());
+    const std::vector<std::vector<DataPart>> dealt = DealParts(parts, receivers.size());
+    // ASYNC/SSP: the rank's remaining steps go with its data, so the job
+    // makes as many updates as it would have (a SYNC step is every
+    // worker's: it has none of its own).
+    const int64_t remaining = sync ? 0 : std::max<int64_t>(0, lost.steps() - lost.step());
+    const int64_t count = static_cast<int64_t>(receivers.size());
+    std::vector<std::string> to;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t extra = remaining / count + (i < remaining % count ? 1 : 0);
+      if (dealt[i].empty() && extra == 0) continue;
+      WorkerProgress& receiver = *receivers[i];
+      for (const DataPart& part : dealt[i]) *receiver.add_data() = part;
+      receiver.set_data_step(receiver.step());
+      receiver.set_steps(receiver.steps() + extra);
+      to.push_back(absl::StrCat(
+          receiver.rank(), " (", dealt[i].size(), " parts",
+          extra > 0 ? absl::StrCat(", +", extra, " steps") : "",
+          sync ? absl::StrCat(", ", receiver.batches_per_step(), " batches a step") : "", ")"));
+    }
+    lost.set_absorbed(true);
+    lost.clear_data();
+    absorbed = true;
+    history_->AddEvent(
+        job, absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
+                          absl::FormatDuration(options_.handover_wait), ": its data (",
+                          parts.size(), " file part", parts.size() == 1 ? "" : "s",
+                          remaining > 0 ? absl::StrCat(", ", remaining, " steps to go") : "",
+                          ") handed to rank", to.size() == 1 ? " " : "s ", absl::StrJoin(to, ", "),
+                          " from their current step"));
+  }
+  if (absorbed) job->set_message(WaitingFor(*job));
+  return absorbed;
+}
+
+void RankHandover::ShareDataFiles(JobStatus* job) {
+  if (job->data_files().empty()) return;
+  const std::vector<std::vector<DataPart>> shares =
+      ShareData(std::vector<std::string>(job->data_files().begin(), job->data_files().end()),
+                job->workers_size());
+  for (WorkerProgress& worker : *job->mutable_workers()) {
+    worker.mutable_data()->Assign(shares[worker.rank()].begin(), shares[worker.rank()].end());
+    worker.set_data_step(0);
+  }
+}
+
+absl::StatusOr<bool> RankHandover::TakeListing(JobStatus* job,
+                                               const ReportProgressRequest& request) const {
+  if (!job->data_files().empty()) return false;
+  // With fewer files than ranks every rank's share names every file: the
+  // shares are num_workers times the listing, in the job's record and each
+  // worker's Task.
+  size_t listed = 0;
+  for (const std::string& file : request.data_files()) listed += file.size();
+  const bool whole = request.data_files_size() >= job->workers_size();
+  const size_t shares = whole ? listed : listed * job->workers_size();
+  if (shares > kMaxDataShareBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the training data's shares would name ", shares, " bytes of files (",
+        request.data_files_size(), " files matching ", job->spec().dataset().train_files(),
+        " among ", job->workers_size(), " ranks); the limit is ", kMaxDataShareBytes >> 20,
+        " MiB: use at least as many files as workers, or shorter paths"));
+  }
+  job->mutable_data_files()->CopyFrom(request.data_files());
+  ShareDataFiles(job);
+  history_->AddEvent(
+      job,
+      absl::StrCat("training data: ", job->data_files_size(), " record file",
+                   job->data_files_size() == 1 ? "" : "s", " matching ",
+                   job->spec().dataset().train_files(), " (listed by worker ", request.node_id(),
+                   "), ", whole ? "whole files round-robin" : "each file's records round-robin",
+                   " shared among ", job->workers_size(), " ranks"));
+  return true;
+}
+
+}  // namespace control
+}  // namespace downpour

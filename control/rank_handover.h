@@ -1,0 +1,80 @@
+// RankHandover: what happens to a worker rank whose worker is gone (dead,
+// restarted, drained, cordoned). The job goes on without it; the next free
+// worker takes it over where it had got to (its share of the data, its
+// step); when none does within handover_wait, its data — and in ASYNC/SSP
+// its remaining steps — is dealt out to the job's live ranks, least loaded
+// first. It also shares a job's record files out to its ranks.
+//
+// It keeps no state of its own: a rank's state lives in its job's record
+// (WorkerProgress: lost, joined, absorbed, data, steps), which each method
+// changes in place and the caller commits (JobTable). Thread-compatible:
+// callers hold the coordinator's job lock. Time comes from Options::now.
+#ifndef DOWNPOUR_CONTROL_RANK_HANDOVER_H_
+#define DOWNPOUR_CONTROL_RANK_HANDOVER_H_
+
+#include <deque>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "control/job_history.h"
+#include "proto/coordinator.pb.h"
+#include "proto/job.pb.h"
+
+namespace downpour {
+namespace control {
+
+class RankHandover {
+ public:
+  struct Options {
+    // A lost rank (not rank 0, which evaluates) that no free worker takes
+    // over within this long has its data dealt out to the live ranks.
+    absl::Duration handover_wait = absl::Seconds(30);
+    std::function<absl::Time()> now = [] { return absl::Now(); };
+  };
+
+  // `history` (for events) must outlive this.
+  RankHandover(Options options, JobHistory* history);
+
+  // Lost, and neither taken over nor absorbed yet.
+  static bool Unclaimed(const WorkerProgress& worker);
+  // Whether the running `job` has an unclaimed rank.
+  static bool HasUnclaimed(const JobStatus& job);
+  // The job's message while ranks are lost ("" when none is).
+  static std::string WaitingFor(const JobStatus& job);
+  // What a job that ends with lost ranks did not train ("" when none is).
+  static std::string Untrained(const JobStatus& job);
+
+  // Worker `rank` of running `job` is gone: the job goes on without it.
+  // False (nothing changed) when the rank already finished or is lost.
+  bool Lose(JobStatus* job, int rank, const std::string& why) const;
+  // Gives `job`'s unclaimed ranks to workers taken from the front of
+  // `free`; the job's newest complete checkpoint (`newest`, called only
+  // then, when it has one) becomes the restore the takers load their state
+  // from. False when no rank was taken (or the job was already evaluated:
+  // its end waits for no one).
+  bool AssignTakers(JobStatus* job, std::deque<std::string>* free,
+                    const std::function<absl::StatusOr<CheckpointRestore>()>& newest) const;
+  // Deals the data of ranks lost for longer than handover_wait out to the
+  // job's live ranks (SYNC: one rank takes it and its batches a step); the
+  // ranks are then absorbed. False when none was.
+  bool Absorb(JobStatus* job) const;
+
+  // Gives every rank of `job` its first share of job->data_files().
+  static void ShareDataFiles(JobStatus* job);
+  // A worker's listing of the job's record files (ReportProgressRequest.
+  // data_files) when the job has none yet: records and shares them
+  // (InvalidArgument when the shares would pass kMaxDataShareBytes). False
+  // when the job already had its files.
+  absl::StatusOr<bool> TakeListing(JobStatus* job, const ReportProgressRequest& request) const;
+
+ private:
+  const Options options_;
+  JobHistory* const history_;
+};
+
+}  // namespace control
+}  // namespace downpour
+
+#endif  // DOWNPOUR_CONTROL_RANK_HANDOVER_H_

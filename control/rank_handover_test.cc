@@ -1,0 +1,128 @@
+#include "control/rank_handover.h"
+
+#include "control/memory_job_store.h"
+#include "gtest/gtest.h"
+#include "spec/limits.h"
+
+namespace downpour {
+namespace control {
+namespace {
+
+class RankHandoverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    job_.set_id("j");
+    job_.set_state(RUNNING);
+    job_.set_test_accuracy(-1);
+    job_.mutable_spec()->set_steps(100);
+    job_.mutable_spec()->mutable_dataset()->set_train_files("train-*");
+    for (int rank = 0; rank < 3; ++rank) {
+      WorkerProgress* worker = job_.add_workers();
+      worker->set_rank(rank);
+      worker->set_steps(100);
+      worker->set_node_id("w" + std::to_string(rank));
+      job_.mutable_placement()->add_worker_nodes(worker->node_id());
+    }
+  }
+
+  RankHandover Handover() {
+    return RankHandover({absl::Seconds(30), [this] { return now_; }}, &history_);
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  JobStatus job_;
+  MemoryJobStore::Data data_;
+  MemoryJobStore store_{&data_};
+  JobHistory history_{{}, &store_};
+};
+
+TEST_F(RankHandoverTest, ALostRankWaitsThenGoesToAFreeWorker) {
+  const RankHandover handover = Handover();
+  job_.mutable_workers(1)->set_step(40);
+  ASSERT_TRUE(handover.Lose(&job_, 1, "worker node w1 stopped heartbeating"));
+  EXPECT_FALSE(handover.Lose(&job_, 1, "again"));
+  EXPECT_TRUE(job_.workers(1).lost());
+  EXPECT_EQ(job_.placement().worker_nodes(1), "");
+  EXPECT_EQ(job_.message(), "worker rank 1 lost; waiting for a free worker to take it over");
+  EXPECT_EQ(RankHandover::Untrained(job_),
+            "without the data of worker rank 1 from step 40 (lost; no worker was free to take "
+            "it over)");
+
+  std::deque<std::string> free = {"spare"};
+  int asked = 0;
+  auto newest = [&]() -> absl::StatusOr<CheckpointRestore> {
+    ++asked;
+    CheckpointRestore restore;
+    restore.set_step(30);
+    return restore;
+  };
+  ASSERT_TRUE(handover.AssignTakers(&job_, &free, newest));
+  EXPECT_TRUE(free.empty());
+  EXPECT_EQ(asked, 1);
+  EXPECT_TRUE(job_.workers(1).joined());
+  EXPECT_EQ(job_.workers(1).node_id(), "spare");
+  EXPECT_EQ(job_.placement().worker_nodes(1), "spare");
+  EXPECT_EQ(job_.restore().step(), 30);
+  EXPECT_EQ(job_.message(), "");
+  EXPECT_FALSE(RankHandover::HasUnclaimed(job_));
+}
+
+TEST_F(RankHandoverTest, AnEvaluatedJobWaitsForNoTaker) {
+  const RankHandover handover = Handover();
+  handover.Lose(&job_, 2, "gone");
+  job_.set_test_accuracy(0.9);
+  std::deque<std::string> free = {"spare"};
+  EXPECT_FALSE(handover.AssignTakers(&job_, &free, [] { return CheckpointRestore(); }));
+  EXPECT_EQ(free.size(), 1u);
+}
+
+TEST_F(RankHandoverTest, AnAsyncRanksDataAndStepsAreDealtToTheLiveRanksAfterTheWait) {
+  const RankHandover handover = Handover();
+  job_.mutable_spec()->mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
+  ReportProgressRequest listing;
+  listing.set_node_id("w0");
+  for (int i = 0; i < 6; ++i) listing.add_data_files("part-" + std::to_string(i));
+  ASSERT_TRUE(*handover.TakeListing(&job_, listing));
+  EXPECT_FALSE(*handover.TakeListing(&job_, listing));  // Shared once.
+  EXPECT_EQ(job_.workers(1).data_size(), 2);
+  job_.mutable_workers(1)->set_step(40);
+  handover.Lose(&job_, 1, "gone");
+  EXPECT_FALSE(handover.Absorb(&job_));  // Not yet: a taker may come.
+  now_ += absl::Seconds(31);
+  for (WorkerProgress& w : *job_.mutable_workers()) w.set_step(w.rank() == 1 ? 40 : 50);
+  ASSERT_TRUE(handover.Absorb(&job_));
+  EXPECT_TRUE(job_.workers(1).absorbed());
+  EXPECT_EQ(job_.workers(1).data_size(), 0);
+  // 60 steps to go, dealt 30 + 30 with a file each.
+  EXPECT_EQ(job_.workers(0).steps(), 130);
+  EXPECT_EQ(job_.workers(2).steps(), 130);
+  EXPECT_EQ(job_.workers(0).data_size() + job_.workers(2).data_size(), 6);
+  EXPECT_EQ(job_.workers(0).data_step(), 50);
+  EXPECT_FALSE(handover.Absorb(&job_));
+}
+
+TEST_F(RankHandoverTest, RankZeroIsAlwaysWaitedFor) {
+  const RankHandover handover = Handover();
+  job_.add_data_files("part-0");
+  handover.Lose(&job_, 0, "gone");
+  now_ += absl::Hours(1);
+  EXPECT_FALSE(handover.Absorb(&job_));
+  EXPECT_EQ(job_.message(),
+            "worker rank 0 lost; waiting for a free worker to take it over (rank 0 evaluates "
+            "the job at its end)");
+}
+
+TEST_F(RankHandoverTest, AListingTooLargeToShareIsRefused) {
+  const RankHandover handover = Handover();
+  ReportProgressRequest listing;
+  listing.add_data_files(std::string(kMaxDataShareBytes, 'x'));
+  absl::StatusOr<bool> taken = handover.TakeListing(&job_, listing);
+  ASSERT_FALSE(taken.ok());
+  EXPECT_NE(taken.status().message().find("use at least as many files as workers"),
+            std::string::npos);
+  EXPECT_EQ(job_.data_files_size(), 0);
+}
+
+}  // namespace
+}  // namespace control
+}  // namespace downpour
