@@ -106,7 +106,7 @@ def why_skip():
     missing = [t for t in TOOLS if not shutil.which(t)]
     if missing:
         return (f"Slurm or munge is not installed ({', '.join(missing)} missing; Debian's "
-                "slurm-wlm and munge, which scripts/install-deps.sh installs)")
+                "slurm-wlm and munge, which scripts/install-deps.sh --test installs)")
     if (os.cpu_count() or 1) < 2:
         return "fewer than 2 CPUs: the job runs 2 worker tasks of 1 CPU each"
     return None

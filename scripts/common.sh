@@ -1,10 +1,11 @@
-# Shared by scripts/demo.sh and scripts/test.sh: repository root, dependency
-# install, and the daemon helpers for a local cluster on loopback.
+# Shared by scripts/demo.sh, test.sh, fuzz.sh and sanitizers.sh: the
+# repository root and the daemon helpers for a local cluster on loopback.
+# Each script installs what it needs (scripts/install-deps.sh).
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-"$ROOT/scripts/install-deps.sh"
 
 PIDS=()
+NAMES=()
 
 # wait_for_file FILE SECONDS: waits until FILE exists (a daemon's --port_file).
 wait_for_file() {
@@ -24,14 +25,27 @@ start_daemon() {
   shift 2
   "$@" >"$log" 2>&1 &
   PIDS+=($!)
+  NAMES+=("$name")
 }
 
+# stop_daemons: SIGTERM to each daemon in the reverse of the order they
+# started — workers, then shards, then the coordinator, whom the others tell
+# that they leave — each waited for (10 s, then SIGKILL, which is said).
 stop_daemons() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
+  local i pid
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    pid=${PIDS[i]}
+    kill -TERM "$pid" 2>/dev/null || continue
+    for _ in $(seq 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "${NAMES[i]} (pid $pid) did not stop within 10 s of SIGTERM: killed" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
   done
   PIDS=()
+  NAMES=()
 }

@@ -9,6 +9,7 @@
 #   scripts/demo.sh [JOB_SPEC]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+"$ROOT/scripts/install-deps.sh"
 SPEC=${1:-examples/fashion_mnist_mlp.pbtxt}
 SHARDS=${DEMO_SHARDS:-2}
 WORKERS=${DEMO_WORKERS:-2}

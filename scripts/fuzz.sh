@@ -18,6 +18,7 @@
 # writable. Reproduce a crash with the printed binary and the crash file.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+"$ROOT/scripts/install-deps.sh" --test
 
 junit="" parallel=1 budget="-max_total_time=600" targets=()
 while (($#)); do

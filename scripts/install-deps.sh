@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Downpour builds and runs with (and tests with:
-# prometheus gives promtool, which tests/metrics_test runs over every
-# daemon's /metrics; slurm-wlm and munge are the one-node Slurm that
-# deploy/slurm_test.py runs the CPU batch script on, about 20 s of apt;
-# clang, its sanitizer and libFuzzer runtimes and lld build fuzz/).
+# Installs the Debian packages Downpour needs.
+#   scripts/install-deps.sh          what building the daemons and running
+#                                    them (scripts/demo.sh) needs
+#   scripts/install-deps.sh --test   that, and what the test suite needs
+#                                    (scripts/test.sh, fuzz.sh, sanitizers.sh)
+# The test extras: GoogleTest and Google Benchmark; prometheus gives
+# promtool, which tests/metrics_test runs over every daemon's /metrics;
+# python3-yaml, shellcheck and chromium check deploy/ and the dashboards;
+# slurm-wlm and munge are the one-node Slurm that deploy/slurm_test.py runs
+# the CPU batch script on (about 20 s of apt); clang, its sanitizer and
+# libFuzzer runtimes and lld build fuzz/.
 # Idempotent: when everything is present it prints nothing and returns at
-# once. The CUDA toolkit is not among them: the build
-# uses it where it is installed and builds for the CPU only where it is not
+# once. The CUDA toolkit is not among them: the build uses it where it is
+# installed and builds for the CPU only where it is not
 # (third_party/system/system.bzl).
 set -euo pipefail
 
@@ -14,14 +20,25 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java default-jdk-headless
   build-essential pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libcivetweb-dev libsqlite3-dev libssl-dev openssl
+  libabsl-dev libopenblas-dev libcivetweb-dev libsqlite3-dev libssl-dev openssl
   zlib1g-dev libjpeg62-turbo-dev libpng-dev
   dataset-fashion-mnist python3-venv
+)
+TEST_PACKAGES=(
+  libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3-yaml shellcheck chromium
   slurm-wlm munge
   clang libclang-rt-14-dev lld
 )
+
+case ${1:-} in
+  "") ;;
+  --test) PACKAGES+=("${TEST_PACKAGES[@]}") ;;
+  *)
+    echo "usage: scripts/install-deps.sh [--test]" >&2
+    exit 2
+    ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the tests under a sanitizer (README, "Sanitizers"), in a Bazel output
+# Runs the tests under a sanitizer (docs/operations.md, "Sanitizers"), in a Bazel output
 # base of its own so the main build's cache stays warm, at low priority. Not
 # part of scripts/test.sh: the instrumented build and the slower daemons take
 # far longer than CI's 20 minutes.
@@ -20,6 +20,7 @@
 # base (default ~/.cache/downpour-asan or ~/.cache/downpour-tsan).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+"$ROOT/scripts/install-deps.sh" --test
 
 sanitizer=${1:-}
 case $sanitizer in

@@ -4,6 +4,7 @@
 # Extra arguments go to `bazel test` (e.g. --test_filter=...).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+"$ROOT/scripts/install-deps.sh" --test
 
 log=$(mktemp -t downpour-test.XXXXXX)
 layering=$(mktemp -t downpour-layering.XXXXXX)
@@ -30,7 +31,7 @@ if [[ ${FUZZ_SECONDS:-10} != 0 ]]; then
   fuzz_build_pid=$!
 fi
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
-# The dependency rules of ARCHITECTURE.md over the build graph (bazel query,
+# The dependency rules of docs/architecture.md over the build graph (bazel query,
 # so outside `bazel test`).
 python3 "$ROOT/tests/layering_test.py" --junit "$layering"
 # Exported models loaded by NumPy through the PyPI safetensors package (pinned

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The layering of ARCHITECTURE.md, checked over the build graph.
+"""The layering of docs/architecture.md, checked over the build graph.
 
 Each rule is a `bazel query` that must come back empty (a forbidden edge is
 printed with the path that makes it), plus two checks over the sources:
@@ -34,8 +34,26 @@ DAEMONS = {
     "client": "//client:downpourctl",
 }
 
+# The coordinator's collaborators (control/coordinator_state.h): each owns
+# its state; none reaches the facade or another collaborator, but for
+# JobHistory, which records the events they add to jobs.
+COLLABORATORS = ["node_registry", "job_table", "job_history", "checkpoint_orchestrator",
+                 "rank_handover"]
+
+
+def collaborators_apart():
+    terms = []
+    for name in COLLABORATORS:
+        others = [f"//control:{o}" for o in COLLABORATORS if o not in (name, "job_history")]
+        terms.append(f"(deps(//control:{name}) intersect (//control:coordinator_state + " +
+                     " + ".join(others) + "))")
+    return " + ".join(terms)
+
+
 RULES = [
     # name, query that must be empty
+    ("the coordinator's collaborators never reach the facade or each other (JobHistory aside)",
+     collaborators_apart()),
     ("daemons never depend on each other",
      " + ".join(f"(deps({target}) intersect (" +
                 " + ".join(f"//{other}/..." for other in DAEMONS if other != name) + "))"
@@ -56,7 +74,8 @@ RULES = [
      "//ps/... + //control/... + //rpc/... + //data/...)"),
     ("rpc/ adapts the interfaces, never the implementations",
      f"deps({shipped('//rpc/...')}) intersect (//ps:parameter_store + //control:coordinator_state"
-     " + //control:scheduler + //control:job_store + //model/... + //kernels/...)"),
+     " + //control:scheduler + //control:job_store + " +
+     " + ".join(f"//control:{c}" for c in COLLABORATORS) + " + //model/... + //kernels/...)"),
     ("the coordinator and downpourctl never link a compute backend",
      "deps(//coordinator:downpour-coordinator + //client:downpourctl) intersect "
      "(//kernels/... + //model/... + @cuda//:cuda)"),
