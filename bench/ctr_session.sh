@@ -25,7 +25,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/ctr-out}
 mkdir -p "$OUT"
 # shellcheck source=bench/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" || exit 2
 STAGES=${STAGES:-tests table ctr}
 # stage NAME: whether NAME is one of the words of STAGES.
 stage() { [[ " $STAGES " == *" $1 "* ]]; }

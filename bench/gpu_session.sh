@@ -45,7 +45,7 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 # shellcheck source=bench/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" || exit 2
 STAGES=${STAGES:-tests bench train}
 # stage NAME: whether NAME is one of the words of STAGES.
 stage() { [[ " $STAGES " == *" $1 "* ]]; }

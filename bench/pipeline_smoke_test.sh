@@ -6,7 +6,7 @@
 # (or with DOWNPOUR_BIN=DIR; bench/lib.sh): bash bench/pipeline_smoke_test.sh
 set -euo pipefail
 # shellcheck source=bench/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" || exit 2
 downpour_need PIPELINE bench/pipeline
 for schedule in 1f1b gpipe; do
   out=$("$PIPELINE" --cpu --stages=2,3 --width=32 --layers=6 --input=16 --micro_batch=4 \

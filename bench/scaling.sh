@@ -103,7 +103,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=bench/lib.sh
-source "$BENCH/lib.sh"
+source "$BENCH/lib.sh" || exit 2
 ROOT=$DOWNPOUR_ROOT
 TOOLS=("python3" "$BENCH/scaling_tools.py")
 

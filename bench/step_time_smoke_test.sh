@@ -7,7 +7,7 @@
 # (or with DOWNPOUR_BIN=DIR; bench/lib.sh): bash bench/step_time_smoke_test.sh
 set -euo pipefail
 # shellcheck source=bench/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" || exit 2
 downpour_need STEP_TIME bench/step_time
 out=$("$STEP_TIME" --device=-1 --models=mlp,cnn --batch=8 --steps=2 --repeats=1 --warmup=1)
 echo "$out"
