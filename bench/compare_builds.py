@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compares two builds' benchmark lines, run alternately in one session:
+"""Compares two builds' benchmark lines, run alternately on one machine:
 //bench:step_time (per model and precision: median ms/step of each build,
 new / old) and //bench:transport (per configuration: median GB/s and RTT p50
 of each build, new / old). Lines are JSON objects; each file may hold several

@@ -1,53 +1,73 @@
 #!/usr/bin/env bash
-# What the GPU work needs from one GPU machine, in one call of the device
-# tool: the GPU tests, //bench:step_time beside the PyTorch baseline on the
-# same card, two builds' step times alternated on the same card, and
-# examples/fashion_mnist_cnn.pbtxt trained through the real daemons on the
-# GPU, and the durability checks (STAGES=durability: exports loaded by
-# PyTorch with load_state_dict, a ResNet-18 job surviving a killed shard and
-# a shard killed while writing a checkpoint; with STAGES="durability
-# recovery" also a killed worker's rank taken over and a SIGTERMed shard
-# drained, without a rollback). Logs go to $OUT (or ./gpu-out).
+# The GPU work of one GPU host, stage by stage (STAGES, default "tests bench
+# train"); logs and tables go to $OUT (default ./gpu-out):
+#   tests       the GPU tests of kernels/cuda and model (gtest binaries run
+#               directly; a line per test with its PASSED/FAILED counts)
+#   bench       //bench:step_time once per precision of PRECISIONS beside
+#               bench/pytorch_step_time.py on the same card, then
+#               bench/compare_step_time.py's table (table.md)
+#   ab          two builds' step times alternated on the same card (old new
+#               new old per precision), compared by bench/compare_builds.py
+#   profile     per-layer times of a step and each convolution's cuDNN choices
+#   train       examples/fashion_mnist_cnn.pbtxt (TRAIN_SPEC) through a real
+#               coordinator, shard and worker on GPU(s) WORKER_DEVICES (0)
+#   durability  exports loaded by PyTorch with load_state_dict, a ResNet-18
+#               job surviving a killed shard and a shard killed while writing
+#               a checkpoint, then //bench:checkpoint beside the disk
+#   recovery    (with durability or alone) a killed worker's rank taken over
+#               and a SIGTERMed shard drained, without a rollback
 #
-# Here (no GPU needed):
-#   GPU_TESTS="kernels/cuda/context_test kernels/cuda/layers_test kernels/cuda/reduced_layers_test
-#     kernels/cuda/conv_test kernels/cuda/optimizer_test kernels/cuda/backend_test
-#     kernels/cuda/collectives_test model/model_gpu_test model/replica_set_test"
-#   bazel build -c opt $(for t in $GPU_TESTS; do echo //${t%/*}:${t##*/}; done) //bench:step_time \
-#     //bench:checkpoint //coordinator:downpour-coordinator //server:downpour-ps \
-#     //worker:downpour-worker //client:downpourctl
-#   ../shared/tools/device-bundle .device/bundle $(for t in $GPU_TESTS; do echo bazel-bin/$t; done) \
-#     bazel-bin/bench/step_time bazel-bin/bench/checkpoint bazel-bin/coordinator/downpour-coordinator \
-#     bazel-bin/server/downpour-ps bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl
-#   (bazel-bin/bench/checkpoint is bundled as checkpoint_bench: copy it to that name first)
-#   For STAGES=ab, another build's step_time goes in too, as bin/step_time_old
-#   (build it in a worktree of the old commit, copy it to step_time_old, and
-#   name that copy to device-bundle as well).
-#   mkdir -p .device/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .device/fashion-mnist/
-#   (cd .device && tar -cf - bundle | xz -T2 > bundle.tar.xz && rm -rf bundle)  # under 64 MiB
-# Then the device tool: run with carry [".device"], command "bash bench/gpu_session.sh".
-# The bench stage runs every precision of PRECISIONS on both engines, e.g.
+# Build, from the repository root (on the GPU host, or on a build host and
+# pack; see bench/lib.sh):
+#   bazel build -c opt //kernels/cuda:context_test //kernels/cuda:layers_test \
+#     //kernels/cuda:reduced_layers_test //kernels/cuda:conv_test //kernels/cuda:optimizer_test \
+#     //kernels/cuda:backend_test //kernels/cuda:collectives_test //model:model_gpu_test \
+#     //model:replica_set_test //bench:step_time //bench:checkpoint \
+#     //coordinator:downpour-coordinator //server:downpour-ps //worker:downpour-worker \
+#     //client:downpourctl
+# (a stage needs only its own: tests the tests; bench, ab and profile
+# step_time; train, durability and recovery the four daemons and tools, and
+# checkpoint for durability). Run from the repository root:
+#   bash bench/gpu_session.sh                               # programs in bazel-bin
+#   DOWNPOUR_BIN=DIR bash bench/gpu_session.sh              # or in DIR (bench/lib.sh)
 #   STAGES=bench PRECISIONS="fp32 tf32 fp32_strict bf16" \
 #     PYTORCH_ARGS="--steps 20 --warmup 5" bash bench/gpu_session.sh
-# (PYTORCH_ARGS gets --precisions from PRECISIONS unless it names its own).
+# Environment: STAGES; PRECISIONS (bench: default "fp32 tf32 fp32_strict
+# bf16"; ab: default fp32); STEP_TIME_ARGS (more step_time flags);
+# PYTORCH_ARGS (gets --precisions from PRECISIONS unless it names its own);
+# PROFILE_ARGS; STEP_TIME_OLD (ab: the other build's step_time; default
+# step_time_old in DOWNPOUR_BIN); TRAIN_SPEC, WORKER_DEVICES, TRAIN_TIMEOUT
+# (400 s), SCRAPE_AFTER_S (10); FASHION_MNIST_DIR (the Fashion-MNIST .gz
+# files, default /usr/share/datasets/fashion-mnist). PyTorch and NumPy come
+# from python3.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-[[ -f .device/bundle.tar.xz && ! -d .device/bundle ]] && tar -xJf .device/bundle.tar.xz -C .device
-source .device/bundle/env.sh
+OUT=$(cd "$OUT" && pwd)
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" || exit 2
 STAGES=${STAGES:-tests bench train}
+# stage NAME: whether NAME is one of the words of STAGES.
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-if [[ $STAGES == *tests* ]]; then
-  for t in context_test layers_test reduced_layers_test conv_test optimizer_test backend_test \
-    collectives_test model_gpu_test replica_set_test; do
-    $t --gtest_color=no >"$OUT/$t.log" 2>&1
+if stage tests; then
+  for test in kernels/cuda/context_test kernels/cuda/layers_test kernels/cuda/reduced_layers_test \
+    kernels/cuda/conv_test kernels/cuda/optimizer_test kernels/cuda/backend_test \
+    kernels/cuda/collectives_test model/model_gpu_test model/replica_set_test; do
+    t=${test##*/}
+    program=$(downpour_prog "$test") || { echo "$t rc=127 (not built)"; continue; }
+    "$program" --gtest_color=no >"$OUT/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$t.log" | head -20
   done
 fi
 
-if [[ $STAGES == *bench* ]]; then
+if stage bench || stage ab || stage profile; then
+  downpour_need STEP_TIME bench/step_time
+fi
+
+if stage bench; then
   # Ours once per precision in PRECISIONS (default "fp32 tf32 fp32_strict
   # bf16": fp32 is PyTorch's default, TF32 convolutions only; tf32 adds the
   # GEMMs; fp32_strict has no TF32; fp16 may be added), PyTorch's with the
@@ -55,32 +75,40 @@ if [[ $STAGES == *bench* ]]; then
   # pass --precisions yourself in PYTORCH_ARGS to override).
   BENCH_PRECISIONS=${PRECISIONS:-fp32 tf32 fp32_strict bf16}
   for p in $BENCH_PRECISIONS; do
-    step_time --precision=$p ${STEP_TIME_ARGS:-} 2>&1
+    # shellcheck disable=SC2086  # STEP_TIME_ARGS: words
+    "$STEP_TIME" --precision="$p" ${STEP_TIME_ARGS:-} 2>&1
   done | tee "$OUT/ours.jsonl"
   PT_ARGS=${PYTORCH_ARGS:-}
   [[ $PT_ARGS == *--precisions* ]] || PT_ARGS="$PT_ARGS --precisions ${BENCH_PRECISIONS// /,}"
+  # shellcheck disable=SC2086  # PT_ARGS: words
   PYTHONUNBUFFERED=1 python3 bench/pytorch_step_time.py $PT_ARGS \
     2>&1 | tee "$OUT/pytorch.jsonl"
   python3 bench/compare_step_time.py "$OUT/ours.jsonl" "$OUT/pytorch.jsonl" | tee "$OUT/table.md"
 fi
 
-if [[ $STAGES == *ab* ]]; then
+if stage ab; then
   # The old and the new build's step times, alternated (old new new old per
   # precision, so drift of the card cancels), then compared: medians of each.
+  # The old build's step_time: STEP_TIME_OLD, or step_time_old in DOWNPOUR_BIN.
+  STEP_TIME_OLD=${STEP_TIME_OLD:-}
+  [[ -z $STEP_TIME_OLD && -n ${DOWNPOUR_BIN:-} ]] && STEP_TIME_OLD=$(downpour_prog bench/step_time_old)
+  [[ -x $STEP_TIME_OLD ]] || { echo "STAGES=ab needs STEP_TIME_OLD=PATH, the other build's step_time" >&2; exit 2; }
   for p in ${PRECISIONS:-fp32}; do
     for build in old new new old; do
-      bin=step_time
-      [[ $build == old ]] && bin=step_time_old
-      $bin --precision=$p ${STEP_TIME_ARGS:-} 2>/dev/null >>"$OUT/ab_$build.jsonl"
+      bin=$STEP_TIME
+      [[ $build == old ]] && bin=$STEP_TIME_OLD
+      # shellcheck disable=SC2086  # STEP_TIME_ARGS: words
+      "$bin" --precision="$p" ${STEP_TIME_ARGS:-} 2>/dev/null >>"$OUT/ab_$build.jsonl"
     done
   done
   python3 bench/compare_builds.py "$OUT/ab_old.jsonl" "$OUT/ab_new.jsonl" | tee "$OUT/ab.md"
 fi
 
-if [[ $STAGES == *profile* ]]; then
+if stage profile; then
   # Per-layer device times of one step, and every convolution's measured
   # algorithms in both layouts.
-  step_time --profile --log_conv --repeats=1 --steps=5 ${PROFILE_ARGS:-} >"$OUT/profile.jsonl" \
+  # shellcheck disable=SC2086  # PROFILE_ARGS: words
+  "$STEP_TIME" --profile --log_conv --repeats=1 --steps=5 ${PROFILE_ARGS:-} >"$OUT/profile.jsonl" \
     2>"$OUT/conv.log"
   python3 - "$OUT/profile.jsonl" <<'PY'
 import json, sys
@@ -94,29 +122,37 @@ for model in dict.fromkeys(r['profile'] for r in rows):
 PY
 fi
 
-if [[ $STAGES == *train* ]]; then
+if stage train || stage durability || stage recovery; then
+  downpour_need COORDINATOR coordinator/downpour-coordinator
+  downpour_need PS server/downpour-ps
+  downpour_need WORKER worker/downpour-worker
+  downpour_need CTL client/downpourctl
+fi
+stage durability && downpour_need CHECKPOINT_BENCH bench/checkpoint
+
+if stage train; then
   W=$(mktemp -d)
-  downpourctl dataset import --fashion_mnist=.device/fashion-mnist --out_dir="$W/data/fashion-mnist" \
+  "$CTL" dataset import --fashion_mnist="$FASHION_MNIST_DIR" --out_dir="$W/data/fashion-mnist" \
     --shards=4 >"$OUT/import.log" 2>&1 || { echo "import failed"; cat "$OUT/import.log"; }
-  downpour-coordinator --listen=127.0.0.1:0 --port_file="$W/c.port" --state_dir="$W/state" \
+  "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$W/c.port" --state_dir="$W/state" \
     >"$W/coordinator.log" 2>&1 &
   PIDS=($!)
   for _ in $(seq 100); do [[ -s $W/c.port ]] && break; sleep 0.1; done
   C=$(cat "$W/c.port")
-  downpour-ps --listen=127.0.0.1:0 --port_file="$W/ps.port" --coordinator="$C" >"$W/ps.log" 2>&1 &
+  "$PS" --listen=127.0.0.1:0 --port_file="$W/ps.port" --coordinator="$C" >"$W/ps.log" 2>&1 &
   PIDS+=($!)
-  downpour-worker --listen=127.0.0.1:0 --port_file="$W/w.port" --coordinator="$C" \
-    --data_dir="$W/data" --devices=${WORKER_DEVICES:-0} --metrics_listen=127.0.0.1:0 >"$W/worker.log" 2>&1 &
+  "$WORKER" --listen=127.0.0.1:0 --port_file="$W/w.port" --coordinator="$C" \
+    --data_dir="$W/data" --devices="${WORKER_DEVICES:-0}" --metrics_listen=127.0.0.1:0 >"$W/worker.log" 2>&1 &
   PIDS+=($!)
   for f in ps.port w.port; do for _ in $(seq 100); do [[ -s $W/$f ]] && break; sleep 0.1; done; done
   sleep 1
-  downpourctl --coordinator="$C" nodes 2>&1 | tee "$OUT/nodes.txt"
+  "$CTL" --coordinator="$C" nodes 2>&1 | tee "$OUT/nodes.txt"
   M=$(grep -o 'metrics on [0-9.:]*' "$W/worker.log" | head -1 | awk '{print $3}')
   scrape() { python3 -c "import urllib.request;print(urllib.request.urlopen('http://$M/metrics').read().decode())"; }
   # The worker's /metrics while the job trains (GPU memory in use), kept whole.
   [[ -n $M ]] && (sleep "${SCRAPE_AFTER_S:-10}"; scrape >"$OUT/metrics_during.txt" 2>&1) &
   start=$SECONDS
-  timeout ${TRAIN_TIMEOUT:-400} downpourctl --coordinator="$C" submit "${TRAIN_SPEC:-examples/fashion_mnist_cnn.pbtxt}" \
+  timeout "${TRAIN_TIMEOUT:-400}" "$CTL" --coordinator="$C" submit "${TRAIN_SPEC:-examples/fashion_mnist_cnn.pbtxt}" \
     --wait --timeout=390s >"$OUT/train.txt" 2>"$OUT/train_progress.txt"
   echo "train rc=$? wall_s=$((SECONDS - start))"
   tail -3 "$OUT/train_progress.txt"; cat "$OUT/train.txt"
@@ -128,23 +164,23 @@ if [[ $STAGES == *train* ]]; then
   grep -E 'device|model replica|accuracy' "$W/worker.log" | head
 fi
 
-if [[ $STAGES == *durability* || $STAGES == *recovery* ]]; then
+if stage durability || stage recovery; then
   # The real daemons with a checkpoint root on the GPU: two shards, two
   # workers on GPU 0.
   W=$(mktemp -d)
   R=$W/checkpoints
-  downpourctl dataset import --fashion_mnist=.device/fashion-mnist --out_dir="$W/data/fashion-mnist" \
+  "$CTL" dataset import --fashion_mnist="$FASHION_MNIST_DIR" --out_dir="$W/data/fashion-mnist" \
     --shards=4 >"$OUT/import.log" 2>&1 || { echo "import failed"; cat "$OUT/import.log"; }
   dd if=/dev/zero of="$W/raw.bin" bs=8M count=64 conv=fsync 2>&1 | tail -1 | sed 's/^/raw disk: /' \
     | tee "$OUT/raw_disk.txt"
   rm -f "$W/raw.bin"
-  downpour-coordinator --listen=127.0.0.1:0 --port_file="$W/c.port" --state_dir="$W/state" \
+  "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$W/c.port" --state_dir="$W/state" \
     --checkpoint_root="$R" --heartbeat_interval_ms=200 --node_timeout_ms=2000 >"$W/coordinator.log" 2>&1 &
   PIDS=($!)
   for _ in $(seq 100); do [[ -s $W/c.port ]] && break; sleep 0.1; done
   C=$(cat "$W/c.port")
   start_shard() {
-    downpour-ps --listen=127.0.0.1:0 --port_file="$W/ps$1.port" --coordinator="$C" \
+    "$PS" --listen=127.0.0.1:0 --port_file="$W/ps$1.port" --coordinator="$C" \
       --checkpoint_root="$R" >"$W/ps$1.log" 2>&1 &
     SHARD_PID[$1]=$!
     PIDS+=($!)
@@ -152,21 +188,22 @@ if [[ $STAGES == *durability* || $STAGES == *recovery* ]]; then
   start_shard 0
   start_shard 1
   for i in 0 1; do
-    downpour-worker --listen=127.0.0.1:0 --port_file="$W/w$i.port" --coordinator="$C" \
+    "$WORKER" --listen=127.0.0.1:0 --port_file="$W/w$i.port" --coordinator="$C" \
       --data_dir="$W/data" --devices=0 >"$W/worker$i.log" 2>&1 &
+    WORKER_PID[i]=$!
     PIDS+=($!)
   done
   sleep 2
-  ctl() { downpourctl --coordinator="$C" "$@"; }
+  ctl() { "$CTL" --coordinator="$C" "$@"; }
   # The newest checkpoint's step of a job (0 if none).
   newest() { ctl -o json get "$1" | python3 -c 'import json,sys; c=json.load(sys.stdin).get("checkpoints",[]); print(c[-1]["step"] if c else 0)'; }
   check_export() {
     ctl -o json get "$1" >"$OUT/$1.json"
     ctl export "$1" --out="$W/$1.safetensors" | tee -a "$OUT/durability.txt"
     python3 bench/export_pytorch_check.py --export "$W/$1.safetensors" --job "$OUT/$1.json" \
-      --fashion .device/fashion-mnist | tee -a "$OUT/durability.txt"
+      --fashion "$FASHION_MNIST_DIR" | tee -a "$OUT/durability.txt"
   }
-  if [[ $STAGES == *durability* ]]; then
+  if stage durability; then
   ctl submit examples/fashion_mnist_cnn_bn.pbtxt --job_id=cnn-bn --wait --timeout=300s 2>/dev/null \
     | tee -a "$OUT/durability.txt"
   check_export cnn-bn
@@ -196,7 +233,7 @@ if [[ $STAGES == *durability* || $STAGES == *recovery* ]]; then
   done
   echo "killed ps0 during a checkpoint write: $mid_write; on disk then:" | tee -a "$OUT/durability.txt"
   for d in "$R"/resnet-mid-write/*; do
-    echo "  $(basename "$d"): $(ls "$d" | tr '\n' ' ')" | tee -a "$OUT/durability.txt"
+    echo "  $(basename "$d"): $(cd "$d" && printf '%s ' *)" | tee -a "$OUT/durability.txt"
   done
   start_shard 3
   ctl wait resnet-mid-write --timeout=300s 2>/dev/null | tee -a "$OUT/durability.txt"
@@ -205,7 +242,7 @@ if [[ $STAGES == *durability* || $STAGES == *recovery* ]]; then
     ctl get "$j" | sed -n '/^events/,$p' | tee -a "$OUT/durability.txt"
   done
   fi
-  if [[ $STAGES == *recovery* ]]; then
+  if stage recovery; then
     # Without a rollback: the ResNet-18 job's worker killed once a
     # checkpoint at step >= 200 exists (the other, idle worker takes its
     # rank over at the shards' step, with the checkpoint's batch-norm
@@ -220,7 +257,7 @@ if [[ $STAGES == *durability* || $STAGES == *recovery* ]]; then
     holder=$(ctl -o json get resnet-worker-loss | python3 -c 'import json,sys; print(json.load(sys.stdin)["placement"]["worker_nodes"][0])')
     for i in 0 1; do
       if [[ $holder == *":$(cut -d: -f2 "$W/w$i.port")" ]]; then
-        pkill -9 -f "port_file=$W/w$i.port"
+        kill -9 "${WORKER_PID[i]}"
         echo "killed worker $i ($holder) at checkpoint $(newest resnet-worker-loss)" | tee -a "$OUT/durability.txt"
       fi
     done
@@ -244,7 +281,7 @@ if [[ $STAGES == *durability* || $STAGES == *recovery* ]]; then
   grep -h "wrote .*MB/s" "$W"/ps*.log | tee "$OUT/checkpoint_writes.txt" | tail -4
   # A shard's checkpoint write beside the disk's raw rate, and the step
   # slowdown while checkpoints are written (//bench:checkpoint).
-  [[ $STAGES == *durability* ]] && checkpoint_bench --dir="$W/bench" 2>/dev/null | tee "$OUT/checkpoint_bench.jsonl"
+  stage durability && "$CHECKPOINT_BENCH" --dir="$W/bench" 2>/dev/null | tee "$OUT/checkpoint_bench.jsonl"
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   sleep 1
   cp "$W"/*.log "$OUT/" 2>/dev/null

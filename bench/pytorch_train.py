@@ -100,10 +100,7 @@ def spec_value(model, field, default):
 
 
 def default_fashion_dir():
-    for d in ('.device/fashion-mnist', '/usr/share/datasets/fashion-mnist'):
-        if os.path.isdir(d):
-            return d
-    return '.device/fashion-mnist'
+    return os.environ.get('FASHION_MNIST_DIR', '/usr/share/datasets/fashion-mnist')
 
 
 def parse_args():
@@ -111,7 +108,7 @@ def parse_args():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--model', choices=sorted(SPECS), default='cnn')
     p.add_argument('--fashion', default=None,
-                   help='folder with the Fashion-MNIST IDX .gz files (default: .device/fashion-mnist, '
+                   help='folder with the Fashion-MNIST IDX .gz files (default: $FASHION_MNIST_DIR, '
                    "else Debian's dataset-fashion-mnist folder)")
     p.add_argument('--batch', type=int, default=128, help='examples per GPU per step')
     p.add_argument('--lr', type=float, default=None, help="default: the job spec's learning_rate")

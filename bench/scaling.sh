@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scaling benchmark (issue 10): Downpour against PyTorch on one GPU host,
+# The scaling benchmark: Downpour against PyTorch on one GPU host,
 # for a matrix of models, precisions, cluster shapes and consistency modes.
 #
 # What it measures, per run:
@@ -39,7 +39,7 @@
 #                     include SYNC's wait for the slowest worker, so this is
 #                     a lower bound of what the wire carried while busy.
 #                     Beside it, once per call and model, the transport
-#                     ceiling: bin/transport (//bench:transport, real
+#                     ceiling: //bench:transport (real
 #                     downpour-ps, synthetic gradients of the model's size,
 #                     1 worker, the first of SHARDS) gives loopback raw TCP and
 #                     Downpour's push+pull GB/s; without it, raw loopback TCP
@@ -66,9 +66,11 @@
 #   MAX_STEPS [none: caps a Downpour run's steps], BATCH [128 a
 #   GPU], RUN_TIMEOUT [300 s a run], SAMPLE_INTERVAL [0.2], CEILING [1],
 #   PYTHON [python3: runs bench/pytorch_train.py], PYTORCH_ARGS [], FASHION
-#   [.device/fashion-mnist: the IDX .gz files], OUT [./gpu-out], TARGET [the
-#   model's: replaces it for both systems], WORKER_FLAGS, PS_FLAGS [more
-#   daemon flags, e.g. --compute_threads=2 for a CPU worker].
+#   [$FASHION_MNIST_DIR, default /usr/share/datasets/fashion-mnist: the IDX
+#   .gz files], OUT [./gpu-out], TARGET [the model's: replaces it for both
+#   systems], WORKER_FLAGS, PS_FLAGS [more daemon flags, e.g.
+#   --compute_threads=2 for a CPU worker], DEVICES [gpu; cpu: workers get no
+#   --devices flag and PyTorch runs on the CPU].
 # PyTorch runs once per model and precision for each total GPU count of the
 # shapes (1: one process; 2, 4: DDP through torch.distributed.run).
 #
@@ -78,38 +80,31 @@
 # 4-GPU examples/s / (4 x the same system's 1-GPU examples/s)), and runs/NAME/
 # with each run's spec, job status, metric samples and daemon logs.
 #
-# The bundle (here, no GPU needed):
+# Build, from the repository root (on the GPU host, or on a build host and
+# pack; see bench/lib.sh):
 #   bazel build -c opt //coordinator:downpour-coordinator //server:downpour-ps \
 #     //worker:downpour-worker //client:downpourctl //bench:transport
-#   ../shared/tools/device-bundle .device/bundle bazel-bin/coordinator/downpour-coordinator \
-#     bazel-bin/server/downpour-ps bazel-bin/worker/downpour-worker bazel-bin/client/downpourctl \
-#     bazel-bin/bench/transport
-#   mkdir -p .device/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .device/fashion-mnist/
-#   (cd .device && tar -cf - bundle | xz -T2 > bundle.tar.xz && rm -rf bundle)  # under 64 MiB
-# (bench/gpu_session.sh's bundle has these binaries too, less transport.)
-# Then the device tool, carry [".device"], one call each (sized to fit in its
-# 10 minutes by estimate: not yet timed on a GPU; RUN_TIMEOUT bounds a run):
-#   kind nvidia-h100-x1:
-#     MODELS=cnn PRECISIONS="fp32 bf16" SHAPES=1x1 bash bench/scaling.sh
-#     MODELS=resnet18 PRECISIONS=bf16 SHAPES=1x1 bash bench/scaling.sh
-#   kind nvidia-h100-x2:
-#     MODELS=cnn PRECISIONS=fp32 SHAPES="1x1 2x1 1x2" MODES=SYNC bash bench/scaling.sh
-#     MODELS=cnn PRECISIONS=fp32 SHAPES="2x1" MODES=ASYNC SYSTEMS=downpour \
-#       EXTRA_SPEC="gradient_wire_dtype: BFLOAT16" bash bench/scaling.sh
-#   kind nvidia-h100-x4:
-#     MODELS=cnn PRECISIONS=fp32 SHAPES="1x1 4x1 1x4" MODES=SYNC bash bench/scaling.sh
-#
-# Here, on the CPU (workers get no --devices flag; no PyTorch DDP):
-#   BIN_DIR=bazel-bin DEVICES=cpu FASHION=/usr/share/datasets/fashion-mnist EPOCHS=2 \
-#     EPOCH_STEPS=100 SYSTEMS=downpour bash bench/scaling.sh
-# BIN_DIR: a folder holding the programs, flat or as bazel-bin (default: the
-# bundle's bin/, on PATH after its env.sh).
+# (//bench:transport only for the ceiling line; without it the ceiling is raw
+# loopback TCP from Python). Programs come from bazel-bin, or from
+# DOWNPOUR_BIN=DIR. Run from the repository root, e.g. on one GPU:
+#   MODELS=cnn PRECISIONS="fp32 bf16" SHAPES=1x1 bash bench/scaling.sh
+#   MODELS=resnet18 PRECISIONS=bf16 SHAPES=1x1 bash bench/scaling.sh
+# on two GPUs:
+#   MODELS=cnn PRECISIONS=fp32 SHAPES="1x1 2x1 1x2" MODES=SYNC bash bench/scaling.sh
+#   MODELS=cnn PRECISIONS=fp32 SHAPES="2x1" MODES=ASYNC SYSTEMS=downpour \
+#     EXTRA_SPEC="gradient_wire_dtype: BFLOAT16" bash bench/scaling.sh
+# on four:
+#   MODELS=cnn PRECISIONS=fp32 SHAPES="1x1 4x1 1x4" MODES=SYNC bash bench/scaling.sh
+# RUN_TIMEOUT bounds each run. On the CPU (no PyTorch DDP), small:
+#   DEVICES=cpu EPOCHS=2 EPOCH_STEPS=100 SYSTEMS=downpour bash bench/scaling.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$BENCH/.." && pwd)
+# shellcheck source=bench/lib.sh
+source "$BENCH/lib.sh" || exit 2
+ROOT=$DOWNPOUR_ROOT
 TOOLS=("python3" "$BENCH/scaling_tools.py")
 
 MODELS=${MODELS:-cnn}
@@ -129,36 +124,17 @@ CEILING=${CEILING:-1}
 DEVICES=${DEVICES:-gpu}
 PYTHON=${PYTHON:-python3}
 PYTORCH_ARGS=${PYTORCH_ARGS:-}
-FASHION=${FASHION:-.device/fashion-mnist}
+FASHION=${FASHION:-$FASHION_MNIST_DIR}
 TARGET=${TARGET:-}
 WORKER_FLAGS=${WORKER_FLAGS:-}
 PS_FLAGS=${PS_FLAGS:-}
 TRAIN_EXAMPLES=60000
 
-if [[ -n ${BIN_DIR:-} ]]; then
-  BIN_DIR=$(cd "$BIN_DIR" && pwd)
-else
-  [[ -f .device/bundle.tar.xz && ! -d .device/bundle ]] && tar -xJf .device/bundle.tar.xz -C .device
-  # shellcheck source=/dev/null
-  source .device/bundle/env.sh
-fi
-
-# A program: from BIN_DIR (flat, or bazel-bin's folders), else PATH.
-prog() {
-  local name=$1 d
-  if [[ -n ${BIN_DIR:-} ]]; then
-    for d in "" coordinator/ server/ worker/ client/ bench/; do
-      [[ -x $BIN_DIR/$d$name ]] && { echo "$BIN_DIR/$d$name"; return 0; }
-    done
-    return 1
-  fi
-  command -v "$name"
-}
-COORDINATOR=$(prog downpour-coordinator) || { echo "no downpour-coordinator" >&2; exit 2; }
-PS=$(prog downpour-ps) || { echo "no downpour-ps" >&2; exit 2; }
-WORKER=$(prog downpour-worker) || { echo "no downpour-worker" >&2; exit 2; }
-CTL=$(prog downpourctl) || { echo "no downpourctl" >&2; exit 2; }
-TRANSPORT=$(prog transport) || TRANSPORT=""
+downpour_need COORDINATOR coordinator/downpour-coordinator
+downpour_need PS server/downpour-ps
+downpour_need WORKER worker/downpour-worker
+downpour_need CTL client/downpourctl
+TRANSPORT=$(downpour_prog bench/transport 2>/dev/null) || TRANSPORT=""
 
 if [[ $DEVICES == cpu ]]; then
   NGPU=0
@@ -350,9 +326,7 @@ if [[ $SYSTEMS == *downpour* ]]; then
   "$CTL" dataset import --fashion_mnist="$FASHION" --out_dir="$WORK/data/fashion-mnist" \
     --shards=4 >"$OUT/import.log" 2>&1 || { echo "import failed"; cat "$OUT/import.log"; exit 1; }
   if [[ $CEILING == 1 ]]; then
-    mkdir -p "$WORK/runfiles/downpour/server" "$WORK/runfiles/downpour/coordinator"
-    ln -sf "$PS" "$WORK/runfiles/downpour/server/downpour-ps"
-    ln -sf "$COORDINATOR" "$WORK/runfiles/downpour/coordinator/downpour-coordinator"
+    downpour_runfiles "$WORK/runfiles" || exit 2
     for model in $MODELS; do
       emit "$(TEST_SRCDIR=$WORK/runfiles TEST_WORKSPACE=downpour "${TOOLS[@]}" ceiling \
         --transport "$TRANSPORT" --model "$model" --size_mb "$(param_mb "$model")" \

@@ -6,7 +6,7 @@
             prints the workers' metrics addresses, w0 first
   sample    poll the workers' Prometheus metrics until SIGTERM (JSON lines)
   result    one run's JSON line from the job's final status and the samples
-  ceiling   the transport ceiling: bin/transport if there, else raw loopback TCP
+  ceiling   the transport ceiling: //bench:transport if given, else raw loopback TCP
   summary   a markdown table of scaling.jsonl with the ratios
 
 See bench/scaling.sh for what is measured and how.
@@ -326,7 +326,7 @@ def cmd_ceiling(a):
             line = next((l for l in out.stdout.splitlines() if l.startswith('{')), None)
             if line:
                 r = json.loads(line)
-                row.update({'source': 'bin/transport', 'raw_tcp_gb_s': r['raw_tcp_gbps'],
+                row.update({'source': '//bench:transport', 'raw_tcp_gb_s': r['raw_tcp_gbps'],
                             'downpour_push_pull_gb_s': r['downpour_gbps'],
                             'rtt_p50_us': r['rtt_p50_us'], 'steps': r['steps']})
                 print(json.dumps({'ceiling': row}))

@@ -19,12 +19,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/barrier.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/bench_cluster.h"
 #include "common/status.h"
 #include "data/example.h"
 #include "proto/parameter_server.pb.h"
-#include "rpc/node_agent.h"
 #include "rpc/ps_client.h"
 #include "rpc/remote_coordinator.h"
 #include "spec/job_validation.h"
@@ -212,33 +211,6 @@ void SetJobCommon(const SparseConfig& config, JobSpec* spec) {
   ApplyJobDefaults(spec);
 }
 
-// Waits (30 s at most) until `workers` of the nodes have a task of `job_id`;
-// returns them by rank.
-template <typename State>
-absl::StatusOr<std::vector<Task>> AwaitTasks(State& st, const std::string& job_id, int workers) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (true) {
-    std::vector<Task> tasks;
-    {
-      absl::MutexLock lock(&st.mu);
-      for (const auto& node_tasks : st.tasks) {
-        for (const Task& t : node_tasks) {
-          if (t.job_id() == job_id) tasks.push_back(t);
-        }
-      }
-    }
-    if (static_cast<int>(tasks.size()) == workers) {
-      std::sort(tasks.begin(), tasks.end(),
-                [](const Task& a, const Task& b) { return a.rank() < b.rank(); });
-      return tasks;
-    }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("job ", job_id, " was not scheduled"));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
-
 ExchangeOptions WorkerExchangeOptions(const std::string& job_id, const Task& task) {
   ExchangeOptions options;
   options.job_id = job_id;
@@ -397,12 +369,7 @@ std::string ToJson(const SparseResult& r) {
 // --------------------------------------------------------- the real cluster
 
 struct SparseBench::State {
-  std::unique_ptr<testing::LocalCluster> cluster;
-  std::unique_ptr<RemoteCoordinator> coordinator;
-  std::vector<std::unique_ptr<NodeAgent>> agents;
-  absl::Mutex mu;
-  // Tasks received by worker node index.
-  std::vector<std::vector<Task>> tasks ABSL_GUARDED_BY(mu);
+  std::unique_ptr<BenchCluster> cluster;
   int jobs = 0;
 
   // Each shard's /metrics.
@@ -411,7 +378,8 @@ struct SparseBench::State {
     for (int s = 0; s < shards; ++s) {
       ASSIGN_OR_RETURN(
           std::string text,
-          testing::HttpGet(cluster->MetricsAddressOf(absl::StrCat("ps", s)), "/metrics"));
+          testing::HttpGet(cluster->processes().MetricsAddressOf(absl::StrCat("ps", s)),
+                           "/metrics"));
       out.push_back(std::move(text));
     }
     return out;
@@ -436,7 +404,9 @@ struct SparseBench::State {
   }
   double ShardCpuSeconds(int shards) {
     double sum = 0;
-    for (int s = 0; s < shards; ++s) sum += ProcessCpuSeconds(cluster->shard(s)->pid());
+    for (int s = 0; s < shards; ++s) {
+      sum += ProcessCpuSeconds(cluster->processes().shard(s)->pid());
+    }
     return sum;
   }
 };
@@ -444,55 +414,20 @@ struct SparseBench::State {
 SparseBench::SparseBench(const Options& options)
     : options_(options), state_(std::make_unique<State>()) {}
 
-SparseBench::~SparseBench() {
-  state_->agents.clear();
-  if (state_->cluster) state_->cluster->StopAll();
-}
+SparseBench::~SparseBench() = default;
 
 std::string SparseBench::Logs() const { return state_->cluster ? state_->cluster->Logs() : ""; }
 
 absl::StatusOr<std::unique_ptr<SparseBench>> SparseBench::Start(const Options& options) {
   std::unique_ptr<SparseBench> bench(new SparseBench(options));
-  State& st = *bench->state_;
-  testing::LocalCluster::Options cluster;
+  BenchCluster::Options cluster;
   cluster.shards = options.max_shards;
-  cluster.workers = 0;
+  cluster.workers = options.max_workers;
   if (options.shard_memory_limit > 0) {
     cluster.shard_flags = {absl::StrCat("--memory_limit=", options.shard_memory_limit)};
   }
-  // Loaded loopback on two cores must not look like a dead node.
-  cluster.heartbeat_interval_ms = 100;
-  cluster.node_timeout_ms = 20000;
-  st.cluster = std::make_unique<testing::LocalCluster>(cluster);
-  RETURN_IF_ERROR(st.cluster->Start());
-  ASSIGN_OR_RETURN(st.coordinator, RemoteCoordinator::Connect(st.cluster->coordinator_address()));
-  {
-    absl::MutexLock lock(&st.mu);
-    st.tasks.resize(options.max_workers);
-  }
-  for (int w = 0; w < options.max_workers; ++w) {
-    NodeAgent::Options agent;
-    agent.coordinator_name = st.cluster->coordinator_address();
-    agent.self.set_id(absl::StrCat("sparse-bench-worker-", w));
-    agent.self.set_role(WORKER);
-    agent.self.set_address("127.0.0.1:1");  // Serves nothing; the field is required.
-    agent.self.set_hostname("localhost");
-    ASSIGN_OR_RETURN(auto started, NodeAgent::Start(agent, st.coordinator.get(),
-                                                    [&st, w](const std::vector<Task>& tasks) {
-                                                      absl::MutexLock lock(&st.mu);
-                                                      st.tasks[w] = tasks;
-                                                    }));
-    st.agents.push_back(std::move(started));
-  }
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (true) {
-    ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, st.coordinator->ListNodes());
-    int alive = 0;
-    for (const NodeInfo& n : nodes) alive += n.alive() ? 1 : 0;
-    if (alive >= options.max_shards + options.max_workers) break;
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("nodes did not register");
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  cluster.worker_id_prefix = "sparse-bench-worker-";
+  ASSIGN_OR_RETURN(bench->state_->cluster, BenchCluster::Start(cluster));
   return bench;
 }
 
@@ -517,9 +452,9 @@ absl::StatusOr<SparseResult> SparseBench::Run(const SparseConfig& config) {
   ASSIGN_OR_RETURN(const double used_before, st.AwaitIdleShards(config.shards));
 
   const std::string job_id = absl::StrCat("sparse-", ++st.jobs);
-  ASSIGN_OR_RETURN(JobStatus submitted, st.coordinator->SubmitJob(spec, job_id));
+  ASSIGN_OR_RETURN(JobStatus submitted, st.cluster->coordinator().SubmitJob(spec, job_id));
   (void)submitted;
-  ASSIGN_OR_RETURN(std::vector<Task> tasks, AwaitTasks(st, job_id, config.workers));
+  ASSIGN_OR_RETURN(std::vector<Task> tasks, st.cluster->AwaitTasks(job_id, config.workers));
 
   // Every worker's batches, drawn and planned before timing: the steps
   // cycle through them where they would not all fit in 1 GiB.
@@ -686,7 +621,7 @@ absl::StatusOr<SparseResult> SparseBench::Run(const SparseConfig& config) {
   result.rows_held = static_cast<int64_t>(held);
   if (held > 0) result.bytes_per_row = (used_after - used_before) / held;
   exchanges.clear();
-  RETURN_IF_ERROR(st.coordinator->StopJob(job_id).status());
+  RETURN_IF_ERROR(st.cluster->coordinator().StopJob(job_id).status());
   return result;
 }
 
@@ -701,9 +636,9 @@ absl::StatusOr<DenseResult> SparseBench::RunDense(const SparseConfig& config, in
   int64_t total = 0;
   for (const ParamInfo& p : params) total += p.num_elements;
   const std::string job_id = absl::StrCat("dense-", ++st.jobs);
-  ASSIGN_OR_RETURN(JobStatus submitted, st.coordinator->SubmitJob(spec, job_id));
+  ASSIGN_OR_RETURN(JobStatus submitted, st.cluster->coordinator().SubmitJob(spec, job_id));
   (void)submitted;
-  ASSIGN_OR_RETURN(std::vector<Task> tasks, AwaitTasks(st, job_id, config.workers));
+  ASSIGN_OR_RETURN(std::vector<Task> tasks, st.cluster->AwaitTasks(job_id, config.workers));
   const std::vector<PartitionPlacement> placement(tasks[0].placement().partitions().begin(),
                                                   tasks[0].placement().partitions().end());
   auto pointers = [&](float* base) {
@@ -753,7 +688,7 @@ absl::StatusOr<DenseResult> SparseBench::RunDense(const SparseConfig& config, in
   result.step_p50_ms = Percentile(all, 0.5);
   result.step_p99_ms = Percentile(all, 0.99);
   exchanges.clear();
-  RETURN_IF_ERROR(st.coordinator->StopJob(job_id).status());
+  RETURN_IF_ERROR(st.cluster->coordinator().StopJob(job_id).status());
   return result;
 }
 

@@ -20,16 +20,15 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/bench_cluster.h"
 #include "bench/naive.grpc.pb.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "ps/parameter_store.h"
-#include "rpc/node_agent.h"
 #include "rpc/ps_client.h"
 #include "rpc/remote_coordinator.h"
 #include "spec/job_validation.h"
 #include "spec/shard_map.h"
-#include "tests/local_cluster.h"
 #include "worker/param_exchange.h"
 
 namespace downpour {
@@ -467,65 +466,23 @@ absl::StatusOr<ApplyBandwidth> MeasureApply(int64_t size_bytes) {
 // --------------------------------------------------------- the real cluster
 
 struct TransportBench::State {
-  std::unique_ptr<testing::LocalCluster> cluster;
-  std::unique_ptr<RemoteCoordinator> coordinator;
-  std::vector<std::unique_ptr<NodeAgent>> agents;
-  absl::Mutex mu;
-  // Tasks received by worker node index.
-  std::vector<std::vector<Task>> tasks ABSL_GUARDED_BY(mu);
+  std::unique_ptr<BenchCluster> cluster;
   int jobs = 0;
 };
 
 TransportBench::TransportBench(const Options& options)
     : options_(options), state_(std::make_unique<State>()) {}
 
-TransportBench::~TransportBench() {
-  state_->agents.clear();
-  if (state_->cluster) state_->cluster->StopAll();
-}
+TransportBench::~TransportBench() = default;
 
 std::string TransportBench::Logs() const { return state_->cluster ? state_->cluster->Logs() : ""; }
 
 absl::StatusOr<std::unique_ptr<TransportBench>> TransportBench::Start(const Options& options) {
   std::unique_ptr<TransportBench> bench(new TransportBench(options));
-  State& st = *bench->state_;
-  testing::LocalCluster::Options cluster;
+  BenchCluster::Options cluster;
   cluster.shards = options.max_shards;
-  cluster.workers = 0;
-  // Loaded loopback on two cores must not look like a dead node.
-  cluster.heartbeat_interval_ms = 100;
-  cluster.node_timeout_ms = 20000;
-  st.cluster = std::make_unique<testing::LocalCluster>(cluster);
-  RETURN_IF_ERROR(st.cluster->Start());
-  ASSIGN_OR_RETURN(st.coordinator, RemoteCoordinator::Connect(st.cluster->coordinator_address()));
-  {
-    absl::MutexLock lock(&st.mu);
-    st.tasks.resize(options.max_workers);
-  }
-  for (int w = 0; w < options.max_workers; ++w) {
-    NodeAgent::Options agent;
-    agent.coordinator_name = st.cluster->coordinator_address();
-    agent.self.set_id(absl::StrCat("bench-worker-", w));
-    agent.self.set_role(WORKER);
-    agent.self.set_address("127.0.0.1:1");  // Serves nothing; the field is required.
-    agent.self.set_hostname("localhost");
-    ASSIGN_OR_RETURN(auto started, NodeAgent::Start(agent, st.coordinator.get(),
-                                                    [&st, w](const std::vector<Task>& tasks) {
-                                                      absl::MutexLock lock(&st.mu);
-                                                      st.tasks[w] = tasks;
-                                                    }));
-    st.agents.push_back(std::move(started));
-  }
-  // Wait until every shard has registered.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (true) {
-    ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, st.coordinator->ListNodes());
-    int alive = 0;
-    for (const NodeInfo& n : nodes) alive += n.alive() ? 1 : 0;
-    if (alive >= options.max_shards + options.max_workers) break;
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("nodes did not register");
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  cluster.workers = options.max_workers;
+  ASSIGN_OR_RETURN(bench->state_->cluster, BenchCluster::Start(cluster));
   return bench;
 }
 
@@ -548,29 +505,10 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
   State& st = *state_;
   const JobSpec spec = BenchJobSpec(config.size_bytes, config.workers, config.shards);
   const std::string job_id = absl::StrCat("bench-", ++st.jobs);
-  ASSIGN_OR_RETURN(JobStatus submitted, st.coordinator->SubmitJob(spec, job_id));
+  ASSIGN_OR_RETURN(JobStatus submitted, st.cluster->coordinator().SubmitJob(spec, job_id));
   (void)submitted;
-  // Wait for the coordinator to hand the job to `workers` of our nodes.
-  std::vector<Task> tasks;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (true) {
-    tasks.clear();
-    {
-      absl::MutexLock lock(&st.mu);
-      for (const auto& node_tasks : st.tasks) {
-        for (const Task& t : node_tasks) {
-          if (t.job_id() == job_id) tasks.push_back(t);
-        }
-      }
-    }
-    if (static_cast<int>(tasks.size()) == config.workers) break;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("job ", job_id, " was not scheduled"));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  std::sort(tasks.begin(), tasks.end(),
-            [](const Task& a, const Task& b) { return a.rank() < b.rank(); });
+  // The coordinator hands the job to `workers` of our nodes.
+  ASSIGN_OR_RETURN(std::vector<Task> tasks, st.cluster->AwaitTasks(job_id, config.workers));
   ASSIGN_OR_RETURN(std::vector<ParamInfo> params, ValidateJobSpec(spec));
   int64_t total = 0;
   for (const ParamInfo& p : params) total += p.num_elements;
@@ -657,7 +595,7 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
     }
     result.max_abs_diff_vs_local = diff;
   }
-  RETURN_IF_ERROR(st.coordinator->StopJob(job_id).status());
+  RETURN_IF_ERROR(st.cluster->coordinator().StopJob(job_id).status());
   return result;
 }
 

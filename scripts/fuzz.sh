@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of fuzz/ (clang, ASan, UBSan: --config=fuzz, in
 # a Bazel output base of its own so the main build's cache stays warm) and
-# runs each over a copy of its seed corpus; the repository's corpus is never
-# grown. Prints one line per target (executions, exec/s, corpus size,
-# crashes: 0 or the crash input) and exits non-zero on any crash, leak,
-# timeout or out-of-memory, or a target that did not run.
+# runs each over a copy of its seed corpus (job_spec_fuzzer's with
+# examples/*.pbtxt copied in); the repository's corpus is never grown. Prints
+# one line per target (executions, exec/s, corpus size, crashes: 0 or the
+# crash input) and exits non-zero on any crash, leak, timeout or
+# out-of-memory, or a target that did not run.
 #
 # usage: scripts/fuzz.sh [--junit FILE] [--parallel N] [SECONDS | -runs=N] [TARGET...]
 #   SECONDS      per target (default 600; 0 skips fuzzing, reported as
@@ -17,6 +18,7 @@
 # (default ~/.cache/downpour-fuzz). Scratch files go to /dev/shm when it is
 # writable. Reproduce a crash with the printed binary and the crash file.
 set -uo pipefail
+# shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 "$ROOT/scripts/install-deps.sh" --test
 
@@ -81,9 +83,14 @@ run_target() {
   log=$out/$name.log
   mkdir -p "$corpus" "$out/$name.crashes" "$scratch/$name"
   cp -r "$seeds"/. "$corpus"/
+  # The job spec fuzzer's seeds also hold the example specs in text format,
+  # taken from examples/ rather than kept twice in the repository.
+  local examples=()
+  [[ $name == job_spec_fuzzer ]] && examples=("$ROOT"/examples/*.pbtxt)
+  ((${#examples[@]} == 0)) || cp "${examples[@]}" "$corpus"/
   [[ -f $ROOT/fuzz/${name%_fuzzer}.dict ]] && dict=("-dict=$ROOT/fuzz/${name%_fuzzer}.dict")
   local seed_count
-  seed_count=$(find "$seeds" -type f | wc -l)
+  seed_count=$(($(find "$seeds" -type f | wc -l) + ${#examples[@]}))
   (cd "$scratch/$name" && TMPDIR="$scratch/$name" nice -n 10 "$bin/fuzz/$name" "$budget" \
     -timeout=30 -print_final_stats=1 "${dict[@]}" -artifact_prefix="$out/$name.crashes/" \
     "$corpus" >"$log" 2>&1)
