@@ -162,8 +162,18 @@ JobStatus CheckpointOrchestrator::Abandon(const JobStatus& job, int64_t step,
     }
     settled_[job.id()] = std::max(settled_[job.id()], step);
   }
+  // Shards that did write leave their files: a full disk would keep them,
+  // and every later checkpoint would fail for want of their room.
+  absl::Status removed =
+      RemoveAbandonedCheckpoint(options_.checkpoint_root, job.id(), step, job.attempt());
+  if (!removed.ok()) {
+    Log(absl::StrCat("job ", job.id(), ": cannot remove the checkpoint at step ", step,
+                     " that was given up: ", removed.message()));
+  }
   JobStatus updated = job;
   history_->AddEvent(&updated, absl::StrCat("checkpoint at step ", step, " not written: ", why));
+  updated.set_checkpoint_failures(updated.checkpoint_failures() + 1);
+  updated.set_last_checkpoint_error(TruncateText(why, kMaxMessageBytes));
   ClearAnsweredRequest(began, &updated);
   return updated;
 }

@@ -91,8 +91,10 @@ class CheckpointOrchestrator {
   // Once the commit is recorded: removes the files `recorded` no longer
   // names (older checkpoints, what earlier starts left). Logs a failure.
   void RemoveStale(const JobStatus& recorded, int64_t step);
-  // The checkpoint at `step` will not complete: settles it and returns
-  // `job` with an event saying why and the request it answered cleared.
+  // The checkpoint at `step` will not complete: settles it, removes what it
+  // wrote, and returns `job` with an event saying why, the failure counted
+  // (checkpoint_failures, last_checkpoint_error) and the request it
+  // answered cleared.
   JobStatus Abandon(const JobStatus& job, int64_t step, const std::string& why);
 
   // Steps of `job_id` gathered for longer than the timeout.

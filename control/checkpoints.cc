@@ -1,5 +1,7 @@
 #include "control/checkpoints.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -109,6 +111,14 @@ absl::Status RemoveStaleCheckpoints(const std::string& root, const std::string& 
     first.Update(RemoveAll(absl::StrCat(root, "/", dir)));
   }
   return first;
+}
+
+absl::Status RemoveAbandonedCheckpoint(const std::string& root, const std::string& job_id,
+                                       int64_t step, int64_t attempt) {
+  const std::string dir = absl::StrCat(root, "/", CheckpointDir(job_id, step, attempt));
+  struct stat manifest;
+  if (stat(absl::StrCat(dir, "/", kManifestName).c_str(), &manifest) == 0) return absl::OkStatus();
+  return RemoveAll(dir);
 }
 
 }  // namespace control

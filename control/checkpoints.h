@@ -48,6 +48,12 @@ absl::Status RemoveStaleCheckpoints(const std::string& root, const std::string& 
                                     const std::vector<CheckpointInfo>& kept, int64_t attempt,
                                     int64_t step);
 
+// Removes what a checkpoint that was given up wrote: ROOT/CheckpointDir(
+// job_id, step, attempt), unless a manifest made it complete. A shard that
+// writes its file after this leaves it to the next RemoveStaleCheckpoints.
+absl::Status RemoveAbandonedCheckpoint(const std::string& root, const std::string& job_id,
+                                       int64_t step, int64_t attempt);
+
 }  // namespace control
 }  // namespace downpour
 

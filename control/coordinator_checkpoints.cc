@@ -3,6 +3,7 @@
 // failed checkpoint does to its job, the cadence Tick keeps, and the
 // operator's checkpoint, resume and export.
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -65,6 +66,8 @@ void CoordinatorState::AbandonCheckpoint(const std::string& job_id, int64_t step
   JobStatus updated = checkpoints_.Abandon(*jobs_.Find(job_id), step, why);
   absl::Status committed;
   if (step == updated.spec().steps() && TrainingDone(updated)) {
+    updated.set_final_checkpoint_missing(
+        absl::StrCat("its final checkpoint (step ", step, ") was not written: ", why));
     const std::string untrained = RankHandover::Untrained(updated);
     committed = FinishJob(updated, SUCCEEDED,
                           absl::StrCat("trained", untrained.empty() ? "" : " ", untrained,
@@ -216,32 +219,46 @@ absl::StatusOr<JobStatus> CoordinatorState::ResumeJob(const std::string& job_id)
 absl::StatusOr<std::string> CoordinatorState::ExportJob(const std::string& job_id, int64_t step,
                                                         bool native_layout) {
   RETURN_IF_ERROR(CheckJobIdArgument(job_id));
-  std::vector<CheckpointInfo> checkpoints;
-  JobSpec spec;
-  {
-    absl::MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(const JobStatus* job, jobs_.Lookup(job_id));
-    if (job->checkpoints().empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id, " has no checkpoint",
-          checkpoints_.root().empty() ? " (this coordinator has no --checkpoint_root)" : ""));
-    }
-    checkpoints.assign(job->checkpoints().begin(), job->checkpoints().end());
-    spec = job->spec();
+  ASSIGN_OR_RETURN(const JobStatus job, jobs_.Get(job_id));
+  if (job.checkpoints().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " has no checkpoint",
+        checkpoints_.root().empty() ? " (this coordinator has no --checkpoint_root)" : ""));
   }
-  std::vector<std::string> refused;
-  absl::StatusOr<CheckpointRestore> checkpoint =
-      CompleteCheckpoint(checkpoints_.root(), checkpoints, step, &refused);
-  if (!checkpoint.ok()) {
-    std::vector<int64_t> steps;
-    for (const CheckpointInfo& c : checkpoints) steps.push_back(c.step());
+  std::vector<int64_t> steps;
+  for (const CheckpointInfo& c : job.checkpoints()) steps.push_back(c.step());
+  const std::string older =
+      absl::StrCat("; it has checkpoints at steps ", absl::StrJoin(steps, ", "),
+                   ": export one with --checkpoint=STEP");
+  // Without a step: the job's final state, or its newest checkpoint while it
+  // has none; never an older one in their place.
+  if (step == 0 && !job.final_checkpoint_missing().empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, ": ", checkpoint.status().message(),
-                     refused.empty() ? "" : absl::StrCat(" (", absl::StrJoin(refused, "; "), ")"),
-                     "; it has checkpoints at steps ", absl::StrJoin(steps, ", ")));
+        absl::StrCat("job ", job_id, "'s final state was not saved: ",
+                     job.final_checkpoint_missing(), older));
   }
-  return ExportCheckpoint(checkpoints_.root(), job_id, spec, *checkpoint,
-                          native_layout ? ExportLayout::kNative : ExportLayout::kPyTorch);
+  const int64_t wanted = step == 0 ? steps.back() : step;
+  std::vector<std::string> refused;
+  absl::StatusOr<CheckpointRestore> checkpoint = CompleteCheckpoint(
+      checkpoints_.root(),
+      std::vector<CheckpointInfo>(job.checkpoints().begin(), job.checkpoints().end()), wanted,
+      &refused);
+  if (!checkpoint.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, ": ", step == 0 ? "its newest checkpoint cannot be read: " : "",
+        refused.empty() ? std::string(checkpoint.status().message()) : absl::StrJoin(refused, "; "),
+        older));
+  }
+  // What the job recorded of the model at that step, for the file's reader.
+  std::map<std::string, std::string> recorded;
+  for (const Evaluation& evaluation : job.evaluations()) {
+    if (evaluation.step() == wanted) {
+      recorded["downpour.test_accuracy"] = absl::StrCat(evaluation.accuracy());
+    }
+  }
+  return ExportCheckpoint(checkpoints_.root(), job_id, job.spec(), *checkpoint,
+                          native_layout ? ExportLayout::kNative : ExportLayout::kPyTorch,
+                          recorded);
 }
 
 }  // namespace control

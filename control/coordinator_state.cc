@@ -108,6 +108,21 @@ bool Aggregate(absl::Time now, JobStatus* job) {
   return training;
 }
 
+// Where a restarting job continues: its newest complete checkpoint, or the
+// start, saying why it has none.
+std::string ContinuesFrom(const JobStatus& job,
+                          const absl::StatusOr<CheckpointRestore>& restore) {
+  if (restore.ok()) return absl::StrCat("from the checkpoint at step ", restore->step());
+  if (!job.checkpoints().empty()) {
+    return "from the start (none of its checkpoints is complete)";
+  }
+  if (job.checkpoint_failures() > 0) {
+    return absl::StrCat("from the start (no checkpoint was written: ", job.checkpoint_failures(),
+                        " failed, the last: ", job.last_checkpoint_error(), ")");
+  }
+  return "from the start (no checkpoint yet)";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Create(
@@ -482,6 +497,12 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
     const double target = job.spec().stop_at_accuracy();
     if (target > 0 && e.accuracy() >= target) {
       job.set_test_accuracy(e.accuracy());
+      if (Saves(job)) {
+        job.set_final_checkpoint_missing(absl::StrCat(
+            "it stopped early at step ", e.step(), " (stop_at_accuracy); its newest checkpoint is ",
+            job.checkpoints().empty() ? "none"
+                                      : absl::StrCat("from step ", job.checkpoints().rbegin()->step())));
+      }
       RETURN_IF_ERROR(
           FinishJob(job, SUCCEEDED,
                     absl::StrCat("stopped early: test accuracy ", e.accuracy(),
@@ -568,7 +589,7 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
                              [&](const CheckpointInfo& c) { return c.step() > from; }),
               list->end());
   if (restore.ok()) {
-    *updated.mutable_restore() = *std::move(restore);
+    *updated.mutable_restore() = *restore;
   } else {
     updated.clear_restore();
   }
@@ -584,9 +605,7 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
                                    : absl::StrCat(" (", updated.restarts_in_a_row(), " of ",
                                                   max_restarts, " in a row)"),
                              " in ", absl::FormatDuration(backoff), " after: ", why, "; at step ",
-                             job.step(), ", continues ",
-                             restore.ok() ? absl::StrCat("from the checkpoint at step ", from)
-                                          : "from the start (no checkpoint yet)"));
+                             job.step(), ", continues ", ContinuesFrom(job, restore)));
   updated.set_state(PENDING);
   updated.set_message(absl::StrCat("restarting after: ", why));
   updated.set_test_accuracy(-1);

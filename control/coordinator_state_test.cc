@@ -647,6 +647,84 @@ TEST_F(CheckpointingTest, AShardThatCannotWriteItsPartFailsTheCheckpointNotTheJo
   EXPECT_EQ(StateOf("j"), RUNNING);
 }
 
+TEST_F(CheckpointingTest, AFailedCheckpointLeavesNoFilesAndIsCounted) {
+  JobSpec spec = SmallSpec(1, 2);
+  spec.mutable_restart()->set_max_restarts(2);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  WorkerTook(2);
+  ShardWrote(0, 2);  // Shard 0's file is written ...
+  ShardWrote(1, 2, "No space left on device");  // ... shard 1's is not.
+  EXPECT_FALSE(ListDir(checkpoint_root_ + "/j/step-2").ok()) << "the given-up step stays";
+  JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.checkpoint_failures(), 1);
+  EXPECT_EQ(job.last_checkpoint_error(), "shard 1: No space left on device");
+  // A restart with no checkpoint says why there is none.
+  for (int i = 0; i < 4; ++i) {  // Shard 1 falls silent.
+    Advance(absl::Seconds(2));
+    Beat("s0");
+    Beat("w");
+  }
+  state_->Tick();
+  EXPECT_THAT(Events(), HasSubstr("from the start (no checkpoint was written: 1 failed, the "
+                                  "last: shard 1: No space left on device)"));
+}
+
+TEST_F(CheckpointingTest, ExportGivesTheFinalStateOrSaysWhyNot) {
+  Start();
+  for (int64_t step : {2, 4}) {
+    WorkerTook(step);
+    ShardWrote(0, step);
+    ShardWrote(1, step);
+  }
+  // The final checkpoint never completes: the job succeeds, but its final
+  // state was not saved, and a plain export refuses to give step 4 instead.
+  WorkerTook(10, /*finished=*/true);
+  Pass(absl::Seconds(61));
+  state_->Tick();
+  const JobStatus done = *state_->GetJob("j");
+  ASSERT_EQ(done.state(), SUCCEEDED);
+  EXPECT_THAT(done.final_checkpoint_missing(),
+              HasSubstr("its final checkpoint (step 10) was not written: not complete after 1m"));
+  absl::StatusOr<std::string> plain = state_->ExportJob("j", 0, false);
+  ASSERT_FALSE(plain.ok());
+  EXPECT_THAT(plain.status().message(),
+              HasSubstr("job j's final state was not saved: its final checkpoint (step 10) was "
+                        "not written"));
+  EXPECT_THAT(plain.status().message(),
+              HasSubstr("it has checkpoints at steps 2, 4: export one with --checkpoint=STEP"));
+  // --checkpoint=4 reads step 4 (whose test files hold no values).
+  absl::StatusOr<std::string> older = state_->ExportJob("j", 4, true);
+  EXPECT_THAT(older.status().message(), HasSubstr("checkpoint j/step-4 holds 0 of"));
+}
+
+TEST_F(CheckpointingTest, ExportNeverFallsBackPastADamagedNewestCheckpoint) {
+  Start();
+  for (int64_t step : {2, 4}) {
+    WorkerTook(step);
+    ShardWrote(0, step);
+    ShardWrote(1, step);
+  }
+  WorkerTook(10, /*finished=*/true);
+  ShardWrote(0, 10);
+  ShardWrote(1, 10);
+  ASSERT_EQ(StateOf("j"), SUCCEEDED);
+  // A plain export reads the final checkpoint (whose test files hold no
+  // values; tests/checkpoint_test exports real ones).
+  EXPECT_THAT(state_->ExportJob("j", 0, true).status().message(),
+              HasSubstr("checkpoint j/step-10 holds 0 of"));
+
+  const std::string damaged = checkpoint_root_ + "/j/step-10/" + ShardFileName(0);
+  const std::string bytes = ReadFileToString(damaged).value();
+  auto file = AtomicFile::Create(damaged, "test file");
+  ASSERT_TRUE((*file)->Append(bytes.substr(0, bytes.size() - 1)).ok());
+  ASSERT_TRUE((*file)->Commit().ok());
+  absl::StatusOr<std::string> refused = state_->ExportJob("j", 0, true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("its newest checkpoint cannot be read"));
+  EXPECT_THAT(refused.status().message(), HasSubstr(damaged));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--checkpoint=STEP"));
+}
+
 TEST_F(CheckpointingTest, AnIncompleteCheckpointIsGivenUpAfterTheTimeout) {
   Start();
   WorkerTook(2);

@@ -276,7 +276,8 @@ absl::StatusOr<JoinedTable> InitialRows(const SafetensorsFile& weights, const La
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& root, const std::string& job_id,
                                              const JobSpec& spec,
                                              const CheckpointRestore& checkpoint,
-                                             ExportLayout layout) {
+                                             ExportLayout layout,
+                                             const std::map<std::string, std::string>& extra) {
   ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec.model()));
   ASSIGN_OR_RETURN(Joined joined, JoinShards(root, checkpoint, shape));
   std::vector<std::vector<float>>& params = joined.params;
@@ -341,12 +342,13 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& root, const std:
   }
   std::string spec_text;
   google::protobuf::TextFormat::PrintToString(spec, &spec_text);
-  return SerializeSafetensors(
-      out, {{"format", "pt"},
-            {"downpour.job", job_id},
-            {"downpour.step", absl::StrCat(checkpoint.step())},
-            {"downpour.layout", layout == ExportLayout::kPyTorch ? "pytorch" : "native"},
-            {"downpour.spec", spec_text}});
+  std::map<std::string, std::string> metadata = extra;
+  metadata["format"] = "pt";
+  metadata["downpour.job"] = job_id;
+  metadata["downpour.step"] = absl::StrCat(checkpoint.step());
+  metadata["downpour.layout"] = layout == ExportLayout::kPyTorch ? "pytorch" : "native";
+  metadata["downpour.spec"] = spec_text;
+  return SerializeSafetensors(out, metadata);
 }
 
 absl::StatusOr<CheckpointInfo> WriteInitialCheckpoint(const std::string& root,

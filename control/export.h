@@ -45,6 +45,7 @@
 #ifndef DOWNPOUR_CONTROL_EXPORT_H_
 #define DOWNPOUR_CONTROL_EXPORT_H_
 
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -57,12 +58,13 @@ namespace control {
 enum class ExportLayout { kPyTorch, kNative };
 
 // The safetensors bytes of `checkpoint` (verified: a damaged file is
-// DataLoss naming it) of a job of `spec`, with the spec (text format) and the
-// checkpoint's job and step in the file's metadata.
+// DataLoss naming it) of a job of `spec`, with the spec (text format), the
+// checkpoint's job and step, and `extra` in the file's metadata.
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& root, const std::string& job_id,
                                              const JobSpec& spec,
                                              const CheckpointRestore& checkpoint,
-                                             ExportLayout layout);
+                                             ExportLayout layout,
+                                             const std::map<std::string, std::string>& extra = {});
 
 // Writes `weights` (a safetensors file in either layout: every parameter and
 // batch-norm statistic of `spec`'s model, by our name or PyTorch's) as job

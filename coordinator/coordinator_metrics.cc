@@ -81,6 +81,18 @@ void CoordinatorMetrics::UpdateJob(const JobStatus& job, absl::Time now) {
                  "When the job's step last changed, in seconds since the Unix epoch.", labels)
       ->Set(seen->second.progress_seconds);
   metrics_
+      ->GetGauge("downpour_job_checkpoint_failures",
+                 "Checkpoints of the job given up so far: a shard could not write its file, the "
+                 "manifest could not be written, or one never completed (a full or lost disk).",
+                 labels)
+      ->Set(job.checkpoint_failures());
+  metrics_
+      ->GetGauge("downpour_job_final_checkpoint_missing",
+                 "1 for a SUCCEEDED job whose final state was not saved (export then refuses "
+                 "and names the older checkpoints).",
+                 labels)
+      ->Set(job.state() == SUCCEEDED && !job.final_checkpoint_missing().empty() ? 1 : 0);
+  metrics_
       ->GetGauge("downpour_job_examples_per_second",
                  "The job's training throughput: the sum over its workers.", labels)
       ->Set(job.examples_per_sec());

@@ -14,6 +14,7 @@
 //                                     (not before the first evaluation, nor
 //                                     after a restart until the next one)
 //   downpour_job_last_progress_timestamp_seconds{job}
+//   downpour_job_checkpoint_failures{job}, downpour_job_final_checkpoint_missing{job}
 //                                     when the step last changed
 //
 // A job's series stay, with their last values, for as long as the job is in

@@ -80,6 +80,7 @@ downpour_shard_memory_limit_bytes downpour_shard_memory_refusals_total
 downpour_job_step downpour_job_loss downpour_job_state downpour_job_test_accuracy
 downpour_job_test_auc downpour_job_test_log_loss
 downpour_job_examples_per_second downpour_job_last_progress_timestamp_seconds downpour_jobs
+downpour_job_checkpoint_failures downpour_job_final_checkpoint_missing
 downpour_nodes_alive
 """.split())
 
@@ -656,7 +657,8 @@ class Cases:
         problems = [f"{a}: no test where it fires" for a in alerts if a not in fires]
         problems += [f"{a}: no test where it stays quiet" for a in alerts if a not in quiet]
         want = {"DownpourNodeDown", "DownpourJobStalled", "DownpourJobFailed",
-                "DownpourShardMemoryNearLimit", "DownpourGpuInputStarved"}
+                "DownpourCheckpointsFailing", "DownpourShardMemoryNearLimit",
+                "DownpourGpuInputStarved"}
         problems += [f"alert {a} is missing" for a in sorted(want - set(alerts))]
         assert not problems, "\n".join(problems)
         return alerts
