@@ -233,9 +233,8 @@ absl::StatusOr<std::string> CoordinatorState::ExportJob(const std::string& job_i
   // Without a step: the job's final state, or its newest checkpoint while it
   // has none; never an older one in their place.
   if (step == 0 && !job.final_checkpoint_missing().empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, "'s final state was not saved: ",
-                     job.final_checkpoint_missing(), older));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, "'s final state was not saved: ", job.final_checkpoint_missing(), older));
   }
   const int64_t wanted = step == 0 ? steps.back() : step;
   std::vector<std::string> refused;
@@ -257,8 +256,7 @@ absl::StatusOr<std::string> CoordinatorState::ExportJob(const std::string& job_i
     }
   }
   return ExportCheckpoint(checkpoints_.root(), job_id, job.spec(), *checkpoint,
-                          native_layout ? ExportLayout::kNative : ExportLayout::kPyTorch,
-                          recorded);
+                          native_layout ? ExportLayout::kNative : ExportLayout::kPyTorch, recorded);
 }
 
 }  // namespace control

@@ -110,8 +110,7 @@ bool Aggregate(absl::Time now, JobStatus* job) {
 
 // Where a restarting job continues: its newest complete checkpoint, or the
 // start, saying why it has none.
-std::string ContinuesFrom(const JobStatus& job,
-                          const absl::StatusOr<CheckpointRestore>& restore) {
+std::string ContinuesFrom(const JobStatus& job, const absl::StatusOr<CheckpointRestore>& restore) {
   if (restore.ok()) return absl::StrCat("from the checkpoint at step ", restore->step());
   if (!job.checkpoints().empty()) {
     return "from the start (none of its checkpoints is complete)";
@@ -175,6 +174,7 @@ absl::StatusOr<RegisterNodeResponse> CoordinatorState::RegisterNode(const NodeIn
     return absl::InvalidArgumentError(absl::StrCat("node ", node.id(), ": address is required"));
   }
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(nodes_.MayRegister(node));
   if (nodes_.Restarted(node)) {
     RETURN_IF_ERROR(FailJobsOfNode(node.id(), absl::StrCat("node ", node.id(), " restarted")));
   }
@@ -500,8 +500,9 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
       if (Saves(job)) {
         job.set_final_checkpoint_missing(absl::StrCat(
             "it stopped early at step ", e.step(), " (stop_at_accuracy); its newest checkpoint is ",
-            job.checkpoints().empty() ? "none"
-                                      : absl::StrCat("from step ", job.checkpoints().rbegin()->step())));
+            job.checkpoints().empty()
+                ? "none"
+                : absl::StrCat("from step ", job.checkpoints().rbegin()->step())));
       }
       RETURN_IF_ERROR(
           FinishJob(job, SUCCEEDED,

@@ -313,6 +313,23 @@ TEST_F(CoordinatorStateTest, ADrainedWorkersRankEndsUntrainedWhenNoWorkerIsFree)
   EXPECT_THAT(job.message(), HasSubstr("without the data of worker rank 1 from step 30"));
 }
 
+TEST_F(CoordinatorStateTest, AWorkerCannotComeBackAsAShardAndDropItsRank) {
+  Register("s", SHARD);
+  Register("w", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  ASSERT_EQ(StateOf("j"), RUNNING);
+  NodeInfo impostor;
+  impostor.set_id("w");
+  impostor.set_role(SHARD);
+  impostor.set_address("bogus:1");
+  impostor.set_incarnation(7);
+  EXPECT_EQ(state_->RegisterNode(impostor).status().code(), absl::StatusCode::kPermissionDenied);
+  const JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING);
+  EXPECT_FALSE(job.workers(0).lost());
+  EXPECT_EQ(job.placement().worker_nodes(0), "w");
+}
+
 TEST_F(CoordinatorStateTest, WorkersRunOneJobAtATimeShardsAreShared) {
   Register("s", SHARD);
   Register("a", WORKER);
@@ -652,7 +669,7 @@ TEST_F(CheckpointingTest, AFailedCheckpointLeavesNoFilesAndIsCounted) {
   spec.mutable_restart()->set_max_restarts(2);
   ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
   WorkerTook(2);
-  ShardWrote(0, 2);  // Shard 0's file is written ...
+  ShardWrote(0, 2);                             // Shard 0's file is written ...
   ShardWrote(1, 2, "No space left on device");  // ... shard 1's is not.
   EXPECT_FALSE(ListDir(checkpoint_root_ + "/j/step-2").ok()) << "the given-up step stays";
   JobStatus job = *state_->GetJob("j");

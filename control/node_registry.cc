@@ -61,6 +61,22 @@ absl::Status NodeRegistry::Save(const NodeInfo& info) {
   return absl::OkStatus();
 }
 
+absl::Status NodeRegistry::RoleKept(const NodeInfo& node) {
+  auto it = nodes_.find(node.id());
+  if (it == nodes_.end() || it->second.info.role() == node.role() || !it->second.info.alive()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "node ", node.id(), " is registered as a ", RoleName(it->second.info.role()),
+      " and cannot register as a ", RoleName(node.role()),
+      ": a node keeps its role while it is alive (give the new one another --node_id)"));
+}
+
+absl::Status NodeRegistry::MayRegister(const NodeInfo& node) {
+  absl::MutexLock lock(&mu_);
+  return RoleKept(node);
+}
+
 bool NodeRegistry::Restarted(const NodeInfo& node) {
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node.id());
@@ -69,6 +85,7 @@ bool NodeRegistry::Restarted(const NodeInfo& node) {
 
 absl::Status NodeRegistry::Register(const NodeInfo& node) {
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(RoleKept(node));
   auto it = nodes_.find(node.id());
   const bool known = it != nodes_.end();
   NodeInfo info = node;

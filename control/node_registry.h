@@ -69,10 +69,16 @@ class NodeRegistry {
   // last heard.
   void Load(std::vector<NodeInfo> nodes);
 
+  // Whether `node` may register: PermissionDenied when it is recorded alive
+  // under another role (see Register).
+  absl::Status MayRegister(const NodeInfo& node);
   // Whether `node` is known under another incarnation (it restarted).
   bool Restarted(const NodeInfo& node);
   // Records the node as registered and alive (an operator's cordon
-  // outlives its restarts); logs its arrival.
+  // outlives its restarts); logs its arrival. A node keeps the role it
+  // first registered with while it is recorded alive: PermissionDenied for
+  // another (a worker's identity cannot take a shard's place, dropping its
+  // rank of a running job).
   absl::Status Register(const NodeInfo& node);
   // A heartbeat from `node_id` of `incarnation`; nullopt when the node is
   // unknown under that incarnation (it must register again).
@@ -120,6 +126,7 @@ class NodeRegistry {
   absl::Time Deadline(const Entry& node) const;
   bool Alive(const Entry& node) const;
   NodeInfo Describe(const Entry& node) const;
+  absl::Status RoleKept(const NodeInfo& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `info` as the node's record, then keeps it.
   absl::Status Save(const NodeInfo& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

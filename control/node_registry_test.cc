@@ -115,6 +115,23 @@ TEST_F(NodeRegistryTest, RestartsDrainsAndCordons) {
   EXPECT_TRUE(nodes.List()[0].draining());
 }
 
+TEST_F(NodeRegistryTest, ANodeKeepsItsRoleWhileItIsAlive) {
+  NodeRegistry nodes(Options(), &store_);
+  ASSERT_TRUE(nodes.Register(Node("w0", WORKER)).ok());
+  absl::Status as_shard = nodes.Register(Node("w0", SHARD, 2));
+  EXPECT_EQ(as_shard.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(as_shard.message(),
+            "node w0 is registered as a worker and cannot register as a shard: a node keeps its "
+            "role while it is alive (give the new one another --node_id)");
+  EXPECT_EQ(nodes.Find("w0")->role(), WORKER);
+  EXPECT_EQ(nodes.Find("w0")->incarnation(), 1);
+  // Once it is dead, the name may be used again.
+  now_ += absl::Seconds(6);
+  ASSERT_TRUE(nodes.MarkDead("w0").ok());
+  EXPECT_TRUE(nodes.Register(Node("w0", SHARD, 2)).ok());
+  EXPECT_EQ(nodes.Find("w0")->role(), SHARD);
+}
+
 TEST_F(NodeRegistryTest, AFailedWriteChangesNothing) {
   NodeRegistry nodes(Options(), &store_);
   ASSERT_TRUE(nodes.Register(Node("w", WORKER)).ok());
