@@ -123,8 +123,12 @@ absl::Status CheckOptimizer(const OptimizerSpec& opt, const std::string& field) 
   if (opt.momentum() < 0 || opt.momentum() >= 1) {
     return Bad(absl::StrCat(field, ".momentum"), "must be in [0, 1)");
   }
-  if (opt.beta1() < 0 || opt.beta1() >= 1) return Bad("optimizer.beta1", "must be in [0, 1)");
-  if (opt.beta2() < 0 || opt.beta2() >= 1) return Bad("optimizer.beta2", "must be in [0, 1)");
+  if (opt.beta1() < 0 || opt.beta1() >= 1) {
+    return Bad(absl::StrCat(field, ".beta1"), "must be in [0, 1)");
+  }
+  if (opt.beta2() < 0 || opt.beta2() >= 1) {
+    return Bad(absl::StrCat(field, ".beta2"), "must be in [0, 1)");
+  }
   if (opt.epsilon() < 0) return Bad(absl::StrCat(field, ".epsilon"), "must not be negative");
   if (opt.weight_decay() < 0) {
     return Bad(absl::StrCat(field, ".weight_decay"), "must not be negative");
