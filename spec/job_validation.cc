@@ -237,19 +237,10 @@ absl::Status CheckConsistency(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// The optimizer each sparse table runs: its own, checked as the job's is,
-// and never MOMENTUM (sparse tables keep row-wise optimizer state).
+// The optimizer of each sparse table.
 absl::Status CheckSparseTables(const JobSpec& spec, const ModelShape& shape) {
   for (const SparseTableInfo& table : shape.sparse_tables) {
-    const std::string field = absl::StrCat("model.layer[", table.layer, "].embedding.optimizer");
-    if (table.has_optimizer) RETURN_IF_ERROR(CheckOptimizer(table.optimizer, field));
-    const OptimizerSpec::Kind kind =
-        table.has_optimizer ? table.optimizer.kind() : spec.optimizer().kind();
-    if (kind == OptimizerSpec::MOMENTUM) {
-      return Bad(field, absl::StrCat("of sparse table ", table.name,
-                                     " would be MOMENTUM, which sparse tables do not offer: give "
-                                     "it an optimizer of its own (SGD, ADAGRAD or ADAM)"));
-    }
+    RETURN_IF_ERROR(ValidateSparseTableOptimizer(table, spec.optimizer()));
   }
   return absl::OkStatus();
 }
@@ -339,6 +330,14 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(
       PlacePartitions(shape.params, spec.num_shards(), spec.partition_bytes()).status());
   return shape.params;
+}
+
+absl::Status ValidateSparseTableOptimizer(const SparseTableInfo& table,
+                                          const OptimizerSpec& job_optimizer) {
+  const OptimizerSpec& optimizer = table.has_optimizer ? table.optimizer : job_optimizer;
+  RETURN_IF_ERROR(CheckOptimizer(
+      optimizer, table.has_optimizer ? SparseTableOptimizerField(table) : "optimizer"));
+  return CheckSparseTableOptimizerKind(table, optimizer.kind());
 }
 
 absl::Status ValidateJobId(const std::string& job_id) {

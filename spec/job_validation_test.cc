@@ -134,8 +134,8 @@ TEST(JobValidationTest, SparseTablesTakeNoMomentumAndCheckTheirOwnOptimizer) {
   EXPECT_TRUE(params.ok()) << params.status();
   spec.mutable_optimizer()->set_kind(OptimizerSpec::MOMENTUM);
   EXPECT_EQ(ValidateJobSpec(spec).status().message(),
-            "model.layer[0].embedding.optimizer of sparse table emb/table would be MOMENTUM, which "
-            "sparse tables do not offer: give it an optimizer of its own (SGD, ADAGRAD or ADAM)");
+            "sparse table emb/table: MOMENTUM is not offered for sparse tables; set "
+            "model.layer[0].embedding.optimizer to SGD, ADAGRAD or ADAM");
   OptimizerSpec* own = emb->mutable_embedding()->mutable_optimizer();
   own->set_kind(OptimizerSpec::ADAGRAD);
   EXPECT_EQ(ValidateJobSpec(spec).status().message(),
@@ -143,6 +143,10 @@ TEST(JobValidationTest, SparseTablesTakeNoMomentumAndCheckTheirOwnOptimizer) {
   own->set_learning_rate(0.05f);
   params = ValidateJobSpec(spec);
   EXPECT_TRUE(params.ok()) << params.status();
+  own->set_kind(OptimizerSpec::MOMENTUM);  // Its own: the same sentence.
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "sparse table emb/table: MOMENTUM is not offered for sparse tables; set "
+            "model.layer[0].embedding.optimizer to SGD, ADAGRAD or ADAM");
 }
 
 // An optimizer's errors name the field that was checked: the job's

@@ -442,10 +442,7 @@ absl::Status InferSparseEmbedding(const LayerInference& c, int input) {
   table.has_optimizer = emb.has_optimizer();
   if (table.has_optimizer) {
     table.optimizer = emb.optimizer();
-    if (table.optimizer.kind() == OptimizerSpec::MOMENTUM) {
-      return c.Error(
-          "embedding.optimizer: MOMENTUM is not offered for sparse tables (SGD, ADAGRAD, ADAM)");
-    }
+    RETURN_IF_ERROR(CheckSparseTableOptimizerKind(table, table.optimizer.kind()));
   }
   InputSlot slot;
   slot.name = c.layer->name;
@@ -856,6 +853,17 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
   RETURN_IF_ERROR(LayOutInputSlots(&model));
   RETURN_IF_ERROR(InferPipeline(spec, index_of_name, &model));
   return model;
+}
+
+std::string SparseTableOptimizerField(const SparseTableInfo& table) {
+  return absl::StrCat("model.layer[", table.layer, "].embedding.optimizer");
+}
+
+absl::Status CheckSparseTableOptimizerKind(const SparseTableInfo& table, OptimizerSpec::Kind kind) {
+  if (kind != OptimizerSpec::MOMENTUM) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("sparse table ", table.name, ": MOMENTUM is not offered for sparse tables; set ",
+                   SparseTableOptimizerField(table), " to SGD, ADAGRAD or ADAM"));
 }
 
 int PipelineShape::StageOf(int layer) const {
