@@ -97,7 +97,7 @@ int RunResume(const CtlOptions& options, const std::vector<std::string>& args) {
   std::cerr << "job " << job->id() << " resumes from its checkpoint at step "
             << job->resumed_from_step() << std::endl;
   if (options.wait) return WaitForJob(**client, job->id(), options);
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessage(*job, options.output);
   }
   return kExitOk;

@@ -55,9 +55,4 @@ std::string TestAucText(const JobStatus& job) {
   return absl::StrFormat("%.4f", job.test_auc());
 }
 
-std::string TestLogLossText(const JobStatus& job) {
-  if (TestAccuracyText(job) == "-" || !job.has_test_log_loss()) return "-";
-  return absl::StrFormat("%.4f", job.test_log_loss());
-}
-
 }  // namespace downpour

@@ -88,10 +88,9 @@ absl::StatusOr<std::unique_ptr<RemoteCoordinator>> ConnectTo(const CtlOptions& o
 std::string StepsText(const JobStatus& job);
 std::string LossText(const JobStatus& job);
 std::string TestAccuracyText(const JobStatus& job);
-// The final evaluation's AUC and log loss (JobSpec.metrics), as
-// TestAccuracyText; "-" where the job has none.
+// The final evaluation's AUC (JobSpec.metrics), as TestAccuracyText; "-"
+// where the job has none.
 std::string TestAucText(const JobStatus& job);
-std::string TestLogLossText(const JobStatus& job);
 // The human-readable view of `job` (get, describe).
 void PrintJobSummary(const JobStatus& job);
 

@@ -318,7 +318,7 @@ int RunConfig(const CtlOptions& options, const std::vector<std::string>& args) {
     return args.size() == 2 ? kExitOk : UsageError(absl::StrCat("usage: downpourctl ", usage));
   };
   if (verb == "get-contexts" && args.size() == 1) {
-    if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+    if (PrintsMessages(options.output)) {
       // JSON, which YAML reads too.
       std::cout << "[";
       for (size_t i = 0; i < config->contexts.size(); ++i) {

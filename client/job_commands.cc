@@ -91,7 +91,7 @@ void PrintProgress(const JobStatus& job, const EtaEstimator& eta) {
 }
 
 int PrintFinal(const JobStatus& job, const CtlOptions& options) {
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessage(job, options.output);
   } else {
     // A job that measured no accuracy (it failed first) shows none; the AUC
@@ -233,7 +233,7 @@ int RunSubmit(const CtlOptions& options, const std::vector<std::string>& args) {
     std::cerr << "submitted job " << job->id() << std::endl;
     return WaitForJob(**client, job->id(), options);
   }
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessage(*job, options.output);
   } else {
     std::cout << job->id() << std::endl;
@@ -250,7 +250,7 @@ int RunList(const CtlOptions& options, const std::vector<std::string>& args) {
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<std::vector<JobStatus>> jobs = (*client)->ListJobs();
   if (!jobs.ok()) return FailStatus(jobs.status());
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessages(*jobs, options.output);
     return kExitOk;
   }
@@ -380,7 +380,7 @@ int RunGet(const CtlOptions& options, const std::vector<std::string>& args) {
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<JobStatus> job = (*client)->GetJob(args[0]);
   if (!job.ok()) return FailStatus(job.status());
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessage(*job, options.output);
   } else {
     PrintJobSummary(*job);
@@ -398,7 +398,7 @@ int RunStop(const CtlOptions& options, const std::vector<std::string>& args) {
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<JobStatus> job = (*client)->StopJob(args[0]);
   if (!job.ok()) return FailStatus(job.status());
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessage(*job, options.output);
   } else {
     std::cout << "job " << job->id() << " " << JobState_Name(job->state()) << std::endl;

@@ -26,7 +26,7 @@ int ListNodes(const CtlOptions& options) {
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<std::vector<NodeInfo>> nodes = (*client)->ListNodes();
   if (!nodes.ok()) return FailStatus(nodes.status());
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessages(*nodes, options.output);
     return kExitOk;
   }
@@ -57,7 +57,7 @@ int Cordon(const CtlOptions& options, const std::string& node_id, bool cordoned)
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<NodeInfo> node = (*client)->CordonNode(node_id, cordoned);
   if (!node.ok()) return FailStatus(node.status());
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessage(*node, options.output);
   } else if (cordoned) {
     std::cout << "node " << node->id()

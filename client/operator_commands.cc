@@ -54,7 +54,7 @@ int RunDescribe(const CtlOptions& options, const std::vector<std::string>& args)
   if (!client.ok()) return FailStatus(client.status());
   absl::StatusOr<JobDescription> description = (*client)->DescribeJob(args[0]);
   if (!description.ok()) return FailStatus(description.status());
-  if (options.output == OutputFormat::kJson || options.output == OutputFormat::kYaml) {
+  if (PrintsMessages(options.output)) {
     PrintMessage(*description, options.output);
     return kExitOk;
   }

@@ -15,6 +15,11 @@ namespace downpour {
 // -o table (default), wide (a table with more columns), json, yaml.
 enum class OutputFormat { kTable, kWide, kJson, kYaml };
 
+// json and yaml: a command prints messages (PrintMessage), not a table.
+inline bool PrintsMessages(OutputFormat format) {
+  return format == OutputFormat::kJson || format == OutputFormat::kYaml;
+}
+
 // InvalidArgument naming the unknown format.
 absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& text);
 

@@ -34,35 +34,29 @@ absl::StatusOr<HeartbeatResponse> FakeCoordinator::Heartbeat(const HeartbeatRequ
     response.set_reregister(true);
     return response;
   }
-  for (const JobLogLine& line : request.logs()) log_lines_.push_back(line);
   for (const Task& task : tasks_[request.node_id()]) *response.add_tasks() = task;
   return response;
 }
 
 absl::StatusOr<ReportProgressResponse> FakeCoordinator::ReportProgress(
     const ReportProgressRequest& request) {
-  ReportHandler handler;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!up_) return Down();
-    reports_.push_back(request);
-    handler = report_handler_;
-    // A worker listing the record files gets its rank's first share.
-    if (request.data_files_size() > 0) {
-      for (const Task& task : tasks_[request.node_id()]) {
-        if (task.job_id() != request.job_id()) continue;
-        const std::vector<std::vector<DataPart>> shares = ShareData(
-            std::vector<std::string>(request.data_files().begin(), request.data_files().end()),
-            task.spec().num_workers());
-        ReportProgressResponse response;
-        const std::vector<DataPart>& share = shares.at(request.rank());
-        response.mutable_data()->Assign(share.begin(), share.end());
-        return response;
-      }
-      return absl::NotFoundError(absl::StrCat("no task of job ", request.job_id()));
+  absl::MutexLock lock(&mu_);
+  if (!up_) return Down();
+  reports_.push_back(request);
+  // A worker listing the record files gets its rank's first share.
+  if (request.data_files_size() > 0) {
+    for (const Task& task : tasks_[request.node_id()]) {
+      if (task.job_id() != request.job_id()) continue;
+      const std::vector<std::vector<DataPart>> shares = ShareData(
+          std::vector<std::string>(request.data_files().begin(), request.data_files().end()),
+          task.spec().num_workers());
+      ReportProgressResponse response;
+      const std::vector<DataPart>& share = shares.at(request.rank());
+      response.mutable_data()->Assign(share.begin(), share.end());
+      return response;
     }
+    return absl::NotFoundError(absl::StrCat("no task of job ", request.job_id()));
   }
-  if (handler) return handler(request);
   return ReportProgressResponse();
 }
 
@@ -107,11 +101,6 @@ void FakeCoordinator::ForgetNodes() {
   incarnations_.clear();
 }
 
-void FakeCoordinator::SetReportHandler(ReportHandler handler) {
-  absl::MutexLock lock(&mu_);
-  report_handler_ = std::move(handler);
-}
-
 int FakeCoordinator::registrations() {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(registered_.size());
@@ -125,11 +114,6 @@ NodeInfo FakeCoordinator::last_registered() {
 std::vector<ReportProgressRequest> FakeCoordinator::reports() {
   absl::MutexLock lock(&mu_);
   return reports_;
-}
-
-std::vector<JobLogLine> FakeCoordinator::log_lines() {
-  absl::MutexLock lock(&mu_);
-  return log_lines_;
 }
 
 bool FakeCoordinator::HeartbeatsReached() const { return heartbeats_ >= awaited_heartbeats_; }

@@ -26,10 +26,6 @@ namespace control {
 
 class FakeCoordinator : public Coordinator {
  public:
-  // What ReportProgress answers: job_ended, or an error.
-  using ReportHandler =
-      std::function<absl::StatusOr<ReportProgressResponse>(const ReportProgressRequest&)>;
-
   absl::StatusOr<RegisterNodeResponse> RegisterNode(const NodeInfo& node) override;
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request) override;
   absl::StatusOr<ReportProgressResponse> ReportProgress(
@@ -59,13 +55,10 @@ class FakeCoordinator : public Coordinator {
   // Forgets every node, as a coordinator that lost its state would: the
   // next heartbeat of each is told to re-register.
   void ForgetNodes();
-  void SetReportHandler(ReportHandler handler);
 
   int registrations();
   NodeInfo last_registered();
   std::vector<ReportProgressRequest> reports();
-  // Every log line heartbeats brought, in order.
-  std::vector<JobLogLine> log_lines();
   // Waits up to `timeout` until `n` more heartbeats (answered or not) have
   // arrived; false if they did not.
   bool AwaitHeartbeats(int n, absl::Duration timeout = absl::Seconds(20));
@@ -82,8 +75,6 @@ class FakeCoordinator : public Coordinator {
   std::map<std::string, std::vector<Task>> tasks_ ABSL_GUARDED_BY(mu_);
   std::vector<NodeInfo> registered_ ABSL_GUARDED_BY(mu_);
   std::vector<ReportProgressRequest> reports_ ABSL_GUARDED_BY(mu_);
-  std::vector<JobLogLine> log_lines_ ABSL_GUARDED_BY(mu_);
-  ReportHandler report_handler_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int awaited_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
 };

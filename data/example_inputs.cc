@@ -335,31 +335,33 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE Parse ReadFeature(absl::string_view feature_bytes, 
   return ReadFeatureInAnyLayout(feature_bytes, kind, list);
 }
 
+// Calls emit(float) for each value of a packed run of floats; kCorrupt
+// (before any call) when the run is not a whole number of them.
+template <typename Emit>
+Parse ForEachPackedFloat(absl::string_view packed, Emit& emit) {
+  if (packed.size() % 4 != 0) return Parse::kCorrupt;
+  for (size_t i = 0; i < packed.size(); i += 4) {
+    float value;
+    std::memcpy(&value, packed.data() + i, 4);
+    emit(value);
+  }
+  return Parse::kOk;
+}
+
 // Calls emit(float) for each value of a FloatList, packed or not.
 template <typename Emit>
 Parse ForEachFloat(absl::string_view list_bytes, Emit&& emit) {
   absl::string_view packed;
   if (ShortField(list_bytes, kKeyTag, &packed)) {  // The usual layout: one packed run.
-    if (packed.size() % 4 != 0) return Parse::kCorrupt;
-    for (size_t i = 0; i < packed.size(); i += 4) {
-      float value;
-      std::memcpy(&value, packed.data() + i, 4);
-      emit(value);
-    }
-    return Parse::kOk;
+    return ForEachPackedFloat(packed, emit);
   }
   WireReader list(list_bytes);
   uint32_t field, type;
   while (!list.done()) {
     if (!list.Tag(&field, &type)) return Parse::kCorrupt;
     if (field == 1 && type == kLengthDelimited) {
-      absl::string_view packed;
-      if (!list.LengthDelimited(&packed) || packed.size() % 4 != 0) return Parse::kCorrupt;
-      for (size_t i = 0; i < packed.size(); i += 4) {
-        float value;
-        std::memcpy(&value, packed.data() + i, 4);
-        emit(value);
-      }
+      if (!list.LengthDelimited(&packed)) return Parse::kCorrupt;
+      if (ForEachPackedFloat(packed, emit) != Parse::kOk) return Parse::kCorrupt;
     } else if (field == 1 && type == kFixed32) {
       uint32_t bits;
       if (!list.Fixed32(&bits)) return Parse::kCorrupt;

@@ -125,7 +125,6 @@ absl::Status RecordWriter::Write(absl::string_view record) {
   RETURN_IF_ERROR(Append(absl::string_view(header, sizeof(header))));
   RETURN_IF_ERROR(Append(record));
   RETURN_IF_ERROR(Append(absl::string_view(footer, sizeof(footer))));
-  ++records_written_;
   return absl::OkStatus();
 }
 

@@ -80,12 +80,6 @@ class RecordWriter {
   // directory. Calling it again after success is a no-op.
   absl::Status Close();
 
-  const std::string& path() const { return file_->path(); }
-  int64_t records_written() const { return records_written_; }
-  // Bytes written to the file so far (its final size after Close()); for a
-  // compressed file, what the compressor has emitted yet.
-  int64_t bytes_written() const { return static_cast<int64_t>(file_->bytes()); }
-
  private:
   RecordWriter(std::unique_ptr<AtomicFile> file, std::unique_ptr<GzipStream> gzip);
   // Appends framed bytes, through the compressor when there is one; `finish`
@@ -95,7 +89,6 @@ class RecordWriter {
   std::unique_ptr<AtomicFile> file_;  // Writes path.tmp; renamed by Close.
   std::unique_ptr<GzipStream> gzip_;  // Null for an uncompressed file.
   bool closed_ = false;
-  int64_t records_written_ = 0;
 };
 
 class RecordReader {
@@ -117,12 +110,9 @@ class RecordReader {
   // damaged record. Errors are sticky: later calls return the same error.
   absl::StatusOr<bool> Read(std::string* record);
 
-  const std::string& path() const { return path_; }
   bool compressed() const { return gzip_ != nullptr; }
-  // Offset of the next record to read (in the uncompressed stream of a
-  // compressed file); after Read() returns a record, the offset that record
-  // started at is record_offset().
-  int64_t offset() const { return offset_; }
+  // After Read() returns a record, the offset that record started at (in the
+  // uncompressed stream of a compressed file).
   int64_t record_offset() const { return record_offset_; }
 
  private:

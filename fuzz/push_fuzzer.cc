@@ -1,7 +1,7 @@
 // Fuzzes the shard's push handler end to end: the input (see
 // fuzz/received_message.h) is deserialized as gRPC hands a request to
 // /downpour.ParameterServer/Push (rpc/tensor_wire.h) and passed to
-// ParameterServerService::Push (rpc/ps_service.cc), which parses the
+// ParameterServerService::Push (rpc/shard_service.cc), which parses the
 // PushRequest header and applies it to a ParameterStore through the
 // ParameterShard interface, as a shard daemon does. The store is made afresh
 // for each input (so a finding replays alone) and hosts three jobs over one
@@ -29,7 +29,7 @@
 #include "fuzz/received_message.h"
 #include "google/protobuf/text_format.h"
 #include "ps/parameter_store.h"
-#include "rpc/ps_service.h"
+#include "rpc/shard_service.h"
 #include "rpc/tensor_wire.h"
 
 namespace downpour {

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "ps/gradient_runs.h"
 #include "ps/lr_schedule.h"
+#include "spec/job_validation.h"
 #include "spec/sparse_ids.h"
 #include "spec/wire_dtype.h"
 
@@ -49,26 +50,14 @@ absl::StatusOr<std::unique_ptr<SparseStore>> SparseStore::Create(const std::stri
   std::unique_ptr<SparseStore> store(
       new SparseStore(job_id, spec, shard_index, std::move(diverged)));
   for (SparseTableInfo& info : model.sparse_tables) {
-    const std::string where = absl::StrCat("sparse table ", info.name);
+    // The coordinator validated the spec; this guards a caller that did not.
+    RETURN_IF_ERROR(ValidateSparseTableOptimizer(info, spec.optimizer()));
     Table table;
     table.optimizer = info.has_optimizer ? info.optimizer : spec.optimizer();
-    absl::StatusOr<OptimizerKind> kind = OptimizerKindOf(table.optimizer);
-    if (!kind.ok()) return Annotate(kind.status(), where);
-    if (*kind == OptimizerKind::kMomentum) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where,
-          ": MOMENTUM is not offered for sparse tables; give the embedding an optimizer "
-          "of its own (SGD, ADAGRAD or ADAM)"));
-    }
-    if (!(table.optimizer.learning_rate() > 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": optimizer.learning_rate must be positive, got ",
-                       table.optimizer.learning_rate()));
-    }
     SparseTableOptions options;
     options.name = info.name;
     options.dim = info.dim;
-    options.optimizer = *kind;
+    options.optimizer = *OptimizerKindOf(table.optimizer);  // Validated above.
     options.hyper = HyperparamsAt(table.optimizer, 0, 1);
     options.init_scale = info.init_scale;
     options.seed = spec.seed();

@@ -120,9 +120,9 @@ class SparseStore {
 
   // The tables of `spec` (defaults applied and validated: ValidateJobSpec)
   // on shard `shard_index`, or null (OK) when the model has none.
-  // InvalidArgument naming the table for an optimizer the shard cannot run
-  // (MOMENTUM, a learning_rate that is not positive); ResourceExhausted when
-  // the budget cannot hold a table's fixed part. `budget` may be null (no
+  // InvalidArgument for a table's optimizer that ValidateSparseTableOptimizer
+  // (spec/job_validation.h) refuses, as ValidateJobSpec did; ResourceExhausted
+  // when the budget cannot hold a table's fixed part. `budget` may be null (no
   // limit).
   static absl::StatusOr<std::unique_ptr<SparseStore>> Create(const std::string& job_id,
                                                              const JobSpec& spec, int shard_index,

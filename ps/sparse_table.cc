@@ -90,15 +90,6 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
     return absl::InvalidArgumentError(
         TableError(table, absl::StrCat("dim must be in [1, ", kMaxDim, "], got ", options.dim)));
   }
-  switch (options.optimizer) {
-    case OptimizerKind::kSgd:
-    case OptimizerKind::kAdagrad:
-    case OptimizerKind::kAdam:
-      break;
-    case OptimizerKind::kMomentum:
-      return absl::InvalidArgumentError(
-          TableError(table, "MOMENTUM is not offered for sparse tables; use SGD, ADAGRAD or ADAM"));
-  }
   if (!(options.init_scale > 0.f) || !std::isfinite(options.init_scale)) {
     return absl::InvalidArgumentError(TableError(
         table, absl::StrCat("init_scale must be a finite number > 0, got ", options.init_scale)));

@@ -86,7 +86,9 @@ enum class EvictionPolicy { kLru, kLfu };
 struct SparseTableOptions {
   std::string name;  // "<layer>/table", for messages.
   int64_t dim = 0;   // > 0.
-  // kSgd, kAdagrad or kAdam (kMomentum: InvalidArgument from Create).
+  // kSgd, kAdagrad or kAdam: sparse tables offer no MOMENTUM
+  // (CheckSparseTableOptimizerKind in spec/model_shape.h, which SparseStore
+  // applies).
   OptimizerKind optimizer = OptimizerKind::kSgd;
   // learning_rate is replaced per Apply call, step by the row's update
   // count; beta1/2, epsilon and weight_decay are used.

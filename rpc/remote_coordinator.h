@@ -54,11 +54,9 @@ class RemoteCoordinator : public control::Coordinator {
 
   const std::string& address() const { return address_; }
 
-  // Deadline of each call other than WatchJob. Default 10s.
-  // REQUIRES: no call is in flight.
+  // Deadline of each call other than WatchJob, ResumeJob and ExportJob.
+  // Default 10s. REQUIRES: no call is in flight.
   void set_rpc_timeout(absl::Duration timeout) { rpc_timeout_ = timeout; }
-  // Deadline of ResumeJob and ExportJob. Default 10 minutes.
-  void set_long_call_timeout(absl::Duration timeout) { long_call_timeout_ = timeout; }
 
   // Waits up to `timeout` for the channel to be connected. Unavailable when
   // it does not.
@@ -76,8 +74,8 @@ class RemoteCoordinator : public control::Coordinator {
                                      absl::Duration timeout) override;
   absl::StatusOr<JobStatus> StopJob(const std::string& job_id) override;
   absl::StatusOr<JobStatus> CheckpointJob(const std::string& job_id) override;
-  // Resume (which reads the checkpoint whole) and export have
-  // long_call_timeout as their deadline.
+  // Resume (which reads the checkpoint whole) and export have a deadline of
+  // 10 minutes (long_call_timeout_).
   absl::StatusOr<JobStatus> ResumeJob(const std::string& job_id) override;
   absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
                                         bool native_layout) override;
@@ -105,7 +103,7 @@ class RemoteCoordinator : public control::Coordinator {
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<downpour::Coordinator::StubInterface> stub_;
   absl::Duration rpc_timeout_ = absl::Seconds(10);
-  absl::Duration long_call_timeout_ = absl::Minutes(10);
+  const absl::Duration long_call_timeout_ = absl::Minutes(10);
   // Sent with every call as "authorization: Bearer ..." (empty: none).
   std::string bearer_token_;
   bool tls_ = false;  // For the hint of a failed connection.

@@ -10,8 +10,8 @@
 #include "proto/health_service.grpc.pb.h"
 #include "ps/parameter_store.h"
 #include "rpc/daemon.h"
-#include "rpc/ps_client.h"
-#include "rpc/ps_service.h"
+#include "rpc/remote_parameter_shard.h"
+#include "rpc/shard_service.h"
 
 namespace downpour {
 namespace {

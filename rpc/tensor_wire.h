@@ -10,8 +10,9 @@
 // small header is serialized.
 //
 // The RPC method names live here too; the service is registered by hand
-// (rpc/ps_service) and called through a raw channel (rpc/ps_client), because
-// generated proto stubs would serialize the bytes into the message.
+// (rpc/shard_service) and called through a raw channel
+// (rpc/remote_parameter_shard), because generated proto stubs would serialize
+// the bytes into the message.
 #ifndef DOWNPOUR_RPC_TENSOR_WIRE_H_
 #define DOWNPOUR_RPC_TENSOR_WIRE_H_
 

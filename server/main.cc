@@ -20,7 +20,7 @@
 #include "ps/parameter_store.h"
 #include "rpc/daemon.h"
 #include "rpc/node_flags.h"
-#include "rpc/ps_service.h"
+#include "rpc/shard_service.h"
 #include "server/shard_metrics.h"
 #include "server/shard_runtime.h"
 

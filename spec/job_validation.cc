@@ -117,16 +117,22 @@ absl::Status CheckOptimizer(const OptimizerSpec& opt, const std::string& field) 
     return Bad(absl::StrCat(field, ".schedule.kind"),
                absl::StrCat("has unknown value ", opt.schedule().kind()));
   }
-  if (!(opt.learning_rate() > 0))
+  if (!(opt.learning_rate() > 0)) {
     return Bad(absl::StrCat(field, ".learning_rate"), "must be positive");
+  }
   if (opt.momentum() < 0 || opt.momentum() >= 1) {
     return Bad(absl::StrCat(field, ".momentum"), "must be in [0, 1)");
   }
-  if (opt.beta1() < 0 || opt.beta1() >= 1) return Bad("optimizer.beta1", "must be in [0, 1)");
-  if (opt.beta2() < 0 || opt.beta2() >= 1) return Bad("optimizer.beta2", "must be in [0, 1)");
+  if (opt.beta1() < 0 || opt.beta1() >= 1) {
+    return Bad(absl::StrCat(field, ".beta1"), "must be in [0, 1)");
+  }
+  if (opt.beta2() < 0 || opt.beta2() >= 1) {
+    return Bad(absl::StrCat(field, ".beta2"), "must be in [0, 1)");
+  }
   if (opt.epsilon() < 0) return Bad(absl::StrCat(field, ".epsilon"), "must not be negative");
-  if (opt.weight_decay() < 0)
+  if (opt.weight_decay() < 0) {
     return Bad(absl::StrCat(field, ".weight_decay"), "must not be negative");
+  }
   const LearningRateSchedule& schedule = opt.schedule();
   if (schedule.warmup_steps() < 0) {
     return Bad(absl::StrCat(field, ".schedule.warmup_steps"), "must not be negative");
@@ -142,20 +148,9 @@ absl::Status CheckOptimizer(const OptimizerSpec& opt, const std::string& field) 
   return absl::OkStatus();
 }
 
-}  // namespace
-
-void ApplyJobDefaults(JobSpec* spec) {
-  if (spec->partition_bytes() == 0) spec->set_partition_bytes(kDefaultPartitionBytes);
-  if (spec->log_every_steps() == 0) spec->set_log_every_steps(10);
-  DatasetSpec* data = spec->mutable_dataset();
-  if (data->feature_key().empty()) data->set_feature_key("image");
-  if (data->label_key().empty()) data->set_label_key("label");
-  if (spec->name().empty()) spec->set_name("job");
-  if (spec->checkpoint().keep() == 0) spec->mutable_checkpoint()->set_keep(2);
-}
-
-absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
-  RETURN_IF_ERROR(CheckSizes(spec));
+// The job's cadence and counts: workers, shards, steps, checkpoints,
+// evaluations, metrics, restarts and the gradients' wire dtype.
+absl::Status CheckRunSettings(const JobSpec& spec) {
   if (spec.num_workers() < 1) return Bad("num_workers", "must be at least 1");
   if (spec.num_shards() < 1) return Bad("num_shards", "must be at least 1");
   if (spec.steps() < 1) return Bad("steps", "must be at least 1");
@@ -186,20 +181,36 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   if (!DType_IsValid(spec.gradient_wire_dtype())) {
     return Bad("gradient_wire_dtype", "must be FLOAT32, BFLOAT16 or FLOAT16");
   }
+  return absl::OkStatus();
+}
 
-  const DatasetSpec& data = spec.dataset();
+// The dataset's files and batches.
+absl::Status CheckDatasetFields(const DatasetSpec& data) {
   if (data.train_files().empty()) return Bad("dataset.train_files", "is required");
   if (data.test_files().empty()) return Bad("dataset.test_files", "is required");
   if (data.batch_size() < 1) return Bad("dataset.batch_size", "must be at least 1");
   if (data.shuffle_buffer() < 0) return Bad("dataset.shuffle_buffer", "must not be negative");
+  return absl::OkStatus();
+}
 
-  if (!Precision_IsValid(spec.precision())) {
-    return Bad("precision", absl::StrCat("has unknown value ", spec.precision(),
-                                         "; must be FP32 (the default), TF32, FP32_STRICT, "
-                                         "BF16 or FP16"));
+// How the dataset's records are stored and decoded.
+absl::Status CheckDatasetFormat(const DatasetSpec& data) {
+  if (!DatasetSpec::Compression_IsValid(data.compression())) {
+    return Bad("dataset.compression", absl::StrCat("has unknown value ", data.compression(),
+                                                   "; must be AUTO, NONE or GZIP"));
   }
-  RETURN_IF_ERROR(CheckOptimizer(spec.optimizer(), "optimizer"));
+  if (!DatasetSpec::Encoding_IsValid(data.encoding())) {
+    return Bad("dataset.encoding", absl::StrCat("has unknown value ", data.encoding(),
+                                                "; must be BY_SIZE, RAW or ENCODED"));
+  }
+  if (data.decode_threads() < 0 || data.decode_threads() > 64) {
+    return Bad("dataset.decode_threads", "must be in [0, 64] (0: automatic)");
+  }
+  return absl::OkStatus();
+}
 
+// JobSpec.consistency: its mode, and the fields each mode takes.
+absl::Status CheckConsistency(const JobSpec& spec) {
   const ConsistencySpec& consistency = spec.consistency();
   if (!ConsistencySpec::Mode_IsValid(consistency.mode())) {
     return Bad("consistency.mode", absl::StrCat("has unknown value ", consistency.mode()));
@@ -223,35 +234,20 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
   if (consistency.backup_workers() > 0 && consistency.mode() != ConsistencySpec::SYNC) {
     return Bad("consistency.backup_workers", "applies to mode SYNC only");
   }
+  return absl::OkStatus();
+}
 
-  if (!DatasetSpec::Compression_IsValid(data.compression())) {
-    return Bad("dataset.compression", absl::StrCat("has unknown value ", data.compression(),
-                                                   "; must be AUTO, NONE or GZIP"));
+// The optimizer of each sparse table.
+absl::Status CheckSparseTables(const JobSpec& spec, const ModelShape& shape) {
+  for (const SparseTableInfo& table : shape.sparse_tables) {
+    RETURN_IF_ERROR(ValidateSparseTableOptimizer(table, spec.optimizer()));
   }
-  if (!DatasetSpec::Encoding_IsValid(data.encoding())) {
-    return Bad("dataset.encoding", absl::StrCat("has unknown value ", data.encoding(),
-                                                "; must be BY_SIZE, RAW or ENCODED"));
-  }
+  return absl::OkStatus();
+}
 
-  if (data.decode_threads() < 0 || data.decode_threads() > 64) {
-    return Bad("dataset.decode_threads", "must be in [0, 64] (0: automatic)");
-  }
-
-  auto shape = InferModel(spec.model());
-  if (!shape.ok()) return shape.status();
-  // Sparse tables keep row-wise optimizer state: no momentum.
-  for (const SparseTableInfo& table : shape->sparse_tables) {
-    const std::string field = absl::StrCat("model.layer[", table.layer, "].embedding.optimizer");
-    if (table.has_optimizer) RETURN_IF_ERROR(CheckOptimizer(table.optimizer, field));
-    const OptimizerSpec::Kind kind =
-        table.has_optimizer ? table.optimizer.kind() : spec.optimizer().kind();
-    if (kind == OptimizerSpec::MOMENTUM) {
-      return Bad(field, absl::StrCat("of sparse table ", table.name,
-                                     " would be MOMENTUM, which sparse tables do not offer: give "
-                                     "it an optimizer of its own (SGD, ADAGRAD or ADAM)"));
-    }
-  }
-  const std::vector<int64_t>& input = shape->input_shape;
+// What the dataset's decoding and augmentation need of the model's input.
+absl::Status CheckDatasetFitsModel(const DatasetSpec& data, const ModelShape& shape) {
+  const std::vector<int64_t>& input = shape.input_shape;
   const bool image_input = input.size() == 3 && (input[2] == 1 || input[2] == 3);
   if (data.encoding() == DatasetSpec::ENCODED && !image_input) {
     return Bad("dataset.encoding",
@@ -271,22 +267,28 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
                               "] (the input's height and width); got ", padding));
     }
   }
-  // Bounds that keep a typo from exhausting a worker's or a shard's memory.
-  const double batch_bytes = 4.0 * data.batch_size() * shape->input_size;
+  return absl::OkStatus();
+}
+
+// Bounds that keep a typo from exhausting a worker's or a shard's memory:
+// a batch, the parameters, and the partitions every node is sent.
+absl::Status CheckMemoryBounds(const JobSpec& spec, const ModelShape& shape) {
+  const DatasetSpec& data = spec.dataset();
+  const double batch_bytes = 4.0 * data.batch_size() * shape.input_size;
   if (batch_bytes > kMaxBatchBytes) {
     return Bad("dataset.batch_size",
-               absl::StrCat(data.batch_size(), " makes one batch of ", shape->input_size,
+               absl::StrCat(data.batch_size(), " makes one batch of ", shape.input_size,
                             "-element examples ", static_cast<int64_t>(batch_bytes) >> 20,
                             " MiB; the limit is ", kMaxBatchBytes >> 20, " MiB"));
   }
   double param_bytes = 0;
-  for (const ParamInfo& p : shape->params) param_bytes += 4.0 * p.num_elements;
+  for (const ParamInfo& p : shape.params) param_bytes += 4.0 * p.num_elements;
   if (param_bytes > kMaxModelBytes) {
     return Bad("model",
                absl::StrCat("has ", static_cast<int64_t>(param_bytes) >> 20,
                             " MiB of parameters; the limit is ", kMaxModelBytes >> 20, " MiB"));
   }
-  const int64_t partitions = CountPartitions(shape->params, spec.partition_bytes());
+  const int64_t partitions = CountPartitions(shape.params, spec.partition_bytes());
   if (partitions > kMaxPartitions) {
     return Bad("partition_bytes",
                absl::StrCat(spec.partition_bytes(), " cuts the model's ",
@@ -294,9 +296,48 @@ absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
                             " partitions; the limit is ", kMaxPartitions,
                             " (every node is sent the placement): use larger partitions"));
   }
-  auto placed = PlacePartitions(shape->params, spec.num_shards(), spec.partition_bytes());
-  if (!placed.ok()) return placed.status();
-  return shape->params;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ApplyJobDefaults(JobSpec* spec) {
+  if (spec->partition_bytes() == 0) spec->set_partition_bytes(kDefaultPartitionBytes);
+  if (spec->log_every_steps() == 0) spec->set_log_every_steps(10);
+  DatasetSpec* data = spec->mutable_dataset();
+  if (data->feature_key().empty()) data->set_feature_key("image");
+  if (data->label_key().empty()) data->set_label_key("label");
+  if (spec->name().empty()) spec->set_name("job");
+  if (spec->checkpoint().keep() == 0) spec->mutable_checkpoint()->set_keep(2);
+}
+
+absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckSizes(spec));
+  RETURN_IF_ERROR(CheckRunSettings(spec));
+  RETURN_IF_ERROR(CheckDatasetFields(spec.dataset()));
+  if (!Precision_IsValid(spec.precision())) {
+    return Bad("precision", absl::StrCat("has unknown value ", spec.precision(),
+                                         "; must be FP32 (the default), TF32, FP32_STRICT, "
+                                         "BF16 or FP16"));
+  }
+  RETURN_IF_ERROR(CheckOptimizer(spec.optimizer(), "optimizer"));
+  RETURN_IF_ERROR(CheckConsistency(spec));
+  RETURN_IF_ERROR(CheckDatasetFormat(spec.dataset()));
+  ASSIGN_OR_RETURN(const ModelShape shape, InferModel(spec.model()));
+  RETURN_IF_ERROR(CheckSparseTables(spec, shape));
+  RETURN_IF_ERROR(CheckDatasetFitsModel(spec.dataset(), shape));
+  RETURN_IF_ERROR(CheckMemoryBounds(spec, shape));
+  RETURN_IF_ERROR(
+      PlacePartitions(shape.params, spec.num_shards(), spec.partition_bytes()).status());
+  return shape.params;
+}
+
+absl::Status ValidateSparseTableOptimizer(const SparseTableInfo& table,
+                                          const OptimizerSpec& job_optimizer) {
+  const OptimizerSpec& optimizer = table.has_optimizer ? table.optimizer : job_optimizer;
+  RETURN_IF_ERROR(CheckOptimizer(
+      optimizer, table.has_optimizer ? SparseTableOptimizerField(table) : "optimizer"));
+  return CheckSparseTableOptimizerKind(table, optimizer.kind());
 }
 
 absl::Status ValidateJobId(const std::string& job_id) {

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
+#include "spec/model_shape.h"
 #include "spec/params.h"
 
 namespace downpour {
@@ -21,6 +22,14 @@ void ApplyJobDefaults(JobSpec* spec);
 // partitions, the whole spec), and the record-file globs must be relative
 // with no component that can match "..".
 absl::StatusOr<std::vector<ParamInfo>> ValidateJobSpec(const JobSpec& spec);
+
+// The optimizer sparse table `table` runs: its own, or else the job's
+// (`job_optimizer`), checked as ValidateJobSpec checks it (its values, named
+// by the table's own field where it is the table's, then
+// CheckSparseTableOptimizerKind). ValidateJobSpec calls it for every table; a
+// shard calls it again for the tables it creates.
+absl::Status ValidateSparseTableOptimizer(const SparseTableInfo& table,
+                                          const OptimizerSpec& job_optimizer);
 
 // Job ids: 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit.
 absl::Status ValidateJobId(const std::string& job_id);

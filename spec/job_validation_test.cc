@@ -1,7 +1,8 @@
 // ValidateJobSpec's checks: every Precision the proto defines is accepted
 // and an unknown number is refused naming the field and the valid names;
 // push_every / fetch_every and the evaluation settings; the metrics (known,
-// once each, AUC and LOG_LOSS for two-class models only); the size limits of
+// once each, AUC and LOG_LOSS for two-class models only); the sparse tables'
+// optimizers, each error naming the optimizer it checked; the size limits of
 // spec/limits.h, each named with its size and limit; record-file globs that
 // could leave the worker's data directory.
 #include "spec/job_validation.h"
@@ -101,7 +102,10 @@ TEST(JobValidationTest, MetricsAreKnownListedOnceAndAucNeedsTwoClasses) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok());  // Empty: ACCURACY.
 }
 
-TEST(JobValidationTest, SparseTablesTakeNoMomentumAndCheckTheirOwnOptimizer) {
+// SmallMlpJob (defaults applied) whose model is a sparse embedding "emb"
+// (model.layer[0], table emb/table) of SPARSE input "ids", then a dense
+// layer and the loss; the job's optimizer is ADAM.
+JobSpec SparseTableJob() {
   JobSpec spec = SmallMlpJob(/*num_workers=*/1, /*num_shards=*/1);
   ApplyJobDefaults(&spec);
   ModelSpec* model = spec.mutable_model();
@@ -120,18 +124,51 @@ TEST(JobValidationTest, SparseTablesTakeNoMomentumAndCheckTheirOwnOptimizer) {
   model->add_layer()->mutable_dense()->set_units(2);
   model->add_layer()->mutable_softmax_cross_entropy();
   spec.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
+  return spec;
+}
+
+TEST(JobValidationTest, SparseTablesTakeNoMomentumAndCheckTheirOwnOptimizer) {
+  JobSpec spec = SparseTableJob();
+  LayerSpec* emb = spec.mutable_model()->mutable_layer(0);
   auto params = ValidateJobSpec(spec);
   EXPECT_TRUE(params.ok()) << params.status();
   spec.mutable_optimizer()->set_kind(OptimizerSpec::MOMENTUM);
   EXPECT_EQ(ValidateJobSpec(spec).status().message(),
-            "model.layer[0].embedding.optimizer of sparse table emb/table would be MOMENTUM, which "
-            "sparse tables do not offer: give it an optimizer of its own (SGD, ADAGRAD or ADAM)");
+            "sparse table emb/table: MOMENTUM is not offered for sparse tables; set "
+            "model.layer[0].embedding.optimizer to SGD, ADAGRAD or ADAM");
   OptimizerSpec* own = emb->mutable_embedding()->mutable_optimizer();
   own->set_kind(OptimizerSpec::ADAGRAD);
   EXPECT_EQ(ValidateJobSpec(spec).status().message(),
             "model.layer[0].embedding.optimizer.learning_rate must be positive");
   own->set_learning_rate(0.05f);
   params = ValidateJobSpec(spec);
+  EXPECT_TRUE(params.ok()) << params.status();
+  own->set_kind(OptimizerSpec::MOMENTUM);  // Its own: the same sentence.
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "sparse table emb/table: MOMENTUM is not offered for sparse tables; set "
+            "model.layer[0].embedding.optimizer to SGD, ADAGRAD or ADAM");
+}
+
+// An optimizer's errors name the field that was checked: the job's
+// (optimizer.*) or a sparse table's own (model.layer[i].embedding.optimizer.*).
+TEST(JobValidationTest, OptimizerErrorsNameTheOptimizerTheyChecked) {
+  JobSpec spec = SparseTableJob();
+  spec.mutable_optimizer()->set_beta1(1.f);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(), "optimizer.beta1 must be in [0, 1)");
+  spec.mutable_optimizer()->set_beta1(0.9f);
+  OptimizerSpec* own =
+      spec.mutable_model()->mutable_layer(0)->mutable_embedding()->mutable_optimizer();
+  own->set_kind(OptimizerSpec::ADAM);
+  own->set_learning_rate(0.01f);
+  own->set_beta1(1.5f);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "model.layer[0].embedding.optimizer.beta1 must be in [0, 1)");
+  own->set_beta1(0.9f);
+  own->set_beta2(-0.5f);
+  EXPECT_EQ(ValidateJobSpec(spec).status().message(),
+            "model.layer[0].embedding.optimizer.beta2 must be in [0, 1)");
+  own->set_beta2(0.999f);
+  const auto params = ValidateJobSpec(spec);
   EXPECT_TRUE(params.ok()) << params.status();
 }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <unordered_map>
 #include <utility>
 
@@ -195,10 +194,12 @@ namespace {
 // Largest InputSpec.max_ids.
 constexpr int32_t kMaxIdsPerExample = 1 << 16;
 
+// Indices by name: of ModelSpec.inputs, or of the layers inferred so far.
+using IndexOfName = std::unordered_map<std::string, int>;
+
 // Validates ModelSpec.inputs into `model` (a slot per DENSE input) and
 // `input_of_name`.
-absl::Status InferInputs(const ModelSpec& spec, ModelShape* model,
-                         std::unordered_map<std::string, int>* input_of_name) {
+absl::Status InferInputs(const ModelSpec& spec, ModelShape* model, IndexOfName* input_of_name) {
   for (int i = 0; i < spec.inputs_size(); ++i) {
     InputSpec input = spec.inputs(i);
     const std::string where = absl::StrFormat("model.inputs[%d] (\"%s\")", i, input.name());
@@ -245,63 +246,491 @@ absl::Status InferInputs(const ModelSpec& spec, ModelShape* model,
   return absl::OkStatus();
 }
 
+// ModelSpec.input_shape (or ModelSpec.inputs: InferInputs) into `model`'s
+// input shape and slots.
+absl::Status InferModelInput(const ModelSpec& spec, ModelShape* model, IndexOfName* input_of_name) {
+  if (spec.inputs_size() > 0) {
+    if (spec.input_shape_size() > 0) {
+      return absl::InvalidArgumentError(
+          "model.input_shape and model.inputs exclude each other: give the shapes in inputs");
+    }
+    return InferInputs(spec, model, input_of_name);
+  }
+  if (spec.input_shape_size() == 0) {
+    return absl::InvalidArgumentError("model.input_shape (or model.inputs) is required");
+  }
+  for (int i = 0; i < spec.input_shape_size(); ++i) {
+    if (spec.input_shape(i) <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "model.input_shape[%d] must be positive, got %d", i, spec.input_shape(i)));
+    }
+  }
+  model->input_shape.assign(spec.input_shape().begin(), spec.input_shape().end());
+  model->input_size = CheckedProduct(model->input_shape);
+  if (model->input_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.input_shape ", ShapeString(model->input_shape), " has more than 2^31-1 elements"));
+  }
+  InputSlot whole;
+  whole.name = "input";
+  whole.shape = model->input_shape;
+  whole.width = model->input_size;
+  model->input_slots.push_back(std::move(whole));
+  return absl::OkStatus();
+}
+
+// The offsets of a model with named inputs: its slots one after the other.
+absl::Status LayOutInputSlots(ModelShape* model) {
+  if (model->inputs.empty()) return absl::OkStatus();  // One slot, the whole input.
+  for (InputSlot& slot : model->input_slots) {
+    slot.offset = model->input_size;
+    model->input_size += slot.width;
+    if (model->input_size > kMaxTensorElements) {
+      return absl::InvalidArgumentError("model.inputs: more than 2^31-1 elements per example");
+    }
+  }
+  model->input_shape = {model->input_size};
+  return absl::OkStatus();
+}
+
+// One layer's inference: the LayerSpec it reads, the LayerShape it fills in
+// and the model it adds parameters (and, for a sparse embedding, a table and
+// an input slot) to. The layer joins model->layers only when it is whole.
+struct LayerInference {
+  const LayerSpec& spec;
+  int index;
+  int last;           // The model's last layer.
+  std::string where;  // model.layer[i] ("name"): what every error begins with.
+  LayerShape* layer;
+  ModelShape* model;
+
+  template <typename... Parts>
+  absl::Status Error(const Parts&... parts) const {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
+  }
+  const char* kind() const { return LayerKindName(layer->kind); }
+  // The output shape of the layer's k-th input: an earlier layer or a slot
+  // of the model input.
+  const std::vector<int64_t>& InputShape(size_t k) const {
+    const int input = layer->inputs[k];
+    return input < 0 ? model->input_slots[LayerShape::SlotOf(input)].shape
+                     : model->layers[input].output_shape;
+  }
+  // Adds "<layer>/<suffix>" to the model's parameters and the layer's.
+  void AddParam(absl::string_view suffix, std::vector<int64_t> shape, ParamInit init,
+                int64_t fan_in, int64_t fan_out) const {
+    const int32_t id = static_cast<int32_t>(model->params.size());
+    model->params.push_back(MakeParam(id, absl::StrCat(layer->name, "/", suffix), std::move(shape),
+                                      init, fan_in, fan_out));
+    layer->param_ids.push_back(id);
+  }
+  // Adds "<layer>/<suffix>", [channels], to the model's local state and the layer's.
+  void AddLocalState(absl::string_view suffix, int64_t channels, ParamInit init) const {
+    const int32_t id = static_cast<int32_t>(model->local_state.size());
+    model->local_state.push_back(MakeParam(id, absl::StrCat(layer->name, "/", suffix), {channels},
+                                           init, channels, channels));
+    layer->local_state_ids.push_back(id);
+  }
+  // An error unless the layer's first input is one [height, width, channels]
+  // image per example.
+  absl::Status RequireImageInput() const {
+    if (InputShape(0).size() == 3) return absl::OkStatus();
+    return Error(kind(), " needs a [height, width, channels] input, got ",
+                 ShapeString(InputShape(0)));
+  }
+  // An error unless every input has the first's shape (add, dot_interaction).
+  absl::Status RequireSameInputShapes() const {
+    for (size_t k = 1; k < layer->inputs.size(); ++k) {
+      if (InputShape(k) != InputShape(0)) {
+        return Error(kind(), " inputs must have the same shape; \"", spec.inputs(0), "\" is ",
+                     ShapeString(InputShape(0)), " but \"", spec.inputs(k), "\" is ",
+                     ShapeString(InputShape(k)));
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+// Fills in layer->inputs from LayerSpec.inputs (none: the previous layer, or
+// the model input of the first layer). A SPARSE model input is only for a
+// sparse embedding: its index goes to *sparse_input, and a placeholder to
+// the inputs (its slot is made by InferSparseEmbedding).
+absl::Status ResolveLayerInputs(const LayerInference& c, const IndexOfName& input_of_name,
+                                const IndexOfName& index_of_name, int* sparse_input) {
+  LayerShape& layer = *c.layer;
+  auto read_input = [&](int index) -> absl::Status {
+    const InputSpec& input = c.model->inputs[index];
+    if (input.kind() == InputSpec::SPARSE) {
+      if (layer.kind != LayerKind::kEmbedding || !c.spec.embedding().sparse()) {
+        return c.Error("input \"", input.name(),
+                       "\" is SPARSE: only an embedding with sparse: true reads it");
+      }
+      *sparse_input = index;
+      layer.inputs.push_back(LayerShape::kModelInput);
+      return absl::OkStatus();
+    }
+    for (size_t k = 0; k < c.model->input_slots.size(); ++k) {
+      if (c.model->input_slots[k].input == index) {
+        layer.inputs.push_back(LayerShape::ModelInputSlot(static_cast<int>(k)));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (c.spec.inputs_size() == 0) {
+    const size_t named = c.model->inputs.size();
+    if (c.index > 0) {
+      layer.inputs.push_back(c.index - 1);
+    } else if (named > 1) {
+      return c.Error("set inputs: the model has ", named, " named inputs");
+    } else if (named == 1) {
+      return read_input(0);
+    } else {
+      layer.inputs.push_back(LayerShape::kModelInput);
+    }
+  }
+  for (const std::string& name : c.spec.inputs()) {
+    if (auto it = input_of_name.find(name); it != input_of_name.end()) {
+      RETURN_IF_ERROR(read_input(it->second));
+      continue;
+    }
+    auto it = index_of_name.find(name);
+    if (it == index_of_name.end()) {
+      return c.Error("input \"", name, "\" is not a model input or an earlier layer");
+    }
+    layer.inputs.push_back(it->second);
+  }
+  return absl::OkStatus();
+}
+
 // Validates a sparse embedding (EmbeddingLayer with sparse: true) reading
 // SPARSE input `input`, and adds its table and input slot.
-absl::Status InferSparseEmbedding(const EmbeddingLayer& emb, int layer_index, int input,
-                                  LayerShape* layer, ModelShape* model,
-                                  const std::function<absl::Status(std::string)>& error) {
+absl::Status InferSparseEmbedding(const LayerInference& c, int input) {
+  const EmbeddingLayer& emb = c.spec.embedding();
+  ModelShape* model = c.model;
   if (input < 0 || model->inputs[input].kind() != InputSpec::SPARSE) {
-    return error("embedding with sparse: true reads a SPARSE model input (ModelSpec.inputs)");
+    return c.Error("embedding with sparse: true reads a SPARSE model input (ModelSpec.inputs)");
   }
   SparseTableInfo table;
-  table.name = absl::StrCat(layer->name, "/table");
-  table.layer = layer_index;
+  table.name = absl::StrCat(c.layer->name, "/table");
+  table.layer = c.index;
   table.input = input;
   table.hash_ids = emb.hash_ids();
   table.vocab_size = emb.vocab_size();
   if (table.vocab_size == 0 && table.hash_ids) table.vocab_size = INT64_MAX;
   if (table.vocab_size <= 0) {
-    return error(absl::StrCat("embedding.vocab_size must be positive (or 0 with hash_ids), got ",
-                              emb.vocab_size()));
+    return c.Error("embedding.vocab_size must be positive (or 0 with hash_ids), got ",
+                   emb.vocab_size());
   }
   table.dim = emb.dim();
   if (!EmbeddingLayer::Combiner_IsValid(emb.combiner())) {
-    return error(absl::StrCat("embedding.combiner ", emb.combiner(), " is unknown"));
+    return c.Error("embedding.combiner ", emb.combiner(), " is unknown");
   }
   table.mean = emb.combiner() == EmbeddingLayer::MEAN;
   if (!(emb.init_scale() >= 0.f && std::isfinite(emb.init_scale()))) {
-    return error(absl::StrCat("embedding.init_scale must be >= 0, got ", emb.init_scale()));
+    return c.Error("embedding.init_scale must be >= 0, got ", emb.init_scale());
   }
   table.init_scale =
       emb.init_scale() > 0.f ? emb.init_scale() : 1.f / std::sqrt(static_cast<float>(emb.dim()));
   if (emb.max_rows() < 0) {
-    return error(absl::StrCat("embedding.max_rows must not be negative, got ", emb.max_rows()));
+    return c.Error("embedding.max_rows must not be negative, got ", emb.max_rows());
   }
   table.max_rows = emb.max_rows();
   if (!EmbeddingLayer::Eviction_IsValid(emb.eviction())) {
-    return error(absl::StrCat("embedding.eviction ", emb.eviction(), " is unknown"));
+    return c.Error("embedding.eviction ", emb.eviction(), " is unknown");
   }
   table.eviction = emb.eviction();
   table.has_optimizer = emb.has_optimizer();
   if (table.has_optimizer) {
     table.optimizer = emb.optimizer();
-    if (table.optimizer.kind() == OptimizerSpec::MOMENTUM) {
-      return error(
-          "embedding.optimizer: MOMENTUM is not offered for sparse tables (SGD, ADAGRAD, "
-          "ADAM)");
-    }
+    RETURN_IF_ERROR(CheckSparseTableOptimizerKind(table, table.optimizer.kind()));
   }
   InputSlot slot;
-  slot.name = layer->name;
+  slot.name = c.layer->name;
   slot.shape = {table.dim};
   slot.width = table.dim;
   slot.sparse_table = static_cast<int>(model->sparse_tables.size());
   table.slot = static_cast<int>(model->input_slots.size());
-  layer->sparse_table = slot.sparse_table;
-  layer->inputs = {LayerShape::ModelInputSlot(table.slot)};
+  c.layer->sparse_table = slot.sparse_table;
+  c.layer->inputs = {LayerShape::ModelInputSlot(table.slot)};
   model->input_slots.push_back(std::move(slot));
   model->sparse_tables.push_back(std::move(table));
   return absl::OkStatus();
+}
+
+// ------------------------------------------------ one function a layer kind
+
+absl::Status InferDense(const LayerInference& c) {
+  const int64_t units = c.spec.dense().units();
+  if (units <= 0) return c.Error("dense.units must be positive, got ", units);
+  const std::vector<int64_t>& in_shape = c.InputShape(0);
+  if (in_shape.size() != 1) {
+    return c.Error("dense needs a rank-1 input, got ", ShapeString(in_shape),
+                   "; add a flatten layer before it");
+  }
+  const int64_t in = in_shape[0];
+  if (CheckedProduct({in, units}) < 0) {
+    return c.Error("dense.units = ", units, " makes a weight of [", in, ", ", units,
+                   "], more than 2^31-1 elements");
+  }
+  c.layer->units = units;
+  c.layer->output_shape = {units};
+  c.AddParam("weight", {in, units}, ParamInit::kHeUniform, in, units);
+  if (!c.spec.dense().no_bias()) c.AddParam("bias", {units}, ParamInit::kZeros, in, units);
+  return absl::OkStatus();
+}
+
+absl::Status InferRelu(const LayerInference& c) {
+  c.layer->output_shape = c.InputShape(0);
+  return absl::OkStatus();
+}
+
+absl::Status InferFlatten(const LayerInference& c) {
+  c.layer->output_shape = {CheckedProduct(c.InputShape(0))};
+  return absl::OkStatus();
+}
+
+absl::Status InferDropout(const LayerInference& c) {
+  const float rate = c.spec.dropout().rate();
+  if (!(rate >= 0.f && rate < 1.f)) return c.Error("dropout.rate must be in [0, 1), got ", rate);
+  c.layer->dropout_rate = rate;
+  c.layer->output_shape = c.InputShape(0);
+  return absl::OkStatus();
+}
+
+absl::Status InferConv2d(const LayerInference& c) {
+  const Conv2dLayer& conv = c.spec.conv2d();
+  if (conv.filters() <= 0) return c.Error("conv2d.filters must be positive, got ", conv.filters());
+  RETURN_IF_ERROR(c.RequireImageInput());
+  WindowShape& w = c.layer->window;
+  RETURN_IF_ERROR(ResolveWindow(c.where, "conv2d", c.InputShape(0), conv.kernel_size(),
+                                conv.stride(), conv.padding(), conv.explicit_padding(),
+                                conv.filters(), /*pool=*/false, &w));
+  c.layer->output_shape = {w.out_h, w.out_w, w.out_c};
+  if (CheckedProduct(c.layer->output_shape) < 0 ||
+      CheckedProduct({w.out_c, w.patch_elements()}) < 0) {
+    return c.Error("conv2d output ", ShapeString(c.layer->output_shape),
+                   " or weight has more than 2^31-1 elements");
+  }
+  const int64_t fan_out = w.kernel_h * w.kernel_w * w.out_c;
+  c.AddParam("weight", {w.out_c, w.kernel_h, w.kernel_w, w.in_c}, ParamInit::kHeUniform,
+             w.patch_elements(), fan_out);
+  if (!conv.no_bias()) {
+    c.AddParam("bias", {w.out_c}, ParamInit::kZeros, w.patch_elements(), fan_out);
+  }
+  return absl::OkStatus();
+}
+
+// max_pool and avg_pool.
+absl::Status InferPool(const LayerInference& c) {
+  const PoolLayer& pool =
+      c.layer->kind == LayerKind::kMaxPool ? c.spec.max_pool() : c.spec.avg_pool();
+  RETURN_IF_ERROR(c.RequireImageInput());
+  const std::vector<int64_t>& in_shape = c.InputShape(0);
+  WindowShape& w = c.layer->window;
+  RETURN_IF_ERROR(ResolveWindow(c.where, c.kind(), in_shape, pool.window(), pool.stride(),
+                                pool.padding(), pool.explicit_padding(), in_shape[2],
+                                /*pool=*/true, &w));
+  c.layer->output_shape = {w.out_h, w.out_w, w.out_c};
+  return absl::OkStatus();
+}
+
+absl::Status InferGlobalAvgPool(const LayerInference& c) {
+  RETURN_IF_ERROR(c.RequireImageInput());
+  c.layer->output_shape = {c.InputShape(0)[2]};
+  return absl::OkStatus();
+}
+
+absl::Status InferBatchNorm(const LayerInference& c) {
+  const BatchNormLayer& bn = c.spec.batch_norm();
+  LayerShape& layer = *c.layer;
+  layer.bn_momentum = bn.momentum() == 0.f ? 0.99f : bn.momentum();
+  layer.bn_epsilon = bn.epsilon() == 0.f ? 1e-3f : bn.epsilon();
+  if (!(layer.bn_momentum > 0.f && layer.bn_momentum < 1.f)) {
+    return c.Error("batch_norm.momentum must be in (0, 1), got ", bn.momentum());
+  }
+  if (!(layer.bn_epsilon >= 1e-5f && std::isfinite(layer.bn_epsilon))) {
+    return c.Error("batch_norm.epsilon must be at least 1e-5, got ", bn.epsilon());
+  }
+  layer.output_shape = c.InputShape(0);
+  const int64_t channels = layer.output_shape.back();
+  c.AddParam("gamma", {channels}, ParamInit::kOnes, channels, channels);
+  c.AddParam("beta", {channels}, ParamInit::kZeros, channels, channels);
+  c.AddLocalState("running_mean", channels, ParamInit::kZeros);
+  c.AddLocalState("running_var", channels, ParamInit::kOnes);
+  return absl::OkStatus();
+}
+
+absl::Status InferAdd(const LayerInference& c) {
+  RETURN_IF_ERROR(c.RequireSameInputShapes());
+  c.layer->output_shape = c.InputShape(0);
+  return absl::OkStatus();
+}
+
+absl::Status InferConcat(const LayerInference& c) {
+  const std::vector<int64_t>& first = c.InputShape(0);
+  int64_t width = 0;
+  for (size_t k = 0; k < c.layer->inputs.size(); ++k) {
+    const std::vector<int64_t>& shape = c.InputShape(k);
+    if (shape.size() != first.size() ||
+        !std::equal(shape.begin(), shape.end() - 1, first.begin())) {
+      return c.Error("concat inputs must agree but in their last axis; \"", c.spec.inputs(0),
+                     "\" is ", ShapeString(first), " but \"", c.spec.inputs(k), "\" is ",
+                     ShapeString(shape));
+    }
+    width += shape.back();
+  }
+  c.layer->output_shape = first;
+  c.layer->output_shape.back() = width;
+  if (CheckedProduct(c.layer->output_shape) < 0) {
+    return c.Error("concat output ", ShapeString(c.layer->output_shape),
+                   " has more than 2^31-1 elements");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferDotInteraction(const LayerInference& c) {
+  if (c.InputShape(0).size() != 1) {
+    return c.Error("dot_interaction takes rank-1 inputs, got ", ShapeString(c.InputShape(0)));
+  }
+  RETURN_IF_ERROR(c.RequireSameInputShapes());
+  const int64_t k = static_cast<int64_t>(c.layer->inputs.size());
+  c.layer->output_shape = {k * (k - 1) / 2};
+  return absl::OkStatus();
+}
+
+// A dense embedding's table is a parameter; a sparse one's table and slot
+// are InferSparseEmbedding's.
+absl::Status InferEmbedding(const LayerInference& c) {
+  const EmbeddingLayer& emb = c.spec.embedding();
+  LayerShape& layer = *c.layer;
+  if (emb.dim() <= 0) return c.Error("embedding.dim must be positive, got ", emb.dim());
+  if (emb.sparse()) {
+    layer.vocab_size = c.model->sparse_tables.back().vocab_size;
+    layer.embedding_dim = emb.dim();
+    layer.output_shape = {emb.dim()};
+    return absl::OkStatus();
+  }
+  if (emb.hash_ids() || emb.max_rows() != 0 || emb.has_optimizer() || emb.init_scale() != 0.f ||
+      emb.combiner() != EmbeddingLayer::SUM || emb.eviction() != EmbeddingLayer::LRU) {
+    return c.Error(
+        "embedding: hash_ids, combiner, optimizer, init_scale, max_rows and eviction are for "
+        "sparse: true");
+  }
+  // Ids travel as floats to a dense table: exact below 2^24.
+  constexpr int64_t kMaxDenseVocab = int64_t{1} << 24;
+  if (emb.vocab_size() > kMaxDenseVocab) {
+    return c.Error("embedding.vocab_size ", emb.vocab_size(),
+                   " is more than a dense table takes (2^24, ids as floats); set sparse: true");
+  }
+  if (emb.vocab_size() <= 0) {
+    return c.Error("embedding.vocab_size must be positive, got ", emb.vocab_size());
+  }
+  layer.vocab_size = emb.vocab_size();
+  layer.embedding_dim = emb.dim();
+  layer.output_shape = c.InputShape(0);
+  layer.output_shape.push_back(emb.dim());
+  if (CheckedProduct(layer.output_shape) < 0 ||
+      CheckedProduct({layer.vocab_size, layer.embedding_dim}) < 0) {
+    return c.Error("embedding output ", ShapeString(layer.output_shape),
+                   " or table has more than 2^31-1 elements");
+  }
+  c.AddParam("table", {layer.vocab_size, layer.embedding_dim}, ParamInit::kGlorotUniform,
+             layer.vocab_size, layer.embedding_dim);
+  return absl::OkStatus();
+}
+
+absl::Status InferSoftmaxCrossEntropy(const LayerInference& c) {
+  if (c.index != c.last) {
+    return c.Error("softmax_cross_entropy must be the last layer (model.layer[", c.last,
+                   "] follows it)");
+  }
+  const int32_t classes = c.model->num_classes;
+  if (c.InputShape(0) != std::vector<int64_t>{classes}) {
+    return c.Error("softmax_cross_entropy expects [num_classes=", classes, "] logits, got ",
+                   ShapeString(c.InputShape(0)));
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------ the table of kinds
+
+// What a layer kind reads and how its shape is inferred. kStageOutput has no
+// LayerSpec: pipeline stages make it (model/pipeline_stages.h).
+struct LayerRule {
+  LayerSpec::KindCase spec_kind;
+  LayerKind kind;
+  bool reads_several;  // add, concat, dot_interaction: 2 inputs or more; else exactly 1.
+  absl::Status (*infer)(const LayerInference&);
+};
+
+constexpr LayerRule kLayerRules[] = {
+    {LayerSpec::kDense, LayerKind::kDense, false, InferDense},
+    {LayerSpec::kRelu, LayerKind::kRelu, false, InferRelu},
+    {LayerSpec::kFlatten, LayerKind::kFlatten, false, InferFlatten},
+    {LayerSpec::kDropout, LayerKind::kDropout, false, InferDropout},
+    {LayerSpec::kSoftmaxCrossEntropy, LayerKind::kSoftmaxCrossEntropy, false,
+     InferSoftmaxCrossEntropy},
+    {LayerSpec::kConv2D, LayerKind::kConv2d, false, InferConv2d},
+    {LayerSpec::kMaxPool, LayerKind::kMaxPool, false, InferPool},
+    {LayerSpec::kAvgPool, LayerKind::kAvgPool, false, InferPool},
+    {LayerSpec::kGlobalAvgPool, LayerKind::kGlobalAvgPool, false, InferGlobalAvgPool},
+    {LayerSpec::kBatchNorm, LayerKind::kBatchNorm, false, InferBatchNorm},
+    {LayerSpec::kAdd, LayerKind::kAdd, true, InferAdd},
+    {LayerSpec::kEmbedding, LayerKind::kEmbedding, false, InferEmbedding},
+    {LayerSpec::kConcat, LayerKind::kConcat, true, InferConcat},
+    {LayerSpec::kDotInteraction, LayerKind::kDotInteraction, true, InferDotInteraction},
+};
+
+// The rule of a LayerSpec's kind; null when none is set.
+const LayerRule* RuleOf(LayerSpec::KindCase spec_kind) {
+  for (const LayerRule& rule : kLayerRules) {
+    if (rule.spec_kind == spec_kind) return &rule;
+  }
+  return nullptr;
+}
+
+// The checks every layer passes (its name, its inputs and how many) before
+// its kind's rule infers its shape; then the last must be the loss.
+absl::StatusOr<LayerShape> InferLayer(const ModelSpec& spec, int i,
+                                      const IndexOfName& input_of_name,
+                                      const IndexOfName& index_of_name, ModelShape* model) {
+  const LayerSpec& ls = spec.layer(i);
+  const LayerRule* rule = RuleOf(ls.kind_case());
+  if (rule == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("model.layer[%d]%s: no layer type set", i,
+                        ls.name().empty() ? "" : absl::StrCat(" (\"", ls.name(), "\")")));
+  }
+  LayerShape layer;
+  layer.kind = rule->kind;
+  const char* kind = LayerKindName(layer.kind);
+  layer.name = ls.name().empty() ? absl::StrCat(kind, i) : ls.name();
+  const LayerInference c{ls,
+                         i,
+                         spec.layer_size() - 1,
+                         absl::StrFormat("model.layer[%d] (\"%s\")", i, layer.name),
+                         &layer,
+                         model};
+  if (auto it = index_of_name.find(layer.name); it != index_of_name.end()) {
+    return c.Error("duplicate layer name (model.layer[", it->second, "] has it too)");
+  }
+  if (input_of_name.count(layer.name) > 0) return c.Error("a model input has this name too");
+  int sparse_input = -1;
+  RETURN_IF_ERROR(ResolveLayerInputs(c, input_of_name, index_of_name, &sparse_input));
+  if (rule->reads_several && layer.inputs.size() < 2) {
+    return c.Error(kind, " takes at least 2 inputs (set inputs), got ", layer.inputs.size());
+  }
+  if (!rule->reads_several && layer.inputs.size() != 1) {
+    return c.Error(kind, " takes exactly 1 input, got ", layer.inputs.size());
+  }
+  if (layer.kind == LayerKind::kEmbedding && ls.embedding().sparse()) {
+    RETURN_IF_ERROR(InferSparseEmbedding(c, sparse_input));
+  }
+  RETURN_IF_ERROR(rule->infer(c));
+  if (i == c.last && layer.kind != LayerKind::kSoftmaxCrossEntropy) {
+    return c.Error("the last layer must be softmax_cross_entropy, got ", kind);
+  }
+  return layer;
 }
 
 // Largest PipelineSpec.micro_batches.
@@ -309,8 +738,7 @@ constexpr int32_t kMaxMicroBatches = 4096;
 
 // Validates ModelSpec.pipeline against the model's layers into
 // model->pipeline.
-absl::Status InferPipeline(const ModelSpec& spec,
-                           const std::unordered_map<std::string, int>& index_of_name,
+absl::Status InferPipeline(const ModelSpec& spec, const IndexOfName& index_of_name,
                            ModelShape* model) {
   if (!spec.has_pipeline()) return absl::OkStatus();
   const PipelineSpec& pipeline = spec.pipeline();
@@ -405,35 +833,8 @@ absl::Status InferPipeline(const ModelSpec& spec,
 
 absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
   ModelShape model;
-  std::unordered_map<std::string, int> input_of_name;
-  if (spec.inputs_size() > 0) {
-    if (spec.input_shape_size() > 0) {
-      return absl::InvalidArgumentError(
-          "model.input_shape and model.inputs exclude each other: give the shapes in inputs");
-    }
-    RETURN_IF_ERROR(InferInputs(spec, &model, &input_of_name));
-  } else {
-    if (spec.input_shape_size() == 0) {
-      return absl::InvalidArgumentError("model.input_shape (or model.inputs) is required");
-    }
-    for (int i = 0; i < spec.input_shape_size(); ++i) {
-      if (spec.input_shape(i) <= 0) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "model.input_shape[%d] must be positive, got %d", i, spec.input_shape(i)));
-      }
-    }
-    model.input_shape.assign(spec.input_shape().begin(), spec.input_shape().end());
-    model.input_size = CheckedProduct(model.input_shape);
-    if (model.input_size < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.input_shape ", ShapeString(model.input_shape), " has more than 2^31-1 elements"));
-    }
-    InputSlot whole;
-    whole.name = "input";
-    whole.shape = model.input_shape;
-    whole.width = model.input_size;
-    model.input_slots.push_back(std::move(whole));
-  }
+  IndexOfName input_of_name;
+  RETURN_IF_ERROR(InferModelInput(spec, &model, &input_of_name));
   if (spec.num_classes() <= 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("model.num_classes must be positive, got %d", spec.num_classes()));
@@ -443,375 +844,26 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
     return absl::InvalidArgumentError(
         "model.layer is empty: a model needs at least a softmax_cross_entropy layer");
   }
-
-  std::unordered_map<std::string, int> index_of_name;
-  const int last = spec.layer_size() - 1;
-  for (int i = 0; i <= last; ++i) {
-    const LayerSpec& ls = spec.layer(i);
-    LayerShape layer;
-    switch (ls.kind_case()) {
-      case LayerSpec::kDense:
-        layer.kind = LayerKind::kDense;
-        break;
-      case LayerSpec::kRelu:
-        layer.kind = LayerKind::kRelu;
-        break;
-      case LayerSpec::kFlatten:
-        layer.kind = LayerKind::kFlatten;
-        break;
-      case LayerSpec::kDropout:
-        layer.kind = LayerKind::kDropout;
-        break;
-      case LayerSpec::kSoftmaxCrossEntropy:
-        layer.kind = LayerKind::kSoftmaxCrossEntropy;
-        break;
-      case LayerSpec::kConv2D:
-        layer.kind = LayerKind::kConv2d;
-        break;
-      case LayerSpec::kMaxPool:
-        layer.kind = LayerKind::kMaxPool;
-        break;
-      case LayerSpec::kAvgPool:
-        layer.kind = LayerKind::kAvgPool;
-        break;
-      case LayerSpec::kGlobalAvgPool:
-        layer.kind = LayerKind::kGlobalAvgPool;
-        break;
-      case LayerSpec::kBatchNorm:
-        layer.kind = LayerKind::kBatchNorm;
-        break;
-      case LayerSpec::kAdd:
-        layer.kind = LayerKind::kAdd;
-        break;
-      case LayerSpec::kEmbedding:
-        layer.kind = LayerKind::kEmbedding;
-        break;
-      case LayerSpec::kConcat:
-        layer.kind = LayerKind::kConcat;
-        break;
-      case LayerSpec::kDotInteraction:
-        layer.kind = LayerKind::kDotInteraction;
-        break;
-      case LayerSpec::KIND_NOT_SET:
-        return absl::InvalidArgumentError(
-            absl::StrFormat("model.layer[%d]%s: no layer type set", i,
-                            ls.name().empty() ? "" : absl::StrCat(" (\"", ls.name(), "\")")));
-    }
-    const char* kind = LayerKindName(layer.kind);
-    layer.name = ls.name().empty() ? absl::StrCat(kind, i) : ls.name();
-    const std::string where = absl::StrFormat("model.layer[%d] (\"%s\")", i, layer.name);
-    auto error = [&where](auto&&... parts) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
-    };
-
-    if (auto it = index_of_name.find(layer.name); it != index_of_name.end()) {
-      return error("duplicate layer name (model.layer[", it->second, "] has it too)");
-    }
-    if (input_of_name.count(layer.name) > 0) {
-      return error("a model input has this name too");
-    }
-    // A SPARSE model input read by this layer (ModelSpec.inputs index).
-    int sparse_input = -1;
-    // A named input: its DENSE slot, or a SPARSE input (only a sparse
-    // embedding reads one: it gets a slot of its own below).
-    auto read_input = [&](int index) -> absl::Status {
-      if (model.inputs[index].kind() == InputSpec::SPARSE) {
-        if (layer.kind != LayerKind::kEmbedding || !ls.embedding().sparse()) {
-          return error("input \"", model.inputs[index].name(),
-                       "\" is SPARSE: only an embedding with sparse: true reads it");
-        }
-        sparse_input = index;
-        layer.inputs.push_back(LayerShape::kModelInput);  // Replaced by its slot.
-        return absl::OkStatus();
-      }
-      for (size_t k = 0; k < model.input_slots.size(); ++k) {
-        if (model.input_slots[k].input == index) {
-          layer.inputs.push_back(LayerShape::ModelInputSlot(static_cast<int>(k)));
-        }
-      }
-      return absl::OkStatus();
-    };
-    if (ls.inputs_size() == 0) {
-      if (i > 0) {
-        layer.inputs.push_back(i - 1);
-      } else if (model.inputs.size() > 1) {
-        return error("set inputs: the model has ", model.inputs.size(), " named inputs");
-      } else if (model.inputs.size() == 1) {
-        RETURN_IF_ERROR(read_input(0));
-      } else {
-        layer.inputs.push_back(LayerShape::kModelInput);
-      }
-    }
-    for (const std::string& input : ls.inputs()) {
-      if (auto it = input_of_name.find(input); it != input_of_name.end()) {
-        RETURN_IF_ERROR(read_input(it->second));
-        continue;
-      }
-      auto it = index_of_name.find(input);
-      if (it == index_of_name.end()) {
-        return error("input \"", input, "\" is not a model input or an earlier layer");
-      }
-      layer.inputs.push_back(it->second);
-    }
-    if (layer.kind == LayerKind::kEmbedding && ls.embedding().sparse()) {
-      if (layer.inputs.size() != 1) {
-        return error("embedding takes exactly 1 input, got ", layer.inputs.size());
-      }
-      RETURN_IF_ERROR(InferSparseEmbedding(ls.embedding(), i, sparse_input, &layer, &model,
-                                           [&](std::string why) { return error(why); }));
-    }
-    auto shape_of = [&model](int input) -> const std::vector<int64_t>& {
-      return input < 0 ? model.input_slots[LayerShape::SlotOf(input)].shape
-                       : model.layers[input].output_shape;
-    };
-    // Add sums two or more tensors; every other layer type reads one.
-    if (layer.kind == LayerKind::kAdd || layer.kind == LayerKind::kConcat ||
-        layer.kind == LayerKind::kDotInteraction) {
-      if (layer.inputs.size() < 2) {
-        return error(kind, " takes at least 2 inputs (set inputs), got ", layer.inputs.size());
-      }
-    } else if (layer.inputs.size() != 1) {
-      return error(kind, " takes exactly 1 input, got ", layer.inputs.size());
-    }
-    const std::vector<int64_t>& in_shape = shape_of(layer.inputs[0]);
-
-    switch (layer.kind) {
-      case LayerKind::kDense: {
-        const int64_t units = ls.dense().units();
-        if (units <= 0) return error("dense.units must be positive, got ", units);
-        if (in_shape.size() != 1) {
-          return error("dense needs a rank-1 input, got ", ShapeString(in_shape),
-                       "; add a flatten layer before it");
-        }
-        const int64_t in = in_shape[0];
-        if (CheckedProduct({in, units}) < 0) {
-          return error("dense.units = ", units, " makes a weight of [", in, ", ", units,
-                       "], more than 2^31-1 elements");
-        }
-        layer.units = units;
-        layer.output_shape = {units};
-        const int32_t weight_id = static_cast<int32_t>(model.params.size());
-        model.params.push_back(MakeParam(weight_id, absl::StrCat(layer.name, "/weight"),
-                                         {in, units}, ParamInit::kHeUniform, in, units));
-        layer.param_ids.push_back(weight_id);
-        if (!ls.dense().no_bias()) {
-          const int32_t bias_id = weight_id + 1;
-          model.params.push_back(MakeParam(bias_id, absl::StrCat(layer.name, "/bias"), {units},
-                                           ParamInit::kZeros, in, units));
-          layer.param_ids.push_back(bias_id);
-        }
-        break;
-      }
-      case LayerKind::kRelu:
-        layer.output_shape = in_shape;
-        break;
-      case LayerKind::kFlatten:
-        layer.output_shape = {CheckedProduct(in_shape)};
-        break;
-      case LayerKind::kDropout: {
-        const float rate = ls.dropout().rate();
-        if (!(rate >= 0.f && rate < 1.f)) {
-          return error("dropout.rate must be in [0, 1), got ", rate);
-        }
-        layer.dropout_rate = rate;
-        layer.output_shape = in_shape;
-        break;
-      }
-      case LayerKind::kConv2d: {
-        const Conv2dLayer& conv = ls.conv2d();
-        if (conv.filters() <= 0)
-          return error("conv2d.filters must be positive, got ", conv.filters());
-        if (in_shape.size() != 3) {
-          return error("conv2d needs a [height, width, channels] input, got ",
-                       ShapeString(in_shape));
-        }
-        RETURN_IF_ERROR(ResolveWindow(where, "conv2d", in_shape, conv.kernel_size(), conv.stride(),
-                                      conv.padding(), conv.explicit_padding(), conv.filters(),
-                                      /*pool=*/false, &layer.window));
-        const WindowShape& w = layer.window;
-        layer.output_shape = {w.out_h, w.out_w, w.out_c};
-        if (CheckedProduct(layer.output_shape) < 0 ||
-            CheckedProduct({w.out_c, w.patch_elements()}) < 0) {
-          return error("conv2d output ", ShapeString(layer.output_shape),
-                       " or weight has more than 2^31-1 elements");
-        }
-        const int32_t weight_id = static_cast<int32_t>(model.params.size());
-        model.params.push_back(MakeParam(weight_id, absl::StrCat(layer.name, "/weight"),
-                                         {w.out_c, w.kernel_h, w.kernel_w, w.in_c},
-                                         ParamInit::kHeUniform, w.patch_elements(),
-                                         w.kernel_h * w.kernel_w * w.out_c));
-        layer.param_ids.push_back(weight_id);
-        if (!conv.no_bias()) {
-          model.params.push_back(MakeParam(weight_id + 1, absl::StrCat(layer.name, "/bias"),
-                                           {w.out_c}, ParamInit::kZeros, w.patch_elements(),
-                                           w.kernel_h * w.kernel_w * w.out_c));
-          layer.param_ids.push_back(weight_id + 1);
-        }
-        break;
-      }
-      case LayerKind::kMaxPool:
-      case LayerKind::kAvgPool: {
-        const PoolLayer& pool = layer.kind == LayerKind::kMaxPool ? ls.max_pool() : ls.avg_pool();
-        if (in_shape.size() != 3) {
-          return error(kind, " needs a [height, width, channels] input, got ",
-                       ShapeString(in_shape));
-        }
-        RETURN_IF_ERROR(ResolveWindow(where, kind, in_shape, pool.window(), pool.stride(),
-                                      pool.padding(), pool.explicit_padding(), in_shape[2],
-                                      /*pool=*/true, &layer.window));
-        layer.output_shape = {layer.window.out_h, layer.window.out_w, layer.window.out_c};
-        break;
-      }
-      case LayerKind::kGlobalAvgPool:
-        if (in_shape.size() != 3) {
-          return error("global_avg_pool needs a [height, width, channels] input, got ",
-                       ShapeString(in_shape));
-        }
-        layer.output_shape = {in_shape[2]};
-        break;
-      case LayerKind::kBatchNorm: {
-        const BatchNormLayer& bn = ls.batch_norm();
-        layer.bn_momentum = bn.momentum() == 0.f ? 0.99f : bn.momentum();
-        layer.bn_epsilon = bn.epsilon() == 0.f ? 1e-3f : bn.epsilon();
-        if (!(layer.bn_momentum > 0.f && layer.bn_momentum < 1.f)) {
-          return error("batch_norm.momentum must be in (0, 1), got ", bn.momentum());
-        }
-        if (!(layer.bn_epsilon >= 1e-5f && std::isfinite(layer.bn_epsilon))) {
-          return error("batch_norm.epsilon must be at least 1e-5, got ", bn.epsilon());
-        }
-        const int64_t channels = in_shape.back();
-        layer.output_shape = in_shape;
-        const int32_t gamma_id = static_cast<int32_t>(model.params.size());
-        model.params.push_back(MakeParam(gamma_id, absl::StrCat(layer.name, "/gamma"), {channels},
-                                         ParamInit::kOnes, channels, channels));
-        model.params.push_back(MakeParam(gamma_id + 1, absl::StrCat(layer.name, "/beta"),
-                                         {channels}, ParamInit::kZeros, channels, channels));
-        layer.param_ids = {gamma_id, gamma_id + 1};
-        const int32_t mean_id = static_cast<int32_t>(model.local_state.size());
-        model.local_state.push_back(MakeParam(mean_id, absl::StrCat(layer.name, "/running_mean"),
-                                              {channels}, ParamInit::kZeros, channels, channels));
-        model.local_state.push_back(MakeParam(mean_id + 1, absl::StrCat(layer.name, "/running_var"),
-                                              {channels}, ParamInit::kOnes, channels, channels));
-        layer.local_state_ids = {mean_id, mean_id + 1};
-        break;
-      }
-      case LayerKind::kAdd:
-        for (size_t k = 1; k < layer.inputs.size(); ++k) {
-          if (shape_of(layer.inputs[k]) != in_shape) {
-            return error("add inputs must have the same shape; \"", ls.inputs(0), "\" is ",
-                         ShapeString(in_shape), " but \"", ls.inputs(k), "\" is ",
-                         ShapeString(shape_of(layer.inputs[k])));
-          }
-        }
-        layer.output_shape = in_shape;
-        break;
-      case LayerKind::kConcat: {
-        int64_t width = 0;
-        for (size_t k = 0; k < layer.inputs.size(); ++k) {
-          const std::vector<int64_t>& shape = shape_of(layer.inputs[k]);
-          if (shape.size() != in_shape.size() ||
-              !std::equal(shape.begin(), shape.end() - 1, in_shape.begin())) {
-            return error("concat inputs must agree but in their last axis; \"", ls.inputs(0),
-                         "\" is ", ShapeString(in_shape), " but \"", ls.inputs(k), "\" is ",
-                         ShapeString(shape));
-          }
-          width += shape.back();
-        }
-        layer.output_shape = in_shape;
-        layer.output_shape.back() = width;
-        if (CheckedProduct(layer.output_shape) < 0) {
-          return error("concat output ", ShapeString(layer.output_shape),
-                       " has more than 2^31-1 elements");
-        }
-        break;
-      }
-      case LayerKind::kDotInteraction: {
-        if (in_shape.size() != 1) {
-          return error("dot_interaction takes rank-1 inputs, got ", ShapeString(in_shape));
-        }
-        for (size_t k = 1; k < layer.inputs.size(); ++k) {
-          if (shape_of(layer.inputs[k]) != in_shape) {
-            return error("dot_interaction inputs must have the same shape; \"", ls.inputs(0),
-                         "\" is ", ShapeString(in_shape), " but \"", ls.inputs(k), "\" is ",
-                         ShapeString(shape_of(layer.inputs[k])));
-          }
-        }
-        const int64_t k = static_cast<int64_t>(layer.inputs.size());
-        layer.output_shape = {k * (k - 1) / 2};
-        break;
-      }
-      case LayerKind::kEmbedding: {
-        const EmbeddingLayer& emb = ls.embedding();
-        if (emb.dim() <= 0) return error("embedding.dim must be positive, got ", emb.dim());
-        if (emb.sparse()) {  // Its table and slot are above.
-          layer.vocab_size = model.sparse_tables.back().vocab_size;
-          layer.embedding_dim = emb.dim();
-          layer.output_shape = {emb.dim()};
-          break;
-        }
-        if (emb.hash_ids() || emb.max_rows() != 0 || emb.has_optimizer() ||
-            emb.init_scale() != 0.f || emb.combiner() != EmbeddingLayer::SUM ||
-            emb.eviction() != EmbeddingLayer::LRU) {
-          return error(
-              "embedding: hash_ids, combiner, optimizer, init_scale, max_rows and "
-              "eviction are for sparse: true");
-        }
-        // Ids travel as floats to a dense table: exact below 2^24.
-        constexpr int64_t kMaxDenseVocab = int64_t{1} << 24;
-        if (emb.vocab_size() > kMaxDenseVocab) {
-          return error("embedding.vocab_size ", emb.vocab_size(),
-                       " is more than a dense table takes (2^24, ids as floats); set sparse: true");
-        }
-        if (emb.vocab_size() <= 0) {
-          return error("embedding.vocab_size must be positive, got ", emb.vocab_size());
-        }
-        layer.vocab_size = emb.vocab_size();
-        layer.embedding_dim = emb.dim();
-        layer.output_shape = in_shape;
-        layer.output_shape.push_back(emb.dim());
-        if (CheckedProduct(layer.output_shape) < 0 ||
-            CheckedProduct({layer.vocab_size, layer.embedding_dim}) < 0) {
-          return error("embedding output ", ShapeString(layer.output_shape),
-                       " or table has more than 2^31-1 elements");
-        }
-        const int32_t table_id = static_cast<int32_t>(model.params.size());
-        model.params.push_back(MakeParam(
-            table_id, absl::StrCat(layer.name, "/table"), {layer.vocab_size, layer.embedding_dim},
-            ParamInit::kGlorotUniform, layer.vocab_size, layer.embedding_dim));
-        layer.param_ids.push_back(table_id);
-        break;
-      }
-      case LayerKind::kSoftmaxCrossEntropy:
-        if (i != last) {
-          return error("softmax_cross_entropy must be the last layer (model.layer[", last,
-                       "] follows it)");
-        }
-        if (in_shape != std::vector<int64_t>{model.num_classes}) {
-          return error("softmax_cross_entropy expects [num_classes=", model.num_classes,
-                       "] logits, got ", ShapeString(in_shape));
-        }
-        break;
-      case LayerKind::kStageOutput:
-        return error("stage_output is internal to pipeline stages");
-    }
-    if (i == last && layer.kind != LayerKind::kSoftmaxCrossEntropy) {
-      return error("the last layer must be softmax_cross_entropy, got ", kind);
-    }
+  IndexOfName index_of_name;
+  for (int i = 0; i < spec.layer_size(); ++i) {
+    ASSIGN_OR_RETURN(LayerShape layer, InferLayer(spec, i, input_of_name, index_of_name, &model));
     index_of_name.emplace(layer.name, i);
     model.layers.push_back(std::move(layer));
   }
-  if (!model.inputs.empty()) {
-    for (InputSlot& slot : model.input_slots) {
-      slot.offset = model.input_size;
-      model.input_size += slot.width;
-      if (model.input_size > kMaxTensorElements) {
-        return absl::InvalidArgumentError("model.inputs: more than 2^31-1 elements per example");
-      }
-    }
-    model.input_shape = {model.input_size};
-  }
+  RETURN_IF_ERROR(LayOutInputSlots(&model));
   RETURN_IF_ERROR(InferPipeline(spec, index_of_name, &model));
   return model;
+}
+
+std::string SparseTableOptimizerField(const SparseTableInfo& table) {
+  return absl::StrCat("model.layer[", table.layer, "].embedding.optimizer");
+}
+
+absl::Status CheckSparseTableOptimizerKind(const SparseTableInfo& table, OptimizerSpec::Kind kind) {
+  if (kind != OptimizerSpec::MOMENTUM) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("sparse table ", table.name, ": MOMENTUM is not offered for sparse tables; set ",
+                   SparseTableOptimizerField(table), " to SGD, ADAGRAD or ADAM"));
 }
 
 int PipelineShape::StageOf(int layer) const {

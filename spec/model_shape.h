@@ -119,6 +119,16 @@ struct SparseTableInfo {
   OptimizerSpec optimizer;
 };
 
+// "model.layer[i].embedding.optimizer": where sparse table `table`'s own
+// optimizer is set.
+std::string SparseTableOptimizerField(const SparseTableInfo& table);
+
+// The one rule on a sparse table's optimizer kind: SGD, ADAGRAD or ADAM, not
+// MOMENTUM (a table updates only the rows a step touched, and keeps no
+// velocity for the others). `kind` is the table's own optimizer's or, without
+// one, the job's. InvalidArgument naming the table and the field to set.
+absl::Status CheckSparseTableOptimizerKind(const SparseTableInfo& table, OptimizerSpec::Kind kind);
+
 // ModelSpec.pipeline after validation: the model's layers cut into stages
 // that follow the layer order.
 struct PipelineShape {

@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "proto/parameter_server.pb.h"
-#include "rpc/ps_client.h"
+#include "rpc/remote_parameter_shard.h"
 #include "rpc/security.h"
 #include "tests/cluster_fixture.h"
 #include "tests/local_cluster.h"

@@ -24,7 +24,7 @@
 #include "model/devices.h"
 #include "rpc/daemon.h"
 #include "rpc/node_flags.h"
-#include "rpc/ps_client.h"
+#include "rpc/remote_parameter_shard.h"
 #include "rpc/security.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_runtime.h"

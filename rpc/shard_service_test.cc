@@ -1,4 +1,4 @@
-#include "rpc/ps_service.h"
+#include "rpc/shard_service.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -18,7 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "ps/parameter_store.h"
-#include "rpc/ps_client.h"
+#include "rpc/remote_parameter_shard.h"
 
 namespace downpour {
 namespace {

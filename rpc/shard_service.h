@@ -12,8 +12,8 @@
 // service. A Pull waits on the handling thread until its condition holds or
 // the call's deadline (capped at Options::max_pull_wait) passes; the server's
 // thread pool must allow for as many concurrent waiting pulls as workers.
-#ifndef DOWNPOUR_RPC_PS_SERVICE_H_
-#define DOWNPOUR_RPC_PS_SERVICE_H_
+#ifndef DOWNPOUR_RPC_SHARD_SERVICE_H_
+#define DOWNPOUR_RPC_SHARD_SERVICE_H_
 
 #include <functional>
 #include <string>
@@ -76,4 +76,4 @@ class ParameterServerService final : public grpc::Service {
 
 }  // namespace downpour
 
-#endif  // DOWNPOUR_RPC_PS_SERVICE_H_
+#endif  // DOWNPOUR_RPC_SHARD_SERVICE_H_

@@ -11,8 +11,8 @@
 // step boundary pays for no new HTTP/2 stream and the calling thread polls
 // for its own answer. Every call has a deadline; errors come back as absl::Status prefixed
 // with the shard's address ("shard HOST:PORT: ...").
-#ifndef DOWNPOUR_RPC_PS_CLIENT_H_
-#define DOWNPOUR_RPC_PS_CLIENT_H_
+#ifndef DOWNPOUR_RPC_REMOTE_PARAMETER_SHARD_H_
+#define DOWNPOUR_RPC_REMOTE_PARAMETER_SHARD_H_
 
 #include <atomic>
 #include <memory>
@@ -108,4 +108,4 @@ class RemoteParameterShard final : public ParameterShard {
 
 }  // namespace downpour
 
-#endif  // DOWNPOUR_RPC_PS_CLIENT_H_
+#endif  // DOWNPOUR_RPC_REMOTE_PARAMETER_SHARD_H_

@@ -1,4 +1,4 @@
-#include "rpc/ps_client.h"
+#include "rpc/remote_parameter_shard.h"
 
 #include <cstdint>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "rpc/ps_service.h"
+#include "rpc/shard_service.h"
 
 #include <algorithm>
 #include <thread>
