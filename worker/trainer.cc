@@ -6,7 +6,6 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/binary_metrics.h"
@@ -194,8 +193,8 @@ absl::Status JobTrainer::Run() {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
     failed.set_permanent(permanent_);
-    // A shard that found a non-finite gradient says so in its error.
-    failed.set_diverged(diverged_ || absl::StrContains(status.message(), "training diverged"));
+    // Marked where the loss (here) or a gradient (a shard) was not finite.
+    failed.set_diverged(IsDiverged(status));
     CountFailure(options_.metrics, FailureReason(status, failed.diverged()));
     Report(failed, /*final=*/true);
     failed_.store(true);
@@ -687,10 +686,9 @@ absl::Status JobTrainer::Train() {
       step_exchange += exchange_waited;
       if (!result.skipped && !std::isfinite(result.loss)) {
         // Its gradients have gone: the shards refuse them too.
-        diverged_ = true;
-        return absl::InternalError(absl::StrCat("training diverged at step ", step,
-                                                ": the loss is ", result.loss,
-                                                NonFiniteGradient(*model)));
+        return MarkDiverged(
+            absl::InternalError(absl::StrCat("training diverged at step ", step, ": the loss is ",
+                                             result.loss, NonFiniteGradient(*model))));
       }
       step_examples += batch.size;
       if (batches > 1 && !result.skipped) {

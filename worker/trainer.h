@@ -191,9 +191,9 @@ class JobTrainer {
   ModelShape shape_;
   std::unique_ptr<InputStage> input_stage_;
   // Why Train failed, for the coordinator: the error would recur on a
-  // restart (data, model), or training diverged.
+  // restart (data, model). A divergence is marked in the error itself
+  // (common/status.h IsDiverged), wherever it was found.
   bool permanent_ = false;
-  bool diverged_ = false;
   std::atomic<int64_t> checkpoint_wanted_ms_{0};
   std::atomic<bool> takes_checkpoints_{false};
   int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status.h"
 #include "data/ctr_generator.h"
 #include "data/example.h"
 #include "data/record_io.h"
@@ -406,6 +407,74 @@ TEST_F(TrainerTest, AnIdOutsideASparseTablesVocabularyFailsTheJobPermanently) {
   absl::MutexLock lock(&mu);
   ASSERT_FALSE(reports.empty());
   EXPECT_TRUE(reports.back().permanent());
+}
+
+// A shard that refuses every push with `error` and serves the rest from
+// `inner` (which it does not own).
+class RefusingShard : public ParameterShard {
+ public:
+  RefusingShard(ParameterShard* inner, absl::Status error)
+      : inner_(inner), error_(std::move(error)) {}
+  absl::StatusOr<PushResponse> Push(const PushRequest&, const Payload&) override { return error_; }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    return inner_->Pull(request, deadline, payload);
+  }
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest&, const Payload&, const PullRequest&,
+                                            absl::Time, Payload*) override {
+    return error_;
+  }
+
+ private:
+  ParameterShard* const inner_;
+  const absl::Status error_;
+};
+
+// The coordinator hears of a divergence from the mark on the error that
+// ended the run (common/status.h), whatever its words: a shard's (which
+// found a non-finite gradient), or the worker's own (a non-finite loss).
+// Words alone are no divergence.
+TEST_F(TrainerTest, ADivergenceIsReportedFromTheErrorsMarkNotItsWords) {
+  struct Case {
+    absl::Status refusal;  // OK: the shards take every push.
+    bool diverged;
+  };
+  JobSpec exploding = Spec();
+  exploding.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+  exploding.mutable_optimizer()->set_learning_rate(1e35f);
+  for (const Case& c :
+       {Case{MarkDiverged(absl::FailedPreconditionError("partition 0/1 is not finite")), true},
+        Case{absl::FailedPreconditionError("training diverged, say these words"), false},
+        Case{absl::OkStatus(), true}}) {
+    HostJob(1, c.refusal.ok() ? exploding : Spec());
+    std::vector<std::unique_ptr<RefusingShard>> refusing;
+    std::vector<ParameterShard*> shards = shards_;
+    if (!c.refusal.ok()) {
+      for (ParameterShard*& shard : shards) {
+        refusing.push_back(std::make_unique<RefusingShard>(shard, c.refusal));
+        shard = refusing.back().get();
+      }
+    }
+    absl::Mutex mu;
+    std::vector<ReportProgressRequest> reports;
+    JobTrainer trainer(
+        RankTask(0, 1), Options(0, /*overlap=*/true), shards,
+        [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
+          absl::MutexLock lock(&mu);
+          reports.push_back(r);
+          return ReportProgressResponse();
+        });
+    const absl::Status status = trainer.Run();
+    ASSERT_FALSE(status.ok());
+    EXPECT_EQ(IsDiverged(status), c.diverged) << status;
+    absl::MutexLock lock(&mu);
+    ASSERT_FALSE(reports.empty());
+    EXPECT_EQ(reports.back().error(), status.message());
+    EXPECT_EQ(reports.back().diverged(), c.diverged) << status;
+    if (c.refusal.ok()) {
+      EXPECT_NE(status.message().find("training diverged at step "), std::string::npos) << status;
+    }
+  }
 }
 
 // A SYNC worker that died halfway through a pipelined push left its step on
