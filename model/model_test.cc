@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/log.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
@@ -21,6 +22,25 @@ std::unique_ptr<Model> MakeModel(const std::string& text, uint64_t seed) {
   auto model = Model::Create(ParseSpec(text), seed);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(model).value() : nullptr;
+}
+
+// A model asked for a precision it cannot compute in says so in the log
+// of the job it trains ("job ID: ..." lines reach downpourctl logs), not
+// on stderr alone.
+TEST(ModelTest, APrecisionChangeIsLoggedForTheJob) {
+  std::vector<std::string> lines;
+  SetLogObserver([&lines](absl::Time, absl::string_view line) { lines.emplace_back(line); });
+  ModelOptions options;
+  options.precision = BF16;
+  options.job_id = "mnist-7";
+  auto model = Model::Create(ParseSpec("input_shape: 4 num_classes: 2 layer { dense { units: 2 } }"
+                                       " layer { softmax_cross_entropy {} }"),
+                             1, options);
+  SetLogObserver(nullptr);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->precision(), FP32);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "job mnist-7: model on the cpu: precision BF16 runs in fp32 there");
 }
 
 struct ErrorCase {

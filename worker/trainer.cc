@@ -421,6 +421,7 @@ absl::Status JobTrainer::Train() {
   const int rank = task_.rank();
   ModelOptions model_options;
   model_options.memory_limit = options_.device_memory_limit;
+  model_options.job_id = task_.job_id();  // Its lines reach the job's log.
   absl::StatusOr<std::unique_ptr<ModelRunner>> created =
       ModelRunner::Create(spec, options_.devices, model_options);
   // A model that cannot be made here (its spec, the devices it needs, their
