@@ -35,7 +35,12 @@ absl::StatusOr<HeartbeatResponse> FakeCoordinator::Heartbeat(const HeartbeatRequ
     return response;
   }
   for (const JobLogLine& line : request.logs()) log_lines_.push_back(line);
-  for (const Task& task : tasks_[request.node_id()]) *response.add_tasks() = task;
+  for (const Task& task : tasks_[request.node_id()]) {
+    Task* sent = response.add_tasks();
+    *sent = task;
+    // As the coordinator does: a task names the rank's step target.
+    if (sent->steps() == 0) sent->set_steps(sent->spec().steps());
+  }
   return response;
 }
 

@@ -112,8 +112,9 @@ class JobTrainer {
     }
   }
   // The coordinator changed the rank's data (Task.data, from step
-  // `data_step`), its steps (Task.steps, 0: the spec's) or its batches per
-  // step (SYNC): read and run them from the next step on. Thread-safe.
+  // `data_step`), its steps (Task.steps; only more are taken) or its
+  // batches per step (SYNC): read and run them from the next step on.
+  // Thread-safe.
   void UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps,
                   int batches_per_step);
   // Whether this rank takes the job's checkpoints (Task.takes_checkpoints:
@@ -269,7 +270,7 @@ class JobTrainer {
   std::vector<DataPart> new_data_ ABSL_GUARDED_BY(data_mu_);
   int64_t new_data_step_ ABSL_GUARDED_BY(data_mu_) = 0;
   std::atomic<bool> shutting_down_{false};
-  // The steps the rank runs (Task.steps or the spec's; may grow mid-run),
+  // The steps the rank runs (Task.steps; may grow mid-run),
   // and the batches it trains on per step (Task.batches_per_step).
   std::atomic<int64_t> steps_{0};
   std::atomic<int> batches_per_step_{1};

@@ -229,6 +229,15 @@ int64_t JobTrainer::MinWorkerSteps(int64_t step) const {
 }
 
 absl::Status JobTrainer::StartRun(RunState* run) {
+  if (task_.steps() < 1) {
+    // The coordinator names every rank's step target; the same task would
+    // fail a restart alike.
+    permanent_ = true;
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", task_.job_id(), ": the task of rank ", task_.rank(),
+                     " names no step target (Task.steps is ", task_.steps(),
+                     "; a coordinator that assigns the rank sets it to at least 1)"));
+  }
   RETURN_IF_ERROR(CreateModel(run));
   RETURN_IF_ERROR(FindFirstStep(run));
   // Data errors (no or a missing file, a corrupt record) recur on a restart.
@@ -266,7 +275,7 @@ absl::Status JobTrainer::FindFirstStep(RunState* run) {
   // In SYNC a rank taken over starts at the step every partition has
   // reached, which a first pull finds.
   run->first_step = task_.restore().step();
-  steps_.store(task_.steps() > 0 ? task_.steps() : task_.spec().steps());
+  steps_.store(task_.steps());
   batches_per_step_.store(std::max(1, task_.batches_per_step()));
   if (task_.has_join()) {
     if (task_.spec().consistency().mode() == ConsistencySpec::SYNC) {

@@ -114,6 +114,7 @@ class TrainerTest : public ::testing::Test {
     task.set_job_id("j");
     *task.mutable_spec() = spec_;
     task.set_rank(rank);
+    task.set_steps(spec_.steps());
     for (const PartitionPlacement& p : placed_) *task.mutable_placement()->add_partitions() = p;
     DataPart* part = task.add_data();
     part->set_file("train-00000-of-00001");
@@ -352,6 +353,36 @@ TEST_F(TrainerTest, APipelineOnTooFewDevicesFailsTheJobNamingBoth) {
   ASSERT_FALSE(reports.empty());
   EXPECT_EQ(reports.back().error(), status.message());
   EXPECT_TRUE(reports.back().permanent());
+}
+
+// The coordinator names each rank's step target in its task; a task
+// without one is refused before anything is built or pulled, permanently
+// (the same task would fail a restart alike), in one sentence naming the
+// job.
+TEST_F(TrainerTest, ATaskWithoutAStepTargetIsRefusedNamingTheJob) {
+  HostJob(1);
+  Task task = RankTask(0, 1);
+  task.clear_steps();
+  absl::Mutex mu;
+  std::vector<ReportProgressRequest> reports;
+  JobTrainer trainer(task, Options(0, /*overlap=*/true), shards_,
+                     [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
+                       absl::MutexLock lock(&mu);
+                       reports.push_back(r);
+                       return ReportProgressResponse();
+                     });
+  const absl::Status status = trainer.Run();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_EQ(status.message(),
+            "job j: the task of rank 0 names no step target (Task.steps is 0; a coordinator that "
+            "assigns the rank sets it to at least 1)");
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].error(), status.message());
+  EXPECT_TRUE(reports[0].permanent());
+  std::vector<int64_t> versions;
+  Values(&versions);
+  for (int64_t version : versions) EXPECT_EQ(version, 0);
 }
 
 // A click log whose ids fall outside the sparse table's exact vocabulary
