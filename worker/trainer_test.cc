@@ -91,6 +91,10 @@ class TrainerTest : public ::testing::Test {
 
   // `spec` (of `workers` workers) on fresh in-process shards.
   void HostJob(int workers, const JobSpec& spec = Spec()) {
+    {
+      absl::MutexLock lock(&reports_mu_);
+      reports_.clear();
+    }
     spec_ = spec;
     spec_.set_num_workers(workers);
     auto params = ValidateJobSpec(spec_);
@@ -136,12 +140,23 @@ class TrainerTest : public ::testing::Test {
     return options;
   }
 
-  std::unique_ptr<JobTrainer> Trainer(Task task, TrainerOptions options) {
+  // A trainer of `task` on `shards` (empty: the fixture's) whose progress
+  // reports Reports() returns.
+  std::unique_ptr<JobTrainer> Trainer(Task task, TrainerOptions options,
+                                      std::vector<ParameterShard*> shards = {}) {
     return std::make_unique<JobTrainer>(
-        std::move(task), std::move(options), shards_,
-        [](const ReportProgressRequest&) -> absl::StatusOr<ReportProgressResponse> {
+        std::move(task), std::move(options), shards.empty() ? shards_ : std::move(shards),
+        [this](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
+          absl::MutexLock lock(&reports_mu_);
+          reports_.push_back(r);
           return ReportProgressResponse();
         });
+  }
+
+  // The trainers' progress reports since the last HostJob, in order.
+  std::vector<ReportProgressRequest> Reports() {
+    absl::MutexLock lock(&reports_mu_);
+    return reports_;
   }
 
   // Every partition's values and versions, as the shards hold them.
@@ -227,6 +242,8 @@ class TrainerTest : public ::testing::Test {
   std::vector<PartitionPlacement> placed_;
   std::vector<std::unique_ptr<ParameterStore>> stores_;
   std::vector<ParameterShard*> shards_;
+  absl::Mutex reports_mu_;
+  std::vector<ReportProgressRequest> reports_ ABSL_GUARDED_BY(reports_mu_);
 };
 
 // The overlapped exchange changes when each partition's gradients reach
@@ -338,18 +355,10 @@ TEST_F(TrainerTest, APipelineOnTooFewDevicesFailsTheJobNamingBoth) {
               {{"dense0"}, {"relu1", "dense2"}, {"relu3", "dense4", "softmax_cross_entropy5"}}, 4));
   TrainerOptions options = Options(0, /*overlap=*/true);
   options.devices = {0, 1};
-  absl::Mutex mu;
-  std::vector<ReportProgressRequest> reports;
-  JobTrainer trainer(RankTask(0, 1), options, shards_,
-                     [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
-                       absl::MutexLock lock(&mu);
-                       reports.push_back(r);
-                       return ReportProgressResponse();
-                     });
-  const absl::Status status = trainer.Run();
+  const absl::Status status = Trainer(RankTask(0, 1), options)->Run();
   EXPECT_EQ(status.message(),
             "the job's pipeline has 3 stages; this worker has 2 devices (--devices)");
-  absl::MutexLock lock(&mu);
+  const std::vector<ReportProgressRequest> reports = Reports();
   ASSERT_FALSE(reports.empty());
   EXPECT_EQ(reports.back().error(), status.message());
   EXPECT_TRUE(reports.back().permanent());
@@ -363,20 +372,12 @@ TEST_F(TrainerTest, ATaskWithoutAStepTargetIsRefusedNamingTheJob) {
   HostJob(1);
   Task task = RankTask(0, 1);
   task.clear_steps();
-  absl::Mutex mu;
-  std::vector<ReportProgressRequest> reports;
-  JobTrainer trainer(task, Options(0, /*overlap=*/true), shards_,
-                     [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
-                       absl::MutexLock lock(&mu);
-                       reports.push_back(r);
-                       return ReportProgressResponse();
-                     });
-  const absl::Status status = trainer.Run();
+  const absl::Status status = Trainer(task, Options(0, /*overlap=*/true))->Run();
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
   EXPECT_EQ(status.message(),
             "job j: the task of rank 0 names no step target (Task.steps is 0; a coordinator that "
             "assigns the rank sets it to at least 1)");
-  absl::MutexLock lock(&mu);
+  const std::vector<ReportProgressRequest> reports = Reports();
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].error(), status.message());
   EXPECT_TRUE(reports[0].permanent());
@@ -423,19 +424,11 @@ TEST_F(TrainerTest, AnIdOutsideASparseTablesVocabularyFailsTheJobPermanently) {
   HostJob(1, spec);
   Task task = RankTask(0, 1);
   task.mutable_data(0)->set_file("ctr/ctr-train-00000-of-00001.tfrecord");
-  std::vector<ReportProgressRequest> reports;
-  absl::Mutex mu;
-  JobTrainer trainer(task, Options(0, /*overlap=*/true), shards_,
-                     [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
-                       absl::MutexLock lock(&mu);
-                       reports.push_back(r);
-                       return ReportProgressResponse();
-                     });
-  const absl::Status status = trainer.Run();
+  const absl::Status status = Trainer(task, Options(0, /*overlap=*/true))->Run();
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
   EXPECT_NE(status.message().find("is outside table e/table (vocab_size 10"), std::string::npos)
       << status;
-  absl::MutexLock lock(&mu);
+  const std::vector<ReportProgressRequest> reports = Reports();
   ASSERT_FALSE(reports.empty());
   EXPECT_TRUE(reports.back().permanent());
 }
@@ -486,19 +479,11 @@ TEST_F(TrainerTest, ADivergenceIsReportedFromTheErrorsMarkNotItsWords) {
         shard = refusing.back().get();
       }
     }
-    absl::Mutex mu;
-    std::vector<ReportProgressRequest> reports;
-    JobTrainer trainer(
-        RankTask(0, 1), Options(0, /*overlap=*/true), shards,
-        [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
-          absl::MutexLock lock(&mu);
-          reports.push_back(r);
-          return ReportProgressResponse();
-        });
-    const absl::Status status = trainer.Run();
+    const absl::Status status =
+        Trainer(RankTask(0, 1), Options(0, /*overlap=*/true), shards)->Run();
     ASSERT_FALSE(status.ok());
     EXPECT_EQ(IsDiverged(status), c.diverged) << status;
-    absl::MutexLock lock(&mu);
+    const std::vector<ReportProgressRequest> reports = Reports();
     ASSERT_FALSE(reports.empty());
     EXPECT_EQ(reports.back().error(), status.message());
     EXPECT_EQ(reports.back().diverged(), c.diverged) << status;
@@ -610,20 +595,11 @@ TEST_F(TrainerTest, ARecordFileLeadingOutsideTheDataDirectoryFailsTheJobNamingIt
   Task given = RankTask(0, 1);  // Handed train-00000-of-00001.
   for (const Task& task : {listed, given}) {
     HostJob(1);
-    absl::Mutex mu;
-    std::vector<ReportProgressRequest> reports;
-    JobTrainer trainer(
-        task, options, shards_,
-        [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
-          absl::MutexLock lock(&mu);
-          reports.push_back(r);
-          return ReportProgressResponse();
-        });
-    const absl::Status status = trainer.Run();
+    const absl::Status status = Trainer(task, options)->Run();
     EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
     EXPECT_THAT(std::string(status.message()),
                 ::testing::StartsWith("record file train-00000-of-00001 leads to "));
-    absl::MutexLock lock(&mu);
+    const std::vector<ReportProgressRequest> reports = Reports();
     for (const ReportProgressRequest& r : reports) EXPECT_EQ(r.data_files_size(), 0);
     ASSERT_FALSE(reports.empty());
     EXPECT_EQ(reports.back().error(), status.message());
