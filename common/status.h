@@ -1,10 +1,16 @@
 // Helpers for absl::Status / absl::StatusOr, the error type of every fallible
-// function in Downpour (nothing throws).
+// function in Downpour (nothing throws), and the marks an error carries as a
+// payload (absl::Status::SetPayload) for whoever acts on it. A mark is part
+// of the status: it survives Annotate and the gRPC edge (rpc/grpc_status.h),
+// and no one has to search the message for words.
+//
+// Functions only; thread-safe.
 #ifndef DOWNPOUR_COMMON_STATUS_H_
 #define DOWNPOUR_COMMON_STATUS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #define DP_STATUS_CONCAT_INNER_(a, b) a##b
 #define DP_STATUS_CONCAT_(a, b) DP_STATUS_CONCAT_INNER_(a, b)
@@ -27,8 +33,22 @@
 
 namespace downpour {
 
-// Prefixes the message of a non-OK status with `context` ("reading x: ...").
+// Prefixes the message of a non-OK status with `context` ("reading x: ..."),
+// keeping its code and payloads.
 absl::Status Annotate(const absl::Status& status, absl::string_view context);
+
+// Divergence: training met a non-finite loss (the worker) or gradient (a
+// shard), and the job's parameters cannot be trusted from that step on.
+// The coordinator treats it apart from other failures (the job fails, or
+// rolls back to its newest checkpoint: RestartPolicy.rollback_on_divergence),
+// so the error that says so carries this mark, one type URL for the
+// project; its message says where and why in words.
+inline constexpr absl::string_view kDivergedTypeUrl = "type.downpour/diverged";
+
+// `status` marked as a divergence (an OK status stays OK, unmarked).
+absl::Status MarkDiverged(absl::Status status);
+// Whether `status` carries the divergence mark.
+bool IsDiverged(const absl::Status& status);
 
 }  // namespace downpour
 

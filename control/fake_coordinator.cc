@@ -34,7 +34,12 @@ absl::StatusOr<HeartbeatResponse> FakeCoordinator::Heartbeat(const HeartbeatRequ
     response.set_reregister(true);
     return response;
   }
-  for (const Task& task : tasks_[request.node_id()]) *response.add_tasks() = task;
+  for (const Task& task : tasks_[request.node_id()]) {
+    Task* sent = response.add_tasks();
+    *sent = task;
+    // As the coordinator does: a task names the rank's step target.
+    if (sent->steps() == 0) sent->set_steps(sent->spec().steps());
+  }
   return response;
 }
 

@@ -8,24 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
+#include "model/model_testing.h"
 
 namespace downpour {
 namespace {
-
-ModelSpec ParseSpec(const std::string& text) {
-  ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
-  return spec;
-}
-
-std::unique_ptr<Model> MakeModel(const std::string& text, uint64_t seed) {
-  auto model = Model::Create(ParseSpec(text), seed);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(model).value() : nullptr;
-}
 
 // Compares every parameter's gradient from TrainStep with central finite
 // differences of the training loss (batch norm in training mode normalises
@@ -172,13 +160,13 @@ TEST(LayersGradientTest, EmbeddingWithRepeatedIds) {
 
 TEST(LayersTest, ShapesAndParametersOfTheFashionMnistCnn) {
   const auto shape = InferModel(
-      ParseSpec("input_shape: [28, 28, 1] num_classes: 10"
-                " layer { name: 'conv1' conv2d { filters: 32 kernel_size: 3 padding: SAME } }"
-                " layer { relu {} } layer { max_pool { window: 2 } }"
-                " layer { name: 'conv2' conv2d { filters: 64 kernel_size: 3 padding: SAME } }"
-                " layer { relu {} } layer { max_pool { window: 2 } }"
-                " layer { flatten {} } layer { dense { units: 128 } } layer { relu {} }"
-                " layer { dense { units: 10 } } layer { softmax_cross_entropy {} }"));
+      ParseModelSpec("input_shape: [28, 28, 1] num_classes: 10"
+                     " layer { name: 'conv1' conv2d { filters: 32 kernel_size: 3 padding: SAME } }"
+                     " layer { relu {} } layer { max_pool { window: 2 } }"
+                     " layer { name: 'conv2' conv2d { filters: 64 kernel_size: 3 padding: SAME } }"
+                     " layer { relu {} } layer { max_pool { window: 2 } }"
+                     " layer { flatten {} } layer { dense { units: 128 } } layer { relu {} }"
+                     " layer { dense { units: 10 } } layer { softmax_cross_entropy {} }"));
   ASSERT_TRUE(shape.ok()) << shape.status();
   EXPECT_EQ(shape->layers[0].output_shape, (std::vector<int64_t>{28, 28, 32}));
   EXPECT_EQ(shape->layers[2].output_shape, (std::vector<int64_t>{14, 14, 32}));
@@ -197,7 +185,7 @@ TEST(LayersTest, ShapesAndParametersOfTheFashionMnistCnn) {
 }
 
 TEST(LayersTest, SamePaddingPutsTheOddRowAtTheBottom) {
-  const auto shape = InferModel(ParseSpec(
+  const auto shape = InferModel(ParseModelSpec(
       "input_shape: [7, 8, 3] num_classes: 2"
       " layer { conv2d { filters: 2 kernel_size: [4, 3] stride: 2 } }"
       " layer { max_pool { window: 2 } }"
@@ -301,7 +289,7 @@ struct ErrorCase {
 class LayersErrorTest : public ::testing::TestWithParam<ErrorCase> {};
 
 TEST_P(LayersErrorTest, RejectsWithMessageNamingTheField) {
-  const auto shape = InferModel(ParseSpec(GetParam().spec));
+  const auto shape = InferModel(ParseModelSpec(GetParam().spec));
   ASSERT_FALSE(shape.ok());
   EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(shape.status().message()).find(GetParam().message), std::string::npos)

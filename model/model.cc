@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "common/wire_dtype.h"
 #include "kernels/factory.h"
@@ -19,6 +19,15 @@
 #include "model/precision.h"
 
 namespace downpour {
+namespace {
+
+// Says why the model computes in fp32 though `options` asked for another
+// precision: a job's user reads it in the job's log.
+void LogPrecisionChange(const ModelOptions& options, absl::string_view why) {
+  Log(options.job_id.empty() ? std::string(why) : absl::StrCat("job ", options.job_id, ": ", why));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, uint64_t seed,
                                                      const ModelOptions& options) {
@@ -53,27 +62,26 @@ absl::StatusOr<std::unique_ptr<Model>> Model::CreateFromShape(ModelShape shape, 
     // FP32 allows TF32 and FP32_STRICT forbids it: the CPU's full fp32
     // satisfies both.
     if (precision != FP32 && precision != FP32_STRICT) {
-      std::fprintf(stderr, "model on the cpu: precision %s runs in fp32 there\n",
-                   Precision_Name(precision).c_str());
+      LogPrecisionChange(options, absl::StrCat("model on the cpu: precision ",
+                                               Precision_Name(precision), " runs in fp32 there"));
     }
     precision = FP32;
   } else {
     // An embedding's ids are floats; fed by another layer they would be
     // activations, which a reduced type cannot hold exactly.
     if (IsReducedPrecision(precision) && !shape.sparse_tables.empty()) {
-      std::fprintf(stderr,
-                   "model: sparse embeddings exchange their pooled rows in fp32; precision %s "
-                   "runs in fp32\n",
-                   Precision_Name(precision).c_str());
+      LogPrecisionChange(options,
+                         absl::StrCat("model: sparse embeddings exchange their pooled rows in "
+                                      "fp32; precision ",
+                                      Precision_Name(precision), " runs in fp32"));
       precision = FP32;
     }
     for (const LayerShape& layer : shape.layers) {
       if (IsReducedPrecision(precision) && layer.kind == LayerKind::kEmbedding &&
           layer.inputs[0] >= 0) {
-        std::fprintf(stderr,
-                     "model: embedding \"%s\" reads ids from another layer; precision %s runs in "
-                     "fp32\n",
-                     layer.name.c_str(), Precision_Name(precision).c_str());
+        LogPrecisionChange(options, absl::StrCat("model: embedding \"", layer.name,
+                                                 "\" reads ids from another layer; precision ",
+                                                 Precision_Name(precision), " runs in fp32"));
         precision = FP32;
       }
     }

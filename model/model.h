@@ -149,7 +149,7 @@ struct ModelOptions {
   // bf16/fp16 keep activations and their gradients in that type and
   // multiply on tensor cores; parameters, their gradients, statistics and
   // optimizer state stay fp32. The CPU path runs every precision in full
-  // fp32 (and says so on stderr once per model for TF32, BF16 and FP16).
+  // fp32 (and says so in the log once per model for TF32, BF16 and FP16).
   Precision precision = FP32;
   // FP16's first loss scale (tests force an overflow with a huge one).
   double initial_loss_scale = DynamicLossScale::kDefaultInitial;
@@ -158,6 +158,11 @@ struct ModelOptions {
   // --device_memory_limit): past it, creation or a step fails with
   // ResourceExhausted naming the device, the size and the limit.
   int64_t memory_limit = 0;
+  // The job the model trains, named in the lines it logs (common/log.h) so
+  // that a worker's node agent forwards them to the job's log (downpourctl
+  // logs): why it computes in another precision than asked. Empty: the
+  // lines go to stderr only.
+  std::string job_id;
 };
 
 // What makes a Model one stage of a model split over devices: the pipeline

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/devices.h"
 #include "model/model.h"
+#include "model/model_testing.h"
 
 namespace downpour {
 namespace {
@@ -93,18 +93,12 @@ constexpr char kSmallNet[] = R"pb(
   }
 )pb";
 
-ModelSpec ParseSpec(const std::string& text) {
-  ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
-  return spec;
-}
-
 // Strict fp32 (no TF32): compared with the CPU at fp32's tolerances.
-std::unique_ptr<Model> MakeModel(const std::string& text, int device) {
+std::unique_ptr<Model> MakeStrictModel(const std::string& text, int device) {
   ModelOptions options;
   options.device = device;
   options.precision = FP32_STRICT;
-  auto model = Model::Create(ParseSpec(text), /*seed=*/7, options);
+  auto model = Model::Create(ParseModelSpec(text), /*seed=*/7, options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(model).value() : nullptr;
 }
@@ -170,10 +164,10 @@ void ExpectClose(const float* cpu, const float* gpu, int64_t n, double tolerance
 
 TEST(ModelDeviceTest, UnusableDeviceIsAnErrorNamingIt) {
   const int count = GpuCount();
-  auto model = Model::Create(ParseSpec(kSmallNet), 1, ModelOptions{count});
+  auto model = Model::Create(ParseModelSpec(kSmallNet), 1, ModelOptions{count});
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition) << model.status();
-  auto cpu = Model::Create(ParseSpec(kSmallNet), 1, ModelOptions{-1});
+  auto cpu = Model::Create(ParseModelSpec(kSmallNet), 1, ModelOptions{-1});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ((*cpu)->device_name(), "cpu");
 }
@@ -188,8 +182,8 @@ class ModelGpuTest : public ::testing::Test {
 // A few SGD steps done by the caller on param(id), as the worker does with
 // the parameter server: same losses, gradients, statistics and evaluation.
 TEST_F(ModelGpuTest, TrainStepMatchesTheCpu) {
-  auto cpu = MakeModel(kSmallNet, -1);
-  auto gpu = MakeModel(kSmallNet, 0);
+  auto cpu = MakeStrictModel(kSmallNet, -1);
+  auto gpu = MakeStrictModel(kSmallNet, 0);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(gpu, nullptr);
   EXPECT_EQ(gpu->device_name().rfind("cuda:0 ", 0), 0u) << gpu->device_name();
@@ -242,8 +236,8 @@ TEST_F(ModelGpuTest, StreamedGradientsAndUploadedParamsMatchThePlainStep) {
     ModelOptions model_options;
     model_options.device = 0;
     model_options.precision = precision;
-    auto plain_or = Model::Create(ParseSpec(kSmallNet), 7, model_options);
-    auto streamed_or = Model::Create(ParseSpec(kSmallNet), 7, model_options);
+    auto plain_or = Model::Create(ParseModelSpec(kSmallNet), 7, model_options);
+    auto streamed_or = Model::Create(ParseModelSpec(kSmallNet), 7, model_options);
     ASSERT_TRUE(plain_or.ok()) << plain_or.status();
     ASSERT_TRUE(streamed_or.ok()) << streamed_or.status();
     Model& plain = **plain_or;
@@ -311,8 +305,8 @@ TEST_F(ModelGpuTest, StreamedGradientsAndUploadedParamsMatchThePlainStep) {
 // The device-resident loop (bench/step_time's): forward, backward and the
 // fused Adam on the device; the CPU runs the same loop on host memory.
 TEST_F(ModelGpuTest, DeviceResidentTrainingMatchesTheCpuAndLearns) {
-  auto cpu = MakeModel(kSmallNet, -1);
-  auto gpu = MakeModel(kSmallNet, 0);
+  auto cpu = MakeStrictModel(kSmallNet, -1);
+  auto gpu = MakeStrictModel(kSmallNet, 0);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(gpu, nullptr);
   const int64_t batch = 64;
@@ -347,7 +341,7 @@ std::unique_ptr<Model> MakeModelIn(int device, Precision precision, double initi
   options.device = device;
   options.precision = precision;
   options.initial_loss_scale = initial_scale;
-  auto model = Model::Create(ParseSpec(kSmallNet), /*seed=*/7, options);
+  auto model = Model::Create(ParseModelSpec(kSmallNet), /*seed=*/7, options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(model).value() : nullptr;
 }
@@ -601,7 +595,7 @@ TEST_F(ModelGpuTest, ConvolutionWithFusedReluMatchesTheCpuAndFp32) {
     ModelOptions options;
     options.device = device;
     options.precision = precision;
-    auto model = Model::Create(ParseSpec(kConvReluNet), /*seed=*/11, options);
+    auto model = Model::Create(ParseModelSpec(kConvReluNet), /*seed=*/11, options);
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? std::move(model).value() : nullptr;
   };

@@ -6,18 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
+#include "model/model_testing.h"
 
 namespace downpour {
 namespace {
-
-ModelSpec ParseSpec(const std::string& text) {
-  ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
-  return spec;
-}
 
 // A click model in miniature: 3 dense features, two sparse features of
 // which one is pooled by two tables.
@@ -71,7 +65,7 @@ constexpr char kSpec[] = R"pb(
 )pb";
 
 TEST(ModelInputsTest, SlotsAndTables) {
-  const auto shape = InferModel(ParseSpec(kSpec));
+  const auto shape = InferModel(ParseModelSpec(kSpec));
   ASSERT_TRUE(shape.ok()) << shape.status();
   // counts [3], then e1 [4], e2 [2], e3 [3], slot-major.
   ASSERT_EQ(shape->input_slots.size(), 4u);
@@ -116,7 +110,7 @@ struct ErrorCase {
 class ModelInputsErrorTest : public ::testing::TestWithParam<ErrorCase> {};
 
 TEST_P(ModelInputsErrorTest, RejectsWithMessageNamingTheField) {
-  const auto shape = InferModel(ParseSpec(GetParam().spec));
+  const auto shape = InferModel(ParseModelSpec(GetParam().spec));
   ASSERT_FALSE(shape.ok());
   EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(shape.status().message()).find(GetParam().message), std::string::npos)
@@ -252,7 +246,7 @@ int CheckGradients(Model& model, std::vector<float>& x, const std::vector<int32_
 }
 
 TEST(ModelInputsTest, GradientsOfParametersAndSparseSlotsMatchFiniteDifferences) {
-  auto created = Model::Create(ParseSpec(kSpec), 11);
+  auto created = Model::Create(ParseModelSpec(kSpec), 11);
   ASSERT_TRUE(created.ok()) << created.status();
   std::vector<float> x = RandomInput(**created, 3, 5);
   // Sparse slots e1 [4], e2 [2], e3 [3]; fc1 [12, 5] + 5, logits [5, 2] + 2.
@@ -306,17 +300,17 @@ constexpr char kDlrm[] = R"pb(
 )pb";
 
 TEST(ModelInputsTest, DotInteractionGradientsMatchFiniteDifferences) {
-  const auto shape = InferModel(ParseSpec(kDlrm));
+  const auto shape = InferModel(ParseModelSpec(kDlrm));
   ASSERT_TRUE(shape.ok()) << shape.status();
   EXPECT_EQ(shape->layers[4].output_shape, std::vector<int64_t>{6});  // 4 choose 2.
-  auto created = Model::Create(ParseSpec(kDlrm), 2);
+  auto created = Model::Create(ParseModelSpec(kDlrm), 2);
   ASSERT_TRUE(created.ok()) << created.status();
   std::vector<float> x = RandomInput(**created, 3, 8);
   EXPECT_EQ(CheckGradients(**created, x, {0, 1, 1}), 3 * 12 + (3 * 4 + 4) + (10 * 2 + 2));
 }
 
 TEST(ModelInputsTest, EvaluateReturnsTheLogitsOfItsLoss) {
-  auto created = Model::Create(ParseSpec(kSpec), 3);
+  auto created = Model::Create(ParseModelSpec(kSpec), 3);
   ASSERT_TRUE(created.ok()) << created.status();
   Model& model = **created;
   const int64_t batch = 5;
@@ -346,8 +340,8 @@ TEST(ModelInputsTest, ConcatOfDenseInputsIsTheirJoin) {
   const std::string single =
       "num_classes: 2 input_shape: 5"
       " layer { name: 'fc' dense { units: 2 } } layer { softmax_cross_entropy {} }";
-  auto a = Model::Create(ParseSpec(joined), 4);
-  auto b = Model::Create(ParseSpec(single), 4);
+  auto a = Model::Create(ParseModelSpec(joined), 4);
+  auto b = Model::Create(ParseModelSpec(single), 4);
   ASSERT_TRUE(a.ok() && b.ok());
   const int64_t batch = 4;
   const std::vector<float> slot_major = RandomInput(**a, batch, 2);

@@ -5,22 +5,31 @@
 #include <string>
 #include <vector>
 
-#include "google/protobuf/text_format.h"
+#include "common/log.h"
 #include "gtest/gtest.h"
+#include "model/model_testing.h"
 
 namespace downpour {
 namespace {
 
-ModelSpec ParseSpec(const std::string& text) {
-  ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
-  return spec;
-}
-
-std::unique_ptr<Model> MakeModel(const std::string& text, uint64_t seed) {
-  auto model = Model::Create(ParseSpec(text), seed);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(model).value() : nullptr;
+// A model asked for a precision it cannot compute in says so in the log
+// of the job it trains ("job ID: ..." lines reach downpourctl logs), not
+// on stderr alone.
+TEST(ModelTest, APrecisionChangeIsLoggedForTheJob) {
+  std::vector<std::string> lines;
+  SetLogObserver([&lines](absl::Time, absl::string_view line) { lines.emplace_back(line); });
+  ModelOptions options;
+  options.precision = BF16;
+  options.job_id = "mnist-7";
+  auto model =
+      Model::Create(ParseModelSpec("input_shape: 4 num_classes: 2 layer { dense { units: 2 } }"
+                                   " layer { softmax_cross_entropy {} }"),
+                    1, options);
+  SetLogObserver(nullptr);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->precision(), FP32);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "job mnist-7: model on the cpu: precision BF16 runs in fp32 there");
 }
 
 struct ErrorCase {
@@ -31,7 +40,7 @@ struct ErrorCase {
 class InferModelErrorTest : public ::testing::TestWithParam<ErrorCase> {};
 
 TEST_P(InferModelErrorTest, RejectsWithMessageNamingTheField) {
-  const auto shape = InferModel(ParseSpec(GetParam().spec));
+  const auto shape = InferModel(ParseModelSpec(GetParam().spec));
   ASSERT_FALSE(shape.ok());
   EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(shape.status().message()).find(GetParam().message), std::string::npos)
@@ -98,10 +107,10 @@ INSTANTIATE_TEST_SUITE_P(
                   "add a flatten layer before it"}));
 
 TEST(InferModelTest, MlpParameterList) {
-  const auto shape = InferModel(
-      ParseSpec("input_shape: 784 num_classes: 10"
-                " layer { dense { units: 256 } } layer { relu {} }"
-                " layer { name: 'out' dense { units: 10 } } layer { softmax_cross_entropy {} }"));
+  const auto shape = InferModel(ParseModelSpec(
+      "input_shape: 784 num_classes: 10"
+      " layer { dense { units: 256 } } layer { relu {} }"
+      " layer { name: 'out' dense { units: 10 } } layer { softmax_cross_entropy {} }"));
   ASSERT_TRUE(shape.ok()) << shape.status();
   EXPECT_EQ(shape->input_size, 784);
   ASSERT_EQ(shape->params.size(), 4u);
@@ -143,9 +152,9 @@ TEST(InferModelTest, MlpParameterList) {
 }
 
 TEST(InferModelTest, NoBiasAndFlatten) {
-  const auto shape = InferModel(
-      ParseSpec("input_shape: [4, 3, 2] num_classes: 5 layer { flatten {} }"
-                " layer { dense { units: 5 no_bias: true } } layer { softmax_cross_entropy {} }"));
+  const auto shape = InferModel(ParseModelSpec(
+      "input_shape: [4, 3, 2] num_classes: 5 layer { flatten {} }"
+      " layer { dense { units: 5 no_bias: true } } layer { softmax_cross_entropy {} }"));
   ASSERT_TRUE(shape.ok()) << shape.status();
   EXPECT_EQ(shape->layers[0].output_shape, std::vector<int64_t>{24});
   ASSERT_EQ(shape->params.size(), 1u);

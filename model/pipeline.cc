@@ -343,15 +343,20 @@ absl::Status PipelineModel::RunStage(Step& step, int s) {
   return model.EndStageStep(options.grads_to_host, &queued);
 }
 
+absl::Status PipelineModel::CheckBatch(absl::string_view call, const float* features,
+                                       const int32_t* labels, int64_t batch) const {
+  if (batch <= 0 || features == nullptr || labels == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, " needs a positive batch, its features and labels; got ", batch, " examples"));
+  }
+  RETURN_IF_ERROR(stages_.front()->CheckStageBatch(features, nullptr, batch));
+  return stages_.back()->CheckStageBatch(nullptr, labels, batch);
+}
+
 absl::StatusOr<StepResult> PipelineModel::TrainStep(const float* features, const int32_t* labels,
                                                     int64_t batch, int64_t step_number,
                                                     const TrainStepOptions& options) {
-  if (batch <= 0 || features == nullptr || labels == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a step needs a positive batch, its features and labels; got ", batch, " examples"));
-  }
-  RETURN_IF_ERROR(stages_.front()->CheckStageBatch(features, nullptr, batch));
-  RETURN_IF_ERROR(stages_.back()->CheckStageBatch(nullptr, labels, batch));
+  RETURN_IF_ERROR(CheckBatch("a step", features, labels, batch));
   Step step;
   step.options = &options;
   step.step = step_number;
@@ -406,12 +411,7 @@ absl::StatusOr<StepResult> PipelineModel::TrainStep(const float* features, const
 
 absl::StatusOr<EvalResult> PipelineModel::Evaluate(const float* features, const int32_t* labels,
                                                    int64_t batch, std::vector<float>* logits) {
-  if (batch <= 0 || features == nullptr || labels == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "an evaluation needs a positive batch, its features and labels; got ", batch, " examples"));
-  }
-  RETURN_IF_ERROR(stages_.front()->CheckStageBatch(features, nullptr, batch));
-  RETURN_IF_ERROR(stages_.back()->CheckStageBatch(nullptr, labels, batch));
+  RETURN_IF_ERROR(CheckBatch("an evaluation", features, labels, batch));
   const int64_t chunk = capacity_ > 0 ? capacity_ : (batch + micro_batches_ - 1) / micro_batches_;
   const std::vector<int64_t> sizes = Parts(batch, (batch + chunk - 1) / chunk);
   const int64_t capacity = std::max(capacity_, *std::max_element(sizes.begin(), sizes.end()));

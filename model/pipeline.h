@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/stream_link.h"
@@ -152,6 +153,10 @@ class PipelineModel {
   }
   // The micro-batches' sizes for `batch` examples: m about equal parts.
   std::vector<int64_t> MicroBatches(int64_t batch) const;
+  // InvalidArgument, saying what `call` ("a step") needs, unless `batch` is
+  // positive and the features and labels fit the first and last stages.
+  absl::Status CheckBatch(absl::string_view call, const float* features, const int32_t* labels,
+                          int64_t batch) const;
   // Puts the labels of a step's micro-batches on the last stage's device
   // (queued) and readies StageFeatures for `features`.
   absl::Status StageInputs(const float* features, const int32_t* labels,

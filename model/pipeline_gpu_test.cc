@@ -5,16 +5,15 @@
 // GPUs are visible.
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
-#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/devices.h"
 #include "model/model.h"
+#include "model/model_testing.h"
 #include "model/pipeline.h"
 
 namespace downpour {
@@ -29,12 +28,6 @@ using ::testing::HasSubstr;
                    << (GpuCount() == 0 ? absl::StrCat(" (", GpuUnavailableReason(), ")") : ""); \
     }                                                                                           \
   } while (0)
-
-ModelSpec ParseSpec(const std::string& text) {
-  ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
-  return spec;
-}
 
 // Convolutions with batch norm and dropout, then an MLP, cut in four.
 constexpr char kModel[] = R"pb(
@@ -112,42 +105,6 @@ const std::vector<std::vector<std::string>> kFourStages = {
     {"pool", "flat", "fc1", "drop"},
     {"relu3", "fc2", "relu4", "logits", "loss"}};
 
-ModelSpec WithPipeline(const std::string& base, const std::vector<std::vector<std::string>>& stages,
-                       int micro) {
-  ModelSpec spec = ParseSpec(base);
-  for (const auto& layers : stages) {
-    PipelineSpec::Stage* stage = spec.mutable_pipeline()->add_stage();
-    for (const std::string& name : layers) stage->add_layers(name);
-  }
-  spec.mutable_pipeline()->set_micro_batches(micro);
-  return spec;
-}
-
-ModelSpec OneStage(const std::string& base, int micro) {
-  std::vector<std::string> names;
-  const ModelSpec spec = ParseSpec(base);
-  for (const LayerSpec& layer : spec.layer()) names.push_back(layer.name());
-  return WithPipeline(base, {names}, micro);
-}
-
-struct Batch {
-  std::vector<float> features;
-  std::vector<int32_t> labels;
-  int64_t size = 0;
-};
-
-Batch RandomBatch(const ModelShape& shape, int64_t size, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal;
-  Batch b;
-  b.size = size;
-  for (int64_t i = 0; i < size * shape.input_size; ++i) b.features.push_back(normal(rng));
-  for (int64_t i = 0; i < size; ++i) {
-    b.labels.push_back(static_cast<int32_t>(rng() % shape.num_classes));
-  }
-  return b;
-}
-
 // ||a - b|| / ||b|| over every gradient.
 double RelativeGradientError(const PipelineModel& a, const PipelineModel& b) {
   double diff = 0, norm = 0;
@@ -174,7 +131,7 @@ void ExpectSplitEqualsUnsplit(const std::vector<std::vector<std::string>>& stage
   ASSERT_TRUE(whole.ok()) << whole.status();
   ASSERT_TRUE(split.ok()) << split.status();
   for (int step = 0; step < 3; ++step) {
-    const Batch b = RandomBatch((*whole)->shape(), 40, 10 + step);
+    const TestBatch b = RandomBatch((*whole)->shape(), 40, 10 + step);
     auto w = (*whole)->TrainStep(b.features.data(), b.labels.data(), b.size, step);
     auto s = (*split)->TrainStep(b.features.data(), b.labels.data(), b.size, step);
     ASSERT_TRUE(w.ok()) << w.status();
@@ -192,7 +149,7 @@ void ExpectSplitEqualsUnsplit(const std::vector<std::vector<std::string>>& stage
       }
     }
   }
-  const Batch test = RandomBatch((*whole)->shape(), 50, 99);
+  const TestBatch test = RandomBatch((*whole)->shape(), 50, 99);
   auto we = (*whole)->Evaluate(test.features.data(), test.labels.data(), test.size);
   auto se = (*split)->Evaluate(test.features.data(), test.labels.data(), test.size);
   ASSERT_TRUE(we.ok()) << we.status();
@@ -264,7 +221,7 @@ void ExpectTrainsSplitUnderTheLimit(int stages) {
   for (int d = 0; d < stages; ++d) devices.push_back(d);
   auto split = PipelineModel::Create(BigMlp(stages), 1, devices, options);
   ASSERT_TRUE(split.ok()) << split.status();
-  const Batch b = RandomBatch((*split)->shape(), 256, 4);
+  const TestBatch b = RandomBatch((*split)->shape(), 256, 4);
   double first = 0, last = 0;
   for (int step = 0; step < 12; ++step) {
     TrainStepOptions device_resident;

@@ -5,7 +5,6 @@
 #include "model/pipeline.h"
 
 #include <cmath>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
+#include "model/model_testing.h"
 #include "model/pipeline_schedule.h"
 #include "model/pipeline_stages.h"
 
@@ -21,12 +21,6 @@ namespace downpour {
 namespace {
 
 using ::testing::HasSubstr;
-
-ModelSpec ParseSpec(const std::string& text) {
-  ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
-  return spec;
-}
 
 // An MLP with dropout and batch norm, in three stages.
 constexpr char kMlp[] = R"pb(
@@ -161,45 +155,6 @@ constexpr char kCnn[] = R"pb(
   }
 )pb";
 
-// `base` with a pipeline of `stages` (layer names), `micro` micro-batches.
-ModelSpec WithPipeline(const std::string& base, const std::vector<std::vector<std::string>>& stages,
-                       int micro, PipelineSpec::Schedule schedule = PipelineSpec::ONE_F_ONE_B) {
-  ModelSpec spec = ParseSpec(base);
-  for (const auto& layers : stages) {
-    PipelineSpec::Stage* stage = spec.mutable_pipeline()->add_stage();
-    for (const std::string& name : layers) stage->add_layers(name);
-  }
-  spec.mutable_pipeline()->set_micro_batches(micro);
-  spec.mutable_pipeline()->set_schedule(schedule);
-  return spec;
-}
-
-// Every layer of `base` in one stage.
-ModelSpec OneStage(const std::string& base, int micro) {
-  const ModelSpec spec = ParseSpec(base);
-  std::vector<std::string> names;
-  for (const LayerSpec& layer : spec.layer()) names.push_back(layer.name());
-  return WithPipeline(base, {names}, micro);
-}
-
-struct Batch {
-  std::vector<float> features;
-  std::vector<int32_t> labels;
-  int64_t size = 0;
-};
-
-Batch RandomBatch(const ModelShape& shape, int64_t size, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal;
-  Batch b;
-  b.size = size;
-  for (int64_t i = 0; i < size * shape.input_size; ++i) b.features.push_back(normal(rng));
-  for (int64_t i = 0; i < size; ++i) {
-    b.labels.push_back(static_cast<int32_t>(rng() % shape.num_classes));
-  }
-  return b;
-}
-
 std::unique_ptr<PipelineModel> MakePipeline(const ModelSpec& spec, int stages,
                                             const ModelOptions& options = {}) {
   auto created = PipelineModel::Create(spec, /*seed=*/7, std::vector<int>(stages, -1), options);
@@ -323,7 +278,7 @@ TEST_P(SplitGradientsTest, EqualTheUnsplitModelsInTheSameMicroBatches) {
     }
   }
   for (int step = 0; step < 3; ++step) {
-    const Batch b = RandomBatch(whole->shape(), c.batch, 100 + step);
+    const TestBatch b = RandomBatch(whole->shape(), c.batch, 100 + step);
     auto w = whole->TrainStep(b.features.data(), b.labels.data(), b.size, step);
     auto s = split->TrainStep(b.features.data(), b.labels.data(), b.size, step);
     ASSERT_TRUE(w.ok()) << w.status();
@@ -346,7 +301,7 @@ TEST_P(SplitGradientsTest, EqualTheUnsplitModelsInTheSameMicroBatches) {
       }
     }
   }
-  const Batch test = RandomBatch(whole->shape(), 13, 9);
+  const TestBatch test = RandomBatch(whole->shape(), 13, 9);
   std::vector<float> wl, sl;
   auto we = whole->Evaluate(test.features.data(), test.labels.data(), test.size, &wl);
   auto se = split->Evaluate(test.features.data(), test.labels.data(), test.size, &sl);
@@ -411,7 +366,7 @@ TEST(PipelineModelTest, GradientsMatchAPlainModelOnTheWholeBatch) {
   plain_spec.clear_pipeline();
   auto plain = Model::Create(plain_spec, 7);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  const Batch b = RandomBatch(split->shape(), 10, 3);
+  const TestBatch b = RandomBatch(split->shape(), 10, 3);
   auto s = split->TrainStep(b.features.data(), b.labels.data(), b.size, 0);
   auto p = (*plain)->TrainStep(b.features.data(), b.labels.data(), b.size, 0);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -430,7 +385,7 @@ TEST(PipelineModelTest, CallsTheTrainersHooksWithWholeModelIds) {
       kMlp, {{"fc1", "bn1", "relu1"}, {"fc2", "drop", "relu2"}, {"fc3", "relu3", "logits", "loss"}},
       6);
   auto model = MakePipeline(spec, 3);
-  const Batch b = RandomBatch(model->shape(), 12, 5);
+  const TestBatch b = RandomBatch(model->shape(), 12, 5);
   std::vector<int> awaited;
   int before = 0;
   std::vector<std::pair<int, int64_t>> queued;
@@ -467,7 +422,7 @@ TEST(PipelineModelTest, AHookErrorEndsTheStep) {
       WithPipeline(kCnn, {{"conv1", "relu1", "pool", "flat"}, {"fc", "relu2", "logits", "loss"}},
                    4),
       2);
-  const Batch b = RandomBatch(model->shape(), 8, 5);
+  const TestBatch b = RandomBatch(model->shape(), 8, 5);
   TrainStepOptions options;
   options.await_layer_params = [](int layer) {
     return layer == 4 ? absl::UnavailableError("shard gone") : absl::OkStatus();
@@ -484,7 +439,7 @@ TEST(PipelineModelTest, RefusesBadBatchesAndDevices) {
       WithPipeline(kCnn, {{"conv1", "relu1", "pool", "flat"}, {"fc", "relu2", "logits", "loss"}},
                    4),
       2);
-  Batch b = RandomBatch(model->shape(), 4, 5);
+  TestBatch b = RandomBatch(model->shape(), 4, 5);
   b.labels[2] = 4;
   auto result = model->TrainStep(b.features.data(), b.labels.data(), b.size, 0);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
@@ -539,7 +494,7 @@ TEST(PipelineModelTest, AModelOverTheMemoryLimitTrainsSplit) {
   // Parameters and gradients: about 2 * 4 * 148k floats = 1.2 MB.
   ModelOptions options;
   options.memory_limit = 900 << 10;
-  ModelSpec plain = ParseSpec(kWide);
+  ModelSpec plain = ParseModelSpec(kWide);
   auto whole = Model::Create(plain, 7, options);
   ASSERT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(whole.status().message()),
@@ -553,7 +508,7 @@ TEST(PipelineModelTest, AModelOverTheMemoryLimitTrainsSplit) {
       WithPipeline(kWide, {{"fc1", "r1", "fc2", "r2"}, {"fc3", "r3", "logits", "loss"}}, 4), 7,
       {-1, -1}, options);
   ASSERT_TRUE(split.ok()) << split.status();
-  const Batch b = RandomBatch((*split)->shape(), 32, 11);
+  const TestBatch b = RandomBatch((*split)->shape(), 32, 11);
   double first = 0, last = 0;
   for (int step = 0; step < 20; ++step) {
     auto result = (*split)->TrainStep(b.features.data(), b.labels.data(), b.size, step);
@@ -579,7 +534,7 @@ struct SpecError {
 class PipelineSpecTest : public ::testing::TestWithParam<SpecError> {};
 
 TEST_P(PipelineSpecTest, NamesTheFieldAtFault) {
-  ModelSpec spec = ParseSpec(kResidual);
+  ModelSpec spec = ParseModelSpec(kResidual);
   ASSERT_TRUE(
       google::protobuf::TextFormat::ParseFromString(GetParam().pipeline, spec.mutable_pipeline()));
   auto shape = InferModel(spec);
@@ -611,7 +566,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "model.pipeline.micro_batches must be in [0, 4096], got -1"}));
 
 TEST(PipelineSpecTest, RefusesALaterStageReadingTheModelInputOrFlatteningAnEarlierStage) {
-  auto reading = InferModel(ParseSpec(R"pb(
+  auto reading = InferModel(ParseModelSpec(R"pb(
     num_classes: 2
     inputs { name: "x" shape: 4 }
     layer {
@@ -641,7 +596,7 @@ TEST(PipelineSpecTest, RefusesALaterStageReadingTheModelInputOrFlatteningAnEarli
   EXPECT_EQ(reading.status().message(),
             "model.pipeline.stage[1]: layer \"fc2\" reads the model input; only the first stage "
             "does");
-  auto flattening = InferModel(ParseSpec(R"pb(
+  auto flattening = InferModel(ParseModelSpec(R"pb(
     input_shape: [ 4, 4, 1 ]
     num_classes: 2
     layer {

@@ -863,7 +863,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     absl::MutexLock lock(&job->mu);
     while (true) {
       if (job->dropped) return absl::AbortedError(absl::StrCat("job ", job->id, " was dropped"));
-      if (job->has_diverged.load()) return absl::FailedPreconditionError(job->diverged);
+      if (job->has_diverged.load()) return job->DivergedErrorLocked();
       if (sparse != nullptr) RETURN_IF_ERROR(sparse->failure());
       const std::string waiting_for = unmet();
       if (waiting_for.empty()) break;

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "kernels/optimizer.h"
 #include "proto/job.pb.h"
 #include "ps/memory_budget.h"
@@ -153,9 +154,15 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
     Log(absl::StrCat("job ", id, ": ", why));
     changed.SignalAll();
   }
+  // What every push and pull fails with once the job has diverged, marked
+  // (common/status.h), so the worker reports a divergence to the
+  // coordinator without reading the words.
   absl::Status DivergedError() ABSL_LOCKS_EXCLUDED(mu) {
     absl::MutexLock lock(&mu);
-    return absl::FailedPreconditionError(diverged);
+    return DivergedErrorLocked();
+  }
+  absl::Status DivergedErrorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return MarkDiverged(absl::FailedPreconditionError(diverged));
   }
 
   bool Counts(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {

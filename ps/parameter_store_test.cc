@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/optimizer.h"
@@ -289,8 +290,10 @@ TEST_F(ParameterStoreTest, ANonFiniteGradientFailsTheJobNamingTheStepAndPartitio
   EXPECT_THAT(pulled.status().message(),
               HasSubstr("training diverged at step 0: the workers' gradient for partition 0/1 is "
                         "not finite (found by shard 0)"));
+  EXPECT_TRUE(IsDiverged(pulled.status()));
   absl::StatusOr<PushResponse> pushed = store_.Push(MakePush(0, 2, 1, {{key, {1, 1, 1}}}));
   EXPECT_THAT(pushed.status().message(), HasSubstr("training diverged"));
+  EXPECT_TRUE(IsDiverged(pushed.status()));
 
   // ASYNC: the error names the worker whose push brought it.
   store_.DropJob(kJob);
@@ -300,6 +303,7 @@ TEST_F(ParameterStoreTest, ANonFiniteGradientFailsTheJobNamingTheStepAndPartitio
   pulled = store_.Pull(MakePull({key}), Soon());
   EXPECT_THAT(pulled.status().message(),
               HasSubstr("training diverged at step 4: worker rank 1's gradient for partition 0/1"));
+  EXPECT_TRUE(IsDiverged(pulled.status()));
 }
 
 TEST_F(ParameterStoreTest, PushesOfAnotherStartOfTheJobAreRefused) {

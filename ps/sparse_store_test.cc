@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/wire_dtype.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -421,6 +422,7 @@ TEST_F(SparseStoreTest, NonFiniteGradientsFailTheJob) {
   EXPECT_THAT(pulled.status().message(),
               HasSubstr("training diverged at step 3: worker rank 0's gradient for sparse table "
                         "emb/table is not finite"));
+  EXPECT_TRUE(IsDiverged(pulled.status()));
 }
 
 }  // namespace

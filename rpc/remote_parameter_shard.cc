@@ -262,8 +262,9 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::PushPull(const PushReques
             absl::StrCat("shard ", address_, ": malformed PushPullStreamResponse"));
       }
       if (answer.code() != 0) {
-        return absl::Status(static_cast<absl::StatusCode>(answer.code()),
-                            absl::StrCat("shard ", address_, ": ", answer.message()));
+        const grpc::Status error(static_cast<grpc::StatusCode>(answer.code()), answer.message(),
+                                 answer.details());
+        return Annotate(FromGrpcStatus(error), absl::StrCat("shard ", address_));
       }
       *pull_payload = std::move(reply.payload);
       return std::move(*answer.mutable_exchange());

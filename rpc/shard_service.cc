@@ -124,9 +124,12 @@ class ParameterServerService::PushPullStreamReactor final
     StartWrite(&response_);
   }
   void AnswerError(const absl::Status& error) {
+    // The status a unary call would end with, in the stream's answer.
+    const grpc::Status status = ToGrpcStatus(error);
     PushPullStreamResponse reply;
-    reply.set_code(static_cast<int>(error.code()));
-    reply.set_message(std::string(error.message()));
+    reply.set_code(static_cast<int>(status.error_code()));
+    reply.set_message(status.error_message());
+    reply.set_details(status.error_details());
     response_ = TensorMessage();
     response_.header = reply.SerializeAsString();
     StartWrite(&response_);

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/wire_dtype.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -176,6 +178,34 @@ TEST_F(PsServiceTest, ErrorsNameTheShard) {
   PushRequest bad = MakePush(kJob, 0, 1, 0, 0, {1.f, 1.f});
   bad.mutable_payload()->resize(4);
   EXPECT_EQ(shard_->Push(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A shard that found a non-finite gradient fails every later push and pull
+// of the job; the worker learns it is a divergence from the status itself,
+// over a unary call and over a stream alike.
+TEST_F(PsServiceTest, ADivergedJobsErrorsReachTheWorkerMarked) {
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
+  ASSERT_TRUE(shard_->Push(MakePush(kJob, 0, 1, 0, 1, {1.f, std::nanf("")})).ok());
+
+  absl::StatusOr<PushResponse> pushed = shard_->Push(MakePush(kJob, 0, 2, 1, 1, {1.f, 1.f}));
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(pushed.status().message()),
+              StartsWith(absl::StrCat("shard ", address_, ": training diverged at step 0")));
+  EXPECT_TRUE(IsDiverged(pushed.status())) << pushed.status();
+
+  const PushRequest push = MakePush(kJob, 0, 3, 2, 1, {1.f, 1.f});
+  Payload grads;
+  grads.Append(push.payload().data(), push.payload().size());
+  PullRequest pull;
+  pull.set_job_id(kJob);
+  Payload params;
+  absl::StatusOr<PushPullResponse> streamed =
+      shard_->PushPull(push, grads, pull, absl::Now() + absl::Seconds(10), &params);
+  EXPECT_EQ(streamed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsDiverged(streamed.status())) << streamed.status();
+
+  // Any other refusal is no divergence.
+  EXPECT_FALSE(IsDiverged(shard_->Push(MakePush("nope", 0, 1, 0, 0, {1.f, 1.f})).status()));
 }
 
 TEST_F(PsServiceTest, PullOfAStepThatNeverCompletesTimesOutQuickly) {

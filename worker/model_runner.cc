@@ -11,6 +11,16 @@
 namespace downpour {
 namespace {
 
+// Sets the host copy of `model`'s local state (a Model's, or a
+// PipelineModel's, by whole-model id) to `values`.
+template <typename M>
+void CopyLocalState(const std::vector<const float*>& values, M* model) {
+  for (const ParamInfo& state : model->local_state()) {
+    std::memcpy(model->local_state_data(state.id), values[state.id],
+                sizeof(float) * state.num_elements);
+  }
+}
+
 // Data parallelism: a replica per device; replica 0 holds the host copies
 // the trainer reads and writes.
 class ReplicaRunner : public ModelRunner {
@@ -58,10 +68,7 @@ class ReplicaRunner : public ModelRunner {
                                  double loss_scale) override {
     for (int r = 0; r < replicas_->size(); ++r) {
       Model* replica = replicas_->replica(r);
-      for (const ParamInfo& state : replica->local_state()) {
-        std::memcpy(replica->local_state_data(state.id), values[state.id],
-                    sizeof(float) * state.num_elements);
-      }
+      CopyLocalState(values, replica);
       RETURN_IF_ERROR(replica->RestoreLocalState(loss_scale));
     }
     return absl::OkStatus();
@@ -114,10 +121,7 @@ class PipelineRunner : public ModelRunner {
   }
   absl::Status RestoreLocalState(const std::vector<const float*>& values,
                                  double loss_scale) override {
-    for (const ParamInfo& state : pipeline_->local_state()) {
-      std::memcpy(pipeline_->local_state_data(state.id), values[state.id],
-                  sizeof(float) * state.num_elements);
-    }
+    CopyLocalState(values, pipeline_.get());
     return pipeline_->RestoreLocalState(loss_scale);
   }
   const Model* whole_model() const override { return nullptr; }

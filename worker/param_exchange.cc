@@ -9,18 +9,9 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "spec/wire_dtype.h"
+#include "worker/shard_retry.h"
 
 namespace downpour {
-namespace {
-
-// NotFound: the shard does not host the job yet. PermissionDenied: the
-// shard has not yet heard that this worker took its rank over (TLS).
-bool Retryable(const absl::Status& status) {
-  return absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
-         absl::IsNotFound(status) || absl::IsPermissionDenied(status);
-}
-
-}  // namespace
 
 int64_t AutoMessageBytes(int64_t total_bytes, int max_inflight) {
   const int64_t per_message = total_bytes / (4 * std::max(1, max_inflight));
@@ -208,19 +199,10 @@ absl::Status ParameterExchange::SendPush(int i, const PushRequest& request, cons
                                          absl::Time give_up,
                                          const std::function<bool()>& cancelled) {
   const int shard = messages_[i].shard;
-  // The same request id on every attempt: the shard applies it once.
-  while (true) {
-    if (cancelled()) return absl::CancelledError("job ended");
-    absl::StatusOr<PushResponse> response = shards_[shard]->Push(request, payload);
-    if (response.ok()) return absl::OkStatus();
-    // A shard that does not host the job (yet: it is restoring it, or the
-    // job is moving and this run will be cancelled) is asked again too.
-    if (!Retryable(response.status()) || absl::Now() >= give_up) {
-      return Annotate(response.status(), absl::StrCat("pushing to shard ", shard));
-    }
-    // A refused connection fails at once; do not spin on it.
-    if (!absl::IsDeadlineExceeded(response.status())) absl::SleepFor(absl::Milliseconds(50));
-  }
+  // Each attempt keeps the shard client's own deadline.
+  return CallShardWithRetries(
+      absl::StrCat("pushing to shard ", shard), give_up, options_.pull_slice, cancelled,
+      [&](absl::Time) { return shards_[shard]->Push(request, payload).status(); });
 }
 
 absl::Status ParameterExchange::ReceivePull(int i, const PullRequest& request, absl::Time give_up,
@@ -228,25 +210,15 @@ absl::Status ParameterExchange::ReceivePull(int i, const PullRequest& request, a
                                             const std::function<bool()>& cancelled) {
   const int shard = messages_[i].shard;
   Payload payload;
-  absl::StatusOr<PullResponse> response;
-  // A shard that answers at once without the data (it does not host the job
-  // yet, or is unreachable) is asked again after a growing pause, not in a
-  // busy loop; a pull that waited its slice out is reissued at once.
-  absl::Duration backoff = absl::Milliseconds(20);
-  while (true) {
-    if (cancelled()) return absl::CancelledError("job ended");
-    const absl::Time started = absl::Now();
-    response =
-        shards_[shard]->Pull(request, std::min(give_up, started + options_.pull_slice), &payload);
-    if (response.ok() || !Retryable(response.status()) || absl::Now() >= give_up) break;
-    if (absl::Now() - started < options_.pull_slice / 2) {
-      absl::SleepFor(std::min(backoff, give_up - absl::Now()));
-      backoff = std::min(backoff * 2, absl::Seconds(1));
-    }
-  }
-  if (!response.ok())
-    return Annotate(response.status(), absl::StrCat("pulling from shard ", shard));
-  return CopyPulled(i, *response, payload, params);
+  PullResponse response;
+  RETURN_IF_ERROR(CallShardWithRetries(absl::StrCat("pulling from shard ", shard), give_up,
+                                       options_.pull_slice, cancelled, [&](absl::Time deadline) {
+                                         absl::StatusOr<PullResponse> pulled =
+                                             shards_[shard]->Pull(request, deadline, &payload);
+                                         if (pulled.ok()) response = *std::move(pulled);
+                                         return pulled.status();
+                                       }));
+  return CopyPulled(i, response, payload, params);
 }
 
 absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
@@ -323,20 +295,11 @@ absl::Status ParameterExchange::CaptureNow(int64_t checkpoint_step, int64_t last
     id->set_worker_id(options_.worker_id);
     id->set_incarnation(options_.incarnation);
     id->set_sequence(first_sequence + shard);
-    // No partitions: SendPush addresses messages, so call the shard directly
-    // with the same retries.
-    while (true) {
-      if (cancelled()) return absl::CancelledError("job ended");
-      absl::StatusOr<PushResponse> response = shards_[shard]->Push(request, Payload());
-      if (response.ok()) return absl::OkStatus();
-      const bool retry =
-          absl::IsDeadlineExceeded(response.status()) || absl::IsUnavailable(response.status());
-      if (!retry || absl::Now() >= give_up) {
-        return Annotate(response.status(),
-                        absl::StrCat("asking shard ", shard, " for a checkpoint"));
-      }
-      if (absl::IsUnavailable(response.status())) absl::SleepFor(absl::Milliseconds(50));
-    }
+    // No partitions: SendPush addresses messages, so the shard is called
+    // directly, with the same retries.
+    return CallShardWithRetries(
+        absl::StrCat("asking shard ", shard, " for a checkpoint"), give_up, options_.pull_slice,
+        cancelled, [&](absl::Time) { return shards_[shard]->Push(request, Payload()).status(); });
   });
 }
 
@@ -362,7 +325,7 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
       push, payload, pull,
       std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &values);
   if (response.ok()) return landed(CopyPulled(i, response->pull(), values, params));
-  if (!Retryable(response.status())) {
+  if (!IsRetryableShardError(response.status())) {
     return Annotate(response.status(), absl::StrCat("exchanging with shard ", messages_[i].shard));
   }
   // A timeout or lost connection (or a pull still waiting for other

@@ -170,11 +170,12 @@ class ParameterExchange {
   PushRequest MakePushRequest(int i, int64_t step, int64_t sequence,
                               const std::vector<const float*>& grads, Payload* payload);
   PullRequest MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps) const;
-  // Sends message i's push, retrying timeouts and lost connections until
+  // Sends message i's push, retried as worker/shard_retry.h says until
   // `give_up`.
   absl::Status SendPush(int i, const PushRequest& request, const Payload& payload,
                         absl::Time give_up, const std::function<bool()>& cancelled);
-  // Pulls message i in slices of pull_slice until `give_up`, into `params`.
+  // Pulls message i in slices of pull_slice (worker/shard_retry.h) until
+  // `give_up`, into `params`.
   absl::Status ReceivePull(int i, const PullRequest& request, absl::Time give_up,
                            const std::vector<float*>& params,
                            const std::function<bool()>& cancelled);

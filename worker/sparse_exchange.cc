@@ -7,18 +7,9 @@
 #include "common/status.h"
 #include "common/wire_dtype.h"
 #include "spec/wire_dtype.h"
+#include "worker/shard_retry.h"
 
 namespace downpour {
-namespace {
-
-// As the dense exchange: a timeout, a lost connection, a shard not hosting
-// the job yet, or one not yet told this worker holds its rank.
-bool Retryable(const absl::Status& status) {
-  return absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
-         absl::IsNotFound(status) || absl::IsPermissionDenied(status);
-}
-
-}  // namespace
 
 SparseExchange::SparseExchange(const ModelShape& shape, ExchangeOptions options,
                                std::vector<ParameterShard*> shards)
@@ -135,40 +126,24 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
       rows->mutable_ids()->Assign(ids.begin(), ids.end());
     }
   }
-  // The same request on every attempt: the shard applies the push once; a
-  // pull that waited its slice out (other workers, SYNC) is asked again.
-  const absl::Time push_give_up = absl::Now() + options_.push_timeout;
-  const absl::Time pull_give_up = absl::Now() + options_.pull_timeout;
-  const absl::Time give_up = next_ != nullptr ? pull_give_up : push_give_up;
-  absl::Duration backoff = absl::Milliseconds(20);
+  // The same request on every attempt (worker/shard_retry.h).
+  const absl::Duration timeout = next_ != nullptr ? options_.pull_timeout : options_.push_timeout;
   Payload pulled;
   PullResponse response;
-  while (true) {
-    if (cancelled_()) return absl::CancelledError("job ended");
-    const absl::Time started = absl::Now();
-    const absl::Time deadline = std::min(give_up, started + options_.pull_slice);
-    absl::Status status;
-    if (pushed_ != nullptr && next_ != nullptr) {
-      absl::StatusOr<PushPullResponse> answer =
-          shards_[s]->PushPull(push, push_payload, pull, deadline, &pulled);
-      status = answer.status();
-      if (answer.ok()) response = std::move(*answer->mutable_pull());
-    } else if (pushed_ != nullptr) {
-      status = shards_[s]->Push(push, push_payload).status();
-    } else {
-      absl::StatusOr<PullResponse> answer = shards_[s]->Pull(pull, deadline, &pulled);
-      status = answer.status();
-      if (answer.ok()) response = std::move(*answer);
-    }
-    if (status.ok()) break;
-    if (!Retryable(status) || absl::Now() >= give_up) {
-      return Annotate(status, absl::StrCat("exchanging sparse rows with shard ", s));
-    }
-    if (absl::Now() - started < options_.pull_slice / 2) {
-      absl::SleepFor(std::min(backoff, give_up - absl::Now()));
-      backoff = std::min(backoff * 2, absl::Seconds(1));
-    }
-  }
+  RETURN_IF_ERROR(CallShardWithRetries(
+      absl::StrCat("exchanging sparse rows with shard ", s), absl::Now() + timeout,
+      options_.pull_slice, cancelled_, [&](absl::Time deadline) -> absl::Status {
+        if (pushed_ != nullptr && next_ != nullptr) {
+          absl::StatusOr<PushPullResponse> answer =
+              shards_[s]->PushPull(push, push_payload, pull, deadline, &pulled);
+          if (answer.ok()) response = std::move(*answer->mutable_pull());
+          return answer.status();
+        }
+        if (pushed_ != nullptr) return shards_[s]->Push(push, push_payload).status();
+        absl::StatusOr<PullResponse> answer = shards_[s]->Pull(pull, deadline, &pulled);
+        if (answer.ok()) response = *std::move(answer);
+        return answer.status();
+      }));
   if (next_ == nullptr) return absl::OkStatus();
   // The rows, table after table, as asked.
   if (response.sparse_size() != tables) {

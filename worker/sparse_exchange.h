@@ -11,8 +11,8 @@
 // identity of their own ("<worker_id>#sparse"), so a retried push is
 // applied once and the dense exchange's window is untouched. Timeouts and
 // lost connections are retried with the same request until the push or
-// pull timeout; a shard that refuses (its memory limit, a bad id) fails the
-// step with its reason.
+// pull timeout, as the dense exchange's (worker/shard_retry.h); a shard
+// that refuses (its memory limit, a bad id) fails the step with its reason.
 //
 // Thread-compatible: one trainer drives it; Begin and Finish alternate. The
 // shards are not owned and must outlive the exchange.

@@ -112,8 +112,9 @@ class JobTrainer {
     }
   }
   // The coordinator changed the rank's data (Task.data, from step
-  // `data_step`), its steps (Task.steps, 0: the spec's) or its batches per
-  // step (SYNC): read and run them from the next step on. Thread-safe.
+  // `data_step`), its steps (Task.steps; only more are taken) or its
+  // batches per step (SYNC): read and run them from the next step on.
+  // Thread-safe.
   void UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps,
                   int batches_per_step);
   // Whether this rank takes the job's checkpoints (Task.takes_checkpoints:
@@ -140,7 +141,63 @@ class JobTrainer {
   }
 
  private:
+  // What one run of Train holds (the model, its data, what the loop
+  // carries from step to step, the run's totals), and one step's plan and
+  // measurements; both defined in trainer_loop.cc, with Train and its
+  // phases.
+  struct RunState;
+  struct StepState;
+
+  // The training loop: StartRun, then each step's phases in turn, then
+  // FinishRun and rank 0's EvaluateFinalModel.
   absl::Status Train();
+
+  // Before the first step: the model (CreateModel), where this worker
+  // starts (FindFirstStep), the rank's data and a checkpoint's or a lost
+  // rank's state (OpenData, Resume), the first pull (StartLoop).
+  absl::Status StartRun(RunState* run);
+  absl::Status CreateModel(RunState* run);
+  absl::Status FindFirstStep(RunState* run);
+  absl::Status Resume(int64_t data_step, RunState* run);
+  absl::Status StartLoop(RunState* run);
+
+  // A step's phases, in order.
+  // Input: a pull a step owes, the rank's new data, the step's plan.
+  absl::StatusOr<StepState> BeginStep(int64_t step, RunState* run);
+  absl::Status SwitchData(int64_t step, RunState* run);
+  StepState PlanStep(int64_t step, const RunState& run);
+  // Per batch: input, the exchange's beginning (ExchangeHooks make the
+  // model's step begin it before backward where it overlaps), compute.
+  absl::Status ComputeStep(StepState* s, RunState* run);
+  absl::Status ReadBatch(StepState* s, RunState* run);
+  absl::StatusOr<const float*> BatchFeatures(const StepState& s, RunState* run);
+  TrainStepOptions ExchangeHooks(StepState* s, RunState* run);
+  absl::Status BeginExchange(const StepState& s, RunState* run);
+  // Waits for the overlapped exchange still in flight, if any.
+  absl::Status FinishPendingExchange(RunState* run);
+  // Checkpoint: rank 0's own state at the step the shards capture.
+  absl::Status CaptureCheckpoint(StepState* s, const RunState& run);
+  // The exchange's end: the sparse rows, then the dense partitions (or,
+  // overlapped, left in flight for the next step).
+  absl::Status ExchangeSparseRows(const StepState& s, RunState* run);
+  absl::Status EndExchange(StepState* s, RunState* run);
+  // Reporting and evaluation.
+  void RecordStep(const StepState& s, RunState* run);
+  void ReportProgress(StepState* s, bool last, RunState* run);
+  absl::Status EvaluatePeriodically(const StepState& s, bool last, RunState* run);
+
+  // After the last step.
+  absl::Status FinishRun(RunState* run);
+  absl::Status EvaluateFinalModel(RunState* run);
+
+  // What a pull for `step` waits for: SYNC, every partition at that
+  // version; SSP, every worker within the staleness bound of it.
+  int64_t MinVersion(int64_t step) const;
+  int64_t MinWorkerSteps(int64_t step) const;
+  // The job's last step (every rank's): the final checkpoint's and SYNC's
+  // final version, whatever this rank's own step target (steps_).
+  int64_t JobSteps() const { return task_.spec().steps(); }
+
   // Checks the task's placement against the model's parameters and sets up
   // the exchange with the job's shards.
   absl::Status StartExchange(const ModelRunner& model);
@@ -165,6 +222,9 @@ class JobTrainer {
   // A reader of `data` whose stream began at `data_step`.
   absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTrainingData(
       const std::vector<DataPart>& data, int64_t data_step) const;
+  // A reader of the rank's data (TrainingData), now the data read; sets
+  // `data_step` to the step its stream began at.
+  absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenData(int64_t* data_step);
   // Whether rank 0 saves a checkpoint after `step` (0-based; the last step
   // has the final checkpoint instead): at the spec's every_steps, or when
   // the coordinator has asked since the last one.
@@ -191,14 +251,16 @@ class JobTrainer {
   ModelShape shape_;
   std::unique_ptr<InputStage> input_stage_;
   // Why Train failed, for the coordinator: the error would recur on a
-  // restart (data, model), or training diverged.
+  // restart (data, model). A divergence is marked in the error itself
+  // (common/status.h IsDiverged), wherever it was found.
   bool permanent_ = false;
-  bool diverged_ = false;
   std::atomic<int64_t> checkpoint_wanted_ms_{0};
   std::atomic<bool> takes_checkpoints_{false};
   int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> job_ended_{false};
+  // Whether the exchanges should give up: the job ended, here or elsewhere.
+  const std::function<bool()> stopped_ = [this] { return cancelled_.load() || job_ended_.load(); };
   // The data read now and the step its stream began at, and UpdateData's
   // news (when data_changed_), taken at a step boundary.
   std::atomic<bool> data_changed_{false};
@@ -208,7 +270,7 @@ class JobTrainer {
   std::vector<DataPart> new_data_ ABSL_GUARDED_BY(data_mu_);
   int64_t new_data_step_ ABSL_GUARDED_BY(data_mu_) = 0;
   std::atomic<bool> shutting_down_{false};
-  // The steps the rank runs (Task.steps or the spec's; may grow mid-run),
+  // The steps the rank runs (Task.steps; may grow mid-run),
   // and the batches it trains on per step (Task.batches_per_step).
   std::atomic<int64_t> steps_{0};
   std::atomic<int> batches_per_step_{1};

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status.h"
 #include "data/ctr_generator.h"
 #include "data/example.h"
 #include "data/record_io.h"
@@ -90,6 +91,10 @@ class TrainerTest : public ::testing::Test {
 
   // `spec` (of `workers` workers) on fresh in-process shards.
   void HostJob(int workers, const JobSpec& spec = Spec()) {
+    {
+      absl::MutexLock lock(&reports_mu_);
+      reports_.clear();
+    }
     spec_ = spec;
     spec_.set_num_workers(workers);
     auto params = ValidateJobSpec(spec_);
@@ -113,6 +118,7 @@ class TrainerTest : public ::testing::Test {
     task.set_job_id("j");
     *task.mutable_spec() = spec_;
     task.set_rank(rank);
+    task.set_steps(spec_.steps());
     for (const PartitionPlacement& p : placed_) *task.mutable_placement()->add_partitions() = p;
     DataPart* part = task.add_data();
     part->set_file("train-00000-of-00001");
@@ -134,12 +140,23 @@ class TrainerTest : public ::testing::Test {
     return options;
   }
 
-  std::unique_ptr<JobTrainer> Trainer(Task task, TrainerOptions options) {
+  // A trainer of `task` on `shards` (empty: the fixture's) whose progress
+  // reports Reports() returns.
+  std::unique_ptr<JobTrainer> Trainer(Task task, TrainerOptions options,
+                                      std::vector<ParameterShard*> shards = {}) {
     return std::make_unique<JobTrainer>(
-        std::move(task), std::move(options), shards_,
-        [](const ReportProgressRequest&) -> absl::StatusOr<ReportProgressResponse> {
+        std::move(task), std::move(options), shards.empty() ? shards_ : std::move(shards),
+        [this](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
+          absl::MutexLock lock(&reports_mu_);
+          reports_.push_back(r);
           return ReportProgressResponse();
         });
+  }
+
+  // The trainers' progress reports since the last HostJob, in order.
+  std::vector<ReportProgressRequest> Reports() {
+    absl::MutexLock lock(&reports_mu_);
+    return reports_;
   }
 
   // Every partition's values and versions, as the shards hold them.
@@ -225,6 +242,8 @@ class TrainerTest : public ::testing::Test {
   std::vector<PartitionPlacement> placed_;
   std::vector<std::unique_ptr<ParameterStore>> stores_;
   std::vector<ParameterShard*> shards_;
+  absl::Mutex reports_mu_;
+  std::vector<ReportProgressRequest> reports_ ABSL_GUARDED_BY(reports_mu_);
 };
 
 // The overlapped exchange changes when each partition's gradients reach
@@ -336,21 +355,35 @@ TEST_F(TrainerTest, APipelineOnTooFewDevicesFailsTheJobNamingBoth) {
               {{"dense0"}, {"relu1", "dense2"}, {"relu3", "dense4", "softmax_cross_entropy5"}}, 4));
   TrainerOptions options = Options(0, /*overlap=*/true);
   options.devices = {0, 1};
-  absl::Mutex mu;
-  std::vector<ReportProgressRequest> reports;
-  JobTrainer trainer(RankTask(0, 1), options, shards_,
-                     [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
-                       absl::MutexLock lock(&mu);
-                       reports.push_back(r);
-                       return ReportProgressResponse();
-                     });
-  const absl::Status status = trainer.Run();
+  const absl::Status status = Trainer(RankTask(0, 1), options)->Run();
   EXPECT_EQ(status.message(),
             "the job's pipeline has 3 stages; this worker has 2 devices (--devices)");
-  absl::MutexLock lock(&mu);
+  const std::vector<ReportProgressRequest> reports = Reports();
   ASSERT_FALSE(reports.empty());
   EXPECT_EQ(reports.back().error(), status.message());
   EXPECT_TRUE(reports.back().permanent());
+}
+
+// The coordinator names each rank's step target in its task; a task
+// without one is refused before anything is built or pulled, permanently
+// (the same task would fail a restart alike), in one sentence naming the
+// job.
+TEST_F(TrainerTest, ATaskWithoutAStepTargetIsRefusedNamingTheJob) {
+  HostJob(1);
+  Task task = RankTask(0, 1);
+  task.clear_steps();
+  const absl::Status status = Trainer(task, Options(0, /*overlap=*/true))->Run();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_EQ(status.message(),
+            "job j: the task of rank 0 names no step target (Task.steps is 0; a coordinator that "
+            "assigns the rank sets it to at least 1)");
+  const std::vector<ReportProgressRequest> reports = Reports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].error(), status.message());
+  EXPECT_TRUE(reports[0].permanent());
+  std::vector<int64_t> versions;
+  Values(&versions);
+  for (int64_t version : versions) EXPECT_EQ(version, 0);
 }
 
 // A click log whose ids fall outside the sparse table's exact vocabulary
@@ -391,21 +424,73 @@ TEST_F(TrainerTest, AnIdOutsideASparseTablesVocabularyFailsTheJobPermanently) {
   HostJob(1, spec);
   Task task = RankTask(0, 1);
   task.mutable_data(0)->set_file("ctr/ctr-train-00000-of-00001.tfrecord");
-  std::vector<ReportProgressRequest> reports;
-  absl::Mutex mu;
-  JobTrainer trainer(task, Options(0, /*overlap=*/true), shards_,
-                     [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
-                       absl::MutexLock lock(&mu);
-                       reports.push_back(r);
-                       return ReportProgressResponse();
-                     });
-  const absl::Status status = trainer.Run();
+  const absl::Status status = Trainer(task, Options(0, /*overlap=*/true))->Run();
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
   EXPECT_NE(status.message().find("is outside table e/table (vocab_size 10"), std::string::npos)
       << status;
-  absl::MutexLock lock(&mu);
+  const std::vector<ReportProgressRequest> reports = Reports();
   ASSERT_FALSE(reports.empty());
   EXPECT_TRUE(reports.back().permanent());
+}
+
+// A shard that refuses every push with `error` and serves the rest from
+// `inner` (which it does not own).
+class RefusingShard : public ParameterShard {
+ public:
+  RefusingShard(ParameterShard* inner, absl::Status error)
+      : inner_(inner), error_(std::move(error)) {}
+  absl::StatusOr<PushResponse> Push(const PushRequest&, const Payload&) override { return error_; }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    return inner_->Pull(request, deadline, payload);
+  }
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest&, const Payload&, const PullRequest&,
+                                            absl::Time, Payload*) override {
+    return error_;
+  }
+
+ private:
+  ParameterShard* const inner_;
+  const absl::Status error_;
+};
+
+// The coordinator hears of a divergence from the mark on the error that
+// ended the run (common/status.h), whatever its words: a shard's (which
+// found a non-finite gradient), or the worker's own (a non-finite loss).
+// Words alone are no divergence.
+TEST_F(TrainerTest, ADivergenceIsReportedFromTheErrorsMarkNotItsWords) {
+  struct Case {
+    absl::Status refusal;  // OK: the shards take every push.
+    bool diverged;
+  };
+  JobSpec exploding = Spec();
+  exploding.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+  exploding.mutable_optimizer()->set_learning_rate(1e35f);
+  for (const Case& c :
+       {Case{MarkDiverged(absl::FailedPreconditionError("partition 0/1 is not finite")), true},
+        Case{absl::FailedPreconditionError("training diverged, say these words"), false},
+        Case{absl::OkStatus(), true}}) {
+    HostJob(1, c.refusal.ok() ? exploding : Spec());
+    std::vector<std::unique_ptr<RefusingShard>> refusing;
+    std::vector<ParameterShard*> shards = shards_;
+    if (!c.refusal.ok()) {
+      for (ParameterShard*& shard : shards) {
+        refusing.push_back(std::make_unique<RefusingShard>(shard, c.refusal));
+        shard = refusing.back().get();
+      }
+    }
+    const absl::Status status =
+        Trainer(RankTask(0, 1), Options(0, /*overlap=*/true), shards)->Run();
+    ASSERT_FALSE(status.ok());
+    EXPECT_EQ(IsDiverged(status), c.diverged) << status;
+    const std::vector<ReportProgressRequest> reports = Reports();
+    ASSERT_FALSE(reports.empty());
+    EXPECT_EQ(reports.back().error(), status.message());
+    EXPECT_EQ(reports.back().diverged(), c.diverged) << status;
+    if (c.refusal.ok()) {
+      EXPECT_NE(status.message().find("training diverged at step "), std::string::npos) << status;
+    }
+  }
 }
 
 // A SYNC worker that died halfway through a pipelined push left its step on
@@ -510,20 +595,11 @@ TEST_F(TrainerTest, ARecordFileLeadingOutsideTheDataDirectoryFailsTheJobNamingIt
   Task given = RankTask(0, 1);  // Handed train-00000-of-00001.
   for (const Task& task : {listed, given}) {
     HostJob(1);
-    absl::Mutex mu;
-    std::vector<ReportProgressRequest> reports;
-    JobTrainer trainer(
-        task, options, shards_,
-        [&](const ReportProgressRequest& r) -> absl::StatusOr<ReportProgressResponse> {
-          absl::MutexLock lock(&mu);
-          reports.push_back(r);
-          return ReportProgressResponse();
-        });
-    const absl::Status status = trainer.Run();
+    const absl::Status status = Trainer(task, options)->Run();
     EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
     EXPECT_THAT(std::string(status.message()),
                 ::testing::StartsWith("record file train-00000-of-00001 leads to "));
-    absl::MutexLock lock(&mu);
+    const std::vector<ReportProgressRequest> reports = Reports();
     for (const ReportProgressRequest& r : reports) EXPECT_EQ(r.data_files_size(), 0);
     ASSERT_FALSE(reports.empty());
     EXPECT_EQ(reports.back().error(), status.message());

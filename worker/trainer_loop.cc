@@ -1,0 +1,697 @@
+// JobTrainer::Train, the training loop (worker/trainer.h), and the phases
+// of a step it runs, over the run's RunState and each step's StepState.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "data/dataset.h"
+#include "worker/trainer.h"
+#include "worker/worker_metrics.h"
+#include "worker/worker_state.h"
+
+namespace downpour {
+using data::Batch;
+using data::BatchReader;
+namespace {
+
+// The model's gradients by tensor id, or none for a skipped step.
+std::vector<const float*> Gradients(const ModelRunner& model, bool skipped) {
+  std::vector<const float*> grads;
+  if (skipped) return grads;
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    grads.push_back(model.grad(static_cast<int>(i)));
+  }
+  return grads;
+}
+
+// The model's host parameters by tensor id, for a pull.
+std::vector<float*> ParamPointers(ModelRunner* model) {
+  std::vector<float*> params(model->params().size());
+  for (size_t i = 0; i < params.size(); ++i) params[i] = model->param(static_cast<int>(i));
+  return params;
+}
+
+// The sum of a worker's gradients over the steps between its pushes
+// (ConsistencySpec.push_every).
+class GradientSum {
+ public:
+  // Adds gradients by tensor id (none: nothing to add), of `model`'s sizes.
+  void Add(const ModelRunner& model, const std::vector<const float*>& grads) {
+    if (grads.empty()) return;
+    sums_.resize(model.params().size());
+    for (size_t i = 0; i < sums_.size(); ++i) {
+      const float* g = grads[i];
+      const int64_t n = model.params()[i].num_elements;
+      if (sums_[i].empty()) {
+        sums_[i].assign(g, g + n);
+      } else {
+        for (int64_t k = 0; k < n; ++k) sums_[i][k] += g[k];
+      }
+    }
+    any_ = true;
+  }
+  void Scale(float factor) {
+    for (std::vector<float>& sum : sums_) {
+      for (float& x : sum) x *= factor;
+    }
+  }
+  // The sum by tensor id, or none when every step since the last push was
+  // skipped; valid until Clear().
+  std::vector<const float*> Gradients() const {
+    std::vector<const float*> out;
+    if (!any_) return out;
+    for (const std::vector<float>& sum : sums_) out.push_back(sum.data());
+    return out;
+  }
+  void Clear() {
+    for (std::vector<float>& sum : sums_) sum.clear();
+    any_ = false;
+  }
+
+ private:
+  std::vector<std::vector<float>> sums_;
+  bool any_ = false;
+};
+
+// "; the first non-finite gradient is fc1/weight's", or "".
+std::string NonFiniteGradient(const ModelRunner& model) {
+  for (const ParamInfo& p : model.params()) {
+    const float* g = model.grad(p.id);
+    for (int64_t i = 0; i < p.num_elements; ++i) {
+      if (!std::isfinite(g[i]))
+        return absl::StrCat("; the first non-finite gradient is ", p.name, "'s");
+    }
+  }
+  return "";
+}
+
+absl::Status DataEnded() { return absl::InternalError("training data ended"); }
+
+// "job ID: test accuracy A[, AUC X][, log loss Y]<suffix>" in the job's log.
+void LogEvaluation(const std::string& job_id, const TestMetrics& tested, absl::string_view suffix) {
+  std::string said = absl::StrCat("job ", job_id, ": ");
+  tested.Describe(&said);
+  Log(absl::StrCat(said, suffix));
+}
+
+}  // namespace
+
+struct JobTrainer::RunState {
+  std::unique_ptr<ModelRunner> model;
+  // Where this worker starts: the job's start, its checkpoint's step, or
+  // where the rank it takes over had got to.
+  int64_t first_step = 0;
+  std::unique_ptr<BatchReader> reader;
+  std::unique_ptr<BatchReader> test_reader;  // Rank 0's, for the final model.
+  TrainerMetrics metrics;
+
+  // ASYNC/SSP may push a sum of several steps and pull less often (SYNC: 1).
+  int64_t push_every = 1, fetch_every = 1;
+  GradientSum accumulated;
+  // The mean of a step's batches when it trains on several (SYNC hand-out).
+  GradientSum step_mean;
+  // Whether the model holds the parameters after the last push (a push
+  // that was to be the last pulls nothing; the rank's steps may grow).
+  bool pulled = true;
+  // The batch being trained. With sparse tables, the one after it too, read
+  // before the step's exchange (which pulls its rows).
+  bool sparse = false;
+  Batch batch, next_batch;
+  bool have_next = false;
+
+  // An overlapped step's exchange goes on into the next step: its forward
+  // waits layer by layer for the parameters coming back (and, on a GPU,
+  // going up to the device as they come), and it is finished before that
+  // step's backward starts the next exchange. `pending`: one is in flight
+  // (of step `pending_step`); `pending_uploads`: it queues the parameters
+  // to the device.
+  bool pending = false, pending_uploads = false;
+  int64_t pending_step = 0;
+  // What an overlapped step pushes from and pulls into: the model's own
+  // buffers, the same every step.
+  std::vector<const float*> model_grads;
+  std::vector<float*> model_params;
+  double exchange_waited = 0;  // In the current batch, inside its compute.
+
+  // Since the last progress report, and what the last one said.
+  double window_start = 0, window_loss = 0;
+  int64_t window_steps = 0, window_examples = 0;
+  double last_loss = 0, last_rate = 0;
+  // Where the run's time went (the summary at its end).
+  double total_input_wait = 0, total_step_seconds = 0, total_compute = 0, total_exchange = 0;
+};
+
+struct JobTrainer::StepState {
+  int64_t step = 0;
+  double began = 0;  // MonotonicSeconds() once its data was settled.
+  // The plan (PlanStep).
+  int batches = 1;
+  bool checkpoint_due = false;  // A checkpoint at step + 1: its push asks for it.
+  bool final_step = false;      // The rank's last, as far as it knows.
+  bool push = false, fetch = false;
+  bool stream = false;                 // Its exchange overlaps backward.
+  bool gated = false;                  // Its forward awaits the last step's exchange.
+  ParameterExchange::PulledFn upload;  // With `stream`, on a GPU.
+  // What it computed and measured.
+  StepResult result;  // With several batches, their mean.
+  double loss_sum = 0;
+  int trained = 0;  // Batches not skipped.
+  int64_t examples = 0;
+  double input_wait = 0, compute = 0, exchange = 0;
+  CheckpointWorkerState checkpoint;  // Rank 0's state, with checkpoint_due.
+};
+
+absl::Status JobTrainer::Train() {
+  RunState run;
+  RETURN_IF_ERROR(StartRun(&run));
+  // On every way out, what is in flight ends before the model it reads
+  // and writes goes.
+  absl::Cleanup abandon_pending = [this, &run] {
+    if (run.pending) (void)exchange_->FinishPushPull(/*abandon=*/true);
+  };
+  for (int64_t step = run.first_step; step < steps_.load(); ++step) {
+    ASSIGN_OR_RETURN(StepState s, BeginStep(step, &run));
+    RETURN_IF_ERROR(ComputeStep(&s, &run));
+    RETURN_IF_ERROR(CaptureCheckpoint(&s, run));
+    RETURN_IF_ERROR(ExchangeSparseRows(s, &run));
+    RETURN_IF_ERROR(EndExchange(&s, &run));
+    RecordStep(s, &run);
+    const bool last = step + 1 == steps_.load();
+    ReportProgress(&s, last, &run);
+    RETURN_IF_ERROR(EvaluatePeriodically(s, last, &run));
+  }
+  RETURN_IF_ERROR(FinishRun(&run));
+  if (task_.rank() == 0) return EvaluateFinalModel(&run);
+  // A rank taken over after its last step has nothing to train.
+  if (run.first_step >= steps_.load()) {
+    ReportProgressRequest done;
+    done.set_step(steps_.load());
+    done.set_finished(true);
+    Report(done, /*final=*/true);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::PullParameters(ModelRunner* model, int64_t min_version,
+                                        int64_t min_worker_steps) {
+  return exchange_->Pull(min_version, min_worker_steps, ParamPointers(model), stopped_);
+}
+
+absl::Status JobTrainer::PushGradients(int64_t step, const std::vector<const float*>& grads) {
+  return exchange_->Push(step, grads, stopped_);
+}
+
+absl::Status JobTrainer::PushGradientsAndPull(ModelRunner* model, int64_t step,
+                                              const std::vector<const float*>& grads,
+                                              int64_t min_version, int64_t min_worker_steps) {
+  return exchange_->PushPull(step, grads, min_version, min_worker_steps, ParamPointers(model),
+                             stopped_);
+}
+
+int64_t JobTrainer::MinVersion(int64_t step) const {
+  return task_.spec().consistency().mode() == ConsistencySpec::SYNC ? step : 0;
+}
+
+int64_t JobTrainer::MinWorkerSteps(int64_t step) const {
+  const ConsistencySpec& consistency = task_.spec().consistency();
+  return consistency.mode() == ConsistencySpec::SSP
+             ? std::max<int64_t>(0, step - consistency.staleness())
+             : 0;
+}
+
+absl::Status JobTrainer::StartRun(RunState* run) {
+  if (task_.steps() < 1) {
+    // The coordinator names every rank's step target; the same task would
+    // fail a restart alike.
+    permanent_ = true;
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", task_.job_id(), ": the task of rank ", task_.rank(),
+                     " names no step target (Task.steps is ", task_.steps(),
+                     "; a coordinator that assigns the rank sets it to at least 1)"));
+  }
+  RETURN_IF_ERROR(CreateModel(run));
+  RETURN_IF_ERROR(FindFirstStep(run));
+  // Data errors (no or a missing file, a corrupt record) recur on a restart.
+  permanent_ = true;
+  int64_t data_step = 0;
+  ASSIGN_OR_RETURN(run->reader, OpenData(&data_step));
+  RETURN_IF_ERROR(Resume(data_step, run));
+  if (task_.rank() == 0) {
+    // Rank 0 evaluates at the end; a wrong test-set path fails the job now,
+    // not after the last step.
+    ASSIGN_OR_RETURN(run->test_reader, OpenTestSet());
+  }
+  permanent_ = false;
+  return StartLoop(run);
+}
+
+absl::Status JobTrainer::CreateModel(RunState* run) {
+  ModelOptions model_options;
+  model_options.memory_limit = options_.device_memory_limit;
+  model_options.job_id = task_.job_id();  // Its lines reach the job's log.
+  absl::StatusOr<std::unique_ptr<ModelRunner>> created =
+      ModelRunner::Create(task_.spec(), options_.devices, model_options);
+  // A model that cannot be made here (its spec, the devices it needs, their
+  // memory) cannot be on a restart either.
+  permanent_ = !created.ok();
+  ASSIGN_OR_RETURN(run->model, std::move(created));
+  for (const std::string& line : run->model->Describe()) {
+    Log(absl::StrCat("job ", task_.job_id(), ": ", line));
+  }
+  shape_ = run->model->shape();
+  return StartExchange(*run->model);
+}
+
+absl::Status JobTrainer::FindFirstStep(RunState* run) {
+  // In SYNC a rank taken over starts at the step every partition has
+  // reached, which a first pull finds.
+  run->first_step = task_.restore().step();
+  steps_.store(task_.steps());
+  batches_per_step_.store(std::max(1, task_.batches_per_step()));
+  if (task_.has_join()) {
+    if (task_.spec().consistency().mode() == ConsistencySpec::SYNC) {
+      RETURN_IF_ERROR(PullParameters(run->model.get(), 0, 0));
+      run->first_step = exchange_->min_pulled_version();
+    } else {
+      run->first_step = task_.join().step();
+    }
+    run->first_step = std::min(run->first_step, steps_.load());
+  }
+  steps_completed_.store(run->first_step);
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::Resume(int64_t data_step, RunState* run) {
+  // A restored job continues at its checkpoint's step, with the workers'
+  // state saved there and each worker's data where it was (the stream,
+  // begun at data_step, is deterministic: the same batches, skipped).
+  const std::string& worker_state =
+      task_.has_join() ? task_.join().worker_state() : task_.restore().worker_state();
+  if (!worker_state.empty()) {
+    RETURN_IF_ERROR(Annotate(
+        LoadWorkerState(worker_state, run->model.get()),
+        task_.has_join() ? "loading the workers' state of the newest checkpoint"
+                         : absl::StrCat("restoring the checkpoint at step ", run->first_step)));
+  }
+  if (run->first_step == 0) return absl::OkStatus();
+  for (int64_t step = data_step; step < run->first_step; ++step) {
+    ASSIGN_OR_RETURN(bool have_batch, run->reader->Next(&run->batch));
+    if (!have_batch) return DataEnded();
+  }
+  Log(absl::StrCat("job ", task_.job_id(), ": continuing ",
+                   task_.has_join() ? absl::StrCat("rank ", task_.rank(), " (taken over)")
+                                    : "from the checkpoint",
+                   " at step ", run->first_step));
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::StartLoop(RunState* run) {
+  const ConsistencySpec& consistency = task_.spec().consistency();
+  run->metrics = TrainerMetrics::Create(options_.metrics, task_.job_id(),
+                                        /*evaluates=*/task_.rank() == 0);
+  run->window_start = MonotonicSeconds();
+  run->push_every = std::max(1, consistency.push_every());
+  run->fetch_every = std::max(1, consistency.fetch_every());
+  run->model_grads = Gradients(*run->model, false);
+  run->model_params = ParamPointers(run->model.get());
+  run->sparse = input_stage_ != nullptr && input_stage_->sparse();
+  // The first step pulls on its own; every later step's parameters come back
+  // with the previous step's push (one round trip per message).
+  // A joining run does not wait for SSP's bound on its first pull: a shard
+  // restored mid-run counts every rank's steps from its checkpoint until
+  // each pushes again.
+  return PullParameters(run->model.get(), MinVersion(run->first_step),
+                        task_.has_join() ? 0 : MinWorkerSteps(run->first_step));
+}
+
+absl::StatusOr<JobTrainer::StepState> JobTrainer::BeginStep(int64_t step, RunState* run) {
+  if (stopped_()) return absl::CancelledError("job ended");
+  if (!run->pulled) {
+    RETURN_IF_ERROR(PullParameters(run->model.get(), MinVersion(step), MinWorkerSteps(step)));
+  }
+  // Until the step's first batch is read, a failure is the data's: it recurs
+  // on a restart.
+  permanent_ = true;
+  if (data_changed_.exchange(false)) RETURN_IF_ERROR(SwitchData(step, run));
+  StepState s = PlanStep(step, *run);
+  if (run->sparse && s.batches > 1) {
+    return absl::UnimplementedError(
+        "a SYNC rank of a job with sparse tables cannot take on a lost rank's batches yet");
+  }
+  return s;
+}
+
+absl::Status JobTrainer::SwitchData(int64_t step, RunState* run) {
+  absl::MutexLock lock(&data_mu_);
+  ASSIGN_OR_RETURN(run->reader, OpenTrainingData(new_data_, new_data_step_));
+  data_ = new_data_;
+  data_step_ = new_data_step_;
+  Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(), " reads ", data_.size(),
+                   " file parts from step ", step, " (it took on a lost rank's data)"));
+  return absl::OkStatus();
+}
+
+JobTrainer::StepState JobTrainer::PlanStep(int64_t step, const RunState& run) {
+  StepState s;
+  s.step = step;
+  s.began = MonotonicSeconds();
+  // A SYNC rank that took on a lost rank's batch trains on several a step
+  // and pushes their mean.
+  s.batches = std::max(1, batches_per_step_.load());
+  s.checkpoint_due = CheckpointDue(step);
+  s.final_step = step + 1 >= steps_.load();
+  s.push =
+      run.push_every == 1 || s.final_step || s.checkpoint_due || (step + 1) % run.push_every == 0;
+  s.fetch = !s.final_step && (step + 1) % run.fetch_every == 0;
+  // The exchange overlaps backward: each message of the push (and the
+  // pull that comes back with it) goes as soon as backward has produced
+  // its gradients. Not where the push is of something else than this
+  // step's one batch (several batches' mean, a sum over steps) or where
+  // FP16's verdict on the whole step decides whether it is pushed at all.
+  ModelRunner* model = run.model.get();
+  s.stream = options_.overlap && s.push && s.fetch && s.batches == 1 && run.push_every == 1 &&
+             model->precision() != FP16;
+  // A GPU worker queues each partition pulled back to the device at once,
+  // on the copy stream (of the GPU whose share it is, with several): the
+  // next step finds them there.
+  if (s.stream && model->uploads_pulled_params()) {
+    s.upload = [model](const PartitionPlacement& p) {
+      return model->UploadParam(p.tensor_id(), p.offset(), p.num_elements());
+    };
+  }
+  // The last step's exchange still in flight: a model that reads the
+  // parameters where they land (the CPU's, or a GPU's they are uploaded
+  // to; with several GPUs, each layer's go from their owners to the
+  // others as they come, or to its pipeline stage's GPU) starts its
+  // forward on them layer by layer.
+  s.gated = run.pending && (run.pending_uploads || model->reads_host_params());
+  return s;
+}
+
+absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
+  run->step_mean.Clear();
+  TrainStepOptions step_options = ExchangeHooks(s, run);
+  for (int b = 0; b < s->batches; ++b) {
+    RETURN_IF_ERROR(ReadBatch(s, run));
+    const double began = MonotonicSeconds();
+    run->exchange_waited = 0;
+    if (b == 0 && !s->gated) RETURN_IF_ERROR(BeginExchange(*s, run));
+    ASSIGN_OR_RETURN(const float* features, BatchFeatures(*s, run));
+    const Batch& batch = run->batch;
+    ASSIGN_OR_RETURN(s->result, run->model->TrainStep(features, batch.labels.data(), batch.size,
+                                                      s->step, step_options));
+    // A second batch of the step (SYNC hand-out, never overlapped): the
+    // parameters are whole on the host by then.
+    step_options = TrainStepOptions();
+    const double computed = MonotonicSeconds() - began - run->exchange_waited;
+    run->total_compute += computed;
+    run->total_exchange += run->exchange_waited;
+    s->compute += computed;
+    s->exchange += run->exchange_waited;
+    if (!s->result.skipped && !std::isfinite(s->result.loss)) {
+      // Its gradients have gone: the shards refuse them too.
+      return MarkDiverged(
+          absl::InternalError(absl::StrCat("training diverged at step ", s->step, ": the loss is ",
+                                           s->result.loss, NonFiniteGradient(*run->model))));
+    }
+    s->examples += batch.size;
+    if (s->batches > 1 && !s->result.skipped) {
+      run->step_mean.Add(*run->model, Gradients(*run->model, false));
+      s->loss_sum += s->result.loss;
+      ++s->trained;
+    }
+  }
+  if (s->batches > 1) {
+    s->result.skipped = s->trained == 0;
+    if (s->trained > 0) {
+      s->result.loss = static_cast<float>(s->loss_sum / s->trained);
+      run->step_mean.Scale(1.f / static_cast<float>(s->trained));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::ReadBatch(StepState* s, RunState* run) {
+  permanent_ = true;  // A bad record recurs on a restart.
+  const double began = MonotonicSeconds();
+  bool have_batch = true;
+  if (run->have_next) {
+    run->batch = std::move(run->next_batch);
+    run->have_next = false;
+  } else {
+    ASSIGN_OR_RETURN(have_batch, run->reader->Next(&run->batch));
+  }
+  const double waited = MonotonicSeconds() - began;
+  run->total_input_wait += waited;
+  s->input_wait += waited;
+  permanent_ = false;
+  return have_batch ? absl::OkStatus() : DataEnded();
+}
+
+absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunState* run) {
+  if (input_stage_ == nullptr) return run->batch.features.data();
+  // The rows came back with the last step's exchange (or are pulled).
+  const double began = MonotonicSeconds();
+  absl::StatusOr<const float*> packed =
+      input_stage_->Features(run->batch, MinVersion(s.step), MinWorkerSteps(s.step));
+  RETURN_IF_ERROR(PermanentIfBadData(packed.status()));
+  run->exchange_waited += MonotonicSeconds() - began;
+  return packed;
+}
+
+TrainStepOptions JobTrainer::ExchangeHooks(StepState* s, RunState* run) {
+  TrainStepOptions options;
+  ModelRunner* model = run->model.get();
+  if (s->gated) {
+    // The forward takes each layer's parameters as the last step's
+    // exchange brings them; this step's exchange begins before backward.
+    options.params_from_host = !run->pending_uploads;
+    options.await_layer_params = [this, model, run](int layer) -> absl::Status {
+      const double began = MonotonicSeconds();
+      absl::Status arrived = exchange_->AwaitTensors(model->shape().layers[layer].param_ids);
+      run->exchange_waited += MonotonicSeconds() - began;
+      return arrived;
+    };
+    options.before_backward = [this, s, run] { return BeginExchange(*s, run); };
+  }
+  if (s->stream) {
+    // Each gradient goes to the exchange as backward finishes it.
+    options.gradient_queued = [this, model](int id, int64_t ticket) {
+      exchange_->GradientReady(id, [model, id, ticket] { return model->WaitGradient(id, ticket); });
+    };
+  }
+  return options;
+}
+
+absl::Status JobTrainer::BeginExchange(const StepState& s, RunState* run) {
+  RETURN_IF_ERROR(FinishPendingExchange(run));
+  if (s.checkpoint_due) exchange_->MarkNextPush(s.step + 1);
+  if (!s.stream) return absl::OkStatus();
+  exchange_->BeginPushPull(s.step, run->model_grads, MinVersion(s.step + 1),
+                           MinWorkerSteps(s.step + 1), run->model_params, stopped_, s.upload);
+  run->pending = true;
+  run->pending_step = s.step;
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::FinishPendingExchange(RunState* run) {
+  if (!run->pending) return absl::OkStatus();
+  const double began = MonotonicSeconds();
+  run->pending = false;
+  absl::Status finished = exchange_->FinishPushPull();
+  run->exchange_waited += MonotonicSeconds() - began;
+  RETURN_IF_ERROR(finished);
+  steps_completed_.store(run->pending_step + 1);
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::CaptureCheckpoint(StepState* s, const RunState& run) {
+  if (!s->checkpoint_due) return absl::OkStatus();
+  s->checkpoint.set_step(s->step + 1);
+  s->checkpoint.set_attempt(task_.attempt());
+  ASSIGN_OR_RETURN(*s->checkpoint.mutable_state(), SaveWorkerState(*run.model));
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::ExchangeSparseRows(const StepState& s, RunState* run) {
+  if (!run->sparse) return absl::OkStatus();
+  // The rows' gradients go, and the next batch's rows come, beside the
+  // dense exchange.
+  const Batch* next = nullptr;
+  if (!s.final_step) {
+    // A bad record recurs on a restart (as ReadBatch's).
+    permanent_ = true;
+    ASSIGN_OR_RETURN(run->have_next, run->reader->Next(&run->next_batch));
+    permanent_ = false;
+    if (!run->have_next) return DataEnded();
+    next = &run->next_batch;
+  }
+  return PermanentIfBadData(
+      input_stage_->Exchange(s.step, *run->model->whole_model(), next, MinVersion(s.step + 1),
+                             MinWorkerSteps(s.step + 1), s.checkpoint_due ? s.step + 1 : 0));
+}
+
+absl::Status JobTrainer::EndExchange(StepState* s, RunState* run) {
+  ModelRunner* model = run->model.get();
+  // A step that FP16 loss scaling skipped is pushed as skipped in every
+  // mode: the shards count it as this worker's step but take no gradient
+  // from it (a SYNC step completes with the workers that brought one; SSP's
+  // bound and the final pull see the worker's progress).
+  std::vector<const float*> grads =
+      s->batches > 1 ? run->step_mean.Gradients() : Gradients(*model, s->result.skipped);
+  if (run->push_every > 1) {
+    run->accumulated.Add(*model, grads);
+    grads = run->accumulated.Gradients();
+  }
+  const int64_t next = s->step + 1;
+  const double began = MonotonicSeconds();
+  if (s->stream) {
+    // In flight: the next step finishes it (or what needs the whole
+    // parameters first: an evaluation, a plain exchange, the end).
+    run->pending_uploads = s->upload != nullptr;
+  } else if (s->push && s->fetch) {
+    RETURN_IF_ERROR(
+        PushGradientsAndPull(model, s->step, grads, MinVersion(next), MinWorkerSteps(next)));
+  } else if (s->push) {
+    RETURN_IF_ERROR(PushGradients(s->step, grads));
+  } else if (s->fetch) {
+    RETURN_IF_ERROR(PullParameters(model, MinVersion(next), MinWorkerSteps(next)));
+  }
+  const double exchanged = MonotonicSeconds() - began;
+  run->total_exchange += exchanged;
+  s->exchange += exchanged;
+  if (s->push) run->accumulated.Clear();
+  // A last step pulls nothing; should the rank's steps grow, the next one
+  // pulls first.
+  run->pulled = !s->final_step;
+  if (!s->stream) steps_completed_.store(next);  // Else once its exchange is.
+  return absl::OkStatus();
+}
+
+void JobTrainer::RecordStep(const StepState& s, RunState* run) {
+  run->window_loss += s.result.loss;
+  ++run->window_steps;
+  run->window_examples += s.examples;
+  const double took = MonotonicSeconds() - s.began;
+  run->total_step_seconds += took;
+  const TrainerMetrics& metrics = run->metrics;
+  if (metrics.steps) {
+    metrics.steps->Increment();
+    metrics.examples->Increment(static_cast<double>(s.examples));
+    metrics.step_seconds->Observe(took);
+    metrics.compute_seconds->Observe(s.compute);
+    metrics.exchange_seconds->Observe(s.exchange);
+    metrics.input_wait_seconds->Observe(s.input_wait);
+  }
+}
+
+void JobTrainer::ReportProgress(StepState* s, bool last, RunState* run) {
+  const bool checkpoint = s->checkpoint.step() > 0;
+  if ((s->step + 1) % task_.spec().log_every_steps() != 0 && !last && !checkpoint) return;
+  const double now = MonotonicSeconds();
+  ReportProgressRequest progress;
+  // The steps whose exchange is done (an overlapped step's is still in
+  // flight): what a drain or a taker of the rank counts on.
+  progress.set_step(steps_completed_.load());
+  run->last_loss = run->window_loss / run->window_steps;
+  progress.set_loss(run->last_loss);
+  run->last_rate = run->window_examples / std::max(1e-9, now - run->window_start);
+  progress.set_examples_per_sec(run->last_rate);
+  if (run->metrics.loss) run->metrics.loss->Set(progress.loss());
+  if (run->metrics.examples_per_second) {
+    run->metrics.examples_per_second->Set(progress.examples_per_sec());
+  }
+  progress.set_finished(last && task_.rank() != 0);
+  if (checkpoint) *progress.mutable_checkpoint() = std::move(s->checkpoint);
+  Report(progress, /*final=*/progress.finished());
+  run->window_start = now;
+  run->window_loss = 0;
+  run->window_steps = run->window_examples = 0;
+}
+
+absl::Status JobTrainer::EvaluatePeriodically(const StepState& s, bool last, RunState* run) {
+  // Rank 0's evaluation of the parameters it just pulled (the last step's
+  // is the final one: EvaluateFinalModel).
+  const int64_t every = task_.spec().eval_every_steps();
+  const int64_t step = s.step + 1;
+  if (task_.rank() != 0 || every <= 0 || step % every != 0 || last) return absl::OkStatus();
+  const double began = MonotonicSeconds();
+  RETURN_IF_ERROR(FinishPendingExchange(run));
+  RETURN_IF_ERROR(input_stage_ ? input_stage_->Finish() : absl::OkStatus());
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchReader> test_set, OpenTestSet());
+  // The rows as of the parameters pulled: no wait.
+  ASSIGN_OR_RETURN(TestMetrics tested, EvaluateTestSet(run->model.get(), test_set.get(), 0, 0));
+  if (run->metrics.test_accuracy) run->metrics.test_accuracy->Set(tested.accuracy);
+  LogEvaluation(task_.job_id(), tested, absl::StrCat(" at step ", step));
+  ReportProgressRequest evaluated;
+  evaluated.set_step(step);
+  evaluated.set_loss(run->last_loss);
+  evaluated.set_examples_per_sec(run->last_rate);
+  Evaluation* evaluation = evaluated.mutable_evaluation();
+  evaluation->set_step(step);
+  evaluation->set_accuracy(tested.accuracy);
+  if (tested.auc) evaluation->set_auc(*tested.auc);
+  if (tested.log_loss) evaluation->set_log_loss(*tested.log_loss);
+  Report(evaluated, /*final=*/false);
+  // The evaluation is not training time.
+  run->window_start += MonotonicSeconds() - began;
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::FinishRun(RunState* run) {
+  RETURN_IF_ERROR(FinishPendingExchange(run));
+  if (input_stage_ != nullptr) RETURN_IF_ERROR(input_stage_->Finish());
+  if (run->total_step_seconds <= 0) return absl::OkStatus();
+  // Where a step's time went (the rest: accumulating, checkpoint state,
+  // progress reports).
+  const double total = run->total_step_seconds;
+  const int64_t trained = std::max<int64_t>(1, steps_.load() - run->first_step);
+  const double ms = 1000.0 / static_cast<double>(trained);
+  Log(absl::StrFormat(
+      "job %s: rank %d trained %d steps in %.2f s, %.1f%% of it waiting for input; per step "
+      "%.3f ms: input %.3f, compute %.3f, exchange %.3f, other %.3f",
+      task_.job_id(), task_.rank(), trained, total, 100 * run->total_input_wait / total, total * ms,
+      run->total_input_wait * ms, run->total_compute * ms, run->total_exchange * ms,
+      (total - run->total_input_wait - run->total_compute - run->total_exchange) * ms));
+  return absl::OkStatus();
+}
+
+absl::Status JobTrainer::EvaluateFinalModel(RunState* run) {
+  // Every worker's last update applied.
+  const bool sync = task_.spec().consistency().mode() == ConsistencySpec::SYNC;
+  const int64_t final_version = sync ? JobSteps() : 0;
+  const int64_t final_worker_steps = sync ? 0 : JobSteps();
+  RETURN_IF_ERROR(PullParameters(run->model.get(), final_version, final_worker_steps));
+  ASSIGN_OR_RETURN(TestMetrics tested, EvaluateTestSet(run->model.get(), run->test_reader.get(),
+                                                       final_version, final_worker_steps));
+  if (run->metrics.test_accuracy) run->metrics.test_accuracy->Set(tested.accuracy);
+  ReportProgressRequest done;
+  if (task_.checkpoints()) {
+    // The final checkpoint: what export takes away.
+    RETURN_IF_ERROR(exchange_->CaptureNow(JobSteps(), steps_.load() - 1, stopped_));
+    done.mutable_checkpoint()->set_step(JobSteps());
+    done.mutable_checkpoint()->set_attempt(task_.attempt());
+    ASSIGN_OR_RETURN(*done.mutable_checkpoint()->mutable_state(), SaveWorkerState(*run->model));
+  }
+  LogEvaluation(task_.job_id(), tested, "");
+  done.set_step(steps_.load());
+  done.set_loss(run->last_loss);
+  done.set_finished(true);
+  done.set_has_test_accuracy(true);
+  done.set_test_accuracy(tested.accuracy);
+  if (tested.auc) done.set_test_auc(*tested.auc);
+  if (tested.log_loss) done.set_test_log_loss(*tested.log_loss);
+  Report(done, /*final=*/true);
+  return absl::OkStatus();
+}
+
+}  // namespace downpour
