@@ -48,7 +48,8 @@ class FakeCoordinator : public Coordinator {
   absl::StatusOr<NodeInfo> CordonNode(const std::string& node_id, bool cordoned) override;
   absl::StatusOr<JobLogsResponse> JobLogs(const JobLogsRequest& request) override;
 
-  // The tasks node `node_id`'s heartbeats hand it from now on.
+  // The tasks node `node_id`'s heartbeats hand it from now on (a task without
+  // a step target gets the spec's `steps`, as the coordinator fills it).
   void SetTasks(const std::string& node_id, std::vector<Task> tasks);
   // Down: every call fails with Unavailable.
   void SetUp(bool up);

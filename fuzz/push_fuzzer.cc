@@ -25,10 +25,12 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/status.h"
 #include "fuzz/fuzz_check.h"
 #include "fuzz/received_message.h"
 #include "google/protobuf/text_format.h"
 #include "ps/parameter_store.h"
+#include "rpc/grpc_status.h"
 #include "rpc/shard_service.h"
 #include "rpc/tensor_wire.h"
 
@@ -156,8 +158,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   downpour::TensorMessage again;
   const grpc::Status retried = service.Push(&context, &request, &again);
   downpour::PushResponse second;
-  const bool diverged = retried.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-                        retried.error_message().find("diverged") != std::string::npos;
+  const bool diverged = downpour::IsDiverged(downpour::FromGrpcStatus(retried));
   FUZZ_CHECK(
       diverged || (retried.ok() && second.ParseFromString(again.header) && second.duplicate()),
       "an accepted push sent again is not a duplicate: ", retried.error_message());
