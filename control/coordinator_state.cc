@@ -637,6 +637,7 @@ absl::Status CoordinatorState::StartJob(const JobStatus& pending, Placement plac
   job.set_state(RUNNING);
   job.set_message("");
   job.set_start_time_ms(ToMillis(options_.now()));
+  if (job.first_start_time_ms() == 0) job.set_first_start_time_ms(job.start_time_ms());
   job.set_attempt(job.attempt() + 1);
   job.set_checkpoint_requested_ms(0);
   job.set_not_before_ms(0);
