@@ -182,6 +182,23 @@ void AddProcessMetrics(MetricsRegistry* registry) {
   registry->AddCollector(collect);
 }
 
+absl::StatusOr<int64_t> ParseMemoryLimitFlag(const std::string& flag, const std::string& value,
+                                             double share) {
+  if (value == "auto") {
+    absl::StatusOr<double> may_use = ReadMemoryLimit();
+    return may_use.ok() ? static_cast<int64_t>(share * *may_use) : 0;
+  }
+  int64_t bytes = 0;
+  if (!absl::SimpleAtoi(value, &bytes) || bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", value, " is not a memory limit: give auto (",
+                     static_cast<int>(share * 100),
+                     "% of what this process may use: its cgroup's limit, else the machine's "
+                     "memory), 0 (no limit) or a number of bytes"));
+  }
+  return bytes;
+}
+
 void AddBuildInfo(MetricsRegistry* registry, const std::string& daemon) {
   registry
       ->GetGauge("downpour_build_info",

@@ -40,6 +40,17 @@ absl::StatusOr<double> ReadMemoryLimit(const std::string& proc_root = "/proc",
                                        const std::string& cgroup_root = "/sys/fs/cgroup",
                                        const std::string& pid = "self");
 
+// What a daemon's memory budget is by default ("auto"): this share of what
+// its process may use; the rest is the process's own.
+inline constexpr double kAutoMemoryShare = 0.8;
+
+// A daemon's memory budget flag (--memory_limit, --device_memory_limit):
+// "auto" is `share` of what the process may use (ReadMemoryLimit), "0" no
+// limit, else a number of bytes. InvalidArgument naming `flag` for anything
+// else; an unreadable limit with "auto" means no limit.
+absl::StatusOr<int64_t> ParseMemoryLimitFlag(const std::string& flag, const std::string& value,
+                                             double share);
+
 // Exports `name` (a gauge) as ReadMemoryLimit's, read at every exposition:
 // the limit a daemon's memory alert compares its use with.
 void AddMemoryLimit(MetricsRegistry* registry, const std::string& name, const std::string& help);

@@ -298,6 +298,9 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& re
   JobSpec spec = request.spec();
   ApplyJobDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec).status());
+  // A job the cluster could not hold even idle is refused now, not left to
+  // fail (or take daemons down with it) when it starts.
+  RETURN_IF_ERROR(CheckFits(spec, nodes_.Alive(), Placing()));
   // Initial weights are read (and checked) before the job exists.
   std::optional<SafetensorsFile> init;
   std::string init_from;
@@ -667,7 +670,8 @@ void CoordinatorState::SchedulePending() {
     // A job restarting after a failure waits out its back-off.
     if (job->not_before_ms() <= now_ms) jobs.push_back(job);
   }
-  for (ScheduleDecision& decision : control::SchedulePending(jobs, nodes_.Available())) {
+  for (ScheduleDecision& decision :
+       control::SchedulePending(jobs, nodes_.Available(), Placing())) {
     JobStatus job = *jobs_.Find(decision.job_id);
     switch (decision.action) {
       case ScheduleDecision::Action::kWait:
@@ -700,6 +704,12 @@ void CoordinatorState::Tick() {
   NoteWrite("the jobs' log lines and progress", history_.Flush());
   jobs_.Wake();
   history_.Wake();
+}
+
+control::ScheduleOptions CoordinatorState::Placing() const {
+  control::ScheduleOptions options;
+  options.checkpoints = !checkpoints_.root().empty();
+  return options;
 }
 
 bool CoordinatorState::Saves(const JobStatus& job) {

@@ -49,6 +49,7 @@
 #include "control/job_table.h"
 #include "control/node_registry.h"
 #include "control/rank_handover.h"
+#include "control/scheduler.h"
 #include "control/tensorboard_writer.h"
 #include "proto/coordinator.pb.h"
 #include "proto/job.pb.h"
@@ -202,6 +203,8 @@ class CoordinatorState : public Coordinator {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Helpers ----
+  // How jobs are placed: what their shards hold depends on checkpoints.
+  control::ScheduleOptions Placing() const;
   // The job's tasks for `node` (a heartbeat's answer).
   void AddTasks(const NodeInfo& node, HeartbeatResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -193,6 +193,15 @@ std::vector<NodeInfo> NodeRegistry::Available() {
   return out;
 }
 
+std::vector<NodeInfo> NodeRegistry::Alive() {
+  absl::MutexLock lock(&mu_);
+  std::vector<NodeInfo> out;
+  for (const auto& [id, node] : nodes_) {
+    if (Alive(node)) out.push_back(node.info);
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> NodeRegistry::Silent() {
   const absl::Time now = options_.now();
   absl::MutexLock lock(&mu_);

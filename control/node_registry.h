@@ -100,6 +100,8 @@ class NodeRegistry {
   // Nodes that may take new work: alive, heard since this coordinator
   // started, neither draining nor cordoned.
   std::vector<NodeInfo> Available();
+  // Nodes alive now (busy, draining or cordoned ones too).
+  std::vector<NodeInfo> Alive();
 
   // Nodes recorded alive that have been silent past their deadline, each
   // with the sentence that says so.

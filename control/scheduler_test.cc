@@ -80,6 +80,82 @@ TEST(SchedulerTest, FailsAJobThatCannotBePlaced) {
   EXPECT_FALSE(decisions[0].message.empty());
 }
 
+// A node with a memory budget on a host whose daemons may use `host` bytes.
+NodeInfo Sized(const std::string& id, NodeRole role, int64_t limit, const std::string& hostname,
+               int64_t host) {
+  NodeInfo node = Node(id, role);
+  node.set_memory_limit_bytes(limit);
+  node.set_hostname(hostname);
+  node.set_host_memory_bytes(host);
+  return node;
+}
+
+// SmallMlpJob (195 parameters, SGD, SYNC) with its first layer `units` wide.
+JobStatus Wide(const std::string& id, JobState state, int64_t units) {
+  JobStatus job = Job(id, state, 1, 1);
+  job.mutable_spec()->mutable_model()->mutable_layer(0)->mutable_dense()->set_units(units);
+  return job;
+}
+
+TEST(SchedulerTest, AJobWaitsForMemoryAndTakesTheShardsThatHaveRoom) {
+  // 8 -> 1000 -> 3: 12,003 parameters, 96 KB on its shard (value and SYNC
+  // sum); about 100 KB on its worker with a batch of 4.
+  JobStatus running = Wide("running", RUNNING, 1000);
+  JobStatus pending = Wide("pending", PENDING, 1000);
+  const int64_t kMiB = 1 << 20;
+  std::vector<NodeInfo> nodes = {Sized("s1", SHARD, 150 << 10, "a", 64 * kMiB),
+                                 Sized("s2", SHARD, 0, "b", 64 * kMiB),
+                                 Sized("w1", WORKER, 0, "a", 64 * kMiB),
+                                 Sized("w2", WORKER, 0, "b", 64 * kMiB)};
+  running.mutable_placement()->add_worker_nodes("w1");
+  running.mutable_placement()->add_shard_nodes("s1");
+  std::vector<ScheduleDecision> decisions = SchedulePending({&running, &pending}, nodes);
+  ASSERT_EQ(decisions.size(), 1u);
+  // s1 (less loaded than none, but full) is passed over for s2.
+  EXPECT_EQ(decisions[0].action, Action::kStart);
+  EXPECT_THAT(decisions[0].placement.shard_nodes(), ElementsAre("s2"));
+  EXPECT_THAT(decisions[0].placement.worker_nodes(), ElementsAre("w2"));
+
+  // Host b is small: the job waits, saying which limit holds it back.
+  nodes[1].set_host_memory_bytes(100 << 10);
+  nodes[3].set_host_memory_bytes(100 << 10);
+  decisions = SchedulePending({&running, &pending}, nodes);
+  ASSERT_EQ(decisions.size(), 1u);
+  EXPECT_EQ(decisions[0].action, Action::kWait);
+  EXPECT_THAT(decisions[0].message, HasSubstr("waiting for memory: it needs about "));
+  // The first node passed over says why: s2, the least loaded, on host b.
+  EXPECT_THAT(decisions[0].message,
+              HasSubstr("the daemons on host b may hold 80.0 KiB together (80% of its memory)"));
+}
+
+TEST(SchedulerTest, AJobTooLargeForTheNodesEvenIdleIsRefusedNamingTheLimit) {
+  // The Fashion-MNIST MLP with a 784 -> 2,000,000 layer: 6.3 GB of weights.
+  JobStatus job = Wide("huge", PENDING, 2000000);
+  job.mutable_spec()->mutable_model()->set_input_shape(0, 784);
+  const int64_t kGiB = int64_t{1} << 30;
+  // Two shards and two workers on one 24 GiB host, as the demo runs them.
+  const std::vector<NodeInfo> nodes = {
+      Sized("s1", SHARD, 0, "box", 24 * kGiB), Sized("s2", SHARD, 0, "box", 24 * kGiB),
+      Sized("w1", WORKER, 0, "box", 24 * kGiB), Sized("w2", WORKER, 0, "box", 24 * kGiB)};
+  job.mutable_spec()->set_num_workers(2);
+  job.mutable_spec()->set_num_shards(2);
+  ScheduleOptions saved;
+  saved.checkpoints = true;
+  absl::Status fits = CheckFits(job.spec(), nodes, saved);
+  EXPECT_EQ(fits.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(fits.message(), HasSubstr("the job needs about "));
+  EXPECT_THAT(fits.message(), HasSubstr("the daemons on host box may hold 19.2 GiB together"));
+  EXPECT_THAT(fits.message(), HasSubstr("num_shards"));
+  // The small job fits; too few nodes to tell waits instead.
+  EXPECT_TRUE(CheckFits(Wide("small", PENDING, 16).spec(), nodes, saved).ok());
+  EXPECT_TRUE(CheckFits(job.spec(), {nodes[0], nodes[2]}, saved).ok());
+  // Nodes that say nothing of their memory take anything.
+  EXPECT_TRUE(CheckFits(job.spec(), {Node("s1", SHARD), Node("s2", SHARD), Node("w1", WORKER),
+                                     Node("w2", WORKER)},
+                        saved)
+                  .ok());
+}
+
 }  // namespace
 }  // namespace control
 }  // namespace downpour

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "kernels/optimizer.h"
+#include "spec/memory_needs.h"
 
 namespace downpour {
 namespace {
@@ -86,6 +88,20 @@ TEST(LrScheduleTest, OptimizerKindOf) {
   EXPECT_EQ(OptimizerKindOf(spec).value(), OptimizerKind::kAdagrad);
   spec.set_kind(static_cast<OptimizerSpec::Kind>(42));
   EXPECT_EQ(OptimizerKindOf(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The coordinator admits a job with spec/memory_needs's slot count; the
+// shard's optimizer allocates NumOptimizerSlots of them.
+TEST(OptimizerKindOfTest, SlotsAgreeWithWhatAdmissionCounts) {
+  for (OptimizerSpec::Kind kind : {OptimizerSpec::SGD, OptimizerSpec::MOMENTUM,
+                                   OptimizerSpec::ADAGRAD, OptimizerSpec::ADAM}) {
+    OptimizerSpec spec;
+    spec.set_kind(kind);
+    spec.set_learning_rate(0.1f);
+    absl::StatusOr<OptimizerKind> ours = OptimizerKindOf(spec);
+    ASSERT_TRUE(ours.ok()) << ours.status();
+    EXPECT_EQ(NumOptimizerSlots(*ours), OptimizerSlots(kind)) << kind;
+  }
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "ps/rank_ordered_sum.h"
 #include "ps/request_dedup.h"
 #include "spec/job_validation.h"
+#include "spec/memory_needs.h"
 #include "spec/limits.h"
 #include "spec/params.h"
 #include "spec/shard_map.h"
@@ -147,13 +148,10 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   job->attempt = attempt;
   const int num_slots = NumOptimizerSlots(job->optimizer);
   if (budget_ != nullptr) {
-    // Values and slots, spare ones for checkpoints, the SYNC sum.
-    int64_t floats = 0;
-    for (const PartitionPlacement& placement : partitions) {
-      if (placement.shard() != shard_index) continue;
-      floats += placement.num_elements() * ((1 + num_slots) * (sink_ ? 2 : 1) + job->sync());
-    }
-    const int64_t bytes = floats * kFloatBytes;
+    // Values and slots, spare ones for checkpoints, the SYNC sum: what the
+    // coordinator admitted the job against.
+    const int64_t bytes =
+        ShardPartitionBytes(partitions, shard_index, num_slots, sink_ != nullptr, job->sync());
     if (!budget_->TryReserve(bytes)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           where, ": its partitions need ", bytes, " bytes on this shard, more than the ",

@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "common/log.h"
 #include "common/net_address.h"
+#include "common/process_metrics.h"
 #include "common/status.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "rpc/server_metrics.h"
@@ -179,6 +180,10 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(
   agent.self.set_metrics_address(AdvertisedMetrics(daemon->metrics_server_.get(), address));
   for (const std::string& device : options.devices) agent.self.add_devices(device);
   agent.self.set_checkpoints(options.checkpoints);
+  agent.self.set_memory_limit_bytes(options.memory_limit_bytes);
+  // Unreadable (no procfs): the coordinator knows nothing of the host.
+  absl::StatusOr<double> host_memory = ReadMemoryLimit();
+  if (host_memory.ok()) agent.self.set_host_memory_bytes(static_cast<int64_t>(*host_memory));
   agent.add_to_heartbeat = options.add_to_heartbeat;
   ASSIGN_OR_RETURN(daemon->agent_,
                    NodeAgent::Start(agent, daemon->coordinator_.get(), std::move(on_tasks)));

@@ -87,6 +87,10 @@ class NodeDaemon {
     std::vector<std::string> devices;  // A worker's compute devices, advertised.
     // A shard that writes checkpoints (it has a --checkpoint_root).
     bool checkpoints = false;
+    // What the node may hold for its jobs (NodeInfo.memory_limit_bytes; 0:
+    // no limit). What its process may use of the host's memory is read at
+    // start (common/process_metrics.h) and registered beside it.
+    int64_t memory_limit_bytes = 0;
     // See NodeAgent::Options.
     std::function<void(HeartbeatRequest*)> add_to_heartbeat;
     // TLS for the server (client certificates required: only nodes call a

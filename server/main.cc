@@ -27,11 +27,13 @@
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and read from, ROOT/JOB_ID/step-S/ (in a cluster, "
           "a filesystem the coordinator and every shard share); empty: this shard writes none");
-ABSL_FLAG(int64_t, memory_limit, 0,
-          "Bytes the shard may hold for its jobs (0: no limit): each job's partitions are "
-          "reserved when it is hosted (a job that does not fit is refused), and sparse table rows "
-          "as they are created (past it a table with max_rows evicts its rows; one without fails "
-          "the job with ResourceExhausted)");
+ABSL_FLAG(std::string, memory_limit, "auto",
+          "Bytes the shard may hold for its jobs: auto (80% of what the process may use: its "
+          "cgroup's limit, else the machine's memory), 0 (no limit) or a number: each job's "
+          "partitions are reserved when it is hosted (a job that does not fit is refused), and "
+          "sparse table rows as they are created (past it a table with max_rows evicts its rows; "
+          "one without fails the job with ResourceExhausted). The coordinator places jobs only "
+          "where they fit it");
 ABSL_FLAG(int32_t, drain_timeout_s, 120,
           "On SIGTERM, how long the shard keeps serving while the coordinator checkpoints its "
           "jobs and moves them to other shards; it exits once they are moved or this passes");
@@ -46,10 +48,10 @@ int Main() {
   if (absl::GetFlag(FLAGS_drain_timeout_s) < 0) {
     return ExitWithError(absl::InvalidArgumentError("--drain_timeout_s must not be negative"));
   }
-  if (absl::GetFlag(FLAGS_memory_limit) < 0) {
-    return ExitWithError(
-        absl::InvalidArgumentError("--memory_limit must not be negative (bytes; 0: no limit)"));
-  }
+  absl::StatusOr<int64_t> memory_limit =
+      ParseMemoryLimitFlag("memory_limit", absl::GetFlag(FLAGS_memory_limit), kAutoMemoryShare);
+  if (!memory_limit.ok()) return ExitWithError(memory_limit.status());
+  options.memory_limit_bytes = *memory_limit;
   const std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   std::unique_ptr<CheckpointWriter> writer;
   if (!checkpoint_root.empty()) {
@@ -62,7 +64,7 @@ int Main() {
   AddProcessMetrics(&metrics);
   AddMemoryLimit(&metrics, "downpour_ps_memory_limit_bytes",
                  "Memory the shard may use: its cgroup's limit, else the machine's.");
-  MemoryBudget budget(absl::GetFlag(FLAGS_memory_limit));
+  MemoryBudget budget(*memory_limit);
   AddMemoryBudgetMetrics(&budget, &metrics);
   ParameterStore store(&budget);
   if (writer != nullptr) {

@@ -55,6 +55,41 @@ TEST_F(ClusterTest, SyncTwoShardsTwoWorkersTrainsFashionMnist) {
   EXPECT_EQ(job.placement().shard_nodes_size(), 2);
 }
 
+// The issue that motivated admission: a spec whose layer is 784 x 2,000,000
+// (a 6.3 GB weight, under the 32 GiB model limit) used to get the shards
+// and a worker OOM-killed within seconds, then restart to do it again.
+TEST_F(ClusterTest, AJobThatCannotFitIsRefusedAtSubmitAndTheClusterTrainsOn) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t total_kb = 0;
+  meminfo >> key >> total_kb;
+  // Two workers and two shards of it need about 50 GB on one host.
+  if (total_kb > (int64_t{48} << 20)) {
+    GTEST_SKIP() << "this machine (" << (total_kb >> 20) << " GiB) could hold the job";
+  }
+  StartCluster(2, 2);
+  CommandResult running =
+      cluster_->Ctl({"submit", WriteSpec(FashionMlpSpec("SYNC", 1, 2, 600)), "--job_id=small"});
+  ASSERT_EQ(running.exit_code, 0) << running.err;
+  CommandResult huge = cluster_->Ctl(
+      {"submit", WriteSpec(FashionMlpSpec("SYNC", 1, 2, 100, /*units=*/2000000)), "--job_id=huge"});
+  EXPECT_EQ(huge.exit_code, 1) << huge.out << huge.err;
+  EXPECT_THAT(huge.err, ::testing::HasSubstr("the job needs about "));
+  EXPECT_THAT(huge.err, ::testing::HasSubstr("more than the 4 registered nodes can hold"));
+  EXPECT_EQ(std::count(huge.err.begin(), huge.err.end(), '\n'), 1) << huge.err;
+  // Nothing was queued, every daemon is up, and the other job trains on.
+  EXPECT_FALSE(cluster_->Ctl({"get", "huge"}).exit_code == 0);
+  CommandResult waited = cluster_->Ctl({"wait", "small"});
+  EXPECT_EQ(waited.exit_code, 0) << waited.out << waited.err << cluster_->Logs();
+  CommandResult nodes = cluster_->Ctl({"-o", "json", "nodes"});
+  ASSERT_EQ(nodes.exit_code, 0) << nodes.err;
+  size_t alive = 0;
+  for (size_t at = 0; (at = nodes.out.find("\"alive\": true", at)) != std::string::npos; ++at) {
+    ++alive;
+  }
+  EXPECT_EQ(alive, 4u) << nodes.out;
+}
+
 TEST_F(ClusterTest, AsyncThreeShardsThreeWorkersTrainsFashionMnist) {
   StartCluster(3, 3);
   JobStatus job = RunJob(FashionMlpSpec("ASYNC", 3, 3, 250), "async-job");

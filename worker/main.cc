@@ -44,11 +44,13 @@ ABSL_FLAG(std::string, devices, "auto",
           "without CUDA refuses device numbers). A model replica runs on each device, or, for a "
           "job split into pipeline stages (model.pipeline), stage i on the i-th device (one per "
           "stage; 'cpu': every stage on the CPU)");
-ABSL_FLAG(int64_t, device_memory_limit, 0,
+ABSL_FLAG(std::string, device_memory_limit, "auto",
           "The most compute memory, in bytes, that each model replica or pipeline stage may hold "
           "on its device (parameters, gradients, activations, workspace, reduced weight copies); "
-          "a job that needs more fails naming the device. 0: no limit but the device's own. "
-          "Tries on a large GPU whether a model fits a smaller one, whole or in pipeline stages");
+          "a job that needs more fails naming the device. auto: on the CPU 80% of what the "
+          "process may use (its cgroup's limit, else the machine's memory), on GPUs the device's "
+          "own; 0: no limit. The coordinator places jobs only where they fit it. Tries on a large "
+          "GPU whether a model fits a smaller one, whole or in pipeline stages");
 ABSL_FLAG(int64_t, pull_timeout_ms, 120000,
           "How long a pull may wait for other workers or a shard before the job fails");
 ABSL_FLAG(int64_t, push_timeout_ms, 30000,
@@ -134,10 +136,6 @@ int Main() {
   absl::StatusOr<data::DataRoots> roots =
       data::DataRoots::Create(absl::GetFlag(FLAGS_data_dir), data_roots);
   if (!roots.ok()) return ExitWithError(roots.status());
-  if (absl::GetFlag(FLAGS_device_memory_limit) < 0) {
-    return ExitWithError(absl::InvalidArgumentError(
-        "--device_memory_limit must not be negative (bytes per device; 0: no limit)"));
-  }
   if (absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
     return ExitWithError(absl::InvalidArgumentError("--job_metrics_grace_s must not be negative"));
   }
@@ -150,6 +148,25 @@ int Main() {
     daemon_options.devices.push_back(*name);
   }
   if (daemon_options.devices.empty()) daemon_options.devices.push_back("cpu");
+  // On the CPU the model shares the host's memory with everything else:
+  // "auto" budgets it; on a GPU the device's own size is the limit.
+  const std::string memory_flag = absl::GetFlag(FLAGS_device_memory_limit);
+  absl::StatusOr<int64_t> memory_limit =
+      ParseMemoryLimitFlag("device_memory_limit", memory_flag,
+                           devices->empty() ? kAutoMemoryShare : 0.0);
+  if (!memory_limit.ok()) return ExitWithError(memory_limit.status());
+  daemon_options.memory_limit_bytes = *memory_limit;
+  if (memory_flag == "auto" && !devices->empty()) {
+    // The smallest device's memory, as the coordinator's budget.
+    for (int d : *devices) {
+      absl::StatusOr<std::pair<int64_t, int64_t>> used_total = GpuMemoryUsedAndTotal(d);
+      if (!used_total.ok()) continue;
+      if (daemon_options.memory_limit_bytes == 0 ||
+          used_total->second < daemon_options.memory_limit_bytes) {
+        daemon_options.memory_limit_bytes = used_total->second;
+      }
+    }
+  }
 
   MetricsRegistry metrics;
   AddBuildInfo(&metrics, "downpour-worker");
@@ -166,7 +183,8 @@ int Main() {
   // One model replica per listed GPU (or one on the CPU), or a pipeline
   // stage per listed GPU for a job whose model is split into stages.
   trainer_options.devices = *devices;
-  trainer_options.device_memory_limit = absl::GetFlag(FLAGS_device_memory_limit);
+  // On GPUs "auto" caps nothing: the device's own size is the limit.
+  trainer_options.device_memory_limit = *memory_limit;
   trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
   trainer_options.data_roots = data_roots;
   trainer_options.exchange.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));

@@ -115,7 +115,9 @@ absl::Status JobTrainer::Run() {
   } else if (!status.ok() && !cancelled_.load() && !job_ended_.load()) {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
-    failed.set_permanent(permanent_);
+    // Memory refused (a shard's budget, the device's) is refused again on a
+    // restart: the job fails once, saying so.
+    failed.set_permanent(permanent_ || absl::IsResourceExhausted(status));
     // Marked where the loss (here) or a gradient (a shard) was not finite.
     failed.set_diverged(IsDiverged(status));
     CountFailure(options_.metrics, FailureReason(status, failed.diverged()));
