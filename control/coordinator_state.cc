@@ -670,8 +670,7 @@ void CoordinatorState::SchedulePending() {
     // A job restarting after a failure waits out its back-off.
     if (job->not_before_ms() <= now_ms) jobs.push_back(job);
   }
-  for (ScheduleDecision& decision :
-       control::SchedulePending(jobs, nodes_.Available(), Placing())) {
+  for (ScheduleDecision& decision : control::SchedulePending(jobs, nodes_.Available(), Placing())) {
     JobStatus job = *jobs_.Find(decision.job_id);
     switch (decision.action) {
       case ScheduleDecision::Action::kWait:

@@ -62,8 +62,11 @@ class MemoryLedger {
   std::optional<std::string> WhyNot(const NodeInfo& node, int64_t bytes) const {
     const int64_t used = Get(node_used_, node.id());
     if (node.memory_limit_bytes() > 0 && used + bytes > node.memory_limit_bytes()) {
-      return absl::StrCat(node.id(), " may hold ", ByteSize(node.memory_limit_bytes()),
-                          used > 0 ? absl::StrCat(" (", ByteSize(used), " taken)") : "");
+      return absl::StrCat(
+          node.role() == SHARD ? "shard " : "worker ", node.id(), " may hold ",
+          ByteSize(node.memory_limit_bytes()),
+          node.role() == SHARD ? " (its --memory_limit)" : " (its --device_memory_limit)",
+          used > 0 ? absl::StrCat(", ", ByteSize(used), " of it taken") : "");
     }
     auto budget = host_budget_.find(node.hostname());
     if (budget == host_budget_.end()) return std::nullopt;
@@ -94,7 +97,8 @@ struct Choice {
   std::string short_of;
 };
 
-Choice Choose(const JobSpec& spec, const JobNeeds& needs, const std::vector<const NodeInfo*>& shards,
+Choice Choose(const JobSpec& spec, const JobNeeds& needs,
+              const std::vector<const NodeInfo*>& shards,
               const std::vector<const NodeInfo*>& workers, MemoryLedger* ledger) {
   Choice choice;
   auto pick = [&](const std::vector<const NodeInfo*>& candidates, int64_t need,
@@ -192,8 +196,8 @@ std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*
     MemoryLedger trial = ledger;
     Choice choice = Choose(spec, *needs, shards, workers, &trial);
     if (!Complete(spec, choice)) {
-      decision.message = absl::StrCat("waiting for memory: it needs ", Needs(spec, *needs), "; ",
-                                      choice.short_of);
+      decision.message =
+          absl::StrCat("waiting for memory: it needs ", Needs(spec, *needs), "; ", choice.short_of);
       decisions.push_back(std::move(decision));
       continue;
     }
@@ -230,8 +234,8 @@ absl::Status CheckFits(const JobSpec& spec, const std::vector<NodeInfo>& nodes,
       "the job needs ", Needs(spec, needs),
       " (parameters, optimizer state and checkpoint copies on a shard; parameters, gradients "
       "and a batch's activations on a worker), more than the ",
-      workers.size() + shards.size(), " registered nodes can hold with no other job running: ",
-      choice.short_of,
+      workers.size() + shards.size(),
+      " registered nodes can hold with no other job running: ", choice.short_of,
       "; shrink the model or its batch, spread it over more shards (num_shards), or add nodes "
       "with more memory"));
 }

@@ -103,10 +103,9 @@ TEST(SchedulerTest, AJobWaitsForMemoryAndTakesTheShardsThatHaveRoom) {
   JobStatus running = Wide("running", RUNNING, 1000);
   JobStatus pending = Wide("pending", PENDING, 1000);
   const int64_t kMiB = 1 << 20;
-  std::vector<NodeInfo> nodes = {Sized("s1", SHARD, 150 << 10, "a", 64 * kMiB),
-                                 Sized("s2", SHARD, 0, "b", 64 * kMiB),
-                                 Sized("w1", WORKER, 0, "a", 64 * kMiB),
-                                 Sized("w2", WORKER, 0, "b", 64 * kMiB)};
+  std::vector<NodeInfo> nodes = {
+      Sized("s1", SHARD, 150 << 10, "a", 64 * kMiB), Sized("s2", SHARD, 0, "b", 64 * kMiB),
+      Sized("w1", WORKER, 0, "a", 64 * kMiB), Sized("w2", WORKER, 0, "b", 64 * kMiB)};
   running.mutable_placement()->add_worker_nodes("w1");
   running.mutable_placement()->add_shard_nodes("s1");
   std::vector<ScheduleDecision> decisions = SchedulePending({&running, &pending}, nodes);
@@ -150,10 +149,11 @@ TEST(SchedulerTest, AJobTooLargeForTheNodesEvenIdleIsRefusedNamingTheLimit) {
   EXPECT_TRUE(CheckFits(Wide("small", PENDING, 16).spec(), nodes, saved).ok());
   EXPECT_TRUE(CheckFits(job.spec(), {nodes[0], nodes[2]}, saved).ok());
   // Nodes that say nothing of their memory take anything.
-  EXPECT_TRUE(CheckFits(job.spec(), {Node("s1", SHARD), Node("s2", SHARD), Node("w1", WORKER),
-                                     Node("w2", WORKER)},
-                        saved)
-                  .ok());
+  EXPECT_TRUE(
+      CheckFits(job.spec(),
+                {Node("s1", SHARD), Node("s2", SHARD), Node("w1", WORKER), Node("w2", WORKER)},
+                saved)
+          .ok());
 }
 
 }  // namespace

@@ -93,8 +93,8 @@ TEST(LrScheduleTest, OptimizerKindOf) {
 // The coordinator admits a job with spec/memory_needs's slot count; the
 // shard's optimizer allocates NumOptimizerSlots of them.
 TEST(OptimizerKindOfTest, SlotsAgreeWithWhatAdmissionCounts) {
-  for (OptimizerSpec::Kind kind : {OptimizerSpec::SGD, OptimizerSpec::MOMENTUM,
-                                   OptimizerSpec::ADAGRAD, OptimizerSpec::ADAM}) {
+  for (OptimizerSpec::Kind kind :
+       {OptimizerSpec::SGD, OptimizerSpec::MOMENTUM, OptimizerSpec::ADAGRAD, OptimizerSpec::ADAM}) {
     OptimizerSpec spec;
     spec.set_kind(kind);
     spec.set_learning_rate(0.1f);

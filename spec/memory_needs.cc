@@ -35,8 +35,8 @@ int OptimizerSlots(OptimizerSpec::Kind kind) {
   }
 }
 
-int64_t ShardPartitionBytes(const std::vector<PartitionPlacement>& partitions, int shard,
-                            int slots, bool checkpoints, bool sync) {
+int64_t ShardPartitionBytes(const std::vector<PartitionPlacement>& partitions, int shard, int slots,
+                            bool checkpoints, bool sync) {
   int64_t floats = 0;
   for (const PartitionPlacement& placement : partitions) {
     if (placement.shard() != shard) continue;
@@ -56,11 +56,10 @@ absl::StatusOr<std::vector<int64_t>> ShardMemoryNeeds(
   ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec.model()));
   for (const SparseTableInfo& table : shape.sparse_tables) {
     if (table.max_rows <= 0) continue;
-    const int table_slots = OptimizerSlots(
-        table.has_optimizer ? table.optimizer.kind() : spec.optimizer().kind());
-    const int64_t row_bytes =
-        table.dim * (1 + table_slots) * kFloatBytes * (checkpoints ? 2 : 1) +
-        kSparseRowOverheadBytes;
+    const int table_slots =
+        OptimizerSlots(table.has_optimizer ? table.optimizer.kind() : spec.optimizer().kind());
+    const int64_t row_bytes = table.dim * (1 + table_slots) * kFloatBytes * (checkpoints ? 2 : 1) +
+                              kSparseRowOverheadBytes;
     // A table's rows are spread over every shard by id.
     const int64_t per_shard = (table.max_rows + spec.num_shards() - 1) / spec.num_shards();
     for (int64_t& need : needs) need += per_shard * row_bytes;

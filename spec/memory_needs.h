@@ -32,8 +32,8 @@ int OptimizerSlots(OptimizerSpec::Kind kind);
 
 // Bytes shard `shard` reserves for its `partitions` of a job whose optimizer
 // has `slots` slots.
-int64_t ShardPartitionBytes(const std::vector<PartitionPlacement>& partitions, int shard,
-                            int slots, bool checkpoints, bool sync);
+int64_t ShardPartitionBytes(const std::vector<PartitionPlacement>& partitions, int shard, int slots,
+                            bool checkpoints, bool sync);
 
 // What each of the job's shards holds (index = shard), dense partitions and
 // bounded sparse tables. REQUIRES: `spec` validated (ApplyJobDefaults).

@@ -136,6 +136,12 @@ int Main() {
   absl::StatusOr<data::DataRoots> roots =
       data::DataRoots::Create(absl::GetFlag(FLAGS_data_dir), data_roots);
   if (!roots.ok()) return ExitWithError(roots.status());
+  // Checked before the devices are looked at (they may say something).
+  const std::string memory_flag = absl::GetFlag(FLAGS_device_memory_limit);
+  if (absl::Status valid = ParseMemoryLimitFlag("device_memory_limit", memory_flag, 0).status();
+      !valid.ok()) {
+    return ExitWithError(valid);
+  }
   if (absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
     return ExitWithError(absl::InvalidArgumentError("--job_metrics_grace_s must not be negative"));
   }
@@ -150,10 +156,8 @@ int Main() {
   if (daemon_options.devices.empty()) daemon_options.devices.push_back("cpu");
   // On the CPU the model shares the host's memory with everything else:
   // "auto" budgets it; on a GPU the device's own size is the limit.
-  const std::string memory_flag = absl::GetFlag(FLAGS_device_memory_limit);
-  absl::StatusOr<int64_t> memory_limit =
-      ParseMemoryLimitFlag("device_memory_limit", memory_flag,
-                           devices->empty() ? kAutoMemoryShare : 0.0);
+  absl::StatusOr<int64_t> memory_limit = ParseMemoryLimitFlag(
+      "device_memory_limit", memory_flag, devices->empty() ? kAutoMemoryShare : 0.0);
   if (!memory_limit.ok()) return ExitWithError(memory_limit.status());
   daemon_options.memory_limit_bytes = *memory_limit;
   if (memory_flag == "auto" && !devices->empty()) {
