@@ -145,11 +145,17 @@ int RunExport(const CtlOptions& options, const std::vector<std::string>& args) {
     if (written.ok()) written = (*f)->Commit();
     if (!written.ok()) return FailStatus(written);
   }
+  // The step and what the job measured of the model there.
+  const std::string accuracy =
+      meta.count("downpour.test_accuracy")
+          ? absl::StrCat(" (test accuracy ", meta.at("downpour.test_accuracy"), ")")
+          : "";
   std::cout << absl::StrFormat(
-                   "wrote %s (%d tensors, %.1f MiB, %s layout) from job %s step %s; "
+                   "wrote %s (%d tensors, %.1f MiB, %s layout) from job %s step %s%s; "
                    "spec in %s",
                    out, file->tensors().size(), bytes->size() / 1048576.0, layout, args[0],
-                   meta.count("downpour.step") ? meta.at("downpour.step") : "?", spec_path)
+                   meta.count("downpour.step") ? meta.at("downpour.step") : "?", accuracy,
+                   spec_path)
             << std::endl;
   return kExitOk;
 }

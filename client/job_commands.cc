@@ -345,6 +345,13 @@ void PrintJobSummary(const JobStatus& job) {
     line("resumed from", absl::StrCat("step ", job.resumed_from_step()));
   }
   line("checkpoints", job.checkpoints().empty() ? "-" : absl::StrCat(job.checkpoints_size()));
+  if (!job.final_checkpoint_missing().empty()) {
+    line("final state", absl::StrCat("not saved: ", job.final_checkpoint_missing()));
+  }
+  if (job.checkpoint_failures() > 0) {
+    line("failed checkpoints",
+         absl::StrCat(job.checkpoint_failures(), " (the last: ", job.last_checkpoint_error(), ")"));
+  }
   for (const CheckpointInfo& c : job.checkpoints()) {
     std::cout << absl::StrFormat("  step %d  %s  %.1f MiB  %s ago\n", c.step(), c.dir(),
                                  c.bytes() / 1048576.0,

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
@@ -73,7 +74,10 @@ TEST_F(CheckpointTest, CheckpointsAreKeptAtTheCadenceAndTheFinalOneExports) {
   const std::string out = cluster_->dir() + "/model.safetensors";
   CommandResult exported = cluster_->Ctl({"export", "saved", "--out=" + out});
   ASSERT_EQ(exported.exit_code, 0) << exported.err;
-  EXPECT_TRUE(absl::StrContains(exported.out, "step 400")) << exported.out;
+  // The final state, with what the job measured of it.
+  EXPECT_TRUE(absl::StrContains(
+      exported.out, absl::StrFormat("step 400 (test accuracy %g)", job.test_accuracy())))
+      << exported.out;
   absl::StatusOr<SafetensorsFile> model = SafetensorsFile::Open(out);
   ASSERT_TRUE(model.ok()) << model.status();
   // PyTorch's names and layouts: Linear weights are [out, in].
@@ -325,7 +329,9 @@ class RecoveryTest : public CheckpointTest {
     }
 
     // The clean run needs two workers again.
-    if (expect == Expect::kHandedOut) ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+    if (expect == Expect::kHandedOut) {
+      ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+    }
     CommandResult clean = cluster_->Ctl({"submit", spec, "--job_id=clean", "--wait"});
     ASSERT_EQ(clean.exit_code, 0) << clean.err;
     const double clean_accuracy = cluster_->GetJob("clean").test_accuracy();
