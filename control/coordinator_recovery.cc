@@ -5,6 +5,7 @@
 // shard's jobs take a checkpoint and move off it.
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -165,6 +166,28 @@ void CoordinatorState::TickDrains() {
                       /*diverged=*/false, /*moved=*/true);
     NoteWrite(absl::StrCat("the move of job ", due.job_id), moved);
     if (moved.ok()) checkpoints_.EndDrain(due.job_id);
+  }
+}
+
+void CoordinatorState::JudgeAbsentees() {
+  for (const std::string& id : jobs_.Ids()) {
+    const JobStatus& job = *jobs_.Find(id);
+    if (job.state() != RUNNING) continue;
+    std::vector<std::string> unheard;
+    std::optional<absl::Time> back;  // When the last of the others returned.
+    for (const auto* nodes : {&job.placement().shard_nodes(), &job.placement().worker_nodes()}) {
+      for (const std::string& node : *nodes) {
+        if (node.empty()) continue;  // A lost rank's.
+        std::optional<absl::Time> heard = nodes_.HeardSince(node);
+        if (!heard.has_value()) {
+          unheard.push_back(node);
+        } else if (!back.has_value() || *heard > *back) {
+          back = heard;
+        }
+      }
+    }
+    if (!back.has_value()) continue;
+    for (const std::string& node : unheard) nodes_.JudgeFrom(node, *back);
   }
 }
 

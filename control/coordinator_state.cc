@@ -695,6 +695,7 @@ void CoordinatorState::SchedulePending() {
 
 void CoordinatorState::Tick() {
   absl::MutexLock lock(&mu_);
+  JudgeAbsentees();
   DetectDeadNodes();
   TickCheckpoints();
   TickDrains();

@@ -182,6 +182,10 @@ class CoordinatorState : public Coordinator {
   // Moves jobs whose checkpoint since a drain began is in (or overdue).
   void TickDrains() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DetectDeadNodes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a coordinator restart: a node not heard from while the other
+  // nodes of its running job are back is judged by the node timeout from
+  // their return, not the recovery grace (NodeRegistry::JudgeFrom).
+  void JudgeAbsentees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Checkpoints (coordinator_checkpoints.cc) ----
   // A shard's part or the checkpointing rank's state came in.

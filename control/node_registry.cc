@@ -40,7 +40,9 @@ void NodeRegistry::Load(std::vector<NodeInfo> nodes) {
 
 absl::Time NodeRegistry::Deadline(const Entry& node) const {
   const absl::Time deadline = node.last_heartbeat + options_.node_timeout;
-  return node.heard ? deadline : std::max(deadline, grace_until_);
+  if (node.heard) return deadline;
+  if (node.judge_from.has_value()) return *node.judge_from + options_.node_timeout;
+  return std::max(deadline, grace_until_);
 }
 
 bool NodeRegistry::Alive(const Entry& node) const {
@@ -102,6 +104,7 @@ absl::Status NodeRegistry::Register(const NodeInfo& node) {
   }
   Entry& entry = nodes_[node.id()];
   entry.last_heartbeat = options_.now();
+  if (!entry.heard) entry.heard_at = entry.last_heartbeat;
   entry.heard = true;
   return absl::OkStatus();
 }
@@ -113,6 +116,7 @@ std::optional<NodeRegistry::Beat> NodeRegistry::Heartbeat(const std::string& nod
   if (it == nodes_.end() || it->second.info.incarnation() != incarnation) return std::nullopt;
   Entry& node = it->second;
   node.last_heartbeat = options_.now();
+  if (!node.heard) node.heard_at = node.last_heartbeat;
   node.heard = true;
   Beat beat;
   beat.node = node.info;
@@ -200,6 +204,21 @@ std::vector<NodeInfo> NodeRegistry::Alive() {
     if (Alive(node)) out.push_back(node.info);
   }
   return out;
+}
+
+std::optional<absl::Time> NodeRegistry::HeardSince(const std::string& node_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || !it->second.heard) return std::nullopt;
+  return it->second.heard_at;
+}
+
+void NodeRegistry::JudgeFrom(const std::string& node_id, absl::Time since) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.heard) return;
+  Entry& node = it->second;
+  if (!node.judge_from.has_value() || since < *node.judge_from) node.judge_from = since;
 }
 
 std::vector<std::pair<std::string, std::string>> NodeRegistry::Silent() {

@@ -103,6 +103,14 @@ class NodeRegistry {
   // Nodes alive now (busy, draining or cordoned ones too).
   std::vector<NodeInfo> Alive();
 
+  // When the node was first heard since this coordinator started; nullopt
+  // when it has not been (or is unknown).
+  std::optional<absl::Time> HeardSince(const std::string& node_id);
+  // A node loaded from the store and not heard since is judged from `since`
+  // by the node timeout, not the recovery grace: the other nodes of its job
+  // are back (since then), so it is missing, not the coordinator.
+  void JudgeFrom(const std::string& node_id, absl::Time since);
+
   // Nodes recorded alive that have been silent past their deadline, each
   // with the sentence that says so.
   std::vector<std::pair<std::string, std::string>> Silent();
@@ -122,6 +130,10 @@ class NodeRegistry {
     bool heard = true;
     // Told to stop (SIGTERM): gets no new work.
     bool draining = false;
+    // When it was first heard since this coordinator started.
+    absl::Time heard_at = absl::InfinitePast();
+    // Not heard yet, but judged by the node timeout from here (JudgeFrom).
+    std::optional<absl::Time> judge_from;
   };
 
   // When a silent node is declared dead.
