@@ -184,6 +184,13 @@ absl::Status JobTrainer::PermanentIfBadData(absl::Status status) {
   return status;
 }
 
+absl::Status JobTrainer::BadTestData(absl::Status status) {
+  // The test set is read again, the same, on a restart (and only after
+  // training again to the step that evaluates it).
+  if (!status.ok()) permanent_ = true;
+  return status;
+}
+
 absl::Status JobTrainer::CheckDataFiles(const std::vector<std::string>& files) const {
   ASSIGN_OR_RETURN(const data::DataRoots roots,
                    data::DataRoots::Create(options_.data_dir, options_.data_roots));
@@ -300,11 +307,22 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
   BinaryMetrics binary;
   std::vector<float> logits;
   while (true) {
-    ASSIGN_OR_RETURN(bool more, reader->Next(&batch));
-    if (!more) break;
+    // The reader's errors name the file (and the record's offset).
+    absl::StatusOr<bool> more = reader->Next(&batch);
+    if (!more.ok()) return BadTestData(more.status());
+    if (!*more) break;
     const float* features = batch.features.data();
     if (input_stage_ != nullptr) {
-      ASSIGN_OR_RETURN(features, input_stage_->EvalFeatures(batch, min_version, min_worker_steps));
+      absl::StatusOr<const float*> packed =
+          input_stage_->EvalFeatures(batch, min_version, min_worker_steps);
+      // InvalidArgument is the batch's (an id outside its table's exact
+      // vocabulary), which knows its files by the spec's pattern only.
+      if (absl::IsInvalidArgument(packed.status())) {
+        return BadTestData(
+            Annotate(packed.status(), absl::StrCat("test set ", spec.dataset().test_files())));
+      }
+      RETURN_IF_ERROR(packed.status());
+      features = *packed;
     }
     ASSIGN_OR_RETURN(EvalResult result, model->Evaluate(features, batch.labels.data(), batch.size,
                                                         auc || log_loss ? &logits : nullptr));
@@ -319,8 +337,8 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
     total += batch.size;
   }
   if (total == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("test set ", spec.dataset().test_files(), " holds no examples"));
+    return BadTestData(absl::FailedPreconditionError(
+        absl::StrCat("test set ", spec.dataset().test_files(), " holds no examples")));
   }
   TestMetrics metrics;
   metrics.accuracy = static_cast<double>(correct) / total;

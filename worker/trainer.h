@@ -216,6 +216,10 @@ class JobTrainer {
   // `status`, marking the failure permanent when it is InvalidArgument (bad
   // data met by the input stage).
   absl::Status PermanentIfBadData(absl::Status status);
+  // `status`, an error of the test set (a missing, truncated or corrupt
+  // file, a record that does not decode as the spec's input, an id outside
+  // a table's vocabulary, no examples), marking the failure permanent.
+  absl::Status BadTestData(absl::Status status);
   // The rank's data (Task.data), or, when the task has none yet, the share
   // the coordinator gives for this worker's listing of the record files.
   absl::StatusOr<std::vector<DataPart>> TrainingData(int64_t* data_step);
