@@ -104,14 +104,43 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   return absl::OkStatus();
 }
 
+void JobTrainer::Cancel(std::string why) {
+  {
+    absl::MutexLock lock(&cancel_mu_);
+    if (cancel_why_.empty()) cancel_why_ = std::move(why);
+  }
+  cancelled_.store(true);
+}
+
+std::string JobTrainer::StopReason(bool handed_back) {
+  const std::string rank = absl::StrCat("rank ", task_.rank());
+  if (handed_back) {
+    return absl::StrCat(rank,
+                        " was handed back to the coordinator for another worker (this worker is "
+                        "shutting down); this worker stops its run");
+  }
+  {
+    absl::MutexLock lock(&cancel_mu_);
+    if (!cancel_why_.empty()) return cancel_why_;
+  }
+  // The coordinator answers so also to a run of an attempt that is over.
+  if (job_ended_.load()) {
+    return "the coordinator says the job ended (or started again); this worker stops its run";
+  }
+  return absl::StrCat("the job is no longer this worker's task (it ended, or ", rank,
+                      " went to another worker); this worker stops its run");
+}
+
 absl::Status JobTrainer::Run() {
   absl::Status status = Train();
+  bool handed_back = false;
   if (shutting_down_.load() && !job_ended_.load()) {
     // One attempt: the process is exiting. The rank goes to another worker.
     ReportProgressRequest drained;
     drained.set_drained(true);
     drained.set_step(steps_completed_.load());
     Report(drained, /*final=*/true);
+    handed_back = true;
   } else if (!status.ok() && !cancelled_.load() && !job_ended_.load()) {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
@@ -121,6 +150,11 @@ absl::Status JobTrainer::Run() {
     CountFailure(options_.metrics, FailureReason(status, failed.diverged()));
     Report(failed, /*final=*/true);
     failed_.store(true);
+  }
+  // Whichever wait noticed the stop said only "job ended", also where the
+  // job goes on without this run.
+  if (absl::IsCancelled(status) && (cancelled_.load() || job_ended_.load())) {
+    return absl::CancelledError(StopReason(handed_back));
   }
   return status;
 }
