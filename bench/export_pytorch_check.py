@@ -165,7 +165,10 @@ def main():
         images = torch.frombuffer(bytearray(f.read()[16:]), dtype=torch.uint8)
     with gzip.open(os.path.join(args.fashion, "t10k-labels-idx1-ubyte.gz")) as f:
         labels = torch.frombuffer(bytearray(f.read()[8:]), dtype=torch.uint8).long()
-    images = (images.reshape(-1, 1, 28, 28).float() / 255).to(args.device)
+    # Scaled as the job scaled them (data/example.cc): float32(pixel) * (1.0f / 255.0f), the
+    # same float32 values, NCHW (one channel).
+    scale = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(255.0, dtype=torch.float32)
+    images = (images.reshape(-1, 1, 28, 28).float() * scale).to(args.device)
     labels = labels.to(args.device)
     correct = 0
     with torch.no_grad():

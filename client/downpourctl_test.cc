@@ -249,7 +249,8 @@ TEST(DownpourctlTest, DatasetGenerateBadFlagsExit2) {
 
 // Jobs advance 100 steps per WatchJob from an up-to-date client; a job named
 // "fail" fails at its last step; one named "ctr" is evaluated with AUC and
-// log loss every 100 steps; a spec with no steps is rejected. While
+// log loss every 100 steps; one named "restarted" ends in its second
+// attempt, begun 4 s after its first; a spec with no steps is rejected. While
 // `stalled`, WatchJob holds (like a job making no progress).
 class FakeCoordinator final : public Coordinator::Service {
  public:
@@ -279,6 +280,8 @@ class FakeCoordinator final : public Coordinator::Service {
     job.set_test_accuracy(-1);
     job.set_submit_time_ms(absl::ToUnixMillis(absl::Now()));
     job.set_start_time_ms(job.submit_time_ms());
+    job.set_first_start_time_ms(job.start_time_ms());
+    job.set_attempt(1);
     job.set_version(1);
     jobs_.push_back(job);
     *response->mutable_job() = job;
@@ -363,6 +366,11 @@ class FakeCoordinator final : public Coordinator::Service {
       job->set_test_log_loss(evaluation->log_loss());
     }
     if (job->step() == job->spec().steps()) {
+      if (job->spec().name() == "restarted") {
+        job->set_start_time_ms(job->first_start_time_ms() + 4000);
+        job->set_attempt(2);
+        job->set_restarts(1);
+      }
       job->set_end_time_ms(job->start_time_ms() + 2500);
       if (job->spec().name() == "fail") {
         job->set_state(FAILED);
@@ -489,6 +497,30 @@ TEST_F(DownpourctlServerTest, SubmitAndWaitSucceeds) {
   EXPECT_EQ(r.out,
             "job job-1 SUCCEEDED steps=300 test_accuracy=0.8500 "
             "wall_s=2.5\n");
+}
+
+// wall_s is the whole job's, from its first start; a job that restarted
+// also shows its last attempt's time (one that did not: no more than
+// wall_s, as above).
+TEST_F(DownpourctlServerTest, ARestartedJobShowsItsWholeWallTimeAndItsLastAttempts) {
+  Result r = RunCtl({Flag(), "submit", JobFile("restarted", 300), "--wait"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "job job-1 SUCCEEDED steps=300 test_accuracy=0.8500 "
+            "wall_s=6.5 last_attempt_s=2.5\n");
+  Result wait = RunCtl({Flag(), "wait", "job-1"});
+  ASSERT_EQ(wait.exit_code, 0) << wait.err;
+  EXPECT_EQ(wait.out, r.out);
+  Result get = RunCtl({Flag(), "get", "job-1"});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_THAT(get.out, HasSubstr("wall time:      6.5s\n"));
+  EXPECT_THAT(get.out, HasSubstr("last attempt:   2.5s (attempt 2)\n"));
+
+  ASSERT_EQ(RunCtl({Flag(), "submit", JobFile("mnist", 300), "--job_id=once", "--wait"}).exit_code,
+            0);
+  get = RunCtl({Flag(), "get", "once"});
+  EXPECT_THAT(get.out, HasSubstr("wall time:      2.5s\n"));
+  EXPECT_THAT(get.out, Not(HasSubstr("last attempt")));
 }
 
 TEST_F(DownpourctlServerTest, AucAndLogLossShowWhereTheJobHasThem) {

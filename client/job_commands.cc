@@ -32,14 +32,33 @@ namespace {
 // Server-side timeout of each WatchJob long poll.
 constexpr absl::Duration kWatchPoll = absl::Seconds(10);
 
-// Seconds the job ran: start to end, or since submission if it never started;
-// a job still running counts up to now.
-double WallSeconds(const JobStatus& job) {
-  const int64_t start = job.start_time_ms() > 0 ? job.start_time_ms() : job.submit_time_ms();
+// Seconds from `start_ms` to the job's end (a job still running: to now).
+double SecondsToEnd(const JobStatus& job, int64_t start_ms) {
   const int64_t end = job.end_time_ms() > 0 ? job.end_time_ms() : NowMs();
-  if (start <= 0 || end < start) return 0;
-  return (end - start) / 1000.0;
+  if (start_ms <= 0 || end < start_ms) return 0;
+  return (end - start_ms) / 1000.0;
 }
+
+// When the job first started: the first of its attempts (a coordinator that
+// predates first_start_time_ms: the latest), or its submission if it never
+// started.
+int64_t FirstStartMs(const JobStatus& job) {
+  if (job.first_start_time_ms() > 0) return job.first_start_time_ms();
+  return job.start_time_ms() > 0 ? job.start_time_ms() : job.submit_time_ms();
+}
+
+// Seconds the whole job ran, from its first start, restarts and the waits
+// between them included.
+double WallSeconds(const JobStatus& job) { return SecondsToEnd(job, FirstStartMs(job)); }
+
+// Whether the job started more than once (its latest attempt began after
+// its first): its last attempt's time differs from its whole wall time.
+bool Restarted(const JobStatus& job) {
+  return job.start_time_ms() > 0 && job.start_time_ms() != FirstStartMs(job);
+}
+
+// Seconds the latest attempt ran.
+double LastAttemptSeconds(const JobStatus& job) { return SecondsToEnd(job, job.start_time_ms()); }
 
 }  // namespace
 
@@ -104,8 +123,14 @@ int PrintFinal(const JobStatus& job, const CtlOptions& options) {
         absl::StrAppendFormat(&figures, " test_log_loss=%.4f", job.test_log_loss());
       }
     }
-    std::cout << absl::StrFormat("job %s %s steps=%d%s wall_s=%.1f", job.id(),
-                                 JobState_Name(job.state()), job.step(), figures, WallSeconds(job))
+    // A job that restarted also shows its last attempt's time; one that did
+    // not shows wall_s only.
+    std::string times = absl::StrFormat(" wall_s=%.1f", WallSeconds(job));
+    if (Restarted(job)) {
+      absl::StrAppendFormat(&times, " last_attempt_s=%.1f", LastAttemptSeconds(job));
+    }
+    std::cout << absl::StrFormat("job %s %s steps=%d%s%s", job.id(), JobState_Name(job.state()),
+                                 job.step(), figures, times)
               << std::endl;
   }
   if (job.state() == SUCCEEDED) return kExitOk;
@@ -313,6 +338,10 @@ void PrintJobSummary(const JobStatus& job) {
   }
   if (job.start_time_ms() > 0) {
     line("wall time", absl::StrFormat("%.1fs", WallSeconds(job)));
+    if (Restarted(job)) {
+      line("last attempt",
+           absl::StrFormat("%.1fs (attempt %d)", LastAttemptSeconds(job), job.attempt()));
+    }
   }
   const Placement& placement = job.placement();
   if (placement.shard_nodes_size() == 0 && placement.worker_nodes_size() == 0) {

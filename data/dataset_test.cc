@@ -232,6 +232,33 @@ TEST(BatchReaderTest, CorruptRecordSurfacesFromNextWithFileAndOffset) {
   EXPECT_EQ((*reader)->Next(&batch).status(), error);  // Sticky.
 }
 
+// A file cut short inside a record (a copy that stopped early) is data loss
+// at that record's offset, after the whole batches before it — not the end
+// of the data, which a one-pass reader would take for a short last batch.
+TEST(BatchReaderTest, FileCutInsideARecordIsDataLossNotTheEndOfTheData) {
+  const std::string dir = NewTempDir();
+  WriteParts(dir, {10});
+  const std::string path = dir + "/part-0.tfrecord";
+  const std::string bytes = ReadFileOrDie(path);
+  const size_t record_bytes = bytes.size() / 10;  // All records have the same size.
+  for (size_t cut : {size_t{3}, kRecordHeaderBytes + 2, record_bytes - 1}) {
+    SCOPED_TRACE(absl::StrCat(cut, " bytes of the last record"));
+    WriteFileOrDie(path, bytes.substr(0, 9 * record_bytes + cut));
+    auto reader = BatchReader::Create(Options(dir));
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    Batch batch;
+    int good_batches = 0;
+    absl::StatusOr<bool> got;
+    while ((got = (*reader)->Next(&batch)).ok() && *got) ++good_batches;
+    EXPECT_EQ(good_batches, 2);  // Records 0..7; the batch of records 8 and 9 fails.
+    ASSERT_FALSE(got.ok()) << "end of data reported for a file cut inside a record";
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_THAT(got.status().message(),
+                HasSubstr(absl::StrCat("corrupt record in ", path, " at offset ", 9 * record_bytes,
+                                       ": truncated")));
+  }
+}
+
 TEST(BatchReaderTest, UndecodableExampleNamesFileAndOffset) {
   const std::string dir = NewTempDir();
   WriteRecordsOrDie(dir + "/part-0.tfrecord", {TaggedExample(0, kFeatureSize), "not a proto"});

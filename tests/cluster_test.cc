@@ -201,6 +201,28 @@ TEST_F(ClusterTest, CorruptRecordFailsTheJobNamingFileAndOffset) {
   EXPECT_NE(job.message().find("train-00000-of-00001.tfrecord"), std::string::npos)
       << job.message();
   EXPECT_NE(job.message().find("offset"), std::string::npos) << job.message();
+  EXPECT_EQ(job.restarts(), 0);
+
+  // The test split's data alike: a test file cut short inside its last
+  // record fails the job when rank 0 evaluates, at once, in its first
+  // attempt (a restart would train again only to meet the same cut).
+  const std::string cut_dir = *data_dir_ + "/cut-test";
+  mkdir(cut_dir.c_str(), 0755);
+  const std::string test = ReadFile(*data_dir_ + "/fashion-mnist/test-00000-of-00004.tfrecord");
+  ASSERT_GT(test.size(), 5000u);
+  std::ofstream(cut_dir + "/test-00000-of-00001.tfrecord", std::ios::binary)
+      << test.substr(0, test.size() - 100);
+  const std::string cut_spec = absl::StrReplaceAll(FashionMlpSpec("SYNC", 1, 1, 20),
+                                                   {{"fashion-mnist/test-*", "cut-test/test-*"}});
+  CommandResult cut = cluster_->Ctl({"submit", WriteSpec(cut_spec), "--job_id=cut-test", "--wait"});
+  EXPECT_NE(cut.exit_code, 0);
+  JobStatus cut_job = GetJob("cut-test");
+  EXPECT_EQ(cut_job.state(), FAILED);
+  EXPECT_EQ(cut_job.attempt(), 1) << Events(cut_job);
+  EXPECT_EQ(cut_job.restarts(), 0);
+  EXPECT_THAT(cut_job.message(),
+              ::testing::HasSubstr("cut-test/test-00000-of-00001.tfrecord at offset "));
+  EXPECT_THAT(cut_job.message(), ::testing::HasSubstr("truncated"));
 }
 
 TEST_F(ClusterTest, DivergenceFailsTheJobNamingTheStepAndTheGradient) {

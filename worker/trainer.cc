@@ -104,14 +104,43 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   return absl::OkStatus();
 }
 
+void JobTrainer::Cancel(std::string why) {
+  {
+    absl::MutexLock lock(&cancel_mu_);
+    if (cancel_why_.empty()) cancel_why_ = std::move(why);
+  }
+  cancelled_.store(true);
+}
+
+std::string JobTrainer::StopReason(bool handed_back) {
+  const std::string rank = absl::StrCat("rank ", task_.rank());
+  if (handed_back) {
+    return absl::StrCat(rank,
+                        " was handed back to the coordinator for another worker (this worker is "
+                        "shutting down); this worker stops its run");
+  }
+  {
+    absl::MutexLock lock(&cancel_mu_);
+    if (!cancel_why_.empty()) return cancel_why_;
+  }
+  // The coordinator answers so also to a run of an attempt that is over.
+  if (job_ended_.load()) {
+    return "the coordinator says the job ended (or started again); this worker stops its run";
+  }
+  return absl::StrCat("the job is no longer this worker's task (it ended, or ", rank,
+                      " went to another worker); this worker stops its run");
+}
+
 absl::Status JobTrainer::Run() {
   absl::Status status = Train();
+  bool handed_back = false;
   if (shutting_down_.load() && !job_ended_.load()) {
     // One attempt: the process is exiting. The rank goes to another worker.
     ReportProgressRequest drained;
     drained.set_drained(true);
     drained.set_step(steps_completed_.load());
     Report(drained, /*final=*/true);
+    handed_back = true;
   } else if (!status.ok() && !cancelled_.load() && !job_ended_.load()) {
     ReportProgressRequest failed;
     failed.set_error(std::string(status.message()));
@@ -123,6 +152,11 @@ absl::Status JobTrainer::Run() {
     CountFailure(options_.metrics, FailureReason(status, failed.diverged()));
     Report(failed, /*final=*/true);
     failed_.store(true);
+  }
+  // Whichever wait noticed the stop said only "job ended", also where the
+  // job goes on without this run.
+  if (absl::IsCancelled(status) && (cancelled_.load() || job_ended_.load())) {
+    return absl::CancelledError(StopReason(handed_back));
   }
   return status;
 }
@@ -183,6 +217,13 @@ absl::Status JobTrainer::PermanentIfBadData(absl::Status status) {
   // InvalidArgument from the input stage is the data's (an id outside its
   // table's exact vocabulary) or the request's: it recurs on a restart.
   if (absl::IsInvalidArgument(status)) permanent_ = true;
+  return status;
+}
+
+absl::Status JobTrainer::BadTestData(absl::Status status) {
+  // The test set is read again, the same, on a restart (and only after
+  // training again to the step that evaluates it).
+  if (!status.ok()) permanent_ = true;
   return status;
 }
 
@@ -302,11 +343,22 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
   BinaryMetrics binary;
   std::vector<float> logits;
   while (true) {
-    ASSIGN_OR_RETURN(bool more, reader->Next(&batch));
-    if (!more) break;
+    // The reader's errors name the file (and the record's offset).
+    absl::StatusOr<bool> more = reader->Next(&batch);
+    if (!more.ok()) return BadTestData(more.status());
+    if (!*more) break;
     const float* features = batch.features.data();
     if (input_stage_ != nullptr) {
-      ASSIGN_OR_RETURN(features, input_stage_->EvalFeatures(batch, min_version, min_worker_steps));
+      absl::StatusOr<const float*> packed =
+          input_stage_->EvalFeatures(batch, min_version, min_worker_steps);
+      // InvalidArgument is the batch's (an id outside its table's exact
+      // vocabulary), which knows its files by the spec's pattern only.
+      if (absl::IsInvalidArgument(packed.status())) {
+        return BadTestData(
+            Annotate(packed.status(), absl::StrCat("test set ", spec.dataset().test_files())));
+      }
+      RETURN_IF_ERROR(packed.status());
+      features = *packed;
     }
     ASSIGN_OR_RETURN(EvalResult result, model->Evaluate(features, batch.labels.data(), batch.size,
                                                         auc || log_loss ? &logits : nullptr));
@@ -321,8 +373,8 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
     total += batch.size;
   }
   if (total == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("test set ", spec.dataset().test_files(), " holds no examples"));
+    return BadTestData(absl::FailedPreconditionError(
+        absl::StrCat("test set ", spec.dataset().test_files(), " holds no examples")));
   }
   TestMetrics metrics;
   metrics.accuracy = static_cast<double>(correct) / total;

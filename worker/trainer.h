@@ -101,7 +101,9 @@ class JobTrainer {
              Reporter reporter);
 
   // Trains to the end, reports the outcome (finished, or the error) and
-  // returns it.
+  // returns it. A run stopped before its end (Cancel, Shutdown, or the
+  // coordinator's answer that the job ended) returns Cancelled saying why
+  // in one sentence (StopReason).
   absl::Status Run();
   // The coordinator wants a checkpoint (rank 0; the time it asked, in ms):
   // taken at the next step boundary unless this request was already.
@@ -122,8 +124,12 @@ class JobTrainer {
   void SetTakesCheckpoints(bool takes) { takes_checkpoints_.store(takes); }
   // Which start of the job this trainer runs (Task.attempt).
   int64_t attempt() const { return task_.attempt(); }
-  // The job ended elsewhere: stop without reporting.
-  void Cancel() { cancelled_.store(true); }
+  // The job is no longer this worker's task: stop without reporting. `why`
+  // is what happened, as the run's end says it ("rank 1 was handed to
+  // another worker; this worker stops its run"); empty where the worker
+  // cannot tell (the job left its task list: it ended, or the rank went to
+  // another worker). The first `why` given is kept.
+  void Cancel(std::string why = "");
   // Which rank of the job this trainer runs.
   int rank() const { return task_.rank(); }
   // Run() returned an error it reported (the coordinator acts on it: the
@@ -216,6 +222,10 @@ class JobTrainer {
   // `status`, marking the failure permanent when it is InvalidArgument (bad
   // data met by the input stage).
   absl::Status PermanentIfBadData(absl::Status status);
+  // `status`, an error of the test set (a missing, truncated or corrupt
+  // file, a record that does not decode as the spec's input, an id outside
+  // a table's vocabulary, no examples), marking the failure permanent.
+  absl::Status BadTestData(absl::Status status);
   // The rank's data (Task.data), or, when the task has none yet, the share
   // the coordinator gives for this worker's listing of the record files.
   absl::StatusOr<std::vector<DataPart>> TrainingData(int64_t* data_step);
@@ -240,6 +250,12 @@ class JobTrainer {
   void Report(ReportProgressRequest request, bool final);
   // Report's delivery: the coordinator's answer, or the last error.
   absl::StatusOr<ReportProgressResponse> Send(ReportProgressRequest request, bool final);
+  // Why a stopped run stopped, in one sentence for the worker's log:
+  // `handed_back` (a shutdown's drained report went), Cancel's why, the
+  // coordinator's answer that the job ended (or this run's attempt did),
+  // or, none of those, that the job is no longer this worker's task. Never
+  // that the job ended where the worker cannot know it.
+  std::string StopReason(bool handed_back);
 
   const Task task_;
   const TrainerOptions options_;
@@ -258,6 +274,10 @@ class JobTrainer {
   std::atomic<bool> takes_checkpoints_{false};
   int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.
   std::atomic<bool> cancelled_{false};
+  absl::Mutex cancel_mu_;
+  std::string cancel_why_ ABSL_GUARDED_BY(cancel_mu_);  // Cancel's.
+  // The coordinator answered a report: the job is no longer running (or
+  // this run's attempt is over).
   std::atomic<bool> job_ended_{false};
   // Whether the exchanges should give up: the job ended, here or elsewhere.
   const std::function<bool()> stopped_ = [this] { return cancelled_.load() || job_ended_.load(); };

@@ -627,7 +627,10 @@ absl::Status JobTrainer::EvaluatePeriodically(const StepState& s, bool last, Run
   const double began = MonotonicSeconds();
   RETURN_IF_ERROR(FinishPendingExchange(run));
   RETURN_IF_ERROR(input_stage_ ? input_stage_->Finish() : absl::OkStatus());
-  ASSIGN_OR_RETURN(std::unique_ptr<BatchReader> test_set, OpenTestSet());
+  // Opened again for each evaluation: a file gone since the start is the data's.
+  absl::StatusOr<std::unique_ptr<BatchReader>> opened = OpenTestSet();
+  if (!opened.ok()) return BadTestData(opened.status());
+  std::unique_ptr<BatchReader> test_set = *std::move(opened);
   // The rows as of the parameters pulled: no wait.
   ASSIGN_OR_RETURN(TestMetrics tested, EvaluateTestSet(run->model.get(), test_set.get(), 0, 0));
   if (run->metrics.test_accuracy) run->metrics.test_accuracy->Set(tested.accuracy);

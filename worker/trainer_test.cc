@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -431,6 +433,66 @@ TEST_F(TrainerTest, AnIdOutsideASparseTablesVocabularyFailsTheJobPermanently) {
   const std::vector<ReportProgressRequest> reports = Reports();
   ASSERT_FALSE(reports.empty());
   EXPECT_TRUE(reports.back().permanent());
+}
+
+// Bad test data fails the job as bad training data does: permanently (a
+// restart would meet it again, three times over, each after training anew),
+// in one sentence naming the file — whether the final evaluation or a
+// periodic one meets it. A test file cut short mid-record (a copy that
+// stopped early) is data loss at the cut record's offset, not a short
+// test set; a record that is not the spec's example is refused likewise.
+TEST_F(TrainerTest, BadTestDataFailsTheJobPermanentlyNamingTheFile) {
+  const std::string test_file = data_dir_ + "/test-00000-of-00001";
+  std::string whole;
+  {
+    std::ifstream in(test_file, std::ios::binary);
+    whole.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(whole.size(), 0u);
+  const auto write = [&test_file](const std::string& bytes) {
+    std::ofstream(test_file, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  const size_t record_bytes = whole.size() / 32;  // Every record is the same size.
+  for (int64_t eval_every : {0, 10}) {
+    SCOPED_TRACE(absl::StrCat("eval_every_steps ", eval_every));
+    JobSpec spec = Spec();
+    spec.set_eval_every_steps(eval_every);
+
+    // Cut in the middle of the last record's payload.
+    write(whole.substr(0, whole.size() - record_bytes / 2));
+    HostJob(1, spec);
+    absl::Status status = Trainer(RankTask(0, 1), Options(0, /*overlap=*/true))->Run();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr(absl::StrCat("corrupt record in ", test_file, " at offset ",
+                                                  31 * record_bytes, ": truncated payload")));
+    std::vector<ReportProgressRequest> reports = Reports();
+    ASSERT_FALSE(reports.empty());
+    EXPECT_EQ(reports.back().error(), status.message());
+    EXPECT_TRUE(reports.back().permanent());
+    EXPECT_FALSE(reports.back().diverged());
+
+    // A record that does not decode as the spec's input (9 pixels, not 16).
+    {
+      const std::vector<uint8_t> pixels(kPixels, 7);
+      auto writer = data::RecordWriter::Open(test_file);
+      ASSERT_TRUE(writer.ok()) << writer.status();
+      ASSERT_TRUE(
+          (*writer)->Write(data::EncodeImageExample(pixels.data(), kPixels, 0, {kPixels})).ok());
+      ASSERT_TRUE((*writer)->Write(data::EncodeImageExample(pixels.data(), 9, 1, {9})).ok());
+      ASSERT_TRUE((*writer)->Close().ok());
+    }
+    HostJob(1, spec);
+    status = Trainer(RankTask(0, 1), Options(0, /*overlap=*/true))->Run();
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr(absl::StrCat("bad example in ", test_file, " at offset ")));
+    reports = Reports();
+    ASSERT_FALSE(reports.empty());
+    EXPECT_EQ(reports.back().error(), status.message());
+    EXPECT_TRUE(reports.back().permanent());
+  }
+  write(whole);
 }
 
 // A shard that refuses every push with `error` and serves the rest from

@@ -4,6 +4,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "worker/worker_metrics.h"
@@ -35,10 +36,22 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
     // The job started again (resumed or recovered), this worker lost its
     // rank and now takes one over, or a shard of the job was replaced: a new
     // run continues the rank (the task is a join).
-    bool replace = run.trainer->attempt() != task.attempt() || run.trainer->rank() != task.rank() ||
-                   run.trainer->cancelled() ||
-                   !std::equal(run.shard_addresses.begin(), run.shard_addresses.end(),
-                               task.shard_addresses().begin(), task.shard_addresses().end());
+    // What the old run's end says happened (empty: a run already cancelled,
+    // which has its own).
+    std::string why;
+    if (run.trainer->attempt() != task.attempt()) {
+      why = absl::StrCat("the job started again (attempt ", task.attempt(),
+                         "); this worker stops its run of attempt ", run.trainer->attempt());
+    } else if (run.trainer->rank() != task.rank()) {
+      why = absl::StrCat("rank ", run.trainer->rank(),
+                         " was handed to another worker; this worker stops its run (it takes rank ",
+                         task.rank(), " over)");
+    } else if (!std::equal(run.shard_addresses.begin(), run.shard_addresses.end(),
+                           task.shard_addresses().begin(), task.shard_addresses().end())) {
+      why = absl::StrCat("the job's shards moved; this worker stops its run and runs rank ",
+                         task.rank(), " again against them");
+    }
+    bool replace = !why.empty() || run.trainer->cancelled();
     Task next = task;
     if (!replace && run.done.load() && run.trainer->failed()) {
       // The run failed and said so, yet the job is still this worker's
@@ -56,7 +69,7 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
     if (replace) {
       // The old run is cancelled and reaped once it returns: it may be
       // waiting out a call to a shard that is gone.
-      run.trainer->Cancel();
+      run.trainer->Cancel(std::move(why));
       retiring_.push_back(std::move(it->second));
       running_.erase(it);
       Start(next);
@@ -72,6 +85,8 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
                               task.data_step(), task.steps(), task.batches_per_step());
     }
   }
+  // A job gone from the list has ended for this worker: whether the job
+  // ended or the rank went to another worker, the list does not say.
   for (auto& [id, job] : running_) {
     if (!current.count(id)) job->trainer->Cancel();
   }
@@ -184,7 +199,11 @@ void WorkerRuntime::Start(const Task& task) {
   const std::string id = task.job_id();
   job->thread = std::thread([raw, id] {
     absl::Status status = raw->trainer->Run();
-    Log(absl::StrCat("job ", id, ": ", status.ok() ? "finished" : status.ToString()));
+    // A stopped run's sentence says what happened (it is no failure).
+    Log(absl::StrCat("job ", id, ": ",
+                     status.ok()                 ? "finished"
+                     : absl::IsCancelled(status) ? std::string(status.message())
+                                                 : status.ToString()));
     raw->done.store(true);
   });
   if (task.checkpoint_requested_ms() > 0) {

@@ -3,6 +3,9 @@
 // every job it is given, cancel the trainer of a job that is no longer its
 // task, and, on shutdown, stop every trainer (which tells the coordinator
 // the job lost this worker). Progress reports go through the node agent.
+// Each run's end is one line in the job's log: finished, its error, or, for
+// a run stopped while the job may go on, what happened (its rank went to
+// another worker, the job started again, the job left this worker's tasks).
 //
 // A job's shards are reached through a ShardConnector: RemoteParameterShards
 // in the daemon, in-process stores in tests (no sockets).

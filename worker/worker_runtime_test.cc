@@ -1,5 +1,6 @@
 #include "worker/worker_runtime.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -7,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/log.h"
 #include "control/fake_coordinator.h"
 #include "data/example.h"
 #include "data/record_io.h"
@@ -21,6 +25,7 @@ namespace downpour {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kNode[] = "worker@test";
 constexpr int kPixels = 16;
@@ -123,6 +128,29 @@ class WorkerRuntimeTest : public ::testing::Test {
   void TearDown() override {
     runtime_->StopAll();
     agent_.reset();
+    SetLogObserver(nullptr);
+  }
+
+  // Keeps every line logged from now on (until TearDown), for LogLines and
+  // AwaitLogLine.
+  void CaptureLog() {
+    SetLogObserver([this](absl::Time, absl::string_view line) {
+      absl::MutexLock lock(&log_mu_);
+      log_.emplace_back(line);
+    });
+  }
+  std::vector<std::string> LogLines() {
+    absl::MutexLock lock(&log_mu_);
+    return log_;
+  }
+  // Waits up to 60 s for a captured line that ends with `text`.
+  bool AwaitLogLine(const std::string& text) {
+    absl::MutexLock lock(&log_mu_);
+    const auto logged = [this, &text]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_) {
+      return std::any_of(log_.begin(), log_.end(),
+                         [&](const std::string& line) { return absl::EndsWith(line, text); });
+    };
+    return log_mu_.AwaitWithTimeout(absl::Condition(&logged), absl::Seconds(60));
   }
 
   // A task running `spec` as rank 0 against the store at "shard0", which
@@ -167,6 +195,8 @@ class WorkerRuntimeTest : public ::testing::Test {
   control::FakeCoordinator coordinator_;
   std::unique_ptr<WorkerRuntime> runtime_;
   std::unique_ptr<NodeAgent> agent_;
+  absl::Mutex log_mu_;
+  std::vector<std::string> log_ ABSL_GUARDED_BY(log_mu_);
 };
 
 TEST_F(WorkerRuntimeTest, TrainsItsTaskAndReportsTheResult) {
@@ -274,7 +304,55 @@ TEST_F(WorkerRuntimeTest, JobThatIsNoLongerATaskIsCancelledWithoutAReport) {
   }
 }
 
+// A run the worker stops while the job goes on says what happened, in the
+// job's log: its rank went to another worker (and it takes another over),
+// the job started again, or the job left the worker's task list (which does
+// not say whether it ended) — never that the job ended.
+TEST_F(WorkerRuntimeTest, AStoppedRunSaysWhatHappenedNotThatTheJobEnded) {
+  CaptureLog();
+  JobSpec spec = Spec(1000000);
+  spec.mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
+  spec.set_num_workers(2);
+  Task rank0 = HostedTask("j", spec);
+  rank0.mutable_placement()->add_worker_nodes("other@test");
+  rank0.set_attempt(1);
+  coordinator_.SetTasks(kNode, {rank0});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.rank() == 0 && r.step() >= 2; }));
+
+  // Rank 0 went to another worker; this one takes rank 1 over.
+  Task rank1 = rank0;
+  rank1.set_rank(1);
+  rank1.mutable_placement()->set_worker_nodes(0, "other@test");
+  rank1.mutable_placement()->set_worker_nodes(1, kNode);
+  coordinator_.SetTasks(kNode, {rank1});
+  EXPECT_TRUE(AwaitLogLine(
+      "job j: rank 0 was handed to another worker; this worker stops its run (it takes rank 1 "
+      "over)"));
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.rank() == 1 && r.step() >= 2; }));
+
+  Task again = rank1;
+  again.set_attempt(2);
+  coordinator_.SetTasks(kNode, {again});
+  EXPECT_TRUE(AwaitLogLine(
+      "job j: the job started again (attempt 2); this worker stops its run of attempt 1"));
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.attempt() == 2 && r.step() >= 2; }));
+
+  coordinator_.SetTasks(kNode, {});
+  ASSERT_TRUE(AwaitNoJobs());
+  EXPECT_TRUE(
+      AwaitLogLine("job j: the job is no longer this worker's task (it ended, or rank 1 went to "
+                   "another worker); this worker stops its run"));
+  for (const std::string& line : LogLines()) {
+    EXPECT_THAT(line, Not(HasSubstr("job ended")));
+    EXPECT_THAT(line, Not(HasSubstr("CANCELLED")));
+  }
+}
+
 TEST_F(WorkerRuntimeTest, ShutdownHandsTheRankBackAfterACompletedStep) {
+  CaptureLog();
   coordinator_.SetTasks(kNode, {HostedTask("j", Spec(1000000))});
   ASSERT_TRUE(
       coordinator_.AwaitReport([](const ReportProgressRequest& r) { return r.step() >= 2; }));
@@ -286,6 +364,11 @@ TEST_F(WorkerRuntimeTest, ShutdownHandsTheRankBackAfterACompletedStep) {
   // It names the steps it completed: at least those it reported.
   EXPECT_GE(last.step(), reports[reports.size() - 2].step());
   EXPECT_TRUE(runtime_->Jobs().empty());
+  // The job goes on elsewhere: the log says the rank was handed back.
+  EXPECT_TRUE(
+      AwaitLogLine("job j: rank 0 was handed back to the coordinator for another worker (this "
+                   "worker is shutting down); this worker stops its run"));
+  for (const std::string& line : LogLines()) EXPECT_THAT(line, Not(HasSubstr("job ended")));
 }
 
 }  // namespace
