@@ -1,7 +1,7 @@
-// Serves a MetricsRegistry at /metrics (Prometheus text format): plain HTTP
-// with civetweb, or, given a certificate and key, HTTPS only with OpenSSL
-// (common/tls_metrics_listener.h says why not civetweb's TLS). Thread-safe;
-// the registry is not owned and must outlive the server.
+// Serves a MetricsRegistry at /metrics (Prometheus text format): plain HTTP,
+// or, given a certificate and key, HTTPS only, on one thread that no idle or
+// slow client can hold up (common/metrics_listener.h). Thread-safe; the
+// registry is not owned and must outlive the server.
 #ifndef DOWNPOUR_COMMON_METRICS_HTTP_H_
 #define DOWNPOUR_COMMON_METRICS_HTTP_H_
 
@@ -11,11 +11,9 @@
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
 
-struct mg_context;
-
 namespace downpour {
 
-class TlsMetricsListener;
+class MetricsListener;
 
 struct MetricsHttpOptions {
   // HOST:PORT to listen on ("127.0.0.1:0" picks a free port). Empty:
@@ -51,16 +49,14 @@ class MetricsHttpServer {
   // The bound address, HOST:PORT.
   const std::string& address() const { return address_; }
   // Whether it serves HTTPS.
-  bool tls() const { return tls_listener_ != nullptr; }
+  bool tls() const;
   // "http://HOST:PORT/metrics", or https://.
   std::string url() const;
 
  private:
-  MetricsHttpServer(mg_context* context, std::unique_ptr<TlsMetricsListener> tls_listener,
-                    std::string address);
+  MetricsHttpServer(std::unique_ptr<MetricsListener> listener, std::string address);
 
-  mg_context* context_;                               // plain HTTP, else null
-  std::unique_ptr<TlsMetricsListener> tls_listener_;  // HTTPS, else null
+  std::unique_ptr<MetricsListener> listener_;
   std::string address_;
 };
 

@@ -99,6 +99,22 @@ std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
+// A connection to the server at 127.0.0.1:PORT that sends nothing; -1 if
+// it cannot connect.
+int ConnectTo(const std::string& address) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(std::stoi(address.substr(address.rfind(':') + 1)));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 class MetricsHttpTest : public testing::Test {
  protected:
   // Throwaway certificates: a self-signed one for 127.0.0.1, and a root CA
@@ -238,19 +254,33 @@ TEST_F(MetricsHttpTest, TlsAnswersOnlyGetMetrics) {
 TEST_F(MetricsHttpTest, TlsStopsWithASilentClientConnected) {
   auto server = MetricsHttpServer::Start(TlsOptions(), &registry_);
   ASSERT_TRUE(server.ok()) << server.status();
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = ConnectTo((*server)->address());
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port =
-      htons(std::stoi((*server)->address().substr((*server)->address().rfind(':') + 1)));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  absl::SleepFor(absl::Milliseconds(200));  // a worker is now in the handshake
+  absl::SleepFor(absl::Milliseconds(200));  // the server is now in the handshake
   const absl::Time start = absl::Now();
   server->reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   close(fd);
+}
+
+// Issue 23: two connections that sent nothing held civetweb's two threads,
+// and every scrape with them, for 30 s. (common/metrics_listener_test times
+// such a scrape; python3's start here is too slow to.)
+TEST_F(MetricsHttpTest, IdleClientsDoNotKeepOthersFromMetrics) {
+  for (const bool tls : {false, true}) {
+    auto server = tls ? MetricsHttpServer::Start(TlsOptions(), &registry_)
+                      : MetricsHttpServer::Start("127.0.0.1:0", &registry_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    std::vector<int> idle;
+    for (int i = 0; i < 100; ++i) {
+      idle.push_back(ConnectTo((*server)->address()));
+      EXPECT_GE(idle.back(), 0);
+    }
+    CommandResult r = Fetch((*server)->url(), tls ? Path("cert.pem") : "");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "downpour_test_total 7")) << r.output;
+    for (const int fd : idle) close(fd);
+  }
 }
 
 TEST_F(MetricsHttpTest, TlsNeedsBothFiles) {

@@ -1,13 +1,12 @@
 // Linking the CUDA libraries makes every thread's static TLS block about
 // 100 KiB larger (cuBLASLt alone has 94 KiB of TLS). A library that asks for
-// a small explicit thread stack (Debian's civetweb, which serves /metrics,
-// uses about 100 KiB) then gets EINVAL from pthread_create, because glibc
-// puts the TLS block on the thread's stack. This definition, in the program
-// itself, interposes on pthread_attr_setstacksize for every library and
-// raises explicit stack sizes to at least 1 MiB; default-sized threads are
-// unaffected. The /metrics server links it too: civetweb runs its handler,
-// our code, on those stacks, and OpenBLAS's 60 KiB of TLS leaves the worker
-// about 40 KiB of each; under AddressSanitizer the handler overflowed it.
+// a small explicit thread stack then gets EINVAL from pthread_create,
+// because glibc puts the TLS block on the thread's stack (civetweb's 100 KiB
+// did, when it served /metrics; NCCL and gRPC's libgpr call
+// pthread_attr_setstacksize too). This definition, in the program itself,
+// interposes on pthread_attr_setstacksize for every library and raises
+// explicit stack sizes to at least 1 MiB; default-sized threads are
+// unaffected.
 #include <dlfcn.h>
 #include <pthread.h>
 

@@ -53,11 +53,10 @@ cc_library(
     visibility = ["//visibility:public"],
 )
 """.format(repr(_pkg_config_libs(ctx, ["openblas"]))))
-    build.append(_library("civetweb", ["-lcivetweb", "-lpthread", "-ldl"]))
     build.append(_library("zlib", ["-lz"]))
     # SHA-256 of bearer tokens and certificate checks (OpenSSL's libcrypto).
     build.append(_library("crypto", _pkg_config_libs(ctx, ["libcrypto"])))
-    # HTTPS for /metrics (common/tls_metrics_listener): OpenSSL's libssl.
+    # HTTPS for /metrics (common/metrics_listener): OpenSSL's libssl.
     build.append(_library("ssl", _pkg_config_libs(ctx, ["libssl"])))
     # Image decoding of tf.Example features: libjpeg-turbo and libpng.
     build.append(_library("jpeg", _pkg_config_libs(ctx, ["libjpeg"])))
