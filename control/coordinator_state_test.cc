@@ -368,6 +368,33 @@ TEST_F(CoordinatorStateTest, JobsAndNodesSurviveRestart) {
   EXPECT_EQ(beat.tasks_size(), 1);
 }
 
+TEST_F(CoordinatorStateTest, ANodeMissingWhenItsJobIsBackIsJudgedByTheTimeoutNotTheGrace) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  Register("b", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 1), "j").ok());
+  // Worker b dies while the coordinator is down.
+  Advance(absl::Seconds(15));
+  Restart();
+  Advance(absl::Seconds(1));
+  Beat("s");
+  Beat("a");
+  state_->Tick();
+  EXPECT_FALSE(state_->GetJob("j")->workers(1).lost());
+  // The others are back: b is missing, judged within the node timeout of
+  // their return (5 s), not after the 10-minute grace.
+  for (int i = 0; i < 3; ++i) {
+    Advance(absl::Seconds(2));
+    Beat("s");
+    Beat("a");
+    state_->Tick();
+  }
+  const JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING);
+  EXPECT_TRUE(job.workers(1).lost()) << job.DebugString();
+  EXPECT_FALSE(job.workers(0).lost());
+}
+
 TEST_F(CoordinatorStateTest, NodesGetTheRecoveryGraceAfterARestartAndLateResultsCount) {
   Register("s", SHARD);
   Register("a", WORKER);
