@@ -204,6 +204,7 @@ absl::StatusOr<JobStatus> CoordinatorState::ResumeJob(const std::string& job_id)
   history_.AddEvent(&updated, absl::StrCat("resume asked: continues from the checkpoint at step ",
                                            restore->step()));
   updated.set_state(PENDING);
+  updated.set_pending_since_ms(absl::ToUnixMillis(options_.now()));
   updated.set_message("");
   updated.set_test_accuracy(-1);
   updated.clear_test_auc();

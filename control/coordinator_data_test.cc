@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "control/coordinator_state_fixture.h"
 #include "gmock/gmock.h"
@@ -168,10 +169,49 @@ TEST_F(DataAssignmentTest, AsyncLiveRanksAlsoTakeOnTheLostRanksRemainingSteps) {
   EXPECT_EQ(Beat("a").tasks(0).steps(), 134);
 }
 
-TEST_F(DataAssignmentTest, RankZeroWhichEvaluatesWaitsForATakerAndATakerGetsTheShare) {
+TEST_F(DataAssignmentTest, ALostRankZerosDataAndEvaluationGoToTheLowestLiveRank) {
   StartJob();
   List("b", 1, 7);
-  for (int i = 0; i < 15; ++i) {  // a silent for 45 s.
+  for (int i = 0; i < 15; ++i) {  // a silent for 45 s, no worker free.
+    Advance(absl::Seconds(3));
+    Beat("s");
+    Beat("b");
+    Beat("c");
+    state_->Tick();
+  }
+  const JobStatus job = *state_->GetJob("j");
+  ASSERT_TRUE(job.workers(0).lost());
+  EXPECT_TRUE(job.workers(0).absorbed());
+  EXPECT_EQ(job.message(), "");
+  // Rank 1 evaluates (and takes the checkpoints) from now on.
+  EXPECT_TRUE(Beat("b").tasks(0).evaluates());
+  EXPECT_FALSE(Beat("c").tasks(0).evaluates());
+  ReportProgressRequest from_two = Progress("j", "c", 2, 100);
+  from_two.set_finished(true);
+  from_two.set_has_test_accuracy(true);
+  from_two.set_test_accuracy(0.99);
+  EXPECT_EQ(state_->ReportProgress(from_two).status().code(), absl::StatusCode::kPermissionDenied);
+  from_two.clear_has_test_accuracy();
+  from_two.clear_test_accuracy();
+  ASSERT_TRUE(state_->ReportProgress(from_two).ok());
+  ReportProgressRequest from_one = Progress("j", "b", 1, 100);
+  from_one.set_finished(true);
+  from_one.set_has_test_accuracy(true);
+  from_one.set_test_accuracy(0.8);
+  ASSERT_TRUE(state_->ReportProgress(from_one).ok());
+  EXPECT_EQ(StateOf("j"), SUCCEEDED);
+  EXPECT_DOUBLE_EQ(state_->GetJob("j")->test_accuracy(), 0.8);
+}
+
+TEST_F(DataAssignmentTest, RankZeroLostAfterTheOthersFinishedIsEvaluatedByARankRunAgain) {
+  StartJob();
+  List("b", 1, 7);
+  for (const auto& [node, rank] : {std::pair<std::string, int>{"b", 1}, {"c", 2}}) {
+    ReportProgressRequest done = Progress("j", node, rank, 100);
+    done.set_finished(true);
+    ASSERT_TRUE(state_->ReportProgress(done).ok());
+  }
+  for (int i = 0; i < 15; ++i) {  // a dies before its final evaluation.
     Advance(absl::Seconds(3));
     Beat("s");
     Beat("b");
@@ -179,15 +219,22 @@ TEST_F(DataAssignmentTest, RankZeroWhichEvaluatesWaitsForATakerAndATakerGetsTheS
     state_->Tick();
   }
   JobStatus job = *state_->GetJob("j");
-  ASSERT_TRUE(job.workers(0).lost());
-  EXPECT_FALSE(job.workers(0).absorbed());
-  EXPECT_THAT(job.message(), HasSubstr("worker rank 0 lost; waiting for a free worker"));
-  Register("d", WORKER);
-  HeartbeatResponse beat = Beat("d");
-  ASSERT_EQ(beat.tasks_size(), 1);
-  EXPECT_EQ(beat.tasks(0).rank(), 0);
-  EXPECT_TRUE(beat.tasks(0).has_join());
-  EXPECT_THAT(FilesOf(beat.tasks(0).data()), ::testing::ElementsAre("part-0", "part-3", "part-6"));
+  ASSERT_EQ(job.state(), RUNNING);
+  EXPECT_FALSE(job.workers(1).finished());
+  const Task task = Beat("b").tasks(0);
+  EXPECT_TRUE(task.evaluates());
+  EXPECT_TRUE(task.has_join());
+  EXPECT_EQ(task.join().step(), 100);
+  ReportProgressRequest evaluated = Progress("j", "b", 1, 100);
+  evaluated.set_finished(true);
+  evaluated.set_has_test_accuracy(true);
+  evaluated.set_test_accuracy(0.75);
+  ASSERT_TRUE(state_->ReportProgress(evaluated).ok());
+  job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_TRUE(std::any_of(job.events().begin(), job.events().end(), [](const JobEvent& e) {
+    return absl::StrContains(e.message(), "worker rank 1 evaluates the job");
+  }));
 }
 
 }  // namespace

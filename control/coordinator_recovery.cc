@@ -122,7 +122,9 @@ void CoordinatorState::HandOverLostRanks() {
     const JobStatus& job = *jobs_.Find(id);
     if (!RankHandover::HasUnclaimed(job)) continue;
     JobStatus updated = job;
-    if (!handover_.Absorb(&updated)) continue;
+    // Rank 0 lost after the others finished: a finished rank evaluates.
+    const bool reopened = handover_.ReopenToEvaluate(&updated);
+    if (!handover_.Absorb(&updated) && !reopened) continue;
     NoteWrite(absl::StrCat("the hand-over of job ", id, "'s lost ranks' data"),
               jobs_.Commit(std::move(updated), /*durable=*/true));
   }

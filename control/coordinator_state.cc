@@ -263,6 +263,7 @@ void CoordinatorState::AddTasks(const NodeInfo& node, HeartbeatResponse* respons
     task->set_batches_per_step(worker.batches_per_step());
     task->set_takes_checkpoints(task->checkpoints() &&
                                 task->rank() == CheckpointOrchestrator::CheckpointRank(job));
+    task->set_evaluates(task->rank() == RankHandover::EvaluatingRank(job));
   }
 }
 
@@ -323,6 +324,7 @@ absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& re
   job.set_state(PENDING);
   job.set_test_accuracy(-1);
   job.set_submit_time_ms(ToMillis(options_.now()));
+  job.set_pending_since_ms(job.submit_time_ms());
   if (init.has_value()) {
     // The weights become the job's checkpoint at step 0: it starts (and
     // restarts, until it has a newer one) from them.
@@ -473,6 +475,13 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
     const JobStatus& current, const ReportProgressRequest& request) {
   const absl::Time now = options_.now();
   const int rank = request.rank();
+  // A result counts only from the rank that evaluates the job.
+  if ((request.has_test_accuracy() || request.has_evaluation()) &&
+      rank != RankHandover::EvaluatingRank(current)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker rank ", rank, " (", request.node_id(), ") does not evaluate job ",
+                     current.id(), "; rank ", RankHandover::EvaluatingRank(current), " does"));
+  }
   ReportProgressResponse response;
   JobStatus job = current;
   WorkerProgress* worker = job.mutable_workers(rank);
@@ -492,7 +501,7 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
                               optional(request.has_test_log_loss(), request.test_log_loss()), now),
                      tensorboard_.get(), &job);
   }
-  if (request.has_evaluation() && rank == 0) {
+  if (request.has_evaluation()) {
     const Evaluation& e = request.evaluation();
     RecordEvaluation(Reported(e.step(), e.accuracy(), optional(e.has_auc(), e.auc()),
                               optional(e.has_log_loss(), e.log_loss()), now),
@@ -611,6 +620,7 @@ absl::Status CoordinatorState::FailOrRestart(const JobStatus& job, const std::st
                              " in ", absl::FormatDuration(backoff), " after: ", why, "; at step ",
                              job.step(), ", continues ", ContinuesFrom(job, restore)));
   updated.set_state(PENDING);
+  updated.set_pending_since_ms(ToMillis(options_.now()));
   updated.set_message(absl::StrCat("restarting after: ", why));
   updated.set_test_accuracy(-1);
   updated.clear_test_auc();
@@ -627,6 +637,7 @@ absl::Status CoordinatorState::StartJob(const JobStatus& pending, Placement plac
   JobStatus job = pending;
   *job.mutable_placement() = std::move(placement);
   job.clear_workers();
+  std::vector<int> without;  // Ranks that start without a worker.
   for (int rank = 0; rank < job.placement().worker_nodes_size(); ++rank) {
     WorkerProgress* progress = job.add_workers();
     progress->set_rank(rank);
@@ -634,6 +645,13 @@ absl::Status CoordinatorState::StartJob(const JobStatus& pending, Placement plac
     // Every rank's step target is in its record (the hand-over of a lost
     // rank's steps raises it).
     progress->set_steps(job.spec().steps());
+    if (progress->node_id().empty()) {
+      // Lost for as long as a hand-over waits: its data goes to the live
+      // ranks as soon as they have listed the files.
+      progress->set_lost(true);
+      progress->set_lost_ms(ToMillis(options_.now() - options_.handover_wait));
+      without.push_back(rank);
+    }
   }
   // Every start shares the files out afresh: all ranks are present.
   RankHandover::ShareDataFiles(&job);
@@ -645,15 +663,22 @@ absl::Status CoordinatorState::StartJob(const JobStatus& pending, Placement plac
   job.set_checkpoint_requested_ms(0);
   job.set_not_before_ms(0);
   history_.AddEvent(
-      &job, absl::StrCat(job.attempt() == 1 ? "started" : "started again",
-                         job.has_restore()
-                             ? absl::StrCat(" from the checkpoint at step ", job.restore().step())
-                             : "",
-                         " on ", job.placement().worker_nodes_size(), " workers (",
-                         absl::StrJoin(job.placement().worker_nodes(), ", "), ") and ",
-                         job.placement().shard_nodes_size(), " shards (",
-                         absl::StrJoin(job.placement().shard_nodes(), ", "), ")",
-                         Saves(job) ? "; checkpoints on" : ""));
+      &job,
+      absl::StrCat(job.attempt() == 1 ? "started" : "started again",
+                   job.has_restore()
+                       ? absl::StrCat(" from the checkpoint at step ", job.restore().step())
+                       : "",
+                   " on ", job.placement().worker_nodes_size(), " workers (",
+                   absl::StrJoin(job.placement().worker_nodes(), ", "), ") and ",
+                   job.placement().shard_nodes_size(), " shards (",
+                   absl::StrJoin(job.placement().shard_nodes(), ", "), ")",
+                   Saves(job) ? "; checkpoints on" : "",
+                   without.empty()
+                       ? ""
+                       : absl::StrCat("; no worker was free for rank",
+                                      without.size() > 1 ? "s " : " ", absl::StrJoin(without, ", "),
+                                      " within ", absl::FormatDuration(options_.handover_wait),
+                                      ": the live ranks take its data")));
   const int64_t from = job.restore().step();
   RETURN_IF_ERROR(jobs_.Commit(std::move(job), /*durable=*/true));
   checkpoints_.Started(pending.id(), from);
@@ -709,6 +734,8 @@ void CoordinatorState::Tick() {
 control::ScheduleOptions CoordinatorState::Placing() const {
   control::ScheduleOptions options;
   options.checkpoints = !checkpoints_.root().empty();
+  options.now_ms = ToMillis(options_.now());
+  options.short_start_after_ms = absl::ToInt64Milliseconds(options_.handover_wait);
   return options;
 }
 

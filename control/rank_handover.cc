@@ -24,7 +24,19 @@ bool RankHandover::HasUnclaimed(const JobStatus& job) {
          std::any_of(job.workers().begin(), job.workers().end(), Unclaimed);
 }
 
-std::string RankHandover::WaitingFor(const JobStatus& job) {
+int RankHandover::EvaluatingRank(const JobStatus& job) {
+  if (job.workers().empty()) return -1;
+  if (!job.workers(0).lost()) return 0;
+  for (const WorkerProgress& worker : job.workers()) {
+    if (!worker.lost() && !worker.finished()) return worker.rank();
+  }
+  for (const WorkerProgress& worker : job.workers()) {
+    if (!worker.lost()) return worker.rank();
+  }
+  return -1;
+}
+
+std::string RankHandover::WaitingFor(const JobStatus& job) const {
   std::vector<int> lost;
   for (const WorkerProgress& worker : job.workers()) {
     if (Unclaimed(worker)) lost.push_back(worker.rank());
@@ -32,7 +44,8 @@ std::string RankHandover::WaitingFor(const JobStatus& job) {
   if (lost.empty()) return "";
   return absl::StrCat("worker rank", lost.size() > 1 ? "s " : " ", absl::StrJoin(lost, ", "),
                       " lost; waiting for a free worker to take ", lost.size() > 1 ? "them" : "it",
-                      " over", lost[0] == 0 ? " (rank 0 evaluates the job at its end)" : "");
+                      " over (for ", absl::FormatDuration(options_.handover_wait),
+                      ", then the live ranks take ", lost.size() > 1 ? "their" : "its", " data)");
 }
 
 std::string RankHandover::Untrained(const JobStatus& job) {
@@ -95,8 +108,7 @@ bool RankHandover::Absorb(JobStatus* job) const {
   const bool sync = job->spec().consistency().mode() == ConsistencySpec::SYNC;
   bool absorbed = false;
   for (WorkerProgress& lost : *job->mutable_workers()) {
-    // Rank 0 evaluates the job at its end: it waits for a taker.
-    if (!Unclaimed(lost) || lost.rank() == 0 || lost.lost_ms() + wait_ms > now_ms) continue;
+    if (!Unclaimed(lost) || lost.lost_ms() + wait_ms > now_ms) continue;
     // The live ranks still training, least loaded first.
     std::vector<WorkerProgress*> receivers;
     for (WorkerProgress& worker : *job->mutable_workers()) {
@@ -149,6 +161,29 @@ bool RankHandover::Absorb(JobStatus* job) const {
   }
   if (absorbed) job->set_message(WaitingFor(*job));
   return absorbed;
+}
+
+bool RankHandover::ReopenToEvaluate(JobStatus* job) const {
+  if (job->state() != RUNNING || job->test_accuracy() >= 0 || job->workers().empty()) {
+    return false;
+  }
+  // Rank 0 may yet be taken over within the wait.
+  const WorkerProgress& first = job->workers(0);
+  if (!Unclaimed(first) || first.lost_ms() + absl::ToInt64Milliseconds(options_.handover_wait) >
+                               absl::ToUnixMillis(options_.now())) {
+    return false;
+  }
+  const int rank = EvaluatingRank(*job);
+  if (rank < 0) return false;
+  WorkerProgress* evaluator = job->mutable_workers(rank);
+  if (!evaluator->finished()) return false;
+  evaluator->set_finished(false);
+  evaluator->set_joined(true);
+  history_->AddEvent(job, absl::StrCat("worker rank ", rank,
+                                       " evaluates the job (rank 0 was lost after the others "
+                                       "finished): it runs again from step ",
+                                       evaluator->step(), " to do it"));
+  return true;
 }
 
 void RankHandover::ShareDataFiles(JobStatus* job) {

@@ -41,8 +41,12 @@ class RankHandover {
   static bool Unclaimed(const WorkerProgress& worker);
   // Whether the running `job` has an unclaimed rank.
   static bool HasUnclaimed(const JobStatus& job);
+  // The rank that evaluates the job: rank 0, or while it is lost the lowest
+  // rank still training, or when none trains the lowest live one (which
+  // runs again to do it: ReopenToEvaluate); -1 when every rank is lost.
+  static int EvaluatingRank(const JobStatus& job);
   // The job's message while ranks are lost ("" when none is).
-  static std::string WaitingFor(const JobStatus& job);
+  std::string WaitingFor(const JobStatus& job) const;
   // What a job that ends with lost ranks did not train ("" when none is).
   static std::string Untrained(const JobStatus& job);
 
@@ -58,8 +62,14 @@ class RankHandover {
                     const std::function<absl::StatusOr<CheckpointRestore>()>& newest) const;
   // Deals the data of ranks lost for longer than handover_wait out to the
   // job's live ranks (SYNC: one rank takes it and its batches a step); the
-  // ranks are then absorbed. False when none was.
+  // ranks are then absorbed — rank 0 too, whose evaluation then goes to the
+  // lowest live rank. False when none was.
   bool Absorb(JobStatus* job) const;
+  // A job not yet evaluated whose rank 0 was lost, not taken over within
+  // handover_wait, after the others finished: the lowest live rank runs
+  // again, from its step, to train what rank 0 had left (Absorb deals it)
+  // and evaluate the job. False when nothing changed.
+  bool ReopenToEvaluate(JobStatus* job) const;
 
   // Gives every rank of `job` its first share of job->data_files().
   static void ShareDataFiles(JobStatus* job);

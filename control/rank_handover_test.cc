@@ -43,7 +43,9 @@ TEST_F(RankHandoverTest, ALostRankWaitsThenGoesToAFreeWorker) {
   EXPECT_FALSE(handover.Lose(&job_, 1, "again"));
   EXPECT_TRUE(job_.workers(1).lost());
   EXPECT_EQ(job_.placement().worker_nodes(1), "");
-  EXPECT_EQ(job_.message(), "worker rank 1 lost; waiting for a free worker to take it over");
+  EXPECT_EQ(job_.message(),
+            "worker rank 1 lost; waiting for a free worker to take it over (for 30s, then the "
+            "live ranks take its data)");
   EXPECT_EQ(RankHandover::Untrained(job_),
             "without the data of worker rank 1 from step 40 (lost; no worker was free to take "
             "it over)");
@@ -101,15 +103,21 @@ TEST_F(RankHandoverTest, AnAsyncRanksDataAndStepsAreDealtToTheLiveRanksAfterTheW
   EXPECT_FALSE(handover.Absorb(&job_));
 }
 
-TEST_F(RankHandoverTest, RankZeroIsAlwaysWaitedFor) {
+TEST_F(RankHandoverTest, RankZerosDataAndEvaluationGoToTheLowestLiveRank) {
   const RankHandover handover = Handover();
   job_.add_data_files("part-0");
+  EXPECT_EQ(RankHandover::EvaluatingRank(job_), 0);
   handover.Lose(&job_, 0, "gone");
-  now_ += absl::Hours(1);
-  EXPECT_FALSE(handover.Absorb(&job_));
-  EXPECT_EQ(job_.message(),
-            "worker rank 0 lost; waiting for a free worker to take it over (rank 0 evaluates "
-            "the job at its end)");
+  EXPECT_EQ(RankHandover::EvaluatingRank(job_), 1);
+  now_ += absl::Seconds(31);
+  EXPECT_TRUE(handover.Absorb(&job_));
+  EXPECT_TRUE(job_.workers(0).absorbed());
+  // The lowest rank still training evaluates; once all finished, the lowest
+  // live one (it runs again to do it).
+  job_.mutable_workers(1)->set_finished(true);
+  EXPECT_EQ(RankHandover::EvaluatingRank(job_), 2);
+  job_.mutable_workers(2)->set_finished(true);
+  EXPECT_EQ(RankHandover::EvaluatingRank(job_), 1);
 }
 
 TEST_F(RankHandoverTest, AListingTooLargeToShareIsRefused) {

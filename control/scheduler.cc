@@ -95,11 +95,13 @@ struct Choice {
   std::vector<std::string> shards, workers;
   // Why the first node or host passed over could not take its part.
   std::string short_of;
+  // Every shard and at least the workers asked for were found.
+  bool complete = false;
 };
 
 Choice Choose(const JobSpec& spec, const JobNeeds& needs,
               const std::vector<const NodeInfo*>& shards,
-              const std::vector<const NodeInfo*>& workers, MemoryLedger* ledger) {
+              const std::vector<const NodeInfo*>& workers, MemoryLedger* ledger, int min_workers) {
   Choice choice;
   auto pick = [&](const std::vector<const NodeInfo*>& candidates, int64_t need,
                   std::vector<std::string>* chosen) {
@@ -119,14 +121,11 @@ Choice Choose(const JobSpec& spec, const JobNeeds& needs,
     if (!pick(shards, needs.shards[i], &choice.shards)) return choice;
   }
   for (int rank = 0; rank < spec.num_workers(); ++rank) {
-    if (!pick(workers, needs.worker, &choice.workers)) return choice;
+    if (!pick(workers, needs.worker, &choice.workers)) break;
   }
+  choice.complete = static_cast<int>(choice.shards.size()) == spec.num_shards() &&
+                    static_cast<int>(choice.workers.size()) >= min_workers;
   return choice;
-}
-
-bool Complete(const JobSpec& spec, const Choice& choice) {
-  return static_cast<int>(choice.shards.size()) == spec.num_shards() &&
-         static_cast<int>(choice.workers.size()) == spec.num_workers();
 }
 
 std::string Needs(const JobSpec& spec, const JobNeeds& needs) {
@@ -173,7 +172,14 @@ std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*
       }
     }
     const JobSpec& spec = job->spec();
-    if (static_cast<int>(workers.size()) < spec.num_workers() ||
+    // A job that ran before does not wait forever for a worker that died:
+    // after a while it goes on with those there are.
+    const bool short_handed =
+        job->attempt() >= 1 && options.short_start_after_ms > 0 &&
+        options.now_ms >=
+            std::max(job->pending_since_ms(), job->not_before_ms()) + options.short_start_after_ms;
+    const int min_workers = short_handed ? 1 : spec.num_workers();
+    if (static_cast<int>(workers.size()) < min_workers ||
         static_cast<int>(shards.size()) < spec.num_shards()) {
       decision.message = absl::StrCat("waiting for ", spec.num_workers(), " free workers (",
                                       workers.size(), " free of ", alive_workers, " alive) and ",
@@ -194,8 +200,8 @@ std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*
       return shard_load[a->id()] < shard_load[b->id()];
     });
     MemoryLedger trial = ledger;
-    Choice choice = Choose(spec, *needs, shards, workers, &trial);
-    if (!Complete(spec, choice)) {
+    Choice choice = Choose(spec, *needs, shards, workers, &trial, min_workers);
+    if (!choice.complete) {
       decision.message =
           absl::StrCat("waiting for memory: it needs ", Needs(spec, *needs), "; ", choice.short_of);
       decisions.push_back(std::move(decision));
@@ -211,6 +217,7 @@ std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*
       placement.add_worker_nodes(worker);
       busy_workers.insert(worker);
     }
+    while (placement.worker_nodes_size() < spec.num_workers()) placement.add_worker_nodes("");
     for (auto& p : needs->partitions) *placement.add_partitions() = std::move(p);
     decision.action = ScheduleDecision::Action::kStart;
     decisions.push_back(std::move(decision));
@@ -228,8 +235,8 @@ absl::Status CheckFits(const JobSpec& spec, const std::vector<NodeInfo>& nodes,
   }
   ASSIGN_OR_RETURN(JobNeeds needs, NeedsOf(spec, options));
   MemoryLedger ledger(nodes);
-  const Choice choice = Choose(spec, needs, shards, workers, &ledger);
-  if (Complete(spec, choice)) return absl::OkStatus();
+  const Choice choice = Choose(spec, needs, shards, workers, &ledger, spec.num_workers());
+  if (choice.complete) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "the job needs ", Needs(spec, needs),
       " (parameters, optimizer state and checkpoint copies on a shard; parameters, gradients "

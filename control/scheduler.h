@@ -35,6 +35,12 @@ struct ScheduleOptions {
   // Whether shards keep checkpoint copies of what they hold (the
   // coordinator has a checkpoint root).
   bool checkpoints = false;
+  // Now, and how long a job that ran before (restarting, resumed) waits for
+  // all its workers once PENDING: after that it starts with the free ones
+  // (at least one), the missing ranks left without a worker (the
+  // coordinator deals their data to the others). 0: it waits for all.
+  int64_t now_ms = 0;
+  int64_t short_start_after_ms = 0;
 };
 
 // What to do with one pending job.
@@ -51,8 +57,10 @@ struct ScheduleDecision {
 };
 
 // Decisions for every PENDING job of `jobs` (in submission order), given the
-// alive nodes. RUNNING jobs' workers are busy and their memory taken; a job
-// started by an earlier decision counts as running for the later ones.
+// alive nodes. A started job's placement names a worker for every rank, ""
+// for a rank left without one (ScheduleOptions::short_start_after_ms). RUNNING jobs' workers are
+// busy and their memory taken; a job started by an earlier decision counts as running for the later
+// ones.
 std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*>& jobs,
                                               const std::vector<NodeInfo>& alive_nodes,
                                               const ScheduleOptions& options = {});

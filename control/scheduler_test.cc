@@ -156,6 +156,28 @@ TEST(SchedulerTest, AJobTooLargeForTheNodesEvenIdleIsRefusedNamingTheLimit) {
           .ok());
 }
 
+TEST(SchedulerTest, AJobThatRanBeforeStartsShortHandedAfterTheWait) {
+  JobStatus restarting = Job("again", PENDING, 2, 1);
+  restarting.set_attempt(1);
+  restarting.set_pending_since_ms(1000);
+  const std::vector<NodeInfo> nodes = {Node("s", SHARD), Node("w1", WORKER)};
+  ScheduleOptions options;
+  options.short_start_after_ms = 30000;
+  options.now_ms = 30999;
+  std::vector<ScheduleDecision> decisions = SchedulePending({&restarting}, nodes, options);
+  ASSERT_EQ(decisions.size(), 1u);
+  EXPECT_EQ(decisions[0].action, Action::kWait);
+  options.now_ms = 31000;
+  decisions = SchedulePending({&restarting}, nodes, options);
+  ASSERT_EQ(decisions.size(), 1u);
+  EXPECT_EQ(decisions[0].action, Action::kStart);
+  EXPECT_THAT(decisions[0].placement.worker_nodes(), ElementsAre("w1", ""));
+  // A job that never ran waits for all its workers.
+  JobStatus fresh = Job("fresh", PENDING, 2, 1);
+  decisions = SchedulePending({&fresh}, nodes, options);
+  EXPECT_EQ(decisions[0].action, Action::kWait);
+}
+
 }  // namespace
 }  // namespace control
 }  // namespace downpour
