@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -32,6 +34,20 @@ int64_t ToMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
 bool Names(const google::protobuf::RepeatedPtrField<std::string>& nodes, const std::string& id) {
   return std::find(nodes.begin(), nodes.end(), id) != nodes.end();
+}
+
+// "2 workers (a, b)", or "1 of 2 workers (b)" where ranks start with no
+// worker (the live ranks take their data).
+std::string WorkersText(const Placement& placement) {
+  std::vector<std::string> present;
+  for (const std::string& node : placement.worker_nodes()) {
+    if (!node.empty()) present.push_back(node);
+  }
+  const int ranks = placement.worker_nodes_size();
+  return absl::StrCat(static_cast<int>(present.size()) == ranks
+                          ? absl::StrCat(ranks)
+                          : absl::StrCat(present.size(), " of ", ranks),
+                      " workers (", absl::StrJoin(present, ", "), ")");
 }
 
 bool InPlacement(const Placement& placement, const std::string& node_id) {
@@ -546,9 +562,11 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
   // A saved job ends once its final checkpoint is written (the
   // checkpointing rank sends its part with its last report).
   if (done) job.set_message("trained; writing the final checkpoint");
+  // The rank that took the checkpoint as it was when it did (its last
+  // report, with the final one, also says it finished).
+  const bool takes_checkpoints = rank == CheckpointOrchestrator::CheckpointRank(current);
   RETURN_IF_ERROR(jobs_.Commit(std::move(job), milestone));
-  const JobStatus& recorded = *jobs_.Find(request.job_id());
-  if (request.has_checkpoint() && rank == CheckpointOrchestrator::CheckpointRank(recorded)) {
+  if (request.has_checkpoint() && takes_checkpoints) {
     TakeWorkerState(request.job_id(), request.checkpoint());
   }
   return response;
@@ -664,21 +682,19 @@ absl::Status CoordinatorState::StartJob(const JobStatus& pending, Placement plac
   job.set_not_before_ms(0);
   history_.AddEvent(
       &job,
-      absl::StrCat(job.attempt() == 1 ? "started" : "started again",
-                   job.has_restore()
-                       ? absl::StrCat(" from the checkpoint at step ", job.restore().step())
-                       : "",
-                   " on ", job.placement().worker_nodes_size(), " workers (",
-                   absl::StrJoin(job.placement().worker_nodes(), ", "), ") and ",
-                   job.placement().shard_nodes_size(), " shards (",
-                   absl::StrJoin(job.placement().shard_nodes(), ", "), ")",
-                   Saves(job) ? "; checkpoints on" : "",
-                   without.empty()
-                       ? ""
-                       : absl::StrCat("; no worker was free for rank",
-                                      without.size() > 1 ? "s " : " ", absl::StrJoin(without, ", "),
-                                      " within ", absl::FormatDuration(options_.handover_wait),
-                                      ": the live ranks take its data")));
+      absl::StrCat(
+          job.attempt() == 1 ? "started" : "started again",
+          job.has_restore() ? absl::StrCat(" from the checkpoint at step ", job.restore().step())
+                            : "",
+          " on ", WorkersText(job.placement()), " and ", job.placement().shard_nodes_size(),
+          " shards (", absl::StrJoin(job.placement().shard_nodes(), ", "), ")",
+          Saves(job) ? "; checkpoints on" : "",
+          without.empty()
+              ? ""
+              : absl::StrCat("; no worker was free for rank", without.size() > 1 ? "s " : " ",
+                             absl::StrJoin(without, ", "), " within ",
+                             absl::FormatDuration(options_.handover_wait),
+                             ": the live ranks take its data")));
   const int64_t from = job.restore().step();
   RETURN_IF_ERROR(jobs_.Commit(std::move(job), /*durable=*/true));
   checkpoints_.Started(pending.id(), from);

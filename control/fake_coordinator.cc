@@ -39,6 +39,8 @@ absl::StatusOr<HeartbeatResponse> FakeCoordinator::Heartbeat(const HeartbeatRequ
     *sent = task;
     // As the coordinator does: a task names the rank's step target.
     if (sent->steps() == 0) sent->set_steps(sent->spec().steps());
+    // As the coordinator does while rank 0 is there: it evaluates.
+    if (sent->rank() == 0) sent->set_evaluates(true);
   }
   return response;
 }

@@ -33,9 +33,10 @@ std::string CheckpointedSpec(const std::string& mode, int64_t steps, int64_t eve
 
 class CheckpointTest : public ClusterFixture {
  protected:
-  void StartCluster(bool checkpoints = true, std::vector<std::string> coordinator_flags = {}) {
+  void StartCluster(bool checkpoints = true, std::vector<std::string> coordinator_flags = {},
+                    int shards = 2) {
     LocalCluster::Options options;
-    options.shards = 2;
+    options.shards = shards;
     options.workers = 2;
     options.coordinator_flags = std::move(coordinator_flags);
     if (checkpoints) {
@@ -268,6 +269,17 @@ class RecoveryTest : public CheckpointTest {
     return cluster_->worker(1);
   }
 
+  // The shard process that holds shard `index` of the job "victim", among
+  // the cluster's `shards`.
+  Process* ShardOfIndex(int index, int shards) {
+    const std::string node = cluster_->GetJob("victim").placement().shard_nodes(index);
+    for (int i = 0; i < shards; ++i) {
+      if (node == "ps@" + cluster_->AddressOf(absl::StrCat("ps", i))) return cluster_->shard(i);
+    }
+    ADD_FAILURE() << "no shard process holds shard " << index << " (" << node << ")";
+    return cluster_->shard(0);
+  }
+
   // Runs `fault` (which injects the fault and starts what replaces the lost
   // process) on a running job of `mode`.
   void SurviveFault(Expect expect, const std::function<void()>& fault,
@@ -378,6 +390,37 @@ TEST_F(RecoveryTest, AKilledSyncWorkersDataGoesToTheLiveWorkerWhenNoneIsFree) {
 TEST_F(RecoveryTest, ADrainedAsyncWorkersDataGoesToTheLiveWorkerWhenNoneIsFree) {
   SurviveFault(Expect::kHandedOut, [this] { WorkerOfRank(1)->Signal(SIGTERM); }, "ASYNC",
                {"--handover_wait_s=0"});
+}
+
+// No job depends on one worker: on 2 workers and 3 shards (one spare),
+// rank 0's worker is killed with no spare worker (its data and the
+// evaluation go to rank 1), then one of the job's shards is killed (the SYNC
+// job rolls back to its checkpoint and starts again on the spare shard and
+// the one worker left, after the hand-over wait). It ends as a clean run
+// would.
+TEST_F(RecoveryTest, AJobLosesRankZeroThenAShardWithNoSpareWorkerAndStillSucceeds) {
+  StartCluster(/*checkpoints=*/true, {"--handover_wait_s=2"}, /*shards=*/3);
+  const std::string spec = WriteSpec(CheckpointedSpec("SYNC", 2000, 100));
+  ASSERT_EQ(cluster_->Ctl({"submit", spec, "--job_id=victim"}).exit_code, 0);
+  ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) { return job.step() >= 550; }))
+      << cluster_->Logs();
+  WorkerOfRank(0)->Signal(SIGKILL);
+  ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) {
+    return job.step() >= 1550 && !job.checkpoints().empty() &&
+           job.checkpoints().rbegin()->step() >= 1400;
+  })) << cluster_->Logs();
+  ShardOfIndex(1, /*shards=*/3)->Signal(SIGKILL);
+  CommandResult waited = cluster_->Ctl({"wait", "victim"}, absl::Minutes(3));
+  const JobStatus job = cluster_->GetJob("victim");
+  std::cout << "events:" << Events(job) << std::endl;
+  ASSERT_EQ(waited.exit_code, 0) << waited.err << cluster_->Logs();
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_GE(job.test_accuracy(), 0.85) << Events(job);
+  EXPECT_GE(job.restarts(), 1) << Events(job);
+  EXPECT_GE(job.resumed_from_step(), 1400) << Events(job);
+  EXPECT_TRUE(HasEvent(job, "worker rank 0 not taken over within 2s")) << Events(job);
+  EXPECT_TRUE(HasEvent(job, "on 1 of 2 workers")) << Events(job);
+  EXPECT_FALSE(absl::StrContains(job.message(), "without the data")) << job.message();
 }
 
 TEST_F(RecoveryTest, AKilledShardIsReplacedAndItsPartitionsRestored) {

@@ -71,6 +71,7 @@ JobTrainer::JobTrainer(Task task, TrainerOptions options, std::vector<ParameterS
       shards_(std::move(shards)),
       reporter_(std::move(reporter)) {
   takes_checkpoints_.store(task_.takes_checkpoints());
+  evaluates_.store(task_.evaluates());
 }
 
 absl::Status JobTrainer::StartExchange(const ModelRunner& model) {

@@ -122,6 +122,11 @@ class JobTrainer {
   // Whether this rank takes the job's checkpoints (Task.takes_checkpoints:
   // rank 0, or another while rank 0 is lost). Thread-safe.
   void SetTakesCheckpoints(bool takes) { takes_checkpoints_.store(takes); }
+  // Whether this rank evaluates the job (Task.evaluates: rank 0, or while
+  // it is lost the lowest live rank), as the coordinator's tasks say.
+  void SetEvaluates(bool evaluates) { evaluates_.store(evaluates); }
+  // Whether this run reported the job's final evaluation.
+  bool evaluated() const { return evaluated_.load(); }
   // Which start of the job this trainer runs (Task.attempt).
   int64_t attempt() const { return task_.attempt(); }
   // The job is no longer this worker's task: stop without reporting. `why`
@@ -272,6 +277,8 @@ class JobTrainer {
   bool permanent_ = false;
   std::atomic<int64_t> checkpoint_wanted_ms_{0};
   std::atomic<bool> takes_checkpoints_{false};
+  std::atomic<bool> evaluates_{false};
+  std::atomic<bool> evaluated_{false};
   int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.
   std::atomic<bool> cancelled_{false};
   absl::Mutex cancel_mu_;

@@ -190,7 +190,7 @@ absl::Status JobTrainer::Train() {
     RETURN_IF_ERROR(EvaluatePeriodically(s, last, &run));
   }
   RETURN_IF_ERROR(FinishRun(&run));
-  if (task_.rank() == 0) return EvaluateFinalModel(&run);
+  if (evaluates_.load()) return EvaluateFinalModel(&run);
   // A rank taken over after its last step has nothing to train.
   if (run.first_step >= steps_.load()) {
     ReportProgressRequest done;
@@ -245,9 +245,10 @@ absl::Status JobTrainer::StartRun(RunState* run) {
   int64_t data_step = 0;
   ASSIGN_OR_RETURN(run->reader, OpenData(&data_step));
   RETURN_IF_ERROR(Resume(data_step, run));
-  if (task_.rank() == 0) {
-    // Rank 0 evaluates at the end; a wrong test-set path fails the job now,
-    // not after the last step.
+  if (evaluates_.load()) {
+    // The evaluating rank: a wrong test-set path fails the job now, not
+    // after the last step (a rank that comes to evaluate later opens it
+    // then).
     ASSIGN_OR_RETURN(run->test_reader, OpenTestSet());
   }
   permanent_ = false;
@@ -317,7 +318,7 @@ absl::Status JobTrainer::Resume(int64_t data_step, RunState* run) {
 absl::Status JobTrainer::StartLoop(RunState* run) {
   const ConsistencySpec& consistency = task_.spec().consistency();
   run->metrics = TrainerMetrics::Create(options_.metrics, task_.job_id(),
-                                        /*evaluates=*/task_.rank() == 0);
+                                        /*evaluates=*/evaluates_.load());
   run->window_start = MonotonicSeconds();
   run->push_every = std::max(1, consistency.push_every());
   run->fetch_every = std::max(1, consistency.fetch_every());
@@ -610,7 +611,8 @@ void JobTrainer::ReportProgress(StepState* s, bool last, RunState* run) {
   if (run->metrics.examples_per_second) {
     run->metrics.examples_per_second->Set(progress.examples_per_sec());
   }
-  progress.set_finished(last && task_.rank() != 0);
+  // The evaluating rank finishes with its evaluation (EvaluateFinalModel).
+  progress.set_finished(last && !evaluates_.load());
   if (checkpoint) *progress.mutable_checkpoint() = std::move(s->checkpoint);
   Report(progress, /*final=*/progress.finished());
   run->window_start = now;
@@ -619,11 +621,11 @@ void JobTrainer::ReportProgress(StepState* s, bool last, RunState* run) {
 }
 
 absl::Status JobTrainer::EvaluatePeriodically(const StepState& s, bool last, RunState* run) {
-  // Rank 0's evaluation of the parameters it just pulled (the last step's
-  // is the final one: EvaluateFinalModel).
+  // The evaluating rank's evaluation of the parameters it just pulled (the
+  // last step's is the final one: EvaluateFinalModel).
   const int64_t every = task_.spec().eval_every_steps();
   const int64_t step = s.step + 1;
-  if (task_.rank() != 0 || every <= 0 || step % every != 0 || last) return absl::OkStatus();
+  if (!evaluates_.load() || every <= 0 || step % every != 0 || last) return absl::OkStatus();
   const double began = MonotonicSeconds();
   RETURN_IF_ERROR(FinishPendingExchange(run));
   RETURN_IF_ERROR(input_stage_ ? input_stage_->Finish() : absl::OkStatus());
@@ -674,6 +676,12 @@ absl::Status JobTrainer::EvaluateFinalModel(RunState* run) {
   const int64_t final_version = sync ? JobSteps() : 0;
   const int64_t final_worker_steps = sync ? 0 : JobSteps();
   RETURN_IF_ERROR(PullParameters(run->model.get(), final_version, final_worker_steps));
+  if (run->test_reader == nullptr) {
+    // This rank came to evaluate after it started (rank 0 was lost).
+    absl::StatusOr<std::unique_ptr<BatchReader>> opened = OpenTestSet();
+    if (!opened.ok()) return BadTestData(opened.status());
+    run->test_reader = *std::move(opened);
+  }
   ASSIGN_OR_RETURN(TestMetrics tested, EvaluateTestSet(run->model.get(), run->test_reader.get(),
                                                        final_version, final_worker_steps));
   if (run->metrics.test_accuracy) run->metrics.test_accuracy->Set(tested.accuracy);
@@ -694,6 +702,7 @@ absl::Status JobTrainer::EvaluateFinalModel(RunState* run) {
   if (tested.auc) done.set_test_auc(*tested.auc);
   if (tested.log_loss) done.set_test_log_loss(*tested.log_loss);
   Report(done, /*final=*/true);
+  evaluated_.store(true);
   return absl::OkStatus();
 }
 

@@ -121,6 +121,7 @@ class TrainerTest : public ::testing::Test {
     *task.mutable_spec() = spec_;
     task.set_rank(rank);
     task.set_steps(spec_.steps());
+    task.set_evaluates(rank == 0);  // As the coordinator says while rank 0 is there.
     for (const PartitionPlacement& p : placed_) *task.mutable_placement()->add_partitions() = p;
     DataPart* part = task.add_data();
     part->set_file("train-00000-of-00001");

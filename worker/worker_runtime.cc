@@ -53,6 +53,14 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
     }
     bool replace = !why.empty() || run.trainer->cancelled();
     Task next = task;
+    if (!replace && run.done.load() && !run.trainer->failed() && task.evaluates() &&
+        !run.trainer->evaluated()) {
+      // Rank 0 was lost after this rank finished: it runs again, from where
+      // it got to, to train what is left and evaluate the job.
+      Log(absl::StrCat("job ", task.job_id(), ": rank ", task.rank(),
+                       " evaluates the job now; running it again from step ", task.join().step()));
+      replace = true;
+    }
     if (!replace && run.done.load() && run.trainer->failed()) {
       // The run failed and said so, yet the job is still this worker's
       // task: the coordinator did not act on the report (it was down, or
@@ -76,6 +84,7 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
       continue;
     }
     run.trainer->SetTakesCheckpoints(task.takes_checkpoints());
+    run.trainer->SetEvaluates(task.evaluates());
     if (task.checkpoint_requested_ms() > 0) {
       run.trainer->RequestCheckpoint(task.checkpoint_requested_ms());
     }

@@ -160,6 +160,7 @@ class WorkerRuntimeTest : public ::testing::Test {
     task.set_job_id(job_id);
     *task.mutable_spec() = spec;
     task.set_rank(0);
+    task.set_evaluates(true);
     auto params = ValidateJobSpec(spec);
     EXPECT_TRUE(params.ok()) << params.status();
     auto placed = PlacePartitions(*params, 1, spec.partition_bytes());
