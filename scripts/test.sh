@@ -30,7 +30,10 @@ if [[ ${FUZZ_SECONDS:-10} != 0 ]]; then
     --config=fuzz //fuzz:all >"$fuzz_build_log" 2>&1 &
   fuzz_build_pid=$!
 fi
-bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
+# One disk cache for the main build and the CPU-only build below: the actions
+# that CUDA does not change are built once.
+disk_cache=${DOWNPOUR_DISK_CACHE:-$HOME/.cache/downpour-disk}
+bazel test --disk_cache="$disk_cache" //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
 # The dependency rules of docs/architecture.md over the build graph (bazel query,
 # so outside `bazel test`).
 python3 "$ROOT/tests/layering_test.py" --junit "$layering"
@@ -55,8 +58,9 @@ wait "$venv_pid" && python=$(cat "$venv_out")
 /usr/bin/python3 "$ROOT/deploy/slurm_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$slurm_xml"
 # The daemons built with the CUDA toolkit hidden (a second Bazel output base in
-# a temp dir: a cold build of minutes) train a short job on the CPU.
-python3 "$ROOT/tests/cpu_only_build_test.py" --junit "$cpu_only_xml"
+# a temp dir; from the disk cache but for what CUDA changes) train a short job
+# on the CPU.
+python3 "$ROOT/tests/cpu_only_build_test.py" --junit "$cpu_only_xml" --disk_cache "$disk_cache"
 # Each fuzz target of fuzz/ for FUZZ_SECONDS (default 10; 0 skips them), two at
 # a time, over a copy of its seeds: clang, ASan and UBSan in an output base of
 # its own (a cold build of about 4.5 min on 2 busy cores; warm in
