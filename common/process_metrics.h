@@ -2,7 +2,9 @@
 // meanings Prometheus' own clients use: process_cpu_seconds_total,
 // process_resident_memory_bytes, process_virtual_memory_bytes,
 // process_open_fds, process_max_fds, process_start_time_seconds (read from
-// /proc at each scrape), and downpour_build_info{daemon,version,commit} = 1.
+// /proc at each scrape); what glibc's malloc holds live and free,
+// downpour_malloc_in_use_bytes and downpour_malloc_free_bytes (mallinfo2 at
+// each scrape); and downpour_build_info{daemon,version,commit} = 1.
 //
 // Thread-safe. The registry is not owned and must outlive nothing here (the
 // collector keeps only copies).

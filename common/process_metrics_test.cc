@@ -153,7 +153,8 @@ TEST(ProcessMetricsTest, ExportsProcessSeriesAndBuildInfo) {
   for (const char* type :
        {"# TYPE process_cpu_seconds_total counter", "# TYPE process_resident_memory_bytes gauge",
         "# TYPE process_virtual_memory_bytes gauge", "# TYPE process_open_fds gauge",
-        "# TYPE process_max_fds gauge", "# TYPE process_start_time_seconds gauge"}) {
+        "# TYPE process_max_fds gauge", "# TYPE process_start_time_seconds gauge",
+        "# TYPE downpour_malloc_in_use_bytes gauge", "# TYPE downpour_malloc_free_bytes gauge"}) {
     EXPECT_NE(text.find(type), std::string::npos) << type << " in\n" << text;
   }
   EXPECT_NE(
@@ -162,6 +163,8 @@ TEST(ProcessMetricsTest, ExportsProcessSeriesAndBuildInfo) {
       std::string::npos)
       << text;
   EXPECT_STRNE(BuildCommit(), "");
+  // This test's own allocations, at least.
+  EXPECT_GT(registry.GetGauge("downpour_malloc_in_use_bytes", "")->value(), 0);
 }
 
 }  // namespace

@@ -70,7 +70,7 @@ int Main() {
   if (writer != nullptr) {
     store.SetCheckpointSink([w = writer.get()](ShardCapture c) { w->Write(std::move(c)); });
   }
-  ShardRuntime runtime(&store, writer.get(), &metrics);
+  ShardRuntime runtime(&store, writer.get(), &metrics, ReleaseMemoryFreedBy);
   ParameterServerService::Options service_options;
   if (options.security.tls.enabled()) {
     service_options.authorize = [&runtime](const std::string& peer, const std::string& job_id,
@@ -115,5 +115,6 @@ int main(int argc, char** argv) {
   downpour::SetDaemonUsage("downpour-ps --coordinator=HOST:PORT [--listen=HOST:PORT] [flags]");
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
+  downpour::LimitMallocArenas();
   return downpour::Main();
 }

@@ -8,10 +8,11 @@
 namespace downpour {
 
 ShardRuntime::ShardRuntime(ParameterStore* store, CheckpointWriter* writer,
-                           MetricsRegistry* metrics)
+                           MetricsRegistry* metrics, MemoryReleaser release_memory)
     : store_(store),
       writer_(writer),
       metrics_(metrics),
+      release_memory_(std::move(release_memory)),
       measured_(store, metrics),
       jobs_gauge_(metrics->GetGauge("downpour_ps_jobs", "Jobs hosted on this shard.")),
       bytes_gauge_(metrics->GetGauge("downpour_ps_parameter_bytes",
@@ -31,7 +32,41 @@ absl::Status ShardRuntime::AuthorizeWorker(const std::string& peer, const std::s
 }
 
 void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
-  absl::MutexLock lock(&mu_);
+  auto host = [this, &tasks] {
+    absl::MutexLock lock(&mu_);
+    HostTasks(tasks);
+  };
+  bool drops = false;
+  if (release_memory_) {
+    absl::MutexLock lock(&mu_);
+    drops = DropsAJob(tasks);
+  }
+  // A dropped job's partitions are freed as it is dropped (unless a request
+  // still holds them).
+  if (drops) {
+    release_memory_(host);
+  } else {
+    host();
+  }
+}
+
+bool ShardRuntime::DropsAJob(const std::vector<Task>& tasks) const {
+  std::map<std::string, int64_t> current;  // Job -> attempt.
+  for (const Task& task : tasks) current[task.job_id()] = task.attempt();
+  auto gone = [&current](const std::string& job_id, int64_t attempt) {
+    auto task = current.find(job_id);
+    return task == current.end() || task->second != attempt;
+  };
+  for (const auto& [job_id, hosted] : hosted_) {
+    if (gone(job_id, hosted.attempt)) return true;
+  }
+  for (const auto& [job_id, attempt] : refused_) {
+    if (gone(job_id, attempt)) return true;
+  }
+  return false;
+}
+
+void ShardRuntime::HostTasks(const std::vector<Task>& tasks) {
   std::map<std::string, int64_t> current;  // Job -> attempt.
   workers_.clear();
   for (const Task& task : tasks) {

@@ -16,6 +16,7 @@
 #define DOWNPOUR_SERVER_SHARD_RUNTIME_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,8 +34,16 @@ namespace downpour {
 
 class ShardRuntime {
  public:
-  // `writer` may be null: no checkpoints on this shard.
-  ShardRuntime(ParameterStore* store, CheckpointWriter* writer, MetricsRegistry* metrics);
+  // Runs `free_memory`, which drops jobs, and hands what it freed back to
+  // the kernel (common/platform/malloc_tuning.h's ReleaseMemoryFreedBy in
+  // the daemon).
+  using MemoryReleaser = std::function<void(const std::function<void()>& free_memory)>;
+
+  // `writer` may be null: no checkpoints on this shard. A task list that
+  // drops a job is applied through `release_memory` (if set), so that a
+  // long-lived shard does not keep each job's peak.
+  ShardRuntime(ParameterStore* store, CheckpointWriter* writer, MetricsRegistry* metrics,
+               MemoryReleaser release_memory = nullptr);
 
   // The checkpoint files written for running jobs, for the coordinator.
   void AddToHeartbeat(HeartbeatRequest* request);
@@ -57,6 +66,10 @@ class ShardRuntime {
   ParameterShard* serving() { return &measured_; }
 
  private:
+  // OnTasks' work, under the lock.
+  void HostTasks(const std::vector<Task>& tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `tasks` end (or start again) a job hosted or refused here.
+  bool DropsAJob(const std::vector<Task>& tasks) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Host(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts this shard's file of the task's checkpoint into the hosted job.
   absl::Status Restore(const Task& task);
@@ -65,6 +78,7 @@ class ShardRuntime {
   ParameterStore* const store_;
   CheckpointWriter* const writer_;
   MetricsRegistry* const metrics_;
+  const MemoryReleaser release_memory_;
   MeasuredShard measured_;
   Gauge* const jobs_gauge_;
   Gauge* const bytes_gauge_;

@@ -1,6 +1,8 @@
 #include "server/shard_runtime.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,7 +83,12 @@ class ShardRuntimeTest : public ::testing::Test {
 
   ParameterStore store_;
   MetricsRegistry metrics_;
-  ShardRuntime runtime_{&store_, /*writer=*/nullptr, &metrics_};
+  std::atomic<int> releases_{0};  // Calls to release_memory.
+  ShardRuntime runtime_{&store_, /*writer=*/nullptr, &metrics_,
+                        [this](const std::function<void()>& free_memory) {
+                          free_memory();
+                          ++releases_;
+                        }};
   control::FakeCoordinator coordinator_;
   std::unique_ptr<NodeAgent> agent_;
 };
@@ -115,6 +122,25 @@ TEST_F(ShardRuntimeTest, HostsItsTasksAndDropsThemWhenTheyEnd) {
   EXPECT_EQ(Gauge("downpour_ps_parameter_bytes"), 0);
   // The job's own series go with it.
   EXPECT_EQ(metrics_.Exposition().find("job=\"j\""), std::string::npos) << metrics_.Exposition();
+}
+
+TEST_F(ShardRuntimeTest, DropsJobsThroughTheMemoryReleaserOnly) {
+  Tasks({MakeTask("j", 0)});
+  Tasks({MakeTask("j", 0), MakeTask("k", 0)});
+  EXPECT_EQ(releases_.load(), 0);
+  Tasks({MakeTask("k", 0)});
+  // Once, for the task list that dropped "j": not with every heartbeat.
+  ASSERT_TRUE(coordinator_.AwaitHeartbeats(3));
+  EXPECT_EQ(releases_.load(), 1);
+  EXPECT_THAT(runtime_.HostedJobs(), ElementsAre("k"));
+  // A job started again is hosted afresh: its old start is dropped.
+  Task again = MakeTask("k", 0);
+  again.set_attempt(2);
+  Tasks({again});
+  EXPECT_EQ(releases_.load(), 2);
+  Tasks({});
+  EXPECT_EQ(releases_.load(), 3);
+  EXPECT_TRUE(runtime_.HostedJobs().empty());
 }
 
 TEST_F(ShardRuntimeTest, JobItCannotHostIsRefusedWithTheReasonUntilItEnds) {

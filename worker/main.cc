@@ -213,7 +213,8 @@ int Main() {
             RemoteParameterShard::Create(address, shard_options));
       },
       /*failed_run_grace=*/absl::Seconds(10),
-      /*metrics_grace=*/absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s)));
+      /*metrics_grace=*/absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s)),
+      /*release_memory=*/ReleaseMemoryFreedBy);
   auto daemon =
       NodeDaemon::Start(daemon_options, {}, &metrics,
                         [&runtime](const std::vector<Task>& tasks) { runtime.OnTasks(tasks); });
@@ -246,5 +247,6 @@ int main(int argc, char** argv) {
       "downpour-worker --coordinator=HOST:PORT [--listen=HOST:PORT] [--data_dir=DIR] [flags]");
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
+  downpour::LimitMallocArenas();
   return downpour::Main();
 }

@@ -12,18 +12,36 @@
 namespace downpour {
 
 WorkerRuntime::WorkerRuntime(TrainerOptions options, ShardConnector connect,
-                             absl::Duration failed_run_grace, absl::Duration metrics_grace)
+                             absl::Duration failed_run_grace, absl::Duration metrics_grace,
+                             MemoryReleaser release_memory)
     : options_(std::move(options)),
       connect_(std::move(connect)),
       failed_run_grace_(failed_run_grace),
-      metrics_grace_(metrics_grace) {}
+      metrics_grace_(metrics_grace),
+      release_memory_(std::move(release_memory)) {}
 
 WorkerRuntime::~WorkerRuntime() { StopAll(); }
 
 void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
   if (agent_.load() == nullptr) return;
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return;
+  std::vector<std::unique_ptr<RunningJob>> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    ended = ReapEnded(StartAndCancel(tasks));
+    ForgetExpired();
+  }
+  if (ended.empty()) return;
+  // The runs' models, batches, buffers and shard clients.
+  auto destroy = [&ended] { ended.clear(); };
+  if (release_memory_) {
+    release_memory_(destroy);
+  } else {
+    destroy();
+  }
+}
+
+std::set<std::string> WorkerRuntime::StartAndCancel(const std::vector<Task>& tasks) {
   std::set<std::string> current;
   for (const Task& task : tasks) {
     current.insert(task.job_id());
@@ -99,9 +117,16 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
   for (auto& [id, job] : running_) {
     if (!current.count(id)) job->trainer->Cancel();
   }
+  return current;
+}
+
+std::vector<std::unique_ptr<WorkerRuntime::RunningJob>> WorkerRuntime::ReapEnded(
+    const std::set<std::string>& current) {
+  std::vector<std::unique_ptr<RunningJob>> ended;
   for (auto it = retiring_.begin(); it != retiring_.end();) {
     if ((*it)->done.load()) {
       (*it)->thread.join();
+      ended.push_back(std::move(*it));
       it = retiring_.erase(it);
     } else {
       ++it;
@@ -113,12 +138,13 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
     if (!current.count(it->first) && it->second->done.load()) {
       it->second->thread.join();
       forget_at_[it->first] = absl::Now() + metrics_grace_;
+      ended.push_back(std::move(it->second));
       it = running_.erase(it);
     } else {
       ++it;
     }
   }
-  ForgetExpired();
+  return ended;
 }
 
 void WorkerRuntime::ForgetExpired() {

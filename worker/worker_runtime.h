@@ -20,6 +20,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,16 +41,23 @@ class WorkerRuntime {
  public:
   // A client of the job's shard at `address` (HOST:PORT from the task).
   using ShardConnector = std::function<std::unique_ptr<ParameterShard>(const std::string&)>;
+  // Runs `free_memory`, which destroys ended runs, and hands what it freed
+  // back to the kernel (common/platform/malloc_tuning.h's
+  // ReleaseMemoryFreedBy in the daemon).
+  using MemoryReleaser = std::function<void(const std::function<void()>& free_memory)>;
 
   // A run that failed and reported it, while the job stays this worker's
   // task for `failed_run_grace` (the coordinator never acted on the
   // report), runs its rank again from where it had got to. An ended job's
   // metric series (options.metrics: the trainer's, and its shard clients',
   // worker/worker_metrics.h) keep their last values for `metrics_grace`, so
-  // a scrape after the end still sees them, and then go.
+  // a scrape after the end still sees them, and then go. Runs that have
+  // returned are destroyed through `release_memory` (if set), with no lock
+  // held, so that a long-lived worker does not keep each job's peak.
   WorkerRuntime(TrainerOptions options, ShardConnector connect,
                 absl::Duration failed_run_grace = absl::Seconds(10),
-                absl::Duration metrics_grace = absl::Minutes(10));
+                absl::Duration metrics_grace = absl::Minutes(10),
+                MemoryReleaser release_memory = nullptr);
   ~WorkerRuntime();
 
   // The agent reports go through and whose identity trainers use. Tasks that
@@ -83,6 +91,10 @@ class WorkerRuntime {
   };
 
   void Start(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OnTasks' first half: starts, replaces and updates the runs of `tasks`
+  // and cancels those of jobs no longer listed; returns the jobs listed.
+  std::set<std::string> StartAndCancel(const std::vector<Task>& tasks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the per-job metric series of an ended job, so a long-lived worker
   // does not accumulate them.
   // REQUIRES: no run of the job is left (they update those series).
@@ -90,11 +102,16 @@ class WorkerRuntime {
   // Forgets the ended jobs whose metrics grace has passed and that have no
   // run left here.
   void ForgetExpired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Joins the runs that have returned and are no longer wanted (not in
+  // `current`) and hands them over, for destruction outside the lock.
+  std::vector<std::unique_ptr<RunningJob>> ReapEnded(const std::set<std::string>& current)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TrainerOptions options_;
   const ShardConnector connect_;
   const absl::Duration failed_run_grace_;
   const absl::Duration metrics_grace_;
+  const MemoryReleaser release_memory_;
   std::atomic<NodeAgent*> agent_{nullptr};
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);

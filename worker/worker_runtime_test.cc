@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -113,7 +114,11 @@ class WorkerRuntimeTest : public ::testing::Test {
         [this](const std::string& address) {
           return std::make_unique<InProcessShard>(&stores_[address], &traffic_);
         },
-        /*failed_run_grace=*/absl::Milliseconds(300), MetricsGrace());
+        /*failed_run_grace=*/absl::Milliseconds(300), MetricsGrace(),
+        /*release_memory=*/[this](const std::function<void()>& free_memory) {
+          free_memory();
+          ++releases_;
+        });
     NodeAgent::Options agent;
     agent.coordinator_name = "fake";
     agent.self.set_id(kNode);
@@ -191,6 +196,7 @@ class WorkerRuntimeTest : public ::testing::Test {
 
   std::string data_dir_;
   MetricsRegistry metrics_;
+  std::atomic<int> releases_{0};  // Calls to release_memory.
   std::map<std::string, ParameterStore> stores_;
   Traffic traffic_;
   control::FakeCoordinator coordinator_;
@@ -243,6 +249,18 @@ TEST_F(WorkerRuntimeNoGraceTest, AnEndedJobsSeriesGoAfterTheGrace) {
   ASSERT_TRUE(AwaitNoJobs());
   coordinator_.AwaitHeartbeats(2);
   EXPECT_FALSE(Exported("job=\"j\"")) << metrics_.Exposition();
+}
+
+TEST_F(WorkerRuntimeTest, AnEndedRunIsDestroyedThroughTheMemoryReleaserOnce) {
+  coordinator_.SetTasks(kNode, {HostedTask("j", Spec(1000000))});
+  ASSERT_TRUE(
+      coordinator_.AwaitReport([](const ReportProgressRequest& r) { return r.step() >= 2; }));
+  EXPECT_EQ(releases_.load(), 0);
+  coordinator_.SetTasks(kNode, {});
+  ASSERT_TRUE(AwaitNoJobs());
+  // Once for the ended run, not with every heartbeat after it.
+  coordinator_.AwaitHeartbeats(3);
+  EXPECT_EQ(releases_.load(), 1);
 }
 
 TEST_F(WorkerRuntimeTest, AsyncPushesEveryNStepsAndPullsEveryMAsTheSpecSays) {
