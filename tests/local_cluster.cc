@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -537,6 +538,15 @@ absl::StatusOr<std::string> HttpGet(const std::string& address, const std::strin
     return absl::InternalError(absl::StrCat("bad HTTP response: ", response.substr(0, 200)));
   }
   return response.substr(body + 4);
+}
+
+double MetricValue(const std::string& exposition, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (!absl::ConsumePrefix(&line, series) || !absl::ConsumePrefix(&line, " ")) continue;
+    double value = 0;
+    return absl::SimpleAtod(line, &value) ? value : 0;
+  }
+  return 0;
 }
 
 }  // namespace testing

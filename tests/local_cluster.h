@@ -196,6 +196,11 @@ std::string ReadFile(const std::string& path);
 // Body of GET http://address/path over loopback.
 absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
 
+// The value of `series` (a metric name with its labels, as exposed:
+// downpour_ps_jobs, or name{job="j",rank="1"}) in a /metrics exposition;
+// 0 where it is not there.
+double MetricValue(const std::string& exposition, const std::string& series);
+
 }  // namespace testing
 }  // namespace downpour
 

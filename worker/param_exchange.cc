@@ -358,6 +358,7 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
   const absl::Time now = absl::Now();
   const absl::Time push_give_up = now + options_.push_timeout;
   const absl::Time pull_give_up = now + options_.pull_timeout;
+  min_pulled_version_.store(std::numeric_limits<int64_t>::max());
   absl::MutexLock lock(&mu_);
   unready_ = tensors_in_message_;
   finished_.assign(n, false);

@@ -151,7 +151,8 @@ class ParameterExchange {
   absl::Status CaptureNow(int64_t checkpoint_step, int64_t last_step,
                           const std::function<bool()>& cancelled);
 
-  // The lowest partition version the last Pull returned. SYNC: the step
+  // The lowest partition version the last pull returned (Pull's, or a
+  // push's that pulls too). SYNC: the step
   // every partition has reached — a worker joining a running job starts
   // there, so a step the lost worker pushed to some partitions only (it died
   // mid-push) is completed on the others, while those already past it take

@@ -173,6 +173,9 @@ class JobTrainer {
   absl::Status StartLoop(RunState* run);
 
   // A step's phases, in order.
+  // SYNC: where the job went on without this rank, the step every
+  // partition has reached (the data skipped to it); else `step`.
+  absl::StatusOr<int64_t> CatchUp(int64_t step, RunState* run);
   // Input: a pull a step owes, the rank's new data, the step's plan.
   absl::StatusOr<StepState> BeginStep(int64_t step, RunState* run);
   absl::Status SwitchData(int64_t step, RunState* run);

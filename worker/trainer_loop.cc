@@ -136,6 +136,9 @@ struct JobTrainer::RunState {
   // to the device.
   bool pending = false, pending_uploads = false;
   int64_t pending_step = 0;
+  // The lowest partition version the newest completed pull brought (SYNC:
+  // the step every partition has reached; see CatchUp).
+  int64_t pulled_version = 0;
   // What an overlapped step pushes from and pulls into: the model's own
   // buffers, the same every step.
   std::vector<const float*> model_grads;
@@ -179,6 +182,8 @@ absl::Status JobTrainer::Train() {
     if (run.pending) (void)exchange_->FinishPushPull(/*abandon=*/true);
   };
   for (int64_t step = run.first_step; step < steps_.load(); ++step) {
+    ASSIGN_OR_RETURN(step, CatchUp(step, &run));
+    if (step >= steps_.load()) break;
     ASSIGN_OR_RETURN(StepState s, BeginStep(step, &run));
     RETURN_IF_ERROR(ComputeStep(&s, &run));
     RETURN_IF_ERROR(CaptureCheckpoint(&s, run));
@@ -332,6 +337,40 @@ absl::Status JobTrainer::StartLoop(RunState* run) {
   // each pushes again.
   return PullParameters(run->model.get(), MinVersion(run->first_step),
                         task_.has_join() ? 0 : MinWorkerSteps(run->first_step));
+}
+
+absl::StatusOr<int64_t> JobTrainer::CatchUp(int64_t step, RunState* run) {
+  // A SYNC rank that the job went on without (stopped or cut off past the
+  // node timeout, with no worker to take its rank over yet) finds every
+  // partition steps ahead when it is back: it joins at their step, as a
+  // taker does, its data skipped to there, rather than replaying each step
+  // it missed as a late push the shards ignore while the others wait for it.
+  // Not with sparse tables: the next batch's rows are already fetched.
+  if (task_.spec().consistency().mode() != ConsistencySpec::SYNC || run->sparse) return step;
+  if (run->pending) {
+    // The last step's exchange is in flight; the one before it found the
+    // partitions at the last step, unless the job had gone on. Only then is
+    // it awaited here, ahead of the overlap.
+    if (run->pulled_version < step) return step;
+    RETURN_IF_ERROR(FinishPendingExchange(run));
+  }
+  if (!run->pulled) return step;
+  const int64_t reached = std::min(run->pulled_version, steps_.load());
+  if (reached <= step) return step;
+  permanent_ = true;  // A bad record recurs on a restart (as ReadBatch's).
+  const int batches = std::max(1, batches_per_step_.load());
+  for (int64_t skipped = step; skipped < reached; ++skipped) {
+    for (int b = 0; b < batches; ++b) {
+      ASSIGN_OR_RETURN(bool have_batch, run->reader->Next(&run->batch));
+      if (!have_batch) return DataEnded();
+    }
+  }
+  permanent_ = false;
+  Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(), " was left behind at step ",
+                   step, " (the job went on without it); it joins at step ", reached,
+                   ", its data skipped to there"));
+  steps_completed_.store(reached);
+  return reached;
 }
 
 absl::StatusOr<JobTrainer::StepState> JobTrainer::BeginStep(int64_t step, RunState* run) {
@@ -511,6 +550,7 @@ absl::Status JobTrainer::FinishPendingExchange(RunState* run) {
   absl::Status finished = exchange_->FinishPushPull();
   run->exchange_waited += MonotonicSeconds() - began;
   RETURN_IF_ERROR(finished);
+  run->pulled_version = exchange_->min_pulled_version();
   steps_completed_.store(run->pending_step + 1);
   return absl::OkStatus();
 }
@@ -562,10 +602,12 @@ absl::Status JobTrainer::EndExchange(StepState* s, RunState* run) {
   } else if (s->push && s->fetch) {
     RETURN_IF_ERROR(
         PushGradientsAndPull(model, s->step, grads, MinVersion(next), MinWorkerSteps(next)));
+    run->pulled_version = exchange_->min_pulled_version();
   } else if (s->push) {
     RETURN_IF_ERROR(PushGradients(s->step, grads));
   } else if (s->fetch) {
     RETURN_IF_ERROR(PullParameters(model, MinVersion(next), MinWorkerSteps(next)));
+    run->pulled_version = exchange_->min_pulled_version();
   }
   const double exchanged = MonotonicSeconds() - began;
   run->total_exchange += exchanged;
