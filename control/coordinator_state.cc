@@ -218,6 +218,7 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
     if (beat->revival.ok()) SchedulePending();
   }
   if (node.role() == SHARD) {
+    for (const ShardJobSteps& steps : request.job_steps()) TakeShardSteps(node.id(), steps);
     for (const CheckpointPart& part : request.checkpoints()) TakeCheckpointPart(part);
   }
   for (const JobLogLine& line : request.logs()) {
@@ -501,12 +502,20 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
   ReportProgressResponse response;
   JobStatus job = current;
   WorkerProgress* worker = job.mutable_workers(rank);
-  const bool milestone = (request.finished() && !worker->finished()) ||
-                         request.has_test_accuracy() || request.has_evaluation();
+  if (worker->steps() > 0 && request.step() > worker->steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", rank, " (", request.node_id(), ") reported step ", request.step(),
+        " of job ", current.id(), ", past the ", worker->steps(), " steps the rank runs"));
+  }
+  // A rank that finished short of its steps (they grew as it finished: it
+  // took on a lost rank's) runs again for the rest (WorkerRuntime).
+  const bool finished = request.finished() && request.step() >= worker->steps();
+  const bool milestone =
+      (finished && !worker->finished()) || request.has_test_accuracy() || request.has_evaluation();
   worker->set_step(request.step());
   worker->set_loss(request.loss());
   worker->set_examples_per_sec(request.examples_per_sec());
-  worker->set_finished(worker->finished() || request.finished());
+  worker->set_finished(worker->finished() || finished);
   auto optional = [](bool has, double value) {
     return has ? std::optional<double>(value) : std::nullopt;
   };
@@ -562,6 +571,11 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
   // A saved job ends once its final checkpoint is written (the
   // checkpointing rank sends its part with its last report).
   if (done) job.set_message("trained; writing the final checkpoint");
+  // Else, with every rank's word that it finished, the shards' next
+  // heartbeats end it (TakeShardSteps); until then `get` says what is
+  // awaited.
+  const std::string unconfirmed = Unconfirmed(job);
+  if (!unconfirmed.empty()) job.set_message(unconfirmed);
   // The rank that took the checkpoint as it was when it did (its last
   // report, with the final one, also says it finished).
   const bool takes_checkpoints = rank == CheckpointOrchestrator::CheckpointRank(current);
@@ -570,6 +584,46 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
     TakeWorkerState(request.job_id(), request.checkpoint());
   }
   return response;
+}
+
+void CoordinatorState::TakeShardSteps(const std::string& shard, const ShardJobSteps& steps) {
+  const JobStatus* current = jobs_.Find(steps.job_id());
+  // Only a shard of the job's current start speaks for it.
+  if (current == nullptr || current->state() != RUNNING || current->attempt() != steps.attempt() ||
+      !Names(current->placement().shard_nodes(), shard)) {
+    return;
+  }
+  JobStatus job = *current;
+  bool changed = job.shard_steps_attempt() != job.attempt();
+  if (changed) {
+    // An earlier start's figures are not this one's.
+    for (WorkerProgress& w : *job.mutable_workers()) w.set_shard_step(0);
+    job.set_shard_steps_attempt(job.attempt());
+  }
+  const int ranks = std::min(job.workers_size(), steps.worker_steps_size());
+  for (int rank = 0; rank < ranks; ++rank) {
+    WorkerProgress* w = job.mutable_workers(rank);
+    if (steps.worker_steps(rank) > w->shard_step()) {
+      w->set_shard_step(steps.worker_steps(rank));
+      changed = true;
+    }
+  }
+  if (!changed) return;
+  absl::Status committed;
+  if (!TrainingDone(*current) && TrainingDone(job) &&
+      (!Saves(job) || HasCheckpointAt(job, job.spec().steps()))) {
+    committed = FinishJob(job, SUCCEEDED, RankHandover::Untrained(job));
+    if (committed.ok()) SchedulePending();
+  } else {
+    const std::string unconfirmed = Unconfirmed(job);
+    if (!unconfirmed.empty()) {
+      job.set_message(unconfirmed);
+    } else if (TrainingDone(job)) {
+      job.set_message("trained; writing the final checkpoint");
+    }
+    committed = jobs_.Commit(std::move(job), /*durable=*/false);
+  }
+  NoteWrite(absl::StrCat("the steps shard ", shard, " knows of job ", steps.job_id()), committed);
 }
 
 // ---- Transitions ----

@@ -190,6 +190,11 @@ class CoordinatorState : public Coordinator {
   // ---- Checkpoints (coordinator_checkpoints.cc) ----
   // A shard's part or the checkpointing rank's state came in.
   void TakeCheckpointPart(const CheckpointPart& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A shard's heartbeat figures of a job's steps by rank
+  // (WorkerProgress.shard_step); ends the job where they were all it
+  // awaited.
+  void TakeShardSteps(const std::string& shard, const ShardJobSteps& steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TakeWorkerState(const std::string& job_id, const CheckpointWorkerState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits a complete checkpoint, or gives up a failed one.

@@ -70,6 +70,75 @@ TEST_F(CoordinatorStateTest, SucceedsWhenAllWorkersFinishAndAccuracyIsReported) 
   EXPECT_EQ(Beat(w0).tasks_size(), 0);
 }
 
+// A rank's word that it finished is checked against what the shards know
+// of its steps once they report them: a worker that says it finished far
+// ahead of its pushes does not end the job, and one past its steps is
+// refused.
+TEST_F(CoordinatorStateTest, AFinishedClaimEndsTheJobOnlyOnceTheShardsKnowTheSteps) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  Register("b", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 1), "j").ok());
+  const JobStatus job = *state_->GetJob("j");
+  const std::string w0 = job.placement().worker_nodes(0), w1 = job.placement().worker_nodes(1);
+  auto shard_knows = [&](int64_t rank0, int64_t rank1, int64_t attempt) {
+    HeartbeatRequest beat;
+    beat.set_node_id("s");
+    beat.set_incarnation(1);
+    ShardJobSteps* steps = beat.add_job_steps();
+    steps->set_job_id("j");
+    steps->set_attempt(attempt);
+    steps->add_worker_steps(rank0);
+    steps->add_worker_steps(rank1);
+    ASSERT_TRUE(state_->Heartbeat(beat).ok());
+  };
+  shard_knows(3, 3, job.attempt());
+
+  ReportProgressRequest past = Progress("j", w0, 0, 5000);
+  past.set_finished(true);
+  EXPECT_EQ(state_->ReportProgress(past).status().code(), absl::StatusCode::kInvalidArgument);
+  ReportProgressRequest p1 = Progress("j", w1, 1, 10);
+  p1.set_finished(true);
+  ASSERT_TRUE(state_->ReportProgress(p1).ok());
+  ReportProgressRequest p0 = Progress("j", w0, 0, 10);
+  p0.set_finished(true);
+  p0.set_has_test_accuracy(true);
+  p0.set_test_accuracy(0.99);
+  ASSERT_TRUE(state_->ReportProgress(p0).ok());
+  JobStatus waiting = *state_->GetJob("j");
+  EXPECT_EQ(waiting.state(), RUNNING);
+  EXPECT_THAT(waiting.message(), HasSubstr("waiting for the shards to confirm the steps of rank "
+                                           "0's 10 (they know of 3), rank 1's 10"));
+  // Another start's figures count for nothing; rank 1's part is known.
+  shard_knows(10, 10, job.attempt() + 1);
+  shard_knows(3, 10, job.attempt());
+  EXPECT_EQ(state_->GetJob("j")->state(), RUNNING);
+  // Their next heartbeat knows every step: the job ends.
+  shard_knows(10, 10, job.attempt());
+  const JobStatus done = *state_->GetJob("j");
+  EXPECT_EQ(done.state(), SUCCEEDED);
+  EXPECT_DOUBLE_EQ(done.test_accuracy(), 0.99);
+  EXPECT_EQ(done.workers(0).shard_step(), 10);
+}
+
+// A rank that says it finished short of its steps (they grew as it
+// finished) is not finished: it runs again for the rest.
+TEST_F(CoordinatorStateTest, AFinishedClaimShortOfTheRanksStepsIsNotTaken) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  const std::string w0 = state_->GetJob("j")->placement().worker_nodes(0);
+  ReportProgressRequest early = Progress("j", w0, 0, 7);
+  early.set_finished(true);
+  early.set_has_test_accuracy(true);
+  early.set_test_accuracy(0.5);
+  ASSERT_TRUE(state_->ReportProgress(early).ok());
+  const JobStatus job = *state_->GetJob("j");
+  EXPECT_EQ(job.state(), RUNNING);
+  EXPECT_FALSE(job.workers(0).finished());
+  EXPECT_EQ(job.workers(0).step(), 7);
+}
+
 TEST_F(CoordinatorStateTest, EvaluationsAreRecordedAndStopAtAccuracyEndsTheJob) {
   Register("s", SHARD);
   Register("a", WORKER);
@@ -237,7 +306,9 @@ TEST_F(CoordinatorStateTest, ALostWorkersRankGoesOnWithoutItThenToAFreeWorker) {
   Register("s", SHARD);
   Register("a", WORKER);
   Register("b", WORKER);
-  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 1), "j").ok());
+  JobSpec spec = SmallSpec(2, 1);
+  spec.set_steps(100);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 10)).ok());
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "b", 1, 8)).ok());
   for (int i = 0; i < 2; ++i) {  // b silent for 6 s > 5 s.
@@ -281,7 +352,9 @@ TEST_F(CoordinatorStateTest, ADrainedWorkersRankEndsUntrainedWhenNoWorkerIsFree)
   Register("s", SHARD);
   Register("a", WORKER);
   Register("b", WORKER);
-  ASSERT_TRUE(state_->SubmitJob(SmallSpec(2, 1), "j").ok());
+  JobSpec spec = SmallSpec(2, 1);
+  spec.set_steps(100);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
   HeartbeatRequest draining;
   draining.set_node_id("b");
   draining.set_incarnation(1);

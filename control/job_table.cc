@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "control/coordinator.h"
 
@@ -28,13 +31,44 @@ JobStatus JobSummary(const JobStatus& job) {
   return listed;
 }
 
+namespace {
+
+// Whether the job's shards have reported its ranks' steps in this start:
+// from then on, a rank's word that it finished counts once they agree.
+bool ShardsReport(const JobStatus& job) {
+  return job.attempt() > 0 && job.shard_steps_attempt() == job.attempt();
+}
+
+bool Confirmed(const JobStatus& job, const WorkerProgress& w) {
+  return !ShardsReport(job) || w.shard_step() >= w.steps();
+}
+
+}  // namespace
+
 bool TrainingDone(const JobStatus& job) {
   if (job.test_accuracy() < 0 || job.workers().empty()) return false;
   // Lost ranks (not taken over, or absorbed) do not hold the end back.
   for (const WorkerProgress& w : job.workers()) {
-    if (!w.finished() && !w.lost()) return false;
+    if (!w.lost() && !(w.finished() && Confirmed(job, w))) return false;
   }
   return true;
+}
+
+std::string Unconfirmed(const JobStatus& job) {
+  if (job.test_accuracy() < 0 || job.workers().empty()) return "";
+  std::vector<std::string> awaited;
+  for (const WorkerProgress& w : job.workers()) {
+    if (w.lost()) continue;
+    if (!w.finished()) return "";
+    if (!Confirmed(job, w)) {
+      awaited.push_back(absl::StrCat("rank ", w.rank(), "'s ", w.steps(), " (they know of ",
+                                     w.shard_step(), ")"));
+    }
+  }
+  if (awaited.empty()) return "";
+  return absl::StrCat(
+      "trained, as the workers say; waiting for the shards to confirm the steps of ",
+      absl::StrJoin(awaited, ", "));
 }
 
 JobTable::JobTable(Options options, JobStore* store)

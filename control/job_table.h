@@ -105,9 +105,16 @@ absl::Status NoSuchJob(const std::string& job_id);
 // data, events, restore and all evaluations but the newest — left out.
 JobStatus JobSummary(const JobStatus& job);
 
-// Whether every worker of `job` has finished (lost ranks aside) and its
-// accuracy is in: a saved job then only waits for its final checkpoint.
+// Whether every worker of `job` has finished (lost ranks aside), as it said
+// and, once they report (JobStatus.shard_steps_attempt), as the shards know
+// (WorkerProgress.shard_step reached its steps), and its accuracy is in: a
+// saved job then only waits for its final checkpoint.
 bool TrainingDone(const JobStatus& job);
+
+// Where every rank (lost ranks aside) said it finished and the accuracy is
+// in, but the shards do not know all their steps yet: a sentence naming
+// the ranks awaited, for the job's message; else "".
+std::string Unconfirmed(const JobStatus& job);
 
 }  // namespace control
 }  // namespace downpour

@@ -42,6 +42,11 @@ absl::Status CheckSubmitJobRequest(const SubmitJobRequest& request) {
 absl::Status CheckHeartbeatRequest(const HeartbeatRequest& request) {
   RETURN_IF_ERROR(CheckBytes("node_id", request.node_id(), kMaxNodeIdBytes));
   RETURN_IF_ERROR(CheckCount("logs", request.logs_size(), kMaxLogLinesPerHeartbeat));
+  RETURN_IF_ERROR(CheckCount("job_steps", request.job_steps_size(), kMaxJobsPerHeartbeat));
+  for (const ShardJobSteps& steps : request.job_steps()) {
+    RETURN_IF_ERROR(CheckBytes("job_steps.job_id", steps.job_id(), kMaxJobIdBytes));
+    RETURN_IF_ERROR(CheckCount("job_steps.worker_steps", steps.worker_steps_size(), kMaxWorkers));
+  }
   return CheckCount("checkpoints", request.checkpoints_size(), kMaxCheckpointPartsPerHeartbeat);
 }
 

@@ -478,15 +478,17 @@ void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
 }
 
 std::vector<int64_t> ParameterStore::LatePushes(const std::string& job_id) const {
-  std::shared_ptr<Job> job;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return {};
-    job = it->second;
-  }
-  absl::MutexLock lock(&job->mu);
-  return job->late_pushes;
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
+  if (!job.ok()) return {};
+  absl::MutexLock lock(&(*job)->mu);
+  return (*job)->late_pushes;
+}
+
+std::vector<int64_t> ParameterStore::WorkerSteps(const std::string& job_id) const {
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
+  if (!job.ok()) return {};
+  absl::MutexLock lock(&(*job)->mu);
+  return (*job)->worker_steps;
 }
 
 void ParameterStore::SetAbsentWorkers(const std::string& job_id, const std::vector<int>& ranks) {

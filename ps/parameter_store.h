@@ -104,6 +104,11 @@ class ParameterStore : public ParameterShard {
   // completed without them (stragglers). Empty for an unknown job.
   std::vector<int64_t> LatePushes(const std::string& job_id) const;
 
+  // By worker rank: the steps of `job_id` each rank has pushed here (its
+  // highest step whose every partition on this shard arrived, + 1; a
+  // checkpoint's on a restore). Empty for an unknown job.
+  std::vector<int64_t> WorkerSteps(const std::string& job_id) const;
+
   // Request ids remembered for exactly-once delivery, over all workers of
   // `job_id` (bounded by RequestDedup::kWindow per worker plus those in
   // flight).

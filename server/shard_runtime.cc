@@ -171,6 +171,16 @@ void ShardRuntime::Drop(const std::string& job_id) {
 }
 
 void ShardRuntime::AddToHeartbeat(HeartbeatRequest* request) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [job_id, hosted] : hosted_) {
+      ShardJobSteps* steps = request->add_job_steps();
+      steps->set_job_id(job_id);
+      steps->set_attempt(hosted.attempt);
+      const std::vector<int64_t> pushed = store_->WorkerSteps(job_id);
+      steps->mutable_worker_steps()->Assign(pushed.begin(), pushed.end());
+    }
+  }
   if (writer_ == nullptr) return;
   for (CheckpointPart& part : writer_->Parts()) *request->add_checkpoints() = std::move(part);
 }

@@ -45,7 +45,8 @@ class ShardRuntime {
   ShardRuntime(ParameterStore* store, CheckpointWriter* writer, MetricsRegistry* metrics,
                MemoryReleaser release_memory = nullptr);
 
-  // The checkpoint files written for running jobs, for the coordinator.
+  // What the coordinator hears from this shard: each hosted job's steps by
+  // worker rank, and the checkpoint files written for running jobs.
   void AddToHeartbeat(HeartbeatRequest* request);
 
   // Makes the hosted jobs those of `tasks` (every running job this shard

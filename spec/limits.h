@@ -112,6 +112,8 @@ inline constexpr int kMaxLogLinesPerHeartbeat = 2000;
 // Checkpoint parts in one heartbeat: a shard repeats its last few per running
 // job.
 inline constexpr int kMaxCheckpointPartsPerHeartbeat = 4096;
+// Jobs in one shard's heartbeat (HeartbeatRequest.job_steps).
+inline constexpr int kMaxJobsPerHeartbeat = 4096;
 // A worker's listing of the files matching train_files
 // (ReportProgressRequest.data_files): ImageNet as TFRecords is ~1000 files.
 inline constexpr int kMaxDataFiles = 100000;

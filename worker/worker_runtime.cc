@@ -79,6 +79,15 @@ std::set<std::string> WorkerRuntime::StartAndCancel(const std::vector<Task>& tas
                        " evaluates the job now; running it again from step ", task.join().step()));
       replace = true;
     }
+    if (!replace && run.done.load() && !run.trainer->failed() && !run.trainer->cancelled() &&
+        task.steps() > run.trainer->steps_completed()) {
+      // The rank's steps grew as its run finished (it took on a lost rank's
+      // share): it runs again, from where it got to, for the rest.
+      Log(absl::StrCat("job ", task.job_id(), ": rank ", task.rank(), " has ", task.steps(),
+                       " steps now; running it again from step ", run.trainer->steps_completed()));
+      if (!next.has_join()) next.mutable_join()->set_step(run.trainer->steps_completed());
+      replace = true;
+    }
     if (!replace && run.done.load() && run.trainer->failed()) {
       // The run failed and said so, yet the job is still this worker's
       // task: the coordinator did not act on the report (it was down, or

@@ -20,8 +20,8 @@
 #include <atomic>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>

@@ -115,7 +115,8 @@ class WorkerRuntimeTest : public ::testing::Test {
           return std::make_unique<InProcessShard>(&stores_[address], &traffic_);
         },
         /*failed_run_grace=*/absl::Milliseconds(300), MetricsGrace(),
-        /*release_memory=*/[this](const std::function<void()>& free_memory) {
+        /*release_memory=*/
+        [this](const std::function<void()>& free_memory) {
           free_memory();
           ++releases_;
         });
@@ -308,6 +309,25 @@ TEST_F(WorkerRuntimeTest, AFailedRunStillAssignedAfterTheGraceRunsItsRankAgain) 
     for (const ReportProgressRequest& r : coordinator_.reports()) failures += !r.error().empty();
   }
   EXPECT_GE(failures, 2);
+  coordinator_.SetTasks(kNode, {});
+  EXPECT_TRUE(AwaitNoJobs());
+}
+
+TEST_F(WorkerRuntimeTest, ARunWhoseStepsGrewAsItFinishedRunsAgainForTheRest) {
+  // The rank took on a lost rank's steps just as its run finished.
+  Task task = HostedTask("j", Spec(20));
+  coordinator_.SetTasks(kNode, {task});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.finished() && r.step() == 20; }));
+  task.set_steps(30);
+  coordinator_.SetTasks(kNode, {task});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.finished() && r.step() == 30; }));
+  int from_20 = 0;  // Steps it trained the second time: 21..30.
+  for (const ReportProgressRequest& r : coordinator_.reports()) {
+    from_20 += !r.finished() && r.step() > 20;
+  }
+  EXPECT_GE(from_20, 9);
   coordinator_.SetTasks(kNode, {});
   EXPECT_TRUE(AwaitNoJobs());
 }
