@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
 # Sparse tables at scale on one GPU host, stage by stage (STAGES, default
-# "tests table ctr"); logs and figures go to $OUT (default ./ctr-out):
+# "tests table ctr pytorch compare"); logs and figures go to $OUT (default
+# ./ctr-out):
 #   tests  the CUDA ops of named inputs (CopyBlock, PairwiseDot) and the GPU
 #          model tests
 #   table  //bench:sparse with a table of >= 2 GB (rows and Adam's state)
 #          over 4 shards each limited to 1 GiB (--memory_limit): every row
 #          held, no eviction, no refusal (TABLE_STEPS, default 40)
-#   ctr    examples/ctr_dlrm.pbtxt on a generated 10M + 1M click log through
+#   ctr    CTR_SPEC (examples/ctr_dlrm.pbtxt) on the 10M + 1M click log through
 #          2 shards and 2 workers on GPU(s) WORKER_DEVICES (0): its test AUC
-#          and log loss beside the generator's Bayes figures (CTR_VOCABULARY,
-#          default 100:10000; SHARD_LIMIT, the shards' --memory_limit, default
-#          0; TRAIN_TIMEOUT, default 500 s)
+#          and log loss beside the generator's Bayes figures (SHARD_LIMIT, the
+#          shards' --memory_limit, default 0; TRAIN_TIMEOUT, default 500 s);
+#          the job as `downpourctl -o json get` shows it in $OUT/job.json
+#   pytorch  bench/pytorch_ctr.py, the same model in PyTorch on the same
+#          files, with the same batch (2 x 2,048), optimizers and steps, on
+#          PYTORCH_DEVICE (cuda) with PYTHON (python3, with torch and numpy);
+#          it parses the records once and caches them beside the data
+#          (pytorch_ctr.cache/), before its clock starts: $OUT/pytorch.txt
+#   compare  the two side by side (bench/ctr_compare.py: steady-state
+#          examples/s, their ratio Downpour / PyTorch, AUC, log loss):
+#          $OUT/compare.txt; needs both stages' output in $OUT
+# ctr and pytorch train CTR_SPEC (default examples/ctr_dlrm.pbtxt; one of
+# fewer steps checks the stages on a CPU, with WORKER_DEVICES=auto and
+# PYTORCH_DEVICE=cpu) on one click log, generated once for both into CTR_DATA
+# (default: a new temporary folder; one that already holds ctr/ctr.json is
+# used as it is) by `downpourctl dataset generate --kind=ctr`: 10M train and
+# 1M test examples in 32 shards, vocabularies CTR_VOCABULARY (100:10000).
 #
 # Build, from the repository root (on the GPU host, or on a build host and
 # pack; see bench/lib.sh):
@@ -18,17 +33,35 @@
 #     //coordinator:downpour-coordinator //server:downpour-ps //worker:downpour-worker \
 #     //client:downpourctl
 # (tests needs the two tests; table //bench:sparse and the daemons; ctr the
-# daemons and downpourctl). Run from the repository root:
+# daemons and downpourctl; pytorch downpourctl, to generate the data). Run
+# from the repository root:
 #   bash bench/ctr_session.sh                     # programs in bazel-bin
 #   DOWNPOUR_BIN=DIR STAGES=table bash bench/ctr_session.sh
+#   CTR_DATA=/data/click STAGES="ctr pytorch compare" bash bench/ctr_session.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/ctr-out}
 mkdir -p "$OUT"
 # shellcheck source=bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" || exit 2
-STAGES=${STAGES:-tests table ctr}
+STAGES=${STAGES:-tests table ctr pytorch compare}
+CTR_SPEC=${CTR_SPEC:-examples/ctr_dlrm.pbtxt}
 # stage NAME: whether NAME is one of the words of STAGES.
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+# ctr_data: sets D to the folder holding ctr/ (a worker's --data_dir), with
+# the click log generated there unless it already is.
+ctr_data() {
+  [[ -n ${D:-} ]] && return
+  D=${CTR_DATA:-$(mktemp -d)}
+  if [[ -f $D/ctr/ctr.json ]]; then
+    echo "click log: $D/ctr (already there)"
+    return
+  fi
+  downpour_need CTL client/downpourctl
+  local start=$SECONDS
+  "$CTL" dataset generate --kind=ctr --out_dir="$D/ctr" --name=ctr --examples=10000000 \
+    --test_examples=1000000 --shards=32 --vocabulary="${CTR_VOCABULARY:-100:10000}" 2>&1 | tee "$OUT/generate.txt"
+  echo "generate wall_s=$((SECONDS - start))"
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/gpu.txt"
 nproc | tee "$OUT/cores.txt"
 
@@ -60,12 +93,8 @@ if stage ctr; then
   downpour_need PS server/downpour-ps
   downpour_need WORKER worker/downpour-worker
   downpour_need CTL client/downpourctl
+  ctr_data
   W=$(mktemp -d)
-  D=$W/data
-  start=$SECONDS
-  "$CTL" dataset generate --kind=ctr --out_dir="$D/ctr" --name=ctr --examples=10000000 \
-    --test_examples=1000000 --shards=32 --vocabulary="${CTR_VOCABULARY:-100:10000}" 2>&1 | tee "$OUT/generate.txt"
-  echo "generate wall_s=$((SECONDS - start))"
   "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$W/c.port" --state_dir="$W/state" \
     >"$W/coordinator.log" 2>&1 &
   PIDS=($!)
@@ -82,13 +111,28 @@ if stage ctr; then
   sleep 3
   "$CTL" --coordinator="$C" nodes 2>&1 | tee "$OUT/nodes.txt"
   start=$SECONDS
-  timeout "${TRAIN_TIMEOUT:-500}" "$CTL" --coordinator="$C" submit examples/ctr_dlrm.pbtxt \
+  timeout "${TRAIN_TIMEOUT:-500}" "$CTL" --coordinator="$C" submit "$CTR_SPEC" \
     --job_id=ctr --wait --timeout=490s >"$OUT/train.txt" 2>"$OUT/train_progress.txt"
   echo "train rc=$? wall_s=$((SECONDS - start))"
   tail -2 "$OUT/train_progress.txt"; cat "$OUT/train.txt"
   "$CTL" --coordinator="$C" get ctr >"$OUT/get.txt" 2>&1
+  "$CTL" --coordinator="$C" -o json get ctr >"$OUT/job.json" 2>&1
   grep -iE "AUC|log loss|step" "$OUT/get.txt" | head -20
   cp "$W"/*.log "$OUT/" 2>/dev/null
   grep -h "trained\|AUC" "$W"/w*.log | tail -8
   kill "${PIDS[@]}" 2>/dev/null; wait
+fi
+
+if stage pytorch; then
+  ctr_data
+  start=$SECONDS
+  "${PYTHON:-python3}" bench/pytorch_ctr.py --data="$D" --spec="$CTR_SPEC" \
+    --device="${PYTORCH_DEVICE:-cuda}" >"$OUT/pytorch.txt" 2>"$OUT/pytorch.err"
+  echo "pytorch rc=$? wall_s=$((SECONDS - start))"
+  tail -2 "$OUT/pytorch.err"; cat "$OUT/pytorch.txt"
+fi
+
+if stage compare; then
+  python3 bench/ctr_compare.py --job="$OUT/job.json" --progress="$OUT/train_progress.txt" \
+    --worker_logs "$OUT"/w*.log --pytorch="$OUT/pytorch.txt" 2>&1 | tee "$OUT/compare.txt"
 fi
