@@ -24,7 +24,10 @@ when its process lived the whole window ("restarted" otherwise).
 
 The coordinator keeps its ended jobs (the durable history and the job
 table) up to --job_retention_count by design; the soak sets it to
---retention (default 50) so that its memory is bounded too.
+--retention (default 50) so that its memory is bounded too. Likewise a worker
+keeps an ended job's metric series (about 180 on the evaluating rank) for
+--job_metrics_grace_s (10 min by default), longer than the whole soak: the
+soak sets it to --metrics_grace_s (default 60).
 
 Not in CI (tens of minutes). usage:
   bazel build -c opt //coordinator:downpour-coordinator //server:downpour-ps \
@@ -61,9 +64,10 @@ class SoakCluster(chaos.Cluster):
     """chaos.Cluster with /metrics on every daemon, bounded job retention and
     daemons restarted under their own name."""
 
-    def __init__(self, bin_dir, work, retention, node_timeout_ms):
+    def __init__(self, bin_dir, work, retention, metrics_grace_s, node_timeout_ms):
         super().__init__(bin_dir, work)
         self.retention = retention
+        self.metrics_grace_s = metrics_grace_s
         self.node_timeout_ms = node_timeout_ms
         self.metrics = {}  # name -> HOST:PORT of /metrics
 
@@ -88,7 +92,8 @@ class SoakCluster(chaos.Cluster):
             self.spawn(name, "server/downpour-ps", flags + ["--checkpoint_root=" + self.root])
         else:
             self.spawn(name, "worker/downpour-worker",
-                       flags + ["--data_dir=" + self.data, "--devices=cpu"])
+                       flags + ["--data_dir=" + self.data, "--devices=cpu",
+                                f"--job_metrics_grace_s={self.metrics_grace_s}"])
         return name
 
     def restart(self, name):
@@ -269,6 +274,8 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--retention", type=int, default=50,
                         help="the coordinator's --job_retention_count")
+    parser.add_argument("--metrics_grace_s", type=int, default=60,
+                        help="the workers' --job_metrics_grace_s")
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--fault_every", type=int, default=10)
     parser.add_argument("--job_timeout_s", type=float, default=300)
@@ -282,7 +289,7 @@ def main():
             parser.error(f"--kinds: unknown kind '{kind}'; kinds are {', '.join(KINDS)}")
     node_timeout_ms = 2000
     work = tempfile.mkdtemp(prefix="downpour-soak-")
-    cluster = SoakCluster(args.bin, work, args.retention, node_timeout_ms)
+    cluster = SoakCluster(args.bin, work, args.retention, args.metrics_grace_s, node_timeout_ms)
     started = time.time()
 
     def log(message):

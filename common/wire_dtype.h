@@ -3,7 +3,7 @@
 // even, keeps NaN a NaN and takes float16 overflow to infinity, as CUDA's own
 // conversions do. Pure functions; thread-safe.
 //
-// The mapping to and from the protocol's DType enum is spec/wire_dtype.h's.
+// The mapping to and from the protocol's DType enum is spec/proto_dtype.h's.
 #ifndef DOWNPOUR_COMMON_WIRE_DTYPE_H_
 #define DOWNPOUR_COMMON_WIRE_DTYPE_H_
 

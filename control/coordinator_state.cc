@@ -593,22 +593,27 @@ void CoordinatorState::TakeShardSteps(const std::string& shard, const ShardJobSt
       !Names(current->placement().shard_nodes(), shard)) {
     return;
   }
+  // A copy of the job (its placement, data and events) is what costs: it is
+  // made only where the figures matter, at the first report of a start and
+  // for the ranks that said they finished and wait for the shards to agree.
+  const bool first = current->shard_steps_attempt() != current->attempt();
+  std::vector<int> raised;
+  const int ranks = std::min(current->workers_size(), steps.worker_steps_size());
+  for (int rank = 0; rank < ranks; ++rank) {
+    const WorkerProgress& w = current->workers(rank);
+    const int64_t known = first ? 0 : w.shard_step();
+    if (w.finished() && known < w.steps() && steps.worker_steps(rank) > known) {
+      raised.push_back(rank);
+    }
+  }
+  if (!first && raised.empty()) return;
   JobStatus job = *current;
-  bool changed = job.shard_steps_attempt() != job.attempt();
-  if (changed) {
+  if (first) {
     // An earlier start's figures are not this one's.
     for (WorkerProgress& w : *job.mutable_workers()) w.set_shard_step(0);
     job.set_shard_steps_attempt(job.attempt());
   }
-  const int ranks = std::min(job.workers_size(), steps.worker_steps_size());
-  for (int rank = 0; rank < ranks; ++rank) {
-    WorkerProgress* w = job.mutable_workers(rank);
-    if (steps.worker_steps(rank) > w->shard_step()) {
-      w->set_shard_step(steps.worker_steps(rank));
-      changed = true;
-    }
-  }
-  if (!changed) return;
+  for (int rank : raised) job.mutable_workers(rank)->set_shard_step(steps.worker_steps(rank));
   absl::Status committed;
   if (!TrainingDone(*current) && TrainingDone(job) &&
       (!Saves(job) || HasCheckpointAt(job, job.spec().steps()))) {

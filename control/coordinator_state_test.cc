@@ -108,11 +108,13 @@ TEST_F(CoordinatorStateTest, AFinishedClaimEndsTheJobOnlyOnceTheShardsKnowTheSte
   JobStatus waiting = *state_->GetJob("j");
   EXPECT_EQ(waiting.state(), RUNNING);
   EXPECT_THAT(waiting.message(), HasSubstr("waiting for the shards to confirm the steps of rank "
-                                           "0's 10 (they know of 3), rank 1's 10"));
+                                           "0's 10, rank 1's 10"));
   // Another start's figures count for nothing; rank 1's part is known.
   shard_knows(10, 10, job.attempt() + 1);
   shard_knows(3, 10, job.attempt());
-  EXPECT_EQ(state_->GetJob("j")->state(), RUNNING);
+  waiting = *state_->GetJob("j");
+  EXPECT_EQ(waiting.state(), RUNNING);
+  EXPECT_THAT(waiting.message(), HasSubstr("the steps of rank 0's 10 (they know of 3)"));
   // Their next heartbeat knows every step: the job ends.
   shard_knows(10, 10, job.attempt());
   const JobStatus done = *state_->GetJob("j");

@@ -61,8 +61,9 @@ std::string Unconfirmed(const JobStatus& job) {
     if (w.lost()) continue;
     if (!w.finished()) return "";
     if (!Confirmed(job, w)) {
-      awaited.push_back(absl::StrCat("rank ", w.rank(), "'s ", w.steps(), " (they know of ",
-                                     w.shard_step(), ")"));
+      awaited.push_back(absl::StrCat(
+          "rank ", w.rank(), "'s ", w.steps(),
+          w.shard_step() > 0 ? absl::StrCat(" (they know of ", w.shard_step(), ")") : ""));
     }
   }
   if (awaited.empty()) return "";

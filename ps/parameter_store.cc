@@ -24,7 +24,7 @@
 #include "spec/memory_needs.h"
 #include "spec/params.h"
 #include "spec/shard_map.h"
-#include "spec/wire_dtype.h"
+#include "spec/proto_dtype.h"
 
 namespace downpour {
 

@@ -24,7 +24,7 @@
 #include "ps/lr_schedule.h"
 #include "ps/parameter_store.h"
 #include "ps/parameter_store_fixture.h"
-#include "spec/wire_dtype.h"
+#include "spec/proto_dtype.h"
 
 namespace downpour {
 namespace store_test {

@@ -13,7 +13,7 @@
 #include "ps/lr_schedule.h"
 #include "spec/job_validation.h"
 #include "spec/sparse_ids.h"
-#include "spec/wire_dtype.h"
+#include "spec/proto_dtype.h"
 
 namespace downpour {
 namespace {

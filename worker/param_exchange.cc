@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
-#include "spec/wire_dtype.h"
+#include "spec/proto_dtype.h"
 #include "worker/shard_retry.h"
 
 namespace downpour {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/wire_dtype.h"
-#include "spec/wire_dtype.h"
+#include "spec/proto_dtype.h"
 #include "worker/shard_retry.h"
 
 namespace downpour {

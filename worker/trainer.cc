@@ -11,7 +11,7 @@
 #include "data/data_roots.h"
 #include "data/dataset.h"
 #include "spec/shard_map.h"
-#include "spec/wire_dtype.h"
+#include "spec/proto_dtype.h"
 #include "worker/worker_metrics.h"
 
 namespace downpour {

@@ -1,4 +1,4 @@
-#include "spec/wire_dtype.h"
+#include "spec/proto_dtype.h"
 
 #include "absl/strings/str_cat.h"
 

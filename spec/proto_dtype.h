@@ -1,8 +1,8 @@
 // The protocol's DType (proto/tensor.proto) as the wire codec's WireDtype
 // (common/wire_dtype.h), and back: how a push header names the element type
 // its gradient bytes travel as. Pure functions; thread-safe.
-#ifndef DOWNPOUR_SPEC_WIRE_DTYPE_H_
-#define DOWNPOUR_SPEC_WIRE_DTYPE_H_
+#ifndef DOWNPOUR_SPEC_PROTO_DTYPE_H_
+#define DOWNPOUR_SPEC_PROTO_DTYPE_H_
 
 #include "absl/status/statusor.h"
 #include "common/wire_dtype.h"
@@ -18,4 +18,4 @@ DType DTypeOf(WireDtype dtype);
 
 }  // namespace downpour
 
-#endif  // DOWNPOUR_SPEC_WIRE_DTYPE_H_
+#endif  // DOWNPOUR_SPEC_PROTO_DTYPE_H_
