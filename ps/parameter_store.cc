@@ -23,8 +23,8 @@
 #include "spec/limits.h"
 #include "spec/memory_needs.h"
 #include "spec/params.h"
-#include "spec/shard_map.h"
 #include "spec/proto_dtype.h"
+#include "spec/shard_map.h"
 
 namespace downpour {
 

@@ -12,8 +12,8 @@
 #include "ps/gradient_runs.h"
 #include "ps/lr_schedule.h"
 #include "spec/job_validation.h"
-#include "spec/sparse_ids.h"
 #include "spec/proto_dtype.h"
+#include "spec/sparse_ids.h"
 
 namespace downpour {
 namespace {

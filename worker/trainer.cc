@@ -10,8 +10,8 @@
 #include "common/status.h"
 #include "data/data_roots.h"
 #include "data/dataset.h"
-#include "spec/shard_map.h"
 #include "spec/proto_dtype.h"
+#include "spec/shard_map.h"
 #include "worker/worker_metrics.h"
 
 namespace downpour {
