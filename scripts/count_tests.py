@@ -39,6 +39,24 @@ def count_cases(tree, label):
             passed += 1
 
 
+def result_files(folder):
+    """The test.xml files of a target's newest run: one per shard of a
+    sharded test (shard_I_of_N/; of the newest N, all N of them), else the
+    target's own."""
+    shards = {}
+    for entry in os.listdir(folder) if os.path.isdir(folder) else []:
+        m = re.fullmatch(r"shard_(\d+)_of_(\d+)", entry)
+        if m:
+            path = os.path.join(folder, entry)
+            shards.setdefault(int(m.group(2)), []).append(path)
+    if not shards:
+        return [os.path.join(folder, "test.xml")]
+    newest = max(shards, key=lambda n: max(os.path.getmtime(p) for p in shards[n]))
+    if len(shards[newest]) != newest:
+        raise OSError(f"{len(shards[newest])} of {newest} shards ran")
+    return [os.path.join(p, "test.xml") for p in sorted(shards[newest])]
+
+
 for path in extra_xml:
     try:
         count_cases(ET.parse(path), path)
@@ -59,20 +77,21 @@ for target in targets:
         failed += 1
         continue
     package, name = target[2:].split(":")
-    xml = os.path.join(root, "bazel-testlogs", package, name, "test.xml")
     try:
-        tree = ET.parse(xml)
+        trees = [ET.parse(xml) for xml in result_files(os.path.join(root, "bazel-testlogs",
+                                                                     package, name))]
     except (OSError, ET.ParseError):
         print(f"{target}: no test results", file=sys.stderr)
         failed += 1
         continue
-    cases = list(tree.iter("testcase"))
-    if not cases:  # a test binary that is not gtest: judged by Bazel's verdict
+    if not any(True for tree in trees for _ in tree.iter("testcase")):
+        # A test binary that is not gtest: judged by Bazel's verdict.
         if status == "PASSED":
             passed += 1
         else:
             failed += 1
         continue
-    count_cases(tree, target)
+    for tree in trees:
+        count_cases(tree, target)
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)

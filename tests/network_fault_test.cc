@@ -161,24 +161,25 @@ TEST_F(NetworkFaultTest, AThrottledWorkerIsAStragglerTheStepsDoNotWaitFor) {
   absl::SleepFor(absl::Seconds(8));
   const JobStatus job = cluster_->GetJob("j");
   EXPECT_EQ(job.state(), RUNNING) << job.message();
-  // The two fast workers keep stepping; the straggler falls behind.
-  int64_t fastest = 0, slowest = INT64_MAX;
-  for (const WorkerProgress& w : job.workers()) {
-    fastest = std::max(fastest, w.step());
-    slowest = std::min(slowest, w.step());
-  }
+  // The two fast workers keep stepping: had the steps waited for the
+  // straggler's ~0.2 s exchange, 8 s would make about 40.
+  int64_t fastest = 0;
+  for (const WorkerProgress& w : job.workers()) fastest = std::max(fastest, w.step());
   std::cout << "in " << absl::ToDoubleSeconds(absl::Now() - throttled)
-            << " s throttled: fastest worker +" << fastest - step << " steps, slowest +"
-            << slowest - step << std::endl;
-  EXPECT_GT(fastest - step, 2 * (slowest - step) + 20);
+            << " s throttled: fastest worker +" << fastest - step << " steps" << std::endl;
+  EXPECT_GT(fastest - step, 160);
   // The shard's metrics name the straggler: the rank whose pushes came
-  // late.
+  // late (it joins the partitions' step after each, JobTrainer::CatchUp,
+  // rather than fall further behind).
   absl::StatusOr<std::string> metrics = HttpGet(cluster_->MetricsAddressOf("ps0"), "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   int straggler = -1;
-  for (const WorkerProgress& w : job.workers()) {
-    if (w.step() == slowest) straggler = w.rank();
+  for (int rank = 0; rank < job.placement().worker_nodes_size(); ++rank) {
+    if (absl::StrContains(job.placement().worker_nodes(rank), cluster_->AddressOf("worker2"))) {
+      straggler = rank;
+    }
   }
+  ASSERT_GE(straggler, 0) << job.placement().DebugString();
   const std::string series =
       absl::StrCat("downpour_ps_late_pushes_total{job=\"j\",rank=\"", straggler, "\"}");
   EXPECT_TRUE(absl::StrContains(*metrics, series)) << *metrics;
