@@ -247,9 +247,10 @@ void CheckpointOrchestrator::Remove(const std::string& job_id) {
   drains_.erase(job_id);
 }
 
-void CheckpointOrchestrator::BeginDrain(const std::string& job_id, const std::string& node_id) {
+void CheckpointOrchestrator::BeginDrain(const std::string& job_id, const std::string& node_id,
+                                        int64_t step) {
   absl::MutexLock lock(&mu_);
-  drains_[job_id] = Drain{node_id, options_.now()};
+  drains_[job_id] = Drain{node_id, options_.now(), step};
 }
 
 bool CheckpointOrchestrator::Draining(const std::string& job_id) {
@@ -269,7 +270,8 @@ std::vector<CheckpointOrchestrator::DrainDue> CheckpointOrchestrator::DueDrains(
       continue;
     }
     const bool saved = !job->checkpoints().empty() &&
-                       job->checkpoints().rbegin()->time_ms() >= ToMillis(it->second.began);
+                       job->checkpoints().rbegin()->time_ms() >= ToMillis(it->second.began) &&
+                       job->checkpoints().rbegin()->step() >= it->second.step;
     // With no rank to take checkpoints, none will come.
     const bool overdue = CheckpointRank(*job) < 0 || now - it->second.began > options_.timeout;
     if (saved || overdue) due.push_back({it->first, it->second.node_id, saved});

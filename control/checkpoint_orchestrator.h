@@ -121,8 +121,10 @@ class CheckpointOrchestrator {
   void Remove(const std::string& job_id);
 
   // `job_id` moves off draining shard `node_id` once a checkpoint asked
-  // for now is in.
-  void BeginDrain(const std::string& job_id, const std::string& node_id);
+  // for now is in: one committed from now on, of a step at least `step`
+  // (the job's now), so a checkpoint taken before the drain and committed
+  // after it does not count.
+  void BeginDrain(const std::string& job_id, const std::string& node_id, int64_t step);
   bool Draining(const std::string& job_id);
   // The drains to act on now: a checkpoint since the drain began is in,
   // none can come (no rank takes them), or the timeout passed. A drain of a
@@ -142,6 +144,7 @@ class CheckpointOrchestrator {
   struct Drain {
     std::string node_id;
     absl::Time began;
+    int64_t step = 0;  // The job's when the drain began.
   };
 
   // Whether a part of `job`'s start `attempt` at `step` is still wanted.

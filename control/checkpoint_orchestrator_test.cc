@@ -166,12 +166,17 @@ TEST_F(CheckpointOrchestratorTest, TheLowestLiveRankTakesCheckpointsWhileRankZer
 
 TEST_F(CheckpointOrchestratorTest, ADrainIsDueOnceACheckpointIsInOrNoneCanCome) {
   CheckpointOrchestrator checkpoints(Options(), &history_);
-  checkpoints.BeginDrain("j", "s1");
+  checkpoints.BeginDrain("j", "s1", /*step=*/3);
   EXPECT_TRUE(checkpoints.Draining("j"));
   const auto find = [this](const std::string& id) { return id == "j" ? &job_ : nullptr; };
   EXPECT_TRUE(checkpoints.DueDrains(find).empty());
   now_ += absl::Seconds(1);
+  // Committed since, but taken before the drain: it does not count.
   CheckpointInfo* info = job_.add_checkpoints();
+  info->set_step(2);
+  info->set_time_ms(absl::ToUnixMillis(now_));
+  EXPECT_TRUE(checkpoints.DueDrains(find).empty());
+  info = job_.add_checkpoints();
   info->set_step(4);
   info->set_time_ms(absl::ToUnixMillis(now_));
   std::vector<CheckpointOrchestrator::DrainDue> due = checkpoints.DueDrains(find);
@@ -181,7 +186,7 @@ TEST_F(CheckpointOrchestratorTest, ADrainIsDueOnceACheckpointIsInOrNoneCanCome) 
   checkpoints.EndDrain("j");
   EXPECT_FALSE(checkpoints.Draining("j"));
 
-  checkpoints.BeginDrain("j", "s0");
+  checkpoints.BeginDrain("j", "s0", /*step=*/4);
   job_.clear_checkpoints();
   now_ += absl::Seconds(61);
   due = checkpoints.DueDrains(find);

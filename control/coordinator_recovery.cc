@@ -145,6 +145,7 @@ void CoordinatorState::DrainShard(const std::string& node_id) {
           /*diverged=*/false, /*moved=*/true);
     } else {
       JobStatus updated = job;
+      const int64_t step = job.step();
       if (updated.checkpoint_requested_ms() == 0) {
         updated.set_checkpoint_requested_ms(absl::ToUnixMillis(options_.now()));
       }
@@ -152,7 +153,7 @@ void CoordinatorState::DrainShard(const std::string& node_id) {
                                                " is draining: the job moves off it after a "
                                                "checkpoint"));
       written = jobs_.Commit(std::move(updated), /*durable=*/true);
-      if (written.ok()) checkpoints_.BeginDrain(id, node_id);
+      if (written.ok()) checkpoints_.BeginDrain(id, node_id, step);
     }
     NoteWrite(absl::StrCat("the drain of job ", id), written);
   }
