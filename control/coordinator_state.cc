@@ -798,12 +798,37 @@ void CoordinatorState::Tick() {
   JudgeAbsentees();
   DetectDeadNodes();
   TickCheckpoints();
+  TickConfirmations();
   TickDrains();
   SchedulePending();
   TickRetention();
   NoteWrite("the jobs' log lines and progress", history_.Flush());
   jobs_.Wake();
   history_.Wake();
+}
+
+void CoordinatorState::TickConfirmations() {
+  // Should the shards not confirm the workers' last steps (a worker's word
+  // that is not true, or a fault of the count), the job restarts from its
+  // newest checkpoint, after the checkpoint timeout, rather than wait on.
+  const int64_t now_ms = ToMillis(options_.now());
+  for (const std::string& id : jobs_.Ids()) {
+    const JobStatus& job = *jobs_.Find(id);
+    if (job.state() != RUNNING) continue;
+    const std::string unconfirmed = Unconfirmed(job);
+    const int64_t since_ms = std::max(job.step_time_ms(), job.start_time_ms());
+    if (unconfirmed.empty() ||
+        now_ms - since_ms < absl::ToInt64Milliseconds(options_.checkpoint_timeout)) {
+      continue;
+    }
+    NoteWrite(absl::StrCat("the restart of job ", id),
+              FailOrRestart(job,
+                            absl::StrCat("the shards did not confirm the workers' last steps "
+                                         "within ",
+                                         absl::FormatDuration(options_.checkpoint_timeout), " (",
+                                         unconfirmed, ")"),
+                            /*diverged=*/false));
+  }
 }
 
 control::ScheduleOptions CoordinatorState::Placing() const {

@@ -195,6 +195,9 @@ class CoordinatorState : public Coordinator {
   // awaited.
   void TakeShardSteps(const std::string& shard, const ShardJobSteps& steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restarts the jobs whose workers all said they finished but whose shards
+  // have not confirmed it within the checkpoint timeout.
+  void TickConfirmations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TakeWorkerState(const std::string& job_id, const CheckpointWorkerState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits a complete checkpoint, or gives up a failed one.

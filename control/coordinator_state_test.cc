@@ -123,6 +123,37 @@ TEST_F(CoordinatorStateTest, AFinishedClaimEndsTheJobOnlyOnceTheShardsKnowTheSte
   EXPECT_EQ(done.workers(0).shard_step(), 10);
 }
 
+// Shards that never confirm the workers' word do not hold the job forever:
+// it restarts (here, with no restart allowed, fails) after the checkpoint
+// timeout, saying why.
+TEST_F(CoordinatorStateTest, AFinishedClaimTheShardsNeverConfirmEndsTheWait) {
+  Register("s", SHARD);
+  Register("a", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "j").ok());
+  const JobStatus job = *state_->GetJob("j");
+  HeartbeatRequest beat;
+  beat.set_node_id("s");
+  beat.set_incarnation(1);
+  ShardJobSteps* steps = beat.add_job_steps();
+  steps->set_job_id("j");
+  steps->set_attempt(job.attempt());
+  steps->add_worker_steps(3);
+  ASSERT_TRUE(state_->Heartbeat(beat).ok());
+  ReportProgressRequest done = Progress("j", job.placement().worker_nodes(0), 0, 10);
+  done.set_finished(true);
+  done.set_has_test_accuracy(true);
+  done.set_test_accuracy(0.99);
+  ASSERT_TRUE(state_->ReportProgress(done).ok());
+  state_->Tick();
+  EXPECT_EQ(StateOf("j"), RUNNING);
+  Advance(absl::Minutes(2));
+  ASSERT_TRUE(state_->Heartbeat(beat).ok());
+  state_->Tick();
+  const JobStatus ended = *state_->GetJob("j");
+  EXPECT_EQ(ended.state(), FAILED);
+  EXPECT_THAT(ended.message(), HasSubstr("the shards did not confirm the workers' last steps"));
+}
+
 // A rank that says it finished short of its steps (they grew as it
 // finished) is not finished: it runs again for the rest.
 TEST_F(CoordinatorStateTest, AFinishedClaimShortOfTheRanksStepsIsNotTaken) {
