@@ -9,10 +9,12 @@ the Fashion-MNIST MLP in SYNC and in ASYNC, the CNN, and the click-log
 samples each daemon: VmRSS and VmHWM (/proc/PID/status), anonymous memory
 (/proc/PID/smaps_rollup), what its malloc holds live and free
 (downpour_malloc_{in_use,free}_bytes), threads (/proc/PID/task) and the
-number of series on its /metrics. It prints a table per sample, the growth of each daemon's
-RSS over the last --window jobs (the sample at the end against the one
---window jobs earlier) and whether it is under --limit_pct, and one JSON
-line with every sample (also written to --json).
+number of series on its /metrics; every --sample_every jobs it samples,
+every --report_every it prints a table. At the end it prints the growth of
+each daemon's RSS over the last --window jobs (the median of the window's
+first quarter of samples against that of its last quarter: single samples
+vary by a few MB with the job just ended) and whether it is under
+--limit_pct, and one JSON line with every sample (also written to --json).
 
 With --faults, every --fault_every jobs a fault hits the job while it runs,
 in turn: kill -9 of the last worker (restarted under the same name 0.5 s
@@ -41,6 +43,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -149,6 +152,7 @@ def sample(cluster):
             "rss_mb": round((read_kb(f"/proc/{pid}/status", "VmRSS") or 0) / 1024, 1),
             "hwm_mb": round((read_kb(f"/proc/{pid}/status", "VmHWM") or 0) / 1024, 1),
             "anon_mb": round((read_kb(f"/proc/{pid}/smaps_rollup", "Anonymous") or 0) / 1024, 1),
+            "file_mb": round((read_kb(f"/proc/{pid}/status", "RssFile") or 0) / 1024, 1),
             "threads": threads,
             "malloc_live_mb": live,
             "malloc_free_mb": free,
@@ -162,10 +166,10 @@ def print_table(label, snapshot):
     def shown(value):
         return "-" if value is None else value
 
-    print(f"  {'daemon':<12}{'pid':>8}{'RSS MB':>9}{'HWM MB':>9}{'anon MB':>9}{'live MB':>9}"
+    print(f"  {'daemon':<12}{'pid':>8}{'RSS MB':>9}{'HWM MB':>9}{'anon MB':>9}{'file MB':>9}{'live MB':>9}"
           f"{'free MB':>9}{'threads':>9}{'series':>8}", file=sys.stderr)
     for name, s in snapshot.items():
-        print(f"  {name:<12}{s['pid']:>8}{s['rss_mb']:>9}{s['hwm_mb']:>9}{s['anon_mb']:>9}"
+        print(f"  {name:<12}{s['pid']:>8}{s['rss_mb']:>9}{s['hwm_mb']:>9}{s['anon_mb']:>9}{s['file_mb']:>9}"
               f"{shown(s['malloc_live_mb']):>9}{shown(s['malloc_free_mb']):>9}"
               f"{shown(s['threads']):>9}{shown(s['series']):>8}", file=sys.stderr)
 
@@ -240,19 +244,31 @@ def inject(cluster, fault, node_timeout_ms, log):
 
 
 def growth(samples, window, limit_pct):
-    """Each daemon's RSS growth over the last `window` jobs."""
+    """Each daemon's RSS growth over the last `window` jobs.
+
+    What a daemon keeps resident between jobs varies by a few MB from one
+    job to the next (freed memory at the top of an arena, the job just
+    ended): one sample against another measures that. So the verdict
+    compares the median of the samples in the window's first quarter with
+    the median of those in its last quarter; the end points are reported
+    beside it."""
     last = samples[-1]
     start_job = last["job"] - window
-    first = next((s for s in samples if s["job"] >= start_job and s["label"] != "idle"), None)
+    inside = [s for s in samples if s["job"] >= start_job and s["label"] != "idle"]
+    quarter = max(1, len(inside) // 4)
     result = {}
     for name, now in last["daemons"].items():
-        then = first["daemons"].get(name) if first else None
-        if then is None or then["pid"] != now["pid"]:
+        lived = [s["daemons"].get(name) for s in inside]
+        if any(d is None or d["pid"] != now["pid"] for d in lived):
             result[name] = {"verdict": "restarted in the window"}
             continue
-        pct = 100.0 * (now["rss_mb"] - then["rss_mb"]) / then["rss_mb"]
-        result[name] = {"from_job": first["job"], "from_mb": then["rss_mb"],
-                        "to_mb": now["rss_mb"], "growth_pct": round(pct, 1),
+        then = statistics.median(d["rss_mb"] for d in lived[:quarter])
+        later = statistics.median(d["rss_mb"] for d in lived[-quarter:])
+        pct = 100.0 * (later - then) / then
+        result[name] = {"from_job": inside[0]["job"], "from_mb": lived[0]["rss_mb"],
+                        "to_mb": now["rss_mb"], "samples": len(lived),
+                        "first_quarter_median_mb": then, "last_quarter_median_mb": later,
+                        "growth_pct": round(pct, 1),
                         "verdict": "ok" if pct < limit_pct else "GROWS"}
     return result
 
@@ -262,7 +278,10 @@ def main():
     parser.add_argument("--bin", default=os.path.join(ROOT, "bazel-bin"))
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--report_every", type=int, default=50)
+    parser.add_argument("--report_every", type=int, default=50,
+                        help="jobs between printed tables")
+    parser.add_argument("--sample_every", type=int, default=5,
+                        help="jobs between samples")
     parser.add_argument("--window", type=int, default=200,
                         help="jobs the growth verdict spans (the last this many)")
     parser.add_argument("--limit_pct", type=float, default=5.0)
@@ -330,13 +349,14 @@ def main():
             outcomes[state] = outcomes.get(state, 0) + 1
             if state != "SUCCEEDED":
                 log(f"job {job_id}: {state}")
-            if j % args.report_every == 0 or j == args.jobs:
+            if j % args.sample_every == 0 or j == args.jobs:
                 # Between jobs, as a daemon is most of its life: the workers
                 # have dropped the run (next heartbeat) and cleaned up.
                 time.sleep(args.settle_s)
                 samples.append({"label": f"job {j}", "job": j,
                                 "time_s": round(time.time() - started),
                                 "daemons": sample(cluster)})
+            if j % args.report_every == 0 or j == args.jobs:
                 print_table(f"after job {j} ({time.time() - started:.0f} s, {outcomes})",
                             samples[-1]["daemons"])
         log(f"idle for {args.idle_s:.0f} s")
@@ -350,9 +370,10 @@ def main():
               file=sys.stderr)
         for name, g in verdict.items():
             if "growth_pct" in g:
-                print(f"  {name:<12} {g['from_mb']:>7} -> {g['to_mb']:>7} MB "
-                      f"({g['growth_pct']:+.1f}% since job {g['from_job']}): {g['verdict']}",
-                      file=sys.stderr)
+                print(f"  {name:<12} median {g['first_quarter_median_mb']:>7} -> "
+                      f"{g['last_quarter_median_mb']:>7} MB ({g['growth_pct']:+.1f}%; "
+                      f"{g['samples']} samples from job {g['from_job']}; ends "
+                      f"{g['from_mb']} -> {g['to_mb']} MB): {g['verdict']}", file=sys.stderr)
             else:
                 print(f"  {name:<12} {g['verdict']}", file=sys.stderr)
         result = {"jobs": args.jobs, "steps": args.steps, "kinds": kinds,

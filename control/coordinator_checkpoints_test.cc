@@ -112,6 +112,41 @@ TEST_F(CheckpointingTest, TasksSayTheJobIsSavedAndWhichStartItIs) {
   EXPECT_FALSE(task.has_restore());
 }
 
+TEST_F(CheckpointingTest, TheFinalCheckpointComesFromARankThatEvaluatesOnceRankZeroIsLostLate) {
+  // Rank 1 finished; then rank 0 is lost before its last step. Rank 1 runs
+  // again to evaluate the job and sends the final checkpoint's state with
+  // its evaluation, though no rank takes checkpoints (none trains).
+  Register("v", WORKER);
+  JobSpec spec = SmallSpec(2, 2);
+  spec.mutable_checkpoint()->set_keep(2);
+  ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
+  const JobStatus job = *state_->GetJob("j");
+  const std::string second = job.placement().worker_nodes(1);
+  const int64_t steps = job.spec().steps();
+  ReportProgressRequest done = Progress("j", second, 1, steps);
+  done.set_finished(true);
+  ASSERT_TRUE(state_->ReportProgress(done).ok());
+  for (int i = 0; i < 4; ++i) {  // Rank 0's node stops heartbeating.
+    Advance(absl::Seconds(2));
+    for (const std::string& node : {std::string("s0"), std::string("s1"), second}) Beat(node);
+    state_->Tick();
+  }
+  ASSERT_TRUE(state_->GetJob("j")->workers(0).lost()) << Events();
+  EXPECT_TRUE(Beat(second).tasks(0).evaluates());
+  ShardWrote(0, steps);
+  ShardWrote(1, steps);
+  ReportProgressRequest evaluated = Progress("j", second, 1, steps);
+  evaluated.set_finished(true);
+  evaluated.set_has_test_accuracy(true);
+  evaluated.set_test_accuracy(0.8);
+  evaluated.mutable_checkpoint()->set_step(steps);
+  evaluated.mutable_checkpoint()->set_attempt(job.attempt());
+  evaluated.mutable_checkpoint()->set_state("worker state bytes");
+  ASSERT_TRUE(state_->ReportProgress(evaluated).ok());
+  EXPECT_EQ(StateOf("j"), SUCCEEDED) << Events();
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{steps}));
+}
+
 TEST_F(CheckpointingTest, ACheckpointIsCommittedOnceEveryFileIsInAndOldOnesArePruned) {
   Start(/*keep=*/2);
   for (int64_t step : {2, 4, 6}) {

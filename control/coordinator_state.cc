@@ -577,8 +577,13 @@ absl::StatusOr<ReportProgressResponse> CoordinatorState::TakeProgress(
   const std::string unconfirmed = Unconfirmed(job);
   if (!unconfirmed.empty()) job.set_message(unconfirmed);
   // The rank that took the checkpoint as it was when it did (its last
-  // report, with the final one, also says it finished).
-  const bool takes_checkpoints = rank == CheckpointOrchestrator::CheckpointRank(current);
+  // report, with the final one, also says it finished); the final
+  // checkpoint comes with the evaluation, also from a rank that ran again to
+  // evaluate after every live rank had finished (none takes checkpoints
+  // then).
+  const bool takes_checkpoints =
+      rank == CheckpointOrchestrator::CheckpointRank(current) ||
+      (request.has_test_accuracy() && rank == RankHandover::EvaluatingRank(current));
   RETURN_IF_ERROR(jobs_.Commit(std::move(job), milestone));
   if (request.has_checkpoint() && takes_checkpoints) {
     TakeWorkerState(request.job_id(), request.checkpoint());

@@ -40,7 +40,7 @@ absl::StatusOr<HeartbeatResponse> FakeCoordinator::Heartbeat(const HeartbeatRequ
     // As the coordinator does: a task names the rank's step target.
     if (sent->steps() == 0) sent->set_steps(sent->spec().steps());
     // As the coordinator does while rank 0 is there: it evaluates.
-    if (sent->rank() == 0) sent->set_evaluates(true);
+    if (sent->rank() == 0 && rank_zero_evaluates_) sent->set_evaluates(true);
   }
   return response;
 }
@@ -91,6 +91,11 @@ absl::StatusOr<NodeInfo> FakeCoordinator::CordonNode(const std::string&, bool) {
 
 absl::StatusOr<JobLogsResponse> FakeCoordinator::JobLogs(const JobLogsRequest&) {
   return NoQueue();
+}
+
+void FakeCoordinator::SetRankZeroEvaluates(bool evaluates) {
+  absl::MutexLock lock(&mu_);
+  rank_zero_evaluates_ = evaluates;
 }
 
 void FakeCoordinator::SetTasks(const std::string& node_id, std::vector<Task> tasks) {

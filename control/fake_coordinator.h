@@ -51,6 +51,9 @@ class FakeCoordinator : public Coordinator {
   // The tasks node `node_id`'s heartbeats hand it from now on (a task without
   // a step target gets the spec's `steps`, as the coordinator fills it).
   void SetTasks(const std::string& node_id, std::vector<Task> tasks);
+  // Whether rank 0's tasks always say it evaluates, as the coordinator's do
+  // while rank 0 is there (the default), or say what SetTasks gave.
+  void SetRankZeroEvaluates(bool evaluates);
   // Down: every call fails with Unavailable.
   void SetUp(bool up);
   // Forgets every node, as a coordinator that lost its state would: the
@@ -72,6 +75,7 @@ class FakeCoordinator : public Coordinator {
 
   absl::Mutex mu_;
   bool up_ ABSL_GUARDED_BY(mu_) = true;
+  bool rank_zero_evaluates_ ABSL_GUARDED_BY(mu_) = true;
   std::map<std::string, int64_t> incarnations_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<Task>> tasks_ ABSL_GUARDED_BY(mu_);
   std::vector<NodeInfo> registered_ ABSL_GUARDED_BY(mu_);

@@ -74,9 +74,12 @@ std::set<std::string> WorkerRuntime::StartAndCancel(const std::vector<Task>& tas
     if (!replace && run.done.load() && !run.trainer->failed() && task.evaluates() &&
         !run.trainer->evaluated()) {
       // Rank 0 was lost after this rank finished: it runs again, from where
-      // it got to, to train what is left and evaluate the job.
+      // it got to (never from step 0: SYNC pushes of steps the shards are
+      // past are dropped, ASYNC ones would be applied twice), to train what
+      // is left and evaluate the job.
+      if (!next.has_join()) next.mutable_join()->set_step(run.trainer->steps_completed());
       Log(absl::StrCat("job ", task.job_id(), ": rank ", task.rank(),
-                       " evaluates the job now; running it again from step ", task.join().step()));
+                       " evaluates the job now; running it again from step ", next.join().step()));
       replace = true;
     }
     if (!replace && run.done.load() && !run.trainer->failed() && !run.trainer->cancelled() &&

@@ -332,6 +332,29 @@ TEST_F(WorkerRuntimeTest, ARunWhoseStepsGrewAsItFinishedRunsAgainForTheRest) {
   EXPECT_TRUE(AwaitNoJobs());
 }
 
+TEST_F(WorkerRuntimeTest, AFinishedRankToldToEvaluateRunsAgainFromWhereItGotTo) {
+  // Rank 0 was lost after this rank finished: it evaluates now, and trains
+  // none of its steps again on the way.
+  coordinator_.SetRankZeroEvaluates(false);
+  Task task = HostedTask("j", Spec(20));
+  task.set_evaluates(false);
+  coordinator_.SetTasks(kNode, {task});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.finished() && r.step() == 20; }));
+  const size_t before = coordinator_.reports().size();
+  task.set_evaluates(true);
+  coordinator_.SetTasks(kNode, {task});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.finished() && r.has_test_accuracy(); }));
+  const std::vector<ReportProgressRequest> reports = coordinator_.reports();
+  for (size_t i = before; i < reports.size(); ++i) {  // Step 0: its data listing.
+    EXPECT_TRUE(reports[i].step() == 0 || reports[i].step() >= 20)
+        << "step " << reports[i].step() << " trained again";
+  }
+  coordinator_.SetTasks(kNode, {});
+  EXPECT_TRUE(AwaitNoJobs());
+}
+
 TEST_F(WorkerRuntimeTest, JobThatIsNoLongerATaskIsCancelledWithoutAReport) {
   coordinator_.SetTasks(kNode, {HostedTask("j", Spec(1000000))});
   ASSERT_TRUE(
