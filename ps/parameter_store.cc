@@ -117,7 +117,8 @@ struct ParameterStore::Piece {
   WireDtype dtype;
 };
 
-ParameterStore::ParameterStore(MemoryBudget* budget) : budget_(budget) {}
+ParameterStore::ParameterStore(MemoryBudget* budget, WorkPool* pool)
+    : budget_(budget), pool_(pool) {}
 ParameterStore::~ParameterStore() = default;
 
 absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& given,
@@ -165,7 +166,8 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
     Job* diverging = job.get();  // Owns the tables: outlives them.
     absl::StatusOr<std::unique_ptr<SparseStore>> sparse =
         SparseStore::Create(job_id, spec, shard_index, budget_,
-                            [diverging](const std::string& why) { diverging->Diverge(why); });
+                            [diverging](const std::string& why) { diverging->Diverge(why); },
+                            pool_);
     if (!sparse.ok()) return Annotate(sparse.status(), where);
     job->sparse = *std::move(sparse);
   }

@@ -52,6 +52,7 @@
 #include "absl/time/time.h"
 #include "proto/job.pb.h"
 #include "ps/checkpoint.h"
+#include "common/work_pool.h"
 #include "ps/memory_budget.h"
 #include "ps/parameter_shard.h"
 #include "ps/shard_capture.h"
@@ -61,8 +62,10 @@ namespace downpour {
 
 class ParameterStore : public ParameterShard {
  public:
-  // `budget` (not owned; may be null: no limit) must outlive the store.
-  explicit ParameterStore(MemoryBudget* budget = nullptr);
+  // `budget` (not owned; may be null: no limit) must outlive the store; so
+  // must `pool` (not owned; may be null), whose threads then complete a SYNC
+  // step's sparse tables, and look up a pull's rows, table by table.
+  explicit ParameterStore(MemoryBudget* budget = nullptr, WorkPool* pool = nullptr);
   ~ParameterStore() override;
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
@@ -216,6 +219,7 @@ class ParameterStore : public ParameterShard {
   void HandOver(Job& job) const;
 
   MemoryBudget* const budget_;  // May be null.
+  WorkPool* const pool_;        // May be null.
   CheckpointSink sink_;         // Set before jobs are hosted.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -23,7 +23,7 @@ constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
 }  // namespace
 
 SparseStore::SparseStore(std::string job_id, const JobSpec& spec, int shard_index,
-                         DivergedFn diverged)
+                         DivergedFn diverged, WorkPool* pool)
     : job_id_(std::move(job_id)),
       shard_(shard_index),
       num_shards_(spec.num_shards()),
@@ -31,7 +31,8 @@ SparseStore::SparseStore(std::string job_id, const JobSpec& spec, int shard_inde
       mode_(spec.consistency().mode()),
       steps_per_push_(std::max(1, spec.consistency().push_every())),
       backup_workers_(spec.consistency().backup_workers()),
-      diverged_(std::move(diverged)) {
+      diverged_(std::move(diverged)),
+      pool_(pool) {
   absl::MutexLock lock(&mu_);
   presence_.assign(num_workers_, Presence::kCounts);
   arrived_.assign(num_workers_, false);
@@ -44,11 +45,12 @@ absl::StatusOr<std::unique_ptr<SparseStore>> SparseStore::Create(const std::stri
                                                                  const JobSpec& spec,
                                                                  int shard_index,
                                                                  MemoryBudget* budget,
-                                                                 DivergedFn diverged) {
+                                                                 DivergedFn diverged,
+                                                                 WorkPool* pool) {
   ASSIGN_OR_RETURN(ModelShape model, InferModel(spec.model()));
   if (model.sparse_tables.empty()) return nullptr;
   std::unique_ptr<SparseStore> store(
-      new SparseStore(job_id, spec, shard_index, std::move(diverged)));
+      new SparseStore(job_id, spec, shard_index, std::move(diverged), pool));
   for (SparseTableInfo& info : model.sparse_tables) {
     // The coordinator validated the spec; this guards a caller that did not.
     RETURN_IF_ERROR(ValidateSparseTableOptimizer(info, spec.optimizer()));
@@ -254,6 +256,45 @@ absl::StatusOr<bool> SparseStore::Push(const PushRequest& request, const Payload
   return late;
 }
 
+void SparseStore::RunEach(int n, const std::function<void(int)>& fn) const {
+  if (pool_ == nullptr || n < 2) {
+    for (int t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  pool_->ParallelFor(n, fn);
+}
+
+absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* diverged) {
+  const int64_t dim = tables_[t].info.dim;
+  // The rows any rank brought, in the order first seen, and their sums in
+  // rank order: ((g0 + g1) + g2) ...
+  absl::flat_hash_map<int64_t, int64_t> index;
+  std::vector<int64_t> ids;
+  std::vector<float> sum;
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    if (!arrived_[rank]) continue;
+    const std::vector<int64_t>& rank_ids = held_[rank].ids[t];
+    const float* grads = held_[rank].grads[t].data();
+    index.reserve(index.size() + rank_ids.size());
+    for (size_t i = 0; i < rank_ids.size(); ++i) {
+      const float* g = grads + i * dim;
+      auto [it, fresh] = index.emplace(rank_ids[i], static_cast<int64_t>(ids.size()));
+      if (fresh) {
+        ids.push_back(rank_ids[i]);
+        sum.insert(sum.end(), g, g + dim);
+      } else {
+        float* into = sum.data() + it->second * dim;
+        for (int64_t k = 0; k < dim; ++k) into[k] += g[k];
+      }
+    }
+  }
+  if (ids.empty()) return absl::OkStatus();
+  const float scale = 1.f / static_cast<float>(num_contributors_);
+  for (float& v : sum) v *= scale;
+  return ApplyRows(t, ids.data(), static_cast<int64_t>(ids.size()), sum.data(), version, version,
+                   /*rank=*/-1, diverged);
+}
+
 int SparseStore::Quorum() const {
   int counting = 0;
   for (Presence p : presence_) counting += p == Presence::kCounts;
@@ -270,41 +311,19 @@ void SparseStore::MaybeCompleteStep() {
   }
   frozen_.reset();
   if (num_contributors_ > 0) {
-    const float scale = 1.f / static_cast<float>(num_contributors_);
+    // Tables are independent: each is summed and applied on its own thread.
+    std::vector<absl::Status> applied(tables_.size());
+    std::vector<std::string> diverged(tables_.size());
+    RunEach(num_tables(), [&](int t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      // mu_ is held by the caller, who waits for every table.
+      applied[t] = CompleteTable(t, version, &diverged[t]);
+    });
     for (size_t t = 0; t < tables_.size(); ++t) {
-      const int64_t dim = tables_[t].info.dim;
-      // The rows any rank brought, in the order first seen, and their sums
-      // in rank order: ((g0 + g1) + g2) ...
-      absl::flat_hash_map<int64_t, int64_t> index;
-      std::vector<int64_t> ids;
-      std::vector<float> sum;
-      for (int rank = 0; rank < num_workers_; ++rank) {
-        if (!arrived_[rank]) continue;
-        const std::vector<int64_t>& rank_ids = held_[rank].ids[t];
-        const float* grads = held_[rank].grads[t].data();
-        for (size_t i = 0; i < rank_ids.size(); ++i) {
-          const float* g = grads + i * dim;
-          auto [it, fresh] = index.emplace(rank_ids[i], static_cast<int64_t>(ids.size()));
-          if (fresh) {
-            ids.push_back(rank_ids[i]);
-            sum.insert(sum.end(), g, g + dim);
-          } else {
-            float* into = sum.data() + it->second * dim;
-            for (int64_t k = 0; k < dim; ++k) into[k] += g[k];
-          }
-        }
-      }
-      if (ids.empty()) continue;
-      for (float& v : sum) v *= scale;
-      std::string diverged;
-      absl::Status applied =
-          ApplyRows(static_cast<int>(t), ids.data(), static_cast<int64_t>(ids.size()), sum.data(),
-                    version, version, /*rank=*/-1, &diverged);
-      if (!applied.ok()) {
-        Fail(applied);
+      if (!applied[t].ok()) {
+        Fail(applied[t]);
         return;
       }
-      if (!diverged.empty()) divergences_.push_back(std::move(diverged));
+      if (!diverged[t].empty()) divergences_.push_back(std::move(diverged[t]));
     }
   }
   for (int rank = 0; rank < num_workers_; ++rank) {
@@ -380,20 +399,31 @@ absl::StatusOr<int64_t> SparseStore::PullBytes(const PullRequest& request) const
 
 absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullResponse* response) {
   RETURN_IF_ERROR(failure());
-  for (const SparseRows& asked : request.sparse()) {
-    Table& table = tables_[asked.table()];
+  // Where each table's rows go in `out`; then the tables are looked up at
+  // once (a table's lookups create its new rows).
+  const int asked_tables = request.sparse_size();
+  std::vector<float*> rows_out(asked_tables);
+  for (int i = 0; i < asked_tables; ++i) {
+    const SparseRows& asked = request.sparse(i);
     SparseRows* rows = response->add_sparse();
     rows->set_table(asked.table());
     *rows->mutable_ids() = asked.ids();
     rows->set_dtype(FLOAT32);
     // The buffer is aligned for floats, and every part of it is whole floats.
-    float* rows_out = reinterpret_cast<float*>(out);
-    absl::Status looked_up =
-        request.sparse_read_only()
-            ? table.rows->Peek(asked.ids().data(), asked.ids_size(), rows_out)
-            : table.rows->Lookup(asked.ids().data(), asked.ids_size(), rows_out);
-    if (!looked_up.ok()) return Annotate(looked_up, absl::StrCat("pull from job ", job_id_));
-    out += asked.ids_size() * table.info.dim * kFloatBytes;
+    rows_out[i] = reinterpret_cast<float*>(out);
+    out += asked.ids_size() * tables_[asked.table()].info.dim * kFloatBytes;
+  }
+  std::vector<absl::Status> looked_up(asked_tables);
+  const auto look_up = [&](int i) {
+    const SparseRows& asked = request.sparse(i);
+    SparseTable& rows = *tables_[asked.table()].rows;
+    looked_up[i] = request.sparse_read_only()
+                       ? rows.Peek(asked.ids().data(), asked.ids_size(), rows_out[i])
+                       : rows.Lookup(asked.ids().data(), asked.ids_size(), rows_out[i]);
+  };
+  RunEach(asked_tables, look_up);
+  for (const absl::Status& status : looked_up) {
+    if (!status.ok()) return Annotate(status, absl::StrCat("pull from job ", job_id_));
   }
   return absl::OkStatus();
 }

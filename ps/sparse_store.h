@@ -66,6 +66,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/payload.h"
+#include "common/work_pool.h"
 #include "common/wire_dtype.h"
 #include "proto/job.pb.h"
 #include "proto/parameter_server.pb.h"
@@ -123,11 +124,14 @@ class SparseStore {
   // InvalidArgument for a table's optimizer that ValidateSparseTableOptimizer
   // (spec/job_validation.h) refuses, as ValidateJobSpec did; ResourceExhausted
   // when the budget cannot hold a table's fixed part. `budget` may be null (no
-  // limit).
+  // limit). With `pool` (may be null; not owned, outlives the store), a SYNC
+  // step's tables are summed and applied, and a pull's rows looked up, table
+  // by table on its threads.
   static absl::StatusOr<std::unique_ptr<SparseStore>> Create(const std::string& job_id,
                                                              const JobSpec& spec, int shard_index,
                                                              MemoryBudget* budget,
-                                                             DivergedFn diverged);
+                                                             DivergedFn diverged,
+                                                             WorkPool* pool = nullptr);
   ~SparseStore();
   SparseStore(const SparseStore&) = delete;
   SparseStore& operator=(const SparseStore&) = delete;
@@ -241,7 +245,15 @@ class SparseStore {
   };
   enum class Presence : uint8_t { kCounts, kAbsent, kJoining };
 
-  SparseStore(std::string job_id, const JobSpec& spec, int shard_index, DivergedFn diverged);
+  SparseStore(std::string job_id, const JobSpec& spec, int shard_index, DivergedFn diverged,
+              WorkPool* pool);
+  // fn(i) for every i in [0, n) (tables), on the pool's threads where there
+  // is one.
+  void RunEach(int n, const std::function<void(int)>& fn) const;
+  // The SYNC step's mean gradient of table t over the ranks that arrived,
+  // applied at `version`; `*diverged` as ApplyRows's.
+  absl::Status CompleteTable(int t, int64_t version, std::string* diverged)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   bool sync() const { return mode_ == ConsistencySpec::SYNC; }
   // Checks one row id of `table` against its vocabulary and this shard.
@@ -278,6 +290,7 @@ class SparseStore {
   const int64_t steps_per_push_;
   const int backup_workers_;
   const DivergedFn diverged_;
+  WorkPool* const pool_;  // May be null.
   std::vector<Table> tables_;  // Immutable after Create (the rows are not).
 
   std::atomic<int64_t> version_{0};

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/wire_dtype.h"
+#include "common/work_pool.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -119,6 +120,47 @@ TEST_F(SparseStoreTest, SyncAppliesTheRankOrderedMeanWhateverTheArrivalOrder) {
   EXPECT_EQ(results[0].at(a), AfterSgd(InitialRow(0, a), {mean({1, 2, 3, 4})}));
   EXPECT_EQ(results[0].at(b), AfterSgd(InitialRow(0, b), {mean(sum_b)}));
   EXPECT_EQ(results[0].at(c), AfterSgd(InitialRow(0, c), {mean({-1, -2, -3, -4})}));
+}
+
+TEST_F(SparseStoreTest, SyncStepsCompletedTableByTableOnAPoolGiveTheSameBits) {
+  // Three ranks push overlapping rows of both tables for ten steps; each
+  // step's rows are pulled (both tables in one request). A store whose
+  // steps and pulls run table by table on a pool's threads answers the
+  // same bytes as one that runs them on the request's thread.
+  const std::vector<int64_t> rows = RowsOf(0, 12);
+  const std::vector<int64_t> tags = RowsOf(0, 6);
+  auto run = [&](WorkPool* pool) {
+    MemoryBudget budget(0);
+    ParameterStore store(&budget, pool);
+    EXPECT_TRUE(store.AddJob(kJob, Spec(ConsistencySpec::SYNC, 3), 0, Placements(1)).ok());
+    std::string pulled;
+    for (int64_t step = 0; step < 10; ++step) {
+      for (int rank = 0; rank < 3; ++rank) {
+        Rows emb{0, {}, {}}, tag{1, {}, {}};
+        for (int i = 0; i < 5; ++i) {
+          emb.ids.push_back(rows[(step + rank * 3 + i) % rows.size()]);
+          for (int k = 0; k < kDim[0]; ++k) emb.grads.push_back(0.01f * (rank + 1) * (i - k) + step);
+        }
+        for (int i = 0; i < 3; ++i) {
+          tag.ids.push_back(tags[(step + rank + i) % tags.size()]);
+          for (int k = 0; k < kDim[1]; ++k) tag.grads.push_back(0.1f * (rank - i) + 0.01f * k);
+        }
+        EXPECT_TRUE(store.Push(MakePush(rank, step + 1, step, {emb, tag})).ok());
+      }
+      PullRequest pull = MakePull(0, rows, /*min_version=*/step + 1);
+      SparseRows* more = pull.add_sparse();
+      more->set_table(1);
+      more->mutable_ids()->Assign(tags.begin(), tags.end());
+      absl::StatusOr<PullResponse> response = store.Pull(pull, Soon());
+      EXPECT_TRUE(response.ok()) << response.status();
+      if (response.ok()) pulled += response->payload();
+    }
+    return pulled;
+  };
+  const std::string alone = run(nullptr);
+  WorkPool pool(3);
+  EXPECT_FALSE(alone.empty());
+  EXPECT_EQ(run(&pool), alone);
 }
 
 TEST_F(SparseStoreTest, SyncPullWaitsForTheStepAndTimesOutSayingWhy) {

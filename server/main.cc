@@ -3,7 +3,9 @@
 // (server/shard_runtime.h), and serves pushes and pulls. On SIGTERM it drains:
 // it keeps serving while the coordinator checkpoints its jobs and moves them
 // to other shards, then exits. Flags are parsed here once into options.
+#include <algorithm>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -15,6 +17,7 @@
 #include "common/platform/malloc_tuning.h"
 #include "common/process_metrics.h"
 #include "common/status.h"
+#include "common/work_pool.h"
 #include "ps/checkpoint.h"
 #include "ps/memory_budget.h"
 #include "ps/parameter_store.h"
@@ -37,6 +40,10 @@ ABSL_FLAG(std::string, memory_limit, "auto",
 ABSL_FLAG(int32_t, drain_timeout_s, 120,
           "On SIGTERM, how long the shard keeps serving while the coordinator checkpoints its "
           "jobs and moves them to other shards; it exits once they are moved or this passes");
+ABSL_FLAG(int32_t, sparse_threads, -1,
+          "Threads that complete a SYNC step of a job's sparse tables, and look up a pull's "
+          "rows, table by table (with the thread of the request); -1: a quarter of the cores, "
+          "1 to 16; 0: the request's thread alone");
 
 namespace downpour {
 namespace {
@@ -47,6 +54,16 @@ int Main() {
   NodeDaemon::Options options = NodeDaemonOptionsFromFlags(SHARD);
   if (absl::GetFlag(FLAGS_drain_timeout_s) < 0) {
     return ExitWithError(absl::InvalidArgumentError("--drain_timeout_s must not be negative"));
+  }
+  int sparse_threads = absl::GetFlag(FLAGS_sparse_threads);
+  if (sparse_threads < -1 || sparse_threads > 256) {
+    return ExitWithError(absl::InvalidArgumentError(
+        absl::StrCat("--sparse_threads must be -1 (a quarter of the cores), 0 or up to 256, got ",
+                     sparse_threads)));
+  }
+  if (sparse_threads < 0) {
+    sparse_threads =
+        std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 16);
   }
   absl::StatusOr<int64_t> memory_limit =
       ParseMemoryLimitFlag("memory_limit", absl::GetFlag(FLAGS_memory_limit), kAutoMemoryShare);
@@ -66,7 +83,8 @@ int Main() {
                  "Memory the shard may use: its cgroup's limit, else the machine's.");
   MemoryBudget budget(*memory_limit);
   AddMemoryBudgetMetrics(&budget, &metrics);
-  ParameterStore store(&budget);
+  WorkPool sparse_pool(sparse_threads);
+  ParameterStore store(&budget, &sparse_pool);
   if (writer != nullptr) {
     store.SetCheckpointSink([w = writer.get()](ShardCapture c) { w->Write(std::move(c)); });
   }

@@ -7,10 +7,13 @@
 namespace downpour {
 
 InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
-                       std::vector<ParameterShard*> shards, std::function<bool()> cancelled)
+                       std::vector<ParameterShard*> shards, std::function<bool()> cancelled,
+                       int table_threads)
     : shape_(shape),
       num_shards_(static_cast<int>(shards.size())),
-      cancelled_(std::move(cancelled)) {
+      cancelled_(std::move(cancelled)),
+      tables_(shape.sparse_tables.empty() ? 0 : table_threads),
+      planner_(shape.sparse_tables.empty() ? 0 : 1) {
   if (!shape.sparse_tables.empty()) {
     exchange_ = std::make_unique<SparseExchange>(shape, std::move(options), std::move(shards));
   }
@@ -19,7 +22,7 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
 absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const SparseBatch* plan) {
   features_.resize(batch.size * shape_.input_size);
   PackDenseInputs(shape_, batch.inputs, batch.size, features_.data());
-  if (plan != nullptr) plan->Pool(exchange_->rows(), features_.data());
+  if (plan != nullptr) plan->Pool(exchange_->rows(), features_.data(), &tables_);
   return features_.data();
 }
 
@@ -34,7 +37,7 @@ absl::StatusOr<const float*> InputStage::Features(const data::Batch& batch, int6
   }
   RETURN_IF_ERROR(exchange_->Finish());
   ASSIGN_OR_RETURN(SparseBatch plan,
-                   SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_));
+                   SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
   current_ = std::make_unique<SparseBatch>(std::move(plan));
   exchange_->Begin(0, nullptr, nullptr, current_.get(), min_version, min_worker_steps, cancelled_,
                    /*read_only=*/false);
@@ -42,17 +45,39 @@ absl::StatusOr<const float*> InputStage::Features(const data::Batch& batch, int6
   return Pack(batch, current_.get());
 }
 
+InputStage::~InputStage() {
+  if (planning_ != nullptr) planning_->Wait();
+}
+
+void InputStage::PlanAhead(const data::Batch* next) {
+  if (exchange_ == nullptr) return;
+  if (planning_ != nullptr) planning_->Wait();
+  planning_for_ = next;
+  planning_inputs_ = next->inputs;
+  planning_ = planner_.Start(1, [this, size = next->size](int) {
+    planned_ = SparseBatch::Plan(shape_, planning_inputs_, size, num_shards_, &tables_);
+  });
+}
+
 absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::Batch* next,
                                   int64_t min_version, int64_t min_worker_steps,
                                   int64_t checkpoint_step) {
   if (exchange_ == nullptr) return absl::OkStatus();
-  current_->RowGradients(model.input_grad(), &grads_);
+  current_->RowGradients(model.input_grad(), &grads_, &tables_);
   next_.reset();
+  if (planning_ != nullptr) planning_->Wait();
   if (next != nullptr) {
-    ASSIGN_OR_RETURN(SparseBatch plan,
-                     SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_));
-    next_ = std::make_unique<SparseBatch>(std::move(plan));
+    if (planning_ != nullptr && planning_for_ == next) {
+      RETURN_IF_ERROR(planned_.status());
+      next_ = std::make_unique<SparseBatch>(*std::move(planned_));
+    } else {
+      ASSIGN_OR_RETURN(SparseBatch plan, SparseBatch::Plan(shape_, next->inputs, next->size,
+                                                           num_shards_, &tables_));
+      next_ = std::make_unique<SparseBatch>(std::move(plan));
+    }
   }
+  planning_.reset();
+  planning_for_ = nullptr;
   exchange_->Begin(step, current_.get(), &grads_, next_.get(), min_version, min_worker_steps,
                    cancelled_, /*read_only=*/false, checkpoint_step);
   next_pulled_ = next != nullptr;
@@ -68,7 +93,7 @@ absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, 
   if (exchange_ == nullptr) return Pack(batch, nullptr);
   RETURN_IF_ERROR(exchange_->Finish());
   ASSIGN_OR_RETURN(SparseBatch plan,
-                   SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_));
+                   SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
   exchange_->Begin(0, nullptr, nullptr, &plan, min_version, min_worker_steps, cancelled_,
                    /*read_only=*/true);
   RETURN_IF_ERROR(exchange_->Finish());

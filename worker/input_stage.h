@@ -8,8 +8,12 @@
 // are pulled now (the first step); after the step's backward,
 // Exchange(step, model, next) sends the rows' gradients and asks for the
 // next batch's rows in one request per shard, in the background, while the
-// trainer exchanges the dense partitions. Evaluation reads rows without
-// creating them (EvalFeatures).
+// trainer exchanges the dense partitions. PlanAhead(next), called while
+// the step computes, works out which rows `next` reads (SparseBatch::Plan)
+// on a thread of the stage's, so Exchange finds the plan made. Evaluation
+// reads rows without creating them (EvalFeatures). Planning, pooling the
+// rows and their gradients run table by table on the stage's threads
+// (`table_threads`).
 //
 // Thread-compatible: one trainer drives it.
 #ifndef DOWNPOUR_WORKER_INPUT_STAGE_H_
@@ -35,7 +39,7 @@ class InputStage {
  public:
   // `shape` must outlive the stage; `options` as the dense exchange's.
   InputStage(const ModelShape& shape, ExchangeOptions options, std::vector<ParameterShard*> shards,
-             std::function<bool()> cancelled);
+             std::function<bool()> cancelled, int table_threads = 0);
 
   // The model input of `batch` (batch.size * input_size floats, slot-major),
   // valid until the next call. Pulls its rows once the tables have had
@@ -50,6 +54,14 @@ class InputStage {
   // that step (rank 0; SparseExchange::Begin).
   absl::Status Exchange(int64_t step, const Model& model, const data::Batch* next,
                         int64_t min_version, int64_t min_worker_steps, int64_t checkpoint_step = 0);
+  ~InputStage();
+  InputStage(const InputStage&) = delete;
+  InputStage& operator=(const InputStage&) = delete;
+
+  // Starts working out which rows `next` reads (on a copy of its inputs);
+  // Exchange(..., next) for the same, unchanged batch takes the plan.
+  // Returns at once.
+  void PlanAhead(const data::Batch* next);
   // Waits for the exchange in flight, if any.
   absl::Status Finish();
   // The input of a test batch, its rows read without creating any.
@@ -71,6 +83,12 @@ class InputStage {
   // are coming (next_); swapped as steps go.
   std::unique_ptr<SparseBatch> current_, next_;
   bool next_pulled_ = false;
+  WorkPool tables_;   // Plans, pools and row gradients, table by table.
+  WorkPool planner_;  // One thread: PlanAhead's plan.
+  const data::Batch* planning_for_ = nullptr;
+  std::vector<data::InputBatch> planning_inputs_;  // A copy of its inputs.
+  std::shared_ptr<WorkPool::Batch> planning_;
+  absl::StatusOr<SparseBatch> planned_;
   std::vector<std::vector<std::vector<float>>> grads_;
   std::vector<float> features_;
 };

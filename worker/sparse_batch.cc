@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/status.h"
@@ -18,16 +19,32 @@ void PackDenseInputs(const ModelShape& shape, const std::vector<data::InputBatch
   }
 }
 
+namespace {
+
+// fn(t) for every t in [0, n), on `pool`'s threads where there is one.
+void EachTable(int n, WorkPool* pool, const std::function<void(int)>& fn) {
+  if (pool == nullptr || n < 2) {
+    for (int t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  pool->ParallelFor(n, fn);
+}
+
+}  // namespace
+
 absl::StatusOr<SparseBatch> SparseBatch::Plan(const ModelShape& shape,
                                               const std::vector<data::InputBatch>& inputs,
-                                              int64_t batch, int num_shards) {
+                                              int64_t batch, int num_shards, WorkPool* pool) {
   SparseBatch plan;
   plan.batch_ = batch;
   plan.num_shards_ = num_shards;
-  absl::flat_hash_map<int64_t, int64_t> seen;  // Row -> shard << 32 | place.
-  for (const SparseTableInfo& info : shape.sparse_tables) {
+  const int tables = static_cast<int>(shape.sparse_tables.size());
+  plan.tables_.resize(tables);
+  std::vector<absl::Status> planned(tables);
+  EachTable(tables, pool, [&](int t) {
+    const SparseTableInfo& info = shape.sparse_tables[t];
     const data::InputBatch& input = inputs[info.input];
-    Table table;
+    Table& table = plan.tables_[t];
     table.dim = info.dim;
     table.slot_offset = shape.input_slots[info.slot].offset;
     table.mean = info.mean;
@@ -35,22 +52,26 @@ absl::StatusOr<SparseBatch> SparseBatch::Plan(const ModelShape& shape,
     table.shard_rows.resize(num_shards);
     table.id_shard.resize(input.ids.size());
     table.id_place.resize(input.ids.size());
-    seen.clear();
+    absl::flat_hash_map<int64_t, int64_t> seen;  // Row -> shard << 32 | place.
     seen.reserve(input.ids.size());
     for (size_t k = 0; k < input.ids.size(); ++k) {
-      ASSIGN_OR_RETURN(const int64_t row, SparseRowOf(info, input.ids[k]));
-      auto [it, fresh] = seen.try_emplace(row, 0);
+      absl::StatusOr<int64_t> row = SparseRowOf(info, input.ids[k]);
+      if (!row.ok()) {
+        planned[t] = row.status();
+        return;
+      }
+      auto [it, fresh] = seen.try_emplace(*row, 0);
       if (fresh) {
-        const int shard = SparseShardOf(row, num_shards);
+        const int shard = SparseShardOf(*row, num_shards);
         std::vector<int64_t>& rows = table.shard_rows[shard];
         it->second = (static_cast<int64_t>(shard) << 32) | static_cast<int64_t>(rows.size());
-        rows.push_back(row);
+        rows.push_back(*row);
       }
       table.id_shard[k] = static_cast<int32_t>(it->second >> 32);
       table.id_place[k] = static_cast<int32_t>(it->second & 0xffffffff);
     }
-    plan.tables_.push_back(std::move(table));
-  }
+  });
+  for (const absl::Status& status : planned) RETURN_IF_ERROR(status);
   return plan;
 }
 
@@ -68,9 +89,9 @@ int64_t SparseBatch::distinct_rows() const {
   return n;
 }
 
-void SparseBatch::Pool(const std::vector<std::vector<const float*>>& values,
-                       float* features) const {
-  for (size_t t = 0; t < tables_.size(); ++t) {
+void SparseBatch::Pool(const std::vector<std::vector<const float*>>& values, float* features,
+                       WorkPool* pool) const {
+  EachTable(num_tables(), pool, [&](int t) {
     const Table& table = tables_[t];
     const int64_t dim = table.dim;
     float* slot = features + batch_ * table.slot_offset;
@@ -88,13 +109,14 @@ void SparseBatch::Pool(const std::vector<std::vector<const float*>>& values,
         for (int64_t d = 0; d < dim; ++d) out[d] *= inv;
       }
     }
-  }
+  });
 }
 
 void SparseBatch::RowGradients(const float* input_grad,
-                               std::vector<std::vector<std::vector<float>>>* grads) const {
+                               std::vector<std::vector<std::vector<float>>>* grads,
+                               WorkPool* pool) const {
   grads->resize(tables_.size());
-  for (size_t t = 0; t < tables_.size(); ++t) {
+  EachTable(num_tables(), pool, [&](int t) {
     const Table& table = tables_[t];
     const int64_t dim = table.dim;
     std::vector<std::vector<float>>& out = (*grads)[t];
@@ -111,7 +133,7 @@ void SparseBatch::RowGradients(const float* input_grad,
         for (int64_t d = 0; d < dim; ++d) row[d] += scale * g[d];
       }
     }
-  }
+  });
 }
 
 }  // namespace downpour

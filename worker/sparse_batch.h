@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/work_pool.h"
 #include "data/example.h"
 #include "spec/model_shape.h"
 
@@ -36,9 +37,11 @@ class SparseBatch {
   // InvalidArgument naming the table and id for an id outside an exact
   // vocabulary. REQUIRES: inputs holds one InputBatch per shape.inputs, of
   // `batch` examples; num_shards > 0.
+  // With `pool` (may be null), the tables are planned on its threads, as
+  // Pool and RowGradients run them.
   static absl::StatusOr<SparseBatch> Plan(const ModelShape& shape,
                                           const std::vector<data::InputBatch>& inputs,
-                                          int64_t batch, int num_shards);
+                                          int64_t batch, int num_shards, WorkPool* pool = nullptr);
 
   int64_t batch() const { return batch_; }
   int num_tables() const { return static_cast<int>(tables_.size()); }
@@ -55,13 +58,14 @@ class SparseBatch {
   // Writes every sparse table's slot of `features` (batch * input_size,
   // slot-major) from the pulled rows: values[table][shard] holds
   // rows(table, shard).size() * dim floats.
-  void Pool(const std::vector<std::vector<const float*>>& values, float* features) const;
+  void Pool(const std::vector<std::vector<const float*>>& values, float* features,
+            WorkPool* pool = nullptr) const;
 
   // From the model's input gradient (Model::input_grad, slot-major), each
   // row's gradient: (*grads)[table][shard] is resized to rows(table,
   // shard).size() * dim floats, in the order of rows().
-  void RowGradients(const float* input_grad,
-                    std::vector<std::vector<std::vector<float>>>* grads) const;
+  void RowGradients(const float* input_grad, std::vector<std::vector<std::vector<float>>>* grads,
+                    WorkPool* pool = nullptr) const;
 
  private:
   struct Table {

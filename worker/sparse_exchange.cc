@@ -16,7 +16,8 @@ SparseExchange::SparseExchange(const ModelShape& shape, ExchangeOptions options,
     : shape_(shape),
       options_(std::move(options)),
       shards_(std::move(shards)),
-      sequence_(options_.first_sequence) {
+      sequence_(options_.first_sequence),
+      pool_(static_cast<int>(shards_.size())) {
   const size_t tables = shape_.sparse_tables.size();
   pulled_.assign(tables, std::vector<std::vector<float>>(shards_.size()));
   row_pointers_.assign(tables, std::vector<const float*>(shards_.size(), nullptr));
@@ -43,18 +44,16 @@ void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
   in_flight_ = true;
   const int64_t first = sequence_ + 1;
   if (pushed_ != nullptr) sequence_ += static_cast<int64_t>(shards_.size());
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    threads_.emplace_back([this, s, first] {
-      results_[s] = ExchangeWithShard(static_cast<int>(s), first + static_cast<int64_t>(s));
-    });
-  }
+  batch_ = pool_.Start(static_cast<int>(shards_.size()), [this, first](int s) {
+    results_[s] = ExchangeWithShard(s, first + s);
+  });
 }
 
 absl::Status SparseExchange::Finish() {
   if (!in_flight_) return absl::OkStatus();
   in_flight_ = false;
-  for (std::thread& t : threads_) t.join();
-  threads_.clear();
+  batch_->Wait();
+  batch_.reset();
   absl::Status first;
   for (const absl::Status& s : results_) first.Update(s);
   results_.clear();

@@ -22,10 +22,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <thread>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/work_pool.h"
 #include "ps/parameter_shard.h"
 #include "spec/model_shape.h"
 #include "worker/param_exchange.h"
@@ -87,8 +88,9 @@ class SparseExchange {
   int64_t checkpoint_step_ = 0;
   std::function<bool()> cancelled_;
   bool in_flight_ = false;  // Begun and not yet finished.
-  std::vector<std::thread> threads_;
   std::vector<absl::Status> results_;
+  WorkPool pool_;  // One thread per shard.
+  std::shared_ptr<WorkPool::Batch> batch_;  // The exchange in flight.
   // Pulled rows, [table][shard], and pointers to them.
   std::vector<std::vector<std::vector<float>>> pulled_;
   std::vector<std::vector<const float*>> row_pointers_;

@@ -100,7 +100,12 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   // partitions then costs a few exchanges per step, not one per partition.
   exchange_ = std::make_unique<ParameterExchange>(exchange, partitions, shards_);
   if (!shape_.inputs.empty()) {
-    input_stage_ = std::make_unique<InputStage>(shape_, exchange, shards_, stopped_);
+    // Sparse tables are planned, pooled and their gradients gathered table
+    // by table on an eighth of the cores (none on a small machine).
+    const int table_threads =
+        std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 8, 0, 8);
+    input_stage_ =
+        std::make_unique<InputStage>(shape_, exchange, shards_, stopped_, table_threads);
   }
   return absl::OkStatus();
 }

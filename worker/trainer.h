@@ -193,6 +193,9 @@ class JobTrainer {
   absl::Status CaptureCheckpoint(StepState* s, const RunState& run);
   // The exchange's end: the sparse rows, then the dense partitions (or,
   // overlapped, left in flight for the next step).
+  // With sparse tables, reads the batch after this step's (once a step) and
+  // starts its rows' plan while the step computes.
+  absl::Status ReadAhead(const StepState& s, RunState* run);
   absl::Status ExchangeSparseRows(const StepState& s, RunState* run);
   absl::Status EndExchange(StepState* s, RunState* run);
   // Reporting and evaluation.

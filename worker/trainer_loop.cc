@@ -123,10 +123,12 @@ struct JobTrainer::RunState {
   // that was to be the last pulls nothing; the rank's steps may grow).
   bool pulled = true;
   // The batch being trained. With sparse tables, the one after it too, read
-  // before the step's exchange (which pulls its rows).
+  // as the step computes (its rows' plan is made meanwhile) and before the
+  // step's exchange (which pulls its rows).
   bool sparse = false;
   Batch batch, next_batch;
   bool have_next = false;
+  bool next_read = false;  // This step has read the next batch (or found none).
 
   // An overlapped step's exchange goes on into the next step: its forward
   // waits layer by layer for the parameters coming back (and, on a GPU,
@@ -446,6 +448,7 @@ absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
     run->exchange_waited = 0;
     if (b == 0 && !s->gated) RETURN_IF_ERROR(BeginExchange(*s, run));
     ASSIGN_OR_RETURN(const float* features, BatchFeatures(*s, run));
+    if (b == 0) RETURN_IF_ERROR(ReadAhead(*s, run));
     const Batch& batch = run->batch;
     ASSIGN_OR_RETURN(s->result, run->model->TrainStep(features, batch.labels.data(), batch.size,
                                                       s->step, step_options));
@@ -563,16 +566,27 @@ absl::Status JobTrainer::CaptureCheckpoint(StepState* s, const RunState& run) {
   return absl::OkStatus();
 }
 
+absl::Status JobTrainer::ReadAhead(const StepState& s, RunState* run) {
+  if (!run->sparse || s.final_step || run->next_read) return absl::OkStatus();
+  // A bad record recurs on a restart (as ReadBatch's).
+  permanent_ = true;
+  const double began = MonotonicSeconds();
+  ASSIGN_OR_RETURN(run->have_next, run->reader->Next(&run->next_batch));
+  run->total_input_wait += MonotonicSeconds() - began;
+  permanent_ = false;
+  run->next_read = true;
+  if (run->have_next) input_stage_->PlanAhead(&run->next_batch);
+  return absl::OkStatus();
+}
+
 absl::Status JobTrainer::ExchangeSparseRows(const StepState& s, RunState* run) {
   if (!run->sparse) return absl::OkStatus();
   // The rows' gradients go, and the next batch's rows come, beside the
   // dense exchange.
   const Batch* next = nullptr;
   if (!s.final_step) {
-    // A bad record recurs on a restart (as ReadBatch's).
-    permanent_ = true;
-    ASSIGN_OR_RETURN(run->have_next, run->reader->Next(&run->next_batch));
-    permanent_ = false;
+    RETURN_IF_ERROR(ReadAhead(s, run));
+    run->next_read = false;
     if (!run->have_next) return DataEnded();
     next = &run->next_batch;
   }
