@@ -8,12 +8,16 @@
 #          over 4 shards each limited to 1 GiB (--memory_limit): every row
 #          held, no eviction, no refusal (TABLE_STEPS, default 40)
 #   ctr    CTR_SPEC (examples/ctr_dlrm.pbtxt) on the 10M + 1M click log through
-#          2 shards and 2 workers on GPU(s) WORKER_DEVICES (0): its test AUC
-#          and log loss beside the generator's Bayes figures (SHARD_LIMIT, the
-#          shards' --memory_limit, default 0; TRAIN_TIMEOUT, default 500 s);
+#          SHARDS shards (2) and WORKERS workers (2), worker i on GPU i of
+#          WORKER_DEVICES ("0"; a list, cycled: "0 1 2 3" puts 4 workers on
+#          4 GPUs), the spec's num_workers and num_shards set to match and
+#          its batch to BATCH / WORKERS (BATCH: 4096, the spec's 2 x 2,048):
+#          the job's test AUC and log loss beside the generator's Bayes
+#          figures (SHARD_LIMIT, the shards' --memory_limit, default 0;
+#          TRAIN_TIMEOUT, default 500 s); the spec run in $OUT/ctr_spec.pbtxt,
 #          the job as `downpourctl -o json get` shows it in $OUT/job.json
 #   pytorch  bench/pytorch_ctr.py, the same model in PyTorch on the same
-#          files, with the same batch (2 x 2,048), optimizers and steps, on
+#          files, with the same batch (BATCH), optimizers and steps, on
 #          PYTORCH_DEVICE (cuda) with PYTHON (python3, with torch and numpy);
 #          it parses the records once and caches them beside the data
 #          (pytorch_ctr.cache/), before its clock starts: $OUT/pytorch.txt
@@ -47,6 +51,18 @@ STAGES=${STAGES:-tests table ctr pytorch compare}
 CTR_SPEC=${CTR_SPEC:-examples/ctr_dlrm.pbtxt}
 # stage NAME: whether NAME is one of the words of STAGES.
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+WORKERS=${WORKERS:-2}
+SHARDS=${SHARDS:-2}
+read -r -a DEVICES <<<"${WORKER_DEVICES:-0}"
+BATCH=${BATCH:-4096}
+if ((WORKERS < 1 || SHARDS < 1 || BATCH % WORKERS != 0)); then
+  echo "WORKERS=$WORKERS SHARDS=$SHARDS BATCH=$BATCH: need at least one of each and BATCH a multiple of WORKERS" >&2
+  exit 2
+fi
+# The spec both stages run: CTR_SPEC with this cluster's shape.
+SPEC=$OUT/ctr_spec.pbtxt
+sed -E -e "s/^num_workers: [0-9]+/num_workers: $WORKERS/" -e "s/^num_shards: [0-9]+/num_shards: $SHARDS/" \
+  -e "s/batch_size: [0-9]+/batch_size: $((BATCH / WORKERS))/" "$CTR_SPEC" >"$SPEC"
 # ctr_data: sets D to the folder holding ctr/ (a worker's --data_dir), with
 # the click log generated there unless it already is.
 ctr_data() {
@@ -100,18 +116,20 @@ if stage ctr; then
   PIDS=($!)
   for _ in $(seq 100); do [[ -s $W/c.port ]] && break; sleep 0.1; done
   C=$(cat "$W/c.port")
-  for i in 0 1; do
+  for ((i = 0; i < SHARDS; i++)); do
     "$PS" --listen=127.0.0.1:0 --port_file="$W/ps$i.port" --coordinator="$C" \
       --memory_limit="${SHARD_LIMIT:-0}" >"$W/ps$i.log" 2>&1 &
     PIDS+=($!)
+  done
+  for ((i = 0; i < WORKERS; i++)); do
     "$WORKER" --listen=127.0.0.1:0 --port_file="$W/w$i.port" --coordinator="$C" \
-      --data_dir="$D" --devices="${WORKER_DEVICES:-0}" >"$W/w$i.log" 2>&1 &
+      --data_dir="$D" --devices="${DEVICES[i % ${#DEVICES[@]}]}" >"$W/w$i.log" 2>&1 &
     PIDS+=($!)
   done
   sleep 3
   "$CTL" --coordinator="$C" nodes 2>&1 | tee "$OUT/nodes.txt"
   start=$SECONDS
-  timeout "${TRAIN_TIMEOUT:-500}" "$CTL" --coordinator="$C" submit "$CTR_SPEC" \
+  timeout "${TRAIN_TIMEOUT:-500}" "$CTL" --coordinator="$C" submit "$SPEC" \
     --job_id=ctr --wait --timeout=490s >"$OUT/train.txt" 2>"$OUT/train_progress.txt"
   echo "train rc=$? wall_s=$((SECONDS - start))"
   tail -2 "$OUT/train_progress.txt"; cat "$OUT/train.txt"
@@ -126,7 +144,7 @@ fi
 if stage pytorch; then
   ctr_data
   start=$SECONDS
-  "${PYTHON:-python3}" bench/pytorch_ctr.py --data="$D" --spec="$CTR_SPEC" \
+  "${PYTHON:-python3}" bench/pytorch_ctr.py --data="$D" --spec="$SPEC" \
     --device="${PYTORCH_DEVICE:-cuda}" >"$OUT/pytorch.txt" 2>"$OUT/pytorch.err"
   echo "pytorch rc=$? wall_s=$((SECONDS - start))"
   tail -2 "$OUT/pytorch.err"; cat "$OUT/pytorch.txt"

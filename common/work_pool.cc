@@ -49,9 +49,7 @@ std::shared_ptr<WorkPool::Batch> WorkPool::Start(int n, std::function<void(int)>
   return batch;
 }
 
-void WorkPool::ParallelFor(int n, std::function<void(int)> fn) {
-  Start(n, std::move(fn))->Wait();
-}
+void WorkPool::ParallelFor(int n, std::function<void(int)> fn) { Start(n, std::move(fn))->Wait(); }
 
 void WorkPool::Loop() {
   for (;;) {
@@ -59,9 +57,8 @@ void WorkPool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](WorkPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return p->stopping_ || !p->queue_.empty();
-          },
+          +[](WorkPool* p)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stopping_ || !p->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // Stopping, and nothing is left.
       batch = queue_.front();

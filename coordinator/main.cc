@@ -18,6 +18,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/net_address.h"
+#include "common/platform/mutex_tuning.h"
 #include "common/process_metrics.h"
 #include "common/status.h"
 #include "control/coordinator_state.h"
@@ -193,5 +194,6 @@ int Main() {
 int main(int argc, char** argv) {
   downpour::SetDaemonUsage("downpour-coordinator --state_dir=DIR [--listen=HOST:PORT] [flags]");
   absl::ParseCommandLine(argc, argv);
+  downpour::SkipMutexDeadlockDetection();
   return downpour::Main();
 }

@@ -164,10 +164,9 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   }
   {
     Job* diverging = job.get();  // Owns the tables: outlives them.
-    absl::StatusOr<std::unique_ptr<SparseStore>> sparse =
-        SparseStore::Create(job_id, spec, shard_index, budget_,
-                            [diverging](const std::string& why) { diverging->Diverge(why); },
-                            pool_);
+    absl::StatusOr<std::unique_ptr<SparseStore>> sparse = SparseStore::Create(
+        job_id, spec, shard_index, budget_,
+        [diverging](const std::string& why) { diverging->Diverge(why); }, pool_);
     if (!sparse.ok()) return Annotate(sparse.status(), where);
     job->sparse = *std::move(sparse);
   }

@@ -41,12 +41,9 @@ SparseStore::SparseStore(std::string job_id, const JobSpec& spec, int shard_inde
 
 SparseStore::~SparseStore() = default;
 
-absl::StatusOr<std::unique_ptr<SparseStore>> SparseStore::Create(const std::string& job_id,
-                                                                 const JobSpec& spec,
-                                                                 int shard_index,
-                                                                 MemoryBudget* budget,
-                                                                 DivergedFn diverged,
-                                                                 WorkPool* pool) {
+absl::StatusOr<std::unique_ptr<SparseStore>> SparseStore::Create(
+    const std::string& job_id, const JobSpec& spec, int shard_index, MemoryBudget* budget,
+    DivergedFn diverged, WorkPool* pool) {
   ASSIGN_OR_RETURN(ModelShape model, InferModel(spec.model()));
   if (model.sparse_tables.empty()) return nullptr;
   std::unique_ptr<SparseStore> store(
@@ -266,6 +263,17 @@ void SparseStore::RunEach(int n, const std::function<void(int)>& fn) const {
 
 absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* diverged) {
   const int64_t dim = tables_[t].info.dim;
+  if (num_contributors_ == 1) {
+    // One rank's rows (a worker pushes each row once): its gradients are
+    // the mean.
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      const std::vector<int64_t>& ids = held_[rank].ids[t];
+      if (!arrived_[rank] || ids.empty()) continue;
+      return ApplyRows(t, ids.data(), static_cast<int64_t>(ids.size()), held_[rank].grads[t].data(),
+                       version, version, /*rank=*/-1, diverged);
+    }
+    return absl::OkStatus();
+  }
   // The rows any rank brought, in the order first seen, and their sums in
   // rank order: ((g0 + g1) + g2) ...
   absl::flat_hash_map<int64_t, int64_t> index;

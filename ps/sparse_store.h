@@ -66,8 +66,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/payload.h"
-#include "common/work_pool.h"
 #include "common/wire_dtype.h"
+#include "common/work_pool.h"
 #include "proto/job.pb.h"
 #include "proto/parameter_server.pb.h"
 #include "ps/memory_budget.h"
@@ -290,7 +290,7 @@ class SparseStore {
   const int64_t steps_per_push_;
   const int backup_workers_;
   const DivergedFn diverged_;
-  WorkPool* const pool_;  // May be null.
+  WorkPool* const pool_;       // May be null.
   std::vector<Table> tables_;  // Immutable after Create (the rows are not).
 
   std::atomic<int64_t> version_{0};

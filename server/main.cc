@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/platform/malloc_tuning.h"
+#include "common/platform/mutex_tuning.h"
 #include "common/process_metrics.h"
 #include "common/status.h"
 #include "common/work_pool.h"
@@ -62,8 +63,7 @@ int Main() {
                      sparse_threads)));
   }
   if (sparse_threads < 0) {
-    sparse_threads =
-        std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 16);
+    sparse_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 16);
   }
   absl::StatusOr<int64_t> memory_limit =
       ParseMemoryLimitFlag("memory_limit", absl::GetFlag(FLAGS_memory_limit), kAutoMemoryShare);
@@ -134,5 +134,6 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
   downpour::LimitMallocArenas();
+  downpour::SkipMutexDeadlockDetection();
   return downpour::Main();
 }

@@ -71,8 +71,8 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
       RETURN_IF_ERROR(planned_.status());
       next_ = std::make_unique<SparseBatch>(*std::move(planned_));
     } else {
-      ASSIGN_OR_RETURN(SparseBatch plan, SparseBatch::Plan(shape_, next->inputs, next->size,
-                                                           num_shards_, &tables_));
+      ASSIGN_OR_RETURN(SparseBatch plan,
+                       SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));
       next_ = std::make_unique<SparseBatch>(std::move(plan));
     }
   }

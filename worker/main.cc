@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/platform/malloc_tuning.h"
+#include "common/platform/mutex_tuning.h"
 #include "common/process_metrics.h"
 #include "data/data_roots.h"
 #include "model/devices.h"
@@ -248,5 +249,6 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
   downpour::LimitMallocArenas();
+  downpour::SkipMutexDeadlockDetection();
   return downpour::Main();
 }

@@ -44,9 +44,8 @@ void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
   in_flight_ = true;
   const int64_t first = sequence_ + 1;
   if (pushed_ != nullptr) sequence_ += static_cast<int64_t>(shards_.size());
-  batch_ = pool_.Start(static_cast<int>(shards_.size()), [this, first](int s) {
-    results_[s] = ExchangeWithShard(s, first + s);
-  });
+  batch_ = pool_.Start(static_cast<int>(shards_.size()),
+                       [this, first](int s) { results_[s] = ExchangeWithShard(s, first + s); });
 }
 
 absl::Status SparseExchange::Finish() {

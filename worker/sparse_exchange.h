@@ -21,8 +21,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -89,7 +89,7 @@ class SparseExchange {
   std::function<bool()> cancelled_;
   bool in_flight_ = false;  // Begun and not yet finished.
   std::vector<absl::Status> results_;
-  WorkPool pool_;  // One thread per shard.
+  WorkPool pool_;                           // One thread per shard.
   std::shared_ptr<WorkPool::Batch> batch_;  // The exchange in flight.
   // Pulled rows, [table][shard], and pointers to them.
   std::vector<std::vector<std::vector<float>>> pulled_;
