@@ -69,14 +69,17 @@ DOWNPOUR_ELEMENT float AdagradStep(const AdagradConstants& k, float grad, float 
 }
 
 struct AdamConstants {
-  // Bias corrections once per call; the loop stays in float.
+  // Bias corrections once per call (a sparse table calls once per row); the
+  // loop stays in float.
   explicit AdamConstants(const OptimizerHyperparams& hp)
+      : AdamConstants(hp, AdamBiasCorrections(hp)) {}
+  AdamConstants(const OptimizerHyperparams& hp, const AdamCorrections& c)
       : b1(hp.beta1),
         b2(hp.beta2),
         eps(hp.epsilon),
         wd(hp.weight_decay),
-        step_size(AdamBiasCorrections(hp).step_size),
-        inv_sqrt_bc2(AdamBiasCorrections(hp).inv_sqrt_bc2),
+        step_size(c.step_size),
+        inv_sqrt_bc2(c.inv_sqrt_bc2),
         one_minus_b1(1.f - hp.beta1),
         one_minus_b2(1.f - hp.beta2) {}
   float b1, b2, eps, wd, step_size, inv_sqrt_bc2, one_minus_b1, one_minus_b2;
