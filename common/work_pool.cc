@@ -51,6 +51,14 @@ std::shared_ptr<WorkPool::Batch> WorkPool::Start(int n, std::function<void(int)>
 
 void WorkPool::ParallelFor(int n, std::function<void(int)> fn) { Start(n, std::move(fn))->Wait(); }
 
+void WorkPool::ForEach(WorkPool* pool, int n, const std::function<void(int)>& fn) {
+  if (pool == nullptr || n < 2) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  pool->ParallelFor(n, fn);
+}
+
 void WorkPool::Loop() {
   for (;;) {
     std::shared_ptr<Batch> batch;

@@ -60,6 +60,10 @@ class WorkPool {
   // returns when all have returned.
   void ParallelFor(int n, std::function<void(int)> fn);
 
+  // ParallelFor on `pool`, or a plain loop on the caller where `pool` is
+  // null or n < 2.
+  static void ForEach(WorkPool* pool, int n, const std::function<void(int)>& fn);
+
   int threads() const { return static_cast<int>(threads_.size()); }
 
  private:

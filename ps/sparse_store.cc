@@ -253,14 +253,6 @@ absl::StatusOr<bool> SparseStore::Push(const PushRequest& request, const Payload
   return late;
 }
 
-void SparseStore::RunEach(int n, const std::function<void(int)>& fn) const {
-  if (pool_ == nullptr || n < 2) {
-    for (int t = 0; t < n; ++t) fn(t);
-    return;
-  }
-  pool_->ParallelFor(n, fn);
-}
-
 absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* diverged) {
   const int64_t dim = tables_[t].info.dim;
   if (num_contributors_ == 1) {
@@ -322,7 +314,7 @@ void SparseStore::MaybeCompleteStep() {
     // Tables are independent: each is summed and applied on its own thread.
     std::vector<absl::Status> applied(tables_.size());
     std::vector<std::string> diverged(tables_.size());
-    RunEach(num_tables(), [&](int t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    WorkPool::ForEach(pool_, num_tables(), [&](int t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       // mu_ is held by the caller, who waits for every table.
       applied[t] = CompleteTable(t, version, &diverged[t]);
     });
@@ -429,7 +421,7 @@ absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullRespon
                        ? rows.Peek(asked.ids().data(), asked.ids_size(), rows_out[i])
                        : rows.Lookup(asked.ids().data(), asked.ids_size(), rows_out[i]);
   };
-  RunEach(asked_tables, look_up);
+  WorkPool::ForEach(pool_, asked_tables, look_up);
   for (const absl::Status& status : looked_up) {
     if (!status.ok()) return Annotate(status, absl::StrCat("pull from job ", job_id_));
   }

@@ -247,9 +247,6 @@ class SparseStore {
 
   SparseStore(std::string job_id, const JobSpec& spec, int shard_index, DivergedFn diverged,
               WorkPool* pool);
-  // fn(i) for every i in [0, n) (tables), on the pool's threads where there
-  // is one.
-  void RunEach(int n, const std::function<void(int)>& fn) const;
   // The SYNC step's mean gradient of table t over the ranks that arrived,
   // applied at `version`; `*diverged` as ApplyRows's.
   absl::Status CompleteTable(int t, int64_t version, std::string* diverged)

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/status.h"
@@ -19,19 +18,6 @@ void PackDenseInputs(const ModelShape& shape, const std::vector<data::InputBatch
   }
 }
 
-namespace {
-
-// fn(t) for every t in [0, n), on `pool`'s threads where there is one.
-void EachTable(int n, WorkPool* pool, const std::function<void(int)>& fn) {
-  if (pool == nullptr || n < 2) {
-    for (int t = 0; t < n; ++t) fn(t);
-    return;
-  }
-  pool->ParallelFor(n, fn);
-}
-
-}  // namespace
-
 absl::StatusOr<SparseBatch> SparseBatch::Plan(const ModelShape& shape,
                                               const std::vector<data::InputBatch>& inputs,
                                               int64_t batch, int num_shards, WorkPool* pool) {
@@ -41,7 +27,7 @@ absl::StatusOr<SparseBatch> SparseBatch::Plan(const ModelShape& shape,
   const int tables = static_cast<int>(shape.sparse_tables.size());
   plan.tables_.resize(tables);
   std::vector<absl::Status> planned(tables);
-  EachTable(tables, pool, [&](int t) {
+  WorkPool::ForEach(pool, tables, [&](int t) {
     const SparseTableInfo& info = shape.sparse_tables[t];
     const data::InputBatch& input = inputs[info.input];
     Table& table = plan.tables_[t];
@@ -91,7 +77,7 @@ int64_t SparseBatch::distinct_rows() const {
 
 void SparseBatch::Pool(const std::vector<std::vector<const float*>>& values, float* features,
                        WorkPool* pool) const {
-  EachTable(num_tables(), pool, [&](int t) {
+  WorkPool::ForEach(pool, num_tables(), [&](int t) {
     const Table& table = tables_[t];
     const int64_t dim = table.dim;
     float* slot = features + batch_ * table.slot_offset;
@@ -116,7 +102,7 @@ void SparseBatch::RowGradients(const float* input_grad,
                                std::vector<std::vector<std::vector<float>>>* grads,
                                WorkPool* pool) const {
   grads->resize(tables_.size());
-  EachTable(num_tables(), pool, [&](int t) {
+  WorkPool::ForEach(pool, num_tables(), [&](int t) {
     const Table& table = tables_[t];
     const int64_t dim = table.dim;
     std::vector<std::vector<float>>& out = (*grads)[t];

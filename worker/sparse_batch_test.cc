@@ -4,8 +4,10 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "common/work_pool.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
@@ -131,6 +133,31 @@ TEST(SparseBatchTest, PoolsBySumAndMean) {
   for (int d = 0; d < 2; ++d) {
     EXPECT_FLOAT_EQ(features[3 * 5 + 2 * 2 + d], (RowValue(1, row7, d) + RowValue(1, row9, d)) / 2);
   }
+}
+
+TEST(SparseBatchTest, TableByTableOnAPoolGivesTheSameBits) {
+  // Planning, pooling and row gradients run per table on a pool's threads
+  // (the trainer's, on a machine with cores to spare) as on one thread.
+  const ModelShape shape = Shape();
+  std::vector<float> input_grad(3 * shape.input_size);
+  for (size_t i = 0; i < input_grad.size(); ++i) input_grad[i] = std::cos(0.3f * i);
+  auto run = [&](WorkPool* pool) {
+    auto plan = SparseBatch::Plan(shape, Inputs(), 3, 2, pool);
+    EXPECT_TRUE(plan.ok());
+    const Pulled pulled = Pull(*plan, shape);
+    std::vector<float> features(3 * shape.input_size, -1.f);
+    PackDenseInputs(shape, Inputs(), 3, features.data());
+    plan->Pool(pulled.pointers, features.data(), pool);
+    std::vector<std::vector<std::vector<float>>> grads;
+    plan->RowGradients(input_grad.data(), &grads, pool);
+    std::vector<std::vector<int64_t>> rows;
+    for (int t = 0; t < plan->num_tables(); ++t) {
+      for (int s = 0; s < plan->num_shards(); ++s) rows.push_back(plan->rows(t, s));
+    }
+    return std::make_tuple(rows, features, grads);
+  };
+  WorkPool pool(3);
+  EXPECT_EQ(run(&pool), run(nullptr));
 }
 
 TEST(SparseBatchTest, OutsideAnExactVocabularyIsRefused) {
