@@ -153,6 +153,7 @@ struct JobTrainer::RunState {
   double last_loss = 0, last_rate = 0;
   // Where the run's time went (the summary at its end).
   double total_input_wait = 0, total_step_seconds = 0, total_compute = 0, total_exchange = 0;
+  double total_plan = 0;  // Sparse rows: gradients gathered, plan, exchange begun.
 };
 
 struct JobTrainer::StepState {
@@ -590,9 +591,14 @@ absl::Status JobTrainer::ExchangeSparseRows(const StepState& s, RunState* run) {
     if (!run->have_next) return DataEnded();
     next = &run->next_batch;
   }
-  return PermanentIfBadData(
+  // "plan" in the step's split: the rows' gradients gathered, the next
+  // batch's plan waited for, their exchange begun.
+  const double began = MonotonicSeconds();
+  absl::Status begun = PermanentIfBadData(
       input_stage_->Exchange(s.step, *run->model->whole_model(), next, MinVersion(s.step + 1),
                              MinWorkerSteps(s.step + 1), s.checkpoint_due ? s.step + 1 : 0));
+  run->total_plan += MonotonicSeconds() - began;
+  return begun;
 }
 
 absl::Status JobTrainer::EndExchange(StepState* s, RunState* run) {
@@ -717,12 +723,16 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
   const double total = run->total_step_seconds;
   const int64_t trained = std::max<int64_t>(1, steps_.load() - run->first_step);
   const double ms = 1000.0 / static_cast<double>(trained);
-  Log(absl::StrFormat(
-      "job %s: rank %d trained %d steps in %.2f s, %.1f%% of it waiting for input; per step "
-      "%.3f ms: input %.3f, compute %.3f, exchange %.3f, other %.3f",
-      task_.job_id(), task_.rank(), trained, total, 100 * run->total_input_wait / total, total * ms,
-      run->total_input_wait * ms, run->total_compute * ms, run->total_exchange * ms,
-      (total - run->total_input_wait - run->total_compute - run->total_exchange) * ms));
+  const double other =
+      total - run->total_input_wait - run->total_compute - run->total_exchange - run->total_plan;
+  Log(absl::StrCat(
+      absl::StrFormat("job %s: rank %d trained %d steps in %.2f s, %.1f%% of it waiting for "
+                      "input; per step %.3f ms: input %.3f, ",
+                      task_.job_id(), task_.rank(), trained, total,
+                      100 * run->total_input_wait / total, total * ms, run->total_input_wait * ms),
+      run->sparse ? absl::StrFormat("plan %.3f, ", run->total_plan * ms) : "",
+      absl::StrFormat("compute %.3f, exchange %.3f, other %.3f", run->total_compute * ms,
+                      run->total_exchange * ms, other * ms)));
   return absl::OkStatus();
 }
 
