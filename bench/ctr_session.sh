@@ -14,7 +14,9 @@
 #          its batch to BATCH / WORKERS (BATCH: 4096, the spec's 2 x 2,048):
 #          the job's test AUC and log loss beside the generator's Bayes
 #          figures (SHARD_LIMIT, the shards' --memory_limit, default 0;
-#          TRAIN_TIMEOUT, default 500 s); the spec run in $OUT/ctr_spec.pbtxt,
+#          WORKER_FLAGS, more flags for every worker, e.g.
+#          --device_memory_limit=2GiB; TRAIN_TIMEOUT, default 500 s); the
+#          spec run in $OUT/ctr_spec.pbtxt,
 #          the job as `downpourctl -o json get` shows it in $OUT/job.json
 #   pytorch  bench/pytorch_ctr.py, the same model in PyTorch on the same
 #          files, with the same batch (BATCH), optimizers and steps, on
@@ -116,14 +118,16 @@ if stage ctr; then
   PIDS=($!)
   for _ in $(seq 100); do [[ -s $W/c.port ]] && break; sleep 0.1; done
   C=$(cat "$W/c.port")
+  SHARD_PIDS=()
   for ((i = 0; i < SHARDS; i++)); do
     "$PS" --listen=127.0.0.1:0 --port_file="$W/ps$i.port" --coordinator="$C" \
       --memory_limit="${SHARD_LIMIT:-0}" >"$W/ps$i.log" 2>&1 &
     PIDS+=($!)
+    SHARD_PIDS+=($!)
   done
   for ((i = 0; i < WORKERS; i++)); do
     "$WORKER" --listen=127.0.0.1:0 --port_file="$W/w$i.port" --coordinator="$C" \
-      --data_dir="$D" --devices="${DEVICES[i % ${#DEVICES[@]}]}" >"$W/w$i.log" 2>&1 &
+      --data_dir="$D" --devices="${DEVICES[i % ${#DEVICES[@]}]}" ${WORKER_FLAGS:-} >"$W/w$i.log" 2>&1 &
     PIDS+=($!)
   done
   sleep 3
@@ -136,6 +140,11 @@ if stage ctr; then
   "$CTL" --coordinator="$C" get ctr >"$OUT/get.txt" 2>&1
   "$CTL" --coordinator="$C" -o json get ctr >"$OUT/job.json" 2>&1
   grep -iE "AUC|log loss|step" "$OUT/get.txt" | head -20
+  # What the shards hold once the job has trained (its rows, before it ends
+  # and they are dropped: the job is still theirs until the coordinator says).
+  for pid in "${SHARD_PIDS[@]}"; do
+    echo "shard pid $pid $(grep -E 'VmRSS|VmHWM' /proc/"$pid"/status 2>/dev/null | tr -s ' \n' ' ')"
+  done | tee "$OUT/shards.txt"
   cp "$W"/*.log "$OUT/" 2>/dev/null
   grep -h "trained\|AUC" "$W"/w*.log | tail -8
   kill "${PIDS[@]}" 2>/dev/null; wait
