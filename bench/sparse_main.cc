@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/sparse_bench.h"
 #include "common/platform/malloc_tuning.h"
+#include "common/platform/mutex_tuning.h"
 
 ABSL_FLAG(int32_t, workers, 2, "In-process workers (threads)");
 ABSL_FLAG(int32_t, shards, 2, "downpour-ps processes");
@@ -219,5 +220,6 @@ int main(int argc, char** argv) {
       "--vocab=1000000 --skews=0.8,1.0,1.2 --sync_skew=1.0 --steps=300] | --draws_only ...");
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
+  downpour::SkipMutexDeadlockDetection();
   return downpour::bench::Main();
 }

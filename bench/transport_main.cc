@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/transport_bench.h"
 #include "common/platform/malloc_tuning.h"
+#include "common/platform/mutex_tuning.h"
 
 ABSL_FLAG(double, size_mb, 0, "Model size in MiB (0: sweep 1, 25, 100)");
 ABSL_FLAG(int32_t, workers, 0, "Workers (0: sweep 1, 2, 4)");
@@ -126,5 +127,6 @@ int main(int argc, char** argv) {
       "transport [--size_mb=N --workers=N --shards=N --steps=N] (no flags: the whole sweep)");
   absl::ParseCommandLine(argc, argv);
   downpour::KeepTensorBuffersMapped();
+  downpour::SkipMutexDeadlockDetection();
   return downpour::bench::Main();
 }
