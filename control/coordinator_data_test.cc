@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "control/coordinator_state_fixture.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
 namespace downpour {
@@ -29,10 +30,26 @@ class DataAssignmentTest : public CoordinatorStateTest {
  protected:
   // Starts job "j" of three workers a, b, c (ranks 0, 1, 2) on shard s, of
   // 100 steps.
-  void StartJob(ConsistencySpec::Mode mode = ConsistencySpec::SYNC) {
+  void StartJob(ConsistencySpec::Mode mode = ConsistencySpec::SYNC, bool sparse = false) {
     Register("s", SHARD);
     for (const char* worker : {"a", "b", "c"}) Register(worker, WORKER);
     JobSpec spec = SmallSpec(3, 1);
+    if (sparse) {
+      spec.clear_model();
+      EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+          R"pb(
+            num_classes: 2
+            inputs { name: "c" kind: SPARSE }
+            layer {
+              name: "e"
+              inputs: "c"
+              embedding { sparse: true vocab_size: 100 dim: 4 }
+            }
+            layer { dense { units: 2 } }
+            layer { softmax_cross_entropy {} }
+          )pb",
+          spec.mutable_model()));
+    }
     spec.set_steps(100);
     spec.mutable_consistency()->set_mode(mode);
     ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());
@@ -147,6 +164,29 @@ TEST_F(DataAssignmentTest, ALostRanksDataGoesToTheLiveRanksWhenNoWorkerTakesItOv
   job = *state_->GetJob("j");
   EXPECT_EQ(job.state(), SUCCEEDED);
   EXPECT_THAT(job.message(), Not(HasSubstr("without the data")));
+}
+
+TEST_F(DataAssignmentTest, WithSparseTablesALostSyncRanksDataGoesWithOneBatchAStep) {
+  // A rank of a job with sparse tables trains one batch a step (its rows
+  // are pulled and pushed for that batch): the lost rank's files go to a
+  // live rank, which reads them in turn with its own.
+  StartJob(ConsistencySpec::SYNC, /*sparse=*/true);
+  List("a", 0, 7);
+  for (int i = 0; i < 12; ++i) {  // b falls silent, past the hand-over wait.
+    Advance(absl::Seconds(3));
+    Beat("s");
+    Beat("a");
+    Beat("c");
+    state_->Tick();
+  }
+  const JobStatus job = *state_->GetJob("j");
+  ASSERT_TRUE(job.workers(1).absorbed()) << job.DebugString();
+  EXPECT_EQ(job.workers(2).data_size(), 4);
+  EXPECT_EQ(job.workers(2).batches_per_step(), 0);
+  EXPECT_THAT(job.events().rbegin()->message(),
+              HasSubstr("handed to rank 2 (2 parts, 1 batch a step: a job with sparse tables "
+                        "trains one a step per rank)"));
+  EXPECT_EQ(Beat("c").tasks(0).batches_per_step(), 0);
 }
 
 TEST_F(DataAssignmentTest, AsyncLiveRanksAlsoTakeOnTheLostRanksRemainingSteps) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "spec/data_assignment.h"
 #include "spec/limits.h"
+#include "spec/model_shape.h"
 
 namespace downpour {
 namespace control {
@@ -123,10 +124,16 @@ bool RankHandover::Absorb(JobStatus* job) const {
                               std::make_pair(batches(b), b->data_size());
                      });
     // SYNC: one rank takes the lost one's data and its batches a step, so
-    // every step still averages as many examples as in a clean run.
+    // every step still averages as many examples as in a clean run. With
+    // sparse tables a rank trains one batch a step (its rows are pulled and
+    // pushed for that batch): the data goes, read in turn with the rank's
+    // own, and the steps average fewer examples.
+    const bool one_batch = sync && HasSparseTables(job->spec().model());
     if (sync) {
       receivers.resize(1);
-      receivers[0]->set_batches_per_step(batches(receivers[0]) + batches(&lost));
+      if (!one_batch) {
+        receivers[0]->set_batches_per_step(batches(receivers[0]) + batches(&lost));
+      }
     }
     const std::vector<DataPart> parts(lost.data().begin(), lost.data().end());
     const std::vector<std::vector<DataPart>> dealt = DealParts(parts, receivers.size());
@@ -146,7 +153,10 @@ bool RankHandover::Absorb(JobStatus* job) const {
       to.push_back(absl::StrCat(
           receiver.rank(), " (", dealt[i].size(), " parts",
           extra > 0 ? absl::StrCat(", +", extra, " steps") : "",
-          sync ? absl::StrCat(", ", receiver.batches_per_step(), " batches a step") : "", ")"));
+          one_batch ? ", 1 batch a step: a job with sparse tables trains one a step per rank"
+          : sync    ? absl::StrCat(", ", receiver.batches_per_step(), " batches a step")
+                    : "",
+          ")"));
     }
     lost.set_absorbed(true);
     lost.clear_data();

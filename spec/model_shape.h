@@ -181,6 +181,10 @@ struct ModelShape {
 //   model.layer[2] ("fc2"): input "fc9" is not an earlier layer
 absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec);
 
+// Whether `spec` has a sparse embedding (a table on the shards), without
+// inferring the rest.
+bool HasSparseTables(const ModelSpec& spec);
+
 }  // namespace downpour
 
 #endif  // DOWNPOUR_SPEC_MODEL_SHAPE_H_

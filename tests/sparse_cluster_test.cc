@@ -148,6 +148,29 @@ TEST_F(SparseClusterTest, ClickModelReachesTheBayesAucWithTablesLargerThanAShard
   EXPECT_EQ(refusals, 0);
 }
 
+TEST_F(SparseClusterTest, ClickModelTrainsUnderSspThroughTheDaemons) {
+  // SSP with sparse tables: each worker pushes its rows' gradients as it
+  // goes (the shards apply them at once, as ASYNC), and a pull waits only
+  // while the worker is more than `staleness` steps ahead of the slowest.
+  const ClickLog& log = Log();
+  LocalCluster::Options options;
+  options.shards = 2;
+  options.workers = 2;
+  options.data_dir = log.data_dir;
+  cluster_ = std::make_unique<LocalCluster>(options);
+  ASSERT_TRUE(cluster_->Start().ok()) << cluster_->Logs();
+  const std::string spec_path = cluster_->dir() + "/ctr.pbtxt";
+  std::ofstream(spec_path) << CtrSpec("SSP staleness: 2", 400);
+  CommandResult submitted = cluster_->Ctl({"submit", spec_path, "--job_id=ssp", "--wait"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err << cluster_->Logs();
+  const JobStatus job = cluster_->GetJob("ssp");
+  ASSERT_EQ(job.state(), SUCCEEDED) << job.message();
+  ASSERT_TRUE(job.has_test_auc());
+  std::printf("SSP: test AUC %.4f (Bayes %.4f)\n", job.test_auc(), log.summary.test.bayes_auc);
+  EXPECT_GE(job.test_auc(), log.summary.test.bayes_auc - 0.05) << cluster_->Logs();
+  for (const WorkerProgress& w : job.workers()) EXPECT_EQ(w.step(), 400) << w.DebugString();
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace downpour

@@ -93,6 +93,30 @@ Batch RandomBatch(int64_t size, uint64_t seed) {
   return b;
 }
 
+TEST(ModelRunnerTest, SparseEmbeddingsTrainOnTheFirstOfSeveralDevices) {
+  JobSpec spec;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        num_classes: 2
+        inputs { name: "c" kind: SPARSE }
+        layer {
+          name: "e"
+          inputs: "c"
+          embedding { sparse: true vocab_size: 100 dim: 4 }
+        }
+        layer { dense { units: 2 } }
+        layer { softmax_cross_entropy {} }
+      )pb",
+      spec.mutable_model()));
+  std::unique_ptr<ModelRunner> runner = Make(spec, {-1, -1});
+  ASSERT_NE(runner, nullptr);
+  EXPECT_EQ(runner->Describe().size(), 1u);
+  // Without sparse tables, each device holds a replica.
+  runner = Make(Job(), {-1, -1});
+  ASSERT_NE(runner, nullptr);
+  EXPECT_EQ(runner->Describe().size(), 2u);
+}
+
 TEST(ModelRunnerTest, APipelineNeedsOneDevicePerStage) {
   // Checked before any device is touched: no GPU is needed to see it.
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(
