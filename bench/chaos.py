@@ -25,6 +25,11 @@ Meanwhile a fault every --fault_every (3-8) s hits a random shard or worker:
                          for 5-15 s (oom_score_adj 1000: the kernel's choice
                          if it must kill)
 
+An ended job's record is kept by the run and the job deleted from the
+cluster (`downpourctl delete`: its checkpoints go too), as an operator
+keeps a cluster's disk from filling with the final checkpoints of ended
+jobs (a click-model job's are 30 MB).
+
 The first shard and the first worker are never killed, stopped or drained
 (partitions, full disks and memory pressure reach them): they live the whole
 run, and their RSS, sampled every minute, says whether memory stays flat.
@@ -630,9 +635,11 @@ def main():
                 job = cluster.job(f"reference-{kind.replace('_', '-')}") or {}
                 reference[kind] = result(job)
                 log(f"reference {kind}: {job.get('state')} result {reference[kind]}")
+                cluster.ctl("delete", f"reference-{kind.replace('_', '-')}", check=False)
 
         order = list(specs)
         jobs = {}  # job id -> kind
+        finals = {}  # job id -> its record when it ended (then deleted)
         in_flight = set()
         samples = []  # {name: (pid, RSS MB)} per minute
         next_sample = time.time()
@@ -651,10 +658,14 @@ def main():
                 next_sample = now + 60
             if not faults.coordinator_down():
                 for j in list(in_flight):
-                    state = (cluster.job(j) or {}).get("state")
-                    if state in ENDED:
+                    job = cluster.job(j) or {}
+                    if job.get("state") in ENDED:
                         in_flight.discard(j)
-                        log(f"{j}: {state}")
+                        log(f"{j}: {job.get('state')}")
+                        # Its record is kept here; the cluster forgets it
+                        # (and its checkpoints), as an operator would.
+                        finals[j] = job
+                        cluster.ctl("delete", j, check=False)
                 while now < deadline and len(in_flight) < args.concurrent and len(jobs) < args.jobs:
                     kind = order[len(jobs) % len(order)]
                     job_id = f"chaos-{len(jobs)}-{kind.replace('_', '-')}"
@@ -678,7 +689,7 @@ def main():
             time.sleep(0.2)
         faults.end()
 
-        final = {j: cluster.job(j) or {} for j in jobs}
+        final = {j: finals.get(j) or cluster.job(j) or {} for j in jobs}
         fault_times = sorted(t for t, _, _ in faults.injected)
         lost, recovery, handovers, partial, handouts = events_summary(final, fault_times)
         corrupt = 0
