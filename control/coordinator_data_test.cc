@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "control/coordinator_state_fixture.h"
 #include "gmock/gmock.h"
-#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "spec/test_jobs.h"
 
 namespace downpour {
 namespace control {
@@ -34,22 +34,7 @@ class DataAssignmentTest : public CoordinatorStateTest {
     Register("s", SHARD);
     for (const char* worker : {"a", "b", "c"}) Register(worker, WORKER);
     JobSpec spec = SmallSpec(3, 1);
-    if (sparse) {
-      spec.clear_model();
-      EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
-          R"pb(
-            num_classes: 2
-            inputs { name: "c" kind: SPARSE }
-            layer {
-              name: "e"
-              inputs: "c"
-              embedding { sparse: true vocab_size: 100 dim: 4 }
-            }
-            layer { dense { units: 2 } }
-            layer { softmax_cross_entropy {} }
-          )pb",
-          spec.mutable_model()));
-    }
+    if (sparse) *spec.mutable_model() = SmallSparseModel();
     spec.set_steps(100);
     spec.mutable_consistency()->set_mode(mode);
     ASSERT_TRUE(state_->SubmitJob(spec, "j").ok());

@@ -139,7 +139,8 @@ TEST_F(SparseStoreTest, SyncStepsCompletedTableByTableOnAPoolGiveTheSameBits) {
         Rows emb{0, {}, {}}, tag{1, {}, {}};
         for (int i = 0; i < 5; ++i) {
           emb.ids.push_back(rows[(step + rank * 3 + i) % rows.size()]);
-          for (int k = 0; k < kDim[0]; ++k) emb.grads.push_back(0.01f * (rank + 1) * (i - k) + step);
+          for (int k = 0; k < kDim[0]; ++k)
+            emb.grads.push_back(0.01f * (rank + 1) * (i - k) + step);
         }
         for (int i = 0; i < 3; ++i) {
           tag.ids.push_back(tags[(step + rank + i) % tags.size()]);

@@ -22,4 +22,21 @@ JobSpec SmallMlpJob(int num_workers, int num_shards) {
   return spec;
 }
 
+ModelSpec SmallSparseModel() {
+  ModelSpec model;
+  model.set_num_classes(2);
+  InputSpec* input = model.add_inputs();
+  input->set_name("c");
+  input->set_kind(InputSpec::SPARSE);
+  LayerSpec* embedding = model.add_layer();
+  embedding->set_name("e");
+  embedding->add_inputs("c");
+  embedding->mutable_embedding()->set_sparse(true);
+  embedding->mutable_embedding()->set_vocab_size(100);
+  embedding->mutable_embedding()->set_dim(4);
+  model.add_layer()->mutable_dense()->set_units(2);
+  model.add_layer()->mutable_softmax_cross_entropy();
+  return model;
+}
+
 }  // namespace downpour

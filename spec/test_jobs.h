@@ -13,6 +13,10 @@ namespace downpour {
 // shards. Defaults are not applied.
 JobSpec SmallMlpJob(int num_workers, int num_shards);
 
+// A model with one sparse table: input "c" (SPARSE), embedding "e" (100 rows
+// of 4, on the shards), dense 2, softmax cross-entropy.
+ModelSpec SmallSparseModel();
+
 }  // namespace downpour
 
 #endif  // DOWNPOUR_SPEC_TEST_JOBS_H_

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "spec/test_jobs.h"
 #include "worker/worker_state.h"
 
 namespace downpour {
@@ -95,19 +96,7 @@ Batch RandomBatch(int64_t size, uint64_t seed) {
 
 TEST(ModelRunnerTest, SparseEmbeddingsTrainOnTheFirstOfSeveralDevices) {
   JobSpec spec;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
-      R"pb(
-        num_classes: 2
-        inputs { name: "c" kind: SPARSE }
-        layer {
-          name: "e"
-          inputs: "c"
-          embedding { sparse: true vocab_size: 100 dim: 4 }
-        }
-        layer { dense { units: 2 } }
-        layer { softmax_cross_entropy {} }
-      )pb",
-      spec.mutable_model()));
+  *spec.mutable_model() = SmallSparseModel();
   std::unique_ptr<ModelRunner> runner = Make(spec, {-1, -1});
   ASSERT_NE(runner, nullptr);
   EXPECT_EQ(runner->Describe().size(), 1u);
