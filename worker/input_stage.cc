@@ -45,17 +45,18 @@ absl::StatusOr<const float*> InputStage::Features(const data::Batch& batch, int6
   return Pack(batch, current_.get());
 }
 
-InputStage::~InputStage() {
+InputStage::~InputStage() { AwaitPlan(); }
+
+void InputStage::AwaitPlan() {
   if (planning_ != nullptr) planning_->Wait();
 }
 
 void InputStage::PlanAhead(const data::Batch* next) {
   if (exchange_ == nullptr) return;
-  if (planning_ != nullptr) planning_->Wait();
+  AwaitPlan();
   planning_for_ = next;
-  planning_inputs_ = next->inputs;
-  planning_ = planner_.Start(1, [this, size = next->size](int) {
-    planned_ = SparseBatch::Plan(shape_, planning_inputs_, size, num_shards_, &tables_);
+  planning_ = planner_.Start(1, [this, next](int) {
+    planned_ = SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_);
   });
 }
 

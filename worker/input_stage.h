@@ -58,10 +58,12 @@ class InputStage {
   InputStage(const InputStage&) = delete;
   InputStage& operator=(const InputStage&) = delete;
 
-  // Starts working out which rows `next` reads (on a copy of its inputs);
-  // Exchange(..., next) for the same, unchanged batch takes the plan.
-  // Returns at once.
+  // Starts working out which rows `next` reads; Exchange(..., next) for the
+  // same batch takes the plan. Returns at once. `next` must stay as it is
+  // until that Exchange or AwaitPlan.
   void PlanAhead(const data::Batch* next);
+  // Waits for the plan PlanAhead started, if any (before its batch goes).
+  void AwaitPlan();
   // Waits for the exchange in flight, if any.
   absl::Status Finish();
   // The input of a test batch, its rows read without creating any.
@@ -86,7 +88,6 @@ class InputStage {
   WorkPool tables_;   // Plans, pools and row gradients, table by table.
   WorkPool planner_;  // One thread: PlanAhead's plan.
   const data::Batch* planning_for_ = nullptr;
-  std::vector<data::InputBatch> planning_inputs_;  // A copy of its inputs.
   std::shared_ptr<WorkPool::Batch> planning_;
   absl::StatusOr<SparseBatch> planned_;
   std::vector<std::vector<std::vector<float>>> grads_;

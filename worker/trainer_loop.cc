@@ -183,6 +183,8 @@ absl::Status JobTrainer::Train() {
   // and writes goes.
   absl::Cleanup abandon_pending = [this, &run] {
     if (run.pending) (void)exchange_->FinishPushPull(/*abandon=*/true);
+    // The next batch's rows may be being planned: its batch goes with `run`.
+    if (input_stage_ != nullptr) input_stage_->AwaitPlan();
   };
   for (int64_t step = run.first_step; step < steps_.load(); ++step) {
     ASSIGN_OR_RETURN(step, CatchUp(step, &run));
