@@ -146,6 +146,7 @@ struct JobTrainer::RunState {
   std::vector<const float*> model_grads;
   std::vector<float*> model_params;
   double exchange_waited = 0;  // In the current batch, inside its compute.
+  double read_ahead = 0;       // Likewise: reading the next batch (input).
 
   // Since the last progress report, and what the last one said.
   double window_start = 0, window_loss = 0;
@@ -449,6 +450,7 @@ absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
     RETURN_IF_ERROR(ReadBatch(s, run));
     const double began = MonotonicSeconds();
     run->exchange_waited = 0;
+    run->read_ahead = 0;
     if (b == 0 && !s->gated) RETURN_IF_ERROR(BeginExchange(*s, run));
     ASSIGN_OR_RETURN(const float* features, BatchFeatures(*s, run));
     if (b == 0) RETURN_IF_ERROR(ReadAhead(*s, run));
@@ -458,7 +460,7 @@ absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
     // A second batch of the step (SYNC hand-out, never overlapped): the
     // parameters are whole on the host by then.
     step_options = TrainStepOptions();
-    const double computed = MonotonicSeconds() - began - run->exchange_waited;
+    const double computed = MonotonicSeconds() - began - run->exchange_waited - run->read_ahead;
     run->total_compute += computed;
     run->total_exchange += run->exchange_waited;
     s->compute += computed;
@@ -575,7 +577,8 @@ absl::Status JobTrainer::ReadAhead(const StepState& s, RunState* run) {
   permanent_ = true;
   const double began = MonotonicSeconds();
   ASSIGN_OR_RETURN(run->have_next, run->reader->Next(&run->next_batch));
-  run->total_input_wait += MonotonicSeconds() - began;
+  run->read_ahead = MonotonicSeconds() - began;
+  run->total_input_wait += run->read_ahead;
   permanent_ = false;
   run->next_read = true;
   if (run->have_next) input_stage_->PlanAhead(&run->next_batch);
