@@ -383,6 +383,8 @@ class Faults:
             kinds.append(("disk full", 0.11))
         if args.memory_pressure:
             kinds.append(("memory pressure", 0.11))
+        if args.only:
+            kinds = [(k, w) for k, w in kinds if k in args.only.split(",")]
         self.kinds = kinds
 
     def coordinator_down(self):
@@ -585,6 +587,10 @@ def main():
     parser.add_argument("--memory_pressure", action="store_true")
     parser.add_argument("--pressure_reserve_mb", type=int, default=768,
                         help="memory left available under memory pressure")
+    parser.add_argument("--only", default="",
+                        help="inject only these kinds of fault, a comma-separated list of: kill, "
+                             "term, stop, kill coordinator, isolate, split, disk full, "
+                             "memory pressure")
     parser.add_argument("--reference", action="store_true",
                         help="run each SYNC kind once without faults first")
     parser.add_argument("--accuracy_tolerance", type=float, default=0.005)
