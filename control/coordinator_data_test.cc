@@ -50,6 +50,18 @@ class DataAssignmentTest : public CoordinatorStateTest {
     EXPECT_TRUE(answer.ok()) << answer.status();
     return answer.value_or(ReportProgressResponse());
   }
+
+  // `ticks` ticks 3 s apart, the shard and the workers but `silent`
+  // heartbeating.
+  void PassWithout(const std::string& silent, int ticks) {
+    for (int i = 0; i < ticks; ++i) {
+      Advance(absl::Seconds(3));
+      for (const char* node : {"s", "a", "b", "c"}) {
+        if (node != silent) Beat(node);
+      }
+      state_->Tick();
+    }
+  }
 };
 
 TEST_F(DataAssignmentTest, TheFirstListingSharesTheFilesOutAndTasksCarryEachRanksShare) {
@@ -96,13 +108,7 @@ TEST_F(DataAssignmentTest, ALostRanksDataGoesToTheLiveRanksWhenNoWorkerTakesItOv
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "c", 2, 35)).ok());
   // b falls silent: lost after the node timeout, its data held for
   // handover_wait (30 s) in case a worker comes to take the rank over.
-  for (int i = 0; i < 10; ++i) {
-    Advance(absl::Seconds(3));
-    Beat("s");
-    Beat("a");
-    Beat("c");
-    state_->Tick();
-  }
+  PassWithout("b", 10);
   JobStatus job = *state_->GetJob("j");
   ASSERT_TRUE(job.workers(1).lost());
   EXPECT_FALSE(job.workers(1).absorbed());
@@ -157,13 +163,7 @@ TEST_F(DataAssignmentTest, WithSparseTablesALostSyncRanksDataGoesWithOneBatchASt
   // live rank, which reads them in turn with its own.
   StartJob(ConsistencySpec::SYNC, /*sparse=*/true);
   List("a", 0, 7);
-  for (int i = 0; i < 12; ++i) {  // b falls silent, past the hand-over wait.
-    Advance(absl::Seconds(3));
-    Beat("s");
-    Beat("a");
-    Beat("c");
-    state_->Tick();
-  }
+  PassWithout("b", 12);  // b falls silent, past the hand-over wait.
   const JobStatus job = *state_->GetJob("j");
   ASSERT_TRUE(job.workers(1).absorbed()) << job.DebugString();
   EXPECT_EQ(job.workers(2).data_size(), 4);
@@ -178,13 +178,7 @@ TEST_F(DataAssignmentTest, AsyncLiveRanksAlsoTakeOnTheLostRanksRemainingSteps) {
   StartJob(ConsistencySpec::ASYNC);
   List("a", 0, 7);
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "b", 1, 31)).ok());
-  for (int i = 0; i < 12; ++i) {  // b silent for 36 s: lost, then absorbed.
-    Advance(absl::Seconds(3));
-    Beat("s");
-    Beat("a");
-    Beat("c");
-    state_->Tick();
-  }
+  PassWithout("b", 12);  // b silent for 36 s: lost, then absorbed.
   const JobStatus job = *state_->GetJob("j");
   ASSERT_TRUE(job.workers(1).absorbed());
   EXPECT_THAT(job.events().rbegin()->message(),
@@ -197,13 +191,7 @@ TEST_F(DataAssignmentTest, AsyncLiveRanksAlsoTakeOnTheLostRanksRemainingSteps) {
 TEST_F(DataAssignmentTest, ALostRankZerosDataAndEvaluationGoToTheLowestLiveRank) {
   StartJob();
   List("b", 1, 7);
-  for (int i = 0; i < 15; ++i) {  // a silent for 45 s, no worker free.
-    Advance(absl::Seconds(3));
-    Beat("s");
-    Beat("b");
-    Beat("c");
-    state_->Tick();
-  }
+  PassWithout("a", 15);  // a silent for 45 s, no worker free.
   const JobStatus job = *state_->GetJob("j");
   ASSERT_TRUE(job.workers(0).lost());
   EXPECT_TRUE(job.workers(0).absorbed());
@@ -236,13 +224,7 @@ TEST_F(DataAssignmentTest, RankZeroLostAfterTheOthersFinishedIsEvaluatedByARankR
     done.set_finished(true);
     ASSERT_TRUE(state_->ReportProgress(done).ok());
   }
-  for (int i = 0; i < 15; ++i) {  // a dies before its final evaluation.
-    Advance(absl::Seconds(3));
-    Beat("s");
-    Beat("b");
-    Beat("c");
-    state_->Tick();
-  }
+  PassWithout("a", 15);  // a dies before its final evaluation.
   JobStatus job = *state_->GetJob("j");
   ASSERT_EQ(job.state(), RUNNING);
   EXPECT_FALSE(job.workers(1).finished());
