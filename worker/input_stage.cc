@@ -66,7 +66,7 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
   if (exchange_ == nullptr) return absl::OkStatus();
   current_->RowGradients(model.input_grad(), &grads_, &tables_);
   next_.reset();
-  if (planning_ != nullptr) planning_->Wait();
+  AwaitPlan();
   if (next != nullptr) {
     if (planning_ != nullptr && planning_for_ == next) {
       RETURN_IF_ERROR(planned_.status());
