@@ -263,7 +263,7 @@ void CoordinatorState::AddTasks(const NodeInfo& node, HeartbeatResponse* respons
         node.role() == SHARD ? job.placement().shard_nodes() : job.placement().worker_nodes();
     task->set_rank(std::find(nodes.begin(), nodes.end(), node.id()) - nodes.begin());
     for (const WorkerProgress& worker : job.workers()) {
-      if (worker.lost() || worker.finished()) task->add_absent_ranks(worker.rank());
+      if (handover_.AbsentAtShards(job, worker)) task->add_absent_ranks(worker.rank());
     }
     if (node.role() != WORKER) continue;
     const WorkerProgress& worker = job.workers(task->rank());

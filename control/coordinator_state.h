@@ -164,7 +164,7 @@ class CoordinatorState : public Coordinator {
   // a shard's job moves to a spare (ReplaceShard) or restarts.
   absl::Status FailJobsOfNode(const std::string& node_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Worker `rank` of running `job` is gone: the job goes on without it.
+  // Worker `rank` of running `job` is gone (RankHandover::Lose).
   absl::Status LoseWorker(const JobStatus& job, int rank, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shard `index` of running ASYNC/SSP `job` is lost: a spare shard takes

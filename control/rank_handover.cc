@@ -61,6 +61,14 @@ std::string RankHandover::Untrained(const JobStatus& job) {
                       " (lost; no worker was free to take it over)");
 }
 
+bool RankHandover::AbsentAtShards(const JobStatus& job, const WorkerProgress& worker) const {
+  if (worker.finished()) return true;
+  if (!worker.lost()) return false;
+  if (job.spec().consistency().mode() != ConsistencySpec::SYNC || worker.absorbed()) return true;
+  return worker.lost_ms() + absl::ToInt64Milliseconds(options_.handover_wait) <=
+         absl::ToUnixMillis(options_.now());
+}
+
 bool RankHandover::Lose(JobStatus* job, int rank, const std::string& why) const {
   WorkerProgress* lost = job->mutable_workers(rank);
   if (lost->lost() || lost->finished()) return false;
@@ -70,7 +78,10 @@ bool RankHandover::Lose(JobStatus* job, int rank, const std::string& why) const 
   job->mutable_placement()->set_worker_nodes(rank, "");
   history_->AddEvent(job,
                      absl::StrCat("worker rank ", rank, " lost at step ", lost->step(), ": ", why,
-                                  "; the job goes on without it until a worker takes it over"));
+                                  job->spec().consistency().mode() == ConsistencySpec::SYNC
+                                      ? "; its steps wait until a worker takes it over"
+                                      : "; the job goes on without it until a worker takes it "
+                                        "over"));
   job->set_message(WaitingFor(*job));
   return true;
 }

@@ -1,9 +1,12 @@
 // RankHandover: what happens to a worker rank whose worker is gone (dead,
-// restarted, drained, cordoned). The job goes on without it; the next free
-// worker takes it over where it had got to (its share of the data, its
-// step); when none does within handover_wait, its data — and in ASYNC/SSP
-// its remaining steps — is dealt out to the job's live ranks, least loaded
-// first. It also shares a job's record files out to its ranks.
+// restarted, drained, cordoned). The next free worker takes it over where it
+// had got to (its share of the data, its step); when none does within
+// handover_wait, its data — and in ASYNC/SSP its remaining steps — is dealt
+// out to the job's live ranks, least loaded first. Meanwhile an ASYNC/SSP
+// job goes on without the rank, while a SYNC job's steps wait for it (a step
+// that went on would skip the rank's batch, and the job would no longer
+// train what a clean run trains). It also shares a job's record files out
+// to its ranks.
 //
 // It keeps no state of its own: a rank's state lives in its job's record
 // (WorkerProgress: lost, joined, absorbed, data, steps), which each method
@@ -49,8 +52,13 @@ class RankHandover {
   std::string WaitingFor(const JobStatus& job) const;
   // What a job that ends with lost ranks did not train ("" when none is).
   static std::string Untrained(const JobStatus& job);
+  // Whether the shards complete `job`'s steps without `worker`'s rank
+  // (Task.absent_ranks): a finished rank, and a lost one — in SYNC only once
+  // its data was dealt out or handover_wait has passed (until then a taker
+  // continues at the very step the rank had reached).
+  bool AbsentAtShards(const JobStatus& job, const WorkerProgress& worker) const;
 
-  // Worker `rank` of running `job` is gone: the job goes on without it.
+  // Worker `rank` of running `job` is gone: marked lost for a taker.
   // False (nothing changed) when the rank already finished or is lost.
   bool Lose(JobStatus* job, int rank, const std::string& why) const;
   // Gives `job`'s unclaimed ranks to workers taken from the front of

@@ -1,6 +1,7 @@
 #include "control/rank_handover.h"
 
 #include "control/memory_job_store.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "spec/limits.h"
 
@@ -67,6 +68,33 @@ TEST_F(RankHandoverTest, ALostRankWaitsThenGoesToAFreeWorker) {
   EXPECT_EQ(job_.restore().step(), 30);
   EXPECT_EQ(job_.message(), "");
   EXPECT_FALSE(RankHandover::HasUnclaimed(job_));
+}
+
+// A SYNC step that went on without a lost rank would skip its batch: the
+// shards wait for the rank until a worker takes it over, or its data is
+// dealt out, or the wait is over. ASYNC/SSP steps are each rank's own.
+TEST_F(RankHandoverTest, SyncStepsWaitForALostRankUntilTheHandOverWaitIsOver) {
+  const RankHandover handover = Handover();
+  job_.mutable_spec()->mutable_consistency()->set_mode(ConsistencySpec::SYNC);
+  job_.mutable_workers(2)->set_finished(true);
+  ASSERT_TRUE(handover.Lose(&job_, 1, "gone"));
+  EXPECT_THAT(job_.events().rbegin()->message(),
+              ::testing::HasSubstr("its steps wait until a worker takes it over"));
+  EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(0)));
+  EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(1)));
+  EXPECT_TRUE(handover.AbsentAtShards(job_, job_.workers(2)));  // Finished.
+  now_ += absl::Seconds(29);
+  EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(1)));
+  now_ += absl::Seconds(1);
+  EXPECT_TRUE(handover.AbsentAtShards(job_, job_.workers(1)));
+  // Dealt out (Absorb) before then, it is absent at once.
+  now_ -= absl::Seconds(30);
+  job_.mutable_workers(1)->set_absorbed(true);
+  EXPECT_TRUE(handover.AbsentAtShards(job_, job_.workers(1)));
+
+  job_.mutable_spec()->mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
+  job_.mutable_workers(1)->set_absorbed(false);
+  EXPECT_TRUE(handover.AbsentAtShards(job_, job_.workers(1)));
 }
 
 TEST_F(RankHandoverTest, AnEvaluatedJobWaitsForNoTaker) {

@@ -105,22 +105,19 @@ TEST_F(NetworkFaultTest, AWorkerCutOffForLongerLosesItsRankUntilItsLinkReturns) 
   StartCluster(1, 2);
   SubmitAndAwaitStep(FashionMlpSpec("SYNC", 2, 1, 3000), "j", 100);
   ASSERT_TRUE(cluster_->SetLink("worker1", false).ok());
-  // The job goes on without it.
   ASSERT_TRUE(AwaitJob("j", [](const JobStatus& job) { return LostRank(job) >= 0; }))
       << cluster_->Logs();
+  // SYNC steps wait for the rank: one without it would skip its batch.
   const int64_t step = cluster_->GetJob("j").step();
-  ASSERT_TRUE(AwaitJob("j", [step](const JobStatus& job) { return job.step() > step + 100; }))
-      << cluster_->Logs();
+  absl::SleepFor(absl::Seconds(2));
+  EXPECT_LT(cluster_->GetJob("j").step(), step + 5) << cluster_->Logs();
   // Back on the network, the same worker (same incarnation) is free, and
-  // takes its rank back.
+  // takes its rank back where it was.
   ASSERT_TRUE(cluster_->SetLink("worker1", true).ok());
   const JobStatus job = ExpectSucceeds("j");
   EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
   EXPECT_TRUE(HasEvent(job, "taken over by worker node")) << Events(job);
   EXPECT_EQ(job.restarts(), 0);
-  // Its pushes count again: the shard saw fresh requests from the rank.
-  EXPECT_NE(cluster_->shard(0)->Log().find("joined at step"), std::string::npos)
-      << cluster_->shard(0)->Log();
   EXPECT_GT(job.test_accuracy(), 0.75);
 }
 
