@@ -15,7 +15,8 @@
 #          the job's test AUC and log loss beside the generator's Bayes
 #          figures (SHARD_LIMIT, the shards' --memory_limit, default 0;
 #          WORKER_FLAGS, more flags for every worker, e.g.
-#          --device_memory_limit=2GiB; TRAIN_TIMEOUT, default 500 s); the
+#          --device_memory_limit=2GiB; TRAIN_TIMEOUT, default 500 s;
+#          STALENESS, every table's embedding_staleness, default 0); the
 #          spec run in $OUT/ctr_spec.pbtxt,
 #          the job as `downpourctl -o json get` shows it in $OUT/job.json
 #   pytorch  bench/pytorch_ctr.py, the same model in PyTorch on the same
@@ -31,7 +32,9 @@
 # PYTORCH_DEVICE=cpu) on one click log, generated once for both into CTR_DATA
 # (default: a new temporary folder; one that already holds ctr/ctr.json is
 # used as it is) by `downpourctl dataset generate --kind=ctr`: 10M train and
-# 1M test examples in 32 shards, vocabularies CTR_VOCABULARY (100:10000).
+# 1M test examples in 32 shards, vocabularies CTR_VOCABULARY (100:10000),
+# ids drawn with the Zipf skew CTR_ZIPF (the generator's 1.05; near 0 is
+# flat).
 #
 # Build, from the repository root (on the GPU host, or on a build host and
 # pack; see bench/lib.sh):
@@ -64,7 +67,8 @@ fi
 # The spec both stages run: CTR_SPEC with this cluster's shape.
 SPEC=$OUT/ctr_spec.pbtxt
 sed -E -e "s/^num_workers: [0-9]+/num_workers: $WORKERS/" -e "s/^num_shards: [0-9]+/num_shards: $SHARDS/" \
-  -e "s/batch_size: [0-9]+/batch_size: $((BATCH / WORKERS))/" "$CTR_SPEC" >"$SPEC"
+  -e "s/batch_size: [0-9]+/batch_size: $((BATCH / WORKERS))/" \
+  -e "s/sparse: true/sparse: true embedding_staleness: ${STALENESS:-0}/" "$CTR_SPEC" >"$SPEC"
 # ctr_data: sets D to the folder holding ctr/ (a worker's --data_dir), with
 # the click log generated there unless it already is.
 ctr_data() {
@@ -77,7 +81,7 @@ ctr_data() {
   downpour_need CTL client/downpourctl
   local start=$SECONDS
   "$CTL" dataset generate --kind=ctr --out_dir="$D/ctr" --name=ctr --examples=10000000 \
-    --test_examples=1000000 --shards=32 --vocabulary="${CTR_VOCABULARY:-100:10000}" 2>&1 | tee "$OUT/generate.txt"
+    --test_examples=1000000 --shards=32 --vocabulary="${CTR_VOCABULARY:-100:10000}" --zipf="${CTR_ZIPF:-1.05}" 2>&1 | tee "$OUT/generate.txt"
   echo "generate wall_s=$((SECONDS - start))"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/gpu.txt"

@@ -402,6 +402,8 @@ absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullRespon
   // Where each table's rows go in `out`; then the tables are looked up at
   // once (a table's lookups create its new rows).
   const int asked_tables = request.sparse_size();
+  // Read before the rows: they have at least this version's updates.
+  const int64_t version = version_.load(std::memory_order_acquire);
   std::vector<float*> rows_out(asked_tables);
   for (int i = 0; i < asked_tables; ++i) {
     const SparseRows& asked = request.sparse(i);
@@ -409,6 +411,7 @@ absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullRespon
     rows->set_table(asked.table());
     *rows->mutable_ids() = asked.ids();
     rows->set_dtype(FLOAT32);
+    rows->set_version(version);
     // The buffer is aligned for floats, and every part of it is whole floats.
     rows_out[i] = reinterpret_cast<float*>(out);
     out += asked.ids_size() * tables_[asked.table()].info.dim * kFloatBytes;

@@ -90,6 +90,9 @@ inline constexpr int64_t kMaxPartitionBytes = int64_t{64} << 20;
 // 2^17 partitions are 3 MiB, and the largest model (32 GiB) in the default
 // 256 KiB partitions.
 inline constexpr int64_t kMaxPartitions = int64_t{1} << 17;
+// A sparse table's embedding_staleness: the steps a worker may read a row
+// it pulled before (it keeps the rows of that many steps).
+inline constexpr int kMaxEmbeddingStaleness = 1000;
 // The whole spec, serialized (fields this coordinator does not know
 // included). ResNet-152 is about 30 KiB; the spec travels in every Task and
 // every `list`.

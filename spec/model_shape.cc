@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "spec/limits.h"
 
 namespace downpour {
 
@@ -439,6 +440,11 @@ absl::Status InferSparseEmbedding(const LayerInference& c, int input) {
     return c.Error("embedding.eviction ", emb.eviction(), " is unknown");
   }
   table.eviction = emb.eviction();
+  if (emb.embedding_staleness() < 0 || emb.embedding_staleness() > kMaxEmbeddingStaleness) {
+    return c.Error("embedding.embedding_staleness must be in [0, ", kMaxEmbeddingStaleness,
+                   "], got ", emb.embedding_staleness());
+  }
+  table.staleness = emb.embedding_staleness();
   table.has_optimizer = emb.has_optimizer();
   if (table.has_optimizer) {
     table.optimizer = emb.optimizer();
@@ -611,10 +617,11 @@ absl::Status InferEmbedding(const LayerInference& c) {
     return absl::OkStatus();
   }
   if (emb.hash_ids() || emb.max_rows() != 0 || emb.has_optimizer() || emb.init_scale() != 0.f ||
-      emb.combiner() != EmbeddingLayer::SUM || emb.eviction() != EmbeddingLayer::LRU) {
+      emb.combiner() != EmbeddingLayer::SUM || emb.eviction() != EmbeddingLayer::LRU ||
+      emb.embedding_staleness() != 0) {
     return c.Error(
-        "embedding: hash_ids, combiner, optimizer, init_scale, max_rows and eviction are for "
-        "sparse: true");
+        "embedding: hash_ids, combiner, optimizer, init_scale, max_rows, eviction and "
+        "embedding_staleness are for sparse: true");
   }
   // Ids travel as floats to a dense table: exact below 2^24.
   constexpr int64_t kMaxDenseVocab = int64_t{1} << 24;

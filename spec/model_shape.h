@@ -114,6 +114,8 @@ struct SparseTableInfo {
   float init_scale = 0.f;  // Resolved: > 0.
   int64_t max_rows = 0;
   EmbeddingLayer::Eviction eviction = EmbeddingLayer::LRU;
+  // EmbeddingLayer.embedding_staleness: steps a read row may be behind.
+  int staleness = 0;
   // The table's optimizer when set, else the job's (resolved by the caller).
   bool has_optimizer = false;
   OptimizerSpec optimizer;

@@ -4,6 +4,7 @@
 // limit each is below the tables' size.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -33,7 +34,7 @@ const ClickLog& Log() {
 // generator combines them, each with its own Adam), the 13 counts through a
 // bottom layer, DLRM's pairwise dot products of all 27, joined into a 128-64
 // MLP.
-std::string CtrSpec(const std::string& mode, int steps) {
+std::string CtrSpec(const std::string& mode, int steps, int staleness = 0) {
   std::string spec = "name: 'ctr' model { num_classes: 2 inputs { name: 'counts' features: [";
   for (int j = 1; j <= 13; ++j) absl::StrAppend(&spec, j > 1 ? ", " : "", "'I", j, "'");
   absl::StrAppend(&spec, "] }");
@@ -44,6 +45,7 @@ std::string CtrSpec(const std::string& mode, int steps) {
     absl::StrAppend(&spec, " layer { name: 'e", f, "' inputs: 'C", f,
                     "' embedding { sparse: true hash_ids: true dim: 8 init_scale: 0.05",
                     f % 4 == 2 ? " combiner: MEAN" : "",
+                    staleness > 0 ? absl::StrCat(" embedding_staleness: ", staleness) : "",
                     " optimizer { kind: ADAM learning_rate: 0.002 } } }");
   }
   // DLRM: a bottom layer on the counts, every pair of it and the pooled rows
@@ -169,6 +171,35 @@ TEST_F(SparseClusterTest, ClickModelTrainsUnderSspThroughTheDaemons) {
   std::printf("SSP: test AUC %.4f (Bayes %.4f)\n", job.test_auc(), log.summary.test.bayes_auc);
   EXPECT_GE(job.test_auc(), log.summary.test.bayes_auc - 0.05) << cluster_->Logs();
   for (const WorkerProgress& w : job.workers()) EXPECT_EQ(w.step(), 400) << w.DebugString();
+}
+
+TEST_F(SparseClusterTest, ClickModelReadingRowsUpToTwoStepsOldTrainsThroughTheDaemons) {
+  // embedding_staleness: 2 on every table: the workers keep the rows they
+  // pulled, read them for up to two steps, and pull the rows a step lacks
+  // while the step before computes; gradients still go every step.
+  const ClickLog& log = Log();
+  LocalCluster::Options options;
+  options.shards = 2;
+  options.workers = 2;
+  options.data_dir = log.data_dir;
+  cluster_ = std::make_unique<LocalCluster>(options);
+  ASSERT_TRUE(cluster_->Start().ok()) << cluster_->Logs();
+  const std::string spec_path = cluster_->dir() + "/ctr.pbtxt";
+  std::ofstream(spec_path) << CtrSpec("SYNC", 400, /*staleness=*/2);
+  CommandResult submitted = cluster_->Ctl({"submit", spec_path, "--job_id=stale", "--wait"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err << cluster_->Logs();
+  const JobStatus job = cluster_->GetJob("stale");
+  ASSERT_EQ(job.state(), SUCCEEDED) << job.message();
+  ASSERT_TRUE(job.has_test_auc());
+  std::printf("SYNC, rows up to 2 steps old: test AUC %.4f (Bayes %.4f)\n", job.test_auc(),
+              log.summary.test.bayes_auc);
+  EXPECT_GE(job.test_auc(), log.summary.test.bayes_auc - 0.05) << cluster_->Logs();
+  // The workers read kept rows instead of pulling them every step.
+  const std::string logs = cluster_->Logs();
+  const std::string kept = "read kept ";
+  const size_t at = logs.find(kept);
+  ASSERT_NE(at, std::string::npos) << logs;
+  EXPECT_GT(std::atof(logs.c_str() + at + kept.size()), 0) << logs.substr(at - 300, 400);
 }
 
 }  // namespace

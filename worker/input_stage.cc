@@ -1,46 +1,146 @@
 #include "worker/input_stage.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace downpour {
 
 InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
                        std::vector<ParameterShard*> shards, std::function<bool()> cancelled,
-                       int table_threads)
+                       int table_threads, bool sync)
     : shape_(shape),
       num_shards_(static_cast<int>(shards.size())),
       cancelled_(std::move(cancelled)),
       tables_(shape.sparse_tables.empty() ? 0 : table_threads),
-      planner_(shape.sparse_tables.empty() ? 0 : 1) {
-  if (!shape.sparse_tables.empty()) {
-    exchange_ = std::make_unique<SparseExchange>(shape, std::move(options), std::move(shards));
+      planner_(shape.sparse_tables.empty() ? 0 : 1),
+      sync_(sync) {
+  if (shape.sparse_tables.empty()) return;
+  std::vector<int64_t> dims;
+  for (const SparseTableInfo& table : shape.sparse_tables) {
+    dims.push_back(table.staleness > 0 ? table.dim : 0);
+    if (table.staleness <= 0) continue;
+    min_staleness_ = keeps_rows_ ? std::min(min_staleness_, table.staleness) : table.staleness;
+    keeps_rows_ = true;
   }
+  if (keeps_rows_) {
+    cache_ = std::make_unique<RowCache>(std::move(dims));
+    prefetch_ = std::make_unique<SparseExchange>(shape, options, shards);
+    kept_values_.resize(shape.sparse_tables.size());
+  }
+  exchange_ = std::make_unique<SparseExchange>(shape, options, shards);
+  // Evaluations pull on a lane of their own: the push lane may hold the
+  // next training batch's rows.
+  eval_ = std::make_unique<SparseExchange>(shape, std::move(options), std::move(shards));
 }
 
 absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const SparseBatch* plan) {
   features_.resize(batch.size * shape_.input_size);
   PackDenseInputs(shape_, batch.inputs, batch.size, features_.data());
-  if (plan != nullptr) plan->Pool(exchange_->rows(), features_.data(), &tables_);
+  if (plan == nullptr) return features_.data();
+  if (!keeps_rows_) {
+    plan->Pool(exchange_->rows(), features_.data(), &tables_);
+    return features_.data();
+  }
+  std::vector<std::vector<const float*>> values = exchange_->rows();
+  for (size_t t = 0; t < values.size(); ++t) {
+    if (shape_.sparse_tables[t].staleness <= 0) continue;
+    for (int s = 0; s < num_shards_; ++s) values[t][s] = kept_values_[t][s].data();
+  }
+  plan->Pool(values, features_.data(), &tables_);
   return features_.data();
 }
 
-absl::StatusOr<const float*> InputStage::Features(const data::Batch& batch, int64_t min_version,
+const RowIds* InputStage::PushLaneRows(const SparseBatch* plan) {
+  if (plan == nullptr || !keeps_rows_) return plan == nullptr ? nullptr : &plan->row_ids();
+  push_pull_ids_ = plan->row_ids();
+  for (size_t t = 0; t < push_pull_ids_.size(); ++t) {
+    if (shape_.sparse_tables[t].staleness <= 0) continue;
+    for (std::vector<int64_t>& rows : push_pull_ids_[t]) rows.clear();
+  }
+  return &push_pull_ids_;
+}
+
+void InputStage::Prefetch(const SparseBatch& plan, int64_t step, int64_t min_version,
+                          int64_t min_worker_steps) {
+  const int tables = plan.num_tables();
+  prefetched_.assign(tables, std::vector<std::vector<int64_t>>(num_shards_));
+  WorkPool::ForEach(&tables_, tables, [&](int t) {
+    if (shape_.sparse_tables[t].staleness <= 0) return;
+    for (int s = 0; s < num_shards_; ++s) {
+      cache_->Missing(t, plan.rows(t, s), MinStamp(t, step), &prefetched_[t][s]);
+    }
+  });
+  prefetch_step_ = step;
+  // SYNC: the rows may be min_staleness_ steps behind the step's version.
+  prefetch_->Begin(0, nullptr, nullptr, &prefetched_,
+                   std::max<int64_t>(0, min_version - min_staleness_), min_worker_steps,
+                   cancelled_);
+}
+
+absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
+  RETURN_IF_ERROR(prefetch_->Finish());
+  if (prefetch_step_ != step) {
+    return absl::InternalError(absl::StrCat("the rows prefetched were for step ", prefetch_step_,
+                                            ", not ", step));
+  }
+  // The rows have every update up to the tables' version (SYNC), or were
+  // pulled for this step.
+  const int64_t stamp = sync_ ? prefetch_->pulled_version() : step;
+  const std::vector<std::vector<const float*>>& pulled = prefetch_->rows();
+  std::vector<int64_t> kept(plan.num_tables(), 0);
+  WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
+    if (shape_.sparse_tables[t].staleness <= 0) return;
+    const int64_t dim = shape_.sparse_tables[t].dim;
+    kept_values_[t].resize(num_shards_);
+    for (int s = 0; s < num_shards_; ++s) {
+      cache_->Put(t, prefetched_[t][s], pulled[t][s], stamp);
+      const std::vector<int64_t>& rows = plan.rows(t, s);
+      kept_values_[t][s].resize(rows.size() * dim);
+      cache_->Get(t, rows, kept_values_[t][s].data());
+      kept[t] += static_cast<int64_t>(rows.size() - prefetched_[t][s].size());
+    }
+    // No later step reads a row older than this one's limit.
+    cache_->Drop(t, MinStamp(t, step + 1));
+  });
+  for (int64_t n : kept) rows_kept_ += n;
+  prefetch_step_ = -1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batch& batch,
+                                                  int64_t min_version,
                                                   int64_t min_worker_steps) {
   if (exchange_ == nullptr) return Pack(batch, nullptr);
   if (next_pulled_) {
     next_pulled_ = false;
-    RETURN_IF_ERROR(exchange_->Finish());
+    // With kept tables only, the push lane's answer is waited for by the
+    // next push, not by this step.
+    const bool all_kept =
+        keeps_rows_ && std::all_of(shape_.sparse_tables.begin(), shape_.sparse_tables.end(),
+                                   [](const SparseTableInfo& t) { return t.staleness > 0; });
+    if (!all_kept) RETURN_IF_ERROR(exchange_->Finish());
     std::swap(current_, next_);
+    if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
     return Pack(batch, current_.get());
   }
   RETURN_IF_ERROR(exchange_->Finish());
   ASSIGN_OR_RETURN(SparseBatch plan,
                    SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
   current_ = std::make_unique<SparseBatch>(std::move(plan));
-  exchange_->Begin(0, nullptr, nullptr, current_.get(), min_version, min_worker_steps, cancelled_,
-                   /*read_only=*/false);
+  if (keeps_rows_) {
+    // Pulled through the prefetch lane, into the cache.
+    RETURN_IF_ERROR(prefetch_->Finish());
+    Prefetch(*current_, step, min_version + min_staleness_, min_worker_steps);
+    RETURN_IF_ERROR(TakePrefetched(*current_, step));
+    exchange_->Begin(0, nullptr, nullptr, PushLaneRows(current_.get()), min_version,
+                     min_worker_steps, cancelled_, /*read_only=*/false);
+  } else {
+    exchange_->Begin(0, nullptr, nullptr, &current_->row_ids(), min_version, min_worker_steps,
+                     cancelled_, /*read_only=*/false);
+  }
   RETURN_IF_ERROR(exchange_->Finish());
   return Pack(batch, current_.get());
 }
@@ -51,12 +151,14 @@ void InputStage::AwaitPlan() {
   if (planning_ != nullptr) planning_->Wait();
 }
 
-void InputStage::PlanAhead(const data::Batch* next) {
+void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_version,
+                           int64_t min_worker_steps) {
   if (exchange_ == nullptr) return;
   AwaitPlan();
   planning_for_ = next;
-  planning_ = planner_.Start(1, [this, next](int) {
+  planning_ = planner_.Start(1, [this, next, step, min_version, min_worker_steps](int) {
     planned_ = SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_);
+    if (planned_.ok() && keeps_rows_) Prefetch(*planned_, step, min_version, min_worker_steps);
   });
 }
 
@@ -64,6 +166,9 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
                                   int64_t min_version, int64_t min_worker_steps,
                                   int64_t checkpoint_step) {
   if (exchange_ == nullptr) return absl::OkStatus();
+  // The last push's answer (kept tables: the shards applied that step); it
+  // sent grads_ and the plan now in next_.
+  RETURN_IF_ERROR(exchange_->Finish());
   current_->RowGradients(model.input_grad(), &grads_, &tables_);
   next_.reset();
   AwaitPlan();
@@ -75,30 +180,42 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
       ASSIGN_OR_RETURN(SparseBatch plan,
                        SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));
       next_ = std::make_unique<SparseBatch>(std::move(plan));
+      if (keeps_rows_) {
+        RETURN_IF_ERROR(prefetch_->Finish());
+        Prefetch(*next_, step + 1, min_version, min_worker_steps);
+      }
     }
   }
   planning_.reset();
   planning_for_ = nullptr;
-  exchange_->Begin(step, current_.get(), &grads_, next_.get(), min_version, min_worker_steps,
-                   cancelled_, /*read_only=*/false, checkpoint_step);
+  exchange_->Begin(step, current_.get(), &grads_,
+                   keeps_rows_ ? PushLaneRows(next_.get() ? next_.get() : current_.get())
+                               : (next_ ? &next_->row_ids() : nullptr),
+                   min_version, min_worker_steps, cancelled_, /*read_only=*/false,
+                   checkpoint_step);
   next_pulled_ = next != nullptr;
   return absl::OkStatus();
 }
 
 absl::Status InputStage::Finish() {
-  return exchange_ == nullptr ? absl::OkStatus() : exchange_->Finish();
+  absl::Status status = exchange_ == nullptr ? absl::OkStatus() : exchange_->Finish();
+  if (prefetch_ != nullptr) status.Update(prefetch_->Finish());
+  return status;
 }
 
 absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, int64_t min_version,
                                                       int64_t min_worker_steps) {
   if (exchange_ == nullptr) return Pack(batch, nullptr);
-  RETURN_IF_ERROR(exchange_->Finish());
   ASSIGN_OR_RETURN(SparseBatch plan,
                    SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
-  exchange_->Begin(0, nullptr, nullptr, &plan, min_version, min_worker_steps, cancelled_,
-                   /*read_only=*/true);
-  RETURN_IF_ERROR(exchange_->Finish());
-  return Pack(batch, &plan);
+  eval_->Begin(0, nullptr, nullptr, &plan.row_ids(), min_version, min_worker_steps, cancelled_,
+               /*read_only=*/true);
+  RETURN_IF_ERROR(eval_->Finish());
+  // Every row pulled, kept tables' too: pooled as pulled.
+  features_.resize(batch.size * shape_.input_size);
+  PackDenseInputs(shape_, batch.inputs, batch.size, features_.data());
+  plan.Pool(eval_->rows(), features_.data(), &tables_);
+  return features_.data();
 }
 
 }  // namespace downpour

@@ -3,9 +3,9 @@
 // for sparse embeddings, the rows the batch reads pulled from the shards and
 // pooled into theirs (worker/sparse_batch.h, worker/sparse_exchange.h).
 //
-// A training step: Features(batch) gives the step's input — its rows came
-// back with the last step's exchange (Exchange(..., next = this batch)), or
-// are pulled now (the first step); after the step's backward,
+// A training step: Features(step, batch) gives the step's input — its rows
+// came back with the last step's exchange (Exchange(..., next = this batch)),
+// or are pulled now (the first step); after the step's backward,
 // Exchange(step, model, next) sends the rows' gradients and asks for the
 // next batch's rows in one request per shard, in the background, while the
 // trainer exchanges the dense partitions. PlanAhead(next), called while
@@ -14,6 +14,15 @@
 // reads rows without creating them (EvalFeatures). Planning, pooling the
 // rows and their gradients run table by table on the stage's threads
 // (`table_threads`).
+//
+// Tables with embedding_staleness k > 0 keep their rows (worker/row_cache.h)
+// and are read otherwise: PlanAhead also pulls the rows `next` lacks (none
+// kept recent enough) on a lane of their own, once the tables have had
+// next's step - k steps, while the step computes; the push of a step then
+// asks for no rows of those tables, and the next step's input waits only
+// for that pull. The push lane's answer still comes once the shards have
+// applied the step (its pull asks for no rows at the step's version), and
+// the next push waits for it, so no push reaches a shard a step early.
 //
 // Thread-compatible: one trainer drives it.
 #ifndef DOWNPOUR_WORKER_INPUT_STAGE_H_
@@ -30,6 +39,7 @@
 #include "ps/parameter_shard.h"
 #include "spec/model_shape.h"
 #include "worker/param_exchange.h"
+#include "worker/row_cache.h"
 #include "worker/sparse_batch.h"
 #include "worker/sparse_exchange.h"
 
@@ -38,15 +48,18 @@ namespace downpour {
 class InputStage {
  public:
   // `shape` must outlive the stage; `options` as the dense exchange's.
+  // `sync`: the job is SYNC (a kept row's stamp is the tables' version, not
+  // the step it was pulled for).
   InputStage(const ModelShape& shape, ExchangeOptions options, std::vector<ParameterShard*> shards,
-             std::function<bool()> cancelled, int table_threads = 0);
+             std::function<bool()> cancelled, int table_threads = 0, bool sync = true);
 
-  // The model input of `batch` (batch.size * input_size floats, slot-major),
-  // valid until the next call. Pulls its rows once the tables have had
-  // min_version steps and every worker min_worker_steps, unless the last
-  // Exchange brought them (then waits for that exchange).
-  absl::StatusOr<const float*> Features(const data::Batch& batch, int64_t min_version,
-                                        int64_t min_worker_steps);
+  // The model input of `batch`, step `step`'s (batch.size * input_size
+  // floats, slot-major), valid until the next call. Pulls its rows once the
+  // tables have had min_version steps and every worker min_worker_steps,
+  // unless the last Exchange (and PlanAhead) brought them (then waits for
+  // those pulls).
+  absl::StatusOr<const float*> Features(int64_t step, const data::Batch& batch,
+                                        int64_t min_version, int64_t min_worker_steps);
   // After the step's backward on `model` (its input gradient): pushes the
   // rows' gradients as step `step`'s and, with `next`, pulls next's rows
   // (the next Features call must be for `next`). Returns at once.
@@ -58,10 +71,13 @@ class InputStage {
   InputStage(const InputStage&) = delete;
   InputStage& operator=(const InputStage&) = delete;
 
-  // Starts working out which rows `next` reads; Exchange(..., next) for the
-  // same batch takes the plan. Returns at once. `next` must stay as it is
-  // until that Exchange or AwaitPlan.
-  void PlanAhead(const data::Batch* next);
+  // Starts working out which rows `next` (step `step`'s batch) reads, and
+  // pulling those of kept tables it lacks (min_version and min_worker_steps
+  // as Exchange's for `next`); Exchange(..., next) for the same batch takes
+  // the plan. Returns at once. `next` must stay as it is until that Exchange
+  // or AwaitPlan.
+  void PlanAhead(int64_t step, const data::Batch* next, int64_t min_version,
+                 int64_t min_worker_steps);
   // Waits for the plan PlanAhead started, if any (before its batch goes).
   void AwaitPlan();
   // Waits for the exchange in flight, if any.
@@ -72,15 +88,33 @@ class InputStage {
 
   bool sparse() const { return exchange_ != nullptr; }
   int64_t rows_pushed() const { return exchange_ ? exchange_->rows_pushed() : 0; }
-  int64_t rows_pulled() const { return exchange_ ? exchange_->rows_pulled() : 0; }
+  int64_t rows_pulled() const {
+    return (exchange_ ? exchange_->rows_pulled() : 0) + (prefetch_ ? prefetch_->rows_pulled() : 0);
+  }
+  // Rows of kept tables read from the cache instead of pulled.
+  int64_t rows_kept() const { return rows_kept_; }
 
  private:
+  // Packs `batch` with `plan`'s rows: kept tables' from kept_values_, the
+  // others' from the push lane's last pull.
   absl::StatusOr<const float*> Pack(const data::Batch& batch, const SparseBatch* plan);
+  // The stamp a row read at `step` must have at least in kept table t.
+  int64_t MinStamp(int t, int64_t step) const { return step - shape_.sparse_tables[t].staleness; }
+  // Kept tables: starts pulling the rows `plan` (step `step`'s) lacks.
+  void Prefetch(const SparseBatch& plan, int64_t step, int64_t min_version,
+                int64_t min_worker_steps);
+  // Kept tables: takes the prefetched rows into the cache and gathers
+  // `plan`'s rows (step `step`'s) from it into kept_values_.
+  absl::Status TakePrefetched(const SparseBatch& plan, int64_t step);
+  // The rows the push lane pulls for `plan`: all of them, or with kept
+  // tables only the others' (push_pull_ids_).
+  const RowIds* PushLaneRows(const SparseBatch* plan);
 
   const ModelShape& shape_;
   const int num_shards_;
   std::function<bool()> cancelled_;
   std::unique_ptr<SparseExchange> exchange_;  // Null without sparse tables.
+  std::unique_ptr<SparseExchange> eval_;      // EvalFeatures' pulls.
   // The plan of the batch being trained (current_) and of the one whose rows
   // are coming (next_); swapped as steps go.
   std::unique_ptr<SparseBatch> current_, next_;
@@ -92,6 +126,21 @@ class InputStage {
   absl::StatusOr<SparseBatch> planned_;
   std::vector<std::vector<std::vector<float>>> grads_;
   std::vector<float> features_;
+
+  // Kept tables (staleness > 0): whether there are any, the least
+  // staleness among them, their rows, the prefetch lane and what it pulls
+  // (for step prefetch_step_), the current plan's rows gathered [table]
+  // [shard], the push lane's rows when kept tables are left out.
+  const bool sync_;
+  bool keeps_rows_ = false;
+  int min_staleness_ = 0;
+  std::unique_ptr<RowCache> cache_;
+  std::unique_ptr<SparseExchange> prefetch_;
+  RowIds prefetched_;
+  int64_t prefetch_step_ = -1;
+  std::vector<std::vector<std::vector<float>>> kept_values_;
+  RowIds push_pull_ids_;
+  int64_t rows_kept_ = 0;
 };
 
 }  // namespace downpour

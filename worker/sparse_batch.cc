@@ -26,6 +26,7 @@ absl::StatusOr<SparseBatch> SparseBatch::Plan(const ModelShape& shape,
   plan.num_shards_ = num_shards;
   const int tables = static_cast<int>(shape.sparse_tables.size());
   plan.tables_.resize(tables);
+  plan.rows_.resize(tables);
   std::vector<absl::Status> planned(tables);
   WorkPool::ForEach(pool, tables, [&](int t) {
     const SparseTableInfo& info = shape.sparse_tables[t];
@@ -35,7 +36,8 @@ absl::StatusOr<SparseBatch> SparseBatch::Plan(const ModelShape& shape,
     table.slot_offset = shape.input_slots[info.slot].offset;
     table.mean = info.mean;
     table.offsets = input.offsets;
-    table.shard_rows.resize(num_shards);
+    std::vector<std::vector<int64_t>>& shard_rows = plan.rows_[t];
+    shard_rows.resize(num_shards);
     table.id_shard.resize(input.ids.size());
     table.id_place.resize(input.ids.size());
     absl::flat_hash_map<int64_t, int64_t> seen;  // Row -> shard << 32 | place.
@@ -49,7 +51,7 @@ absl::StatusOr<SparseBatch> SparseBatch::Plan(const ModelShape& shape,
       auto [it, fresh] = seen.try_emplace(*row, 0);
       if (fresh) {
         const int shard = SparseShardOf(*row, num_shards);
-        std::vector<int64_t>& rows = table.shard_rows[shard];
+        std::vector<int64_t>& rows = shard_rows[shard];
         it->second = (static_cast<int64_t>(shard) << 32) | static_cast<int64_t>(rows.size());
         rows.push_back(*row);
       }
@@ -69,8 +71,8 @@ int64_t SparseBatch::ids_read() const {
 
 int64_t SparseBatch::distinct_rows() const {
   int64_t n = 0;
-  for (const Table& t : tables_) {
-    for (const auto& rows : t.shard_rows) n += static_cast<int64_t>(rows.size());
+  for (const auto& table : rows_) {
+    for (const auto& rows : table) n += static_cast<int64_t>(rows.size());
   }
   return n;
 }
@@ -107,7 +109,7 @@ void SparseBatch::RowGradients(const float* input_grad,
     const int64_t dim = table.dim;
     std::vector<std::vector<float>>& out = (*grads)[t];
     out.resize(num_shards_);
-    for (int s = 0; s < num_shards_; ++s) out[s].assign(table.shard_rows[s].size() * dim, 0.f);
+    for (int s = 0; s < num_shards_; ++s) out[s].assign(rows_[t][s].size() * dim, 0.f);
     const float* slot = input_grad + batch_ * table.slot_offset;
     const std::vector<int64_t>& offsets = table.offsets;
     for (int64_t b = 0; b < batch_; ++b) {

@@ -29,6 +29,10 @@ namespace downpour {
 
 // Copies the batch's DENSE inputs (`inputs`, one per ModelSpec.inputs) into
 // their slots of `features` (batch * input_size floats, slot-major).
+// Row ids by [table][shard]: the rows a step reads (SparseBatch::row_ids),
+// or those of them a pull asks for.
+using RowIds = std::vector<std::vector<std::vector<int64_t>>>;
+
 void PackDenseInputs(const ModelShape& shape, const std::vector<data::InputBatch>& inputs,
                      int64_t batch, float* features);
 
@@ -48,9 +52,8 @@ class SparseBatch {
   int num_shards() const { return num_shards_; }
   // The distinct rows of `table` held by `shard`, in the order their values
   // are pulled and their gradients pushed.
-  const std::vector<int64_t>& rows(int table, int shard) const {
-    return tables_[table].shard_rows[shard];
-  }
+  const std::vector<int64_t>& rows(int table, int shard) const { return rows_[table][shard]; }
+  const RowIds& row_ids() const { return rows_; }
   // Ids the batch read in all (before de-duplication) and distinct rows.
   int64_t ids_read() const;
   int64_t distinct_rows() const;
@@ -73,7 +76,6 @@ class SparseBatch {
     int64_t slot_offset = 0;  // Of the slot, per example (times batch).
     bool mean = false;
     std::vector<int64_t> offsets;  // The input's, batch + 1.
-    std::vector<std::vector<int64_t>> shard_rows;
     // Per id of the input (in order): its row's shard and place there.
     std::vector<int32_t> id_shard;
     std::vector<int32_t> id_place;
@@ -81,6 +83,7 @@ class SparseBatch {
   int64_t batch_ = 0;
   int num_shards_ = 0;
   std::vector<Table> tables_;
+  RowIds rows_;
 };
 
 }  // namespace downpour

@@ -22,13 +22,14 @@ SparseExchange::SparseExchange(const ModelShape& shape, ExchangeOptions options,
   pulled_.assign(tables, std::vector<std::vector<float>>(shards_.size()));
   row_pointers_.assign(tables, std::vector<const float*>(shards_.size(), nullptr));
   encoded_.resize(shards_.size());
+  versions_.assign(shards_.size(), 0);
 }
 
 SparseExchange::~SparseExchange() { (void)Finish(); }
 
 void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
                            const std::vector<std::vector<std::vector<float>>>* grads,
-                           const SparseBatch* next, int64_t min_version, int64_t min_worker_steps,
+                           const RowIds* next, int64_t min_version, int64_t min_worker_steps,
                            std::function<bool()> cancelled, bool read_only,
                            int64_t checkpoint_step) {
   step_ = step;
@@ -60,13 +61,15 @@ absl::Status SparseExchange::Finish() {
     for (size_t t = 0; t < pulled_.size(); ++t) {
       for (size_t s = 0; s < shards_.size(); ++s) {
         row_pointers_[t][s] = pulled_[t][s].data();
-        rows_pulled_ += static_cast<int64_t>(next_->rows(t, s).size());
+        rows_pulled_ += static_cast<int64_t>((*next_)[t][s].size());
       }
     }
+    pulled_version_ = *std::min_element(versions_.begin(), versions_.end());
   }
   if (first.ok() && pushed_ != nullptr) rows_pushed_ += pushed_->distinct_rows();
   // The caller's plans and gradients are not ours to keep.
-  pushed_ = next_ = nullptr;
+  pushed_ = nullptr;
+  next_ = nullptr;
   grads_ = nullptr;
   return first;
 }
@@ -120,7 +123,7 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
     for (int t = 0; t < tables; ++t) {
       SparseRows* rows = pull.add_sparse();
       rows->set_table(t);
-      const std::vector<int64_t>& ids = next_->rows(t, s);
+      const std::vector<int64_t>& ids = (*next_)[t][s];
       rows->mutable_ids()->Assign(ids.begin(), ids.end());
     }
   }
@@ -150,9 +153,10 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
   }
   size_t offset = 0;
   for (const PartitionHeader& p : response.partitions()) offset += sizeof(float) * p.num_elements();
+  versions_[s] = tables > 0 ? response.sparse(0).version() : 0;
   for (int t = 0; t < tables; ++t) {
     const SparseRows& rows = response.sparse(t);
-    const std::vector<int64_t>& asked = next_->rows(t, s);
+    const std::vector<int64_t>& asked = (*next_)[t][s];
     if (rows.table() != t || rows.ids_size() != static_cast<int>(asked.size()) ||
         (rows.dtype() != FLOAT32 && rows.dtype() != DTYPE_UNSPECIFIED)) {
       return absl::InternalError(

@@ -46,7 +46,7 @@ class SparseExchange {
 
   // Starts step `step`'s exchange: with `pushed`, the rows' gradients of
   // `grads` ([table][shard], SparseBatch::RowGradients) as step `step`'s
-  // push; with `next`, a pull of next's rows once the tables have had
+  // push; with `next`, a pull of those rows once the tables have had
   // `min_version` steps and every worker `min_worker_steps` (`read_only`: an
   // evaluation's, creating no row). A push with `checkpoint_step` > 0 asks
   // every shard to capture the job at that step (PushRequest.checkpoint_step;
@@ -54,17 +54,21 @@ class SparseExchange {
   // Returns at once.
   // `pushed`, `grads`, `next` and `cancelled` must outlive Finish.
   void Begin(int64_t step, const SparseBatch* pushed,
-             const std::vector<std::vector<std::vector<float>>>* grads, const SparseBatch* next,
+             const std::vector<std::vector<std::vector<float>>>* grads, const RowIds* next,
              int64_t min_version, int64_t min_worker_steps, std::function<bool()> cancelled,
              bool read_only = false, int64_t checkpoint_step = 0);
   // Waits for the exchange Begin started and returns its first error (a
-  // no-op OK without one). After a pull, rows() holds next's rows.
+  // no-op OK without one). After a pull, rows() holds next's rows and
+  // pulled_version() their age.
   absl::Status Finish();
   bool in_flight() const { return in_flight_; }
 
   // The rows pulled last: [table][shard], rows(table, shard).size() * dim
   // floats each, as SparseBatch::Pool takes them.
   const std::vector<std::vector<const float*>>& rows() const { return row_pointers_; }
+  // The version of the tables the last pull read (the least over the
+  // shards): the rows have every update up to it.
+  int64_t pulled_version() const { return pulled_version_; }
 
   // Rows pushed and pulled so far (for metrics).
   int64_t rows_pushed() const { return rows_pushed_; }
@@ -82,7 +86,7 @@ class SparseExchange {
   int64_t step_ = 0;
   const SparseBatch* pushed_ = nullptr;
   const std::vector<std::vector<std::vector<float>>>* grads_ = nullptr;
-  const SparseBatch* next_ = nullptr;
+  const RowIds* next_ = nullptr;
   int64_t min_version_ = 0, min_worker_steps_ = 0;
   bool read_only_ = false;
   int64_t checkpoint_step_ = 0;
@@ -94,6 +98,8 @@ class SparseExchange {
   // Pulled rows, [table][shard], and pointers to them.
   std::vector<std::vector<std::vector<float>>> pulled_;
   std::vector<std::vector<const float*>> row_pointers_;
+  std::vector<int64_t> versions_;  // Per shard: the version its rows were read at.
+  int64_t pulled_version_ = 0;
   std::vector<std::vector<char>> encoded_;  // Per shard: 16-bit gradients.
   int64_t rows_pushed_ = 0, rows_pulled_ = 0;
 };

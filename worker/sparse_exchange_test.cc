@@ -136,17 +136,17 @@ TEST_F(SparseExchangeTest, SyncStepAppliesTheMeanOfBothWorkersOnce) {
   Host("SYNC");
   auto w0 = Exchange(0), w1 = Exchange(1);
   const SparseBatch a = Plan({{1, 2}, {3}}), b = Plan({{2, 7}});
-  w0->Begin(0, nullptr, nullptr, &a, 0, 0, kNever);
+  w0->Begin(0, nullptr, nullptr, &a.row_ids(), 0, 0, kNever);
   ASSERT_TRUE(w0->Finish().ok());
   for (int64_t row : {1, 2, 3}) EXPECT_EQ(Row(*w0, a, row), Init(row));
-  w1->Begin(0, nullptr, nullptr, &b, 0, 0, kNever);
+  w1->Begin(0, nullptr, nullptr, &b.row_ids(), 0, 0, kNever);
   ASSERT_TRUE(w1->Finish().ok());
   // Step 0: worker 0 pushes 1.0 for rows 1, 2, 3; worker 1 pushes 3.0 for
   // rows 2, 7; both pull rows 1, 2, 7 for step 1 (version 1).
   const SparseBatch next = Plan({{1, 2, 7}});
   const auto ga = Grads(a, 1.f), gb = Grads(b, 3.f);
-  w0->Begin(0, &a, &ga, &next, 1, 0, kNever);
-  w1->Begin(0, &b, &gb, &next, 1, 0, kNever);
+  w0->Begin(0, &a, &ga, &next.row_ids(), 1, 0, kNever);
+  w1->Begin(0, &b, &gb, &next.row_ids(), 1, 0, kNever);
   ASSERT_TRUE(w0->Finish().ok());
   ASSERT_TRUE(w1->Finish().ok());
   // The mean over the two workers (a row one did not touch gets nothing
@@ -165,10 +165,10 @@ TEST_F(SparseExchangeTest, AsyncAppliesEachPushAtOnceAndEvaluationsCreateNoRow) 
   Host("ASYNC");
   auto w0 = Exchange(0);
   const SparseBatch a = Plan({{5}});
-  w0->Begin(0, nullptr, nullptr, &a, 0, 0, kNever);
+  w0->Begin(0, nullptr, nullptr, &a.row_ids(), 0, 0, kNever);
   ASSERT_TRUE(w0->Finish().ok());
   const auto g = Grads(a, 2.f);
-  w0->Begin(0, &a, &g, &a, 0, 0, kNever);
+  w0->Begin(0, &a, &g, &a.row_ids(), 0, 0, kNever);
   ASSERT_TRUE(w0->Finish().ok());
   for (int d = 0; d < 3; ++d) EXPECT_FLOAT_EQ(Row(*w0, a, 5)[d], Init(5)[d] - 0.5f * 2.f);
   int64_t rows_before = 0;
@@ -179,7 +179,7 @@ TEST_F(SparseExchangeTest, AsyncAppliesEachPushAtOnceAndEvaluationsCreateNoRow) 
   // An evaluation reads rows 5 and 900: 900 is its initial value, and no
   // shard holds it afterwards.
   const SparseBatch eval = Plan({{5, 900}});
-  w0->Begin(0, nullptr, nullptr, &eval, 0, 0, kNever, /*read_only=*/true);
+  w0->Begin(0, nullptr, nullptr, &eval.row_ids(), 0, 0, kNever, /*read_only=*/true);
   ASSERT_TRUE(w0->Finish().ok());
   EXPECT_EQ(Row(*w0, eval, 900), Init(900));
   for (int d = 0; d < 3; ++d) EXPECT_FLOAT_EQ(Row(*w0, eval, 5)[d], Init(5)[d] - 1.f);
@@ -192,7 +192,7 @@ TEST_F(SparseExchangeTest, AsyncAppliesEachPushAtOnceAndEvaluationsCreateNoRow) 
   EXPECT_TRUE(w0->Finish().ok());
   {
     const SparseBatch gone = Plan({{6}});
-    w0->Begin(0, nullptr, nullptr, &gone, 0, 0, kNever, /*read_only=*/true);
+    w0->Begin(0, nullptr, nullptr, &gone.row_ids(), 0, 0, kNever, /*read_only=*/true);
     ASSERT_TRUE(w0->Finish().ok());
   }
   EXPECT_TRUE(w0->Finish().ok());
@@ -220,7 +220,7 @@ TEST_F(SparseExchangeTest, AShardThatRefusesFailsTheStepWithItsReason) {
   std::vector<std::vector<int64_t>> many(1);
   for (int64_t id = 0; id < 1000; ++id) many[0].push_back(id);
   const SparseBatch plan = Plan(many);
-  w0->Begin(0, nullptr, nullptr, &plan, 0, 0, kNever);
+  w0->Begin(0, nullptr, nullptr, &plan.row_ids(), 0, 0, kNever);
   const absl::Status refused = w0->Finish();
   EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
   EXPECT_NE(refused.message().find("shard memory limit"), std::string::npos) << refused;
@@ -231,7 +231,7 @@ TEST_F(SparseExchangeTest, APushCarryingACheckpointStepStartsACaptureOnEveryShar
   Host("ASYNC");
   auto w0 = Exchange(0);
   const SparseBatch a = Plan({{1, 2, 3, 4, 5, 6}});
-  w0->Begin(0, nullptr, nullptr, &a, 0, 0, kNever);
+  w0->Begin(0, nullptr, nullptr, &a.row_ids(), 0, 0, kNever);
   ASSERT_TRUE(w0->Finish().ok());
   const auto g = Grads(a, 1.f);
   w0->Begin(0, &a, &g, nullptr, 0, 0, kNever, /*read_only=*/false, /*checkpoint_step=*/1);
@@ -248,7 +248,7 @@ TEST_F(SparseExchangeTest, ACancelledExchangeStops) {
   auto w0 = Exchange(0);
   const SparseBatch a = Plan({{4}});
   // Version 5 never comes: only cancellation ends the pull.
-  w0->Begin(0, nullptr, nullptr, &a, 5, 0, [] { return true; });
+  w0->Begin(0, nullptr, nullptr, &a.row_ids(), 5, 0, [] { return true; });
   EXPECT_TRUE(absl::IsCancelled(w0->Finish()));
 }
 

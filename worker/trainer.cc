@@ -104,7 +104,9 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
     // by table on an eighth of the cores (none on a small machine).
     const int table_threads =
         std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 8, 0, 8);
-    input_stage_ = std::make_unique<InputStage>(shape_, exchange, shards_, stopped_, table_threads);
+    input_stage_ = std::make_unique<InputStage>(
+        shape_, exchange, shards_, stopped_, table_threads,
+        /*sync=*/task_.spec().consistency().mode() == ConsistencySpec::SYNC);
   }
   return absl::OkStatus();
 }

@@ -510,7 +510,7 @@ absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunSt
   // The rows came back with the last step's exchange (or are pulled).
   const double began = MonotonicSeconds();
   absl::StatusOr<const float*> packed =
-      input_stage_->Features(run->batch, MinVersion(s.step), MinWorkerSteps(s.step));
+      input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step));
   RETURN_IF_ERROR(PermanentIfBadData(packed.status()));
   run->exchange_waited += MonotonicSeconds() - began;
   return packed;
@@ -581,7 +581,10 @@ absl::Status JobTrainer::ReadAhead(const StepState& s, RunState* run) {
   run->total_input_wait += run->read_ahead;
   permanent_ = false;
   run->next_read = true;
-  if (run->have_next) input_stage_->PlanAhead(&run->next_batch);
+  if (run->have_next) {
+    input_stage_->PlanAhead(s.step + 1, &run->next_batch, MinVersion(s.step + 1),
+                            MinWorkerSteps(s.step + 1));
+  }
   return absl::OkStatus();
 }
 
@@ -737,7 +740,11 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
                       100 * run->total_input_wait / total, total * ms, run->total_input_wait * ms),
       run->sparse ? absl::StrFormat("plan %.3f, ", run->total_plan * ms) : "",
       absl::StrFormat("compute %.3f, exchange %.3f, other %.3f", run->total_compute * ms,
-                      run->total_exchange * ms, other * ms)));
+                      run->total_exchange * ms, other * ms),
+      run->sparse ? absl::StrFormat("; sparse rows per step: pulled %.1f, read kept %.1f",
+                                    static_cast<double>(input_stage_->rows_pulled()) / trained,
+                                    static_cast<double>(input_stage_->rows_kept()) / trained)
+                  : ""));
   return absl::OkStatus();
 }
 

@@ -1,0 +1,183 @@
+// InputStage against in-process parameter stores, one SYNC worker training a
+// model with one sparse table: what each step's input holds. With
+// embedding_staleness 0 a step reads every row after the last step's
+// update; with k > 0 it reads rows at most k steps behind, pulls fewer of
+// them, and an evaluation between steps changes neither.
+#include "worker/input_stage.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "model/model.h"
+#include "ps/parameter_store.h"
+#include "spec/job_validation.h"
+#include "spec/shard_map.h"
+
+namespace downpour {
+namespace {
+
+constexpr char kJob[] = R"pb(
+  name: "sparse"
+  model {
+    num_classes: 2
+    inputs { name: "c" kind: SPARSE }
+    layer {
+      name: "e"
+      inputs: "c"
+      embedding { sparse: true vocab_size: 1000 dim: 3 embedding_staleness: %d }
+    }
+    layer { dense { units: 2 } }
+    layer { softmax_cross_entropy {} }
+  }
+  dataset { train_files: "x" test_files: "y" batch_size: 4 }
+  optimizer { kind: SGD learning_rate: 0.5 }
+  consistency { mode: SYNC }
+  num_workers: 1
+  num_shards: 2
+  steps: 100
+  seed: 9
+)pb";
+
+const auto kNever = [] { return false; };
+
+class InputStageTest : public ::testing::Test {
+ protected:
+  void Host(int staleness) {
+    std::string text = kJob;
+    text.replace(text.find("%d"), 2, std::to_string(staleness));
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec_));
+    ApplyJobDefaults(&spec_);
+    auto params = ValidateJobSpec(spec_);
+    ASSERT_TRUE(params.ok()) << params.status();
+    auto placed = PlacePartitions(*params, 2, spec_.partition_bytes());
+    ASSERT_TRUE(placed.ok());
+    for (int s = 0; s < 2; ++s) {
+      stores_.push_back(std::make_unique<ParameterStore>());
+      ASSERT_TRUE(stores_.back()->AddJob("j", spec_, s, *placed).ok());
+      shards_.push_back(stores_.back().get());
+    }
+    auto model = Model::Create(spec_.model(), spec_.seed());
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *std::move(model);
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = "worker0";
+    options.pull_timeout = absl::Seconds(20);
+    stage_ = std::make_unique<InputStage>(model_->shape(), options, shards_, kNever);
+    reader_ = std::make_unique<SparseExchange>(model_->shape(), options, shards_);
+  }
+
+  // One example per id list.
+  static data::Batch MakeBatch(const std::vector<std::vector<int64_t>>& examples) {
+    data::Batch batch;
+    batch.size = static_cast<int64_t>(examples.size());
+    batch.inputs.resize(1);
+    batch.inputs[0].offsets = {0};
+    for (const auto& ids : examples) {
+      batch.inputs[0].ids.insert(batch.inputs[0].ids.end(), ids.begin(), ids.end());
+      batch.inputs[0].offsets.push_back(static_cast<int64_t>(batch.inputs[0].ids.size()));
+      batch.labels.push_back(static_cast<int32_t>(ids.size() % 2));
+    }
+    return batch;
+  }
+
+  // Row `row` as the shards hold it now (read without creating).
+  std::vector<float> ShardRow(int64_t row) {
+    const data::Batch one = MakeBatch({{row}});
+    auto plan = SparseBatch::Plan(model_->shape(), one.inputs, 1, 2);
+    EXPECT_TRUE(plan.ok());
+    reader_->Begin(0, nullptr, nullptr, &plan->row_ids(), 0, 0, kNever, /*read_only=*/true);
+    EXPECT_TRUE(reader_->Finish().ok());
+    for (int s = 0; s < 2; ++s) {
+      if (!plan->rows(0, s).empty()) return {reader_->rows()[0][s], reader_->rows()[0][s] + 3};
+    }
+    return {};
+  }
+
+  // Trains `steps` steps on batches of the ids {1}, {2}, {1, 2}, {3 + step}
+  // (rows 1 and 2 read every step). Before each step, records rows 1 and
+  // 2 as the shards hold them (versions_[v]: after v steps); returns what
+  // each step's input held for them (example 0: row 1, example 1: row 2).
+  std::vector<std::vector<float>> Train(int steps, bool evaluate = false) {
+    std::vector<std::vector<float>> read;
+    std::vector<data::Batch> batches;
+    for (int step = 0; step <= steps; ++step) {
+      batches.push_back(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
+    }
+    for (int step = 0; step < steps; ++step) {
+      // The last step's update applied (the push lane's answer), then read.
+      EXPECT_TRUE(stage_->Finish().ok());
+      std::vector<float> now = ShardRow(1);
+      const std::vector<float> two = ShardRow(2);
+      now.insert(now.end(), two.begin(), two.end());
+      versions_.push_back(now);
+      if (evaluate && step > 0) {
+        // A batch of other rows between two steps.
+        EXPECT_TRUE(stage_->EvalFeatures(MakeBatch({{500}, {501}, {502}, {503}}), 0, 0).ok());
+      }
+      const data::Batch& batch = batches[step];
+      absl::StatusOr<const float*> features = stage_->Features(step, batch, step, 0);
+      EXPECT_TRUE(features.ok()) << features.status();
+      if (!features.ok()) return read;
+      // The slot is the model's whole input: [example][3].
+      read.push_back({*features, *features + 6});
+      stage_->PlanAhead(step + 1, &batches[step + 1], step + 1, 0);
+      EXPECT_TRUE(model_->TrainStep(*features, batch.labels.data(), batch.size, step).ok());
+      EXPECT_TRUE(stage_->Exchange(step, *model_, &batches[step + 1], step + 1, 0).ok());
+    }
+    EXPECT_TRUE(stage_->Finish().ok());
+    return read;
+  }
+
+  // The version (steps applied) whose rows 1 and 2 `read` holds, or -1.
+  int64_t VersionOf(const std::vector<float>& read) const {
+    for (int64_t v = static_cast<int64_t>(versions_.size()) - 1; v >= 0; --v) {
+      if (versions_[v] == read) return v;
+    }
+    return -1;
+  }
+
+  JobSpec spec_;
+  std::vector<std::unique_ptr<ParameterStore>> stores_;
+  std::vector<ParameterShard*> shards_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<InputStage> stage_;
+  std::unique_ptr<SparseExchange> reader_;
+  std::vector<std::vector<float>> versions_;
+};
+
+TEST_F(InputStageTest, WithoutStalenessEveryStepReadsTheRowsOfTheStepBefore) {
+  Host(0);
+  const std::vector<std::vector<float>> read = Train(8, /*evaluate=*/true);
+  ASSERT_EQ(read.size(), 8u);
+  for (int64_t step = 0; step < 8; ++step) {
+    EXPECT_EQ(VersionOf(read[step]), step) << "step " << step;
+  }
+  EXPECT_EQ(stage_->rows_kept(), 0);
+}
+
+TEST_F(InputStageTest, AStaleTableReadsRowsAtMostItsStalenessBehindAndPullsFewer) {
+  Host(3);
+  const std::vector<std::vector<float>> read = Train(12, /*evaluate=*/true);
+  ASSERT_EQ(read.size(), 12u);
+  int behind = 0;
+  for (int64_t step = 0; step < 12; ++step) {
+    const int64_t version = VersionOf(read[step]);
+    EXPECT_GE(version, step - 3) << "step " << step;
+    EXPECT_LE(version, step) << "step " << step;
+    behind += version < step;
+  }
+  // Rows were read from the cache, some of them behind.
+  EXPECT_GT(behind, 0);
+  EXPECT_GT(stage_->rows_kept(), 0);
+  // Each step reads 3 rows (1, 2 and a new one): 36 pulled without the
+  // cache (and the rows of the batch after the last, prefetched).
+  EXPECT_GE(stage_->rows_pulled() + stage_->rows_kept(), 36);
+  EXPECT_LT(stage_->rows_pulled(), 30);
+}
+
+}  // namespace
+}  // namespace downpour

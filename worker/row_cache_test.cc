@@ -1,0 +1,68 @@
+#include "worker/row_cache.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace downpour {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+TEST(RowCacheTest, ARowIsReadWhileItsStampIsRecentEnough) {
+  RowCache cache({2, 0});
+  std::vector<int64_t> missing;
+  cache.Missing(0, {7, 9}, 0, &missing);
+  EXPECT_THAT(missing, ElementsAre(7, 9));
+
+  const std::vector<float> values = {1, 2, 3, 4};
+  cache.Put(0, {7, 9}, values.data(), /*stamp=*/10);
+  missing.clear();
+  cache.Missing(0, {9, 7, 8}, 10, &missing);
+  EXPECT_THAT(missing, ElementsAre(8));
+  missing.clear();
+  cache.Missing(0, {9, 7}, 11, &missing);  // Too old for a step that needs 11.
+  EXPECT_THAT(missing, ElementsAre(9, 7));
+
+  std::vector<float> out(4);
+  cache.Get(0, {9, 7}, out.data());
+  EXPECT_THAT(out, ElementsAre(3, 4, 1, 2));
+
+  // A fresher copy replaces the row's values and stamp.
+  const std::vector<float> fresher = {5, 6};
+  cache.Put(0, {7}, fresher.data(), 12);
+  missing.clear();
+  cache.Missing(0, {7, 9}, 11, &missing);
+  EXPECT_THAT(missing, ElementsAre(9));
+  cache.Get(0, {7}, out.data());
+  EXPECT_EQ(out[0], 5);
+  EXPECT_EQ(out[1], 6);
+}
+
+TEST(RowCacheTest, DroppedRowsAreForgottenAndTheirPlacesReused) {
+  RowCache cache({1});
+  const std::vector<float> a = {1, 2, 3};
+  cache.Put(0, {1, 2, 3}, a.data(), 5);
+  const std::vector<float> b = {4};
+  cache.Put(0, {2}, b.data(), 7);
+  cache.Drop(0, 6);
+  EXPECT_EQ(cache.size(0), 1);
+  std::vector<int64_t> missing;
+  cache.Missing(0, {1, 2, 3}, 0, &missing);
+  EXPECT_THAT(missing, ElementsAre(1, 3));
+  // Two freed places hold the next two rows.
+  const std::vector<float> c = {8, 9};
+  cache.Put(0, {10, 11}, c.data(), 8);
+  EXPECT_EQ(cache.size(0), 3);
+  std::vector<float> out(3);
+  cache.Get(0, {11, 2, 10}, out.data());
+  EXPECT_THAT(out, ElementsAre(9, 4, 8));
+  missing.clear();
+  cache.Missing(0, {2, 10, 11}, 7, &missing);
+  EXPECT_THAT(missing, IsEmpty());
+}
+
+}  // namespace
+}  // namespace downpour
