@@ -25,10 +25,10 @@ Meanwhile a fault every --fault_every (3-8) s hits a random shard or worker:
                          for 5-15 s (oom_score_adj 1000: the kernel's choice
                          if it must kill)
 
-An ended job's record is kept by the run and the job deleted from the
-cluster (`downpourctl delete`: its checkpoints go too), as an operator
-keeps a cluster's disk from filling with the final checkpoints of ended
-jobs (a click-model job's are 30 MB).
+An ended job's record is kept by the run, the job deleted from the cluster
+(`downpourctl delete`) and its checkpoint folder removed (delete leaves the
+files), as an operator keeps a cluster's disk from filling with the final
+checkpoints of ended jobs (a click-model job's are 30 MB).
 
 The first shard and the first worker are never killed, stopped or drained
 (partitions, full disks and memory pressure reach them): they live the whole
@@ -245,6 +245,11 @@ class Cluster:
         """Daemons that ended without being killed here: (name, exit code)."""
         return [(name, p.returncode) for name, p in self.procs.items()
                 if p.poll() is not None and p.pid not in self.killed]
+
+    def forget(self, job_id):
+        """Deletes ended job `job_id` and removes its checkpoint folder."""
+        self.ctl("delete", job_id, check=False)
+        shutil.rmtree(os.path.join(self.root, job_id), ignore_errors=True)
 
     def ctl(self, *args, check=True):
         r = subprocess.run([os.path.join(self.bin, "client/downpourctl"),
@@ -641,7 +646,7 @@ def main():
                 job = cluster.job(f"reference-{kind.replace('_', '-')}") or {}
                 reference[kind] = result(job)
                 log(f"reference {kind}: {job.get('state')} result {reference[kind]}")
-                cluster.ctl("delete", f"reference-{kind.replace('_', '-')}", check=False)
+                cluster.forget(f"reference-{kind.replace('_', '-')}")
 
         order = list(specs)
         jobs = {}  # job id -> kind
@@ -671,7 +676,7 @@ def main():
                         # Its record is kept here; the cluster forgets it
                         # (and its checkpoints), as an operator would.
                         finals[j] = job
-                        cluster.ctl("delete", j, check=False)
+                        cluster.forget(j)
                 while now < deadline and len(in_flight) < args.concurrent and len(jobs) < args.jobs:
                     kind = order[len(jobs) % len(order)]
                     job_id = f"chaos-{len(jobs)}-{kind.replace('_', '-')}"

@@ -25,6 +25,8 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
     min_staleness_ = keeps_rows_ ? std::min(min_staleness_, table.staleness) : table.staleness;
     keeps_rows_ = true;
   }
+  all_kept_ = keeps_rows_ && std::all_of(shape.sparse_tables.begin(), shape.sparse_tables.end(),
+                                         [](const SparseTableInfo& t) { return t.staleness > 0; });
   if (keeps_rows_) {
     cache_ = std::make_unique<RowCache>(std::move(dims));
     prefetch_ = std::make_unique<SparseExchange>(shape, options, shards);
@@ -37,20 +39,30 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
 }
 
 absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const SparseBatch* plan) {
-  features_.resize(batch.size * shape_.input_size);
-  PackDenseInputs(shape_, batch.inputs, batch.size, features_.data());
-  if (plan == nullptr) return features_.data();
+  PackInto(batch, plan, &features_);
+  return features_.data();
+}
+
+void InputStage::PackInto(const data::Batch& batch, const SparseBatch* plan,
+                          std::vector<float>* features) {
+  features->resize(batch.size * shape_.input_size);
+  PackDenseInputs(shape_, batch.inputs, batch.size, features->data());
+  if (plan == nullptr) return;
   if (!keeps_rows_) {
-    plan->Pool(exchange_->rows(), features_.data(), &tables_);
-    return features_.data();
+    plan->Pool(exchange_->rows(), features->data(), &tables_);
+    return;
   }
-  std::vector<std::vector<const float*>> values = exchange_->rows();
+  // Kept tables' rows from kept_values_; the push lane's rows are not read
+  // when every table is kept (its pull may still be in flight).
+  std::vector<std::vector<const float*>> values =
+      all_kept_ ? std::vector<std::vector<const float*>>(shape_.sparse_tables.size(),
+                                                         std::vector<const float*>(num_shards_))
+                : exchange_->rows();
   for (size_t t = 0; t < values.size(); ++t) {
     if (shape_.sparse_tables[t].staleness <= 0) continue;
     for (int s = 0; s < num_shards_; ++s) values[t][s] = kept_values_[t][s].data();
   }
-  plan->Pool(values, features_.data(), &tables_);
-  return features_.data();
+  plan->Pool(values, features->data(), &tables_);
 }
 
 const RowIds* InputStage::PushLaneRows(const SparseBatch* plan) {
@@ -83,8 +95,8 @@ void InputStage::Prefetch(const SparseBatch& plan, int64_t step, int64_t min_ver
 absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
   RETURN_IF_ERROR(prefetch_->Finish());
   if (prefetch_step_ != step) {
-    return absl::InternalError(absl::StrCat("the rows prefetched were for step ", prefetch_step_,
-                                            ", not ", step));
+    return absl::InternalError(
+        absl::StrCat("the rows prefetched were for step ", prefetch_step_, ", not ", step));
   }
   // The rows have every update up to the tables' version (SYNC), or were
   // pulled for this step.
@@ -111,18 +123,20 @@ absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
 }
 
 absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batch& batch,
-                                                  int64_t min_version,
-                                                  int64_t min_worker_steps) {
+                                                  int64_t min_version, int64_t min_worker_steps) {
   if (exchange_ == nullptr) return Pack(batch, nullptr);
   if (next_pulled_) {
     next_pulled_ = false;
     // With kept tables only, the push lane's answer is waited for by the
     // next push, not by this step.
-    const bool all_kept =
-        keeps_rows_ && std::all_of(shape_.sparse_tables.begin(), shape_.sparse_tables.end(),
-                                   [](const SparseTableInfo& t) { return t.staleness > 0; });
-    if (!all_kept) RETURN_IF_ERROR(exchange_->Finish());
+    if (!all_kept_) RETURN_IF_ERROR(exchange_->Finish());
     std::swap(current_, next_);
+    if (next_packed_) {
+      // PlanAhead's task pooled the rows already.
+      next_packed_ = false;
+      std::swap(features_, next_features_);
+      return features_.data();
+    }
     if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
     return Pack(batch, current_.get());
   }
@@ -156,9 +170,21 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
   if (exchange_ == nullptr) return;
   AwaitPlan();
   planning_for_ = next;
+  packing_ = false;
   planning_ = planner_.Start(1, [this, next, step, min_version, min_worker_steps](int) {
     planned_ = SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_);
-    if (planned_.ok() && keeps_rows_) Prefetch(*planned_, step, min_version, min_worker_steps);
+    if (!planned_.ok() || !keeps_rows_) return;
+    Prefetch(*planned_, step, min_version, min_worker_steps);
+    if (!all_kept_) return;
+    // Every table kept: next's rows are all on the prefetch lane, so they
+    // are taken and pooled here too, while the step computes.
+    absl::Status taken = TakePrefetched(*planned_, step);
+    if (!taken.ok()) {
+      planned_ = taken;
+      return;
+    }
+    PackInto(*next, &*planned_, &next_features_);
+    packing_ = true;
   });
 }
 
@@ -171,11 +197,13 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
   RETURN_IF_ERROR(exchange_->Finish());
   current_->RowGradients(model.input_grad(), &grads_, &tables_);
   next_.reset();
+  next_packed_ = false;
   AwaitPlan();
   if (next != nullptr) {
     if (planning_ != nullptr && planning_for_ == next) {
       RETURN_IF_ERROR(planned_.status());
       next_ = std::make_unique<SparseBatch>(*std::move(planned_));
+      next_packed_ = packing_;
     } else {
       ASSIGN_OR_RETURN(SparseBatch plan,
                        SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));
@@ -191,13 +219,13 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
   exchange_->Begin(step, current_.get(), &grads_,
                    keeps_rows_ ? PushLaneRows(next_.get() ? next_.get() : current_.get())
                                : (next_ ? &next_->row_ids() : nullptr),
-                   min_version, min_worker_steps, cancelled_, /*read_only=*/false,
-                   checkpoint_step);
+                   min_version, min_worker_steps, cancelled_, /*read_only=*/false, checkpoint_step);
   next_pulled_ = next != nullptr;
   return absl::OkStatus();
 }
 
 absl::Status InputStage::Finish() {
+  AwaitPlan();
   absl::Status status = exchange_ == nullptr ? absl::OkStatus() : exchange_->Finish();
   if (prefetch_ != nullptr) status.Update(prefetch_->Finish());
   return status;

@@ -20,9 +20,10 @@
 // kept recent enough) on a lane of their own, once the tables have had
 // next's step - k steps, while the step computes; the push of a step then
 // asks for no rows of those tables, and the next step's input waits only
-// for that pull. The push lane's answer still comes once the shards have
-// applied the step (its pull asks for no rows at the step's version), and
-// the next push waits for it, so no push reaches a shard a step early.
+// for that pull (when every table is kept, PlanAhead's task also takes the
+// rows and pools next's input while the step computes). The push lane's answer still comes once the
+// shards have applied the step (its pull asks for no rows at the step's version), and the next push
+// waits for it, so no push reaches a shard a step early.
 //
 // Thread-compatible: one trainer drives it.
 #ifndef DOWNPOUR_WORKER_INPUT_STAGE_H_
@@ -58,8 +59,8 @@ class InputStage {
   // tables have had min_version steps and every worker min_worker_steps,
   // unless the last Exchange (and PlanAhead) brought them (then waits for
   // those pulls).
-  absl::StatusOr<const float*> Features(int64_t step, const data::Batch& batch,
-                                        int64_t min_version, int64_t min_worker_steps);
+  absl::StatusOr<const float*> Features(int64_t step, const data::Batch& batch, int64_t min_version,
+                                        int64_t min_worker_steps);
   // After the step's backward on `model` (its input gradient): pushes the
   // rows' gradients as step `step`'s and, with `next`, pulls next's rows
   // (the next Features call must be for `next`). Returns at once.
@@ -98,6 +99,7 @@ class InputStage {
   // Packs `batch` with `plan`'s rows: kept tables' from kept_values_, the
   // others' from the push lane's last pull.
   absl::StatusOr<const float*> Pack(const data::Batch& batch, const SparseBatch* plan);
+  void PackInto(const data::Batch& batch, const SparseBatch* plan, std::vector<float>* features);
   // The stamp a row read at `step` must have at least in kept table t.
   int64_t MinStamp(int t, int64_t step) const { return step - shape_.sparse_tables[t].staleness; }
   // Kept tables: starts pulling the rows `plan` (step `step`'s) lacks.
@@ -133,6 +135,13 @@ class InputStage {
   // [shard], the push lane's rows when kept tables are left out.
   const bool sync_;
   bool keeps_rows_ = false;
+  bool all_kept_ = false;  // Every table kept.
+  // Every table kept: PlanAhead's task also takes the prefetched rows and
+  // pools next's input into next_features_ (packing_, read after
+  // AwaitPlan; next_packed_: next_ was so packed).
+  bool packing_ = false;
+  bool next_packed_ = false;
+  std::vector<float> next_features_;
   int min_staleness_ = 0;
   std::unique_ptr<RowCache> cache_;
   std::unique_ptr<SparseExchange> prefetch_;
