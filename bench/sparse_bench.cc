@@ -540,13 +540,13 @@ absl::StatusOr<SparseResult> SparseBench::Run(const SparseConfig& config) {
   auto min_version = [&](int64_t step) -> int64_t { return config.sync ? step : 0; };
   auto step = [&](int w, int i) {
     PreparedBatch& pushed = batch_of(w, i);
-    exchanges[w]->Begin(i, pushed.plan.get(), &pushed.grads, batch_of(w, i + 1).plan.get(),
+    exchanges[w]->Begin(i, pushed.plan.get(), &pushed.grads, &batch_of(w, i + 1).plan->row_ids(),
                         min_version(i + 1), 0, never);
     return exchanges[w]->Finish();
   };
   // Warm-up: the first pull (the shards host the job by then), a few steps.
   RunWorkers(config.workers, [&](int w) {
-    exchanges[w]->Begin(0, nullptr, nullptr, batch_of(w, 0).plan.get(), 0, 0, never);
+    exchanges[w]->Begin(0, nullptr, nullptr, &batch_of(w, 0).plan->row_ids(), 0, 0, never);
     errors[w] = exchanges[w]->Finish();
     for (int i = 0; i < config.warmup && errors[w].ok(); ++i) errors[w] = step(w, i);
   });
