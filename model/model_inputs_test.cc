@@ -166,7 +166,17 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{std::string(kTwoInputs) +
                       "layer { inputs: 'd' embedding { vocab_size: 10 dim: 2 max_rows: 5 } }" +
                       kLoss,
-                  "max_rows and eviction are for sparse: true"},
+                  "max_rows, eviction and embedding_staleness are for sparse: true"},
+        ErrorCase{std::string(kTwoInputs) +
+                      "layer { inputs: 'd' embedding { vocab_size: 10 dim: 2 "
+                      "embedding_staleness: 2 } }" +
+                      kLoss,
+                  "embedding_staleness are for sparse: true"},
+        ErrorCase{std::string(kTwoInputs) +
+                      "layer { inputs: 's' embedding { sparse: true vocab_size: 9 dim: 2 "
+                      "embedding_staleness: 1001 } }" +
+                      kLoss,
+                  "embedding.embedding_staleness must be in [0, 1000], got 1001"},
         ErrorCase{std::string(kTwoInputs) +
                       "layer { name: 'e' inputs: 's' embedding { sparse: true vocab_size: 9 dim: "
                       "2 } } layer { name: 'f' inputs: 'd' flatten {} } layer { inputs: ['e', "
