@@ -25,9 +25,9 @@ Meanwhile a fault every --fault_every (3-8) s hits a random shard or worker:
                          for 5-15 s (oom_score_adj 1000: the kernel's choice
                          if it must kill)
 
-An ended job's record is kept by the run, the job deleted from the cluster
-(`downpourctl delete`) and its checkpoint folder removed (delete leaves the
-files), as an operator keeps a cluster's disk from filling with the final
+An ended job's record is kept by the run and the job deleted from the
+cluster with its checkpoint files (`downpourctl delete --with_checkpoints`),
+as an operator keeps a cluster's disk from filling with the final
 checkpoints of ended jobs (a click-model job's are 30 MB).
 
 The first shard and the first worker are never killed, stopped or drained
@@ -247,9 +247,8 @@ class Cluster:
                 if p.poll() is not None and p.pid not in self.killed]
 
     def forget(self, job_id):
-        """Deletes ended job `job_id` and removes its checkpoint folder."""
-        self.ctl("delete", job_id, check=False)
-        shutil.rmtree(os.path.join(self.root, job_id), ignore_errors=True)
+        """Deletes ended job `job_id` with its checkpoint files."""
+        self.ctl("delete", job_id, "--with_checkpoints", check=False)
 
     def ctl(self, *args, check=True):
         r = subprocess.run([os.path.join(self.bin, "client/downpourctl"),

@@ -47,6 +47,8 @@ struct CtlOptions {
   std::string out;
   int64_t checkpoint = 0;
   std::string layout = "pytorch";
+  // delete.
+  bool with_checkpoints = false;
   // logs.
   bool follow = false;
   int64_t tail = 0;

@@ -61,6 +61,9 @@ ABSL_FLAG(int64_t, checkpoint, 0, "export: the checkpoint's step (0: the newest)
 ABSL_FLAG(std::string, layout, "pytorch",
           "export: pytorch (PyTorch's names and layouts) or native (ours)");
 ABSL_FLAG(bool, follow, false, "logs: follow the log until the job ends (-f for short)");
+ABSL_FLAG(bool, with_checkpoints, false,
+          "delete: also remove the job's checkpoint files (under the coordinator's "
+          "--checkpoint_root)");
 ABSL_FLAG(int64_t, tail, 0, "logs: only the last N lines there are now (0: all kept)");
 ABSL_FLAG(std::string, timeout, "0",
           "wait: give up after this long (e.g. 90s, 10m; a bare number is "
@@ -121,7 +124,9 @@ commands:
                         follow JOB until it ends (progress on stderr, final
                         line on stdout); exit 0 only if it succeeded
   stop JOB              stop JOB
-  delete JOB            remove an ended JOB from the coordinator's store
+  delete JOB [--with_checkpoints]
+                        remove an ended JOB from the coordinator's store (and
+                        its checkpoint files)
   checkpoint JOB [--wait]
                         checkpoint JOB now (at its next step); --wait until
                         the checkpoint is written
@@ -429,6 +434,7 @@ int Main(int argc, char** argv) {
   options.checkpoint = absl::GetFlag(FLAGS_checkpoint);
   options.layout = absl::GetFlag(FLAGS_layout);
   options.follow = absl::GetFlag(FLAGS_follow);
+  options.with_checkpoints = absl::GetFlag(FLAGS_with_checkpoints);
   options.tail = absl::GetFlag(FLAGS_tail);
   options.format = absl::GetFlag(FLAGS_format);
   options.images = absl::GetFlag(FLAGS_images);

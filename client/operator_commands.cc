@@ -84,9 +84,10 @@ int RunDelete(const CtlOptions& options, const std::vector<std::string>& args) {
   }
   absl::StatusOr<std::unique_ptr<RemoteCoordinator>> client = ConnectTo(options);
   if (!client.ok()) return FailStatus(client.status());
-  absl::Status deleted = (*client)->DeleteJob(args[0]);
+  absl::Status deleted = (*client)->DeleteJob(args[0], options.with_checkpoints);
   if (!deleted.ok()) return FailStatus(deleted);
-  std::cout << "job " << args[0] << " deleted" << std::endl;
+  std::cout << "job " << args[0] << " deleted"
+            << (options.with_checkpoints ? ", with its checkpoint files" : "") << std::endl;
   return kExitOk;
 }
 

@@ -121,5 +121,14 @@ absl::Status RemoveAbandonedCheckpoint(const std::string& root, const std::strin
   return RemoveAll(dir);
 }
 
+absl::Status RemoveJobCheckpoints(const std::string& root, const std::string& job_id) {
+  // Job ids are names (spec/job_validation.h ValidateJobId); never a path.
+  if (job_id.empty() || job_id[0] == '.' || job_id.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id \"", job_id, "\" names no checkpoint folder of its own"));
+  }
+  return RemoveAll(absl::StrCat(root, "/", job_id));
+}
+
 }  // namespace control
 }  // namespace downpour

@@ -54,6 +54,10 @@ absl::Status RemoveStaleCheckpoints(const std::string& root, const std::string& 
 absl::Status RemoveAbandonedCheckpoint(const std::string& root, const std::string& job_id,
                                        int64_t step, int64_t attempt);
 
+// Removes ROOT/JOB_ID and everything in it (none there is fine);
+// InvalidArgument for a job id that is not a plain name.
+absl::Status RemoveJobCheckpoints(const std::string& root, const std::string& job_id);
+
 }  // namespace control
 }  // namespace downpour
 

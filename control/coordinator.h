@@ -77,8 +77,9 @@ class Coordinator {
   // Operator's tools. DescribeJob: the job and its progress history.
   virtual absl::StatusOr<JobDescription> DescribeJob(const std::string& job_id) = 0;
   // Removes an ended job from the store; FailedPrecondition while it is
-  // pending or running (stop it first).
-  virtual absl::Status DeleteJob(const std::string& job_id) = 0;
+  // pending or running (stop it first). With `checkpoints`, its checkpoint
+  // files go first (the job stays when they cannot).
+  virtual absl::Status DeleteJob(const std::string& job_id, bool checkpoints) = 0;
   // `cordoned`: the node gets no new work and its running jobs move off it
   // as recovery allows (a worker's rank to a free worker, a shard's jobs
   // after a checkpoint); false: it takes work again. Returns the node.

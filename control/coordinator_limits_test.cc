@@ -62,7 +62,7 @@ TEST_F(CoordinatorLimitsTest, EveryJobIdArgumentIsBounded) {
   EXPECT_EQ(state_->ResumeJob(id).status().message(), message);
   EXPECT_EQ(state_->ExportJob(id, 0, false).status().message(), message);
   EXPECT_EQ(state_->DescribeJob(id).status().message(), message);
-  EXPECT_EQ(state_->DeleteJob(id).message(), message);
+  EXPECT_EQ(state_->DeleteJob(id, false).message(), message);
   JobLogsRequest logs;
   logs.set_job_id(id);
   EXPECT_EQ(state_->JobLogs(logs).status().message(), message);

@@ -43,16 +43,38 @@ TEST_F(CoordinatorOperationsTest, DeleteRefusesARunningJobAndRemovesAnEndedOneDu
   Register("s", SHARD);
   Register("w", WORKER);
   ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "running").ok());
-  absl::Status refused = state_->DeleteJob("running");
+  absl::Status refused = state_->DeleteJob("running", false);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("stop it first"));
   ASSERT_TRUE(state_->StopJob("running").ok());
-  ASSERT_TRUE(state_->DeleteJob("running").ok());
+  ASSERT_TRUE(state_->DeleteJob("running", false).ok());
   EXPECT_EQ(state_->GetJob("running").status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(Stored(stored_.jobs, "running"));
-  EXPECT_EQ(state_->DeleteJob("running").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_->DeleteJob("running", false).code(), absl::StatusCode::kNotFound);
   Restart();
   EXPECT_TRUE(state_->ListJobs()->empty());
+}
+
+TEST_F(CoordinatorOperationsTest, DeleteWithCheckpointsRemovesTheJobsFolderAndOnlyIt) {
+  Register("s", SHARD);
+  Register("w", WORKER);
+  ASSERT_TRUE(state_->SubmitJob(SmallSpec(1, 1), "ended").ok());
+  ASSERT_TRUE(state_->StopJob("ended").ok());
+  // Without a checkpoint root there is nothing to remove: said, and kept.
+  absl::Status refused = state_->DeleteJob("ended", true);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("no --checkpoint_root"));
+  EXPECT_TRUE(state_->GetJob("ended").ok());
+
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  checkpoint_root_ = absl::StrCat(tmp ? tmp : "/tmp", "/delete-checkpoints");
+  ASSERT_TRUE(MakeDirs(checkpoint_root_ + "/ended/step-100").ok());
+  ASSERT_TRUE(MakeDirs(checkpoint_root_ + "/other/step-100").ok());
+  Restart();
+  ASSERT_TRUE(state_->DeleteJob("ended", true).ok());
+  EXPECT_EQ(state_->GetJob("ended").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::IsNotFound(ListDir(checkpoint_root_ + "/ended").status()));
+  EXPECT_TRUE(ListDir(checkpoint_root_ + "/other/step-100").ok());
 }
 
 TEST_F(CoordinatorOperationsTest, JobLogsHoldTheNodesLinesAndTheCoordinatorsEvents) {

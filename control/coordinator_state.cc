@@ -404,7 +404,7 @@ absl::StatusOr<JobDescription> CoordinatorState::DescribeJob(const std::string& 
   return description;
 }
 
-absl::Status CoordinatorState::DeleteJob(const std::string& job_id) {
+absl::Status CoordinatorState::DeleteJob(const std::string& job_id, bool checkpoints) {
   RETURN_IF_ERROR(CheckJobIdArgument(job_id));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const JobStatus* job, jobs_.Lookup(job_id));
@@ -413,8 +413,19 @@ absl::Status CoordinatorState::DeleteJob(const std::string& job_id) {
         absl::StrCat("job \"", job_id, "\" is ", JobState_Name(job->state()),
                      "; stop it first (downpourctl stop ", job_id, ")"));
   }
+  if (checkpoints) {
+    if (options_.checkpoint_root.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the coordinator has no --checkpoint_root: it holds no checkpoint files of job \"",
+          job_id, "\" to remove (delete it without --checkpoints)"));
+    }
+    // The files first: a job whose files could not go stays, to try again.
+    RETURN_IF_ERROR(Annotate(RemoveJobCheckpoints(options_.checkpoint_root, job_id),
+                             absl::StrCat("removing the checkpoints of job ", job_id)));
+  }
   RETURN_IF_ERROR(RemoveJob(job_id));
-  Log(absl::StrCat("job ", job_id, " deleted by operator"));
+  Log(absl::StrCat("job ", job_id, " deleted by operator",
+                   checkpoints ? ", with its checkpoint files" : ""));
   return absl::OkStatus();
 }
 

@@ -123,7 +123,7 @@ class CoordinatorState : public Coordinator {
   absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
                                         bool native_layout) override;
   absl::StatusOr<JobDescription> DescribeJob(const std::string& job_id) override;
-  absl::Status DeleteJob(const std::string& job_id) override;
+  absl::Status DeleteJob(const std::string& job_id, bool checkpoints) override;
   absl::StatusOr<NodeInfo> CordonNode(const std::string& node_id, bool cordoned) override;
   // `timeout_ms` is measured on Options::now.
   absl::StatusOr<JobLogsResponse> JobLogs(const JobLogsRequest& request) override;

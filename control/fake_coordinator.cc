@@ -85,7 +85,7 @@ absl::StatusOr<JobDescription> FakeCoordinator::DescribeJob(const std::string&) 
   return NoQueue();
 }
 
-absl::Status FakeCoordinator::DeleteJob(const std::string&) { return NoQueue(); }
+absl::Status FakeCoordinator::DeleteJob(const std::string&, bool) { return NoQueue(); }
 
 absl::StatusOr<NodeInfo> FakeCoordinator::CordonNode(const std::string&, bool) { return NoQueue(); }
 

@@ -44,7 +44,7 @@ class FakeCoordinator : public Coordinator {
   absl::StatusOr<std::string> ExportJob(const std::string& job_id, int64_t step,
                                         bool native_layout) override;
   absl::StatusOr<JobDescription> DescribeJob(const std::string& job_id) override;
-  absl::Status DeleteJob(const std::string& job_id) override;
+  absl::Status DeleteJob(const std::string& job_id, bool checkpoints) override;
   absl::StatusOr<NodeInfo> CordonNode(const std::string& node_id, bool cordoned) override;
   absl::StatusOr<JobLogsResponse> JobLogs(const JobLogsRequest& request) override;
 

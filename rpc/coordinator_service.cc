@@ -197,7 +197,7 @@ grpc::Status CoordinatorService::DescribeJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::DeleteJob(grpc::ServerContext* context,
                                            const DeleteJobRequest* request, DeleteJobResponse*) {
   if (grpc::Status denied = Authorize(*context, "DeleteJob"); !denied.ok()) return denied;
-  return ToGrpcStatus(coordinator_->DeleteJob(request->job_id()));
+  return ToGrpcStatus(coordinator_->DeleteJob(request->job_id(), request->checkpoints()));
 }
 
 grpc::Status CoordinatorService::CordonNode(grpc::ServerContext* context,

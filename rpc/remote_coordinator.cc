@@ -207,9 +207,10 @@ absl::StatusOr<JobDescription> RemoteCoordinator::DescribeJob(const std::string&
                                                   rpc_timeout_);
 }
 
-absl::Status RemoteCoordinator::DeleteJob(const std::string& job_id) {
+absl::Status RemoteCoordinator::DeleteJob(const std::string& job_id, bool checkpoints) {
   DeleteJobRequest request;
   request.set_job_id(job_id);
+  request.set_checkpoints(checkpoints);
   return Call<DeleteJobRequest, DeleteJobResponse>("DeleteJob", &Stub::DeleteJob, request,
                                                    rpc_timeout_)
       .status();

@@ -82,7 +82,7 @@ class RemoteCoordinator : public control::Coordinator {
   absl::StatusOr<ReportProgressResponse> ReportProgress(
       const ReportProgressRequest& request) override;
   absl::StatusOr<JobDescription> DescribeJob(const std::string& job_id) override;
-  absl::Status DeleteJob(const std::string& job_id) override;
+  absl::Status DeleteJob(const std::string& job_id, bool checkpoints) override;
   absl::StatusOr<NodeInfo> CordonNode(const std::string& node_id, bool cordoned) override;
   // A long poll: its deadline is request.timeout_ms plus 5s.
   absl::StatusOr<JobLogsResponse> JobLogs(const JobLogsRequest& request) override;

@@ -105,6 +105,11 @@ TEST_F(OperatorCliTest, LogsDescribeDrainAndDeleteARunningJob) {
   EXPECT_EQ(followed.exit_code, 0) << followed.err;
   EXPECT_THAT(followed.out, HasSubstr("STOPPED"));
 
+  // This cluster keeps no checkpoints: none to remove, said, and the job kept.
+  CommandResult no_files = cluster_->Ctl({"delete", "t", "--with_checkpoints"});
+  EXPECT_EQ(no_files.exit_code, 1);
+  EXPECT_THAT(no_files.err, HasSubstr("no --checkpoint_root"));
+  EXPECT_EQ(cluster_->Ctl({"get", "t"}).exit_code, 0);
   CommandResult deleted = cluster_->Ctl({"delete", "t"});
   ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
   EXPECT_EQ(cluster_->Ctl({"get", "t"}).exit_code, 1);
