@@ -417,7 +417,7 @@ absl::Status CoordinatorState::DeleteJob(const std::string& job_id, bool checkpo
     if (options_.checkpoint_root.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the coordinator has no --checkpoint_root: it holds no checkpoint files of job \"",
-          job_id, "\" to remove (delete it without --checkpoints)"));
+          job_id, "\" to remove (delete it without --with_checkpoints)"));
     }
     // The files first: a job whose files could not go stays, to try again.
     RETURN_IF_ERROR(Annotate(RemoveJobCheckpoints(options_.checkpoint_root, job_id),

@@ -18,15 +18,15 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
       planner_(shape.sparse_tables.empty() ? 0 : 1),
       sync_(sync) {
   if (shape.sparse_tables.empty()) return;
-  std::vector<int64_t> dims;
+  std::vector<int64_t> dims;  // Of the kept tables' rows (0: not kept).
+  size_t kept = 0;
   for (const SparseTableInfo& table : shape.sparse_tables) {
     dims.push_back(table.staleness > 0 ? table.dim : 0);
     if (table.staleness <= 0) continue;
-    min_staleness_ = keeps_rows_ ? std::min(min_staleness_, table.staleness) : table.staleness;
-    keeps_rows_ = true;
+    min_staleness_ = kept++ == 0 ? table.staleness : std::min(min_staleness_, table.staleness);
   }
-  all_kept_ = keeps_rows_ && std::all_of(shape.sparse_tables.begin(), shape.sparse_tables.end(),
-                                         [](const SparseTableInfo& t) { return t.staleness > 0; });
+  keeps_rows_ = kept > 0;
+  all_kept_ = kept == shape.sparse_tables.size();
   if (keeps_rows_) {
     cache_ = std::make_unique<RowCache>(std::move(dims));
     prefetch_ = std::make_unique<SparseExchange>(shape, options, shards);
@@ -38,39 +38,45 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
   eval_ = std::make_unique<SparseExchange>(shape, std::move(options), std::move(shards));
 }
 
-absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const SparseBatch* plan) {
-  PackInto(batch, plan, &features_);
-  return features_.data();
+InputStage::Rows InputStage::TrainingRows() const {
+  if (!keeps_rows_) return exchange_->rows();
+  Rows rows(shape_.sparse_tables.size());
+  for (size_t t = 0; t < rows.size(); ++t) {
+    if (shape_.sparse_tables[t].staleness <= 0) {
+      rows[t] = exchange_->rows()[t];
+      continue;
+    }
+    for (const std::vector<float>& values : kept_values_[t]) rows[t].push_back(values.data());
+  }
+  return rows;
 }
 
-void InputStage::PackInto(const data::Batch& batch, const SparseBatch* plan,
+void InputStage::PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
                           std::vector<float>* features) {
   features->resize(batch.size * shape_.input_size);
   PackDenseInputs(shape_, batch.inputs, batch.size, features->data());
-  if (plan == nullptr) return;
-  if (!keeps_rows_) {
-    plan->Pool(exchange_->rows(), features->data(), &tables_);
-    return;
-  }
-  // Kept tables' rows from kept_values_; the push lane's rows are not read
-  // when every table is kept (its pull may still be in flight).
-  std::vector<std::vector<const float*>> values =
-      all_kept_ ? std::vector<std::vector<const float*>>(shape_.sparse_tables.size(),
-                                                         std::vector<const float*>(num_shards_))
-                : exchange_->rows();
-  for (size_t t = 0; t < values.size(); ++t) {
-    if (shape_.sparse_tables[t].staleness <= 0) continue;
-    for (int s = 0; s < num_shards_; ++s) values[t][s] = kept_values_[t][s].data();
-  }
-  plan->Pool(values, features->data(), &tables_);
+  if (plan != nullptr) plan->Pool(rows, features->data(), &tables_);
+}
+
+const float* InputStage::Pack(const data::Batch& batch, const SparseBatch* plan) {
+  PackInto(batch, plan, plan != nullptr ? TrainingRows() : Rows(), &features_);
+  return features_.data();
 }
 
 const RowIds* InputStage::PushLaneRows(const SparseBatch* plan) {
   if (plan == nullptr || !keeps_rows_) return plan == nullptr ? nullptr : &plan->row_ids();
-  push_pull_ids_ = plan->row_ids();
+  // Kept tables' rows come on the prefetch lane.
+  push_pull_ids_.resize(shape_.sparse_tables.size());
   for (size_t t = 0; t < push_pull_ids_.size(); ++t) {
-    if (shape_.sparse_tables[t].staleness <= 0) continue;
-    for (std::vector<int64_t>& rows : push_pull_ids_[t]) rows.clear();
+    const bool kept = shape_.sparse_tables[t].staleness > 0;
+    push_pull_ids_[t].resize(num_shards_);
+    for (int s = 0; s < num_shards_; ++s) {
+      if (kept) {
+        push_pull_ids_[t][s].clear();
+      } else {
+        push_pull_ids_[t][s] = plan->rows(t, s);
+      }
+    }
   }
   return &push_pull_ids_;
 }
@@ -144,17 +150,15 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
   ASSIGN_OR_RETURN(SparseBatch plan,
                    SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
   current_ = std::make_unique<SparseBatch>(std::move(plan));
+  // Kept tables' rows through the prefetch lane (into the cache), the
+  // others' on the push lane, at once.
   if (keeps_rows_) {
-    // Pulled through the prefetch lane, into the cache.
     RETURN_IF_ERROR(prefetch_->Finish());
-    Prefetch(*current_, step, min_version + min_staleness_, min_worker_steps);
-    RETURN_IF_ERROR(TakePrefetched(*current_, step));
-    exchange_->Begin(0, nullptr, nullptr, PushLaneRows(current_.get()), min_version,
-                     min_worker_steps, cancelled_, /*read_only=*/false);
-  } else {
-    exchange_->Begin(0, nullptr, nullptr, &current_->row_ids(), min_version, min_worker_steps,
-                     cancelled_, /*read_only=*/false);
+    Prefetch(*current_, step, min_version, min_worker_steps);
   }
+  exchange_->Begin(0, nullptr, nullptr, PushLaneRows(current_.get()), min_version, min_worker_steps,
+                   cancelled_, /*read_only=*/false);
+  if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
   RETURN_IF_ERROR(exchange_->Finish());
   return Pack(batch, current_.get());
 }
@@ -170,7 +174,6 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
   if (exchange_ == nullptr) return;
   AwaitPlan();
   planning_for_ = next;
-  packing_ = false;
   planning_ = planner_.Start(1, [this, next, step, min_version, min_worker_steps](int) {
     planned_ = SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_);
     if (!planned_.ok() || !keeps_rows_) return;
@@ -183,8 +186,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       planned_ = taken;
       return;
     }
-    PackInto(*next, &*planned_, &next_features_);
-    packing_ = true;
+    PackInto(*next, &*planned_, TrainingRows(), &next_features_);
   });
 }
 
@@ -203,7 +205,9 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
     if (planning_ != nullptr && planning_for_ == next) {
       RETURN_IF_ERROR(planned_.status());
       next_ = std::make_unique<SparseBatch>(*std::move(planned_));
-      next_packed_ = packing_;
+      // Its task pooled the input too when every table is kept (a failure
+      // to is planned_'s error).
+      next_packed_ = all_kept_;
     } else {
       ASSIGN_OR_RETURN(SparseBatch plan,
                        SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));
@@ -216,10 +220,8 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
   }
   planning_.reset();
   planning_for_ = nullptr;
-  exchange_->Begin(step, current_.get(), &grads_,
-                   keeps_rows_ ? PushLaneRows(next_.get() ? next_.get() : current_.get())
-                               : (next_ ? &next_->row_ids() : nullptr),
-                   min_version, min_worker_steps, cancelled_, /*read_only=*/false, checkpoint_step);
+  exchange_->Begin(step, current_.get(), &grads_, PushLaneRows(next_.get()), min_version,
+                   min_worker_steps, cancelled_, /*read_only=*/false, checkpoint_step);
   next_pulled_ = next != nullptr;
   return absl::OkStatus();
 }
@@ -240,9 +242,7 @@ absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, 
                /*read_only=*/true);
   RETURN_IF_ERROR(eval_->Finish());
   // Every row pulled, kept tables' too: pooled as pulled.
-  features_.resize(batch.size * shape_.input_size);
-  PackDenseInputs(shape_, batch.inputs, batch.size, features_.data());
-  plan.Pool(eval_->rows(), features_.data(), &tables_);
+  PackInto(batch, &plan, eval_->rows(), &features_);
   return features_.data();
 }
 

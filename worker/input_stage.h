@@ -96,10 +96,17 @@ class InputStage {
   int64_t rows_kept() const { return rows_kept_; }
 
  private:
-  // Packs `batch` with `plan`'s rows: kept tables' from kept_values_, the
-  // others' from the push lane's last pull.
-  absl::StatusOr<const float*> Pack(const data::Batch& batch, const SparseBatch* plan);
-  void PackInto(const data::Batch& batch, const SparseBatch* plan, std::vector<float>* features);
+  using Rows = std::vector<std::vector<const float*>>;  // [table][shard]
+  // The rows a training step pools: kept tables' from kept_values_, the
+  // others' from the push lane's last pull (not read for kept tables: that
+  // pull may be in flight).
+  Rows TrainingRows() const;
+  // Packs `batch` into `features`: its dense inputs and, with `plan`, its
+  // sparse slots pooled from `rows`.
+  void PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
+                std::vector<float>* features);
+  // PackInto features_ with TrainingRows().
+  const float* Pack(const data::Batch& batch, const SparseBatch* plan);
   // The stamp a row read at `step` must have at least in kept table t.
   int64_t MinStamp(int t, int64_t step) const { return step - shape_.sparse_tables[t].staleness; }
   // Kept tables: starts pulling the rows `plan` (step `step`'s) lacks.
@@ -137,9 +144,8 @@ class InputStage {
   bool keeps_rows_ = false;
   bool all_kept_ = false;  // Every table kept.
   // Every table kept: PlanAhead's task also takes the prefetched rows and
-  // pools next's input into next_features_ (packing_, read after
-  // AwaitPlan; next_packed_: next_ was so packed).
-  bool packing_ = false;
+  // pools next's input into next_features_ (next_packed_: next_ was so
+  // packed).
   bool next_packed_ = false;
   std::vector<float> next_features_;
   int min_staleness_ = 0;

@@ -9,46 +9,44 @@
 #include <string>
 #include <vector>
 
-#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
 #include "ps/parameter_store.h"
 #include "spec/job_validation.h"
 #include "spec/shard_map.h"
+#include "spec/test_jobs.h"
 
 namespace downpour {
 namespace {
 
-constexpr char kJob[] = R"pb(
-  name: "sparse"
-  model {
-    num_classes: 2
-    inputs { name: "c" kind: SPARSE }
-    layer {
-      name: "e"
-      inputs: "c"
-      embedding { sparse: true vocab_size: 1000 dim: 3 embedding_staleness: %d }
-    }
-    layer { dense { units: 2 } }
-    layer { softmax_cross_entropy {} }
-  }
-  dataset { train_files: "x" test_files: "y" batch_size: 4 }
-  optimizer { kind: SGD learning_rate: 0.5 }
-  consistency { mode: SYNC }
-  num_workers: 1
-  num_shards: 2
-  steps: 100
-  seed: 9
-)pb";
+// SmallSparseModel's table: rows of 4.
+constexpr int kDim = 4;
+
+// One SYNC worker, 2 shards, SmallSparseModel with `staleness` on its table.
+JobSpec SparseJob(int staleness) {
+  JobSpec spec;
+  spec.set_name("sparse");
+  *spec.mutable_model() = SmallSparseModel();
+  spec.mutable_model()->mutable_layer(0)->mutable_embedding()->set_embedding_staleness(staleness);
+  spec.mutable_dataset()->set_train_files("x");
+  spec.mutable_dataset()->set_test_files("y");
+  spec.mutable_dataset()->set_batch_size(4);
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+  spec.mutable_optimizer()->set_learning_rate(0.5);
+  spec.mutable_consistency()->set_mode(ConsistencySpec::SYNC);
+  spec.set_num_workers(1);
+  spec.set_num_shards(2);
+  spec.set_steps(100);
+  spec.set_seed(9);
+  return spec;
+}
 
 const auto kNever = [] { return false; };
 
 class InputStageTest : public ::testing::Test {
  protected:
   void Host(int staleness) {
-    std::string text = kJob;
-    text.replace(text.find("%d"), 2, std::to_string(staleness));
-    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec_));
+    spec_ = SparseJob(staleness);
     ApplyJobDefaults(&spec_);
     auto params = ValidateJobSpec(spec_);
     ASSERT_TRUE(params.ok()) << params.status();
@@ -92,7 +90,7 @@ class InputStageTest : public ::testing::Test {
     reader_->Begin(0, nullptr, nullptr, &plan->row_ids(), 0, 0, kNever, /*read_only=*/true);
     EXPECT_TRUE(reader_->Finish().ok());
     for (int s = 0; s < 2; ++s) {
-      if (!plan->rows(0, s).empty()) return {reader_->rows()[0][s], reader_->rows()[0][s] + 3};
+      if (!plan->rows(0, s).empty()) return {reader_->rows()[0][s], reader_->rows()[0][s] + kDim};
     }
     return {};
   }
@@ -116,14 +114,14 @@ class InputStageTest : public ::testing::Test {
       versions_.push_back(now);
       if (evaluate && step > 0) {
         // A batch of other rows between two steps.
-        EXPECT_TRUE(stage_->EvalFeatures(MakeBatch({{500}, {501}, {502}, {503}}), 0, 0).ok());
+        EXPECT_TRUE(stage_->EvalFeatures(MakeBatch({{50}, {51}, {52}, {53}}), 0, 0).ok());
       }
       const data::Batch& batch = batches[step];
       absl::StatusOr<const float*> features = stage_->Features(step, batch, step, 0);
       EXPECT_TRUE(features.ok()) << features.status();
       if (!features.ok()) return read;
-      // The slot is the model's whole input: [example][3].
-      read.push_back({*features, *features + 6});
+      // The slot is the model's whole input: [example][kDim].
+      read.push_back({*features, *features + 2 * kDim});
       stage_->PlanAhead(step + 1, &batches[step + 1], step + 1, 0);
       EXPECT_TRUE(model_->TrainStep(*features, batch.labels.data(), batch.size, step).ok());
       EXPECT_TRUE(stage_->Exchange(step, *model_, &batches[step + 1], step + 1, 0).ok());

@@ -7,7 +7,6 @@
 #include "common/status.h"
 #include "model/pipeline.h"
 #include "model/replica_set.h"
-#include "spec/model_shape.h"
 
 namespace downpour {
 namespace {
@@ -155,18 +154,17 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const JobSpec& 
                                            model_options));
     return std::make_unique<PipelineRunner>(std::move(pipeline));
   }
-  std::vector<int> used = devices.empty() ? std::vector<int>{-1} : devices;
-  // A model with sparse embeddings trains on one device: its rows are
-  // pulled, pooled and pushed once per step for the one batch (a worker of
-  // several GPUs gives it the first; `Describe` names it).
-  ASSIGN_OR_RETURN(const ModelShape shape, InferModel(spec.model()));
-  if (!shape.sparse_tables.empty()) used.resize(1);
   std::vector<std::unique_ptr<Model>> replicas;
-  for (int device : used) {
+  for (int device : devices.empty() ? std::vector<int>{-1} : devices) {
     model_options.device = device;
     ASSIGN_OR_RETURN(std::unique_ptr<Model> replica,
                      Model::Create(spec.model(), spec.seed(), model_options));
+    const bool sparse = !replica->shape().sparse_tables.empty();
     replicas.push_back(std::move(replica));
+    // A model with sparse embeddings trains on one device: its rows are
+    // pulled, pooled and pushed once per step for the one batch (a worker
+    // of several GPUs gives it the first; `Describe` names it).
+    if (sparse) break;
   }
   ASSIGN_OR_RETURN(std::unique_ptr<ReplicaSet> replica_set,
                    ReplicaSet::Create(std::move(replicas)));
