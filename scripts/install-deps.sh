@@ -19,7 +19,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap bazel-rules-java default-jdk-headless
   build-essential pkg-config
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libonnx-dev
   libabsl-dev libopenblas-dev libsqlite3-dev libssl-dev openssl
   zlib1g-dev libjpeg62-turbo-dev libpng-dev
   dataset-fashion-mnist python3-venv
