@@ -16,6 +16,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "onnx/onnx.pb.h"
+#include "spec/onnx_tensor.h"
 #include "spec/limits.h"
 #include "spec/model_shape.h"
 
@@ -25,42 +26,8 @@ namespace {
 using onnx::AttributeProto;
 using onnx::NodeProto;
 using onnx::TensorProto;
+using Const = OnnxConst;
 
-std::string DimsText(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  const int exponent = (h >> 10) & 0x1f;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0) {  // Zero or subnormal: mantissa * 2^-24.
-    const float v = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -v : v;
-  }
-  uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
-                                 : sign | ((exponent + 112u) << 23) | (mantissa << 13);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float BfloatToFloat(uint16_t b) {
-  const uint32_t bits = uint32_t{b} << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// A tensor known when importing: an initializer, a Constant, or folded from
-// them. Floating-point data is held as float, integer (and bool) as int64.
-struct Const {
-  std::string name;
-  std::vector<int64_t> dims;
-  bool integer = false;
-  std::vector<float> f;
-  std::vector<int64_t> i;
-};
 
 // A tensor the network computes, per example (the batch dimension left out).
 struct Value {
@@ -77,150 +44,6 @@ struct Value {
   int bias_layer = -1;    // A MatMul's dense layer still waiting for its bias.
   bool image() const { return dims.size() == 3; }
 };
-
-// One element type of TensorProto: its size, and how its values read.
-absl::StatusOr<int> ElementBytes(int type) {
-  switch (type) {
-    case TensorProto::FLOAT:
-    case TensorProto::INT32:
-      return 4;
-    case TensorProto::DOUBLE:
-    case TensorProto::INT64:
-      return 8;
-    case TensorProto::FLOAT16:
-    case TensorProto::BFLOAT16:
-      return 2;
-    case TensorProto::BOOL:
-    case TensorProto::UINT8:
-    case TensorProto::INT8:
-      return 1;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("element type ", type, " is not read"));
-  }
-}
-
-bool IsFloatType(int type) {
-  return type == TensorProto::FLOAT || type == TensorProto::DOUBLE ||
-         type == TensorProto::FLOAT16 || type == TensorProto::BFLOAT16;
-}
-
-// The values of `t`, checked against its dims (sizes from the file are
-// never trusted before that).
-absl::StatusOr<Const> ReadTensor(const TensorProto& t) {
-  Const c;
-  c.name = t.name();
-  if (t.data_location() == TensorProto::EXTERNAL || t.external_data_size() > 0) {
-    return absl::InvalidArgumentError(
-        "its data is stored outside the file (external data); save the model with its weights "
-        "inside (onnx.save_model(..., save_as_external_data=False))");
-  }
-  if (t.has_segment()) return absl::InvalidArgumentError("segmented tensors are not read");
-  for (int64_t d : t.dims()) {
-    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("dimension ", d, " is negative"));
-    c.dims.push_back(d);
-  }
-  const int64_t n = c.dims.empty() ? 1 : CheckedProduct(c.dims);
-  if (n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shape ", DimsText(c.dims), " has more than 2^31-1 elements"));
-  }
-  ASSIGN_OR_RETURN(const int bytes, ElementBytes(t.data_type()));
-  c.integer = !IsFloatType(t.data_type());
-  const int type = t.data_type();
-  auto store = [&](int64_t k, double v, int64_t iv) {
-    if (c.integer) {
-      c.i[k] = iv;
-    } else {
-      c.f[k] = static_cast<float>(v);
-    }
-  };
-  if (c.integer) {
-    c.i.assign(n, 0);
-  } else {
-    c.f.assign(n, 0.f);
-  }
-  if (t.has_raw_data()) {
-    const std::string& raw = t.raw_data();
-    if (raw.size() != static_cast<size_t>(n) * bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("raw_data has ", raw.size(), " bytes; shape ",
-                                                     DimsText(c.dims), " needs ", n * bytes));
-    }
-    const char* p = raw.data();
-    for (int64_t k = 0; k < n; ++k, p += bytes) {
-      switch (type) {
-        case TensorProto::FLOAT: {
-          float v;
-          std::memcpy(&v, p, 4);
-          store(k, v, 0);
-          break;
-        }
-        case TensorProto::DOUBLE: {
-          double v;
-          std::memcpy(&v, p, 8);
-          store(k, v, 0);
-          break;
-        }
-        case TensorProto::FLOAT16:
-        case TensorProto::BFLOAT16: {
-          uint16_t v;
-          std::memcpy(&v, p, 2);
-          store(k, type == TensorProto::FLOAT16 ? HalfToFloat(v) : BfloatToFloat(v), 0);
-          break;
-        }
-        case TensorProto::INT64: {
-          int64_t v;
-          std::memcpy(&v, p, 8);
-          store(k, 0, v);
-          break;
-        }
-        case TensorProto::INT32: {
-          int32_t v;
-          std::memcpy(&v, p, 4);
-          store(k, 0, v);
-          break;
-        }
-        case TensorProto::INT8:
-          store(k, 0, static_cast<int8_t>(*p));
-          break;
-        default:  // BOOL, UINT8.
-          store(k, 0, static_cast<uint8_t>(*p));
-      }
-    }
-    return c;
-  }
-  // The typed fields: each type has one, and it must hold n values.
-  auto count_error = [&](int have) {
-    return absl::InvalidArgumentError(absl::StrCat("has ", have, " values; shape ",
-                                                   DimsText(c.dims), " needs ", n));
-  };
-  switch (type) {
-    case TensorProto::FLOAT:
-      if (t.float_data_size() != n) return count_error(t.float_data_size());
-      for (int64_t k = 0; k < n; ++k) c.f[k] = t.float_data(k);
-      break;
-    case TensorProto::DOUBLE:
-      if (t.double_data_size() != n) return count_error(t.double_data_size());
-      for (int64_t k = 0; k < n; ++k) c.f[k] = static_cast<float>(t.double_data(k));
-      break;
-    case TensorProto::INT64:
-      if (t.int64_data_size() != n) return count_error(t.int64_data_size());
-      for (int64_t k = 0; k < n; ++k) c.i[k] = t.int64_data(k);
-      break;
-    default:  // Held in int32_data (16-bit floats as their bits).
-      if (t.int32_data_size() != n) return count_error(t.int32_data_size());
-      for (int64_t k = 0; k < n; ++k) {
-        const int32_t v = t.int32_data(k);
-        if (type == TensorProto::FLOAT16) {
-          c.f[k] = HalfToFloat(static_cast<uint16_t>(v));
-        } else if (type == TensorProto::BFLOAT16) {
-          c.f[k] = BfloatToFloat(static_cast<uint16_t>(v));
-        } else {
-          c.i[k] = v;
-        }
-      }
-  }
-  return c;
-}
 
 bool SimpleName(const std::string& name) {
   if (name.empty() || name.size() > 64 || !absl::ascii_isalpha(name[0])) return false;
@@ -349,7 +172,7 @@ absl::StatusOr<ImportedModel> Importer::Run() {
 
 absl::Status Importer::ReadInitializers() {
   for (const TensorProto& t : graph_.initializer()) {
-    absl::StatusOr<Const> c = ReadTensor(t);
+    absl::StatusOr<Const> c = ReadOnnxTensor(t);
     if (!c.ok()) return FileError("initializer \"", t.name(), "\": ", c.status().message());
     if (!consts_.emplace(t.name(), *std::move(c)).second) {
       return FileError("initializer \"", t.name(), "\" is given twice");
@@ -368,7 +191,7 @@ absl::Status Importer::ReadInputs() {
   bool any_ids = false;
   for (const onnx::ValueInfoProto* input : inputs) {
     if (input->type().has_tensor_type() &&
-        !IsFloatType(input->type().tensor_type().elem_type())) {
+        !IsOnnxFloatType(input->type().tensor_type().elem_type())) {
       any_ids = true;
     }
   }
@@ -381,7 +204,7 @@ absl::Status Importer::ReadInputs() {
     const onnx::TypeProto::Tensor& type = input->type().tensor_type();
     const int rank = type.shape().dim_size();
     Value value;
-    value.ids = !IsFloatType(type.elem_type());
+    value.ids = !IsOnnxFloatType(type.elem_type());
     if (value.ids && type.elem_type() != TensorProto::INT64 &&
         type.elem_type() != TensorProto::INT32) {
       return FileError(where, " has element type ", type.elem_type(),
@@ -608,7 +431,7 @@ absl::Status Importer::Take(const NodeProto& node) {
   if (op == "GlobalAveragePool") {
     RETURN_IF_ERROR(CheckAttributes(node, {}));
     ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 0));
-    if (!x->image()) return Error(node, "input is ", DimsText(x->dims), ", not an image [C, H, W]");
+    if (!x->image()) return Error(node, "input is ", OnnxShapeText(x->dims), ", not an image [C, H, W]");
     const int64_t c = x->dims[0];
     ASSIGN_OR_RETURN(LayerSpec * layer, AddLayer(node, {x}, nullptr, {c}));
     layer->mutable_global_avg_pool();
@@ -633,7 +456,7 @@ absl::Status Importer::Take(const NodeProto& node) {
     const bool flatten = shape->integer && t.size() == 2 && allowzero == 0 &&
                          ((t[0] >= 0 && (t[1] == -1 || t[1] == n)) || (t[0] == -1 && t[1] == n));
     if (!flatten) {
-      return Error(node, "a Reshape to ", DimsText(t), " of ", DimsText(x->dims),
+      return Error(node, "a Reshape to ", OnnxShapeText(t), " of ", OnnxShapeText(x->dims),
                    " is not a flatten to [batch, ", n, "], the only Reshape taken");
     }
     return TakeFlatten(node, *x);
@@ -644,7 +467,7 @@ absl::Status Importer::Take(const NodeProto& node) {
     ASSIGN_OR_RETURN(int64_t axis, IntAttr(node, "axis", opset_ >= 13 ? -1 : 1));
     if (x->dims.size() != 1 || (axis != 1 && axis != -1)) {
       return Error(node, "only a softmax over the classes of [batch, classes] logits is the "
-                         "loss; this one is over axis ", axis, " of ", DimsText(x->dims));
+                         "loss; this one is over axis ", axis, " of ", OnnxShapeText(x->dims));
     }
     Value out = *x;
     out.softmax = true;
@@ -671,27 +494,27 @@ absl::Status Importer::TakeFlatten(const NodeProto& node, const Value& x) {
 
 absl::StatusOr<Importer::Window> Importer::ReadWindow(const NodeProto& node, const Value& x,
                                                       std::vector<int64_t> kernel) const {
-  if (!x.image()) return Error(node, "input is ", DimsText(x.dims), ", not an image [C, H, W]");
+  if (!x.image()) return Error(node, "input is ", OnnxShapeText(x.dims), ", not an image [C, H, W]");
   Window w;
   ASSIGN_OR_RETURN(w.kernel, IntsAttr(node, "kernel_shape", kernel));
   if (w.kernel.size() != 2 || w.kernel[0] <= 0 || w.kernel[1] <= 0) {
-    return Error(node, "kernel_shape ", DimsText(w.kernel), " is not a 2-D window");
+    return Error(node, "kernel_shape ", OnnxShapeText(w.kernel), " is not a 2-D window");
   }
   if (!kernel.empty() && w.kernel != kernel) {
-    return Error(node, "kernel_shape ", DimsText(w.kernel), " disagrees with the weight's ",
-                 DimsText(kernel));
+    return Error(node, "kernel_shape ", OnnxShapeText(w.kernel), " disagrees with the weight's ",
+                 OnnxShapeText(kernel));
   }
   ASSIGN_OR_RETURN(w.stride, IntsAttr(node, "strides", {1, 1}));
   ASSIGN_OR_RETURN(std::vector<int64_t> dilations, IntsAttr(node, "dilations", {1, 1}));
   ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntsAttr(node, "pads", {0, 0, 0, 0}));
   if (w.stride.size() != 2 || w.stride[0] <= 0 || w.stride[1] <= 0) {
-    return Error(node, "strides ", DimsText(w.stride), " are not two positive numbers");
+    return Error(node, "strides ", OnnxShapeText(w.stride), " are not two positive numbers");
   }
   if (dilations != std::vector<int64_t>{1, 1}) {
-    return Error(node, "dilations ", DimsText(dilations), " are not supported (only 1)");
+    return Error(node, "dilations ", OnnxShapeText(dilations), " are not supported (only 1)");
   }
   if (pads.size() != 4 || *std::min_element(pads.begin(), pads.end()) < 0) {
-    return Error(node, "pads ", DimsText(pads), " are not four numbers >= 0");
+    return Error(node, "pads ", OnnxShapeText(pads), " are not four numbers >= 0");
   }
   const AttributeProto* auto_pad = Attribute(node, "auto_pad");
   const std::string mode = auto_pad == nullptr ? "NOTSET" : auto_pad->s();
@@ -715,8 +538,8 @@ absl::StatusOr<Importer::Window> Importer::ReadWindow(const NodeProto& node, con
   w.out_h = (h + pads[0] + pads[2] - w.kernel[0]) / w.stride[0] + 1;
   w.out_w = (wd + pads[1] + pads[3] - w.kernel[1]) / w.stride[1] + 1;
   if (h + pads[0] + pads[2] < w.kernel[0] || wd + pads[1] + pads[3] < w.kernel[1]) {
-    return Error(node, "window ", DimsText(w.kernel), " is larger than its padded input ",
-                 DimsText(x.dims));
+    return Error(node, "window ", OnnxShapeText(w.kernel), " is larger than its padded input ",
+                 OnnxShapeText(x.dims));
   }
   return w;
 }
@@ -739,8 +562,8 @@ absl::Status Importer::TakeConv(const NodeProto& node) {
     return Error(node, "weight \"", w->name, "\" is not a float [out, in, kh, kw] tensor");
   }
   if (x->image() && w->dims[1] != x->dims[0]) {
-    return Error(node, "weight \"", w->name, "\" ", DimsText(w->dims), " takes ", w->dims[1],
-                 " channels; the input ", DimsText(x->dims), " has ", x->dims[0]);
+    return Error(node, "weight \"", w->name, "\" ", OnnxShapeText(w->dims), " takes ", w->dims[1],
+                 " channels; the input ", OnnxShapeText(x->dims), " has ", x->dims[0]);
   }
   ASSIGN_OR_RETURN(Window win, ReadWindow(node, *x, {w->dims[2], w->dims[3]}));
   const int64_t filters = w->dims[0];
@@ -808,20 +631,20 @@ absl::Status Importer::TakeGemm(const NodeProto& node) {
     return Error(node, "alpha ", alpha, " / transA ", trans_a, " are not supported (1 and 0)");
   }
   if (a->dims.size() != 1) {
-    return Error(node, "input is ", DimsText(a->dims), "; a Gemm takes [batch, features]");
+    return Error(node, "input is ", OnnxShapeText(a->dims), "; a Gemm takes [batch, features]");
   }
   if (b->integer || b->dims.size() != 2) return Error(node, "weight is not a float matrix");
   const int64_t in = a->dims[0];
   const int64_t out = trans_b ? b->dims[0] : b->dims[1];
   if ((trans_b ? b->dims[1] : b->dims[0]) != in) {
-    return Error(node, "weight \"", b->name, "\" ", DimsText(b->dims), " (transB ", trans_b,
+    return Error(node, "weight \"", b->name, "\" ", OnnxShapeText(b->dims), " (transB ", trans_b,
                  ") does not take ", in, " inputs");
   }
   const Const* c = nullptr;
   if (node.input_size() > 2 && !node.input(2).empty()) {
     ASSIGN_OR_RETURN(c, ConstInput(node, 2));
     if (!IsBias(*c, out)) {
-      return Error(node, "bias \"", c->name, "\" ", DimsText(c->dims), " is not [", out, "]");
+      return Error(node, "bias \"", c->name, "\" ", OnnxShapeText(c->dims), " is not [", out, "]");
     }
     if (beta != 1.f) return Error(node, "beta ", beta, " is not supported (1)");
   }
@@ -844,12 +667,12 @@ absl::Status Importer::TakeMatMul(const NodeProto& node) {
   ASSIGN_OR_RETURN(const Value* a, ValueInput(node, 0, /*flattened_image_ok=*/true));
   ASSIGN_OR_RETURN(const Const* b, ConstInput(node, 1));
   if (a->dims.size() != 1) {
-    return Error(node, "input is ", DimsText(a->dims),
+    return Error(node, "input is ", OnnxShapeText(a->dims),
                  "; a MatMul is taken as a dense layer over [batch, features]");
   }
   const int64_t in = a->dims[0];
   if (b->integer || b->dims.size() != 2 || b->dims[0] != in) {
-    return Error(node, "weight \"", b->name, "\" ", DimsText(b->dims), " is not a float [", in,
+    return Error(node, "weight \"", b->name, "\" ", OnnxShapeText(b->dims), " is not a float [", in,
                  ", out] matrix");
   }
   const int64_t out = b->dims[1];
@@ -875,7 +698,7 @@ absl::Status Importer::TakeAdd(const NodeProto& node) {
     ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 1 - c));
     ASSIGN_OR_RETURN(const Const* bias, ConstInput(node, c));
     if (x->bias_layer < 0 || !IsBias(*bias, x->dims[0])) {
-      return Error(node, "adds the constant \"", bias->name, "\" ", DimsText(bias->dims),
+      return Error(node, "adds the constant \"", bias->name, "\" ", OnnxShapeText(bias->dims),
                    "; a constant is only taken as the [out] bias of a MatMul");
     }
     LayerSpec* layer = model_.mutable_layer(x->bias_layer);
@@ -888,7 +711,7 @@ absl::Status Importer::TakeAdd(const NodeProto& node) {
   ASSIGN_OR_RETURN(const Value* a, ValueInput(node, 0));
   ASSIGN_OR_RETURN(const Value* b, ValueInput(node, 1));
   if (a->dims != b->dims) {
-    return Error(node, "adds ", DimsText(a->dims), " and ", DimsText(b->dims),
+    return Error(node, "adds ", OnnxShapeText(a->dims), " and ", OnnxShapeText(b->dims),
                  "; Downpour adds tensors of one shape (no broadcasting)");
   }
   ASSIGN_OR_RETURN(LayerSpec * layer, AddLayer(node, {a, b}, nullptr, a->ours));
@@ -904,7 +727,7 @@ absl::Status Importer::TakeBatchNorm(const NodeProto& node) {
   ASSIGN_OR_RETURN(int64_t training, IntAttr(node, "training_mode", 0));
   if (training != 0) return Error(node, "training_mode 1 is not supported (export in eval mode)");
   if (x->dims.size() != 1 && !x->image()) {
-    return Error(node, "input is ", DimsText(x->dims), "; batch norm takes [C, H, W] or [C]");
+    return Error(node, "input is ", OnnxShapeText(x->dims), "; batch norm takes [C, H, W] or [C]");
   }
   const int64_t c = x->dims[0];
   const char* kNames[] = {"weight", "bias", "running_mean", "running_var"};
@@ -937,14 +760,14 @@ absl::Status Importer::TakeConcat(const NodeProto& node) {
   const bool channels = (rank == 3 && (axis == 1 || axis == -3)) ||
                         (rank == 1 && (axis == 1 || axis == -1));
   if (!channels) {
-    return Error(node, "joins ", DimsText(inputs[0]->dims), " along axis ", axis,
+    return Error(node, "joins ", OnnxShapeText(inputs[0]->dims), " along axis ", axis,
                  "; only along the channels of images or the features of vectors");
   }
   std::vector<int64_t> dims = inputs[0]->dims, ours = inputs[0]->ours;
   for (size_t k = 1; k < inputs.size(); ++k) {
     const std::vector<int64_t>& d = inputs[k]->dims;
     if (d.size() != rank || (rank == 3 && (d[1] != dims[1] || d[2] != dims[2]))) {
-      return Error(node, "joins ", DimsText(inputs[0]->dims), " and ", DimsText(d),
+      return Error(node, "joins ", OnnxShapeText(inputs[0]->dims), " and ", OnnxShapeText(d),
                    ", which differ beyond the joined axis");
     }
     dims[0] += d[0];
@@ -983,7 +806,7 @@ absl::Status Importer::Fold(const NodeProto& node) {
     const AttributeProto* a = node.attribute_size() == 1 ? &node.attribute(0) : nullptr;
     if (a == nullptr) return Error(node, "does not have exactly one attribute");
     if (a->name() == "value" && a->type() == AttributeProto::TENSOR) {
-      absl::StatusOr<Const> c = ReadTensor(a->t());
+      absl::StatusOr<Const> c = ReadOnnxTensor(a->t());
       if (!c.ok()) return Error(node, c.status().message());
       out = *std::move(c);
     } else if (a->name() == "value_int" && a->type() == AttributeProto::INT) {
@@ -1070,7 +893,7 @@ absl::Status Importer::Finish() {
   }
   const Value& logits = it->second;
   if (logits.dims.size() != 1 || logits.layer.empty()) {
-    return FileError("the graph's output \"", name, "\" is ", DimsText(logits.dims),
+    return FileError("the graph's output \"", name, "\" is ", OnnxShapeText(logits.dims),
                      "; a classifier's output is [batch, classes], from a layer");
   }
   std::string loss = "loss";
@@ -1092,8 +915,8 @@ absl::Status Importer::Finish() {
   for (const LayerShape& l : shape->layers) {
     auto want = expected_.find(l.name);
     if (want != expected_.end() && want->second != l.output_shape) {
-      return FileError("layer \"", l.name, "\": the graph gives ", DimsText(want->second),
-                       " (HWC), Downpour infers ", DimsText(l.output_shape));
+      return FileError("layer \"", l.name, "\": the graph gives ", OnnxShapeText(want->second),
+                       " (HWC), Downpour infers ", OnnxShapeText(l.output_shape));
     }
   }
   return absl::OkStatus();

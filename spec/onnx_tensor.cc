@@ -1,0 +1,188 @@
+#include "spec/onnx_tensor.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "spec/model_shape.h"
+
+namespace downpour {
+namespace {
+
+using onnx::TensorProto;
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const int exponent = (h >> 10) & 0x1f;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0) {  // Zero or subnormal: mantissa * 2^-24.
+    const float v = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -v : v;
+  }
+  uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
+                                 : sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float BfloatToFloat(uint16_t b) {
+  const uint32_t bits = uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// One element type of TensorProto: its size, and how its values read.
+absl::StatusOr<int> ElementBytes(int type) {
+  switch (type) {
+    case TensorProto::FLOAT:
+    case TensorProto::INT32:
+      return 4;
+    case TensorProto::DOUBLE:
+    case TensorProto::INT64:
+      return 8;
+    case TensorProto::FLOAT16:
+    case TensorProto::BFLOAT16:
+      return 2;
+    case TensorProto::BOOL:
+    case TensorProto::UINT8:
+    case TensorProto::INT8:
+      return 1;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("element type ", type, " is not read"));
+  }
+}
+
+}  // namespace
+
+std::string OnnxShapeText(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+bool IsOnnxFloatType(int type) {
+  return type == TensorProto::FLOAT || type == TensorProto::DOUBLE ||
+         type == TensorProto::FLOAT16 || type == TensorProto::BFLOAT16;
+}
+
+// The values of `t`, checked against its dims (sizes from the file are
+// never trusted before that).
+absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t) {
+  OnnxConst c;
+  c.name = t.name();
+  if (t.data_location() == TensorProto::EXTERNAL || t.external_data_size() > 0) {
+    return absl::InvalidArgumentError(
+        "its data is stored outside the file (external data); save the model with its weights "
+        "inside (onnx.save_model(..., save_as_external_data=False))");
+  }
+  if (t.has_segment()) return absl::InvalidArgumentError("segmented tensors are not read");
+  for (int64_t d : t.dims()) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("dimension ", d, " is negative"));
+    c.dims.push_back(d);
+  }
+  const int64_t n = c.dims.empty() ? 1 : CheckedProduct(c.dims);
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", OnnxShapeText(c.dims), " has more than 2^31-1 elements"));
+  }
+  ASSIGN_OR_RETURN(const int bytes, ElementBytes(t.data_type()));
+  c.integer = !IsOnnxFloatType(t.data_type());
+  const int type = t.data_type();
+  auto store = [&](int64_t k, double v, int64_t iv) {
+    if (c.integer) {
+      c.i[k] = iv;
+    } else {
+      c.f[k] = static_cast<float>(v);
+    }
+  };
+  if (c.integer) {
+    c.i.assign(n, 0);
+  } else {
+    c.f.assign(n, 0.f);
+  }
+  if (t.has_raw_data()) {
+    const std::string& raw = t.raw_data();
+    if (raw.size() != static_cast<size_t>(n) * bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("raw_data has ", raw.size(), " bytes; shape ",
+                                                     OnnxShapeText(c.dims), " needs ", n * bytes));
+    }
+    const char* p = raw.data();
+    for (int64_t k = 0; k < n; ++k, p += bytes) {
+      switch (type) {
+        case TensorProto::FLOAT: {
+          float v;
+          std::memcpy(&v, p, 4);
+          store(k, v, 0);
+          break;
+        }
+        case TensorProto::DOUBLE: {
+          double v;
+          std::memcpy(&v, p, 8);
+          store(k, v, 0);
+          break;
+        }
+        case TensorProto::FLOAT16:
+        case TensorProto::BFLOAT16: {
+          uint16_t v;
+          std::memcpy(&v, p, 2);
+          store(k, type == TensorProto::FLOAT16 ? HalfToFloat(v) : BfloatToFloat(v), 0);
+          break;
+        }
+        case TensorProto::INT64: {
+          int64_t v;
+          std::memcpy(&v, p, 8);
+          store(k, 0, v);
+          break;
+        }
+        case TensorProto::INT32: {
+          int32_t v;
+          std::memcpy(&v, p, 4);
+          store(k, 0, v);
+          break;
+        }
+        case TensorProto::INT8:
+          store(k, 0, static_cast<int8_t>(*p));
+          break;
+        default:  // BOOL, UINT8.
+          store(k, 0, static_cast<uint8_t>(*p));
+      }
+    }
+    return c;
+  }
+  // The typed fields: each type has one, and it must hold n values.
+  auto count_error = [&](int have) {
+    return absl::InvalidArgumentError(absl::StrCat("has ", have, " values; shape ",
+                                                   OnnxShapeText(c.dims), " needs ", n));
+  };
+  switch (type) {
+    case TensorProto::FLOAT:
+      if (t.float_data_size() != n) return count_error(t.float_data_size());
+      for (int64_t k = 0; k < n; ++k) c.f[k] = t.float_data(k);
+      break;
+    case TensorProto::DOUBLE:
+      if (t.double_data_size() != n) return count_error(t.double_data_size());
+      for (int64_t k = 0; k < n; ++k) c.f[k] = static_cast<float>(t.double_data(k));
+      break;
+    case TensorProto::INT64:
+      if (t.int64_data_size() != n) return count_error(t.int64_data_size());
+      for (int64_t k = 0; k < n; ++k) c.i[k] = t.int64_data(k);
+      break;
+    default:  // Held in int32_data (16-bit floats as their bits).
+      if (t.int32_data_size() != n) return count_error(t.int32_data_size());
+      for (int64_t k = 0; k < n; ++k) {
+        const int32_t v = t.int32_data(k);
+        if (type == TensorProto::FLOAT16) {
+          c.f[k] = HalfToFloat(static_cast<uint16_t>(v));
+        } else if (type == TensorProto::BFLOAT16) {
+          c.f[k] = BfloatToFloat(static_cast<uint16_t>(v));
+        } else {
+          c.i[k] = v;
+        }
+      }
+  }
+  return c;
+}
+
+}  // namespace downpour

@@ -1,0 +1,40 @@
+// ONNX tensors (onnx.TensorProto: initializers, Constant values) read into
+// plain vectors: float for the floating-point types (FLOAT, DOUBLE, FLOAT16,
+// BFLOAT16), int64 for the integer ones and BOOL; raw_data or the typed
+// fields, every size checked against the dims before it is used. External
+// and segmented data are refused. Thread-safe: pure functions.
+#ifndef DOWNPOUR_SPEC_ONNX_TENSOR_H_
+#define DOWNPOUR_SPEC_ONNX_TENSOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "onnx/onnx.pb.h"
+
+namespace downpour {
+
+// A tensor known when importing: an initializer, a Constant, or folded from
+// them. Floating-point data is held as float, integer (and bool) as int64.
+struct OnnxConst {
+  std::string name;
+  std::vector<int64_t> dims;
+  bool integer = false;
+  std::vector<float> f;
+  std::vector<int64_t> i;
+};
+
+// The values of `t`; InvalidArgument saying what is wrong (the caller names
+// the tensor).
+absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t);
+
+// Whether a TensorProto element type is floating point.
+bool IsOnnxFloatType(int type);
+
+// "[2, 3]".
+std::string OnnxShapeText(const std::vector<int64_t>& dims);
+
+}  // namespace downpour
+
+#endif  // DOWNPOUR_SPEC_ONNX_TENSOR_H_
