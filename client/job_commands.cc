@@ -228,6 +228,21 @@ int RunSubmit(const CtlOptions& options, const std::vector<std::string>& args) {
   *request.mutable_spec() = *std::move(spec);
   request.set_job_id(options.job_id);
   const std::string init_from = options.init_from;
+  if (!options.model.empty()) {
+    // The coordinator imports the file (spec/onnx_import.h): the spec then
+    // holds the training part only.
+    if (!init_from.empty()) {
+      return UsageError("--model starts the job from the ONNX graph's weights; drop --init_from");
+    }
+    if (request.spec().has_model()) {
+      return UsageError(absl::StrCat(path, " has a model and --model names one; leave model out "
+                                           "of the spec"));
+    }
+    absl::StatusOr<std::string> onnx = ReadModelFile(options.model);
+    if (!onnx.ok()) return Fail(kExitUsage, absl::StrCat("--model: ", onnx.status().message()));
+    request.mutable_model_file()->set_onnx(*std::move(onnx));
+    request.mutable_model_file()->set_name(options.model);
+  }
   if (absl::EndsWith(init_from, ".safetensors")) {
     absl::StatusOr<std::string> weights = ReadFileToString(init_from);
     if (!weights.ok())

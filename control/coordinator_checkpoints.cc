@@ -12,6 +12,7 @@
 #include "control/coordinator_state.h"
 #include "control/export.h"
 #include "control/request_limits.h"
+#include "spec/onnx_import.h"
 
 namespace downpour {
 namespace control {
@@ -104,6 +105,28 @@ void CoordinatorState::TickCheckpoints() {
                 jobs_.Commit(*std::move(cadence), /*durable=*/false));
     }
   }
+}
+
+absl::StatusOr<SafetensorsFile> CoordinatorState::ReadOnnxModel(const ModelFile& file,
+                                                                JobSpec* spec,
+                                                                std::string* what) {
+  *what = absl::StrCat("ONNX model ", file.name().empty() ? "(uploaded)" : file.name());
+  if (spec->has_model()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job spec has a model and the request brings one from ", *what,
+        "; leave model out of the spec (it holds only the training part)"));
+  }
+  if (checkpoints_.root().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a job from ", *what, " starts from the graph's weights, which needs the coordinator's "
+        "--checkpoint_root (they are written there)"));
+  }
+  ASSIGN_OR_RETURN(ImportedModel imported, ImportOnnx(file.onnx(), file.name()));
+  *spec->mutable_model() = std::move(imported.model);
+  absl::StatusOr<SafetensorsFile> weights =
+      SafetensorsFile::Parse(std::move(imported.weights), *what);
+  if (!weights.ok()) return absl::InternalError(weights.status().message());
+  return weights;
 }
 
 absl::StatusOr<SafetensorsFile> CoordinatorState::ReadInitialWeights(const InitFrom& init,

@@ -314,14 +314,22 @@ absl::StatusOr<NodeInfo> CoordinatorState::CordonNode(const std::string& node_id
 absl::StatusOr<JobStatus> CoordinatorState::SubmitJob(const SubmitJobRequest& request) {
   RETURN_IF_ERROR(CheckSubmitJobRequest(request));
   JobSpec spec = request.spec();
+  // Initial weights are read (and checked) before the job exists; a model
+  // from an ONNX file brings its own, and the spec's model with them.
+  std::optional<SafetensorsFile> init;
+  std::string init_from;
+  if (request.has_model_file()) {
+    if (request.has_init_from()) {
+      return absl::InvalidArgumentError(
+          "a job from an ONNX model starts from the graph's weights; leave init_from out");
+    }
+    ASSIGN_OR_RETURN(init, ReadOnnxModel(request.model_file(), &spec, &init_from));
+  }
   ApplyJobDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec).status());
   // A job the cluster could not hold even idle is refused now, not left to
   // fail (or take daemons down with it) when it starts.
   RETURN_IF_ERROR(CheckFits(spec, nodes_.Alive(), Placing()));
-  // Initial weights are read (and checked) before the job exists.
-  std::optional<SafetensorsFile> init;
-  std::string init_from;
   if (request.has_init_from()) {
     ASSIGN_OR_RETURN(init, ReadInitialWeights(request.init_from(), &init_from));
   }

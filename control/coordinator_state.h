@@ -213,6 +213,10 @@ class CoordinatorState : public Coordinator {
   // describes them for the job's events.
   absl::StatusOr<SafetensorsFile> ReadInitialWeights(const InitFrom& init, std::string* what)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // An ONNX model file (SubmitJobRequest.model_file) as `spec`'s model and
+  // the weights it starts from (its initializers); `what` names the file.
+  absl::StatusOr<SafetensorsFile> ReadOnnxModel(const ModelFile& file, JobSpec* spec,
+                                                std::string* what) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Helpers ----
   // How jobs are placed: what their shards hold depends on checkpoints.

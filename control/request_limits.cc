@@ -36,6 +36,7 @@ absl::Status CheckSubmitJobRequest(const SubmitJobRequest& request) {
     RETURN_IF_ERROR(CheckBytes("init_from.job_id", init.job_id(), kMaxJobIdBytes));
     RETURN_IF_ERROR(CheckBytes("init_from.weights_name", init.weights_name(), kMaxPathBytes));
   }
+  RETURN_IF_ERROR(CheckBytes("model_file.name", request.model_file().name(), kMaxPathBytes));
   return absl::OkStatus();
 }
 

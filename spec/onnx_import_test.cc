@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "onnx/onnx.pb.h"
 #include "spec/model_shape.h"
+#include "spec/onnx_test_graphs.h"
 
 namespace downpour {
 namespace {
@@ -17,85 +18,6 @@ using ::testing::ElementsAre;
 using ::testing::FloatEq;
 using ::testing::Pointwise;
 using ::testing::HasSubstr;
-
-// Graphs as an exporter writes them, built with the message API.
-class Graph {
- public:
-  Graph() { model_.add_opset_import()->set_version(17); }
-
-  // A float input [batch, dims...].
-  Graph& Input(const std::string& name, std::vector<int64_t> dims,
-               int type = onnx::TensorProto::FLOAT) {
-    onnx::ValueInfoProto* v = model_.mutable_graph()->add_input();
-    v->set_name(name);
-    onnx::TypeProto::Tensor* t = v->mutable_type()->mutable_tensor_type();
-    t->set_elem_type(type);
-    t->mutable_shape()->add_dim()->set_dim_param("batch");
-    for (int64_t d : dims) t->mutable_shape()->add_dim()->set_dim_value(d);
-    return *this;
-  }
-  Graph& Output(const std::string& name, std::vector<int64_t> dims = {}) {
-    onnx::ValueInfoProto* v = model_.mutable_graph()->add_output();
-    v->set_name(name);
-    onnx::TypeProto::Tensor* t = v->mutable_type()->mutable_tensor_type();
-    t->set_elem_type(onnx::TensorProto::FLOAT);
-    t->mutable_shape()->add_dim()->set_dim_param("batch");
-    for (int64_t d : dims) t->mutable_shape()->add_dim()->set_dim_value(d);
-    return *this;
-  }
-  // An initializer whose element k is start + k * step.
-  Graph& Weight(const std::string& name, std::vector<int64_t> dims, float start = 0.f,
-                float step = 0.01f) {
-    onnx::TensorProto* t = model_.mutable_graph()->add_initializer();
-    t->set_name(name);
-    t->set_data_type(onnx::TensorProto::FLOAT);
-    int64_t n = 1;
-    for (int64_t d : dims) {
-      t->add_dims(d);
-      n *= d;
-    }
-    std::vector<float> v(n);
-    for (int64_t k = 0; k < n; ++k) v[k] = start + k * step;
-    t->set_raw_data(std::string(reinterpret_cast<const char*>(v.data()), n * 4));
-    return *this;
-  }
-  Graph& Ints(const std::string& name, std::vector<int64_t> values) {
-    onnx::TensorProto* t = model_.mutable_graph()->add_initializer();
-    t->set_name(name);
-    t->set_data_type(onnx::TensorProto::INT64);
-    t->add_dims(static_cast<int64_t>(values.size()));
-    for (int64_t v : values) t->add_int64_data(v);
-    return *this;
-  }
-  onnx::NodeProto& Node(const std::string& op, std::vector<std::string> in,
-                        std::vector<std::string> out) {
-    onnx::NodeProto* n = model_.mutable_graph()->add_node();
-    n->set_op_type(op);
-    n->set_name("/" + out[0] + "/" + op);
-    for (const std::string& s : in) n->add_input(s);
-    for (const std::string& s : out) n->add_output(s);
-    return *n;
-  }
-  onnx::ModelProto& model() { return model_; }
-  std::string Bytes() const { return model_.SerializeAsString(); }
-
- private:
-  onnx::ModelProto model_;
-};
-
-void SetInts(onnx::NodeProto& node, const std::string& name, std::vector<int64_t> values) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INTS);
-  for (int64_t v : values) a->add_ints(v);
-}
-
-void SetInt(onnx::NodeProto& node, const std::string& name, int64_t value) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(value);
-}
 
 std::vector<std::string> LayerNames(const ModelSpec& model) {
   std::vector<std::string> names;
@@ -112,22 +34,8 @@ std::vector<float> Floats(const SafetensorsFile& file, const std::string& name) 
   return v;
 }
 
-// torch.nn.Sequential(Flatten, Linear(784, 8), ReLU, Linear(8, 10)) as
-// torch.onnx.export writes it.
-Graph Mlp() {
-  Graph g;
-  g.Input("input", {1, 28, 28}).Output("logits", {10});
-  g.Weight("fc1.weight", {8, 784}).Weight("fc1.bias", {8}).Weight("fc2.weight", {10, 8});
-  g.Weight("fc2.bias", {10});
-  g.Node("Flatten", {"input"}, {"flat"});
-  SetInt(g.Node("Gemm", {"flat", "fc1.weight", "fc1.bias"}, {"h"}), "transB", 1);
-  g.Node("Relu", {"h"}, {"relu"});
-  SetInt(g.Node("Gemm", {"relu", "fc2.weight", "fc2.bias"}, {"logits"}), "transB", 1);
-  return g;
-}
-
 TEST(OnnxImportTest, AnMlpBecomesItsLayersWithItsWeightsInPyTorchsNames) {
-  absl::StatusOr<ImportedModel> imported = ImportOnnx(Mlp().Bytes(), "mlp.onnx");
+  absl::StatusOr<ImportedModel> imported = ImportOnnx(OnnxMlp().Bytes(), "mlp.onnx");
   ASSERT_TRUE(imported.ok()) << imported.status();
   const ModelSpec& model = imported->model;
   EXPECT_THAT(model.input_shape(), ElementsAre(28, 28, 1));
@@ -145,7 +53,7 @@ TEST(OnnxImportTest, AnMlpBecomesItsLayersWithItsWeightsInPyTorchsNames) {
 }
 
 TEST(OnnxImportTest, AMatMulAndItsBiasAddAreOneDenseLayerWithTheWeightTransposed) {
-  Graph g;
+  OnnxGraph g;
   g.Input("x", {3}).Output("y", {2});
   g.Weight("w", {3, 2}).Weight("b", {2});
   g.Node("MatMul", {"x", "w"}, {"mm"});
@@ -163,38 +71,8 @@ TEST(OnnxImportTest, AMatMulAndItsBiasAddAreOneDenseLayerWithTheWeightTransposed
   EXPECT_THAT(weights->Get("mm.bias")->shape, ElementsAre(2));
 }
 
-// conv-bn-relu-pool, a residual block, concat, global pool, softmax.
-Graph Cnn() {
-  Graph g;
-  g.Input("image", {3, 8, 8}).Output("probs", {5});
-  g.Weight("conv1.weight", {4, 3, 3, 3}).Weight("conv1.bias", {4});
-  g.Weight("bn1.weight", {4}, 1.f).Weight("bn1.bias", {4}).Weight("bn1.running_mean", {4});
-  g.Weight("bn1.running_var", {4}, 1.f);
-  g.Weight("conv2.weight", {4, 4, 3, 3});
-  g.Weight("side.weight", {2, 4, 1, 1});
-  g.Weight("fc.weight", {5, 6}).Weight("fc.bias", {5});
-  onnx::NodeProto& conv1 = g.Node("Conv", {"image", "conv1.weight", "conv1.bias"}, {"c1"});
-  SetInts(conv1, "pads", {1, 1, 1, 1});
-  SetInts(conv1, "kernel_shape", {3, 3});
-  g.Node("BatchNormalization",
-         {"c1", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var"}, {"b1"});
-  g.Node("Relu", {"b1"}, {"r1"});
-  onnx::NodeProto& pool = g.Node("MaxPool", {"r1"}, {"p1"});
-  SetInts(pool, "kernel_shape", {2, 2});
-  SetInts(pool, "strides", {2, 2});
-  SetInts(g.Node("Conv", {"p1", "conv2.weight"}, {"c2"}), "pads", {1, 1, 1, 1});
-  g.Node("Add", {"c2", "p1"}, {"res"});
-  g.Node("Conv", {"res", "side.weight"}, {"side"});
-  SetInt(g.Node("Concat", {"res", "side"}, {"cat"}), "axis", 1);
-  g.Node("GlobalAveragePool", {"cat"}, {"gap"});
-  g.Node("Flatten", {"gap"}, {"flat"});
-  SetInt(g.Node("Gemm", {"flat", "fc.weight", "fc.bias"}, {"logits"}), "transB", 1);
-  g.Node("Softmax", {"logits"}, {"probs"});
-  return g;
-}
-
 TEST(OnnxImportTest, ACnnWithBatchNormAResidualAddAndAConcatMapsLayerForLayer) {
-  absl::StatusOr<ImportedModel> imported = ImportOnnx(Cnn().Bytes(), "cnn.onnx");
+  absl::StatusOr<ImportedModel> imported = ImportOnnx(OnnxCnn().Bytes(), "cnn.onnx");
   ASSERT_TRUE(imported.ok()) << imported.status();
   const ModelSpec& model = imported->model;
   EXPECT_THAT(model.input_shape(), ElementsAre(8, 8, 3));
@@ -218,17 +96,17 @@ TEST(OnnxImportTest, ACnnWithBatchNormAResidualAddAndAConcatMapsLayerForLayer) {
 }
 
 TEST(OnnxImportTest, SameAutoPaddingBecomesExplicitPadding) {
-  Graph g;
+  OnnxGraph g;
   g.Input("x", {1, 7, 7}).Output("y", {3});
   g.Weight("c.weight", {2, 1, 3, 3}).Weight("fc.weight", {3, 32});
   onnx::NodeProto& conv = g.Node("Conv", {"x", "c.weight"}, {"c"});
-  SetInts(conv, "strides", {2, 2});
+  SetIntsAttribute(conv, "strides", {2, 2});
   onnx::AttributeProto* pad = conv.add_attribute();
   pad->set_name("auto_pad");
   pad->set_type(onnx::AttributeProto::STRING);
   pad->set_s("SAME_UPPER");
   g.Node("Flatten", {"c"}, {"f"});
-  SetInt(g.Node("Gemm", {"f", "fc.weight"}, {"y"}), "transB", 1);
+  SetIntAttribute(g.Node("Gemm", {"f", "fc.weight"}, {"y"}), "transB", 1);
   absl::StatusOr<ImportedModel> imported = ImportOnnx(g.Bytes(), "same.onnx");
   ASSERT_TRUE(imported.ok()) << imported.status();
   // 7 at stride 2: 4 outputs, (4 - 1) * 2 + 3 - 7 = 2 padded, 1 each side.
@@ -237,14 +115,14 @@ TEST(OnnxImportTest, SameAutoPaddingBecomesExplicitPadding) {
 
 TEST(OnnxImportTest, AFlattenSpelledAsShapeArithmeticIsAFlatten) {
   // x.view(x.size(0), -1), as older exporters write it.
-  Graph g;
+  OnnxGraph g;
   g.Input("x", {2, 3, 3}).Output("y", {4});
   g.Weight("fc.weight", {4, 18}).Ints("zero", {0}).Ints("minus_one", {-1});
   g.Node("Shape", {"x"}, {"shape"});
   g.Node("Gather", {"shape", "zero"}, {"batch"});
   g.Node("Concat", {"batch", "minus_one"}, {"target"});
   g.Node("Reshape", {"x", "target"}, {"flat"});
-  SetInt(g.Node("Gemm", {"flat", "fc.weight"}, {"y"}), "transB", 1);
+  SetIntAttribute(g.Node("Gemm", {"flat", "fc.weight"}, {"y"}), "transB", 1);
   absl::StatusOr<ImportedModel> imported = ImportOnnx(g.Bytes(), "view.onnx");
   ASSERT_TRUE(imported.ok()) << imported.status();
   EXPECT_THAT(LayerNames(imported->model), ElementsAre("flat", "fc", "loss"));
@@ -252,13 +130,13 @@ TEST(OnnxImportTest, AFlattenSpelledAsShapeArithmeticIsAFlatten) {
 }
 
 TEST(OnnxImportTest, AGatherOfIdsIsAnEmbeddingReadingANamedInput) {
-  Graph g;
+  OnnxGraph g;
   g.Input("ids", {3}, onnx::TensorProto::INT64).Input("dense", {4}).Output("y", {2});
   g.Weight("emb.weight", {50, 4}).Weight("fc.weight", {2, 16});
   g.Node("Gather", {"emb.weight", "ids"}, {"rows"});
   g.Node("Flatten", {"rows"}, {"flat"});
-  SetInt(g.Node("Concat", {"flat", "dense"}, {"cat"}), "axis", 1);
-  SetInt(g.Node("Gemm", {"cat", "fc.weight"}, {"y"}), "transB", 1);
+  SetIntAttribute(g.Node("Concat", {"flat", "dense"}, {"cat"}), "axis", 1);
+  SetIntAttribute(g.Node("Gemm", {"cat", "fc.weight"}, {"y"}), "transB", 1);
   absl::StatusOr<ImportedModel> imported = ImportOnnx(g.Bytes(), "emb.onnx");
   ASSERT_TRUE(imported.ok()) << imported.status();
   const ModelSpec& model = imported->model;
@@ -272,7 +150,7 @@ TEST(OnnxImportTest, AGatherOfIdsIsAnEmbeddingReadingANamedInput) {
 }
 
 // What a refusal says, for a graph changed by `change`.
-std::string Refusal(Graph g) {
+std::string Refusal(OnnxGraph g) {
   absl::StatusOr<ImportedModel> imported = ImportOnnx(g.Bytes(), "bad.onnx");
   EXPECT_FALSE(imported.ok());
   EXPECT_EQ(imported.status().code(), absl::StatusCode::kInvalidArgument);
@@ -280,37 +158,37 @@ std::string Refusal(Graph g) {
 }
 
 TEST(OnnxImportTest, AnUnsupportedOpIsRefusedNamingTheNodeAndTheOp) {
-  Graph g = Mlp();
+  OnnxGraph g = OnnxMlp();
   g.model().mutable_graph()->mutable_node(2)->set_op_type("Sigmoid");
   EXPECT_THAT(Refusal(g),
               HasSubstr("bad.onnx: node \"/relu/Relu\" (Sigmoid): op Sigmoid is not supported"));
 }
 
 TEST(OnnxImportTest, AttributesOutsideWhatMapsAreRefused) {
-  Graph grouped = Cnn();
-  SetInt(*grouped.model().mutable_graph()->mutable_node(0), "group", 2);
+  OnnxGraph grouped = OnnxCnn();
+  SetIntAttribute(*grouped.model().mutable_graph()->mutable_node(0), "group", 2);
   EXPECT_THAT(Refusal(grouped), HasSubstr("(Conv): group 2 is not supported"));
-  Graph ceil = Cnn();
-  SetInt(*ceil.model().mutable_graph()->mutable_node(3), "ceil_mode", 1);
+  OnnxGraph ceil = OnnxCnn();
+  SetIntAttribute(*ceil.model().mutable_graph()->mutable_node(3), "ceil_mode", 1);
   EXPECT_THAT(Refusal(ceil), HasSubstr("(MaxPool): ceil_mode 1 is not supported"));
-  Graph unknown = Mlp();
-  SetInt(*unknown.model().mutable_graph()->mutable_node(2), "alpha", 1);
+  OnnxGraph unknown = OnnxMlp();
+  SetIntAttribute(*unknown.model().mutable_graph()->mutable_node(2), "alpha", 1);
   EXPECT_THAT(Refusal(unknown), HasSubstr("(Relu): attribute alpha is not understood"));
 }
 
 TEST(OnnxImportTest, AFlattenedImageReadByAnythingButADenseLayerIsRefused) {
-  Graph g;
+  OnnxGraph g;
   g.Input("x", {2, 3, 3}).Output("y", {4});
   g.Weight("fc.weight", {4, 18});
   g.Node("Flatten", {"x"}, {"flat"});
   g.Node("Relu", {"flat"}, {"r"});
-  SetInt(g.Node("Gemm", {"r", "fc.weight"}, {"y"}), "transB", 1);
+  SetIntAttribute(g.Node("Gemm", {"r", "fc.weight"}, {"y"}), "transB", 1);
   EXPECT_THAT(Refusal(g), HasSubstr("reads the flattened image \"flat\"; Downpour flattens "
                                     "images in HWC order"));
 }
 
 TEST(OnnxImportTest, AReshapeThatIsNoFlattenIsRefused) {
-  Graph g;
+  OnnxGraph g;
   g.Input("x", {18}).Output("y", {4});
   g.Ints("shape", {0, 2, 9});
   g.Node("Reshape", {"x", "shape"}, {"y"});
@@ -318,7 +196,7 @@ TEST(OnnxImportTest, AReshapeThatIsNoFlattenIsRefused) {
 }
 
 TEST(OnnxImportTest, WeightsThatDoNotFitTheInputAreRefusedNamingThem) {
-  Graph g = Mlp();
+  OnnxGraph g = OnnxMlp();
   g.model().mutable_graph()->mutable_initializer(0)->set_dims(1, 783);
   g.model().mutable_graph()->mutable_initializer(0)->mutable_raw_data()->resize(8 * 783 * 4);
   EXPECT_THAT(Refusal(g), HasSubstr("weight \"fc1.weight\" [8, 783] (transB 1) does not take 784"));
@@ -327,27 +205,27 @@ TEST(OnnxImportTest, WeightsThatDoNotFitTheInputAreRefusedNamingThem) {
 TEST(OnnxImportTest, MalformedFilesAreOneClearError) {
   EXPECT_THAT(ImportOnnx("not a model at all", "junk.onnx").status().message(),
               HasSubstr("junk.onnx: not an ONNX model"));
-  Graph old = Mlp();
+  OnnxGraph old = OnnxMlp();
   old.model().mutable_opset_import(0)->set_version(7);
   EXPECT_THAT(Refusal(old), HasSubstr("opset 7 is not supported; Downpour reads opsets 9 to 21"));
-  Graph truncated = Mlp();
+  OnnxGraph truncated = OnnxMlp();
   truncated.model().mutable_graph()->mutable_initializer(1)->mutable_raw_data()->resize(5);
   EXPECT_THAT(Refusal(truncated),
               HasSubstr("initializer \"fc1.bias\": raw_data has 5 bytes; shape [8] needs 32"));
-  Graph external = Mlp();
+  OnnxGraph external = OnnxMlp();
   external.model().mutable_graph()->mutable_initializer(0)->set_data_location(
       onnx::TensorProto::EXTERNAL);
   EXPECT_THAT(Refusal(external), HasSubstr("stored outside the file"));
-  Graph negative = Mlp();
+  OnnxGraph negative = OnnxMlp();
   negative.model().mutable_graph()->mutable_initializer(0)->set_dims(0, -8);
   EXPECT_THAT(Refusal(negative), HasSubstr("dimension -8 is negative"));
-  Graph two = Mlp();
+  OnnxGraph two = OnnxMlp();
   two.Output("relu", {8});
   EXPECT_THAT(Refusal(two), HasSubstr("the graph has 2 outputs"));
-  Graph cycle = Mlp();
+  OnnxGraph cycle = OnnxMlp();
   cycle.model().mutable_graph()->mutable_node(1)->set_input(0, "logits");
   EXPECT_THAT(Refusal(cycle), HasSubstr("input \"logits\" is not produced by an earlier node"));
-  Graph declared = Mlp();
+  OnnxGraph declared = OnnxMlp();
   declared.model().mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()
       ->mutable_shape()->mutable_dim(1)->set_dim_value(11);
   EXPECT_THAT(Refusal(declared), HasSubstr("declares \"logits\" as [batch, 11]; its nodes "
