@@ -10,12 +10,13 @@ log=$(mktemp -t downpour-test.XXXXXX)
 layering=$(mktemp -t downpour-layering.XXXXXX)
 export_xml=$(mktemp -t downpour-export.XXXXXX)
 tensorboard_xml=$(mktemp -t downpour-tensorboard.XXXXXX)
+pyclient_xml=$(mktemp -t downpour-pyclient.XXXXXX)
 deploy_xml=$(mktemp -t downpour-deploy.XXXXXX)
 slurm_xml=$(mktemp -t downpour-slurm.XXXXXX)
 cpu_only_xml=$(mktemp -t downpour-cpu-only.XXXXXX)
 fuzz_xml=$(mktemp -t downpour-fuzz.XXXXXX)
 venv_out=$(mktemp -t downpour-venv.XXXXXX)
-trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml" "$venv_out"' EXIT
+trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$pyclient_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml" "$venv_out"' EXIT
 # The pinned PyPI venv of the Python checks below is made while Bazel builds
 # (downloads, not CPU).
 "$ROOT/scripts/python-deps.sh" >"$venv_out" &
@@ -47,6 +48,11 @@ wait "$venv_pid" && python=$(cat "$venv_out")
 # tensorboard's EventAccumulator (same venv; skipped without it).
 "$python" "$ROOT/tests/tensorboard_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$tensorboard_xml"
+# The Python client (python/, pip-installed from a copy into a temp folder
+# with the venv's pinned grpcio-tools) against a coordinator, a shard and a
+# worker, and a TLS coordinator (same venv; skipped without it; ~15 s).
+"$python" "$ROOT/tests/python_client_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
+  --junit "$pyclient_xml"
 # deploy/ against the built daemons' flags and ports, plus promtool,
 # systemd-analyze and the other tools it finds (Debian's python3 for PyYAML;
 # hadolint from the venv).
@@ -72,4 +78,4 @@ fuzz_out=$(mktemp -d -t downpour-fuzz-run.XXXXXX)
 FUZZ_OUT=$fuzz_out "$ROOT/scripts/fuzz.sh" --junit "$fuzz_xml" --parallel 2 "${FUZZ_SECONDS:-10}" &&
   rm -rf "$fuzz_out"
 python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" \
-  "$tensorboard_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml"
+  "$tensorboard_xml" "$pyclient_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml"
