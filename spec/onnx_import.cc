@@ -453,7 +453,10 @@ absl::Status Importer::Take(const NodeProto& node) {
     int64_t n = 1;
     for (int64_t d : x->dims) n *= d;
     const std::vector<int64_t>& t = shape->i;
-    const bool flatten = shape->integer && t.size() == 2 && allowzero == 0 &&
+    // allowzero makes a 0 mean zero elements (not "the input's"); with no 0
+    // in the shape it changes nothing.
+    const bool zero = std::count(t.begin(), t.end(), 0) > 0;
+    const bool flatten = shape->integer && t.size() == 2 && (allowzero == 0 || !zero) &&
                          ((t[0] >= 0 && (t[1] == -1 || t[1] == n)) || (t[0] == -1 && t[1] == n));
     if (!flatten) {
       return Error(node, "a Reshape to ", OnnxShapeText(t), " of ", OnnxShapeText(x->dims),
