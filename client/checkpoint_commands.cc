@@ -23,8 +23,10 @@
 #include "common/file.h"
 #include "common/safetensors.h"
 #include "control/coordinator.h"
+#include "google/protobuf/text_format.h"
 #include "proto/coordinator.pb.h"
 #include "proto/job.pb.h"
+#include "spec/onnx_export.h"
 
 namespace downpour {
 
@@ -105,11 +107,25 @@ int RunResume(const CtlOptions& options, const std::vector<std::string>& args) {
 
 namespace {
 
-// "model.safetensors" -> "model.spec.pbtxt".
+// "model.safetensors" (or "model.onnx") -> "model.spec.pbtxt".
 std::string SpecPathBeside(const std::string& out) {
   std::string base = out;
-  if (absl::EndsWith(base, ".safetensors")) base.resize(base.size() - strlen(".safetensors"));
+  for (const char* extension : {".safetensors", ".onnx"}) {
+    if (absl::EndsWith(base, extension)) base.resize(base.size() - strlen(extension));
+  }
   return base + ".spec.pbtxt";
+}
+
+// The ONNX graph of an export in the pytorch layout, from the file alone:
+// its metadata holds the job's spec.
+absl::StatusOr<std::string> OnnxOfExport(const SafetensorsFile& file) {
+  auto spec_text = file.metadata().find("downpour.spec");
+  JobSpec spec;
+  if (spec_text == file.metadata().end() ||
+      !google::protobuf::TextFormat::ParseFromString(spec_text->second, &spec)) {
+    return absl::DataLossError("the exported model carries no readable job spec");
+  }
+  return ExportOnnx(spec.model(), file);
 }
 
 }  // namespace
@@ -119,10 +135,23 @@ int RunExport(const CtlOptions& options, const std::vector<std::string>& args) {
     return UsageError("export needs exactly one job id: downpourctl export JOB --out=FILE");
   }
   const std::string out = options.out;
-  if (out.empty()) return UsageError("export needs --out=FILE (a .safetensors file to write)");
+  const std::string format = options.export_format;
+  if (format != "safetensors" && format != "onnx") {
+    return UsageError(
+        absl::StrCat("--format=", format, " is unknown for export; use safetensors or onnx"));
+  }
+  const bool onnx = format == "onnx";
+  if (out.empty()) {
+    return UsageError(absl::StrCat("export needs --out=FILE (a .", onnx ? "onnx" : "safetensors",
+                                   " file to write)"));
+  }
   const std::string layout = options.layout;
   if (layout != "pytorch" && layout != "native") {
     return UsageError(absl::StrCat("--layout=", layout, " is unknown; use pytorch or native"));
+  }
+  if (onnx && layout != "pytorch") {
+    // The graph's initializers are PyTorch's tensors, by PyTorch's names.
+    return UsageError("--format=onnx writes PyTorch's names and layouts; drop --layout=native");
   }
   if (options.checkpoint < 0) {
     return UsageError("--checkpoint=STEP must not be negative");
@@ -136,6 +165,15 @@ int RunExport(const CtlOptions& options, const std::vector<std::string>& args) {
   absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Parse(*bytes, "the exported model");
   if (!file.ok()) return FailStatus(file.status());
   const auto& meta = file->metadata();
+  if (onnx) {
+    // Converted here, from what arrived: the coordinator knows one export.
+    absl::StatusOr<std::string> graph = OnnxOfExport(*file);
+    if (!graph.ok()) {
+      return FailStatus(absl::Status(
+          graph.status().code(), absl::StrCat("job ", args[0], ": ", graph.status().message())));
+    }
+    *bytes = *std::move(graph);
+  }
   const std::string spec_path = SpecPathBeside(out);
   for (const auto& [path, contents] :
        {std::pair<std::string, std::string>{out, *bytes},
@@ -150,12 +188,14 @@ int RunExport(const CtlOptions& options, const std::vector<std::string>& args) {
       meta.count("downpour.test_accuracy")
           ? absl::StrCat(" (test accuracy ", meta.at("downpour.test_accuracy"), ")")
           : "";
-  std::cout << absl::StrFormat(
-                   "wrote %s (%d tensors, %.1f MiB, %s layout) from job %s step %s%s; "
-                   "spec in %s",
-                   out, file->tensors().size(), bytes->size() / 1048576.0, layout, args[0],
-                   meta.count("downpour.step") ? meta.at("downpour.step") : "?", accuracy,
-                   spec_path)
+  const std::string what =
+      onnx ? absl::StrFormat("ONNX opset %d, %.1f MiB", kOnnxOpset, bytes->size() / 1048576.0)
+           : absl::StrFormat("%d tensors, %.1f MiB, %s layout", file->tensors().size(),
+                             bytes->size() / 1048576.0, layout);
+  std::cout << absl::StrFormat("wrote %s (%s) from job %s step %s%s; spec in %s", out, what,
+                               args[0],
+                               meta.count("downpour.step") ? meta.at("downpour.step") : "?",
+                               accuracy, spec_path)
             << std::endl;
   return kExitOk;
 }

@@ -47,6 +47,7 @@ struct CtlOptions {
   std::string out;
   int64_t checkpoint = 0;
   std::string layout = "pytorch";
+  std::string export_format = "safetensors";  // --format: safetensors or onnx.
   // delete.
   bool with_checkpoints = false;
   // logs.

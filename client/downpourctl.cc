@@ -56,7 +56,9 @@ ABSL_FLAG(bool, wait, false,
 ABSL_FLAG(std::string, init_from, "",
           "submit: start from saved weights: JOB or JOB@STEP (a checkpoint of a job this "
           "coordinator knows) or FILE.safetensors (an export, in either layout)");
-ABSL_FLAG(std::string, out, "", "export: the safetensors file to write (the spec goes beside it)");
+ABSL_FLAG(std::string, out, "",
+          "export: the file to write, .safetensors (or .onnx with --format=onnx); the spec goes "
+          "beside it");
 ABSL_FLAG(int64_t, checkpoint, 0, "export: the checkpoint's step (0: the newest)");
 ABSL_FLAG(std::string, layout, "pytorch",
           "export: pytorch (PyTorch's names and layouts) or native (ours)");
@@ -73,7 +75,10 @@ ABSL_FLAG(std::string, connect_timeout, "5s",
 ABSL_FLAG(std::string, reconnect_timeout, "30s",
           "wait: how long to keep trying to reach a coordinator that went "
           "away before giving up");
-ABSL_FLAG(std::string, format, "idx", "dataset import: input format (idx)");
+// Each command has its own default: idx (dataset import), safetensors (export).
+ABSL_FLAG(std::string, format, "",
+          "dataset import: input format (idx, the default); export: safetensors (the default) or "
+          "onnx");
 ABSL_FLAG(std::string, images, "", "dataset import: IDX images file");
 ABSL_FLAG(std::string, labels, "", "dataset import: IDX labels file");
 ABSL_FLAG(std::string, out_dir, "", "dataset import: directory the record shards are written to");
@@ -136,6 +141,9 @@ commands:
                         write the model of JOB's newest (or STEP's)
                         checkpoint as one safetensors file that PyTorch's
                         load_state_dict takes, and its spec beside it
+  export JOB --format=onnx --out=FILE.onnx [--checkpoint=STEP]
+                        the same model as an ONNX inference graph (input
+                        NCHW for images; outputs logits and probabilities)
   dataset import --format=idx --images=PATH --labels=PATH --out_dir=DIR
                  --name=NAME [--shards=N] [--limit=N]
                         convert an IDX image/label pair into record shards
@@ -192,7 +200,7 @@ _downpourctl() {
     COMPREPLY=($(compgen -W "table wide json yaml" -- "$cur")); return
   fi
   if [[ $cur == -* ]]; then
-    COMPREPLY=($(compgen -W "--coordinator= --context= --config= --output= --job_id= --wait --timeout= --init_from= --out= --checkpoint= --layout= --follow --tail= --tls_ca= --tls_cert= --tls_key= --token_file= -f -o" -- "$cur"))
+    COMPREPLY=($(compgen -W "--coordinator= --context= --config= --output= --job_id= --wait --timeout= --init_from= --out= --checkpoint= --layout= --format= --follow --tail= --tls_ca= --tls_cert= --tls_key= --token_file= -f -o" -- "$cur"))
     return
   fi
   case "$cmd" in
@@ -436,7 +444,9 @@ int Main(int argc, char** argv) {
   options.follow = absl::GetFlag(FLAGS_follow);
   options.with_checkpoints = absl::GetFlag(FLAGS_with_checkpoints);
   options.tail = absl::GetFlag(FLAGS_tail);
-  options.format = absl::GetFlag(FLAGS_format);
+  const std::string format = absl::GetFlag(FLAGS_format);
+  options.format = format.empty() ? "idx" : format;
+  options.export_format = format.empty() ? "safetensors" : format;
   options.images = absl::GetFlag(FLAGS_images);
   options.labels = absl::GetFlag(FLAGS_labels);
   options.out_dir = absl::GetFlag(FLAGS_out_dir);

@@ -9,6 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 log=$(mktemp -t downpour-test.XXXXXX)
 layering=$(mktemp -t downpour-layering.XXXXXX)
 export_xml=$(mktemp -t downpour-export.XXXXXX)
+onnx_xml=$(mktemp -t downpour-onnx.XXXXXX)
 tensorboard_xml=$(mktemp -t downpour-tensorboard.XXXXXX)
 pyclient_xml=$(mktemp -t downpour-pyclient.XXXXXX)
 deploy_xml=$(mktemp -t downpour-deploy.XXXXXX)
@@ -16,7 +17,7 @@ slurm_xml=$(mktemp -t downpour-slurm.XXXXXX)
 cpu_only_xml=$(mktemp -t downpour-cpu-only.XXXXXX)
 fuzz_xml=$(mktemp -t downpour-fuzz.XXXXXX)
 venv_out=$(mktemp -t downpour-venv.XXXXXX)
-trap 'rm -f "$log" "$layering" "$export_xml" "$tensorboard_xml" "$pyclient_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml" "$venv_out"' EXIT
+trap 'rm -f "$log" "$layering" "$export_xml" "$onnx_xml" "$tensorboard_xml" "$pyclient_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml" "$venv_out"' EXIT
 # The pinned PyPI venv of the Python checks below is made while Bazel builds
 # (downloads, not CPU).
 "$ROOT/scripts/python-deps.sh" >"$venv_out" &
@@ -44,6 +45,10 @@ python=python3
 wait "$venv_pid" && python=$(cat "$venv_out")
 "$python" "$ROOT/tests/export_numpy_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$export_xml"
+# `export --format=onnx` of three short jobs, checked by PyPI onnx and run by
+# onnxruntime on the test records (same venv; skipped without it; ~1 min).
+"$python" "$ROOT/tests/onnx_export_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
+  --junit "$onnx_xml"
 # The coordinator's TensorBoard event files, read during a job by PyPI
 # tensorboard's EventAccumulator (same venv; skipped without it).
 "$python" "$ROOT/tests/tensorboard_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
@@ -77,5 +82,5 @@ rm -f "$fuzz_build_log"
 fuzz_out=$(mktemp -d -t downpour-fuzz-run.XXXXXX)
 FUZZ_OUT=$fuzz_out "$ROOT/scripts/fuzz.sh" --junit "$fuzz_xml" --parallel 2 "${FUZZ_SECONDS:-10}" &&
   rm -rf "$fuzz_out"
-python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" \
+python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" "$onnx_xml" \
   "$tensorboard_xml" "$pyclient_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml"

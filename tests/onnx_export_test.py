@@ -1,0 +1,417 @@
+"""A trained model leaves Downpour as an ONNX graph that ONNX Runtime runs.
+
+Starts the real daemons on loopback with a checkpoint root (one coordinator,
+two shards, two workers; export_numpy_test.Cluster), trains three short jobs
+and exports each with `downpourctl export --format=onnx`, as a user would:
+
+  mlp     examples/fashion_mnist_mlp.pbtxt, 300 steps (flatten of an image,
+          dense layers);
+  cnn_bn  a CNN over Fashion-MNIST with batch norm, a residual add, max and
+          average pools with asymmetric SAME padding, a concat of images,
+          global average pooling, a flatten, dropout and a concat of vectors;
+  ctr     a click model with two named dense inputs, dot_interaction, a
+          concat and batch norm over vectors, on `dataset generate --kind=ctr`
+          data (metrics ACCURACY and AUC);
+  sparse  a model with a sparse embedding, trained a few steps: its export
+          is refused with exit status 2 and one sentence naming the layer.
+
+Each file passes onnx.checker.check_model (full_check: ONNX's shape
+inference agrees with the declared shapes), and ONNX Runtime, fed the job's
+own test records (decoded here from their tf.Example bytes, pixels scaled by
+float32(1/255) as data/example.cc does, transposed from HWC to NCHW), must
+reach the accuracy the job reported (`downpourctl get -o json`) to 1e-6:
+rank 0 evaluates the whole test set with the exported checkpoint's
+parameters and batch-norm statistics, so the two count the same examples
+right unless a rounding difference flips a near-tie. The ctr job's AUC must
+agree to 1e-4 (a rounding difference may reorder two near-equal scores).
+
+Run by scripts/test.sh with the venv of scripts/python-deps.sh (onnx,
+onnxruntime, NumPy), after the build; skipped, with the reason, without them.
+Writes JUnit XML for scripts/count_tests.py.
+usage: onnx_export_test.py --bin BAZEL_BIN --junit OUT.xml
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_numpy_test import ROOT, Cluster  # noqa: E402
+
+ACCURACY_TOLERANCE = 1e-6
+AUC_TOLERANCE = 1e-4
+STEPS = 300
+
+CNN_BN = """
+name: "onnx-cnn-bn"
+model {
+  input_shape: [28, 28, 1]
+  num_classes: 10
+  layer { name: "conv1" conv2d { filters: 8 kernel_size: 3 no_bias: true } }
+  layer { name: "bn1" batch_norm {} }
+  layer { name: "relu1" relu {} }
+  layer { name: "pool1" max_pool { window: 2 } }
+  layer { name: "conv2" conv2d { filters: 8 kernel_size: 3 } }
+  layer { name: "bn2" batch_norm { epsilon: 0.001 momentum: 0.9 } }
+  layer { name: "relu2" relu {} }
+  layer { name: "res" inputs: ["pool1", "relu2"] add {} }
+  layer { name: "maxp" max_pool { window: 3 stride: 2 } }
+  layer { name: "avgp" inputs: "res" avg_pool { window: 3 stride: 2 } }
+  layer { name: "cat" inputs: ["maxp", "avgp"] concat {} }
+  layer { name: "gap" global_avg_pool {} }
+  layer { name: "flat" inputs: "cat" flatten {} }
+  layer { name: "fc" dense { units: 32 } }
+  layer { name: "relu3" relu {} }
+  layer { name: "drop" dropout { rate: 0.1 } }
+  layer { name: "head" inputs: ["gap", "drop"] concat {} }
+  layer { name: "logits" dense { units: 10 } }
+  layer { name: "loss" softmax_cross_entropy {} }
+}
+dataset {
+  train_files: "fashion-mnist/train-*.tfrecord"
+  test_files: "fashion-mnist/test-*.tfrecord"
+  batch_size: 64
+  shuffle_buffer: 10000
+}
+optimizer { kind: ADAM learning_rate: 0.002 }
+consistency { mode: SYNC }
+num_workers: 2
+num_shards: 2
+steps: %d
+seed: 1
+""" % STEPS
+
+CTR = """
+name: "onnx-ctr"
+model {
+  num_classes: 2
+  inputs { name: "low" features: ["I1", "I2", "I3", "I4", "I5", "I6"] }
+  inputs { name: "high" features: ["I7", "I8", "I9", "I10", "I11", "I12", "I13"] }
+  layer { name: "bottom_low" inputs: "low" dense { units: 8 } }
+  layer { name: "relu_low" relu {} }
+  layer { name: "bottom_high" inputs: "high" dense { units: 8 } }
+  layer { name: "relu_high" relu {} }
+  layer { name: "dot" inputs: ["relu_low", "relu_high", "bottom_low"] dot_interaction {} }
+  layer { name: "top" inputs: ["relu_low", "relu_high", "dot"] concat {} }
+  layer { name: "bn" batch_norm {} }
+  layer { name: "logits" dense { units: 2 } }
+  layer { name: "loss" softmax_cross_entropy {} }
+}
+dataset {
+  train_files: "ctr/ctr-train-*.tfrecord"
+  test_files: "ctr/ctr-test-*.tfrecord"
+  batch_size: 256
+}
+optimizer { kind: ADAM learning_rate: 0.01 }
+consistency { mode: SYNC }
+metrics: [ACCURACY, AUC]
+num_workers: 2
+num_shards: 2
+steps: %d
+seed: 1
+""" % STEPS
+
+SPARSE = """
+name: "onnx-sparse"
+model {
+  num_classes: 2
+  inputs { name: "C1" kind: SPARSE max_ids: 8 }
+  layer { name: "emb" inputs: "C1" embedding { sparse: true hash_ids: true dim: 4 } }
+  layer { name: "logits" dense { units: 2 } }
+  layer { name: "loss" softmax_cross_entropy {} }
+}
+dataset {
+  train_files: "ctr/ctr-train-*.tfrecord"
+  test_files: "ctr/ctr-test-*.tfrecord"
+  batch_size: 256
+}
+optimizer { kind: ADAM learning_rate: 0.01 }
+num_workers: 1
+num_shards: 2
+steps: 20
+"""
+
+
+# ------------------------------------------------ records and tf.Example
+
+
+def read_records(pattern):
+    """Every record's payload in the files matching `pattern`, in file
+    order. The CRCs are not checked: the job just read the same files, and
+    its reader checks them."""
+    records = []
+    for path in sorted(glob.glob(pattern)):
+        with open(path, "rb") as f:
+            data = f.read()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            records.append(data[pos + 12 : pos + 12 + length])
+            pos += 16 + length
+    if not records:
+        raise RuntimeError(f"no records in {pattern}")
+    return records
+
+
+def _varint(buf, pos):
+    value, shift = 0, 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf):
+    """(field number, wire type, value) of a message: an int for a varint,
+    bytes for the others."""
+    pos = 0
+    while pos < len(buf):
+        tag, pos = _varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos : pos + 8], pos + 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            value, pos = buf[pos : pos + length], pos + length
+        elif wire == 5:
+            value, pos = buf[pos : pos + 4], pos + 4
+        else:
+            raise ValueError(f"wire type {wire} in a tf.Example")
+        yield number, wire, value
+
+
+def _feature(buf):
+    """A tf.train.Feature: a list of bytes, floats or ints."""
+    values = []
+    for kind, _, holder in _fields(buf):
+        for number, wire, v in _fields(holder):
+            if number != 1:
+                continue
+            if kind == 1:  # bytes_list
+                values.append(v)
+            elif kind == 2:  # float_list, packed or not
+                values.extend(struct.unpack(f"<{len(v) // 4}f", v))
+            elif wire == 0:  # int64_list, one value
+                values.append(v - (1 << 64) if v >= 1 << 63 else v)
+            else:  # int64_list, packed
+                pos = 0
+                while pos < len(v):
+                    x, pos = _varint(v, pos)
+                    values.append(x - (1 << 64) if x >= 1 << 63 else x)
+    return values
+
+
+def parse_example(buf):
+    """A tf.train.Example's features by name."""
+    features = {}
+    for number, _, message in _fields(buf):
+        if number != 1:
+            continue
+        for entry_number, _, entry in _fields(message):
+            if entry_number != 1:
+                continue
+            key, value = None, b""
+            for n, _, v in _fields(entry):
+                if n == 1:
+                    key = v.decode()
+                elif n == 2:
+                    value = v
+            features[key] = _feature(value)
+    return features
+
+
+def image_test_set(data_dir):
+    """Fashion-MNIST's test records as NCHW float32 images and labels."""
+    import numpy as np
+
+    images, labels = [], []
+    for record in read_records(os.path.join(data_dir, "fashion-mnist", "test-*.tfrecord")):
+        example = parse_example(record)
+        images.append(np.frombuffer(example["image"][0], np.uint8))
+        labels.append(example["label"][0])
+    # data/example.cc: raw bytes times float(1.0f / 255.0f).
+    pixels = np.stack(images).astype(np.float32) * np.float32(1.0 / 255.0)
+    nchw = pixels.reshape(-1, 28, 28, 1).transpose(0, 3, 1, 2)
+    return {"input": np.ascontiguousarray(nchw)}, np.array(labels)
+
+
+def ctr_test_set(data_dir):
+    """The click log's test records: the two named inputs, and labels."""
+    import numpy as np
+
+    low, high, labels = [], [], []
+    for record in read_records(os.path.join(data_dir, "ctr", "ctr-test-*.tfrecord")):
+        example = parse_example(record)
+        low.append([example[f"I{j}"][0] for j in range(1, 7)])
+        high.append([example[f"I{j}"][0] for j in range(7, 14)])
+        labels.append(example["label"][0])
+    return ({"low": np.array(low, np.float32), "high": np.array(high, np.float32)},
+            np.array(labels))
+
+
+# --------------------------------------------------------------- checks
+
+
+def auc(scores, labels):
+    """The area under the ROC curve, ties counting one half (as
+    common/binary_metrics.cc)."""
+    import numpy as np
+
+    order = np.argsort(scores, kind="stable")
+    s, y = scores[order], labels[order]
+    ranks = np.empty(len(s))
+    start = 0
+    while start < len(s):  # Average ranks over runs of equal scores.
+        end = start
+        while end + 1 < len(s) and s[end + 1] == s[start]:
+            end += 1
+        ranks[start : end + 1] = (start + end) / 2 + 1
+        start = end + 1
+    positives = int(y.sum())
+    negatives = len(y) - positives
+    return (ranks[y == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def run_onnx(path, inputs):
+    """Logits and probabilities of every example, in batches of 1000."""
+    import numpy as np
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    if sorted(names) != sorted(inputs):
+        raise AssertionError(f"{path} takes inputs {names}, not {sorted(inputs)}")
+    outputs = [o.name for o in session.get_outputs()]
+    if outputs != ["logits", "probabilities"]:
+        raise AssertionError(f"{path} has outputs {outputs}, not logits and probabilities")
+    n = len(next(iter(inputs.values())))
+    logits, probabilities = [], []
+    for at in range(0, n, 1000):
+        got = session.run(None, {k: v[at : at + 1000] for k, v in inputs.items()})
+        logits.append(got[0])
+        probabilities.append(got[1])
+    return np.concatenate(logits), np.concatenate(probabilities)
+
+
+def check_onnx_export(cluster, name, spec_path, test_set):
+    import numpy as np
+    import onnx
+
+    cluster.ctl("submit", spec_path, "--job_id=" + name, "--wait")
+    job = json.loads(cluster.ctl("-o", "json", "get", name))
+    out = os.path.join(cluster.work, name + ".onnx")
+    printed = cluster.ctl("export", name, "--format=onnx", "--out=" + out)
+    if not re.match(rf"wrote {re.escape(out)} \(ONNX opset 17, [0-9.]+ MiB\) from job {name} "
+                    rf"step {STEPS}", printed):
+        raise AssertionError(f"export printed {printed.strip()!r}")
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    if model.ir_version != 8 or [(o.domain, o.version) for o in model.opset_import] != [("", 17)]:
+        raise AssertionError(f"{out}: IR version {model.ir_version}, opsets "
+                             f"{[(o.domain, o.version) for o in model.opset_import]}")
+    inputs, labels = test_set
+    logits, probabilities = run_onnx(out, inputs)
+    if not np.allclose(probabilities.sum(axis=1), 1, atol=1e-5):
+        raise AssertionError(f"{name}: probabilities do not sum to 1")
+    ours = float((logits.argmax(axis=1) == labels).mean())
+    theirs = job["test_accuracy"]
+    report = f"{name}: job test accuracy {theirs:.6f}, ONNX Runtime {ours:.6f}"
+    failures = []
+    if abs(ours - theirs) > ACCURACY_TOLERANCE:
+        failures.append(f"ONNX Runtime's accuracy {ours:.6f} is not the job's {theirs:.6f}")
+    if "test_auc" in job:
+        ours_auc = auc(probabilities[:, 1], labels)
+        report += f"; job AUC {job['test_auc']:.6f}, ONNX Runtime {ours_auc:.6f}"
+        if abs(ours_auc - job["test_auc"]) > AUC_TOLERANCE:
+            failures.append(f"ONNX Runtime's AUC {ours_auc:.6f} is not within "
+                            f"{AUC_TOLERANCE} of the job's {job['test_auc']:.6f}")
+    print(report, flush=True)
+    if failures:
+        raise AssertionError(f"{name}: " + "; ".join(failures))
+
+
+def check_refused(cluster, name, spec_path, _):
+    cluster.ctl("submit", spec_path, "--job_id=" + name, "--wait")
+    out = os.path.join(cluster.work, name + ".onnx")
+    result = subprocess.run([cluster.ctl_path, "--coordinator=" + cluster.coordinator, "export",
+                             name, "--format=onnx", "--out=" + out],
+                            capture_output=True, text=True, timeout=300)
+    expected = (f'downpourctl: job {name}: layer "emb" (embedding): sparse tables have no ONNX '
+                "form in this exporter; export --format=safetensors\n")
+    if result.returncode != 2 or result.stderr != expected or os.path.exists(out):
+        raise AssertionError(f"export of {name} exited {result.returncode} with "
+                             f"{result.stderr!r}; expected 2 with {expected!r} and no file")
+    print(f"{name}: refused: {result.stderr.strip()}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--junit", required=True)
+    args = parser.parse_args()
+    suite = ET.Element("testsuite", name="onnx_export_test")
+    skip_reason = None
+    try:
+        import numpy  # noqa: F401
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as e:
+        skip_reason = (f"NumPy, onnx or onnxruntime missing ({e}); scripts/python-deps.sh "
+                       "installs them")
+    failed = False
+    work = tempfile.mkdtemp(prefix="downpour-onnx-")
+    cluster = Cluster(args.bin, work)
+    data = os.path.join(work, "data")
+    with open(os.path.join(ROOT, "examples/fashion_mnist_mlp.pbtxt")) as f:
+        mlp = re.sub(r"(?m)^steps: \d+$", f"steps: {STEPS}", f.read())
+    cases = {"mlp": (mlp, check_onnx_export), "cnn_bn": (CNN_BN, check_onnx_export),
+             "ctr": (CTR, check_onnx_export), "sparse": (SPARSE, check_refused)}
+    try:
+        if skip_reason is None:
+            cluster.start()
+            subprocess.run([cluster.ctl_path, "dataset", "generate", "--kind=ctr",
+                            "--out_dir=" + os.path.join(data, "ctr"), "--name=ctr",
+                            "--examples=40000", "--test_examples=10000", "--shards=2",
+                            "--vocabulary=100:1000"], check=True, capture_output=True)
+            images = image_test_set(data)
+            test_sets = {"mlp": images, "cnn_bn": images, "ctr": ctr_test_set(data)}
+        for name, (text, check) in cases.items():
+            case = ET.SubElement(suite, "testcase", classname="OnnxExportTest", name=name)
+            if skip_reason is not None:
+                ET.SubElement(case, "skipped", message=skip_reason)
+                print(f"{name}: skipped: {skip_reason}")
+                continue
+            try:
+                spec_path = os.path.join(work, name + ".pbtxt")
+                with open(spec_path, "w") as f:
+                    f.write(text)
+                check(cluster, name, spec_path, test_sets.get(name))
+            except Exception as e:  # One case's failure is reported; the next runs.
+                failed = True
+                ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
+                print(f"{name}: FAILED: {e}", file=sys.stderr)
+    except Exception as e:
+        failed = True
+        case = ET.SubElement(suite, "testcase", classname="OnnxExportTest", name="cluster")
+        ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
+        print(f"onnx_export_test: {e}", file=sys.stderr)
+    finally:
+        cluster.finish(failed)
+    ET.ElementTree(suite).write(args.junit)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
