@@ -43,6 +43,7 @@ struct CtlOptions {
   std::string job_id;
   bool wait = false;
   std::string init_from;
+  std::string model;  // submit --model=MODEL.onnx.
   // export.
   std::string out;
   int64_t checkpoint = 0;
@@ -121,6 +122,11 @@ int RunExport(const CtlOptions& options, const std::vector<std::string>& args);
 
 // dataset import and dataset generate (client/dataset_command.cc).
 int RunDataset(const CtlOptions& options, const std::vector<std::string>& args);
+// model import MODEL.onnx [--out=SPEC.pbtxt].
+int RunModel(const CtlOptions& options, const std::vector<std::string>& args);
+// An ONNX file's bytes (submit --model, model import); NotFound or
+// InvalidArgument naming it.
+absl::StatusOr<std::string> ReadModelFile(const std::string& path);
 
 }  // namespace downpour
 

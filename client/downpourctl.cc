@@ -56,6 +56,9 @@ ABSL_FLAG(bool, wait, false,
 ABSL_FLAG(std::string, init_from, "",
           "submit: start from saved weights: JOB or JOB@STEP (a checkpoint of a job this "
           "coordinator knows) or FILE.safetensors (an export, in either layout)");
+ABSL_FLAG(std::string, model, "",
+          "submit: the job's model from an ONNX file (the spec then holds only the training "
+          "part; the job starts from the graph's weights)");
 ABSL_FLAG(std::string, out, "",
           "export: the file to write, .safetensors (or .onnx with --format=onnx); the spec goes "
           "beside it");
@@ -114,10 +117,12 @@ commands:
   nodes drain NODE      NODE gets no new work; its running jobs move off it
   nodes uncordon NODE   NODE takes new work again
   submit FILE [--job_id=ID] [--wait] [--timeout=DURATION]
-         [--init_from=JOB|JOB@STEP|WEIGHTS.safetensors]
+         [--init_from=JOB|JOB@STEP|WEIGHTS.safetensors] [--model=MODEL.onnx]
                         submit the job spec in FILE (protobuf text format);
                         prints the job id; --init_from starts it from saved
-                        weights (fine-tuning; optimizer state starts fresh)
+                        weights (fine-tuning; optimizer state starts fresh);
+                        --model takes the model and its weights from an ONNX
+                        file (FILE then holds the training part only)
   list                  list jobs
   get JOB               show one job
   describe JOB          show one job with its spec, placement, events and
@@ -144,6 +149,9 @@ commands:
   export JOB --format=onnx --out=FILE.onnx [--checkpoint=STEP]
                         the same model as an ONNX inference graph (input
                         NCHW for images; outputs logits and probabilities)
+  model import MODEL.onnx [--out=SPEC.pbtxt]
+                        the ONNX model as a spec's model (printed, or written
+                        to SPEC.pbtxt with its weights in SPEC.safetensors)
   dataset import --format=idx --images=PATH --labels=PATH --out_dir=DIR
                  --name=NAME [--shards=N] [--limit=N]
                         convert an IDX image/label pair into record shards
@@ -176,7 +184,7 @@ exit status: 0 ok, 1 failed (job failed or stopped, coordinator error),
              2 usage error or rejected input, 3 wait timed out.)";
 
 constexpr char kCommands[] =
-    "nodes submit list get describe logs wait stop delete checkpoint resume export dataset "
+    "nodes submit list get describe logs wait stop delete checkpoint resume export model dataset "
     "config version completion";
 
 // Bash completion: commands, subcommands, flags, and job and node ids asked
@@ -200,7 +208,7 @@ _downpourctl() {
     COMPREPLY=($(compgen -W "table wide json yaml" -- "$cur")); return
   fi
   if [[ $cur == -* ]]; then
-    COMPREPLY=($(compgen -W "--coordinator= --context= --config= --output= --job_id= --wait --timeout= --init_from= --out= --checkpoint= --layout= --format= --follow --tail= --tls_ca= --tls_cert= --tls_key= --token_file= -f -o" -- "$cur"))
+    COMPREPLY=($(compgen -W "--coordinator= --context= --config= --output= --job_id= --wait --timeout= --init_from= --model= --out= --checkpoint= --layout= --format= --follow --tail= --tls_ca= --tls_cert= --tls_key= --token_file= -f -o" -- "$cur"))
     return
   fi
   case "$cmd" in
@@ -214,6 +222,9 @@ _downpourctl() {
       if [[ -z $sub ]]; then COMPREPLY=($(compgen -W "get-contexts current-context use-context set-context delete-context" -- "$cur"))
       else COMPREPLY=($(compgen -W "$(downpourctl config get-contexts -o json 2>/dev/null | sed -n 's/.*"name": "\([^"]*\)".*/\1/p')" -- "$cur")); fi ;;
     dataset) COMPREPLY=($(compgen -W "import generate" -- "$cur")) ;;
+    model)
+      if [[ -z $sub ]]; then COMPREPLY=($(compgen -W "import" -- "$cur"))
+      else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     completion) COMPREPLY=($(compgen -W "bash" -- "$cur")) ;;
     submit) COMPREPLY=($(compgen -f -- "$cur")) ;;
   esac
@@ -438,6 +449,7 @@ int Main(int argc, char** argv) {
   options.job_id = absl::GetFlag(FLAGS_job_id);
   options.wait = absl::GetFlag(FLAGS_wait);
   options.init_from = absl::GetFlag(FLAGS_init_from);
+  options.model = absl::GetFlag(FLAGS_model);
   options.out = absl::GetFlag(FLAGS_out);
   options.checkpoint = absl::GetFlag(FLAGS_checkpoint);
   options.layout = absl::GetFlag(FLAGS_layout);
@@ -466,6 +478,7 @@ int Main(int argc, char** argv) {
   options.click_rate = absl::GetFlag(FLAGS_click_rate);
 
   if (command == "dataset") return RunDataset(options, args);
+  if (command == "model") return RunModel(options, args);
   if (command == "config") return RunConfig(options, args);
   if (command == "completion") {
     if (args.size() != 1 || args[0] != "bash") {

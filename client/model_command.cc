@@ -3,6 +3,7 @@
 // edit and submit (spec/onnx_import.h says what maps and what is refused).
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -10,11 +11,13 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "google/protobuf/text_format.h"
+#include "onnx/onnx.pb.h"
 #include "spec/onnx_import.h"
 
 namespace downpour {
@@ -34,6 +37,67 @@ absl::Status WriteFile(const std::string& path, const std::string& contents,
   return file->Commit();
 }
 
+// The model with every initializer kept in a file beside it (ONNX's
+// external data, which torch.onnx.export writes by default) read into the
+// model, so the coordinator gets one self-contained file. A location must
+// name a file in the model's own folder.
+absl::StatusOr<std::string> InlineExternalData(std::string bytes, const std::string& path) {
+  onnx::ModelProto model;
+  if (!model.ParseFromString(bytes)) return bytes;  // The importer says what is wrong.
+  const std::string dir = path.find('/') == std::string::npos
+                              ? "."
+                              : path.substr(0, path.rfind('/'));
+  std::map<std::string, std::string> files;
+  bool inlined = false;
+  for (onnx::TensorProto& t : *model.mutable_graph()->mutable_initializer()) {
+    if (t.data_location() != onnx::TensorProto::EXTERNAL) continue;
+    std::string location;
+    int64_t offset = 0, length = -1;
+    for (const onnx::StringStringEntryProto& e : t.external_data()) {
+      if (e.key() == "location") location = e.value();
+      if ((e.key() == "offset" && !absl::SimpleAtoi(e.value(), &offset)) ||
+          (e.key() == "length" && !absl::SimpleAtoi(e.value(), &length))) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": initializer \"", t.name(),
+                                                       "\": external data ", e.key(), " \"",
+                                                       e.value(), "\" is not a number"));
+      }
+    }
+    if (location.empty() || location[0] == '/' || absl::StrContains(location, "..")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": initializer \"", t.name(), "\": external data location \"", location,
+          "\" is not a file in the model's folder"));
+    }
+    if (files.count(location) == 0) {
+      const std::string file = absl::StrCat(dir, "/", location);
+      absl::StatusOr<std::string> data = ReadFileToString(file);
+      if (!data.ok()) {
+        return absl::NotFoundError(absl::StrCat(path, ": initializer \"", t.name(),
+                                                "\" keeps its data in ", file, ": ",
+                                                data.status().message()));
+      }
+      files[location] = *std::move(data);
+    }
+    const std::string& data = files[location];
+    if (length < 0) length = static_cast<int64_t>(data.size()) - offset;
+    if (offset < 0 || length < 0 || offset + length > static_cast<int64_t>(data.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": initializer \"", t.name(), "\": bytes [", offset, ", ", offset + length,
+          ") of ", location, " are outside its ", data.size(), " bytes"));
+    }
+    t.set_raw_data(data.substr(offset, length));
+    t.clear_external_data();
+    t.clear_data_location();
+    inlined = true;
+  }
+  if (!inlined) return bytes;
+  std::string out;
+  if (!model.SerializeToString(&out) || out.size() > kMaxOnnxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": with its external data inlined the model is more than an ONNX file holds"));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadModelFile(const std::string& path) {
@@ -43,7 +107,7 @@ absl::StatusOr<std::string> ReadModelFile(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ", bytes->size(), " bytes is more than an ONNX file holds"));
   }
-  return bytes;
+  return InlineExternalData(*std::move(bytes), path);
 }
 
 int RunModel(const CtlOptions& options, const std::vector<std::string>& args) {
