@@ -5,6 +5,8 @@ PyTorch user hands a model to Downpour (`downpourctl submit --model=F.onnx`):
   cnn       two conv(3x3, pad 1)-ReLU-maxpool(2) blocks, Linear(3136, 128), Linear(128, 10)
   resnet18  pytorch_step_time's ResNet-18 with a one-channel stem (Fashion-MNIST
             is 28x28x1), batch norm, residual adds, global average pool
+  small_resnet  conv-batch norm-ReLU-max pool, one residual block, global
+            average pool, Linear(16, 10): tests/data/onnx's fixture
 Each model is seeded (torch.manual_seed(SEED)), in eval mode, exported with
 an input [batch, 1, 28, 28] named "input" (batch dynamic) and an output
 "logits". --exporter torchscript (torch.onnx.export(dynamo=False), the weights
@@ -22,6 +24,24 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def model_makers():
+    """{name: a function making the PyTorch module}."""
+    import torch.nn as nn
+    from pytorch_step_time import BasicBlock, cnn, mlp, resnet18
+
+    def resnet18_gray():
+        model = resnet18()
+        model[0] = nn.Conv2d(1, 64, 3, 1, 1, bias=False)
+        return model
+
+    def small_resnet():  # A few thousand weights: tests/data/onnx's fixture.
+        return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                             nn.ReLU(), nn.MaxPool2d(2), BasicBlock(8, 16, 2),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+    return {"mlp": mlp, "cnn": cnn, "resnet18": resnet18_gray, "small_resnet": small_resnet}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -32,17 +52,9 @@ def main():
     args = parser.parse_args()
     try:
         import torch
-        import torch.nn as nn
     except ImportError as e:
         sys.exit(f"onnx_models.py: PyTorch is missing ({e})")
-    from pytorch_step_time import cnn, mlp, resnet18
-
-    def resnet18_gray():
-        model = resnet18()
-        model[0] = nn.Conv2d(1, 64, 3, 1, 1, bias=False)
-        return model
-
-    makers = {"mlp": mlp, "cnn": cnn, "resnet18": resnet18_gray}
+    makers = model_makers()
     os.makedirs(args.out, exist_ok=True)
     for name in args.models.split(","):
         if name not in makers:
@@ -52,11 +64,17 @@ def main():
         path = os.path.join(args.out, name + ".onnx")
         example = torch.zeros(2, 1, 28, 28)
         if args.exporter == "dynamo":
+            # Its optimizer folds batch norm into the convolutions of a
+            # module in eval mode (as EVAL does below): for models without.
             torch.onnx.export(model, (example,), path, dynamo=True, opset_version=args.opset,
                               input_names=["input"], output_names=["logits"],
                               dynamic_shapes=({0: torch.export.Dim("batch")},))
         else:
+            # PRESERVE: batch norm stays a node (EVAL, the default for a
+            # module in eval mode, folds it into the convolution before it,
+            # and the job would train without it).
             torch.onnx.export(model, example, path, dynamo=False, opset_version=args.opset,
+                              training=torch.onnx.TrainingMode.PRESERVE,
                               input_names=["input"], output_names=["logits"],
                               dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
         torch.save(model.state_dict(), os.path.join(args.out, name + ".pt"))

@@ -438,6 +438,29 @@ absl::Status Importer::Take(const NodeProto& node) {
     // [C, 1, 1] to ONNX; Downpour's is [C] already, which a Flatten keeps.
     return SetOutput(node, {layer->name(), {c, 1, 1}, {c}});
   }
+  if (op == "ReduceMean") {
+    // The mean over height and width (dynamo's AdaptiveAvgPool2d(1)).
+    RETURN_IF_ERROR(CheckAttributes(node, {"axes", "keepdims", "noop_with_empty_axes"}));
+    ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 0));
+    ASSIGN_OR_RETURN(std::vector<int64_t> axes, IntsAttr(node, "axes", {}));
+    if (node.input_size() > 1 && !node.input(1).empty()) {
+      ASSIGN_OR_RETURN(const Const* a, ConstInput(node, 1));
+      axes = a->i;
+    }
+    ASSIGN_OR_RETURN(int64_t keepdims, IntAttr(node, "keepdims", 1));
+    std::sort(axes.begin(), axes.end());
+    if (!x->image() || (axes != std::vector<int64_t>{2, 3} &&
+                        axes != std::vector<int64_t>{-2, -1})) {
+      return Error(node, "only a mean over the height and width of an image (axes [2, 3]) is "
+                         "taken, as a global average pool; this one is over axes ",
+                   OnnxShapeText(axes), " of ", OnnxShapeText(x->dims));
+    }
+    const int64_t c = x->dims[0];
+    ASSIGN_OR_RETURN(LayerSpec * layer, AddLayer(node, {x}, nullptr, {c}));
+    layer->mutable_global_avg_pool();
+    return SetOutput(node, {layer->name(), keepdims ? std::vector<int64_t>{c, 1, 1}
+                                                    : std::vector<int64_t>{c}, {c}});
+  }
   if (op == "Flatten") {
     RETURN_IF_ERROR(CheckAttributes(node, {"axis"}));
     ASSIGN_OR_RETURN(int64_t axis, IntAttr(node, "axis", 1));
@@ -727,8 +750,16 @@ absl::Status Importer::TakeBatchNorm(const NodeProto& node) {
   ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 0));
   ASSIGN_OR_RETURN(float epsilon, FloatAttr(node, "epsilon", 1e-5f));
   ASSIGN_OR_RETURN(float momentum, FloatAttr(node, "momentum", 0.9f));
+  // A graph exported in training mode computes batch statistics and the
+  // updated running ones (outputs 1 and 2): what a batch_norm layer does
+  // when it trains, so it maps the same; nothing may read those outputs.
   ASSIGN_OR_RETURN(int64_t training, IntAttr(node, "training_mode", 0));
-  if (training != 0) return Error(node, "training_mode 1 is not supported (export in eval mode)");
+  if (training != 0) {
+    notes_.push_back(absl::StrCat("node \"", node.name(),
+                                  "\" (BatchNormalization): exported in training mode; a "
+                                  "batch_norm layer, which uses its running statistics to "
+                                  "evaluate"));
+  }
   if (x->dims.size() != 1 && !x->image()) {
     return Error(node, "input is ", OnnxShapeText(x->dims), "; batch norm takes [C, H, W] or [C]");
   }
@@ -746,7 +777,7 @@ absl::Status Importer::TakeBatchNorm(const NodeProto& node) {
   layer->mutable_batch_norm()->set_epsilon(epsilon);
   layer->mutable_batch_norm()->set_momentum(momentum);
   for (int k = 0; k < 4; ++k) AddWeight(*layer, kNames[k], {c}, params[k]->f);
-  return SetOutput(node, {layer->name(), x->dims, x->ours});
+  return SetOutput(node, {layer->name(), x->dims, x->ours}, /*extra_outputs_ok=*/training != 0);
 }
 
 absl::Status Importer::TakeConcat(const NodeProto& node) {
@@ -827,14 +858,31 @@ absl::Status Importer::Fold(const NodeProto& node) {
     } else {
       return Error(node, "attribute ", a->name(), " is not read");
     }
+  } else if (op == "Identity") {
+    // Exporters copy an initializer read twice (a shared weight) this way.
+    ASSIGN_OR_RETURN(const Const* c, ConstInput(node, 0));
+    out = *c;
   } else if (op == "Shape") {
-    // Not over constants: a computed tensor's shape, the batch as 0 (which
-    // a Reshape reads as "the input's").
-    RETURN_IF_ERROR(CheckAttributes(node, {}));
-    ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 0, /*flattened_image_ok=*/true));
+    RETURN_IF_ERROR(CheckAttributes(node, {"start", "end"}));
+    // A computed tensor's shape has its batch as 0 (which a Reshape reads
+    // as "the input's"); a constant's is its dims.
+    std::vector<int64_t> shape;
+    if (IsConst(node, 0)) {
+      shape = consts_.at(node.input(0)).dims;
+    } else {
+      ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 0, /*flattened_image_ok=*/true));
+      shape = {0};
+      shape.insert(shape.end(), x->dims.begin(), x->dims.end());
+    }
+    // [start, end) of the shape (opset 15), clamped as ONNX does.
+    const int64_t rank = static_cast<int64_t>(shape.size());
+    ASSIGN_OR_RETURN(int64_t start, IntAttr(node, "start", 0));
+    ASSIGN_OR_RETURN(int64_t end, IntAttr(node, "end", rank));
+    auto clamp = [rank](int64_t k) { return std::clamp<int64_t>(k < 0 ? k + rank : k, 0, rank); };
+    start = clamp(start);
+    end = std::max(clamp(end), start);
     out.integer = true;
-    out.i = {0};
-    out.i.insert(out.i.end(), x->dims.begin(), x->dims.end());
+    out.i.assign(shape.begin() + start, shape.begin() + end);
     out.dims = {static_cast<int64_t>(out.i.size())};
   } else {
     std::vector<const Const*> in;
@@ -870,7 +918,7 @@ absl::Status Importer::Fold(const NodeProto& node) {
       out.name.clear();
     } else {
       return Error(node, "op ", op, " over constants is not folded (only shape arithmetic: ",
-                   "Shape, Gather, Unsqueeze, Squeeze, Concat, Cast)");
+                   "Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, and Identity)");
     }
   }
   if (node.output_size() != 1 || node.output(0).empty()) {

@@ -14,6 +14,7 @@
 namespace downpour {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::FloatEq;
 using ::testing::Pointwise;
@@ -147,6 +148,28 @@ TEST(OnnxImportTest, AGatherOfIdsIsAnEmbeddingReadingANamedInput) {
   EXPECT_THAT(model.layer(0).inputs(), ElementsAre("ids"));
   EXPECT_THAT(model.layer(2).inputs(), ElementsAre("flat", "dense"));
   EXPECT_TRUE(InferModel(model).ok());
+}
+
+TEST(OnnxImportTest, DynamosMeanOverHeightAndWidthAndATrainingModeBatchNormMap) {
+  OnnxGraph g;
+  g.Input("x", {2, 4, 4}).Output("y", {3});
+  g.Weight("bn.weight", {2}, 1.f).Weight("bn.bias", {2}).Weight("bn.running_mean", {2});
+  g.Weight("bn.running_var", {2}, 1.f).Weight("fc.weight", {3, 2}).Ints("axes", {-1, -2});
+  onnx::NodeProto& bn = g.Node("BatchNormalization",
+                               {"x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"},
+                               {"b", "new_mean", "new_var"});
+  SetIntAttribute(bn, "training_mode", 1);
+  g.Node("ReduceMean", {"b", "axes"}, {"mean"});
+  SetIntAttribute(g.Node("Shape", {"mean"}, {"shape"}), "end", 1);  // [batch].
+  g.Ints("minus_one", {-1});
+  g.Node("Concat", {"shape", "minus_one"}, {"target"});
+  g.Node("Reshape", {"mean", "target"}, {"flat"});
+  SetIntAttribute(g.Node("Gemm", {"flat", "fc.weight"}, {"y"}), "transB", 1);
+  absl::StatusOr<ImportedModel> imported = ImportOnnx(g.Bytes(), "dynamo.onnx");
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_THAT(LayerNames(imported->model), ElementsAre("bn", "mean", "fc", "loss"));
+  EXPECT_TRUE(imported->model.layer(1).has_global_avg_pool());
+  EXPECT_THAT(imported->notes, Contains(HasSubstr("exported in training mode")));
 }
 
 // What a refusal says, for a graph changed by `change`.

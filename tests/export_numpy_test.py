@@ -98,18 +98,30 @@ def accuracy(forward, tensors, images, labels):
 
 
 class Cluster:
-    def __init__(self, bin_dir, work):
+    """One coordinator (with a checkpoint root), two shards and two workers on
+    loopback, from BIN: a bazel-bin tree, or a flat folder of the programs
+    (scripts/pack-binaries.sh's bin/). `worker_flags` go to every worker
+    (bench/onnx_bridge.py: --devices=0)."""
+
+    def __init__(self, bin_dir, work, worker_flags=()):
         self.bin = bin_dir
         self.work = work
+        self.worker_flags = list(worker_flags)
         self.procs = []
         self.root = os.path.join(work, "checkpoints")
+
+    def program(self, path):
+        flat = os.path.join(self.bin, os.path.basename(path))
+        return flat if os.path.exists(flat) else os.path.join(self.bin, path)
 
     def daemon(self, name, binary, *flags):
         log = open(os.path.join(self.work, name + ".log"), "w")
         port_file = os.path.join(self.work, name + ".port")
+        if os.path.exists(port_file):  # A reused work folder's, of a daemon gone.
+            os.remove(port_file)
         self.procs.append(
             subprocess.Popen(
-                [os.path.join(self.bin, binary), "--listen=127.0.0.1:0",
+                [self.program(binary), "--listen=127.0.0.1:0",
                  "--port_file=" + port_file, *flags],
                 stdout=log, stderr=subprocess.STDOUT))
         deadline = time.time() + 30
@@ -121,7 +133,7 @@ class Cluster:
             return f.read().strip()
 
     def start(self):
-        self.ctl_path = os.path.join(self.bin, "client/downpourctl")
+        self.ctl_path = self.program("client/downpourctl")
         data = os.path.join(self.work, "data")
         subprocess.run([self.ctl_path, "dataset", "import", "--fashion_mnist=" + FASHION,
                         "--out_dir=" + os.path.join(data, "fashion-mnist"), "--shards=4"],
@@ -134,7 +146,8 @@ class Cluster:
                         "--checkpoint_root=" + self.root)
         for i in range(2):
             self.daemon(f"worker{i}", "worker/downpour-worker",
-                        "--coordinator=" + self.coordinator, "--data_dir=" + data)
+                        "--coordinator=" + self.coordinator, "--data_dir=" + data,
+                        *self.worker_flags)
 
     def ctl(self, *args):
         result = subprocess.run([self.ctl_path, "--coordinator=" + self.coordinator, *args],
