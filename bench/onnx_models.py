@@ -11,10 +11,13 @@ Each model is seeded (torch.manual_seed(SEED)), in eval mode, exported with
 an input [batch, 1, 28, 28] named "input" (batch dynamic) and an output
 "logits". --exporter torchscript (torch.onnx.export(dynamo=False), the weights
 inside the file) or dynamo (torch.onnx.export(dynamo=True): the weights in
-FILE.onnx.data beside it, which downpourctl reads too). Also writes
-NAME.pt (the state_dict) and prints one JSON line per model.
+FILE.onnx.data beside it, which downpourctl reads too). --train_steps N first
+trains the module N Adam steps on Fashion-MNIST (--fashion: its IDX files), so
+the file predicts (tests/data/onnx: 300). Also writes NAME.pt (the
+state_dict) and NAME.keys.json (its keys, what load_state_dict(strict=True)
+wants of an export), and prints one JSON line per model.
 usage: onnx_models.py --out DIR [--models mlp,cnn,resnet18] [--exporter torchscript|dynamo]
-                      [--opset 17] [--seed 0]
+                      [--opset 17] [--seed 0] [--train_steps N --fashion DIR]
 """
 import argparse
 import json
@@ -22,6 +25,31 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def train(model, steps, fashion):
+    """`steps` Adam steps (lr 1e-3, batch 128) on Fashion-MNIST's training set
+    (IDX files in `fashion`), so the file holds a model that predicts."""
+    import gzip
+
+    import numpy as np
+    import torch
+
+    with gzip.open(os.path.join(fashion, "train-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    with gzip.open(os.path.join(fashion, "train-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    x = torch.from_numpy(images.astype(np.float32) / np.float32(255))
+    y = torch.from_numpy(labels.astype(np.int64))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        batch = torch.randint(0, len(x), (128,), generator=generator)
+        loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
 
 
 def model_makers():
@@ -49,6 +77,9 @@ def main():
     parser.add_argument("--exporter", default="torchscript", choices=["torchscript", "dynamo"])
     parser.add_argument("--opset", type=int, default=17)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train_steps", type=int, default=0)
+    parser.add_argument("--fashion", default=os.environ.get(
+        "FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist"))
     args = parser.parse_args()
     try:
         import torch
@@ -60,7 +91,10 @@ def main():
         if name not in makers:
             sys.exit(f"onnx_models.py: --models: unknown model {name!r} ({', '.join(makers)})")
         torch.manual_seed(args.seed)
-        model = makers[name]().eval()
+        model = makers[name]()
+        if args.train_steps > 0:
+            train(model, args.train_steps, args.fashion)
+        model.eval()
         path = os.path.join(args.out, name + ".onnx")
         example = torch.zeros(2, 1, 28, 28)
         if args.exporter == "dynamo":
@@ -78,6 +112,8 @@ def main():
                               input_names=["input"], output_names=["logits"],
                               dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
         torch.save(model.state_dict(), os.path.join(args.out, name + ".pt"))
+        with open(os.path.join(args.out, name + ".keys.json"), "w") as f:
+            json.dump(list(model.state_dict()), f, indent=0)
         print(json.dumps({"model": name, "onnx": path, "bytes": os.path.getsize(path),
                           "exporter": args.exporter, "opset": args.opset,
                           "parameters": sum(p.numel() for p in model.parameters()),

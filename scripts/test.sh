@@ -47,7 +47,7 @@ wait "$venv_pid" && python=$(cat "$venv_out")
   --junit "$export_xml"
 # `export --format=onnx` of three short jobs, checked by PyPI onnx and run by
 # onnxruntime on the test records (same venv; skipped without it; ~1 min).
-"$python" "$ROOT/tests/onnx_export_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
+"$python" "$ROOT/tests/onnx_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$onnx_xml"
 # The coordinator's TensorBoard event files, read during a job by PyPI
 # tensorboard's EventAccumulator (same venv; skipped without it).

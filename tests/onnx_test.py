@@ -1,4 +1,5 @@
-"""A trained model leaves Downpour as an ONNX graph that ONNX Runtime runs.
+"""Models come into Downpour as ONNX graphs and leave it as ONNX graphs that
+ONNX Runtime runs.
 
 Starts the real daemons on loopback with a checkpoint root (one coordinator,
 two shards, two workers; export_numpy_test.Cluster), trains three short jobs
@@ -15,6 +16,25 @@ and exports each with `downpourctl export --format=onnx`, as a user would:
   sparse  a model with a sparse embedding, trained a few steps: its export
           is refused with exit status 2 and one sentence naming the layer.
 
+and models written by PyTorch's exporters (tests/data/onnx, made by
+bench/onnx_models.py: a small ResNet with batch norm, a residual block and a
+global average pool) go in with `downpourctl submit --model=F.onnx`:
+
+  import_identity  the dynamo exporter's file (a model trained 300 steps in
+          PyTorch; weights in F.onnx.data beside it; batch norm folded into
+          the convolutions), trained one step at
+          a learning rate of 1e-9: the job's test accuracy must be ONNX
+          Runtime's on the original file, to 2 examples of 10000 (the
+          import's layouts, paddings and weights are the graph's);
+  import_train  the TorchScript exporter's file (batch norm kept), trained
+          300 steps and exported as ONNX: ONNX Runtime reaches the job's
+          accuracy (1e-6), and the exported safetensors file holds exactly
+          the PyTorch module's state_dict keys (F.keys.json), so
+          load_state_dict(strict=True) takes it;
+  import_refused  a graph with a Sigmoid (written with the onnx package's
+          helper): `model import` and `submit --model` exit 2 naming the
+          node and its op.
+
 Each file passes onnx.checker.check_model (full_check: ONNX's shape
 inference agrees with the declared shapes), and ONNX Runtime, fed the job's
 own test records (decoded here from their tf.Example bytes, pixels scaled by
@@ -28,7 +48,7 @@ agree to 1e-4 (a rounding difference may reorder two near-equal scores).
 Run by scripts/test.sh with the venv of scripts/python-deps.sh (onnx,
 onnxruntime, NumPy), after the build; skipped, with the reason, without them.
 Writes JUnit XML for scripts/count_tests.py.
-usage: onnx_export_test.py --bin BAZEL_BIN --junit OUT.xml
+usage: onnx_test.py --bin BAZEL_BIN --junit OUT.xml
 """
 import argparse
 import glob
@@ -356,12 +376,120 @@ def check_refused(cluster, name, spec_path, _):
     print(f"{name}: refused: {result.stderr.strip()}", flush=True)
 
 
+FIXTURES = os.path.join(ROOT, "tests", "data", "onnx")
+TRAINING_PART = """
+dataset {
+  train_files: "fashion-mnist/train-*.tfrecord"
+  test_files: "fashion-mnist/test-*.tfrecord"
+  batch_size: 64
+  shuffle_buffer: 10000
+}
+optimizer { kind: %s learning_rate: %g }
+consistency { mode: SYNC }
+num_workers: 2
+num_shards: 2
+steps: %d
+seed: 1
+"""
+
+
+def ort_accuracy(path, images, labels):
+    """ONNX Runtime's accuracy of the graph in `path` (one input, the
+    logits first among its outputs)."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    right = 0
+    for at in range(0, len(labels), 1000):
+        logits = session.run(None, {name: images[at : at + 1000]})[0]
+        right += int((logits.argmax(axis=1) == labels[at : at + 1000]).sum())
+    return right / len(labels)
+
+
+def submit_model(cluster, name, onnx_file, optimizer, rate, steps):
+    spec_path = os.path.join(cluster.work, name + ".pbtxt")
+    with open(spec_path, "w") as f:
+        f.write(TRAINING_PART % (optimizer, rate, steps))
+    cluster.ctl("submit", spec_path, "--model=" + onnx_file, "--job_id=" + name, "--wait")
+    return json.loads(cluster.ctl("-o", "json", "get", name))
+
+
+def check_import_identity(cluster, name, _, test_set):
+    onnx_file = os.path.join(FIXTURES, "dynamo", "small_resnet.onnx")
+    job = submit_model(cluster, name, onnx_file, "SGD", 1e-9, 1)
+    inputs, labels = test_set
+    theirs = ort_accuracy(onnx_file, inputs["input"], labels)
+    if theirs < 0.5:
+        raise AssertionError(f"{onnx_file} predicts too little ({theirs}) to tell anything")
+    print(f"{name}: ONNX Runtime on {os.path.relpath(onnx_file, ROOT)} {theirs:.4f}, "
+          f"the job from it {job['test_accuracy']:.4f}", flush=True)
+    if abs(theirs - job["test_accuracy"]) > 2 / len(labels):
+        raise AssertionError(f"{name}: the imported model's accuracy {job['test_accuracy']:.4f} "
+                             f"is not ONNX Runtime's {theirs:.4f} on the file")
+
+
+def check_import_train(cluster, name, _, test_set):
+    from safetensors.numpy import load_file
+
+    onnx_file = os.path.join(FIXTURES, "torchscript", "small_resnet.onnx")
+    imported = os.path.join(cluster.work, name + "-model.pbtxt")
+    printed = cluster.ctl("model", "import", onnx_file, "--out=" + imported)
+    if "PyTorch layout" not in printed or not os.path.exists(imported[:-6] + ".safetensors"):
+        raise AssertionError(f"model import printed {printed.strip()!r}")
+    job = submit_model(cluster, name, onnx_file, "ADAM", 0.005, STEPS)
+    out = os.path.join(cluster.work, name + ".onnx")
+    cluster.ctl("export", name, "--format=onnx", "--out=" + out)
+    inputs, labels = test_set
+    ours = ort_accuracy(out, inputs["input"], labels)
+    print(f"{name}: job test accuracy {job['test_accuracy']:.6f}, ONNX Runtime on its export "
+          f"{ours:.6f}", flush=True)
+    if abs(ours - job["test_accuracy"]) > ACCURACY_TOLERANCE or job["test_accuracy"] < 0.75:
+        raise AssertionError(f"{name}: ONNX Runtime {ours:.6f}, the job {job['test_accuracy']}")
+    weights = os.path.join(cluster.work, name + ".safetensors")
+    cluster.ctl("export", name, "--out=" + weights)
+    # The PyTorch module's state_dict keys (bench/onnx_models.py wrote them):
+    # what load_state_dict(strict=True) takes. The graph alone does not have
+    # them all: the exporter shares equal initializers between layers.
+    with open(onnx_file[: -len(".onnx")] + ".keys.json") as f:
+        wanted = set(json.load(f))
+    got = set(load_file(weights))
+    if got != wanted:
+        raise AssertionError(f"{name}: the export's tensors differ from the graph's: only in the "
+                             f"export {sorted(got - wanted)}, only in the graph "
+                             f"{sorted(wanted - got)}")
+
+
+def check_import_refused(cluster, name, _, __):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["input"], ["flat"], name="/flat/Flatten"),
+         helper.make_node("Sigmoid", ["flat"], ["logits"], name="/act/Sigmoid")],
+        "sigmoid", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 784])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 784])])
+    path = os.path.join(cluster.work, name + ".onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    spec_path = os.path.join(cluster.work, name + ".pbtxt")
+    with open(spec_path, "w") as f:
+        f.write(TRAINING_PART % ("SGD", 0.1, 10))
+    expected = f'{path}: node "/act/Sigmoid" (Sigmoid): op Sigmoid is not supported'
+    for args in (["model", "import", path], ["submit", spec_path, "--model=" + path]):
+        result = subprocess.run([cluster.ctl_path, "--coordinator=" + cluster.coordinator, *args],
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode != 2 or expected not in result.stderr:
+            raise AssertionError(f"downpourctl {' '.join(args)} exited {result.returncode} with "
+                                 f"{result.stderr!r}; expected 2 and {expected!r}")
+    print(f"{name}: refused: {expected}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", required=True)
     parser.add_argument("--junit", required=True)
     args = parser.parse_args()
-    suite = ET.Element("testsuite", name="onnx_export_test")
+    suite = ET.Element("testsuite", name="onnx_test")
     skip_reason = None
     try:
         import numpy  # noqa: F401
@@ -377,7 +505,10 @@ def main():
     with open(os.path.join(ROOT, "examples/fashion_mnist_mlp.pbtxt")) as f:
         mlp = re.sub(r"(?m)^steps: \d+$", f"steps: {STEPS}", f.read())
     cases = {"mlp": (mlp, check_onnx_export), "cnn_bn": (CNN_BN, check_onnx_export),
-             "ctr": (CTR, check_onnx_export), "sparse": (SPARSE, check_refused)}
+             "ctr": (CTR, check_onnx_export), "sparse": (SPARSE, check_refused),
+             "import_identity": (None, check_import_identity),
+             "import_train": (None, check_import_train),
+             "import_refused": (None, check_import_refused)}
     try:
         if skip_reason is None:
             cluster.start()
@@ -386,17 +517,19 @@ def main():
                             "--examples=40000", "--test_examples=10000", "--shards=2",
                             "--vocabulary=100:1000"], check=True, capture_output=True)
             images = image_test_set(data)
-            test_sets = {"mlp": images, "cnn_bn": images, "ctr": ctr_test_set(data)}
+            test_sets = {"mlp": images, "cnn_bn": images, "ctr": ctr_test_set(data),
+                         "import_identity": images, "import_train": images}
         for name, (text, check) in cases.items():
-            case = ET.SubElement(suite, "testcase", classname="OnnxExportTest", name=name)
+            case = ET.SubElement(suite, "testcase", classname="OnnxTest", name=name)
             if skip_reason is not None:
                 ET.SubElement(case, "skipped", message=skip_reason)
                 print(f"{name}: skipped: {skip_reason}")
                 continue
             try:
                 spec_path = os.path.join(work, name + ".pbtxt")
-                with open(spec_path, "w") as f:
-                    f.write(text)
+                if text is not None:
+                    with open(spec_path, "w") as f:
+                        f.write(text)
                 check(cluster, name, spec_path, test_sets.get(name))
             except Exception as e:  # One case's failure is reported; the next runs.
                 failed = True
@@ -404,9 +537,9 @@ def main():
                 print(f"{name}: FAILED: {e}", file=sys.stderr)
     except Exception as e:
         failed = True
-        case = ET.SubElement(suite, "testcase", classname="OnnxExportTest", name="cluster")
+        case = ET.SubElement(suite, "testcase", classname="OnnxTest", name="cluster")
         ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
-        print(f"onnx_export_test: {e}", file=sys.stderr)
+        print(f"onnx_test: {e}", file=sys.stderr)
     finally:
         cluster.finish(failed)
     ET.ElementTree(suite).write(args.junit)
