@@ -156,12 +156,13 @@ std::string Suffix(const std::string& name) {
 
 // The image shape [H, W, C] a dense layer's input was flattened from, or {}.
 std::vector<int64_t> FlattenedImage(const ModelShape& shape, const LayerShape& dense) {
-  if (dense.inputs.size() != 1 || dense.inputs[0] == LayerShape::kModelInput) return {};
+  // A negative input is a model input slot (LayerShape::ModelInputSlot).
+  if (dense.inputs.size() != 1 || dense.inputs[0] < 0) return {};
   const LayerShape& flatten = shape.layers[dense.inputs[0]];
   if (flatten.kind != LayerKind::kFlatten || flatten.inputs.size() != 1) return {};
-  const std::vector<int64_t>& in = flatten.inputs[0] == LayerShape::kModelInput
-                                       ? shape.input_shape
-                                       : shape.layers[flatten.inputs[0]].output_shape;
+  const int read = flatten.inputs[0];
+  const std::vector<int64_t>& in = read >= 0 ? shape.layers[read].output_shape
+                                             : shape.input_slots[LayerShape::SlotOf(read)].shape;
   return in.size() == 3 ? in : std::vector<int64_t>{};
 }
 

@@ -33,7 +33,11 @@ global average pool) go in with `downpourctl submit --model=F.onnx`:
           load_state_dict(strict=True) takes it;
   import_refused  a graph with a Sigmoid (written with the onnx package's
           helper): `model import` and `submit --model` exit 2 naming the
-          node and its op.
+          node and its op;
+  import_ops  a small graph per supported op (docs/job-specs.md's table) and
+          per refusal, written by the onnx package's helper and checked by
+          onnx.checker: `model import` maps each to the documented layers
+          or exits 2 with the documented sentence.
 
 Each file passes onnx.checker.check_model (full_check: ONNX's shape
 inference agrees with the declared shapes), and ONNX Runtime, fed the job's
@@ -460,6 +464,145 @@ def check_import_train(cluster, name, _, test_set):
                              f"{sorted(wanted - got)}")
 
 
+def _graph(nodes, inputs, output, initializers, opset=17):
+    """A model of `nodes` (onnx.helper), checked by onnx.checker."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "ids" else TensorProto.FLOAT,
+                                       ["batch", *d]) for n, d in inputs],
+        [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, ["batch", *output[1]])],
+        [numpy_helper.from_array(v if v.dtype == np.int64 else
+                                 rng.standard_normal(v.shape).astype(np.float32) * 0.1, k)
+         for k, v in initializers.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def op_graphs():
+    """{case: (model, the layer kinds it maps to, or the refusal's words)}:
+    each supported op, and each refusal, as the onnx package writes them."""
+    import numpy as np
+    from onnx import helper
+
+    z = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731 (values drawn in _graph)
+    ints = lambda *v: np.array(v, np.int64)  # noqa: E731
+    n = helper.make_node
+    img, fc = [("x", [3, 8, 8])], {"fc.weight": z(4, 3 * 8 * 8), "fc.bias": z(4)}
+    head = [n("Flatten", ["h"], ["f"]), n("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1)]
+    conv = {"c.weight": z(3, 3, 3, 3), "c.bias": z(3)}
+
+    def image(nodes, extra=None, out=("y", [4])):
+        return _graph(nodes + head, img, out, {**fc, **conv, **(extra or {})})
+
+    bn = {f"bn.{k}": z(3) + (1 if k.endswith(("weight", "var")) else 0)
+          for k in ("weight", "bias", "running_mean", "running_var")}
+    gap_head = [n("Flatten", ["g"], ["f"]), n("Gemm", ["f", "fc2.weight"], ["y"], transB=1)]
+    cases = {
+        "Conv": (image([n("Conv", ["x", "c.weight", "c.bias"], ["h"], pads=[1, 1, 1, 1])]),
+                 "conv2d flatten dense"),
+        "Relu": (image([n("Relu", ["x"], ["h"])]), "relu flatten dense"),
+        "MaxPool": (_graph([n("MaxPool", ["x"], ["h"], kernel_shape=[2, 2], strides=[2, 2]),
+                            *head], img, ("y", [4]), {"fc.weight": z(4, 48), "fc.bias": z(4)}),
+                    "max_pool flatten dense"),
+        "AveragePool": (_graph([n("AveragePool", ["x"], ["h"], kernel_shape=[3, 3], pads=[1] * 4,
+                                  strides=[2, 2]), *head], img, ("y", [4]),
+                               {"fc.weight": z(4, 48), "fc.bias": z(4)}),
+                        "avg_pool flatten dense"),
+        "BatchNormalization": (image([n("BatchNormalization", ["x", *bn], ["h"])], bn),
+                               "batch_norm flatten dense"),
+        "Add": (image([n("Conv", ["x", "c.weight"], ["c"], pads=[1] * 4), n("Relu", ["c"], ["r"]),
+                       n("Add", ["c", "r"], ["h"])]), "conv2d relu add flatten dense"),
+        "Concat": (_graph([n("Relu", ["x"], ["r"]), n("Concat", ["r", "r"], ["h"], axis=1), *head],
+                          img, ("y", [4]), {"fc.weight": z(4, 384), "fc.bias": z(4)}),
+                   "relu concat flatten dense"),
+        "refuse_input_twice": (image([n("Conv", ["x", "c.weight"], ["c"], pads=[1] * 4),
+                                      n("Add", ["c", "x"], ["h"])]),
+                               "reads the graph's input after another node has"),
+        "GlobalAveragePool": (_graph([n("GlobalAveragePool", ["x"], ["g"]), *gap_head], img,
+                                     ("y", [4]), {"fc2.weight": z(4, 3)}),
+                              "global_avg_pool dense"),
+        "ReduceMean": (_graph([n("ReduceMean", ["x", "axes"], ["g"]), *gap_head], img, ("y", [4]),
+                              {"fc2.weight": z(4, 3), "axes": ints(2, 3)}, opset=18),
+                       "global_avg_pool dense"),
+        "Reshape": (_graph([n("Reshape", ["x", "shape"], ["f"]),
+                            n("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1)], img,
+                           ("y", [4]), {**fc, "shape": ints(0, -1)}), "flatten dense"),
+        "MatMul": (_graph([n("MatMul", ["v", "w"], ["m"]), n("Add", ["m", "b"], ["y"])],
+                          [("v", [6])], ("y", [4]), {"w": z(6, 4), "b": z(4)}), "dense"),
+        "Dropout": (_graph([n("Dropout", ["v"], ["d"]), n("Gemm", ["d", "w"], ["y"])],
+                           [("v", [6])], ("y", [4]), {"w": z(6, 4)}), "dropout dense"),
+        "Identity": (_graph([n("Identity", ["v"], ["i"]), n("Gemm", ["i", "w"], ["y"])],
+                            [("v", [6])], ("y", [4]), {"w": z(6, 4)}), "dense"),
+        "Softmax": (_graph([n("Gemm", ["v", "w"], ["l"]), n("Softmax", ["l"], ["y"])],
+                           [("v", [6])], ("y", [4]), {"w": z(6, 4)}), "dense"),
+        "LogSoftmax": (_graph([n("Gemm", ["v", "w"], ["l"]), n("LogSoftmax", ["l"], ["y"])],
+                              [("v", [6])], ("y", [4]), {"w": z(6, 4)}), "dense"),
+        "Gather": (_graph([n("Gather", ["emb.weight", "ids"], ["r"]), n("Flatten", ["r"], ["f"]),
+                           n("Gemm", ["f", "w"], ["y"])], [("ids", [3])], ("y", [4]),
+                          {"emb.weight": z(20, 5), "w": z(15, 4)}), "embedding flatten dense"),
+        # Refusals: the words the one sentence must hold.
+        "refuse_op": (_graph([n("Tanh", ["v"], ["t"], name="/t/Tanh"), n("Gemm", ["t", "w"], ["y"])],
+                             [("v", [6])], ("y", [4]), {"w": z(6, 4)}),
+                      'node "/t/Tanh" (Tanh): op Tanh is not supported'),
+        "refuse_group": (image([n("Conv", ["x", "g.weight"], ["h"], group=3, pads=[1] * 4)],
+                               {"g.weight": z(3, 1, 3, 3)}), "group 3 is not supported"),
+        "refuse_dilation": (image([n("Conv", ["x", "c.weight"], ["h"], dilations=[2, 2],
+                                     pads=[2] * 4)]), "dilations [2, 2] are not supported"),
+        "refuse_ceil": (image([n("MaxPool", ["x"], ["h"], kernel_shape=[2, 2], ceil_mode=1)]),
+                        "ceil_mode 1 is not supported"),
+        "refuse_count_pad": (image([n("AveragePool", ["x"], ["h"], kernel_shape=[3, 3],
+                                      pads=[1] * 4, count_include_pad=1)]),
+                             "count_include_pad 1 with padding is not supported"),
+        "refuse_broadcast": (image([n("GlobalAveragePool", ["x"], ["g"]),
+                                    n("Add", ["x", "g"], ["h"])]),
+                             "adds [3, 8, 8] and [3, 1, 1]; Downpour adds tensors of one shape"),
+        "refuse_trans_a": (_graph([n("Gemm", ["v", "w"], ["y"], transA=1)], [("v", [6])],
+                                  ("y", [4]), {"w": z(6, 4)}), "transA 1 are not supported"),
+        "refuse_flat_image": (_graph([n("Flatten", ["x"], ["f"]), n("Relu", ["f"], ["r"]),
+                                      n("Gemm", ["r", "fc.weight", "fc.bias"], ["y"], transB=1)],
+                                     img, ("y", [4]), fc), 'reads the flattened image "f"'),
+        "refuse_reshape": (_graph([n("Reshape", ["x", "shape"], ["f"]),
+                                   n("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1)],
+                                  img, ("y", [4]), {**fc, "shape": ints(0, 3, -1)}),
+                           "is not a flatten to [batch, 192]"),
+        "refuse_opset": (_graph([n("Gemm", ["v", "w", "b"], ["y"])], [("v", [6])], ("y", [4]),
+                                {"w": z(6, 4), "b": z(4)}, opset=7), "opset 7 is not supported"),
+    }
+    return cases
+
+
+def check_import_ops(cluster, name, _, __):
+    """Each op of the table in docs/job-specs.md, and each refusal, through
+    `downpourctl model import`."""
+    import onnx
+
+    failures = []
+    for case, (model, want) in op_graphs().items():
+        path = os.path.join(cluster.work, f"{name}-{case}.onnx")
+        onnx.save(model, path)
+        result = subprocess.run([cluster.ctl_path, "model", "import", path], capture_output=True,
+                                text=True, timeout=60)
+        if case.startswith("refuse_"):
+            if result.returncode != 2 or want not in result.stderr:
+                failures.append(f"{case}: exit {result.returncode}, {result.stderr.strip()!r}")
+            continue
+        kinds = re.findall(r"(?m)^    (\w+) \{$", result.stdout)
+        kinds = [k for k in kinds if k != "softmax_cross_entropy"]
+        if result.returncode != 0 or " ".join(kinds) != want:
+            failures.append(f"{case}: exit {result.returncode}, layers {kinds} (want {want}); "
+                            f"{result.stderr.strip()!r}")
+    print(f"{name}: {len(op_graphs())} graphs written by the onnx package imported or refused as "
+          f"documented", flush=True)
+    if failures:
+        raise AssertionError(f"{name}: " + "; ".join(failures))
+
+
 def check_import_refused(cluster, name, _, __):
     import onnx
     from onnx import TensorProto, helper
@@ -508,7 +651,8 @@ def main():
              "ctr": (CTR, check_onnx_export), "sparse": (SPARSE, check_refused),
              "import_identity": (None, check_import_identity),
              "import_train": (None, check_import_train),
-             "import_refused": (None, check_import_refused)}
+             "import_refused": (None, check_import_refused),
+             "import_ops": (None, check_import_ops)}
     try:
         if skip_reason is None:
             cluster.start()

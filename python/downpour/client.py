@@ -85,6 +85,23 @@ def _seconds(value):
     return f"{value:g}s"
 
 
+def _read_onnx(path):
+    """The ONNX file's bytes, with weights kept beside it (external data, as
+    torch.onnx.export's dynamo exporter writes them) read in when the onnx
+    package is installed; without it the coordinator names what is missing."""
+    data = _read_file(path, "model file")
+    try:
+        import onnx
+        from onnx.external_data_helper import load_external_data_for_model
+    except ImportError:
+        return data
+    model = onnx.load_from_string(data)
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return data
+    load_external_data_for_model(model, os.path.dirname(path) or ".")
+    return model.SerializeToString()
+
+
 class Client:
     """A connection to a Downpour coordinator.
 
@@ -208,7 +225,7 @@ class Client:
                 request.model_file.onnx, request.model_file.name = bytes(model), "model.onnx"
             else:
                 path = os.fspath(model)
-                request.model_file.onnx = _read_file(path, "model file")
+                request.model_file.onnx = _read_onnx(path)
                 request.model_file.name = path
             long_call = True
         if init_from is not None:
