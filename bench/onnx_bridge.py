@@ -48,6 +48,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, HERE)
 from export_numpy_test import Cluster, load_test_set  # noqa: E402
+from onnx_test import ort_accuracy  # noqa: E402
 
 
 def without_model(text):
@@ -61,18 +62,6 @@ def without_model(text):
         if depth == 0:
             break
     return text[:start.start()] + text[at + 1:]
-
-
-def ort_accuracy(path, images, labels):
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    right = 0
-    for at in range(0, len(images), 1000):
-        logits = session.run(None, {name: images[at:at + 1000]})[0]
-        right += int((logits.argmax(axis=1) == labels[at:at + 1000]).sum())
-    return right / len(images)
 
 
 def pytorch_accuracy(name, weights_path, images, labels):

@@ -237,23 +237,8 @@ void OnnxModels(const std::filesystem::path& out) {
   std::filesystem::create_directories(out);
   WriteFile(out / "mlp", OnnxMlp().Bytes());
   WriteFile(out / "cnn", OnnxCnn().Bytes());
-  OnnxGraph view;
-  view.Input("x", {2, 3, 3}).Output("y", {4});
-  view.Weight("fc.weight", {4, 18}).Ints("zero", {0}).Ints("minus_one", {-1});
-  view.Node("Shape", {"x"}, {"shape"});
-  view.Node("Gather", {"shape", "zero"}, {"batch"});
-  view.Node("Concat", {"batch", "minus_one"}, {"target"});
-  view.Node("Reshape", {"x", "target"}, {"flat"});
-  SetIntAttribute(view.Node("Gemm", {"flat", "fc.weight"}, {"y"}), "transB", 1);
-  WriteFile(out / "view_flatten", view.Bytes());
-  OnnxGraph emb;
-  emb.Input("ids", {3}, onnx::TensorProto::INT64).Input("dense", {4}).Output("y", {2});
-  emb.Weight("emb.weight", {50, 4}).Weight("fc.weight", {2, 16});
-  emb.Node("Gather", {"emb.weight", "ids"}, {"rows"});
-  emb.Node("Flatten", {"rows"}, {"flat"});
-  SetIntAttribute(emb.Node("Concat", {"flat", "dense"}, {"cat"}), "axis", 1);
-  SetIntAttribute(emb.Node("Gemm", {"cat", "fc.weight"}, {"y"}), "transB", 1);
-  WriteFile(out / "embedding", emb.Bytes());
+  WriteFile(out / "view_flatten", OnnxViewFlatten().Bytes());
+  WriteFile(out / "embedding", OnnxEmbedding().Bytes());
 }
 
 }  // namespace

@@ -837,27 +837,9 @@ absl::Status Importer::Fold(const NodeProto& node) {
   const std::string& op = node.op_type();
   Const out;
   if (op == "Constant") {
-    const AttributeProto* a = node.attribute_size() == 1 ? &node.attribute(0) : nullptr;
-    if (a == nullptr) return Error(node, "does not have exactly one attribute");
-    if (a->name() == "value" && a->type() == AttributeProto::TENSOR) {
-      absl::StatusOr<Const> c = ReadOnnxTensor(a->t());
-      if (!c.ok()) return Error(node, c.status().message());
-      out = *std::move(c);
-    } else if (a->name() == "value_int" && a->type() == AttributeProto::INT) {
-      out.integer = true;
-      out.i = {a->i()};
-    } else if (a->name() == "value_ints" && a->type() == AttributeProto::INTS) {
-      out.integer = true;
-      out.i.assign(a->ints().begin(), a->ints().end());
-      out.dims = {static_cast<int64_t>(out.i.size())};
-    } else if (a->name() == "value_float" && a->type() == AttributeProto::FLOAT) {
-      out.f = {a->f()};
-    } else if (a->name() == "value_floats" && a->type() == AttributeProto::FLOATS) {
-      out.f.assign(a->floats().begin(), a->floats().end());
-      out.dims = {static_cast<int64_t>(out.f.size())};
-    } else {
-      return Error(node, "attribute ", a->name(), " is not read");
-    }
+    absl::StatusOr<Const> c = ReadOnnxConstant(node);
+    if (!c.ok()) return Error(node, c.status().message());
+    out = *std::move(c);
   } else if (op == "Identity") {
     // Exporters copy an initializer read twice (a shared weight) this way.
     ASSIGN_OR_RETURN(const Const* c, ConstInput(node, 0));
@@ -889,37 +871,12 @@ absl::Status Importer::Fold(const NodeProto& node) {
     for (int k = 0; k < node.input_size(); ++k) {
       if (node.input(k).empty()) continue;
       ASSIGN_OR_RETURN(const Const* c, ConstInput(node, k));
-      if (!c->integer || c->dims.size() > 1) {
-        return Error(node, "folding it over constants is supported for integer scalars and "
-                           "vectors only");
-      }
       in.push_back(c);
     }
-    if (op == "Gather" && in.size() == 2) {
-      RETURN_IF_ERROR(CheckAttributes(node, {"axis"}));
-      out.integer = true;
-      out.dims = in[1]->dims;
-      for (int64_t k : in[1]->i) {
-        const int64_t n = static_cast<int64_t>(in[0]->i.size());
-        if (k < -n || k >= n) return Error(node, "index ", k, " is outside [", -n, ", ", n, ")");
-        out.i.push_back(in[0]->i[k < 0 ? k + n : k]);
-      }
-    } else if (op == "Unsqueeze" || op == "Squeeze") {
-      out = *in[0];
-      out.name.clear();
-      out.dims = {static_cast<int64_t>(out.i.size())};  // A scalar becomes [1], and back.
-      if (op == "Squeeze" && out.i.size() == 1) out.dims.clear();
-    } else if (op == "Concat") {
-      out.integer = true;
-      for (const Const* c : in) out.i.insert(out.i.end(), c->i.begin(), c->i.end());
-      out.dims = {static_cast<int64_t>(out.i.size())};
-    } else if (op == "Cast") {
-      out = *in[0];
-      out.name.clear();
-    } else {
-      return Error(node, "op ", op, " over constants is not folded (only shape arithmetic: ",
-                   "Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, and Identity)");
-    }
+    if (op == "Gather") RETURN_IF_ERROR(CheckAttributes(node, {"axis"}));
+    absl::StatusOr<Const> c = FoldOnnxShapeOp(op, in);
+    if (!c.ok()) return Error(node, c.status().message());
+    out = *std::move(c);
   }
   if (node.output_size() != 1 || node.output(0).empty()) {
     return Error(node, "does not have exactly one output");

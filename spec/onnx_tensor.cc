@@ -185,4 +185,66 @@ absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t) {
   return c;
 }
 
+absl::StatusOr<OnnxConst> ReadOnnxConstant(const onnx::NodeProto& node) {
+  using onnx::AttributeProto;
+  const AttributeProto* a = node.attribute_size() == 1 ? &node.attribute(0) : nullptr;
+  if (a == nullptr) return absl::InvalidArgumentError("does not have exactly one attribute");
+  OnnxConst out;
+  if (a->name() == "value" && a->type() == AttributeProto::TENSOR) {
+    return ReadOnnxTensor(a->t());
+  } else if (a->name() == "value_int" && a->type() == AttributeProto::INT) {
+    out.integer = true;
+    out.i = {a->i()};
+  } else if (a->name() == "value_ints" && a->type() == AttributeProto::INTS) {
+    out.integer = true;
+    out.i.assign(a->ints().begin(), a->ints().end());
+    out.dims = {static_cast<int64_t>(out.i.size())};
+  } else if (a->name() == "value_float" && a->type() == AttributeProto::FLOAT) {
+    out.f = {a->f()};
+  } else if (a->name() == "value_floats" && a->type() == AttributeProto::FLOATS) {
+    out.f.assign(a->floats().begin(), a->floats().end());
+    out.dims = {static_cast<int64_t>(out.f.size())};
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("attribute ", a->name(), " is not read"));
+  }
+  return out;
+}
+
+absl::StatusOr<OnnxConst> FoldOnnxShapeOp(const std::string& op,
+                                          const std::vector<const OnnxConst*>& in) {
+  for (const OnnxConst* c : in) {
+    if (!c->integer || c->dims.size() > 1) {
+      return absl::InvalidArgumentError(
+          "folding it over constants is supported for integer scalars and vectors only");
+    }
+  }
+  OnnxConst out;
+  out.integer = true;
+  if (op == "Gather" && in.size() == 2) {
+    out.dims = in[1]->dims;
+    const int64_t n = static_cast<int64_t>(in[0]->i.size());
+    for (int64_t k : in[1]->i) {
+      if (k < -n || k >= n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("index ", k, " is outside [", -n, ", ", n, ")"));
+      }
+      out.i.push_back(in[0]->i[k < 0 ? k + n : k]);
+    }
+  } else if ((op == "Unsqueeze" || op == "Squeeze" || op == "Cast") && !in.empty()) {
+    out.i = in[0]->i;
+    out.dims = in[0]->dims;
+    // A scalar becomes [1], and back.
+    if (op == "Unsqueeze") out.dims = {static_cast<int64_t>(out.i.size())};
+    if (op == "Squeeze" && out.i.size() == 1) out.dims.clear();
+  } else if (op == "Concat") {
+    for (const OnnxConst* c : in) out.i.insert(out.i.end(), c->i.begin(), c->i.end());
+    out.dims = {static_cast<int64_t>(out.i.size())};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("op ", op, " over constants is not folded (only shape arithmetic: Shape, ",
+                     "Gather, Unsqueeze, Squeeze, Concat, Cast, and Identity)"));
+  }
+  return out;
+}
+
 }  // namespace downpour

@@ -29,6 +29,15 @@ struct OnnxConst {
 // the tensor).
 absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t);
 
+// The value of a Constant node (value, value_int(s) or value_float(s)).
+absl::StatusOr<OnnxConst> ReadOnnxConstant(const onnx::NodeProto& node);
+
+// Shape arithmetic over integer scalars and vectors, as exporters spell a
+// flatten: Gather, Unsqueeze, Squeeze, Concat and Cast of `in`;
+// InvalidArgument for anything else (the caller names the node).
+absl::StatusOr<OnnxConst> FoldOnnxShapeOp(const std::string& op,
+                                          const std::vector<const OnnxConst*>& in);
+
 // Whether a TensorProto element type is floating point.
 bool IsOnnxFloatType(int type);
 

@@ -115,4 +115,27 @@ OnnxGraph OnnxCnn() {
   return g;
 }
 
+OnnxGraph OnnxViewFlatten() {
+  OnnxGraph g;
+  g.Input("x", {2, 3, 3}).Output("y", {4});
+  g.Weight("fc.weight", {4, 18}).Ints("zero", {0}).Ints("minus_one", {-1});
+  g.Node("Shape", {"x"}, {"shape"});
+  g.Node("Gather", {"shape", "zero"}, {"batch"});
+  g.Node("Concat", {"batch", "minus_one"}, {"target"});
+  g.Node("Reshape", {"x", "target"}, {"flat"});
+  SetIntAttribute(g.Node("Gemm", {"flat", "fc.weight"}, {"y"}), "transB", 1);
+  return g;
+}
+
+OnnxGraph OnnxEmbedding() {
+  OnnxGraph g;
+  g.Input("ids", {3}, onnx::TensorProto::INT64).Input("dense", {4}).Output("y", {2});
+  g.Weight("emb.weight", {50, 4}).Weight("fc.weight", {2, 16});
+  g.Node("Gather", {"emb.weight", "ids"}, {"rows"});
+  g.Node("Flatten", {"rows"}, {"flat"});
+  SetIntAttribute(g.Node("Concat", {"flat", "dense"}, {"cat"}), "axis", 1);
+  SetIntAttribute(g.Node("Gemm", {"cat", "fc.weight"}, {"y"}), "transB", 1);
+  return g;
+}
+
 }  // namespace downpour

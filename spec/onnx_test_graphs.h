@@ -45,6 +45,12 @@ OnnxGraph OnnxMlp();
 // concatenated to it, global average pool, flatten, Gemm, softmax: input
 // "image" [batch, 3, 8, 8], output "probs" [batch, 5].
 OnnxGraph OnnxCnn();
+// x.view(x.size(0), -1) as older exporters write it (Shape, Gather, Concat,
+// Reshape) before a Gemm: input "x" [batch, 2, 3, 3], output "y" [batch, 4].
+OnnxGraph OnnxViewFlatten();
+// int64 "ids" [batch, 3] through a Gather of "emb.weight" [50, 4], flattened
+// and concatenated with "dense" [batch, 4], then a Gemm: output "y" [batch, 2].
+OnnxGraph OnnxEmbedding();
 
 }  // namespace downpour
 

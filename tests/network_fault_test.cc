@@ -142,8 +142,17 @@ TEST_F(NetworkFaultTest, AShardCutOffForLongerIsReplacedFromTheCheckpoint) {
   EXPECT_TRUE(HasEvent(job, "stopped heartbeating")) << Events(job);
   EXPECT_GE(job.resumed_from_step(), 200) << Events(job);
   EXPECT_GT(job.test_accuracy(), 0.75);
-  // The cut-off shard finds its job gone once its link returns.
+  // The cut-off shard finds its job gone once its link returns (and then
+  // stops at once on SIGTERM: it holds nothing to drain).
   ASSERT_TRUE(cluster_->SetLink(victim, true).ok());
+  Process* shard = cluster_->shard(victim.back() - '0');
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!absl::StrContains(shard->Log(), "job j: ended, partitions dropped") &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(absl::StrContains(shard->Log(), "job j: ended, partitions dropped"))
+      << shard->Log();
 }
 
 TEST_F(NetworkFaultTest, AThrottledWorkerIsAStragglerTheStepsDoNotWaitFor) {
