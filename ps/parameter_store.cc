@@ -488,8 +488,23 @@ std::vector<int64_t> ParameterStore::LatePushes(const std::string& job_id) const
 std::vector<int64_t> ParameterStore::WorkerSteps(const std::string& job_id) const {
   absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
   if (!job.ok()) return {};
-  absl::MutexLock lock(&(*job)->mu);
-  return (*job)->worker_steps;
+  std::vector<int64_t> steps;
+  {
+    absl::MutexLock lock(&(*job)->mu);
+    steps = (*job)->worker_steps;
+  }
+  // SYNC: a step every partition here completed is every rank's, pushed or
+  // not. A straggler the backup workers replaced skips to the job's step and
+  // never pushes the steps it missed: at the last steps, it would otherwise
+  // never be counted as done (and its job never end).
+  if ((*job)->sync() && !(*job)->partitions.empty()) {
+    int64_t completed = INT64_MAX;
+    for (const auto& p : (*job)->partitions) {
+      completed = std::min(completed, p->version.load(std::memory_order_acquire));
+    }
+    for (int64_t& s : steps) s = std::max(s, completed);
+  }
+  return steps;
 }
 
 void ParameterStore::SetAbsentWorkers(const std::string& job_id, const std::vector<int>& ranks) {

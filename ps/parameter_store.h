@@ -109,7 +109,9 @@ class ParameterStore : public ParameterShard {
 
   // By worker rank: the steps of `job_id` each rank has pushed here (its
   // highest step whose every partition on this shard arrived, + 1; a
-  // checkpoint's on a restore). Empty for an unknown job.
+  // checkpoint's on a restore), and in SYNC at least the steps every
+  // partition here completed (a rank the backup workers left behind skips
+  // the steps it missed). Empty for an unknown job.
   std::vector<int64_t> WorkerSteps(const std::string& job_id) const;
 
   // Request ids remembered for exactly-once delivery, over all workers of

@@ -131,6 +131,17 @@ TEST_F(ParameterStoreTest, BackupWorkerAppliesAfterFirstPushAndIgnoresTheLateOne
   ExpectNear(still.values, expected);
 }
 
+TEST_F(ParameterStoreTest, AStragglerTheBackupsReplacedCountsTheStepsItsJobCompleted) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2, /*backup_workers=*/1));
+  for (int64_t step = 0; step < 3; ++step) {
+    PushOk(MakePush(0, step + 1, step,
+                    {{{0, 0}, {1, 2, 3}}, {{0, 1}, {1, 2, 3}}, {{1, 0}, {1, 2}}}));
+  }
+  // Rank 1 pushed none of the three (it skipped to the job's step, as a
+  // left-behind worker does): the shard vouches for them all the same.
+  EXPECT_THAT(store_.WorkerSteps(kJob), ::testing::ElementsAre(3, 3));
+}
+
 TEST_F(ParameterStoreTest, AsyncAppliesEachPushOnArrival) {
   AddJob(Spec(ConsistencySpec::ASYNC, 2));
   PushOk(MakePush(0, 1, 0, {{{1, 0}, {1, 2}}}));
