@@ -78,12 +78,13 @@ absl::StatusOr<std::string> InlineExternalData(std::string bytes, const std::str
       files[location] = *std::move(data);
     }
     const std::string& data = files[location];
-    if (length < 0) length = static_cast<int64_t>(data.size()) - offset;
-    if (offset < 0 || length < 0 || offset + length > static_cast<int64_t>(data.size())) {
+    const int64_t size = static_cast<int64_t>(data.size());
+    if (offset < 0 || offset > size || length > size - offset) {
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": initializer \"", t.name(), "\": bytes [", offset, ", ", offset + length,
-          ") of ", location, " are outside its ", data.size(), " bytes"));
+          path, ": initializer \"", t.name(), "\": offset ", offset, ", length ", length, " of ",
+          location, " are outside its ", size, " bytes"));
     }
+    if (length < 0) length = size - offset;
     t.set_raw_data(data.substr(offset, length));
     t.clear_external_data();
     t.clear_data_location();

@@ -154,18 +154,6 @@ std::string Suffix(const std::string& name) {
   return std::string(name.substr(name.rfind('/') + 1));
 }
 
-// The image shape [H, W, C] a dense layer's input was flattened from, or {}.
-std::vector<int64_t> FlattenedImage(const ModelShape& shape, const LayerShape& dense) {
-  // A negative input is a model input slot (LayerShape::ModelInputSlot).
-  if (dense.inputs.size() != 1 || dense.inputs[0] < 0) return {};
-  const LayerShape& flatten = shape.layers[dense.inputs[0]];
-  if (flatten.kind != LayerKind::kFlatten || flatten.inputs.size() != 1) return {};
-  const int read = flatten.inputs[0];
-  const std::vector<int64_t>& in = read >= 0 ? shape.layers[read].output_shape
-                                             : shape.input_slots[LayerShape::SlotOf(read)].shape;
-  return in.size() == 3 ? in : std::vector<int64_t>{};
-}
-
 // A parameter PyTorch holds in another order than ours: its shape, and
 // where element k of ours sits in it (`index` empty: the same order).
 struct PyTorchLayout {

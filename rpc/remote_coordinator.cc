@@ -121,8 +121,10 @@ absl::StatusOr<std::vector<NodeInfo>> RemoteCoordinator::ListNodes() {
 }
 
 absl::StatusOr<JobStatus> RemoteCoordinator::SubmitJob(const SubmitJobRequest& request) {
-  // Initial weights may take a while to check and write.
-  const absl::Duration timeout = request.has_init_from() ? long_call_timeout_ : rpc_timeout_;
+  // Initial weights (and an ONNX model's) may take a while to send, check
+  // and write.
+  const absl::Duration timeout =
+      request.has_init_from() || request.has_model_file() ? long_call_timeout_ : rpc_timeout_;
   ASSIGN_OR_RETURN(
       SubmitJobResponse response,
       (Call<SubmitJobRequest, SubmitJobResponse>("SubmitJob", &Stub::SubmitJob, request, timeout)));

@@ -885,4 +885,17 @@ int PipelineShape::StageOf(int layer) const {
   return static_cast<int>(after - first_layer.begin()) - 1;
 }
 
+std::vector<int64_t> FlattenedImage(const ModelShape& shape, const LayerShape& dense) {
+  // A negative input is a model input slot (LayerShape::ModelInputSlot).
+  if (dense.kind != LayerKind::kDense || dense.inputs.size() != 1 || dense.inputs[0] < 0) {
+    return {};
+  }
+  const LayerShape& flatten = shape.layers[dense.inputs[0]];
+  if (flatten.kind != LayerKind::kFlatten || flatten.inputs.size() != 1) return {};
+  const int read = flatten.inputs[0];
+  const std::vector<int64_t>& in = read >= 0 ? shape.layers[read].output_shape
+                                             : shape.input_slots[LayerShape::SlotOf(read)].shape;
+  return in.size() == 3 ? in : std::vector<int64_t>{};
+}
+
 }  // namespace downpour

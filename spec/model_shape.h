@@ -183,6 +183,12 @@ struct ModelShape {
 //   model.layer[2] ("fc2"): input "fc9" is not an earlier layer
 absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec);
 
+// The image [H, W, C] a dense layer's one input is a flatten of, or {}: the
+// dense weights PyTorch holds with their inputs in (c, h, w) order, where
+// ours are (h, w, c) (control/export.h's PyTorch layout, and the ONNX graph
+// of spec/onnx_export.h, which must agree on it).
+std::vector<int64_t> FlattenedImage(const ModelShape& shape, const LayerShape& dense);
+
 // Whether `spec` has a sparse embedding (a table on the shards), without
 // inferring the rest.
 bool HasSparseTables(const ModelSpec& spec);

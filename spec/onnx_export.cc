@@ -50,20 +50,10 @@ std::string Named(const LayerShape& layer) {
   return absl::StrCat("layer \"", layer.name, "\" (", LayerKindName(layer.kind), ")");
 }
 
-// Whether `dense`'s weight takes a flattened image's inputs in NCHW order:
-// the rule of control/export.cc's FlattenedImage, which lays out the
-// PyTorch weights this graph reads (a dense layer whose one input is a
-// flatten of an [H, W, C] tensor). Kept in step with it by the end-to-end
-// test (tests/onnx_export_test.py).
+// Whether `dense`'s weight takes a flattened image's inputs in NCHW order
+// (FlattenedImage, the rule control/export.cc lays the weights out by).
 bool TakesNchwOrder(const ModelShape& shape, const LayerShape& dense) {
-  if (dense.kind != LayerKind::kDense || dense.inputs.size() != 1 || dense.inputs[0] < 0) {
-    return false;
-  }
-  const LayerShape& flatten = shape.layers[dense.inputs[0]];
-  if (flatten.kind != LayerKind::kFlatten || flatten.inputs.size() != 1) return false;
-  const int from = flatten.inputs[0];
-  if (from == LayerShape::kModelInput) return shape.input_shape.size() == 3;
-  return from >= 0 && shape.layers[from].output_shape.size() == 3;
+  return !FlattenedImage(shape, dense).empty();
 }
 
 void SetFloatType(const std::vector<int64_t>& dims, onnx::ValueInfoProto* info) {

@@ -3,7 +3,7 @@
 // each layer's node with its attributes and the initializers it reads
 // (names, shapes, bytes), NCHW kept between image layers with a Transpose
 // only where a reader needs our order, and each refusal's sentence. That
-// ONNX Runtime computes what the job computes is tests/onnx_export_test.py's.
+// ONNX Runtime computes what the job computes is tests/onnx_test.py's.
 #include "spec/onnx_export.h"
 
 #include <cstdint>
@@ -411,6 +411,43 @@ TEST(OnnxExportTest, FlattenFollowsItsReadersWeightOrder) {
   EXPECT_EQ(Producer(g, Inputs(b)[0]).op_type(), "Flatten");
   EXPECT_EQ(Inputs(Producer(g, Inputs(b)[0])), std::vector<std::string>{"input/nhwc"});
   EXPECT_EQ(Producer(g, "logits").name(), "sum");
+}
+
+TEST(OnnxExportTest, ANamedImageInputFlattensInTheOrderItsDenseWeightHas) {
+  // control/export.cc lays "fc.weight" out for an NCHW flatten of the named
+  // image input as of the unnamed one: the graph must flatten it so.
+  const ModelSpec model = ParseModel(R"pb(
+    num_classes: 2
+    inputs { name: "img" shape: [ 4, 4, 3 ] }
+    inputs { name: "extra" shape: [ 2 ] }
+    layer {
+      name: "flat"
+      inputs: "img"
+      flatten {}
+    }
+    layer {
+      name: "fc"
+      dense { units: 2 }
+    }
+    layer {
+      name: "side"
+      inputs: "extra"
+      dense { units: 2 }
+    }
+    layer {
+      name: "sum"
+      inputs: [ "fc", "side" ]
+      add {}
+    }
+    layer {
+      name: "loss"
+      softmax_cross_entropy {}
+    }
+  )pb");
+  const onnx::GraphProto g = Export(model, PyTorchWeights(model)).graph();
+  const onnx::NodeProto& flat = NodeNamed(g, "flat");
+  EXPECT_EQ(Inputs(flat), std::vector<std::string>{"img"});  // Already NCHW: no Transpose.
+  EXPECT_EQ(Inputs(NodeNamed(g, "fc"))[0], flat.output(0));
 }
 
 TEST(OnnxExportTest, PaddingComesFromTheWindow) {

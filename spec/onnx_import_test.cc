@@ -212,6 +212,54 @@ TEST(OnnxImportTest, WeightsThatDoNotFitTheInputAreRefusedNamingThem) {
   EXPECT_THAT(Refusal(g), HasSubstr("weight \"fc1.weight\" [8, 783] (transB 1) does not take 784"));
 }
 
+TEST(OnnxImportTest, AGlobalPoolReadByAConvIsRefused) {
+  // Squeeze-and-excitation's 1x1 conv over a pooled [C, 1, 1]: Downpour's
+  // pool is a vector.
+  OnnxGraph g;
+  g.Input("x", {2, 4, 4}).Output("y", {3});
+  g.Weight("se.weight", {2, 2, 1, 1}).Weight("fc.weight", {3, 2});
+  g.Node("GlobalAveragePool", {"x"}, {"gap"});
+  g.Node("Conv", {"gap", "se.weight"}, {"se"});
+  g.Node("Flatten", {"se"}, {"f"});
+  SetIntAttribute(g.Node("Gemm", {"f", "fc.weight"}, {"y"}), "transB", 1);
+  EXPECT_THAT(Refusal(g), HasSubstr("reads \"gap\", a global average pool's [2, 1, 1], which "
+                                    "Downpour keeps as the vector [2]"));
+}
+
+TEST(OnnxImportTest, AMatMulsBiasIsTakenOnlyWhereTheAddIsItsOneReader) {
+  OnnxGraph g;
+  g.Input("x", {3}).Output("y", {2});
+  g.Weight("w", {3, 2}).Weight("b", {2});
+  g.Node("MatMul", {"x", "w"}, {"mm"});
+  g.Node("Add", {"mm", "b"}, {"biased"});
+  g.Node("Add", {"biased", "mm"}, {"y"});  // Reads mm without the bias.
+  EXPECT_THAT(Refusal(g), HasSubstr("adds a bias to \"mm\", which other nodes read without it"));
+}
+
+TEST(OnnxImportTest, AWeightTwoLayersReadIsCopiedAndSaidSo) {
+  OnnxGraph g;
+  g.Input("x", {4}).Output("y", {4});
+  g.Weight("fc.weight", {4, 4});
+  SetIntAttribute(g.Node("Gemm", {"x", "fc.weight"}, {"h"}), "transB", 1);
+  SetIntAttribute(g.Node("Gemm", {"h", "fc.weight"}, {"y"}), "transB", 1);
+  absl::StatusOr<ImportedModel> imported = ImportOnnx(g.Bytes(), "tied.onnx");
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_THAT(LayerNames(imported->model), ElementsAre("fc", "fc_2", "loss"));
+  EXPECT_THAT(imported->notes, Contains(HasSubstr("reads weight \"fc.weight\" as an earlier "
+                                                  "layer does")));
+}
+
+TEST(OnnxImportTest, HugeDimensionsAndWindowsAreRefusedBeforeAnyArithmetic) {
+  OnnxGraph wide;
+  wide.Input("x", {65536, 65536, 2}).Output("y", {2});
+  wide.Node("Flatten", {"x"}, {"y"});
+  EXPECT_THAT(Refusal(wide), HasSubstr("input \"x\" has more than 2^31-1 elements"));
+  OnnxGraph window = OnnxCnn();
+  SetIntsAttribute(*window.model().mutable_graph()->mutable_node(3), "pads",
+                   {int64_t{1} << 40, 0, 0, 0});
+  EXPECT_THAT(Refusal(window), HasSubstr("a window, stride or pad of 1099511627776 is too large"));
+}
+
 TEST(OnnxImportTest, MalformedFilesAreOneClearError) {
   EXPECT_THAT(ImportOnnx("not a model at all", "junk.onnx").status().message(),
               HasSubstr("junk.onnx: not an ONNX model"));

@@ -52,7 +52,8 @@ absl::StatusOr<int> ElementBytes(int type) {
     case TensorProto::INT8:
       return 1;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("element type ", type, " is not read"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "element type ", onnx::TensorProto_DataType_Name(type), " is not read"));
   }
 }
 
@@ -90,6 +91,27 @@ absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t) {
   ASSIGN_OR_RETURN(const int bytes, ElementBytes(t.data_type()));
   c.integer = !IsOnnxFloatType(t.data_type());
   const int type = t.data_type();
+  // Integer tensors are shapes, axes and indices: a large one is no model's.
+  if (c.integer && n > kMaxOnnxIntegerElements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an integer tensor of ", n, " elements; integer constants (shapes, axes) have at most ",
+        kMaxOnnxIntegerElements));
+  }
+  // The values are allocated only once the file is known to hold them all.
+  const int have = t.has_raw_data() ? -1
+                   : type == TensorProto::FLOAT ? t.float_data_size()
+                   : type == TensorProto::DOUBLE ? t.double_data_size()
+                   : type == TensorProto::INT64 ? t.int64_data_size()
+                                                : t.int32_data_size();
+  if (t.has_raw_data() && t.raw_data().size() != static_cast<size_t>(n) * bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("raw_data has ", t.raw_data().size(),
+                                                   " bytes; shape ", OnnxShapeText(c.dims),
+                                                   " needs ", n * bytes));
+  }
+  if (!t.has_raw_data() && have != n) {
+    return absl::InvalidArgumentError(absl::StrCat("has ", have, " values; shape ",
+                                                   OnnxShapeText(c.dims), " needs ", n));
+  }
   auto store = [&](int64_t k, double v, int64_t iv) {
     if (c.integer) {
       c.i[k] = iv;
@@ -104,10 +126,6 @@ absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t) {
   }
   if (t.has_raw_data()) {
     const std::string& raw = t.raw_data();
-    if (raw.size() != static_cast<size_t>(n) * bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("raw_data has ", raw.size(), " bytes; shape ",
-                                                     OnnxShapeText(c.dims), " needs ", n * bytes));
-    }
     const char* p = raw.data();
     for (int64_t k = 0; k < n; ++k, p += bytes) {
       switch (type) {
@@ -151,26 +169,18 @@ absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t) {
     }
     return c;
   }
-  // The typed fields: each type has one, and it must hold n values.
-  auto count_error = [&](int have) {
-    return absl::InvalidArgumentError(absl::StrCat("has ", have, " values; shape ",
-                                                   OnnxShapeText(c.dims), " needs ", n));
-  };
+  // The typed fields: each type has one, holding n values (checked above).
   switch (type) {
     case TensorProto::FLOAT:
-      if (t.float_data_size() != n) return count_error(t.float_data_size());
       for (int64_t k = 0; k < n; ++k) c.f[k] = t.float_data(k);
       break;
     case TensorProto::DOUBLE:
-      if (t.double_data_size() != n) return count_error(t.double_data_size());
       for (int64_t k = 0; k < n; ++k) c.f[k] = static_cast<float>(t.double_data(k));
       break;
     case TensorProto::INT64:
-      if (t.int64_data_size() != n) return count_error(t.int64_data_size());
       for (int64_t k = 0; k < n; ++k) c.i[k] = t.int64_data(k);
       break;
     default:  // Held in int32_data (16-bit floats as their bits).
-      if (t.int32_data_size() != n) return count_error(t.int32_data_size());
       for (int64_t k = 0; k < n; ++k) {
         const int32_t v = t.int32_data(k);
         if (type == TensorProto::FLOAT16) {
@@ -212,11 +222,19 @@ absl::StatusOr<OnnxConst> ReadOnnxConstant(const onnx::NodeProto& node) {
 
 absl::StatusOr<OnnxConst> FoldOnnxShapeOp(const std::string& op,
                                           const std::vector<const OnnxConst*>& in) {
+  size_t elements = 0;
   for (const OnnxConst* c : in) {
     if (!c->integer || c->dims.size() > 1) {
       return absl::InvalidArgumentError(
           "folding it over constants is supported for integer scalars and vectors only");
     }
+    elements += c->i.size();
+  }
+  // Shapes and axes are short; a Concat of Concats doubling a vector is not.
+  if (elements > kMaxOnnxFoldedElements) {
+    return absl::InvalidArgumentError(absl::StrCat("folds ", elements, " integers; shape "
+                                                   "arithmetic takes at most ",
+                                                   kMaxOnnxFoldedElements));
   }
   OnnxConst out;
   out.integer = true;

@@ -15,6 +15,12 @@
 
 namespace downpour {
 
+// An integer initializer or Constant holds at most this many elements
+// (they are shapes, axes and indices); shape arithmetic folds at most
+// kMaxOnnxFoldedElements integers a node.
+inline constexpr int64_t kMaxOnnxIntegerElements = int64_t{1} << 20;
+inline constexpr size_t kMaxOnnxFoldedElements = 64;
+
 // A tensor known when importing: an initializer, a Constant, or folded from
 // them. Floating-point data is held as float, integer (and bool) as int64.
 struct OnnxConst {

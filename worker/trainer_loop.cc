@@ -114,6 +114,10 @@ struct JobTrainer::RunState {
   std::unique_ptr<BatchReader> test_reader;  // Rank 0's, for the final model.
   TrainerMetrics metrics;
 
+  // Whether the rank reported its last step (finished); it trains none when
+  // it took over a rank that had got to the end, or was left behind at the
+  // last steps (CatchUp skips them), and reports after the loop then.
+  bool reported_last = false;
   // ASYNC/SSP may push a sum of several steps and pull less often (SYNC: 1).
   int64_t push_every = 1, fetch_every = 1;
   GradientSum accumulated;
@@ -198,12 +202,12 @@ absl::Status JobTrainer::Train() {
     RecordStep(s, &run);
     const bool last = step + 1 == steps_.load();
     ReportProgress(&s, last, &run);
+    run.reported_last = run.reported_last || last;
     RETURN_IF_ERROR(EvaluatePeriodically(s, last, &run));
   }
   RETURN_IF_ERROR(FinishRun(&run));
   if (evaluates_.load()) return EvaluateFinalModel(&run);
-  // A rank taken over after its last step has nothing to train.
-  if (run.first_step >= steps_.load()) {
+  if (!run.reported_last) {
     ReportProgressRequest done;
     done.set_step(steps_.load());
     done.set_finished(true);

@@ -95,11 +95,17 @@ def _read_onnx(path):
         from onnx.external_data_helper import load_external_data_for_model
     except ImportError:
         return data
-    model = onnx.load_from_string(data)
+    try:
+        model = onnx.load_from_string(data)
+    except Exception:  # Not ONNX: the coordinator says so, naming the file.
+        return data
     if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         return data
-    load_external_data_for_model(model, os.path.dirname(path) or ".")
-    return model.SerializeToString()
+    try:
+        load_external_data_for_model(model, os.path.dirname(path) or ".")
+        return model.SerializeToString()
+    except (OSError, ValueError) as e:
+        raise DownpourError(f"{path}: its weights kept beside it cannot be read in: {e}") from None
 
 
 class Client:
@@ -151,7 +157,11 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(address, options)
         self._stub = coordinator_service_pb2_grpc.CoordinatorStub(self._channel)
-        self._wait_connected(connect_timeout)
+        try:
+            self._wait_connected(connect_timeout)
+        except BaseException:
+            self._channel.close()
+            raise
 
     # ------------------------------------------------------------ plumbing
 
@@ -222,7 +232,7 @@ class Client:
         long_call = False
         if model is not None:
             if isinstance(model, (bytes, bytearray, memoryview)):
-                request.model_file.onnx, request.model_file.name = bytes(model), "model.onnx"
+                request.model_file.onnx, request.model_file.name = bytes(model), "(bytes)"
             else:
                 path = os.fspath(model)
                 request.model_file.onnx = _read_onnx(path)

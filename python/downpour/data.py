@@ -179,11 +179,16 @@ def _column(key, value, n):
 
 
 def _count(features, labels):
+    """The examples' count, which every feature and the labels must have."""
+    counts = {key: len(value) for key, value in features.items()}
     if labels is not None:
-        return len(labels)
-    for value in features.values():
-        return len(value)
-    raise DownpourError("write_records needs features or labels")
+        counts["the labels"] = len(labels)
+    if not counts:
+        raise DownpourError("write_records needs features or labels")
+    if len(set(counts.values())) > 1:
+        raise DownpourError("features and labels have different lengths: " +
+                            ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return next(iter(counts.values()))
 
 
 def encode_examples(features, labels=None, label_key="label"):
