@@ -180,7 +180,7 @@ def _column(key, value, n):
 
 def _count(features, labels):
     """The examples' count, which every feature and the labels must have."""
-    counts = {key: len(value) for key, value in features.items()}
+    counts = {repr(key): len(value) for key, value in features.items()}
     if labels is not None:
         counts["the labels"] = len(labels)
     if not counts:
