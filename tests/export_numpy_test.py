@@ -179,6 +179,42 @@ class Cluster:
                 p.kill()
 
 
+def run_cases(suite_name, classname, junit, cluster, skip_reason, setup, cases):
+    """The cases of a test that starts `cluster`: unless `skip_reason`, the
+    cluster starts and setup() makes what the cases share; then each (name,
+    check) runs as check(name, shared), one case's failure reported and the
+    next run. A failure to start is a case "cluster". Writes JUnit XML to
+    `junit`; returns the exit status (1 on any failure)."""
+    suite = ET.Element("testsuite", name=suite_name)
+    failed = False
+    try:
+        shared = None
+        if skip_reason is None:
+            cluster.start()
+            shared = setup()
+        for name, check in cases:
+            case = ET.SubElement(suite, "testcase", classname=classname, name=name)
+            if skip_reason is not None:
+                ET.SubElement(case, "skipped", message=skip_reason)
+                print(f"{name}: skipped: {skip_reason}")
+                continue
+            try:
+                check(name, shared)
+            except Exception as e:  # One case's failure is reported; the next runs.
+                failed = True
+                ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
+                print(f"{name}: FAILED: {e}", file=sys.stderr)
+    except Exception as e:
+        failed = True
+        case = ET.SubElement(suite, "testcase", classname=classname, name="cluster")
+        ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
+        print(f"{suite_name}: {e}", file=sys.stderr)
+    finally:
+        cluster.finish(failed)
+    ET.ElementTree(suite).write(junit)
+    return 1 if failed else 0
+
+
 def check_export(cluster, spec, job_id, forward, test_set):
     from safetensors.numpy import load_file
 
@@ -199,43 +235,19 @@ def main():
     parser.add_argument("--bin", required=True)
     parser.add_argument("--junit", required=True)
     args = parser.parse_args()
-    cases = [("mlp", "examples/fashion_mnist_mlp.pbtxt", mlp),
-             ("cnn_bn", "examples/fashion_mnist_cnn_bn.pbtxt", cnn_bn)]
-    suite = ET.Element("testsuite", name="export_numpy_test")
     skip_reason = None
     try:
         import numpy  # noqa: F401
         import safetensors  # noqa: F401
     except ImportError as e:
         skip_reason = f"NumPy or safetensors missing ({e}); scripts/python-deps.sh installs them"
-    failed = False
-    work = tempfile.mkdtemp(prefix="downpour-export-")
-    cluster = Cluster(args.bin, work)
-    try:
-        if skip_reason is None:
-            test_set = load_test_set()
-            cluster.start()
-        for name, spec, forward in cases:
-            case = ET.SubElement(suite, "testcase", classname="ExportNumpyTest", name=name)
-            if skip_reason is not None:
-                ET.SubElement(case, "skipped", message=skip_reason)
-                print(f"{name}: skipped: {skip_reason}")
-                continue
-            try:
-                check_export(cluster, spec, name, forward, test_set)
-            except Exception as e:  # One case's failure is reported; the next runs.
-                failed = True
-                ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
-                print(f"{name}: FAILED: {e}", file=sys.stderr)
-    except Exception as e:
-        failed = True
-        case = ET.SubElement(suite, "testcase", classname="ExportNumpyTest", name="cluster")
-        ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
-        print(f"export_numpy_test: {e}", file=sys.stderr)
-    finally:
-        cluster.finish(failed)
-    ET.ElementTree(suite).write(args.junit)
-    return 1 if failed else 0
+    cluster = Cluster(args.bin, tempfile.mkdtemp(prefix="downpour-export-"))
+    cases = [(name, lambda n, test_set, spec=spec, forward=forward:
+              check_export(cluster, spec, n, forward, test_set))
+             for name, spec, forward in [("mlp", "examples/fashion_mnist_mlp.pbtxt", mlp),
+                                         ("cnn_bn", "examples/fashion_mnist_cnn_bn.pbtxt", cnn_bn)]]
+    return run_cases("export_numpy_test", "ExportNumpyTest", args.junit, cluster, skip_reason,
+                     load_test_set, cases)
 
 
 if __name__ == "__main__":

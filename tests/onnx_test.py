@@ -63,11 +63,9 @@ import struct
 import subprocess
 import sys
 import tempfile
-import traceback
-import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_numpy_test import ROOT, Cluster  # noqa: E402
+from export_numpy_test import ROOT, Cluster, run_cases  # noqa: E402
 
 ACCURACY_TOLERANCE = 1e-6
 AUC_TOLERANCE = 1e-4
@@ -636,7 +634,6 @@ def main():
     parser.add_argument("--bin", required=True)
     parser.add_argument("--junit", required=True)
     args = parser.parse_args()
-    suite = ET.Element("testsuite", name="onnx_test")
     skip_reason = None
     try:
         import numpy  # noqa: F401
@@ -645,53 +642,38 @@ def main():
     except ImportError as e:
         skip_reason = (f"NumPy, onnx or onnxruntime missing ({e}); scripts/python-deps.sh "
                        "installs them")
-    failed = False
     work = tempfile.mkdtemp(prefix="downpour-onnx-")
     cluster = Cluster(args.bin, work)
     data = os.path.join(work, "data")
     with open(os.path.join(ROOT, "examples/fashion_mnist_mlp.pbtxt")) as f:
         mlp = re.sub(r"(?m)^steps: \d+$", f"steps: {STEPS}", f.read())
-    cases = {"mlp": (mlp, check_onnx_export), "cnn_bn": (CNN_BN, check_onnx_export),
+    specs = {"mlp": (mlp, check_onnx_export), "cnn_bn": (CNN_BN, check_onnx_export),
              "ctr": (CTR, check_onnx_export), "sparse": (SPARSE, check_refused),
              "import_identity": (None, check_import_identity),
              "import_train": (None, check_import_train),
              "import_refused": (None, check_import_refused),
              "import_ops": (None, check_import_ops)}
-    try:
-        if skip_reason is None:
-            cluster.start()
-            subprocess.run([cluster.ctl_path, "dataset", "generate", "--kind=ctr",
-                            "--out_dir=" + os.path.join(data, "ctr"), "--name=ctr",
-                            "--examples=40000", "--test_examples=10000", "--shards=2",
-                            "--vocabulary=100:1000"], check=True, capture_output=True)
-            images = image_test_set(data)
-            test_sets = {"mlp": images, "cnn_bn": images, "ctr": ctr_test_set(data),
-                         "import_identity": images, "import_train": images}
-        for name, (text, check) in cases.items():
-            case = ET.SubElement(suite, "testcase", classname="OnnxTest", name=name)
-            if skip_reason is not None:
-                ET.SubElement(case, "skipped", message=skip_reason)
-                print(f"{name}: skipped: {skip_reason}")
-                continue
-            try:
-                spec_path = os.path.join(work, name + ".pbtxt")
-                if text is not None:
-                    with open(spec_path, "w") as f:
-                        f.write(text)
-                check(cluster, name, spec_path, test_sets.get(name))
-            except Exception as e:  # One case's failure is reported; the next runs.
-                failed = True
-                ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
-                print(f"{name}: FAILED: {e}", file=sys.stderr)
-    except Exception as e:
-        failed = True
-        case = ET.SubElement(suite, "testcase", classname="OnnxTest", name="cluster")
-        ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
-        print(f"onnx_test: {e}", file=sys.stderr)
-    finally:
-        cluster.finish(failed)
-    ET.ElementTree(suite).write(args.junit)
-    return 1 if failed else 0
+
+    def setup():
+        subprocess.run([cluster.ctl_path, "dataset", "generate", "--kind=ctr",
+                        "--out_dir=" + os.path.join(data, "ctr"), "--name=ctr",
+                        "--examples=40000", "--test_examples=10000", "--shards=2",
+                        "--vocabulary=100:1000"], check=True, capture_output=True)
+        images = image_test_set(data)
+        return {"mlp": images, "cnn_bn": images, "ctr": ctr_test_set(data),
+                "import_identity": images, "import_train": images}
+
+    def case(text, check):
+        def run(name, test_sets):
+            spec_path = os.path.join(work, name + ".pbtxt")
+            if text is not None:
+                with open(spec_path, "w") as f:
+                    f.write(text)
+            check(cluster, name, spec_path, test_sets.get(name))
+        return run
+
+    return run_cases("onnx_test", "OnnxTest", args.junit, cluster, skip_reason, setup,
+                     [(name, case(text, check)) for name, (text, check) in specs.items()])
 
 
 if __name__ == "__main__":

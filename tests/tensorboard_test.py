@@ -23,10 +23,8 @@ import re
 import sys
 import tempfile
 import time
-import traceback
-import xml.etree.ElementTree as ET
 
-from export_numpy_test import FASHION, ROOT, Cluster
+from export_numpy_test import FASHION, ROOT, Cluster, run_cases
 
 JOB = "tb-mlp"
 TAGS = ("loss", "examples_per_second", "test_accuracy")
@@ -106,8 +104,6 @@ def main():
     parser.add_argument("--bin", required=True)
     parser.add_argument("--junit", required=True)
     args = parser.parse_args()
-    suite = ET.Element("testsuite", name="tensorboard_test")
-    case = ET.SubElement(suite, "testcase", classname="TensorBoardTest", name="event_files")
     skip_reason = None
     try:
         from tensorboard.backend.event_processing import event_accumulator  # noqa: F401
@@ -115,24 +111,11 @@ def main():
         skip_reason = f"tensorboard missing ({e}); scripts/python-deps.sh installs it"
     if skip_reason is None and not os.path.isdir(FASHION):
         skip_reason = f"no Fashion-MNIST in {FASHION}"
-    failed = False
     work = tempfile.mkdtemp(prefix="downpour-tensorboard-")
     cluster = Cluster(args.bin, work)
-    try:
-        if skip_reason is not None:
-            ET.SubElement(case, "skipped", message=skip_reason)
-            print(f"tensorboard_test: skipped: {skip_reason}")
-        else:
-            cluster.start()
-            run(cluster, os.path.join(work, "state"))
-    except Exception as e:
-        failed = True
-        ET.SubElement(case, "failure", message=str(e)).text = traceback.format_exc()
-        print(f"tensorboard_test: FAILED: {e}", file=sys.stderr)
-    finally:
-        cluster.finish(failed)
-    ET.ElementTree(suite).write(args.junit)
-    return 1 if failed else 0
+    return run_cases("tensorboard_test", "TensorBoardTest", args.junit, cluster, skip_reason,
+                     lambda: None,
+                     [("event_files", lambda _, __: run(cluster, os.path.join(work, "state")))])
 
 
 if __name__ == "__main__":
