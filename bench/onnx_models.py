@@ -27,6 +27,22 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def strip_doc_strings(path):
+    """Drops the exporter's doc strings and metadata (source locations on the
+    machine that wrote the file); the graph and weights stay as written."""
+    try:
+        import onnx
+    except ImportError:
+        return
+    model = onnx.load(path, load_external_data=False)
+    for item in [model, model.graph, *model.graph.node, *model.graph.value_info,
+                 *model.graph.input, *model.graph.output]:
+        item.doc_string = ""
+        if hasattr(item, "metadata_props"):
+            del item.metadata_props[:]
+    onnx.save(model, path)
+
+
 def train(model, steps, fashion):
     """`steps` Adam steps (lr 1e-3, batch 128) on Fashion-MNIST's training set
     (IDX files in `fashion`), so the file holds a model that predicts."""
@@ -111,6 +127,7 @@ def main():
                               training=torch.onnx.TrainingMode.PRESERVE,
                               input_names=["input"], output_names=["logits"],
                               dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+        strip_doc_strings(path)
         torch.save(model.state_dict(), os.path.join(args.out, name + ".pt"))
         with open(os.path.join(args.out, name + ".keys.json"), "w") as f:
             json.dump(list(model.state_dict()), f, indent=0)
