@@ -235,8 +235,9 @@ int RunSubmit(const CtlOptions& options, const std::vector<std::string>& args) {
       return UsageError("--model starts the job from the ONNX graph's weights; drop --init_from");
     }
     if (request.spec().has_model()) {
-      return UsageError(absl::StrCat(path, " has a model and --model names one; leave model out "
-                                           "of the spec"));
+      return UsageError(absl::StrCat(path,
+                                     " has a model and --model names one; leave model out "
+                                     "of the spec"));
     }
     absl::StatusOr<std::string> onnx = ReadModelFile(options.model);
     if (!onnx.ok()) return Fail(kExitUsage, absl::StrCat("--model: ", onnx.status().message()));

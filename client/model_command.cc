@@ -44,9 +44,8 @@ absl::Status WriteFile(const std::string& path, const std::string& contents,
 absl::StatusOr<std::string> InlineExternalData(std::string bytes, const std::string& path) {
   onnx::ModelProto model;
   if (!model.ParseFromString(bytes)) return bytes;  // The importer says what is wrong.
-  const std::string dir = path.find('/') == std::string::npos
-                              ? "."
-                              : path.substr(0, path.rfind('/'));
+  const std::string dir =
+      path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
   std::map<std::string, std::string> files;
   bool inlined = false;
   for (onnx::TensorProto& t : *model.mutable_graph()->mutable_initializer()) {
@@ -63,9 +62,9 @@ absl::StatusOr<std::string> InlineExternalData(std::string bytes, const std::str
       }
     }
     if (location.empty() || location[0] == '/' || absl::StrContains(location, "..")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": initializer \"", t.name(), "\": external data location \"", location,
-          "\" is not a file in the model's folder"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": initializer \"", t.name(),
+                                                     "\": external data location \"", location,
+                                                     "\" is not a file in the model's folder"));
     }
     if (files.count(location) == 0) {
       const std::string file = absl::StrCat(dir, "/", location);
@@ -80,9 +79,9 @@ absl::StatusOr<std::string> InlineExternalData(std::string bytes, const std::str
     const std::string& data = files[location];
     const int64_t size = static_cast<int64_t>(data.size());
     if (offset < 0 || offset > size || length > size - offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": initializer \"", t.name(), "\": offset ", offset, ", length ", length, " of ",
-          location, " are outside its ", size, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": initializer \"", t.name(), "\": offset ", offset, ", length ",
+                       length, " of ", location, " are outside its ", size, " bytes"));
     }
     if (length < 0) length = size - offset;
     t.set_raw_data(data.substr(offset, length));
@@ -134,19 +133,19 @@ int RunModel(const CtlOptions& options, const std::vector<std::string>& args) {
     return kExitOk;
   }
   const std::string weights = WeightsPathBeside(options.out);
-  const std::string header = absl::StrCat(
-      "# The model of ", path, " (downpourctl model import). Add the training part\n",
-      "# (dataset, optimizer, steps, ...: docs/job-specs.md) and submit it with\n",
-      "#   downpourctl submit SPEC --init_from=", weights, "\n",
-      "# or leave this out and run downpourctl submit --model=", path, " JOB.pbtxt\n");
+  const std::string header =
+      absl::StrCat("# The model of ", path, " (downpourctl model import). Add the training part\n",
+                   "# (dataset, optimizer, steps, ...: docs/job-specs.md) and submit it with\n",
+                   "#   downpourctl submit SPEC --init_from=", weights, "\n",
+                   "# or leave this out and run downpourctl submit --model=", path, " JOB.pbtxt\n");
   for (const auto& [file, contents, what] :
        {std::tuple<std::string, std::string, std::string>{options.out, header + text, "spec"},
         {weights, imported->weights, "weights"}}) {
     absl::Status written = WriteFile(file, contents, what);
     if (!written.ok()) return FailStatus(written);
   }
-  std::cout << "wrote " << options.out << " (" << imported->model.layer_size()
-            << " layers) and " << weights << " (" << imported->weights.size() / 1048576.0
+  std::cout << "wrote " << options.out << " (" << imported->model.layer_size() << " layers) and "
+            << weights << " (" << imported->weights.size() / 1048576.0
             << " MiB, PyTorch layout) from " << path << std::endl;
   return kExitOk;
 }

@@ -108,18 +108,18 @@ void CoordinatorState::TickCheckpoints() {
 }
 
 absl::StatusOr<SafetensorsFile> CoordinatorState::ReadOnnxModel(const ModelFile& file,
-                                                                JobSpec* spec,
-                                                                std::string* what) {
+                                                                JobSpec* spec, std::string* what) {
   *what = absl::StrCat("ONNX model ", file.name().empty() ? "(uploaded)" : file.name());
   if (spec->has_model()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the job spec has a model and the request brings one from ", *what,
-        "; leave model out of the spec (it holds only the training part)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the job spec has a model and the request brings one from ", *what,
+                     "; leave model out of the spec (it holds only the training part)"));
   }
   if (checkpoints_.root().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a job from ", *what, " starts from the graph's weights, which needs the coordinator's "
-        "--checkpoint_root (they are written there)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a job from ", *what,
+                     " starts from the graph's weights, which needs the coordinator's "
+                     "--checkpoint_root (they are written there)"));
   }
   ASSIGN_OR_RETURN(ImportedModel imported, ImportOnnx(file.onnx(), file.name()));
   *spec->mutable_model() = std::move(imported.model);

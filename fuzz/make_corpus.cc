@@ -23,8 +23,8 @@
 #include "google/protobuf/text_format.h"
 #include "proto/example.pb.h"
 #include "proto/job.pb.h"
-#include "spec/onnx_test_graphs.h"
 #include "proto/parameter_server.pb.h"
+#include "spec/onnx_test_graphs.h"
 
 namespace downpour {
 namespace {

@@ -21,8 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<ImportedModel> imported = ImportOnnx(bytes, "fuzz.onnx");
   if (!imported.ok()) {
-    FUZZ_CHECK(absl::IsInvalidArgument(imported.status()) &&
-                   !imported.status().message().empty(),
+    FUZZ_CHECK(absl::IsInvalidArgument(imported.status()) && !imported.status().message().empty(),
                imported.status().ToString());
     return 0;
   }

@@ -134,8 +134,8 @@ TEST_F(ParameterStoreTest, BackupWorkerAppliesAfterFirstPushAndIgnoresTheLateOne
 TEST_F(ParameterStoreTest, AStragglerTheBackupsReplacedCountsTheStepsItsJobCompleted) {
   AddJob(Spec(ConsistencySpec::SYNC, 2, /*backup_workers=*/1));
   for (int64_t step = 0; step < 3; ++step) {
-    PushOk(MakePush(0, step + 1, step,
-                    {{{0, 0}, {1, 2, 3}}, {{0, 1}, {1, 2, 3}}, {{1, 0}, {1, 2}}}));
+    PushOk(
+        MakePush(0, step + 1, step, {{{0, 0}, {1, 2, 3}}, {{0, 1}, {1, 2, 3}}, {{1, 0}, {1, 2}}}));
   }
   // Rank 1 pushed none of the three (it skipped to the job's step, as a
   // left-behind worker does): the shard vouches for them all the same.

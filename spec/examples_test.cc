@@ -57,8 +57,7 @@ TEST(ExamplesTest, EveryExampleSpecValidates) {
 }
 
 TEST(ExamplesTest, EveryTrainingPartValidatesWithAnImportedModel) {
-  const std::string onnx =
-      ReadFile(Workspace() + "/tests/data/onnx/torchscript/small_resnet.onnx");
+  const std::string onnx = ReadFile(Workspace() + "/tests/data/onnx/torchscript/small_resnet.onnx");
   absl::StatusOr<ImportedModel> imported = ImportOnnx(onnx, "small_resnet.onnx");
   ASSERT_TRUE(imported.ok()) << imported.status();
   std::vector<std::pair<std::string, JobSpec>> specs = Specs(Workspace() + "/examples/onnx");

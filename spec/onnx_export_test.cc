@@ -418,8 +418,14 @@ TEST(OnnxExportTest, ANamedImageInputFlattensInTheOrderItsDenseWeightHas) {
   // image input as of the unnamed one: the graph must flatten it so.
   const ModelSpec model = ParseModel(R"pb(
     num_classes: 2
-    inputs { name: "img" shape: [ 4, 4, 3 ] }
-    inputs { name: "extra" shape: [ 2 ] }
+    inputs {
+      name: "img"
+      shape: [ 4, 4, 3 ]
+    }
+    inputs {
+      name: "extra"
+      shape: [ 2 ]
+    }
     layer {
       name: "flat"
       inputs: "img"

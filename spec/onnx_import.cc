@@ -48,8 +48,8 @@ absl::StatusOr<ImportedModel> Importer::Run() {
     tensors.push_back({w.name, TensorDtype::kF32, w.dims, w.values.data()});
   }
   ASSIGN_OR_RETURN(imported.weights,
-                   SerializeSafetensors(tensors, {{"downpour.layout", "pytorch"},
-                                                  {"downpour.onnx_file", file_}}));
+                   SerializeSafetensors(
+                       tensors, {{"downpour.layout", "pytorch"}, {"downpour.onnx_file", file_}}));
   imported.notes = std::move(notes_);
   return imported;
 }
@@ -108,8 +108,9 @@ absl::Status Importer::ReadInputs() {
     }
     if (value.ids ? rank != 2 : rank != 2 && rank != 4) {
       return FileError(where, " has rank ", rank,
-                       value.ids ? "; ids are [batch, n]" : "; inputs are [batch, C, H, W] or "
-                                                            "[batch, features]");
+                       value.ids ? "; ids are [batch, n]"
+                                 : "; inputs are [batch, C, H, W] or "
+                                   "[batch, features]");
     }
     value.ours = value.dims;
     if (value.image()) value.ours = {value.dims[1], value.dims[2], value.dims[0]};
@@ -270,8 +271,9 @@ absl::StatusOr<LayerSpec*> Importer::AddLayer(const NodeProto& node,
     if (input->layer.empty()) {
       // The unnamed model input: only the first layer reads it.
       if (model_.layer_size() != 1) {
-        return Error(node, "reads the graph's input after another node has; a model with one "
-                           "input is read by its first layer only");
+        return Error(node,
+                     "reads the graph's input after another node has; a model with one "
+                     "input is read by its first layer only");
       }
       continue;
     }
@@ -281,8 +283,8 @@ absl::StatusOr<LayerSpec*> Importer::AddLayer(const NodeProto& node,
   return layer;
 }
 
-void Importer::AddWeight(const LayerSpec& layer, const std::string& what,
-                         std::vector<int64_t> dims, std::vector<float> values) {
+void Importer::AddWeight(const LayerSpec& layer, const std::string& what, std::vector<int64_t> dims,
+                         std::vector<float> values) {
   weights_.push_back({absl::StrCat(layer.name(), ".", what), std::move(dims), std::move(values)});
 }
 
@@ -349,10 +351,11 @@ absl::Status Importer::Take(const NodeProto& node) {
     }
     ASSIGN_OR_RETURN(int64_t keepdims, IntAttr(node, "keepdims", 1));
     std::sort(axes.begin(), axes.end());
-    if (!x->image() || (axes != std::vector<int64_t>{2, 3} &&
-                        axes != std::vector<int64_t>{-2, -1})) {
-      return Error(node, "only a mean over the height and width of an image (axes [2, 3]) is "
-                         "taken, as a global average pool; this one is over axes ",
+    if (!x->image() ||
+        (axes != std::vector<int64_t>{2, 3} && axes != std::vector<int64_t>{-2, -1})) {
+      return Error(node,
+                   "only a mean over the height and width of an image (axes [2, 3]) is "
+                   "taken, as a global average pool; this one is over axes ",
                    OnnxShapeText(axes), " of ", OnnxShapeText(x->dims));
     }
     return TakeGlobalPool(node, *x, keepdims != 0);
@@ -387,8 +390,10 @@ absl::Status Importer::Take(const NodeProto& node) {
     ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 0));
     ASSIGN_OR_RETURN(int64_t axis, IntAttr(node, "axis", opset_ >= 13 ? -1 : 1));
     if (x->dims.size() != 1 || (axis != 1 && axis != -1)) {
-      return Error(node, "only a softmax over the classes of [batch, classes] logits is the "
-                         "loss; this one is over axis ", axis, " of ", OnnxShapeText(x->dims));
+      return Error(node,
+                   "only a softmax over the classes of [batch, classes] logits is the "
+                   "loss; this one is over axis ",
+                   axis, " of ", OnnxShapeText(x->dims));
     }
     Value out = *x;
     out.softmax = true;
@@ -531,8 +536,8 @@ absl::Status Importer::CheckDeclaredShapes() {
 absl::StatusOr<ImportedModel> ImportOnnx(absl::string_view bytes, absl::string_view name) {
   const std::string file(name.empty() ? "the ONNX model" : name);
   if (bytes.size() > kMaxOnnxBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": ", bytes.size(),
-                                                   " bytes is more than an ONNX file holds"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": ", bytes.size(), " bytes is more than an ONNX file holds"));
   }
   onnx::ModelProto model;
   if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -547,11 +552,12 @@ absl::StatusOr<ImportedModel> ImportOnnx(absl::string_view bytes, absl::string_v
     if (set.domain().empty() || set.domain() == "ai.onnx") opset = static_cast<int>(set.version());
   }
   if (opset < kMinOnnxOpset || opset > kMaxOnnxOpset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": ", opset < 0 ? "no opset of the default domain is named"
-                              : absl::StrCat("opset ", opset, " is not supported"),
-        "; Downpour reads opsets ", kMinOnnxOpset, " to ", kMaxOnnxOpset,
-        " (export with opset_version in that range)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": ",
+                     opset < 0 ? "no opset of the default domain is named"
+                               : absl::StrCat("opset ", opset, " is not supported"),
+                     "; Downpour reads opsets ", kMinOnnxOpset, " to ", kMaxOnnxOpset,
+                     " (export with opset_version in that range)"));
   }
   return onnx_import_internal::Importer(model.graph(), file, opset).Run();
 }

@@ -24,7 +24,7 @@ namespace onnx_import_internal {
 
 absl::Status Importer::TakeFlatten(const NodeProto& node, const Value& x) {
   const int64_t n = CheckedProduct(x.dims);  // Bounded: SetOutput checked it.
-  if (x.ours.size() == 1) {  // Already one vector in Downpour (e.g. a global pool).
+  if (x.ours.size() == 1) {                  // Already one vector in Downpour (e.g. a global pool).
     Value out = x;
     out.dims = {n};
     return SetOutput(node, std::move(out));
@@ -37,17 +37,20 @@ absl::Status Importer::TakeFlatten(const NodeProto& node, const Value& x) {
 }
 
 absl::Status Importer::TakeGlobalPool(const NodeProto& node, const Value& x, bool keepdims) {
-  if (!x.image()) return Error(node, "input is ", OnnxShapeText(x.dims), ", not an image [C, H, W]");
+  if (!x.image())
+    return Error(node, "input is ", OnnxShapeText(x.dims), ", not an image [C, H, W]");
   const int64_t c = x.dims[0];
   ASSIGN_OR_RETURN(LayerSpec * layer, AddLayer(node, {&x}, nullptr, {c}));
   layer->mutable_global_avg_pool();
-  return SetOutput(node, {layer->name(), keepdims ? std::vector<int64_t>{c, 1, 1}
-                                                  : std::vector<int64_t>{c}, {c}});
+  return SetOutput(
+      node,
+      {layer->name(), keepdims ? std::vector<int64_t>{c, 1, 1} : std::vector<int64_t>{c}, {c}});
 }
 
 absl::StatusOr<Importer::Window> Importer::ReadWindow(const NodeProto& node, const Value& x,
                                                       std::vector<int64_t> kernel) const {
-  if (!x.image()) return Error(node, "input is ", OnnxShapeText(x.dims), ", not an image [C, H, W]");
+  if (!x.image())
+    return Error(node, "input is ", OnnxShapeText(x.dims), ", not an image [C, H, W]");
   Window w;
   ASSIGN_OR_RETURN(w.kernel, IntsAttr(node, "kernel_shape", kernel));
   if (w.kernel.size() != 2 || w.kernel[0] <= 0 || w.kernel[1] <= 0) {
@@ -112,8 +115,8 @@ void SetWindow(Layer* layer, const std::vector<int64_t>& stride, const std::vect
 }
 
 absl::Status Importer::TakeConv(const NodeProto& node) {
-  RETURN_IF_ERROR(CheckAttributes(
-      node, {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}));
+  RETURN_IF_ERROR(
+      CheckAttributes(node, {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}));
   ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 0));
   ASSIGN_OR_RETURN(const Const* w, ConstInput(node, 1));
   ASSIGN_OR_RETURN(int64_t group, IntAttr(node, "group", 1));
@@ -134,8 +137,7 @@ absl::Status Importer::TakeConv(const NodeProto& node) {
       return Error(node, "bias \"", b->name, "\" is not a float [", filters, "] tensor");
     }
   }
-  ASSIGN_OR_RETURN(LayerSpec * layer,
-                   AddLayer(node, {x}, w, {win.out_h, win.out_w, filters}));
+  ASSIGN_OR_RETURN(LayerSpec * layer, AddLayer(node, {x}, w, {win.out_h, win.out_w, filters}));
   Conv2dLayer* conv = layer->mutable_conv2d();
   conv->set_filters(static_cast<int32_t>(filters));
   for (int64_t k : win.kernel) conv->add_kernel_size(static_cast<int32_t>(k));
@@ -143,14 +145,14 @@ absl::Status Importer::TakeConv(const NodeProto& node) {
   conv->set_no_bias(b == nullptr);
   AddWeight(*layer, "weight", w->dims, w->f);
   if (b != nullptr) AddWeight(*layer, "bias", b->dims, b->f);
-  return SetOutput(node, {layer->name(), {filters, win.out_h, win.out_w},
-                          {win.out_h, win.out_w, filters}});
+  return SetOutput(
+      node, {layer->name(), {filters, win.out_h, win.out_w}, {win.out_h, win.out_w, filters}});
 }
 
 absl::Status Importer::TakePool(const NodeProto& node) {
   const bool avg = node.op_type() == "AveragePool";
-  std::set<std::string> known = {"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
-                                 "strides"};
+  std::set<std::string> known = {"auto_pad",     "ceil_mode", "dilations",
+                                 "kernel_shape", "pads",      "strides"};
   known.insert(avg ? "count_include_pad" : "storage_order");
   RETURN_IF_ERROR(CheckAttributes(node, known));
   ASSIGN_OR_RETURN(const Value* x, ValueInput(node, 0));
@@ -162,8 +164,9 @@ absl::Status Importer::TakePool(const NodeProto& node) {
   ASSIGN_OR_RETURN(int64_t count_pad, IntAttr(node, "count_include_pad", 0));
   const bool padded = *std::max_element(win.pads.begin(), win.pads.end()) > 0;
   if (avg && count_pad != 0 && padded) {
-    return Error(node, "count_include_pad 1 with padding is not supported (Downpour's average "
-                       "pooling counts only the input under the window)");
+    return Error(node,
+                 "count_include_pad 1 with padding is not supported (Downpour's average "
+                 "pooling counts only the input under the window)");
   }
   const int64_t c = x->dims[0];
   ASSIGN_OR_RETURN(LayerSpec * layer, AddLayer(node, {x}, nullptr, {win.out_h, win.out_w, c}));
@@ -184,8 +187,8 @@ std::vector<float> OutByIn(const std::vector<float>& in_by_out, int64_t in, int6
 
 // A [out] or [1, out] bias.
 bool IsBias(const Const& b, int64_t out) {
-  return !b.integer && (b.dims == std::vector<int64_t>{out} ||
-                        b.dims == std::vector<int64_t>{1, out});
+  return !b.integer &&
+         (b.dims == std::vector<int64_t>{out} || b.dims == std::vector<int64_t>{1, out});
 }
 
 absl::Status Importer::TakeGemm(const NodeProto& node) {
@@ -329,8 +332,8 @@ absl::Status Importer::TakeConcat(const NodeProto& node) {
   }
   const size_t rank = inputs[0]->dims.size();
   // The channels of an image, the features of a vector: Downpour's last axis.
-  const bool channels = (rank == 3 && (axis == 1 || axis == -3)) ||
-                        (rank == 1 && (axis == 1 || axis == -1));
+  const bool channels =
+      (rank == 3 && (axis == 1 || axis == -3)) || (rank == 1 && (axis == 1 || axis == -1));
   if (!channels) {
     return Error(node, "joins ", OnnxShapeText(inputs[0]->dims), " along axis ", axis,
                  "; only along the channels of images or the features of vectors");
@@ -356,8 +359,9 @@ absl::Status Importer::TakeGather(const NodeProto& node) {
   ASSIGN_OR_RETURN(const Const* table, ConstInput(node, 0));
   ASSIGN_OR_RETURN(const Value* ids, ValueInput(node, 1));
   if (axis != 0 || table->integer || table->dims.size() != 2) {
-    return Error(node, "only a Gather of rows (axis 0) from a float [vocabulary, dim] weight is "
-                       "taken, as an embedding");
+    return Error(node,
+                 "only a Gather of rows (axis 0) from a float [vocabulary, dim] weight is "
+                 "taken, as an embedding");
   }
   if (!ids->ids) return Error(node, "its indices are not integer ids from a graph input");
   const int64_t vocab = table->dims[0], dim = table->dims[1];

@@ -17,8 +17,8 @@ namespace {
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::FloatEq;
-using ::testing::Pointwise;
 using ::testing::HasSubstr;
+using ::testing::Pointwise;
 
 std::vector<std::string> LayerNames(const ModelSpec& model) {
   std::vector<std::string> names;
@@ -284,8 +284,14 @@ TEST(OnnxImportTest, MalformedFilesAreOneClearError) {
   cycle.model().mutable_graph()->mutable_node(1)->set_input(0, "logits");
   EXPECT_THAT(Refusal(cycle), HasSubstr("input \"logits\" is not produced by an earlier node"));
   OnnxGraph declared = OnnxMlp();
-  declared.model().mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()
-      ->mutable_shape()->mutable_dim(1)->set_dim_value(11);
+  declared.model()
+      .mutable_graph()
+      ->mutable_output(0)
+      ->mutable_type()
+      ->mutable_tensor_type()
+      ->mutable_shape()
+      ->mutable_dim(1)
+      ->set_dim_value(11);
   EXPECT_THAT(Refusal(declared), HasSubstr("declares \"logits\" as [batch, 11]; its nodes "
                                            "compute [batch, 10]"));
 }

@@ -27,7 +27,6 @@ using onnx::NodeProto;
 using onnx::TensorProto;
 using Const = OnnxConst;
 
-
 // A tensor the network computes, per example (the batch dimension left out).
 struct Value {
   // The layer (or named model input) that produces it; empty: the model's
@@ -39,8 +38,8 @@ struct Value {
   // A flatten of an image of more than one pixel: ONNX flattens CHW and
   // Downpour HWC, which only a dense layer's weight can make up for.
   bool flattened_image = false;
-  bool softmax = false;   // A final Softmax / LogSoftmax: the loss.
-  int bias_layer = -1;    // A MatMul's dense layer still waiting for its bias.
+  bool softmax = false;  // A final Softmax / LogSoftmax: the loss.
+  int bias_layer = -1;   // A MatMul's dense layer still waiting for its bias.
   bool image() const { return dims.size() == 3; }
 };
 
@@ -67,8 +66,8 @@ class Importer {
  private:
   template <typename... Args>
   absl::Status Error(const NodeProto& node, const Args&... args) const {
-    return absl::InvalidArgumentError(absl::StrCat(file_, ": node \"", node.name(), "\" (",
-                                                   node.op_type(), "): ", args...));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_, ": node \"", node.name(), "\" (", node.op_type(), "): ", args...));
   }
   template <typename... Args>
   absl::Status FileError(const Args&... args) const {
@@ -103,8 +102,8 @@ class Importer {
   // A new layer reading `inputs`, named after `weight` ("x.weight" -> "x")
   // or the node.
   absl::StatusOr<LayerSpec*> AddLayer(const NodeProto& node,
-                                      const std::vector<const Value*>& inputs,
-                                      const Const* weight, std::vector<int64_t> ours);
+                                      const std::vector<const Value*>& inputs, const Const* weight,
+                                      std::vector<int64_t> ours);
   void AddWeight(const LayerSpec& layer, const std::string& what, std::vector<int64_t> dims,
                  std::vector<float> values);
 

@@ -52,8 +52,8 @@ absl::StatusOr<int> ElementBytes(int type) {
     case TensorProto::INT8:
       return 1;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "element type ", onnx::TensorProto_DataType_Name(type), " is not read"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("element type ", onnx::TensorProto_DataType_Name(type), " is not read"));
   }
 }
 
@@ -98,19 +98,19 @@ absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t) {
         kMaxOnnxIntegerElements));
   }
   // The values are allocated only once the file is known to hold them all.
-  const int have = t.has_raw_data() ? -1
-                   : type == TensorProto::FLOAT ? t.float_data_size()
+  const int have = t.has_raw_data()              ? -1
+                   : type == TensorProto::FLOAT  ? t.float_data_size()
                    : type == TensorProto::DOUBLE ? t.double_data_size()
-                   : type == TensorProto::INT64 ? t.int64_data_size()
-                                                : t.int32_data_size();
+                   : type == TensorProto::INT64  ? t.int64_data_size()
+                                                 : t.int32_data_size();
   if (t.has_raw_data() && t.raw_data().size() != static_cast<size_t>(n) * bytes) {
     return absl::InvalidArgumentError(absl::StrCat("raw_data has ", t.raw_data().size(),
                                                    " bytes; shape ", OnnxShapeText(c.dims),
                                                    " needs ", n * bytes));
   }
   if (!t.has_raw_data() && have != n) {
-    return absl::InvalidArgumentError(absl::StrCat("has ", have, " values; shape ",
-                                                   OnnxShapeText(c.dims), " needs ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("has ", have, " values; shape ", OnnxShapeText(c.dims), " needs ", n));
   }
   auto store = [&](int64_t k, double v, int64_t iv) {
     if (c.integer) {
@@ -232,7 +232,8 @@ absl::StatusOr<OnnxConst> FoldOnnxShapeOp(const std::string& op,
   }
   // Shapes and axes are short; a Concat of Concats doubling a vector is not.
   if (elements > kMaxOnnxFoldedElements) {
-    return absl::InvalidArgumentError(absl::StrCat("folds ", elements, " integers; shape "
+    return absl::InvalidArgumentError(absl::StrCat("folds ", elements,
+                                                   " integers; shape "
                                                    "arithmetic takes at most ",
                                                    kMaxOnnxFoldedElements));
   }

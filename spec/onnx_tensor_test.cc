@@ -29,8 +29,8 @@ std::string Halves(std::vector<uint16_t> v) {
 
 TEST(OnnxTensorTest, HalfAndBfloatBitsReadAsTheirFloats) {
   // 1.0, a subnormal (2^-24), infinity, -2.0.
-  absl::StatusOr<OnnxConst> half =
-      ReadOnnxTensor(Raw(onnx::TensorProto::FLOAT16, {4}, Halves({0x3c00, 0x0001, 0x7c00, 0xc000})));
+  absl::StatusOr<OnnxConst> half = ReadOnnxTensor(
+      Raw(onnx::TensorProto::FLOAT16, {4}, Halves({0x3c00, 0x0001, 0x7c00, 0xc000})));
   ASSERT_TRUE(half.ok()) << half.status();
   EXPECT_FLOAT_EQ(half->f[0], 1.f);
   EXPECT_FLOAT_EQ(half->f[1], 5.9604645e-8f);

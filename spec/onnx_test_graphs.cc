@@ -59,8 +59,7 @@ onnx::NodeProto& OnnxGraph::Node(const std::string& op, std::vector<std::string>
   return *n;
 }
 
-void SetIntsAttribute(onnx::NodeProto& node, const std::string& name,
-                      std::vector<int64_t> values) {
+void SetIntsAttribute(onnx::NodeProto& node, const std::string& name, std::vector<int64_t> values) {
   onnx::AttributeProto* a = node.add_attribute();
   a->set_name(name);
   a->set_type(onnx::AttributeProto::INTS);

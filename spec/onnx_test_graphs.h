@@ -33,8 +33,7 @@ class OnnxGraph {
   onnx::ModelProto model_;
 };
 
-void SetIntsAttribute(onnx::NodeProto& node, const std::string& name,
-                      std::vector<int64_t> values);
+void SetIntsAttribute(onnx::NodeProto& node, const std::string& name, std::vector<int64_t> values);
 void SetIntAttribute(onnx::NodeProto& node, const std::string& name, int64_t value);
 
 // torch.nn.Sequential(Flatten, Linear(784, 8), ReLU, Linear(8, 10)) as

@@ -151,8 +151,7 @@ TEST_F(NetworkFaultTest, AShardCutOffForLongerIsReplacedFromTheCheckpoint) {
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(100));
   }
-  EXPECT_TRUE(absl::StrContains(shard->Log(), "job j: ended, partitions dropped"))
-      << shard->Log();
+  EXPECT_TRUE(absl::StrContains(shard->Log(), "job j: ended, partitions dropped")) << shard->Log();
 }
 
 TEST_F(NetworkFaultTest, AThrottledWorkerIsAStragglerTheStepsDoNotWaitFor) {
