@@ -178,9 +178,7 @@ int RunExport(const CtlOptions& options, const std::vector<std::string>& args) {
   for (const auto& [path, contents] :
        {std::pair<std::string, std::string>{out, *bytes},
         {spec_path, meta.count("downpour.spec") ? meta.at("downpour.spec") : ""}}) {
-    absl::StatusOr<std::unique_ptr<AtomicFile>> f = AtomicFile::Create(path, "export file");
-    absl::Status written = f.ok() ? (*f)->Append(contents) : f.status();
-    if (written.ok()) written = (*f)->Commit();
+    absl::Status written = WriteFileAtomically(path, contents, "export file");
     if (!written.ok()) return FailStatus(written);
   }
   // The step and what the job measured of the model there.

@@ -131,11 +131,7 @@ absl::Status SaveCtlConfig(const std::string& path, const CtlConfig& config) {
     absl::Status made = MakeDirs(path.substr(0, slash));
     if (!made.ok()) return made;
   }
-  absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(path, "config file");
-  if (!file.ok()) return file.status();
-  absl::Status written = (*file)->Append(FormatCtlConfig(config));
-  if (!written.ok()) return written;
-  return (*file)->Commit();
+  return WriteFileAtomically(path, FormatCtlConfig(config), "config file");
 }
 
 absl::StatusOr<std::string> ResolveCoordinator(const std::string& flag, const char* env,

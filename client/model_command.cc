@@ -30,13 +30,6 @@ std::string WeightsPathBeside(const std::string& spec) {
   return base + ".safetensors";
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& contents,
-                       const std::string& what) {
-  ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> file, AtomicFile::Create(path, what));
-  RETURN_IF_ERROR(file->Append(contents));
-  return file->Commit();
-}
-
 // The model with every initializer kept in a file beside it (ONNX's
 // external data, which torch.onnx.export writes by default) read into the
 // model, so the coordinator gets one self-contained file. A location must
@@ -141,7 +134,7 @@ int RunModel(const CtlOptions& options, const std::vector<std::string>& args) {
   for (const auto& [file, contents, what] :
        {std::tuple<std::string, std::string, std::string>{options.out, header + text, "spec"},
         {weights, imported->weights, "weights"}}) {
-    absl::Status written = WriteFile(file, contents, what);
+    absl::Status written = WriteFileAtomically(file, contents, what);
     if (!written.ok()) return FailStatus(written);
   }
   std::cout << "wrote " << options.out << " (" << imported->model.layer_size() << " layers) and "

@@ -207,6 +207,15 @@ absl::Status AtomicFile::Commit() {
   return SyncParentDirectory(path_);
 }
 
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
+                                 absl::string_view what) {
+  absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(path, what);
+  if (!file.ok()) return file.status();
+  absl::Status written = (*file)->Append(contents);
+  if (!written.ok()) return written;
+  return (*file)->Commit();
+}
+
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open ", path));

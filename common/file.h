@@ -95,6 +95,11 @@ class AtomicFile {
 // The whole file at `path`.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
+// Writes `contents` as the whole of `path` through an AtomicFile (a
+// temporary file, fsynced, renamed); `what` names it in errors.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
+                                 absl::string_view what);
+
 // Creates `path` and its missing parents (mkdir -p).
 absl::Status MakeDirs(const std::string& path);
 

@@ -200,10 +200,6 @@ std::string PyTorchName(const LayerShape& layer, const std::string& name) {
   return absl::StrCat(layer.name, ".", suffix);
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 // The rows `weights` holds of sparse table `info` (of `layer`), by our names
 // or PyTorch's (see the header), sorted by id; none when it has neither.
 absl::StatusOr<JoinedTable> InitialRows(const SafetensorsFile& weights, const LayerShape& layer,
@@ -226,13 +222,13 @@ absl::StatusOr<JoinedTable> InitialRows(const SafetensorsFile& weights, const La
     if (ids->second.dtype != TensorDtype::kI64 || n < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the initial weights' ", ids_name, " is ", TensorDtypeName(ids->second.dtype), " ",
-          ShapeText(ids->second.shape), "; sparse table ", info.name, "'s ids are I64 [rows]"));
+          ShapeString(ids->second.shape), "; sparse table ", info.name, "'s ids are I64 [rows]"));
     }
     if (rows->second.dtype != TensorDtype::kF32 ||
         rows->second.shape != std::vector<int64_t>{n, info.dim}) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the initial weights' ", rows_name, " is ", TensorDtypeName(rows->second.dtype), " ",
-          ShapeText(rows->second.shape), "; the model's is F32 ", ShapeText({n, info.dim})));
+          ShapeString(rows->second.shape), "; the model's is F32 ", ShapeString({n, info.dim})));
     }
     std::vector<int64_t> given(n);
     std::memcpy(given.data(), ids->second.data.data(), n * sizeof(int64_t));
@@ -360,9 +356,9 @@ absl::StatusOr<CheckpointInfo> WriteInitialCheckpoint(const std::string& root,
                                                      " (or ", p.name, "), which the model needs"));
     }
     if (it->second.dtype != TensorDtype::kF32 || it->second.shape != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the initial weights' ", name, " is ", TensorDtypeName(it->second.dtype),
-                       " ", ShapeText(it->second.shape), "; the model's is F32 ", ShapeText(want)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the initial weights' ", name, " is ", TensorDtypeName(it->second.dtype), " ",
+          ShapeString(it->second.shape), "; the model's is F32 ", ShapeString(want)));
     }
     const float* t = reinterpret_cast<const float*>(it->second.data.data());
     std::vector<float> values(t, t + p.num_elements);

@@ -22,11 +22,11 @@ int64_t CheckedProduct(const std::vector<int64_t>& dims) {
   return product;
 }
 
-namespace {
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
+
+namespace {
 
 ParamInfo MakeParam(int32_t id, std::string name, std::vector<int64_t> shape, ParamInit init,
                     int64_t fan_in, int64_t fan_out) {

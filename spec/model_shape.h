@@ -26,6 +26,9 @@ inline constexpr int64_t kMaxTensorElements = 2147483647;
 // The product of `dims`, or -1 when it exceeds kMaxTensorElements.
 int64_t CheckedProduct(const std::vector<int64_t>& dims);
 
+// "[2, 3]": a shape in messages.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 enum class LayerKind {
   kDense,
   kRelu,

@@ -41,10 +41,6 @@ struct Value {
 constexpr char kLogits[] = "logits";
 constexpr char kProbabilities[] = "probabilities";
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 // How errors name a layer: layer "fc1" (dense).
 std::string Named(const LayerShape& layer) {
   return absl::StrCat("layer \"", layer.name, "\" (", LayerKindName(layer.kind), ")");
@@ -134,7 +130,7 @@ class GraphBuilder {
                                      const std::vector<int64_t>& dims) {
     const std::string name = absl::StrCat(layer.name, ".", suffix);
     auto it = weights_.tensors().find(name);
-    const std::string needs = absl::StrCat(Named(layer), " needs F32 ", ShapeText(dims));
+    const std::string needs = absl::StrCat(Named(layer), " needs F32 ", ShapeString(dims));
     if (it == weights_.tensors().end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("the weights have no tensor \"", name, "\" (", needs, ")"));
@@ -143,7 +139,7 @@ class GraphBuilder {
     if (t.dtype != TensorDtype::kF32 || t.shape != dims) {
       return absl::InvalidArgumentError(absl::StrCat("the weights' tensor \"", name, "\" is ",
                                                      TensorDtypeName(t.dtype), " ",
-                                                     ShapeText(t.shape), "; ", needs));
+                                                     ShapeString(t.shape), "; ", needs));
     }
     onnx::TensorProto* init = graph_->add_initializer();
     init->set_name(name);

@@ -200,7 +200,7 @@ absl::StatusOr<const Value*> Importer::ValueInput(const NodeProto& node, int k,
   if (v.dims.size() != v.ours.size() && op != "Flatten" && op != "Reshape" && op != "Identity" &&
       op != "Shape") {
     return Error(node, "reads \"", node.input(k), "\", a global average pool's ",
-                 OnnxShapeText(v.dims), ", which Downpour keeps as the vector [", v.ours[0],
+                 ShapeString(v.dims), ", which Downpour keeps as the vector [", v.ours[0],
                  "]: only a Flatten (or a Reshape to [batch, ", v.ours[0], "]) may read it");
   }
   if (v.flattened_image && !flattened_image_ok) {
@@ -235,7 +235,7 @@ absl::Status Importer::SetOutput(const NodeProto& node, Value value, bool extra_
     return Error(node, "output \"", node.output(0), "\" is produced twice");
   }
   if (CheckedProduct(value.dims) < 0) {
-    return Error(node, "its output ", OnnxShapeText(value.dims),
+    return Error(node, "its output ", ShapeString(value.dims),
                  " has more than 2^31-1 elements an example");
   }
   values_[node.output(0)] = std::move(value);
@@ -356,7 +356,7 @@ absl::Status Importer::Take(const NodeProto& node) {
       return Error(node,
                    "only a mean over the height and width of an image (axes [2, 3]) is "
                    "taken, as a global average pool; this one is over axes ",
-                   OnnxShapeText(axes), " of ", OnnxShapeText(x->dims));
+                   ShapeString(axes), " of ", ShapeString(x->dims));
     }
     return TakeGlobalPool(node, *x, keepdims != 0);
   }
@@ -380,7 +380,7 @@ absl::Status Importer::Take(const NodeProto& node) {
     const bool flatten = shape->integer && t.size() == 2 && (allowzero == 0 || !zero) &&
                          ((t[0] >= 0 && (t[1] == -1 || t[1] == n)) || (t[0] == -1 && t[1] == n));
     if (!flatten) {
-      return Error(node, "a Reshape to ", OnnxShapeText(t), " of ", OnnxShapeText(x->dims),
+      return Error(node, "a Reshape to ", ShapeString(t), " of ", ShapeString(x->dims),
                    " is not a flatten to [batch, ", n, "], the only Reshape taken");
     }
     return TakeFlatten(node, *x);
@@ -393,7 +393,7 @@ absl::Status Importer::Take(const NodeProto& node) {
       return Error(node,
                    "only a softmax over the classes of [batch, classes] logits is the "
                    "loss; this one is over axis ",
-                   axis, " of ", OnnxShapeText(x->dims));
+                   axis, " of ", ShapeString(x->dims));
     }
     Value out = *x;
     out.softmax = true;
@@ -476,7 +476,7 @@ absl::Status Importer::Finish() {
   }
   const Value& logits = it->second;
   if (logits.dims.size() != 1 || logits.layer.empty()) {
-    return FileError("the graph's output \"", name, "\" is ", OnnxShapeText(logits.dims),
+    return FileError("the graph's output \"", name, "\" is ", ShapeString(logits.dims),
                      "; a classifier's output is [batch, classes], from a layer");
   }
   std::string loss = "loss";
@@ -498,8 +498,8 @@ absl::Status Importer::Finish() {
   for (const LayerShape& l : shape->layers) {
     auto want = expected_.find(l.name);
     if (want != expected_.end() && want->second != l.output_shape) {
-      return FileError("layer \"", l.name, "\": the graph gives ", OnnxShapeText(want->second),
-                       " (HWC), Downpour infers ", OnnxShapeText(l.output_shape));
+      return FileError("layer \"", l.name, "\": the graph gives ", ShapeString(want->second),
+                       " (HWC), Downpour infers ", ShapeString(l.output_shape));
     }
   }
   return absl::OkStatus();

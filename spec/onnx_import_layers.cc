@@ -37,8 +37,7 @@ absl::Status Importer::TakeFlatten(const NodeProto& node, const Value& x) {
 }
 
 absl::Status Importer::TakeGlobalPool(const NodeProto& node, const Value& x, bool keepdims) {
-  if (!x.image())
-    return Error(node, "input is ", OnnxShapeText(x.dims), ", not an image [C, H, W]");
+  if (!x.image()) return Error(node, "input is ", ShapeString(x.dims), ", not an image [C, H, W]");
   const int64_t c = x.dims[0];
   ASSIGN_OR_RETURN(LayerSpec * layer, AddLayer(node, {&x}, nullptr, {c}));
   layer->mutable_global_avg_pool();
@@ -49,16 +48,15 @@ absl::Status Importer::TakeGlobalPool(const NodeProto& node, const Value& x, boo
 
 absl::StatusOr<Importer::Window> Importer::ReadWindow(const NodeProto& node, const Value& x,
                                                       std::vector<int64_t> kernel) const {
-  if (!x.image())
-    return Error(node, "input is ", OnnxShapeText(x.dims), ", not an image [C, H, W]");
+  if (!x.image()) return Error(node, "input is ", ShapeString(x.dims), ", not an image [C, H, W]");
   Window w;
   ASSIGN_OR_RETURN(w.kernel, IntsAttr(node, "kernel_shape", kernel));
   if (w.kernel.size() != 2 || w.kernel[0] <= 0 || w.kernel[1] <= 0) {
-    return Error(node, "kernel_shape ", OnnxShapeText(w.kernel), " is not a 2-D window");
+    return Error(node, "kernel_shape ", ShapeString(w.kernel), " is not a 2-D window");
   }
   if (!kernel.empty() && w.kernel != kernel) {
-    return Error(node, "kernel_shape ", OnnxShapeText(w.kernel), " disagrees with the weight's ",
-                 OnnxShapeText(kernel));
+    return Error(node, "kernel_shape ", ShapeString(w.kernel), " disagrees with the weight's ",
+                 ShapeString(kernel));
   }
   ASSIGN_OR_RETURN(w.stride, IntsAttr(node, "strides", {1, 1}));
   ASSIGN_OR_RETURN(std::vector<int64_t> dilations, IntsAttr(node, "dilations", {1, 1}));
@@ -71,13 +69,13 @@ absl::StatusOr<Importer::Window> Importer::ReadWindow(const NodeProto& node, con
     }
   }
   if (w.stride.size() != 2 || w.stride[0] <= 0 || w.stride[1] <= 0) {
-    return Error(node, "strides ", OnnxShapeText(w.stride), " are not two positive numbers");
+    return Error(node, "strides ", ShapeString(w.stride), " are not two positive numbers");
   }
   if (dilations != std::vector<int64_t>{1, 1}) {
-    return Error(node, "dilations ", OnnxShapeText(dilations), " are not supported (only 1)");
+    return Error(node, "dilations ", ShapeString(dilations), " are not supported (only 1)");
   }
   if (pads.size() != 4 || *std::min_element(pads.begin(), pads.end()) < 0) {
-    return Error(node, "pads ", OnnxShapeText(pads), " are not four numbers >= 0");
+    return Error(node, "pads ", ShapeString(pads), " are not four numbers >= 0");
   }
   const AttributeProto* auto_pad = Attribute(node, "auto_pad");
   const std::string mode = auto_pad == nullptr ? "NOTSET" : auto_pad->s();
@@ -101,8 +99,8 @@ absl::StatusOr<Importer::Window> Importer::ReadWindow(const NodeProto& node, con
   w.out_h = (h + pads[0] + pads[2] - w.kernel[0]) / w.stride[0] + 1;
   w.out_w = (wd + pads[1] + pads[3] - w.kernel[1]) / w.stride[1] + 1;
   if (h + pads[0] + pads[2] < w.kernel[0] || wd + pads[1] + pads[3] < w.kernel[1]) {
-    return Error(node, "window ", OnnxShapeText(w.kernel), " is larger than its padded input ",
-                 OnnxShapeText(x.dims));
+    return Error(node, "window ", ShapeString(w.kernel), " is larger than its padded input ",
+                 ShapeString(x.dims));
   }
   return w;
 }
@@ -125,8 +123,8 @@ absl::Status Importer::TakeConv(const NodeProto& node) {
     return Error(node, "weight \"", w->name, "\" is not a float [out, in, kh, kw] tensor");
   }
   if (x->image() && w->dims[1] != x->dims[0]) {
-    return Error(node, "weight \"", w->name, "\" ", OnnxShapeText(w->dims), " takes ", w->dims[1],
-                 " channels; the input ", OnnxShapeText(x->dims), " has ", x->dims[0]);
+    return Error(node, "weight \"", w->name, "\" ", ShapeString(w->dims), " takes ", w->dims[1],
+                 " channels; the input ", ShapeString(x->dims), " has ", x->dims[0]);
   }
   ASSIGN_OR_RETURN(Window win, ReadWindow(node, *x, {w->dims[2], w->dims[3]}));
   const int64_t filters = w->dims[0];
@@ -203,20 +201,20 @@ absl::Status Importer::TakeGemm(const NodeProto& node) {
     return Error(node, "alpha ", alpha, " / transA ", trans_a, " are not supported (1 and 0)");
   }
   if (a->dims.size() != 1) {
-    return Error(node, "input is ", OnnxShapeText(a->dims), "; a Gemm takes [batch, features]");
+    return Error(node, "input is ", ShapeString(a->dims), "; a Gemm takes [batch, features]");
   }
   if (b->integer || b->dims.size() != 2) return Error(node, "weight is not a float matrix");
   const int64_t in = a->dims[0];
   const int64_t out = trans_b ? b->dims[0] : b->dims[1];
   if ((trans_b ? b->dims[1] : b->dims[0]) != in) {
-    return Error(node, "weight \"", b->name, "\" ", OnnxShapeText(b->dims), " (transB ", trans_b,
+    return Error(node, "weight \"", b->name, "\" ", ShapeString(b->dims), " (transB ", trans_b,
                  ") does not take ", in, " inputs");
   }
   const Const* c = nullptr;
   if (node.input_size() > 2 && !node.input(2).empty()) {
     ASSIGN_OR_RETURN(c, ConstInput(node, 2));
     if (!IsBias(*c, out)) {
-      return Error(node, "bias \"", c->name, "\" ", OnnxShapeText(c->dims), " is not [", out, "]");
+      return Error(node, "bias \"", c->name, "\" ", ShapeString(c->dims), " is not [", out, "]");
     }
     if (beta != 1.f) return Error(node, "beta ", beta, " is not supported (1)");
   }
@@ -233,12 +231,12 @@ absl::Status Importer::TakeMatMul(const NodeProto& node) {
   ASSIGN_OR_RETURN(const Value* a, ValueInput(node, 0, /*flattened_image_ok=*/true));
   ASSIGN_OR_RETURN(const Const* b, ConstInput(node, 1));
   if (a->dims.size() != 1) {
-    return Error(node, "input is ", OnnxShapeText(a->dims),
+    return Error(node, "input is ", ShapeString(a->dims),
                  "; a MatMul is taken as a dense layer over [batch, features]");
   }
   const int64_t in = a->dims[0];
   if (b->integer || b->dims.size() != 2 || b->dims[0] != in) {
-    return Error(node, "weight \"", b->name, "\" ", OnnxShapeText(b->dims), " is not a float [", in,
+    return Error(node, "weight \"", b->name, "\" ", ShapeString(b->dims), " is not a float [", in,
                  ", out] matrix");
   }
   const int64_t out = b->dims[1];
@@ -265,7 +263,7 @@ absl::Status Importer::TakeAdd(const NodeProto& node) {
                    "where the Add is its one reader");
     }
     if (x->bias_layer < 0 || !IsBias(*bias, x->dims[0])) {
-      return Error(node, "adds the constant \"", bias->name, "\" ", OnnxShapeText(bias->dims),
+      return Error(node, "adds the constant \"", bias->name, "\" ", ShapeString(bias->dims),
                    "; a constant is only taken as the [out] bias of a MatMul");
     }
     LayerSpec* layer = model_.mutable_layer(x->bias_layer);
@@ -278,7 +276,7 @@ absl::Status Importer::TakeAdd(const NodeProto& node) {
   ASSIGN_OR_RETURN(const Value* a, ValueInput(node, 0));
   ASSIGN_OR_RETURN(const Value* b, ValueInput(node, 1));
   if (a->dims != b->dims) {
-    return Error(node, "adds ", OnnxShapeText(a->dims), " and ", OnnxShapeText(b->dims),
+    return Error(node, "adds ", ShapeString(a->dims), " and ", ShapeString(b->dims),
                  "; Downpour adds tensors of one shape (no broadcasting)");
   }
   ASSIGN_OR_RETURN(LayerSpec * layer, AddLayer(node, {a, b}, nullptr, a->ours));
@@ -302,7 +300,7 @@ absl::Status Importer::TakeBatchNorm(const NodeProto& node) {
                                   "evaluate"));
   }
   if (x->dims.size() != 1 && !x->image()) {
-    return Error(node, "input is ", OnnxShapeText(x->dims), "; batch norm takes [C, H, W] or [C]");
+    return Error(node, "input is ", ShapeString(x->dims), "; batch norm takes [C, H, W] or [C]");
   }
   const int64_t c = x->dims[0];
   const char* kNames[] = {"weight", "bias", "running_mean", "running_var"};
@@ -335,14 +333,14 @@ absl::Status Importer::TakeConcat(const NodeProto& node) {
   const bool channels =
       (rank == 3 && (axis == 1 || axis == -3)) || (rank == 1 && (axis == 1 || axis == -1));
   if (!channels) {
-    return Error(node, "joins ", OnnxShapeText(inputs[0]->dims), " along axis ", axis,
+    return Error(node, "joins ", ShapeString(inputs[0]->dims), " along axis ", axis,
                  "; only along the channels of images or the features of vectors");
   }
   std::vector<int64_t> dims = inputs[0]->dims, ours = inputs[0]->ours;
   for (size_t k = 1; k < inputs.size(); ++k) {
     const std::vector<int64_t>& d = inputs[k]->dims;
     if (d.size() != rank || (rank == 3 && (d[1] != dims[1] || d[2] != dims[2]))) {
-      return Error(node, "joins ", OnnxShapeText(inputs[0]->dims), " and ", OnnxShapeText(d),
+      return Error(node, "joins ", ShapeString(inputs[0]->dims), " and ", ShapeString(d),
                    ", which differ beyond the joined axis");
     }
     dims[0] += d[0];

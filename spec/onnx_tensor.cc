@@ -59,10 +59,6 @@ absl::StatusOr<int> ElementBytes(int type) {
 
 }  // namespace
 
-std::string OnnxShapeText(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
-}
-
 bool IsOnnxFloatType(int type) {
   return type == TensorProto::FLOAT || type == TensorProto::DOUBLE ||
          type == TensorProto::FLOAT16 || type == TensorProto::BFLOAT16;
@@ -86,7 +82,7 @@ absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t) {
   const int64_t n = c.dims.empty() ? 1 : CheckedProduct(c.dims);
   if (n < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("shape ", OnnxShapeText(c.dims), " has more than 2^31-1 elements"));
+        absl::StrCat("shape ", ShapeString(c.dims), " has more than 2^31-1 elements"));
   }
   ASSIGN_OR_RETURN(const int bytes, ElementBytes(t.data_type()));
   c.integer = !IsOnnxFloatType(t.data_type());
@@ -105,12 +101,12 @@ absl::StatusOr<OnnxConst> ReadOnnxTensor(const onnx::TensorProto& t) {
                                                  : t.int32_data_size();
   if (t.has_raw_data() && t.raw_data().size() != static_cast<size_t>(n) * bytes) {
     return absl::InvalidArgumentError(absl::StrCat("raw_data has ", t.raw_data().size(),
-                                                   " bytes; shape ", OnnxShapeText(c.dims),
-                                                   " needs ", n * bytes));
+                                                   " bytes; shape ", ShapeString(c.dims), " needs ",
+                                                   n * bytes));
   }
   if (!t.has_raw_data() && have != n) {
     return absl::InvalidArgumentError(
-        absl::StrCat("has ", have, " values; shape ", OnnxShapeText(c.dims), " needs ", n));
+        absl::StrCat("has ", have, " values; shape ", ShapeString(c.dims), " needs ", n));
   }
   auto store = [&](int64_t k, double v, int64_t iv) {
     if (c.integer) {

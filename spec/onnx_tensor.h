@@ -47,9 +47,6 @@ absl::StatusOr<OnnxConst> FoldOnnxShapeOp(const std::string& op,
 // Whether a TensorProto element type is floating point.
 bool IsOnnxFloatType(int type);
 
-// "[2, 3]".
-std::string OnnxShapeText(const std::vector<int64_t>& dims);
-
 }  // namespace downpour
 
 #endif  // DOWNPOUR_SPEC_ONNX_TENSOR_H_
