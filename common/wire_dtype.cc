@@ -5,12 +5,14 @@
 namespace downpour {
 namespace {
 
+// Branch-free (a select for NaN), so the loops over it vectorize: a pull of
+// a bf16 job's weights narrows megabytes of them a step.
 uint16_t FloatToBf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN.
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  const uint16_t rounded = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  const uint16_t quiet_nan = static_cast<uint16_t>((u >> 16) | 0x40);
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
 }
 
 float Bf16ToFloat(uint16_t h) {
@@ -85,10 +87,18 @@ void DecodeFloats(WireDtype dtype, const char* in, int64_t n, float* out) {
     std::memcpy(out, in, n * sizeof(float));
     return;
   }
+  if (dtype == WireDtype::kBfloat16) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, in + 2 * i, 2);
+      out[i] = Bf16ToFloat(h);
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, in + 2 * i, 2);
-    out[i] = dtype == WireDtype::kBfloat16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+    out[i] = Fp16ToFloat(h);
   }
 }
 

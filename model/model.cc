@@ -191,8 +191,13 @@ absl::Status Model::Init(std::unique_ptr<kernels::ComputeBackend> backend) {
           !layer.param_ids.empty()) {
         const int id = layer.param_ids[0];
         weights.emplace_back(param_compute_ + param_offset_[id], shape_.params[id].num_elements);
+        reduced_weight_params_.push_back(id);
       }
     }
+    std::sort(reduced_weight_params_.begin(), reduced_weight_params_.end());
+    reduced_weight_params_.erase(
+        std::unique(reduced_weight_params_.begin(), reduced_weight_params_.end()),
+        reduced_weight_params_.end());
     RETURN_IF_ERROR(backend_->RegisterReducedWeights(weights));
   }
 

@@ -206,6 +206,11 @@ class Model {
   Precision precision() const { return precision_; }
   // FP16's current loss scale (1 for other precisions).
   double loss_scale() const { return loss_scaling_ ? loss_scale_.scale() : 1.0; }
+  // The parameters this model reads only through their copy in precision()
+  // (bf16/fp16 on a GPU: dense and convolution weights), in id order; empty
+  // in fp32 and on the CPU. Values rounded to that type beforehand give
+  // the same steps, so they may be pulled narrowed.
+  const std::vector<int32_t>& reduced_weight_params() const { return reduced_weight_params_; }
 
   ~Model();
   Model(const Model&) = delete;
@@ -470,6 +475,7 @@ class Model {
   kernels::Write param_write_ = kernels::Write::kOverwrite;
   const uint64_t seed_;
   const int device_;
+  std::vector<int32_t> reduced_weight_params_;  // Set by Init.
   const std::string device_name_;
   const Precision precision_;
   const bool loss_scaling_;  // FP16 on a GPU.

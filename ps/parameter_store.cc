@@ -810,6 +810,27 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
                                                  DType_Name(request.dtype()),
                                                  " is not supported yet; pull FLOAT32"));
   }
+  // Tensors whose partitions go back narrowed (PullRequest.reduced_tensor_ids).
+  absl::flat_hash_set<int32_t> reduced;
+  WireDtype reduced_dtype = WireDtype::kFloat32;
+  if (request.reduced_tensor_ids_size() > 0) {
+    absl::StatusOr<WireDtype> narrow = WireDtypeOf(request.reduced_dtype());
+    if (!narrow.ok() || *narrow == WireDtype::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat("pull from job ", job->id, ": reduced_dtype ",
+                                                     DType_Name(request.reduced_dtype()),
+                                                     " is not BFLOAT16 or FLOAT16"));
+    }
+    if (request.reduced_tensor_ids_size() > static_cast<int64_t>(job->partitions.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pull from job ", job->id, ": reduced_tensor_ids has ", request.reduced_tensor_ids_size(),
+          " entries; this shard holds ", job->partitions.size(), " partitions of the job"));
+    }
+    reduced_dtype = *narrow;
+    reduced.insert(request.reduced_tensor_ids().begin(), request.reduced_tensor_ids().end());
+  }
+  auto dtype_of = [&](const Partition& p) {
+    return reduced.contains(p.tensor_id) ? reduced_dtype : WireDtype::kFloat32;
+  };
   int64_t sparse_bytes = 0;
   SparseStore* const sparse = request.sparse_size() > 0 ? job->sparse.get() : nullptr;
   if (request.sparse_size() > 0) {
@@ -895,7 +916,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
 
   PullResponse response;
   int64_t total = 0;
-  for (const Partition* p : wanted) total += p->num_elements * kFloatBytes;
+  for (const Partition* p : wanted) total += p->num_elements * BytesPerElement(dtype_of(*p));
   total += sparse_bytes;
   // One snapshot buffer, handed to the transport as is (no further copy).
   std::shared_ptr<char> buffer(new char[std::max<int64_t>(total, 1)],
@@ -907,12 +928,13 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     PartitionHeader* header = response.add_partitions();
     header->mutable_key()->set_tensor_id(p->tensor_id);
     header->mutable_key()->set_partition(p->partition);
-    header->set_dtype(FLOAT32);
+    const WireDtype dtype = dtype_of(*p);
+    header->set_dtype(DTypeOf(dtype));
     header->set_num_elements(p->num_elements);
     absl::MutexLock lock(&p->mu);
     header->set_version(p->version.load(std::memory_order_relaxed));
-    std::memcpy(out, p->arrays.values(), p->num_elements * kFloatBytes);
-    out += p->num_elements * kFloatBytes;
+    EncodeFloats(dtype, p->arrays.values(), p->num_elements, out);
+    out += p->num_elements * BytesPerElement(dtype);
   }
   if (sparse != nullptr) RETURN_IF_ERROR(sparse->Pull(request, out, &response));
   return response;

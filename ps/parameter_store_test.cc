@@ -412,6 +412,17 @@ TEST_F(ParameterStoreTest, BoundsTheStringsAndListsOfPushesAndPulls) {
             "pull from job job-1: partition 0/0 is listed twice");
   EXPECT_EQ(refusal(store_.Pull(MakePull(std::vector<Key>(4, {0, 0})), Soon()).status()),
             "pull from job job-1: keys has 4 entries; this shard holds 3 of the job");
+  PullRequest fp32_reduced = MakePull({{0, 0}});
+  fp32_reduced.add_reduced_tensor_ids(0);
+  fp32_reduced.set_reduced_dtype(FLOAT32);
+  EXPECT_EQ(refusal(store_.Pull(fp32_reduced, Soon()).status()),
+            "pull from job job-1: reduced_dtype FLOAT32 is not BFLOAT16 or FLOAT16");
+  PullRequest many_reduced = MakePull({{0, 0}});
+  many_reduced.set_reduced_dtype(BFLOAT16);
+  for (int i = 0; i < 4; ++i) many_reduced.add_reduced_tensor_ids(i);
+  EXPECT_EQ(refusal(store_.Pull(many_reduced, Soon()).status()),
+            "pull from job job-1: reduced_tensor_ids has 4 entries; this shard holds 3 "
+            "partitions of the job");
   PullRequest long_job = MakePull({{0, 0}});
   long_job.set_job_id(std::string(1 << 20, 'j'));
   EXPECT_EQ(refusal(store_.Pull(long_job, Soon()).status()),

@@ -62,6 +62,10 @@ ABSL_FLAG(int32_t, max_inflight, 8, "Push/pull messages in flight at once per jo
 ABSL_FLAG(bool, overlap, true,
           "Push each step's gradients (and pull the parameters back) message by message while "
           "backward still runs; false: after it (the serial path, for comparison)");
+ABSL_FLAG(bool, pull_reduced_weights, true,
+          "A bf16/fp16 job on GPUs pulls the dense and convolution weights (which its GPUs read "
+          "only in that type) as bf16/fp16: half their bytes, the same steps; false: every "
+          "parameter as float32");
 ABSL_FLAG(int64_t, job_metrics_grace_s, 600,
           "How long an ended job's metric series (its steps, losses, step times, traffic per "
           "shard) stay on /metrics with their last values before they are dropped");
@@ -197,6 +201,7 @@ int Main() {
   trainer_options.exchange.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   trainer_options.exchange.message_bytes = absl::GetFlag(FLAGS_message_kb) << 10;
   trainer_options.overlap = absl::GetFlag(FLAGS_overlap);
+  trainer_options.pull_reduced_weights = absl::GetFlag(FLAGS_pull_reduced_weights);
   trainer_options.metrics = &metrics;
   RemoteParameterShard::Options shard_options;
   // One attempt may take the whole budget (a frozen shard fails the push at

@@ -50,6 +50,14 @@ class ReplicaRunner : public ModelRunner {
   bool reads_host_params() const override {
     return replicas_->size() == 1 && primary_->device() < 0;
   }
+  std::vector<int32_t> reduced_weight_params() const override {
+    // Replicas of one model in one precision register the same weights,
+    // a CPU replica none.
+    for (int r = 0; r < replicas_->size(); ++r) {
+      if (replicas_->replica(r)->reduced_weight_params().empty()) return {};
+    }
+    return primary_->reduced_weight_params();
+  }
   absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
                                        int64_t step, const TrainStepOptions& options) override {
     return replicas_->TrainStep(features, labels, batch, step, options);
@@ -105,6 +113,8 @@ class PipelineRunner : public ModelRunner {
   // the CPU or all on GPUs).
   bool uploads_pulled_params() const override { return pipeline_->device() >= 0; }
   bool reads_host_params() const override { return pipeline_->device() < 0; }
+  // Stages number their parameters apart from the whole model's.
+  std::vector<int32_t> reduced_weight_params() const override { return {}; }
   absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels, int64_t batch,
                                        int64_t step, const TrainStepOptions& options) override {
     return pipeline_->TrainStep(features, labels, batch, step, options);

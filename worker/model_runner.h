@@ -87,6 +87,10 @@ class ModelRunner {
   // CPU. Such a step may start while the last step's pull is still landing,
   // awaiting each layer's parameters (TrainStepOptions::await_layer_params).
   virtual bool reads_host_params() const = 0;
+  // The parameters every replica reads only through a copy in precision()
+  // (Model::reduced_weight_params), which may be pulled narrowed; empty
+  // where any replica reads them in fp32 (the CPU), and for a pipeline.
+  virtual std::vector<int32_t> reduced_weight_params() const = 0;
 
   // One training step on `batch` examples (model/model.h's TrainStep, with
   // the options as ReplicaSet::TrainStep or PipelineModel::TrainStep takes

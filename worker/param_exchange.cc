@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
@@ -12,6 +13,28 @@
 #include "worker/shard_retry.h"
 
 namespace downpour {
+namespace {
+
+// Widens `n` elements of `dtype` at bytes [offset, ...) of `payload` into
+// `out`: float32 straight from the buffers they arrived in, a narrowed type
+// through a small buffer of this thread's, chunk by chunk.
+void DecodePayload(const Payload& payload, size_t offset, int64_t n, WireDtype dtype, float* out) {
+  if (dtype == WireDtype::kFloat32) {
+    payload.CopyTo(offset, n * sizeof(float), reinterpret_cast<char*>(out));
+    return;
+  }
+  constexpr int64_t kChunk = 16 << 10;
+  const int width = BytesPerElement(dtype);
+  thread_local std::vector<char> raw;
+  raw.resize(kChunk * width);
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t count = std::min(kChunk, n - start);
+    payload.CopyTo(offset + start * width, count * width, raw.data());
+    DecodeFloats(dtype, raw.data(), count, out + start);
+  }
+}
+
+}  // namespace
 
 int64_t AutoMessageBytes(int64_t total_bytes, int max_inflight) {
   const int64_t per_message = total_bytes / (4 * std::max(1, max_inflight));
@@ -47,10 +70,20 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
     if (open[s] < 0 || open_bytes[s] + bytes > message_bytes) {
       open[s] = static_cast<int>(messages_.size());
       open_bytes[s] = 0;
-      messages_.push_back(Message{s, {}, {}});
+      messages_.push_back(Message{s, {}, {}, {}});
     }
     messages_[open[s]].partitions.push_back(p);
     open_bytes[s] += bytes;
+  }
+  const absl::flat_hash_set<int32_t> reduced(options_.reduced_tensors.begin(),
+                                             options_.reduced_tensors.end());
+  for (Message& message : messages_) {
+    for (const PartitionPlacement& p : message.partitions) {
+      if (reduced.contains(p.tensor_id()) &&
+          (message.reduced.empty() || message.reduced.back() != p.tensor_id())) {
+        message.reduced.push_back(p.tensor_id());
+      }
+    }
   }
   for (int i = 0; i < static_cast<int>(messages_.size()); ++i) {
     int distinct = 0;
@@ -187,6 +220,11 @@ PullRequest ParameterExchange::MakePullRequest(int i, int64_t min_version,
   request.set_min_version(min_version);
   request.set_min_worker_steps(min_worker_steps);
   request.set_dtype(FLOAT32);
+  if (!messages_[i].reduced.empty()) {
+    request.set_reduced_dtype(DTypeOf(options_.reduced_dtype));
+    request.mutable_reduced_tensor_ids()->Add(messages_[i].reduced.begin(),
+                                              messages_[i].reduced.end());
+  }
   for (const PartitionPlacement& p : messages_[i].partitions) {
     PartitionKey* key = request.add_keys();
     key->set_tensor_id(p.tensor_id());
@@ -233,13 +271,20 @@ absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
   size_t offset = 0;
   for (int k = 0; k < response.partitions_size(); ++k) {
     const PartitionPlacement& p = message.partitions[k];
-    const size_t size = p.num_elements() * sizeof(float);
-    if (response.partitions(k).num_elements() != p.num_elements() ||
-        offset + size > payload.size()) {
+    const PartitionHeader& header = response.partitions(k);
+    // Float32, or the narrowed type where it was asked for (a shard that
+    // does not know reduced pulls answers float32).
+    const bool reduced = header.dtype() != FLOAT32 && header.dtype() != DTYPE_UNSPECIFIED;
+    const WireDtype dtype = reduced ? options_.reduced_dtype : WireDtype::kFloat32;
+    const size_t size = p.num_elements() * BytesPerElement(dtype);
+    if (header.num_elements() != p.num_elements() || offset + size > payload.size() ||
+        (reduced &&
+         (header.dtype() != DTypeOf(options_.reduced_dtype) ||
+          !std::binary_search(message.reduced.begin(), message.reduced.end(), p.tensor_id())))) {
       return absl::InternalError(
           absl::StrCat("shard ", message.shard, " returned a malformed pull"));
     }
-    payload.CopyTo(offset, size, reinterpret_cast<char*>(params[p.tensor_id()] + p.offset()));
+    DecodePayload(payload, offset, p.num_elements(), dtype, params[p.tensor_id()] + p.offset());
     offset += size;
     const int64_t version = response.partitions(k).version();
     int64_t seen = min_pulled_version_.load(std::memory_order_relaxed);

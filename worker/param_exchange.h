@@ -70,6 +70,12 @@ struct ExchangeOptions {
   absl::Duration push_timeout = absl::Seconds(30);
   // Element type of gradients on the wire.
   WireDtype gradient_dtype = WireDtype::kFloat32;
+  // Tensors pulled as `reduced_dtype` (kBfloat16 or kFloat16) instead of
+  // float32: those the model reads only through a copy in that type
+  // (ModelRunner::reduced_weight_params), so their narrowed values give
+  // the same step. They land widened to float32 in the host parameters.
+  std::vector<int32_t> reduced_tensors;
+  WireDtype reduced_dtype = WireDtype::kBfloat16;
   // Largest message, in float32 bytes (partitions are never split); 0:
   // chosen from the model's size, so a step has about four messages per
   // message in flight (AutoMessageBytes).
@@ -164,6 +170,8 @@ class ParameterExchange {
     int shard;
     std::vector<PartitionPlacement> partitions;
     std::vector<char> encoded;  // Gradients in a 16-bit wire dtype.
+    // Its tensors of ExchangeOptions::reduced_tensors, pulled narrowed.
+    std::vector<int32_t> reduced;
   };
 
   // Message i's requests; the push's payload points at `grads` (or at the

@@ -381,7 +381,8 @@ TEST(ParameterExchangeTest, SkippedStepCountsWithoutAGradient) {
 
 // Pushes `gradient` (one value per element of every tensor, by position) as
 // `dtype` with SGD, and returns the parameters pulled back.
-std::vector<float> PushOnceWithSgd(WireDtype dtype, const std::vector<float>& gradient) {
+std::vector<float> PushOnceWithSgd(WireDtype dtype, const std::vector<float>& gradient,
+                                   const std::vector<int32_t>& reduced_tensors = {}) {
   JobSpec spec = SmallSpec();
   spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
   auto params = ValidateJobSpec(spec);
@@ -399,6 +400,7 @@ std::vector<float> PushOnceWithSgd(WireDtype dtype, const std::vector<float>& gr
   options.job_id = "j";
   options.worker_id = "w";
   options.gradient_dtype = dtype;
+  options.reduced_tensors = reduced_tensors;
   ParameterExchange exchange(options, *placed, shards);
   std::vector<std::vector<float>> values;
   std::vector<const float*> g;
@@ -434,6 +436,30 @@ TEST(ParameterExchangeTest, HalfWidthGradientsApplyAsTheirRoundedValues) {
   const std::vector<float> as_bf16 = PushOnceWithSgd(WireDtype::kBfloat16, raw);
   ExpectEqual(as_bf16, PushOnceWithSgd(WireDtype::kFloat32, rounded));
   EXPECT_NE(as_bf16, PushOnceWithSgd(WireDtype::kFloat32, raw));
+}
+
+// Tensors pulled narrowed (a bf16 job's weights on a GPU) land as the
+// shards' values rounded to bf16, the others exactly.
+TEST(ParameterExchangeTest, ReducedTensorsArePulledAsTheirBf16RoundedValues) {
+  auto params = ValidateJobSpec(SmallSpec());
+  ASSERT_TRUE(params.ok());
+  ASSERT_GE(params->size(), 2u);
+  int64_t total = 0;
+  for (const ParamInfo& p : *params) total += p.num_elements;
+  std::vector<float> gradient(total);
+  for (int64_t i = 0; i < total; ++i) gradient[i] = 0.37f + 0.0013f * static_cast<float>(i % 89);
+  const std::vector<float> exact = PushOnceWithSgd(WireDtype::kFloat32, gradient);
+  const std::vector<float> narrowed = PushOnceWithSgd(WireDtype::kFloat32, gradient, {0});
+  ASSERT_EQ(narrowed.size(), exact.size());
+  const int64_t first = (*params)[0].num_elements;
+  std::vector<char> wire(2 * first);
+  std::vector<float> rounded(first);
+  EncodeFloats(WireDtype::kBfloat16, exact.data(), first, wire.data());
+  DecodeFloats(WireDtype::kBfloat16, wire.data(), first, rounded.data());
+  ASSERT_NE(std::vector<float>(exact.begin(), exact.begin() + first), rounded);
+  EXPECT_EQ(std::vector<float>(narrowed.begin(), narrowed.begin() + first), rounded);
+  EXPECT_EQ(std::vector<float>(narrowed.begin() + first, narrowed.end()),
+            std::vector<float>(exact.begin() + first, exact.end()));
 }
 
 TEST(AutoMessageBytesTest, AboutFourMessagesPerMessageInFlightWithinBounds) {

@@ -95,6 +95,10 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   exchange.first_sequence = (task_.attempt() << 32) + (options_.run_index << 24);
   exchange.attempt = task_.attempt();
   exchange.gradient_dtype = *dtype;
+  if (options_.pull_reduced_weights) {
+    exchange.reduced_tensors = model.reduced_weight_params();
+    exchange.reduced_dtype = model.precision() == FP16 ? WireDtype::kFloat16 : WireDtype::kBfloat16;
+  }
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small
   // partitions then costs a few exchanges per step, not one per partition.

@@ -78,6 +78,10 @@ struct TrainerOptions {
   // message as the gradients come out; ParameterExchange::BeginPushPull);
   // false: the step's exchange starts after backward (the serial path).
   bool overlap = true;
+  // A bf16/fp16 job on GPUs pulls the weights its GPUs read only in that
+  // type narrowed to it (half their bytes; the same steps): ModelRunner::
+  // reduced_weight_params. false: every parameter as float32.
+  bool pull_reduced_weights = true;
 };
 
 // What an evaluation of the test set measured (JobSpec.metrics).

@@ -140,6 +140,7 @@ class TrainerTest : public ::testing::Test {
     options.exchange.message_bytes = 1024;
     options.exchange.max_inflight = 4;
     options.overlap = overlap;
+    options.pull_reduced_weights = pull_reduced_weights_;
     return options;
   }
 
@@ -240,6 +241,7 @@ class TrainerTest : public ::testing::Test {
   }
 
   std::string data_dir_;
+  bool pull_reduced_weights_ = true;
   JobSpec spec_;
   std::vector<ParamInfo> params_;
   std::vector<PartitionPlacement> placed_;
@@ -347,6 +349,37 @@ TEST_F(TrainerTest, APipelineOnGpusTrainsAsTheSerialPathAndTheCpu) {
   double diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(double{a[i]} - b[i]));
   EXPECT_LT(diff, 1e-4);
+}
+
+// A bf16 job on a GPU pulls its dense weights as bf16, as its GPU reads
+// them only through their bf16 copies: the shards end byte-identical to the
+// same job pulling every parameter as float32, serial and overlapped.
+TEST_F(TrainerTest, ABf16JobOnAGpuPullingItsWeightsAsBf16TrainsAsWithFloat32Pulls) {
+  if (GpuCount() == 0) GTEST_SKIP() << GpuUnavailableReason();
+  JobSpec spec = Spec();
+  spec.set_precision(BF16);
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(spec, {0});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  // The three dense layers' weights (ids 0, 2, 4); their biases stay fp32.
+  EXPECT_EQ((*runner)->reduced_weight_params(), (std::vector<int32_t>{0, 2, 4}));
+  for (bool overlap : {false, true}) {
+    pull_reduced_weights_ = false;
+    const std::string full = TrainSync(overlap, spec, {0});
+    pull_reduced_weights_ = true;
+    const std::string narrowed = TrainSync(overlap, spec, {0});
+    ASSERT_FALSE(full.empty());
+    ASSERT_EQ(narrowed.size(), full.size());
+    EXPECT_TRUE(narrowed == full) << (overlap ? "overlapped" : "serial");
+  }
+}
+
+// A CPU replica reads every weight in fp32: nothing is pulled narrowed.
+TEST_F(TrainerTest, ACpuReplicaPullsEveryParameterAsFloat32) {
+  JobSpec spec = Spec();
+  spec.set_precision(BF16);
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(spec, {});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_TRUE((*runner)->reduced_weight_params().empty());
 }
 
 // A worker whose --devices do not give each stage one fails the job at
