@@ -14,8 +14,10 @@
 # are any), puts OUT_DIR/bin first on PATH and sets NCCL_NVLS_ENABLE=0. It
 # finds its folder wherever OUT_DIR is moved or unpacked.
 #
-# usage: scripts/pack-binaries.sh [--tar] OUT_DIR PROGRAM...
-#   --tar   also write OUT_DIR.tar.xz, whose one top folder is OUT_DIR's name
+# usage: scripts/pack-binaries.sh [--tar] [--symbols] OUT_DIR PROGRAM...
+#   --tar       also write OUT_DIR.tar.xz, whose one top folder is OUT_DIR's name
+#   --symbols   keep the symbol tables (for perf on the other host); debug
+#               information is stripped either way
 # e.g.
 #   bazel build -c opt //server:downpour-ps //client:downpourctl
 #   scripts/pack-binaries.sh --tar out/downpour bazel-bin/server/downpour-ps \
@@ -32,10 +34,15 @@ usage() {
 }
 
 make_tar=0
-case ${1:-} in
-  -h | --help) usage ;;
-  --tar) make_tar=1; shift ;;
-esac
+strip_flag=--strip-unneeded
+while [[ ${1:-} == -* ]]; do
+  case $1 in
+    -h | --help) usage ;;
+    --tar) make_tar=1; shift ;;
+    --symbols) strip_flag=--strip-debug; shift ;;
+    *) usage ;;
+  esac
+done
 (($# >= 2)) || usage
 out=$1
 shift
@@ -59,7 +66,7 @@ mkdir -p "$out/bin" "$out/lib"
 for program in "$@"; do
   [[ -f $program && -x $program ]] || { echo "pack-binaries: $program: no such program" >&2; exit 1; }
   install -m 755 "$program" "$out/bin/"
-  strip --strip-unneeded "$out/bin/$(basename "$program")"
+  strip "$strip_flag" "$out/bin/$(basename "$program")"
   # ldd's lines: "NAME => PATH (ADDRESS)", "NAME => not found", or a path or
   # the vDSO alone (nothing to copy). A static program or a script has none.
   libraries=$(ldd "$program" 2>/dev/null) || continue
@@ -72,7 +79,7 @@ for program in "$@"; do
     fi
     [[ -f $out/lib/$name ]] && continue
     install -m 644 "$path" "$out/lib/$name"
-    strip --strip-unneeded "$out/lib/$name"
+    strip "$strip_flag" "$out/lib/$name"
   done <<<"$libraries"
 done
 

@@ -622,8 +622,14 @@ absl::Status JobTrainer::EndExchange(StepState* s, RunState* run) {
   std::vector<const float*> grads =
       s->batches > 1 ? run->step_mean.Gradients() : Gradients(*model, s->result.skipped);
   if (run->push_every > 1) {
+    // Summing the steps' gradients on the host is the step's compute (a
+    // model's worth of additions: milliseconds for a large one).
+    const double summing = MonotonicSeconds();
     run->accumulated.Add(*model, grads);
     grads = run->accumulated.Gradients();
+    const double summed = MonotonicSeconds() - summing;
+    run->total_compute += summed;
+    s->compute += summed;
   }
   const int64_t next = s->step + 1;
   const double began = MonotonicSeconds();
