@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/platform/vector_clones.h"
+
 namespace downpour {
 namespace {
 
@@ -69,7 +71,7 @@ float Fp16ToFloat(uint16_t h) {
 
 int BytesPerElement(WireDtype dtype) { return dtype == WireDtype::kFloat32 ? 4 : 2; }
 
-void EncodeFloats(WireDtype dtype, const float* in, int64_t n, char* out) {
+DOWNPOUR_VECTOR_CLONES void EncodeFloats(WireDtype dtype, const float* in, int64_t n, char* out) {
   if (dtype == WireDtype::kFloat32) {
     std::memcpy(out, in, n * sizeof(float));
     return;
@@ -82,7 +84,7 @@ void EncodeFloats(WireDtype dtype, const float* in, int64_t n, char* out) {
   }
 }
 
-void DecodeFloats(WireDtype dtype, const char* in, int64_t n, float* out) {
+DOWNPOUR_VECTOR_CLONES void DecodeFloats(WireDtype dtype, const char* in, int64_t n, float* out) {
   if (dtype == WireDtype::kFloat32) {
     std::memcpy(out, in, n * sizeof(float));
     return;

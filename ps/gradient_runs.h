@@ -19,14 +19,6 @@
 
 namespace downpour {
 
-// Whether all of v[0, n) are finite: x - x is 0 for a finite x and NaN
-// otherwise, and a sum with a NaN in it is NaN (vectorizes; no branches).
-inline bool AllFinite(const float* v, int64_t n) {
-  float probe = 0.f;
-  for (int64_t i = 0; i < n; ++i) probe += v[i] - v[i];
-  return probe == 0.f;
-}
-
 // Calls fn(grad, start, count) over the gradient of elements [0, n) held in
 // bytes [offset, ...) of `payload` as `dtype`: in place where a piece holds
 // aligned float32 elements, else through `scratch` in bounded chunks, so a

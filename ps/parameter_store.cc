@@ -399,7 +399,7 @@ void ParameterStore::ApplyNow(Job& job, const PushRequest& request, const Payloa
                        [&](const float* grad, int64_t start, int64_t count) {
                          for (int64_t at = 0; at < count && finite; at += kBlock) {
                            const int64_t n = std::min(kBlock, count - at);
-                           finite = AllFinite(grad + at, n);
+                           finite = kernels::cpu::AllFinite(grad + at, n);
                            if (!finite) break;
                            update.Apply(job.optimizer, hp, grad + at, start + at, n);
                            applied = start + at + n;
@@ -454,12 +454,7 @@ void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
   if (num_contributors > 0) {
     float* sum = p.step_sum.Finish();
     const float scale = 1.f / static_cast<float>(num_contributors);
-    float probe = 0.f;  // See AllFinite.
-    for (int64_t i = 0; i < n; ++i) {
-      sum[i] *= scale;
-      probe += sum[i] - sum[i];
-    }
-    if (probe != 0.f) {
+    if (!kernels::cpu::ScaleAndCheckFinite(scale, n, sum)) {
       // Not applied: the values (and any checkpoint of them) stay finite.
       job.Diverge(absl::StrCat("training diverged at step ", version,
                                ": the workers' gradient for partition ", p.Name(),

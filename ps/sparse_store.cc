@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "kernels/cpu/optimizer.h"
 #include "ps/gradient_runs.h"
 #include "ps/lr_schedule.h"
 #include "spec/job_validation.h"
@@ -159,7 +160,7 @@ absl::Status SparseStore::ApplyRows(int t, const int64_t* ids, int64_t n, const 
                                     int64_t progress, int64_t step, int rank,
                                     std::string* diverged) {
   Table& table = tables_[t];
-  if (!AllFinite(grads, n * table.info.dim)) {
+  if (!kernels::cpu::AllFinite(grads, n * table.info.dim)) {
     // Not applied: the rows stay finite, and the job fails with the reason.
     const std::string who =
         rank >= 0 ? absl::StrCat("worker rank ", rank, "'s gradient") : "the workers' gradient";

@@ -1,18 +1,13 @@
 #include "kernels/cpu/optimizer.h"
 
 #include <cmath>
+#include <cstring>
+
+#include "common/platform/vector_clones.h"
 
 namespace downpour {
 namespace kernels {
 namespace cpu {
-
-// Not under ThreadSanitizer: it instruments the clones' resolver, which the
-// dynamic loader runs before TSan's runtime is initialized (a crash at start).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define DOWNPOUR_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DOWNPOUR_VECTOR_CLONES
-#endif
 
 // The loops below are written so that GCC/Clang vectorise them: restrict
 // pointers, no calls but sqrt (see the copts in BUILD.bazel), no branches on
@@ -119,6 +114,35 @@ DOWNPOUR_VECTOR_CLONES void AdamUpdate(const OptimizerHyperparams& hp, const flo
   for (int64_t i = 0; i < n; ++i) {
     param[i] = AdamStep(k, grad[i], param[i], m[i], v[i], &m[i], &v[i]);
   }
+}
+
+namespace {
+
+// 1 where x is not finite (its exponent bits all set), else 0: an integer
+// test, so the loops below reduce with OR and vectorise (a float probe
+// would need reassociation).
+DOWNPOUR_ELEMENT uint32_t NotFinite(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+}
+
+}  // namespace
+
+DOWNPOUR_VECTOR_CLONES bool AllFinite(const float* __restrict v, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= NotFinite(v[i]);
+  return bad == 0;
+}
+
+DOWNPOUR_VECTOR_CLONES bool ScaleAndCheckFinite(float scale, int64_t n, float* __restrict v) {
+  uint32_t bad = 0;
+  if (scale == 1.f) return AllFinite(v, n);
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] *= scale;
+    bad |= NotFinite(v[i]);
+  }
+  return bad == 0;
 }
 
 void ApplyOptimizer(OptimizerKind kind, const OptimizerHyperparams& hp, const float* grad,

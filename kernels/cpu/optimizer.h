@@ -53,6 +53,14 @@ void ApplyOptimizerTo(OptimizerKind kind, const OptimizerHyperparams& hp, const 
                       int64_t n, const float* param_in, const float* const* slots_in,
                       float* param_out, float* const* slots_out);
 
+// Whether every element of v[0, n) is finite (no NaN, no infinity).
+bool AllFinite(const float* v, int64_t n);
+
+// v *= scale, element by element, and whether every result is finite: a
+// SYNC step's sum made its mean and checked before it is applied, in one
+// pass.
+bool ScaleAndCheckFinite(float scale, int64_t n, float* v);
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace downpour

@@ -184,6 +184,30 @@ TEST(OptimizerTest, ZeroLengthIsANoOp) {
   ApplyOptimizer(OptimizerKind::kSgd, hp, nullptr, 0, nullptr, nullptr);
 }
 
+// Every position of an odd-length array (the vector body and its tail),
+// each kind of non-finite value, and the scaled values themselves.
+TEST(FiniteCheckTest, FindsANonFiniteValueAnywhereAndScalesEveryElement) {
+  constexpr int64_t kN = 37;
+  const float kBad[] = {NAN, INFINITY, -INFINITY};
+  for (int64_t at = 0; at < kN; ++at) {
+    for (float bad : kBad) {
+      std::vector<float> v(kN, 1.5f);
+      v[at] = bad;
+      EXPECT_FALSE(AllFinite(v.data(), kN)) << at;
+      EXPECT_FALSE(ScaleAndCheckFinite(0.5f, kN, v.data())) << at;
+    }
+  }
+  std::vector<float> v(kN);
+  for (int64_t i = 0; i < kN; ++i) v[i] = static_cast<float>(i) - 3.f;
+  EXPECT_TRUE(AllFinite(v.data(), kN));
+  EXPECT_TRUE(ScaleAndCheckFinite(0.25f, kN, v.data()));
+  for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(v[i], (static_cast<float>(i) - 3.f) * 0.25f);
+  // A finite value that overflows when scaled is caught too.
+  std::vector<float> big(kN, 3e38f);
+  EXPECT_FALSE(ScaleAndCheckFinite(2.f, kN, big.data()));
+  EXPECT_TRUE(AllFinite(nullptr, 0));
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace kernels
