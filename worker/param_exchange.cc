@@ -200,9 +200,10 @@ absl::Status ParameterExchange::SendPush(int i, const PushRequest& request, cons
                                          const std::function<bool()>& cancelled) {
   const int shard = messages_[i].shard;
   // Each attempt keeps the shard client's own deadline.
-  return CallShardWithRetries(
-      absl::StrCat("pushing to shard ", shard), give_up, options_.pull_slice, cancelled,
-      [&](absl::Time) { return shards_[shard]->Push(request, payload).status(); });
+  return CallShardWithRetries(absl::StrCat("pushing to shard ", shard), give_up,
+                              options_.pull_slice, PushCancelled(cancelled), [&](absl::Time) {
+                                return shards_[shard]->Push(request, payload).status();
+                              });
 }
 
 absl::Status ParameterExchange::ReceivePull(int i, const PullRequest& request, absl::Time give_up,
@@ -319,7 +320,13 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
   Payload payload;
   const PushRequest push = MakePushRequest(i, step, sequence, grads, &payload);
   const PullRequest pull = MakePullRequest(i, min_version, min_worker_steps);
-  if (cancelled()) return absl::CancelledError("job ended");
+  if (cancelled()) {
+    // Stopping: where pushes go on (a drain), the push still goes, alone.
+    if (!PushCancelled(cancelled)()) {
+      RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
+    }
+    return absl::CancelledError("job ended");
+  }
   Payload values;
   absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
       push, payload, pull,

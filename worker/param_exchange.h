@@ -76,6 +76,15 @@ struct ExchangeOptions {
   int64_t message_bytes = 0;
   // Messages in flight at once.
   int max_inflight = 8;
+  // What gives up a push under way, its retries included; null: the
+  // call's `cancelled`, which gives up everything. Set, the call's
+  // `cancelled` gives up only the waits for pulls: a worker shutting down
+  // (drained) still pushes the step it computed to every shard, message by
+  // message, and waits for no parameters, so its rank's step reaches every
+  // partition or none and the rank's taker finds them all at one version
+  // (it starts at the step every partition has reached). The trainer gives
+  // a push up only when the job ended or the rank went elsewhere.
+  std::function<bool()> push_cancelled;
 };
 
 // The message size for `total_bytes` of float32 parameters and
@@ -171,8 +180,13 @@ class ParameterExchange {
   PushRequest MakePushRequest(int i, int64_t step, int64_t sequence,
                               const std::vector<const float*>& grads, Payload* payload);
   PullRequest MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps) const;
+  // What gives up a push of a call given `cancelled`
+  // (ExchangeOptions::push_cancelled).
+  const std::function<bool()>& PushCancelled(const std::function<bool()>& cancelled) const {
+    return options_.push_cancelled ? options_.push_cancelled : cancelled;
+  }
   // Sends message i's push, retried as worker/shard_retry.h says until
-  // `give_up`.
+  // `give_up` or PushCancelled(cancelled).
   absl::Status SendPush(int i, const PushRequest& request, const Payload& payload,
                         absl::Time give_up, const std::function<bool()>& cancelled);
   // Pulls message i in slices of pull_slice (worker/shard_retry.h) until

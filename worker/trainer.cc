@@ -95,6 +95,9 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   exchange.first_sequence = (task_.attempt() << 32) + (options_.run_index << 24);
   exchange.attempt = task_.attempt();
   exchange.gradient_dtype = *dtype;
+  // A shutdown (drain) stops the waits but not a push under way: the rank's
+  // step reaches every shard or none.
+  exchange.push_cancelled = [this] { return abandoned_.load() || job_ended_.load(); };
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small
   // partitions then costs a few exchanges per step, not one per partition.
@@ -116,6 +119,7 @@ void JobTrainer::Cancel(std::string why) {
     absl::MutexLock lock(&cancel_mu_);
     if (cancel_why_.empty()) cancel_why_ = std::move(why);
   }
+  abandoned_.store(true);
   cancelled_.store(true);
 }
 
