@@ -179,12 +179,13 @@ PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequ
   return request;
 }
 
-PullRequest ParameterExchange::MakePullRequest(int i, int64_t min_version,
-                                               int64_t min_worker_steps) const {
+PullRequest ParameterExchange::MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps,
+                                               bool exact_version) const {
   PullRequest request;
   request.set_job_id(options_.job_id);
   request.set_worker_rank(options_.rank);
   request.set_min_version(min_version);
+  request.set_exact_version(exact_version);
   request.set_min_worker_steps(min_worker_steps);
   request.set_dtype(FLOAT32);
   for (const PartitionPlacement& p : messages_[i].partitions) {
@@ -252,13 +253,13 @@ absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
 
 absl::Status ParameterExchange::Pull(int64_t min_version, int64_t min_worker_steps,
                                      const std::vector<float*>& params,
-                                     const std::function<bool()>& cancelled) {
+                                     const std::function<bool()>& cancelled, bool exact_version) {
   const absl::Time give_up = absl::Now() + options_.pull_timeout;
   min_pulled_version_.store(std::numeric_limits<int64_t>::max());
   // First layers first: messages_ is in tensor order.
   return RunAll(static_cast<int>(messages_.size()), [&](int i) -> absl::Status {
-    return ReceivePull(i, MakePullRequest(i, min_version, min_worker_steps), give_up, params,
-                       cancelled);
+    return ReceivePull(i, MakePullRequest(i, min_version, min_worker_steps, exact_version), give_up,
+                       params, cancelled);
   });
 }
 

@@ -112,8 +112,11 @@ class ParameterExchange {
 
   // Pulls every partition into params[tensor_id] once the shards meet
   // (min_version, min_worker_steps); gives up when `cancelled` returns true.
+  // `exact_version` (SYNC): every partition's values at min_version exactly,
+  // also of one already a step past it (PullRequest.exact_version).
   absl::Status Pull(int64_t min_version, int64_t min_worker_steps,
-                    const std::vector<float*>& params, const std::function<bool()>& cancelled);
+                    const std::vector<float*>& params, const std::function<bool()>& cancelled,
+                    bool exact_version = false);
 
   // Push(step, grads) then Pull(min_version, min_worker_steps, params) with
   // one round trip per message (ParameterShard::PushPull) where it can: a
@@ -179,7 +182,8 @@ class ParameterExchange {
   // message's encoded buffer); empty `grads`: a skipped push.
   PushRequest MakePushRequest(int i, int64_t step, int64_t sequence,
                               const std::vector<const float*>& grads, Payload* payload);
-  PullRequest MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps) const;
+  PullRequest MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps,
+                              bool exact_version = false) const;
   // What gives up a push of a call given `cancelled`
   // (ExchangeOptions::push_cancelled).
   const std::function<bool()>& PushCancelled(const std::function<bool()>& cancelled) const {
