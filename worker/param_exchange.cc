@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "spec/proto_dtype.h"
 #include "worker/shard_retry.h"
@@ -66,6 +68,7 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
       }
     }
     tensors_in_message_.push_back(distinct);
+    if (messages_[i].shard == 0) testing_left_.fetch_add(1);
   }
   // A streamed step's messages all run on the pool (the caller computes).
   const int threads = std::max(1, options_.max_inflight);
@@ -318,6 +321,18 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
     for (const PartitionPlacement& p : messages_[i].partitions) RETURN_IF_ERROR((*pulled)(p));
     return absl::OkStatus();
   };
+  if (step == options_.testing_stall_step && messages_[i].shard != 0) {
+    absl::Notification never;
+    never.WaitForNotification();
+  }
+  // Shard 0's messages of the testing step, once exchanged, say so.
+  auto testing_done = [&](absl::Status status) {
+    if (status.ok() && step == options_.testing_stall_step && testing_left_.fetch_sub(1) == 1) {
+      Log(absl::StrCat("testing: job ", options_.job_id, " rank ", options_.rank, " pushed step ",
+                       step, " to shard 0 only"));
+    }
+    return status;
+  };
   Payload payload;
   const PushRequest push = MakePushRequest(i, step, sequence, grads, &payload);
   const PullRequest pull = MakePullRequest(i, min_version, min_worker_steps);
@@ -332,7 +347,7 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
   absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
       push, payload, pull,
       std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &values);
-  if (response.ok()) return landed(CopyPulled(i, response->pull(), values, params));
+  if (response.ok()) return testing_done(landed(CopyPulled(i, response->pull(), values, params)));
   if (!IsRetryableShardError(response.status())) {
     return Annotate(response.status(), absl::StrCat("exchanging with shard ", messages_[i].shard));
   }
@@ -340,7 +355,7 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
   // workers): finish with separate calls. The push keeps its request id,
   // so it is applied once whether or not the combined call applied it.
   RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
-  return landed(ReceivePull(i, pull, pull_give_up, params, cancelled));
+  return testing_done(landed(ReceivePull(i, pull, pull_give_up, params, cancelled)));
 }
 
 absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const float*>& grads,

@@ -85,6 +85,11 @@ struct ExchangeOptions {
   // (it starts at the step every partition has reached). The trainer gives
   // a push up only when the job ended or the rank went elsewhere.
   std::function<bool()> push_cancelled;
+  // Testing only (the worker's --testing_stall_mid_push): at this step the
+  // messages to shards other than shard 0 are never sent and block for
+  // good, and a line is logged once shard 0's are exchanged, so a worker
+  // killed then has pushed the step to shard 0 alone. -1: never.
+  int64_t testing_stall_step = -1;
 };
 
 // The message size for `total_bytes` of float32 parameters and
@@ -229,6 +234,8 @@ class ParameterExchange {
   int64_t sequence_ = 0;
   mutable std::atomic<int64_t> min_pulled_version_{0};
   int64_t checkpoint_step_ = 0;  // For the next push's requests (0: none).
+  // Shard 0's messages of testing_stall_step not yet exchanged.
+  std::atomic<int> testing_left_{0};
 
   // Per tensor id, the messages holding its partitions; per message, how
   // many distinct tensors it holds.

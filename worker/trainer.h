@@ -74,6 +74,10 @@ struct TrainerOptions {
   // runs a job again in the same attempt (it took a rank over) numbers its
   // requests above its earlier runs', which the shards remember.
   int64_t run_index = 0;
+  // Testing only (--testing_stall_mid_push): "JOB:RANK:STEP" stalls that
+  // rank's push of that step after shard 0 (ExchangeOptions::
+  // testing_stall_step), except in a run that took the rank over.
+  std::string testing_stall_mid_push;
   // Each step's push and pull overlap its backward pass (message by
   // message as the gradients come out; ParameterExchange::BeginPushPull);
   // false: the step's exchange starts after backward (the serial path).
