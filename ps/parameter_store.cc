@@ -186,7 +186,10 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
       // Checkpoints will borrow the arrays: the first update after each
       // writes these, mapped now rather than on a push.
       if (sink_) partition->arrays.ReserveSpare();
-      if (job->sync()) partition->step_sum = RankOrderedSum(job->num_workers, n);
+      if (job->sync()) {
+        partition->step_sum = RankOrderedSum(job->num_workers, n);
+        partition->previous.assign(n, 0.f);
+      }
     }
     job->partitions.push_back(std::move(partition));
   }
@@ -225,7 +228,8 @@ int64_t ParameterStore::MemoryBytes(const std::string& job_id) const {
   int64_t bytes = 0;
   for (const std::unique_ptr<Partition>& p : (*job)->partitions) {
     absl::MutexLock lock(&p->mu);
-    bytes += p->arrays.MemoryBytes() + p->step_sum.MemoryBytes();
+    bytes += p->arrays.MemoryBytes() + p->step_sum.MemoryBytes() +
+             static_cast<int64_t>(p->previous.size()) * kFloatBytes;
   }
   if ((*job)->sparse != nullptr) bytes += (*job)->sparse->MemoryBytes();
   return bytes;
@@ -432,6 +436,9 @@ bool ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
     absl::MutexLock job_lock(&job.mu);
     if (!job.Counts(rank)) return false;
   }
+  // Whoever pushes this step pulled every partition at its version: none
+  // needs the version before any more.
+  p.previous_version = -1;
   if (request.skipped()) {
     p.step_sum.Skip(rank);
   } else {
@@ -448,8 +455,12 @@ void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
   const int num_arrived = p.step_sum.num_arrived();
   if (num_arrived == 0 || num_arrived < job.Quorum()) return;
   // The step is complete: the mean over the workers that brought a gradient
-  // (a skipped step is no contributor), or no update when none did.
+  // (a skipped step is no contributor), or no update when none did. The
+  // values it started from are kept for a worker that takes over a rank
+  // lost between its pushes to two partitions (PullRequest.exact_version).
   const int64_t n = p.num_elements;
+  std::memcpy(p.previous.data(), p.arrays.values(), n * kFloatBytes);
+  p.previous_version = version;
   const int num_contributors = p.step_sum.num_contributors();
   if (num_contributors > 0) {
     float* sum = p.step_sum.Finish();
@@ -711,6 +722,7 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
     }
     p.updates = s.updates;
     if (job->sync()) p.step_sum.Reset();
+    p.previous_version = -1;
     p.version.store(s.version, std::memory_order_release);
   }
   absl::MutexLock lock(&job->mu);
@@ -826,6 +838,10 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
   auto dtype_of = [&](const Partition& p) {
     return reduced.contains(p.tensor_id) ? reduced_dtype : WireDtype::kFloat32;
   };
+  if (request.exact_version() && (!job->sync() || request.sparse_size() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull from job ", job->id, ": an exact version is for a SYNC job's dense partitions"));
+  }
   int64_t sparse_bytes = 0;
   SparseStore* const sparse = request.sparse_size() > 0 ? job->sparse.get() : nullptr;
   if (request.sparse_size() > 0) {
@@ -927,8 +943,18 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     header->set_dtype(DTypeOf(dtype));
     header->set_num_elements(p->num_elements);
     absl::MutexLock lock(&p->mu);
-    header->set_version(p->version.load(std::memory_order_relaxed));
-    EncodeFloats(dtype, p->arrays.values(), p->num_elements, out);
+    const int64_t version = p->version.load(std::memory_order_relaxed);
+    const float* values = p->arrays.values();
+    if (request.exact_version() && version != request.min_version()) {
+      if (p->previous_version != request.min_version()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "pull from job ", job->id, ": partition ", p->Name(), " is at version ", version,
+            " and no longer keeps its values of version ", request.min_version()));
+      }
+      values = p->previous.data();
+    }
+    header->set_version(request.exact_version() ? request.min_version() : version);
+    EncodeFloats(dtype, values, p->num_elements, out);
     out += p->num_elements * BytesPerElement(dtype);
   }
   if (sparse != nullptr) RETURN_IF_ERROR(sparse->Pull(request, out, &response));

@@ -27,8 +27,18 @@
 //
 // Memory: with a MemoryBudget (the shard's --memory_limit), a job's
 // partitions reserve their values, optimizer slots, spare arrays (with a
-// checkpoint sink) and SYNC sums from it when added, and give them back when
-// the job is freed; the tables' rows reserve as they grow.
+// checkpoint sink), SYNC sums and SYNC previous values from it when added,
+// and give them back when the job is freed; the tables' rows reserve as they
+// grow.
+//
+// SYNC exact versions: a worker killed between its pushes of a step to two
+// partitions leaves one a step ahead of the other, and the worker that
+// takes its rank over computes that step again from the parameters of the
+// step, not from a mix. So a SYNC partition keeps the values it had before
+// its last step (a copy made as the step completes, into a buffer kept with
+// the partition) until a worker pushes its next step there, which none does
+// before every partition of the job has reached its version; a pull with
+// PullRequest.exact_version gets them.
 //
 // Thread-safety: thread-safe. The store locks per job and per partition, so
 // pushes to different partitions apply in parallel; no store-wide lock is
@@ -120,7 +130,8 @@ class ParameterStore : public ParameterShard {
   int64_t RememberedRequests(const std::string& job_id) const;
 
   // Bytes the partitions of `job_id` hold: values, optimizer slots, spare
-  // and lent copies (checkpoints), SYNC sums; and its sparse tables' bytes.
+  // and lent copies (checkpoints), SYNC sums and previous values; and its
+  // sparse tables' bytes.
   // 0 for an unknown job.
   int64_t MemoryBytes(const std::string& job_id) const;
 

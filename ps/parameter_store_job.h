@@ -75,6 +75,13 @@ struct ParameterStore::Partition {
   // SYNC: the checkpoint step at which this partition is to be captured (0:
   // none pending).
   int64_t capture_at ABSL_GUARDED_BY(mu) = 0;
+  // SYNC: the values of the version before this one, kept for a pull of
+  // that exact version (PullRequest.exact_version) until a worker pushes
+  // the step of this version, which none does before every partition of
+  // the job has reached it; previous_version is -1 while they are not kept.
+  // The buffer stays (reserved with the partition) for the next step's.
+  std::vector<float> previous ABSL_GUARDED_BY(mu);
+  int64_t previous_version ABSL_GUARDED_BY(mu) = -1;
 
   // Lends the arrays as they are now, for a capture (GiveBack ends it).
   PartitionArrays Lend(int64_t* generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {

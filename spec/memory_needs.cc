@@ -40,7 +40,8 @@ int64_t ShardPartitionBytes(const std::vector<PartitionPlacement>& partitions, i
   int64_t floats = 0;
   for (const PartitionPlacement& placement : partitions) {
     if (placement.shard() != shard) continue;
-    floats += placement.num_elements() * ((1 + slots) * (checkpoints ? 2 : 1) + (sync ? 1 : 0));
+    // SYNC: the step's sum and the previous version's values.
+    floats += placement.num_elements() * ((1 + slots) * (checkpoints ? 2 : 1) + (sync ? 2 : 0));
   }
   return floats * kFloatBytes;
 }

@@ -5,7 +5,8 @@
 //
 // A shard holds, per element of its partitions, the value and the
 // optimizer's slots (twice when checkpoints are on: the spare copy a capture
-// borrows) and, in SYNC, the step's sum; per sparse table with max_rows, its
+// borrows) and, in SYNC, the step's sum and the previous version's values
+// (ps/parameter_store.h); per sparse table with max_rows, its
 // rows at most (a table without a bound grows with the data, under the
 // shard's --memory_limit). A worker holds its model replica: about two
 // copies of the parameters (values and gradients; the exchange's staging is

@@ -19,7 +19,7 @@ std::vector<PartitionPlacement> Placed(const JobSpec& spec) {
   return *placed;
 }
 
-TEST(MemoryNeedsTest, AShardHoldsValuesSlotsCheckpointCopiesAndTheSyncSum) {
+TEST(MemoryNeedsTest, AShardHoldsValuesSlotsCheckpointCopiesAndTheSyncSumAndPreviousValues) {
   JobSpec spec = SmallMlpJob(2, 2);
   ApplyJobDefaults(&spec);
   spec.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
@@ -33,7 +33,8 @@ TEST(MemoryNeedsTest, AShardHoldsValuesSlotsCheckpointCopiesAndTheSyncSum) {
   EXPECT_EQ((*saved)[0] + (*saved)[1], kParams * 6 * 4);
   spec.mutable_consistency()->set_mode(ConsistencySpec::SYNC);
   auto sync = ShardMemoryNeeds(spec, placed, /*checkpoints=*/true);
-  EXPECT_EQ((*sync)[0] + (*sync)[1], kParams * 7 * 4);
+  // The step's sum and the previous version's values.
+  EXPECT_EQ((*sync)[0] + (*sync)[1], kParams * 8 * 4);
   EXPECT_EQ(ShardPartitionBytes(placed, 0, 2, true, true), (*sync)[0]);
 }
 

@@ -69,6 +69,9 @@ ABSL_FLAG(bool, pull_reduced_weights, true,
 ABSL_FLAG(int64_t, job_metrics_grace_s, 600,
           "How long an ended job's metric series (its steps, losses, step times, traffic per "
           "shard) stay on /metrics with their last values before they are dropped");
+ABSL_FLAG(std::string, testing_stall_mid_push, "",
+          "Testing only: JOB:RANK:STEP stalls that rank's push of that step after shard 0, "
+          "for a test to kill the worker between its pushes to two shards");
 ABSL_FLAG(int64_t, message_kb, 0,
           "Largest push/pull message in KiB (partitions are never split); 0: the model's size / "
           "(4 x max_inflight), within 256 KiB..4 MiB. Smaller messages spread a step's exchange "
@@ -202,6 +205,7 @@ int Main() {
   trainer_options.exchange.message_bytes = absl::GetFlag(FLAGS_message_kb) << 10;
   trainer_options.overlap = absl::GetFlag(FLAGS_overlap);
   trainer_options.pull_reduced_weights = absl::GetFlag(FLAGS_pull_reduced_weights);
+  trainer_options.testing_stall_mid_push = absl::GetFlag(FLAGS_testing_stall_mid_push);
   trainer_options.metrics = &metrics;
   RemoteParameterShard::Options shard_options;
   // One attempt may take the whole budget (a frozen shard fails the push at

@@ -7,7 +7,9 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "spec/proto_dtype.h"
 #include "worker/shard_retry.h"
@@ -99,6 +101,7 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
       }
     }
     tensors_in_message_.push_back(distinct);
+    if (messages_[i].shard == 0) testing_left_.fetch_add(1);
   }
   // A streamed step's messages all run on the pool (the caller computes).
   const int threads = std::max(1, options_.max_inflight);
@@ -212,12 +215,13 @@ PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequ
   return request;
 }
 
-PullRequest ParameterExchange::MakePullRequest(int i, int64_t min_version,
-                                               int64_t min_worker_steps) const {
+PullRequest ParameterExchange::MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps,
+                                               bool exact_version) const {
   PullRequest request;
   request.set_job_id(options_.job_id);
   request.set_worker_rank(options_.rank);
   request.set_min_version(min_version);
+  request.set_exact_version(exact_version);
   request.set_min_worker_steps(min_worker_steps);
   request.set_dtype(FLOAT32);
   if (!messages_[i].reduced.empty()) {
@@ -238,9 +242,10 @@ absl::Status ParameterExchange::SendPush(int i, const PushRequest& request, cons
                                          const std::function<bool()>& cancelled) {
   const int shard = messages_[i].shard;
   // Each attempt keeps the shard client's own deadline.
-  return CallShardWithRetries(
-      absl::StrCat("pushing to shard ", shard), give_up, options_.pull_slice, cancelled,
-      [&](absl::Time) { return shards_[shard]->Push(request, payload).status(); });
+  return CallShardWithRetries(absl::StrCat("pushing to shard ", shard), give_up,
+                              options_.pull_slice, PushCancelled(cancelled), [&](absl::Time) {
+                                return shards_[shard]->Push(request, payload).status();
+                              });
 }
 
 absl::Status ParameterExchange::ReceivePull(int i, const PullRequest& request, absl::Time give_up,
@@ -296,13 +301,13 @@ absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
 
 absl::Status ParameterExchange::Pull(int64_t min_version, int64_t min_worker_steps,
                                      const std::vector<float*>& params,
-                                     const std::function<bool()>& cancelled) {
+                                     const std::function<bool()>& cancelled, bool exact_version) {
   const absl::Time give_up = absl::Now() + options_.pull_timeout;
   min_pulled_version_.store(std::numeric_limits<int64_t>::max());
   // First layers first: messages_ is in tensor order.
   return RunAll(static_cast<int>(messages_.size()), [&](int i) -> absl::Status {
-    return ReceivePull(i, MakePullRequest(i, min_version, min_worker_steps), give_up, params,
-                       cancelled);
+    return ReceivePull(i, MakePullRequest(i, min_version, min_worker_steps, exact_version), give_up,
+                       params, cancelled);
   });
 }
 
@@ -361,15 +366,33 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
     for (const PartitionPlacement& p : messages_[i].partitions) RETURN_IF_ERROR((*pulled)(p));
     return absl::OkStatus();
   };
+  if (step == options_.testing_stall_step && messages_[i].shard != 0) {
+    absl::Notification never;
+    never.WaitForNotification();
+  }
+  // Shard 0's messages of the testing step, once exchanged, say so.
+  auto testing_done = [&](absl::Status status) {
+    if (status.ok() && step == options_.testing_stall_step && testing_left_.fetch_sub(1) == 1) {
+      Log(absl::StrCat("testing: job ", options_.job_id, " rank ", options_.rank, " pushed step ",
+                       step, " to shard 0 only"));
+    }
+    return status;
+  };
   Payload payload;
   const PushRequest push = MakePushRequest(i, step, sequence, grads, &payload);
   const PullRequest pull = MakePullRequest(i, min_version, min_worker_steps);
-  if (cancelled()) return absl::CancelledError("job ended");
+  if (cancelled()) {
+    // Stopping: where pushes go on (a drain), the push still goes, alone.
+    if (!PushCancelled(cancelled)()) {
+      RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
+    }
+    return absl::CancelledError("job ended");
+  }
   Payload values;
   absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
       push, payload, pull,
       std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &values);
-  if (response.ok()) return landed(CopyPulled(i, response->pull(), values, params));
+  if (response.ok()) return testing_done(landed(CopyPulled(i, response->pull(), values, params)));
   if (!IsRetryableShardError(response.status())) {
     return Annotate(response.status(), absl::StrCat("exchanging with shard ", messages_[i].shard));
   }
@@ -377,7 +400,7 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
   // workers): finish with separate calls. The push keeps its request id,
   // so it is applied once whether or not the combined call applied it.
   RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
-  return landed(ReceivePull(i, pull, pull_give_up, params, cancelled));
+  return testing_done(landed(ReceivePull(i, pull, pull_give_up, params, cancelled)));
 }
 
 absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const float*>& grads,

@@ -82,6 +82,20 @@ struct ExchangeOptions {
   int64_t message_bytes = 0;
   // Messages in flight at once.
   int max_inflight = 8;
+  // What gives up a push under way, its retries included; null: the
+  // call's `cancelled`, which gives up everything. Set, the call's
+  // `cancelled` gives up only the waits for pulls: a worker shutting down
+  // (drained) still pushes the step it computed to every shard, message by
+  // message, and waits for no parameters, so its rank's step reaches every
+  // partition or none and the rank's taker finds them all at one version
+  // (it starts at the step every partition has reached). The trainer gives
+  // a push up only when the job ended or the rank went elsewhere.
+  std::function<bool()> push_cancelled;
+  // Testing only (the worker's --testing_stall_mid_push): at this step the
+  // messages to shards other than shard 0 are never sent and block for
+  // good, and a line is logged once shard 0's are exchanged, so a worker
+  // killed then has pushed the step to shard 0 alone. -1: never.
+  int64_t testing_stall_step = -1;
 };
 
 // The message size for `total_bytes` of float32 parameters and
@@ -109,8 +123,11 @@ class ParameterExchange {
 
   // Pulls every partition into params[tensor_id] once the shards meet
   // (min_version, min_worker_steps); gives up when `cancelled` returns true.
+  // `exact_version` (SYNC): every partition's values at min_version exactly,
+  // also of one already a step past it (PullRequest.exact_version).
   absl::Status Pull(int64_t min_version, int64_t min_worker_steps,
-                    const std::vector<float*>& params, const std::function<bool()>& cancelled);
+                    const std::vector<float*>& params, const std::function<bool()>& cancelled,
+                    bool exact_version = false);
 
   // Push(step, grads) then Pull(min_version, min_worker_steps, params) with
   // one round trip per message (ParameterShard::PushPull) where it can: a
@@ -178,9 +195,15 @@ class ParameterExchange {
   // message's encoded buffer); empty `grads`: a skipped push.
   PushRequest MakePushRequest(int i, int64_t step, int64_t sequence,
                               const std::vector<const float*>& grads, Payload* payload);
-  PullRequest MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps) const;
+  PullRequest MakePullRequest(int i, int64_t min_version, int64_t min_worker_steps,
+                              bool exact_version = false) const;
+  // What gives up a push of a call given `cancelled`
+  // (ExchangeOptions::push_cancelled).
+  const std::function<bool()>& PushCancelled(const std::function<bool()>& cancelled) const {
+    return options_.push_cancelled ? options_.push_cancelled : cancelled;
+  }
   // Sends message i's push, retried as worker/shard_retry.h says until
-  // `give_up`.
+  // `give_up` or PushCancelled(cancelled).
   absl::Status SendPush(int i, const PushRequest& request, const Payload& payload,
                         absl::Time give_up, const std::function<bool()>& cancelled);
   // Pulls message i in slices of pull_slice (worker/shard_retry.h) until
@@ -219,6 +242,8 @@ class ParameterExchange {
   int64_t sequence_ = 0;
   mutable std::atomic<int64_t> min_pulled_version_{0};
   int64_t checkpoint_step_ = 0;  // For the next push's requests (0: none).
+  // Shard 0's messages of testing_stall_step not yet exchanged.
+  std::atomic<int> testing_left_{0};
 
   // Per tensor id, the messages holding its partitions; per message, how
   // many distinct tensors it holds.

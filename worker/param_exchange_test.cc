@@ -333,6 +333,58 @@ TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
   EXPECT_EQ(shard.pushes(), before + 1);
 }
 
+// A step stopped after its first message went: by default the rest are
+// given up (a part of the step reached the shard); with push_cancelled (a
+// draining worker's exchange) every message is still pushed, and only the
+// wait for the parameters is given up, so the shard counts the whole step.
+TEST(ParameterExchangeTest, AStoppedStepIsPushedWholeWherePushesGoOn) {
+  JobSpec spec = SmallSpec();
+  spec.set_num_shards(1);
+  auto params = ValidateJobSpec(spec);
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto placed = PlacePartitions(*params, 1, spec.partition_bytes());
+  ASSERT_TRUE(placed.ok());
+  for (const bool pushes_go_on : {false, true}) {
+    SCOPED_TRACE(pushes_go_on ? "pushes go on" : "pushes stop");
+    ParameterStore store;
+    ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
+    CountingShard shard(&store);
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = "w";
+    options.incarnation = 1;
+    options.message_bytes = 1024;  // One partition a message.
+    if (pushes_go_on) options.push_cancelled = [] { return false; };
+    ParameterExchange exchange(options, *placed, {&shard});
+    std::vector<std::vector<float>> grads, values;
+    std::vector<const float*> g;
+    std::vector<float*> v;
+    for (const ParamInfo& p : *params) {
+      grads.emplace_back(p.num_elements, 0.1f);
+      values.emplace_back(p.num_elements);
+      g.push_back(grads.back().data());
+      v.push_back(values.back().data());
+    }
+    std::atomic<bool> stopped{false};
+    exchange.BeginPushPull(0, g, 0, 0, v, [&stopped] { return stopped.load(); });
+    exchange.GradientReady(1, [] { return absl::OkStatus(); });
+    for (int i = 0; i < 1000 && shard.pushes() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+    ASSERT_EQ(shard.pushes(), 1);
+    stopped.store(true);
+    exchange.GradientReady(0, [] { return absl::OkStatus(); });
+    EXPECT_EQ(exchange.FinishPushPull().code(), absl::StatusCode::kCancelled);
+    const std::vector<int64_t> steps = store.WorkerSteps("j");
+    ASSERT_EQ(steps.size(), 1u);
+    if (pushes_go_on) {
+      EXPECT_GT(shard.pushes(), 2);  // The weight's 8 KiB in 1 KiB messages too.
+      EXPECT_EQ(steps[0], 1);        // The step, whole.
+    } else {
+      EXPECT_EQ(shard.pushes(), 1);
+      EXPECT_EQ(steps[0], 0);  // A part of it.
+    }
+  }
+}
+
 TEST(ParameterExchangeTest, TimedOutPushPullFinishesWithoutApplyingTwice) {
   int duplicates = 0;
   const std::vector<float> separate = Train(Transport::kClean, false, &duplicates);

@@ -131,7 +131,7 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
   const absl::Duration timeout = next_ != nullptr ? options_.pull_timeout : options_.push_timeout;
   Payload pulled;
   PullResponse response;
-  RETURN_IF_ERROR(CallShardWithRetries(
+  const absl::Status exchanged = CallShardWithRetries(
       absl::StrCat("exchanging sparse rows with shard ", s), absl::Now() + timeout,
       options_.pull_slice, cancelled_, [&](absl::Time deadline) -> absl::Status {
         if (pushed_ != nullptr && next_ != nullptr) {
@@ -144,7 +144,17 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
         absl::StatusOr<PullResponse> answer = shards_[s]->Pull(pull, deadline, &pulled);
         if (answer.ok()) response = *std::move(answer);
         return answer.status();
-      }));
+      });
+  if (absl::IsCancelled(exchanged) && pushed_ != nullptr && options_.push_cancelled &&
+      !options_.push_cancelled()) {
+    // Stopping where pushes go on (ExchangeOptions::push_cancelled): the
+    // step's rows still go, the same request (applied once), alone.
+    RETURN_IF_ERROR(CallShardWithRetries(
+        absl::StrCat("pushing sparse rows to shard ", s), absl::Now() + options_.push_timeout,
+        options_.pull_slice, options_.push_cancelled,
+        [&](absl::Time) { return shards_[s]->Push(push, push_payload).status(); }));
+  }
+  RETURN_IF_ERROR(exchanged);
   if (next_ == nullptr) return absl::OkStatus();
   // The rows, table after table, as asked.
   if (response.sparse_size() != tables) {

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/binary_metrics.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -99,6 +101,16 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
     exchange.reduced_tensors = model.reduced_weight_params();
     exchange.reduced_dtype = model.precision() == FP16 ? WireDtype::kFloat16 : WireDtype::kBfloat16;
   }
+  // A shutdown (drain) stops the waits but not a push under way: the rank's
+  // step reaches every shard or none.
+  exchange.push_cancelled = [this] { return abandoned_.load() || job_ended_.load(); };
+  const std::vector<std::string> stall = absl::StrSplit(options_.testing_stall_mid_push, ':');
+  int rank = 0;
+  int64_t step = 0;
+  if (stall.size() == 3 && stall[0] == task_.job_id() && absl::SimpleAtoi(stall[1], &rank) &&
+      rank == task_.rank() && absl::SimpleAtoi(stall[2], &step) && !task_.has_join()) {
+    exchange.testing_stall_step = step;
+  }
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small
   // partitions then costs a few exchanges per step, not one per partition.
@@ -120,6 +132,7 @@ void JobTrainer::Cancel(std::string why) {
     absl::MutexLock lock(&cancel_mu_);
     if (cancel_why_.empty()) cancel_why_ = std::move(why);
   }
+  abandoned_.store(true);
   cancelled_.store(true);
 }
 

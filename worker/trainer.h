@@ -74,6 +74,10 @@ struct TrainerOptions {
   // runs a job again in the same attempt (it took a rank over) numbers its
   // requests above its earlier runs', which the shards remember.
   int64_t run_index = 0;
+  // Testing only (--testing_stall_mid_push): "JOB:RANK:STEP" stalls that
+  // rank's push of that step after shard 0 (ExchangeOptions::
+  // testing_stall_step), except in a run that took the rank over.
+  std::string testing_stall_mid_push;
   // Each step's push and pull overlap its backward pass (message by
   // message as the gradients come out; ParameterExchange::BeginPushPull);
   // false: the step's exchange starts after backward (the serial path).
@@ -147,9 +151,10 @@ class JobTrainer {
   // Steps completed (pushed) so far.
   int64_t steps_completed() const { return steps_completed_.load(); }
   bool cancelled() const { return cancelled_.load(); }
-  // The worker process is exiting (SIGTERM): finish the step under way,
-  // then hand the rank back to the coordinator (drained), which gives it
-  // to another worker while the job goes on.
+  // The worker process is exiting (SIGTERM): finish the step under way
+  // (its push reaches every shard, whole; the next step's parameters are
+  // not waited for), then hand the rank back to the coordinator (drained),
+  // which gives it to another worker while the job goes on.
   void Shutdown() {
     shutting_down_.store(true);
     cancelled_.store(true);
@@ -291,6 +296,10 @@ class JobTrainer {
   std::atomic<bool> evaluated_{false};
   int64_t checkpoint_taken_ms_ = 0;  // The request the last checkpoint answered.
   std::atomic<bool> cancelled_{false};
+  // Cancel was called: the run is no longer the rank's, and even a push
+  // under way is given up (a shutdown sets only cancelled_: the step it
+  // computed is pushed whole; ExchangeOptions::push_cancelled).
+  std::atomic<bool> abandoned_{false};
   absl::Mutex cancel_mu_;
   std::string cancel_why_ ABSL_GUARDED_BY(cancel_mu_);  // Cancel's.
   // The coordinator answered a report: the job is no longer running (or

@@ -345,8 +345,25 @@ absl::Status JobTrainer::StartLoop(RunState* run) {
   // A joining run does not wait for SSP's bound on its first pull: a shard
   // restored mid-run counts every rank's steps from its checkpoint until
   // each pushes again.
-  return PullParameters(run->model.get(), MinVersion(run->first_step),
-                        task_.has_join() ? 0 : MinWorkerSteps(run->first_step));
+  if (task_.has_join() && consistency.mode() == ConsistencySpec::SYNC) {
+    // The rank's worker may have been lost between its pushes of the step
+    // to two partitions, one of which completed it: the step is computed
+    // again from the parameters it was computed from, every partition's of
+    // that version exactly (a partition keeps its previous version until
+    // the step after it is pushed there), as a clean run computes it.
+    const absl::Status exact =
+        exchange_->Pull(MinVersion(run->first_step), 0, run->model_params, stopped_,
+                        /*exact_version=*/true);
+    if (!absl::IsFailedPrecondition(exact)) return exact;
+    // The job went on without the rank meanwhile (it was given up, then
+    // taken over): the run joins at the partitions' step, as CatchUp does.
+    Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(),
+                     " (taken over): ", exact.message(), "; joining at the partitions' step"));
+  }
+  RETURN_IF_ERROR(PullParameters(run->model.get(), MinVersion(run->first_step),
+                                 task_.has_join() ? 0 : MinWorkerSteps(run->first_step)));
+  if (task_.has_join()) run->pulled_version = exchange_->min_pulled_version();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> JobTrainer::CatchUp(int64_t step, RunState* run) {
