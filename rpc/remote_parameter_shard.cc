@@ -406,10 +406,12 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
     }
   }
   // A segment too small for what this client exchanges is replaced: the next
-  // call opens a stream with a larger one.
-  const bool outgrown = stream->has_segment() &&
-                        (stream->push_area() < largest_push_.load(std::memory_order_relaxed) ||
-                         stream->pull_area() < largest_pull_.load(std::memory_order_relaxed));
+  // call opens a stream with a larger one (up to the largest message).
+  const int64_t cap = RoundUpToPage(options_.max_message_bytes);
+  const bool outgrown =
+      stream->has_segment() &&
+      (stream->push_area() < std::min(cap, largest_push_.load(std::memory_order_relaxed)) ||
+       stream->pull_area() < std::min(cap, largest_pull_.load(std::memory_order_relaxed)));
   const bool broken = stream->broken();
   if (!broken && !outgrown) {
     absl::MutexLock lock(&streams_mu_);

@@ -36,7 +36,7 @@ using ::testing::StartsWith;
 constexpr char kJob[] = "job-1";
 
 // Tensor 0 is bn/gamma: 4 ones, in partitions 0/0 [0, 2) and 0/1 [2, 4).
-JobSpec Spec(ConsistencySpec::Mode mode, int num_workers) {
+JobSpec Spec(ConsistencySpec::Mode mode, int num_workers, int inputs = 4) {
   JobSpec spec;
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
       R"pb(
@@ -54,6 +54,8 @@ JobSpec Spec(ConsistencySpec::Mode mode, int num_workers) {
         steps: 10
       )pb",
       &spec));
+  spec.mutable_model()->set_input_shape(0, inputs);
+  spec.mutable_model()->set_num_classes(inputs);
   spec.set_num_workers(num_workers);
   spec.set_seed(3);
   spec.mutable_consistency()->set_mode(mode);
@@ -483,6 +485,46 @@ TEST_F(PsServiceTest, StreamedPushPullMovesItsBytesThroughSharedMemory) {
   // The stream's end unmaps the segment.
   shm.reset();
   EXPECT_TRUE(service_.shared_segments().AwaitSegments(0, absl::Seconds(10)));
+}
+
+TEST_F(PsServiceTest, ASegmentTooSmallForAPushIsReplacedByALargerOne) {
+  // bn/gamma of 2050 elements: partition 0 [0, 2), partition 1 [2, 2050).
+  std::vector<PartitionPlacement> placements = Placements();
+  placements[1].set_num_elements(2048);
+  for (const char* job : {"shm", "wire"}) {
+    ASSERT_TRUE(store_.AddJob(job, Spec(ConsistencySpec::ASYNC, 1, 2050), 0, placements).ok());
+  }
+  RemoteParameterShard::Options wire_options;
+  wire_options.use_shared_memory = false;
+  auto wire = RemoteParameterShard::Create(address_, wire_options);
+  const std::vector<float> small = {1.f, 2.f};
+  const std::vector<float> large(2048, 0.5f);
+  std::string pulled[2];
+  for (RemoteParameterShard* shard : {shard_.get(), wire.get()}) {
+    const std::string job = shard == wire.get() ? "wire" : "shm";
+    PullRequest pull;
+    pull.set_job_id(job);
+    // A small push first (the segment is sized for it), then large ones.
+    int64_t seq = 0;
+    for (const std::vector<float>* grad : {&small, &large, &large}) {
+      const PushRequest push = MakePush(job, 0, ++seq, 0, grad == &small ? 0 : 1, *grad);
+      Payload grads, params;
+      grads.Append(push.payload().data(), push.payload().size());
+      absl::StatusOr<PushPullResponse> result =
+          shard->PushPull(push, grads, pull, absl::Now() + absl::Seconds(10), &params);
+      ASSERT_TRUE(result.ok()) << result.status();
+      pulled[shard == wire.get()] = params.ToString();
+    }
+  }
+  EXPECT_EQ(pulled[0], pulled[1]);
+  EXPECT_EQ(pulled[0].size(), 2050 * sizeof(float));
+  // The second push did not fit the first segment and went in its message;
+  // the third went through a new, larger one. Every pull fit.
+  const RemoteParameterShard::SharedMemoryStats stats = shard_->shared_memory_stats();
+  EXPECT_EQ(stats.segments, 2);
+  EXPECT_EQ(stats.push_bytes, (2 + 2048) * sizeof(float));
+  EXPECT_EQ(stats.pull_bytes, 3 * 2050 * sizeof(float));
+  EXPECT_TRUE(service_.shared_segments().AwaitSegments(1, absl::Seconds(10)));
 }
 
 TEST_F(PsServiceTest, APulledPayloadStillHeldKeepsItsBytes) {
