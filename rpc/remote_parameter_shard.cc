@@ -353,7 +353,11 @@ absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterSha
       shared_memory_refused_.store(true, std::memory_order_relaxed);
       ReportTransport(absl::StrCat("shared memory not used (", attached.message(),
                                    "); tensors go over the connection"));
-    } else if (!absl::IsResourceExhausted(attached)) {
+    } else if (absl::IsResourceExhausted(attached)) {
+      // This process has as many segments mapped there as the shard allows.
+      ReportTransport(absl::StrCat("shared memory not used for now (", attached.message(),
+                                   "); tensors go over the connection"));
+    } else {
       // The shard is not answering: the exchange fails as it would have.
       return attached;
     }

@@ -552,30 +552,71 @@ TEST_F(PsServiceTest, APulledPayloadStillHeldKeepsItsBytes) {
   EXPECT_EQ(shard_->shared_memory_stats().push_bytes, 3 * 8);
 }
 
-TEST_F(PsServiceTest, AShardWithSharedMemoryOffIsAskedOnceAndServesOverTheConnection) {
+// A second shard server in this process, with its own options.
+struct OtherShard {
+  explicit OtherShard(ParameterServerService::Options options) : service(&store, options) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    address = absl::StrCat("127.0.0.1:", port);
+  }
+  ~OtherShard() { server->Shutdown(std::chrono::system_clock::now()); }
+
   ParameterStore store;
+  ParameterServerService service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+};
+
+TEST_F(PsServiceTest, AShardWithSharedMemoryOffIsAskedOnceAndServesOverTheConnection) {
   ParameterServerService::Options options;
   options.shared_memory = false;
-  ParameterServerService service(&store, options);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  ASSERT_TRUE(store.AddJob("off", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
+  OtherShard off(options);
+  ASSERT_NE(off.server, nullptr);
+  ASSERT_TRUE(off.store.AddJob("off", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   ASSERT_TRUE(store_.AddJob("on", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   std::vector<std::string> said;
   RemoteParameterShard::Options client_options;
   client_options.log = [&said](const std::string& line) { said.push_back(line); };
-  auto shard = RemoteParameterShard::Create(absl::StrCat("127.0.0.1:", port), client_options);
+  auto shard = RemoteParameterShard::Create(off.address, client_options);
   EXPECT_EQ(Steps(shard.get(), "off", 3), Steps(shard_.get(), "on", 3));
   EXPECT_EQ(shard->shared_memory_stats().segments, 0);
   EXPECT_EQ(shard->shared_memory_stats().push_bytes, 0);
-  EXPECT_EQ(service.shared_segments().segments(), 0);
+  EXPECT_EQ(off.service.shared_segments().segments(), 0);
   EXPECT_THAT(said, ::testing::ElementsAre(AllOf(HasSubstr("shared memory not used"),
                                                  HasSubstr("shared memory is off"))));
-  server->Shutdown(std::chrono::system_clock::now());
+}
+
+TEST_F(PsServiceTest, StreamsPastTheShardsBoundPerWorkerGoOverTheConnection) {
+  ParameterServerService::Options options;
+  options.max_segments_per_worker = 1;
+  OtherShard bounded(options);
+  ASSERT_NE(bounded.server, nullptr);
+  for (const char* job : {"first", "second"}) {
+    ASSERT_TRUE(bounded.store.AddJob(job, Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
+  }
+  ASSERT_TRUE(store_.AddJob("alone", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
+  // Two clients in one process: one worker process to the shard.
+  std::vector<std::string> said;
+  RemoteParameterShard::Options client_options;
+  client_options.log = [&said](const std::string& line) { said.push_back(line); };
+  auto first = RemoteParameterShard::Create(bounded.address);
+  auto second = RemoteParameterShard::Create(bounded.address, client_options);
+  const std::vector<std::string> expected = Steps(shard_.get(), "alone", 3);
+  EXPECT_EQ(Steps(first.get(), "first", 3), expected);
+  EXPECT_EQ(Steps(second.get(), "second", 3), expected);
+  EXPECT_EQ(first->shared_memory_stats().segments, 1);
+  EXPECT_EQ(second->shared_memory_stats().segments, 0);
+  EXPECT_EQ(bounded.service.shared_segments().segments(), 1);
+  EXPECT_THAT(said, ::testing::ElementsAre(HasSubstr("has 1 shared memory segments")));
+  // Once the first one's stream is gone, a new stream of the second maps one.
+  first.reset();
+  ASSERT_TRUE(bounded.service.shared_segments().AwaitSegments(0, absl::Seconds(10)));
+  auto third = RemoteParameterShard::Create(bounded.address);
+  Steps(third.get(), "second", 1);
+  EXPECT_EQ(third->shared_memory_stats().segments, 1);
 }
 
 // /PushPullSharedMemoryStream driven by hand, as a worker that breaks its
