@@ -343,11 +343,12 @@ std::string ToJson(const BenchResult& r) {
       "\"rtt_p50_us\": %.0f, \"rtt_p99_us\": %.0f, \"raw_rtt_p50_us\": %.0f, "
       "\"raw_rtt_p99_us\": %.0f, \"naive_rtt_p50_us\": %.0f, \"apply_gbps\": %.3f, "
       "\"memcpy_gbps\": %.3f, \"apply_1t_gbps\": %.3f, \"memcpy_1t_gbps\": %.3f, "
-      "\"max_abs_diff_vs_local\": %g}",
+      "\"max_abs_diff_vs_local\": %g, \"transport\": \"%s\", \"wire_gbps\": %.3f, "
+      "\"wire_rtt_p50_us\": %.0f}",
       r.config.size_bytes, r.config.workers, r.config.shards, r.config.steps, r.raw_tcp_gbps,
       r.naive_grpc_gbps, r.downpour_gbps, r.rtt_p50_us, r.rtt_p99_us, r.raw_rtt_p50_us,
       r.raw_rtt_p99_us, r.naive_rtt_p50_us, r.apply_gbps, r.memcpy_gbps, r.apply_1t_gbps,
-      r.memcpy_1t_gbps, r.max_abs_diff_vs_local);
+      r.memcpy_1t_gbps, r.max_abs_diff_vs_local, r.transport, r.wire_gbps, r.wire_rtt_p50_us);
 }
 
 int DefaultSteps(int64_t size_bytes, int workers) {
@@ -482,6 +483,7 @@ absl::StatusOr<std::unique_ptr<TransportBench>> TransportBench::Start(const Opti
   BenchCluster::Options cluster;
   cluster.shards = options.max_shards;
   cluster.workers = options.max_workers;
+  if (!options.shared_memory) cluster.shard_flags.push_back("--shared_memory=false");
   ASSIGN_OR_RETURN(bench->state_->cluster, BenchCluster::Start(cluster));
   return bench;
 }
@@ -515,65 +517,95 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
   const std::vector<PartitionPlacement> placement(tasks[0].placement().partitions().begin(),
                                                   tasks[0].placement().partitions().end());
 
-  std::vector<std::vector<double>> rtts(config.workers);
-  std::vector<absl::Status> errors(config.workers);
-  std::vector<std::vector<float>> final_params(config.workers);
-  auto make_exchange = [&](const Task& task, std::vector<ParameterShard*> shards) {
+  auto make_exchange = [&](const Task& task, std::vector<ParameterShard*> shards, int incarnation) {
     ExchangeOptions options;
     options.job_id = job_id;
     options.rank = task.rank();
     options.worker_id = absl::StrCat("bench-worker-rank-", task.rank());
-    options.incarnation = 1;
+    options.incarnation = incarnation;
     options.pull_timeout = absl::Seconds(60);
     if (options_.message_bytes > 0) options.message_bytes = options_.message_bytes;
     return std::make_unique<ParameterExchange>(options, placement, std::move(shards));
   };
   auto never = [] { return false; };
-  // Every worker's shards are connected and the job hosted before timing.
-  std::vector<std::vector<std::unique_ptr<RemoteParameterShard>>> remotes(config.workers);
-  std::vector<std::unique_ptr<ParameterExchange>> exchanges;
   std::vector<std::vector<float>> grads, pulled;
   for (int w = 0; w < config.workers; ++w) {
-    std::vector<ParameterShard*> shards;
-    for (const std::string& address : tasks[w].shard_addresses()) {
-      RemoteParameterShard::Options remote_options;
-      remote_options.use_streams = options_.streams;
-      remotes[w].push_back(RemoteParameterShard::Create(address, remote_options));
-      shards.push_back(remotes[w].back().get());
-    }
-    exchanges.push_back(make_exchange(tasks[w], shards));
     grads.push_back(Gradient(total, w));
     pulled.emplace_back(total);
-    RETURN_IF_ERROR(exchanges[w]->Pull(0, 0, TensorPointers(params, pulled[w].data()), never));
   }
-  const absl::Duration wall = RunWorkers(config.workers, [&](int w) {
-    const auto grad_ptrs = TensorPointers<const float>(params, grads[w].data());
-    const auto param_ptrs = TensorPointers(params, pulled[w].data());
-    for (int i = -1; i < config.steps; ++i) {  // Step -1 is the warm-up.
-      const absl::Time t0 = absl::Now();
-      absl::Status s;
-      if (options_.push_pull) {
-        s = exchanges[w]->PushPull(i + 1, grad_ptrs, 0, 0, param_ptrs, never);
-      } else {
-        s = exchanges[w]->Push(i + 1, grad_ptrs);
-        if (s.ok()) s = exchanges[w]->Pull(0, 0, param_ptrs, never);
+  // One timed pass of every worker's steps, its tensor bytes through shared
+  // memory or not; `incarnation` numbers the pass (a later pass's requests
+  // are new to the shards).
+  struct Pass {
+    Timing timing;
+    int64_t segment_bytes = 0;
+  };
+  auto run_pass = [&](bool shared_memory, int incarnation) -> absl::StatusOr<Pass> {
+    std::vector<std::vector<double>> rtts(config.workers);
+    std::vector<absl::Status> errors(config.workers);
+    // Every worker's shards are connected and the job hosted before timing.
+    std::vector<std::vector<std::unique_ptr<RemoteParameterShard>>> remotes(config.workers);
+    std::vector<std::unique_ptr<ParameterExchange>> exchanges;
+    for (int w = 0; w < config.workers; ++w) {
+      std::vector<ParameterShard*> shards;
+      for (const std::string& address : tasks[w].shard_addresses()) {
+        RemoteParameterShard::Options remote_options;
+        remote_options.use_streams = options_.streams;
+        remote_options.use_shared_memory = shared_memory;
+        remotes[w].push_back(RemoteParameterShard::Create(address, remote_options));
+        shards.push_back(remotes[w].back().get());
       }
-      if (!s.ok()) {
-        errors[w] = s;
-        return;
-      }
-      if (i >= 0) rtts[w].push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+      exchanges.push_back(make_exchange(tasks[w], shards, incarnation));
+      RETURN_IF_ERROR(exchanges[w]->Pull(0, 0, TensorPointers(params, pulled[w].data()), never));
     }
-  });
-  for (const absl::Status& s : errors) {
-    if (!s.ok()) return s;
+    const absl::Duration wall = RunWorkers(config.workers, [&](int w) {
+      const auto grad_ptrs = TensorPointers<const float>(params, grads[w].data());
+      const auto param_ptrs = TensorPointers(params, pulled[w].data());
+      for (int i = -1; i < config.steps; ++i) {  // Step -1 is the warm-up.
+        const absl::Time t0 = absl::Now();
+        absl::Status s;
+        if (options_.push_pull) {
+          s = exchanges[w]->PushPull(i + 1, grad_ptrs, 0, 0, param_ptrs, never);
+        } else {
+          s = exchanges[w]->Push(i + 1, grad_ptrs);
+          if (s.ok()) s = exchanges[w]->Pull(0, 0, param_ptrs, never);
+        }
+        if (!s.ok()) {
+          errors[w] = s;
+          return;
+        }
+        if (i >= 0) rtts[w].push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+      }
+    });
+    for (const absl::Status& s : errors) {
+      if (!s.ok()) return s;
+    }
+    Pass pass;
+    BenchConfig counted = config;
+    counted.steps += 1;
+    pass.timing = Summarise(counted, wall, rtts);
+    for (const auto& of_worker : remotes) {
+      for (const auto& remote : of_worker) {
+        const RemoteParameterShard::SharedMemoryStats stats = remote->shared_memory_stats();
+        pass.segment_bytes += stats.push_bytes + stats.pull_bytes;
+      }
+    }
+    return pass;
+  };
+  // Over the wire; then, with shared memory on, the same steps through it.
+  const int passes = options_.shared_memory ? 2 : 1;
+  for (int p = 0; p < passes; ++p) {
+    const bool shared_memory = p == 1;
+    ASSIGN_OR_RETURN(const Pass pass, run_pass(shared_memory, /*incarnation=*/p + 1));
+    if (!shared_memory) {
+      result.wire_gbps = pass.timing.gbps;
+      result.wire_rtt_p50_us = pass.timing.p50_us;
+    }
+    result.downpour_gbps = pass.timing.gbps;
+    result.rtt_p50_us = pass.timing.p50_us;
+    result.rtt_p99_us = pass.timing.p99_us;
+    result.transport = pass.segment_bytes > 0 ? "shared_memory" : "wire";
   }
-  BenchConfig counted = config;
-  counted.steps += 1;
-  const Timing ours = Summarise(counted, wall, rtts);
-  result.downpour_gbps = ours.gbps;
-  result.rtt_p50_us = ours.p50_us;
-  result.rtt_p99_us = ours.p99_us;
 
   if (config.workers == 1) {
     // Replay the same pushes on in-process shards and compare.
@@ -584,9 +616,11 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
       RETURN_IF_ERROR(stores.back()->AddJob(job_id, spec, s, placement));
       shards.push_back(stores.back().get());
     }
-    auto local = make_exchange(tasks[0], shards);
+    auto local = make_exchange(tasks[0], shards, 1);
     const auto grad_ptrs = TensorPointers<const float>(params, grads[0].data());
-    for (int i = -1; i < config.steps; ++i) RETURN_IF_ERROR(local->Push(i + 1, grad_ptrs));
+    for (int p = 0; p < passes; ++p) {
+      for (int i = -1; i < config.steps; ++i) RETURN_IF_ERROR(local->Push(i + 1, grad_ptrs));
+    }
     std::vector<float> expected(total);
     RETURN_IF_ERROR(local->Pull(0, 0, TensorPointers(params, expected.data()), never));
     double diff = 0;

@@ -41,6 +41,13 @@ struct BenchResult {
   double downpour_gbps = 0;
   double rtt_p50_us = 0;
   double rtt_p99_us = 0;
+  // How Downpour's tensor bytes went: "shared_memory" (segments shared with
+  // the shards, rpc/shared_segment.h) or "wire" (gRPC over loopback TCP).
+  std::string transport;
+  // With shared memory on, the same steps measured over the wire in the same
+  // run (the figures above are then the shared memory's); 0 otherwise.
+  double wire_gbps = 0;
+  double wire_rtt_p50_us = 0;
   // Filled in by the caller from MeasureApply (the same for every line).
   double apply_gbps = 0;
   double memcpy_gbps = 0;
@@ -90,6 +97,11 @@ class TransportBench {
     // PushPull exchanges travel on long-lived streams
     // (RemoteParameterShard::Options::use_streams); false: a unary call each.
     bool streams = true;
+    // Shards map their workers' shared memory segments (downpour-ps
+    // --shared_memory) and each configuration is measured over the wire and
+    // then through shared memory; false: over the wire alone, shards started
+    // with --shared_memory=false.
+    bool shared_memory = true;
     // ExchangeOptions::message_bytes; 0: its default.
     int64_t message_bytes = 0;
   };

@@ -28,6 +28,11 @@ ABSL_FLAG(bool, push_pull, true,
 ABSL_FLAG(int64_t, message_kb, 0, "Largest message of a worker's exchange, KiB (0: the default)");
 ABSL_FLAG(bool, streams, true,
           "Combined push+pull exchanges go over long-lived streams (false: a unary call each)");
+ABSL_FLAG(bool, shared_memory, true,
+          "Also measure Downpour with its tensor bytes through shared memory (the shards map "
+          "segments of the benchmark's workers); each JSON line then says \"transport\": "
+          "\"shared_memory\" with the wire's figures beside (wire_gbps, wire_rtt_p50_us). "
+          "false: over the wire alone, shards started with --shared_memory=false");
 
 namespace downpour {
 namespace bench {
@@ -74,6 +79,7 @@ int Main() {
   options.naive = absl::GetFlag(FLAGS_naive);
   options.push_pull = absl::GetFlag(FLAGS_push_pull);
   options.streams = absl::GetFlag(FLAGS_streams);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.message_bytes = absl::GetFlag(FLAGS_message_kb) << 10;
   auto bench = TransportBench::Start(options);
   if (!bench.ok()) return Fail(bench.status());
@@ -105,15 +111,16 @@ int Main() {
   }
   std::printf(
       "\n| MiB | workers | shards | raw TCP GB/s | naive gRPC GB/s | Downpour GB/s | "
-      "Downpour/raw | Downpour/naive | RTT p50 us | RTT p99 us | raw RTT p50 us |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "Downpour/raw | Downpour/naive | RTT p50 us | RTT p99 us | raw RTT p50 us | transport | "
+      "wire RTT p50 us |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BenchResult& r : results) {
-    std::printf("| %.0f | %d | %d | %.2f | %.2f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f |\n",
-                r.config.size_bytes / double(1 << 20), r.config.workers, r.config.shards,
-                r.raw_tcp_gbps, r.naive_grpc_gbps, r.downpour_gbps,
-                r.downpour_gbps / r.raw_tcp_gbps,
-                r.naive_grpc_gbps > 0 ? r.downpour_gbps / r.naive_grpc_gbps : 0, r.rtt_p50_us,
-                r.rtt_p99_us, r.raw_rtt_p50_us);
+    std::printf(
+        "| %.0f | %d | %d | %.2f | %.2f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f | %s | %.0f |\n",
+        r.config.size_bytes / double(1 << 20), r.config.workers, r.config.shards, r.raw_tcp_gbps,
+        r.naive_grpc_gbps, r.downpour_gbps, r.downpour_gbps / r.raw_tcp_gbps,
+        r.naive_grpc_gbps > 0 ? r.downpour_gbps / r.naive_grpc_gbps : 0, r.rtt_p50_us, r.rtt_p99_us,
+        r.raw_rtt_p50_us, r.transport.c_str(), r.wire_rtt_p50_us);
   }
   return 0;
 }

@@ -1,6 +1,8 @@
 #include "rpc/remote_parameter_shard.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,18 +10,32 @@
 #include "grpcpp/impl/client_unary_call.h"
 #include "grpcpp/support/async_stream.h"
 #include "rpc/grpc_status.h"
+#include "rpc/shared_segment.h"
 
 namespace downpour {
 
-// One open /PushPullStream call with its own completion queue, which the
-// thread making an exchange polls itself (no hand-off to gRPC's threads).
-// Thread-compatible: one exchange at a time. Once an exchange fails the
-// stream is broken() and only good for destruction, which cancels the call
-// and waits for its pending operations.
+// One open /PushPullStream (or /PushPullSharedMemoryStream) call with its
+// own completion queue, which the thread making an exchange polls itself (no
+// hand-off to gRPC's threads). Thread-compatible: one exchange at a time.
+// Once an exchange fails the stream is broken() and only good for
+// destruction, which cancels the call and waits for its pending operations.
+//
+// A stream with a segment lays it out as [header][push area][pull area]. The
+// push area is rewritten only after the shard has answered the exchange
+// that read it; the pull area is offered to the shard only while no pull
+// payload handed out before points into it. A broken stream's segment is
+// never written again (the shard may still be reading or writing it), only
+// unmapped once the last payload into it is gone.
 class RemoteParameterShard::Stream {
  public:
-  Stream(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method)
-      : context_(std::make_unique<grpc::ClientContext>()) {
+  Stream(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
+         std::shared_ptr<SharedSegment> segment = nullptr, int64_t push_area = 0)
+      : context_(std::make_unique<grpc::ClientContext>()), segment_(std::move(segment)) {
+    if (segment_ != nullptr) {
+      push_area_ = push_area;
+      pull_offset_ = SharedSegment::kHeaderBytes + push_area;
+      pull_area_ = segment_->size() - pull_offset_;
+    }
     // The call's metadata goes out with the first exchange (starting it
     // apart would use the write's operation slot, and cost a wait).
     context_->set_initial_metadata_corked(true);
@@ -43,6 +59,98 @@ class RemoteParameterShard::Stream {
   }
 
   bool broken() const { return broken_; }
+  bool has_segment() const { return segment_ != nullptr; }
+  int64_t push_area() const { return push_area_; }
+  int64_t pull_area() const { return pull_area_; }
+
+  // The first message of a shared-memory stream: the shard maps the segment
+  // or ends the stream saying why not.
+  absl::Status Attach(absl::Time deadline) {
+    PushPullStreamRequest header;
+    *header.mutable_attach() = segment_->attach();
+    TensorMessage request, response;
+    request.header = header.SerializeAsString();
+    RETURN_IF_ERROR(Exchange(request, deadline, &response));
+    PushPullStreamResponse answer;
+    if (!answer.ParseFromString(response.header)) {
+      broken_ = true;
+      return absl::InternalError("malformed answer to a shared memory segment's attach");
+    }
+    if (answer.code() != 0) {
+      broken_ = true;
+      return absl::Status(static_cast<absl::StatusCode>(answer.code()), answer.message());
+    }
+    return absl::OkStatus();
+  }
+
+  // One push-pull. The push's bytes go through the segment when there is
+  // one and they fit, the pull's come back through it when they fit and the
+  // pull area is free; `*segment_push_bytes` and `*segment_pull_bytes` say
+  // how many did. An error the shard answered (the stream stays usable) is
+  // returned as the unary call's status would be.
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
+                                            const PullRequest& pull, absl::Time deadline,
+                                            Payload* pull_payload, int64_t* segment_push_bytes,
+                                            int64_t* segment_pull_bytes) {
+    *segment_push_bytes = *segment_pull_bytes = 0;
+    PushPullStreamRequest header;
+    *header.mutable_exchange()->mutable_push() = push;
+    *header.mutable_exchange()->mutable_pull() = pull;
+    header.set_timeout_us(std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
+    TensorMessage request, reply;
+    int64_t pull_capacity = 0;
+    if (segment_ != nullptr) {
+      SharedSegmentExchange* place = header.mutable_segment();
+      const int64_t push_bytes = static_cast<int64_t>(push_payload.size());
+      if (push_bytes <= push_area_) {
+        char* out = segment_->data() + SharedSegment::kHeaderBytes;
+        for (const Payload::Piece& piece : push_payload.pieces()) {
+          std::memcpy(out, piece.data, piece.size);
+          out += piece.size;
+        }
+        place->set_push_in_segment(true);
+        place->set_push_offset(SharedSegment::kHeaderBytes);
+        place->set_push_bytes(push_bytes);
+        *segment_push_bytes = push_bytes;
+      } else {
+        request.payload = push_payload;
+      }
+      if (pull_lease_.expired()) pull_capacity = pull_area_;
+      place->set_pull_offset(pull_offset_);
+      place->set_pull_capacity(pull_capacity);
+    } else {
+      request.payload = push_payload;
+    }
+    request.header = header.SerializeAsString();
+    RETURN_IF_ERROR(Exchange(request, deadline, &reply));
+    PushPullStreamResponse answer;
+    if (!answer.ParseFromString(reply.header)) {
+      return absl::InternalError("malformed PushPullStreamResponse");
+    }
+    if (answer.code() != 0) {
+      const grpc::Status error(static_cast<grpc::StatusCode>(answer.code()), answer.message(),
+                               answer.details());
+      return FromGrpcStatus(error);
+    }
+    if (answer.segment().pull_in_segment()) {
+      const int64_t bytes = answer.segment().pull_bytes();
+      if (pull_capacity == 0 || bytes < 0 || bytes > pull_capacity || reply.payload.size() != 0) {
+        broken_ = true;
+        return absl::InternalError(absl::StrCat(
+            "the shard answered ", bytes, " bytes in a shared memory area of ", pull_capacity));
+      }
+      // The payload keeps the mapping, and the pull area out of the next
+      // exchanges, for as long as the caller holds it.
+      auto lease = std::make_shared<std::shared_ptr<SharedSegment>>(segment_);
+      pull_lease_ = lease;
+      *pull_payload = Payload();
+      pull_payload->Append(segment_->data() + pull_offset_, bytes, std::move(lease));
+      *segment_pull_bytes = bytes;
+    } else {
+      *pull_payload = std::move(reply.payload);
+    }
+    return std::move(*answer.mutable_exchange());
+  }
 
   // Sends `request` and waits until `deadline` for its answer.
   absl::Status Exchange(const TensorMessage& request, absl::Time deadline,
@@ -116,7 +224,40 @@ class RemoteParameterShard::Stream {
   bool pending_[kNumOps] = {};
   bool broken_ = false;
   bool finished_ = false;
+  // Null on a stream without shared memory.
+  const std::shared_ptr<SharedSegment> segment_;
+  int64_t push_area_ = 0;  // At kHeaderBytes.
+  int64_t pull_offset_ = 0;
+  int64_t pull_area_ = 0;
+  // Held by the last pull payload handed out from the pull area.
+  std::weak_ptr<std::shared_ptr<SharedSegment>> pull_lease_;
 };
+
+namespace {
+
+constexpr int64_t kPage = 4096;
+// The smallest pull area of a new segment.
+constexpr int64_t kMinPullArea = 64 << 10;
+
+int64_t RoundUpToPage(int64_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+// A refusal (another host or user, an older shard, shared memory off, a
+// segment the shard would not map) rather than a passing failure: the client
+// stops asking.
+bool IsRefusal(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kAborted:
+      return false;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
 
 std::unique_ptr<RemoteParameterShard> RemoteParameterShard::Create(const std::string& address,
                                                                    const Options& options) {
@@ -156,14 +297,79 @@ RemoteParameterShard::RemoteParameterShard(std::string address,
         grpc::internal::RpcMethod(kPullMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel),
         grpc::internal::RpcMethod(kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel),
         grpc::internal::RpcMethod(kPushPullStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
-                                  channel)}));
+                                  channel),
+        grpc::internal::RpcMethod(kPushPullSharedMemoryStreamMethod,
+                                  grpc::internal::RpcMethod::BIDI_STREAMING, channel)}));
   }
 }
 
 RemoteParameterShard::~RemoteParameterShard() = default;
 
-absl::Status RemoteParameterShard::StreamCall(const TensorMessage& request, absl::Time deadline,
-                                              TensorMessage* response) {
+RemoteParameterShard::SharedMemoryStats RemoteParameterShard::shared_memory_stats() const {
+  SharedMemoryStats stats;
+  stats.segments = segments_attached_.load(std::memory_order_relaxed);
+  stats.push_bytes = segment_push_bytes_.load(std::memory_order_relaxed);
+  stats.pull_bytes = segment_pull_bytes_.load(std::memory_order_relaxed);
+  return stats;
+}
+
+void RemoteParameterShard::ReportTransport(const std::string& message) {
+  if (options_.log && !transport_reported_.exchange(true)) {
+    options_.log(absl::StrCat("shard ", address_, ": ", message));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterShard::OpenStream(
+    int64_t push_bytes, absl::Time deadline) {
+  Connection& c =
+      *connections_[next_.fetch_add(1, std::memory_order_relaxed) % connections_.size()];
+  if (!options_.use_shared_memory) {
+    ReportTransport("shared memory off; tensors go over the connection");
+  } else if (!shared_memory_refused_.load(std::memory_order_relaxed)) {
+    // Sized for the largest exchange seen; a pull is guessed at twice the
+    // push (half-width gradients, full-width parameters) until one is seen.
+    const int64_t cap = RoundUpToPage(options_.max_message_bytes);
+    const int64_t push_area = std::min(
+        cap, RoundUpToPage(std::max(push_bytes, largest_push_.load(std::memory_order_relaxed))));
+    const int64_t pull_area =
+        std::min(cap, RoundUpToPage(std::max({largest_pull_.load(std::memory_order_relaxed),
+                                              2 * push_bytes, kMinPullArea})));
+    absl::Status attached;
+    absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
+        SharedSegment::Create(SharedSegment::kHeaderBytes + push_area + pull_area);
+    if (segment.ok()) {
+      auto stream = std::make_unique<Stream>(c.channel.get(), c.push_pull_shared_memory_stream,
+                                             *std::move(segment), push_area);
+      attached = stream->Attach(deadline);
+      if (attached.ok()) {
+        segments_attached_.fetch_add(1, std::memory_order_relaxed);
+        ReportTransport("tensors go through shared memory (same host)");
+        return stream;
+      }
+    } else {
+      attached = segment.status();
+    }
+    if (IsRefusal(attached)) {
+      shared_memory_refused_.store(true, std::memory_order_relaxed);
+      ReportTransport(absl::StrCat("shared memory not used (", attached.message(),
+                                   "); tensors go over the connection"));
+    } else if (absl::IsResourceExhausted(attached)) {
+      // This process has as many segments mapped there as the shard allows.
+      ReportTransport(absl::StrCat("shared memory not used for now (", attached.message(),
+                                   "); tensors go over the connection"));
+    } else {
+      // The shard is not answering: the exchange fails as it would have.
+      return attached;
+    }
+  }
+  return std::make_unique<Stream>(c.channel.get(), c.push_pull_stream);
+}
+
+absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
+    const PushRequest& push, const Payload& push_payload, const PullRequest& pull,
+    absl::Time deadline, Payload* pull_payload, bool* unsupported) {
+  *unsupported = false;
+  const int64_t push_bytes = static_cast<int64_t>(push_payload.size());
   std::unique_ptr<Stream> stream;
   {
     absl::MutexLock lock(&streams_mu_);
@@ -173,26 +379,54 @@ absl::Status RemoteParameterShard::StreamCall(const TensorMessage& request, absl
     }
   }
   const bool reused = stream != nullptr;
-  auto open = [this] {
-    Connection& c =
-        *connections_[next_.fetch_add(1, std::memory_order_relaxed) % connections_.size()];
-    return std::make_unique<Stream>(c.channel.get(), c.push_pull_stream);
-  };
-  if (!reused) stream = open();
-  absl::Status status = stream->Exchange(request, deadline, response);
-  if (!status.ok() && reused && absl::IsUnavailable(status) && absl::Now() < deadline) {
+  absl::StatusOr<PushPullResponse> result = absl::UnavailableError("no stream");
+  int64_t via_push = 0, via_pull = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (stream == nullptr) {
+      absl::StatusOr<std::unique_ptr<Stream>> opened = OpenStream(push_bytes, deadline);
+      if (!opened.ok()) return Annotate(opened.status(), absl::StrCat("shard ", address_));
+      stream = *std::move(opened);
+    }
+    result =
+        stream->PushPull(push, push_payload, pull, deadline, pull_payload, &via_push, &via_pull);
     // An idle stream whose connection went away (a restarted shard): once
     // more on a new one. The push keeps its request id, so it is applied
     // once either way.
-    stream = open();
-    status = stream->Exchange(request, deadline, response);
+    if (result.ok() || attempt > 0 || !reused || !absl::IsUnavailable(result.status()) ||
+        absl::Now() >= deadline) {
+      break;
+    }
+    stream.reset();
   }
-  if (!stream->broken()) {
+  if (result.ok()) {
+    segment_push_bytes_.fetch_add(via_push, std::memory_order_relaxed);
+    segment_pull_bytes_.fetch_add(via_pull, std::memory_order_relaxed);
+    int64_t seen = largest_push_.load(std::memory_order_relaxed);
+    while (push_bytes > seen && !largest_push_.compare_exchange_weak(seen, push_bytes)) {
+    }
+    const int64_t pulled = static_cast<int64_t>(pull_payload->size());
+    seen = largest_pull_.load(std::memory_order_relaxed);
+    while (pulled > seen && !largest_pull_.compare_exchange_weak(seen, pulled)) {
+    }
+  }
+  // A segment too small for what this client exchanges is replaced: the next
+  // call opens a stream with a larger one (up to the largest message).
+  const int64_t cap = RoundUpToPage(options_.max_message_bytes);
+  const bool outgrown =
+      stream->has_segment() &&
+      (stream->push_area() < std::min(cap, largest_push_.load(std::memory_order_relaxed)) ||
+       stream->pull_area() < std::min(cap, largest_pull_.load(std::memory_order_relaxed)));
+  const bool broken = stream->broken();
+  if (!broken && !outgrown) {
     absl::MutexLock lock(&streams_mu_);
     idle_streams_.push_back(std::move(stream));
   }
-  if (!status.ok()) return Annotate(status, absl::StrCat("shard ", address_));
-  return absl::OkStatus();
+  if (!result.ok()) {
+    // A shard from before the stream ends it at once.
+    *unsupported = broken && absl::IsUnimplemented(result.status());
+    return Annotate(result.status(), absl::StrCat("shard ", address_));
+  }
+  return result;
 }
 
 absl::Status RemoteParameterShard::Call(Method method, const TensorMessage& request,
@@ -242,34 +476,17 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::PushPull(const PushReques
                                                                 const PullRequest& pull,
                                                                 absl::Time deadline,
                                                                 Payload* pull_payload) {
+  if (options_.use_streams && !streams_unsupported_.load(std::memory_order_relaxed)) {
+    bool unsupported;
+    absl::StatusOr<PushPullResponse> response =
+        StreamPushPull(push, push_payload, pull, deadline, pull_payload, &unsupported);
+    if (!unsupported) return response;
+    // A shard from before the stream: unary from now on.
+    streams_unsupported_.store(true, std::memory_order_relaxed);
+  }
+  ReportTransport("no streams; tensors go over the connection");
   TensorMessage message, reply;
   message.payload = push_payload;
-  if (options_.use_streams && !streams_unsupported_.load(std::memory_order_relaxed)) {
-    PushPullStreamRequest header;
-    *header.mutable_exchange()->mutable_push() = push;
-    *header.mutable_exchange()->mutable_pull() = pull;
-    header.set_timeout_us(std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
-    message.header = header.SerializeAsString();
-    absl::Status status = StreamCall(message, deadline, &reply);
-    if (absl::IsUnimplemented(status)) {
-      // A shard from before the stream: unary from now on.
-      streams_unsupported_.store(true, std::memory_order_relaxed);
-    } else {
-      RETURN_IF_ERROR(status);
-      PushPullStreamResponse answer;
-      if (!answer.ParseFromString(reply.header)) {
-        return absl::InternalError(
-            absl::StrCat("shard ", address_, ": malformed PushPullStreamResponse"));
-      }
-      if (answer.code() != 0) {
-        const grpc::Status error(static_cast<grpc::StatusCode>(answer.code()), answer.message(),
-                                 answer.details());
-        return Annotate(FromGrpcStatus(error), absl::StrCat("shard ", address_));
-      }
-      *pull_payload = std::move(reply.payload);
-      return std::move(*answer.mutable_exchange());
-    }
-  }
   {
     PushPullRequest header;
     *header.mutable_push() = push;

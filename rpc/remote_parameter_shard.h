@@ -9,12 +9,17 @@
 // connection (one socket, one gRPC poller) does not fill loopback or a fast
 // link. PushPull exchanges travel on long-lived bidirectional streams, so a
 // step boundary pays for no new HTTP/2 stream and the calling thread polls
-// for its own answer. Every call has a deadline; errors come back as absl::Status prefixed
-// with the shard's address ("shard HOST:PORT: ...").
+// for its own answer. A shard on the same host lends each stream a shared
+// memory segment (rpc/shared_segment.h): the exchange's tensor bytes go
+// through it and only the headers through the connection. Every call has a
+// deadline; errors come back as absl::Status prefixed with the shard's
+// address ("shard HOST:PORT: ...").
 #ifndef DOWNPOUR_RPC_REMOTE_PARAMETER_SHARD_H_
 #define DOWNPOUR_RPC_REMOTE_PARAMETER_SHARD_H_
 
 #include <atomic>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +51,15 @@ class RemoteParameterShard final : public ParameterShard {
     // as a unary one would (the caller's retry opens a new stream); a shard
     // without the method is called unary from then on.
     bool use_streams = true;
+    // A stream first asks the shard to map a shared memory segment of this
+    // process (/PushPullSharedMemoryStream), through which its exchanges'
+    // tensor bytes then travel. A shard on another host, of another user,
+    // older or with shared memory off refuses, and this client stops asking
+    // it: its streams carry the bytes themselves.
+    bool use_shared_memory = true;
+    // Told once, at the first PushPull, whether shared memory is used with
+    // this shard and if not why (null: not told).
+    std::function<void(const std::string&)> log;
     // TLS (rpc/security.h: MakeChannelCredentials); null: plaintext.
     std::shared_ptr<grpc::ChannelCredentials> credentials;
   };
@@ -78,6 +92,15 @@ class RemoteParameterShard final : public ParameterShard {
                                             Payload* pull_payload) override;
 
   const std::string& address() const { return address_; }
+
+  // What went through shared memory segments so far, over every stream.
+  struct SharedMemoryStats {
+    int64_t segments = 0;  // Attached.
+    int64_t push_bytes = 0;
+    int64_t pull_bytes = 0;
+  };
+  SharedMemoryStats shared_memory_stats() const;
+
   ~RemoteParameterShard() override;
 
  private:
@@ -87,21 +110,39 @@ class RemoteParameterShard final : public ParameterShard {
     grpc::internal::RpcMethod pull;
     grpc::internal::RpcMethod push_pull;
     grpc::internal::RpcMethod push_pull_stream;
+    grpc::internal::RpcMethod push_pull_shared_memory_stream;
   };
   enum class Method { kPush, kPull, kPushPull };
   absl::Status Call(Method method, const TensorMessage& request, absl::Time deadline,
                     TensorMessage* response);
-  // One exchange on an idle stream (or a new one); the stream goes back to
-  // the idle list only if the exchange left it usable.
   class Stream;
-  absl::Status StreamCall(const TensorMessage& request, absl::Time deadline,
-                          TensorMessage* response);
+  // One exchange on an idle stream (or a new one); the stream goes back to
+  // the idle list only if the exchange left it usable and its segment is
+  // large enough for the largest exchange seen. `*unsupported`: the shard
+  // has no streams.
+  absl::StatusOr<PushPullResponse> StreamPushPull(const PushRequest& push,
+                                                  const Payload& push_payload,
+                                                  const PullRequest& pull, absl::Time deadline,
+                                                  Payload* pull_payload, bool* unsupported);
+  // A new stream, with a shared memory segment sized for a push of
+  // `push_bytes` when the shard takes one.
+  absl::StatusOr<std::unique_ptr<Stream>> OpenStream(int64_t push_bytes, absl::Time deadline);
+  // Tells options_.log `message`, the first time only.
+  void ReportTransport(const std::string& message);
 
   const std::string address_;
   const Options options_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::atomic<uint64_t> next_{0};
   std::atomic<bool> streams_unsupported_{false};
+  std::atomic<bool> shared_memory_refused_{false};
+  std::atomic<bool> transport_reported_{false};
+  // The largest push and pull payloads seen: new segments are sized for them.
+  std::atomic<int64_t> largest_push_{0};
+  std::atomic<int64_t> largest_pull_{0};
+  std::atomic<int64_t> segments_attached_{0};
+  std::atomic<int64_t> segment_push_bytes_{0};
+  std::atomic<int64_t> segment_pull_bytes_{0};
   absl::Mutex streams_mu_;
   std::vector<std::unique_ptr<Stream>> idle_streams_ ABSL_GUARDED_BY(streams_mu_);
 };

@@ -70,7 +70,10 @@ TEST_F(ServerMetricsTest, UnaryCallsAreTimedAndCountedByMethodAndCode) {
 }
 
 TEST_F(ServerMetricsTest, AStreamIsTimedPerExchangeAndCountedWhenItEnds) {
-  auto shard = RemoteParameterShard::Create(server_.address);
+  RemoteParameterShard::Options options;
+  // /PushPullStream itself (a shared-memory stream's first message attaches).
+  options.use_shared_memory = false;
+  auto shard = RemoteParameterShard::Create(server_.address, options);
   PushRequest push;
   push.set_job_id("nobody");
   PullRequest pull;

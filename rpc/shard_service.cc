@@ -28,8 +28,14 @@ grpc::Status BadHeader(const char* what) {
 class ParameterServerService::PushPullStreamReactor final
     : public grpc::ServerBidiReactor<TensorMessage, TensorMessage> {
  public:
-  PushPullStreamReactor(ParameterServerService* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context), peer_(service->CallerOf(*context)) {
+  // `shared_memory`: serves /PushPullSharedMemoryStream, whose first
+  // message attaches a segment.
+  PushPullStreamReactor(ParameterServerService* service, grpc::CallbackServerContext* context,
+                        bool shared_memory)
+      : service_(service),
+        context_(context),
+        peer_(service->CallerOf(*context)),
+        awaiting_segment_(shared_memory) {
     StartRead(&request_);
   }
 
@@ -45,6 +51,23 @@ class ParameterServerService::PushPullStreamReactor final
       Finish(BadHeader("PushPullStreamRequest"));
       return;
     }
+    if (awaiting_segment_) {
+      // Mapped, or the stream ends saying why not (the worker then opens a
+      // /PushPullStream).
+      awaiting_segment_ = false;
+      absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
+          service_->AttachSegment(peer_, header, &reservation_);
+      request_ = TensorMessage();
+      if (!segment.ok()) {
+        Finish(ToGrpcStatus(segment.status()));
+        return;
+      }
+      segment_ = *std::move(segment);
+      response_ = TensorMessage();
+      response_.header = PushPullStreamResponse().SerializeAsString();
+      StartWrite(&response_);
+      return;
+    }
     const absl::Time deadline = service_->PullDeadline(
         std::min(absl::FromChrono(context_->deadline()),
                  header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
@@ -53,9 +76,16 @@ class ParameterServerService::PushPullStreamReactor final
       AnswerError(denied);
       return;
     }
+    Payload push_payload;
+    if (absl::Status placed = PlaceInSegment(header, &push_payload); !placed.ok()) {
+      request_ = TensorMessage();
+      AnswerError(placed);
+      return;
+    }
     ParameterShard* shard = service_->shard_;
-    absl::StatusOr<PushResponse> pushed = shard->Push(header.exchange().push(), request_.payload);
+    absl::StatusOr<PushResponse> pushed = shard->Push(header.exchange().push(), push_payload);
     // The request's buffers go back to gRPC before the answer is written.
+    push_payload = Payload();
     request_ = TensorMessage();
     if (!pushed.ok()) {
       AnswerError(pushed.status());
@@ -111,7 +141,48 @@ class ParameterServerService::PushPullStreamReactor final
     }
   }
 
-  // Writes the exchange's answer (response_.payload holds the pull's bytes).
+  // The push's payload of the exchange `header`: the bytes of the request,
+  // or those it names in the segment. Notes where the pull's bytes may go.
+  absl::Status PlaceInSegment(const PushPullStreamRequest& header, Payload* push_payload) {
+    pull_area_ = nullptr;
+    pull_capacity_ = 0;
+    if (header.has_attach()) {
+      return absl::InvalidArgumentError(
+          "attach belongs in a shared memory stream's first message only");
+    }
+    if (!header.has_segment()) {
+      *push_payload = request_.payload;
+      return absl::OkStatus();
+    }
+    if (segment_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "segment names shared memory on a stream that has none attached");
+    }
+    const SharedSegmentExchange& place = header.segment();
+    if (place.pull_capacity() > 0) {
+      ASSIGN_OR_RETURN(pull_area_, segment_->Range(place.pull_offset(), place.pull_capacity(),
+                                                   "segment.pull_offset", "segment.pull_capacity"));
+      pull_capacity_ = place.pull_capacity();
+    }
+    if (!place.push_in_segment()) {
+      *push_payload = request_.payload;
+      return absl::OkStatus();
+    }
+    if (request_.payload.size() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("segment.push_in_segment is set, yet the message carries ",
+                       request_.payload.size(), " bytes of its own"));
+    }
+    ASSIGN_OR_RETURN(const char* bytes,
+                     segment_->Range(place.push_offset(), place.push_bytes(), "segment.push_offset",
+                                     "segment.push_bytes"));
+    *push_payload = Payload();
+    push_payload->Append(bytes, place.push_bytes(), segment_);
+    return absl::OkStatus();
+  }
+
+  // Writes the exchange's answer (response_.payload holds the pull's bytes,
+  // copied into the segment's pull area when they fit).
   void Answer(const PushResponse& push, absl::StatusOr<PullResponse> pull) {
     if (!pull.ok()) {
       AnswerError(pull.status());
@@ -120,6 +191,13 @@ class ParameterServerService::PushPullStreamReactor final
     PushPullStreamResponse reply;
     *reply.mutable_exchange()->mutable_push() = push;
     *reply.mutable_exchange()->mutable_pull() = *std::move(pull);
+    const int64_t bytes = static_cast<int64_t>(response_.payload.size());
+    if (pull_area_ != nullptr && bytes <= pull_capacity_) {
+      response_.payload.CopyTo(0, bytes, pull_area_);
+      response_.payload = Payload();
+      reply.mutable_segment()->set_pull_in_segment(true);
+      reply.mutable_segment()->set_pull_bytes(bytes);
+    }
     response_.header = reply.SerializeAsString();
     StartWrite(&response_);
   }
@@ -142,10 +220,21 @@ class ParameterServerService::PushPullStreamReactor final
   TensorMessage response_;
   absl::Mutex waiter_mu_;
   std::thread waiter_;
+  // The first message is to attach a segment (a shared-memory stream).
+  bool awaiting_segment_;
+  // The attached segment (null without), mapped until the stream ends.
+  std::unique_ptr<SharedSegmentQuota::Reservation> reservation_;
+  std::shared_ptr<SharedSegment> segment_;
+  // The current exchange's: where its pull's bytes may go (null: in the
+  // message).
+  char* pull_area_ = nullptr;
+  int64_t pull_capacity_ = 0;
 };
 
 ParameterServerService::ParameterServerService(ParameterShard* shard, Options options)
-    : shard_(shard), options_(options) {
+    : shard_(shard),
+      options_(options),
+      segment_quota_(options.max_segments_per_worker, options.max_segment_bytes_per_worker) {
   // What generated code does for a proto service, with our message type.
   AddMethod(new grpc::internal::RpcServiceMethod(
       kPushMethod, grpc::internal::RpcMethod::NORMAL_RPC,
@@ -158,11 +247,42 @@ ParameterServerService::ParameterServerService(ParameterShard* shard, Options op
       new Handler(std::mem_fn(&ParameterServerService::PushPull), this)));
   AddMethod(new grpc::internal::RpcServiceMethod(
       kPushPullStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING, nullptr));
-  // The fourth method added (index 3) is served with the callback API.
-  MarkMethodCallback(3, new grpc::internal::CallbackBidiHandler<TensorMessage, TensorMessage>(
-                            [this](grpc::CallbackServerContext* context) {
-                              return new PushPullStreamReactor(this, context);
-                            }));
+  AddMethod(new grpc::internal::RpcServiceMethod(
+      kPushPullSharedMemoryStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING, nullptr));
+  // The fourth and fifth methods added (indices 3, 4) are served with the
+  // callback API.
+  for (const bool shared_memory : {false, true}) {
+    MarkMethodCallback(shared_memory ? 4 : 3,
+                       new grpc::internal::CallbackBidiHandler<TensorMessage, TensorMessage>(
+                           [this, shared_memory](grpc::CallbackServerContext* context) {
+                             return new PushPullStreamReactor(this, context, shared_memory);
+                           }));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<SharedSegment>> ParameterServerService::AttachSegment(
+    const std::string& peer, const PushPullStreamRequest& request,
+    std::unique_ptr<SharedSegmentQuota::Reservation>* reservation) {
+  if (!options_.shared_memory) {
+    return absl::FailedPreconditionError("shared memory is off on this shard (--shared_memory)");
+  }
+  if (options_.authorize && peer.empty()) {
+    return absl::UnauthenticatedError(
+        "a shard serves nodes only, and the caller presented no node certificate");
+  }
+  if (!request.has_attach() || request.has_exchange() || request.has_segment()) {
+    return absl::InvalidArgumentError(
+        "the first message of a shared memory stream must attach its segment, and only that");
+  }
+  const SharedSegmentAttach& attach = request.attach();
+  ASSIGN_OR_RETURN(*reservation, segment_quota_.Reserve(attach.pid(), attach.size()));
+  absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
+      SharedSegment::Open(attach, options_.max_segment_bytes_per_worker);
+  if (!segment.ok()) {
+    reservation->reset();
+    return Annotate(segment.status(), "shared memory segment refused");
+  }
+  return segment;
 }
 
 absl::Time ParameterServerService::PullDeadline(const grpc::ServerContext& context) const {

@@ -2,7 +2,10 @@
 // adapter of the three layers; the logic lives in ps/parameter_store).
 // Push, Pull and PushPull (a push then a pull, one round trip) are unary
 // RPCs, PushPullStream carries PushPull exchanges on long-lived streams
-// (callback API); their tensor bytes travel beside the header
+// (callback API), and PushPullSharedMemoryStream does too with the tensor
+// bytes in a shared memory segment of a worker on this host, mapped for as
+// long as the stream lasts (rpc/shared_segment.h). Otherwise the bytes travel
+// beside the header
 // (rpc/tensor_wire.h): a push is applied straight from the buffers it arrived
 // in, a pull answers from one snapshot buffer without another copy. Each call
 // runs on its own server thread, so concurrent pushes of different
@@ -15,7 +18,9 @@
 #ifndef DOWNPOUR_RPC_SHARD_SERVICE_H_
 #define DOWNPOUR_RPC_SHARD_SERVICE_H_
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -24,6 +29,7 @@
 #include "grpcpp/impl/service_type.h"
 #include "proto/parameter_server.pb.h"
 #include "ps/parameter_shard.h"
+#include "rpc/shared_segment.h"
 #include "rpc/tensor_wire.h"
 
 namespace downpour {
@@ -38,6 +44,14 @@ class ParameterServerService final : public grpc::Service {
     // `peer` may push and pull as rank `rank` of job `job_id`.
     std::function<absl::Status(const std::string& peer, const std::string& job_id, int rank)>
         authorize;
+    // Map the shared memory segments of workers on this host
+    // (/PushPullSharedMemoryStream); false: that stream is refused, and the
+    // workers send their bytes over the connection.
+    bool shared_memory = true;
+    // What one worker process may have mapped at once; a stream past it
+    // carries its bytes over the connection.
+    int max_segments_per_worker = 64;
+    int64_t max_segment_bytes_per_worker = int64_t{4} << 30;
   };
 
   explicit ParameterServerService(ParameterShard* shard) : ParameterServerService(shard, {}) {}
@@ -49,6 +63,9 @@ class ParameterServerService final : public grpc::Service {
                     TensorMessage* response);
   grpc::Status PushPull(grpc::ServerContext* context, const TensorMessage* request,
                         TensorMessage* response);
+
+  // The shared memory segments mapped now, over every worker.
+  const SharedSegmentQuota& shared_segments() const { return segment_quota_; }
 
  private:
   // The deadline a pull waits until: the caller's (capped at max_pull_wait),
@@ -67,11 +84,19 @@ class ParameterServerService final : public grpc::Service {
   // Serves /PushPullStream: PushPull exchanges, one after the other, on a
   // long-lived stream, handled by the callback API on the thread that read
   // the request (no hand-off to a handler thread). A pull that has to wait
-  // (SYNC, SSP) waits on a thread of its own, not on gRPC's.
+  // (SYNC, SSP) waits on a thread of its own, not on gRPC's. Serves
+  // /PushPullSharedMemoryStream too.
   class PushPullStreamReactor;
+  // Checks and maps the segment a shared-memory stream's first message
+  // describes, counted against its worker's quota until `*reservation` is
+  // released.
+  absl::StatusOr<std::shared_ptr<SharedSegment>> AttachSegment(
+      const std::string& peer, const PushPullStreamRequest& request,
+      std::unique_ptr<SharedSegmentQuota::Reservation>* reservation);
 
   ParameterShard* const shard_;
   const Options options_;
+  SharedSegmentQuota segment_quota_;
 };
 
 }  // namespace downpour

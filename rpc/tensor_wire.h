@@ -28,6 +28,10 @@ inline constexpr char kPushMethod[] = "/downpour.ParameterServer/Push";
 inline constexpr char kPullMethod[] = "/downpour.ParameterServer/Pull";
 inline constexpr char kPushPullMethod[] = "/downpour.ParameterServer/PushPull";
 inline constexpr char kPushPullStreamMethod[] = "/downpour.ParameterServer/PushPullStream";
+// PushPullStream with the tensor bytes in a shared memory segment
+// (rpc/shared_segment.h), for a worker on the shard's host.
+inline constexpr char kPushPullSharedMemoryStreamMethod[] =
+    "/downpour.ParameterServer/PushPullSharedMemoryStream";
 
 struct TensorMessage {
   // The serialized header message.

@@ -45,6 +45,9 @@ ABSL_FLAG(int32_t, sparse_threads, -1,
           "Threads that complete a SYNC step of a job's sparse tables, and look up a pull's "
           "rows, table by table (with the thread of the request); -1: a quarter of the cores, "
           "1 to 16; 0: the request's thread alone");
+ABSL_FLAG(bool, shared_memory, true,
+          "Workers on this host may exchange their tensor bytes through shared memory segments "
+          "this shard maps (only the headers go over gRPC); false: everything over gRPC");
 
 namespace downpour {
 namespace {
@@ -90,6 +93,7 @@ int Main() {
   }
   ShardRuntime runtime(&store, writer.get(), &metrics, ReleaseMemoryFreedBy);
   ParameterServerService::Options service_options;
+  service_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   if (options.security.tls.enabled()) {
     service_options.authorize = [&runtime](const std::string& peer, const std::string& job_id,
                                            int rank) {

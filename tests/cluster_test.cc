@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -22,6 +23,13 @@
 namespace downpour {
 namespace testing {
 namespace {
+
+// Lines of `log` that contain `text`.
+int CountLines(const std::string& log, const std::string& text) {
+  int n = 0;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) n += absl::StrContains(line, text);
+  return n;
+}
 
 class ClusterTest : public ClusterFixture {
  protected:
@@ -54,6 +62,39 @@ TEST_F(ClusterTest, SyncTwoShardsTwoWorkersTrainsFashionMnist) {
   ASSERT_EQ(job.workers_size(), 2);
   EXPECT_TRUE(job.workers(0).finished() && job.workers(1).finished());
   EXPECT_EQ(job.placement().shard_nodes_size(), 2);
+}
+
+// Issue 25: workers and shards on one host exchange tensor bytes through
+// shared memory, and the training is exactly what it is over the wire (a
+// SYNC job is deterministic).
+TEST_F(ClusterTest, SyncJobTrainsTheSameThroughSharedMemoryAsOverTheWire) {
+  double accuracy[2] = {};
+  for (const bool shared_memory : {true, false}) {
+    LocalCluster::Options options;
+    options.shards = 2;
+    options.workers = 2;
+    if (!shared_memory) {
+      options.worker_flags = {"--shared_memory=false"};
+      options.shard_flags = {"--shared_memory=false"};
+    }
+    ClusterFixture::StartCluster(options);
+    JobStatus job = RunJob(FashionMlpSpec("SYNC", 2, 2, 150), "sync-job");
+    EXPECT_EQ(job.state(), SUCCEEDED);
+    EXPECT_EQ(job.step(), 150);
+    accuracy[shared_memory] = job.test_accuracy();
+    for (int w = 0; w < 2; ++w) {
+      const std::string log = cluster_->worker(w)->Log();
+      // One line per shard saying so.
+      EXPECT_EQ(
+          CountLines(log, shared_memory ? "tensors go through shared memory" : "shared memory off"),
+          2)
+          << log;
+    }
+    std::vector<std::string> unclean = cluster_->StopAll();
+    EXPECT_TRUE(unclean.empty()) << absl::StrJoin(unclean, "; ") << cluster_->Logs();
+  }
+  EXPECT_GE(accuracy[true], 0.75);
+  EXPECT_EQ(accuracy[true], accuracy[false]);
 }
 
 // The issue that motivated admission: a spec whose layer is 784 x 2,000,000

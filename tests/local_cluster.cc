@@ -368,6 +368,9 @@ absl::Status LocalCluster::AddShard() {
   if (!options_.checkpoint_root.empty()) {
     flags.push_back(absl::StrCat("--checkpoint_root=", options_.checkpoint_root));
   }
+  // Hosts in network namespaces share this kernel, but not their memory
+  // on real hosts: their exchanges cross the links the tests cut and throttle.
+  if (options_.network_namespaces) flags.push_back("--shared_memory=false");
   flags.insert(flags.end(), options_.shard_flags.begin(), options_.shard_flags.end());
   const std::string name = absl::StrCat("ps", shards_.size());
   auto process = StartDaemon(name, "server/downpour-ps", flags);
@@ -381,6 +384,7 @@ absl::Status LocalCluster::AddShard() {
 absl::Status LocalCluster::AddWorker() {
   std::vector<std::string> flags = {absl::StrCat("--coordinator=", coordinator_address_),
                                     absl::StrCat("--data_dir=", options_.data_dir)};
+  if (options_.network_namespaces) flags.push_back("--shared_memory=false");
   flags.insert(flags.end(), options_.worker_flags.begin(), options_.worker_flags.end());
   const std::string name = absl::StrCat("worker", workers_.size());
   auto process = StartDaemon(name, "worker/downpour-worker", flags);

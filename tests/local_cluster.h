@@ -87,7 +87,8 @@ class LocalCluster {
     // The coordinator's and every shard's --checkpoint_root (empty: none).
     std::string checkpoint_root;
     // Shards and workers in network namespaces of their own (needs root;
-    // see NetworkNamespacesUnavailable).
+    // see NetworkNamespacesUnavailable), started with --shared_memory=false
+    // as on separate hosts.
     bool network_namespaces = false;
     // With network_namespaces: every daemon, the coordinator too, on a host
     // (namespace) of its own, listening on every interface

@@ -152,8 +152,10 @@ TEST_F(MetricsTest, EveryDaemonsMetricsPassPromtoolDuringAndAfterAJob) {
                   "downpour_ps_sent_bytes_total{job=\"running\"} ",
                   "downpour_ps_deduplicated_pushes_total{job=\"running\"} ",
                   "downpour_ps_memory_bytes{job=\"running\"} ",
+                  // The worker is on this host: its streams carry the
+                  // tensor bytes in shared memory.
                   "downpour_rpc_server_handling_seconds_count{"
-                  "method=\"downpour.ParameterServer/PushPullStream\"} "});
+                  "method=\"downpour.ParameterServer/PushPullSharedMemoryStream\"} "});
   }
 
   const std::string worker = ScrapeAndCheck("worker0");

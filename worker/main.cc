@@ -58,6 +58,9 @@ ABSL_FLAG(int64_t, push_timeout_ms, 30000,
           "How long a push may take, retries against a dead or frozen shard included, before "
           "the job fails");
 ABSL_FLAG(int32_t, channels_per_shard, 4, "gRPC connections to each parameter shard");
+ABSL_FLAG(bool, shared_memory, true,
+          "Exchange tensor bytes with parameter shards on this host through shared memory "
+          "(only the headers go over gRPC); the log says per shard whether it is used");
 ABSL_FLAG(int32_t, max_inflight, 8, "Push/pull messages in flight at once per job");
 ABSL_FLAG(bool, overlap, true,
           "Push each step's gradients (and pull the parameters back) message by message while "
@@ -213,6 +216,8 @@ int Main() {
   // connection) within it.
   shard_options.push_attempt_timeout = trainer_options.exchange.push_timeout;
   shard_options.num_channels = absl::GetFlag(FLAGS_channels_per_shard);
+  shard_options.use_shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  shard_options.log = [](const std::string& line) { Log(line); };
   auto shard_credentials = MakeChannelCredentials(daemon_options.security);
   if (!shard_credentials.ok()) return ExitWithError(shard_credentials.status());
   shard_options.credentials = *std::move(shard_credentials);
