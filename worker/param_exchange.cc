@@ -19,14 +19,24 @@ namespace {
 
 // Widens `n` elements of `dtype` at bytes [offset, ...) of `payload` into
 // `out`: float32 straight from the buffers they arrived in, a narrowed type
-// through a small buffer of this thread's, chunk by chunk.
+// from the one buffer holding them all, or else through a small buffer of
+// this thread's, chunk by chunk (network buffers may split an element).
 void DecodePayload(const Payload& payload, size_t offset, int64_t n, WireDtype dtype, float* out) {
   if (dtype == WireDtype::kFloat32) {
     payload.CopyTo(offset, n * sizeof(float), reinterpret_cast<char*>(out));
     return;
   }
-  constexpr int64_t kChunk = 16 << 10;
   const int width = BytesPerElement(dtype);
+  // Within one piece (a shared-memory answer is one): straight from it.
+  size_t piece_start = 0;
+  for (const Payload::Piece& piece : payload.pieces()) {
+    if (offset >= piece_start && offset + n * width <= piece_start + piece.size) {
+      DecodeFloats(dtype, piece.data + (offset - piece_start), n, out);
+      return;
+    }
+    piece_start += piece.size;
+  }
+  constexpr int64_t kChunk = 16 << 10;
   thread_local std::vector<char> raw;
   raw.resize(kChunk * width);
   for (int64_t start = 0; start < n; start += kChunk) {
