@@ -241,6 +241,16 @@ constexpr int64_t kMinPullArea = 64 << 10;
 
 int64_t RoundUpToPage(int64_t n) { return (n + kPage - 1) / kPage * kPage; }
 
+// An area for exchanges of up to `n` bytes, with room to grow: the next
+// power of two (at least a page). Exchanges whose sizes vary from step to
+// step (sparse rows) then outgrow a segment a few times, not at every new
+// largest size (each replacement costs a new stream, memfd and mapping).
+int64_t AreaFor(int64_t n) {
+  int64_t area = kPage;
+  while (area < n) area *= 2;
+  return area;
+}
+
 // A refusal (another host or user, an older shard, shared memory off, a
 // segment the shard would not map) rather than a passing failure: the client
 // stops asking.
@@ -326,14 +336,15 @@ absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterSha
   if (!options_.use_shared_memory) {
     ReportTransport("shared memory off; tensors go over the connection");
   } else if (!shared_memory_refused_.load(std::memory_order_relaxed)) {
-    // Sized for the largest exchange seen; a pull is guessed at twice the
-    // push (half-width gradients, full-width parameters) until one is seen.
+    // Sized for the largest exchange seen (AreaFor); a pull is guessed at
+    // twice the push (half-width gradients, full-width parameters) until
+    // one is seen.
     const int64_t cap = RoundUpToPage(options_.max_message_bytes);
-    const int64_t push_area = std::min(
-        cap, RoundUpToPage(std::max(push_bytes, largest_push_.load(std::memory_order_relaxed))));
+    const int64_t push_area =
+        std::min(cap, AreaFor(std::max(push_bytes, largest_push_.load(std::memory_order_relaxed))));
     const int64_t pull_area =
-        std::min(cap, RoundUpToPage(std::max({largest_pull_.load(std::memory_order_relaxed),
-                                              2 * push_bytes, kMinPullArea})));
+        std::min(cap, AreaFor(std::max({largest_pull_.load(std::memory_order_relaxed),
+                                        2 * push_bytes, kMinPullArea})));
     absl::Status attached;
     absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
         SharedSegment::Create(SharedSegment::kHeaderBytes + push_area + pull_area);
