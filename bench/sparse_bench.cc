@@ -37,6 +37,12 @@ namespace downpour {
 namespace bench {
 namespace {
 
+RemoteParameterShard::Options RemoteOptions(const SparseConfig& config) {
+  RemoteParameterShard::Options options;
+  options.use_shared_memory = config.shared_memory;
+  return options;
+}
+
 double Percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -530,7 +536,7 @@ absl::StatusOr<SparseResult> SparseBench::Run(const SparseConfig& config) {
   for (int w = 0; w < config.workers; ++w) {
     std::vector<ParameterShard*> shards;
     for (const std::string& address : tasks[w].shard_addresses()) {
-      remotes[w].push_back(RemoteParameterShard::Create(address));
+      remotes[w].push_back(RemoteParameterShard::Create(address, RemoteOptions(config)));
       shards.push_back(remotes[w].back().get());
     }
     exchanges.push_back(std::make_unique<SparseExchange>(
@@ -657,7 +663,7 @@ absl::StatusOr<DenseResult> SparseBench::RunDense(const SparseConfig& config, in
   for (int w = 0; w < config.workers; ++w) {
     std::vector<ParameterShard*> shards;
     for (const std::string& address : tasks[w].shard_addresses()) {
-      remotes[w].push_back(RemoteParameterShard::Create(address));
+      remotes[w].push_back(RemoteParameterShard::Create(address, RemoteOptions(config)));
       shards.push_back(remotes[w].back().get());
     }
     exchanges.push_back(std::make_unique<ParameterExchange>(WorkerExchangeOptions(job_id, tasks[w]),

@@ -66,6 +66,9 @@ struct SparseConfig {
   int steps = 300;    // Timed steps per worker (after warm-up steps).
   int warmup = 3;
   uint64_t seed = 1;
+  // The workers' shard clients exchange through shared memory segments
+  // where the shards take them (same host); false: every byte over gRPC.
+  bool shared_memory = true;
 };
 
 // Ids and rows of a workload's batches, from the Zipf draws alone.

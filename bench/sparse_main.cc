@@ -42,6 +42,8 @@ ABSL_FLAG(int64_t, dense_vocab, 0,
 ABSL_FLAG(int32_t, dense_steps, 8, "Timed steps per worker of the dense baseline");
 ABSL_FLAG(bool, draws_only, false,
           "Only count distinct rows per batch of the Zipf draws (no cluster): for large --vocab");
+ABSL_FLAG(bool, shared_memory, true,
+          "Workers exchange through shared memory with the shards (false: over gRPC)");
 ABSL_FLAG(int32_t, draw_batches, 20, "Batches drawn per skew with --draws_only");
 
 namespace downpour {
@@ -103,6 +105,7 @@ int Main() {
   base.vocab = absl::GetFlag(FLAGS_vocab);
   base.steps = absl::GetFlag(FLAGS_steps);
   base.warmup = absl::GetFlag(FLAGS_warmup);
+  base.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   if (base.workers < 1 || base.shards < 1 || base.batch < 1 || base.tables < 1 ||
       base.features < base.tables || base.dim < 1 || base.vocab < 1 || base.steps < 1 ||
       base.warmup < 0) {
