@@ -124,6 +124,10 @@ def parse_args():
     p.add_argument('--limit_steps', type=int, default=0,
                    help='at most this many training steps an epoch (0: the whole epoch)')
     p.add_argument('--eval_batch', type=int, default=1000)
+    p.add_argument('--comm_hook', choices=['none', 'bf16'], default='none',
+                   help="DDP's gradient all-reduce: fp32 (none, the default) or "
+                        "torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
+                        "bf16_compress_hook")
     a = p.parse_args()
     if a.target is None:
         a.target = TARGETS[a.model]
@@ -220,6 +224,9 @@ def main():
     net = model
     if ddp:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+        if a.comm_hook == 'bf16':
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            net.register_comm_hook(None, default_hooks.bf16_compress_hook)
     opt = torch.optim.Adam(net.parameters(), lr=a.lr)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -320,6 +327,7 @@ def main():
             'test_accuracy': accuracy, 'epochs_run': epochs_run,
             'target': a.target, 'steps': steps_run, 'startup_s': round(startup or 0.0, 3),
             'channels_last': a.channels_last, 'cudnn_benchmark': bool(a.cudnn_benchmark),
+            'comm_hook': a.comm_hook,
             'lr': a.lr, 'device': torch.cuda.get_device_name(dev) if cuda else 'cpu',
             'torch': torch.__version__,
         }), flush=True)
