@@ -14,6 +14,22 @@
 namespace downpour {
 namespace {
 
+// A gradient of 0.1 and zeroed values for every parameter, and the
+// pointers an exchange takes to them.
+struct StepBuffers {
+  explicit StepBuffers(const std::vector<ParamInfo>& params) {
+    for (const ParamInfo& p : params) {
+      grads.emplace_back(p.num_elements, 0.1f);
+      values.emplace_back(p.num_elements);
+      g.push_back(grads.back().data());
+      v.push_back(values.back().data());
+    }
+  }
+  std::vector<std::vector<float>> grads, values;
+  std::vector<const float*> g;
+  std::vector<float*> v;
+};
+
 // A transport that acknowledges pushes before delivering them, then, before
 // the next pull, delivers the held ones in reverse order, each twice, and
 // replays every push of the previous step once more: duplication and
@@ -290,15 +306,9 @@ TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
   options.incarnation = 1;
   options.message_bytes = 1024;  // One partition a message.
   ParameterExchange exchange(options, *placed, {&shard});
-  std::vector<std::vector<float>> grads, values;
-  std::vector<const float*> g;
-  std::vector<float*> v;
-  for (const ParamInfo& p : *params) {
-    grads.emplace_back(p.num_elements, 0.1f);
-    values.emplace_back(p.num_elements);
-    g.push_back(grads.back().data());
-    v.push_back(values.back().data());
-  }
+  StepBuffers buffers(*params);
+  const std::vector<const float*>& g = buffers.g;
+  const std::vector<float*>& v = buffers.v;
   ASSERT_EQ(g.size(), 2u);  // Weight, bias.
   const auto never = [] { return false; };
 
@@ -356,15 +366,9 @@ TEST(ParameterExchangeTest, AStoppedStepIsPushedWholeWherePushesGoOn) {
     options.message_bytes = 1024;  // One partition a message.
     if (pushes_go_on) options.push_cancelled = [] { return false; };
     ParameterExchange exchange(options, *placed, {&shard});
-    std::vector<std::vector<float>> grads, values;
-    std::vector<const float*> g;
-    std::vector<float*> v;
-    for (const ParamInfo& p : *params) {
-      grads.emplace_back(p.num_elements, 0.1f);
-      values.emplace_back(p.num_elements);
-      g.push_back(grads.back().data());
-      v.push_back(values.back().data());
-    }
+    StepBuffers buffers(*params);
+    const std::vector<const float*>& g = buffers.g;
+    const std::vector<float*>& v = buffers.v;
     std::atomic<bool> stopped{false};
     exchange.BeginPushPull(0, g, 0, 0, v, [&stopped] { return stopped.load(); });
     exchange.GradientReady(1, [] { return absl::OkStatus(); });
