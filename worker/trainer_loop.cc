@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/float_arrays.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "data/dataset.h"
@@ -54,14 +55,14 @@ class GradientSum {
       if (sums_[i].empty()) {
         sums_[i].assign(g, g + n);
       } else {
-        for (int64_t k = 0; k < n; ++k) sums_[i][k] += g[k];
+        AddInto(g, n, sums_[i].data());
       }
     }
     any_ = true;
   }
   void Scale(float factor) {
     for (std::vector<float>& sum : sums_) {
-      for (float& x : sum) x *= factor;
+      ScaleInPlace(factor, static_cast<int64_t>(sum.size()), sum.data());
     }
   }
   // The sum by tensor id, or none when every step since the last push was
