@@ -435,10 +435,38 @@ TEST(ParameterExchangeTest, SkippedStepCountsWithoutAGradient) {
   EXPECT_EQ(initial, after);
 }
 
+// A shard whose pull answers arrive in 3-byte pieces, as network buffers
+// may cut them: elements of every width split across pieces.
+class ChoppingShard final : public ParameterShard {
+ public:
+  explicit ChoppingShard(ParameterShard* inner) : inner_(inner) {}
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    return inner_->Push(request, payload);
+  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    Payload whole;
+    absl::StatusOr<PullResponse> response = inner_->Pull(request, deadline, &whole);
+    auto bytes = std::make_shared<std::string>(whole.ToString());
+    *payload = Payload();
+    for (size_t at = 0; at < bytes->size(); at += 3) {
+      payload->Append(bytes->data() + at, std::min<size_t>(3, bytes->size() - at), bytes);
+    }
+    return response;
+  }
+
+ private:
+  ParameterShard* const inner_;
+};
+
 // Pushes `gradient` (one value per element of every tensor, by position) as
-// `dtype` with SGD, and returns the parameters pulled back.
+// `dtype` with SGD, and returns the parameters pulled back (through
+// ChoppingShard with `chop`).
 std::vector<float> PushOnceWithSgd(WireDtype dtype, const std::vector<float>& gradient,
-                                   const std::vector<int32_t>& reduced_tensors = {}) {
+                                   const std::vector<int32_t>& reduced_tensors = {},
+                                   bool chop = false) {
   JobSpec spec = SmallSpec();
   spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
   auto params = ValidateJobSpec(spec);
@@ -446,11 +474,16 @@ std::vector<float> PushOnceWithSgd(WireDtype dtype, const std::vector<float>& gr
   auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
   EXPECT_TRUE(placed.ok());
   std::vector<std::unique_ptr<ParameterStore>> stores;
+  std::vector<std::unique_ptr<ChoppingShard>> choppers;
   std::vector<ParameterShard*> shards;
   for (int s = 0; s < 2; ++s) {
     stores.push_back(std::make_unique<ParameterStore>());
     EXPECT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
     shards.push_back(stores.back().get());
+    if (chop) {
+      choppers.push_back(std::make_unique<ChoppingShard>(stores.back().get()));
+      shards.back() = choppers.back().get();
+    }
   }
   ExchangeOptions options;
   options.job_id = "j";
@@ -516,6 +549,10 @@ TEST(ParameterExchangeTest, ReducedTensorsArePulledAsTheirBf16RoundedValues) {
   EXPECT_EQ(std::vector<float>(narrowed.begin(), narrowed.begin() + first), rounded);
   EXPECT_EQ(std::vector<float>(narrowed.begin() + first, narrowed.end()),
             std::vector<float>(exact.begin() + first, exact.end()));
+  // The same from answers cut into 3-byte pieces (elements split across
+  // network buffers).
+  EXPECT_EQ(PushOnceWithSgd(WireDtype::kFloat32, gradient, {0}, /*chop=*/true), narrowed);
+  EXPECT_EQ(PushOnceWithSgd(WireDtype::kFloat32, gradient, {}, /*chop=*/true), exact);
 }
 
 TEST(AutoMessageBytesTest, AboutFourMessagesPerMessageInFlightWithinBounds) {
