@@ -35,9 +35,16 @@ class Payload {
   // The bytes as one string (a copy; for tests and small payloads).
   std::string ToString() const;
 
+  // Whether another process may write the bytes while they are read (a
+  // shared memory segment's): a reader that checks values and then uses
+  // them copies them first, so what it checked is what it uses.
+  bool shared() const { return shared_; }
+  void set_shared(bool shared) { shared_ = shared; }
+
  private:
   std::vector<Piece> pieces_;
   size_t size_ = 0;
+  bool shared_ = false;
 };
 
 }  // namespace downpour

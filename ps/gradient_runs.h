@@ -29,15 +29,23 @@ void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, WireDt
                         std::vector<float>* scratch, Fn fn) {
   constexpr int64_t kChunk = 16 << 10;
   const int width = BytesPerElement(dtype);
-  if (dtype != WireDtype::kFloat32) {
+  // Narrow types are widened through the scratch; so are the bytes of a
+  // shared payload (Payload::shared), copied once so that the finite check
+  // and the update read the same values.
+  if (dtype != WireDtype::kFloat32 || payload.shared()) {
     // The server thread's own, kept across pushes (no allocation a push).
     thread_local std::vector<char> raw;
     for (int64_t start = 0; start < n; start += kChunk) {
       const int64_t count = std::min(kChunk, n - start);
-      raw.resize(count * width);
       scratch->resize(count);
-      payload.CopyTo(offset + start * width, count * width, raw.data());
-      DecodeFloats(dtype, raw.data(), count, scratch->data());
+      if (dtype == WireDtype::kFloat32) {
+        payload.CopyTo(offset + start * width, count * width,
+                       reinterpret_cast<char*>(scratch->data()));
+      } else {
+        raw.resize(count * width);
+        payload.CopyTo(offset + start * width, count * width, raw.data());
+        DecodeFloats(dtype, raw.data(), count, scratch->data());
+      }
       fn(scratch->data(), start, count);
     }
     return;

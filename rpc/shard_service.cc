@@ -1,9 +1,16 @@
 #include "rpc/shard_service.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "grpcpp/impl/codegen/server_callback_handlers.h"
@@ -14,6 +21,53 @@
 
 namespace downpour {
 namespace {
+
+// Whether a connection's peer (grpc's "ipv4:A:P", "ipv6:[A]:P", "unix:...")
+// is on this host: a unix socket, or an address one of this network
+// namespace's interfaces holds (loopback included).
+bool IsLocalPeer(const std::string& peer) {
+  if (absl::StartsWith(peer, "unix:")) return true;
+  std::string host;
+  if (absl::StartsWith(peer, "ipv4:")) {
+    host = peer.substr(5, peer.rfind(':') - 5);
+  } else if (absl::StartsWith(peer, "ipv6:[")) {
+    const size_t end = peer.find(']');
+    if (end == std::string::npos) return false;
+    host = peer.substr(6, end - 6);
+    // A zone (%eth0) is not part of the address.
+    host = host.substr(0, host.find('%'));
+  } else {
+    return false;
+  }
+  unsigned char wanted[sizeof(in6_addr)] = {};
+  bool v4 = inet_pton(AF_INET, host.c_str(), wanted) == 1;
+  if (!v4) {
+    if (inet_pton(AF_INET6, host.c_str(), wanted) != 1) return false;
+    static const unsigned char kLoopback6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    static const unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (std::memcmp(wanted, kLoopback6, 16) == 0) return true;
+    if (std::memcmp(wanted, kMapped, 12) == 0) {  // An IPv4 caller on a dual-stack socket.
+      std::memmove(wanted, wanted + 12, 4);
+      v4 = true;
+    }
+  }
+  if (v4 && wanted[0] == 127) return true;
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return false;
+  bool found = false;
+  for (const ifaddrs* i = interfaces; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (v4 && i->ifa_addr->sa_family == AF_INET) {
+      found = std::memcmp(&reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, wanted,
+                          sizeof(in_addr)) == 0;
+    } else if (!v4 && i->ifa_addr->sa_family == AF_INET6) {
+      found = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, wanted,
+                          sizeof(in6_addr)) == 0;
+    }
+  }
+  freeifaddrs(interfaces);
+  return found;
+}
 
 using Handler =
     grpc::internal::RpcMethodHandler<ParameterServerService, TensorMessage, TensorMessage>;
@@ -56,7 +110,7 @@ class ParameterServerService::PushPullStreamReactor final
       // /PushPullStream).
       awaiting_segment_ = false;
       absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
-          service_->AttachSegment(peer_, header, &reservation_);
+          service_->AttachSegment(peer_, context_->peer(), header, &reservation_);
       request_ = TensorMessage();
       if (!segment.ok()) {
         Finish(ToGrpcStatus(segment.status()));
@@ -178,6 +232,7 @@ class ParameterServerService::PushPullStreamReactor final
                                      "segment.push_bytes"));
     *push_payload = Payload();
     push_payload->Append(bytes, place.push_bytes(), segment_);
+    push_payload->set_shared(true);  // The worker can write it while the store reads.
     return absl::OkStatus();
   }
 
@@ -261,10 +316,14 @@ ParameterServerService::ParameterServerService(ParameterShard* shard, Options op
 }
 
 absl::StatusOr<std::shared_ptr<SharedSegment>> ParameterServerService::AttachSegment(
-    const std::string& peer, const PushPullStreamRequest& request,
+    const std::string& peer, const std::string& address, const PushPullStreamRequest& request,
     std::unique_ptr<SharedSegmentQuota::Reservation>* reservation) {
   if (!options_.shared_memory) {
     return absl::FailedPreconditionError("shared memory is off on this shard (--shared_memory)");
+  }
+  if (!IsLocalPeer(address)) {
+    return absl::FailedPreconditionError(
+        "shared memory is for workers on this shard's host; this caller is not");
   }
   if (options_.authorize && peer.empty()) {
     return absl::UnauthenticatedError(
@@ -275,6 +334,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> ParameterServerService::AttachSeg
         "the first message of a shared memory stream must attach its segment, and only that");
   }
   const SharedSegmentAttach& attach = request.attach();
+  RETURN_IF_ERROR(SharedSegment::CheckAttach(attach, options_.max_segment_bytes_per_worker));
   ASSIGN_OR_RETURN(*reservation, segment_quota_.Reserve(attach.pid(), attach.size()));
   absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
       SharedSegment::Open(attach, options_.max_segment_bytes_per_worker);

@@ -89,9 +89,12 @@ class ParameterServerService final : public grpc::Service {
   class PushPullStreamReactor;
   // Checks and maps the segment a shared-memory stream's first message
   // describes, counted against its worker's quota until `*reservation` is
-  // released.
+  // released. `address` is the connection's (grpc::ServerContext::peer):
+  // only a caller on this host, a unix socket or one of this network
+  // namespace's own addresses, is heard, so no other machine can have the
+  // shard look into its host's processes.
   absl::StatusOr<std::shared_ptr<SharedSegment>> AttachSegment(
-      const std::string& peer, const PushPullStreamRequest& request,
+      const std::string& peer, const std::string& address, const PushPullStreamRequest& request,
       std::unique_ptr<SharedSegmentQuota::Reservation>* reservation);
 
   ParameterShard* const shard_;

@@ -1,9 +1,11 @@
 #include "rpc/shared_segment.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
+#include "common/status.h"
 
 namespace downpour {
 namespace {
@@ -64,8 +67,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(int64_t siz
   return segment;
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Open(
-    const SharedSegmentAttach& attach, int64_t max_size) {
+absl::Status SharedSegment::CheckAttach(const SharedSegmentAttach& attach, int64_t max_size) {
   if (attach.pid() <= 0 || attach.fd() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("attach.pid ", attach.pid(), " and attach.fd ",
                                                    attach.fd(), " name no open file"));
@@ -79,6 +81,12 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Open(
                                                    " is outside the sizes this shard maps (",
                                                    kHeaderBytes, " to ", max_size, " bytes)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Open(
+    const SharedSegmentAttach& attach, int64_t max_size) {
+  RETURN_IF_ERROR(CheckAttach(attach, max_size));
   const std::string process = absl::StrCat("/proc/", attach.pid());
   struct stat owner;
   if (stat(process.c_str(), &owner) != 0) {
@@ -86,9 +94,8 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Open(
         absl::StrCat("no process ", attach.pid(), " on this shard's host (", Errno(errno), ")"));
   }
   if (owner.st_uid != geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat("process ", attach.pid(), " runs as uid ",
-                                                    owner.st_uid, ", this shard as uid ",
-                                                    geteuid()));
+    return absl::PermissionDeniedError(
+        absl::StrCat("process ", attach.pid(), " runs as another user than this shard"));
   }
   // Only a memfd is opened: not a device or a pipe that the worker might
   // name, whose open could block or do something.
@@ -100,8 +107,9 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Open(
         absl::StrCat("cannot read ", path, " (", Errno(errno), ")"));
   }
   if (!absl::StartsWith(absl::string_view(target, n), "/memfd:")) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, " is not a memfd: ", absl::string_view(target, n)));
+    // What it is instead is not said: the caller learns nothing of the
+    // files other processes hold.
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a memfd"));
   }
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
@@ -123,6 +131,12 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Open(
     return absl::FailedPreconditionError(absl::StrCat(
         path, " is not sealed against shrinking, growing and resealing (seals ", seals, ", needs ",
         kRequiredSeals, "): a segment that can shrink could crash the shard"));
+  }
+  // A memfd of huge pages could fault (SIGBUS) where the pool runs dry.
+  struct statfs filesystem;
+  if (fstatfs(fd, &filesystem) != 0 || filesystem.f_type != TMPFS_MAGIC) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is not a memfd of ordinary pages (huge pages are refused)"));
   }
   struct stat file;
   if (fstat(fd, &file) != 0) {

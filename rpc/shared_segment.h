@@ -44,6 +44,12 @@ class SharedSegment {
   // token written and its seals set.
   static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(int64_t size);
 
+  // Shard side: the checks of `attach` that need no file (a pid, an fd, a
+  // token of kTokenBytes, a size within [kHeaderBytes, max_size]):
+  // InvalidArgument naming the field. Open makes them first; a caller that
+  // reserves quota for the segment makes them before it reserves.
+  static absl::Status CheckAttach(const SharedSegmentAttach& attach, int64_t max_size);
+
   // Shard side: maps the segment `attach` describes, if it is one (see
   // above) of at most `max_size` bytes. Otherwise one sentence saying why
   // not: InvalidArgument (a malformed description, a wrong size),

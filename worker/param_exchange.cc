@@ -271,12 +271,14 @@ absl::Status ParameterExchange::ReceivePull(int i, const PullRequest& request, a
                                          if (pulled.ok()) response = *std::move(pulled);
                                          return pulled.status();
                                        }));
-  return CopyPulled(i, response, payload, params);
+  return CopyPulled(i, response, payload, params,
+                    request.exact_version() ? request.min_version() : -1);
 }
 
 absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
                                            const Payload& payload,
-                                           const std::vector<float*>& params) const {
+                                           const std::vector<float*>& params,
+                                           int64_t exact_version) const {
   const Message& message = messages_[i];
   if (response.partitions_size() != static_cast<int>(message.partitions.size())) {
     return absl::InternalError(absl::StrCat("shard ", message.shard, " returned ",
@@ -298,6 +300,13 @@ absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
           !std::binary_search(message.reduced.begin(), message.reduced.end(), p.tensor_id())))) {
       return absl::InternalError(
           absl::StrCat("shard ", message.shard, " returned a malformed pull"));
+    }
+    if (exact_version >= 0 && header.version() != exact_version) {
+      // A shard from before exact versions answers its current values.
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", message.shard, " answered partition ", p.tensor_id(), "/",
+                       p.partition(), " at version ", header.version(), ", not the exact version ",
+                       exact_version, " asked for"));
     }
     DecodePayload(payload, offset, p.num_elements(), dtype, params[p.tensor_id()] + p.offset());
     offset += size;

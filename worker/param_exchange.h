@@ -211,9 +211,11 @@ class ParameterExchange {
   absl::Status ReceivePull(int i, const PullRequest& request, absl::Time give_up,
                            const std::vector<float*>& params,
                            const std::function<bool()>& cancelled);
-  // Checks a pull's answer for message i and copies it into `params`.
+  // Checks a pull's answer for message i and copies it into `params`;
+  // `exact_version` >= 0: every partition must be at that version (an
+  // exact pull; FailedPrecondition otherwise).
   absl::Status CopyPulled(int i, const PullResponse& response, const Payload& payload,
-                          const std::vector<float*>& params) const;
+                          const std::vector<float*>& params, int64_t exact_version = -1) const;
 
   // Message i's push and pull in one round trip (PushPull's and a streamed
   // step's), falling back to separate calls on a timeout or lost connection.
