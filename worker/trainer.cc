@@ -102,8 +102,14 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
     exchange.reduced_dtype = model.precision() == FP16 ? WireDtype::kFloat16 : WireDtype::kBfloat16;
   }
   // A shutdown (drain) stops the waits but not a push under way: the rank's
-  // step reaches every shard or none.
-  exchange.push_cancelled = [this] { return abandoned_.load() || job_ended_.load(); };
+  // step reaches every shard or none, unless the shards do not take it
+  // within kShutdownPushGrace (the job ended there, or they are gone).
+  exchange.push_cancelled = [this] {
+    if (abandoned_.load() || job_ended_.load()) return true;
+    const int64_t shutdown = shutdown_at_ms_.load();
+    return shutdown > 0 && absl::ToUnixMillis(absl::Now()) - shutdown >
+                               absl::ToInt64Milliseconds(kShutdownPushGrace);
+  };
   const std::vector<std::string> stall = absl::StrSplit(options_.testing_stall_mid_push, ':');
   int rank = 0;
   int64_t step = 0;

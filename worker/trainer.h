@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "data/dataset.h"
@@ -156,9 +157,14 @@ class JobTrainer {
   // not waited for), then hand the rank back to the coordinator (drained),
   // which gives it to another worker while the job goes on.
   void Shutdown() {
+    shutdown_at_ms_.store(absl::ToUnixMillis(absl::Now()));
     shutting_down_.store(true);
     cancelled_.store(true);
   }
+  // How long a shutdown waits for the push under way before giving it up
+  // too (shards that answer push a step in milliseconds; ones that dropped
+  // the job, or are gone, would hold the exit for --push_timeout_ms).
+  static constexpr absl::Duration kShutdownPushGrace = absl::Seconds(2);
 
  private:
   // What one run of Train holds (the model, its data, what the loop
@@ -300,6 +306,7 @@ class JobTrainer {
   // under way is given up (a shutdown sets only cancelled_: the step it
   // computed is pushed whole; ExchangeOptions::push_cancelled).
   std::atomic<bool> abandoned_{false};
+  std::atomic<int64_t> shutdown_at_ms_{0};  // Shutdown's time, Unix ms.
   absl::Mutex cancel_mu_;
   std::string cancel_why_ ABSL_GUARDED_BY(cancel_mu_);  // Cancel's.
   // The coordinator answered a report: the job is no longer running (or
