@@ -1,5 +1,11 @@
 #include "common/net_address.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <cstring>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +39,38 @@ bool IsWildcardHost(const std::string& host) {
 
 bool IsLoopbackHost(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || absl::StartsWith(host, "127.");
+}
+
+bool IsThisHostAddress(const std::string& host) {
+  const std::string address = host.substr(0, host.find('%'));
+  unsigned char wanted[sizeof(in6_addr)] = {};
+  bool v4 = inet_pton(AF_INET, address.c_str(), wanted) == 1;
+  if (!v4) {
+    if (inet_pton(AF_INET6, address.c_str(), wanted) != 1) return false;
+    static const unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (std::memcmp(wanted, kMapped, sizeof(kMapped)) == 0) {
+      std::memmove(wanted, wanted + 12, sizeof(in_addr));
+      v4 = true;
+    } else if (IN6_IS_ADDR_LOOPBACK(reinterpret_cast<const in6_addr*>(wanted))) {
+      return true;
+    }
+  }
+  if (v4 && wanted[0] == 127) return true;
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return false;
+  bool found = false;
+  for (const ifaddrs* i = interfaces; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (v4 && i->ifa_addr->sa_family == AF_INET) {
+      found = std::memcmp(&reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, wanted,
+                          sizeof(in_addr)) == 0;
+    } else if (!v4 && i->ifa_addr->sa_family == AF_INET6) {
+      found = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, wanted,
+                          sizeof(in6_addr)) == 0;
+    }
+  }
+  freeifaddrs(interfaces);
+  return found;
 }
 
 std::string JoinHostPort(const std::string& host, int port) {

@@ -24,6 +24,12 @@ bool IsWildcardHost(const std::string& host);
 // 127.0.0.0/8, ::1): what only local processes can reach.
 bool IsLoopbackHost(const std::string& host);
 
+// Whether `host`, a numeric IPv4 or IPv6 address (an IPv4-mapped IPv6 one,
+// a zone such as %eth0 ignored), is this host's: loopback, or held by one
+// of the interfaces of this process's network namespace. False for a name
+// or anything that does not parse.
+bool IsThisHostAddress(const std::string& host);
+
 // "HOST:PORT", with brackets around an IPv6 host.
 std::string JoinHostPort(const std::string& host, int port);
 

@@ -1,5 +1,11 @@
 #include "common/net_address.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace downpour {
@@ -35,6 +41,31 @@ TEST(IsLoopbackHostTest, OnlyLoopbackNames) {
   for (const char* host : {"", "0.0.0.0", "::", "10.0.0.1", "example.org", "128.0.0.1"}) {
     EXPECT_FALSE(IsLoopbackHost(host)) << host;
   }
+}
+
+// Loopback in every spelling, and an address an interface of this host
+// holds (found here with getifaddrs); not a documentation-only address, a
+// name, or garbage.
+TEST(IsThisHostAddressTest, LoopbackAndThisHostsInterfacesOnly) {
+  EXPECT_TRUE(IsThisHostAddress("127.0.0.1"));
+  EXPECT_TRUE(IsThisHostAddress("127.3.2.1"));
+  EXPECT_TRUE(IsThisHostAddress("::1"));
+  EXPECT_TRUE(IsThisHostAddress("::ffff:127.0.0.1"));
+  EXPECT_FALSE(IsThisHostAddress("192.0.2.77"));  // TEST-NET-1.
+  EXPECT_FALSE(IsThisHostAddress("2001:db8::77"));
+  EXPECT_FALSE(IsThisHostAddress("localhost"));
+  EXPECT_FALSE(IsThisHostAddress("not an address"));
+  ifaddrs* interfaces = nullptr;
+  ASSERT_EQ(getifaddrs(&interfaces), 0);
+  for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, text,
+              sizeof(text));
+    EXPECT_TRUE(IsThisHostAddress(text)) << text;
+    EXPECT_TRUE(IsThisHostAddress(std::string("::ffff:") + text)) << text;
+  }
+  freeifaddrs(interfaces);
 }
 
 TEST(AdvertisedAddressTest, ListenAddressByDefault) {

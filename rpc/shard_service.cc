@@ -1,17 +1,13 @@
 #include "rpc/shard_service.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
-
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "common/net_address.h"
 #include "common/status.h"
 #include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/impl/rpc_service_method.h"
@@ -23,50 +19,12 @@ namespace downpour {
 namespace {
 
 // Whether a connection's peer (grpc's "ipv4:A:P", "ipv6:[A]:P", "unix:...")
-// is on this host: a unix socket, or an address one of this network
-// namespace's interfaces holds (loopback included).
+// is on this host: a unix socket, or an address this host holds.
 bool IsLocalPeer(const std::string& peer) {
   if (absl::StartsWith(peer, "unix:")) return true;
-  std::string host;
-  if (absl::StartsWith(peer, "ipv4:")) {
-    host = peer.substr(5, peer.rfind(':') - 5);
-  } else if (absl::StartsWith(peer, "ipv6:[")) {
-    const size_t end = peer.find(']');
-    if (end == std::string::npos) return false;
-    host = peer.substr(6, end - 6);
-    // A zone (%eth0) is not part of the address.
-    host = host.substr(0, host.find('%'));
-  } else {
-    return false;
-  }
-  unsigned char wanted[sizeof(in6_addr)] = {};
-  bool v4 = inet_pton(AF_INET, host.c_str(), wanted) == 1;
-  if (!v4) {
-    if (inet_pton(AF_INET6, host.c_str(), wanted) != 1) return false;
-    static const unsigned char kLoopback6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-    static const unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    if (std::memcmp(wanted, kLoopback6, 16) == 0) return true;
-    if (std::memcmp(wanted, kMapped, 12) == 0) {  // An IPv4 caller on a dual-stack socket.
-      std::memmove(wanted, wanted + 12, 4);
-      v4 = true;
-    }
-  }
-  if (v4 && wanted[0] == 127) return true;
-  ifaddrs* interfaces = nullptr;
-  if (getifaddrs(&interfaces) != 0) return false;
-  bool found = false;
-  for (const ifaddrs* i = interfaces; i != nullptr && !found; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr) continue;
-    if (v4 && i->ifa_addr->sa_family == AF_INET) {
-      found = std::memcmp(&reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, wanted,
-                          sizeof(in_addr)) == 0;
-    } else if (!v4 && i->ifa_addr->sa_family == AF_INET6) {
-      found = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, wanted,
-                          sizeof(in6_addr)) == 0;
-    }
-  }
-  freeifaddrs(interfaces);
-  return found;
+  if (!absl::StartsWith(peer, "ipv4:") && !absl::StartsWith(peer, "ipv6:")) return false;
+  absl::StatusOr<HostPort> address = ParseHostPort(peer.substr(5));
+  return address.ok() && IsThisHostAddress(address->host);
 }
 
 using Handler =
