@@ -286,6 +286,16 @@ class CountingShard final : public ParameterShard {
   std::atomic<int> pushes_{0};
 };
 
+// Job "j", worker "w": each partition a message of its own.
+ExchangeOptions OnePartitionAMessage() {
+  ExchangeOptions options;
+  options.job_id = "j";
+  options.worker_id = "w";
+  options.incarnation = 1;
+  options.message_bytes = 1024;
+  return options;
+}
+
 // A streamed step's message goes as soon as its tensors are announced,
 // before the others are (what overlaps the exchange with backward); one
 // whose gradient wait fails fails the step; an abandoned step sends nothing
@@ -300,11 +310,7 @@ TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
   ParameterStore store;
   ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
   CountingShard shard(&store);
-  ExchangeOptions options;
-  options.job_id = "j";
-  options.worker_id = "w";
-  options.incarnation = 1;
-  options.message_bytes = 1024;  // One partition a message.
+  ExchangeOptions options = OnePartitionAMessage();
   ParameterExchange exchange(options, *placed, {&shard});
   StepBuffers buffers(*params);
   const std::vector<const float*>& g = buffers.g;
@@ -359,11 +365,7 @@ TEST(ParameterExchangeTest, AStoppedStepIsPushedWholeWherePushesGoOn) {
     ParameterStore store;
     ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
     CountingShard shard(&store);
-    ExchangeOptions options;
-    options.job_id = "j";
-    options.worker_id = "w";
-    options.incarnation = 1;
-    options.message_bytes = 1024;  // One partition a message.
+    ExchangeOptions options = OnePartitionAMessage();
     if (pushes_go_on) options.push_cancelled = [] { return false; };
     ParameterExchange exchange(options, *placed, {&shard});
     StepBuffers buffers(*params);
