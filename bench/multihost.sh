@@ -14,7 +14,7 @@
 #
 # For each RATE of RATES and each system of SYSTEMS (downpour, ddp: fp32
 # all-reduce, ddp_bf16: DDP with bf16_compress_hook), one run of MODEL
-# (resnet18, cnn) in PRECISION for EPOCHS epochs of Fashion-MNIST, 128
+# (resnet18, vgg11, cnn) in PRECISION for EPOCHS epochs of Fashion-MNIST, 128
 # examples a GPU a step. Printed per run, as a JSON line in $OUT/multihost.jsonl
 # and a table in $OUT/multihost.md: examples/s (every GPU together; Downpour:
 # the workers' own count of trained steps over their training time, PyTorch:
@@ -34,7 +34,7 @@
 #
 # Environment (defaults in brackets): RATES [25gbit 10gbit], SYSTEMS
 # [downpour ddp ddp_bf16], LAYOUT [cpu_shards], MODEL [resnet18], PRECISION
-# [bf16], GPUS_PER_HOST [2], EPOCHS [3], TARGET [0.92 resnet18, 0.90 cnn],
+# [bf16], GPUS_PER_HOST [2], EPOCHS [3], TARGET [0.92 resnet18 and vgg11, 0.90 cnn],
 # EXTRA_SPEC [scaling_tools.py's --extra, e.g. "gradient_wire_dtype:
 # BFLOAT16"], WORKER_FLAGS, PS_FLAGS, DEVICES [gpu; cpu: no --devices, DDP
 # on gloo], PYTHON [python3], RUN_TIMEOUT [900 s], OUT [./multihost-out],
@@ -64,8 +64,9 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 case $MODEL in
   # The model's float32 bytes (Fashion-MNIST: one channel in, ten classes).
   resnet18) TARGET=${TARGET:-0.92} PARAM_BYTES=42620000 ;;
+  vgg11) TARGET=${TARGET:-0.92} PARAM_BYTES=112580000 ;;
   cnn) TARGET=${TARGET:-0.90} PARAM_BYTES=1610000 ;;
-  *) echo "multihost: MODEL=$MODEL: resnet18 or cnn" >&2; exit 2 ;;
+  *) echo "multihost: MODEL=$MODEL: resnet18, vgg11 or cnn" >&2; exit 2 ;;
 esac
 case $LAYOUT in cpu_shards | colocated) ;; *) echo "multihost: LAYOUT=$LAYOUT: cpu_shards or colocated" >&2; exit 2 ;; esac
 ((EUID == 0)) || { echo "multihost: needs root (network namespaces, tc)" >&2; exit 2; }

@@ -85,6 +85,21 @@ def vgg11():
     return nn.Sequential(*layers)
 
 
+def vgg11_bn_fashion():
+    """examples/fashion_mnist_vgg11.pbtxt: VGG-11 with batch norm on 28x28x1
+    Fashion-MNIST images, four pools (28 -> 1), a 4096-4096-10 classifier."""
+    layers, cin = [], 1
+    for v in [64, 128, 'M', 256, 256, 'M', 512, 512, 'M', 512, 512, 'M']:
+        if v == 'M':
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(cin, v, 3, padding=1, bias=False), nn.BatchNorm2d(v), nn.ReLU()]
+            cin = v
+    layers += [nn.Flatten(), nn.Linear(512, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+               nn.Linear(4096, 10)]
+    return nn.Sequential(*layers)
+
+
 # (cuDNN convolutions, cuBLAS matmuls) may use TF32, per precision; None:
 # PyTorch's defaults.
 TF32 = {

@@ -9,8 +9,9 @@ and steady-state throughput.
       bench/pytorch_train.py --model resnet18 --fashion DIR --t0 $(date +%s.%N)
 
 What matches the job specs (examples/fashion_mnist_cnn.pbtxt,
-examples/fashion_mnist_resnet18.pbtxt):
-  model      bench/pytorch_step_time.py's cnn() and resnet18(), the same layers
+examples/fashion_mnist_resnet18.pbtxt, examples/fashion_mnist_vgg11.pbtxt):
+  model      bench/pytorch_step_time.py's cnn(), resnet18() and
+             vgg11_bn_fashion(), the same layers
              (NCHW here, NHWC in ours: the same arithmetic); the example
              ResNet-18 takes 28x28x1 images, so its stem convolution is
              rebuilt with one input channel (pytorch_step_time's is CIFAR's
@@ -74,8 +75,9 @@ FILES = {
     'test_labels': 't10k-labels-idx1-ubyte.gz',
 }
 # The job specs the baselines mirror, and their race targets.
-SPECS = {'cnn': 'fashion_mnist_cnn.pbtxt', 'resnet18': 'fashion_mnist_resnet18.pbtxt'}
-TARGETS = {'cnn': 0.90, 'resnet18': 0.92}
+SPECS = {'cnn': 'fashion_mnist_cnn.pbtxt', 'resnet18': 'fashion_mnist_resnet18.pbtxt',
+         'vgg11': 'fashion_mnist_vgg11.pbtxt'}
+TARGETS = {'cnn': 0.90, 'resnet18': 0.92, 'vgg11': 0.92}
 
 
 def is_rank0():
@@ -113,7 +115,7 @@ def parse_args():
     p.add_argument('--batch', type=int, default=128, help='examples per GPU per step')
     p.add_argument('--lr', type=float, default=None, help="default: the job spec's learning_rate")
     p.add_argument('--epochs', type=int, default=15)
-    p.add_argument('--target', type=float, default=None, help='default 0.90 cnn, 0.92 resnet18')
+    p.add_argument('--target', type=float, default=None, help='default 0.90 cnn, 0.92 resnet18 and vgg11')
     p.add_argument('--precision', choices=['fp32', 'bf16', 'tf32', 'fp32_strict'], default='fp32')
     p.add_argument('--channels_last', action='store_true')
     p.add_argument('--cudnn_benchmark', type=int, default=1)
@@ -168,7 +170,7 @@ def main():
     if a.device == 'cuda' and not torch.cuda.is_available():
         die(f'CUDA is not available to PyTorch {torch.__version__} (built for CUDA '
             f'{torch.version.cuda}); run on a GPU machine, or pass --device cpu')
-    from pytorch_step_time import Tf32Flags, cnn, resnet18
+    from pytorch_step_time import Tf32Flags, cnn, resnet18, vgg11_bn_fashion
 
     ddp = 'RANK' in os.environ and 'WORLD_SIZE' in os.environ
     rank, world, local_rank = 0, 1, 0
@@ -210,6 +212,8 @@ def main():
     torch.manual_seed(a.seed)
     if a.model == 'cnn':
         model = cnn()
+    elif a.model == 'vgg11':
+        model = vgg11_bn_fashion()
     else:
         model = resnet18()
         # The example spec's ResNet-18 reads 28x28x1: a one-channel stem.

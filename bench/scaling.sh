@@ -47,7 +47,8 @@
 #
 # The matrix (environment; defaults in brackets):
 #   MODELS [cnn]         cnn (examples/fashion_mnist_cnn.pbtxt), resnet18
-#                        (examples/fashion_mnist_resnet18.pbtxt)
+#                        (examples/fashion_mnist_resnet18.pbtxt), vgg11
+#                        (examples/fashion_mnist_vgg11.pbtxt)
 #   PRECISIONS [fp32]    fp32 bf16 (tf32 fp32_strict too)
 #   SHAPES [1x1]         WxG: W worker processes of G GPUs each; worker i gets
 #                        --devices=its own G GPUs; batch_size 128*G per worker
@@ -176,18 +177,19 @@ shape_fits() {
   return 1
 }
 
-param_mb() { case $1 in cnn) echo 1.61 ;; resnet18) echo 42.62 ;; *) echo 10 ;; esac; }
+param_mb() { case $1 in cnn) echo 1.61 ;; resnet18) echo 42.62 ;; vgg11) echo 112.58 ;; *) echo 10 ;; esac; }
 
 spec_for() {
   case $1 in
     cnn) echo "$ROOT/examples/fashion_mnist_cnn.pbtxt" ;;
     resnet18) echo "$ROOT/examples/fashion_mnist_resnet18.pbtxt" ;;
-    *) echo "unknown model $1 (cnn, resnet18)" >&2; return 1 ;;
+    vgg11) echo "$ROOT/examples/fashion_mnist_vgg11.pbtxt" ;;
+    *) echo "unknown model $1 (cnn, resnet18, vgg11)" >&2; return 1 ;;
   esac
 }
 target_for() {
   if [[ -n $TARGET ]]; then echo "$TARGET"; return; fi
-  case $1 in resnet18) echo 0.92 ;; *) echo 0.90 ;; esac
+  case $1 in resnet18 | vgg11) echo 0.92 ;; *) echo 0.90 ;; esac
 }
 
 wait_file() {
