@@ -223,11 +223,12 @@ run_downpour() {
   done
   link_bytes >"$R/links.before"
   t0=$(date +%s.%N)
-  timeout "$RUN_TIMEOUT" "$CTL" --coordinator="$C" submit "$R/spec.pbtxt" --wait \
+  timeout "$RUN_TIMEOUT" "$CTL" --coordinator="$C" submit "$R/spec.pbtxt" --job_id=run --wait \
     >"$R/submit.out" 2>"$R/submit.err"
   local rc=$?
   t1=$(date +%s.%N)
   link_bytes >"$R/links.after"
+  "$CTL" --coordinator="$C" -o json get run >"$R/job.json" 2>>"$R/submit.err"
   stop_all "${run_pids[@]}"
   python3 - "$R" "$name" "$rate" "$rc" "$t0" "$t1" <<'EOF'
 import json, re, sys
@@ -248,11 +249,20 @@ for i in (0, 1):
         steps = max(steps, n)
 out = open(f"{R}/submit.out").read()
 acc = re.search(r"test_accuracy=([\d.]+)", out)
+# Time to target: the first evaluation at or above it, from the clock taken
+# just before the submit (one host, one clock).
+try:
+    evaluations = json.load(open(f"{R}/job.json")).get("evaluations", [])
+except (OSError, ValueError):
+    evaluations = []
+reached = next((e for e in evaluations if float(e.get("accuracy", 0)) >= float(env["TARGET"])), None)
+ttt = round(int(reached["time_ms"]) / 1000.0 - float(t0), 1) if reached else None
 line = {"system": "downpour", "layout": env["LAYOUT"], "rate": rate, "model": env["MODEL"],
         "precision": env["PRECISION"], "extra": env.get("EXTRA_SPEC", ""),
         "gpus": 0 if env["DEVICES"] == "cpu" else 2 * int(env["G"]),
         "examples_per_s": round(rate_sum, 1),
-        "test_accuracy": float(acc.group(1)) if acc else None, "rc": int(rc),
+        "test_accuracy": float(acc.group(1)) if acc else None, "time_to_target_s": ttt,
+        "rc": int(rc),
         "wall_s": round(float(t1) - float(t0), 1), "steps": steps,
         "split_ms": [float(x) for x in split[-1]] if split else None}
 per_step = {}
@@ -267,16 +277,17 @@ EOF
 
 # run_ddp RATE NAME HOOK: one DDP run over the two worker hosts.
 run_ddp() {
-  local rate=$1 name=$2 hook=$3 R=$OUT/runs/$2 r pids=() before
+  local rate=$1 name=$2 hook=$3 R=$OUT/runs/$2 r pids=() before t0
   mkdir -p "$R"
   link_bytes >"$R/links.before"
+  t0=$(date +%s.%N)
   for r in 0 1; do
     local env=(NCCL_SOCKET_IFNAME="${LINK[w$r]}n" NCCL_HOSTID="downpour-multihost-w$r"
       NCCL_IB_DISABLE=1 NCCL_NVLS_ENABLE=0 GLOO_SOCKET_IFNAME="${LINK[w$r]}n"
       PYTHONUNBUFFERED=1)
     [[ $DEVICES != cpu ]] && env+=(CUDA_VISIBLE_DEVICES="$(gpus_of $r)")
     local args=(--model "$MODEL" --precision "$PRECISION" --epochs "$EPOCHS"
-      --target "$TARGET" --comm_hook "$hook" --fashion "$FASHION_MNIST_DIR")
+      --target "$TARGET" --comm_hook "$hook" --fashion "$FASHION_MNIST_DIR" --t0 "$t0")
     [[ $DEVICES == cpu ]] && args+=(--device cpu)
     ip netns exec "dpmh-w$r" env "${env[@]}" timeout "$RUN_TIMEOUT" "$PYTHON" \
       -m torch.distributed.run --nnodes=2 --node_rank=$r --nproc_per_node="$G" \
@@ -312,7 +323,7 @@ print(json.dumps(line))
 EOF
 }
 
-export BATCH LAYOUT MODEL PRECISION G EXTRA_SPEC DEVICES
+export BATCH LAYOUT MODEL PRECISION G EXTRA_SPEC DEVICES TARGET
 : >"$OUT/multihost.jsonl"
 for rate in $RATES; do
   net_up "$rate" || { note "could not build the links at $rate (ip/tc failed)"; exit 1; }
@@ -331,8 +342,8 @@ python3 - "$OUT/multihost.jsonl" "$PARAM_BYTES" >"$OUT/multihost.md" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 param = int(sys.argv[2])
-print("| system | layout | link | examples/s | test accuracy | w0 link MB/step in / out | s0 link MB/step in / out | theory MB/step per worker host, each way |")
-print("|---|---|---|---|---|---|---|---|")
+print("| system | layout | link | examples/s | time to target s | test accuracy | w0 link MB/step in / out | s0 link MB/step in / out | theory MB/step per worker host, each way |")
+print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     links = r.get("link_mb_per_step", {})
     w0, s0 = links.get("w0", {}), links.get("s0", {})
@@ -346,6 +357,7 @@ for r in rows:
         per = param // 2 if r["system"] == "ddp_bf16" else param
         theory = f"{2 * (2 - 1) / 2 * per / 1e6:.1f} each way (ring over 2 hosts)"
     print(f"| {r['system']} | {r['layout']} | {r['rate']} | {r.get('examples_per_s')} | "
+          f"{r.get('time_to_target_s')} | "
           f"{r.get('test_accuracy')} | {w0.get('rx_mb')} / {w0.get('tx_mb')} | "
           f"{s0.get('rx_mb')} / {s0.get('tx_mb')} | {theory} |")
 EOF
