@@ -151,6 +151,17 @@ link_bytes() {
   done
 }
 
+# link_drops: "host dropped" lines, packets each host's link queues dropped
+# both ways so far (tbf's queue full: TCP then retransmits, and those bytes
+# count in link_bytes too).
+link_drops() {
+  local h
+  for h in "${HOSTS[@]}"; do
+    echo "$h $(( $(tc -s qdisc show dev "${LINK[$h]}" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1) +
+      $(tc -n "dpmh-$h" -s qdisc show dev "${LINK[$h]}n" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1) ))"
+  done
+}
+
 # gpus_of HOST_INDEX: the comma list of that worker host's GPUs.
 GPU_COUNT=0
 [[ $DEVICES != cpu ]] && GPU_COUNT=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -222,12 +233,14 @@ run_downpour() {
       { note "$name: a daemon did not start (logs in $R)"; stop_all "${run_pids[@]}"; return 1; }
   done
   link_bytes >"$R/links.before"
+  link_drops >"$R/drops.before"
   t0=$(date +%s.%N)
   timeout "$RUN_TIMEOUT" "$CTL" --coordinator="$C" submit "$R/spec.pbtxt" --job_id=run --wait \
     >"$R/submit.out" 2>"$R/submit.err"
   local rc=$?
   t1=$(date +%s.%N)
   link_bytes >"$R/links.after"
+  link_drops >"$R/drops.after"
   "$CTL" --coordinator="$C" -o json get run >"$R/job.json" 2>>"$R/submit.err"
   stop_all "${run_pids[@]}"
   python3 - "$R" "$name" "$rate" "$rc" "$t0" "$t1" <<'EOF'
@@ -237,7 +250,13 @@ import os
 env = os.environ
 def links(path):
     return {h: (int(rx), int(tx)) for h, rx, tx in (l.split() for l in open(path))}
+def drops(path):
+    try:
+        return {h: int(n) for h, n in (l.split() for l in open(path))}
+    except (OSError, ValueError):
+        return {}
 before, after = links(f"{R}/links.before"), links(f"{R}/links.after")
+dropped = {h: n - drops(f"{R}/drops.before").get(h, 0) for h, n in drops(f"{R}/drops.after").items()}
 rate_sum, steps = 0.0, 0
 for i in (0, 1):
     text = open(f"{R}/worker{i}.log").read()
@@ -271,6 +290,7 @@ for h in before:
     tx = (after[h][1] - before[h][1]) / max(steps, 1)
     per_step[h] = {"rx_mb": round(rx / 1e6, 2), "tx_mb": round(tx / 1e6, 2)}
 line["link_mb_per_step"] = per_step
+line["link_drops"] = dropped
 print(json.dumps(line))
 EOF
 }
@@ -280,6 +300,7 @@ run_ddp() {
   local rate=$1 name=$2 hook=$3 R=$OUT/runs/$2 r pids=() before t0
   mkdir -p "$R"
   link_bytes >"$R/links.before"
+  link_drops >"$R/drops.before"
   t0=$(date +%s.%N)
   for r in 0 1; do
     local env=(NCCL_SOCKET_IFNAME="${LINK[w$r]}n" NCCL_HOSTID="downpour-multihost-w$r"
@@ -298,13 +319,20 @@ run_ddp() {
   local rc=0
   for r in 0 1; do wait "${pids[$r]}" || rc=$?; done
   link_bytes >"$R/links.after"
+  link_drops >"$R/drops.after"
   python3 - "$R" "$name" "$rate" "$rc" "$hook" <<'EOF'
 import json, sys, os
 R, name, rate, rc, hook = sys.argv[1:6]
 env = os.environ
 def links(path):
     return {h: (int(rx), int(tx)) for h, rx, tx in (l.split() for l in open(path))}
+def drops(path):
+    try:
+        return {h: int(n) for h, n in (l.split() for l in open(path))}
+    except (OSError, ValueError):
+        return {}
 before, after = links(f"{R}/links.before"), links(f"{R}/links.after")
+dropped = {h: n - drops(f"{R}/drops.before").get(h, 0) for h, n in drops(f"{R}/drops.after").items()}
 result = {}
 for l in open(f"{R}/node0.log"):
     if l.startswith("{") and '"system"' in l:
@@ -318,7 +346,8 @@ line = {"system": "ddp" if hook == "none" else "ddp_bf16", "layout": "-", "rate"
         "time_to_target_s": result.get("time_to_target_s"), "rc": int(rc), "steps": steps,
         "link_mb_per_step": {h: {"rx_mb": round((after[h][0] - before[h][0]) / steps / 1e6, 2),
                                  "tx_mb": round((after[h][1] - before[h][1]) / steps / 1e6, 2)}
-                             for h in before}}
+                             for h in before},
+        "link_drops": dropped}
 print(json.dumps(line))
 EOF
 }
