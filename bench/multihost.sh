@@ -214,7 +214,8 @@ run_downpour() {
     # --shared_memory=false on both sides: the emulated hosts share one
     # kernel, and real ones could not map each other's memory.
     ip netns exec "dpmh-$h" "$PS" --listen="${ADDR[$h]}:0" --port_file="$R/ps$i.port" \
-      --coordinator="$C" --node_id="ps$i" --insecure --shared_memory=false $PS_FLAGS \
+      --coordinator="$C" --node_id="ps$i" --insecure --shared_memory=false \
+      --metrics_listen="${ADDR[$h]}:0" $PS_FLAGS \
       >"$R/ps$i.log" 2>&1 &
     run_pids+=($!)
   done
@@ -225,6 +226,7 @@ run_downpour() {
     # shellcheck disable=SC2086  # WORKER_FLAGS: words
     ip netns exec "dpmh-$h" "$WORKER" --listen="${ADDR[$h]}:0" --port_file="$R/w$i.port" \
       --coordinator="$C" --node_id="w$i" --data_dir="$DATA" --insecure --shared_memory=false \
+      --metrics_listen="${ADDR[$h]}:0" \
       "${devs[@]}" $WORKER_FLAGS >"$R/worker$i.log" 2>&1 &
     run_pids+=($!)
   done
@@ -234,6 +236,28 @@ run_downpour() {
   done
   link_bytes >"$R/links.before"
   link_drops >"$R/drops.before"
+  # Every daemon's /metrics once a second while the job runs, the last
+  # scrape holding the job's series kept (a shard drops them when the job
+  # ends): where a step's time went on each side.
+  python3 - "$R" "$CTL" "$C" <<'EOF_SCRAPE' &
+import json, os, subprocess, sys, time, urllib.request
+R, ctl, coordinator = sys.argv[1:4]
+while not os.path.exists(f"{R}/scrape.stop"):
+    try:
+        nodes = json.loads(subprocess.run([ctl, f"--coordinator={coordinator}", "-o", "json", "nodes"],
+                                          capture_output=True, text=True, timeout=10).stdout)
+    except (ValueError, subprocess.SubprocessError):
+        nodes = []
+    for n in nodes:
+        try:
+            text = urllib.request.urlopen(f"http://{n['metrics_address']}/metrics", timeout=2).read().decode()
+        except (KeyError, OSError):
+            continue
+        if 'job="run"' in text:
+            open(f"{R}/metrics-{n['id']}.txt", "w").write(text)
+    time.sleep(1)
+EOF_SCRAPE
+  local scraper=$!
   t0=$(date +%s.%N)
   timeout "$RUN_TIMEOUT" "$CTL" --coordinator="$C" submit "$R/spec.pbtxt" --job_id=run --wait \
     >"$R/submit.out" 2>"$R/submit.err"
@@ -242,6 +266,8 @@ run_downpour() {
   link_bytes >"$R/links.after"
   link_drops >"$R/drops.after"
   "$CTL" --coordinator="$C" -o json get run >"$R/job.json" 2>>"$R/submit.err"
+  touch "$R/scrape.stop"
+  wait "$scraper"
   stop_all "${run_pids[@]}"
   python3 - "$R" "$name" "$rate" "$rc" "$t0" "$t1" <<'EOF'
 import json, re, sys
@@ -291,6 +317,42 @@ for h in before:
     per_step[h] = {"rx_mb": round(rx / 1e6, 2), "tx_mb": round(tx / 1e6, 2)}
 line["link_mb_per_step"] = per_step
 line["link_drops"] = dropped
+# The daemons' own counts per step: a shard's bytes and apply seconds, a
+# worker's bytes and message round trips (the SYNC wait for the other
+# worker included).
+def series(path):
+    values = {}
+    try:
+        for l in open(path):
+            if l.startswith("#") or not l.strip():
+                continue
+            name_labels, _, value = l.rpartition(" ")
+            name = name_labels.split("{")[0]
+            if 'job="run"' in name_labels or "{" not in name_labels:
+                values[name] = values.get(name, 0.0) + float(value)
+    except (OSError, ValueError):
+        pass
+    return values
+import glob
+daemons = {}
+for path in sorted(glob.glob(f"{R}/metrics-*.txt")):
+    node, v, n = path.rsplit("metrics-", 1)[1][:-4], series(path), max(steps, 1)
+    if node.startswith("ps"):
+        daemons[node] = {
+            "in_mb": round(v.get("downpour_ps_received_bytes_total", 0) / n / 1e6, 2),
+            "out_mb": round(v.get("downpour_ps_sent_bytes_total", 0) / n / 1e6, 2),
+            "apply_ms": round(v.get("downpour_ps_apply_seconds_sum", 0) / n * 1e3, 2),
+            "applies": round(v.get("downpour_ps_apply_seconds_count", 0) / n, 1)}
+    else:
+        calls = v.get("downpour_worker_push_seconds_count", 0)
+        daemons[node] = {
+            "pushed_mb": round(v.get("downpour_worker_pushed_bytes_total", 0) / n / 1e6, 2),
+            "pulled_mb": round(v.get("downpour_worker_pulled_bytes_total", 0) / n / 1e6, 2),
+            "messages": round(calls / n, 1),
+            "round_trip_ms": round(v.get("downpour_worker_push_seconds_sum", 0) / calls * 1e3, 2)
+            if calls else None,
+            "retries": v.get("downpour_worker_rpc_retries_total", 0)}
+line["daemons_per_step"] = daemons
 print(json.dumps(line))
 EOF
 }
