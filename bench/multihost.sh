@@ -21,7 +21,10 @@
 # pytorch_train.py's steady epochs), the final test accuracy and time to
 # TARGET where reached, and the bytes each host's link carried a step in each
 # direction (its veth's counters over the whole run over the steps), beside
-# the theoretical figure: Downpour a worker host pushes gradients
+# the theoretical figure, the packets the links' queues dropped, and
+# (Downpour) the daemons' own figures a step from their /metrics: each
+# shard's bytes and apply time, each worker's bytes, messages and their
+# mean round trip. The theoretical figure: Downpour a worker host pushes gradients
 # (gradient_wire_dtype) and pulls parameters (bf16 weights of a bf16 job,
 # fp32 otherwise) once a step; a ring all-reduce moves 2 (n-1)/n of the
 # gradient in and out of each of the n hosts.
