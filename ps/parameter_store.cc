@@ -838,9 +838,9 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
   auto dtype_of = [&](const Partition& p) {
     return reduced.contains(p.tensor_id) ? reduced_dtype : WireDtype::kFloat32;
   };
-  if (request.exact_version() && (!job->sync() || request.sparse_size() > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pull from job ", job->id, ": an exact version is for a SYNC job's dense partitions"));
+  if (request.exact_version() && !job->sync()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull from job ", job->id, ": an exact version is for a SYNC job"));
   }
   int64_t sparse_bytes = 0;
   SparseStore* const sparse = request.sparse_size() > 0 ? job->sparse.get() : nullptr;

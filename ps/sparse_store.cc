@@ -1,6 +1,8 @@
 #include "ps/sparse_store.h"
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -76,6 +78,7 @@ absl::StatusOr<std::unique_ptr<SparseStore>> SparseStore::Create(
     held.ids.resize(store->tables_.size());
     held.grads.resize(store->tables_.size());
   }
+  store->previous_.resize(store->tables_.size());
   return store;
 }
 
@@ -254,6 +257,25 @@ absl::StatusOr<bool> SparseStore::Push(const PushRequest& request, const Payload
   return late;
 }
 
+void SparseStore::KeepPrevious(int t, const int64_t* ids, int64_t n) {
+  Previous& kept = previous_[t];
+  kept.values.resize(n * tables_[t].info.dim);
+  // Peek: a row not yet created reads as it will be created, which is the
+  // value the step started it from.
+  (void)tables_[t].rows->Peek(ids, n, kept.values.data());
+  kept.index.reserve(n);
+  for (int64_t i = 0; i < n; ++i) kept.index.emplace(ids[i], i);
+}
+
+void SparseStore::DropPrevious() {
+  for (Previous& kept : previous_) {
+    kept.index = {};
+    kept.values = {};
+  }
+  previous_version_ = -1;
+  previous_bytes_ = 0;
+}
+
 absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* diverged) {
   const int64_t dim = tables_[t].info.dim;
   if (num_contributors_ == 1) {
@@ -262,6 +284,7 @@ absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* div
     for (int rank = 0; rank < num_workers_; ++rank) {
       const std::vector<int64_t>& ids = held_[rank].ids[t];
       if (!arrived_[rank] || ids.empty()) continue;
+      KeepPrevious(t, ids.data(), static_cast<int64_t>(ids.size()));
       return ApplyRows(t, ids.data(), static_cast<int64_t>(ids.size()), held_[rank].grads[t].data(),
                        version, version, /*rank=*/-1, diverged);
     }
@@ -292,6 +315,7 @@ absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* div
   if (ids.empty()) return absl::OkStatus();
   const float scale = 1.f / static_cast<float>(num_contributors_);
   for (float& v : sum) v *= scale;
+  KeepPrevious(t, ids.data(), static_cast<int64_t>(ids.size()));
   return ApplyRows(t, ids.data(), static_cast<int64_t>(ids.size()), sum.data(), version, version,
                    /*rank=*/-1, diverged);
 }
@@ -311,6 +335,9 @@ void SparseStore::MaybeCompleteStep() {
     if (frozen->version() == version && !frozen->copied_) CopyRows(frozen.get());
   }
   frozen_.reset();
+  // What this step changes is kept from before it (CompleteTable), for an
+  // exact pull of `version`; what the step before kept is dropped.
+  DropPrevious();
   if (num_contributors_ > 0) {
     // Tables are independent: each is summed and applied on its own thread.
     std::vector<absl::Status> applied(tables_.size());
@@ -335,6 +362,11 @@ void SparseStore::MaybeCompleteStep() {
   num_arrived_ = 0;
   num_contributors_ = 0;
   held_bytes_ = 0;
+  previous_version_ = version;
+  for (const Previous& kept : previous_) {
+    previous_bytes_ += static_cast<int64_t>(kept.values.capacity() * sizeof(float) +
+                                            kept.index.capacity() * (2 * sizeof(int64_t) + 1));
+  }
   version_.store(version + 1, std::memory_order_release);
   if (capture_at_ == version + 1) {
     handoffs_.emplace_back(std::move(capture_fn_), Freeze(version + 1));
@@ -398,13 +430,28 @@ absl::StatusOr<int64_t> SparseStore::PullBytes(const PullRequest& request) const
   return bytes;
 }
 
-absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullResponse* response) {
+absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullResponse* response)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ is held for an exact pull only.
   RETURN_IF_ERROR(failure());
+  // An exact pull holds mu_ throughout: no step completes while its rows
+  // are read and the kept values laid over them.
+  std::optional<absl::MutexLock> exact_lock;
+  const bool exact = request.exact_version();
+  const int64_t exact_version = request.min_version();
+  if (exact) {
+    exact_lock.emplace(&mu_);
+    const int64_t at = version_.load(std::memory_order_relaxed);
+    if (at != exact_version && !(at == exact_version + 1 && previous_version_ == exact_version)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pull from job ", job_id_, ": the sparse tables are at version ", at,
+                       " and no longer keep their rows of version ", exact_version));
+    }
+  }
   // Where each table's rows go in `out`; then the tables are looked up at
   // once (a table's lookups create its new rows).
   const int asked_tables = request.sparse_size();
   // Read before the rows: they have at least this version's updates.
-  const int64_t version = version_.load(std::memory_order_acquire);
+  const int64_t version = exact ? exact_version : version_.load(std::memory_order_acquire);
   std::vector<float*> rows_out(asked_tables);
   for (int i = 0; i < asked_tables; ++i) {
     const SparseRows& asked = request.sparse(i);
@@ -428,6 +475,20 @@ absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullRespon
   WorkPool::ForEach(pool_, asked_tables, look_up);
   for (const absl::Status& status : looked_up) {
     if (!status.ok()) return Annotate(status, absl::StrCat("pull from job ", job_id_));
+  }
+  if (exact && version_.load(std::memory_order_relaxed) != exact_version) {
+    // One step on: the rows it changed, as they were before it.
+    for (int i = 0; i < asked_tables; ++i) {
+      const SparseRows& asked = request.sparse(i);
+      const Previous& kept = previous_[asked.table()];
+      const int64_t dim = tables_[asked.table()].info.dim;
+      for (int64_t j = 0; j < asked.ids_size(); ++j) {
+        auto it = kept.index.find(asked.ids(j));
+        if (it == kept.index.end()) continue;
+        std::memcpy(rows_out[i] + j * dim, kept.values.data() + it->second * dim,
+                    dim * sizeof(float));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -466,7 +527,7 @@ int64_t SparseStore::MemoryBytes() const {
   int64_t bytes = 0;
   for (const Table& table : tables_) bytes += table.rows->bytes();
   absl::MutexLock lock(&mu_);
-  return bytes + held_bytes_;
+  return bytes + held_bytes_ + previous_bytes_;
 }
 
 std::vector<SparseTable::Snapshot> SparseStore::Snapshot() const {
@@ -610,6 +671,7 @@ absl::Status SparseStore::Restore(const ShardSnapshot& snapshot) {
   num_arrived_ = 0;
   num_contributors_ = 0;
   held_bytes_ = 0;
+  DropPrevious();
   version_.store(version, std::memory_order_release);
   return absl::OkStatus();
 }

@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -178,7 +179,11 @@ class SparseStore {
   absl::StatusOr<int64_t> PullBytes(const PullRequest& request) const;
   // Writes the rows of `request.sparse()` (checked by PullBytes) at `out`,
   // row-major, table after table in the order asked, and lists them in
-  // `response->sparse` (FLOAT32). Missing rows are created;
+  // `response->sparse` (FLOAT32). With exact_version (SYNC), the rows as
+  // they were at version min_version exactly: at it, or one step past it
+  // with the rows that step changed read from the values kept from before
+  // it; FailedPrecondition when the tables are further on (or a restore
+  // dropped what was kept). Missing rows are created;
   // ResourceExhausted (the table's message) when one cannot be. A read-only
   // pull (sparse_read_only: an evaluation's) changes nothing
   // (SparseTable::Peek): a missing row is answered with the values it would
@@ -248,9 +253,15 @@ class SparseStore {
   SparseStore(std::string job_id, const JobSpec& spec, int shard_index, DivergedFn diverged,
               WorkPool* pool);
   // The SYNC step's mean gradient of table t over the ranks that arrived,
-  // applied at `version`; `*diverged` as ApplyRows's.
+  // applied at `version`, the rows' values before it kept in previous_[t]
+  // (each table's thread writes only its own); `*diverged` as ApplyRows's.
   absl::Status CompleteTable(int t, int64_t version, std::string* diverged)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Keeps the values of rows ids[0..n) of table t, as they are, in
+  // previous_[t].
+  void KeepPrevious(int t, const int64_t* ids, int64_t n) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Drops every kept previous value (a restore, or a step that changed none).
+  void DropPrevious() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   bool sync() const { return mode_ == ConsistencySpec::SYNC; }
   // Checks one row id of `table` against its vocabulary and this shard.
@@ -303,6 +314,17 @@ class SparseStore {
   int num_contributors_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // SYNC: the values, before the last completed step (version
+  // previous_version_ + 1), of the rows that step changed, per table, so an
+  // exact pull of version previous_version_ reads every row as that step
+  // read it. Replaced at each completed step; -1 when none is kept.
+  struct Previous {
+    absl::flat_hash_map<int64_t, int64_t> index;  // Row id: its place in values.
+    std::vector<float> values;                    // [rows * dim]
+  };
+  std::vector<Previous> previous_ ABSL_GUARDED_BY(mu_);
+  int64_t previous_version_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t previous_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // SYNC checkpoints: the step a capture waits for (0: none) and who gets
   // it; the capture whose rows the tables still hold (copied before its
   // version's step is applied, unless nobody holds it any more); captures

@@ -332,6 +332,60 @@ TEST_F(SparseStoreTest, ReadOnlyPullChangesNothing) {
   EXPECT_EQ(rows[held[1]], trained[held[1]]);
 }
 
+TEST_F(SparseStoreTest, SyncExactPullReadsTheRowsAsTheStepBeforeReadThem) {
+  // What a worker taking over a rank lost between its sparse push and its
+  // dense push reads: the step the lost worker computed, from the rows it
+  // read then, though the tables have applied that step since.
+  Host(Spec(ConsistencySpec::SYNC, 1));
+  const std::vector<int64_t> ids = RowsOf(0, 3);
+  const int64_t a = ids[0], b = ids[1], never = ids[2];
+  PullRows(0, {a, b});
+  const std::vector<float> g0 = {1, 2, 3, 4}, g1 = {-4, 3, -2, 1};
+  const std::vector<float> a1 = AfterSgd(InitialRow(0, a), {g0});
+  const std::vector<float> b2 = AfterSgd(InitialRow(0, b), {g1});
+  auto exact = [this](const std::vector<int64_t>& rows, int64_t version) {
+    PullRequest pull = MakePull(0, rows, version);
+    pull.set_exact_version(true);
+    return store_.Pull(pull, Soon());
+  };
+  auto rows_of = [](const absl::StatusOr<PullResponse>& response) {
+    EXPECT_TRUE(response.ok()) << response.status();
+    if (!response.ok()) return std::map<int64_t, std::vector<float>>();
+    for (const SparseRows& rows : response->sparse()) EXPECT_EQ(rows.version(), 0);
+    return RowsIn(*response);
+  };
+
+  PushOk(MakePush(0, 1, 0, {{0, {a}, g0}}));  // Step 0 changes a.
+  std::map<int64_t, std::vector<float>> at0 = rows_of(exact({a, b, never}, 0));
+  EXPECT_EQ(at0[a], InitialRow(0, a));
+  EXPECT_EQ(at0[b], InitialRow(0, b));
+  EXPECT_EQ(at0[never], InitialRow(0, never));
+  absl::StatusOr<PullResponse> at1 = exact({a, b}, 1);  // The current version.
+  ASSERT_TRUE(at1.ok()) << at1.status();
+  EXPECT_EQ(RowsIn(*at1)[a], a1);
+  EXPECT_EQ(at1->sparse(0).version(), 1);
+
+  PullRows(0, {b}, /*min_version=*/1);
+  PushOk(MakePush(0, 2, 1, {{0, {b}, g1}}));  // Step 1 changes b.
+  at1 = exact({a, b}, 1);
+  ASSERT_TRUE(at1.ok()) << at1.status();
+  EXPECT_EQ(RowsIn(*at1)[a], a1);
+  EXPECT_EQ(RowsIn(*at1)[b], InitialRow(0, b));
+  EXPECT_EQ(PullRows(0, {a, b}, 2)[b], b2);  // A plain pull: the current rows.
+
+  absl::StatusOr<PullResponse> gone = exact({a}, 0);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition) << gone.status();
+  EXPECT_THAT(gone.status().message(), HasSubstr("no longer keep their rows of version 0"));
+}
+
+TEST_F(SparseStoreTest, AnExactPullIsForSyncJobs) {
+  Host(Spec(ConsistencySpec::ASYNC, 1));
+  PullRequest pull = MakePull(0, RowsOf(0, 1), 0);
+  pull.set_exact_version(true);
+  absl::StatusOr<PullResponse> response = store_.Pull(pull, Soon());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument) << response.status();
+}
+
 TEST_F(SparseStoreTest, RefusesRowsOfOtherShardsAndMalformedRows) {
   Host(Spec(ConsistencySpec::ASYNC, 1));
   const int64_t mine = RowsOf(0, 1)[0], theirs = RowsOf(1, 1)[0];
