@@ -197,6 +197,71 @@ TEST_F(SparseCheckpointTest, AKilledShardsRowsAreRestoredFromTheCheckpoint) {
   }
 }
 
+// A worker killed between its pushes of a SYNC step, its rows applied by
+// the tables (they completed the step) and its dense push only at shard 0
+// (--testing_stall_mid_push), is taken over by a new worker, which computes
+// that step again from every partition and row as the lost worker read
+// them (exact pulls: the tables keep the rows the step changed as they were
+// before it): the job ends with a clean run's AUC and log loss, exactly.
+TEST_F(SparseCheckpointTest, ARankKilledBetweenItsRowsAndItsDensePushEndsWithTheCleanRunsResult) {
+  const ClickLog& log = Log();
+  LocalCluster::Options options;
+  options.shards = 2;
+  options.workers = 2;
+  options.data_dir = log.data_dir;
+  options.checkpoint_root = MakeTempDir("checkpoints");
+  options.worker_flags = {"--testing_stall_mid_push=victim:1:150"};
+  cluster_ = std::make_unique<LocalCluster>(options);
+  ASSERT_TRUE(cluster_->Start().ok()) << cluster_->Logs();
+  const std::string spec_path = cluster_->dir() + "/ctr.pbtxt";
+  std::ofstream(spec_path) << CtrSpec(300);
+  ASSERT_EQ(cluster_->Ctl({"submit", spec_path, "--job_id=victim"}).exit_code, 0)
+      << cluster_->Logs();
+  const std::string stalled = "testing: job victim rank 1 pushed step 150 to shard 0 only";
+  Process* victim = nullptr;
+  const absl::Time give_up = absl::Now() + absl::Minutes(4);
+  while (victim == nullptr && absl::Now() < give_up) {
+    for (int i = 0; i < 2; ++i) {
+      if (absl::StrContains(cluster_->worker(i)->Log(), stalled)) victim = cluster_->worker(i);
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_NE(victim, nullptr) << cluster_->Logs();
+  // Its rows of the step go beside the stalled dense push: let them land.
+  absl::SleepFor(absl::Seconds(1));
+  victim->Signal(SIGKILL);
+  ASSERT_TRUE(AwaitJob(
+      "victim",
+      [](const JobStatus& job) {
+        for (const WorkerProgress& w : job.workers()) {
+          if (w.lost()) return true;
+        }
+        return false;
+      },
+      absl::Minutes(2)))
+      << cluster_->Logs();
+  ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+  CommandResult waited = cluster_->Ctl({"wait", "victim"}, absl::Minutes(6));
+  ASSERT_EQ(waited.exit_code, 0) << waited.out << waited.err << cluster_->Logs();
+  const JobStatus job = cluster_->GetJob("victim");
+  std::printf("events:%s\n", Events(job).c_str());
+  EXPECT_EQ(job.state(), SUCCEEDED);
+  EXPECT_EQ(job.restarts(), 0) << Events(job);
+  const std::string taker = cluster_->worker(2)->Log();
+  EXPECT_FALSE(absl::StrContains(taker, "reading the rows as they are")) << taker;
+  EXPECT_FALSE(absl::StrContains(taker, "joining at the partitions' step")) << taker;
+
+  CommandResult clean =
+      cluster_->Ctl({"submit", spec_path, "--job_id=clean", "--wait"}, absl::Minutes(6));
+  ASSERT_EQ(clean.exit_code, 0) << clean.out << clean.err << cluster_->Logs();
+  const JobStatus clean_job = cluster_->GetJob("clean");
+  ASSERT_TRUE(job.has_test_auc()) << job.DebugString();
+  std::printf("taken over at step 150: test AUC %.6f, log loss %.6f; clean run %.6f, %.6f\n",
+              job.test_auc(), job.test_log_loss(), clean_job.test_auc(), clean_job.test_log_loss());
+  EXPECT_EQ(job.test_auc(), clean_job.test_auc());
+  EXPECT_EQ(job.test_log_loss(), clean_job.test_log_loss());
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace downpour

@@ -129,7 +129,8 @@ absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
 }
 
 absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batch& batch,
-                                                  int64_t min_version, int64_t min_worker_steps) {
+                                                  int64_t min_version, int64_t min_worker_steps,
+                                                  bool exact_version) {
   if (exchange_ == nullptr) return Pack(batch, nullptr);
   if (next_pulled_) {
     next_pulled_ = false;
@@ -157,7 +158,7 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
     Prefetch(*current_, step, min_version, min_worker_steps);
   }
   exchange_->Begin(0, nullptr, nullptr, PushLaneRows(current_.get()), min_version, min_worker_steps,
-                   cancelled_, /*read_only=*/false);
+                   cancelled_, /*read_only=*/false, /*checkpoint_step=*/0, exact_version);
   if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
   RETURN_IF_ERROR(exchange_->Finish());
   return Pack(batch, current_.get());

@@ -58,9 +58,12 @@ class InputStage {
   // floats, slot-major), valid until the next call. Pulls its rows once the
   // tables have had min_version steps and every worker min_worker_steps,
   // unless the last Exchange (and PlanAhead) brought them (then waits for
-  // those pulls).
+  // those pulls). `exact_version` (SYNC; a step whose rows no Exchange
+  // brought): the rows as they were at min_version exactly
+  // (SparseExchange::Begin), FailedPrecondition when a shard no longer
+  // keeps them.
   absl::StatusOr<const float*> Features(int64_t step, const data::Batch& batch, int64_t min_version,
-                                        int64_t min_worker_steps);
+                                        int64_t min_worker_steps, bool exact_version = false);
   // After the step's backward on `model` (its input gradient): pushes the
   // rows' gradients as step `step`'s and, with `next`, pulls next's rows
   // (the next Features call must be for `next`). Returns at once.

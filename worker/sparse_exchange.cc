@@ -30,10 +30,11 @@ SparseExchange::~SparseExchange() { (void)Finish(); }
 void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
                            const std::vector<std::vector<std::vector<float>>>* grads,
                            const RowIds* next, int64_t min_version, int64_t min_worker_steps,
-                           std::function<bool()> cancelled, bool read_only,
-                           int64_t checkpoint_step) {
+                           std::function<bool()> cancelled, bool read_only, int64_t checkpoint_step,
+                           bool exact_version) {
   step_ = step;
   read_only_ = read_only;
+  exact_version_ = exact_version;
   checkpoint_step_ = checkpoint_step;
   pushed_ = pushed;
   grads_ = grads;
@@ -120,6 +121,7 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
     pull.set_min_worker_steps(min_worker_steps_);
     pull.set_dtype(FLOAT32);
     pull.set_sparse_read_only(read_only_);
+    pull.set_exact_version(exact_version_);
     for (int t = 0; t < tables; ++t) {
       SparseRows* rows = pull.add_sparse();
       rows->set_table(t);
@@ -164,6 +166,12 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
   size_t offset = 0;
   for (const PartitionHeader& p : response.partitions()) offset += sizeof(float) * p.num_elements();
   versions_[s] = tables > 0 ? response.sparse(0).version() : 0;
+  if (exact_version_ && tables > 0 && versions_[s] != min_version_) {
+    // A shard from before exact versions answers its current rows.
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", s, " answered sparse rows at version ", versions_[s],
+                     ", not the exact version ", min_version_, " asked for"));
+  }
   for (int t = 0; t < tables; ++t) {
     const SparseRows& rows = response.sparse(t);
     const std::vector<int64_t>& asked = (*next_)[t][s];

@@ -51,12 +51,15 @@ class SparseExchange {
   // evaluation's, creating no row). A push with `checkpoint_step` > 0 asks
   // every shard to capture the job at that step (PushRequest.checkpoint_step;
   // a shard holding only rows of the job hears it from no other push).
+  // `exact_version` (SYNC, a pull alone): the rows as they were at
+  // min_version exactly (PullRequest.exact_version; FailedPrecondition from
+  // Finish when a shard no longer keeps them or answers another version).
   // Returns at once.
   // `pushed`, `grads`, `next` and `cancelled` must outlive Finish.
   void Begin(int64_t step, const SparseBatch* pushed,
              const std::vector<std::vector<std::vector<float>>>* grads, const RowIds* next,
              int64_t min_version, int64_t min_worker_steps, std::function<bool()> cancelled,
-             bool read_only = false, int64_t checkpoint_step = 0);
+             bool read_only = false, int64_t checkpoint_step = 0, bool exact_version = false);
   // Waits for the exchange Begin started and returns its first error (a
   // no-op OK without one). After a pull, rows() holds next's rows and
   // pulled_version() their age.
@@ -89,6 +92,7 @@ class SparseExchange {
   const RowIds* next_ = nullptr;
   int64_t min_version_ = 0, min_worker_steps_ = 0;
   bool read_only_ = false;
+  bool exact_version_ = false;
   int64_t checkpoint_step_ = 0;
   std::function<bool()> cancelled_;
   bool in_flight_ = false;  // Begun and not yet finished.

@@ -127,6 +127,9 @@ struct JobTrainer::RunState {
   // Whether the model holds the parameters after the last push (a push
   // that was to be the last pulls nothing; the rank's steps may grow).
   bool pulled = true;
+  // A SYNC taker's first step: its rows are pulled at that step's version
+  // exactly, as its dense partitions were (StartLoop).
+  bool exact_rows = false;
   // The batch being trained. With sparse tables, the one after it too, read
   // as the step computes (its rows' plan is made meanwhile) and before the
   // step's exchange (which pulls its rows).
@@ -355,6 +358,9 @@ absl::Status JobTrainer::StartLoop(RunState* run) {
     const absl::Status exact =
         exchange_->Pull(MinVersion(run->first_step), 0, run->model_params, stopped_,
                         /*exact_version=*/true);
+    // The first step's sparse rows are read at that version too (the
+    // tables may have completed the step the lost worker pushed rows of).
+    run->exact_rows = exact.ok() && run->sparse;
     if (!absl::IsFailedPrecondition(exact)) return exact;
     // The job went on without the rank meanwhile (it was given up, then
     // taken over): the run joins at the partitions' step, as CatchUp does.
@@ -531,8 +537,17 @@ absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunSt
   if (input_stage_ == nullptr) return run->batch.features.data();
   // The rows came back with the last step's exchange (or are pulled).
   const double began = MonotonicSeconds();
+  const bool exact = run->exact_rows;
+  run->exact_rows = false;
   absl::StatusOr<const float*> packed =
-      input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step));
+      input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step), exact);
+  if (exact && absl::IsFailedPrecondition(packed.status())) {
+    // The tables went on (restored, or a shard from before exact rows):
+    // the rows as they are now, the step no longer exactly the lost one's.
+    Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(), " (taken over): ",
+                     packed.status().message(), "; reading the rows as they are"));
+    packed = input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step));
+  }
   RETURN_IF_ERROR(PermanentIfBadData(packed.status()));
   run->exchange_waited += MonotonicSeconds() - began;
   return packed;
