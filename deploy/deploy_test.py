@@ -579,23 +579,31 @@ class Cases:
                 installed |= {w for w in m.group(1).split() if not w.startswith("-")}
         base = {"libc6", "libgcc-s1", "zlib1g"}  # in every Debian image
         needed, problems = {}, []
+        linked = {}  # binary name: the library paths ldd resolves
         for name, path in BINARIES.items():
             binary = os.path.join(self.bazel_bin, path)
             if not os.path.exists(binary):
                 raise AssertionError(f"{path} is not built")
+            linked[name] = []
             for line in run(["ldd", binary]).stdout.splitlines():
                 m = re.search(r"=>\s+(/\S+)", line)
-                if not m or m.group(1).startswith("/usr/local/cuda"):
-                    continue  # CUDA comes with the GPU base images
-                owner = None
-                for candidate in (m.group(1), os.path.realpath(m.group(1)),
-                                  m.group(1).replace("/lib/", "/usr/lib/", 1)):
-                    out = run(["dpkg", "-S", candidate])
-                    if out.returncode == 0:
-                        owner = out.stdout.split(":")[0]
-                        break
+                if m and not m.group(1).startswith("/usr/local/cuda"):
+                    linked[name].append(m.group(1))  # CUDA comes with the GPU base images
+        # Each library as linked, resolved, and under /usr (merged /usr):
+        # one dpkg -S for all of them (one call a path took a minute).
+        candidates = {lib: (lib, os.path.realpath(lib), lib.replace("/lib/", "/usr/lib/", 1))
+                      for libs in linked.values() for lib in libs}
+        owners = {}
+        asked = sorted({c for cs in candidates.values() for c in cs})
+        for line in run(["dpkg", "-S", *asked]).stdout.splitlines():
+            package, _, where = line.partition(": ")
+            if where:
+                owners.setdefault(where.strip(), package.split(":")[0])
+        for name, libs in linked.items():
+            for lib in libs:
+                owner = next((owners[c] for c in candidates[lib] if c in owners), None)
                 if owner is None:
-                    problems.append(f"{name} links {m.group(1)}, which no Debian package holds")
+                    problems.append(f"{name} links {lib}, which no Debian package holds")
                 elif owner not in base:
                     needed.setdefault(owner, set()).add(name)
         for package, users in sorted(needed.items()):
