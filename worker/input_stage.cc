@@ -164,7 +164,17 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
   return Pack(batch, current_.get());
 }
 
-InputStage::~InputStage() { AwaitPlan(); }
+InputStage::~InputStage() {
+  AwaitPlan();
+  // An exchange still in flight reads the plans and gradients destroyed
+  // before it (current_, next_, grads_ are members after exchange_): it is
+  // finished first. Without this a worker whose job ended mid-exchange
+  // crashed in SparseExchange::Finish (SIGSEGV, three times in an hour of
+  // bench/chaos.py).
+  if (exchange_ != nullptr) (void)exchange_->Finish();
+  if (prefetch_ != nullptr) (void)prefetch_->Finish();
+  if (eval_ != nullptr) (void)eval_->Finish();
+}
 
 void InputStage::AwaitPlan() {
   if (planning_ != nullptr) planning_->Wait();
