@@ -268,9 +268,11 @@ void SparseStore::KeepPrevious(int t, const int64_t* ids, int64_t n) {
 }
 
 void SparseStore::DropPrevious() {
+  // Cleared, not freed: the next step keeps about as many rows (their
+  // bytes stay counted in MemoryBytes through the capacity).
   for (Previous& kept : previous_) {
-    kept.index = {};
-    kept.values = {};
+    kept.index.clear();
+    kept.values.clear();
   }
   previous_version_ = -1;
   previous_bytes_ = 0;
