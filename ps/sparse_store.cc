@@ -268,14 +268,13 @@ void SparseStore::KeepPrevious(int t, const int64_t* ids, int64_t n) {
 }
 
 void SparseStore::DropPrevious() {
-  // Cleared, not freed: the next step keeps about as many rows (their
-  // bytes stay counted in MemoryBytes through the capacity).
+  // Cleared, not freed: the next step keeps about as many rows (MemoryBytes
+  // counts their capacity).
   for (Previous& kept : previous_) {
     kept.index.clear();
     kept.values.clear();
   }
   previous_version_ = -1;
-  previous_bytes_ = 0;
 }
 
 absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* diverged) {
@@ -365,10 +364,6 @@ void SparseStore::MaybeCompleteStep() {
   num_contributors_ = 0;
   held_bytes_ = 0;
   previous_version_ = version;
-  for (const Previous& kept : previous_) {
-    previous_bytes_ += static_cast<int64_t>(kept.values.capacity() * sizeof(float) +
-                                            kept.index.capacity() * (2 * sizeof(int64_t) + 1));
-  }
   version_.store(version + 1, std::memory_order_release);
   if (capture_at_ == version + 1) {
     handoffs_.emplace_back(std::move(capture_fn_), Freeze(version + 1));
@@ -529,7 +524,12 @@ int64_t SparseStore::MemoryBytes() const {
   int64_t bytes = 0;
   for (const Table& table : tables_) bytes += table.rows->bytes();
   absl::MutexLock lock(&mu_);
-  return bytes + held_bytes_ + previous_bytes_;
+  // The kept rows' memory as allocated (cleared, not freed, each step).
+  for (const Previous& kept : previous_) {
+    bytes += static_cast<int64_t>(kept.values.capacity() * sizeof(float) +
+                                  kept.index.capacity() * (2 * sizeof(int64_t) + 1));
+  }
+  return bytes + held_bytes_;
 }
 
 std::vector<SparseTable::Snapshot> SparseStore::Snapshot() const {

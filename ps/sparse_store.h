@@ -324,7 +324,6 @@ class SparseStore {
   };
   std::vector<Previous> previous_ ABSL_GUARDED_BY(mu_);
   int64_t previous_version_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t previous_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // SYNC checkpoints: the step a capture waits for (0: none) and who gets
   // it; the capture whose rows the tables still hold (copied before its
   // version's step is applied, unless nobody holds it any more); captures
