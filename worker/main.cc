@@ -61,7 +61,10 @@ ABSL_FLAG(int32_t, channels_per_shard, 4, "gRPC connections to each parameter sh
 ABSL_FLAG(bool, shared_memory, true,
           "Exchange tensor bytes with parameter shards on this host through shared memory "
           "(only the headers go over gRPC); the log says per shard whether it is used");
-ABSL_FLAG(int32_t, max_inflight, 8, "Push/pull messages in flight at once per job");
+ABSL_FLAG(int32_t, max_inflight, 0,
+          "Push/pull messages in flight at once per job; 0: chosen per job from its measured "
+          "step times among 2, 4, ..., 64 (deeper where round trips are long and the link fast, "
+          "shallower where the link is the bound), and measured again every 2000 steps");
 ABSL_FLAG(bool, overlap, true,
           "Push each step's gradients (and pull the parameters back) message by message while "
           "backward still runs; false: after it (the serial path, for comparison)");
@@ -77,8 +80,8 @@ ABSL_FLAG(std::string, testing_stall_mid_push, "",
           "for a test to kill the worker between its pushes to two shards");
 ABSL_FLAG(int64_t, message_kb, 0,
           "Largest push/pull message in KiB (partitions are never split); 0: the model's size / "
-          "(4 x max_inflight), within 256 KiB..4 MiB. Smaller messages spread a step's exchange "
-          "over more threads and connections");
+          "32, within 256 KiB..4 MiB. Smaller messages spread a step's exchange over more "
+          "threads and connections");
 
 namespace downpour {
 namespace {
@@ -127,8 +130,9 @@ int Main() {
   if (absl::GetFlag(FLAGS_compute_threads) < 1) {
     return ExitWithError(absl::InvalidArgumentError("--compute_threads must be at least 1"));
   }
-  if (absl::GetFlag(FLAGS_max_inflight) < 1) {
-    return ExitWithError(absl::InvalidArgumentError("--max_inflight must be at least 1"));
+  if (absl::GetFlag(FLAGS_max_inflight) < 0 || absl::GetFlag(FLAGS_max_inflight) > 1024) {
+    return ExitWithError(absl::InvalidArgumentError(
+        "--max_inflight must be between 0 (chosen from step times) and 1024"));
   }
   if (absl::GetFlag(FLAGS_message_kb) < 0 || absl::GetFlag(FLAGS_message_kb) > (1 << 20)) {
     return ExitWithError(absl::InvalidArgumentError(
@@ -204,7 +208,10 @@ int Main() {
   trainer_options.data_roots = data_roots;
   trainer_options.exchange.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));
   trainer_options.exchange.push_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_push_timeout_ms));
-  trainer_options.exchange.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  // Tuned: up to 64 messages in flight, the window's deepest.
+  const int inflight = absl::GetFlag(FLAGS_max_inflight);
+  trainer_options.exchange.max_inflight = inflight > 0 ? inflight : 64;
+  trainer_options.tune_window = inflight == 0;
   trainer_options.exchange.message_bytes = absl::GetFlag(FLAGS_message_kb) << 10;
   trainer_options.overlap = absl::GetFlag(FLAGS_overlap);
   trainer_options.pull_reduced_weights = absl::GetFlag(FLAGS_pull_reduced_weights);

@@ -48,9 +48,8 @@ void DecodePayload(const Payload& payload, size_t offset, int64_t n, WireDtype d
 
 }  // namespace
 
-int64_t AutoMessageBytes(int64_t total_bytes, int max_inflight) {
-  const int64_t per_message = total_bytes / (4 * std::max(1, max_inflight));
-  return std::clamp<int64_t>(per_message, 256 << 10, 4 << 20);
+int64_t AutoMessageBytes(int64_t total_bytes) {
+  return std::clamp<int64_t>(total_bytes / 32, 256 << 10, 4 << 20);
 }
 
 ParameterExchange::ParameterExchange(ExchangeOptions options,
@@ -69,9 +68,8 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
   partitions_per_shard_.assign(shards_.size(), 0);
   int64_t total_bytes = 0;
   for (const PartitionPlacement& p : sorted) total_bytes += p.num_elements() * sizeof(float);
-  const int64_t message_bytes = options_.message_bytes > 0
-                                    ? options_.message_bytes
-                                    : AutoMessageBytes(total_bytes, options_.max_inflight);
+  const int64_t message_bytes =
+      options_.message_bytes > 0 ? options_.message_bytes : AutoMessageBytes(total_bytes);
   // Consecutive partitions of a shard share a message up to message_bytes.
   std::vector<int> open(shards_.size(), -1);
   std::vector<int64_t> open_bytes(shards_.size(), 0);
@@ -115,6 +113,7 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
   }
   // A streamed step's messages all run on the pool (the caller computes).
   const int threads = std::max(1, options_.max_inflight);
+  window_ = threads;
   for (int i = 0; i < threads; ++i) pool_.emplace_back([this] { PoolLoop(); });
 }
 
@@ -130,13 +129,22 @@ void ParameterExchange::PoolLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     mu_.Await(absl::Condition(
-        +[](ParameterExchange* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-          return self->stopping_ || !self->queue_.empty();
-        },
+        +[](ParameterExchange* self)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->stopping_ || self->CanRun(); },
         this));
     if (stopping_) return;
     RunNext();
   }
+}
+
+void ParameterExchange::SetWindow(int depth) {
+  absl::MutexLock lock(&mu_);
+  window_ = std::clamp(depth, 1, static_cast<int>(pool_.size()));
+}
+
+int ParameterExchange::window() const {
+  absl::MutexLock lock(&mu_);
+  return window_;
 }
 
 void ParameterExchange::Queue(int i) { queue_.push(i); }
@@ -144,10 +152,12 @@ void ParameterExchange::Queue(int i) { queue_.push(i); }
 void ParameterExchange::RunNext() {
   const int i = queue_.top();
   queue_.pop();
+  ++running_;
   const std::shared_ptr<const std::function<absl::Status(int)>> task = task_;
   mu_.Unlock();
   absl::Status status = (*task)(i);
   mu_.Lock();
+  --running_;
   --pending_;
   finished_[i] = true;
   if (!status.ok() && first_error_.ok()) first_error_ = status;
@@ -157,11 +167,11 @@ absl::Status ParameterExchange::Drain() {
   absl::MutexLock lock(&mu_);
   while (true) {
     // Help with the queue, then wait for what is running or unreleased.
-    while (!queue_.empty()) RunNext();
+    while (CanRun()) RunNext();
     if (pending_ == 0) break;
     mu_.Await(absl::Condition(
         +[](ParameterExchange* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-          return self->pending_ == 0 || !self->queue_.empty();
+          return self->pending_ == 0 || self->CanRun();
         },
         this));
   }
@@ -501,12 +511,13 @@ absl::Status ParameterExchange::AwaitTensors(const std::vector<int32_t>& tensor_
     return true;
   };
   // The waiting thread helps with the queue, as Drain does.
+  auto done_or_runnable = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done() || CanRun(); };
   while (!done()) {
-    if (!queue_.empty()) {
+    if (CanRun()) {
       RunNext();
       continue;
     }
-    mu_.Await(absl::Condition(&done));
+    mu_.Await(absl::Condition(&done_or_runnable));
   }
   return first_error_;
 }

@@ -77,10 +77,11 @@ struct ExchangeOptions {
   std::vector<int32_t> reduced_tensors;
   WireDtype reduced_dtype = WireDtype::kBfloat16;
   // Largest message, in float32 bytes (partitions are never split); 0:
-  // chosen from the model's size, so a step has about four messages per
-  // message in flight (AutoMessageBytes).
+  // chosen from the model's size, about 32 messages a step
+  // (AutoMessageBytes).
   int64_t message_bytes = 0;
-  // Messages in flight at once.
+  // The most messages in flight at once (the exchange's threads). The
+  // window, how many are, starts there; SetWindow moves it below.
   int max_inflight = 8;
   // What gives up a push under way, its retries included; null: the
   // call's `cancelled`, which gives up everything. Set, the call's
@@ -98,12 +99,11 @@ struct ExchangeOptions {
   int64_t testing_stall_step = -1;
 };
 
-// The message size for `total_bytes` of float32 parameters and
-// `max_inflight` messages in flight: total / (4 x max_inflight), within
-// [256 KiB, 4 MiB]. Smaller messages spread a step's exchange over more
-// threads and connections on both sides (the shard receives, applies and
-// answers them at once), at a fixed cost per message.
-int64_t AutoMessageBytes(int64_t total_bytes, int max_inflight);
+// The message size for `total_bytes` of float32 parameters: total / 32,
+// within [256 KiB, 4 MiB]. Smaller messages spread a step's exchange over
+// more threads and connections on both sides (the shard receives, applies
+// and answers them at once), at a fixed cost per message.
+int64_t AutoMessageBytes(int64_t total_bytes);
 
 class ParameterExchange {
  public:
@@ -164,6 +164,12 @@ class ParameterExchange {
   // first layers while the rest are still coming back.
   absl::Status AwaitTensors(const std::vector<int32_t>& tensor_ids);
   absl::Status FinishPushPull(bool abandon = false);
+
+  // How many messages may be in flight at once from now on, within
+  // [1, max_inflight] (worker/exchange_window.h chooses it). Messages
+  // already running finish; the next start when fewer than `depth` run.
+  void SetWindow(int depth) ABSL_LOCKS_EXCLUDED(mu_);
+  int window() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checkpoints (rank 0). MarkNextPush(S): the next Push or PushPull asks
   // every shard to capture its partitions for a checkpoint at step S
@@ -231,8 +237,13 @@ class ParameterExchange {
   // The pool runs task_ on each index queued, lowest first; Drain waits (helping
   // with the queue) until `pending_` is 0 and returns the first error.
   void Queue(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a queued task may start: the queue holds one and fewer than
+  // the window run.
+  bool CanRun() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() && running_ < window_;
+  }
   // Takes the lowest queued index and runs task_ on it outside the lock.
-  // REQUIRES: the queue is not empty.
+  // REQUIRES: CanRun().
   void RunNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Drain() ABSL_LOCKS_EXCLUDED(mu_);
   void PoolLoop();
@@ -252,7 +263,7 @@ class ParameterExchange {
   std::vector<std::vector<int>> messages_of_tensor_;
   std::vector<int> tensors_in_message_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   // Shared with the tasks running it: a message is not a copy of the step's
   // state (its pointers and callbacks).
   std::shared_ptr<const std::function<absl::Status(int)>> task_ ABSL_GUARDED_BY(mu_);
@@ -263,6 +274,9 @@ class ParameterExchange {
   // Tasks of the current batch not yet finished (queued, running, or still
   // to be released by GradientReady).
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  // Tasks running (on the pool or a helping caller), and how many may.
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  int window_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   // A streamed step: per message, its tensors not yet ready and the wait of
   // the last one released; whether any message is still unreleased.

@@ -296,6 +296,90 @@ ExchangeOptions OnePartitionAMessage() {
   return options;
 }
 
+// Records how many calls are inside it at once; each takes 5 ms.
+class ConcurrencyShard final : public ParameterShard {
+ public:
+  explicit ConcurrencyShard(ParameterShard* inner) : inner_(inner) {}
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    Inside inside(this);
+    return inner_->Push(request, payload);
+  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    Inside inside(this);
+    return inner_->Pull(request, deadline, payload);
+  }
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
+                                            const PullRequest& pull, absl::Time deadline,
+                                            Payload* pull_payload) override {
+    Inside inside(this);
+    return inner_->PushPull(push, push_payload, pull, deadline, pull_payload);
+  }
+  // The most calls inside at once since the last call of this.
+  int TakeMost() { return most_.exchange(0); }
+
+ private:
+  struct Inside {
+    explicit Inside(ConcurrencyShard* shard) : shard(shard) {
+      const int now = ++shard->inside_;
+      int most = shard->most_.load();
+      while (now > most && !shard->most_.compare_exchange_weak(most, now)) {
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ~Inside() { --shard->inside_; }
+    ConcurrencyShard* shard;
+  };
+  ParameterShard* const inner_;
+  std::atomic<int> inside_{0};
+  std::atomic<int> most_{0};
+};
+
+// The window bounds the messages in flight, whatever the threads; moved
+// between steps, the next step keeps to it, and the values are the same.
+TEST(ParameterExchangeTest, TheWindowBoundsTheMessagesInFlight) {
+  JobSpec spec = SmallSpec();
+  spec.set_num_shards(1);
+  auto params = ValidateJobSpec(spec);
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto placed = PlacePartitions(*params, 1, spec.partition_bytes());
+  ASSERT_TRUE(placed.ok());
+  ParameterStore store;
+  ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
+  ConcurrencyShard shard(&store);
+  ExchangeOptions options = OnePartitionAMessage();
+  options.max_inflight = 8;
+  ParameterExchange exchange(options, *placed, {&shard});
+  EXPECT_EQ(exchange.window(), 8);
+  StepBuffers buffers(*params);
+  const auto never = [] { return false; };
+  const auto step = [&](int s) {
+    exchange.BeginPushPull(s, buffers.g, 0, 0, buffers.v, never);
+    for (int id = static_cast<int>(buffers.g.size()) - 1; id >= 0; --id) {
+      exchange.GradientReady(id, [] { return absl::OkStatus(); });
+    }
+    // The caller helps with the queue while it waits: it counts too.
+    ASSERT_TRUE(exchange.AwaitTensors({0}).ok());
+    ASSERT_TRUE(exchange.FinishPushPull().ok());
+  };
+  step(0);
+  EXPECT_GT(shard.TakeMost(), 2);
+  exchange.SetWindow(2);
+  EXPECT_EQ(exchange.window(), 2);
+  step(1);
+  EXPECT_LE(shard.TakeMost(), 2);
+  ASSERT_TRUE(exchange.Pull(0, 0, buffers.v, never).ok());
+  EXPECT_LE(shard.TakeMost(), 2);
+  exchange.SetWindow(1000);  // Within the threads.
+  EXPECT_EQ(exchange.window(), 8);
+  exchange.SetWindow(0);
+  EXPECT_EQ(exchange.window(), 1);
+  step(2);
+  EXPECT_EQ(shard.TakeMost(), 1);
+}
+
 // A streamed step's message goes as soon as its tensors are announced,
 // before the others are (what overlaps the exchange with backward); one
 // whose gradient wait fails fails the step; an abandoned step sends nothing
@@ -318,7 +402,7 @@ TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
   ASSERT_EQ(g.size(), 2u);  // Weight, bias.
   const auto never = [] { return false; };
 
-  exchange.BeginPushPull(0, g, 0, 1, v, never);
+  exchange.BeginPushPull(0, g, 0, 0, v, never);
   // The bias (one partition): its message goes while the weight's are
   // still unannounced.
   exchange.GradientReady(1, [] { return absl::OkStatus(); });
@@ -557,15 +641,13 @@ TEST(ParameterExchangeTest, ReducedTensorsArePulledAsTheirBf16RoundedValues) {
   EXPECT_EQ(PushOnceWithSgd(WireDtype::kFloat32, gradient, {}, /*chop=*/true), exact);
 }
 
-TEST(AutoMessageBytesTest, AboutFourMessagesPerMessageInFlightWithinBounds) {
+TEST(AutoMessageBytesTest, AboutThirtyTwoMessagesAStepWithinBounds) {
   // The Fashion-MNIST CNN (1.7 MB): the smallest messages.
-  EXPECT_EQ(AutoMessageBytes(1686568, 8), 256 << 10);
+  EXPECT_EQ(AutoMessageBytes(1686568), 256 << 10);
   // ResNet-18 (45 MB): 32 messages of 1.4 MB.
-  EXPECT_EQ(AutoMessageBytes(44691240, 8), 44691240 / 32);
+  EXPECT_EQ(AutoMessageBytes(44691240), 44691240 / 32);
   // A large model: the largest.
-  EXPECT_EQ(AutoMessageBytes(int64_t{1} << 32, 8), 4 << 20);
-  // No messages in flight is taken as one.
-  EXPECT_EQ(AutoMessageBytes(int64_t{64} << 20, 0), 4 << 20);
+  EXPECT_EQ(AutoMessageBytes(int64_t{1} << 32), 4 << 20);
 }
 
 }  // namespace

@@ -40,6 +40,7 @@
 #include "data/dataset.h"
 #include "proto/coordinator.pb.h"
 #include "ps/parameter_shard.h"
+#include "worker/exchange_window.h"
 #include "worker/input_stage.h"
 #include "worker/model_runner.h"
 #include "worker/param_exchange.h"
@@ -59,6 +60,10 @@ struct TrainerOptions {
   // push_timeout, max_inflight, message_bytes); the trainer fills in the
   // job's own fields (job, rank, identity, wire dtype).
   ExchangeOptions exchange;
+  // The messages in flight are chosen from the measured step times
+  // (worker/exchange_window.h), up to exchange.max_inflight; false: always
+  // exchange.max_inflight.
+  bool tune_window = false;
   MetricsRegistry* metrics = nullptr;  // Optional, not owned.
   // Where the model computes (worker/model_runner.h): one replica per CUDA
   // device listed (ModelOptions::device), or one on the CPU when empty. With
@@ -288,6 +293,8 @@ class JobTrainer {
   const std::vector<ParameterShard*> shards_;
   const Reporter reporter_;
   std::unique_ptr<ParameterExchange> exchange_;  // Set by StartExchange.
+  // How many of exchange_'s messages fly at once; set with it.
+  std::unique_ptr<ExchangeWindow> exchange_window_;
   // The model's shape (set by Train) and, for a model with named inputs,
   // its input stage (set by StartExchange).
   ModelShape shape_;

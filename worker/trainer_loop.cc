@@ -162,7 +162,8 @@ struct JobTrainer::RunState {
   double last_loss = 0, last_rate = 0;
   // Where the run's time went (the summary at its end).
   double total_input_wait = 0, total_step_seconds = 0, total_compute = 0, total_exchange = 0;
-  double total_plan = 0;  // Sparse rows: gradients gathered, plan, exchange begun.
+  double total_plan = 0;   // Sparse rows: gradients gathered, plan, exchange begun.
+  int settled_window = 0;  // The exchange window last logged as settled.
 };
 
 struct JobTrainer::StepState {
@@ -706,6 +707,15 @@ void JobTrainer::RecordStep(const StepState& s, RunState* run) {
     metrics.exchange_seconds->Observe(s.exchange);
     metrics.input_wait_seconds->Observe(s.input_wait);
   }
+  const int window = exchange_window_->Record(took);
+  if (window != exchange_->window()) exchange_->SetWindow(window);
+  if (exchange_window_->settled() && window != run->settled_window) {
+    run->settled_window = window;
+    Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(), " keeps ", window,
+                     " exchange messages in flight (median step at each depth tried: ",
+                     exchange_window_->last_search(), ")"));
+  }
+  if (metrics.exchange_window) metrics.exchange_window->Set(window);
 }
 
 void JobTrainer::ReportProgress(StepState* s, bool last, RunState* run) {

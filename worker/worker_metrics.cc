@@ -158,6 +158,11 @@ TrainerMetrics TrainerMetrics::Create(MetricsRegistry* metrics, const std::strin
   m.loss = metrics->GetGauge("downpour_worker_loss", "Latest training loss.", labels);
   m.examples_per_second =
       metrics->GetGauge("downpour_worker_examples_per_second", "Training throughput.", labels);
+  m.exchange_window = metrics->GetGauge(
+      "downpour_worker_exchange_window",
+      "Push/pull messages the exchange keeps in flight (chosen from step times unless "
+      "--max_inflight fixes it).",
+      labels);
   if (evaluates) {
     m.test_accuracy = metrics->GetGauge("downpour_worker_test_accuracy",
                                         "Latest test-set accuracy (rank 0).", labels);

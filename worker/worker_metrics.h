@@ -109,6 +109,7 @@ struct TrainerMetrics {
   Gauge* loss = nullptr;
   Gauge* examples_per_second = nullptr;
   Gauge* test_accuracy = nullptr;
+  Gauge* exchange_window = nullptr;
 
   static TrainerMetrics Create(MetricsRegistry* metrics, const std::string& job_id, bool evaluates);
 };
