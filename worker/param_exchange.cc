@@ -160,6 +160,9 @@ void ParameterExchange::RunNext() {
   --running_;
   --pending_;
   finished_[i] = true;
+  while (finished_prefix_ < static_cast<int>(finished_.size()) && finished_[finished_prefix_]) {
+    ++finished_prefix_;
+  }
   if (!status.ok() && first_error_.ok()) first_error_ = status;
 }
 
@@ -187,6 +190,7 @@ absl::Status ParameterExchange::RunAll(int n, const std::function<absl::Status(i
     task_ = std::make_shared<const std::function<absl::Status(int)>>(task);
     pending_ = n;
     finished_.assign(n, false);
+    finished_prefix_ = 0;
     first_error_ = absl::OkStatus();
     for (int i = 0; i < n; ++i) Queue(i);
   }
@@ -459,6 +463,7 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
   absl::MutexLock lock(&mu_);
   unready_ = tensors_in_message_;
   finished_.assign(n, false);
+  finished_prefix_ = 0;
   ready_wait_.assign(n, nullptr);
   unreleased_ = n;
   pending_ = n;

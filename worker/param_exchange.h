@@ -166,8 +166,9 @@ class ParameterExchange {
   absl::Status FinishPushPull(bool abandon = false);
 
   // How many messages may be in flight at once from now on, within
-  // [1, max_inflight] (worker/exchange_window.h chooses it). Messages
-  // already running finish; the next start when fewer than `depth` run.
+  // [1, max_inflight] (worker/exchange_window.h chooses it), and one more:
+  // the lowest not finished (see CanRun). Messages already running finish;
+  // the next start when fewer than `depth` run.
   void SetWindow(int depth) ABSL_LOCKS_EXCLUDED(mu_);
   int window() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -237,10 +238,14 @@ class ParameterExchange {
   // The pool runs task_ on each index queued, lowest first; Drain waits (helping
   // with the queue) until `pending_` is 0 and returns the first error.
   void Queue(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a queued task may start: the queue holds one and fewer than
-  // the window run.
+  // Whether a queued task may start: the queue holds one, and fewer than
+  // the window run or it is the lowest task not finished. That exception
+  // (at most one beyond the window) keeps SYNC workers whose windows hold
+  // different messages from waiting on each other for good: a message
+  // completes only once every worker pushed it, and the lowest message not
+  // complete is one every worker may start.
   bool CanRun() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queue_.empty() && running_ < window_;
+    return !queue_.empty() && (running_ < window_ || queue_.top() == finished_prefix_);
   }
   // Takes the lowest queued index and runs task_ on it outside the lock.
   // REQUIRES: CanRun().
@@ -283,6 +288,8 @@ class ParameterExchange {
   std::vector<int> unready_ ABSL_GUARDED_BY(mu_);
   // Per task of the current batch (RunAll, BeginPushPull): it has returned.
   std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
+  // How many of the current batch's first tasks have finished.
+  int finished_prefix_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::function<absl::Status()>> ready_wait_ ABSL_GUARDED_BY(mu_);
   int unreleased_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
