@@ -63,7 +63,8 @@ draining shard's jobs move after a fresh one. Prints one JSON line:
                                       none),
   rss                                (the long-lived daemons: RSS, the median
                                       of the first quarter of the samples
-                                      against that of the last quarter).
+                                      against that of the last quarter, and
+                                      every sample, one a minute).
 Exits 0 when every job succeeded, no checkpoint was corrupt, no daemon died
 on its own and SYNC accuracy held. Not in CI (minutes to an hour).
 --netns and --disk_mb need root and iproute2's `ip`. usage:
@@ -552,7 +553,8 @@ def rss_verdict(samples, limit_pct):
         then = statistics.median(mb for _, mb in series[:quarter])
         later = statistics.median(mb for _, mb in series[-quarter:])
         pct = 100.0 * (later - then) / then
-        result[name] = {"samples": len(series), "first_quarter_median_mb": round(then, 1),
+        result[name] = {"samples": len(series), "series_mb": [round(mb, 1) for _, mb in series],
+                        "first_quarter_median_mb": round(then, 1),
                         "last_quarter_median_mb": round(later, 1),
                         "max_mb": round(max(mb for _, mb in series), 1),
                         "growth_pct": round(pct, 1),
