@@ -261,6 +261,21 @@ TEST(ParameterExchangeTest, StreamedPushPullEqualsPushThenPull) {
   EXPECT_GT(duplicates, 0);
 }
 
+// SmallSpec on one shard, validated and placed (a failure aborts the test).
+struct OneShardJob {
+  explicit OneShardJob(int workers = 1, ConsistencySpec::Mode mode = ConsistencySpec::ASYNC) {
+    spec = SmallSpec();
+    spec.set_num_shards(1);
+    spec.set_num_workers(workers);
+    spec.mutable_consistency()->set_mode(mode);
+    params = ValidateJobSpec(spec).value();
+    placed = PlacePartitions(params, 1, spec.partition_bytes()).value();
+  }
+  JobSpec spec;
+  std::vector<ParamInfo> params;
+  std::vector<PartitionPlacement> placed;
+};
+
 // Counts the pushes that reach a store.
 class CountingShard final : public ParameterShard {
  public:
@@ -343,20 +358,15 @@ class ConcurrencyShard final : public ParameterShard {
 // may run: the lowest not finished); moved between steps, the next step
 // keeps to it.
 TEST(ParameterExchangeTest, TheWindowBoundsTheMessagesInFlight) {
-  JobSpec spec = SmallSpec();
-  spec.set_num_shards(1);
-  auto params = ValidateJobSpec(spec);
-  ASSERT_TRUE(params.ok()) << params.status();
-  auto placed = PlacePartitions(*params, 1, spec.partition_bytes());
-  ASSERT_TRUE(placed.ok());
+  const OneShardJob job;
   ParameterStore store;
-  ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
+  ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
   ConcurrencyShard shard(&store);
   ExchangeOptions options = OnePartitionAMessage();
   options.max_inflight = 8;
-  ParameterExchange exchange(options, *placed, {&shard});
+  ParameterExchange exchange(options, job.placed, {&shard});
   EXPECT_EQ(exchange.window(), 8);
-  StepBuffers buffers(*params);
+  StepBuffers buffers(job.params);
   const auto never = [] { return false; };
   const auto step = [&](int s) {
     exchange.BeginPushPull(s, buffers.g, 0, 0, buffers.v, never);
@@ -387,17 +397,10 @@ TEST(ParameterExchangeTest, TheWindowBoundsTheMessagesInFlight) {
 // first: each message waits for the other worker's push of it. The lowest
 // message not finished may always start, so neither waits for good.
 TEST(ParameterExchangeTest, SyncWorkersWithNarrowWindowsNeverWaitOnEachOther) {
-  JobSpec spec = SmallSpec();
-  spec.set_num_shards(1);
-  spec.set_num_workers(2);
-  spec.mutable_consistency()->set_mode(ConsistencySpec::SYNC);
-  auto params = ValidateJobSpec(spec);
-  ASSERT_TRUE(params.ok()) << params.status();
-  auto placed = PlacePartitions(*params, 1, spec.partition_bytes());
-  ASSERT_TRUE(placed.ok());
+  const OneShardJob job(/*workers=*/2, ConsistencySpec::SYNC);
   ParameterStore store;
-  ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
-  StepBuffers buffers0(*params), buffers1(*params);
+  ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
+  StepBuffers buffers0(job.params), buffers1(job.params);
   ASSERT_EQ(buffers0.g.size(), 2u);  // Weight (8 messages), bias (1).
   absl::Status finished[2];
   std::thread workers[2];
@@ -408,7 +411,7 @@ TEST(ParameterExchangeTest, SyncWorkersWithNarrowWindowsNeverWaitOnEachOther) {
       options.rank = rank;
       options.max_inflight = 4;
       options.pull_timeout = absl::Seconds(20);
-      ParameterExchange exchange(options, *placed, {&store});
+      ParameterExchange exchange(options, job.placed, {&store});
       exchange.SetWindow(1);
       StepBuffers& buffers = rank == 0 ? buffers0 : buffers1;
       exchange.BeginPushPull(0, buffers.g, 1, 0, buffers.v, [] { return false; });
@@ -432,18 +435,13 @@ TEST(ParameterExchangeTest, SyncWorkersWithNarrowWindowsNeverWaitOnEachOther) {
 // whose gradient wait fails fails the step; an abandoned step sends nothing
 // it was not told of.
 TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
-  JobSpec spec = SmallSpec();
-  spec.set_num_shards(1);
-  auto params = ValidateJobSpec(spec);
-  ASSERT_TRUE(params.ok()) << params.status();
-  auto placed = PlacePartitions(*params, 1, spec.partition_bytes());
-  ASSERT_TRUE(placed.ok());
+  const OneShardJob job;
   ParameterStore store;
-  ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
+  ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
   CountingShard shard(&store);
   ExchangeOptions options = OnePartitionAMessage();
-  ParameterExchange exchange(options, *placed, {&shard});
-  StepBuffers buffers(*params);
+  ParameterExchange exchange(options, job.placed, {&shard});
+  StepBuffers buffers(job.params);
   const std::vector<const float*>& g = buffers.g;
   const std::vector<float*>& v = buffers.v;
   ASSERT_EQ(g.size(), 2u);  // Weight, bias.
