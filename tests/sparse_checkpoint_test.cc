@@ -262,6 +262,54 @@ TEST_F(SparseCheckpointTest, ARankKilledBetweenItsRowsAndItsDensePushEndsWithThe
   EXPECT_EQ(job.test_log_loss(), clean_job.test_log_loss());
 }
 
+// With no spare worker, a SYNC click-model job whose rank 1 is lost goes on
+// with rank 0 alone: the lost rank's data is handed to it, read in turn
+// with its own one batch a step (a rank's rows are pulled and pushed for
+// one batch), and the job ends SUCCEEDED having trained every step.
+TEST_F(SparseCheckpointTest, ALostRanksDataGoesToTheLiveRankWithNoSpareWorker) {
+  const ClickLog& log = Log();
+  LocalCluster::Options options;
+  options.shards = 2;
+  options.workers = 2;
+  options.data_dir = log.data_dir;
+  options.coordinator_flags = {"--handover_wait_s=1"};
+  cluster_ = std::make_unique<LocalCluster>(options);
+  ASSERT_TRUE(cluster_->Start().ok()) << cluster_->Logs();
+  const std::string spec_path = cluster_->dir() + "/ctr.pbtxt";
+  std::string spec = CtrSpec(400);
+  // No checkpoints: nothing to restart from, so the job must go on.
+  spec = spec.substr(0, spec.find(" checkpoint {"));
+  std::ofstream(spec_path) << spec;
+  ASSERT_EQ(cluster_->Ctl({"submit", spec_path, "--job_id=alone"}).exit_code, 0)
+      << cluster_->Logs();
+  ASSERT_TRUE(AwaitJob(
+      "alone", [](const JobStatus& job) { return job.step() >= 100; }, absl::Minutes(4)))
+      << cluster_->Logs();
+  // Rank 1's worker dies; there is no other.
+  const JobStatus running = cluster_->GetJob("alone");
+  Process* rank1 = nullptr;
+  for (const WorkerProgress& w : running.workers()) {
+    if (w.rank() != 1) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (absl::StrContains(w.node_id(), cluster_->AddressOf(absl::StrCat("worker", i)))) {
+        rank1 = cluster_->worker(i);
+      }
+    }
+  }
+  ASSERT_NE(rank1, nullptr) << running.DebugString();
+  rank1->Signal(SIGKILL);
+  CommandResult waited = cluster_->Ctl({"wait", "alone"}, absl::Minutes(6));
+  ASSERT_EQ(waited.exit_code, 0) << waited.out << waited.err << cluster_->Logs();
+  const JobStatus job = cluster_->GetJob("alone");
+  std::printf("events:%s\ntest AUC %.6f, log loss %.6f\n", Events(job).c_str(), job.test_auc(),
+              job.test_log_loss());
+  EXPECT_EQ(job.state(), SUCCEEDED) << Events(job);
+  EXPECT_EQ(job.step(), 400);
+  EXPECT_EQ(job.restarts(), 0) << Events(job);
+  EXPECT_TRUE(absl::StrContains(Events(job), "1 batch a step")) << Events(job);
+  EXPECT_GT(job.test_auc(), 0.6);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace downpour
