@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
@@ -164,6 +165,7 @@ TEST_F(MetricsTest, EveryDaemonsMetricsPassPromtoolDuringAndAfterAJob) {
                                             "downpour_worker_examples_total{job=\"running\"} ",
                                             "downpour_worker_loss{job=\"running\"} ",
                                             "downpour_worker_examples_per_second{job=\"running\"} ",
+                                            "downpour_worker_exchange_window{job=\"running\"} ",
                                             "downpour_worker_devices{device=\"cpu\"} 1\n"};
   for (const char* histogram : {"step", "compute", "exchange", "input_wait"}) {
     worker_series.push_back(
@@ -181,6 +183,14 @@ TEST_F(MetricsTest, EveryDaemonsMetricsPassPromtoolDuringAndAfterAJob) {
     }
   }
   ExpectSeries("worker0", worker, worker_series);
+  // The worker measures its steps at a few windows and says which it keeps.
+  const absl::Time give_up = absl::Now() + absl::Minutes(2);
+  while (!absl::StrContains(cluster_->worker(0)->Log(), "exchange messages in flight") &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(absl::StrContains(cluster_->worker(0)->Log(), "job running: rank 0 keeps "))
+      << cluster_->worker(0)->Log();
   ASSERT_EQ(cluster_->Ctl({"stop", "running"}).exit_code, 0);
 
   // A job run to its end: its last values stay, on the coordinator as long
