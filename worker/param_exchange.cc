@@ -421,6 +421,12 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
     }
     return absl::CancelledError("job ended");
   }
+  if (abandoning_.load()) {
+    // The step is abandoned (FinishPushPull): its released messages are
+    // pushed, and none waits for parameters the other workers may never
+    // let the shard answer (they wait for this worker's unreleased ones).
+    return SendPush(i, push, payload, push_give_up, cancelled);
+  }
   Payload values;
   absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
       push, payload, pull,
@@ -433,13 +439,25 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
   // workers): finish with separate calls. The push keeps its request id,
   // so it is applied once whether or not the combined call applied it.
   RETURN_IF_ERROR(SendPush(i, push, payload, push_give_up, cancelled));
-  return testing_done(landed(ReceivePull(i, pull, pull_give_up, params, cancelled)));
+  const std::function<bool()> pull_cancelled = [this, &cancelled] {
+    return abandoning_.load() || cancelled();
+  };
+  absl::Status received = ReceivePull(i, pull, pull_give_up, params, pull_cancelled);
+  if (!received.ok() && abandoning_.load() && !cancelled()) return absl::OkStatus();
+  return testing_done(landed(received));
 }
 
 absl::Status ParameterExchange::PushPull(int64_t step, const std::vector<const float*>& grads,
                                          int64_t min_version, int64_t min_worker_steps,
                                          const std::vector<float*>& params,
                                          const std::function<bool()>& cancelled) {
+  if (min_worker_steps > step) {
+    // The pull waits for this very step's pushes (SSP with staleness 0):
+    // each message's pull would hold its place in the window until the
+    // step's last message is pushed, so the pushes go first.
+    RETURN_IF_ERROR(Push(step, grads, cancelled));
+    return Pull(min_version, min_worker_steps, params, cancelled);
+  }
   // A streamed step whose gradients are all ready at once: every message
   // queued, first layers first (the order the next forward needs them).
   BeginPushPull(step, grads, min_version, min_worker_steps, params, cancelled);
@@ -528,6 +546,9 @@ absl::Status ParameterExchange::AwaitTensors(const std::vector<int32_t>& tensor_
 }
 
 absl::Status ParameterExchange::FinishPushPull(bool abandon) {
+  // The messages under way give up their waits (the other workers may
+  // never push the step's rest, which waits for this worker's).
+  if (abandon) abandoning_.store(true);
   {
     absl::MutexLock lock(&mu_);
     if (unreleased_ > 0) {
@@ -542,6 +563,7 @@ absl::Status ParameterExchange::FinishPushPull(bool abandon) {
     }
   }
   absl::Status status = Drain();
+  abandoning_.store(false);
   checkpoint_step_ = 0;
   return status;
 }

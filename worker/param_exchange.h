@@ -151,7 +151,9 @@ class ParameterExchange {
   // there); an error fails the step. grads, params and cancelled must
   // outlive FinishPushPull.
   // REQUIRES: grads has a pointer for every tensor; no other call between
-  // BeginPushPull and FinishPushPull but GradientReady.
+  // BeginPushPull and FinishPushPull but GradientReady; min_worker_steps <=
+  // step (a pull waiting for this step's own pushes would hold its message's
+  // place in the window; PushPull pushes first for those).
   using PulledFn = std::function<absl::Status(const PartitionPlacement&)>;
   void BeginPushPull(int64_t step, const std::vector<const float*>& grads, int64_t min_version,
                      int64_t min_worker_steps, const std::vector<float*>& params,
@@ -260,6 +262,9 @@ class ParameterExchange {
   int64_t sequence_ = 0;
   mutable std::atomic<int64_t> min_pulled_version_{0};
   int64_t checkpoint_step_ = 0;  // For the next push's requests (0: none).
+  // FinishPushPull(abandon) is draining: the step's messages wait for no
+  // parameters.
+  std::atomic<bool> abandoning_{false};
   // Shard 0's messages of testing_stall_step not yet exchanged.
   std::atomic<int> testing_left_{0};
 

@@ -211,13 +211,13 @@ std::vector<float> Train(Transport transport, bool combined, int* duplicates,
     std::vector<float*> v;
     for (auto& t : values) v.push_back(t.data());
     if (combined && streamed) {
-      exchange.BeginPushPull(step, g, 0, step + 1, v, [] { return false; });
+      exchange.BeginPushPull(step, g, 0, 0, v, [] { return false; });
       for (int id = static_cast<int>(g.size()) - 1; id >= 0; --id) {
         exchange.GradientReady(id, [] { return absl::OkStatus(); });
       }
       EXPECT_TRUE(exchange.FinishPushPull().ok());
     } else if (combined) {
-      EXPECT_TRUE(exchange.PushPull(step, g, 0, step + 1, v, [] { return false; }).ok());
+      EXPECT_TRUE(exchange.PushPull(step, g, 0, 0, v, [] { return false; }).ok());
     } else {
       EXPECT_TRUE(exchange.Push(step, g).ok());
       EXPECT_TRUE(exchange.Pull(0, step + 1, v, [] { return false; }).ok());
@@ -313,7 +313,7 @@ ExchangeOptions OnePartitionAMessage() {
   return options;
 }
 
-// Records how many calls are inside it at once; each takes 5 ms.
+// Records how many calls are inside it at once; each takes 30 ms.
 class ConcurrencyShard final : public ParameterShard {
  public:
   explicit ConcurrencyShard(ParameterShard* inner) : inner_(inner) {}
@@ -344,7 +344,7 @@ class ConcurrencyShard final : public ParameterShard {
       int most = shard->most_.load();
       while (now > most && !shard->most_.compare_exchange_weak(most, now)) {
       }
-      absl::SleepFor(absl::Milliseconds(5));
+      absl::SleepFor(absl::Milliseconds(30));
     }
     ~Inside() { --shard->inside_; }
     ConcurrencyShard* shard;
@@ -419,7 +419,7 @@ TEST(ParameterExchangeTest, SyncWorkersWithNarrowWindowsNeverWaitOnEachOther) {
       // weight (the first eight): their windows hold different messages.
       const int first = rank == 0 ? 1 : 0;
       exchange.GradientReady(first, [] { return absl::OkStatus(); });
-      absl::SleepFor(absl::Milliseconds(100));
+      absl::SleepFor(absl::Milliseconds(300));
       exchange.GradientReady(1 - first, [] { return absl::OkStatus(); });
       finished[rank] = exchange.FinishPushPull();
     });
@@ -428,6 +428,64 @@ TEST(ParameterExchangeTest, SyncWorkersWithNarrowWindowsNeverWaitOnEachOther) {
   EXPECT_TRUE(finished[0].ok()) << finished[0];
   EXPECT_TRUE(finished[1].ok()) << finished[1];
   EXPECT_EQ(buffers0.values, buffers1.values);
+}
+
+// A pull that waits for the worker's own step (SSP with staleness 0) needs
+// every message of the step pushed: PushPull pushes them first, so a
+// window narrower than the step's messages still completes.
+TEST(ParameterExchangeTest, APullWaitingForItsOwnStepCompletesWithANarrowWindow) {
+  const OneShardJob job;
+  ParameterStore store;
+  ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
+  ExchangeOptions options = OnePartitionAMessage();
+  options.pull_timeout = absl::Minutes(10);  // A wait for good fails the test's own timeout.
+  ParameterExchange exchange(options, job.placed, {&store});
+  exchange.SetWindow(1);
+  StepBuffers buffers(job.params);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(
+        exchange.PushPull(step, buffers.g, 0, step + 1, buffers.v, [] { return false; }).ok());
+  }
+}
+
+// A SYNC step abandoned mid-backward (its last messages never released)
+// does not wait for parameters: the other worker may never push the
+// messages this one's wait for, its window held by messages that wait for
+// this worker's unreleased ones.
+TEST(ParameterExchangeTest, AnAbandonedStepWaitsForNoParameters) {
+  const OneShardJob job(/*workers=*/2, ConsistencySpec::SYNC);
+  ParameterStore store;
+  ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
+  std::vector<ParameterExchange*> exchanges;
+  std::vector<std::unique_ptr<ParameterExchange>> owned;
+  for (int rank = 0; rank < 2; ++rank) {
+    ExchangeOptions options = OnePartitionAMessage();
+    options.worker_id = absl::StrCat("w", rank);
+    options.rank = rank;
+    options.max_inflight = 4;
+    options.pull_timeout = absl::Minutes(10);
+    owned.push_back(std::make_unique<ParameterExchange>(options, job.placed,
+                                                        std::vector<ParameterShard*>{&store}));
+    owned.back()->SetWindow(1);
+  }
+  StepBuffers buffers0(job.params), buffers1(job.params);
+  std::atomic<bool> stop_other{false};
+  // Rank 1 releases everything: its window holds message 0, which waits
+  // for rank 0's message 0, which rank 0 never releases.
+  std::thread other([&] {
+    owned[1]->BeginPushPull(0, buffers1.g, 1, 0, buffers1.v, [&] { return stop_other.load(); });
+    owned[1]->GradientReady(0, [] { return absl::OkStatus(); });
+    owned[1]->GradientReady(1, [] { return absl::OkStatus(); });
+    (void)owned[1]->FinishPushPull();
+  });
+  // Rank 0 releases the bias (the last message), whose pull waits for
+  // rank 1's, then its backward fails.
+  owned[0]->BeginPushPull(0, buffers0.g, 1, 0, buffers0.v, [] { return false; });
+  owned[0]->GradientReady(1, [] { return absl::OkStatus(); });
+  absl::SleepFor(absl::Milliseconds(100));
+  (void)owned[0]->FinishPushPull(/*abandon=*/true);
+  stop_other.store(true);
+  other.join();
 }
 
 // A streamed step's message goes as soon as its tensors are announced,

@@ -121,10 +121,7 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   // larger partition is a message of its own): a model of many small
   // partitions then costs a few exchanges per step, not one per partition.
   exchange_ = std::make_unique<ParameterExchange>(exchange, partitions, shards_);
-  // SSP's pulls wait for whole steps of the worker's own pushes, so a
-  // shallow window could hold every slot with pulls of messages whose step
-  // still has messages queued: SSP keeps every thread's worth in flight.
-  if (options_.tune_window && task_.spec().consistency().mode() != ConsistencySpec::SSP) {
+  if (options_.tune_window) {
     ExchangeWindow::Options window;
     window.depths.erase(std::remove_if(window.depths.begin(), window.depths.end(),
                                        [&](int depth) { return depth > exchange.max_inflight; }),

@@ -453,8 +453,10 @@ JobTrainer::StepState JobTrainer::PlanStep(int64_t step, const RunState& run) {
   // step's one batch (several batches' mean, a sum over steps) or where
   // FP16's verdict on the whole step decides whether it is pushed at all.
   ModelRunner* model = run.model.get();
+  // Nor where the pull waits for this step's own pushes (SSP with
+  // staleness 0): PushPull pushes them all first.
   s.stream = options_.overlap && s.push && s.fetch && s.batches == 1 && run.push_every == 1 &&
-             model->precision() != FP16;
+             model->precision() != FP16 && MinWorkerSteps(step + 1) <= step;
   // A GPU worker queues each partition pulled back to the device at once,
   // on the copy stream (of the GPU whose share it is, with several): the
   // next step finds them there.
