@@ -354,7 +354,8 @@ for path in sorted(glob.glob(f"{R}/metrics-*.txt")):
             "messages": round(calls / n, 1),
             "round_trip_ms": round(v.get("downpour_worker_push_seconds_sum", 0) / calls * 1e3, 2)
             if calls else None,
-            "retries": v.get("downpour_worker_rpc_retries_total", 0)}
+            # The run's total (a job's first step retries while it reaches the shards).
+            "retries_in_all": v.get("downpour_worker_rpc_retries_total", 0)}
 line["daemons_per_step"] = daemons
 print(json.dumps(line))
 EOF
