@@ -63,49 +63,37 @@ int ExchangeWindow::Record(double step_seconds) {
   return options_.depths[trial_index_];
 }
 
+bool ExchangeWindow::Probe(int direction) {
+  const int next = index_ + direction;
+  if (next < 0 || next >= static_cast<int>(options_.depths.size())) return false;
+  Try(next, direction > 0 ? Phase::kProbeUp : Phase::kProbeDown);
+  return true;
+}
+
 void ExchangeWindow::TrialEnded(double median) {
   absl::StrAppendFormat(&search_, "%s%d: %.1f ms", search_.empty() ? "" : ", ",
                         options_.depths[trial_index_], median * 1e3);
-  const int last = static_cast<int>(options_.depths.size()) - 1;
-  const bool better = median < best_ * (1 - options_.margin);
   switch (phase_) {
     case Phase::kMeasure:
       best_ = median;
-      if (index_ < last) {
-        Try(index_ + 1, Phase::kProbeUp);
-      } else if (index_ > 0) {
-        Try(index_ - 1, Phase::kProbeDown);
-      } else {
-        Settle();
-      }
+      if (!Probe(+1) && !Probe(-1)) Settle();
       return;
     case Phase::kProbeUp:
-      if (better) {
+    case Phase::kProbeDown: {
+      const int direction = phase_ == Phase::kProbeUp ? +1 : -1;
+      if (median < best_ * (1 - options_.margin)) {
+        // Faster: move there and go on the same way.
         index_ = trial_index_;
         best_ = median;
         moved_ = true;
-        if (index_ < last) {
-          Try(index_ + 1, Phase::kProbeUp);
-        } else {
-          Settle();
-        }
-      } else if (!moved_ && index_ > 0) {
-        Try(index_ - 1, Phase::kProbeDown);
-      } else {
-        Settle();
+        if (!Probe(direction)) Settle();
+        return;
       }
-      return;
-    case Phase::kProbeDown:
-      if (better) {
-        index_ = trial_index_;
-        best_ = median;
-        if (index_ > 0) {
-          Try(index_ - 1, Phase::kProbeDown);
-          return;
-        }
-      }
+      // Deeper was no faster: shallower, unless this search moved deeper.
+      if (direction > 0 && !moved_ && Probe(-1)) return;
       Settle();
       return;
+    }
     case Phase::kSettled:
     case Phase::kFixed:
       return;

@@ -57,6 +57,9 @@ class ExchangeWindow {
 
   // Starts a trial at depth index `index`.
   void Try(int index, Phase phase);
+  // Tries the depth next to the current one in `direction` (+1 deeper, -1
+  // shallower); false when there is none.
+  bool Probe(int direction);
   // The trial at `trial_index_` ended with this median.
   void TrialEnded(double median);
   void Settle();
@@ -65,7 +68,7 @@ class ExchangeWindow {
   int index_ = 0;        // The depth in use when not trying another.
   int trial_index_ = 0;  // The depth being measured.
   Phase phase_ = Phase::kMeasure;
-  bool moved_ = false;  // This search has moved up already.
+  bool moved_ = false;  // This search has moved already.
   double best_ = 0;     // Median step of depths_[index_] in this search.
   int skip_ = 0;        // Steps still to skip before the trial counts.
   std::vector<double> samples_;
