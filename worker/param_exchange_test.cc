@@ -276,33 +276,6 @@ struct OneShardJob {
   std::vector<PartitionPlacement> placed;
 };
 
-// Counts the pushes that reach a store.
-class CountingShard final : public ParameterShard {
- public:
-  explicit CountingShard(ParameterShard* inner) : inner_(inner) {}
-  using ParameterShard::Pull;
-  using ParameterShard::Push;
-  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
-    ++pushes_;
-    return inner_->Push(request, payload);
-  }
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
-                                    Payload* payload) override {
-    return inner_->Pull(request, deadline, payload);
-  }
-  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
-                                            const PullRequest& pull, absl::Time deadline,
-                                            Payload* pull_payload) override {
-    ++pushes_;
-    return inner_->PushPull(push, push_payload, pull, deadline, pull_payload);
-  }
-  int pushes() const { return pushes_.load(); }
-
- private:
-  ParameterShard* const inner_;
-  std::atomic<int> pushes_{0};
-};
-
 // Job "j", worker "w": each partition a message of its own.
 ExchangeOptions OnePartitionAMessage() {
   ExchangeOptions options;
@@ -313,43 +286,49 @@ ExchangeOptions OnePartitionAMessage() {
   return options;
 }
 
-// Records how many calls are inside it at once; each takes 30 ms.
-class ConcurrencyShard final : public ParameterShard {
+// Passes calls to a store, counting the pushes that reach it and recording
+// how many calls are inside at once; each call takes `delay` first.
+class ObservingShard final : public ParameterShard {
  public:
-  explicit ConcurrencyShard(ParameterShard* inner) : inner_(inner) {}
+  explicit ObservingShard(ParameterShard* inner, absl::Duration delay = absl::ZeroDuration())
+      : inner_(inner), delay_(delay) {}
   using ParameterShard::Pull;
   using ParameterShard::Push;
   absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
-    Inside inside(this);
+    Inside inside(this, /*push=*/true);
     return inner_->Push(request, payload);
   }
   absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
                                     Payload* payload) override {
-    Inside inside(this);
+    Inside inside(this, /*push=*/false);
     return inner_->Pull(request, deadline, payload);
   }
   absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
                                             const PullRequest& pull, absl::Time deadline,
                                             Payload* pull_payload) override {
-    Inside inside(this);
+    Inside inside(this, /*push=*/true);
     return inner_->PushPull(push, push_payload, pull, deadline, pull_payload);
   }
+  int pushes() const { return pushes_.load(); }
   // The most calls inside at once since the last call of this.
   int TakeMost() { return most_.exchange(0); }
 
  private:
   struct Inside {
-    explicit Inside(ConcurrencyShard* shard) : shard(shard) {
+    Inside(ObservingShard* shard, bool push) : shard(shard) {
+      if (push) ++shard->pushes_;
       const int now = ++shard->inside_;
       int most = shard->most_.load();
       while (now > most && !shard->most_.compare_exchange_weak(most, now)) {
       }
-      absl::SleepFor(absl::Milliseconds(30));
+      if (shard->delay_ > absl::ZeroDuration()) absl::SleepFor(shard->delay_);
     }
     ~Inside() { --shard->inside_; }
-    ConcurrencyShard* shard;
+    ObservingShard* shard;
   };
   ParameterShard* const inner_;
+  const absl::Duration delay_;
+  std::atomic<int> pushes_{0};
   std::atomic<int> inside_{0};
   std::atomic<int> most_{0};
 };
@@ -361,7 +340,7 @@ TEST(ParameterExchangeTest, TheWindowBoundsTheMessagesInFlight) {
   const OneShardJob job;
   ParameterStore store;
   ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
-  ConcurrencyShard shard(&store);
+  ObservingShard shard(&store, absl::Milliseconds(30));
   ExchangeOptions options = OnePartitionAMessage();
   options.max_inflight = 8;
   ParameterExchange exchange(options, job.placed, {&shard});
@@ -496,7 +475,7 @@ TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
   const OneShardJob job;
   ParameterStore store;
   ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
-  CountingShard shard(&store);
+  ObservingShard shard(&store);
   ExchangeOptions options = OnePartitionAMessage();
   ParameterExchange exchange(options, job.placed, {&shard});
   StepBuffers buffers(job.params);
@@ -551,7 +530,7 @@ TEST(ParameterExchangeTest, AStoppedStepIsPushedWholeWherePushesGoOn) {
     SCOPED_TRACE(pushes_go_on ? "pushes go on" : "pushes stop");
     ParameterStore store;
     ASSERT_TRUE(store.AddJob("j", spec, 0, *placed).ok());
-    CountingShard shard(&store);
+    ObservingShard shard(&store);
     ExchangeOptions options = OnePartitionAMessage();
     if (pushes_go_on) options.push_cancelled = [] { return false; };
     ParameterExchange exchange(options, *placed, {&shard});
