@@ -84,6 +84,15 @@ class SparseCheckpointTest : public ::testing::Test {
     }
   }
 
+  // 2 shards and 2 workers reading the click log.
+  static LocalCluster::Options ClickCluster() {
+    LocalCluster::Options options;
+    options.shards = 2;
+    options.workers = 2;
+    options.data_dir = Log().data_dir;
+    return options;
+  }
+
   bool AwaitJob(const std::string& id, const std::function<bool(const JobStatus&)>& done,
                 absl::Duration timeout) {
     const absl::Time give_up = absl::Now() + timeout;
@@ -101,10 +110,7 @@ TEST_F(SparseCheckpointTest, AKilledShardsRowsAreRestoredFromTheCheckpoint) {
   const ClickLog& log = Log();
   ASSERT_GT(log.summary.test.bayes_auc, 0.7);
   const std::string root = MakeTempDir("checkpoints");
-  LocalCluster::Options options;
-  options.shards = 2;
-  options.workers = 2;
-  options.data_dir = log.data_dir;
+  LocalCluster::Options options = ClickCluster();
   options.checkpoint_root = root;
   cluster_ = std::make_unique<LocalCluster>(options);
   ASSERT_TRUE(cluster_->Start().ok()) << cluster_->Logs();
@@ -204,11 +210,7 @@ TEST_F(SparseCheckpointTest, AKilledShardsRowsAreRestoredFromTheCheckpoint) {
 // them (exact pulls: the tables keep the rows the step changed as they were
 // before it): the job ends with a clean run's AUC and log loss, exactly.
 TEST_F(SparseCheckpointTest, ARankKilledBetweenItsRowsAndItsDensePushEndsWithTheCleanRunsResult) {
-  const ClickLog& log = Log();
-  LocalCluster::Options options;
-  options.shards = 2;
-  options.workers = 2;
-  options.data_dir = log.data_dir;
+  LocalCluster::Options options = ClickCluster();
   options.checkpoint_root = MakeTempDir("checkpoints");
   options.worker_flags = {"--testing_stall_mid_push=victim:1:150"};
   cluster_ = std::make_unique<LocalCluster>(options);
@@ -267,11 +269,7 @@ TEST_F(SparseCheckpointTest, ARankKilledBetweenItsRowsAndItsDensePushEndsWithThe
 // with its own one batch a step (a rank's rows are pulled and pushed for
 // one batch), and the job ends SUCCEEDED having trained every step.
 TEST_F(SparseCheckpointTest, ALostRanksDataGoesToTheLiveRankWithNoSpareWorker) {
-  const ClickLog& log = Log();
-  LocalCluster::Options options;
-  options.shards = 2;
-  options.workers = 2;
-  options.data_dir = log.data_dir;
+  LocalCluster::Options options = ClickCluster();
   options.coordinator_flags = {"--handover_wait_s=1"};
   cluster_ = std::make_unique<LocalCluster>(options);
   ASSERT_TRUE(cluster_->Start().ok()) << cluster_->Logs();
