@@ -48,6 +48,9 @@ ABSL_FLAG(int32_t, warmup, 5, "Untimed steps first (cuDNN algorithm search happe
 ABSL_FLAG(bool, log_conv, false, "Print each convolution's measured cuDNN algorithms");
 ABSL_FLAG(std::string, conv_layout, "auto",
           "GPU convolution layout: auto (measured per shape), nhwc or nchw");
+ABSL_FLAG(bool, conv_graph, true,
+          "Let convolutions run through cuDNN's graph API where an engine of it times faster "
+          "(false: the legacy cudnnFind algorithms only)");
 ABSL_FLAG(bool, profile, false,
           "After the timing, one profiled step: a JSON line per layer (forward/backward ms)");
 ABSL_FLAG(std::string, precision, "fp32",
@@ -151,6 +154,7 @@ int Run() {
     ModelOptions options;
     options.device = device;
     options.conv_layout = layout;
+    options.conv_graph = absl::GetFlag(FLAGS_conv_graph);
     options.precision = precision;
     auto model = Model::Create(spec, /*seed=*/1, options);
     if (!model.ok()) return Fail(model_name, model.status());
@@ -212,12 +216,14 @@ int Run() {
     std::sort(loops.begin(), loops.end());
     std::printf(
         "{\"engine\": \"downpour\", \"model\": \"%s\", \"precision\": \"%s\", \"format\": "
-        "\"%s\", \"batch\": %lld, \"step_ms_loop\": %.4f, \"step_ms_min\": %.4f, "
+        "\"%s\", \"conv_graph\": %s, \"batch\": %lld, \"step_ms_loop\": %.4f, "
+        "\"step_ms_min\": %.4f, "
         "\"host_ms\": %.4f, \"mem_mb\": %.1f, \"compute_mb\": %.1f, \"params_mb\": %.1f, "
         "\"activations_mb\": "
         "%.1f, \"workspace_mb\": %.1f, \"weight_copies_mb\": %.1f, \"final_loss\": %.6g}\n",
         model_name.c_str(), precision_name.c_str(), layout_name.c_str(),
-        static_cast<long long>(batch), loops[loops.size() / 2], loops[0], host_ms,
+        absl::GetFlag(FLAGS_conv_graph) ? "true" : "false", static_cast<long long>(batch),
+        loops[loops.size() / 2], loops[0], host_ms,
         (static_cast<double>(used_after) - static_cast<double>(used_before)) / (1 << 20),
         MiB(memory.total()), MiB(memory.parameters), MiB(memory.activations), MiB(memory.workspace),
         MiB(memory.weight_copies), result->loss);

@@ -47,6 +47,10 @@ struct BackendOptions {
   // GPU convolutions: the layout measured fastest per shape, or one forced
   // (diagnostics and tests).
   ConvLayout conv_layout = ConvLayout::kAuto;
+  // GPU convolutions: whether cuDNN's graph API may run a direction where
+  // one of its engines timed faster than the legacy algorithms
+  // (kernels/cuda/conv_graph.h); off for A/B runs and diagnostics.
+  bool conv_graph = true;
   // > 0: the most compute memory the backend holds (Allocate's blocks, a
   // GPU's workspace and reduced weight copies), in bytes: an Allocate that
   // would pass it fails with ResourceExhausted naming the device, the size

@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::CreateFromShape(ModelShape shape, 
   kernels::BackendOptions backend_options;
   backend_options.device = options.device;
   backend_options.conv_layout = options.conv_layout;
+  backend_options.conv_graph = options.conv_graph;
   const GpuPrecision gpu_precision = GpuPrecisionOf(precision);
   backend_options.precision = gpu_precision.compute;
   backend_options.tf32 = gpu_precision.tf32;

@@ -143,6 +143,8 @@ struct ModelOptions {
   // GPU convolutions: the layout measured fastest per shape, or one forced
   // (diagnostics and tests).
   kernels::ConvLayout conv_layout = kernels::ConvLayout::kAuto;
+  // GPU convolutions through cuDNN's graph API where faster (BackendOptions).
+  bool conv_graph = true;
   // Compute precision on a GPU (see proto/job.proto and model/precision.h):
   // FP32 runs convolutions on TF32 tensor cores where cuDNN finds that
   // faster (PyTorch's default), TF32 GEMMs too, FP32_STRICT neither;

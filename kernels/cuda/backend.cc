@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   // need (conv_plan.h).
   ASSIGN_OR_RETURN(backend->ctx_, CudaContext::Create(options.device, size_t{16} << 20));
   backend->ctx_->conv_layout = options.conv_layout;
+  backend->ctx_->conv_graph = options.conv_graph;
   backend->ctx_->compute = options.precision;
   backend->ctx_->tf32 = options.tf32;
   // Loss sum, correct count, then the non-finite flag at byte 16.

@@ -82,6 +82,10 @@ struct CudaContext {
   std::shared_ptr<ReducedWeightCopies> reduced_weights;
   // Set before the first convolution of a shape (its plan keeps the choice).
   ConvLayout conv_layout = ConvLayout::kAuto;
+  // Set before the first convolution of a shape: whether its plan may run
+  // a direction through cuDNN's graph API where that timed faster than the
+  // legacy algorithms (conv_graph.h). Off: the legacy API only.
+  bool conv_graph = true;
   // Set before the first dense layer or convolution.
   ComputePrecision compute = ComputePrecision::kFp32;
   // Where fp32 products may use TF32 tensor cores: convolutions (read when

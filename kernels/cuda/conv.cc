@@ -1,8 +1,9 @@
 // Convolutions through cuDNN with the plans of conv_plan.h: fp32 in NHWC or
 // on NCHW copies, bf16/fp16 on the reduced tensors, or bf16/fp16 through the
 // fp32 plan on converted copies (whichever the plan chose per direction).
-// Each direction runs in the math type its algorithm was measured in (FMA,
-// or TF32 tensor ops where the context's Tf32Policy allowed them).
+// Each direction runs as conv_plan.h's Run* say: its graph plan, or the
+// legacy algorithm in the math type it was measured in (FMA, or TF32 tensor
+// ops where the context's Tf32Policy allowed them).
 #include <cudnn.h>
 
 #include <algorithm>
@@ -41,11 +42,8 @@ absl::Status Conv2dForwardReduced(const CudaContext& ctx, const WindowShape& s, 
   absl::StatusOr<const T*> w16 =
       WeightsToReduced<T>(ctx, s.out_c * s.patch_elements(), w, base + padded);
   if (!w16.ok()) return w16.status();
-  const float one = 1.f, zero = 0.f;
-  RETURN_IF_ERROR(UseMath(v, v.fwd_math));
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, input, v.w.d, *w16,
-                                                v.conv.d, v.fwd_algo, base + scratch,
-                                                ctx.workspace_bytes - scratch, &zero, v.y.d, y));
+  RETURN_IF_ERROR(
+      RunForward(ctx, v, input, *w16, y, base + scratch, ctx.workspace_bytes - scratch));
   if (bias == nullptr && !relu) return absl::OkStatus();
   return ConvertOn(ctx, s.batch * s.out_elements(), y, y, bias, s.out_c, false, relu);
 }
@@ -79,27 +77,17 @@ absl::Status Conv2dBackwardReduced(const CudaContext& ctx, const WindowShape& s,
     input = x_padded;
   }
   const int64_t filter_n = s.out_c * s.patch_elements();
-  const float one = 1.f, zero = 0.f;
-  RETURN_IF_ERROR(UseMath(v, v.bwd_filter_math));
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, input, v.y.d, dy,
-                                                       v.conv.d, v.bwd_filter_algo, free_space,
-                                                       free_bytes, &zero, v.w.d, dw16));
+  RETURN_IF_ERROR(
+      RunBackwardFilter(ctx, v, input, dy, dw16, /*accumulate=*/false, free_space, free_bytes));
   RETURN_IF_ERROR(ConvertOn(ctx, filter_n, dw16, dw, nullptr, 1, Acc(param_write), false));
   if (dx == nullptr) return absl::OkStatus();
   absl::StatusOr<const T*> w16 = WeightsToReduced<T>(ctx, filter_n, w, w16_scratch);
   if (!w16.ok()) return w16.status();
   if (!p.padded) {
-    const float dx_beta = Acc(dx_write) ? 1.f : 0.f;
-    RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
-    CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, *w16, v.y.d, dy,
-                                                       v.conv.d, v.bwd_data_algo, free_space,
-                                                       free_bytes, &dx_beta, v.x.d, dx));
-    return absl::OkStatus();
+    return RunBackwardData(ctx, v, *w16, dy, dx, Acc(dx_write), free_space, free_bytes);
   }
-  RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, *w16, v.y.d, dy,
-                                                     v.conv.d, v.bwd_data_algo, free_space,
-                                                     free_bytes, &zero, v.x.d, dx_padded));
+  RETURN_IF_ERROR(
+      RunBackwardData(ctx, v, *w16, dy, dx_padded, /*accumulate=*/false, free_space, free_bytes));
   return FromCuda(
       k::CropImages<T>(ctx.stream, s, p.padded_h, p.padded_w, dx_padded, dx, Acc(dx_write)),
       "CropImages");
@@ -162,7 +150,6 @@ absl::Status Conv2dForwardFp32(const CudaContext& ctx, const WindowShape& s, Con
                                const float* x, const float* w, const float* bias, float* y,
                                bool relu) {
   RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
-  const float one = 1.f, zero = 0.f;
   if (p.fwd_nchw) {
     const ConvVariant& v = p.nchw;
     const size_t scratch = NchwForwardScratch(p);
@@ -173,10 +160,7 @@ absl::Status Conv2dForwardFp32(const CudaContext& ctx, const WindowShape& s, Con
     auto* yn = reinterpret_cast<float*>(base + p.in_bytes + p.filter_bytes);
     RETURN_IF_ERROR(ToNchwInput(ctx, s, p, x, xn));
     RETURN_IF_ERROR(ToNchwFilter(ctx, s, w, wn));
-    RETURN_IF_ERROR(UseMath(v, v.fwd_math));
-    CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, xn, v.w.d, wn, v.conv.d,
-                                                  v.fwd_algo, base + scratch,
-                                                  ctx.workspace_bytes - scratch, &zero, v.y.d, yn));
+    RETURN_IF_ERROR(RunForward(ctx, v, xn, wn, yn, base + scratch, ctx.workspace_bytes - scratch));
     CUDA_RETURN_IF_ERROR(
         k::BatchedTranspose(ctx.stream, s.batch, s.out_c, s.out_h * s.out_w, yn, y, bias, false));
     return relu ? ReluInPlace(ctx, s.batch * s.out_elements(), y) : absl::OkStatus();
@@ -193,11 +177,9 @@ absl::Status Conv2dForwardFp32(const CudaContext& ctx, const WindowShape& s, Con
     free_space += p.padded_bytes;
     free_bytes -= p.padded_bytes;
   }
-  RETURN_IF_ERROR(UseMath(v, v.fwd_math));
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, input, v.w.d, w, v.conv.d,
-                                                v.fwd_algo, free_space, free_bytes, &zero, v.y.d,
-                                                y));
+  RETURN_IF_ERROR(RunForward(ctx, v, input, w, y, free_space, free_bytes));
   if (bias != nullptr) {
+    const float one = 1.f;
     CUDNN_RETURN_IF_ERROR(cudnnAddTensor(ctx.cudnn, &one, p.bias.d, bias, &one, v.y.d, y));
   }
   return relu ? ReluInPlace(ctx, s.batch * s.out_elements(), y) : absl::OkStatus();
@@ -207,8 +189,6 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
                                 const float* x, const float* w, const float* dy, float* dx,
                                 Write dx_write, float* dw, float* dbias, Write param_write) {
   RETURN_IF_ERROR(ChooseLayouts(ctx, s, &p));
-  const float one = 1.f, zero = 0.f;
-  const float param_beta = Acc(param_write) ? 1.f : 0.f;
   RETURN_IF_ERROR(
       EnsureWorkspace(ctx, Fp32BackwardWorkspace(s, p, dx != nullptr, dbias != nullptr)));
   if (p.bwd_nchw) {
@@ -230,18 +210,14 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
     RETURN_IF_ERROR(ToNchwInput(ctx, s, p, x, xn));
     CUDA_RETURN_IF_ERROR(k::BatchedTranspose(ctx.stream, s.batch, s.out_h * s.out_w, s.out_c, dy,
                                              dyn, nullptr, false));
-    RETURN_IF_ERROR(UseMath(v, v.bwd_filter_math));
-    CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, xn, v.y.d, dyn,
-                                                         v.conv.d, v.bwd_filter_algo, free_space,
-                                                         free_bytes, &zero, v.w.d, dwn));
+    RETURN_IF_ERROR(
+        RunBackwardFilter(ctx, v, xn, dyn, dwn, /*accumulate=*/false, free_space, free_bytes));
     CUDA_RETURN_IF_ERROR(k::BatchedTranspose(ctx.stream, s.out_c, s.in_c, s.kernel_h * s.kernel_w,
                                              dwn, dw, nullptr, Acc(param_write)));
     if (dx == nullptr) return absl::OkStatus();
     RETURN_IF_ERROR(ToNchwFilter(ctx, s, w, wn));
-    RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
-    CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, wn, v.y.d, dyn,
-                                                       v.conv.d, v.bwd_data_algo, free_space,
-                                                       free_bytes, &zero, v.x.d, dxn));
+    RETURN_IF_ERROR(
+        RunBackwardData(ctx, v, wn, dyn, dxn, /*accumulate=*/false, free_space, free_bytes));
     if (p.padded) {
       return FromCuda(
           k::CropFromNchw(ctx.stream, s, p.padded_h, p.padded_w, dxn, dx, Acc(dx_write)),
@@ -269,23 +245,14 @@ absl::Status Conv2dBackwardFp32(const CudaContext& ctx, const WindowShape& s, Co
                                                  dy, dbias, Acc(param_write),
                                                  reinterpret_cast<float*>(free_space)));
   }
-  RETURN_IF_ERROR(UseMath(v, v.bwd_filter_math));
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, input, v.y.d, dy,
-                                                       v.conv.d, v.bwd_filter_algo, free_space,
-                                                       free_bytes, &param_beta, v.w.d, dw));
+  RETURN_IF_ERROR(
+      RunBackwardFilter(ctx, v, input, dy, dw, Acc(param_write), free_space, free_bytes));
   if (dx == nullptr) return absl::OkStatus();
   if (!p.padded) {
-    const float dx_beta = Acc(dx_write) ? 1.f : 0.f;
-    RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
-    CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w, v.y.d, dy,
-                                                       v.conv.d, v.bwd_data_algo, free_space,
-                                                       free_bytes, &dx_beta, v.x.d, dx));
-    return absl::OkStatus();
+    return RunBackwardData(ctx, v, w, dy, dx, Acc(dx_write), free_space, free_bytes);
   }
-  RETURN_IF_ERROR(UseMath(v, v.bwd_data_math));
-  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w, v.y.d, dy, v.conv.d,
-                                                     v.bwd_data_algo, free_space, free_bytes, &zero,
-                                                     v.x.d, dpadded));
+  RETURN_IF_ERROR(
+      RunBackwardData(ctx, v, w, dy, dpadded, /*accumulate=*/false, free_space, free_bytes));
   return FromCuda(
       k::CropImages<float>(ctx.stream, s, p.padded_h, p.padded_w, dpadded, dx, Acc(dx_write)),
       "CropImages");

@@ -1,14 +1,18 @@
 #include "kernels/cuda/conv_plan.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/status.h"
@@ -54,6 +58,27 @@ ConvMath Fp32Math(Tf32Policy tf32) {
 // when run with these descriptors).
 constexpr ConvMath kReducedMath = {CUDNN_TENSOR_OP_MATH, MathBit(CUDNN_TENSOR_OP_MATH)};
 
+ConvGeometry Geometry(const WindowShape& s, cudnnTensorFormat_t format, cudnnDataType_t type,
+                      int64_t in_h, int64_t in_w, int64_t pad_h, int64_t pad_w) {
+  ConvGeometry g;
+  g.n = s.batch;
+  g.c = s.in_c;
+  g.h = in_h;
+  g.w = in_w;
+  g.k = s.out_c;
+  g.r = s.kernel_h;
+  g.s = s.kernel_w;
+  g.out_h = s.out_h;
+  g.out_w = s.out_w;
+  g.pad_h = pad_h;
+  g.pad_w = pad_w;
+  g.stride_h = s.stride_h;
+  g.stride_w = s.stride_w;
+  g.format = format;
+  g.type = type;
+  return g;
+}
+
 absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64_t in_h,
                          int64_t in_w, int64_t pad_h, int64_t pad_w, cudnnMathType_t math,
                          ConvVariant* v) {
@@ -69,6 +94,7 @@ absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64
                                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, math));
   v->fwd_math = v->bwd_filter_math = v->bwd_data_math = math;
+  v->geometry = Geometry(s, format, CUDNN_DATA_FLOAT, in_h, in_w, pad_h, pad_w);
   return absl::OkStatus();
 }
 
@@ -91,6 +117,8 @@ absl::Status MakeReducedVariant(const WindowShape& s, cudnnDataType_t type, cons
       1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, kReducedMath.descriptor));
   v->fwd_math = v->bwd_filter_math = v->bwd_data_math = kReducedMath.descriptor;
+  v->geometry =
+      Geometry(s, CUDNN_TENSOR_NHWC, type, p.conv_in_h, p.conv_in_w, p.conv_pad_h, p.conv_pad_w);
   return absl::OkStatus();
 }
 
@@ -231,6 +259,154 @@ absl::Status FindDirection(const char* direction, const char* layout, const Wind
   return absl::OkStatus();
 }
 
+// The legacy calls of each direction, with v's algorithm and math type.
+absl::Status LegacyForward(const CudaContext& ctx, const ConvVariant& v, const void* x,
+                           const void* w, void* y, void* workspace, size_t workspace_bytes) {
+  const float one = 1.f, zero = 0.f;
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v.conv.d, v.fwd_math));
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(ctx.cudnn, &one, v.x.d, x, v.w.d, w, v.conv.d,
+                                                v.fwd_algo, workspace, workspace_bytes, &zero,
+                                                v.y.d, y));
+  return absl::OkStatus();
+}
+
+absl::Status LegacyBackwardFilter(const CudaContext& ctx, const ConvVariant& v, const void* x,
+                                  const void* dy, void* dw, bool accumulate, void* workspace,
+                                  size_t workspace_bytes) {
+  const float one = 1.f, beta = accumulate ? 1.f : 0.f;
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v.conv.d, v.bwd_filter_math));
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(ctx.cudnn, &one, v.x.d, x, v.y.d, dy,
+                                                       v.conv.d, v.bwd_filter_algo, workspace,
+                                                       workspace_bytes, &beta, v.w.d, dw));
+  return absl::OkStatus();
+}
+
+absl::Status LegacyBackwardData(const CudaContext& ctx, const ConvVariant& v, const void* w,
+                                const void* dy, void* dx, bool accumulate, void* workspace,
+                                size_t workspace_bytes) {
+  const float one = 1.f, beta = accumulate ? 1.f : 0.f;
+  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v.conv.d, v.bwd_data_math));
+  CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(ctx.cudnn, &one, v.w.d, w, v.y.d, dy, v.conv.d,
+                                                     v.bwd_data_algo, workspace, workspace_bytes,
+                                                     &beta, v.x.d, dx));
+  return absl::OkStatus();
+}
+
+// Device memory freed with the scope.
+struct DeviceBuffer {
+  void* p = nullptr;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (p != nullptr) cudaFree(p);
+  }
+  absl::Status Allocate(const CudaContext& ctx, size_t bytes) {
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, ctx.stream));
+    return absl::OkStatus();
+  }
+};
+
+// The most workspace graph engines are timed with (and so may keep), and
+// the least worth timing them with.
+constexpr size_t kMaxGraphWorkspace = size_t{512} << 20;
+constexpr size_t kMinGraphWorkspace = size_t{16} << 20;
+
+// One direction's choice between its legacy algorithm (`legacy`, timed on
+// the scratch when its workspace fits `scratch_bytes`) and the fastest
+// graph plan of `find(beta)`. The graph's plan is kept where faster: in
+// graph[0], and in graph[1] its beta-1 twin where the direction
+// `accumulates`. *bytes then covers both ways; *ms is the kept one's time.
+void ChooseDirection(const CudaContext& ctx, const char* direction, const char* layout,
+                     const WindowShape& s, size_t scratch_bytes,
+                     const std::function<absl::Status()>& legacy,
+                     const std::function<absl::StatusOr<std::unique_ptr<GraphConv>>(float)>& find,
+                     bool accumulates, std::unique_ptr<GraphConv>* graph, size_t* bytes,
+                     float* ms) {
+  float legacy_ms = kUnmeasured;
+  if (*bytes <= scratch_bytes) {
+    absl::StatusOr<float> timed = TimeOnStream(ctx, 3, legacy);
+    if (timed.ok()) legacy_ms = *timed;
+  }
+  absl::StatusOr<std::unique_ptr<GraphConv>> best = find(0.f);
+  const bool use_graph = best.ok() && (*best)->ms() < legacy_ms;
+  if (log_conv_plans.load()) {
+    const std::string graph_text =
+        best.ok() ? absl::StrFormat("engine %d %.3f ms %zu B", (*best)->engine(), (*best)->ms(),
+                                    (*best)->workspace_bytes())
+                  : std::string(best.status().message());
+    std::fprintf(stderr,
+                 "conv %s %s n=%lld in=%lldx%lldx%lld out=%lldx%lldx%lld k=%lld: legacy %.3f ms, "
+                 "graph %s -> %s\n",
+                 direction, layout, static_cast<long long>(s.batch), static_cast<long long>(s.in_h),
+                 static_cast<long long>(s.in_w), static_cast<long long>(s.in_c),
+                 static_cast<long long>(s.out_h), static_cast<long long>(s.out_w),
+                 static_cast<long long>(s.out_c), static_cast<long long>(s.kernel_h),
+                 legacy_ms == kUnmeasured ? -1.0 : legacy_ms, graph_text.c_str(),
+                 use_graph ? "graph" : "legacy");
+  }
+  if (!use_graph) {
+    if (legacy_ms != kUnmeasured) *ms = legacy_ms;
+    return;
+  }
+  *ms = (*best)->ms();
+  *bytes = std::max(*bytes, (*best)->workspace_bytes());
+  graph[0] = *std::move(best);
+  if (!accumulates) return;
+  absl::StatusOr<std::unique_ptr<GraphConv>> twin = find(1.f);
+  if (!twin.ok()) return;
+  *bytes = std::max(*bytes, (*twin)->workspace_bytes());
+  graph[1] = *std::move(twin);
+}
+
+// Times v's legacy algorithms and the graph API's engines on buffers of its
+// shape and keeps, per direction, a graph plan where one is faster. Leaves
+// the legacy choice where the buffers cannot be had.
+absl::Status TuneGraphs(const CudaContext& ctx, const WindowShape& s, const char* layout,
+                        size_t limit, const ConvMath& math, ConvVariant* v) {
+  const ConvGeometry& g = v->geometry;
+  DeviceBuffer x, w, y, workspace;
+  RETURN_IF_ERROR(x.Allocate(ctx, g.InputBytes()));
+  RETURN_IF_ERROR(w.Allocate(ctx, g.FilterBytes()));
+  RETURN_IF_ERROR(y.Allocate(ctx, g.OutputBytes()));
+  size_t bytes = std::min(limit, kMaxGraphWorkspace);
+  while (cudaMalloc(&workspace.p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    workspace.p = nullptr;
+    bytes /= 2;
+    if (bytes < kMinGraphWorkspace) {
+      return absl::ResourceExhaustedError("no device memory to time convolution engines in");
+    }
+  }
+  const ConvScratch scratch = {x.p, w.p, y.p, workspace.p, bytes};
+  const bool tensor_cores = math.descriptor != CUDNN_FMA_MATH;
+  auto find = [&](ConvDirection direction) {
+    return [&ctx, &g, &scratch, tensor_cores, direction](float beta) {
+      return GraphConv::Find(ctx, g, direction, beta, tensor_cores, scratch);
+    };
+  };
+  ChooseDirection(
+      ctx, "forward", layout, s, bytes,
+      [&] { return LegacyForward(ctx, *v, x.p, w.p, y.p, workspace.p, bytes); },
+      find(ConvDirection::kForward), /*accumulates=*/false, &v->fwd_graph, &v->fwd_bytes,
+      &v->fwd_ms);
+  ChooseDirection(
+      ctx, "backward-filter", layout, s, bytes,
+      [&] { return LegacyBackwardFilter(ctx, *v, x.p, y.p, w.p, false, workspace.p, bytes); },
+      find(ConvDirection::kBackwardFilter), /*accumulates=*/true, v->bwd_filter_graph,
+      &v->bwd_filter_bytes, &v->bwd_filter_ms);
+  ChooseDirection(
+      ctx, "backward-data", layout, s, bytes,
+      [&] { return LegacyBackwardData(ctx, *v, w.p, y.p, x.p, false, workspace.p, bytes); },
+      find(ConvDirection::kBackwardData), /*accumulates=*/true, v->bwd_data_graph,
+      &v->bwd_data_bytes, &v->bwd_data_ms);
+  // Whatever failed on the way was cleared; what was queued has run.
+  (void)cudaGetLastError();
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+  return absl::OkStatus();
+}
+
 // Measures the algorithms of all three directions of `v` (cudnnFind, as
 // PyTorch's cudnn.benchmark) with math.descriptor on its descriptor, and
 // keeps the fastest in a math type `math` allows that fits `limit` bytes of
@@ -267,18 +443,26 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
             return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, c, w, algo, bytes);
           },
           &v->bwd_filter_algo, &v->bwd_filter_bytes, &v->bwd_filter_ms, &v->bwd_filter_math)));
-  return FindDirection<CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, cudnnConvolutionBwdDataAlgoPerf_t>(
-      "backward-data", layout, s, limit, math,
-      [&](int n, int* r, auto* p) {
-        return cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, c, x, n, r, p);
-      },
-      [&](int n, int* r, auto* p) {
-        return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, c, x, n, r, p);
-      },
-      [&](auto algo, size_t* bytes) {
-        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, c, x, algo, bytes);
-      },
-      &v->bwd_data_algo, &v->bwd_data_bytes, &v->bwd_data_ms, &v->bwd_data_math);
+  RETURN_IF_ERROR(
+      (FindDirection<CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, cudnnConvolutionBwdDataAlgoPerf_t>(
+          "backward-data", layout, s, limit, math,
+          [&](int n, int* r, auto* p) {
+            return cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, c, x, n, r, p);
+          },
+          [&](int n, int* r, auto* p) {
+            return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, c, x, n, r, p);
+          },
+          [&](auto algo, size_t* bytes) {
+            return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, c, x, algo, bytes);
+          },
+          &v->bwd_data_algo, &v->bwd_data_bytes, &v->bwd_data_ms, &v->bwd_data_math)));
+  if (!ctx.conv_graph) return absl::OkStatus();
+  const absl::Status tuned = TuneGraphs(ctx, s, layout, limit, math, v);
+  if (!tuned.ok() && log_conv_plans.load()) {
+    std::fprintf(stderr, "conv %s: graph engines not timed: %s\n", layout,
+                 std::string(tuned.message()).c_str());
+  }
+  return absl::OkStatus();
 }
 
 // The most the fp32 copies of a reduced convolution's tensors and the fp32
@@ -290,19 +474,46 @@ constexpr int64_t kMaxStagingBytes = int64_t{64} << 20;
 
 // Every plan of a context, by shape, precision and TF32 policy.
 struct ConvPlanCache {
-  std::map<std::array<int64_t, 15>, std::unique_ptr<ConvPlan>> plans;
+  std::map<std::array<int64_t, 16>, std::unique_ptr<ConvPlan>> plans;
 };
 
 void SetConvPlanLogging(bool on) { log_conv_plans.store(on); }
 
-absl::Status UseMath(const ConvVariant& v, cudnnMathType_t math) {
-  CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v.conv.d, math));
-  return absl::OkStatus();
+absl::Status RunForward(const CudaContext& ctx, const ConvVariant& v, const void* x, const void* w,
+                        void* y, void* workspace, size_t workspace_bytes) {
+  const GraphConv* graph = v.fwd_graph.get();
+  if (graph != nullptr && graph->workspace_bytes() <= workspace_bytes &&
+      GraphConv::Aligned(x, w, y)) {
+    return graph->Run(ctx, x, w, y, workspace);
+  }
+  return LegacyForward(ctx, v, x, w, y, workspace, workspace_bytes);
+}
+
+absl::Status RunBackwardFilter(const CudaContext& ctx, const ConvVariant& v, const void* x,
+                               const void* dy, void* dw, bool accumulate, void* workspace,
+                               size_t workspace_bytes) {
+  const GraphConv* graph = v.bwd_filter_graph[accumulate ? 1 : 0].get();
+  if (graph != nullptr && graph->workspace_bytes() <= workspace_bytes &&
+      GraphConv::Aligned(x, dw, dy)) {
+    return graph->Run(ctx, x, dw, dy, workspace);
+  }
+  return LegacyBackwardFilter(ctx, v, x, dy, dw, accumulate, workspace, workspace_bytes);
+}
+
+absl::Status RunBackwardData(const CudaContext& ctx, const ConvVariant& v, const void* w,
+                             const void* dy, void* dx, bool accumulate, void* workspace,
+                             size_t workspace_bytes) {
+  const GraphConv* graph = v.bwd_data_graph[accumulate ? 1 : 0].get();
+  if (graph != nullptr && graph->workspace_bytes() <= workspace_bytes &&
+      GraphConv::Aligned(dx, w, dy)) {
+    return graph->Run(ctx, dx, w, dy, workspace);
+  }
+  return LegacyBackwardData(ctx, v, w, dy, dx, accumulate, workspace, workspace_bytes);
 }
 
 absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) {
   if (ctx.conv_plans == nullptr) ctx.conv_plans = std::make_shared<ConvPlanCache>();
-  const std::array<int64_t, 15> key = {s.batch,
+  const std::array<int64_t, 16> key = {s.batch,
                                        s.in_h,
                                        s.in_w,
                                        s.in_c,
@@ -316,7 +527,8 @@ absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) 
                                        s.pad_top,
                                        s.pad_left,
                                        static_cast<int64_t>(ctx.compute),
-                                       static_cast<int64_t>(ctx.tf32)};
+                                       static_cast<int64_t>(ctx.tf32),
+                                       static_cast<int64_t>(ctx.conv_graph)};
   auto it = ctx.conv_plans->plans.find(key);
   if (it != ctx.conv_plans->plans.end()) return it->second.get();
   auto plan = std::make_unique<ConvPlan>();

@@ -24,10 +24,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/conv_graph.h"
 #include "kernels/types.h"
 
 namespace downpour {
@@ -77,14 +79,31 @@ struct ConvVariant {
   // The math type each chosen algorithm was measured in (cudnnFind reports
   // an algorithm once per math type it ran it in; a heuristic choice takes
   // the descriptor's). cuDNN selects the kernel by algorithm and math type,
-  // so a direction sets its own on `conv` before it runs (UseMath).
+  // so a direction sets its own on `conv` before it runs (Run*).
   cudnnMathType_t fwd_math = CUDNN_FMA_MATH, bwd_filter_math = CUDNN_FMA_MATH,
                   bwd_data_math = CUDNN_FMA_MATH;
+  // What the descriptors describe, for the graph API.
+  ConvGeometry geometry;
+  // Where the context allows the graph API (CudaContext::conv_graph) and a
+  // graph plan timed faster than the legacy algorithm: the plan of each
+  // direction, indexed by beta (0: overwrite, 1: accumulate; the forward
+  // only overwrites). The *_bytes above then cover both ways and *_ms is
+  // the faster one's time, both timed alike (conv_graph.h TimeOnStream).
+  std::unique_ptr<GraphConv> fwd_graph, bwd_filter_graph[2], bwd_data_graph[2];
 };
 
-// Sets `math` on v's convolution descriptor: the direction about to run's
-// (fwd_math, bwd_filter_math or bwd_data_math).
-absl::Status UseMath(const ConvVariant& v, cudnnMathType_t math);
+// One direction of `v` on ctx's stream: its graph plan where it has one and
+// the pointers suit it, else the legacy call with the algorithm and math
+// type measured. `workspace` holds `workspace_bytes` (at least the
+// direction's *_bytes). Alpha is 1; `accumulate` adds to the output.
+absl::Status RunForward(const CudaContext& ctx, const ConvVariant& v, const void* x, const void* w,
+                        void* y, void* workspace, size_t workspace_bytes);
+absl::Status RunBackwardFilter(const CudaContext& ctx, const ConvVariant& v, const void* x,
+                               const void* dy, void* dw, bool accumulate, void* workspace,
+                               size_t workspace_bytes);
+absl::Status RunBackwardData(const CudaContext& ctx, const ConvVariant& v, const void* w,
+                             const void* dy, void* dx, bool accumulate, void* workspace,
+                             size_t workspace_bytes);
 
 // Everything cuDNN needs for one convolution of `s`, in both layouts: NHWC
 // straight on the tensors, or NCHW on copies transposed in the workspace.

@@ -19,66 +19,65 @@ namespace cuda {
 namespace test {
 namespace {
 
+// Each layout, with cuDNN's graph API allowed where faster and with the
+// legacy algorithms only.
 TEST_F(CudaKernelTest, Conv2dForwardAndBackward) {
   uint32_t seed = 10;
-  for (ConvLayout layout : {ConvLayout::kNhwc, ConvLayout::kNchw, ConvLayout::kAuto}) {
-    UseConvLayout(layout);
-    if (HasFatalFailure()) return;
-    for (const WindowShape& s : ConvShapes()) {
-      SCOPED_TRACE(testing::Message()
-                   << "layout " << static_cast<int>(layout) << " in " << Describe(s));
-      const auto x = Random(s.batch * s.in_elements(), ++seed);
-      const auto w = Random(s.out_c * s.patch_elements(), ++seed);
-      const auto bias = Random(s.out_c, ++seed);
-      const auto dy = Random(s.batch * s.out_elements(), ++seed);
-      std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
-      std::vector<float> y(s.batch * s.out_elements());
-      float* x_ = Upload(x);
-      float* w_ = Upload(w);
-      float* bias_ = Upload(bias);
-      float* dy_ = Upload(dy);
-      float* y_ = Alloc<float>(y.size());
-      const absl::Status forward = cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_);
-      ASSERT_TRUE(forward.ok()) << forward;
-      cpu::Conv2dForward(cpu_, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());
-      ExpectClose(y, Download(y_, y.size()), "y");
+  for (bool graph : {true, false})
+    for (ConvLayout layout : {ConvLayout::kNhwc, ConvLayout::kNchw, ConvLayout::kAuto}) {
+      UseConvLayout(layout);
+      if (HasFatalFailure()) return;
+      ctx_->conv_graph = graph;
+      for (const WindowShape& s : ConvShapes()) {
+        SCOPED_TRACE(testing::Message() << "graph " << graph << " layout "
+                                        << static_cast<int>(layout) << " in " << Describe(s));
+        const auto x = Random(s.batch * s.in_elements(), ++seed);
+        const auto w = Random(s.out_c * s.patch_elements(), ++seed);
+        const auto bias = Random(s.out_c, ++seed);
+        const auto dy = Random(s.batch * s.out_elements(), ++seed);
+        std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
+        std::vector<float> y(s.batch * s.out_elements());
+        float* x_ = Upload(x);
+        float* w_ = Upload(w);
+        float* bias_ = Upload(bias);
+        float* dy_ = Upload(dy);
+        float* y_ = Alloc<float>(y.size());
+        const absl::Status forward = cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_);
+        ASSERT_TRUE(forward.ok()) << forward;
+        cpu::Conv2dForward(cpu_, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());
+        ExpectClose(y, Download(y_, y.size()), "y");
 
-      for (Write write : {Write::kOverwrite, Write::kAccumulate}) {
-        auto dx = Random(x.size(), ++seed), dw = Random(w.size(), ++seed),
-             db = Random(bias.size(), ++seed);
-        float* dx_ = Upload(dx);
+        for (Write write : {Write::kOverwrite, Write::kAccumulate}) {
+          auto dx = Random(x.size(), ++seed), dw = Random(w.size(), ++seed),
+               db = Random(bias.size(), ++seed);
+          float* dx_ = Upload(dx);
+          float* dw_ = Upload(dw);
+          float* db_ = Upload(db);
+          const absl::Status backward =
+              cuda::Conv2dBackward(ctx(), s, x_, w_, dy_, dx_, write, dw_, db_, write);
+          ASSERT_TRUE(backward.ok()) << backward;
+          cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), dx.data(), write, dw.data(),
+                              db.data(), write, workspace.data());
+          ExpectClose(dx, Download(dx_, dx.size()), "dx");
+          ExpectClose(dw, Download(dw_, dw.size()), "dw");
+          ExpectClose(db, Download(db_, db.size()), "dbias");
+        }
+        // No input gradient (first layer), no bias.
+        auto dw = Random(w.size(), ++seed);
         float* dw_ = Upload(dw);
-        float* db_ = Upload(db);
-        const absl::Status backward =
-            cuda::Conv2dBackward(ctx(), s, x_, w_, dy_, dx_, write, dw_, db_, write);
-        ASSERT_TRUE(backward.ok()) << backward;
-        cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), dx.data(), write, dw.data(),
-                            db.data(), write, workspace.data());
-        ExpectClose(dx, Download(dx_, dx.size()), "dx");
-        ExpectClose(dw, Download(dw_, dw.size()), "dw");
-        ExpectClose(db, Download(db_, db.size()), "dbias");
+        ASSERT_TRUE(cuda::Conv2dBackward<float>(ctx(), s, x_, w_, dy_, nullptr, Write::kOverwrite,
+                                                dw_, nullptr, Write::kOverwrite)
+                        .ok());
+        cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), nullptr, Write::kOverwrite,
+                            dw.data(), nullptr, Write::kOverwrite, workspace.data());
+        ExpectClose(dw, Download(dw_, dw.size()), "dw without dx");
       }
-      // No input gradient (first layer), no bias.
-      auto dw = Random(w.size(), ++seed);
-      float* dw_ = Upload(dw);
-      ASSERT_TRUE(cuda::Conv2dBackward<float>(ctx(), s, x_, w_, dy_, nullptr, Write::kOverwrite,
-                                              dw_, nullptr, Write::kOverwrite)
-                      .ok());
-      cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), nullptr, Write::kOverwrite,
-                          dw.data(), nullptr, Write::kOverwrite, workspace.data());
-      ExpectClose(dw, Download(dw_, dw.size()), "dw without dx");
     }
-  }
 }
 
-// The Tf32Policy reaches cuDNN: a strict context keeps FMA algorithms only
-// (and matches the CPU to 1e-4); one that allows TF32 convolutions keeps
-// whatever cudnnFind measured fastest, never a math type that converts fp32
-// to fp16, and stays within TF32 rounding of the CPU. Besides the small
-// shapes, a ResNet-like 3x3 convolution of 64 channels, where cuDNN has
-// TF32 tensor-core kernels to choose.
-TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
-  std::vector<WindowShape> shapes = ConvShapes();
+// A ResNet-like 3x3 convolution of 64 channels, where cuDNN has tensor-core
+// kernels to choose.
+WindowShape WideShape() {
   WindowShape wide;
   wide.batch = 16;
   wide.in_h = wide.in_w = wide.out_h = wide.out_w = 16;
@@ -86,7 +85,103 @@ TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
   wide.kernel_h = wide.kernel_w = 3;
   wide.stride_h = wide.stride_w = 1;
   wide.pad_top = wide.pad_left = 1;
-  shapes.push_back(wide);
+  return wide;
+}
+
+// cuDNN's graph API on its own (conv_graph.h): in each direction,
+// overwriting and accumulating, the fastest engine that qualifies computes
+// what the CPU twin does: without tensor cores to fp32 rounding
+// (Fp32SumTolerance), with them within TF32 rounding.
+TEST_F(CudaKernelTest, GraphConvMatchesTheCpu) {
+  const WindowShape s = WideShape();
+  ConvGeometry g;
+  g.n = s.batch;
+  g.c = s.in_c;
+  g.h = s.in_h;
+  g.w = s.in_w;
+  g.k = s.out_c;
+  g.r = s.kernel_h;
+  g.s = s.kernel_w;
+  g.out_h = s.out_h;
+  g.out_w = s.out_w;
+  g.pad_h = s.pad_top;
+  g.pad_w = s.pad_left;
+  const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
+  const int64_t w_n = s.out_c * s.patch_elements();
+  const size_t workspace_bytes = size_t{64} << 20;
+  const ConvScratch scratch = {Alloc<float>(in_n), Alloc<float>(w_n), Alloc<float>(out_n),
+                               Alloc<char>(workspace_bytes), workspace_bytes};
+  char* workspace = static_cast<char*>(scratch.workspace);
+  uint32_t seed = 70;
+  const auto x = Random(in_n, ++seed), w = Random(w_n, ++seed), dy = Random(out_n, ++seed);
+  const std::vector<float> no_bias(s.out_c, 0.f);
+  std::vector<float> cpu_workspace(cpu::Conv2dWorkspaceElements(s));
+  float* x_ = Upload(x);
+  float* w_ = Upload(w);
+  float* dy_ = Upload(dy);
+  for (bool tensor_cores : {false, true}) {
+    auto tolerance = [&](int64_t k) {
+      return tensor_cores ? kTf32Ulps * kTf32UnitRoundoff : Fp32SumTolerance(k);
+    };
+    auto scale = [&](int64_t k) { return ProductScale(k); };
+    for (float beta : {0.f, 1.f}) {
+      SCOPED_TRACE(testing::Message() << "tensor cores " << tensor_cores << " beta " << beta);
+      const Write write = beta != 0.f ? Write::kAccumulate : Write::kOverwrite;
+      auto find = [&](ConvDirection direction) {
+        return GraphConv::Find(ctx(), g, direction, beta, tensor_cores, scratch);
+      };
+
+      auto forward = find(ConvDirection::kForward);
+      ASSERT_TRUE(forward.ok()) << forward.status();
+      std::vector<float> y = Random(out_n, ++seed), y_cpu(out_n);
+      float* y_ = Upload(y);
+      ASSERT_OK((*forward)->Run(ctx(), x_, w_, y_, workspace));
+      cpu::Conv2dForward(cpu_, s, x.data(), w.data(), no_bias.data(), y_cpu.data(),
+                         cpu_workspace.data());
+      if (beta != 0.f) {
+        for (int64_t i = 0; i < out_n; ++i) y_cpu[i] += y[i];
+      }
+      ExpectClose(y_cpu, Download(y_, y.size()), "y", tolerance(s.patch_elements()),
+                  scale(s.patch_elements()));
+
+      auto filter = find(ConvDirection::kBackwardFilter);
+      ASSERT_TRUE(filter.ok()) << filter.status();
+      std::vector<float> dw = Random(w_n, ++seed);
+      float* dw_ = Upload(dw);
+      ASSERT_OK((*filter)->Run(ctx(), x_, dw_, dy_, workspace));
+      cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), nullptr, Write::kOverwrite,
+                          dw.data(), nullptr, write, cpu_workspace.data());
+      const int64_t dw_k = s.batch * s.out_h * s.out_w;
+      ExpectClose(dw, Download(dw_, dw.size()), "dw", tolerance(dw_k), scale(dw_k));
+
+      auto data = find(ConvDirection::kBackwardData);
+      ASSERT_TRUE(data.ok()) << data.status();
+      std::vector<float> dx = Random(in_n, ++seed), unused_dw(w_n);
+      float* dx_ = Upload(dx);
+      ASSERT_OK((*data)->Run(ctx(), dx_, w_, dy_, workspace));
+      cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), dx.data(), write,
+                          unused_dw.data(), nullptr, Write::kOverwrite, cpu_workspace.data());
+      const int64_t dx_k = s.out_c * s.kernel_h * s.kernel_w;
+      ExpectClose(dx, Download(dx_, dx.size()), "dx", tolerance(dx_k), scale(dx_k));
+    }
+  }
+  // A pointer off the declared alignment is refused, not run.
+  auto forward = GraphConv::Find(ctx(), g, ConvDirection::kForward, 0.f, false, scratch);
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  EXPECT_EQ((*forward)->Run(ctx(), x_ + 1, w_, scratch.y, workspace).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// The Tf32Policy reaches cuDNN: a strict context keeps FMA algorithms and
+// graph engines without tensor cores only (and matches the CPU to fp32
+// rounding, Fp32SumTolerance); one that allows TF32 convolutions keeps
+// whatever measured fastest, never a math type that converts fp32 to fp16,
+// and stays within TF32 rounding of the CPU. Besides the small
+// shapes, a ResNet-like 3x3 convolution of 64 channels, where cuDNN has
+// TF32 tensor-core kernels to choose.
+TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
+  std::vector<WindowShape> shapes = ConvShapes();
+  shapes.push_back(WideShape());
   uint32_t seed = 50;
   for (Tf32Policy policy : {Tf32Policy::kOff, Tf32Policy::kConvolutions}) {
     UseConvLayout(ConvLayout::kAuto);
@@ -97,10 +192,13 @@ TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
     for (const WindowShape& s : shapes) {
       SCOPED_TRACE(testing::Message()
                    << "tf32 policy " << static_cast<int>(policy) << " in " << Describe(s));
-      // Tolerances: strict as the fp32 tests; TF32 as test_util.h says,
-      // relative to the size of each result's sum of products.
-      const double tolerance = strict ? kTolerance : kTf32Ulps * kTf32UnitRoundoff;
-      auto scale = [&](int64_t k) { return strict ? 1.0 : ProductScale(k); };
+      // Tolerances as test_util.h says, relative to the size of each
+      // result's sum of products: strict fp32 summed in cuDNN's order, or
+      // TF32.
+      auto tolerance = [&](int64_t k) {
+        return strict ? Fp32SumTolerance(k) : kTf32Ulps * kTf32UnitRoundoff;
+      };
+      auto scale = [&](int64_t k) { return ProductScale(k); };
       const auto x = Random(s.batch * s.in_elements(), ++seed);
       const auto w = Random(s.out_c * s.patch_elements(), ++seed);
       const auto bias = Random(s.out_c, ++seed);
@@ -114,7 +212,8 @@ TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
       float* y_ = Alloc<float>(y.size());
       ASSERT_OK(cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_));
       cpu::Conv2dForward(cpu_, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());
-      ExpectClose(y, Download(y_, y.size()), "y", tolerance, scale(s.patch_elements()));
+      ExpectClose(y, Download(y_, y.size()), "y", tolerance(s.patch_elements()),
+                  scale(s.patch_elements()));
       auto dx = Random(x.size(), ++seed), dw = Random(w.size(), ++seed),
            db = Random(bias.size(), ++seed);
       float* dx_ = Upload(dx);
@@ -124,10 +223,9 @@ TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
                                      Write::kAccumulate));
       cpu::Conv2dBackward(cpu_, s, x.data(), w.data(), dy.data(), dx.data(), Write::kAccumulate,
                           dw.data(), db.data(), Write::kAccumulate, workspace.data());
-      ExpectClose(dx, Download(dx_, dx.size()), "dx", tolerance,
-                  scale(s.out_c * s.kernel_h * s.kernel_w));
-      ExpectClose(dw, Download(dw_, dw.size()), "dw", tolerance,
-                  scale(s.batch * s.out_h * s.out_w));
+      const int64_t dx_k = s.out_c * s.kernel_h * s.kernel_w, dw_k = s.batch * s.out_h * s.out_w;
+      ExpectClose(dx, Download(dx_, dx.size()), "dx", tolerance(dx_k), scale(dx_k));
+      ExpectClose(dw, Download(dw_, dw.size()), "dw", tolerance(dw_k), scale(dw_k));
       ExpectClose(db, Download(db_, db.size()), "dbias");  // Column sums: fp32 either way.
 
       absl::StatusOr<ConvPlan*> plan = PlanFor(ctx(), s);

@@ -106,6 +106,10 @@ std::vector<std::pair<int64_t, int64_t>> BatchNormShapes() {
 
 double ProductScale(int64_t k) { return 1.0 + std::sqrt(static_cast<double>(k)) / 3.0; }
 
+double Fp32SumTolerance(int64_t k) {
+  return std::max(kTolerance, 16.0 * std::sqrt(static_cast<double>(k)) / (1 << 24));
+}
+
 }  // namespace test
 }  // namespace cuda
 }  // namespace kernels

@@ -65,6 +65,14 @@ void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu,
 inline constexpr double kTf32UnitRoundoff = 1.0 / (1 << 11);
 inline constexpr double kTf32Ulps = 8;
 
+// Strict fp32 products of values in [-1, 1] summed in another order than
+// the CPU's (cuDNN's engines split and block a K-term sum differently per
+// kernel): K roundings of 2^-24 of partial sums up to ProductScale(K), a
+// random walk of about sqrt(K) such units; allowed: 16 of them relative to
+// |cpu| + ProductScale(K), and never less than kTolerance. A kernel in TF32
+// is off by about 2^-11 of ProductScale(K), some 30x more for K = 4096.
+double Fp32SumTolerance(int64_t k);
+
 // A strict-fp32 context on device 0 and device memory freed after the test.
 class CudaKernelTest : public ::testing::Test {
  protected:
