@@ -120,6 +120,43 @@ absl::StatusOr<Descriptor> Convolution(const ConvGeometry& g) {
   return d;
 }
 
+// A direction's operation and the attributes naming its tensors: x or dx,
+// w or dw, y or dy.
+struct OperationAttributes {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+
+OperationAttributes AttributesOf(ConvDirection direction) {
+  switch (direction) {
+    case ConvDirection::kForward:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+    case ConvDirection::kBackwardFilter:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+    case ConvDirection::kBackwardData:
+      break;
+  }
+  return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+}
+
 // The operation of `direction` over x (uid 1), w (2) and y (3).
 absl::StatusOr<Descriptor> Operation(const ConvGeometry& g, ConvDirection direction, float beta) {
   absl::StatusOr<Descriptor> x = Tensor(g, kUids[0], g.n, g.c, g.h, g.w);
@@ -132,43 +169,17 @@ absl::StatusOr<Descriptor> Operation(const ConvGeometry& g, ConvDirection direct
   if (!conv.ok()) return conv.status();
   const float alpha = 1.f;
   const cudnnBackendDescriptor_t xd = x->get(), wd = w->get(), yd = y->get(), cd = conv->get();
+  const OperationAttributes a = AttributesOf(direction);
   constexpr cudnnBackendAttributeType_t kDesc = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-  if (direction == ConvDirection::kForward) {
-    Descriptor op(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-    CUDNN_RETURN_IF_ERROR(
-        Setter(op)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, kDesc, 1, &xd)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, kDesc, 1, &wd)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, kDesc, 1, &yd)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, kDesc, 1, &cd)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta)
-            .Finalize());
-    return op;
-  }
-  if (direction == ConvDirection::kBackwardFilter) {
-    Descriptor op(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-    CUDNN_RETURN_IF_ERROR(
-        Setter(op)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, kDesc, 1, &xd)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, kDesc, 1, &wd)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, kDesc, 1, &yd)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, kDesc, 1, &cd)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-            .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta)
-            .Finalize());
-    return op;
-  }
-  Descriptor op(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-  CUDNN_RETURN_IF_ERROR(
-      Setter(op)
-          .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, kDesc, 1, &xd)
-          .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, kDesc, 1, &wd)
-          .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, kDesc, 1, &yd)
-          .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, kDesc, 1, &cd)
-          .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-          .Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta)
-          .Finalize());
+  Descriptor op(a.type);
+  CUDNN_RETURN_IF_ERROR(Setter(op)
+                            .Set(a.x, kDesc, 1, &xd)
+                            .Set(a.w, kDesc, 1, &wd)
+                            .Set(a.y, kDesc, 1, &yd)
+                            .Set(a.conv, kDesc, 1, &cd)
+                            .Set(a.alpha, CUDNN_TYPE_FLOAT, 1, &alpha)
+                            .Set(a.beta, CUDNN_TYPE_FLOAT, 1, &beta)
+                            .Finalize());
   return op;
 }
 

@@ -58,27 +58,6 @@ ConvMath Fp32Math(Tf32Policy tf32) {
 // when run with these descriptors).
 constexpr ConvMath kReducedMath = {CUDNN_TENSOR_OP_MATH, MathBit(CUDNN_TENSOR_OP_MATH)};
 
-ConvGeometry Geometry(const WindowShape& s, cudnnTensorFormat_t format, cudnnDataType_t type,
-                      int64_t in_h, int64_t in_w, int64_t pad_h, int64_t pad_w) {
-  ConvGeometry g;
-  g.n = s.batch;
-  g.c = s.in_c;
-  g.h = in_h;
-  g.w = in_w;
-  g.k = s.out_c;
-  g.r = s.kernel_h;
-  g.s = s.kernel_w;
-  g.out_h = s.out_h;
-  g.out_w = s.out_w;
-  g.pad_h = pad_h;
-  g.pad_w = pad_w;
-  g.stride_h = s.stride_h;
-  g.stride_w = s.stride_w;
-  g.format = format;
-  g.type = type;
-  return g;
-}
-
 absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64_t in_h,
                          int64_t in_w, int64_t pad_h, int64_t pad_w, cudnnMathType_t math,
                          ConvVariant* v) {
@@ -94,7 +73,7 @@ absl::Status MakeVariant(const WindowShape& s, cudnnTensorFormat_t format, int64
                                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, math));
   v->fwd_math = v->bwd_filter_math = v->bwd_data_math = math;
-  v->geometry = Geometry(s, format, CUDNN_DATA_FLOAT, in_h, in_w, pad_h, pad_w);
+  v->geometry = GeometryOf(s, format, CUDNN_DATA_FLOAT, in_h, in_w, pad_h, pad_w);
   return absl::OkStatus();
 }
 
@@ -118,7 +97,7 @@ absl::Status MakeReducedVariant(const WindowShape& s, cudnnDataType_t type, cons
   CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(v->conv.d, kReducedMath.descriptor));
   v->fwd_math = v->bwd_filter_math = v->bwd_data_math = kReducedMath.descriptor;
   v->geometry =
-      Geometry(s, CUDNN_TENSOR_NHWC, type, p.conv_in_h, p.conv_in_w, p.conv_pad_h, p.conv_pad_w);
+      GeometryOf(s, CUDNN_TENSOR_NHWC, type, p.conv_in_h, p.conv_in_w, p.conv_pad_h, p.conv_pad_w);
   return absl::OkStatus();
 }
 
@@ -476,6 +455,27 @@ constexpr int64_t kMaxStagingBytes = int64_t{64} << 20;
 struct ConvPlanCache {
   std::map<std::array<int64_t, 16>, std::unique_ptr<ConvPlan>> plans;
 };
+
+ConvGeometry GeometryOf(const WindowShape& s, cudnnTensorFormat_t format, cudnnDataType_t type,
+                        int64_t in_h, int64_t in_w, int64_t pad_h, int64_t pad_w) {
+  ConvGeometry g;
+  g.n = s.batch;
+  g.c = s.in_c;
+  g.h = in_h;
+  g.w = in_w;
+  g.k = s.out_c;
+  g.r = s.kernel_h;
+  g.s = s.kernel_w;
+  g.out_h = s.out_h;
+  g.out_w = s.out_w;
+  g.pad_h = pad_h;
+  g.pad_w = pad_w;
+  g.stride_h = s.stride_h;
+  g.stride_w = s.stride_w;
+  g.format = format;
+  g.type = type;
+  return g;
+}
 
 void SetConvPlanLogging(bool on) { log_conv_plans.store(on); }
 

@@ -92,6 +92,11 @@ struct ConvVariant {
   std::unique_ptr<GraphConv> fwd_graph, bwd_filter_graph[2], bwd_data_graph[2];
 };
 
+// What cuDNN convolves for `s`: an input of in_h x in_w (padded plans: the
+// padded copy's) with symmetric padding pad_h, pad_w, in `format` and `type`.
+ConvGeometry GeometryOf(const WindowShape& s, cudnnTensorFormat_t format, cudnnDataType_t type,
+                        int64_t in_h, int64_t in_w, int64_t pad_h, int64_t pad_w);
+
 // One direction of `v` on ctx's stream: its graph plan where it has one and
 // the pointers suit it, else the legacy call with the algorithm and math
 // type measured. `workspace` holds `workspace_bytes` (at least the

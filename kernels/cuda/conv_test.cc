@@ -94,18 +94,8 @@ WindowShape WideShape() {
 // (Fp32SumTolerance), with them within TF32 rounding.
 TEST_F(CudaKernelTest, GraphConvMatchesTheCpu) {
   const WindowShape s = WideShape();
-  ConvGeometry g;
-  g.n = s.batch;
-  g.c = s.in_c;
-  g.h = s.in_h;
-  g.w = s.in_w;
-  g.k = s.out_c;
-  g.r = s.kernel_h;
-  g.s = s.kernel_w;
-  g.out_h = s.out_h;
-  g.out_w = s.out_w;
-  g.pad_h = s.pad_top;
-  g.pad_w = s.pad_left;
+  const ConvGeometry g =
+      GeometryOf(s, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, s.in_h, s.in_w, s.pad_top, s.pad_left);
   const int64_t in_n = s.batch * s.in_elements(), out_n = s.batch * s.out_elements();
   const int64_t w_n = s.out_c * s.patch_elements();
   const size_t workspace_bytes = size_t{64} << 20;
