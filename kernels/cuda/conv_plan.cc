@@ -435,7 +435,10 @@ absl::Status FindAlgorithms(const CudaContext& ctx, const WindowShape& s, const 
             return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, c, x, algo, bytes);
           },
           &v->bwd_data_algo, &v->bwd_data_bytes, &v->bwd_data_ms, &v->bwd_data_math)));
-  if (!ctx.conv_graph) return absl::OkStatus();
+  // fp16 tensors stay on the legacy algorithms: with graph engines, one of
+  // three GPU runs of model_gpu_test's fp16 check had a step whose filter
+  // gradients were 25% off fp32's (bf16 and fp32 held in all three).
+  if (!ctx.conv_graph || v->geometry.type == CUDNN_DATA_HALF) return absl::OkStatus();
   const absl::Status tuned = TuneGraphs(ctx, s, layout, limit, math, v);
   if (!tuned.ok() && log_conv_plans.load()) {
     std::fprintf(stderr, "conv %s: graph engines not timed: %s\n", layout,
