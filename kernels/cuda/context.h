@@ -58,7 +58,9 @@ struct ReducedWeightCopies;
 // converted copies where that is faster and small), measured by cudnnFind*
 // the first time a shape is seen (as PyTorch's cudnn.benchmark; algorithms
 // within 5% of the fastest count as ties and the one with the least
-// workspace wins); later calls with that shape reuse it.
+// workspace wins), then timed beside the engines of cuDNN's graph API where
+// conv_graph allows (conv_graph.h; not for fp16 tensors), the faster kept
+// per direction; later calls with that shape reuse it.
 struct CudaContext {
   int device = -1;
   cudaStream_t stream = nullptr;
