@@ -68,6 +68,9 @@ CudaContext::~CudaContext() {
   if (device < 0) return;
   cudaSetDevice(device);
   if (stream != nullptr) cudaStreamSynchronize(stream);
+  // Convolution plans of cuDNN's graph API are bound to the handle: gone
+  // before it.
+  conv_plans.reset();
   ReturnWorkspace();
   if (workspace != nullptr) cudaFree(workspace);
   if (cudnn != nullptr) cudnnDestroy(cudnn);

@@ -28,7 +28,7 @@ constexpr int64_t kAlignment = 16;
 // untimed run took over kSlowFactor times the best time so far is not
 // timed further.
 constexpr int64_t kMaxConfigs = 16;
-constexpr int kTimedRuns = 2;
+constexpr int kTimedRuns = 3;
 constexpr float kSlowFactor = 3.f;
 
 // An owned backend descriptor.
@@ -222,8 +222,11 @@ std::vector<Descriptor> Configurations(cudnnBackendDescriptor_t graph,
   return configs;
 }
 
-// Whether the engine of `config` qualifies; its global index in *engine.
-bool Qualifies(cudnnBackendDescriptor_t config, bool tensor_cores, int64_t* engine) {
+// Whether the engine of `config` qualifies; its global index in *engine and
+// whether cuDNN notes it as using tensor cores in *uses_tensor_cores.
+bool Qualifies(cudnnBackendDescriptor_t config, bool tensor_cores, int64_t* engine,
+               bool* uses_tensor_cores) {
+  *uses_tensor_cores = false;
   Descriptor e(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   cudnnBackendDescriptor_t raw = e.get();
   int64_t n = 0;
@@ -250,6 +253,7 @@ bool Qualifies(cudnnBackendDescriptor_t config, bool tensor_cores, int64_t* engi
         return false;
       case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:
         if (!tensor_cores) return false;
+        *uses_tensor_cores = true;
         break;
       default:
         break;
@@ -283,9 +287,8 @@ absl::StatusOr<float> TimeOnStream(const CudaContext& ctx, int runs,
   RETURN_IF_ERROR(run());
   std::vector<float> times;
   cudaEvent_t start = nullptr, end = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&end));
-  absl::Status status;
+  absl::Status status = FromCuda(cudaEventCreate(&start), "cudaEventCreate");
+  if (status.ok()) status = FromCuda(cudaEventCreate(&end), "cudaEventCreate");
   for (int i = 0; i < runs && status.ok(); ++i) {
     cudaEventRecord(start, ctx.stream);
     status = run();
@@ -297,8 +300,8 @@ absl::StatusOr<float> TimeOnStream(const CudaContext& ctx, int runs,
       status = FromCuda(cudaEventElapsedTime(&ms, start, end), "cudaEventElapsedTime");
     times.push_back(ms);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(end);
+  if (start != nullptr) cudaEventDestroy(start);
+  if (end != nullptr) cudaEventDestroy(end);
   RETURN_IF_ERROR(status);
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
@@ -325,7 +328,8 @@ absl::StatusOr<std::unique_ptr<GraphConv>> GraphConv::Find(const CudaContext& ct
     if (best != nullptr) break;
     for (const Descriptor& config : Configurations(graph.get(), mode)) {
       int64_t engine = -1;
-      if (!Qualifies(config.get(), tensor_cores, &engine)) continue;
+      bool uses_tensor_cores = false;
+      if (!Qualifies(config.get(), tensor_cores, &engine, &uses_tensor_cores)) continue;
       Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
       const cudnnBackendDescriptor_t config_raw = config.get();
       if (Setter(plan)
@@ -365,6 +369,7 @@ absl::StatusOr<std::unique_ptr<GraphConv>> GraphConv::Find(const CudaContext& ct
         best->workspace_bytes_ = static_cast<size_t>(workspace);
         best->ms_ = *ms;
         best->engine_ = engine;
+        best->tensor_cores_ = uses_tensor_cores;
       }
     }
   }

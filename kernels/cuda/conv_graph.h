@@ -91,6 +91,9 @@ class GraphConv {
   float ms() const { return ms_; }
   // cuDNN's global index of the chosen engine (for logs).
   int64_t engine() const { return engine_; }
+  // Whether cuDNN notes the chosen engine as using tensor cores (never
+  // where Find's `tensor_cores` was false).
+  bool tensor_cores() const { return tensor_cores_; }
 
  private:
   GraphConv() = default;
@@ -98,6 +101,7 @@ class GraphConv {
   size_t workspace_bytes_ = 0;
   float ms_ = 0;
   int64_t engine_ = -1;
+  bool tensor_cores_ = false;
 };
 
 // Median milliseconds of `runs` calls of `run` on ctx's stream after one

@@ -280,10 +280,14 @@ struct DeviceBuffer {
   ~DeviceBuffer() {
     if (p != nullptr) cudaFree(p);
   }
+  // A failure is returned and cleared from the device (the next launch's
+  // check must not see it).
   absl::Status Allocate(const CudaContext& ctx, size_t bytes) {
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, ctx.stream));
-    return absl::OkStatus();
+    absl::Status status = FromCuda(cudaMalloc(&p, std::max<size_t>(bytes, 256)), "cudaMalloc");
+    if (!status.ok()) p = nullptr;
+    if (status.ok()) status = FromCuda(cudaMemsetAsync(p, 0, bytes, ctx.stream), "cudaMemsetAsync");
+    if (!status.ok()) (void)cudaGetLastError();
+    return status;
   }
 };
 
@@ -303,13 +307,19 @@ void ChooseDirection(const CudaContext& ctx, const char* direction, const char* 
                      const std::function<absl::StatusOr<std::unique_ptr<GraphConv>>(float)>& find,
                      bool accumulates, std::unique_ptr<GraphConv>* graph, size_t* bytes,
                      float* ms) {
-  float legacy_ms = kUnmeasured;
+  // The legacy algorithm's time: timed alike where its workspace fits the
+  // scratch, else cudnnFind's own (kUnmeasured for a heuristic choice).
+  float legacy_ms = *ms;
   if (*bytes <= scratch_bytes) {
     absl::StatusOr<float> timed = TimeOnStream(ctx, 3, legacy);
     if (timed.ok()) legacy_ms = *timed;
   }
   absl::StatusOr<std::unique_ptr<GraphConv>> best = find(0.f);
-  const bool use_graph = best.ok() && (*best)->ms() < legacy_ms;
+  // Faster, and by more than the legacy picker's tie margin where it needs
+  // more workspace (every byte of which is device memory).
+  const bool use_graph =
+      best.ok() && (*best)->ms() < legacy_ms &&
+      ((*best)->workspace_bytes() <= *bytes || (*best)->ms() * kAlgoTimeTolerance < legacy_ms);
   if (log_conv_plans.load()) {
     const std::string graph_text =
         best.ok() ? absl::StrFormat("engine %d %.3f ms %zu B", (*best)->engine(), (*best)->ms(),

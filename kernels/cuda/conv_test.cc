@@ -123,6 +123,7 @@ TEST_F(CudaKernelTest, GraphConvMatchesTheCpu) {
 
       auto forward = find(ConvDirection::kForward);
       ASSERT_TRUE(forward.ok()) << forward.status();
+      if (!tensor_cores) EXPECT_FALSE((*forward)->tensor_cores());
       std::vector<float> y = Random(out_n, ++seed), y_cpu(out_n);
       float* y_ = Upload(y);
       ASSERT_OK((*forward)->Run(ctx(), x_, w_, y_, workspace));
@@ -136,6 +137,7 @@ TEST_F(CudaKernelTest, GraphConvMatchesTheCpu) {
 
       auto filter = find(ConvDirection::kBackwardFilter);
       ASSERT_TRUE(filter.ok()) << filter.status();
+      if (!tensor_cores) EXPECT_FALSE((*filter)->tensor_cores());
       std::vector<float> dw = Random(w_n, ++seed);
       float* dw_ = Upload(dw);
       ASSERT_OK((*filter)->Run(ctx(), x_, dw_, dy_, workspace));
@@ -146,6 +148,7 @@ TEST_F(CudaKernelTest, GraphConvMatchesTheCpu) {
 
       auto data = find(ConvDirection::kBackwardData);
       ASSERT_TRUE(data.ok()) << data.status();
+      if (!tensor_cores) EXPECT_FALSE((*data)->tensor_cores());
       std::vector<float> dx = Random(in_n, ++seed), unused_dw(w_n);
       float* dx_ = Upload(dx);
       ASSERT_OK((*data)->Run(ctx(), dx_, w_, dy_, workspace));
@@ -178,7 +181,7 @@ TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
     if (HasFatalFailure()) return;
     ctx_->tf32 = policy;
     const bool strict = policy == Tf32Policy::kOff;
-    int tensor_op = 0, directions = 0;
+    int tensor_op = 0, directions = 0, graph_plans = 0;
     for (const WindowShape& s : shapes) {
       SCOPED_TRACE(testing::Message()
                    << "tf32 policy " << static_cast<int>(policy) << " in " << Describe(s));
@@ -230,13 +233,22 @@ TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
             tensor_op += math != CUDNN_FMA_MATH;
           }
         }
+        // A graph plan kept in strict fp32 never runs on tensor cores.
+        for (const GraphConv* g :
+             {v->fwd_graph.get(), v->bwd_filter_graph[0].get(), v->bwd_filter_graph[1].get(),
+              v->bwd_data_graph[0].get(), v->bwd_data_graph[1].get()}) {
+          if (g == nullptr) continue;
+          ++graph_plans;
+          if (strict) EXPECT_FALSE(g->tensor_cores()) << "engine " << g->engine();
+        }
       }
     }
-    // Which math cuDNN preferred is its choice, not ours: reported only.
+    // Which math cuDNN preferred, and whether a graph engine was faster, is
+    // its choice, not ours: reported only.
     std::printf(
         "tf32 policy %d: %d of %d measured directions (both layouts) in a math type "
-        "that permits tensor ops\n",
-        static_cast<int>(policy), tensor_op, directions);
+        "that permits tensor ops; %d graph plans kept\n",
+        static_cast<int>(policy), tensor_op, directions, graph_plans);
   }
 }
 
