@@ -52,6 +52,10 @@ ABSL_FLAG(std::string, device_memory_limit, "auto",
           "process may use (its cgroup's limit, else the machine's memory), on GPUs the device's "
           "own; 0: no limit. The coordinator places jobs only where they fit it. Tries on a large "
           "GPU whether a model fits a smaller one, whole or in pipeline stages");
+ABSL_FLAG(bool, conv_graph, true,
+          "GPU convolutions may run through cuDNN's graph API where one of its engines times "
+          "faster than the legacy algorithms for a shape (timed once per shape on the first "
+          "step); false: the legacy algorithms only");
 ABSL_FLAG(int64_t, pull_timeout_ms, 120000,
           "How long a pull may wait for other workers or a shard before the job fails");
 ABSL_FLAG(int64_t, push_timeout_ms, 30000,
@@ -204,6 +208,7 @@ int Main() {
   trainer_options.devices = *devices;
   // On GPUs "auto" caps nothing: the device's own size is the limit.
   trainer_options.device_memory_limit = *memory_limit;
+  trainer_options.conv_graph = absl::GetFlag(FLAGS_conv_graph);
   trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
   trainer_options.data_roots = data_roots;
   trainer_options.exchange.pull_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_pull_timeout_ms));

@@ -76,6 +76,9 @@ struct TrainerOptions {
   // > 0: the most compute memory each replica or pipeline stage may hold on
   // its device, in bytes (--device_memory_limit; ModelOptions::memory_limit).
   int64_t device_memory_limit = 0;
+  // GPU convolutions through cuDNN's graph API where faster (--conv_graph;
+  // ModelOptions::conv_graph).
+  bool conv_graph = true;
   // Which run of this job in this process this is (0 first): a worker that
   // runs a job again in the same attempt (it took a rank over) numbers its
   // requests above its earlier runs', which the shards remember.
