@@ -492,36 +492,47 @@ ConvGeometry GeometryOf(const WindowShape& s, cudnnTensorFormat_t format, cudnnD
 
 void SetConvPlanLogging(bool on) { log_conv_plans.store(on); }
 
+namespace {
+
+// `graph` where there is one and the workspace and the pointers suit it (in
+// GraphConv::Run's order), else the legacy call (a template: this runs per
+// convolution per step, and a std::function could allocate).
+template <typename Legacy>
+absl::Status GraphOrLegacy(const CudaContext& ctx, const GraphConv* graph, const void* in,
+                           const void* filter, const void* out, void* workspace,
+                           size_t workspace_bytes, const Legacy& legacy) {
+  if (graph != nullptr && graph->workspace_bytes() <= workspace_bytes &&
+      GraphConv::Aligned(in, filter, out)) {
+    return graph->Run(ctx, in, filter, out, workspace);
+  }
+  return legacy();
+}
+
+}  // namespace
+
 absl::Status RunForward(const CudaContext& ctx, const ConvVariant& v, const void* x, const void* w,
                         void* y, void* workspace, size_t workspace_bytes) {
-  const GraphConv* graph = v.fwd_graph.get();
-  if (graph != nullptr && graph->workspace_bytes() <= workspace_bytes &&
-      GraphConv::Aligned(x, w, y)) {
-    return graph->Run(ctx, x, w, y, workspace);
-  }
-  return LegacyForward(ctx, v, x, w, y, workspace, workspace_bytes);
+  return GraphOrLegacy(ctx, v.fwd_graph.get(), x, w, y, workspace, workspace_bytes,
+                       [&] { return LegacyForward(ctx, v, x, w, y, workspace, workspace_bytes); });
 }
 
 absl::Status RunBackwardFilter(const CudaContext& ctx, const ConvVariant& v, const void* x,
                                const void* dy, void* dw, bool accumulate, void* workspace,
                                size_t workspace_bytes) {
-  const GraphConv* graph = v.bwd_filter_graph[accumulate ? 1 : 0].get();
-  if (graph != nullptr && graph->workspace_bytes() <= workspace_bytes &&
-      GraphConv::Aligned(x, dw, dy)) {
-    return graph->Run(ctx, x, dw, dy, workspace);
-  }
-  return LegacyBackwardFilter(ctx, v, x, dy, dw, accumulate, workspace, workspace_bytes);
+  return GraphOrLegacy(ctx, v.bwd_filter_graph[accumulate ? 1 : 0].get(), x, dw, dy, workspace,
+                       workspace_bytes, [&] {
+                         return LegacyBackwardFilter(ctx, v, x, dy, dw, accumulate, workspace,
+                                                     workspace_bytes);
+                       });
 }
 
 absl::Status RunBackwardData(const CudaContext& ctx, const ConvVariant& v, const void* w,
                              const void* dy, void* dx, bool accumulate, void* workspace,
                              size_t workspace_bytes) {
-  const GraphConv* graph = v.bwd_data_graph[accumulate ? 1 : 0].get();
-  if (graph != nullptr && graph->workspace_bytes() <= workspace_bytes &&
-      GraphConv::Aligned(dx, w, dy)) {
-    return graph->Run(ctx, dx, w, dy, workspace);
-  }
-  return LegacyBackwardData(ctx, v, w, dy, dx, accumulate, workspace, workspace_bytes);
+  return GraphOrLegacy(
+      ctx, v.bwd_data_graph[accumulate ? 1 : 0].get(), dx, w, dy, workspace, workspace_bytes, [&] {
+        return LegacyBackwardData(ctx, v, w, dy, dx, accumulate, workspace, workspace_bytes);
+      });
 }
 
 absl::StatusOr<ConvPlan*> PlanFor(const CudaContext& ctx, const WindowShape& s) {

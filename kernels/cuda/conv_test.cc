@@ -31,16 +31,11 @@ TEST_F(CudaKernelTest, Conv2dForwardAndBackward) {
       for (const WindowShape& s : ConvShapes()) {
         SCOPED_TRACE(testing::Message() << "graph " << graph << " layout "
                                         << static_cast<int>(layout) << " in " << Describe(s));
-        const auto x = Random(s.batch * s.in_elements(), ++seed);
-        const auto w = Random(s.out_c * s.patch_elements(), ++seed);
-        const auto bias = Random(s.out_c, ++seed);
-        const auto dy = Random(s.batch * s.out_elements(), ++seed);
+        const ConvOperands o = RandomConvOperands(s, &seed);
+        const auto &x = o.x, &w = o.w, &bias = o.bias, &dy = o.dy;
+        float *const x_ = o.x_, *const w_ = o.w_, *const bias_ = o.bias_, *const dy_ = o.dy_;
         std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
         std::vector<float> y(s.batch * s.out_elements());
-        float* x_ = Upload(x);
-        float* w_ = Upload(w);
-        float* bias_ = Upload(bias);
-        float* dy_ = Upload(dy);
         float* y_ = Alloc<float>(y.size());
         const absl::Status forward = cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_);
         ASSERT_TRUE(forward.ok()) << forward;
@@ -192,16 +187,11 @@ TEST_F(CudaKernelTest, Conv2dMathFollowsTheTf32Policy) {
         return strict ? Fp32SumTolerance(k) : kTf32Ulps * kTf32UnitRoundoff;
       };
       auto scale = [&](int64_t k) { return ProductScale(k); };
-      const auto x = Random(s.batch * s.in_elements(), ++seed);
-      const auto w = Random(s.out_c * s.patch_elements(), ++seed);
-      const auto bias = Random(s.out_c, ++seed);
-      const auto dy = Random(s.batch * s.out_elements(), ++seed);
+      const ConvOperands o = RandomConvOperands(s, &seed);
+      const auto &x = o.x, &w = o.w, &bias = o.bias, &dy = o.dy;
+      float *const x_ = o.x_, *const w_ = o.w_, *const bias_ = o.bias_, *const dy_ = o.dy_;
       std::vector<float> workspace(cpu::Conv2dWorkspaceElements(s));
       std::vector<float> y(s.batch * s.out_elements());
-      float* x_ = Upload(x);
-      float* w_ = Upload(w);
-      float* bias_ = Upload(bias);
-      float* dy_ = Upload(dy);
       float* y_ = Alloc<float>(y.size());
       ASSERT_OK(cuda::Conv2dForward(ctx(), s, x_, w_, bias_, y_));
       cpu::Conv2dForward(cpu_, s, x.data(), w.data(), bias.data(), y.data(), workspace.data());

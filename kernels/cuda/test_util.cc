@@ -53,6 +53,20 @@ void CudaKernelTest::UseConvLayout(ConvLayout layout) {
   ctx_->conv_layout = layout;
 }
 
+CudaKernelTest::ConvOperands CudaKernelTest::RandomConvOperands(const WindowShape& s,
+                                                                uint32_t* seed) {
+  ConvOperands o;
+  o.x = Random(s.batch * s.in_elements(), ++*seed);
+  o.w = Random(s.out_c * s.patch_elements(), ++*seed);
+  o.bias = Random(s.out_c, ++*seed);
+  o.dy = Random(s.batch * s.out_elements(), ++*seed);
+  o.x_ = Upload(o.x);
+  o.w_ = Upload(o.w);
+  o.bias_ = Upload(o.bias);
+  o.dy_ = Upload(o.dy);
+  return o;
+}
+
 std::vector<WindowShape> ConvShapes() {
   auto make = [](int64_t in_h, int64_t in_w, int64_t in_c, int64_t out_c, int64_t kh, int64_t kw,
                  int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t oh, int64_t ow) {

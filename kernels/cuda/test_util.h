@@ -106,6 +106,18 @@ class CudaKernelTest : public ::testing::Test {
     return host;
   }
 
+  // A convolution's operands of shape s: input, filter, bias and output
+  // gradient drawn from seeds ++*seed in that order, on the host and
+  // uploaded (the names with a trailing underscore).
+  struct ConvOperands {
+    std::vector<float> x, w, bias, dy;
+    float* x_ = nullptr;
+    float* w_ = nullptr;
+    float* bias_ = nullptr;
+    float* dy_ = nullptr;
+  };
+  ConvOperands RandomConvOperands(const WindowShape& s, uint32_t* seed);
+
   const CudaContext& ctx() const { return *ctx_; }
   // A fresh strict-fp32 context (no convolution plans yet) whose
   // convolutions run in `layout`.
