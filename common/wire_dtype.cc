@@ -1,6 +1,9 @@
 #include "common/wire_dtype.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/platform/vector_clones.h"
 
@@ -67,13 +70,71 @@ float Fp16ToFloat(uint16_t h) {
   return f;
 }
 
+// Int8 blocks: the scale (float32), then one int8 per element.
+constexpr int64_t kScaleBytes = sizeof(float);
+constexpr int64_t kInt8BlockBytes = kScaleBytes + kInt8Block;
+
+// x / scale to the nearest integer (ties to even) within [-127, 127]: adding
+// and taking away 1.5 * 2^23 rounds in the FPU's mode, and vectorises on
+// every x86 level (nearbyint needs SSE4.1).
+inline float RoundToInt8(float v) {
+  const float rounded = (v + 12582912.f) - 12582912.f;
+  return std::min(127.f, std::max(-127.f, rounded));
+}
+
+// One block of `count` values at `out`: the scale and the int8s. Returns the
+// scale: max |x| / 127, NaN where a value is not finite.
+inline float QuantizeBlock(const float* __restrict x, int64_t count, char* __restrict out) {
+  float absmax = 0.f;
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    absmax = std::max(absmax, std::fabs(x[i]));
+  }
+  const float scale = bad != 0 ? std::numeric_limits<float>::quiet_NaN() : absmax / 127.f;
+  const float inverse = bad != 0 || absmax == 0.f ? 0.f : 127.f / absmax;
+  std::memcpy(out, &scale, sizeof(scale));
+  int8_t* q = reinterpret_cast<int8_t*>(out + kScaleBytes);
+  for (int64_t i = 0; i < count; ++i) q[i] = static_cast<int8_t>(RoundToInt8(x[i] * inverse));
+  return scale;
+}
+
+inline float ScaleOf(const char* block) {
+  float scale;
+  std::memcpy(&scale, block, sizeof(scale));
+  return scale;
+}
+
+inline const int8_t* Int8sOf(const char* block) {
+  return reinterpret_cast<const int8_t*>(block + kScaleBytes);
+}
+
 }  // namespace
 
-int BytesPerElement(WireDtype dtype) { return dtype == WireDtype::kFloat32 ? 4 : 2; }
+int64_t WireBytes(WireDtype dtype, int64_t n) {
+  switch (dtype) {
+    case WireDtype::kFloat32:
+      return 4 * n;
+    case WireDtype::kBfloat16:
+    case WireDtype::kFloat16:
+      return 2 * n;
+    case WireDtype::kInt8:
+      break;
+  }
+  return n + kScaleBytes * ((n + kInt8Block - 1) / kInt8Block);
+}
 
 DOWNPOUR_VECTOR_CLONES void EncodeFloats(WireDtype dtype, const float* in, int64_t n, char* out) {
   if (dtype == WireDtype::kFloat32) {
     std::memcpy(out, in, n * sizeof(float));
+    return;
+  }
+  if (dtype == WireDtype::kInt8) {
+    for (int64_t at = 0; at < n; at += kInt8Block, out += kInt8BlockBytes) {
+      QuantizeBlock(in + at, std::min(kInt8Block, n - at), out);
+    }
     return;
   }
   uint16_t* halves = reinterpret_cast<uint16_t*>(out);
@@ -89,6 +150,15 @@ DOWNPOUR_VECTOR_CLONES void DecodeFloats(WireDtype dtype, const char* in, int64_
     std::memcpy(out, in, n * sizeof(float));
     return;
   }
+  if (dtype == WireDtype::kInt8) {
+    for (int64_t at = 0; at < n; at += kInt8Block, in += kInt8BlockBytes) {
+      const int64_t count = std::min(kInt8Block, n - at);
+      const float scale = ScaleOf(in);
+      const int8_t* q = Int8sOf(in);
+      for (int64_t i = 0; i < count; ++i) out[at + i] = static_cast<float>(q[i]) * scale;
+    }
+    return;
+  }
   if (dtype == WireDtype::kBfloat16) {
     for (int64_t i = 0; i < n; ++i) {
       uint16_t h;
@@ -101,6 +171,45 @@ DOWNPOUR_VECTOR_CLONES void DecodeFloats(WireDtype dtype, const char* in, int64_
     uint16_t h;
     std::memcpy(&h, in + 2 * i, 2);
     out[i] = Fp16ToFloat(h);
+  }
+}
+
+DOWNPOUR_VECTOR_CLONES void EncodeInt8Carrying(const float* x, int64_t n, float* carry, char* out) {
+  alignas(64) float sum[kInt8Block];
+  for (int64_t at = 0; at < n; at += kInt8Block, out += kInt8BlockBytes) {
+    const int64_t count = std::min(kInt8Block, n - at);
+    float* __restrict c = carry + at;
+    for (int64_t i = 0; i < count; ++i) sum[i] = x[at + i] + c[i];
+    const float scale = QuantizeBlock(sum, count, out);
+    const int8_t* q = Int8sOf(out);
+    if (std::isfinite(scale)) {
+      for (int64_t i = 0; i < count; ++i) c[i] = sum[i] - static_cast<float>(q[i]) * scale;
+    } else {
+      std::fill(c, c + count, 0.f);
+    }
+  }
+}
+
+DOWNPOUR_VECTOR_CLONES void EncodeInt8Change(const float* target, int64_t n, float* held,
+                                             char* out) {
+  alignas(64) float change[kInt8Block];
+  for (int64_t at = 0; at < n; at += kInt8Block, out += kInt8BlockBytes) {
+    const int64_t count = std::min(kInt8Block, n - at);
+    float* __restrict h = held + at;
+    for (int64_t i = 0; i < count; ++i) change[i] = target[at + i] - h[i];
+    const float scale = QuantizeBlock(change, count, out);
+    const int8_t* q = Int8sOf(out);
+    for (int64_t i = 0; i < count; ++i) h[i] = h[i] + static_cast<float>(q[i]) * scale;
+  }
+}
+
+DOWNPOUR_VECTOR_CLONES void AddInt8(const char* in, int64_t n, float* held) {
+  for (int64_t at = 0; at < n; at += kInt8Block, in += kInt8BlockBytes) {
+    const int64_t count = std::min(kInt8Block, n - at);
+    const float scale = ScaleOf(in);
+    const int8_t* q = Int8sOf(in);
+    float* __restrict h = held + at;
+    for (int64_t i = 0; i < count; ++i) h[i] = h[i] + static_cast<float>(q[i]) * scale;
   }
 }
 

@@ -27,8 +27,10 @@ namespace downpour {
 template <typename Fn>
 void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, WireDtype dtype,
                         std::vector<float>* scratch, Fn fn) {
+  // Whole int8 blocks (kInt8Block divides it), so a chunk's bytes start at
+  // WireBytes(dtype, start).
   constexpr int64_t kChunk = 16 << 10;
-  const int width = BytesPerElement(dtype);
+  static_assert(kChunk % kInt8Block == 0);
   // Narrow types are widened through the scratch; so are the bytes of a
   // shared payload (Payload::shared), copied once so that the finite check
   // and the update read the same values.
@@ -38,12 +40,12 @@ void ForEachGradientRun(const Payload& payload, size_t offset, int64_t n, WireDt
     for (int64_t start = 0; start < n; start += kChunk) {
       const int64_t count = std::min(kChunk, n - start);
       scratch->resize(count);
+      const size_t at = offset + WireBytes(dtype, start);
       if (dtype == WireDtype::kFloat32) {
-        payload.CopyTo(offset + start * width, count * width,
-                       reinterpret_cast<char*>(scratch->data()));
+        payload.CopyTo(at, count * sizeof(float), reinterpret_cast<char*>(scratch->data()));
       } else {
-        raw.resize(count * width);
-        payload.CopyTo(offset + start * width, count * width, raw.data());
+        raw.resize(WireBytes(dtype, count));
+        payload.CopyTo(at, raw.size(), raw.data());
         DecodeFloats(dtype, raw.data(), count, scratch->data());
       }
       fn(scratch->data(), start, count);

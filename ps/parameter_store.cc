@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <random>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/splitmix64.h"
 #include "common/status.h"
 #include "common/wire_dtype.h"
 #include "kernels/cpu/optimizer.h"
@@ -151,8 +153,8 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   if (budget_ != nullptr) {
     // Values and slots, spare ones for checkpoints, the SYNC sum: what the
     // coordinator admitted the job against.
-    const int64_t bytes =
-        ShardPartitionBytes(partitions, shard_index, num_slots, sink_ != nullptr, job->sync());
+    const int64_t bytes = ShardPartitionBytes(partitions, shard_index, num_slots, sink_ != nullptr,
+                                              job->sync(), spec.parameter_wire_dtype() == INT8);
     if (!budget_->TryReserve(bytes)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           where, ": its partitions need ", bytes, " bytes on this shard, more than the ",
@@ -229,7 +231,8 @@ int64_t ParameterStore::MemoryBytes(const std::string& job_id) const {
   for (const std::unique_ptr<Partition>& p : (*job)->partitions) {
     absl::MutexLock lock(&p->mu);
     bytes += p->arrays.MemoryBytes() + p->step_sum.MemoryBytes() +
-             static_cast<int64_t>(p->previous.size()) * kFloatBytes;
+             static_cast<int64_t>(p->previous.size() + p->published.capacity()) * kFloatBytes +
+             static_cast<int64_t>(p->change.capacity());
   }
   if ((*job)->sparse != nullptr) bytes += (*job)->sparse->MemoryBytes();
   return bytes;
@@ -311,7 +314,7 @@ absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
                      " elements, the header says ", header.num_elements());
     }
     if (!seen.insert(partition).second) return invalid("partition ", name, " is listed twice");
-    const int64_t size = request.skipped() ? 0 : partition->num_elements * BytesPerElement(*dtype);
+    const int64_t size = request.skipped() ? 0 : WireBytes(*dtype, partition->num_elements);
     if (offset + size > static_cast<int64_t>(payload.size())) {
       return invalid("payload has ", payload.size(), " bytes, fewer than the headers describe");
     }
@@ -723,6 +726,7 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
     p.updates = s.updates;
     if (job->sync()) p.step_sum.Reset();
     p.previous_version = -1;
+    p.lineage = 0;
     p.version.store(s.version, std::memory_order_release);
   }
   absl::MutexLock lock(&job->mu);
@@ -808,6 +812,90 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
   return PushResponse();
 }
 
+namespace {
+
+// Whether a pull asks for its partitions as changes to the published copy
+// (PullRequest.change_dtype INT8), or an error naming what is wrong with it.
+absl::StatusOr<bool> WantsChanges(const std::string& job_id, bool sync,
+                                  const PullRequest& request) {
+  if (request.change_dtype() == DTYPE_UNSPECIFIED || request.change_dtype() == FLOAT32) {
+    return false;
+  }
+  const std::string where = absl::StrCat("pull from job ", job_id, ": ");
+  if (request.change_dtype() != INT8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "change_dtype ", DType_Name(request.change_dtype()), " is not INT8"));
+  }
+  if (!sync) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "INT8 changes are for a SYNC job"));
+  }
+  if (request.exact_version() || request.reduced_tensor_ids_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "INT8 changes go with neither exact_version nor reduced_tensor_ids"));
+  }
+  if (request.held_lineage_size() != request.held_version_size() ||
+      (request.held_lineage_size() > 0 && request.held_lineage_size() != request.keys_size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "held_lineage (", request.held_lineage_size(), ") and held_version (",
+                     request.held_version_size(), ") must both be empty or one per key (",
+                     request.keys_size(), ")"));
+  }
+  return true;
+}
+
+// The published copy the puller holds of its k-th key: (lineage, version),
+// (0, -1) for none.
+std::pair<uint64_t, int64_t> HeldOf(const PullRequest& request, size_t k) {
+  if (static_cast<int>(k) >= request.held_lineage_size()) return {0, -1};
+  return {request.held_lineage(static_cast<int>(k)), request.held_version(static_cast<int>(k))};
+}
+
+// A new copy's name: never 0, and not one an earlier copy of this process
+// or (with overwhelming odds) of another shard had.
+uint64_t NewLineage() {
+  static std::atomic<uint64_t> next{(static_cast<uint64_t>(std::random_device()()) << 32) ^
+                                    std::random_device()()};
+  return SplitMix64(next.fetch_add(1, std::memory_order_relaxed)) | 1;
+}
+
+}  // namespace
+
+void ParameterStore::Partition::Publish() {
+  const int64_t now = version.load(std::memory_order_relaxed);
+  if (lineage == 0) {
+    published.assign(arrays.values(), arrays.values() + num_elements);
+    lineage = NewLineage();
+    published_version = now;
+    change_base = -1;
+    return;
+  }
+  if (published_version == now) return;
+  change.resize(WireBytes(WireDtype::kInt8, num_elements));
+  EncodeInt8Change(arrays.values(), num_elements, published.data(), change.data());
+  change_base = published_version;
+  published_version = now;
+}
+
+// Writes partition p's published copy, brought to its version, at `out`
+// for a worker holding `held`: the change where it holds the copy the last
+// change started from, else the copy whole. Returns the end of what it wrote.
+char* ParameterStore::WritePublished(Partition& p, std::pair<uint64_t, int64_t> held,
+                                     PartitionHeader* header, char* out) {
+  p.Publish();
+  header->set_lineage(p.lineage);
+  header->set_version(p.published_version);
+  if (held.first == p.lineage && p.change_base >= 0 && held.second == p.change_base) {
+    header->set_dtype(INT8);
+    header->set_change(true);
+    header->set_base_version(p.change_base);
+    std::memcpy(out, p.change.data(), p.change.size());
+    return out + p.change.size();
+  }
+  header->set_dtype(FLOAT32);
+  std::memcpy(out, p.published.data(), p.num_elements * kFloatBytes);
+  return out + p.num_elements * kFloatBytes;
+}
+
 absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, absl::Time deadline,
                                                   Payload* payload) {
   RETURN_IF_ERROR(CheckBytes("pull job_id", request.job_id(), kMaxJobIdBytes));
@@ -822,7 +910,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
   WireDtype reduced_dtype = WireDtype::kFloat32;
   if (request.reduced_tensor_ids_size() > 0) {
     absl::StatusOr<WireDtype> narrow = WireDtypeOf(request.reduced_dtype());
-    if (!narrow.ok() || *narrow == WireDtype::kFloat32) {
+    if (!narrow.ok() || *narrow == WireDtype::kFloat32 || *narrow == WireDtype::kInt8) {
       return absl::InvalidArgumentError(absl::StrCat("pull from job ", job->id, ": reduced_dtype ",
                                                      DType_Name(request.reduced_dtype()),
                                                      " is not BFLOAT16 or FLOAT16"));
@@ -842,6 +930,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     return absl::InvalidArgumentError(
         absl::StrCat("pull from job ", job->id, ": an exact version is for a SYNC job"));
   }
+  ASSIGN_OR_RETURN(const bool changes, WantsChanges(job->id, job->sync(), request));
   int64_t sparse_bytes = 0;
   SparseStore* const sparse = request.sparse_size() > 0 ? job->sparse.get() : nullptr;
   if (request.sparse_size() > 0) {
@@ -927,22 +1016,26 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
 
   PullResponse response;
   int64_t total = 0;
-  for (const Partition* p : wanted) total += p->num_elements * BytesPerElement(dtype_of(*p));
+  // At most: a change pull's partitions go as int8 or whole in float32.
+  for (const Partition* p : wanted) total += WireBytes(dtype_of(*p), p->num_elements);
   total += sparse_bytes;
   // One snapshot buffer, handed to the transport as is (no further copy).
   std::shared_ptr<char> buffer(new char[std::max<int64_t>(total, 1)],
                                std::default_delete<char[]>());
   char* out = buffer.get();
-  *payload = Payload();
-  payload->Append(buffer.get(), total, buffer);
-  for (Partition* p : wanted) {
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    Partition* p = wanted[k];
     PartitionHeader* header = response.add_partitions();
     header->mutable_key()->set_tensor_id(p->tensor_id);
     header->mutable_key()->set_partition(p->partition);
-    const WireDtype dtype = dtype_of(*p);
-    header->set_dtype(DTypeOf(dtype));
     header->set_num_elements(p->num_elements);
     absl::MutexLock lock(&p->mu);
+    if (changes) {
+      out = WritePublished(*p, HeldOf(request, k), header, out);
+      continue;
+    }
+    const WireDtype dtype = dtype_of(*p);
+    header->set_dtype(DTypeOf(dtype));
     const int64_t version = p->version.load(std::memory_order_relaxed);
     const float* values = p->arrays.values();
     if (request.exact_version() && version != request.min_version()) {
@@ -955,9 +1048,12 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     }
     header->set_version(request.exact_version() ? request.min_version() : version);
     EncodeFloats(dtype, values, p->num_elements, out);
-    out += p->num_elements * BytesPerElement(dtype);
+    out += WireBytes(dtype, p->num_elements);
   }
   if (sparse != nullptr) RETURN_IF_ERROR(sparse->Pull(request, out, &response));
+  // Changes are shorter than the room kept for them.
+  *payload = Payload();
+  payload->Append(buffer.get(), (out - buffer.get()) + sparse_bytes, buffer);
   return response;
 }
 

@@ -99,7 +99,7 @@ std::vector<Values> OrderSensitiveGradients(uint32_t seed, DType dtype) {
                         : unit(random) * std::pow(10.f, exponent(random));
         ++element;
       }
-      std::vector<char> bytes(g.size() * BytesPerElement(wire));
+      std::vector<char> bytes(WireBytes(wire, static_cast<int64_t>(g.size())));
       EncodeFloats(wire, g.data(), g.size(), bytes.data());
       DecodeFloats(wire, bytes.data(), g.size(), g.data());
     }
@@ -146,7 +146,7 @@ absl::StatusOr<PushResponse> Push(ParameterStore& store, int rank, int64_t step,
   for (PartitionHeader& header : *request.mutable_partitions()) {
     header.set_dtype(wire.dtype);
     const std::vector<float>& g = grads.at({header.key().tensor_id(), header.key().partition()});
-    std::string encoded(g.size() * BytesPerElement(dtype), '\0');
+    std::string encoded(WireBytes(dtype, static_cast<int64_t>(g.size())), '\0');
     EncodeFloats(dtype, g.data(), g.size(), encoded.data());
     bytes += encoded;
   }

@@ -116,6 +116,11 @@ absl::StatusOr<std::vector<SparseStore::PushPiece>> SparseStore::ParsePush(
     listed[rows.table()] = true;
     absl::StatusOr<WireDtype> dtype = WireDtypeOf(rows.dtype());
     if (!dtype.ok()) return Annotate(dtype.status(), where);
+    // Rows differ from step to step: nothing would carry an int8 push's
+    // rounding over (a worker sends them in BFLOAT16 for INT8 jobs).
+    if (*dtype == WireDtype::kInt8) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": rows cannot travel as INT8"));
+    }
     seen.clear();
     for (int64_t id : rows.ids()) {
       RETURN_IF_ERROR(CheckRow(table, id, absl::StrCat("push to job ", job_id_)));
@@ -124,7 +129,7 @@ absl::StatusOr<std::vector<SparseStore::PushPiece>> SparseStore::ParsePush(
       }
     }
     const int64_t size =
-        request.skipped() ? 0 : rows.ids_size() * table.info.dim * BytesPerElement(*dtype);
+        request.skipped() ? 0 : WireBytes(*dtype, rows.ids_size() * table.info.dim);
     if (static_cast<int64_t>(offset) + size > static_cast<int64_t>(payload.size())) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": payload has ", payload.size(), " bytes, fewer than the ",

@@ -149,7 +149,7 @@ absl::Status CheckOptimizer(const OptimizerSpec& opt, const std::string& field) 
 }
 
 // The job's cadence and counts: workers, shards, steps, checkpoints,
-// evaluations, metrics, restarts and the gradients' wire dtype.
+// evaluations, metrics, restarts and the wire dtypes.
 absl::Status CheckRunSettings(const JobSpec& spec) {
   if (spec.num_workers() < 1) return Bad("num_workers", "must be at least 1");
   if (spec.num_shards() < 1) return Bad("num_shards", "must be at least 1");
@@ -179,7 +179,23 @@ absl::Status CheckRunSettings(const JobSpec& spec) {
     return Bad("restart.backoff_seconds", "must not be negative");
   }
   if (!DType_IsValid(spec.gradient_wire_dtype())) {
-    return Bad("gradient_wire_dtype", "must be FLOAT32, BFLOAT16 or FLOAT16");
+    return Bad("gradient_wire_dtype", "must be FLOAT32, BFLOAT16, FLOAT16 or INT8");
+  }
+  switch (spec.parameter_wire_dtype()) {
+    case DTYPE_UNSPECIFIED:
+    case FLOAT32:
+      break;
+    case INT8:
+      // The change since the copy every worker holds: a SYNC step's pulls
+      // all start from the same one.
+      if (spec.consistency().mode() != ConsistencySpec::SYNC) {
+        return Bad("parameter_wire_dtype",
+                   "INT8 applies to consistency mode SYNC only (the workers of ASYNC and SSP "
+                   "jobs hold parameters of different versions)");
+      }
+      break;
+    default:
+      return Bad("parameter_wire_dtype", "must be FLOAT32 or INT8");
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "common/wire_dtype.h"
 
 namespace downpour {
 namespace {
@@ -36,14 +37,16 @@ int OptimizerSlots(OptimizerSpec::Kind kind) {
 }
 
 int64_t ShardPartitionBytes(const std::vector<PartitionPlacement>& partitions, int shard, int slots,
-                            bool checkpoints, bool sync) {
-  int64_t floats = 0;
+                            bool checkpoints, bool sync, bool int8_pulls) {
+  int64_t bytes = 0;
   for (const PartitionPlacement& placement : partitions) {
     if (placement.shard() != shard) continue;
+    const int64_t n = placement.num_elements();
     // SYNC: the step's sum and the previous version's values.
-    floats += placement.num_elements() * ((1 + slots) * (checkpoints ? 2 : 1) + (sync ? 2 : 0));
+    bytes += n * ((1 + slots) * (checkpoints ? 2 : 1) + (sync ? 2 : 0)) * kFloatBytes;
+    if (int8_pulls) bytes += n * kFloatBytes + WireBytes(WireDtype::kInt8, n);
   }
-  return floats * kFloatBytes;
+  return bytes;
 }
 
 absl::StatusOr<std::vector<int64_t>> ShardMemoryNeeds(
@@ -52,7 +55,8 @@ absl::StatusOr<std::vector<int64_t>> ShardMemoryNeeds(
   const int slots = OptimizerSlots(spec.optimizer().kind());
   std::vector<int64_t> needs(spec.num_shards());
   for (int shard = 0; shard < spec.num_shards(); ++shard) {
-    needs[shard] = ShardPartitionBytes(partitions, shard, slots, checkpoints, sync);
+    needs[shard] = ShardPartitionBytes(partitions, shard, slots, checkpoints, sync,
+                                       spec.parameter_wire_dtype() == INT8);
   }
   ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec.model()));
   for (const SparseTableInfo& table : shape.sparse_tables) {

@@ -32,9 +32,10 @@ namespace downpour {
 int OptimizerSlots(OptimizerSpec::Kind kind);
 
 // Bytes shard `shard` reserves for its `partitions` of a job whose optimizer
-// has `slots` slots.
+// has `slots` slots; `int8_pulls`: a SYNC job pulled as INT8 changes (the
+// published copy and its last change, JobSpec.parameter_wire_dtype).
 int64_t ShardPartitionBytes(const std::vector<PartitionPlacement>& partitions, int shard, int slots,
-                            bool checkpoints, bool sync);
+                            bool checkpoints, bool sync, bool int8_pulls = false);
 
 // What each of the job's shards holds (index = shard), dense partitions and
 // bounded sparse tables. REQUIRES: `spec` validated (ApplyJobDefaults).

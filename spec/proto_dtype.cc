@@ -13,6 +13,8 @@ absl::StatusOr<WireDtype> WireDtypeOf(DType dtype) {
       return WireDtype::kBfloat16;
     case FLOAT16:
       return WireDtype::kFloat16;
+    case INT8:
+      return WireDtype::kInt8;
     default:
       return absl::UnimplementedError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
   }
@@ -24,6 +26,8 @@ DType DTypeOf(WireDtype dtype) {
       return BFLOAT16;
     case WireDtype::kFloat16:
       return FLOAT16;
+    case WireDtype::kInt8:
+      return INT8;
     case WireDtype::kFloat32:
       break;
   }

@@ -18,31 +18,41 @@ namespace downpour {
 namespace {
 
 // Widens `n` elements of `dtype` at bytes [offset, ...) of `payload` into
-// `out`: float32 straight from the buffers they arrived in, a narrowed type
-// from the one buffer holding them all, or else through a small buffer of
-// this thread's, chunk by chunk (network buffers may split an element).
-void DecodePayload(const Payload& payload, size_t offset, int64_t n, WireDtype dtype, float* out) {
-  if (dtype == WireDtype::kFloat32) {
+// `out` (`add`: adds int8 changes to it, AddInt8): float32 straight from the
+// buffers they arrived in, a narrowed type from the one buffer holding them
+// all, or else through a small buffer of this thread's, chunk by chunk
+// (network buffers may split an element).
+void DecodePayload(const Payload& payload, size_t offset, int64_t n, WireDtype dtype, float* out,
+                   bool add = false) {
+  auto decode = [dtype, add](const char* in, int64_t count, float* to) {
+    if (add) {
+      AddInt8(in, count, to);
+    } else {
+      DecodeFloats(dtype, in, count, to);
+    }
+  };
+  if (dtype == WireDtype::kFloat32 && !add) {
     payload.CopyTo(offset, n * sizeof(float), reinterpret_cast<char*>(out));
     return;
   }
-  const int width = BytesPerElement(dtype);
   // Within one piece (a shared-memory answer is one): straight from it.
   size_t piece_start = 0;
   for (const Payload::Piece& piece : payload.pieces()) {
-    if (offset >= piece_start && offset + n * width <= piece_start + piece.size) {
-      DecodeFloats(dtype, piece.data + (offset - piece_start), n, out);
+    if (offset >= piece_start && offset + WireBytes(dtype, n) <= piece_start + piece.size) {
+      decode(piece.data + (offset - piece_start), n, out);
       return;
     }
     piece_start += piece.size;
   }
+  // Whole int8 blocks: a chunk's bytes start at WireBytes(dtype, start).
   constexpr int64_t kChunk = 16 << 10;
+  static_assert(kChunk % kInt8Block == 0);
   thread_local std::vector<char> raw;
-  raw.resize(kChunk * width);
+  raw.resize(WireBytes(dtype, kChunk));
   for (int64_t start = 0; start < n; start += kChunk) {
     const int64_t count = std::min(kChunk, n - start);
-    payload.CopyTo(offset + start * width, count * width, raw.data());
-    DecodeFloats(dtype, raw.data(), count, out + start);
+    payload.CopyTo(offset + WireBytes(dtype, start), WireBytes(dtype, count), raw.data());
+    decode(raw.data(), count, out + start);
   }
 }
 
@@ -80,14 +90,20 @@ ParameterExchange::ParameterExchange(ExchangeOptions options,
     if (open[s] < 0 || open_bytes[s] + bytes > message_bytes) {
       open[s] = static_cast<int>(messages_.size());
       open_bytes[s] = 0;
-      messages_.push_back(Message{s, {}, {}, {}});
+      messages_.push_back(Message{s, {}});
     }
     messages_[open[s]].partitions.push_back(p);
     open_bytes[s] += bytes;
   }
-  const absl::flat_hash_set<int32_t> reduced(options_.reduced_tensors.begin(),
-                                             options_.reduced_tensors.end());
+  // Int8 pulls hold the published copies whole: nothing is pulled narrowed.
+  const bool int8_pulls = options_.parameter_dtype == WireDtype::kInt8;
+  const absl::flat_hash_set<int32_t> reduced =
+      int8_pulls ? absl::flat_hash_set<int32_t>()
+                 : absl::flat_hash_set<int32_t>(options_.reduced_tensors.begin(),
+                                                options_.reduced_tensors.end());
   for (Message& message : messages_) {
+    message.held_lineage.assign(message.partitions.size(), 0);
+    message.held_version.assign(message.partitions.size(), -1);
     for (const PartitionPlacement& p : message.partitions) {
       if (reduced.contains(p.tensor_id()) &&
           (message.reduced.empty() || message.reduced.back() != p.tensor_id())) {
@@ -213,11 +229,17 @@ PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequ
   id->set_incarnation(options_.incarnation);
   id->set_sequence(sequence);
   request.set_skipped(grads.empty());
-  const int width = BytesPerElement(options_.gradient_dtype);
+  const WireDtype dtype = options_.gradient_dtype;
   int64_t total = 0;
-  for (const PartitionPlacement& p : message.partitions) total += p.num_elements();
-  if (width != 4 && !grads.empty()) message.encoded.resize(total * width);
+  int64_t total_bytes = 0;
+  for (const PartitionPlacement& p : message.partitions) {
+    total += p.num_elements();
+    total_bytes += WireBytes(dtype, p.num_elements());
+  }
+  if (dtype != WireDtype::kFloat32 && !grads.empty()) message.encoded.resize(total_bytes);
+  if (dtype == WireDtype::kInt8 && message.carry.empty()) message.carry.assign(total, 0.f);
   int64_t at = 0;
+  int64_t at_bytes = 0;
   for (const PartitionPlacement& p : message.partitions) {
     PartitionHeader* header = request.add_partitions();
     header->mutable_key()->set_tensor_id(p.tensor_id());
@@ -226,15 +248,21 @@ PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequ
     header->set_num_elements(p.num_elements());
     if (grads.empty()) continue;
     const float* grad = grads[p.tensor_id()] + p.offset();
-    if (width == 4) {
+    const int64_t bytes = WireBytes(dtype, p.num_elements());
+    char* out = message.encoded.data() + at_bytes;
+    if (dtype == WireDtype::kFloat32) {
       // Sent from the model's memory; the call returns before it changes.
-      payload->Append(reinterpret_cast<const char*>(grad), p.num_elements() * sizeof(float));
+      payload->Append(reinterpret_cast<const char*>(grad), bytes);
+    } else if (dtype == WireDtype::kInt8) {
+      // Made once per step and message: a retry resends these bytes.
+      EncodeInt8Carrying(grad, p.num_elements(), message.carry.data() + at, out);
+      payload->Append(out, bytes);
     } else {
-      char* out = message.encoded.data() + at * width;
-      EncodeFloats(options_.gradient_dtype, grad, p.num_elements(), out);
-      payload->Append(out, p.num_elements() * width);
+      EncodeFloats(dtype, grad, p.num_elements(), out);
+      payload->Append(out, bytes);
     }
     at += p.num_elements();
+    at_bytes += bytes;
   }
   return request;
 }
@@ -248,6 +276,12 @@ PullRequest ParameterExchange::MakePullRequest(int i, int64_t min_version, int64
   request.set_exact_version(exact_version);
   request.set_min_worker_steps(min_worker_steps);
   request.set_dtype(FLOAT32);
+  const Message& message = messages_[i];
+  if (options_.parameter_dtype == WireDtype::kInt8 && !exact_version) {
+    request.set_change_dtype(INT8);
+    request.mutable_held_lineage()->Add(message.held_lineage.begin(), message.held_lineage.end());
+    request.mutable_held_version()->Add(message.held_version.begin(), message.held_version.end());
+  }
   if (!messages_[i].reduced.empty()) {
     request.set_reduced_dtype(DTypeOf(options_.reduced_dtype));
     request.mutable_reduced_tensor_ids()->Add(messages_[i].reduced.begin(),
@@ -292,28 +326,45 @@ absl::Status ParameterExchange::ReceivePull(int i, const PullRequest& request, a
 absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
                                            const Payload& payload,
                                            const std::vector<float*>& params,
-                                           int64_t exact_version) const {
-  const Message& message = messages_[i];
+                                           int64_t exact_version) {
+  Message& message = messages_[i];
   if (response.partitions_size() != static_cast<int>(message.partitions.size())) {
     return absl::InternalError(absl::StrCat("shard ", message.shard, " returned ",
                                             response.partitions_size(), " partitions, asked ",
                                             message.partitions.size()));
   }
+  auto malformed = [&](const PartitionPlacement& p, absl::string_view why) {
+    return absl::InternalError(absl::StrCat("shard ", message.shard,
+                                            " returned a malformed pull: partition ", p.tensor_id(),
+                                            "/", p.partition(), " ", why));
+  };
   size_t offset = 0;
   for (int k = 0; k < response.partitions_size(); ++k) {
     const PartitionPlacement& p = message.partitions[k];
     const PartitionHeader& header = response.partitions(k);
-    // Float32, or the narrowed type where it was asked for (a shard that
-    // does not know reduced pulls answers float32).
-    const bool reduced = header.dtype() != FLOAT32 && header.dtype() != DTYPE_UNSPECIFIED;
-    const WireDtype dtype = reduced ? options_.reduced_dtype : WireDtype::kFloat32;
-    const size_t size = p.num_elements() * BytesPerElement(dtype);
-    if (header.num_elements() != p.num_elements() || offset + size > payload.size() ||
-        (reduced &&
-         (header.dtype() != DTypeOf(options_.reduced_dtype) ||
-          !std::binary_search(message.reduced.begin(), message.reduced.end(), p.tensor_id())))) {
-      return absl::InternalError(
-          absl::StrCat("shard ", message.shard, " returned a malformed pull"));
+    // Float32, the narrowed type where it was asked for (a shard that does
+    // not know reduced pulls answers float32), or an int8 change to the
+    // published copy held.
+    const bool reduced =
+        !header.change() && header.dtype() != FLOAT32 && header.dtype() != DTYPE_UNSPECIFIED;
+    const WireDtype dtype = header.change() ? WireDtype::kInt8
+                            : reduced       ? options_.reduced_dtype
+                                            : WireDtype::kFloat32;
+    const size_t size = WireBytes(dtype, p.num_elements());
+    if (header.num_elements() != p.num_elements() || offset + size > payload.size()) {
+      return malformed(p, "has other sizes than asked");
+    }
+    if (reduced &&
+        (header.dtype() != DTypeOf(options_.reduced_dtype) ||
+         !std::binary_search(message.reduced.begin(), message.reduced.end(), p.tensor_id()))) {
+      return malformed(p, absl::StrCat("is ", DType_Name(header.dtype()), ", not asked for"));
+    }
+    if (header.change() && (header.dtype() != INT8 || header.lineage() != message.held_lineage[k] ||
+                            header.base_version() != message.held_version[k])) {
+      return malformed(
+          p, absl::StrCat("is a change from copy ", header.lineage(), " version ",
+                          header.base_version(), "; this worker holds ", message.held_lineage[k],
+                          " version ", message.held_version[k]));
     }
     if (exact_version >= 0 && header.version() != exact_version) {
       // A shard from before exact versions answers its current values.
@@ -322,9 +373,14 @@ absl::Status ParameterExchange::CopyPulled(int i, const PullResponse& response,
                        p.partition(), " at version ", header.version(), ", not the exact version ",
                        exact_version, " asked for"));
     }
-    DecodePayload(payload, offset, p.num_elements(), dtype, params[p.tensor_id()] + p.offset());
+    DecodePayload(payload, offset, p.num_elements(), dtype, params[p.tensor_id()] + p.offset(),
+                  /*add=*/header.change());
     offset += size;
-    const int64_t version = response.partitions(k).version();
+    // What the host parameters hold now: a published copy (its lineage set)
+    // or the values as they were.
+    message.held_lineage[k] = header.lineage();
+    message.held_version[k] = header.lineage() != 0 ? header.version() : -1;
+    const int64_t version = header.version();
     int64_t seen = min_pulled_version_.load(std::memory_order_relaxed);
     while (version < seen && !min_pulled_version_.compare_exchange_weak(seen, version)) {
     }

@@ -68,8 +68,13 @@ struct ExchangeOptions {
   // push_attempt_timeout); an attempt that fails sooner (a refused
   // connection) is retried within this.
   absl::Duration push_timeout = absl::Seconds(30);
-  // Element type of gradients on the wire.
+  // Element type of gradients on the wire (kInt8: each message carries what
+  // its last push's rounding dropped into the next).
   WireDtype gradient_dtype = WireDtype::kFloat32;
+  // kInt8 (SYNC jobs, JobSpec.parameter_wire_dtype): pulls come back as int8
+  // changes to the shards' published copies, which the host parameters then
+  // hold (reduced_tensors is not used); kFloat32: as the values are.
+  WireDtype parameter_dtype = WireDtype::kFloat32;
   // Tensors pulled as `reduced_dtype` (kBfloat16 or kFloat16) instead of
   // float32: those the model reads only through a copy in that type
   // (ModelRunner::reduced_weight_params), so their narrowed values give
@@ -195,9 +200,17 @@ class ParameterExchange {
   struct Message {
     int shard;
     std::vector<PartitionPlacement> partitions;
-    std::vector<char> encoded;  // Gradients in a 16-bit wire dtype.
+    std::vector<char> encoded;  // Gradients in a narrow wire dtype.
+    // Int8 gradients: what each element's rounding dropped, added to the
+    // next push (one float per element of the message's partitions).
+    std::vector<float> carry;
     // Its tensors of ExchangeOptions::reduced_tensors, pulled narrowed.
     std::vector<int32_t> reduced;
+    // Int8 pulls: the published copy the host parameters hold of each
+    // partition, (lineage, version); lineage 0: none (the next pull takes
+    // the copy whole).
+    std::vector<uint64_t> held_lineage;
+    std::vector<int64_t> held_version;
   };
 
   // Message i's requests; the push's payload points at `grads` (or at the
@@ -224,7 +237,7 @@ class ParameterExchange {
   // `exact_version` >= 0: every partition must be at that version (an
   // exact pull; FailedPrecondition otherwise).
   absl::Status CopyPulled(int i, const PullResponse& response, const Payload& payload,
-                          const std::vector<float*>& params, int64_t exact_version = -1) const;
+                          const std::vector<float*>& params, int64_t exact_version = -1);
 
   // Message i's push and pull in one round trip (PushPull's and a streamed
   // step's), falling back to separate calls on a timeout or lost connection.

@@ -89,8 +89,11 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
     id->set_worker_id(absl::StrCat(options_.worker_id, "#sparse"));
     id->set_incarnation(options_.incarnation);
     id->set_sequence(sequence);
-    const WireDtype dtype = options_.gradient_dtype;
-    const int bytes = BytesPerElement(dtype);
+    // Rows differ each step: nothing would carry an int8 push's rounding
+    // over, so an INT8 job's rows go as bfloat16.
+    const WireDtype dtype = options_.gradient_dtype == WireDtype::kInt8 ? WireDtype::kBfloat16
+                                                                        : options_.gradient_dtype;
+    const int bytes = static_cast<int>(WireBytes(dtype, 1));
     int64_t elements = 0;
     for (int t = 0; t < tables; ++t) elements += static_cast<int64_t>((*grads_)[t][s].size());
     if (dtype != WireDtype::kFloat32) encoded_[s].resize(elements * bytes);

@@ -97,6 +97,7 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   exchange.first_sequence = (task_.attempt() << 32) + (options_.run_index << 24);
   exchange.attempt = task_.attempt();
   exchange.gradient_dtype = *dtype;
+  if (task_.spec().parameter_wire_dtype() == INT8) exchange.parameter_dtype = WireDtype::kInt8;
   if (options_.pull_reduced_weights) {
     exchange.reduced_tensors = model.reduced_weight_params();
     exchange.reduced_dtype = model.precision() == FP16 ? WireDtype::kFloat16 : WireDtype::kBfloat16;
