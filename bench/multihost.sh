@@ -12,8 +12,9 @@
 #            LAYOUT colocated the shards run on w0 and w1 instead
 #   the coordinator stays in this namespace, on the bridge (control only)
 #
-# For each RATE of RATES and each system of SYSTEMS (downpour, ddp: fp32
-# all-reduce, ddp_bf16: DDP with bf16_compress_hook), one run of MODEL
+# For each RATE of RATES and each system of SYSTEMS (downpour; downpour_int8:
+# the same with gradients and parameters as int8, JobSpec's wire dtypes;
+# ddp: fp32 all-reduce; ddp_bf16: DDP with bf16_compress_hook), one run of MODEL
 # (resnet18, vgg11, cnn) in PRECISION for EPOCHS epochs of Fashion-MNIST, 128
 # examples a GPU a step. Printed per run, as a JSON line in $OUT/multihost.jsonl
 # and a table in $OUT/multihost.md: examples/s (every GPU together; Downpour:
@@ -305,7 +306,8 @@ except (OSError, ValueError):
     evaluations = []
 reached = next((e for e in evaluations if float(e.get("accuracy", 0)) >= float(env["TARGET"])), None)
 ttt = round(int(reached["time_ms"]) / 1000.0 - float(t0), 1) if reached else None
-line = {"system": "downpour", "layout": env["LAYOUT"], "rate": rate, "model": env["MODEL"],
+line = {"system": env.get("SYSTEM", "downpour"), "layout": env["LAYOUT"], "rate": rate,
+        "model": env["MODEL"],
         "precision": env["PRECISION"], "extra": env.get("EXTRA_SPEC", ""),
         "gpus": 0 if env["DEVICES"] == "cpu" else 2 * int(env["G"]),
         "examples_per_s": round(rate_sum, 1),
@@ -426,9 +428,15 @@ for rate in $RATES; do
     name="$MODEL-$PRECISION-$rate-$system"
     case $system in
       downpour) name="$name-$LAYOUT"; run_downpour "$rate" "$name" | tee -a "$OUT/multihost.jsonl" ;;
+      downpour_int8)
+        # Gradients and parameters as int8 with error feedback (the
+        # EXTRA_SPEC's wire dtypes replaced).
+        name="$name-$LAYOUT"
+        EXTRA_SPEC="$(sed -E 's/(gradient|parameter)_wire_dtype: *[A-Z0-9]+//g' <<<"$EXTRA_SPEC") gradient_wire_dtype: INT8 parameter_wire_dtype: INT8" \
+          SYSTEM=downpour_int8 run_downpour "$rate" "$name" | tee -a "$OUT/multihost.jsonl" ;;
       ddp) run_ddp "$rate" "$name" none | tee -a "$OUT/multihost.jsonl" ;;
       ddp_bf16) run_ddp "$rate" "$name" bf16 | tee -a "$OUT/multihost.jsonl" ;;
-      *) note "SYSTEMS: $system is not downpour, ddp or ddp_bf16" ;;
+      *) note "SYSTEMS: $system is not downpour, downpour_int8, ddp or ddp_bf16" ;;
     esac
   done
 done
@@ -442,11 +450,16 @@ print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     links = r.get("link_mb_per_step", {})
     w0, s0 = links.get("w0", {}), links.get("s0", {})
-    if r["system"] == "downpour":
-        grad = param // 2 if "BFLOAT16" in r.get("extra", "") or "FLOAT16" in r.get("extra", "") else param
+    if r["system"].startswith("downpour"):
+        extra = r.get("extra", "")
+        # INT8: a byte an element and a float32 scale a block of 256.
+        int8 = lambda dtype: f"{dtype}_wire_dtype: INT8" in extra
+        grad = param // 2 if "BFLOAT16" in extra or "FLOAT16" in extra else param
+        grad = param * 260 // 1024 if int8("gradient") else grad
         # A bf16/fp16 job on GPUs pulls its weights (most of the bytes) narrowed.
         narrowed = r["precision"] in ("bf16", "fp16") and r.get("gpus", 0) > 0
         pull = param // 2 if narrowed else param
+        pull = param * 260 // 1024 if int8("parameter") else pull
         theory = f"out {grad / 1e6:.1f} (gradients), in ~{pull / 1e6:.1f} (parameters)"
     else:
         per = param // 2 if r["system"] == "ddp_bf16" else param
