@@ -74,30 +74,32 @@ float Fp16ToFloat(uint16_t h) {
 constexpr int64_t kScaleBytes = sizeof(float);
 constexpr int64_t kInt8BlockBytes = kScaleBytes + kInt8Block;
 
-// x / scale to the nearest integer (ties to even) within [-127, 127]: adding
-// and taking away 1.5 * 2^23 rounds in the FPU's mode, and vectorises on
-// every x86 level (nearbyint needs SSE4.1).
-inline float RoundToInt8(float v) {
-  const float rounded = (v + 12582912.f) - 12582912.f;
-  return std::min(127.f, std::max(-127.f, rounded));
-}
-
 // One block of `count` values at `out`: the scale and the int8s. Returns the
-// scale: max |x| / 127, NaN where a value is not finite.
+// scale: max |x| / 127, NaN where a value is not finite. Written to
+// vectorise: the largest magnitude from the values' bits (an integer max,
+// which orders finite magnitudes as floats and puts infinity and NaN above
+// them all), x / scale rounded in the FPU's mode (adding and taking away
+// 1.5 * 2^23; nearbyint needs SSE4.1) into int32, then narrowed.
 inline float QuantizeBlock(const float* __restrict x, int64_t count, char* __restrict out) {
-  float absmax = 0.f;
-  uint32_t bad = 0;
+  uint32_t largest = 0;
   for (int64_t i = 0; i < count; ++i) {
     uint32_t bits;
     std::memcpy(&bits, &x[i], sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-    absmax = std::max(absmax, std::fabs(x[i]));
+    largest = std::max(largest, bits & 0x7fffffffu);
   }
-  const float scale = bad != 0 ? std::numeric_limits<float>::quiet_NaN() : absmax / 127.f;
-  const float inverse = bad != 0 || absmax == 0.f ? 0.f : 127.f / absmax;
+  float absmax;
+  std::memcpy(&absmax, &largest, sizeof(absmax));
+  const bool bad = largest >= 0x7f800000u;
+  const float scale = bad ? std::numeric_limits<float>::quiet_NaN() : absmax / 127.f;
+  const float inverse = bad || absmax == 0.f ? 0.f : 127.f / absmax;
   std::memcpy(out, &scale, sizeof(scale));
+  alignas(64) int32_t rounded[kInt8Block];
+  for (int64_t i = 0; i < count; ++i) {
+    const float r = (x[i] * inverse + 12582912.f) - 12582912.f;
+    rounded[i] = static_cast<int32_t>(std::min(127.f, std::max(-127.f, r)));
+  }
   int8_t* q = reinterpret_cast<int8_t*>(out + kScaleBytes);
-  for (int64_t i = 0; i < count; ++i) q[i] = static_cast<int8_t>(RoundToInt8(x[i] * inverse));
+  for (int64_t i = 0; i < count; ++i) q[i] = static_cast<int8_t>(rounded[i]);
   return scale;
 }
 
