@@ -73,8 +73,9 @@ namespace downpour {
 class ParameterStore : public ParameterShard {
  public:
   // `budget` (not owned; may be null: no limit) must outlive the store; so
-  // must `pool` (not owned; may be null), whose threads then complete a SYNC
-  // step's sparse tables, and look up a pull's rows, table by table.
+  // must `pool` (not owned; may be null), whose threads then apply a push's
+  // dense partitions, complete a SYNC step's sparse tables, and look up a
+  // pull's rows, table by table.
   explicit ParameterStore(MemoryBudget* budget = nullptr, WorkPool* pool = nullptr);
   ~ParameterStore() override;
   ParameterStore(const ParameterStore&) = delete;
