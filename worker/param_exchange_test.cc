@@ -723,6 +723,67 @@ TEST(ParameterExchangeTest, ReducedTensorsArePulledAsTheirBf16RoundedValues) {
   EXPECT_EQ(PushOnceWithSgd(WireDtype::kFloat32, gradient, {}, /*chop=*/true), exact);
 }
 
+// INT8 both ways (a SYNC job): the host parameters hold each shard's
+// published copy bit for bit, step after step, whether the answers come
+// whole or cut into 3-byte pieces (int8 blocks split across buffers).
+TEST(ParameterExchangeTest, Int8PullsHoldTheShardsPublishedCopy) {
+  for (const bool chop : {false, true}) {
+    JobSpec spec = SmallSpec();
+    spec.mutable_consistency()->set_mode(ConsistencySpec::SYNC);
+    spec.set_gradient_wire_dtype(INT8);
+    spec.set_parameter_wire_dtype(INT8);
+    auto params = ValidateJobSpec(spec);
+    ASSERT_TRUE(params.ok()) << params.status();
+    auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
+    ASSERT_TRUE(placed.ok());
+    std::vector<std::unique_ptr<ParameterStore>> stores;
+    std::vector<std::unique_ptr<ChoppingShard>> choppers;
+    std::vector<ParameterShard*> shards;
+    for (int s = 0; s < 2; ++s) {
+      stores.push_back(std::make_unique<ParameterStore>());
+      ASSERT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
+      choppers.push_back(std::make_unique<ChoppingShard>(stores.back().get()));
+      shards.push_back(chop ? static_cast<ParameterShard*>(choppers.back().get())
+                            : stores.back().get());
+    }
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = "w";
+    options.gradient_dtype = WireDtype::kInt8;
+    options.parameter_dtype = WireDtype::kInt8;
+    options.message_bytes = 2048;
+    ParameterExchange exchange(options, *placed, shards);
+    StepBuffers worker(*params);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> dist(0.f, 0.1f);
+    for (int step = 0; step < 6; ++step) {
+      for (auto& t : worker.grads) {
+        for (float& x : t) x = dist(rng);
+      }
+      ASSERT_TRUE(
+          exchange.PushPull(step, worker.g, step + 1, 0, worker.v, [] { return false; }).ok());
+      // A worker holding no copy gets it whole: what this one holds.
+      ExchangeOptions fresh_options = options;
+      fresh_options.worker_id = "reader";
+      ParameterExchange fresh(fresh_options, *placed, shards);
+      StepBuffers reader(*params);
+      ASSERT_TRUE(fresh.Pull(step + 1, 0, reader.v, [] { return false; }).ok());
+      EXPECT_EQ(reader.values, worker.values) << "step " << step << " chop " << chop;
+      // The shards' own values are within one change's rounding of it.
+      StepBuffers exact(*params);
+      ExchangeOptions plain = fresh_options;
+      plain.parameter_dtype = WireDtype::kFloat32;
+      ParameterExchange plain_exchange(plain, *placed, shards);
+      ASSERT_TRUE(plain_exchange.Pull(step + 1, 0, exact.v, [] { return false; }).ok());
+      for (size_t t = 0; t < exact.values.size(); ++t) {
+        for (size_t i = 0; i < exact.values[t].size(); ++i) {
+          EXPECT_NEAR(worker.values[t][i], exact.values[t][i], 2e-3) << t << " " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(AutoMessageBytesTest, AboutThirtyTwoMessagesAStepWithinBounds) {
   // The Fashion-MNIST CNN (1.7 MB): the smallest messages.
   EXPECT_EQ(AutoMessageBytes(1686568), 256 << 10);
