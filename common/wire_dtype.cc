@@ -90,8 +90,12 @@ inline float QuantizeBlock(const float* __restrict x, int64_t count, char* __res
   float absmax;
   std::memcpy(&absmax, &largest, sizeof(absmax));
   const bool bad = largest >= 0x7f800000u;
-  const float scale = bad ? std::numeric_limits<float>::quiet_NaN() : absmax / 127.f;
-  const float inverse = bad || absmax == 0.f ? 0.f : 127.f / absmax;
+  // A block too small for 127 / max |x| to be finite (below 127 x the
+  // smallest normal float) goes as zeros, with scale 0: what it held stays
+  // in the carry, or in the change still to send.
+  const bool tiny = absmax < 127.f * std::numeric_limits<float>::min();
+  const float scale = bad ? std::numeric_limits<float>::quiet_NaN() : tiny ? 0.f : absmax / 127.f;
+  const float inverse = bad || tiny ? 0.f : 127.f / absmax;
   std::memcpy(out, &scale, sizeof(scale));
   alignas(64) int32_t rounded[kInt8Block];
   for (int64_t i = 0; i < count; ++i) {

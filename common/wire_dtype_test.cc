@@ -120,6 +120,22 @@ TEST(WireDtypeTest, Int8BlockWithAValueNotFiniteDecodesAsNan) {
   for (int64_t i = kInt8Block; i < 2 * kInt8Block; ++i) EXPECT_EQ(carry[i], 0.f) << i;
 }
 
+TEST(WireDtypeTest, Int8BlockTooSmallToScaleGoesAsZerosAndStaysInTheCarry) {
+  // max |x| below 127 x the smallest normal float: 127 / max would not be
+  // finite, so the block is sent as zeros and kept whole in the carry.
+  std::vector<float> x(kInt8Block, 0.f);
+  x[3] = 1e-37f;
+  x[9] = -2e-38f;
+  std::vector<float> carry(kInt8Block, 0.f), back(kInt8Block);
+  std::vector<char> wire(WireBytes(WireDtype::kInt8, kInt8Block));
+  EncodeInt8Carrying(x.data(), kInt8Block, carry.data(), wire.data());
+  DecodeFloats(WireDtype::kInt8, wire.data(), kInt8Block, back.data());
+  for (int64_t i = 0; i < kInt8Block; ++i) {
+    EXPECT_EQ(back[i], 0.f) << i;
+    EXPECT_EQ(carry[i], x[i]) << i;
+  }
+}
+
 TEST(WireDtypeTest, Int8CarryingLosesNothingOverSteps) {
   // What each push drops is carried into the next, so the sum of what was
   // decoded over many steps trails the sum sent by one carry at most.

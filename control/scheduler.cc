@@ -34,7 +34,8 @@ absl::StatusOr<JobNeeds> NeedsOf(const JobSpec& spec, const ScheduleOptions& opt
   }
   ASSIGN_OR_RETURN(needs.shards, ShardMemoryNeeds(spec, needs.partitions, options.checkpoints));
   ASSIGN_OR_RETURN(ModelShape shape, InferModel(spec.model()));
-  needs.worker = WorkerMemoryNeed(shape, spec.dataset().batch_size());
+  needs.worker =
+      WorkerMemoryNeed(shape, spec.dataset().batch_size(), spec.gradient_wire_dtype() == INT8);
   return needs;
 }
 

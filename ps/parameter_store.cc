@@ -147,6 +147,8 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
   job->num_workers = spec.num_workers();
   job->steps_per_push = std::max(1, spec.consistency().push_every());
   job->sync_quorum = spec.num_workers() - spec.consistency().backup_workers();
+  // Validated: INT8 only with SYNC.
+  job->int8_pulls = spec.parameter_wire_dtype() == INT8;
   job->shard = shard_index;
   job->attempt = attempt;
   const int num_slots = NumOptimizerSlots(job->optimizer);
@@ -154,7 +156,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
     // Values and slots, spare ones for checkpoints, the SYNC sum: what the
     // coordinator admitted the job against.
     const int64_t bytes = ShardPartitionBytes(partitions, shard_index, num_slots, sink_ != nullptr,
-                                              job->sync(), spec.parameter_wire_dtype() == INT8);
+                                              job->sync(), job->int8_pulls);
     if (!budget_->TryReserve(bytes)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           where, ": its partitions need ", bytes, " bytes on this shard, more than the ",
@@ -822,22 +824,28 @@ namespace {
 
 // Whether a pull asks for its partitions as changes to the published copy
 // (PullRequest.change_dtype INT8), or an error naming what is wrong with it.
-absl::StatusOr<bool> WantsChanges(const std::string& job_id, bool sync,
+absl::StatusOr<bool> WantsChanges(const std::string& job_id, bool int8_pulls,
                                   const PullRequest& request) {
   if (request.change_dtype() == DTYPE_UNSPECIFIED || request.change_dtype() == FLOAT32) {
     return false;
   }
   const std::string where = absl::StrCat("pull from job ", job_id, ": ");
   if (request.change_dtype() != INT8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "change_dtype ", DType_Name(request.change_dtype()), " is not INT8"));
+    return absl::InvalidArgumentError(absl::StrCat(where, "change_dtype ",
+                                                   static_cast<int>(request.change_dtype()),
+                                                   " is not INT8 (", static_cast<int>(INT8), ")"));
   }
-  if (!sync) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "INT8 changes are for a SYNC job"));
-  }
-  if (request.exact_version() || request.reduced_tensor_ids_size() > 0) {
+  // The copy's memory was reserved with the job (AddJob) only for these.
+  if (!int8_pulls) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, "INT8 changes go with neither exact_version nor reduced_tensor_ids"));
+        absl::StrCat(where, "INT8 changes are for a SYNC job whose parameter_wire_dtype is INT8"));
+  }
+  // Changes are not float-aligned: nothing follows them (sparse rows are
+  // floats) and they are not mixed with other answers.
+  if (request.exact_version() || request.reduced_tensor_ids_size() > 0 ||
+      request.sparse_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "INT8 changes go with neither exact_version, reduced_tensor_ids nor sparse rows"));
   }
   if (request.held_lineage_size() != request.held_version_size() ||
       (request.held_lineage_size() > 0 && request.held_lineage_size() != request.keys_size())) {
@@ -936,7 +944,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     return absl::InvalidArgumentError(
         absl::StrCat("pull from job ", job->id, ": an exact version is for a SYNC job"));
   }
-  ASSIGN_OR_RETURN(const bool changes, WantsChanges(job->id, job->sync(), request));
+  ASSIGN_OR_RETURN(const bool changes, WantsChanges(job->id, job->int8_pulls, request));
   int64_t sparse_bytes = 0;
   SparseStore* const sparse = request.sparse_size() > 0 ? job->sparse.get() : nullptr;
   if (request.sparse_size() > 0) {

@@ -235,9 +235,9 @@ class ParameterStore : public ParameterShard {
   // changes from a worker holding `held` (lineage, version): the change
   // where it holds the copy the last change started from, else the copy
   // whole; fills `header`. Returns the end of what it wrote.
-  // REQUIRES: p.mu held.
   static char* WritePublished(Partition& p, std::pair<uint64_t, int64_t> held,
-                              PartitionHeader* header, char* out);
+                              PartitionHeader* header, char* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
 
   MemoryBudget* const budget_;  // May be null.
   WorkPool* const pool_;        // May be null.

@@ -72,6 +72,13 @@ std::vector<Grad> Grads(float scale) {
   return grads;
 }
 
+// A spec of the fixture's pulled as INT8 changes.
+JobSpec Int8Spec(int num_workers, OptimizerSpec::Kind optimizer = OptimizerSpec::SGD) {
+  JobSpec spec = Spec(ConsistencySpec::SYNC, num_workers, 0, optimizer);
+  spec.set_parameter_wire_dtype(INT8);
+  return spec;
+}
+
 class ChangePullTest : public ParameterStoreTest {
  protected:
   PullResponse PullOk(const PullRequest& request) {
@@ -82,7 +89,7 @@ class ChangePullTest : public ParameterStoreTest {
 };
 
 TEST_F(ChangePullTest, WorkersHoldingTheCopyGetTheSameChangeAndStayEqual) {
-  AddJob(Spec(ConsistencySpec::SYNC, 2, 0, OptimizerSpec::ADAM));
+  AddJob(Int8Spec(2, OptimizerSpec::ADAM));
   Held a, b;
   // First pulls: the copy whole, the values as they are.
   EXPECT_EQ(Apply(PullOk(ChangePull(a, 0)), &a), 0);
@@ -121,7 +128,7 @@ TEST_F(ChangePullTest, WorkersHoldingTheCopyGetTheSameChangeAndStayEqual) {
 }
 
 TEST_F(ChangePullTest, ARestoreStartsANewCopy) {
-  AddJob(Spec(ConsistencySpec::SYNC, 1));
+  AddJob(Int8Spec(1));
   Held held;
   Apply(PullOk(ChangePull(held, 0)), &held);
   PushOk(MakePush(0, 1, 0, Grads(0.1f)));
@@ -147,8 +154,8 @@ TEST_F(ChangePullTest, ARestoreStartsANewCopy) {
   }
 }
 
-TEST_F(ChangePullTest, ChangesAreForSyncPullsOfTheValuesAsTheyAre) {
-  AddJob(Spec(ConsistencySpec::SYNC, 1));
+TEST_F(ChangePullTest, ChangesAreForPullsOfTheValuesAsTheyAre) {
+  AddJob(Int8Spec(1));
   auto code = [&](const PullRequest& request) { return store_.Pull(request, Soon()).status(); };
   PullRequest exact = ChangePull(Held(), 0);
   exact.set_exact_version(true);
@@ -163,17 +170,27 @@ TEST_F(ChangePullTest, ChangesAreForSyncPullsOfTheValuesAsTheyAre) {
   PullRequest bf16 = ChangePull(Held(), 0);
   bf16.set_change_dtype(BFLOAT16);
   EXPECT_EQ(code(bf16).code(), absl::StatusCode::kInvalidArgument);
+  PullRequest with_rows = ChangePull(Held(), 0);
+  with_rows.add_sparse()->set_table(0);
+  EXPECT_EQ(code(with_rows).code(), absl::StatusCode::kInvalidArgument);
   PullRequest narrow_int8 = MakePull({{0, 0}});
   narrow_int8.add_reduced_tensor_ids(0);
   narrow_int8.set_reduced_dtype(INT8);
   EXPECT_EQ(code(narrow_int8).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(ChangePullTest, AnAsyncJobHasNoChanges) {
-  AddJob(Spec(ConsistencySpec::ASYNC, 2));
+// Only a job pulled as INT8 has the copy's memory reserved; ASYNC and SSP
+// jobs cannot be one.
+TEST_F(ChangePullTest, OnlyAJobPulledAsInt8HasChanges) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
   absl::Status refused = store_.Pull(ChangePull(Held(), 0), Soon()).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-  EXPECT_THAT(refused.message(), HasSubstr("SYNC"));
+  EXPECT_THAT(refused.message(), HasSubstr("parameter_wire_dtype is INT8"));
+  JobSpec async = Spec(ConsistencySpec::ASYNC, 2);
+  async.set_parameter_wire_dtype(INT8);
+  absl::Status added = store_.AddJob("async-int8", async, 0, Placements());
+  EXPECT_EQ(added.code(), absl::StatusCode::kInvalidArgument) << added;
+  EXPECT_THAT(added.message(), HasSubstr("SYNC"));
 }
 
 TEST_F(ChangePullTest, AnInt8PushAppliesWhatItDecodesTo) {

@@ -135,6 +135,9 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
   int64_t steps_per_push = 1;
   // SYNC: arrivals that complete a step (num_workers - backup_workers).
   int sync_quorum = 1;
+  // SYNC pulls as INT8 changes to a published copy
+  // (JobSpec.parameter_wire_dtype), whose memory AddJob reserved.
+  bool int8_pulls = false;
   std::vector<std::unique_ptr<Partition>> partitions;  // Sorted by key.
   absl::flat_hash_map<store_internal::KeyPair, Partition*> by_key;
 

@@ -338,7 +338,9 @@ absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterSha
   } else if (!shared_memory_refused_.load(std::memory_order_relaxed)) {
     // Sized for the largest exchange seen (AreaFor); a pull is guessed at
     // twice the push (half-width gradients, full-width parameters) until
-    // one is seen.
+    // one is seen. (An INT8 job's first pull, the published copy whole in
+    // float32, is four times its push: it goes over gRPC, and the segments
+    // made after it are sized for it.)
     const int64_t cap = RoundUpToPage(options_.max_message_bytes);
     const int64_t push_area =
         std::min(cap, AreaFor(std::max(push_bytes, largest_push_.load(std::memory_order_relaxed))));

@@ -72,12 +72,14 @@ absl::StatusOr<std::vector<int64_t>> ShardMemoryNeeds(
   return needs;
 }
 
-int64_t WorkerMemoryNeed(const ModelShape& shape, int64_t batch) {
+int64_t WorkerMemoryNeed(const ModelShape& shape, int64_t batch, bool int8_gradients) {
   int64_t params = 0;
   for (const ParamInfo& p : shape.params) params += p.num_elements;
   int64_t activations = Product(shape.input_shape);
   for (const LayerShape& layer : shape.layers) activations += Product(layer.output_shape);
-  return kFloatBytes * (2 * params + 2 * batch * activations);
+  const int64_t int8 =
+      int8_gradients ? kFloatBytes * params + WireBytes(WireDtype::kInt8, params) : 0;
+  return kFloatBytes * (2 * params + 2 * batch * activations) + int8;
 }
 
 std::string ByteSize(int64_t bytes) {

@@ -43,8 +43,9 @@ absl::StatusOr<std::vector<int64_t>> ShardMemoryNeeds(
     const JobSpec& spec, const std::vector<PartitionPlacement>& partitions, bool checkpoints);
 
 // About what one worker holds for a replica of the model with a batch of
-// `batch` examples.
-int64_t WorkerMemoryNeed(const ModelShape& shape, int64_t batch);
+// `batch` examples; `int8_gradients`: with gradients pushed as INT8 (each
+// element's carry and its encoding, JobSpec.gradient_wire_dtype).
+int64_t WorkerMemoryNeed(const ModelShape& shape, int64_t batch, bool int8_gradients = false);
 
 // "1.5 GiB", "300.0 MiB", "12.0 KiB": sizes in sentences.
 std::string ByteSize(int64_t bytes);
