@@ -95,7 +95,9 @@ TEST(WireDtypeTest, Int8IsAScaleABlockAndAByteAnElement) {
     }
     // The largest element is exact up to one rounding of the scale.
     for (int64_t i = b; i < end; ++i) {
-      if (std::abs(x[i]) == absmax) EXPECT_NEAR(std::abs(back[i]), absmax, absmax * 1e-6f);
+      if (std::abs(x[i]) == absmax) {
+        EXPECT_NEAR(std::abs(back[i]), absmax, absmax * 1e-6f);
+      }
     }
   }
   // An all-zero block has scale 0 and decodes to zeros.
