@@ -5,13 +5,11 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
-#include <random>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "common/splitmix64.h"
 #include "common/status.h"
 #include "common/wire_dtype.h"
 #include "kernels/cpu/optimizer.h"
@@ -233,8 +231,7 @@ int64_t ParameterStore::MemoryBytes(const std::string& job_id) const {
   for (const std::unique_ptr<Partition>& p : (*job)->partitions) {
     absl::MutexLock lock(&p->mu);
     bytes += p->arrays.MemoryBytes() + p->step_sum.MemoryBytes() +
-             static_cast<int64_t>(p->previous.size() + p->published.capacity()) * kFloatBytes +
-             static_cast<int64_t>(p->change.capacity());
+             static_cast<int64_t>(p->previous.size()) * kFloatBytes + p->published.MemoryBytes();
   }
   if ((*job)->sparse != nullptr) bytes += (*job)->sparse->MemoryBytes();
   return bytes;
@@ -728,7 +725,7 @@ absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnaps
     p.updates = s.updates;
     if (job->sync()) p.step_sum.Reset();
     p.previous_version = -1;
-    p.lineage = 0;
+    p.published.Drop();
     p.version.store(s.version, std::memory_order_release);
   }
   absl::MutexLock lock(&job->mu);
@@ -818,96 +815,6 @@ absl::StatusOr<PushResponse> ParameterStore::Push(const PushRequest& request,
   if (job->sync()) HandOver(*job);
   Settle(*job, request, /*applied=*/true);
   return PushResponse();
-}
-
-namespace {
-
-// Whether a pull asks for its partitions as changes to the published copy
-// (PullRequest.change_dtype INT8), or an error naming what is wrong with it.
-absl::StatusOr<bool> WantsChanges(const std::string& job_id, bool int8_pulls,
-                                  const PullRequest& request) {
-  if (request.change_dtype() == DTYPE_UNSPECIFIED || request.change_dtype() == FLOAT32) {
-    return false;
-  }
-  const std::string where = absl::StrCat("pull from job ", job_id, ": ");
-  if (request.change_dtype() != INT8) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "change_dtype ",
-                                                   static_cast<int>(request.change_dtype()),
-                                                   " is not INT8 (", static_cast<int>(INT8), ")"));
-  }
-  // The copy's memory was reserved with the job (AddJob) only for these.
-  if (!int8_pulls) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "INT8 changes are for a SYNC job whose parameter_wire_dtype is INT8"));
-  }
-  // Changes are not float-aligned: nothing follows them (sparse rows are
-  // floats) and they are not mixed with other answers.
-  if (request.exact_version() || request.reduced_tensor_ids_size() > 0 ||
-      request.sparse_size() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, "INT8 changes go with neither exact_version, reduced_tensor_ids nor sparse rows"));
-  }
-  if (request.held_lineage_size() != request.held_version_size() ||
-      (request.held_lineage_size() > 0 && request.held_lineage_size() != request.keys_size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "held_lineage (", request.held_lineage_size(), ") and held_version (",
-                     request.held_version_size(), ") must both be empty or one per key (",
-                     request.keys_size(), ")"));
-  }
-  return true;
-}
-
-// The published copy the puller holds of its k-th key: (lineage, version),
-// (0, -1) for none.
-std::pair<uint64_t, int64_t> HeldOf(const PullRequest& request, size_t k) {
-  if (static_cast<int>(k) >= request.held_lineage_size()) return {0, -1};
-  return {request.held_lineage(static_cast<int>(k)), request.held_version(static_cast<int>(k))};
-}
-
-// A new copy's name: never 0, and not one an earlier copy of this process
-// or (with overwhelming odds) of another shard had.
-uint64_t NewLineage() {
-  static std::atomic<uint64_t> next{(static_cast<uint64_t>(std::random_device()()) << 32) ^
-                                    std::random_device()()};
-  return SplitMix64(next.fetch_add(1, std::memory_order_relaxed)) | 1;
-}
-
-}  // namespace
-
-void ParameterStore::Partition::Publish() {
-  const int64_t now = version.load(std::memory_order_relaxed);
-  if (lineage == 0) {
-    published.assign(arrays.values(), arrays.values() + num_elements);
-    lineage = NewLineage();
-    published_version = now;
-    change_base = -1;
-    return;
-  }
-  if (published_version == now) return;
-  change.resize(WireBytes(WireDtype::kInt8, num_elements));
-  EncodeInt8Change(arrays.values(), num_elements, published.data(), change.data());
-  change_base = published_version;
-  published_version = now;
-}
-
-// Writes partition p's published copy, brought to its version, at `out`
-// for a worker holding `held`: the change where it holds the copy the last
-// change started from, else the copy whole. Returns the end of what it wrote.
-char* ParameterStore::WritePublished(Partition& p, std::pair<uint64_t, int64_t> held,
-                                     PartitionHeader* header, char* out) {
-  p.Publish();
-  header->set_lineage(p.lineage);
-  header->set_version(p.published_version);
-  if (held.first == p.lineage && p.change_base >= 0 && held.second == p.change_base) {
-    header->set_dtype(INT8);
-    header->set_change(true);
-    header->set_base_version(p.change_base);
-    std::memcpy(out, p.change.data(), p.change.size());
-    return out + p.change.size();
-  }
-  header->set_dtype(FLOAT32);
-  std::memcpy(out, p.published.data(), p.num_elements * kFloatBytes);
-  return out + p.num_elements * kFloatBytes;
 }
 
 absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, absl::Time deadline,
@@ -1045,7 +952,9 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
     header->set_num_elements(p->num_elements);
     absl::MutexLock lock(&p->mu);
     if (changes) {
-      out = WritePublished(*p, HeldOf(request, k), header, out);
+      out = p->published.Write(p->arrays.values(), p->num_elements,
+                               p->version.load(std::memory_order_relaxed), HeldOf(request, k),
+                               header, out);
       continue;
     }
     const WireDtype dtype = dtype_of(*p);

@@ -231,13 +231,6 @@ class ParameterStore : public ParameterShard {
   // Passes the job's ready captures to the sink.
   // REQUIRES: no lock of the job or its partitions is held.
   void HandOver(Job& job) const;
-  // Writes partition `p`'s published copy at `out` for a pull of INT8
-  // changes from a worker holding `held` (lineage, version): the change
-  // where it holds the copy the last change started from, else the copy
-  // whole; fills `header`. Returns the end of what it wrote.
-  static char* WritePublished(Partition& p, std::pair<uint64_t, int64_t> held,
-                              PartitionHeader* header, char* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
 
   MemoryBudget* const budget_;  // May be null.
   WorkPool* const pool_;        // May be null.

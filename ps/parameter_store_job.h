@@ -30,6 +30,7 @@
 #include "ps/memory_budget.h"
 #include "ps/parameter_arrays.h"
 #include "ps/parameter_store.h"
+#include "ps/published_copy.h"
 #include "ps/rank_ordered_sum.h"
 #include "ps/request_dedup.h"
 #include "ps/shard_capture.h"
@@ -83,20 +84,8 @@ struct ParameterStore::Partition {
   std::vector<float> previous ABSL_GUARDED_BY(mu);
   int64_t previous_version ABSL_GUARDED_BY(mu) = -1;
   // SYNC jobs whose workers pull INT8 changes (PullRequest.change_dtype):
-  // the copy each of them holds, named by `lineage` (0: none made yet) at
-  // `published_version`, and `change`, the int8 encoding that advanced it
-  // from `change_base` (-1: none), sent to every worker still holding that.
-  // Made at the first such pull, advanced by the first pull of each later
-  // version; a restore drops it (lineage 0).
-  std::vector<float> published ABSL_GUARDED_BY(mu);
-  uint64_t lineage ABSL_GUARDED_BY(mu) = 0;
-  int64_t published_version ABSL_GUARDED_BY(mu) = -1;
-  std::vector<char> change ABSL_GUARDED_BY(mu);
-  int64_t change_base ABSL_GUARDED_BY(mu) = -1;
-
-  // Brings the published copy to the current values' version: a new copy
-  // of them where there is none, else the int8 change from the copy.
-  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // the copy of the values they hold.
+  PublishedCopy published ABSL_GUARDED_BY(mu);
 
   // Lends the arrays as they are now, for a capture (GiveBack ends it).
   PartitionArrays Lend(int64_t* generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
