@@ -6,6 +6,13 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 "$ROOT/scripts/install-deps.sh" --test
 
+# Each phase's wall time, said as it ends (CI's budget is the sum).
+phase_start=$SECONDS
+phase_done() {
+  echo "test.sh: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"
+  phase_start=$SECONDS
+}
+
 log=$(mktemp -t downpour-test.XXXXXX)
 layering=$(mktemp -t downpour-layering.XXXXXX)
 export_xml=$(mktemp -t downpour-export.XXXXXX)
@@ -36,6 +43,7 @@ fi
 # that CUDA does not change are built once.
 disk_cache=${DOWNPOUR_DISK_CACHE:-$HOME/.cache/downpour-disk}
 bazel test --disk_cache="$disk_cache" //... --test_output=errors "$@" 2>&1 | tee "$log" | grep -vE '^(INFO|Loading|Analyzing)'
+phase_done "bazel test //..."
 # The dependency rules of docs/architecture.md over the build graph (bazel query,
 # so outside `bazel test`).
 python3 "$ROOT/tests/layering_test.py" --junit "$layering"
@@ -68,11 +76,13 @@ wait "$venv_pid" && python=$(cat "$venv_out")
 # skipped elsewhere or without Slurm).
 /usr/bin/python3 "$ROOT/deploy/slurm_test.py" --bin "$(bazel info bazel-bin 2>/dev/null)" \
   --junit "$slurm_xml"
+phase_done "layering, Python, deploy and Slurm checks"
 # The daemons built with the CUDA toolkit hidden (a second Bazel output base in
 # a temp dir; from the disk cache but for what CUDA changes) train a short job
 # on the CPU. (Beside the Python checks above it took 198 s and slowed them:
 # both want the two cores.)
 python3 "$ROOT/tests/cpu_only_build_test.py" --junit "$cpu_only_xml" --disk_cache "$disk_cache"
+phase_done "CPU-only build"
 # Each fuzz target of fuzz/ for FUZZ_SECONDS (default 10; 0 skips them), two at
 # a time, over a copy of its seeds: clang, ASan and UBSan in an output base of
 # its own (a cold build of about 4.5 min on 2 busy cores; warm in
@@ -83,5 +93,6 @@ rm -f "$fuzz_build_log"
 fuzz_out=$(mktemp -d -t downpour-fuzz-run.XXXXXX)
 FUZZ_OUT=$fuzz_out "$ROOT/scripts/fuzz.sh" --junit "$fuzz_xml" --parallel 2 "${FUZZ_SECONDS:-10}" &&
   rm -rf "$fuzz_out"
+phase_done "fuzz targets"
 python3 "$ROOT/scripts/count_tests.py" "$ROOT" "$log" "$layering" "$export_xml" "$onnx_xml" \
   "$tensorboard_xml" "$pyclient_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$fuzz_xml"
