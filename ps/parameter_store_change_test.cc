@@ -13,8 +13,6 @@ namespace downpour {
 namespace store_test {
 namespace {
 
-const std::vector<Key> kShardZero = {{0, 0}, {0, 1}, {1, 0}};
-
 // What a worker holds of shard 0's partitions: the copy and its name.
 struct Held {
   std::map<Key, std::vector<float>> values;
@@ -61,17 +59,6 @@ int Apply(const PullResponse& response, Held* held) {
   return changes;
 }
 
-std::vector<Grad> Grads(float scale) {
-  const std::map<Key, int64_t> sizes = {{{0, 0}, 3}, {{0, 1}, 3}, {{1, 0}, 2}};
-  std::vector<Grad> grads;
-  for (const Key& key : kShardZero) {
-    std::vector<float> values(sizes.at(key));
-    for (size_t i = 0; i < values.size(); ++i) values[i] = scale * static_cast<float>(i + 1);
-    grads.push_back({key, std::move(values)});
-  }
-  return grads;
-}
-
 // A spec of the fixture's pulled as INT8 changes.
 JobSpec Int8Spec(int num_workers, OptimizerSpec::Kind optimizer = OptimizerSpec::SGD) {
   JobSpec spec = Spec(ConsistencySpec::SYNC, num_workers, 0, optimizer);
@@ -96,8 +83,8 @@ TEST_F(ChangePullTest, WorkersHoldingTheCopyGetTheSameChangeAndStayEqual) {
   EXPECT_EQ(Apply(PullOk(ChangePull(b, 0)), &b), 0);
   for (const Key& key : kShardZero) EXPECT_EQ(a.values[key], PullOne(key).values);
   for (int step = 0; step < 5; ++step) {
-    PushOk(MakePush(0, step + 1, step, Grads(0.1f * (step + 1))));
-    PushOk(MakePush(1, step + 1, step, Grads(-0.03f)));
+    PushOk(MakePush(0, step + 1, step, ShardZeroGrads(kShardZero, 0.1f * (step + 1))));
+    PushOk(MakePush(1, step + 1, step, ShardZeroGrads(kShardZero, -0.03f)));
     const PullRequest request_a = ChangePull(a, step + 1);
     const PullResponse answer_a = PullOk(request_a);
     const PullResponse answer_b = PullOk(ChangePull(b, step + 1));
@@ -131,7 +118,7 @@ TEST_F(ChangePullTest, ARestoreStartsANewCopy) {
   AddJob(Int8Spec(1));
   Held held;
   Apply(PullOk(ChangePull(held, 0)), &held);
-  PushOk(MakePush(0, 1, 0, Grads(0.1f)));
+  PushOk(MakePush(0, 1, 0, ShardZeroGrads(kShardZero, 0.1f)));
   ShardSnapshot snapshot;
   snapshot.step = 1;
   snapshot.sync = true;
@@ -196,7 +183,7 @@ TEST_F(ChangePullTest, OnlyAJobPulledAsInt8HasChanges) {
 TEST_F(ChangePullTest, AnInt8PushAppliesWhatItDecodesTo) {
   // SGD, one worker: the step applies the decoded gradient.
   AddJob(Spec(ConsistencySpec::SYNC, 1));
-  std::vector<Grad> grads = Grads(0.37f);
+  std::vector<Grad> grads = ShardZeroGrads(kShardZero, 0.37f);
   PushRequest request = MakePush(0, 1, 0, grads);
   request.clear_payload();
   for (int k = 0; k < request.partitions_size(); ++k) {

@@ -21,27 +21,14 @@ PullRequest ExactPull(std::vector<Key> keys, int64_t version) {
   return request;
 }
 
-const std::vector<Key> kShardZero = {{0, 0}, {0, 1}, {1, 0}};
-
-std::vector<Grad> Grads(const std::vector<Key>& keys, float scale) {
-  const std::map<Key, int64_t> sizes = {{{0, 0}, 3}, {{0, 1}, 3}, {{1, 0}, 2}};
-  std::vector<Grad> grads;
-  for (const Key& key : keys) {
-    std::vector<float> values(sizes.at(key));
-    for (size_t i = 0; i < values.size(); ++i) values[i] = scale * static_cast<float>(i + 1);
-    grads.push_back({key, std::move(values)});
-  }
-  return grads;
-}
-
 TEST_F(ParameterStoreTest, AnExactPullGetsAPartitionsPreviousVersionUntilItsNextStepIsPushed) {
   AddJob(Spec(ConsistencySpec::SYNC, 2, 0, OptimizerSpec::ADAM));
   const Pulled initial = PullOne({0, 0});
   // Step 0: both ranks push partition 0/0; rank 1's worker dies before its
   // push of 0/1 and 1/0. 0/0 completes the step, the others wait.
-  PushOk(MakePush(0, 1, 0, Grads({{0, 0}}, 0.1f)));
-  PushOk(MakePush(1, 1, 0, Grads({{0, 0}}, 0.3f)));
-  PushOk(MakePush(0, 2, 0, Grads({{0, 1}, {1, 0}}, 0.1f)));
+  PushOk(MakePush(0, 1, 0, ShardZeroGrads({{0, 0}}, 0.1f)));
+  PushOk(MakePush(1, 1, 0, ShardZeroGrads({{0, 0}}, 0.3f)));
+  PushOk(MakePush(0, 2, 0, ShardZeroGrads({{0, 1}, {1, 0}}, 0.1f)));
   const Pulled ahead = PullOne({0, 0});
   ASSERT_EQ(ahead.version, 1);
   ASSERT_NE(ahead.values, initial.values);
@@ -56,12 +43,12 @@ TEST_F(ParameterStoreTest, AnExactPullGetsAPartitionsPreviousVersionUntilItsNext
 
   // It pushes step 0 whole (the same gradient, computed from the same
   // parameters): 0/0 takes it as late, the others complete the step.
-  PushOk(MakePush(1, 1, 0, Grads(kShardZero, 0.3f), "taker"));
+  PushOk(MakePush(1, 1, 0, ShardZeroGrads(kShardZero, 0.3f), "taker"));
   for (const Key& key : kShardZero) EXPECT_EQ(PullOne(key).version, 1);
   EXPECT_EQ(PullOne({0, 0}).values, ahead.values);
   // 0/0 keeps version 0 until some worker pushes its step 1 there.
   EXPECT_TRUE(store_.Pull(ExactPull({{0, 0}}, 0), Soon()).ok());
-  PushOk(MakePush(0, 3, 1, Grads({{0, 0}}, 0.1f)));
+  PushOk(MakePush(0, 3, 1, ShardZeroGrads({{0, 0}}, 0.1f)));
   absl::StatusOr<PullResponse> gone = store_.Pull(ExactPull({{0, 0}}, 0), Soon());
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition) << gone.status();
   EXPECT_NE(gone.status().message().find("no longer keeps its values of version 0"),
@@ -79,13 +66,13 @@ TEST_F(ParameterStoreTest, AStepRepeatedByATakerEndsAsTheCleanStep) {
   ASSERT_TRUE(
       clean.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2, 0, OptimizerSpec::ADAM), 0, Placements())
           .ok());
-  ASSERT_TRUE(clean.Push(MakePush(0, 1, 0, Grads(kShardZero, 0.1f))).ok());
-  ASSERT_TRUE(clean.Push(MakePush(1, 1, 0, Grads(kShardZero, 0.3f))).ok());
+  ASSERT_TRUE(clean.Push(MakePush(0, 1, 0, ShardZeroGrads(kShardZero, 0.1f))).ok());
+  ASSERT_TRUE(clean.Push(MakePush(1, 1, 0, ShardZeroGrads(kShardZero, 0.3f))).ok());
 
   AddJob(Spec(ConsistencySpec::SYNC, 2, 0, OptimizerSpec::ADAM));
-  PushOk(MakePush(0, 1, 0, Grads(kShardZero, 0.1f)));
-  PushOk(MakePush(1, 1, 0, Grads({{0, 0}}, 0.3f)));
-  PushOk(MakePush(1, 1, 0, Grads(kShardZero, 0.3f), "taker"));
+  PushOk(MakePush(0, 1, 0, ShardZeroGrads(kShardZero, 0.1f)));
+  PushOk(MakePush(1, 1, 0, ShardZeroGrads({{0, 0}}, 0.3f)));
+  PushOk(MakePush(1, 1, 0, ShardZeroGrads(kShardZero, 0.3f), "taker"));
   for (const Key& key : kShardZero) {
     absl::StatusOr<PullResponse> want = clean.Pull(MakePull({key}, 1), Soon());
     ASSERT_TRUE(want.ok()) << want.status();
@@ -102,7 +89,7 @@ TEST_F(ParameterStoreTest, AnExactPullIsForSyncDensePartitions) {
 // A restore holds no previous version: the checkpoint's is the only one.
 TEST_F(ParameterStoreTest, ARestoredPartitionKeepsNoPreviousVersion) {
   AddJob(Spec(ConsistencySpec::SYNC, 1));
-  PushOk(MakePush(0, 1, 0, Grads(kShardZero, 0.1f)));
+  PushOk(MakePush(0, 1, 0, ShardZeroGrads(kShardZero, 0.1f)));
   ASSERT_TRUE(store_.Pull(ExactPull({{0, 0}}, 0), Soon()).ok());
   ShardSnapshot snapshot;
   snapshot.step = 1;

@@ -98,6 +98,21 @@ struct Grad {
   std::vector<float> values;
 };
 
+// Shard 0's partitions of the model of Spec().
+inline const std::vector<Key> kShardZero = {{0, 0}, {0, 1}, {1, 0}};
+
+// Gradients for `keys` (of kShardZero): element i of each is scale (i + 1).
+inline std::vector<Grad> ShardZeroGrads(const std::vector<Key>& keys, float scale) {
+  const std::map<Key, int64_t> sizes = {{{0, 0}, 3}, {{0, 1}, 3}, {{1, 0}, 2}};
+  std::vector<Grad> grads;
+  for (const Key& key : keys) {
+    std::vector<float> values(sizes.at(key));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = scale * static_cast<float>(i + 1);
+    grads.push_back({key, std::move(values)});
+  }
+  return grads;
+}
+
 inline PushRequest MakePush(int rank, int64_t sequence, int64_t step,
                             const std::vector<Grad>& grads, const std::string& worker_id = "",
                             int64_t incarnation = 1) {

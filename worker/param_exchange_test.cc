@@ -629,6 +629,23 @@ class ChoppingShard final : public ParameterShard {
   ParameterShard* const inner_;
 };
 
+// Two shards of `spec`'s job "j" placed as `placed`, in process, their pull
+// answers cut into 3-byte pieces where `chop`.
+struct TwoShards {
+  TwoShards(const JobSpec& spec, const std::vector<PartitionPlacement>& placed, bool chop) {
+    for (int s = 0; s < 2; ++s) {
+      stores.push_back(std::make_unique<ParameterStore>());
+      EXPECT_TRUE(stores.back()->AddJob("j", spec, s, placed).ok());
+      choppers.push_back(std::make_unique<ChoppingShard>(stores.back().get()));
+      shards.push_back(chop ? static_cast<ParameterShard*>(choppers.back().get())
+                            : stores.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<ParameterStore>> stores;
+  std::vector<std::unique_ptr<ChoppingShard>> choppers;
+  std::vector<ParameterShard*> shards;
+};
+
 // Pushes `gradient` (one value per element of every tensor, by position) as
 // `dtype` with SGD, and returns the parameters pulled back (through
 // ChoppingShard with `chop`).
@@ -641,18 +658,8 @@ std::vector<float> PushOnceWithSgd(WireDtype dtype, const std::vector<float>& gr
   EXPECT_TRUE(params.ok());
   auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
   EXPECT_TRUE(placed.ok());
-  std::vector<std::unique_ptr<ParameterStore>> stores;
-  std::vector<std::unique_ptr<ChoppingShard>> choppers;
-  std::vector<ParameterShard*> shards;
-  for (int s = 0; s < 2; ++s) {
-    stores.push_back(std::make_unique<ParameterStore>());
-    EXPECT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
-    shards.push_back(stores.back().get());
-    if (chop) {
-      choppers.push_back(std::make_unique<ChoppingShard>(stores.back().get()));
-      shards.back() = choppers.back().get();
-    }
-  }
+  TwoShards two(spec, *placed, chop);
+  const std::vector<ParameterShard*>& shards = two.shards;
   ExchangeOptions options;
   options.job_id = "j";
   options.worker_id = "w";
@@ -736,16 +743,8 @@ TEST(ParameterExchangeTest, Int8PullsHoldTheShardsPublishedCopy) {
     ASSERT_TRUE(params.ok()) << params.status();
     auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
     ASSERT_TRUE(placed.ok());
-    std::vector<std::unique_ptr<ParameterStore>> stores;
-    std::vector<std::unique_ptr<ChoppingShard>> choppers;
-    std::vector<ParameterShard*> shards;
-    for (int s = 0; s < 2; ++s) {
-      stores.push_back(std::make_unique<ParameterStore>());
-      ASSERT_TRUE(stores.back()->AddJob("j", spec, s, *placed).ok());
-      choppers.push_back(std::make_unique<ChoppingShard>(stores.back().get()));
-      shards.push_back(chop ? static_cast<ParameterShard*>(choppers.back().get())
-                            : stores.back().get());
-    }
+    TwoShards two(spec, *placed, chop);
+    const std::vector<ParameterShard*>& shards = two.shards;
     ExchangeOptions options;
     options.job_id = "j";
     options.worker_id = "w";
