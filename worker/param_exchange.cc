@@ -244,21 +244,22 @@ PushRequest ParameterExchange::MakePushRequest(int i, int64_t step, int64_t sequ
     PartitionHeader* header = request.add_partitions();
     header->mutable_key()->set_tensor_id(p.tensor_id());
     header->mutable_key()->set_partition(p.partition());
-    header->set_dtype(DTypeOf(options_.gradient_dtype));
+    header->set_dtype(DTypeOf(dtype));
     header->set_num_elements(p.num_elements());
     if (grads.empty()) continue;
     const float* grad = grads[p.tensor_id()] + p.offset();
     const int64_t bytes = WireBytes(dtype, p.num_elements());
-    char* out = message.encoded.data() + at_bytes;
     if (dtype == WireDtype::kFloat32) {
       // Sent from the model's memory; the call returns before it changes.
       payload->Append(reinterpret_cast<const char*>(grad), bytes);
-    } else if (dtype == WireDtype::kInt8) {
-      // Made once per step and message: a retry resends these bytes.
-      EncodeInt8Carrying(grad, p.num_elements(), message.carry.data() + at, out);
-      payload->Append(out, bytes);
     } else {
-      EncodeFloats(dtype, grad, p.num_elements(), out);
+      // Made once per step and message: a retry resends these bytes.
+      char* out = message.encoded.data() + at_bytes;
+      if (dtype == WireDtype::kInt8) {
+        EncodeInt8Carrying(grad, p.num_elements(), message.carry.data() + at, out);
+      } else {
+        EncodeFloats(dtype, grad, p.num_elements(), out);
+      }
       payload->Append(out, bytes);
     }
     at += p.num_elements();

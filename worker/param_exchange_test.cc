@@ -629,10 +629,17 @@ class ChoppingShard final : public ParameterShard {
   ParameterShard* const inner_;
 };
 
-// Two shards of `spec`'s job "j" placed as `placed`, in process, their pull
-// answers cut into 3-byte pieces where `chop`.
+// Two shards of `spec`'s job "j", in process, its parameters placed over
+// them, their pull answers cut into 3-byte pieces where `chop`.
 struct TwoShards {
-  TwoShards(const JobSpec& spec, const std::vector<PartitionPlacement>& placed, bool chop) {
+  TwoShards(const JobSpec& spec, bool chop) {
+    absl::StatusOr<std::vector<ParamInfo>> validated = ValidateJobSpec(spec);
+    EXPECT_TRUE(validated.ok()) << validated.status();
+    if (validated.ok()) params = *std::move(validated);
+    absl::StatusOr<std::vector<PartitionPlacement>> placement =
+        PlacePartitions(params, 2, spec.partition_bytes());
+    EXPECT_TRUE(placement.ok()) << placement.status();
+    if (placement.ok()) placed = *std::move(placement);
     for (int s = 0; s < 2; ++s) {
       stores.push_back(std::make_unique<ParameterStore>());
       EXPECT_TRUE(stores.back()->AddJob("j", spec, s, placed).ok());
@@ -641,6 +648,16 @@ struct TwoShards {
                             : stores.back().get());
     }
   }
+  // The exchange options of a worker of job "j" named `worker_id`.
+  static ExchangeOptions Options(const std::string& worker_id = "w") {
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = worker_id;
+    return options;
+  }
+
+  std::vector<ParamInfo> params;
+  std::vector<PartitionPlacement> placed;
   std::vector<std::unique_ptr<ParameterStore>> stores;
   std::vector<std::unique_ptr<ChoppingShard>> choppers;
   std::vector<ParameterShard*> shards;
@@ -654,23 +671,16 @@ std::vector<float> PushOnceWithSgd(WireDtype dtype, const std::vector<float>& gr
                                    bool chop = false) {
   JobSpec spec = SmallSpec();
   spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
-  auto params = ValidateJobSpec(spec);
-  EXPECT_TRUE(params.ok());
-  auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
-  EXPECT_TRUE(placed.ok());
-  TwoShards two(spec, *placed, chop);
-  const std::vector<ParameterShard*>& shards = two.shards;
-  ExchangeOptions options;
-  options.job_id = "j";
-  options.worker_id = "w";
+  TwoShards two(spec, chop);
+  ExchangeOptions options = TwoShards::Options();
   options.gradient_dtype = dtype;
   options.reduced_tensors = reduced_tensors;
-  ParameterExchange exchange(options, *placed, shards);
+  ParameterExchange exchange(options, two.placed, two.shards);
   std::vector<std::vector<float>> values;
   std::vector<const float*> g;
   std::vector<float*> v;
   int64_t at = 0;
-  for (const ParamInfo& p : *params) {
+  for (const ParamInfo& p : two.params) {
     values.emplace_back(p.num_elements);
     g.push_back(gradient.data() + at);
     at += p.num_elements;
@@ -739,20 +749,14 @@ TEST(ParameterExchangeTest, Int8PullsHoldTheShardsPublishedCopy) {
     spec.mutable_consistency()->set_mode(ConsistencySpec::SYNC);
     spec.set_gradient_wire_dtype(INT8);
     spec.set_parameter_wire_dtype(INT8);
-    auto params = ValidateJobSpec(spec);
-    ASSERT_TRUE(params.ok()) << params.status();
-    auto placed = PlacePartitions(*params, 2, spec.partition_bytes());
-    ASSERT_TRUE(placed.ok());
-    TwoShards two(spec, *placed, chop);
-    const std::vector<ParameterShard*>& shards = two.shards;
-    ExchangeOptions options;
-    options.job_id = "j";
-    options.worker_id = "w";
+    TwoShards two(spec, chop);
+    ASSERT_FALSE(two.params.empty());
+    ExchangeOptions options = TwoShards::Options();
     options.gradient_dtype = WireDtype::kInt8;
     options.parameter_dtype = WireDtype::kInt8;
     options.message_bytes = 2048;
-    ParameterExchange exchange(options, *placed, shards);
-    StepBuffers worker(*params);
+    ParameterExchange exchange(options, two.placed, two.shards);
+    StepBuffers worker(two.params);
     std::mt19937 rng(5);
     std::normal_distribution<float> dist(0.f, 0.1f);
     for (int step = 0; step < 6; ++step) {
@@ -764,15 +768,15 @@ TEST(ParameterExchangeTest, Int8PullsHoldTheShardsPublishedCopy) {
       // A worker holding no copy gets it whole: what this one holds.
       ExchangeOptions fresh_options = options;
       fresh_options.worker_id = "reader";
-      ParameterExchange fresh(fresh_options, *placed, shards);
-      StepBuffers reader(*params);
+      ParameterExchange fresh(fresh_options, two.placed, two.shards);
+      StepBuffers reader(two.params);
       ASSERT_TRUE(fresh.Pull(step + 1, 0, reader.v, [] { return false; }).ok());
       EXPECT_EQ(reader.values, worker.values) << "step " << step << " chop " << chop;
       // The shards' own values are within one change's rounding of it.
-      StepBuffers exact(*params);
+      StepBuffers exact(two.params);
       ExchangeOptions plain = fresh_options;
       plain.parameter_dtype = WireDtype::kFloat32;
-      ParameterExchange plain_exchange(plain, *placed, shards);
+      ParameterExchange plain_exchange(plain, two.placed, two.shards);
       ASSERT_TRUE(plain_exchange.Pull(step + 1, 0, exact.v, [] { return false; }).ok());
       for (size_t t = 0; t < exact.values.size(); ++t) {
         for (size_t i = 0; i < exact.values[t].size(); ++i) {
