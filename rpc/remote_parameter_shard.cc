@@ -29,8 +29,11 @@ namespace downpour {
 class RemoteParameterShard::Stream {
  public:
   Stream(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
-         std::shared_ptr<SharedSegment> segment = nullptr, int64_t push_area = 0)
-      : context_(std::make_unique<grpc::ClientContext>()), segment_(std::move(segment)) {
+         absl::Duration stall_at_deadline, std::shared_ptr<SharedSegment> segment = nullptr,
+         int64_t push_area = 0)
+      : context_(std::make_unique<grpc::ClientContext>()),
+        stall_at_deadline_(stall_at_deadline),
+        segment_(std::move(segment)) {
     if (segment_ != nullptr) {
       push_area_ = push_area;
       pull_offset_ = SharedSegment::kHeaderBytes + push_area;
@@ -68,9 +71,9 @@ class RemoteParameterShard::Stream {
   absl::Status Attach(absl::Time deadline) {
     PushPullStreamRequest header;
     *header.mutable_attach() = segment_->attach();
-    TensorMessage request, response;
+    TensorMessage request;
     request.header = header.SerializeAsString();
-    RETURN_IF_ERROR(Exchange(request, deadline, &response));
+    ASSIGN_OR_RETURN(TensorMessage response, Exchange(request, deadline));
     PushPullStreamResponse answer;
     if (!answer.ParseFromString(response.header)) {
       broken_ = true;
@@ -97,7 +100,7 @@ class RemoteParameterShard::Stream {
     *header.mutable_exchange()->mutable_push() = push;
     *header.mutable_exchange()->mutable_pull() = pull;
     header.set_timeout_us(std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
-    TensorMessage request, reply;
+    TensorMessage request;
     int64_t pull_capacity = 0;
     if (segment_ != nullptr) {
       SharedSegmentExchange* place = header.mutable_segment();
@@ -122,7 +125,7 @@ class RemoteParameterShard::Stream {
       request.payload = push_payload;
     }
     request.header = header.SerializeAsString();
-    RETURN_IF_ERROR(Exchange(request, deadline, &reply));
+    ASSIGN_OR_RETURN(TensorMessage reply, Exchange(request, deadline));
     PushPullStreamResponse answer;
     if (!answer.ParseFromString(reply.header)) {
       return absl::InternalError("malformed PushPullStreamResponse");
@@ -152,18 +155,20 @@ class RemoteParameterShard::Stream {
     return std::move(*answer.mutable_exchange());
   }
 
-  // Sends `request` and waits until `deadline` for its answer.
-  absl::Status Exchange(const TensorMessage& request, absl::Time deadline,
-                        TensorMessage* response) {
+  // Sends `request` and waits until `deadline` for its answer. The answer
+  // is read into the stream's own reply_: a read still pending when this
+  // gives up may complete as the stream closes, after the caller is gone.
+  absl::StatusOr<TensorMessage> Exchange(const TensorMessage& request, absl::Time deadline) {
     pending_[kWrite] = pending_[kRead] = true;
     stream_->Write(request, Tag(kWrite));
-    stream_->Read(response, Tag(kRead));
+    stream_->Read(&reply_, Tag(kRead));
     const auto wait_until = absl::ToChronoTime(deadline);
     while (pending_[kWrite] || pending_[kRead]) {
       void* tag;
       bool ok = false;
       if (cq_.AsyncNext(&tag, &ok, wait_until) != grpc::CompletionQueue::GOT_EVENT) {
         broken_ = true;
+        if (stall_at_deadline_ > absl::ZeroDuration()) absl::SleepFor(stall_at_deadline_);
         context_->TryCancel();
         return absl::DeadlineExceededError(
             "Deadline Exceeded waiting for the shard's answer on its stream");
@@ -177,7 +182,7 @@ class RemoteParameterShard::Stream {
         return absl::UnavailableError("the shard closed the stream");
       }
     }
-    return absl::OkStatus();
+    return std::move(reply_);
   }
 
  private:
@@ -221,6 +226,9 @@ class RemoteParameterShard::Stream {
   grpc::CompletionQueue cq_;
   std::unique_ptr<grpc::ClientContext> context_;
   grpc::ClientAsyncReaderWriter<TensorMessage, TensorMessage>* stream_;  // In the call's arena.
+  const absl::Duration stall_at_deadline_;
+  // Where the pending read writes (Exchange).
+  TensorMessage reply_;
   bool pending_[kNumOps] = {};
   bool broken_ = false;
   bool finished_ = false;
@@ -352,6 +360,7 @@ absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterSha
         SharedSegment::Create(SharedSegment::kHeaderBytes + push_area + pull_area);
     if (segment.ok()) {
       auto stream = std::make_unique<Stream>(c.channel.get(), c.push_pull_shared_memory_stream,
+                                             options_.testing_stall_at_deadline,
                                              *std::move(segment), push_area);
       attached = stream->Attach(deadline);
       if (attached.ok()) {
@@ -375,7 +384,8 @@ absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterSha
       return attached;
     }
   }
-  return std::make_unique<Stream>(c.channel.get(), c.push_pull_stream);
+  return std::make_unique<Stream>(c.channel.get(), c.push_pull_stream,
+                                  options_.testing_stall_at_deadline);
 }
 
 absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(

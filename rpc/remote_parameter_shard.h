@@ -62,6 +62,10 @@ class RemoteParameterShard final : public ParameterShard {
     std::function<void(const std::string&)> log;
     // TLS (rpc/security.h: MakeChannelCredentials); null: plaintext.
     std::shared_ptr<grpc::ChannelCredentials> credentials;
+    // Tests: a stream exchange whose deadline passed sleeps this long
+    // before it cancels the call (a worker frozen just then: SIGSTOP, a
+    // paused VM), so the shard's answer arrives meanwhile.
+    absl::Duration testing_stall_at_deadline = absl::ZeroDuration();
   };
 
   // Connects (lazily, with options.credentials) to the shard at `address`

@@ -429,6 +429,44 @@ TEST_F(PsServiceTest, StreamedPushPullToAFrozenShardFailsWithinTheDeadline) {
   close(listener);
 }
 
+// A worker frozen as its exchange's deadline passes (SIGSTOP, a paused VM)
+// wakes to find the shard's answer arrived: the exchange fails as a timeout
+// (or, frozen before it looked, succeeds), and the answer landing in the
+// stream as it is closed writes nowhere it should not. (It used to land in
+// the returned exchange's stack frame: a worker crashed so on SIGCONT.)
+TEST_F(PsServiceTest, AnExchangeFrozenAtItsDeadlineEndsCleanlyWhenItsAnswerComes) {
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
+  PullRequest pull;
+  pull.set_job_id(kJob);
+  int timed_out = 0, answered = 0;
+  for (const bool shared_memory : {false, true}) {
+    RemoteParameterShard::Options options;
+    options.use_shared_memory = shared_memory;
+    options.testing_stall_at_deadline = absl::Milliseconds(50);
+    std::unique_ptr<RemoteParameterShard> frozen = RemoteParameterShard::Create(address_, options);
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      const PushRequest push =
+          MakePush(kJob, 0, 100 * shared_memory + attempt + 1, 0, 0, {1.f, 1.f});
+      Payload grads, params;
+      grads.Append(push.payload().data(), push.payload().size());
+      // Due at once: the answer comes while the exchange is frozen.
+      absl::StatusOr<PushPullResponse> result =
+          frozen->PushPull(push, grads, pull, absl::Now(), &params);
+      if (result.ok()) {
+        ++answered;
+        EXPECT_EQ(params.size(), 4 * sizeof(float));
+      } else {
+        ++timed_out;
+        EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+      }
+    }
+  }
+  EXPECT_GT(timed_out, 0) << answered << " of 40 frozen exchanges were answered in time";
+  // The shard still serves.
+  absl::StatusOr<PullResponse> pulled = shard_->Pull(pull, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+}
+
 // ------------------------------------------------------------ shared memory
 
 // A worker's steps on job `job` (ASYNC, one worker): pushes of `grad` to
