@@ -17,10 +17,13 @@
 # ddp: fp32 all-reduce; ddp_bf16: DDP with bf16_compress_hook), one run of MODEL
 # (resnet18, vgg11, cnn) in PRECISION for EPOCHS epochs of Fashion-MNIST, 128
 # examples a GPU a step. Printed per run, as a JSON line in $OUT/multihost.jsonl
-# and a table in $OUT/multihost.md: examples/s (every GPU together; Downpour:
-# the workers' own count of trained steps over their training time, PyTorch:
-# pytorch_train.py's steady epochs), the final test accuracy and time to
-# TARGET where reached, and the bytes each host's link carried a step in each
+# and a table in $OUT/multihost.md: examples/s (every GPU together, both
+# systems over the same steady windows: the epochs after the first, between
+# evaluations; Downpour's from its workers' step counters sampled every
+# 0.2 s, PyTorch's from pytorch_train.py's own clock; Downpour's rate over
+# its workers' whole training time, start-up and evaluations included, is
+# kept beside it as examples_per_s_whole_run), the final test accuracy and
+# time to TARGET where reached (from the submit or launch: start-up counts), and the bytes each host's link carried a step in each
 # direction (its veth's counters over the whole run over the steps), beside
 # the theoretical figure, the packets the links' queues dropped, and
 # (Downpour) the daemons' own figures a step from their /metrics: each
@@ -238,6 +241,21 @@ run_downpour() {
     wait_file "$R/ps$i.port" && wait_file "$R/w$i.port" ||
       { note "$name: a daemon did not start (logs in $R)"; stop_all "${run_pids[@]}"; return 1; }
   done
+  # The workers' step counters and step-time sums every 0.2 s: the rate
+  # over the steady windows, measured as pytorch_train.py measures DDP's
+  # (epochs after the first, between evaluations).
+  local metrics="" sampler
+  for i in $(seq 200); do
+    metrics=$("$CTL" --coordinator="$C" -o json nodes 2>/dev/null |
+      python3 "$BENCH/scaling_tools.py" nodes --workers 2 --shards 2) && break
+    metrics=""
+    sleep 0.1
+  done
+  [[ -z $metrics ]] && { note "$name: the daemons did not register (logs in $R)"; stop_all "${run_pids[@]}"; return 1; }
+  # shellcheck disable=SC2086  # metrics: words
+  python3 "$BENCH/scaling_tools.py" sample --out "$R/samples.jsonl" --interval 0.2 $metrics &
+  sampler=$!
+  PIDS+=("$sampler")
   link_bytes >"$R/links.before"
   link_drops >"$R/drops.before"
   # Every daemon's /metrics once a second while the job runs, the last
@@ -272,7 +290,12 @@ EOF_SCRAPE
   "$CTL" --coordinator="$C" -o json get run >"$R/job.json" 2>>"$R/submit.err"
   touch "$R/scrape.stop"
   wait "$scraper"
+  stop_all "$sampler"
   stop_all "${run_pids[@]}"
+  python3 "$BENCH/scaling_tools.py" result --job "$R/job.json" --samples "$R/samples.jsonl" \
+    --shape "2 workers x $G GPU, 2 shards" --model "$MODEL" --mode SYNC --precision "$PRECISION" \
+    --workers 2 --gpus $((2 * G)) --shards 2 --batch "$BATCH" --t_submit "$t0" --t_end "$t1" \
+    --target "$TARGET" --extra "$EXTRA_SPEC" >"$R/steady.json" 2>>"$R/submit.err"
   python3 - "$R" "$name" "$rate" "$rc" "$t0" "$t1" <<'EOF'
 import json, re, sys
 R, name, rate, rc, t0, t1 = sys.argv[1:7]
@@ -287,6 +310,10 @@ def drops(path):
         return {}
 before, after = links(f"{R}/links.before"), links(f"{R}/links.after")
 dropped = {h: n - drops(f"{R}/drops.before").get(h, 0) for h, n in drops(f"{R}/drops.after").items()}
+try:
+    steady = json.load(open(f"{R}/steady.json"))
+except (OSError, ValueError):
+    steady = {}
 rate_sum, steps = 0.0, 0
 for i in (0, 1):
     text = open(f"{R}/worker{i}.log").read()
@@ -310,7 +337,10 @@ line = {"system": env.get("SYSTEM", "downpour"), "layout": env["LAYOUT"], "rate"
         "model": env["MODEL"],
         "precision": env["PRECISION"], "extra": env.get("EXTRA_SPEC", ""),
         "gpus": 0 if env["DEVICES"] == "cpu" else 2 * int(env["G"]),
-        "examples_per_s": round(rate_sum, 1),
+        "examples_per_s": steady.get("examples_per_s"),
+        "rate_method": steady.get("rate_method"),
+        "steady_split": {k: steady.get(f"{k}_frac") for k in ("input_wait", "compute", "exchange")},
+        "examples_per_s_whole_run": round(rate_sum, 1),
         "test_accuracy": float(acc.group(1)) if acc else None, "time_to_target_s": ttt,
         "rc": int(rc),
         "wall_s": round(float(t1) - float(t0), 1), "steps": steps,
