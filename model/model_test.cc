@@ -162,6 +162,39 @@ TEST(InferModelTest, NoBiasAndFlatten) {
   EXPECT_EQ(shape->params[0].shape, (std::vector<int64_t>{24, 5}));
 }
 
+// A dense or conv2d layer's initializer picks how its weight and bias
+// start; HE_UNIFORM (He weight, zero bias) is the default.
+TEST(InferModelTest, InitializerChoosesHowWeightsAndBiasesStart) {
+  const auto shape = InferModel(ParseModelSpec(
+      "input_shape: [4, 4, 2] num_classes: 3"
+      " layer { name: 'c' conv2d { filters: 2 kernel_size: 3 initializer: PYTORCH_DEFAULT } }"
+      " layer { flatten {} }"
+      " layer { name: 'g' dense { units: 5 initializer: GLOROT_UNIFORM } }"
+      " layer { name: 'p' dense { units: 4 initializer: PYTORCH_DEFAULT } }"
+      " layer { name: 'h' dense { units: 3 } } layer { softmax_cross_entropy {} }"));
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  std::vector<std::pair<std::string, ParamInit>> got;
+  for (const ParamInfo& p : shape->params) got.emplace_back(p.name, p.init);
+  EXPECT_EQ(got,
+            (std::vector<std::pair<std::string, ParamInit>>{{"c/weight", ParamInit::kFanInUniform},
+                                                            {"c/bias", ParamInit::kFanInUniform},
+                                                            {"g/weight", ParamInit::kGlorotUniform},
+                                                            {"g/bias", ParamInit::kZeros},
+                                                            {"p/weight", ParamInit::kFanInUniform},
+                                                            {"p/bias", ParamInit::kFanInUniform},
+                                                            {"h/weight", ParamInit::kHeUniform},
+                                                            {"h/bias", ParamInit::kZeros}}));
+  // The conv's fan-in is its patch (3 * 3 * 2), the bias's too.
+  EXPECT_EQ(shape->params[0].fan_in, 18);
+  EXPECT_EQ(shape->params[1].fan_in, 18);
+  const auto bad = InferModel(
+      ParseModelSpec("input_shape: 4 num_classes: 3 layer { dense { units: 3 initializer: 9 } }"
+                     " layer { softmax_cross_entropy {} }"));
+  EXPECT_EQ(bad.status().message(),
+            "model.layer[0] (\"dense0\"): dense.initializer = 9 is none of HE_UNIFORM, "
+            "GLOROT_UNIFORM, PYTORCH_DEFAULT");
+}
+
 TEST(ModelTest, ParametersMatchInitParamRange) {
   auto model = MakeModel(
       "input_shape: 6 num_classes: 3 layer { dense { units: 5 } } layer { relu {} }"

@@ -465,6 +465,30 @@ absl::Status InferSparseEmbedding(const LayerInference& c, int input) {
 
 // ------------------------------------------------ one function a layer kind
 
+// A dense or conv2d layer's weight and bias initialisation.
+struct WeightInit {
+  ParamInit weight;
+  ParamInit bias;
+};
+
+// InvalidArgument naming `field` for a value no Initializer has (a
+// number in the spec's text).
+absl::StatusOr<WeightInit> InitOf(const LayerInference& c, const char* field,
+                                  Initializer initializer) {
+  if (!Initializer_IsValid(initializer)) {
+    return c.Error(field, " = ", static_cast<int>(initializer),
+                   " is none of HE_UNIFORM, GLOROT_UNIFORM, PYTORCH_DEFAULT");
+  }
+  switch (initializer) {
+    case GLOROT_UNIFORM:
+      return WeightInit{ParamInit::kGlorotUniform, ParamInit::kZeros};
+    case PYTORCH_DEFAULT:
+      return WeightInit{ParamInit::kFanInUniform, ParamInit::kFanInUniform};
+    default:
+      return WeightInit{ParamInit::kHeUniform, ParamInit::kZeros};
+  }
+}
+
 absl::Status InferDense(const LayerInference& c) {
   const int64_t units = c.spec.dense().units();
   if (units <= 0) return c.Error("dense.units must be positive, got ", units);
@@ -480,8 +504,10 @@ absl::Status InferDense(const LayerInference& c) {
   }
   c.layer->units = units;
   c.layer->output_shape = {units};
-  c.AddParam("weight", {in, units}, ParamInit::kHeUniform, in, units);
-  if (!c.spec.dense().no_bias()) c.AddParam("bias", {units}, ParamInit::kZeros, in, units);
+  ASSIGN_OR_RETURN(const WeightInit init,
+                   InitOf(c, "dense.initializer", c.spec.dense().initializer()));
+  c.AddParam("weight", {in, units}, init.weight, in, units);
+  if (!c.spec.dense().no_bias()) c.AddParam("bias", {units}, init.bias, in, units);
   return absl::OkStatus();
 }
 
@@ -518,11 +544,10 @@ absl::Status InferConv2d(const LayerInference& c) {
                    " or weight has more than 2^31-1 elements");
   }
   const int64_t fan_out = w.kernel_h * w.kernel_w * w.out_c;
-  c.AddParam("weight", {w.out_c, w.kernel_h, w.kernel_w, w.in_c}, ParamInit::kHeUniform,
-             w.patch_elements(), fan_out);
-  if (!conv.no_bias()) {
-    c.AddParam("bias", {w.out_c}, ParamInit::kZeros, w.patch_elements(), fan_out);
-  }
+  ASSIGN_OR_RETURN(const WeightInit init, InitOf(c, "conv2d.initializer", conv.initializer()));
+  c.AddParam("weight", {w.out_c, w.kernel_h, w.kernel_w, w.in_c}, init.weight, w.patch_elements(),
+             fan_out);
+  if (!conv.no_bias()) c.AddParam("bias", {w.out_c}, init.bias, w.patch_elements(), fan_out);
   return absl::OkStatus();
 }
 

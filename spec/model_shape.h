@@ -171,10 +171,11 @@ struct ModelShape {
 };
 
 // Validates `spec` and derives its parameters and per-layer output shapes.
-// A dense layer has "<layer>/weight" [in, out] (He uniform) then, unless
-// no_bias, "<layer>/bias" [out] (zeros). A conv2d has "<layer>/weight"
-// [filters, kernel_h, kernel_w, in_channels] (He uniform, fan_in = kernel_h *
-// kernel_w * in_channels) and "<layer>/bias" [filters]; batch_norm has
+// A dense layer has "<layer>/weight" [in, out] then, unless no_bias,
+// "<layer>/bias" [out]. A conv2d has "<layer>/weight" [filters, kernel_h,
+// kernel_w, in_channels] (fan_in = kernel_h * kernel_w * in_channels) and
+// "<layer>/bias" [filters]; both start as their `initializer` says (He
+// uniform weight and zero bias by default); batch_norm has
 // "<layer>/gamma" (ones) and "<layer>/beta" (zeros) [channels], plus local
 // state "<layer>/running_mean" (zeros) and "<layer>/running_var" (ones);
 // embedding has "<layer>/table" [vocab_size, dim] (Glorot uniform). A

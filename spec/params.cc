@@ -33,6 +33,9 @@ void InitParamRange(const ParamInfo& param, uint64_t seed, int64_t offset, int64
           std::sqrt(6.f / static_cast<float>(
                               param.fan_in + param.fan_out > 0 ? param.fan_in + param.fan_out : 1));
       break;
+    case ParamInit::kFanInUniform:
+      limit = 1.f / std::sqrt(static_cast<float>(param.fan_in > 0 ? param.fan_in : 1));
+      break;
   }
   for (int64_t i = 0; i < count; ++i) out[i] = limit * Symmetric(seed, param.id, offset + i);
 }

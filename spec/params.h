@@ -20,6 +20,9 @@ enum class ParamInit {
   kHeUniform,
   // Uniform in [-sqrt(6 / (fan_in + fan_out)), +...] (Glorot and Bengio).
   kGlorotUniform,
+  // Uniform in [-1 / sqrt(fan_in), 1 / sqrt(fan_in)] (PyTorch's default for
+  // nn.Linear and nn.Conv2d weights and biases).
+  kFanInUniform,
 };
 
 struct ParamInfo {

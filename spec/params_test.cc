@@ -1,5 +1,6 @@
 #include "spec/params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -38,6 +39,26 @@ TEST(InitParamRangeTest, HeUniformStaysInBoundsAndVaries) {
   EXPECT_NEAR(sum / v.size(), 0.0, 0.05);
   // Variance of U(-a, a) is a^2 / 3.
   EXPECT_NEAR(sq / v.size(), limit * limit / 3, 0.05);
+}
+
+// PyTorch's nn.Linear / nn.Conv2d default: U(-1 / sqrt(fan_in), +...).
+TEST(InitParamRangeTest, FanInUniformIsPyTorchsDefaultScale) {
+  ParamInfo p;
+  p.init = ParamInit::kFanInUniform;
+  p.fan_in = 64;
+  p.fan_out = 1000;  // Not part of it.
+  std::vector<float> v(4096);
+  InitParamRange(p, 7, 0, v.size(), v.data());
+  const float limit = 1.f / 8.f;
+  double sq = 0;
+  float largest = 0;
+  for (float x : v) {
+    largest = std::max(largest, std::fabs(x));
+    sq += x * x;
+  }
+  EXPECT_LE(largest, limit);
+  EXPECT_GT(largest, 0.95f * limit);
+  EXPECT_NEAR(sq / v.size(), limit * limit / 3, 0.1 * limit * limit / 3);
 }
 
 TEST(InitParamRangeTest, SeedAndIdChangeValues) {
