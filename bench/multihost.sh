@@ -23,8 +23,9 @@
 # 0.2 s, PyTorch's from pytorch_train.py's own clock; Downpour's rate over
 # its workers' whole training time, start-up and evaluations included, is
 # kept beside it as examples_per_s_whole_run), the final test accuracy and
-# time to TARGET where reached (from the submit or launch: start-up counts), and the bytes each host's link carried a step in each
-# direction (its veth's counters over the whole run over the steps), beside
+# time to TARGET where reached (from the submit or launch: start-up counts),
+# and the bytes each host's link carried a step in each direction (its
+# veth's counters over the whole run over the steps), beside
 # the theoretical figure, the packets the links' queues dropped, and
 # (Downpour) the daemons' own figures a step from their /metrics: each
 # shard's bytes and apply time, each worker's bytes, messages and their
@@ -201,6 +202,8 @@ STEPS=$((EPOCHS * EPOCH))
 # run_downpour RATE NAME: one Downpour run; prints its JSON line.
 run_downpour() {
   local rate=$1 name=$2 R=$OUT/runs/$2 C h i shard_hosts before after t0 t1 run_pids=()
+  # A run of the same name before: none of its files (samples, scrapes) count.
+  rm -rf "$R"
   mkdir -p "$R"
   shard_hosts=(s0 s1)
   [[ $LAYOUT == colocated ]] && shard_hosts=(w0 w1)
@@ -251,7 +254,11 @@ run_downpour() {
     metrics=""
     sleep 0.1
   done
-  [[ -z $metrics ]] && { note "$name: the daemons did not register (logs in $R)"; stop_all "${run_pids[@]}"; return 1; }
+  if [[ -z $metrics ]]; then
+    note "$name: the daemons did not register (logs in $R)"
+    stop_all "${run_pids[@]}"
+    return 1
+  fi
   # shellcheck disable=SC2086  # metrics: words
   python3 "$BENCH/scaling_tools.py" sample --out "$R/samples.jsonl" --interval 0.2 $metrics &
   sampler=$!
@@ -295,7 +302,8 @@ EOF_SCRAPE
   python3 "$BENCH/scaling_tools.py" result --job "$R/job.json" --samples "$R/samples.jsonl" \
     --shape "2 workers x $G GPU, 2 shards" --model "$MODEL" --mode SYNC --precision "$PRECISION" \
     --workers 2 --gpus $((2 * G)) --shards 2 --batch "$BATCH" --t_submit "$t0" --t_end "$t1" \
-    --target "$TARGET" --extra "$EXTRA_SPEC" >"$R/steady.json" 2>>"$R/submit.err"
+    --target "$TARGET" --extra "$EXTRA_SPEC" >"$R/steady.json" 2>>"$R/submit.err" ||
+    note "$name: no steady rate (bench/scaling_tools.py result failed; see $R/submit.err)"
   python3 - "$R" "$name" "$rate" "$rc" "$t0" "$t1" <<'EOF'
 import json, re, sys
 R, name, rate, rc, t0, t1 = sys.argv[1:7]

@@ -17,7 +17,8 @@ examples/fashion_mnist_resnet18.pbtxt, examples/fashion_mnist_vgg11.pbtxt):
              rebuilt with one input channel (pytorch_step_time's is CIFAR's
              3). Batch norm momentum 0.9 in ours is PyTorch's 0.1 (the
              other convention), epsilon 1e-5 in both. Initialisation is
-             each system's own default (PyTorch's, seeded; ours He-uniform).
+             each system's own default (PyTorch's, seeded; ours He-uniform, or
+             PyTorch's scale with `initializer: PYTORCH_DEFAULT`).
   data       the IDX .gz files of --fashion, pixels scaled exactly as our
              reader scales the importer's uint8 (data/example.cc: float32
              pixel * float32(1/255)), held in device memory once, reshuffled

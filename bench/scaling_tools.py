@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Helpers of bench/scaling.sh (standard library only):
+"""Helpers of bench/scaling.sh and bench/multihost.sh (standard library only):
 
   spec      write one run's job spec from an example spec
   nodes     whether a cluster is up (`downpourctl -o json nodes` on stdin);

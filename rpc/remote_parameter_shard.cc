@@ -128,6 +128,7 @@ class RemoteParameterShard::Stream {
     ASSIGN_OR_RETURN(TensorMessage reply, Exchange(request, deadline));
     PushPullStreamResponse answer;
     if (!answer.ParseFromString(reply.header)) {
+      broken_ = true;
       return absl::InternalError("malformed PushPullStreamResponse");
     }
     if (answer.code() != 0) {
@@ -182,7 +183,7 @@ class RemoteParameterShard::Stream {
         return absl::UnavailableError("the shard closed the stream");
       }
     }
-    return std::move(reply_);
+    return std::exchange(reply_, TensorMessage());
   }
 
  private:

@@ -471,21 +471,20 @@ struct WeightInit {
   ParamInit bias;
 };
 
-// InvalidArgument naming `field` for a value no Initializer has (a
-// number in the spec's text).
+// `initializer`'s weight and bias; InvalidArgument naming `field` for a
+// value no Initializer has (a number in the spec's text).
 absl::StatusOr<WeightInit> InitOf(const LayerInference& c, const char* field,
                                   Initializer initializer) {
-  if (!Initializer_IsValid(initializer)) {
-    return c.Error(field, " = ", static_cast<int>(initializer),
-                   " is none of HE_UNIFORM, GLOROT_UNIFORM, PYTORCH_DEFAULT");
-  }
   switch (initializer) {
+    case HE_UNIFORM:
+      return WeightInit{ParamInit::kHeUniform, ParamInit::kZeros};
     case GLOROT_UNIFORM:
       return WeightInit{ParamInit::kGlorotUniform, ParamInit::kZeros};
     case PYTORCH_DEFAULT:
       return WeightInit{ParamInit::kFanInUniform, ParamInit::kFanInUniform};
     default:
-      return WeightInit{ParamInit::kHeUniform, ParamInit::kZeros};
+      return c.Error(field, " = ", static_cast<int>(initializer),
+                     " is none of HE_UNIFORM, GLOROT_UNIFORM, PYTORCH_DEFAULT");
   }
 }
 
