@@ -502,7 +502,12 @@ for r in rows:
     else:
         per = param // 2 if r["system"] == "ddp_bf16" else param
         theory = f"{2 * (2 - 1) / 2 * per / 1e6:.1f} each way (ring over 2 hosts)"
-    print(f"| {r['system']} | {r['layout']} | {r['rate']} | {r.get('examples_per_s')} | "
+    # A Downpour run too short for a steady window falls back to its
+    # whole run: not comparable with DDP's steady epochs, so it says so.
+    rate = r.get("examples_per_s")
+    if r.get("rate_method", "steady windows") != "steady windows":
+        rate = f"{rate} ({r.get('rate_method')})"
+    print(f"| {r['system']} | {r['layout']} | {r['rate']} | {rate} | "
           f"{r.get('time_to_target_s')} | "
           f"{r.get('test_accuracy')} | {w0.get('rx_mb')} / {w0.get('tx_mb')} | "
           f"{s0.get('rx_mb')} / {s0.get('tx_mb')} | {theory} |")
