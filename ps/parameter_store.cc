@@ -335,6 +335,7 @@ absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
 
 absl::StatusOr<bool> ParameterStore::Reserve(Job& job, const PushRequest& request) const {
   absl::MutexLock lock(&job.mu);
+  RETURN_IF_ERROR(job.CheckSender(request.worker_rank(), request.request_id().worker_id()));
   while (true) {
     if (job.dropped) return absl::AbortedError(absl::StrCat("job ", job.id, " was dropped"));
     absl::StatusOr<RequestDedup::Verdict> verdict = job.requests.Reserve(KeyOf(request));
@@ -515,7 +516,16 @@ std::vector<int64_t> ParameterStore::WorkerSteps(const std::string& job_id) cons
   return steps;
 }
 
-void ParameterStore::SetAbsentWorkers(const std::string& job_id, const std::vector<int>& ranks) {
+absl::Status ParameterStore::CheckWorkerNode(const std::string& job_id, int rank,
+                                             const std::string& node) const {
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
+  if (!job.ok()) return absl::OkStatus();
+  absl::MutexLock lock(&(*job)->mu);
+  return (*job)->CheckSender(rank, node);
+}
+
+void ParameterStore::SetWorkers(const std::string& job_id, const std::vector<int>& ranks,
+                                const std::vector<std::string>& rank_nodes) {
   std::shared_ptr<Job> job;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -527,6 +537,7 @@ void ParameterStore::SetAbsentWorkers(const std::string& job_id, const std::vect
   bool newly_absent = false;
   {
     absl::MutexLock lock(&job->mu);
+    job->rank_nodes = rank_nodes;
     for (int rank = 0; rank < job->num_workers; ++rank) {
       Job::Presence& presence = job->presence[rank];
       const bool absent = std::count(ranks.begin(), ranks.end(), rank) > 0;

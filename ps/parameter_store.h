@@ -106,13 +106,28 @@ class ParameterStore : public ParameterShard {
   // DropJob forgets it.
   void RefuseJob(const std::string& job_id, const absl::Status& why);
 
-  // The worker ranks of `job_id` that push no more, lost or finished (the
-  // coordinator's Task.absent_ranks). An absent rank stops counting: a SYNC
-  // step completes with the ranks present (at once, if they have all
-  // arrived), and SSP's bound and the final pull ignore it. A rank no longer
-  // listed counts again from its first push (the worker that took it over
-  // joins there). No-op for an unknown job.
-  void SetAbsentWorkers(const std::string& job_id, const std::vector<int>& ranks);
+  // The workers of `job_id` as the coordinator last placed them (its Task),
+  // set together so that no push sees one without the other:
+  // - `absent_ranks`: the ranks that push no more, lost or finished
+  //   (Task.absent_ranks). An absent rank stops counting: a SYNC step
+  //   completes with the ranks present (at once, if they have all arrived),
+  //   and SSP's bound and the final pull ignore it. A rank no longer listed
+  //   counts again from its first push (the worker that took it over joins
+  //   there).
+  // - `rank_nodes`: the node holding each rank (Placement.worker_nodes, ""
+  //   while lost), the only one whose pushes of the rank are taken
+  //   (RequestId.worker_id); others get PermissionDenied. So a worker whose
+  //   rank was handed on while it was cut off or stopped cannot push over
+  //   the taker when it is back. Empty: pushes of any node are taken.
+  // No-op for an unknown job.
+  void SetWorkers(const std::string& job_id, const std::vector<int>& absent_ranks,
+                  const std::vector<std::string>& rank_nodes = {});
+
+  // OK when node `node` holds worker rank `rank` of `job_id` as SetWorkers
+  // last said, or the shard has not been told (or does not host the job,
+  // which its requests then learn); PermissionDenied otherwise. For callers
+  // that know a request's node for certain (its TLS certificate).
+  absl::Status CheckWorkerNode(const std::string& job_id, int rank, const std::string& node) const;
 
   // SYNC, by worker rank: pushes of `job_id` that came after their step had
   // completed without them (stragglers). Empty for an unknown job.

@@ -21,7 +21,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -144,7 +146,7 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
   // Per worker rank: max pushed step + 1.
   std::vector<int64_t> worker_steps ABSL_GUARDED_BY(mu);
   // Per worker rank: whether it counts in SYNC quorums, SSP's bound and the
-  // final pull. An absent rank (SetAbsentWorkers) counts again from the first
+  // final pull. An absent rank (SetWorkers) counts again from the first
   // fresh push of the worker that took it over (kJoining until then); that
   // worker first pulled every partition at the step it pushes, so the rank
   // counts at every partition's version from then on.
@@ -152,6 +154,27 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
   std::vector<Presence> presence ABSL_GUARDED_BY(mu);
   // Some rank does not count (kept with `presence`): quorums look.
   std::atomic<bool> any_absent{false};
+  // Per worker rank: the node holding it as the coordinator last placed the
+  // job (Placement.worker_nodes; "" while the rank is lost). Empty until the
+  // shard is told (SetWorkers): then a push of any node is taken.
+  std::vector<std::string> rank_nodes ABSL_GUARDED_BY(mu);
+  // OK when `sender` (a push's RequestId.worker_id: a node's id, or
+  // "<id>#<stream>" for another stream of the node's requests) may act as
+  // worker `rank`: it holds the rank, or the shard has not been told who
+  // does. PermissionDenied otherwise, which the worker retries: a worker
+  // that took the rank over may be heard before the coordinator's word.
+  absl::Status CheckSender(int rank, absl::string_view sender) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (rank_nodes.empty()) return absl::OkStatus();
+    if (rank >= 0 && rank < static_cast<int>(rank_nodes.size()) && !rank_nodes[rank].empty() &&
+        absl::StartsWith(sender, rank_nodes[rank]) &&
+        (sender.size() == rank_nodes[rank].size() || sender[rank_nodes[rank].size()] == '#')) {
+      return absl::OkStatus();
+    }
+    return absl::PermissionDeniedError(
+        absl::StrCat("node ", sender, " is not worker rank ", rank, " of job ", id,
+                     " (as this shard last heard from the coordinator)"));
+  }
   // SYNC, per worker rank: pushes that arrived after their step completed
   // without them (a straggler the backup workers replaced).
   std::vector<int64_t> late_pushes ABSL_GUARDED_BY(mu);

@@ -246,7 +246,7 @@ TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsF
   PushOk(MakePush(0, 1, 0, {{key, {3, 3, 3}}}));
   PushOk(MakePush(1, 1, 0, {{key, {1, 1, 1}}}));
   EXPECT_EQ(PullOne(key).version, 0);
-  store_.SetAbsentWorkers(kJob, {2});
+  store_.SetWorkers(kJob, {2});
   Pulled after = PullOne(key, 1);
   std::vector<float> expected = Initial(0, 0, 3);
   for (float& v : expected) v -= 0.1f * 2;  // The mean of the two present.
@@ -261,7 +261,7 @@ TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsF
   ExpectNear(after.values, expected);
 
   // Taken over: the rank counts again only from its first push (step 3).
-  store_.SetAbsentWorkers(kJob, {});
+  store_.SetWorkers(kJob, {});
   PushOk(MakePush(0, 3, 2, {{key, {1, 1, 1}}}));
   PushOk(MakePush(1, 3, 2, {{key, {1, 1, 1}}}));
   EXPECT_EQ(PullOne(key, 3).version, 3);
@@ -280,13 +280,53 @@ TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsF
   EXPECT_EQ(PullOne(key, 5).version, 5);
 }
 
+TEST_F(ParameterStoreTest, OnlyTheNodeHoldingARankPushesForIt) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
+  const Key key = {0, 0};
+  // Not told who holds the ranks yet: any node's push is taken.
+  PushOk(MakePush(0, 1, 0, {{key, {1, 1, 1}}}, "w0"));
+  store_.SetWorkers(kJob, {}, {"w0", "w1"});
+  PushOk(MakePush(1, 1, 0, {{key, {1, 1, 1}}}, "w1#sparse"));  // Another stream of w1.
+  EXPECT_EQ(PullOne(key, 1).version, 1);
+
+  // Rank 0 is lost ("" while no one holds it), then taken over by w2: its
+  // old worker, back from a partition with a push of step 1 computed before
+  // the hand-over, is refused; so is the taker until the shard hears of it,
+  // and neither refusal burns the request id.
+  store_.SetWorkers(kJob, {0}, {"", "w1"});
+  const PushRequest old_push = MakePush(0, 2, 1, {{key, {100, 100, 100}}}, "w0");
+  const PushRequest taker_push = MakePush(0, 1, 1, {{key, {3, 3, 3}}}, "w2");
+  for (const PushRequest& push : {old_push, taker_push}) {
+    absl::StatusOr<PushResponse> refused = store_.Push(push);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr(absl::StrCat("node ", push.request_id().worker_id(),
+                                       " is not worker rank 0 of job job-1")));
+  }
+  store_.SetWorkers(kJob, {}, {"w2", "w1"});
+  EXPECT_EQ(store_.Push(old_push).status().code(), absl::StatusCode::kPermissionDenied);
+  // Node w22 is not w2 (only "w2" and "w2#<stream>" are).
+  EXPECT_EQ(store_.Push(MakePush(0, 3, 1, {{key, {100, 100, 100}}}, "w22")).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(PushOk(taker_push).duplicate());
+  PushOk(MakePush(1, 2, 1, {{key, {1, 1, 1}}}, "w1"));
+  std::vector<float> expected = Initial(0, 0, 3);
+  for (float& v : expected) v -= 0.1f * 1 + 0.1f * (3 + 1) / 2;
+  ExpectNear(PullOne(key, 2).values, expected, 1e-5);
+
+  EXPECT_TRUE(store_.CheckWorkerNode(kJob, 0, "w2").ok());
+  EXPECT_EQ(store_.CheckWorkerNode(kJob, 0, "w0").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store_.CheckWorkerNode(kJob, 7, "w2").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(store_.CheckWorkerNode("other-job", 0, "anyone").ok());
+}
+
 TEST_F(ParameterStoreTest, SspBoundIgnoresALostRank) {
   AddJob(Spec(ConsistencySpec::SSP, 2));
   PushOk(MakePush(0, 1, 0, {{{1, 0}, {0, 0}}}));
   absl::Notification done;
   std::thread waiter = PullInBackground(MakePull({{1, 0}}, 0, 1), &done);
   EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
-  store_.SetAbsentWorkers(kJob, {1});
+  store_.SetWorkers(kJob, {1});
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   waiter.join();
 }

@@ -168,7 +168,7 @@ class SparseStore {
   absl::StatusOr<bool> Push(const PushRequest& request, const Payload& payload,
                             const std::vector<PushPiece>& pieces);
 
-  // The worker ranks that push no more (ParameterStore::SetAbsentWorkers):
+  // The worker ranks that push no more (ParameterStore::SetWorkers):
   // a SYNC step completes without them, at once when the others have
   // arrived. A rank no longer listed counts again from its next push.
   void SetAbsentWorkers(const std::vector<int>& ranks);

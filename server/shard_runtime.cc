@@ -20,15 +20,7 @@ ShardRuntime::ShardRuntime(ParameterStore* store, CheckpointWriter* writer,
 
 absl::Status ShardRuntime::AuthorizeWorker(const std::string& peer, const std::string& job_id,
                                            int rank) const {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(job_id);
-  if (it == workers_.end()) return absl::OkStatus();
-  if (rank >= 0 && rank < static_cast<int>(it->second.size()) && it->second[rank] == peer) {
-    return absl::OkStatus();
-  }
-  return absl::PermissionDeniedError(
-      absl::StrCat("node ", peer, " is not worker rank ", rank, " of job ", job_id,
-                   " (as this shard last heard from the coordinator)"));
+  return store_->CheckWorkerNode(job_id, rank, peer);
 }
 
 void ShardRuntime::OnTasks(const std::vector<Task>& tasks) {
@@ -68,12 +60,7 @@ bool ShardRuntime::DropsAJob(const std::vector<Task>& tasks) const {
 
 void ShardRuntime::HostTasks(const std::vector<Task>& tasks) {
   std::map<std::string, int64_t> current;  // Job -> attempt.
-  workers_.clear();
-  for (const Task& task : tasks) {
-    current[task.job_id()] = task.attempt();
-    workers_[task.job_id()].assign(task.placement().worker_nodes().begin(),
-                                   task.placement().worker_nodes().end());
-  }
+  for (const Task& task : tasks) current[task.job_id()] = task.attempt();
   // Jobs that ended here, or started again (resumed, recovered: hosted
   // afresh below), are dropped first.
   for (auto it = refused_.begin(); it != refused_.end();) {
@@ -98,22 +85,25 @@ void ShardRuntime::HostTasks(const std::vector<Task>& tasks) {
     it = hosted_.erase(it);
   }
   for (const Task& task : tasks) {
-    if (auto it = hosted_.find(task.job_id()); it != hosted_.end()) {
-      store_->SetAbsentWorkers(task.job_id(),
-                               {task.absent_ranks().begin(), task.absent_ranks().end()});
-      ExportJob(task.job_id(), &it->second);
-      continue;
+    auto it = hosted_.find(task.job_id());
+    if (it == hosted_.end()) {
+      if (refused_.count(task.job_id())) continue;
+      absl::Status added = Host(task);
+      if (!added.ok()) {
+        // The coordinator validated the spec, so this is a version mismatch,
+        // a resource problem or an unreadable checkpoint; workers get the
+        // reason with their next request and fail the job with it.
+        Log(absl::StrCat("job ", task.job_id(), ": cannot host: ", added.message()));
+        store_->RefuseJob(task.job_id(), added);
+        refused_[task.job_id()] = task.attempt();
+        continue;
+      }
+      it = hosted_.find(task.job_id());
     }
-    if (refused_.count(task.job_id())) continue;
-    absl::Status added = Host(task);
-    if (!added.ok()) {
-      // The coordinator validated the spec, so this is a version mismatch, a
-      // resource problem or an unreadable checkpoint; workers get the reason
-      // with their next request and fail the job with it.
-      Log(absl::StrCat("job ", task.job_id(), ": cannot host: ", added.message()));
-      store_->RefuseJob(task.job_id(), added);
-      refused_[task.job_id()] = task.attempt();
-    }
+    store_->SetWorkers(
+        task.job_id(), {task.absent_ranks().begin(), task.absent_ranks().end()},
+        {task.placement().worker_nodes().begin(), task.placement().worker_nodes().end()});
+    ExportJob(task.job_id(), &it->second);
   }
   jobs_gauge_->Set(hosted_.size());
   bytes_gauge_->Set(bytes_);

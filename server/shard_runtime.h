@@ -54,9 +54,9 @@ class ShardRuntime {
   void OnTasks(const std::vector<Task>& tasks);
 
   // Whether node `peer` is worker rank `rank` of job `job_id` as the
-  // coordinator last placed it (PermissionDenied if not). A job this shard
-  // has no task for is left to the store, which answers that it is not
-  // hosted here.
+  // coordinator last placed it (PermissionDenied if not;
+  // ParameterStore::CheckWorkerNode). A job this shard does not host is left
+  // to the store, which answers that it is not hosted here (or why not).
   absl::Status AuthorizeWorker(const std::string& peer, const std::string& job_id, int rank) const;
 
   // Jobs hosted now, sorted.
@@ -102,8 +102,6 @@ class ShardRuntime {
   std::map<std::string, Hosted> hosted_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> refused_ ABSL_GUARDED_BY(mu_);  // Job -> attempt.
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // The nodes of each task's workers, by rank (Placement::worker_nodes).
-  std::map<std::string, std::vector<std::string>> workers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace downpour

@@ -124,6 +124,31 @@ TEST_F(ShardRuntimeTest, HostsItsTasksAndDropsThemWhenTheyEnd) {
   EXPECT_EQ(metrics_.Exposition().find("job=\"j\""), std::string::npos) << metrics_.Exposition();
 }
 
+TEST_F(ShardRuntimeTest, TakesARanksPushesOnlyFromTheNodeTheCoordinatorPlacedThere) {
+  Task task = MakeTask("j", 0);
+  Tasks({task});
+  auto push_code = [this](const std::string& node) {
+    PushRequest push;
+    push.set_job_id("j");
+    push.set_worker_rank(0);
+    push.mutable_request_id()->set_worker_id(node);
+    push.mutable_request_id()->set_sequence(1);
+    return runtime_.serving()->Push(push, Payload()).status().code();
+  };
+  // From the first task on that hosts the job.
+  EXPECT_EQ(push_code("worker@x"), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(runtime_.AuthorizeWorker("worker@x", "j", 0).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(runtime_.AuthorizeWorker("worker@w", "j", 0).ok());
+  EXPECT_EQ(push_code("worker@w"), absl::StatusCode::kOk);
+
+  // The rank handed on to worker@x (its old holder lost, then a taker).
+  task.mutable_placement()->set_worker_nodes(0, "worker@x");
+  Tasks({task});
+  EXPECT_EQ(push_code("worker@w"), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(push_code("worker@x"), absl::StatusCode::kOk);
+}
+
 TEST_F(ShardRuntimeTest, DropsJobsThroughTheMemoryReleaserOnly) {
   Tasks({MakeTask("j", 0)});
   Tasks({MakeTask("j", 0), MakeTask("k", 0)});

@@ -273,6 +273,19 @@ class RecoveryTest : public CheckpointTest {
     return cluster_->worker(1);
   }
 
+  // The first of the cluster's first two workers whose log has `line`, once
+  // one has (null after 2 minutes).
+  Process* AwaitLog(const std::string& line) {
+    const absl::Time give_up = absl::Now() + absl::Minutes(2);
+    while (absl::Now() < give_up) {
+      for (int i = 0; i < 2; ++i) {
+        if (absl::StrContains(cluster_->worker(i)->Log(), line)) return cluster_->worker(i);
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return nullptr;
+  }
+
   // The shard process that holds shard `index` of the job "victim", among
   // the cluster's `shards`.
   Process* ShardOfIndex(int index, int shards) {
@@ -409,16 +422,7 @@ TEST_F(RecoveryTest, ASyncWorkerKilledBetweenItsPushesToTwoShardsEndsWithTheClea
   SurviveFault(
       Expect::kExact,
       [this] {
-        const std::string stalled = "testing: job victim rank 1 pushed step 400 to shard 0 only";
-        const absl::Time give_up = absl::Now() + absl::Minutes(2);
-        Process* victim = nullptr;
-        while (victim == nullptr && absl::Now() < give_up) {
-          for (int i = 0; i < 2; ++i) {
-            if (absl::StrContains(cluster_->worker(i)->Log(), stalled))
-              victim = cluster_->worker(i);
-          }
-          absl::SleepFor(absl::Milliseconds(50));
-        }
+        Process* victim = AwaitLog("testing: job victim rank 1 pushed step 400 to shard 0 only");
         ASSERT_NE(victim, nullptr) << cluster_->Logs();
         victim->Signal(SIGKILL);
         ASSERT_TRUE(AwaitJob("victim", [](const JobStatus& job) { return LostRank(job) >= 0; }))
@@ -426,6 +430,33 @@ TEST_F(RecoveryTest, ASyncWorkerKilledBetweenItsPushesToTwoShardsEndsWithTheClea
         ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
       },
       "SYNC", {}, {"--testing_stall_mid_push=victim:1:400"});
+}
+
+// A worker whose rank was handed on while it could not hear the coordinator
+// (cut off, stopped) pushes the rest of the step it had begun when its link
+// to the shards returns (--testing_stall_mid_push=...:stale, after the
+// operator drained it; the push goes before a taker comes, so the rank's
+// step waits for it). The shards take a rank's pushes only from the node
+// the coordinator placed there: the late push is refused, and the job ends
+// as the clean run does.
+TEST_F(RecoveryTest, AStalePushOfAWorkerWhoseRankWasHandedOnIsRefused) {
+  SurviveFault(
+      Expect::kExact,
+      [this] {
+        const std::string stalled = "testing: job victim rank 1 pushed step 400 to shard 0 only";
+        ASSERT_NE(AwaitLog(stalled), nullptr) << cluster_->Logs();
+        const std::string node = cluster_->GetJob("victim").placement().worker_nodes(1);
+        ASSERT_EQ(cluster_->Ctl({"nodes", "drain", node}).exit_code, 0) << cluster_->Logs();
+        Process* victim = AwaitLog(
+            "testing: job victim rank 1 pushed step 400 to shard 1 after losing the rank: "
+            "PERMISSION_DENIED");
+        ASSERT_NE(victim, nullptr) << cluster_->Logs();
+        EXPECT_TRUE(absl::StrContains(
+            victim->Log(), absl::StrCat("node ", node, " is not worker rank 1 of job victim")))
+            << victim->Log();
+        ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
+      },
+      "SYNC", {}, {"--testing_stall_mid_push=victim:1:400:stale"});
 }
 
 TEST_F(RecoveryTest, AKilledAsyncWorkersRankGoesToAReplacementWithoutARollback) {

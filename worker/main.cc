@@ -81,7 +81,8 @@ ABSL_FLAG(int64_t, job_metrics_grace_s, 600,
           "shard) stay on /metrics with their last values before they are dropped");
 ABSL_FLAG(std::string, testing_stall_mid_push, "",
           "Testing only: JOB:RANK:STEP stalls that rank's push of that step after shard 0, "
-          "for a test to kill the worker between its pushes to two shards");
+          "for a test to kill the worker between its pushes to two shards; JOB:RANK:STEP:stale "
+          "pushes the rest once the rank went elsewhere");
 ABSL_FLAG(int64_t, message_kb, 0,
           "Largest push/pull message in KiB (partitions are never split); 0: the model's size / "
           "32, within 256 KiB..4 MiB. Smaller messages spread a step's exchange over more "

@@ -457,8 +457,19 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
     return absl::OkStatus();
   };
   if (step == options_.testing_stall_step && messages_[i].shard != 0) {
-    absl::Notification never;
-    never.WaitForNotification();
+    if (!options_.testing_stale_push) absl::Notification().WaitForNotification();
+    while (!cancelled()) absl::SleepFor(absl::Milliseconds(50));
+    absl::SleepFor(absl::Seconds(2));
+    Payload payload;
+    const PushRequest push = MakePushRequest(i, step, sequence, grads, &payload);
+    const int shard = messages_[i].shard;
+    const absl::Status sent = CallShardWithRetries(
+        absl::StrCat("pushing to shard ", shard), absl::Now() + absl::Seconds(2),
+        options_.pull_slice, [] { return false; },
+        [&](absl::Time) { return shards_[shard]->Push(push, payload).status(); });
+    Log(absl::StrCat("testing: job ", options_.job_id, " rank ", options_.rank, " pushed step ",
+                     step, " to shard ", shard, " after losing the rank: ", sent.ToString()));
+    return absl::CancelledError("job ended");
   }
   // Shard 0's messages of the testing step, once exchanged, say so.
   auto testing_done = [&](absl::Status status) {

@@ -102,6 +102,11 @@ struct ExchangeOptions {
   // good, and a line is logged once shard 0's are exchanged, so a worker
   // killed then has pushed the step to shard 0 alone. -1: never.
   int64_t testing_stall_step = -1;
+  // Testing only (--testing_stall_mid_push=JOB:RANK:STEP:stale): the stalled
+  // messages are pushed after all, 2 s after the step is cancelled (the
+  // rank went elsewhere), as a worker cut off from the coordinator pushes
+  // when its link to the shards returns; the outcome is logged.
+  bool testing_stale_push = false;
 };
 
 // The message size for `total_bytes` of float32 parameters: total / 32,

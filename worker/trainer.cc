@@ -114,9 +114,11 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   const std::vector<std::string> stall = absl::StrSplit(options_.testing_stall_mid_push, ':');
   int rank = 0;
   int64_t step = 0;
-  if (stall.size() == 3 && stall[0] == task_.job_id() && absl::SimpleAtoi(stall[1], &rank) &&
-      rank == task_.rank() && absl::SimpleAtoi(stall[2], &step) && !task_.has_join()) {
+  if ((stall.size() == 3 || (stall.size() == 4 && stall[3] == "stale")) &&
+      stall[0] == task_.job_id() && absl::SimpleAtoi(stall[1], &rank) && rank == task_.rank() &&
+      absl::SimpleAtoi(stall[2], &step) && !task_.has_join()) {
     exchange.testing_stall_step = step;
+    exchange.testing_stale_push = stall.size() == 4;
   }
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small

@@ -85,7 +85,9 @@ struct TrainerOptions {
   int64_t run_index = 0;
   // Testing only (--testing_stall_mid_push): "JOB:RANK:STEP" stalls that
   // rank's push of that step after shard 0 (ExchangeOptions::
-  // testing_stall_step), except in a run that took the rank over.
+  // testing_stall_step), except in a run that took the rank over;
+  // "JOB:RANK:STEP:stale" pushes it once the rank went elsewhere
+  // (ExchangeOptions::testing_stale_push).
   std::string testing_stall_mid_push;
   // Each step's push and pull overlap its backward pass (message by
   // message as the gradients come out; ParameterExchange::BeginPushPull);
