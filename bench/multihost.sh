@@ -228,6 +228,7 @@ run_downpour() {
       --metrics_listen="${ADDR[$h]}:0" $PS_FLAGS \
       >"$R/ps$i.log" 2>&1 &
     run_pids+=($!)
+    PIDS+=($!)
   done
   for i in 0 1; do
     h=w$i
@@ -239,6 +240,7 @@ run_downpour() {
       --metrics_listen="${ADDR[$h]}:0" \
       "${devs[@]}" $WORKER_FLAGS >"$R/worker$i.log" 2>&1 &
     run_pids+=($!)
+    PIDS+=($!)
   done
   for i in 0 1; do
     wait_file "$R/ps$i.port" && wait_file "$R/w$i.port" ||
@@ -421,6 +423,7 @@ run_ddp() {
       --master_addr="${ADDR[w0]}" --master_port=29511 "$BENCH/pytorch_train.py" "${args[@]}" \
       >"$R/node$r.log" 2>&1 &
     pids+=($!)
+    PIDS+=($!)
   done
   local rc=0
   for r in 0 1; do wait "${pids[$r]}" || rc=$?; done
@@ -458,6 +461,16 @@ print(json.dumps(line))
 EOF
 }
 
+# record CMD...: runs CMD in this shell, not a pipeline's subshell, so the
+# PIDs it adds reach cleanup (an interrupted run leaves no daemon behind),
+# and appends the JSON line it prints to multihost.jsonl, showing it too.
+record() {
+  "$@" >"$OUT/line.json"
+  cat "$OUT/line.json"
+  cat "$OUT/line.json" >>"$OUT/multihost.jsonl"
+  rm -f "$OUT/line.json"
+}
+
 export BATCH LAYOUT MODEL PRECISION G EXTRA_SPEC DEVICES TARGET
 : >"$OUT/multihost.jsonl"
 for rate in $RATES; do
@@ -465,15 +478,15 @@ for rate in $RATES; do
   for system in $SYSTEMS; do
     name="$MODEL-$PRECISION-$rate-$system"
     case $system in
-      downpour) name="$name-$LAYOUT"; run_downpour "$rate" "$name" | tee -a "$OUT/multihost.jsonl" ;;
+      downpour) name="$name-$LAYOUT"; record run_downpour "$rate" "$name" ;;
       downpour_int8)
         # Gradients and parameters as int8 with error feedback (the
         # EXTRA_SPEC's wire dtypes replaced).
         name="$name-$LAYOUT"
         EXTRA_SPEC="$(sed -E 's/(gradient|parameter)_wire_dtype: *[A-Z0-9]+//g' <<<"$EXTRA_SPEC") gradient_wire_dtype: INT8 parameter_wire_dtype: INT8" \
-          SYSTEM=downpour_int8 run_downpour "$rate" "$name" | tee -a "$OUT/multihost.jsonl" ;;
-      ddp) run_ddp "$rate" "$name" none | tee -a "$OUT/multihost.jsonl" ;;
-      ddp_bf16) run_ddp "$rate" "$name" bf16 | tee -a "$OUT/multihost.jsonl" ;;
+          SYSTEM=downpour_int8 record run_downpour "$rate" "$name" ;;
+      ddp) record run_ddp "$rate" "$name" none ;;
+      ddp_bf16) record run_ddp "$rate" "$name" bf16 ;;
       *) note "SYSTEMS: $system is not downpour, downpour_int8, ddp or ddp_bf16" ;;
     esac
   done
