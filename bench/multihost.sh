@@ -145,7 +145,7 @@ stop_all() {
 cleanup() {
   stop_all "${PIDS[@]}"
   net_down
-  rm -rf "$WORK"
+  rm -rf "$WORK" "$OUT/line.json"
 }
 trap cleanup EXIT
 
@@ -289,6 +289,7 @@ while not os.path.exists(f"{R}/scrape.stop"):
     time.sleep(1)
 EOF_SCRAPE
   local scraper=$!
+  PIDS+=("$scraper")
   t0=$(date +%s.%N)
   timeout "$RUN_TIMEOUT" "$CTL" --coordinator="$C" submit "$R/spec.pbtxt" --job_id=run --wait \
     >"$R/submit.out" 2>"$R/submit.err"
@@ -462,10 +463,14 @@ EOF
 }
 
 # record CMD...: runs CMD in this shell, not a pipeline's subshell, so the
-# PIDs it adds reach cleanup (an interrupted run leaves no daemon behind),
-# and appends the JSON line it prints to multihost.jsonl, showing it too.
+# PIDs it adds reach cleanup while it runs (an interrupted run leaves no
+# daemon behind; once it returns they are its own to have stopped, and
+# their numbers may be reused), and appends the JSON line it prints to
+# multihost.jsonl, showing it too.
 record() {
+  local before=${#PIDS[@]}
   "$@" >"$OUT/line.json"
+  PIDS=("${PIDS[@]:0:before}")
   cat "$OUT/line.json"
   cat "$OUT/line.json" >>"$OUT/multihost.jsonl"
   rm -f "$OUT/line.json"

@@ -335,7 +335,8 @@ absl::StatusOr<std::vector<ParameterStore::Piece>> ParameterStore::ParsePush(
 
 absl::StatusOr<bool> ParameterStore::Reserve(Job& job, const PushRequest& request) const {
   absl::MutexLock lock(&job.mu);
-  RETURN_IF_ERROR(job.CheckSender(request.worker_rank(), request.request_id().worker_id()));
+  RETURN_IF_ERROR(
+      job.CheckSender(request.worker_rank(), request.request_id().worker_id(), /*streams=*/true));
   while (true) {
     if (job.dropped) return absl::AbortedError(absl::StrCat("job ", job.id, " was dropped"));
     absl::StatusOr<RequestDedup::Verdict> verdict = job.requests.Reserve(KeyOf(request));
@@ -521,7 +522,7 @@ absl::Status ParameterStore::CheckWorkerNode(const std::string& job_id, int rank
   absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
   if (!job.ok()) return absl::OkStatus();
   absl::MutexLock lock(&(*job)->mu);
-  return (*job)->CheckSender(rank, node);
+  return (*job)->CheckSender(rank, node, /*streams=*/false);
 }
 
 void ParameterStore::SetWorkers(const std::string& job_id, const std::vector<int>& ranks,

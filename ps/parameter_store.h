@@ -107,7 +107,8 @@ class ParameterStore : public ParameterShard {
   void RefuseJob(const std::string& job_id, const absl::Status& why);
 
   // The workers of `job_id` as the coordinator last placed them (its Task),
-  // set together so that no push sees one without the other:
+  // set under the job's lock, so that no push is checked against one
+  // without the other (the sparse tables hear of absent ranks just before):
   // - `absent_ranks`: the ranks that push no more, lost or finished
   //   (Task.absent_ranks). An absent rank stops counting: a SYNC step
   //   completes with the ranks present (at once, if they have all arrived),
@@ -121,12 +122,13 @@ class ParameterStore : public ParameterShard {
   //   the taker when it is back. Empty: pushes of any node are taken.
   // No-op for an unknown job.
   void SetWorkers(const std::string& job_id, const std::vector<int>& absent_ranks,
-                  const std::vector<std::string>& rank_nodes = {});
+                  const std::vector<std::string>& rank_nodes);
 
-  // OK when node `node` holds worker rank `rank` of `job_id` as SetWorkers
-  // last said, or the shard has not been told (or does not host the job,
-  // which its requests then learn); PermissionDenied otherwise. For callers
-  // that know a request's node for certain (its TLS certificate).
+  // OK when node `node` (exactly) holds worker rank `rank` of `job_id` as
+  // SetWorkers last said, or the shard has not been told (or does not host
+  // the job, which its requests then learn); PermissionDenied otherwise.
+  // For callers that know a request's node for certain (its TLS
+  // certificate).
   absl::Status CheckWorkerNode(const std::string& job_id, int rank, const std::string& node) const;
 
   // SYNC, by worker rank: pushes of `job_id` that came after their step had

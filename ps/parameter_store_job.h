@@ -158,18 +158,22 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
   // job (Placement.worker_nodes; "" while the rank is lost). Empty until the
   // shard is told (SetWorkers): then a push of any node is taken.
   std::vector<std::string> rank_nodes ABSL_GUARDED_BY(mu);
-  // OK when `sender` (a push's RequestId.worker_id: a node's id, or
-  // "<id>#<stream>" for another stream of the node's requests) may act as
-  // worker `rank`: it holds the rank, or the shard has not been told who
-  // does. PermissionDenied otherwise, which the worker retries: a worker
-  // that took the rank over may be heard before the coordinator's word.
-  absl::Status CheckSender(int rank, absl::string_view sender) const
+  // OK when `sender` may act as worker `rank`: it holds the rank, or the
+  // shard has not been told who does. `sender` is a node's id, proven (TLS)
+  // and compared exactly, or with `streams` a push's RequestId.worker_id,
+  // which may also be "<id>#<stream>" for another stream of the node's
+  // requests (worker/sparse_exchange.h). PermissionDenied otherwise, which
+  // the worker retries: a worker that took the rank over may be heard
+  // before the coordinator's word.
+  absl::Status CheckSender(int rank, absl::string_view sender, bool streams) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (rank_nodes.empty()) return absl::OkStatus();
-    if (rank >= 0 && rank < static_cast<int>(rank_nodes.size()) && !rank_nodes[rank].empty() &&
-        absl::StartsWith(sender, rank_nodes[rank]) &&
-        (sender.size() == rank_nodes[rank].size() || sender[rank_nodes[rank].size()] == '#')) {
-      return absl::OkStatus();
+    if (rank >= 0 && rank < static_cast<int>(rank_nodes.size()) && !rank_nodes[rank].empty()) {
+      const std::string& node = rank_nodes[rank];
+      if (sender == node || (streams && absl::StartsWith(sender, node) &&
+                             sender.size() > node.size() && sender[node.size()] == '#')) {
+        return absl::OkStatus();
+      }
     }
     return absl::PermissionDeniedError(
         absl::StrCat("node ", sender, " is not worker rank ", rank, " of job ", id,

@@ -272,12 +272,12 @@ TEST(SyncSumOrder, AStepWithoutAnAbsentRankSumsTheOthersInRankOrder) {
         const std::string what = absl::StrCat(Named(order), ", rank ", absent, " absent ",
                                               absent_first ? "first" : "last");
         std::unique_ptr<ParameterStore> store = NewStore(spec);
-        if (absent_first) store->SetWorkers(kJob, {absent});
+        if (absent_first) store->SetWorkers(kJob, {absent}, /*rank_nodes=*/{});
         for (int rank : order) {
           if (rank == absent && !absent_first) continue;
           ASSERT_TRUE(Push(*store, rank, 0, grads[rank]).ok()) << what;
         }
-        if (!absent_first) store->SetWorkers(kJob, {absent});
+        if (!absent_first) store->SetWorkers(kJob, {absent}, /*rank_nodes=*/{});
         ExpectSameBits(PullAll(*store, 1), expected, what);
       }
     }

@@ -246,7 +246,7 @@ TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsF
   PushOk(MakePush(0, 1, 0, {{key, {3, 3, 3}}}));
   PushOk(MakePush(1, 1, 0, {{key, {1, 1, 1}}}));
   EXPECT_EQ(PullOne(key).version, 0);
-  store_.SetWorkers(kJob, {2});
+  store_.SetWorkers(kJob, {2}, /*rank_nodes=*/{});
   Pulled after = PullOne(key, 1);
   std::vector<float> expected = Initial(0, 0, 3);
   for (float& v : expected) v -= 0.1f * 2;  // The mean of the two present.
@@ -261,7 +261,7 @@ TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsF
   ExpectNear(after.values, expected);
 
   // Taken over: the rank counts again only from its first push (step 3).
-  store_.SetWorkers(kJob, {});
+  store_.SetWorkers(kJob, {}, /*rank_nodes=*/{});
   PushOk(MakePush(0, 3, 2, {{key, {1, 1, 1}}}));
   PushOk(MakePush(1, 3, 2, {{key, {1, 1, 1}}}));
   EXPECT_EQ(PullOne(key, 3).version, 3);
@@ -315,6 +315,9 @@ TEST_F(ParameterStoreTest, OnlyTheNodeHoldingARankPushesForIt) {
   ExpectNear(PullOne(key, 2).values, expected, 1e-5);
 
   EXPECT_TRUE(store_.CheckWorkerNode(kJob, 0, "w2").ok());
+  // A certificate's node id is compared exactly: "w2#sparse" is another node.
+  EXPECT_EQ(store_.CheckWorkerNode(kJob, 0, "w2#sparse").code(),
+            absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(store_.CheckWorkerNode(kJob, 0, "w0").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(store_.CheckWorkerNode(kJob, 7, "w2").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(store_.CheckWorkerNode("other-job", 0, "anyone").ok());
@@ -326,7 +329,7 @@ TEST_F(ParameterStoreTest, SspBoundIgnoresALostRank) {
   absl::Notification done;
   std::thread waiter = PullInBackground(MakePull({{1, 0}}, 0, 1), &done);
   EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
-  store_.SetWorkers(kJob, {1});
+  store_.SetWorkers(kJob, {1}, /*rank_nodes=*/{});
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   waiter.join();
 }

@@ -278,7 +278,7 @@ TEST_F(SparseStoreTest, AbsentRanksCompleteTheStep) {
   PushOk(MakePush(1, 1, 0, {{0, {id}, {3, 3, 3, 3}}}));
   auto waiting = store_.Pull(MakePull(0, {id}, 1), absl::Now() + absl::Milliseconds(20));
   EXPECT_TRUE(absl::IsDeadlineExceeded(waiting.status())) << waiting.status();
-  store_.SetWorkers(kJob, {2});
+  store_.SetWorkers(kJob, {2}, /*rank_nodes=*/{});
   EXPECT_EQ(PullRows(0, {id}, 1)[id], AfterSgd(InitialRow(0, id), {{2, 2, 2, 2}}));
   // Its pushes bring nothing while it is absent.
   PushOk(MakePush(0, 2, 1, {{0, {id}, {1, 1, 1, 1}}}));

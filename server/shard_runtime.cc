@@ -85,25 +85,21 @@ void ShardRuntime::HostTasks(const std::vector<Task>& tasks) {
     it = hosted_.erase(it);
   }
   for (const Task& task : tasks) {
-    auto it = hosted_.find(task.job_id());
-    if (it == hosted_.end()) {
-      if (refused_.count(task.job_id())) continue;
-      absl::Status added = Host(task);
-      if (!added.ok()) {
-        // The coordinator validated the spec, so this is a version mismatch,
-        // a resource problem or an unreadable checkpoint; workers get the
-        // reason with their next request and fail the job with it.
-        Log(absl::StrCat("job ", task.job_id(), ": cannot host: ", added.message()));
-        store_->RefuseJob(task.job_id(), added);
-        refused_[task.job_id()] = task.attempt();
-        continue;
-      }
-      it = hosted_.find(task.job_id());
+    if (auto it = hosted_.find(task.job_id()); it != hosted_.end()) {
+      SetWorkers(task);
+      ExportJob(task.job_id(), &it->second);
+      continue;
     }
-    store_->SetWorkers(
-        task.job_id(), {task.absent_ranks().begin(), task.absent_ranks().end()},
-        {task.placement().worker_nodes().begin(), task.placement().worker_nodes().end()});
-    ExportJob(task.job_id(), &it->second);
+    if (refused_.count(task.job_id())) continue;
+    absl::Status added = Host(task);
+    if (!added.ok()) {
+      // The coordinator validated the spec, so this is a version mismatch, a
+      // resource problem or an unreadable checkpoint; workers get the reason
+      // with their next request and fail the job with it.
+      Log(absl::StrCat("job ", task.job_id(), ": cannot host: ", added.message()));
+      store_->RefuseJob(task.job_id(), added);
+      refused_[task.job_id()] = task.attempt();
+    }
   }
   jobs_gauge_->Set(hosted_.size());
   bytes_gauge_->Set(bytes_);
@@ -204,6 +200,12 @@ std::vector<std::string> ShardRuntime::HostedJobs() const {
   return jobs;
 }
 
+void ShardRuntime::SetWorkers(const Task& task) {
+  store_->SetWorkers(
+      task.job_id(), {task.absent_ranks().begin(), task.absent_ranks().end()},
+      {task.placement().worker_nodes().begin(), task.placement().worker_nodes().end()});
+}
+
 absl::Status ShardRuntime::Host(const Task& task) {
   const int shards = task.placement().shard_nodes_size();
   if (task.rank() < 0 || task.rank() >= shards) {
@@ -219,6 +221,7 @@ absl::Status ShardRuntime::Host(const Task& task) {
     store_->DropJob(task.job_id());
     return added;
   }
+  SetWorkers(task);
   const int64_t bytes = BytesPerShard(partitions, shards)[task.rank()];
   Hosted& hosted = hosted_[task.job_id()] = Hosted{bytes, task.attempt()};
   measured_.AddJob(task.job_id());

@@ -9,7 +9,7 @@ namespace downpour {
 
 bool IsRetryableShardError(const absl::Status& status) {
   // NotFound: the shard does not host the job yet. PermissionDenied: the
-  // shard has not yet heard that this worker took its rank over (TLS).
+  // shard has not yet heard that this worker took its rank over.
   return absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
          absl::IsNotFound(status) || absl::IsPermissionDenied(status);
 }

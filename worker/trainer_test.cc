@@ -632,7 +632,7 @@ TEST_F(TrainerTest, PartitionsKeepInStepWhileALostRankIsAbsentAndTakenOver) {
   std::thread rank1_thread([&] { rank1_status = rank1->Run(); });
   LoseRankZeroMidPush(20);
   // The coordinator gives the lost rank up: rank 1 goes on alone.
-  for (auto& store : stores_) store->SetWorkers("j", {0});
+  for (auto& store : stores_) store->SetWorkers("j", {0}, /*rank_nodes=*/{});
   // The shards are read one after another while rank 1 goes on, so one pass
   // can show a spread that never existed (it did under ASan, where a pass is
   // slow). Versions only rise: at the instant between two passes the spread
