@@ -7,8 +7,8 @@
 // the job yet (it is restoring it, or the job is moving and this run will
 // be cancelled), or one not yet told that this worker took its rank over
 // (PermissionDenied; a worker whose rank went elsewhere gets it too, until
-// it hears so and cancels). A push keeps its request id, so the shard applies it once
-// however often it is sent. Any other error (a refused request, a
+// it hears so and cancels). A push keeps its request id, so the shard
+// applies it once however often it is sent. Any other error (a refused request, a
 // divergence) fails at once. An attempt that failed well within its slice
 // (refused at once) is followed by a pause that grows from 20 ms to 1 s, so
 // an unreachable shard is not asked in a busy loop; one that waited its
