@@ -86,7 +86,7 @@ void ShardRuntime::HostTasks(const std::vector<Task>& tasks) {
   }
   for (const Task& task : tasks) {
     if (auto it = hosted_.find(task.job_id()); it != hosted_.end()) {
-      SetWorkers(task);
+      SetWorkers(task, /*hosting=*/false);
       ExportJob(task.job_id(), &it->second);
       continue;
     }
@@ -200,9 +200,15 @@ std::vector<std::string> ShardRuntime::HostedJobs() const {
   return jobs;
 }
 
-void ShardRuntime::SetWorkers(const Task& task) {
+void ShardRuntime::SetWorkers(const Task& task, bool hosting) {
+  // Hosting, the absent ranks wait for the next task list: the coordinator
+  // starts a job with a rank that has no worker as lost and may give it a
+  // taker a moment later, and steps completed without the rank meanwhile
+  // would have skipped its batch.
+  std::vector<int> absent;
+  if (!hosting) absent.assign(task.absent_ranks().begin(), task.absent_ranks().end());
   store_->SetWorkers(
-      task.job_id(), {task.absent_ranks().begin(), task.absent_ranks().end()},
+      task.job_id(), absent,
       {task.placement().worker_nodes().begin(), task.placement().worker_nodes().end()});
 }
 
@@ -221,7 +227,7 @@ absl::Status ShardRuntime::Host(const Task& task) {
     store_->DropJob(task.job_id());
     return added;
   }
-  SetWorkers(task);
+  SetWorkers(task, /*hosting=*/true);
   const int64_t bytes = BytesPerShard(partitions, shards)[task.rank()];
   Hosted& hosted = hosted_[task.job_id()] = Hosted{bytes, task.attempt()};
   measured_.AddJob(task.job_id());

@@ -71,10 +71,11 @@ class ShardRuntime {
   void HostTasks(const std::vector<Task>& tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `tasks` end (or start again) a job hosted or refused here.
   bool DropsAJob(const std::vector<Task>& tasks) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hosts the task's job, and tells the store its workers (SetWorkers).
+  // Hosts the task's job, and tells the store who holds each rank.
   absl::Status Host(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the store the task's absent ranks and who holds each rank.
-  void SetWorkers(const Task& task);
+  // Tells the store who holds each rank of the task's job and, unless it is
+  // `hosting` the job now, which ranks are absent.
+  void SetWorkers(const Task& task, bool hosting);
   // Puts this shard's file of the task's checkpoint into the hosted job.
   absl::Status Restore(const Task& task);
   void Drop(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
