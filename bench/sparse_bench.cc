@@ -221,7 +221,9 @@ ExchangeOptions WorkerExchangeOptions(const std::string& job_id, const Task& tas
   ExchangeOptions options;
   options.job_id = job_id;
   options.rank = task.rank();
-  options.worker_id = absl::StrCat("sparse-bench-worker-", task.rank());
+  // The node the coordinator placed at the rank: shards take the rank's
+  // pushes from it alone.
+  options.worker_id = task.placement().worker_nodes(task.rank());
   options.incarnation = 1;
   options.pull_timeout = absl::Seconds(120);
   return options;

@@ -521,7 +521,9 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
     ExchangeOptions options;
     options.job_id = job_id;
     options.rank = task.rank();
-    options.worker_id = absl::StrCat("bench-worker-rank-", task.rank());
+    // The node the coordinator placed at the rank: shards take the rank's
+    // pushes from it alone.
+    options.worker_id = task.placement().worker_nodes(task.rank());
     options.incarnation = incarnation;
     options.pull_timeout = absl::Seconds(60);
     if (options_.message_bytes > 0) options.message_bytes = options_.message_bytes;
