@@ -153,40 +153,67 @@ TEST_F(ShardRuntimeTest, TakesARanksPushesOnlyFromTheNodeTheCoordinatorPlacedThe
 // and may give it a taker a moment later: a rank absent in the task list
 // that hosts the job still counts until the next task list says so, so no
 // step completes without its batch meanwhile.
-TEST(ShardRuntimeTasksTest, ARankAbsentWhenTheJobIsHostedCountsUntilTheNextTaskList) {
-  ParameterStore store;
-  MetricsRegistry metrics;
-  ShardRuntime runtime(&store, /*writer=*/nullptr, &metrics);
-  const JobSpec spec = SmallMlpJob(/*num_workers=*/2, /*num_shards=*/2);
-  Task task = MakeTask("j", 0, &spec);
-  task.mutable_placement()->add_worker_nodes("worker@v");
-  task.add_absent_ranks(1);
-  runtime.OnTasks({task});
-  PushRequest push;
-  push.set_job_id("j");
-  push.set_worker_rank(0);
-  push.mutable_request_id()->set_worker_id("worker@w");
-  push.mutable_request_id()->set_sequence(1);
-  PullRequest pull;
-  pull.set_job_id("j");
-  pull.set_min_version(1);
+// A push of step 0 by `node` as worker `rank` of job "j" (SYNC, 2 workers)
+// to every partition of shard 0 of `task`, and a pull of them at version 1.
+void StepZero(const Task& task, int rank, const std::string& node, PushRequest* push,
+              PullRequest* pull) {
+  push->set_job_id("j");
+  push->set_worker_rank(rank);
+  push->mutable_request_id()->set_worker_id(node);
+  push->mutable_request_id()->set_sequence(1);
+  pull->set_job_id("j");
+  pull->set_min_version(1);
   for (const PartitionPlacement& p : task.placement().partitions()) {
     if (p.shard() != 0) continue;
-    PartitionHeader* header = push.add_partitions();
+    PartitionHeader* header = push->add_partitions();
     header->mutable_key()->set_tensor_id(p.tensor_id());
     header->mutable_key()->set_partition(p.partition());
     header->set_dtype(FLOAT32);
     header->set_num_elements(p.num_elements());
-    push.mutable_payload()->append(p.num_elements() * sizeof(float), '\0');
-    PartitionKey* key = pull.add_keys();
+    push->mutable_payload()->append(p.num_elements() * sizeof(float), '\0');
+    PartitionKey* key = pull->add_keys();
     key->set_tensor_id(p.tensor_id());
     key->set_partition(p.partition());
   }
-  ASSERT_TRUE(store.Push(push).ok());
-  EXPECT_EQ(store.Pull(pull, absl::Now() + absl::Milliseconds(300)).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
-  runtime.OnTasks({task});  // Still absent: the step completes without it.
-  EXPECT_TRUE(store.Pull(pull, absl::Now() + absl::Seconds(10)).ok());
+}
+
+// The coordinator starts a job again with a rank that has no worker as lost
+// and may give it a taker a moment later: a rank absent in the task list
+// that hosts the job still counts until the next task list says so, so no
+// step completes without its batch meanwhile.
+TEST(ShardRuntimeTasksTest, ARankAbsentWhenTheJobIsHostedCountsUntilTheNextTaskList) {
+  for (const bool taken_over : {false, true}) {
+    SCOPED_TRACE(taken_over ? "then taken over" : "still absent");
+    ParameterStore store;
+    MetricsRegistry metrics;
+    ShardRuntime runtime(&store, /*writer=*/nullptr, &metrics);
+    const JobSpec spec = SmallMlpJob(/*num_workers=*/2, /*num_shards=*/2);
+    Task task = MakeTask("j", 0, &spec);
+    task.mutable_placement()->add_worker_nodes("");
+    task.add_absent_ranks(1);
+    runtime.OnTasks({task});
+    PushRequest push;
+    PullRequest pull;
+    StepZero(task, 0, "worker@w", &push, &pull);
+    ASSERT_TRUE(store.Push(push).ok());
+    EXPECT_EQ(store.Pull(pull, absl::Now() + absl::Milliseconds(300)).status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+    if (taken_over) {
+      task.clear_absent_ranks();
+      task.mutable_placement()->set_worker_nodes(1, "worker@x");
+    }
+    runtime.OnTasks({task});
+    if (taken_over) {
+      // The step waits for the taker, whose push completes it.
+      EXPECT_EQ(store.Pull(pull, absl::Now() + absl::Milliseconds(300)).status().code(),
+                absl::StatusCode::kDeadlineExceeded);
+      PushRequest taker;
+      PullRequest same;
+      StepZero(task, 1, "worker@x", &taker, &same);
+      ASSERT_TRUE(store.Push(taker).ok());
+    }
+    EXPECT_TRUE(store.Pull(pull, absl::Now() + absl::Seconds(10)).ok());
+  }
 }
 
 TEST_F(ShardRuntimeTest, DropsJobsThroughTheMemoryReleaserOnly) {
