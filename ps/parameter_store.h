@@ -106,9 +106,11 @@ class ParameterStore : public ParameterShard {
   // DropJob forgets it.
   void RefuseJob(const std::string& job_id, const absl::Status& why);
 
-  // The workers of `job_id` as the coordinator last placed them (its Task),
-  // set under the job's lock, so that no push is checked against one
-  // without the other (the sparse tables hear of absent ranks just before):
+  // The workers of `job_id` as the caller was last told (the coordinator's
+  // Task; server/shard_runtime.cc passes no absent ranks in the task that
+  // hosts a job, and says why), set under the job's lock, so that no push
+  // is checked against one without the other (the sparse tables hear of
+  // absent ranks just before):
   // - `absent_ranks`: the ranks that push no more, lost or finished
   //   (Task.absent_ranks). An absent rank stops counting: a SYNC step
   //   completes with the ranks present (at once, if they have all arrived),
