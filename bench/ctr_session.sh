@@ -15,7 +15,8 @@
 #          the job's test AUC and log loss beside the generator's Bayes
 #          figures (SHARD_LIMIT, the shards' --memory_limit, default 0;
 #          WORKER_FLAGS, more flags for every worker, e.g.
-#          --device_memory_limit=2GiB; TRAIN_TIMEOUT, default 500 s;
+#          --device_memory_limit=2GiB; PS_FLAGS, likewise for every
+#          shard, e.g. --sparse_threads=8; TRAIN_TIMEOUT, default 500 s;
 #          STALENESS, every table's embedding_staleness, default 0); the
 #          spec run in $OUT/ctr_spec.pbtxt,
 #          the job as `downpourctl -o json get` shows it in $OUT/job.json
@@ -125,7 +126,7 @@ if stage ctr; then
   SHARD_PIDS=()
   for ((i = 0; i < SHARDS; i++)); do
     "$PS" --listen=127.0.0.1:0 --port_file="$W/ps$i.port" --coordinator="$C" \
-      --memory_limit="${SHARD_LIMIT:-0}" >"$W/ps$i.log" 2>&1 &
+      --memory_limit="${SHARD_LIMIT:-0}" ${PS_FLAGS:-} >"$W/ps$i.log" 2>&1 &
     PIDS+=($!)
     SHARD_PIDS+=($!)
   done

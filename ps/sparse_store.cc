@@ -165,8 +165,8 @@ void SparseStore::Decode(const Payload& payload, const PushPiece& piece,
 }
 
 absl::Status SparseStore::ApplyRows(int t, const int64_t* ids, int64_t n, const float* grads,
-                                    int64_t progress, int64_t step, int rank,
-                                    std::string* diverged) {
+                                    int64_t progress, int64_t step, int rank, std::string* diverged,
+                                    float* before) {
   Table& table = tables_[t];
   if (!kernels::cpu::AllFinite(grads, n * table.info.dim)) {
     // Not applied: the rows stay finite, and the job fails with the reason.
@@ -177,7 +177,7 @@ absl::Status SparseStore::ApplyRows(int t, const int64_t* ids, int64_t n, const 
     return absl::OkStatus();
   }
   const float learning_rate = HyperparamsAt(table.optimizer, progress, 1).learning_rate;
-  absl::Status applied = table.rows->Apply(ids, n, grads, learning_rate);
+  absl::Status applied = table.rows->Apply(ids, n, grads, learning_rate, before);
   if (!applied.ok()) return Annotate(applied, absl::StrCat("push to job ", job_id_));
   return absl::OkStatus();
 }
@@ -262,22 +262,28 @@ absl::StatusOr<bool> SparseStore::Push(const PushRequest& request, const Payload
   return late;
 }
 
-void SparseStore::KeepPrevious(int t, const int64_t* ids, int64_t n) {
+absl::Status SparseStore::ApplyStep(int t, const int64_t* ids, int64_t n, const float* grads,
+                                    int64_t version, std::string* diverged) {
   Previous& kept = previous_[t];
+  kept.ids.assign(ids, ids + n);
   kept.values.resize(n * tables_[t].info.dim);
-  // Peek: a row not yet created reads as it will be created, which is the
-  // value the step started it from.
-  (void)tables_[t].rows->Peek(ids, n, kept.values.data());
-  kept.index.reserve(n);
-  for (int64_t i = 0; i < n; ++i) kept.index.emplace(ids[i], i);
+  absl::Status applied =
+      ApplyRows(t, ids, n, grads, version, version, /*rank=*/-1, diverged, kept.values.data());
+  if (!diverged->empty()) {
+    // Not applied: no row changed.
+    kept.ids.clear();
+    kept.values.clear();
+  }
+  return applied;
 }
 
 void SparseStore::DropPrevious() {
   // Cleared, not freed: the next step keeps about as many rows (MemoryBytes
   // counts their capacity).
   for (Previous& kept : previous_) {
-    kept.index.clear();
+    kept.ids.clear();
     kept.values.clear();
+    kept.index.clear();
   }
   previous_version_ = -1;
 }
@@ -290,9 +296,8 @@ absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* div
     for (int rank = 0; rank < num_workers_; ++rank) {
       const std::vector<int64_t>& ids = held_[rank].ids[t];
       if (!arrived_[rank] || ids.empty()) continue;
-      KeepPrevious(t, ids.data(), static_cast<int64_t>(ids.size()));
-      return ApplyRows(t, ids.data(), static_cast<int64_t>(ids.size()), held_[rank].grads[t].data(),
-                       version, version, /*rank=*/-1, diverged);
+      return ApplyStep(t, ids.data(), static_cast<int64_t>(ids.size()), held_[rank].grads[t].data(),
+                       version, diverged);
     }
     return absl::OkStatus();
   }
@@ -321,9 +326,7 @@ absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* div
   if (ids.empty()) return absl::OkStatus();
   const float scale = 1.f / static_cast<float>(num_contributors_);
   for (float& v : sum) v *= scale;
-  KeepPrevious(t, ids.data(), static_cast<int64_t>(ids.size()));
-  return ApplyRows(t, ids.data(), static_cast<int64_t>(ids.size()), sum.data(), version, version,
-                   /*rank=*/-1, diverged);
+  return ApplyStep(t, ids.data(), static_cast<int64_t>(ids.size()), sum.data(), version, diverged);
 }
 
 int SparseStore::Quorum() const {
@@ -482,7 +485,12 @@ absl::Status SparseStore::Pull(const PullRequest& request, char* out, PullRespon
     // One step on: the rows it changed, as they were before it.
     for (int i = 0; i < asked_tables; ++i) {
       const SparseRows& asked = request.sparse(i);
-      const Previous& kept = previous_[asked.table()];
+      Previous& kept = previous_[asked.table()];
+      if (kept.index.empty()) {
+        kept.index.reserve(kept.ids.size());
+        // The first of a repeated id: its value before the step.
+        for (size_t k = 0; k < kept.ids.size(); ++k) kept.index.emplace(kept.ids[k], k);
+      }
       const int64_t dim = tables_[asked.table()].info.dim;
       for (int64_t j = 0; j < asked.ids_size(); ++j) {
         auto it = kept.index.find(asked.ids(j));
@@ -531,7 +539,8 @@ int64_t SparseStore::MemoryBytes() const {
   absl::MutexLock lock(&mu_);
   // The kept rows' memory as allocated (cleared, not freed, each step).
   for (const Previous& kept : previous_) {
-    bytes += static_cast<int64_t>(kept.values.capacity() * sizeof(float) +
+    bytes += static_cast<int64_t>(kept.ids.capacity() * sizeof(int64_t) +
+                                  kept.values.capacity() * sizeof(float) +
                                   kept.index.capacity() * (2 * sizeof(int64_t) + 1));
   }
   return bytes + held_bytes_;

@@ -257,9 +257,11 @@ class SparseStore {
   // (each table's thread writes only its own); `*diverged` as ApplyRows's.
   absl::Status CompleteTable(int t, int64_t version, std::string* diverged)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Keeps the values of rows ids[0..n) of table t, as they are, in
-  // previous_[t].
-  void KeepPrevious(int t, const int64_t* ids, int64_t n) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Applies the SYNC step's `n` rows (mean gradients `grads`) to table t at
+  // `version`, keeping their values from before in previous_[t]; `*diverged`
+  // as ApplyRows's (nothing kept then: nothing changed).
+  absl::Status ApplyStep(int t, const int64_t* ids, int64_t n, const float* grads, int64_t version,
+                         std::string* diverged) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Drops every kept previous value (a restore, or a step that changed none).
   void DropPrevious() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -271,9 +273,10 @@ class SparseStore {
   void Decode(const Payload& payload, const PushPiece& piece, std::vector<float>* out) const;
   // Applies `n` rows to table `t` at the learning rate of `progress`; rows
   // that are not all finite are not applied, and `*diverged` says why
-  // (`step` and `rank`, -1 for a SYNC step's mean, name them).
+  // (`step` and `rank`, -1 for a SYNC step's mean, name them). `before` as
+  // SparseTable::Apply's.
   absl::Status ApplyRows(int t, const int64_t* ids, int64_t n, const float* grads, int64_t progress,
-                         int64_t step, int rank, std::string* diverged);
+                         int64_t step, int rank, std::string* diverged, float* before = nullptr);
   absl::Status ApplyNow(const PushRequest& request, const Payload& payload,
                         const std::vector<PushPiece>& pieces);
   // SYNC: applies the step if its quorum has arrived, and starts the next.
@@ -317,10 +320,13 @@ class SparseStore {
   // SYNC: the values, before the last completed step (version
   // previous_version_ + 1), of the rows that step changed, per table, so an
   // exact pull of version previous_version_ reads every row as that step
-  // read it. Replaced at each completed step; -1 when none is kept.
+  // read it. Replaced at each completed step; -1 when none is kept. Kept
+  // as the step applies each row (no second lookup); indexed only when an
+  // exact pull (a taker's, rare) first reads them.
   struct Previous {
-    absl::flat_hash_map<int64_t, int64_t> index;  // Row id: its place in values.
-    std::vector<float> values;                    // [rows * dim]
+    std::vector<int64_t> ids;
+    std::vector<float> values;                    // [ids.size() * dim], in the order of ids.
+    absl::flat_hash_map<int64_t, int64_t> index;  // Row id: its place in ids; empty until read.
   };
   std::vector<Previous> previous_ ABSL_GUARDED_BY(mu_);
   int64_t previous_version_ ABSL_GUARDED_BY(mu_) = -1;

@@ -393,7 +393,7 @@ absl::Status SparseTable::Peek(const int64_t* ids, int64_t n, float* out) const 
 }
 
 absl::Status SparseTable::Apply(const int64_t* ids, int64_t n, const float* grads,
-                                float learning_rate) {
+                                float learning_rate, float* before) {
   absl::Status status = CheckCount(name_, n);
   if (!status.ok() || n == 0) return status;
   Grouping grouping;
@@ -420,6 +420,7 @@ absl::Status SparseTable::Apply(const int64_t* ids, int64_t n, const float* grad
       RowMeta& meta = stripe.rows.Meta(slots[k]);
       hyper.step = ++meta.updates;
       float* values = stripe.rows.Values(slots[k]);
+      if (before != nullptr) std::memcpy(before + i * dim_, values, dim_ * sizeof(float));
       float* const row_slots[2] = {values + dim_, values + 2 * dim_};
       kernels::cpu::ApplyOptimizer(optimizer_, hyper, grads + i * dim_, dim_, values, row_slots);
     }

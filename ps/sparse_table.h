@@ -144,8 +144,12 @@ class SparseTable {
   // kernels/cpu/optimizer.h: a row updates to the same bits as a dense array
   // of dim elements would. A row that does not exist (evicted since it was
   // read) is created first, as Lookup would. Ids should be unique in one
-  // call; a repeated id is updated once per appearance, in order.
-  absl::Status Apply(const int64_t* ids, int64_t n, const float* grads, float learning_rate);
+  // call; a repeated id is updated once per appearance, in order. With
+  // `before` (n * dim floats), each row's values just before its update
+  // are written there in the order of ids (a created row's as created: what
+  // Peek read before the call).
+  absl::Status Apply(const int64_t* ids, int64_t n, const float* grads, float learning_rate,
+                     float* before = nullptr);
 
   int64_t rows() const { return rows_.load(std::memory_order_relaxed); }
   int64_t evictions() const { return evictions_.load(std::memory_order_relaxed); }

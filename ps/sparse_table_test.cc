@@ -451,6 +451,27 @@ TEST(SparseTableTest, PeekCreatesAndTouchesNothing) {
   EXPECT_TRUE(absl::IsInvalidArgument(table->Peek(nullptr, -1, nullptr)));
 }
 
+// Apply's `before` holds each row as Peek read it before the call (a row
+// created by the call: as created), in the order of the ids, and the update
+// is the same with or without it.
+TEST(SparseTableTest, ApplyWritesEachRowAsItWasBeforeItsUpdate) {
+  std::unique_ptr<SparseTable> table = MakeTable(Options(4, OptimizerKind::kAdam));
+  std::unique_ptr<SparseTable> plain = MakeTable(Options(4, OptimizerKind::kAdam));
+  for (SparseTable* t : {table.get(), plain.get()}) {
+    LookupOk(*t, {1, 2, 3});
+    ApplyOk(*t, {2}, {1, -1, 2, -2}, 0.1f);
+  }
+  // Row 7 does not exist yet; 2 has been updated once.
+  const std::vector<int64_t> ids = {3, 7, 2};
+  const std::vector<float> peeked = PeekOk(*table, ids);
+  const std::vector<float> grads = {0.5f, 1, -1, 2, 3, -3, 0.25f, 1, -2, 1, 1, 4};
+  std::vector<float> before(ids.size() * 4, std::nanf(""));
+  ASSERT_TRUE(table->Apply(ids.data(), 3, grads.data(), 0.01f, before.data()).ok());
+  EXPECT_TRUE(SameBits(before, peeked));
+  ApplyOk(*plain, ids, grads, 0.01f);
+  EXPECT_TRUE(SameBits(LookupOk(*table, ids), LookupOk(*plain, ids)));
+}
+
 // A full table peeked at evicts nothing, and its eviction order is as it
 // was: a peek is no touch.
 TEST(SparseTableTest, PeekAtAFullTableEvictsNothing) {
