@@ -599,6 +599,9 @@ def main():
                         help="inject only these kinds of fault, a comma-separated list of: kill, "
                              "term, stop, kill coordinator, isolate, split, disk full, "
                              "memory pressure")
+    parser.add_argument("--kinds", default="",
+                        help="submit only these kinds of job, a comma-separated list of: "
+                             "mlp_sync, mlp_async, ctr_sync (with --ctr); all by default")
     parser.add_argument("--reference", action="store_true",
                         help="run each SYNC kind once without faults first")
     parser.add_argument("--accuracy_tolerance", type=float, default=0.005)
@@ -606,6 +609,12 @@ def main():
     parser.add_argument("--fault_every", default="3-8",
                         help="seconds between faults: a range MIN-MAX drawn uniformly")
     args = parser.parse_args()
+    if args.kinds:
+        known = ["mlp_sync", "mlp_async"] + (["ctr_sync"] if args.ctr else [])
+        unknown = sorted(set(args.kinds.split(",")) - set(known))
+        if unknown:
+            parser.error(f"--kinds: no job kind {', '.join(unknown)} here "
+                         f"(there are: {', '.join(known)}; ctr_sync needs --ctr)")
     rng = random.Random(args.seed)
     low, high = (float(x) for x in args.fault_every.split("-"))
     work = tempfile.mkdtemp(prefix="downpour-chaos-")
@@ -626,6 +635,8 @@ def main():
             faults.disk = Disk(cluster.root, args.disk_mb)
         make_data(args.bin, cluster.data, args.ctr)
         specs = job_specs(work, args.steps, args.ctr)
+        if args.kinds:
+            specs = {k: v for k, v in specs.items() if k in args.kinds.split(",")}
         cluster.start_coordinator()
         for _ in range(args.shards):
             cluster.add("ps")

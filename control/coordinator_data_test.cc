@@ -30,10 +30,13 @@ class DataAssignmentTest : public CoordinatorStateTest {
  protected:
   // Starts job "j" of three workers a, b, c (ranks 0, 1, 2) on shard s, of
   // 100 steps.
-  void StartJob(ConsistencySpec::Mode mode = ConsistencySpec::SYNC, bool sparse = false) {
+  // `restarts`: the job's max_restarts (SmallSpec's -1: none).
+  void StartJob(ConsistencySpec::Mode mode = ConsistencySpec::SYNC, bool sparse = false,
+                int restarts = -1) {
     Register("s", SHARD);
     for (const char* worker : {"a", "b", "c"}) Register(worker, WORKER);
     JobSpec spec = SmallSpec(3, 1);
+    spec.mutable_restart()->set_max_restarts(restarts);
     if (sparse) *spec.mutable_model() = SmallSparseModel();
     spec.set_steps(100);
     spec.mutable_consistency()->set_mode(mode);
@@ -186,6 +189,34 @@ TEST_F(DataAssignmentTest, AsyncLiveRanksAlsoTakeOnTheLostRanksRemainingSteps) {
                         "steps), 0 (1 parts, +34 steps)"));
   EXPECT_EQ(Beat("c").tasks(0).steps(), 135);
   EXPECT_EQ(Beat("a").tasks(0).steps(), 134);
+}
+
+// A SYNC job started again with no worker free for a rank counts the rank
+// at its shards until the rank's data is dealt out: a step completed
+// before then would leave out the rank's batch, trained by no one.
+TEST_F(DataAssignmentTest, ARankStartedAgainWithoutAWorkerCountsAtTheShardsUntilItsDataIsDealt) {
+  StartJob(ConsistencySpec::SYNC, /*sparse=*/false, /*restarts=*/2);
+  List("a", 0, 6);
+  PassWithout("b", 2);  // b dead.
+  ReportProgressRequest failed = Progress("j", "a", 0, 20);
+  failed.set_error("pulling from shard 0: deadline exceeded");
+  ASSERT_TRUE(state_->ReportProgress(failed).ok());
+  ASSERT_EQ(StateOf("j"), PENDING);
+  // Started again short-handed once the hand-over wait is over.
+  for (int i = 0; i < 20 && StateOf("j") != RUNNING; ++i) PassWithout("b", 1);
+  ASSERT_EQ(StateOf("j"), RUNNING);
+  JobStatus job = *state_->GetJob("j");
+  // a and c are ranks 0 and 1 now.
+  ASSERT_TRUE(job.workers(2).lost());
+  ASSERT_FALSE(job.workers(2).absorbed());
+  EXPECT_THAT(job.events().rbegin()->message(), HasSubstr("no worker was free for rank 2"));
+  EXPECT_TRUE(Beat("s").tasks(0).absent_ranks().empty());
+  // Dealt out at the next tick (the files are listed): absent from then on.
+  state_->Tick();
+  job = *state_->GetJob("j");
+  ASSERT_TRUE(job.workers(2).absorbed());
+  EXPECT_EQ(job.workers(0).batches_per_step() + job.workers(1).batches_per_step(), 2);
+  EXPECT_THAT(Beat("s").tasks(0).absent_ranks(), ::testing::ElementsAre(2));
 }
 
 TEST_F(DataAssignmentTest, ALostRankZerosDataAndEvaluationGoToTheLowestLiveRank) {

@@ -64,9 +64,12 @@ std::string RankHandover::Untrained(const JobStatus& job) {
 bool RankHandover::AbsentAtShards(const JobStatus& job, const WorkerProgress& worker) const {
   if (worker.finished()) return true;
   if (!worker.lost()) return false;
-  if (job.spec().consistency().mode() != ConsistencySpec::SYNC || worker.absorbed()) return true;
-  return worker.lost_ms() + absl::ToInt64Milliseconds(options_.handover_wait) <=
-         absl::ToUnixMillis(options_.now());
+  // SYNC: only once its data was dealt out, so that no step completes
+  // without the rank's batch while that batch is neither trained by a taker
+  // nor by a receiver (a rank that started without a worker is lost as if
+  // the hand-over wait had passed, but its data is dealt out only once the
+  // live ranks have listed the files).
+  return job.spec().consistency().mode() != ConsistencySpec::SYNC || worker.absorbed();
 }
 
 bool RankHandover::Lose(JobStatus* job, int rank, const std::string& why) const {

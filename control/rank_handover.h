@@ -54,8 +54,8 @@ class RankHandover {
   static std::string Untrained(const JobStatus& job);
   // Whether the shards complete `job`'s steps without `worker`'s rank
   // (Task.absent_ranks): a finished rank, and a lost one — in SYNC only once
-  // its data was dealt out or handover_wait has passed (until then a taker
-  // continues at the very step the rank had reached).
+  // its data was dealt out (Absorb; until then a taker continues at the very
+  // step the rank had reached).
   bool AbsentAtShards(const JobStatus& job, const WorkerProgress& worker) const;
 
   // Worker `rank` of running `job` is gone: marked lost for a taker.
