@@ -103,6 +103,8 @@ absl::StatusOr<std::vector<SparseStore::PushPiece>> SparseStore::ParsePush(
   pieces.reserve(request.sparse_size());
   std::vector<bool> listed(tables_.size(), false);
   absl::flat_hash_set<int64_t> seen;
+  // Made once: CheckRow takes it for every id.
+  const std::string push_where = absl::StrCat("push to job ", job_id_);
   for (const SparseRows& rows : request.sparse()) {
     if (rows.table() < 0 || rows.table() >= num_tables()) {
       return absl::InvalidArgumentError(absl::StrCat("push to job ", job_id_, ": sparse table ",
@@ -122,8 +124,9 @@ absl::StatusOr<std::vector<SparseStore::PushPiece>> SparseStore::ParsePush(
       return absl::InvalidArgumentError(absl::StrCat(where, ": rows cannot travel as INT8"));
     }
     seen.clear();
+    seen.reserve(rows.ids_size());
     for (int64_t id : rows.ids()) {
-      RETURN_IF_ERROR(CheckRow(table, id, absl::StrCat("push to job ", job_id_)));
+      RETURN_IF_ERROR(CheckRow(table, id, push_where));
       if (!seen.insert(id).second) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": row ", id, " is listed twice"));
       }
