@@ -124,7 +124,7 @@ ParameterStore::~ParameterStore() = default;
 absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& given,
                                     int shard_index,
                                     const std::vector<PartitionPlacement>& partitions,
-                                    int64_t attempt) {
+                                    int64_t attempt, const ShardSnapshot* restore) {
   {
     absl::ReaderMutexLock lock(&mu_);
     if (jobs_.contains(job_id)) return absl::OkStatus();
@@ -206,7 +206,7 @@ absl::Status ParameterStore::AddJob(const std::string& job_id, const JobSpec& gi
     job->presence.assign(job->num_workers, Job::Presence::kCounts);
     job->late_pushes.assign(job->num_workers, 0);
   }
-
+  if (restore != nullptr) RETURN_IF_ERROR(RestoreJob(job.get(), *restore));
   absl::MutexLock lock(&mu_);
   jobs_.emplace(job_id, std::move(job));  // Keeps the first if added concurrently.
   return absl::OkStatus();
@@ -685,7 +685,11 @@ void ParameterStore::HandOver(Job& job) const {
 
 absl::Status ParameterStore::Restore(const std::string& job_id, const ShardSnapshot& snapshot) {
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
-  const std::string where = absl::StrCat("restoring job ", job_id, " from step ", snapshot.step);
+  return RestoreJob(job.get(), snapshot);
+}
+
+absl::Status ParameterStore::RestoreJob(Job* job, const ShardSnapshot& snapshot) {
+  const std::string where = absl::StrCat("restoring job ", job->id, " from step ", snapshot.step);
   if (snapshot.partitions.size() != job->partitions.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the checkpoint holds ", snapshot.partitions.size(),

@@ -92,9 +92,13 @@ class ParameterStore : public ParameterShard {
   // snapshots are stamped with it; 0 takes any. The model's sparse tables
   // are made here (ps/sparse_store.h: InvalidArgument naming a table whose
   // optimizer the shard cannot run). ResourceExhausted, in one sentence,
-  // when the memory budget cannot hold the partitions.
+  // when the memory budget cannot hold the partitions. With `restore`, the
+  // job is restored from it (as Restore does) before any push or pull can
+  // find it: nothing is served from the fresh values meanwhile, and a
+  // restore that fails leaves the job unhosted.
   absl::Status AddJob(const std::string& job_id, const JobSpec& spec, int shard_index,
-                      const std::vector<PartitionPlacement>& partitions, int64_t attempt = 0);
+                      const std::vector<PartitionPlacement>& partitions, int64_t attempt = 0,
+                      const ShardSnapshot* restore = nullptr);
 
   // Stops hosting `job_id`: pending and later requests for it fail; waiting
   // pulls return Aborted ("job X was dropped"). No-op for an unknown job.
@@ -213,6 +217,8 @@ class ParameterStore : public ParameterShard {
   class CaptureLease;
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  // Restore's work on `job` (hosted or not yet).
+  absl::Status RestoreJob(Job* job, const ShardSnapshot& snapshot);
   // The partitions of `request` and where their bytes start in `payload`;
   // InvalidArgument / NotFound naming what is wrong.
   // The sparse rows (`*sparse`, empty for a request without) follow the

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/optimizer.h"
 #include "ps/lr_schedule.h"
+#include "ps/memory_budget.h"
 #include "ps/parameter_store.h"
 #include "ps/parameter_store_fixture.h"
 #include "ps/request_dedup.h"
@@ -300,6 +301,37 @@ TEST_F(ParameterStoreTest, RestoredStoreContinuesExactlyAsTheOriginal) {
   ShardSnapshot wrong = sink.snapshots()[0];
   wrong.partitions[0].values.pop_back();
   EXPECT_THAT(restored.Restore(kJob, wrong).message(), HasSubstr("partition 0/0 does not match"));
+}
+
+// A job hosted with its checkpoint (AddJob's `restore`) is found restored
+// by its very first pull; one whose checkpoint does not fit is not hosted
+// at all, its memory given back.
+TEST_F(ParameterStoreTest, AJobHostedWithItsCheckpointIsFoundOnlyRestored) {
+  SnapshotSink sink;
+  store_.SetCheckpointSink(sink.sink());
+  const JobSpec spec = Spec(ConsistencySpec::SYNC, 1, 0, OptimizerSpec::ADAM);
+  AddJob(spec);
+  const std::vector<Grad> grads = {{{0, 0}, {1, -2, 3}}, {{0, 1}, {0.5f, 1, 1}}, {{1, 0}, {2, 2}}};
+  PushOk(MakePush(0, 1, 0, grads));
+  PushOk(WithCheckpoint(MakePush(0, 2, 1, grads), 2));
+  ASSERT_EQ(sink.snapshots().size(), 1u);
+
+  MemoryBudget budget(1 << 20);
+  ParameterStore hosted(&budget);
+  ASSERT_TRUE(hosted.AddJob(kJob, spec, 0, Placements(), 0, &sink.snapshots()[0]).ok());
+  auto original = store_.Pull(MakePull({}, 2), Soon());
+  auto restored = hosted.Pull(MakePull({}, 0), Soon());
+  ASSERT_TRUE(original.ok() && restored.ok());
+  EXPECT_EQ(original->SerializeAsString(), restored->SerializeAsString());
+
+  ShardSnapshot wrong = sink.snapshots()[0];
+  wrong.partitions[0].values.pop_back();
+  ParameterStore refused(&budget);
+  EXPECT_THAT(refused.AddJob(kJob, spec, 0, Placements(), 0, &wrong).message(),
+              HasSubstr("partition 0/0 does not match"));
+  EXPECT_TRUE(absl::IsNotFound(refused.Pull(MakePull({}, 0), Soon()).status()));
+  hosted.DropJob(kJob);
+  EXPECT_EQ(budget.used(), 0);
 }
 
 // Every optimizer through the store in SYNC mode with two workers and a

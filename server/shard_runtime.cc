@@ -1,5 +1,7 @@
 #include "server/shard_runtime.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -171,7 +173,7 @@ void ShardRuntime::AddToHeartbeat(HeartbeatRequest* request) {
   for (CheckpointPart& part : writer_->Parts()) *request->add_checkpoints() = std::move(part);
 }
 
-absl::Status ShardRuntime::Restore(const Task& task) {
+absl::StatusOr<ShardSnapshot> ShardRuntime::ReadRestore(const Task& task) const {
   const CheckpointRestore& restore = task.restore();
   if (writer_ == nullptr) {
     return absl::FailedPreconditionError(
@@ -186,11 +188,8 @@ absl::Status ShardRuntime::Restore(const Task& task) {
     return absl::FailedPreconditionError(absl::StrCat("the checkpoint at step ", restore.step(),
                                                       " has no file for shard ", task.rank()));
   }
-  const std::string path = absl::StrCat(writer_->root(), "/", restore.dir(), "/", file->name());
-  ASSIGN_OR_RETURN(ShardSnapshot snapshot, ReadShardSnapshot(path, *file));
-  RETURN_IF_ERROR(store_->Restore(task.job_id(), snapshot));
-  Log(absl::StrCat("job ", task.job_id(), ": restored shard ", task.rank(), " from ", path));
-  return absl::OkStatus();
+  return ReadShardSnapshot(absl::StrCat(writer_->root(), "/", restore.dir(), "/", file->name()),
+                           *file);
 }
 
 std::vector<std::string> ShardRuntime::HostedJobs() const {
@@ -220,12 +219,19 @@ absl::Status ShardRuntime::Host(const Task& task) {
   }
   const std::vector<PartitionPlacement> partitions(task.placement().partitions().begin(),
                                                    task.placement().partitions().end());
-  absl::Status added =
-      store_->AddJob(task.job_id(), task.spec(), task.rank(), partitions, task.attempt());
-  if (added.ok() && task.has_restore()) added = Restore(task);
-  if (!added.ok()) {
-    store_->DropJob(task.job_id());
-    return added;
+  // A restored job is hosted once restored: no worker pulls the fresh
+  // values, or pushes onto them, meanwhile.
+  std::optional<ShardSnapshot> restore;
+  if (task.has_restore()) {
+    absl::StatusOr<ShardSnapshot> read = ReadRestore(task);
+    if (!read.ok()) return read.status();
+    restore = *std::move(read);
+  }
+  RETURN_IF_ERROR(store_->AddJob(task.job_id(), task.spec(), task.rank(), partitions,
+                                 task.attempt(), restore ? &*restore : nullptr));
+  if (restore) {
+    Log(absl::StrCat("job ", task.job_id(), ": restored shard ", task.rank(),
+                     " from the checkpoint at step ", task.restore().step()));
   }
   SetWorkers(task, /*hosting=*/true);
   const int64_t bytes = BytesPerShard(partitions, shards)[task.rank()];

@@ -23,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "proto/coordinator.pb.h"
@@ -76,8 +77,8 @@ class ShardRuntime {
   // Tells the store who holds each rank of the task's job and, unless it is
   // `hosting` the job now, which ranks are absent.
   void SetWorkers(const Task& task, bool hosting);
-  // Puts this shard's file of the task's checkpoint into the hosted job.
-  absl::Status Restore(const Task& task);
+  // Reads this shard's file of the task's checkpoint.
+  absl::StatusOr<ShardSnapshot> ReadRestore(const Task& task) const;
   void Drop(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;
