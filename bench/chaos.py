@@ -615,6 +615,9 @@ def main():
         if unknown:
             parser.error(f"--kinds: no job kind {', '.join(unknown)} here "
                          f"(there are: {', '.join(known)}; ctr_sync needs --ctr)")
+    # A SIGTERM ends the run as Ctrl-C does: through the cleanup below (the
+    # daemons stopped, namespaces and the tmpfs removed, CHAOS_KEEP copied).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rng = random.Random(args.seed)
     low, high = (float(x) for x in args.fault_every.split("-"))
     work = tempfile.mkdtemp(prefix="downpour-chaos-")
