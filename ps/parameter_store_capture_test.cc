@@ -271,7 +271,8 @@ TEST_F(ParameterStoreTest, CapturesReadConcurrentlyWithPushes) {
 
 // A store restored from another's snapshot continues exactly as the other:
 // values, optimizer slots, versions, Adam's step count, the workers' steps
-// and the exactly-once windows.
+// and the exactly-once windows; one hosting the job with its snapshot
+// serves nothing from before the restore.
 TEST_F(ParameterStoreTest, RestoredStoreContinuesExactlyAsTheOriginal) {
   SnapshotSink sink;
   store_.SetCheckpointSink(sink.sink());
@@ -285,6 +286,15 @@ TEST_F(ParameterStoreTest, RestoredStoreContinuesExactlyAsTheOriginal) {
   ParameterStore restored;
   ASSERT_TRUE(restored.AddJob(kJob, spec, 0, Placements()).ok());
   ASSERT_TRUE(restored.Restore(kJob, sink.snapshots()[0]).ok());
+  // Hosted with the checkpoint at once (AddJob's `restore`), a job is found
+  // restored by its very first pull.
+  MemoryBudget budget(1 << 20);
+  ParameterStore hosted(&budget);
+  ASSERT_TRUE(hosted.AddJob(kJob, spec, 0, Placements(), 0, &sink.snapshots()[0]).ok());
+  auto first = hosted.Pull(MakePull({}, 0), Soon());
+  auto after_restore = restored.Pull(MakePull({}, 0), Soon());
+  ASSERT_TRUE(first.ok() && after_restore.ok());
+  EXPECT_EQ(first->SerializeAsString(), after_restore->SerializeAsString());
   // The pushes in the checkpoint are not applied again: the first is a
   // duplicate by its id, the one that completed the checkpoint's step is
   // late for the restored version.
@@ -301,31 +311,7 @@ TEST_F(ParameterStoreTest, RestoredStoreContinuesExactlyAsTheOriginal) {
   ShardSnapshot wrong = sink.snapshots()[0];
   wrong.partitions[0].values.pop_back();
   EXPECT_THAT(restored.Restore(kJob, wrong).message(), HasSubstr("partition 0/0 does not match"));
-}
-
-// A job hosted with its checkpoint (AddJob's `restore`) is found restored
-// by its very first pull; one whose checkpoint does not fit is not hosted
-// at all, its memory given back.
-TEST_F(ParameterStoreTest, AJobHostedWithItsCheckpointIsFoundOnlyRestored) {
-  SnapshotSink sink;
-  store_.SetCheckpointSink(sink.sink());
-  const JobSpec spec = Spec(ConsistencySpec::SYNC, 1, 0, OptimizerSpec::ADAM);
-  AddJob(spec);
-  const std::vector<Grad> grads = {{{0, 0}, {1, -2, 3}}, {{0, 1}, {0.5f, 1, 1}}, {{1, 0}, {2, 2}}};
-  PushOk(MakePush(0, 1, 0, grads));
-  PushOk(WithCheckpoint(MakePush(0, 2, 1, grads), 2));
-  ASSERT_EQ(sink.snapshots().size(), 1u);
-
-  MemoryBudget budget(1 << 20);
-  ParameterStore hosted(&budget);
-  ASSERT_TRUE(hosted.AddJob(kJob, spec, 0, Placements(), 0, &sink.snapshots()[0]).ok());
-  auto original = store_.Pull(MakePull({}, 2), Soon());
-  auto restored = hosted.Pull(MakePull({}, 0), Soon());
-  ASSERT_TRUE(original.ok() && restored.ok());
-  EXPECT_EQ(original->SerializeAsString(), restored->SerializeAsString());
-
-  ShardSnapshot wrong = sink.snapshots()[0];
-  wrong.partitions[0].values.pop_back();
+  // One that does not fit is not hosted at all, its memory given back.
   ParameterStore refused(&budget);
   EXPECT_THAT(refused.AddJob(kJob, spec, 0, Placements(), 0, &wrong).message(),
               HasSubstr("partition 0/0 does not match"));
