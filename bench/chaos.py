@@ -765,6 +765,9 @@ def main():
         ok = (succeeded == len(jobs) and corrupt == 0 and not unexpected and accuracy_ok)
         return 0 if ok else 1
     finally:
+        # A second signal must not cut the cleanup short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if faults is not None:
             faults.end()
         if cluster is not None:

@@ -92,7 +92,8 @@ class ParameterStore : public ParameterShard {
   // snapshots are stamped with it; 0 takes any. The model's sparse tables
   // are made here (ps/sparse_store.h: InvalidArgument naming a table whose
   // optimizer the shard cannot run). ResourceExhausted, in one sentence,
-  // when the memory budget cannot hold the partitions. With `restore`, the
+  // when the memory budget cannot hold the partitions. With `restore` (not
+  // read when the job is already hosted), the
   // job is restored from it (as Restore does) before any push or pull can
   // find it: nothing is served from the fresh values meanwhile, and a
   // restore that fails leaves the job unhosted.

@@ -283,9 +283,10 @@ absl::Status SparseStore::ApplyStep(int t, const int64_t* ids, int64_t n, const 
 void SparseStore::DropPrevious() {
   // Cleared, not freed: the next step keeps about as many rows (MemoryBytes
   // counts their capacity).
+  // The values stay as they are, meaningless without ids: the next step
+  // overwrites them (resized, not zeroed again).
   for (Previous& kept : previous_) {
     kept.ids.clear();
-    kept.values.clear();
     kept.index.clear();
   }
   previous_version_ = -1;

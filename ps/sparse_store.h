@@ -262,7 +262,8 @@ class SparseStore {
   // as ApplyRows's (nothing kept then: nothing changed).
   absl::Status ApplyStep(int t, const int64_t* ids, int64_t n, const float* grads, int64_t version,
                          std::string* diverged) ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Drops every kept previous value (a restore, or a step that changed none).
+  // Drops every kept previous value (at each completed step, before the
+  // step keeps its own, and at a restore).
   void DropPrevious() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   bool sync() const { return mode_ == ConsistencySpec::SYNC; }

@@ -200,10 +200,10 @@ std::vector<std::string> ShardRuntime::HostedJobs() const {
 }
 
 void ShardRuntime::SetWorkers(const Task& task, bool hosting) {
-  // Hosting, the absent ranks wait for the next task list: the coordinator
-  // starts a job with a rank that has no worker as lost and may give it a
-  // taker a moment later, and steps completed without the rank meanwhile
-  // would have skipped its batch.
+  // Hosting, the absent ranks wait for the next task list: the task that
+  // hosts a job may be older than a taker the coordinator placed a moment
+  // later, and steps completed without the rank meanwhile would have
+  // skipped its batch (a rank absent for good waits a heartbeat longer).
   std::vector<int> absent;
   if (!hosting) absent.assign(task.absent_ranks().begin(), task.absent_ranks().end());
   store_->SetWorkers(
@@ -231,7 +231,8 @@ absl::Status ShardRuntime::Host(const Task& task) {
                                  task.attempt(), restore ? &*restore : nullptr));
   if (restore) {
     Log(absl::StrCat("job ", task.job_id(), ": restored shard ", task.rank(),
-                     " from the checkpoint at step ", task.restore().step()));
+                     " from the checkpoint at step ", task.restore().step(), " (",
+                     task.restore().dir(), ")"));
   }
   SetWorkers(task, /*hosting=*/true);
   const int64_t bytes = BytesPerShard(partitions, shards)[task.rank()];

@@ -55,9 +55,9 @@ void SetExampleFormat(const JobSpec& spec, const ModelShape& shape, BatchReaderO
   options->encoding = data.encoding() == DatasetSpec::RAW       ? data::FeatureEncoding::kRaw
                       : data.encoding() == DatasetSpec::ENCODED ? data::FeatureEncoding::kEncoded
                                                                 : data::FeatureEncoding::kBySize;
-  // Automatic: half the cores, up to 8, leaving the rest to training and
-  // the exchange. A click log's examples (26 lists of ids each) are dear to
-  // decode: on one H200 host (16 cores) the click job waited 1.1-1.6 ms a
+  // Automatic: half the cores, up to 8 (the sparse tables' pooling, below,
+  // takes the other half in bursts while the shards apply a step). A click log's examples (26 lists
+  // of ids each) are dear to decode: on one H200 host (16 cores) the click job waited 1.1-1.6 ms a
   // step for its input with 4 threads, 0.05-0.1 ms with 8.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   options->decode_threads =

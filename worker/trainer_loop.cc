@@ -376,11 +376,12 @@ absl::Status JobTrainer::StartLoop(RunState* run) {
 }
 
 absl::StatusOr<int64_t> JobTrainer::CatchUp(int64_t step, RunState* run) {
-  // A SYNC rank that the job went on without (stopped or cut off past the
-  // node timeout, with no worker to take its rank over yet) finds every
-  // partition steps ahead when it is back: it joins at their step, as a
-  // taker does, its data skipped to there, rather than replaying each step
-  // it missed as a late push the shards ignore while the others wait for it.
+  // A SYNC rank that the job went on without (a slow one where
+  // backup_workers let steps complete on a quorum; a lost rank is waited
+  // for until it is taken over or dealt out) finds every partition steps
+  // ahead: it joins at their step, as a taker does, its data skipped to
+  // there, rather than replaying each step it missed as a late push the
+  // shards ignore while the others wait for it.
   // Not with sparse tables: the next batch's rows are already fetched.
   if (task_.spec().consistency().mode() != ConsistencySpec::SYNC || run->sparse) return step;
   if (run->pending) {
