@@ -272,19 +272,16 @@ absl::Status SparseStore::ApplyStep(int t, const int64_t* ids, int64_t n, const 
   kept.values.resize(n * tables_[t].info.dim);
   absl::Status applied =
       ApplyRows(t, ids, n, grads, version, version, /*rank=*/-1, diverged, kept.values.data());
-  if (!diverged->empty()) {
-    // Not applied: no row changed.
-    kept.ids.clear();
-    kept.values.clear();
-  }
+  // Not applied: no row changed, none is kept (the values mean nothing
+  // without ids, as after DropPrevious).
+  if (!diverged->empty()) kept.ids.clear();
   return applied;
 }
 
 void SparseStore::DropPrevious() {
   // Cleared, not freed: the next step keeps about as many rows (MemoryBytes
-  // counts their capacity).
-  // The values stay as they are, meaningless without ids: the next step
-  // overwrites them (resized, not zeroed again).
+  // counts their capacity). The values stay, meaningless without ids: the
+  // next step overwrites them (resized, not zeroed again).
   for (Previous& kept : previous_) {
     kept.ids.clear();
     kept.index.clear();
