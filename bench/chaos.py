@@ -54,8 +54,11 @@ draining shard's jobs move after a fresh one. Prints one JSON line:
   recovery_s_p50, recovery_s_p99     (a fault to the job running again),
   rank_handovers, handover_s_p50     (lost worker ranks taken over, and a
                                       fault to the take-over),
-  data_handouts                      (lost ranks whose data went to live
-                                      ranks),
+  data_handouts                      (lost ASYNC ranks whose data went to
+                                      live ranks),
+  shared_workers                     (lost SYNC ranks no free worker took,
+                                      taken over by a worker of the job
+                                      beside its own rank),
   partial_shard_restores             (ASYNC jobs that had only a lost shard's
                                       partitions restored, on a spare),
   corrupt_checkpoints_loaded         (restores a shard found damaged after
@@ -510,7 +513,7 @@ class Faults:
 
 def events_summary(final, fault_times):
     """Steps lost, recovery and hand-over times from the jobs' events."""
-    lost, recovery, handovers, partial, handouts = [], [], [], 0, 0
+    lost, recovery, handovers, partial, handouts, shared = [], [], [], 0, 0, 0
     for job in final.values():
         events = job.get("events", [])
         for i, e in enumerate(events):
@@ -518,7 +521,10 @@ def events_summary(final, fault_times):
                 partial += 1
                 continue
             if "not taken over within" in e["message"]:
-                handouts += 1
+                if "and trains both" in e["message"]:
+                    shared += 1
+                else:
+                    handouts += 1
                 continue
             if "taken over by worker node" in e["message"]:
                 taken = int(e["time_ms"])
@@ -538,7 +544,7 @@ def events_summary(final, fault_times):
             cause = max((t for t in fault_times if t * 1000 <= restart_ms), default=None)
             if started is not None and cause is not None:
                 recovery.append(started / 1000 - cause)
-    return lost, recovery, handovers, partial, handouts
+    return lost, recovery, handovers, partial, handouts, shared
 
 
 def rss_verdict(samples, limit_pct):
@@ -719,7 +725,7 @@ def main():
 
         final = {j: finals.get(j) or cluster.job(j) or {} for j in jobs}
         fault_times = sorted(t for t, _, _ in faults.injected)
-        lost, recovery, handovers, partial, handouts = events_summary(final, fault_times)
+        lost, recovery, handovers, partial, handouts, shared = events_summary(final, fault_times)
         corrupt = 0
         for name in os.listdir(work):
             if name.startswith("ps") and name.endswith(".log"):
@@ -756,7 +762,7 @@ def main():
             "steps_lost_p50": percentile(lost, 0.5), "steps_lost_max": max(lost, default=0),
             "recovery_s_p50": round(percentile(recovery, 0.5), 2),
             "recovery_s_p99": round(percentile(recovery, 0.99), 2),
-            "rank_handovers": len(handovers), "data_handouts": handouts,
+            "rank_handovers": len(handovers), "data_handouts": handouts, "shared_workers": shared,
             "partial_shard_restores": partial,
             "handover_s_p50": round(percentile(handovers, 0.5), 2),
             "corrupt_checkpoints_loaded": corrupt, "restarts": len(lost),

@@ -1,5 +1,6 @@
 // The coordinator shares a job's record files out to its ranks and hands a
-// lost rank's share on (control/coordinator_workers.cc).
+// lost rank on (control/rank_handover.cc): a SYNC rank to one of the job's
+// workers, an ASYNC rank's share and steps to the live ranks.
 #include <string>
 #include <vector>
 
@@ -103,78 +104,85 @@ TEST_F(DataAssignmentTest, FewerFilesThanWorkersShareEveryFilesRecordsByRank) {
               HasSubstr("each file's records round-robin"));
 }
 
-TEST_F(DataAssignmentTest, ALostRanksDataGoesToTheLiveRanksWhenNoWorkerTakesItOver) {
+TEST_F(DataAssignmentTest, ALostSyncRankGoesToAWorkerOfTheJobWhenNoWorkerIsFree) {
   StartJob();
   List("a", 0, 7);
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 40)).ok());
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "b", 1, 30)).ok());
   ASSERT_TRUE(state_->ReportProgress(Progress("j", "c", 2, 35)).ok());
-  // b falls silent: lost after the node timeout, its data held for
-  // handover_wait (30 s) in case a worker comes to take the rank over.
+  // b falls silent: lost after the node timeout, its rank held for
+  // handover_wait (30 s) in case a free worker comes to take it over.
   PassWithout("b", 10);
   JobStatus job = *state_->GetJob("j");
   ASSERT_TRUE(job.workers(1).lost());
-  EXPECT_FALSE(job.workers(1).absorbed());
-  EXPECT_EQ(job.workers(0).data_size(), 3);
+  EXPECT_THAT(job.message(), HasSubstr("then a worker of the job trains it beside its own rank"));
+  // The steps wait for it meanwhile.
+  EXPECT_TRUE(Beat("s").tasks(0).absent_ranks().empty());
   Advance(absl::Seconds(6));
   Beat("s");
   Beat("a");
   Beat("c");
   state_->Tick();
   job = *state_->GetJob("j");
-  EXPECT_TRUE(job.workers(1).absorbed());
-  EXPECT_EQ(job.workers(1).data_size(), 0);
-  // SYNC: the least loaded rank (2, with two files) takes the lost rank's
-  // files and its batch a step, so a step averages as many examples.
-  EXPECT_THAT(FilesOf(job.workers(2).data()),
-              ::testing::ElementsAre("part-2", "part-5", "part-1", "part-4"));
-  EXPECT_EQ(job.workers(0).data_size(), 3);
-  EXPECT_EQ(job.workers(2).batches_per_step(), 2);
-  EXPECT_EQ(job.workers(0).batches_per_step(), 0);
-  EXPECT_EQ(job.workers(2).data_step(), 35);
+  // The job's workers each train one rank: the first of them, a, takes it
+  // over as a taker would, from the rank's step, with the rank's own data.
+  EXPECT_FALSE(job.workers(1).lost());
+  EXPECT_FALSE(job.workers(1).absorbed());
+  EXPECT_TRUE(job.workers(1).joined());
+  EXPECT_EQ(job.placement().worker_nodes(1), "a");
   EXPECT_EQ(job.message(), "");
   EXPECT_THAT(job.events().rbegin()->message(),
-              HasSubstr("worker rank 1 not taken over within 30s: its data (2 file parts) "
-                        "handed to rank 2 (2 parts, 2 batches a step) from their current step"));
-  HeartbeatResponse beat = Beat("c");
-  EXPECT_EQ(beat.tasks(0).data_size(), 4);
-  EXPECT_EQ(beat.tasks(0).data_step(), 35);
-  EXPECT_EQ(beat.tasks(0).batches_per_step(), 2);
-  // SYNC: a step is every worker's, so the rank's target stays the spec's.
-  EXPECT_EQ(beat.tasks(0).steps(), 100);
-  EXPECT_THAT(Beat("s").tasks(0).absent_ranks(), ::testing::ElementsAre(1));
+              HasSubstr("worker rank 1 not taken over within 30s (no worker free): worker node "
+                        "a, which trains rank 0, takes it over from step 30 and trains both"));
+  HeartbeatResponse beat = Beat("a");
+  ASSERT_EQ(beat.tasks_size(), 2);
+  EXPECT_EQ(beat.tasks(0).rank(), 0);
+  EXPECT_FALSE(beat.tasks(0).has_join());
+  EXPECT_EQ(beat.tasks(1).rank(), 1);
+  EXPECT_EQ(beat.tasks(1).join().step(), 30);
+  EXPECT_THAT(FilesOf(beat.tasks(1).data()), ::testing::ElementsAre("part-1", "part-4"));
+  EXPECT_EQ(beat.tasks(1).steps(), 100);
+  EXPECT_TRUE(beat.tasks(0).evaluates());
+  EXPECT_FALSE(beat.tasks(1).evaluates());
+  EXPECT_TRUE(Beat("s").tasks(0).absent_ranks().empty());
 
   // A worker that comes now has nothing to take over.
   Register("d", WORKER);
   EXPECT_EQ(Beat("d").tasks_size(), 0);
-  ReportProgressRequest two = Progress("j", "c", 2, 100);
-  two.set_finished(true);
-  ASSERT_TRUE(state_->ReportProgress(two).ok());
-  ReportProgressRequest zero = Progress("j", "a", 0, 100);
-  zero.set_finished(true);
-  zero.set_has_test_accuracy(true);
-  zero.set_test_accuracy(0.8);
-  ASSERT_TRUE(state_->ReportProgress(zero).ok());
+  // a reports for both its ranks; b no longer may.
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      state_->ReportProgress(Progress("j", "b", 1, 50)).status()));
+  for (const auto& [node, rank] :
+       {std::pair<std::string, int>{"c", 2}, {"a", 1}, {"a", 0}}) {
+    ReportProgressRequest done = Progress("j", node, rank, 100);
+    done.set_finished(true);
+    if (rank == 0) {
+      done.set_has_test_accuracy(true);
+      done.set_test_accuracy(0.8);
+    }
+    ASSERT_TRUE(state_->ReportProgress(done).ok());
+  }
   job = *state_->GetJob("j");
   EXPECT_EQ(job.state(), SUCCEEDED);
   EXPECT_THAT(job.message(), Not(HasSubstr("without the data")));
 }
 
-TEST_F(DataAssignmentTest, WithSparseTablesALostSyncRanksDataGoesWithOneBatchAStep) {
-  // A rank of a job with sparse tables trains one batch a step (its rows
-  // are pulled and pushed for that batch): the lost rank's files go to a
-  // live rank, which reads them in turn with its own.
-  StartJob(ConsistencySpec::SYNC, /*sparse=*/true);
+TEST_F(DataAssignmentTest, AWorkerThatDiesWithTwoRanksLosesBoth) {
+  StartJob();
   List("a", 0, 7);
-  PassWithout("b", 12);  // b falls silent, past the hand-over wait.
+  PassWithout("b", 12);  // b lost; rank 1 goes to a.
+  ASSERT_EQ(state_->GetJob("j")->placement().worker_nodes(1), "a");
+  // a silent past the node timeout (b stays dead).
+  for (int i = 0; i < 3; ++i) {
+    Advance(absl::Seconds(3));
+    Beat("s");
+    Beat("c");
+    state_->Tick();
+  }
   const JobStatus job = *state_->GetJob("j");
-  ASSERT_TRUE(job.workers(1).absorbed()) << job.DebugString();
-  EXPECT_EQ(job.workers(2).data_size(), 4);
-  EXPECT_EQ(job.workers(2).batches_per_step(), 0);
-  EXPECT_THAT(job.events().rbegin()->message(),
-              HasSubstr("handed to rank 2 (2 parts, 1 batch a step: a job with sparse tables "
-                        "trains one a step per rank)"));
-  EXPECT_EQ(Beat("c").tasks(0).batches_per_step(), 0);
+  EXPECT_TRUE(job.workers(0).lost());
+  EXPECT_TRUE(job.workers(1).lost());
+  EXPECT_FALSE(job.workers(2).lost());
 }
 
 TEST_F(DataAssignmentTest, AsyncLiveRanksAlsoTakeOnTheLostRanksRemainingSteps) {
@@ -192,9 +200,9 @@ TEST_F(DataAssignmentTest, AsyncLiveRanksAlsoTakeOnTheLostRanksRemainingSteps) {
 }
 
 // A SYNC job started again with no worker free for a rank counts the rank
-// at its shards until the rank's data is dealt out: a step completed
+// at its shards until one of its workers takes it over: a step completed
 // before then would leave out the rank's batch, trained by no one.
-TEST_F(DataAssignmentTest, ARankStartedAgainWithoutAWorkerCountsAtTheShardsUntilItsDataIsDealt) {
+TEST_F(DataAssignmentTest, ARankStartedAgainWithoutAWorkerCountsAtTheShardsUntilTakenOver) {
   StartJob(ConsistencySpec::SYNC, /*sparse=*/false, /*restarts=*/2);
   List("a", 0, 6);
   PassWithout("b", 2);  // b dead.
@@ -208,19 +216,20 @@ TEST_F(DataAssignmentTest, ARankStartedAgainWithoutAWorkerCountsAtTheShardsUntil
   JobStatus job = *state_->GetJob("j");
   // a and c are ranks 0 and 1 now.
   ASSERT_TRUE(job.workers(2).lost());
-  ASSERT_FALSE(job.workers(2).absorbed());
   EXPECT_THAT(job.events().rbegin()->message(), HasSubstr("no worker was free for rank 2"));
   EXPECT_TRUE(Beat("s").tasks(0).absent_ranks().empty());
-  // Dealt out at the next tick (the files are listed): absent from then on.
+  // Taken over at the next tick (as if the hand-over wait had passed) by
+  // rank 0's worker, never absent.
   state_->Tick();
   job = *state_->GetJob("j");
-  ASSERT_TRUE(job.workers(2).absorbed());
-  EXPECT_EQ(job.workers(0).batches_per_step() + job.workers(1).batches_per_step(), 2);
-  EXPECT_THAT(Beat("s").tasks(0).absent_ranks(), ::testing::ElementsAre(2));
+  ASSERT_FALSE(job.workers(2).lost());
+  EXPECT_EQ(job.placement().worker_nodes(2), job.placement().worker_nodes(0));
+  EXPECT_EQ(Beat(job.placement().worker_nodes(0)).tasks_size(), 2);
+  EXPECT_TRUE(Beat("s").tasks(0).absent_ranks().empty());
 }
 
 TEST_F(DataAssignmentTest, ALostRankZerosDataAndEvaluationGoToTheLowestLiveRank) {
-  StartJob();
+  StartJob(ConsistencySpec::ASYNC);
   List("b", 1, 7);
   PassWithout("a", 15);  // a silent for 45 s, no worker free.
   const JobStatus job = *state_->GetJob("j");
@@ -230,7 +239,9 @@ TEST_F(DataAssignmentTest, ALostRankZerosDataAndEvaluationGoToTheLowestLiveRank)
   // Rank 1 evaluates (and takes the checkpoints) from now on.
   EXPECT_TRUE(Beat("b").tasks(0).evaluates());
   EXPECT_FALSE(Beat("c").tasks(0).evaluates());
-  ReportProgressRequest from_two = Progress("j", "c", 2, 100);
+  // ASYNC: rank 0's steps went with its data.
+  EXPECT_EQ(job.workers(1).steps() + job.workers(2).steps(), 300);
+  ReportProgressRequest from_two = Progress("j", "c", 2, job.workers(2).steps());
   from_two.set_finished(true);
   from_two.set_has_test_accuracy(true);
   from_two.set_test_accuracy(0.99);
@@ -238,7 +249,7 @@ TEST_F(DataAssignmentTest, ALostRankZerosDataAndEvaluationGoToTheLowestLiveRank)
   from_two.clear_has_test_accuracy();
   from_two.clear_test_accuracy();
   ASSERT_TRUE(state_->ReportProgress(from_two).ok());
-  ReportProgressRequest from_one = Progress("j", "b", 1, 100);
+  ReportProgressRequest from_one = Progress("j", "b", 1, job.workers(1).steps());
   from_one.set_finished(true);
   from_one.set_has_test_accuracy(true);
   from_one.set_test_accuracy(0.8);
@@ -247,8 +258,34 @@ TEST_F(DataAssignmentTest, ALostRankZerosDataAndEvaluationGoToTheLowestLiveRank)
   EXPECT_DOUBLE_EQ(state_->GetJob("j")->test_accuracy(), 0.8);
 }
 
-TEST_F(DataAssignmentTest, RankZeroLostAfterTheOthersFinishedIsEvaluatedByARankRunAgain) {
+TEST_F(DataAssignmentTest, ASyncRankZeroLostAfterTheOthersFinishedIsEvaluatedOnAnotherWorker) {
   StartJob();
+  List("b", 1, 7);
+  for (const auto& [node, rank] : {std::pair<std::string, int>{"b", 1}, {"c", 2}}) {
+    ReportProgressRequest done = Progress("j", node, rank, 100);
+    done.set_finished(true);
+    ASSERT_TRUE(state_->ReportProgress(done).ok());
+  }
+  ASSERT_TRUE(state_->ReportProgress(Progress("j", "a", 0, 100)).ok());
+  PassWithout("a", 15);  // a dies before its final evaluation.
+  const JobStatus job = *state_->GetJob("j");
+  ASSERT_EQ(job.state(), RUNNING);
+  // Rank 0 itself goes to b, which runs it from its last step to evaluate.
+  const HeartbeatResponse beat = Beat("b");
+  ASSERT_EQ(beat.tasks_size(), 2);
+  EXPECT_EQ(beat.tasks(0).rank(), 0);
+  EXPECT_TRUE(beat.tasks(0).evaluates());
+  EXPECT_EQ(beat.tasks(0).join().step(), 100);
+  ReportProgressRequest evaluated = Progress("j", "b", 0, 100);
+  evaluated.set_finished(true);
+  evaluated.set_has_test_accuracy(true);
+  evaluated.set_test_accuracy(0.75);
+  ASSERT_TRUE(state_->ReportProgress(evaluated).ok());
+  EXPECT_EQ(StateOf("j"), SUCCEEDED);
+}
+
+TEST_F(DataAssignmentTest, RankZeroLostAfterTheOthersFinishedIsEvaluatedByARankRunAgain) {
+  StartJob(ConsistencySpec::ASYNC);
   List("b", 1, 7);
   for (const auto& [node, rank] : {std::pair<std::string, int>{"b", 1}, {"c", 2}}) {
     ReportProgressRequest done = Progress("j", node, rank, 100);
@@ -263,7 +300,8 @@ TEST_F(DataAssignmentTest, RankZeroLostAfterTheOthersFinishedIsEvaluatedByARankR
   EXPECT_TRUE(task.evaluates());
   EXPECT_TRUE(task.has_join());
   EXPECT_EQ(task.join().step(), 100);
-  ReportProgressRequest evaluated = Progress("j", "b", 1, 100);
+  // ASYNC: it trains rank 0's steps too.
+  ReportProgressRequest evaluated = Progress("j", "b", 1, job.workers(1).steps());
   evaluated.set_finished(true);
   evaluated.set_has_test_accuracy(true);
   evaluated.set_test_accuracy(0.75);

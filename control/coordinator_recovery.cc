@@ -22,9 +22,14 @@ absl::Status CoordinatorState::FailJobsOfNode(const std::string& node_id, const 
     const JobStatus& job = *jobs_.Find(id);
     if (job.state() != RUNNING) continue;
     const auto& workers = job.placement().worker_nodes();
-    auto rank = std::find(workers.begin(), workers.end(), node_id);
-    if (rank != workers.end()) {
-      first.Update(LoseWorker(job, static_cast<int>(rank - workers.begin()), why));
+    if (std::count(workers.begin(), workers.end(), node_id) > 0) {
+      // Every rank the node trains (two where it took a lost one over);
+      // each loss commits a new record.
+      const int ranks = workers.size();
+      for (int rank = 0; rank < ranks; ++rank) {
+        if (jobs_.Find(id)->placement().worker_nodes(rank) != node_id) continue;
+        first.Update(LoseWorker(*jobs_.Find(id), rank, why));
+      }
       continue;
     }
     const auto& shards = job.placement().shard_nodes();
@@ -118,14 +123,27 @@ void CoordinatorState::HandOverLostRanks() {
       if (!written.ok()) break;
     }
   }
+  std::vector<const JobStatus*> running;
+  for (const std::string& id : ids) running.push_back(jobs_.Find(id));
+  const std::vector<NodeInfo> available = nodes_.Available();
   for (const std::string& id : ids) {
     const JobStatus& job = *jobs_.Find(id);
     if (!RankHandover::HasUnclaimed(job)) continue;
     JobStatus updated = job;
-    // Rank 0 lost after the others finished: a finished rank evaluates.
+    // SYNC: one of the job's workers trains the rank beside its own.
+    const auto why_no_room = [&](const std::string& node) {
+      return WhyNoRoomForAnotherRank(job, node, running, available, Placing());
+    };
+    const auto newest = [&] {
+      std::vector<std::string> refused;
+      return checkpoints_.NewestCheckpoint(job, &refused);
+    };
+    const bool shared = handover_.ShareWorkers(&updated, why_no_room, newest);
+    // ASYNC/SSP: rank 0 lost after the others finished: a finished rank
+    // evaluates; the rank's data and steps go to the live ranks.
     const bool reopened = handover_.ReopenToEvaluate(&updated);
-    if (!handover_.Absorb(&updated) && !reopened) continue;
-    NoteWrite(absl::StrCat("the hand-over of job ", id, "'s lost ranks' data"),
+    if (!handover_.Absorb(&updated) && !reopened && !shared) continue;
+    NoteWrite(absl::StrCat("the hand-over of job ", id, "'s lost ranks"),
               jobs_.Commit(std::move(updated), /*durable=*/true));
   }
 }

@@ -241,47 +241,53 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
 void CoordinatorState::AddTasks(const NodeInfo& node, HeartbeatResponse* response) {
   for (const std::string& id : jobs_.Ids()) {
     const JobStatus& job = *jobs_.Find(id);
-    if (job.state() != RUNNING || !InPlacement(job.placement(), node.id())) continue;
-    Task* task = response->add_tasks();
-    task->set_job_id(job.id());
-    task->set_attempt(job.attempt());
-    task->set_checkpoints(Saves(job));
-    task->set_checkpoint_requested_ms(job.checkpoint_requested_ms());
-    if (job.has_restore()) {
-      *task->mutable_restore() = job.restore();
-      // Shards restore from the files; the workers' state (up to
-      // kMaxWorkerStateBytes) goes to workers only, so a shard hosting many
-      // jobs is not sent it once per job every heartbeat.
-      if (node.role() == SHARD) task->mutable_restore()->clear_worker_state();
-    }
-    *task->mutable_spec() = job.spec();
-    *task->mutable_placement() = job.placement();
-    for (const std::string& shard : job.placement().shard_nodes()) {
-      task->add_shard_addresses(nodes_.Address(shard));
-    }
+    if (job.state() != RUNNING) continue;
+    // A task per rank the node holds: a worker may train two ranks of a
+    // SYNC job (RankHandover::ShareWorkers).
     const auto& nodes =
         node.role() == SHARD ? job.placement().shard_nodes() : job.placement().worker_nodes();
-    task->set_rank(std::find(nodes.begin(), nodes.end(), node.id()) - nodes.begin());
-    for (const WorkerProgress& worker : job.workers()) {
-      if (handover_.AbsentAtShards(job, worker)) task->add_absent_ranks(worker.rank());
+    for (int rank = 0; rank < nodes.size(); ++rank) {
+      if (nodes[rank] == node.id()) AddTask(job, node, rank, response->add_tasks());
     }
-    if (node.role() != WORKER) continue;
-    const WorkerProgress& worker = job.workers(task->rank());
-    // A worker that took its rank over continues where the rank had got to,
-    // with the workers' state of the checkpoint the job records (the
-    // hand-over made it the newest).
-    if (worker.joined()) {
-      task->mutable_join()->set_step(worker.step());
-      task->mutable_join()->set_worker_state(job.restore().worker_state());
-    }
-    *task->mutable_data() = worker.data();
-    task->set_data_step(worker.data_step());
-    task->set_steps(worker.steps());
-    task->set_batches_per_step(worker.batches_per_step());
-    task->set_takes_checkpoints(task->checkpoints() &&
-                                task->rank() == CheckpointOrchestrator::CheckpointRank(job));
-    task->set_evaluates(task->rank() == RankHandover::EvaluatingRank(job));
   }
+}
+
+void CoordinatorState::AddTask(const JobStatus& job, const NodeInfo& node, int rank, Task* task) {
+  task->set_job_id(job.id());
+  task->set_attempt(job.attempt());
+  task->set_checkpoints(Saves(job));
+  task->set_checkpoint_requested_ms(job.checkpoint_requested_ms());
+  if (job.has_restore()) {
+    *task->mutable_restore() = job.restore();
+    // Shards restore from the files; the workers' state (up to
+    // kMaxWorkerStateBytes) goes to workers only, so a shard hosting many
+    // jobs is not sent it once per job every heartbeat.
+    if (node.role() == SHARD) task->mutable_restore()->clear_worker_state();
+  }
+  *task->mutable_spec() = job.spec();
+  *task->mutable_placement() = job.placement();
+  for (const std::string& shard : job.placement().shard_nodes()) {
+    task->add_shard_addresses(nodes_.Address(shard));
+  }
+  task->set_rank(rank);
+  for (const WorkerProgress& worker : job.workers()) {
+    if (handover_.AbsentAtShards(job, worker)) task->add_absent_ranks(worker.rank());
+  }
+  if (node.role() != WORKER) return;
+  const WorkerProgress& worker = job.workers(task->rank());
+  // A worker that took its rank over continues where the rank had got to,
+  // with the workers' state of the checkpoint the job records (the
+  // hand-over made it the newest).
+  if (worker.joined()) {
+    task->mutable_join()->set_step(worker.step());
+    task->mutable_join()->set_worker_state(job.restore().worker_state());
+  }
+  *task->mutable_data() = worker.data();
+  task->set_data_step(worker.data_step());
+  task->set_steps(worker.steps());
+  task->set_takes_checkpoints(task->checkpoints() &&
+                              task->rank() == CheckpointOrchestrator::CheckpointRank(job));
+  task->set_evaluates(task->rank() == RankHandover::EvaluatingRank(job));
 }
 
 absl::StatusOr<std::vector<NodeInfo>> CoordinatorState::ListNodes() { return nodes_.List(); }
@@ -297,11 +303,14 @@ absl::StatusOr<NodeInfo> CoordinatorState::CordonNode(const std::string& node_id
     absl::Status first;
     for (const std::string& id : jobs_.Ids()) {
       const JobStatus& job = *jobs_.Find(id);
-      const auto& workers = job.placement().worker_nodes();
-      if (job.state() != RUNNING || !Names(workers, node_id)) continue;
-      const int rank = std::find(workers.begin(), workers.end(), node_id) - workers.begin();
-      first.Update(
-          LoseWorker(job, rank, absl::StrCat("worker node ", node_id, " drained by operator")));
+      if (job.state() != RUNNING) continue;
+      // Every rank the node trains; each loss commits a new record.
+      const int ranks = job.placement().worker_nodes_size();
+      for (int rank = 0; rank < ranks; ++rank) {
+        if (jobs_.Find(id)->placement().worker_nodes(rank) != node_id) continue;
+        first.Update(LoseWorker(*jobs_.Find(id), rank,
+                                absl::StrCat("worker node ", node_id, " drained by operator")));
+      }
     }
     RETURN_IF_ERROR(first);
   }

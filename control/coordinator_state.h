@@ -224,6 +224,9 @@ class CoordinatorState : public Coordinator {
   // The job's tasks for `node` (a heartbeat's answer).
   void AddTasks(const NodeInfo& node, HeartbeatResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `node`'s task for its rank (worker) or index (shard) `rank` of `job`.
+  void AddTask(const JobStatus& job, const NodeInfo& node, int rank, Task* task)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the job's state is saved: the coordinator and every shard node
   // of its placement have a checkpoint root.
   bool Saves(const JobStatus& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,6 +1,7 @@
 #include "control/rank_handover.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -8,7 +9,6 @@
 #include "absl/strings/str_join.h"
 #include "spec/data_assignment.h"
 #include "spec/limits.h"
-#include "spec/model_shape.h"
 
 namespace downpour {
 namespace control {
@@ -43,10 +43,14 @@ std::string RankHandover::WaitingFor(const JobStatus& job) const {
     if (Unclaimed(worker)) lost.push_back(worker.rank());
   }
   if (lost.empty()) return "";
-  return absl::StrCat("worker rank", lost.size() > 1 ? "s " : " ", absl::StrJoin(lost, ", "),
-                      " lost; waiting for a free worker to take ", lost.size() > 1 ? "them" : "it",
-                      " over (for ", absl::FormatDuration(options_.handover_wait),
-                      ", then the live ranks take ", lost.size() > 1 ? "their" : "its", " data)");
+  const bool sync = job.spec().consistency().mode() == ConsistencySpec::SYNC;
+  return absl::StrCat(
+      "worker rank", lost.size() > 1 ? "s " : " ", absl::StrJoin(lost, ", "),
+      " lost; waiting for a free worker to take ", lost.size() > 1 ? "them" : "it", " over (for ",
+      absl::FormatDuration(options_.handover_wait), ", then ",
+      sync ? "a worker of the job trains it beside its own rank"
+           : absl::StrCat("the live ranks take ", lost.size() > 1 ? "their" : "its", " data"),
+      ")");
 }
 
 std::string RankHandover::Untrained(const JobStatus& job) {
@@ -63,13 +67,9 @@ std::string RankHandover::Untrained(const JobStatus& job) {
 
 bool RankHandover::AbsentAtShards(const JobStatus& job, const WorkerProgress& worker) const {
   if (worker.finished()) return true;
-  if (!worker.lost()) return false;
-  // SYNC: only once its data was dealt out, so that no step completes
-  // without the rank's batch while that batch is neither trained by a taker
-  // nor by a receiver (a rank that started without a worker is lost as if
-  // the hand-over wait had passed, but its data is dealt out only once the
-  // live ranks have listed the files).
-  return job.spec().consistency().mode() != ConsistencySpec::SYNC || worker.absorbed();
+  // SYNC: never while lost, so that no step completes without the rank's
+  // batch: its taker (a free worker, or one of the job's) trains it.
+  return worker.lost() && job.spec().consistency().mode() != ConsistencySpec::SYNC;
 }
 
 bool RankHandover::Lose(JobStatus* job, int rank, const std::string& why) const {
@@ -116,11 +116,89 @@ bool RankHandover::AssignTakers(
   return true;
 }
 
-bool RankHandover::Absorb(JobStatus* job) const {
-  if (job->state() != RUNNING || job->data_files().empty()) return false;
+namespace {
+
+// The node training `worker`'s rank, "" while it is lost.
+const std::string& NodeOf(const JobStatus& job, const WorkerProgress& worker) {
+  return job.placement().worker_nodes(worker.rank());
+}
+
+}  // namespace
+
+bool RankHandover::ShareWorkers(
+    JobStatus* job,
+    const std::function<std::optional<std::string>(const std::string&)>& why_no_room,
+    const std::function<absl::StatusOr<CheckpointRestore>()>& newest) const {
+  if (job->state() != RUNNING || job->spec().consistency().mode() != ConsistencySpec::SYNC ||
+      job->test_accuracy() >= 0) {
+    return false;
+  }
   const int64_t now_ms = absl::ToUnixMillis(options_.now());
   const int64_t wait_ms = absl::ToInt64Milliseconds(options_.handover_wait);
-  const bool sync = job->spec().consistency().mode() == ConsistencySpec::SYNC;
+  bool taken = false;
+  std::string no_room;
+  for (WorkerProgress& lost : *job->mutable_workers()) {
+    if (!Unclaimed(lost) || lost.lost_ms() + wait_ms > now_ms) continue;
+    // The job's workers, those training the fewest of its ranks first
+    // (then the lowest rank's), each asked once.
+    std::map<std::string, int> ranks_held;
+    std::vector<std::string> nodes;
+    for (const WorkerProgress& worker : job->workers()) {
+      if (worker.lost() || NodeOf(*job, worker).empty()) continue;
+      if (ranks_held[NodeOf(*job, worker)]++ == 0) nodes.push_back(NodeOf(*job, worker));
+    }
+    std::stable_sort(nodes.begin(), nodes.end(), [&](const std::string& a, const std::string& b) {
+      return ranks_held[a] < ranks_held[b];
+    });
+    std::string taker;
+    for (const std::string& node : nodes) {
+      std::optional<std::string> why = why_no_room(node);
+      if (!why.has_value()) {
+        taker = node;
+        break;
+      }
+      if (no_room.empty()) no_room = *why;
+    }
+    if (taker.empty()) continue;
+    std::vector<int> own;
+    for (const WorkerProgress& worker : job->workers()) {
+      if (!worker.lost() && NodeOf(*job, worker) == taker) own.push_back(worker.rank());
+    }
+    lost.set_lost(false);
+    lost.set_lost_ms(0);
+    lost.set_joined(true);
+    lost.set_node_id(taker);
+    job->mutable_placement()->set_worker_nodes(lost.rank(), taker);
+    taken = true;
+    history_->AddEvent(
+        job, absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
+                          absl::FormatDuration(options_.handover_wait),
+                          " (no worker free): worker node ", taker, ", which trains rank",
+                          own.size() > 1 ? "s " : " ", absl::StrJoin(own, ", "),
+                          ", takes it over from step ", lost.step(), " and trains both"));
+  }
+  std::string message = WaitingFor(*job);
+  if (!message.empty() && !no_room.empty()) {
+    absl::StrAppend(&message, "; no worker of the job has room for another rank: ", no_room);
+  }
+  if (!taken && message == job->message()) return false;
+  if (taken) {
+    // As AssignTakers: the takers load the newest checkpoint's workers'
+    // state.
+    absl::StatusOr<CheckpointRestore> restore = newest();
+    if (restore.ok()) *job->mutable_restore() = *std::move(restore);
+  }
+  job->set_message(message);
+  return true;
+}
+
+bool RankHandover::Absorb(JobStatus* job) const {
+  if (job->state() != RUNNING || job->data_files().empty() ||
+      job->spec().consistency().mode() == ConsistencySpec::SYNC) {
+    return false;
+  }
+  const int64_t now_ms = absl::ToUnixMillis(options_.now());
+  const int64_t wait_ms = absl::ToInt64Milliseconds(options_.handover_wait);
   bool absorbed = false;
   for (WorkerProgress& lost : *job->mutable_workers()) {
     if (!Unclaimed(lost) || lost.lost_ms() + wait_ms > now_ms) continue;
@@ -131,30 +209,15 @@ bool RankHandover::Absorb(JobStatus* job) const {
     }
     // With none, the data stays untrained (the job's end says so).
     if (receivers.empty()) break;
-    auto batches = [](const WorkerProgress* w) { return std::max(1, w->batches_per_step()); };
     std::stable_sort(receivers.begin(), receivers.end(),
                      [&](const WorkerProgress* a, const WorkerProgress* b) {
-                       return std::make_pair(batches(a), a->data_size()) <
-                              std::make_pair(batches(b), b->data_size());
+                       return a->data_size() < b->data_size();
                      });
-    // SYNC: one rank takes the lost one's data and its batches a step, so
-    // every step still averages as many examples as in a clean run. With
-    // sparse tables a rank trains one batch a step (its rows are pulled and
-    // pushed for that batch): the data goes, read in turn with the rank's
-    // own, and the steps average fewer examples.
-    const bool one_batch = sync && HasSparseTables(job->spec().model());
-    if (sync) {
-      receivers.resize(1);
-      if (!one_batch) {
-        receivers[0]->set_batches_per_step(batches(receivers[0]) + batches(&lost));
-      }
-    }
     const std::vector<DataPart> parts(lost.data().begin(), lost.data().end());
     const std::vector<std::vector<DataPart>> dealt = DealParts(parts, receivers.size());
-    // ASYNC/SSP: the rank's remaining steps go with its data, so the job
-    // makes as many updates as it would have (a SYNC step is every
-    // worker's: it has none of its own).
-    const int64_t remaining = sync ? 0 : std::max<int64_t>(0, lost.steps() - lost.step());
+    // The rank's remaining steps go with its data, so the job makes as many
+    // updates as it would have.
+    const int64_t remaining = std::max<int64_t>(0, lost.steps() - lost.step());
     const int64_t count = static_cast<int64_t>(receivers.size());
     std::vector<std::string> to;
     for (int64_t i = 0; i < count; ++i) {
@@ -164,13 +227,8 @@ bool RankHandover::Absorb(JobStatus* job) const {
       for (const DataPart& part : dealt[i]) *receiver.add_data() = part;
       receiver.set_data_step(receiver.step());
       receiver.set_steps(receiver.steps() + extra);
-      to.push_back(absl::StrCat(
-          receiver.rank(), " (", dealt[i].size(), " parts",
-          extra > 0 ? absl::StrCat(", +", extra, " steps") : "",
-          one_batch ? ", 1 batch a step: a job with sparse tables trains one a step per rank"
-          : sync    ? absl::StrCat(", ", receiver.batches_per_step(), " batches a step")
-                    : "",
-          ")"));
+      to.push_back(absl::StrCat(receiver.rank(), " (", dealt[i].size(), " parts",
+                                extra > 0 ? absl::StrCat(", +", extra, " steps") : "", ")"));
     }
     lost.set_absorbed(true);
     lost.clear_data();

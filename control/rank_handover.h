@@ -1,12 +1,14 @@
 // RankHandover: what happens to a worker rank whose worker is gone (dead,
 // restarted, drained, cordoned). The next free worker takes it over where it
-// had got to (its share of the data, its step); when none does within
-// handover_wait, its data — and in ASYNC/SSP its remaining steps — is dealt
-// out to the job's live ranks, least loaded first. Meanwhile an ASYNC/SSP
+// had got to (its share of the data, its step). When none does within
+// handover_wait, a SYNC job's rank is taken over by one of the job's own
+// workers, which then trains it beside its own rank (each on its data,
+// pushing as its rank, so the job trains exactly what a clean run trains,
+// only slower); an ASYNC/SSP job's rank has its data and remaining steps
+// dealt out to the live ranks, least loaded first. Meanwhile an ASYNC/SSP
 // job goes on without the rank, while a SYNC job's steps wait for it (a step
-// that went on would skip the rank's batch, and the job would no longer
-// train what a clean run trains). It also shares a job's record files out
-// to its ranks.
+// that went on would skip the rank's batch). It also shares a job's record
+// files out to its ranks.
 //
 // It keeps no state of its own: a rank's state lives in its job's record
 // (WorkerProgress: lost, joined, absorbed, data, steps), which each method
@@ -17,6 +19,7 @@
 
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -31,8 +34,8 @@ namespace control {
 class RankHandover {
  public:
   struct Options {
-    // A lost rank (not rank 0, which evaluates) that no free worker takes
-    // over within this long has its data dealt out to the live ranks.
+    // A lost rank that no free worker takes over within this long goes to
+    // one of the job's workers (SYNC) or has its data dealt out (ASYNC/SSP).
     absl::Duration handover_wait = absl::Seconds(30);
     std::function<absl::Time()> now = [] { return absl::Now(); };
   };
@@ -53,9 +56,9 @@ class RankHandover {
   // What a job that ends with lost ranks did not train ("" when none is).
   static std::string Untrained(const JobStatus& job);
   // Whether the shards complete `job`'s steps without `worker`'s rank
-  // (Task.absent_ranks): a finished rank, and a lost one — in SYNC only once
-  // its data was dealt out (Absorb; until then a taker continues at the very
-  // step the rank had reached).
+  // (Task.absent_ranks): a finished rank, and in ASYNC/SSP a lost one (in
+  // SYNC the steps wait for its taker, who continues at the very step the
+  // rank had reached).
   bool AbsentAtShards(const JobStatus& job, const WorkerProgress& worker) const;
 
   // Worker `rank` of running `job` is gone: marked lost for a taker.
@@ -68,10 +71,21 @@ class RankHandover {
   // its end waits for no one).
   bool AssignTakers(JobStatus* job, std::deque<std::string>* free,
                     const std::function<absl::StatusOr<CheckpointRestore>()>& newest) const;
-  // Deals the data of ranks lost for longer than handover_wait out to the
-  // job's live ranks (SYNC: one rank takes it and its batches a step); the
-  // ranks are then absorbed — rank 0 too, whose evaluation then goes to the
-  // lowest live rank. False when none was.
+  // SYNC: gives each rank lost for longer than handover_wait to the worker
+  // of the job's live ranks that trains the fewest of them and has room for
+  // another replica of the model (`why_no_room` says why a node has not;
+  // nullopt when it has), as a take-over: the node then trains both ranks.
+  // `newest` as AssignTakers'. With no room anywhere the rank keeps waiting
+  // for a free worker and the job's message says why. False when nothing
+  // changed.
+  bool ShareWorkers(
+      JobStatus* job,
+      const std::function<std::optional<std::string>(const std::string&)>& why_no_room,
+      const std::function<absl::StatusOr<CheckpointRestore>()>& newest) const;
+  // ASYNC/SSP: deals the data and remaining steps of ranks lost for longer
+  // than handover_wait out to the job's live ranks; the ranks are then
+  // absorbed — rank 0 too, whose evaluation then goes to the lowest live
+  // rank. False when none was.
   bool Absorb(JobStatus* job) const;
   // A job not yet evaluated whose rank 0 was lost, not taken over within
   // handover_wait, after the others finished: the lowest live rank runs

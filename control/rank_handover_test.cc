@@ -45,8 +45,8 @@ TEST_F(RankHandoverTest, ALostRankWaitsThenGoesToAFreeWorker) {
   EXPECT_TRUE(job_.workers(1).lost());
   EXPECT_EQ(job_.placement().worker_nodes(1), "");
   EXPECT_EQ(job_.message(),
-            "worker rank 1 lost; waiting for a free worker to take it over (for 30s, then the "
-            "live ranks take its data)");
+            "worker rank 1 lost; waiting for a free worker to take it over (for 30s, then a "
+            "worker of the job trains it beside its own rank)");
   EXPECT_EQ(RankHandover::Untrained(job_),
             "without the data of worker rank 1 from step 40 (lost; no worker was free to take "
             "it over)");
@@ -71,33 +71,70 @@ TEST_F(RankHandoverTest, ALostRankWaitsThenGoesToAFreeWorker) {
 }
 
 // A SYNC step that went on without a lost rank would skip its batch: the
-// shards wait for the rank until a worker takes it over or its data is dealt
-// out, however long that takes (a rank that started without a worker is
-// lost as if the wait had passed, yet its data is dealt out only once the
-// live ranks have listed the files). ASYNC/SSP steps are each rank's own.
-TEST_F(RankHandoverTest, SyncStepsWaitForALostRankUntilItsDataIsDealtOut) {
+// shards wait for the rank, however long that takes, until a free worker
+// takes it over or, after the wait, one of the job's own. ASYNC/SSP steps
+// are each rank's own.
+TEST_F(RankHandoverTest, SyncStepsWaitForALostRankUntilAWorkerOfTheJobTakesItOver) {
   const RankHandover handover = Handover();
   job_.mutable_spec()->mutable_consistency()->set_mode(ConsistencySpec::SYNC);
-  job_.mutable_workers(2)->set_finished(true);
+  job_.add_data_files("part-0");
+  job_.mutable_workers(1)->set_step(40);
   ASSERT_TRUE(handover.Lose(&job_, 1, "gone"));
   EXPECT_THAT(job_.events().rbegin()->message(),
               ::testing::HasSubstr("its steps wait until a worker takes it over"));
   EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(0)));
   EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(1)));
-  EXPECT_TRUE(handover.AbsentAtShards(job_, job_.workers(2)));  // Finished.
-  now_ += absl::Seconds(30);
-  EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(1)));
-  // The files not listed yet: nothing is dealt, the rank still counts.
+  // Never dealt out.
+  now_ += absl::Seconds(31);
   EXPECT_FALSE(handover.Absorb(&job_));
   EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(1)));
-  job_.add_data_files("part-0");
-  ASSERT_TRUE(handover.Absorb(&job_));
-  EXPECT_TRUE(job_.workers(1).absorbed());
-  EXPECT_TRUE(handover.AbsentAtShards(job_, job_.workers(1)));
+
+  int asked = 0;
+  auto newest = [&]() -> absl::StatusOr<CheckpointRestore> {
+    ++asked;
+    CheckpointRestore restore;
+    restore.set_step(30);
+    return restore;
+  };
+  // w0 has no room: w2 (rank 2) takes it.
+  std::vector<std::string> asked_nodes;
+  auto room = [&](const std::string& node) -> std::optional<std::string> {
+    asked_nodes.push_back(node);
+    if (node == "w0") return "worker w0 may hold 1 GiB";
+    return std::nullopt;
+  };
+  ASSERT_TRUE(handover.ShareWorkers(&job_, room, newest));
+  EXPECT_THAT(asked_nodes, ::testing::ElementsAre("w0", "w2"));
+  EXPECT_EQ(asked, 1);
+  EXPECT_FALSE(job_.workers(1).lost());
+  EXPECT_TRUE(job_.workers(1).joined());
+  EXPECT_EQ(job_.workers(1).node_id(), "w2");
+  EXPECT_EQ(job_.placement().worker_nodes(1), "w2");
+  EXPECT_EQ(job_.restore().step(), 30);
+  EXPECT_EQ(job_.message(), "");
+  EXPECT_THAT(job_.events().rbegin()->message(),
+              ::testing::HasSubstr("worker node w2, which trains rank 2, takes it over from step "
+                                   "40 and trains both"));
+  EXPECT_FALSE(handover.ShareWorkers(&job_, room, newest));
+
+  // Rank 0 lost too: w2 trains two ranks now, so w0... is lost; nobody but
+  // w2 is left, and it has no room: the rank waits, saying why.
+  ASSERT_TRUE(handover.Lose(&job_, 0, "gone"));
+  now_ += absl::Seconds(31);
+  auto no_room = [](const std::string& node) -> std::optional<std::string> {
+    return "worker " + node + " may hold 1 GiB";
+  };
+  ASSERT_TRUE(handover.ShareWorkers(&job_, no_room, newest));
+  EXPECT_TRUE(job_.workers(0).lost());
+  EXPECT_THAT(job_.message(),
+              ::testing::EndsWith("; no worker of the job has room for another rank: worker w2 "
+                                  "may hold 1 GiB"));
+  EXPECT_FALSE(handover.ShareWorkers(&job_, no_room, newest));  // Nothing new.
+  EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(0)));
 
   job_.mutable_spec()->mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
-  job_.mutable_workers(1)->set_absorbed(false);
-  EXPECT_TRUE(handover.AbsentAtShards(job_, job_.workers(1)));
+  EXPECT_TRUE(handover.AbsentAtShards(job_, job_.workers(0)));
+  EXPECT_FALSE(handover.ShareWorkers(&job_, room, newest));
 }
 
 TEST_F(RankHandoverTest, AnEvaluatedJobWaitsForNoTaker) {
@@ -134,8 +171,9 @@ TEST_F(RankHandoverTest, AnAsyncRanksDataAndStepsAreDealtToTheLiveRanksAfterTheW
   EXPECT_FALSE(handover.Absorb(&job_));
 }
 
-TEST_F(RankHandoverTest, RankZerosDataAndEvaluationGoToTheLowestLiveRank) {
+TEST_F(RankHandoverTest, AnAsyncRankZerosDataAndEvaluationGoToTheLowestLiveRank) {
   const RankHandover handover = Handover();
+  job_.mutable_spec()->mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
   job_.add_data_files("part-0");
   EXPECT_EQ(RankHandover::EvaluatingRank(job_), 0);
   handover.Lose(&job_, 0, "gone");

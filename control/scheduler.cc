@@ -136,6 +136,30 @@ std::string Needs(const JobSpec& spec, const JobNeeds& needs) {
                       " on each of its ", spec.num_shards(), " shards");
 }
 
+// Takes what the RUNNING `jobs` hold into `ledger`; with `busy_workers` and
+// `shard_load`, also their workers and how many jobs each shard serves.
+void TakeRunning(const std::vector<const JobStatus*>& jobs, const ScheduleOptions& options,
+                 MemoryLedger* ledger, std::set<std::string>* busy_workers = nullptr,
+                 std::map<std::string, int>* shard_load = nullptr) {
+  for (const JobStatus* job : jobs) {
+    if (job->state() != RUNNING) continue;
+    for (const auto& w : job->placement().worker_nodes()) {
+      if (busy_workers != nullptr) busy_workers->insert(w);
+    }
+    for (const auto& s : job->placement().shard_nodes()) {
+      if (shard_load != nullptr) ++(*shard_load)[s];
+    }
+    absl::StatusOr<JobNeeds> held = NeedsOf(job->spec(), options, &job->placement());
+    if (!held.ok()) continue;  // Validated when it started.
+    for (const auto& w : job->placement().worker_nodes()) ledger->Take(w, held->worker);
+    for (int i = 0; i < job->placement().shard_nodes_size(); ++i) {
+      if (i < static_cast<int>(held->shards.size())) {
+        ledger->Take(job->placement().shard_nodes(i), held->shards[i]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*>& jobs,
@@ -144,19 +168,7 @@ std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*
   std::set<std::string> busy_workers;
   std::map<std::string, int> shard_load;
   MemoryLedger ledger(alive_nodes);
-  for (const JobStatus* job : jobs) {
-    if (job->state() != RUNNING) continue;
-    for (const auto& w : job->placement().worker_nodes()) busy_workers.insert(w);
-    for (const auto& s : job->placement().shard_nodes()) ++shard_load[s];
-    absl::StatusOr<JobNeeds> held = NeedsOf(job->spec(), options, &job->placement());
-    if (!held.ok()) continue;  // Validated when it started.
-    for (const auto& w : job->placement().worker_nodes()) ledger.Take(w, held->worker);
-    for (int i = 0; i < job->placement().shard_nodes_size(); ++i) {
-      if (i < static_cast<int>(held->shards.size())) {
-        ledger.Take(job->placement().shard_nodes(i), held->shards[i]);
-      }
-    }
-  }
+  TakeRunning(jobs, options, &ledger, &busy_workers, &shard_load);
   std::vector<ScheduleDecision> decisions;
   for (const JobStatus* job : jobs) {
     if (job->state() != PENDING) continue;
@@ -246,6 +258,20 @@ absl::Status CheckFits(const JobSpec& spec, const std::vector<NodeInfo>& nodes,
       " registered nodes can hold with no other job running: ", choice.short_of,
       "; shrink the model or its batch, spread it over more shards (num_shards), or add nodes "
       "with more memory"));
+}
+
+std::optional<std::string> WhyNoRoomForAnotherRank(const JobStatus& job, const std::string& node_id,
+                                                   const std::vector<const JobStatus*>& jobs,
+                                                   const std::vector<NodeInfo>& alive_nodes,
+                                                   const ScheduleOptions& options) {
+  auto node = std::find_if(alive_nodes.begin(), alive_nodes.end(),
+                           [&](const NodeInfo& n) { return n.id() == node_id; });
+  if (node == alive_nodes.end()) return absl::StrCat("worker ", node_id, " is not alive");
+  absl::StatusOr<JobNeeds> needs = NeedsOf(job.spec(), options, &job.placement());
+  if (!needs.ok()) return std::string(needs.status().message());
+  MemoryLedger ledger(alive_nodes);
+  TakeRunning(jobs, options, &ledger);
+  return ledger.WhyNot(*node, needs->worker);
 }
 
 }  // namespace control

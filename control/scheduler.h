@@ -1,6 +1,7 @@
 // The coordinator's scheduling: which pending jobs start now, on which nodes.
 // Jobs start in submission order (FIFO) as soon as enough alive workers are
-// free (a worker runs one job at a time) and enough shards are alive (shards
+// free (a worker runs one job at a time, but may train a second rank of
+// its SYNC job: RankHandover) and enough shards are alive (shards
 // are shared; a job's shards are the least loaded ones that have room). A
 // started job gets its worker ranks, its shard indices and the placement of
 // its parameter partitions over those shards (spec/shard_map.h).
@@ -17,6 +18,7 @@
 #ifndef DOWNPOUR_CONTROL_SCHEDULER_H_
 #define DOWNPOUR_CONTROL_SCHEDULER_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +74,15 @@ std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*
 // validated.
 absl::Status CheckFits(const JobSpec& spec, const std::vector<NodeInfo>& nodes,
                        const ScheduleOptions& options = {});
+
+// Why worker `node_id` cannot hold one more replica of running `job`'s model
+// (a SYNC rank no free worker took over, trained beside the node's own:
+// RankHandover::ShareWorkers), with `jobs` running on `alive_nodes`;
+// nullopt when it can.
+std::optional<std::string> WhyNoRoomForAnotherRank(const JobStatus& job, const std::string& node_id,
+                                                   const std::vector<const JobStatus*>& jobs,
+                                                   const std::vector<NodeInfo>& alive_nodes,
+                                                   const ScheduleOptions& options = {});
 
 }  // namespace control
 }  // namespace downpour

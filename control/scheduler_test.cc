@@ -127,6 +127,28 @@ TEST(SchedulerTest, AJobWaitsForMemoryAndTakesTheShardsThatHaveRoom) {
               HasSubstr("the daemons on host b may hold 80.0 KiB together (80% of its memory)"));
 }
 
+// A SYNC rank no free worker took goes to a worker of its job only where a
+// second replica of the model fits beside what the node holds.
+TEST(SchedulerTest, AWorkerHasRoomForAnotherRankOnlyWithinItsBudget) {
+  // About 100 KB a replica (the test above).
+  JobStatus running = Wide("running", RUNNING, 1000);
+  running.mutable_placement()->add_worker_nodes("w1");
+  running.mutable_placement()->add_shard_nodes("s1");
+  const int64_t kMiB = 1 << 20;
+  std::vector<NodeInfo> nodes = {Sized("s1", SHARD, 0, "a", 64 * kMiB),
+                                 Sized("w1", WORKER, 0, "a", 64 * kMiB)};
+  EXPECT_EQ(WhyNoRoomForAnotherRank(running, "w1", {&running}, nodes), std::nullopt);
+  // Room for one replica only.
+  nodes[1].set_memory_limit_bytes(150 << 10);
+  const std::optional<std::string> why =
+      WhyNoRoomForAnotherRank(running, "w1", {&running}, nodes);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_THAT(*why, HasSubstr("worker w1 may hold 150.0 KiB (its --device_memory_limit)"));
+  EXPECT_THAT(*why, HasSubstr("of it taken"));
+  EXPECT_THAT(WhyNoRoomForAnotherRank(running, "gone", {&running}, nodes).value_or(""),
+              HasSubstr("worker gone is not alive"));
+}
+
 TEST(SchedulerTest, AJobTooLargeForTheNodesEvenIdleIsRefusedNamingTheLimit) {
   // The Fashion-MNIST MLP with a 784 -> 2,000,000 layer: 6.3 GB of weights.
   JobStatus job = Wide("huge", PENDING, 2000000);

@@ -259,7 +259,15 @@ class RecoveryTest : public CheckpointTest {
   // kExact: a rank taken over with no step going on without it (a SYNC
   // worker drained after a step, or killed between its pushes to two
   // shards): the clean run's accuracy, to the example.
-  enum class Expect { kRollback, kNoRestart, kExact, kMove, kPartialRestore, kHandedOut };
+  enum class Expect {
+    kRollback,
+    kNoRestart,
+    kExact,
+    kMove,
+    kPartialRestore,
+    kHandedOut,    // ASYNC: the lost rank's data and steps dealt out.
+    kSharedWorker  // SYNC: the live worker takes the lost rank over too.
+  };
 
   // The worker process that holds `rank` of the job "victim".
   Process* WorkerOfRank(int rank) {
@@ -339,6 +347,13 @@ class RecoveryTest : public CheckpointTest {
         EXPECT_TRUE(HasEvent(job, " lost at step ")) << Events(job);
         EXPECT_TRUE(HasEvent(job, " taken over by worker node ")) << Events(job);
         break;
+      case Expect::kSharedWorker:
+        EXPECT_EQ(job.restarts(), 0) << Events(job);
+        EXPECT_EQ(job.attempt(), 1) << Events(job);
+        EXPECT_TRUE(HasEvent(job, "worker rank 1 not taken over within ")) << Events(job);
+        EXPECT_TRUE(HasEvent(job, "which trains rank 0, takes it over from step ")) << Events(job);
+        EXPECT_FALSE(absl::StrContains(job.message(), "without the data")) << job.message();
+        break;
       case Expect::kHandedOut:
         EXPECT_EQ(job.restarts(), 0) << Events(job);
         EXPECT_EQ(job.attempt(), 1) << Events(job);
@@ -361,7 +376,7 @@ class RecoveryTest : public CheckpointTest {
     }
 
     // The clean run needs two workers again.
-    if (expect == Expect::kHandedOut) {
+    if (expect == Expect::kHandedOut || expect == Expect::kSharedWorker) {
       ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
     }
     CommandResult clean = cluster_->Ctl({"submit", spec, "--job_id=clean", "--wait"});
@@ -469,11 +484,11 @@ TEST_F(RecoveryTest, AKilledAsyncWorkersRankGoesToAReplacementWithoutARollback) 
       "ASYNC");
 }
 
-// No worker comes to take rank 1 over: its data goes to the live worker
-// (at once: a SYNC job stood still while the rank was not yet lost), which
-// trains on its batch too, so every step averages as many examples.
-TEST_F(RecoveryTest, AKilledSyncWorkersDataGoesToTheLiveWorkerWhenNoneIsFree) {
-  SurviveFault(Expect::kHandedOut, [this] { WorkerOfRank(1)->Signal(SIGKILL); }, "SYNC",
+// No worker comes to take rank 1 over: the live worker takes it over (at
+// once: a SYNC job stood still while the rank was not yet lost) and trains
+// both ranks, each on its own data, as a free worker would have.
+TEST_F(RecoveryTest, AKilledSyncWorkersRankGoesToTheLiveWorkerWhenNoneIsFree) {
+  SurviveFault(Expect::kSharedWorker, [this] { WorkerOfRank(1)->Signal(SIGKILL); }, "SYNC",
                {"--handover_wait_s=0"});
 }
 

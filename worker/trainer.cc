@@ -92,7 +92,11 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
   ExchangeOptions exchange = options_.exchange;
   exchange.job_id = task_.job_id();
   exchange.rank = task_.rank();
-  exchange.worker_id = options_.node_id;
+  // Requests are numbered per rank: a node may train two ranks of a SYNC
+  // job at once (a lost rank no free worker took), and the shards keep
+  // each sender's numbers apart. "<node>#..." passes their check that the
+  // node holds the rank.
+  exchange.worker_id = absl::StrCat(options_.node_id, "#r", task_.rank());
   exchange.incarnation = options_.incarnation;
   // Each start of the job in this process numbers its requests above the
   // last start's (2^32 requests apart), and each run within a start above
@@ -326,13 +330,11 @@ bool SameData(const std::vector<DataPart>& a, const std::vector<DataPart>& b) {
 
 }  // namespace
 
-void JobTrainer::UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps,
-                            int batches_per_step) {
+void JobTrainer::UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps) {
   // Only ever more steps (a run that already ended keeps its end).
   int64_t known = steps_.load();
   while (steps > known && !steps_.compare_exchange_weak(known, steps)) {
   }
-  batches_per_step_.store(std::max(1, batches_per_step));
   absl::MutexLock lock(&data_mu_);
   const bool same = data_step == data_step_ && SameData(data, data_);
   new_data_ = std::move(data);

@@ -133,11 +133,10 @@ class JobTrainer {
     }
   }
   // The coordinator changed the rank's data (Task.data, from step
-  // `data_step`), its steps (Task.steps; only more are taken) or its
-  // batches per step (SYNC): read and run them from the next step on.
+  // `data_step`) or its steps (Task.steps; only more are taken; ASYNC/SSP,
+  // a lost rank's dealt out): read and run them from the next step on.
   // Thread-safe.
-  void UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps,
-                  int batches_per_step);
+  void UpdateData(std::vector<DataPart> data, int64_t data_step, int64_t steps);
   // Whether this rank takes the job's checkpoints (Task.takes_checkpoints:
   // rank 0, or another while rank 0 is lost). Thread-safe.
   void SetTakesCheckpoints(bool takes) { takes_checkpoints_.store(takes); }
@@ -335,10 +334,8 @@ class JobTrainer {
   std::vector<DataPart> new_data_ ABSL_GUARDED_BY(data_mu_);
   int64_t new_data_step_ ABSL_GUARDED_BY(data_mu_) = 0;
   std::atomic<bool> shutting_down_{false};
-  // The steps the rank runs (Task.steps; may grow mid-run),
-  // and the batches it trains on per step (Task.batches_per_step).
+  // The steps the rank runs (Task.steps; may grow mid-run).
   std::atomic<int64_t> steps_{0};
-  std::atomic<int> batches_per_step_{1};
   // Steps this worker has completed (pushed), for a drain's report.
   std::atomic<int64_t> steps_completed_{0};
   std::atomic<bool> failed_{false};

@@ -60,11 +60,6 @@ class GradientSum {
     }
     any_ = true;
   }
-  void Scale(float factor) {
-    for (std::vector<float>& sum : sums_) {
-      ScaleInPlace(factor, static_cast<int64_t>(sum.size()), sum.data());
-    }
-  }
   // The sum by tensor id, or none when every step since the last push was
   // skipped; valid until Clear().
   std::vector<const float*> Gradients() const {
@@ -122,8 +117,6 @@ struct JobTrainer::RunState {
   // ASYNC/SSP may push a sum of several steps and pull less often (SYNC: 1).
   int64_t push_every = 1, fetch_every = 1;
   GradientSum accumulated;
-  // The mean of a step's batches when it trains on several (SYNC hand-out).
-  GradientSum step_mean;
   // Whether the model holds the parameters after the last push (a push
   // that was to be the last pulls nothing; the rank's steps may grow).
   bool pulled = true;
@@ -170,7 +163,6 @@ struct JobTrainer::StepState {
   int64_t step = 0;
   double began = 0;  // MonotonicSeconds() once its data was settled.
   // The plan (PlanStep).
-  int batches = 1;
   bool checkpoint_due = false;  // A checkpoint at step + 1: its push asks for it.
   bool final_step = false;      // The rank's last, as far as it knows.
   bool push = false, fetch = false;
@@ -178,9 +170,7 @@ struct JobTrainer::StepState {
   bool gated = false;                  // Its forward awaits the last step's exchange.
   ParameterExchange::PulledFn upload;  // With `stream`, on a GPU.
   // What it computed and measured.
-  StepResult result;  // With several batches, their mean.
-  double loss_sum = 0;
-  int trained = 0;  // Batches not skipped.
+  StepResult result;
   int64_t examples = 0;
   double input_wait = 0, compute = 0, exchange = 0;
   CheckpointWorkerState checkpoint;  // Rank 0's state, with checkpoint_due.
@@ -298,7 +288,6 @@ absl::Status JobTrainer::FindFirstStep(RunState* run) {
   // reached, which a first pull finds.
   run->first_step = task_.restore().step();
   steps_.store(task_.steps());
-  batches_per_step_.store(std::max(1, task_.batches_per_step()));
   if (task_.has_join()) {
     if (task_.spec().consistency().mode() == ConsistencySpec::SYNC) {
       RETURN_IF_ERROR(PullParameters(run->model.get(), 0, 0));
@@ -395,12 +384,9 @@ absl::StatusOr<int64_t> JobTrainer::CatchUp(int64_t step, RunState* run) {
   const int64_t reached = std::min(run->pulled_version, steps_.load());
   if (reached <= step) return step;
   permanent_ = true;  // A bad record recurs on a restart (as ReadBatch's).
-  const int batches = std::max(1, batches_per_step_.load());
   for (int64_t skipped = step; skipped < reached; ++skipped) {
-    for (int b = 0; b < batches; ++b) {
-      ASSIGN_OR_RETURN(bool have_batch, run->reader->Next(&run->batch));
-      if (!have_batch) return DataEnded();
-    }
+    ASSIGN_OR_RETURN(bool have_batch, run->reader->Next(&run->batch));
+    if (!have_batch) return DataEnded();
   }
   permanent_ = false;
   Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(), " was left behind at step ",
@@ -419,12 +405,7 @@ absl::StatusOr<JobTrainer::StepState> JobTrainer::BeginStep(int64_t step, RunSta
   // on a restart.
   permanent_ = true;
   if (data_changed_.exchange(false)) RETURN_IF_ERROR(SwitchData(step, run));
-  StepState s = PlanStep(step, *run);
-  if (run->sparse && s.batches > 1) {
-    return absl::UnimplementedError(
-        "a SYNC rank of a job with sparse tables cannot take on a lost rank's batches yet");
-  }
-  return s;
+  return PlanStep(step, *run);
 }
 
 absl::Status JobTrainer::SwitchData(int64_t step, RunState* run) {
@@ -441,9 +422,6 @@ JobTrainer::StepState JobTrainer::PlanStep(int64_t step, const RunState& run) {
   StepState s;
   s.step = step;
   s.began = MonotonicSeconds();
-  // A SYNC rank that took on a lost rank's batch trains on several a step
-  // and pushes their mean.
-  s.batches = std::max(1, batches_per_step_.load());
   s.checkpoint_due = CheckpointDue(step);
   s.final_step = step + 1 >= steps_.load();
   s.push =
@@ -452,12 +430,11 @@ JobTrainer::StepState JobTrainer::PlanStep(int64_t step, const RunState& run) {
   // The exchange overlaps backward: each message of the push (and the
   // pull that comes back with it) goes as soon as backward has produced
   // its gradients. Not where the push is of something else than this
-  // step's one batch (several batches' mean, a sum over steps) or where
-  // FP16's verdict on the whole step decides whether it is pushed at all.
+  // step's gradients (a sum over steps) or where FP16's verdict on the whole step decides whether it is pushed at all.
   ModelRunner* model = run.model.get();
   // Nor where the pull waits for this step's own pushes (SSP with
   // staleness 0): PushPull pushes them all first.
-  s.stream = options_.overlap && s.push && s.fetch && s.batches == 1 && run.push_every == 1 &&
+  s.stream = options_.overlap && s.push && s.fetch && run.push_every == 1 &&
              model->precision() != FP16 && MinWorkerSteps(step + 1) <= step;
   // A GPU worker queues each partition pulled back to the device at once,
   // on the copy stream (of the GPU whose share it is, with several): the
@@ -477,47 +454,29 @@ JobTrainer::StepState JobTrainer::PlanStep(int64_t step, const RunState& run) {
 }
 
 absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
-  run->step_mean.Clear();
-  TrainStepOptions step_options = ExchangeHooks(s, run);
-  for (int b = 0; b < s->batches; ++b) {
-    RETURN_IF_ERROR(ReadBatch(s, run));
-    const double began = MonotonicSeconds();
-    run->exchange_waited = 0;
-    run->read_ahead = 0;
-    if (b == 0 && !s->gated) RETURN_IF_ERROR(BeginExchange(*s, run));
-    ASSIGN_OR_RETURN(const float* features, BatchFeatures(*s, run));
-    if (b == 0) RETURN_IF_ERROR(ReadAhead(*s, run));
-    const Batch& batch = run->batch;
-    ASSIGN_OR_RETURN(s->result, run->model->TrainStep(features, batch.labels.data(), batch.size,
-                                                      s->step, step_options));
-    // A second batch of the step (SYNC hand-out, never overlapped): the
-    // parameters are whole on the host by then.
-    step_options = TrainStepOptions();
-    const double computed = MonotonicSeconds() - began - run->exchange_waited - run->read_ahead;
-    run->total_compute += computed;
-    run->total_exchange += run->exchange_waited;
-    s->compute += computed;
-    s->exchange += run->exchange_waited;
-    if (!s->result.skipped && !std::isfinite(s->result.loss)) {
-      // Its gradients have gone: the shards refuse them too.
-      return MarkDiverged(
-          absl::InternalError(absl::StrCat("training diverged at step ", s->step, ": the loss is ",
-                                           s->result.loss, NonFiniteGradient(*run->model))));
-    }
-    s->examples += batch.size;
-    if (s->batches > 1 && !s->result.skipped) {
-      run->step_mean.Add(*run->model, Gradients(*run->model, false));
-      s->loss_sum += s->result.loss;
-      ++s->trained;
-    }
+  const TrainStepOptions step_options = ExchangeHooks(s, run);
+  RETURN_IF_ERROR(ReadBatch(s, run));
+  const double began = MonotonicSeconds();
+  run->exchange_waited = 0;
+  run->read_ahead = 0;
+  if (!s->gated) RETURN_IF_ERROR(BeginExchange(*s, run));
+  ASSIGN_OR_RETURN(const float* features, BatchFeatures(*s, run));
+  RETURN_IF_ERROR(ReadAhead(*s, run));
+  const Batch& batch = run->batch;
+  ASSIGN_OR_RETURN(s->result, run->model->TrainStep(features, batch.labels.data(), batch.size,
+                                                    s->step, step_options));
+  const double computed = MonotonicSeconds() - began - run->exchange_waited - run->read_ahead;
+  run->total_compute += computed;
+  run->total_exchange += run->exchange_waited;
+  s->compute += computed;
+  s->exchange += run->exchange_waited;
+  if (!s->result.skipped && !std::isfinite(s->result.loss)) {
+    // Its gradients have gone: the shards refuse them too.
+    return MarkDiverged(
+        absl::InternalError(absl::StrCat("training diverged at step ", s->step, ": the loss is ",
+                                         s->result.loss, NonFiniteGradient(*run->model))));
   }
-  if (s->batches > 1) {
-    s->result.skipped = s->trained == 0;
-    if (s->trained > 0) {
-      s->result.loss = static_cast<float>(s->loss_sum / s->trained);
-      run->step_mean.Scale(1.f / static_cast<float>(s->trained));
-    }
-  }
+  s->examples = batch.size;
   return absl::OkStatus();
 }
 
@@ -657,8 +616,7 @@ absl::Status JobTrainer::EndExchange(StepState* s, RunState* run) {
   // mode: the shards count it as this worker's step but take no gradient
   // from it (a SYNC step completes with the workers that brought one; SSP's
   // bound and the final pull see the worker's progress).
-  std::vector<const float*> grads =
-      s->batches > 1 ? run->step_mean.Gradients() : Gradients(*model, s->result.skipped);
+  std::vector<const float*> grads = Gradients(*model, s->result.skipped);
   if (run->push_every > 1) {
     // Summing the steps' gradients on the host is the step's compute (a
     // model's worth of additions: milliseconds for a large one).

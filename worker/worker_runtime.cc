@@ -42,29 +42,27 @@ void WorkerRuntime::OnTasks(const std::vector<Task>& tasks) {
   }
 }
 
-std::set<std::string> WorkerRuntime::StartAndCancel(const std::vector<Task>& tasks) {
-  std::set<std::string> current;
+std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<Task>& tasks) {
+  std::set<RunKey> current;
+  std::set<std::string> jobs;
   for (const Task& task : tasks) {
-    current.insert(task.job_id());
-    auto it = running_.find(task.job_id());
+    const RunKey key{task.job_id(), task.rank()};
+    current.insert(key);
+    jobs.insert(task.job_id());
+    auto it = running_.find(key);
     if (it == running_.end()) {
       Start(task);
       continue;
     }
     RunningJob& run = *it->second;
-    // The job started again (resumed or recovered), this worker lost its
-    // rank and now takes one over, or a shard of the job was replaced: a new
-    // run continues the rank (the task is a join).
+    // The job started again (resumed or recovered) or a shard of the job
+    // was replaced: a new run continues the rank (the task is a join).
     // What the old run's end says happened (empty: a run already cancelled,
     // which has its own).
     std::string why;
     if (run.trainer->attempt() != task.attempt()) {
       why = absl::StrCat("the job started again (attempt ", task.attempt(),
                          "); this worker stops its run of attempt ", run.trainer->attempt());
-    } else if (run.trainer->rank() != task.rank()) {
-      why = absl::StrCat("rank ", run.trainer->rank(),
-                         " was handed to another worker; this worker stops its run (it takes rank ",
-                         task.rank(), " over)");
     } else if (!std::equal(run.shard_addresses.begin(), run.shard_addresses.end(),
                            task.shard_addresses().begin(), task.shard_addresses().end())) {
       why = absl::StrCat("the job's shards moved; this worker stops its run and runs rank ",
@@ -119,22 +117,30 @@ std::set<std::string> WorkerRuntime::StartAndCancel(const std::vector<Task>& tas
     if (task.checkpoint_requested_ms() > 0) {
       run.trainer->RequestCheckpoint(task.checkpoint_requested_ms());
     }
-    // The rank took on a lost rank's data (and, ASYNC/SSP, steps).
+    // The rank took on a lost rank's data and steps (ASYNC/SSP).
     if (task.data_size() > 0) {
       run.trainer->UpdateData(std::vector<DataPart>(task.data().begin(), task.data().end()),
-                              task.data_step(), task.steps(), task.batches_per_step());
+                              task.data_step(), task.steps());
     }
   }
-  // A job gone from the list has ended for this worker: whether the job
-  // ended or the rank went to another worker, the list does not say.
-  for (auto& [id, job] : running_) {
-    if (!current.count(id)) job->trainer->Cancel();
+  for (auto& [key, run] : running_) {
+    if (current.count(key)) continue;
+    if (jobs.count(key.first)) {
+      // The job goes on here with other ranks: this one went to another
+      // worker.
+      run->trainer->Cancel(absl::StrCat("rank ", key.second,
+                                        " was handed to another worker; this worker stops its run"));
+    } else {
+      // A job gone from the list has ended for this worker: whether the job
+      // ended or the rank went to another worker, the list does not say.
+      run->trainer->Cancel();
+    }
   }
   return current;
 }
 
 std::vector<std::unique_ptr<WorkerRuntime::RunningJob>> WorkerRuntime::ReapEnded(
-    const std::set<std::string>& current) {
+    const std::set<RunKey>& current) {
   std::vector<std::unique_ptr<RunningJob>> ended;
   for (auto it = retiring_.begin(); it != retiring_.end();) {
     if ((*it)->done.load()) {
@@ -145,12 +151,12 @@ std::vector<std::unique_ptr<WorkerRuntime::RunningJob>> WorkerRuntime::ReapEnded
       ++it;
     }
   }
-  // Forget ended jobs whose thread has returned (their metric series after
-  // the grace).
+  // Forget ended runs whose thread has returned (their job's metric series
+  // after the grace, once no run of the job is left).
   for (auto it = running_.begin(); it != running_.end();) {
     if (!current.count(it->first) && it->second->done.load()) {
       it->second->thread.join();
-      forget_at_[it->first] = absl::Now() + metrics_grace_;
+      forget_at_[it->first.first] = absl::Now() + metrics_grace_;
       ended.push_back(std::move(it->second));
       it = running_.erase(it);
     } else {
@@ -164,10 +170,11 @@ void WorkerRuntime::ForgetExpired() {
   const absl::Time now = absl::Now();
   for (auto it = forget_at_.begin(); it != forget_at_.end();) {
     const std::string& id = it->first;
+    auto of_job = [&](const std::unique_ptr<RunningJob>& job) { return job->job_id == id; };
     const bool running =
-        running_.count(id) > 0 ||
-        std::any_of(retiring_.begin(), retiring_.end(),
-                    [&](const std::unique_ptr<RunningJob>& job) { return job->job_id == id; });
+        std::any_of(running_.begin(), running_.end(),
+                    [&](const auto& entry) { return of_job(entry.second); }) ||
+        std::any_of(retiring_.begin(), retiring_.end(), of_job);
     if (now < it->second || running) {
       ++it;
       continue;
@@ -180,8 +187,8 @@ void WorkerRuntime::ForgetExpired() {
 bool WorkerRuntime::StopAll(absl::Duration retiring_grace) {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
-  for (auto& [id, job] : running_) job->trainer->Shutdown();
-  for (auto& [id, job] : running_) job->thread.join();
+  for (auto& [key, job] : running_) job->trainer->Shutdown();
+  for (auto& [key, job] : running_) job->thread.join();
   running_.clear();
   const absl::Time give_up = absl::Now() + retiring_grace;
   bool all = true;
@@ -201,9 +208,9 @@ bool WorkerRuntime::StopAll(absl::Duration retiring_grace) {
 
 std::vector<std::string> WorkerRuntime::Jobs() {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> jobs;
-  for (const auto& [id, job] : running_) jobs.push_back(id);
-  return jobs;
+  std::set<std::string> jobs;
+  for (const auto& [key, run] : running_) jobs.insert(key.first);
+  return std::vector<std::string>(jobs.begin(), jobs.end());
 }
 
 void WorkerRuntime::Forget(const std::string& job_id) {
@@ -246,6 +253,7 @@ void WorkerRuntime::Start(const Task& task) {
                    task.spec().num_workers(), ", ", task.shard_addresses_size(), " shards"));
   RunningJob* raw = job.get();
   const std::string id = task.job_id();
+  const RunKey key{id, task.rank()};
   job->thread = std::thread([raw, id] {
     absl::Status status = raw->trainer->Run();
     // A stopped run's sentence says what happened (it is no failure).
@@ -258,7 +266,7 @@ void WorkerRuntime::Start(const Task& task) {
   if (task.checkpoint_requested_ms() > 0) {
     job->trainer->RequestCheckpoint(task.checkpoint_requested_ms());
   }
-  running_[id] = std::move(job);
+  running_[key] = std::move(job);
 }
 
 }  // namespace downpour

@@ -1,7 +1,8 @@
 // WorkerRuntime: what a downpour-worker process does with the coordinator's
 // task list — run a JobTrainer (worker/trainer.h) on a thread of its own for
-// every job it is given, cancel the trainer of a job that is no longer its
-// task, and, on shutdown, stop every trainer (which tells the coordinator
+// every rank of a job it is given (a SYNC job's lost rank may be given to a
+// worker that trains another rank of the job), cancel the trainer of a rank
+// that is no longer its task, and, on shutdown, stop every trainer (which tells the coordinator
 // the job lost this worker). Progress reports go through the node agent.
 // Each run's end is one line in the job's log: finished, its error, or, for
 // a run stopped while the job may go on, what happened (its rank went to
@@ -72,8 +73,8 @@ class WorkerRuntime {
   // heartbeat).
   void set_agent(NodeAgent* agent) { agent_.store(agent); }
 
-  // Starts a trainer for every new job of `tasks`, cancels those of jobs no
-  // longer listed, and forgets ended jobs whose trainer has returned.
+  // Starts a trainer for every new rank of `tasks`, cancels those of ranks
+  // no longer listed, and forgets ended jobs whose trainers have returned.
   void OnTasks(const std::vector<Task>& tasks);
 
   // Shuts every trainer down and joins it; no job starts afterwards. A
@@ -87,6 +88,8 @@ class WorkerRuntime {
   std::vector<std::string> Jobs();
 
  private:
+  // A run's job and rank.
+  using RunKey = std::pair<std::string, int>;
   struct RunningJob {
     std::string job_id;
     std::vector<std::string> shard_addresses;
@@ -99,8 +102,8 @@ class WorkerRuntime {
 
   void Start(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OnTasks' first half: starts, replaces and updates the runs of `tasks`
-  // and cancels those of jobs no longer listed; returns the jobs listed.
-  std::set<std::string> StartAndCancel(const std::vector<Task>& tasks)
+  // and cancels those of ranks no longer listed; returns the ranks listed.
+  std::set<RunKey> StartAndCancel(const std::vector<Task>& tasks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the per-job metric series of an ended job, so a long-lived worker
   // does not accumulate them.
@@ -111,7 +114,7 @@ class WorkerRuntime {
   void ForgetExpired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins the runs that have returned and are no longer wanted (not in
   // `current`) and hands them over, for destruction outside the lock.
-  std::vector<std::unique_ptr<RunningJob>> ReapEnded(const std::set<std::string>& current)
+  std::vector<std::unique_ptr<RunningJob>> ReapEnded(const std::set<RunKey>& current)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TrainerOptions options_;
@@ -121,7 +124,7 @@ class WorkerRuntime {
   const MemoryReleaser release_memory_;
   std::atomic<NodeAgent*> agent_{nullptr};
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
+  std::map<RunKey, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
   // Cancelled runs of jobs that started again here, until their thread
   // returns (it may be waiting out a call to a shard that is gone: the
   // heartbeat that brought the new start must not wait for it).

@@ -213,6 +213,38 @@ class WorkerRuntimeTest : public ::testing::Test {
   std::vector<bool> connected_shared_memory_ ABSL_GUARDED_BY(connected_mu_);
 };
 
+// A SYNC job's lost rank that no free worker took goes to a worker of the
+// job: it trains both ranks at once, each pushing as its own (the shards
+// keep their requests apart), and each reports its end.
+TEST_F(WorkerRuntimeTest, TrainsTwoRanksOfASyncJobAtOnce) {
+  JobSpec spec = Spec(30);
+  spec.set_num_workers(2);
+  Task zero = HostedTask("j", spec);
+  zero.mutable_placement()->add_worker_nodes(kNode);
+  Task one = zero;
+  one.set_rank(1);
+  one.set_evaluates(false);
+  coordinator_.SetTasks(kNode, {zero, one});
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.has_test_accuracy(); }));
+  ASSERT_TRUE(coordinator_.AwaitReport(
+      [](const ReportProgressRequest& r) { return r.rank() == 1 && r.finished(); }));
+  for (const ReportProgressRequest& r : coordinator_.reports()) {
+    EXPECT_TRUE(r.error().empty()) << r.error();
+    if (r.finished()) EXPECT_EQ(r.step(), 30);
+  }
+  EXPECT_EQ(runtime_->Jobs(), std::vector<std::string>{"j"});
+  // Its step count is the shards' completed steps: every one had both
+  // ranks' pushes.
+  PullRequest pull;
+  pull.set_job_id("j");
+  auto pulled = stores_["shard0"].Pull(pull, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->partitions(0).version(), 30);
+  coordinator_.SetTasks(kNode, {});
+  EXPECT_TRUE(AwaitNoJobs());
+}
+
 TEST_F(WorkerRuntimeTest, TrainsItsTaskAndReportsTheResult) {
   coordinator_.SetTasks(kNode, {HostedTask("j", Spec(40))});
   ASSERT_TRUE(coordinator_.AwaitReport(
@@ -425,9 +457,7 @@ TEST_F(WorkerRuntimeTest, AStoppedRunSaysWhatHappenedNotThatTheJobEnded) {
   rank1.mutable_placement()->set_worker_nodes(0, "other@test");
   rank1.mutable_placement()->set_worker_nodes(1, kNode);
   coordinator_.SetTasks(kNode, {rank1});
-  EXPECT_TRUE(AwaitLogLine(
-      "job j: rank 0 was handed to another worker; this worker stops its run (it takes rank 1 "
-      "over)"));
+  EXPECT_TRUE(AwaitLogLine("job j: rank 0 was handed to another worker; this worker stops its run"));
   ASSERT_TRUE(coordinator_.AwaitReport(
       [](const ReportProgressRequest& r) { return r.rank() == 1 && r.step() >= 2; }));
 
