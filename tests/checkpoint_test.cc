@@ -467,7 +467,7 @@ TEST_F(RecoveryTest, AStalePushOfAWorkerWhoseRankWasHandedOnIsRefused) {
             "PERMISSION_DENIED");
         ASSERT_NE(victim, nullptr) << cluster_->Logs();
         EXPECT_TRUE(absl::StrContains(
-            victim->Log(), absl::StrCat("node ", node, " is not worker rank 1 of job victim")))
+            victim->Log(), absl::StrCat("node ", node, "#r1 is not worker rank 1 of job victim")))
             << victim->Log();
         ASSERT_TRUE(cluster_->AddWorker().ok()) << cluster_->Logs();
       },
