@@ -68,8 +68,11 @@ std::string RankHandover::Untrained(const JobStatus& job) {
 bool RankHandover::AbsentAtShards(const JobStatus& job, const WorkerProgress& worker) const {
   if (worker.finished()) return true;
   // SYNC: never while lost, so that no step completes without the rank's
-  // batch: its taker (a free worker, or one of the job's) trains it.
-  return worker.lost() && job.spec().consistency().mode() != ConsistencySpec::SYNC;
+  // batch: its taker (a free worker, or one of the job's) trains it. A SYNC
+  // rank absorbed is of a record from before ShareWorkers (its data went to
+  // a live rank): the steps go on without it.
+  return worker.lost() &&
+         (job.spec().consistency().mode() != ConsistencySpec::SYNC || worker.absorbed());
 }
 
 bool RankHandover::Lose(JobStatus* job, int rank, const std::string& why) const {

@@ -58,7 +58,7 @@ class RankHandover {
   // Whether the shards complete `job`'s steps without `worker`'s rank
   // (Task.absent_ranks): a finished rank, and in ASYNC/SSP a lost one (in
   // SYNC the steps wait for its taker, who continues at the very step the
-  // rank had reached).
+  // rank had reached; but for a rank absorbed under an older coordinator).
   bool AbsentAtShards(const JobStatus& job, const WorkerProgress& worker) const;
 
   // Worker `rank` of running `job` is gone: marked lost for a taker.

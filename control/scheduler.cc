@@ -266,7 +266,9 @@ std::optional<std::string> WhyNoRoomForAnotherRank(const JobStatus& job, const s
                                                    const ScheduleOptions& options) {
   auto node = std::find_if(alive_nodes.begin(), alive_nodes.end(),
                            [&](const NodeInfo& n) { return n.id() == node_id; });
-  if (node == alive_nodes.end()) return absl::StrCat("worker ", node_id, " is not alive");
+  if (node == alive_nodes.end()) {
+    return absl::StrCat("worker ", node_id, " takes no new work (not alive, draining or cordoned)");
+  }
   absl::StatusOr<JobNeeds> needs = NeedsOf(job.spec(), options, &job.placement());
   if (!needs.ok()) return std::string(needs.status().message());
   MemoryLedger ledger(alive_nodes);

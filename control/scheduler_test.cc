@@ -146,7 +146,7 @@ TEST(SchedulerTest, AWorkerHasRoomForAnotherRankOnlyWithinItsBudget) {
   EXPECT_THAT(*why, HasSubstr("worker w1 may hold 150.0 KiB (its --device_memory_limit)"));
   EXPECT_THAT(*why, HasSubstr("of it taken"));
   EXPECT_THAT(WhyNoRoomForAnotherRank(running, "gone", {&running}, nodes).value_or(""),
-              HasSubstr("worker gone is not alive"));
+              HasSubstr("worker gone takes no new work"));
 }
 
 TEST(SchedulerTest, AJobTooLargeForTheNodesEvenIdleIsRefusedNamingTheLimit) {
