@@ -521,7 +521,7 @@ def events_summary(final, fault_times):
                 partial += 1
                 continue
             if "not taken over within" in e["message"]:
-                if "and trains both" in e["message"]:
+                if "beside its own" in e["message"]:
                     shared += 1
                 else:
                     handouts += 1

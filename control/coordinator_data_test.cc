@@ -133,7 +133,7 @@ TEST_F(DataAssignmentTest, ALostSyncRankGoesToAWorkerOfTheJobWhenNoWorkerIsFree)
   EXPECT_EQ(job.message(), "");
   EXPECT_THAT(job.events().rbegin()->message(),
               HasSubstr("worker rank 1 not taken over within 30s (no worker free): worker node "
-                        "a, which trains rank 0, takes it over from step 30 and trains both"));
+                        "a, which trains rank 0, takes it over from step 30 beside its own"));
   HeartbeatResponse beat = Beat("a");
   ASSERT_EQ(beat.tasks_size(), 2);
   EXPECT_EQ(beat.tasks(0).rank(), 0);
@@ -150,10 +150,8 @@ TEST_F(DataAssignmentTest, ALostSyncRankGoesToAWorkerOfTheJobWhenNoWorkerIsFree)
   Register("d", WORKER);
   EXPECT_EQ(Beat("d").tasks_size(), 0);
   // a reports for both its ranks; b no longer may.
-  EXPECT_TRUE(absl::IsPermissionDenied(
-      state_->ReportProgress(Progress("j", "b", 1, 50)).status()));
-  for (const auto& [node, rank] :
-       {std::pair<std::string, int>{"c", 2}, {"a", 1}, {"a", 0}}) {
+  EXPECT_TRUE(absl::IsPermissionDenied(state_->ReportProgress(Progress("j", "b", 1, 50)).status()));
+  for (const auto& [node, rank] : {std::pair<std::string, int>{"c", 2}, {"a", 1}, {"a", 0}}) {
     ReportProgressRequest done = Progress("j", node, rank, 100);
     done.set_finished(true);
     if (rank == 0) {

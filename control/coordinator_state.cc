@@ -37,7 +37,7 @@ bool Names(const google::protobuf::RepeatedPtrField<std::string>& nodes, const s
 }
 
 // "2 workers (a, b)", or "1 of 2 workers (b)" where ranks start with no
-// worker (the live ranks take their data).
+// worker (the live workers take them over or their data).
 std::string WorkersText(const Placement& placement) {
   std::vector<std::string> present;
   for (const std::string& node : placement.worker_nodes()) {
@@ -756,8 +756,9 @@ absl::Status CoordinatorState::StartJob(const JobStatus& pending, Placement plac
     // rank's steps raises it).
     progress->set_steps(job.spec().steps());
     if (progress->node_id().empty()) {
-      // Lost for as long as a hand-over waits: its data goes to the live
-      // ranks as soon as they have listed the files.
+      // Lost for as long as a hand-over waits: a live worker takes it over
+      // at once (SYNC), or its data goes to the live ranks as soon as they
+      // have listed the files (ASYNC/SSP).
       progress->set_lost(true);
       progress->set_lost_ms(ToMillis(options_.now() - options_.handover_wait));
       without.push_back(rank);
@@ -786,7 +787,9 @@ absl::Status CoordinatorState::StartJob(const JobStatus& pending, Placement plac
               : absl::StrCat("; no worker was free for rank", without.size() > 1 ? "s " : " ",
                              absl::StrJoin(without, ", "), " within ",
                              absl::FormatDuration(options_.handover_wait),
-                             ": the live ranks take its data")));
+                             job.spec().consistency().mode() == ConsistencySpec::SYNC
+                                 ? ": the live workers take them over beside their own"
+                                 : ": the live ranks take their data")));
   const int64_t from = job.restore().step();
   RETURN_IF_ERROR(jobs_.Commit(std::move(job), /*durable=*/true));
   checkpoints_.Started(pending.id(), from);

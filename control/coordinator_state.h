@@ -5,7 +5,7 @@
 //   NodeRegistry            membership, heartbeats, liveness, drains, cordons
 //   JobTable                jobs in submission order, their durable records
 //   CheckpointOrchestrator  checkpoints being gathered, cadence, drains' moves
-//   RankHandover            lost worker ranks: takers, dealing their data
+//   RankHandover            lost worker ranks: takers, shared workers, dealing data out
 //   JobHistory              each job's log lines, events and progress points
 //   scheduler.h             placement of pending jobs (pure)
 //
@@ -70,9 +70,10 @@ class CoordinatorState : public Coordinator {
     // fails nothing, however long its nodes take to find it again. Nodes not
     // heard from since the restart get no new work meanwhile.
     absl::Duration recovery_grace = absl::Minutes(10);
-    // A lost worker rank (not rank 0, which evaluates) that no free worker
-    // takes over within this long has its data dealt out to the job's live
-    // ranks (RankHandover::Absorb).
+    // A lost worker rank that no free worker takes over within this long
+    // goes to one of the job's workers (SYNC: RankHandover::ShareWorkers) or
+    // has its data dealt out to the job's live ranks (ASYNC/SSP:
+    // RankHandover::Absorb).
     absl::Duration handover_wait = absl::Seconds(30);
     // Where checkpoints live (a filesystem every shard with --checkpoint_root
     // shares); empty: jobs are not saved.
@@ -174,7 +175,8 @@ class CoordinatorState : public Coordinator {
   absl::StatusOr<bool> ReplaceShard(const JobStatus& job, int index, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives lost ranks of running jobs to free workers, oldest job first,
-  // then deals out the data of ranks no one took in time.
+  // then those no one took in time to the jobs' own workers (SYNC) or their
+  // data to the live ranks (ASYNC/SSP).
   void HandOverLostRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A shard node began draining: its running jobs take a checkpoint and move
   // off it (TickDrains), or move at once when they are not saved.

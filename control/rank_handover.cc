@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -140,6 +141,9 @@ bool RankHandover::ShareWorkers(
   const int64_t wait_ms = absl::ToInt64Milliseconds(options_.handover_wait);
   bool taken = false;
   std::string no_room;
+  // A node takes at most one rank a call: `why_no_room` counts what the
+  // job's record held before it (the next call sees the first one placed).
+  std::set<std::string> given;
   for (WorkerProgress& lost : *job->mutable_workers()) {
     if (!Unclaimed(lost) || lost.lost_ms() + wait_ms > now_ms) continue;
     // The job's workers, those training the fewest of its ranks first
@@ -155,6 +159,7 @@ bool RankHandover::ShareWorkers(
     });
     std::string taker;
     for (const std::string& node : nodes) {
+      if (given.count(node) || ranks_held[node] >= kMaxRanksPerWorker) continue;
       std::optional<std::string> why = why_no_room(node);
       if (!why.has_value()) {
         taker = node;
@@ -163,6 +168,7 @@ bool RankHandover::ShareWorkers(
       if (no_room.empty()) no_room = *why;
     }
     if (taker.empty()) continue;
+    given.insert(taker);
     std::vector<int> own;
     for (const WorkerProgress& worker : job->workers()) {
       if (!worker.lost() && NodeOf(*job, worker) == taker) own.push_back(worker.rank());
@@ -173,12 +179,12 @@ bool RankHandover::ShareWorkers(
     lost.set_node_id(taker);
     job->mutable_placement()->set_worker_nodes(lost.rank(), taker);
     taken = true;
-    history_->AddEvent(
-        job, absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
-                          absl::FormatDuration(options_.handover_wait),
-                          " (no worker free): worker node ", taker, ", which trains rank",
-                          own.size() > 1 ? "s " : " ", absl::StrJoin(own, ", "),
-                          ", takes it over from step ", lost.step(), " and trains both"));
+    history_->AddEvent(job,
+                       absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
+                                    absl::FormatDuration(options_.handover_wait),
+                                    " (no worker free): worker node ", taker, ", which trains rank",
+                                    own.size() > 1 ? "s " : " ", absl::StrJoin(own, ", "),
+                                    ", takes it over from step ", lost.step(), " beside its own"));
   }
   std::string message = WaitingFor(*job);
   if (!message.empty() && !no_room.empty()) {

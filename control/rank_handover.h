@@ -74,7 +74,9 @@ class RankHandover {
   // SYNC: gives each rank lost for longer than handover_wait to the worker
   // of the job's live ranks that trains the fewest of them and has room for
   // another replica of the model (`why_no_room` says why a node has not;
-  // nullopt when it has), as a take-over: the node then trains both ranks.
+  // nullopt when it has; asked of the job's record as it was before the
+  // call, so a node takes at most one rank a call), as a take-over: the
+  // node then trains it beside its own.
   // `newest` as AssignTakers'. With no room anywhere the rank keeps waiting
   // for a free worker and the job's message says why. False when nothing
   // changed.

@@ -114,7 +114,7 @@ TEST_F(RankHandoverTest, SyncStepsWaitForALostRankUntilAWorkerOfTheJobTakesItOve
   EXPECT_EQ(job_.message(), "");
   EXPECT_THAT(job_.events().rbegin()->message(),
               ::testing::HasSubstr("worker node w2, which trains rank 2, takes it over from step "
-                                   "40 and trains both"));
+                                   "40 beside its own"));
   EXPECT_FALSE(handover.ShareWorkers(&job_, room, newest));
 
   // Rank 0 lost too: w2 trains two ranks now, so w0... is lost; nobody but

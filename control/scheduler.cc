@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "spec/job_validation.h"
+#include "spec/limits.h"
 #include "spec/memory_needs.h"
 #include "spec/shard_map.h"
 
@@ -129,6 +130,41 @@ Choice Choose(const JobSpec& spec, const JobNeeds& needs,
   return choice;
 }
 
+// A SYNC job started short of workers: its workers take the missing ranks
+// over (RankHandover::ShareWorkers), each at most ceil(ranks / workers) in
+// all. Their replicas are reserved in `ledger`; where one does not fit the
+// choice is not complete (the job waits rather than run and stand still).
+void ReserveMissingRanks(const JobSpec& spec, const JobNeeds& needs,
+                         const std::vector<const NodeInfo*>& workers, MemoryLedger* ledger,
+                         Choice* choice) {
+  const int chosen = static_cast<int>(choice->workers.size());
+  if (spec.consistency().mode() != ConsistencySpec::SYNC || chosen == 0 ||
+      chosen >= spec.num_workers()) {
+    return;
+  }
+  const int64_t extra = (spec.num_workers() + chosen - 1) / chosen - 1;
+  if (extra + 1 > kMaxRanksPerWorker) {
+    choice->complete = false;
+    choice->short_of = absl::StrCat("started on ", chosen, " of ", spec.num_workers(),
+                                    " workers, each would train up to ", extra + 1,
+                                    " ranks; a worker trains at most ", kMaxRanksPerWorker);
+    return;
+  }
+  for (const std::string& id : choice->workers) {
+    auto node = std::find_if(workers.begin(), workers.end(),
+                             [&](const NodeInfo* n) { return n->id() == id; });
+    if (node == workers.end()) continue;
+    if (std::optional<std::string> why = ledger->WhyNot(**node, extra * needs.worker)) {
+      choice->complete = false;
+      choice->short_of =
+          absl::StrCat("started on ", chosen, " of ", spec.num_workers(),
+                       " workers, each would train up to ", extra + 1, " ranks: ", *why);
+      return;
+    }
+    ledger->Take(id, extra * needs.worker);
+  }
+}
+
 std::string Needs(const JobSpec& spec, const JobNeeds& needs) {
   return absl::StrCat("about ", ByteSize(needs.worker), " on each of its ", spec.num_workers(),
                       " workers and up to ",
@@ -214,6 +250,7 @@ std::vector<ScheduleDecision> SchedulePending(const std::vector<const JobStatus*
     });
     MemoryLedger trial = ledger;
     Choice choice = Choose(spec, *needs, shards, workers, &trial, min_workers);
+    if (choice.complete) ReserveMissingRanks(spec, *needs, workers, &trial, &choice);
     if (!choice.complete) {
       decision.message =
           absl::StrCat("waiting for memory: it needs ", Needs(spec, *needs), "; ", choice.short_of);

@@ -39,8 +39,9 @@ struct ScheduleOptions {
   bool checkpoints = false;
   // Now, and how long a job that ran before (restarting, resumed) waits for
   // all its workers once PENDING: after that it starts with the free ones
-  // (at least one), the missing ranks left without a worker (the
-  // coordinator deals their data to the others). 0: it waits for all.
+  // (at least one), the missing ranks left without a worker (SYNC: its
+  // workers take them over, and it starts only where their replicas fit;
+  // ASYNC/SSP: their data is dealt to the others). 0: it waits for all.
   int64_t now_ms = 0;
   int64_t short_start_after_ms = 0;
 };

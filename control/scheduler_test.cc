@@ -130,7 +130,7 @@ TEST(SchedulerTest, AJobWaitsForMemoryAndTakesTheShardsThatHaveRoom) {
 // A SYNC rank no free worker took goes to a worker of its job only where a
 // second replica of the model fits beside what the node holds.
 TEST(SchedulerTest, AWorkerHasRoomForAnotherRankOnlyWithinItsBudget) {
-  // About 100 KB a replica (the test above).
+  // 156.6 KiB a replica.
   JobStatus running = Wide("running", RUNNING, 1000);
   running.mutable_placement()->add_worker_nodes("w1");
   running.mutable_placement()->add_shard_nodes("s1");
@@ -139,11 +139,10 @@ TEST(SchedulerTest, AWorkerHasRoomForAnotherRankOnlyWithinItsBudget) {
                                  Sized("w1", WORKER, 0, "a", 64 * kMiB)};
   EXPECT_EQ(WhyNoRoomForAnotherRank(running, "w1", {&running}, nodes), std::nullopt);
   // Room for one replica only.
-  nodes[1].set_memory_limit_bytes(150 << 10);
-  const std::optional<std::string> why =
-      WhyNoRoomForAnotherRank(running, "w1", {&running}, nodes);
+  nodes[1].set_memory_limit_bytes(200 << 10);
+  const std::optional<std::string> why = WhyNoRoomForAnotherRank(running, "w1", {&running}, nodes);
   ASSERT_TRUE(why.has_value());
-  EXPECT_THAT(*why, HasSubstr("worker w1 may hold 150.0 KiB (its --device_memory_limit)"));
+  EXPECT_THAT(*why, HasSubstr("worker w1 may hold 200.0 KiB (its --device_memory_limit)"));
   EXPECT_THAT(*why, HasSubstr("of it taken"));
   EXPECT_THAT(WhyNoRoomForAnotherRank(running, "gone", {&running}, nodes).value_or(""),
               HasSubstr("worker gone takes no new work"));
@@ -198,6 +197,36 @@ TEST(SchedulerTest, AJobThatRanBeforeStartsShortHandedAfterTheWait) {
   JobStatus fresh = Job("fresh", PENDING, 2, 1);
   decisions = SchedulePending({&fresh}, nodes, options);
   EXPECT_EQ(decisions[0].action, Action::kWait);
+}
+
+// Short of workers, a SYNC job's workers will train the missing ranks
+// beside their own: it starts only where their replicas fit.
+TEST(SchedulerTest, ASyncJobStartsShortHandedOnlyWhereItsWorkersHoldTheMissingRanks) {
+  JobStatus restarting = Wide("again", PENDING, 1000);  // 156.6 KiB a replica.
+  restarting.mutable_spec()->set_num_workers(3);
+  restarting.set_attempt(1);
+  const int64_t kMiB = 1 << 20;
+  std::vector<NodeInfo> nodes = {Sized("s", SHARD, 0, "a", 64 * kMiB),
+                                 Sized("w1", WORKER, 350 << 10, "a", 64 * kMiB)};
+  ScheduleOptions options;
+  options.short_start_after_ms = 1;
+  options.now_ms = 1000;
+  // w1 would train all three ranks: room for two replicas only.
+  std::vector<ScheduleDecision> decisions = SchedulePending({&restarting}, nodes, options);
+  ASSERT_EQ(decisions.size(), 1u);
+  EXPECT_EQ(decisions[0].action, Action::kWait);
+  EXPECT_THAT(decisions[0].message,
+              HasSubstr("started on 1 of 3 workers, each would train up to 3 ranks: worker w1 "
+                        "may hold 350.0 KiB"));
+  nodes[1].set_memory_limit_bytes(500 << 10);
+  decisions = SchedulePending({&restarting}, nodes, options);
+  EXPECT_EQ(decisions[0].action, Action::kStart) << decisions[0].message;
+  EXPECT_THAT(decisions[0].placement.worker_nodes(), ElementsAre("w1", "", ""));
+  // ASYNC deals the missing ranks' data out: one replica.
+  restarting.mutable_spec()->mutable_consistency()->set_mode(ConsistencySpec::ASYNC);
+  nodes[1].set_memory_limit_bytes(200 << 10);
+  decisions = SchedulePending({&restarting}, nodes, options);
+  EXPECT_EQ(decisions[0].action, Action::kStart);
 }
 
 }  // namespace

@@ -46,8 +46,9 @@ ABSL_FLAG(int64_t, recovery_grace_s, 600,
           "After a restart, known nodes get this long to heartbeat again before they are judged: "
           "an outage up to this long fails no job");
 ABSL_FLAG(int64_t, handover_wait_s, 30,
-          "A lost worker rank that no free worker takes over within this long has its data "
-          "handed to the job's live workers");
+          "A lost worker rank that no free worker takes over within this long goes to one of the "
+          "job's workers, which trains it beside its own (SYNC), or has its data and steps dealt "
+          "out to the job's live workers (ASYNC/SSP)");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory of checkpoints, ROOT/JOB_ID/step-S/ (in a cluster, a filesystem every shard "
           "shares with the same flag); empty: jobs are not saved");

@@ -13,8 +13,9 @@
 //     partitions, <= 2.5 MiB of node ids) and the shards' addresses
 //     (<= 0.5 MiB); a worker's Task also its data share (<= 16 MiB) and the
 //     workers' state (<= 2 x 8 MiB): a worker, in one job at a time, gets
-//     at most ~40 MiB; a shard ~6 MiB per job (a job that large has
-//     thousands of workers and a 32 GiB model);
+//     at most ~40 MiB per rank it trains (kMaxRanksPerWorker: ~160 MiB); a
+//     shard ~6 MiB per job (a job that large has thousands of workers and a
+//     32 GiB model);
 //   - into ListJobs a summary of every job (control/coordinator.h): the
 //     spec and the placement's node ids, the workers' progress, the
 //     checkpoints kept — a few KiB plus the spec for jobs of tens of
@@ -56,6 +57,10 @@ inline constexpr size_t kMaxHostnameBytes = 256;
 // or 16 GPUs today.
 inline constexpr size_t kMaxDevices = 64;
 inline constexpr size_t kMaxDeviceBytes = 256;
+// Ranks of a SYNC job one worker trains at most (its own and those of lost
+// workers it took over: control/rank_handover.h); its heartbeat carries a
+// task per rank.
+inline constexpr int kMaxRanksPerWorker = 4;
 // A whole NodeInfo as registered (stored and listed as sent: this also
 // bounds fields a newer node may add that this coordinator does not know).
 inline constexpr size_t kMaxNodeInfoBytes = 64 << 10;

@@ -161,12 +161,13 @@ TEST_F(MetricsTest, EveryDaemonsMetricsPassPromtoolDuringAndAfterAJob) {
 
   const std::string worker = ScrapeAndCheck("worker0");
   ExpectProcessAndBuildSeries("worker0", "downpour-worker", worker);
-  std::vector<std::string> worker_series = {"downpour_worker_steps_total{job=\"running\"} ",
-                                            "downpour_worker_examples_total{job=\"running\"} ",
-                                            "downpour_worker_loss{job=\"running\"} ",
-                                            "downpour_worker_examples_per_second{job=\"running\"} ",
-                                            "downpour_worker_exchange_window{job=\"running\"} ",
-                                            "downpour_worker_devices{device=\"cpu\"} 1\n"};
+  std::vector<std::string> worker_series = {
+      "downpour_worker_steps_total{job=\"running\"} ",
+      "downpour_worker_examples_total{job=\"running\"} ",
+      "downpour_worker_loss{job=\"running\",rank=\"",
+      "downpour_worker_examples_per_second{job=\"running\",rank=\"",
+      "downpour_worker_exchange_window{job=\"running\",rank=\"",
+      "downpour_worker_devices{device=\"cpu\"} 1\n"};
   for (const char* histogram : {"step", "compute", "exchange", "input_wait"}) {
     worker_series.push_back(
         absl::StrCat("# TYPE downpour_worker_", histogram, "_seconds histogram\n"));

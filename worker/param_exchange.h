@@ -47,7 +47,8 @@ namespace downpour {
 struct ExchangeOptions {
   std::string job_id;
   int rank = 0;
-  // Exactly-once identity of this worker process.
+  // Exactly-once identity of this rank's exchange in this worker process
+  // ("<node>#r<rank>": a node may train two ranks of a job).
   std::string worker_id;
   int64_t incarnation = 0;
   // Sequences start above this: a job started again (resumed, recovered) in

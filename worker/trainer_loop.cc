@@ -327,7 +327,7 @@ absl::Status JobTrainer::Resume(int64_t data_step, RunState* run) {
 
 absl::Status JobTrainer::StartLoop(RunState* run) {
   const ConsistencySpec& consistency = task_.spec().consistency();
-  run->metrics = TrainerMetrics::Create(options_.metrics, task_.job_id(),
+  run->metrics = TrainerMetrics::Create(options_.metrics, task_.job_id(), task_.rank(),
                                         /*evaluates=*/evaluates_.load());
   run->window_start = MonotonicSeconds();
   run->push_every = std::max(1, consistency.push_every());
@@ -367,7 +367,7 @@ absl::Status JobTrainer::StartLoop(RunState* run) {
 absl::StatusOr<int64_t> JobTrainer::CatchUp(int64_t step, RunState* run) {
   // A SYNC rank that the job went on without (a slow one where
   // backup_workers let steps complete on a quorum; a lost rank is waited
-  // for until it is taken over or dealt out) finds every partition steps
+  // for until it is taken over) finds every partition steps
   // ahead: it joins at their step, as a taker does, its data skipped to
   // there, rather than replaying each step it missed as a late push the
   // shards ignore while the others wait for it.
@@ -430,7 +430,8 @@ JobTrainer::StepState JobTrainer::PlanStep(int64_t step, const RunState& run) {
   // The exchange overlaps backward: each message of the push (and the
   // pull that comes back with it) goes as soon as backward has produced
   // its gradients. Not where the push is of something else than this
-  // step's gradients (a sum over steps) or where FP16's verdict on the whole step decides whether it is pushed at all.
+  // step's gradients (a sum over steps) or where FP16's verdict on the whole step decides whether
+  // it is pushed at all.
   ModelRunner* model = run.model.get();
   // Nor where the pull waits for this step's own pushes (SSP with
   // staleness 0): PushPull pushes them all first.

@@ -127,11 +127,12 @@ absl::StatusOr<PushPullResponse> MeasuredShardClient::PushPull(const PushRequest
   return response;
 }
 
-TrainerMetrics TrainerMetrics::Create(MetricsRegistry* metrics, const std::string& job_id,
+TrainerMetrics TrainerMetrics::Create(MetricsRegistry* metrics, const std::string& job_id, int rank,
                                       bool evaluates) {
   TrainerMetrics m;
   if (metrics == nullptr) return m;
   const MetricLabels labels = {{"job", job_id}};
+  const MetricLabels rank_labels = {{"job", job_id}, {"rank", absl::StrCat(rank)}};
   m.step_seconds = metrics->GetHistogram(
       "downpour_worker_step_seconds",
       "Time of a training step: input wait, compute and exchange, and the rest (checkpoint "
@@ -155,14 +156,14 @@ TrainerMetrics TrainerMetrics::Create(MetricsRegistry* metrics, const std::strin
   m.steps = metrics->GetCounter("downpour_worker_steps_total", "Training steps run.", labels);
   m.examples = metrics->GetCounter("downpour_worker_examples_total",
                                    "Training examples this worker computed on.", labels);
-  m.loss = metrics->GetGauge("downpour_worker_loss", "Latest training loss.", labels);
+  m.loss = metrics->GetGauge("downpour_worker_loss", "Latest training loss.", rank_labels);
   m.examples_per_second =
-      metrics->GetGauge("downpour_worker_examples_per_second", "Training throughput.", labels);
+      metrics->GetGauge("downpour_worker_examples_per_second", "Training throughput.", rank_labels);
   m.exchange_window = metrics->GetGauge(
       "downpour_worker_exchange_window",
       "Push/pull messages the exchange keeps in flight (chosen from step times unless "
       "--max_inflight fixes it).",
-      labels);
+      rank_labels);
   if (evaluates) {
     m.test_accuracy = metrics->GetGauge("downpour_worker_test_accuracy",
                                         "Latest test-set accuracy (rank 0).", labels);

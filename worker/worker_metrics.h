@@ -111,7 +111,10 @@ struct TrainerMetrics {
   Gauge* test_accuracy = nullptr;
   Gauge* exchange_window = nullptr;
 
-  static TrainerMetrics Create(MetricsRegistry* metrics, const std::string& job_id, bool evaluates);
+  // The gauges carry the rank too: a worker may train two ranks of a job
+  // (the histograms and counters add both up).
+  static TrainerMetrics Create(MetricsRegistry* metrics, const std::string& job_id, int rank,
+                               bool evaluates);
 };
 
 // Why a job's run failed on this worker, for downpour_worker_failures_total

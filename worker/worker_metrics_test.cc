@@ -119,11 +119,11 @@ TEST_F(MeasuredShardClientTest, APullThatWaitedItsSliceOutIsReissuedNotRetried) 
 }
 
 TEST(TrainerMetricsTest, MadeOnlyWithARegistryAndAccuracyOnlyForTheEvaluator) {
-  const TrainerMetrics none = TrainerMetrics::Create(nullptr, "j", true);
+  const TrainerMetrics none = TrainerMetrics::Create(nullptr, "j", 0, true);
   EXPECT_EQ(none.steps, nullptr);
   EXPECT_EQ(none.step_seconds, nullptr);
   MetricsRegistry metrics;
-  const TrainerMetrics rank1 = TrainerMetrics::Create(&metrics, "j", false);
+  const TrainerMetrics rank1 = TrainerMetrics::Create(&metrics, "j", 1, false);
   EXPECT_EQ(rank1.test_accuracy, nullptr);
   rank1.step_seconds->Observe(0.01);
   rank1.input_wait_seconds->Observe(0.001);
@@ -135,7 +135,12 @@ TEST(TrainerMetricsTest, MadeOnlyWithARegistryAndAccuracyOnlyForTheEvaluator) {
     EXPECT_NE(text.find(std::string("# TYPE ") + name + " histogram\n"), std::string::npos) << name;
   }
   EXPECT_NE(text.find("downpour_worker_examples_total{job=\"j\"} 64\n"), std::string::npos);
-  EXPECT_NE(TrainerMetrics::Create(&metrics, "j", true).test_accuracy, nullptr);
+  // The gauges by rank too (a worker may train two ranks of a job).
+  rank1.loss->Set(0.5);
+  EXPECT_NE(metrics.Exposition().find("downpour_worker_loss{job=\"j\",rank=\"1\"} 0.5\n"),
+            std::string::npos)
+      << metrics.Exposition();
+  EXPECT_NE(TrainerMetrics::Create(&metrics, "j", 0, true).test_accuracy, nullptr);
 }
 
 TEST(FailureReasonTest, DivergedOrTheStatusCode) {

@@ -128,8 +128,8 @@ std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<
     if (jobs.count(key.first)) {
       // The job goes on here with other ranks: this one went to another
       // worker.
-      run->trainer->Cancel(absl::StrCat("rank ", key.second,
-                                        " was handed to another worker; this worker stops its run"));
+      run->trainer->Cancel(absl::StrCat(
+          "rank ", key.second, " was handed to another worker; this worker stops its run"));
     } else {
       // A job gone from the list has ended for this worker: whether the job
       // ended or the rank went to another worker, the list does not say.
@@ -171,10 +171,9 @@ void WorkerRuntime::ForgetExpired() {
   for (auto it = forget_at_.begin(); it != forget_at_.end();) {
     const std::string& id = it->first;
     auto of_job = [&](const std::unique_ptr<RunningJob>& job) { return job->job_id == id; };
-    const bool running =
-        std::any_of(running_.begin(), running_.end(),
-                    [&](const auto& entry) { return of_job(entry.second); }) ||
-        std::any_of(retiring_.begin(), retiring_.end(), of_job);
+    const bool running = std::any_of(running_.begin(), running_.end(),
+                                     [&](const auto& entry) { return of_job(entry.second); }) ||
+                         std::any_of(retiring_.begin(), retiring_.end(), of_job);
     if (now < it->second || running) {
       ++it;
       continue;
