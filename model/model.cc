@@ -489,6 +489,28 @@ absl::Status Model::RunLayer(size_t i, bool forward, const model_internal::Forwa
   return s;
 }
 
+absl::Status Model::GrowStaging(int64_t batch) {
+  model_internal::Storage& st = *storage_;
+  if (batch <= st.staged_capacity) return absl::OkStatus();
+  const size_t feature_bytes = sizeof(float) * batch * shape_.input_size;
+  const size_t label_bytes = sizeof(int32_t) * batch;
+  RETURN_IF_ERROR(backend_->Synchronize());
+  st.features = {};
+  st.labels = {};
+  ASSIGN_OR_RETURN(st.features, backend_->Allocate(feature_bytes));
+  ASSIGN_OR_RETURN(st.labels, backend_->Allocate(label_bytes));
+  ASSIGN_OR_RETURN(st.features_host, backend_->AllocateHost(feature_bytes));
+  ASSIGN_OR_RETURN(st.labels_host, backend_->AllocateHost(label_bytes));
+  st.staged_capacity = batch;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> Model::FeatureStaging(int64_t batch) {
+  if (!backend_->gpu()) return nullptr;
+  RETURN_IF_ERROR(GrowStaging(batch));
+  return storage_->features_host.as<float>();
+}
+
 absl::Status Model::StageBatch(const float* features, const int32_t* labels, int64_t batch) {
   if (!backend_->gpu()) {
     input_ = features;
@@ -498,18 +520,12 @@ absl::Status Model::StageBatch(const float* features, const int32_t* labels, int
   model_internal::Storage& st = *storage_;
   const size_t feature_bytes = sizeof(float) * batch * shape_.input_size;
   const size_t label_bytes = sizeof(int32_t) * batch;
-  if (batch > st.staged_capacity) {
-    RETURN_IF_ERROR(backend_->Synchronize());
-    st.features = {};
-    st.labels = {};
-    ASSIGN_OR_RETURN(st.features, backend_->Allocate(feature_bytes));
-    ASSIGN_OR_RETURN(st.labels, backend_->Allocate(label_bytes));
-    ASSIGN_OR_RETURN(st.features_host, backend_->AllocateHost(feature_bytes));
-    ASSIGN_OR_RETURN(st.labels_host, backend_->AllocateHost(label_bytes));
-    st.staged_capacity = batch;
-  }
+  // Features already in the staging buffer (FeatureStaging) leave it as it
+  // is: it holds the batch.
+  const bool staged = batch <= st.staged_capacity && features == st.features_host.as<float>();
+  RETURN_IF_ERROR(GrowStaging(batch));
   // The staging buffers are free: the previous step waited for its copies.
-  std::memcpy(st.features_host.as<void>(), features, feature_bytes);
+  if (!staged) std::memcpy(st.features_host.as<void>(), features, feature_bytes);
   std::memcpy(st.labels_host.as<void>(), labels, label_bytes);
   // The batch goes up beside the parameters' copy on the compute stream; the
   // forward waits for both.

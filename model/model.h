@@ -274,6 +274,15 @@ class Model {
   absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch,
                                       std::vector<float>* logits = nullptr);
 
+  // On a GPU: the page-locked host buffer a TrainStep or Evaluate of up to
+  // `batch` examples copies its features into before they go up (grown to
+  // hold `batch`), for a caller that writes them there itself: a step whose
+  // `features` is this buffer skips that copy (7 MB a step for the click
+  // model). Valid until a call with a larger batch; free to write once the
+  // last TrainStep or Evaluate returned. Null on the CPU (its steps read the
+  // features where they are).
+  absl::StatusOr<float*> FeatureStaging(int64_t batch);
+
   // Sparse embeddings (shape().sparse_tables): after a TrainStep of `batch`
   // examples, the gradient of the mean loss with respect to the model input,
   // [batch * input_size()] slot-major as the features: a sparse embedding's
@@ -427,6 +436,8 @@ class Model {
   // Puts a host batch into the compute memory (a copy on the GPU) and points
   // input_/labels_ at it.
   absl::Status StageBatch(const float* features, const int32_t* labels, int64_t batch);
+  // GPU: grows the staging buffers (host and device) to hold `batch`.
+  absl::Status GrowStaging(int64_t batch);
   // Runs every layer's forward, adding the loss to the backend's counters; dropout
   // is active only when training.
   // With `await` (TrainStepOptions::await_layer_params), each layer with

@@ -5,6 +5,7 @@
 // optimizer; FP32 (TF32 convolutions), TF32, BF16 and FP16 against
 // FP32_STRICT on the GPU. Skips, with the reason, where there is no CUDA
 // device.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -222,6 +223,38 @@ TEST_F(ModelGpuTest, TrainStepMatchesTheCpu) {
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_NEAR(c->loss_sum, g->loss_sum, 1e-4 * (1 + std::abs(c->loss_sum)));
   EXPECT_EQ(c->correct, g->correct);
+}
+
+// Features written into the staging buffer (FeatureStaging) train exactly
+// as the same features handed over from elsewhere, through a larger batch's
+// growth too; the CPU has no staging.
+TEST_F(ModelGpuTest, FeaturesWrittenIntoTheStagingBufferTrainAsCopiedOnes) {
+  auto copied = MakeStrictModel(kSmallNet, 0);
+  auto staged = MakeStrictModel(kSmallNet, 0);
+  auto cpu = MakeStrictModel(kSmallNet, -1);
+  ASSERT_NE(copied, nullptr);
+  ASSERT_NE(staged, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  absl::StatusOr<float*> none = cpu->FeatureStaging(8);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+  for (int step = 0; step < 4; ++step) {
+    const int64_t n = step < 2 ? 16 : 48;
+    const Batch b = RandomBatch(n, copied->input_size(), 5, 300 + step);
+    absl::StatusOr<float*> staging = staged->FeatureStaging(n);
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    ASSERT_NE(*staging, nullptr);
+    std::copy(b.features.begin(), b.features.end(), *staging);
+    auto c = copied->TrainStep(b.features.data(), b.labels.data(), n, step);
+    auto g = staged->TrainStep(*staging, b.labels.data(), n, step);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(c->loss, g->loss) << "step " << step;
+    for (const ParamInfo& p : copied->params()) {
+      ExpectClose(copied->grad(p.id), staged->grad(p.id), p.num_elements, 0,
+                  p.name + " grad, step " + std::to_string(step));
+    }
+  }
 }
 
 // The overlapped worker's step: gradients announced layer by layer as they

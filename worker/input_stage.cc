@@ -52,15 +52,22 @@ InputStage::Rows InputStage::TrainingRows() const {
 }
 
 void InputStage::PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
-                          std::vector<float>* features) {
-  features->resize(batch.size * shape_.input_size);
-  PackDenseInputs(shape_, batch.inputs, batch.size, features->data());
-  if (plan != nullptr) plan->Pool(rows, features->data(), &tables_);
+                          float* features) {
+  PackDenseInputs(shape_, batch.inputs, batch.size, features);
+  if (plan != nullptr) plan->Pool(rows, features, &tables_);
 }
 
-const float* InputStage::Pack(const data::Batch& batch, const SparseBatch* plan) {
-  PackInto(batch, plan, plan != nullptr ? TrainingRows() : Rows(), &features_);
-  return features_.data();
+float* InputStage::Destination(const data::Batch& batch, float* staging,
+                               std::vector<float>* features) {
+  if (staging != nullptr) return staging;
+  features->resize(batch.size * shape_.input_size);
+  return features->data();
+}
+
+const float* InputStage::Pack(const data::Batch& batch, const SparseBatch* plan, float* staging) {
+  float* features = Destination(batch, staging, &features_);
+  PackInto(batch, plan, plan != nullptr ? TrainingRows() : Rows(), features);
+  return features;
 }
 
 const RowIds* InputStage::PushLaneRows(const SparseBatch* plan) {
@@ -130,8 +137,8 @@ absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
 
 absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batch& batch,
                                                   int64_t min_version, int64_t min_worker_steps,
-                                                  bool exact_version) {
-  if (exchange_ == nullptr) return Pack(batch, nullptr);
+                                                  bool exact_version, float* staging) {
+  if (exchange_ == nullptr) return Pack(batch, nullptr, staging);
   if (next_pulled_) {
     next_pulled_ = false;
     // With kept tables only, the push lane's answer is waited for by the
@@ -145,7 +152,7 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
       return features_.data();
     }
     if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
-    return Pack(batch, current_.get());
+    return Pack(batch, current_.get(), staging);
   }
   RETURN_IF_ERROR(exchange_->Finish());
   ASSIGN_OR_RETURN(SparseBatch plan,
@@ -161,7 +168,7 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
                    cancelled_, /*read_only=*/false, /*checkpoint_step=*/0, exact_version);
   if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
   RETURN_IF_ERROR(exchange_->Finish());
-  return Pack(batch, current_.get());
+  return Pack(batch, current_.get(), staging);
 }
 
 InputStage::~InputStage() {
@@ -197,7 +204,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       planned_ = taken;
       return;
     }
-    PackInto(*next, &*planned_, TrainingRows(), &next_features_);
+    PackInto(*next, &*planned_, TrainingRows(), Destination(*next, nullptr, &next_features_));
   });
 }
 
@@ -246,15 +253,16 @@ absl::Status InputStage::Finish() {
 
 absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, int64_t min_version,
                                                       int64_t min_worker_steps) {
-  if (exchange_ == nullptr) return Pack(batch, nullptr);
+  if (exchange_ == nullptr) return Pack(batch, nullptr, nullptr);
   ASSIGN_OR_RETURN(SparseBatch plan,
                    SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
   eval_->Begin(0, nullptr, nullptr, &plan.row_ids(), min_version, min_worker_steps, cancelled_,
                /*read_only=*/true);
   RETURN_IF_ERROR(eval_->Finish());
   // Every row pulled, kept tables' too: pooled as pulled.
-  PackInto(batch, &plan, eval_->rows(), &features_);
-  return features_.data();
+  float* features = Destination(batch, nullptr, &features_);
+  PackInto(batch, &plan, eval_->rows(), features);
+  return features;
 }
 
 }  // namespace downpour

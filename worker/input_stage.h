@@ -61,9 +61,13 @@ class InputStage {
   // those pulls). `exact_version` (SYNC; a step whose rows no Exchange
   // brought): the rows as they were at min_version exactly
   // (SparseExchange::Begin), FailedPrecondition when a shard no longer
-  // keeps them.
+  // keeps them. With `staging` (room for the batch's input; the model's,
+  // ModelRunner::FeatureStaging) the input is packed there, not into the
+  // stage's own buffer, unless it was packed ahead (then it is returned
+  // from there).
   absl::StatusOr<const float*> Features(int64_t step, const data::Batch& batch, int64_t min_version,
-                                        int64_t min_worker_steps, bool exact_version = false);
+                                        int64_t min_worker_steps, bool exact_version = false,
+                                        float* staging = nullptr);
   // After the step's backward on `model` (its input gradient): pushes the
   // rows' gradients as step `step`'s and, with `next`, pulls next's rows
   // (the next Features call must be for `next`). Returns at once.
@@ -104,12 +108,14 @@ class InputStage {
   // others' from the push lane's last pull (not read for kept tables: that
   // pull may be in flight).
   Rows TrainingRows() const;
-  // Packs `batch` into `features`: its dense inputs and, with `plan`, its
-  // sparse slots pooled from `rows`.
+  // Packs `batch` into `features` (batch.size * input_size floats): its
+  // dense inputs and, with `plan`, its sparse slots pooled from `rows`.
   void PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
-                std::vector<float>* features);
-  // PackInto features_ with TrainingRows().
-  const float* Pack(const data::Batch& batch, const SparseBatch* plan);
+                float* features);
+  // Where `batch`'s input goes: `staging`, or else `features` resized.
+  float* Destination(const data::Batch& batch, float* staging, std::vector<float>* features);
+  // PackInto `staging` or features_ with TrainingRows().
+  const float* Pack(const data::Batch& batch, const SparseBatch* plan, float* staging);
   // The stamp a row read at `step` must have at least in kept table t.
   int64_t MinStamp(int t, int64_t step) const { return step - shape_.sparse_tables[t].staleness; }
   // Kept tables: starts pulling the rows `plan` (step `step`'s) lacks.

@@ -81,6 +81,10 @@ class ReplicaRunner : public ModelRunner {
     }
     return absl::OkStatus();
   }
+  absl::StatusOr<float*> FeatureStaging(int64_t batch) override {
+    if (replicas_->size() != 1) return nullptr;
+    return primary_->FeatureStaging(batch);
+  }
   const Model* whole_model() const override { return primary_; }
 
  private:
@@ -134,6 +138,7 @@ class PipelineRunner : public ModelRunner {
     CopyLocalState(values, pipeline_.get());
     return pipeline_->RestoreLocalState(loss_scale);
   }
+  absl::StatusOr<float*> FeatureStaging(int64_t) override { return nullptr; }
   const Model* whole_model() const override { return nullptr; }
 
  private:

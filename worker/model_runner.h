@@ -114,6 +114,11 @@ class ModelRunner {
   virtual absl::Status RestoreLocalState(const std::vector<const float*>& values,
                                          double loss_scale) = 0;
 
+  // Where the caller may write a batch's features for TrainStep and
+  // Evaluate to take without a copy (Model::FeatureStaging): one replica on
+  // a GPU; null otherwise (the steps copy them, or read them in place).
+  virtual absl::StatusOr<float*> FeatureStaging(int64_t batch) = 0;
+
   // The whole model as one Model (replica 0), or null when it is split into
   // stages. Sparse embeddings read its input gradient; a pipeline has none
   // (refused at submit).

@@ -504,14 +504,18 @@ absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunSt
   const double began = MonotonicSeconds();
   const bool exact = run->exact_rows;
   run->exact_rows = false;
-  absl::StatusOr<const float*> packed =
-      input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step), exact);
+  // On a GPU the input is pooled straight into the page-locked buffer it
+  // goes up from (the last step, which read it, has returned).
+  ASSIGN_OR_RETURN(float* staging, run->model->FeatureStaging(run->batch.size));
+  absl::StatusOr<const float*> packed = input_stage_->Features(
+      s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step), exact, staging);
   if (exact && absl::IsFailedPrecondition(packed.status())) {
     // The tables went on (restored, or a shard from before exact rows):
     // the rows as they are now, the step no longer exactly the lost one's.
     Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(), " (taken over): ",
                      packed.status().message(), "; reading the rows as they are"));
-    packed = input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step));
+    packed = input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step),
+                                    /*exact_version=*/false, staging);
   }
   RETURN_IF_ERROR(PermanentIfBadData(packed.status()));
   run->exchange_waited += MonotonicSeconds() - began;
