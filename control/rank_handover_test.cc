@@ -30,6 +30,15 @@ class RankHandoverTest : public ::testing::Test {
     return RankHandover({absl::Seconds(30), [this] { return now_; }}, &history_);
   }
 
+  // The job's newest checkpoint, at step 30 (a call counted in asked_).
+  absl::StatusOr<CheckpointRestore> Newest() {
+    ++asked_;
+    CheckpointRestore restore;
+    restore.set_step(30);
+    return restore;
+  }
+
+  int asked_ = 0;
   absl::Time now_ = absl::FromUnixSeconds(1000);
   JobStatus job_;
   MemoryJobStore::Data data_;
@@ -52,16 +61,10 @@ TEST_F(RankHandoverTest, ALostRankWaitsThenGoesToAFreeWorker) {
             "it over)");
 
   std::deque<std::string> free = {"spare"};
-  int asked = 0;
-  auto newest = [&]() -> absl::StatusOr<CheckpointRestore> {
-    ++asked;
-    CheckpointRestore restore;
-    restore.set_step(30);
-    return restore;
-  };
+  auto newest = [this] { return Newest(); };
   ASSERT_TRUE(handover.AssignTakers(&job_, &free, newest));
   EXPECT_TRUE(free.empty());
-  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(asked_, 1);
   EXPECT_TRUE(job_.workers(1).joined());
   EXPECT_EQ(job_.workers(1).node_id(), "spare");
   EXPECT_EQ(job_.placement().worker_nodes(1), "spare");
@@ -89,13 +92,7 @@ TEST_F(RankHandoverTest, SyncStepsWaitForALostRankUntilAWorkerOfTheJobTakesItOve
   EXPECT_FALSE(handover.Absorb(&job_));
   EXPECT_FALSE(handover.AbsentAtShards(job_, job_.workers(1)));
 
-  int asked = 0;
-  auto newest = [&]() -> absl::StatusOr<CheckpointRestore> {
-    ++asked;
-    CheckpointRestore restore;
-    restore.set_step(30);
-    return restore;
-  };
+  auto newest = [this] { return Newest(); };
   // w0 has no room: w2 (rank 2) takes it.
   std::vector<std::string> asked_nodes;
   auto room = [&](const std::string& node) -> std::optional<std::string> {
@@ -105,7 +102,7 @@ TEST_F(RankHandoverTest, SyncStepsWaitForALostRankUntilAWorkerOfTheJobTakesItOve
   };
   ASSERT_TRUE(handover.ShareWorkers(&job_, room, newest));
   EXPECT_THAT(asked_nodes, ::testing::ElementsAre("w0", "w2"));
-  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(asked_, 1);
   EXPECT_FALSE(job_.workers(1).lost());
   EXPECT_TRUE(job_.workers(1).joined());
   EXPECT_EQ(job_.workers(1).node_id(), "w2");
