@@ -457,7 +457,8 @@ TEST_F(WorkerRuntimeTest, AStoppedRunSaysWhatHappenedNotThatTheJobEnded) {
   rank1.mutable_placement()->set_worker_nodes(0, "other@test");
   rank1.mutable_placement()->set_worker_nodes(1, kNode);
   coordinator_.SetTasks(kNode, {rank1});
-  EXPECT_TRUE(AwaitLogLine("job j: rank 0 was handed to another worker; this worker stops its run"));
+  EXPECT_TRUE(
+      AwaitLogLine("job j: rank 0 was handed to another worker; this worker stops its run"));
   ASSERT_TRUE(coordinator_.AwaitReport(
       [](const ReportProgressRequest& r) { return r.rank() == 1 && r.step() >= 2; }));
 
