@@ -456,8 +456,7 @@ bool ParameterStore::Accumulate(Job& job, const PushRequest& request, const Payl
 
 void ParameterStore::MaybeCompleteStep(Job& job, Partition& p) const {
   const int64_t version = p.version.load(std::memory_order_relaxed);
-  const int num_arrived = p.step_sum.num_arrived();
-  if (num_arrived == 0 || num_arrived < job.Quorum()) return;
+  if (!job.StepComplete(p.step_sum)) return;
   // The step is complete: the mean over the workers that brought a gradient
   // (a skipped step is no contributor), or no update when none did. The
   // values it started from are kept for a worker that takes over a rank

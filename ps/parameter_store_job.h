@@ -214,14 +214,22 @@ struct ParameterStore::Job : std::enable_shared_from_this<Job> {
                                  [](Presence p) { return p != Presence::kCounts; }),
                      std::memory_order_release);
   }
-  // SYNC: arrivals that complete a step: the ranks that count, less the
-  // backup workers, at least one.
-  int Quorum() ABSL_LOCKS_EXCLUDED(mu) {
-    if (!any_absent.load(std::memory_order_acquire)) return sync_quorum;
+  // SYNC: whether a step's arrivals (`sum`'s) complete it: the ranks that
+  // count have arrived, less the backup workers, at least one. A rank that
+  // arrived and then went absent (it finished: its push was the last)
+  // brings its gradient but stands in for no rank that counts; with none
+  // counting, any arrival completes the step.
+  bool StepComplete(const RankOrderedSum& sum) ABSL_LOCKS_EXCLUDED(mu) {
+    if (sum.num_arrived() == 0) return false;
+    if (!any_absent.load(std::memory_order_acquire)) return sum.num_arrived() >= sync_quorum;
     absl::MutexLock lock(&mu);
-    int counting = 0;
-    for (int rank = 0; rank < num_workers; ++rank) counting += Counts(rank);
-    return std::max(1, counting - (num_workers - sync_quorum));
+    int counting = 0, counted = 0;
+    for (int rank = 0; rank < num_workers; ++rank) {
+      if (!Counts(rank)) continue;
+      ++counting;
+      if (sum.arrived(rank)) ++counted;
+    }
+    return counting == 0 || counted >= std::max(1, counting - (num_workers - sync_quorum));
   }
   // Per worker rank: partitions applied so far of steps pushed in several
   // requests (PushRequest.partitions_in_step), by step.

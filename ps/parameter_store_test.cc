@@ -238,6 +238,22 @@ TEST_F(ParameterStoreTest, MinWorkerStepsWaitsForTheSlowestWorker) {
   waiter.join();
 }
 
+// A rank whose last push is in and which then finishes (absent from then
+// on) does not complete the step alone: it waits for the rank that still
+// counts and takes the mean of both.
+TEST_F(ParameterStoreTest, ARankThatFinishesAfterItsLastPushWaitsForTheOthers) {
+  AddJob(Spec(ConsistencySpec::SYNC, 2));
+  const Key key = {0, 0};
+  PushOk(MakePush(1, 1, 0, {{key, {1, 1, 1}}}));
+  store_.SetWorkers(kJob, {1}, /*rank_nodes=*/{});
+  EXPECT_EQ(PullOne(key).version, 0);
+  PushOk(MakePush(0, 1, 0, {{key, {3, 3, 3}}}));
+  const Pulled after = PullOne(key, 1);
+  std::vector<float> expected = Initial(0, 0, 3);
+  for (float& v : expected) v -= 0.1f * 2;  // The mean of both.
+  ExpectNear(after.values, expected);
+}
+
 TEST_F(ParameterStoreTest, SyncStepsGoOnWithoutALostRankWhichCountsAgainFromItsFirstPush) {
   AddJob(Spec(ConsistencySpec::SYNC, 3));
   const Key key = {0, 0};

@@ -330,14 +330,21 @@ absl::Status SparseStore::CompleteTable(int t, int64_t version, std::string* div
   return ApplyStep(t, ids.data(), static_cast<int64_t>(ids.size()), sum.data(), version, diverged);
 }
 
-int SparseStore::Quorum() const {
-  int counting = 0;
-  for (Presence p : presence_) counting += p == Presence::kCounts;
-  return std::max(1, counting - backup_workers_);
+bool SparseStore::StepComplete() const {
+  if (num_arrived_ == 0) return false;
+  // A rank that arrived and then went absent (it finished: its push was the
+  // last) brings its rows but stands in for no rank that counts.
+  int counting = 0, counted = 0;
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    if (presence_[rank] != Presence::kCounts) continue;
+    ++counting;
+    if (arrived_[rank]) ++counted;
+  }
+  return counting == 0 || counted >= std::max(1, counting - backup_workers_);
 }
 
 void SparseStore::MaybeCompleteStep() {
-  if (!failure_.ok() || num_arrived_ == 0 || num_arrived_ < Quorum()) return;
+  if (!failure_.ok() || !StepComplete()) return;
   const int64_t version = version_.load(std::memory_order_relaxed);
   // A capture of this version whose rows nobody has copied yet: now,
   // before the step changes them.

@@ -282,7 +282,8 @@ class SparseStore {
                         const std::vector<PushPiece>& pieces);
   // SYNC: applies the step if its quorum has arrived, and starts the next.
   void MaybeCompleteStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int Quorum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the ranks that count have arrived (less the backup workers).
+  bool StepComplete() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `status` the store's failure (the first one stays).
   void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells `diverged_` the reasons found under mu_, and hands the captures
