@@ -102,22 +102,31 @@ bool RankHandover::AssignTakers(
     if (!Unclaimed(worker) || free->empty()) continue;
     const std::string node = free->front();
     free->pop_front();
-    worker.set_lost(false);
-    worker.set_lost_ms(0);
-    worker.set_joined(true);
-    worker.set_node_id(node);
-    job->mutable_placement()->set_worker_nodes(worker.rank(), node);
+    TakeOver(job, &worker, node);
     history_->AddEvent(
         job, absl::StrCat("worker rank ", worker.rank(), " taken over by worker node ", node,
                           " from step ", worker.step()));
   }
+  RecordRestore(job, newest);
+  job->set_message(WaitingFor(*job));
+  return true;
+}
+
+void RankHandover::TakeOver(JobStatus* job, WorkerProgress* worker, const std::string& node) {
+  worker->set_lost(false);
+  worker->set_lost_ms(0);
+  worker->set_joined(true);
+  worker->set_node_id(node);
+  job->mutable_placement()->set_worker_nodes(worker->rank(), node);
+}
+
+void RankHandover::RecordRestore(JobStatus* job,
+                                 const std::function<absl::StatusOr<CheckpointRestore>()>& newest) {
   // The takers load the workers' state (batch-norm statistics) of the
   // checkpoint the job records: the newest one, better than a fresh
   // model's for a rank 0 that evaluates soon.
   absl::StatusOr<CheckpointRestore> restore = newest();
   if (restore.ok()) *job->mutable_restore() = *std::move(restore);
-  job->set_message(WaitingFor(*job));
-  return true;
 }
 
 namespace {
@@ -159,7 +168,14 @@ bool RankHandover::ShareWorkers(
     });
     std::string taker;
     for (const std::string& node : nodes) {
-      if (given.count(node) || ranks_held[node] >= kMaxRanksPerWorker) continue;
+      if (given.count(node)) continue;
+      if (ranks_held[node] >= kMaxRanksPerWorker) {
+        if (no_room.empty()) {
+          no_room = absl::StrCat("worker ", node, " trains ", ranks_held[node],
+                                 " ranks, the most one worker trains");
+        }
+        continue;
+      }
       std::optional<std::string> why = why_no_room(node);
       if (!why.has_value()) {
         taker = node;
@@ -173,11 +189,7 @@ bool RankHandover::ShareWorkers(
     for (const WorkerProgress& worker : job->workers()) {
       if (!worker.lost() && NodeOf(*job, worker) == taker) own.push_back(worker.rank());
     }
-    lost.set_lost(false);
-    lost.set_lost_ms(0);
-    lost.set_joined(true);
-    lost.set_node_id(taker);
-    job->mutable_placement()->set_worker_nodes(lost.rank(), taker);
+    TakeOver(job, &lost, taker);
     taken = true;
     history_->AddEvent(job,
                        absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
@@ -191,12 +203,7 @@ bool RankHandover::ShareWorkers(
     absl::StrAppend(&message, "; no worker of the job has room for another rank: ", no_room);
   }
   if (!taken && message == job->message()) return false;
-  if (taken) {
-    // As AssignTakers: the takers load the newest checkpoint's workers'
-    // state.
-    absl::StatusOr<CheckpointRestore> restore = newest();
-    if (restore.ok()) *job->mutable_restore() = *std::move(restore);
-  }
+  if (taken) RecordRestore(job, newest);
   job->set_message(message);
   return true;
 }

@@ -104,6 +104,14 @@ class RankHandover {
   absl::StatusOr<bool> TakeListing(JobStatus* job, const ReportProgressRequest& request) const;
 
  private:
+  // `worker`'s rank is trained by `node` from now on, from where it had got
+  // to (Task.join).
+  static void TakeOver(JobStatus* job, WorkerProgress* worker, const std::string& node);
+  // The newest checkpoint becomes the restore the takers load their state
+  // from (when the job has one).
+  static void RecordRestore(JobStatus* job,
+                            const std::function<absl::StatusOr<CheckpointRestore>()>& newest);
+
   const Options options_;
   JobHistory* const history_;
 };
