@@ -42,6 +42,13 @@ class ParameterShard {
                                                     const PullRequest& pull, absl::Time deadline,
                                                     Payload* pull_payload);
 
+  // Ends the calls in flight at once (they return Cancelled) and fails later
+  // ones the same way: for a caller that no longer wants the answers (a
+  // worker's run that was cancelled, which would otherwise wait out a call
+  // to a shard that is gone). Calls to an in-process store end on their own
+  // deadlines: the default does nothing.
+  virtual void CancelCalls() {}
+
   // Conveniences for in-process callers: the bytes in the messages' own
   // `payload` fields (never used on the wire).
   absl::StatusOr<PushResponse> Push(const PushRequest& request);

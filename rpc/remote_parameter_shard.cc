@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,11 +15,42 @@
 
 namespace downpour {
 
+class RemoteParameterShard::InFlight {
+ public:
+  InFlight(RemoteParameterShard* shard, grpc::ClientContext* context) : shard_(shard) {
+    absl::MutexLock lock(&shard_->calls_mu_);
+    if (shard_->calls_cancelled_) return;
+    context_ = context;
+    shard_->in_flight_.push_back(context);
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    if (context_ == nullptr) return;
+    absl::MutexLock lock(&shard_->calls_mu_);
+    std::vector<grpc::ClientContext*>& calls = shard_->in_flight_;
+    calls.erase(std::find(calls.begin(), calls.end(), context_));
+  }
+
+  bool refused() const { return context_ == nullptr; }
+
+ private:
+  RemoteParameterShard* const shard_;
+  grpc::ClientContext* context_ = nullptr;
+};
+
+void RemoteParameterShard::CancelCalls() {
+  absl::MutexLock lock(&calls_mu_);
+  calls_cancelled_ = true;
+  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+}
+
 // One open /PushPullStream (or /PushPullSharedMemoryStream) call with its
 // own completion queue, which the thread making an exchange polls itself (no
 // hand-off to gRPC's threads). Thread-compatible: one exchange at a time.
 // Once an exchange fails the stream is broken() and only good for
 // destruction, which cancels the call and waits for its pending operations.
+// Its call is registered with its shard client's CancelCalls while it exists.
 //
 // A stream with a segment lays it out as [header][push area][pull area]. The
 // push area is rewritten only after the shard has answered the exchange
@@ -28,10 +60,11 @@ namespace downpour {
 // unmapped once the last payload into it is gone.
 class RemoteParameterShard::Stream {
  public:
-  Stream(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
-         absl::Duration stall_at_deadline, std::shared_ptr<SharedSegment> segment = nullptr,
-         int64_t push_area = 0)
+  Stream(RemoteParameterShard* owner, grpc::ChannelInterface* channel,
+         const grpc::internal::RpcMethod& method, absl::Duration stall_at_deadline,
+         std::shared_ptr<SharedSegment> segment = nullptr, int64_t push_area = 0)
       : context_(std::make_unique<grpc::ClientContext>()),
+        in_flight_(std::in_place, owner, context_.get()),
         stall_at_deadline_(stall_at_deadline),
         segment_(std::move(segment)) {
     if (segment_ != nullptr) {
@@ -44,6 +77,8 @@ class RemoteParameterShard::Stream {
     context_->set_initial_metadata_corked(true);
     stream_ = grpc::internal::ClientAsyncReaderWriterFactory<TensorMessage, TensorMessage>::Create(
         channel, &cq_, method, context_.get(), /*start=*/true, nullptr);
+    // The client's calls are cancelled: the first exchange fails so.
+    if (in_flight_->refused()) context_->TryCancel();
   }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
@@ -53,6 +88,7 @@ class RemoteParameterShard::Stream {
       context_->TryCancel();
       Finish(absl::InfiniteFuture());
     }
+    in_flight_.reset();
     context_.reset();
     cq_.Shutdown();
     void* tag;
@@ -226,6 +262,7 @@ class RemoteParameterShard::Stream {
 
   grpc::CompletionQueue cq_;
   std::unique_ptr<grpc::ClientContext> context_;
+  std::optional<InFlight> in_flight_;                                    // Of context_.
   grpc::ClientAsyncReaderWriter<TensorMessage, TensorMessage>* stream_;  // In the call's arena.
   const absl::Duration stall_at_deadline_;
   // Where the pending read writes (Exchange).
@@ -360,9 +397,9 @@ absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterSha
     absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
         SharedSegment::Create(SharedSegment::kHeaderBytes + push_area + pull_area);
     if (segment.ok()) {
-      auto stream = std::make_unique<Stream>(c.channel.get(), c.push_pull_shared_memory_stream,
-                                             options_.testing_stall_at_deadline,
-                                             *std::move(segment), push_area);
+      auto stream = std::make_unique<Stream>(
+          this, c.channel.get(), c.push_pull_shared_memory_stream,
+          options_.testing_stall_at_deadline, *std::move(segment), push_area);
       attached = stream->Attach(deadline);
       if (attached.ok()) {
         segments_attached_.fetch_add(1, std::memory_order_relaxed);
@@ -385,7 +422,7 @@ absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterSha
       return attached;
     }
   }
-  return std::make_unique<Stream>(c.channel.get(), c.push_pull_stream,
+  return std::make_unique<Stream>(this, c.channel.get(), c.push_pull_stream,
                                   options_.testing_stall_at_deadline);
 }
 
@@ -459,6 +496,11 @@ absl::Status RemoteParameterShard::Call(Method method, const TensorMessage& requ
       *connections_[next_.fetch_add(1, std::memory_order_relaxed) % connections_.size()];
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
+  const InFlight in_flight(this, &context);
+  if (in_flight.refused()) {
+    return absl::CancelledError(
+        absl::StrCat("shard ", address_, ": calls cancelled (their caller stopped)"));
+  }
   const grpc::internal::RpcMethod& rpc = method == Method::kPush   ? c.push
                                          : method == Method::kPull ? c.pull
                                                                    : c.push_pull;

@@ -95,6 +95,10 @@ class RemoteParameterShard final : public ParameterShard {
                                             const PullRequest& pull, absl::Time deadline,
                                             Payload* pull_payload) override;
 
+  // Every call in flight ends with Cancelled, and every later one fails so
+  // at once (see ParameterShard).
+  void CancelCalls() override;
+
   const std::string& address() const { return address_; }
 
   // What went through shared memory segments so far, over every stream.
@@ -120,6 +124,10 @@ class RemoteParameterShard final : public ParameterShard {
   absl::Status Call(Method method, const TensorMessage& request, absl::Time deadline,
                     TensorMessage* response);
   class Stream;
+  // Registers a call's context, which CancelCalls cancels, for the
+  // registration's lifetime; refused (status() Cancelled, nothing
+  // registered) once the calls are cancelled.
+  class InFlight;
   // One exchange on an idle stream (or a new one); the stream goes back to
   // the idle list only if the exchange left it usable and its segment is
   // large enough for the largest exchange seen. `*unsupported`: the shard
@@ -147,6 +155,10 @@ class RemoteParameterShard final : public ParameterShard {
   std::atomic<int64_t> segments_attached_{0};
   std::atomic<int64_t> segment_push_bytes_{0};
   std::atomic<int64_t> segment_pull_bytes_{0};
+  // Before the idle streams: a stream is registered while it exists.
+  absl::Mutex calls_mu_;
+  bool calls_cancelled_ ABSL_GUARDED_BY(calls_mu_) = false;
+  std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(calls_mu_);
   absl::Mutex streams_mu_;
   std::vector<std::unique_ptr<Stream>> idle_streams_ ABSL_GUARDED_BY(streams_mu_);
 };

@@ -264,6 +264,49 @@ TEST_F(PsServiceTest, StreamedPushPullWaitsForOtherWorkersAndStaysUsable) {
   EXPECT_EQ(done->pull().partitions_size(), 2);
 }
 
+// A worker's run that was cancelled ends its calls to a shard at once
+// (CancelCalls) instead of waiting out their deadlines, over a unary call
+// and both kinds of stream; the client then refuses every call.
+TEST_F(PsServiceTest, CancelledCallsEndAtOnceAndLaterOnesAreRefused) {
+  ASSERT_TRUE(store_.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2), 0, Placements()).ok());
+  // Waits for worker 1, which never pushes: answered only at the deadline.
+  PullRequest pull;
+  pull.set_job_id(kJob);
+  pull.set_min_worker_steps(1);
+  int64_t sequence = 0;
+  auto exchange = [&](RemoteParameterShard* shard, bool streamed) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    if (!streamed) return shard->Pull(pull, deadline).status();
+    const PushRequest push = MakePush(kJob, 0, ++sequence, 0, 0, {1.f, 1.f});
+    Payload grads, params;
+    grads.Append(push.payload().data(), push.payload().size());
+    return shard->PushPull(push, grads, pull, deadline, &params).status();
+  };
+  for (const auto& [streamed, shared_memory] :
+       std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {true, true}}) {
+    SCOPED_TRACE(absl::StrCat("streamed ", streamed, ", shared memory ", shared_memory));
+    RemoteParameterShard::Options options;
+    options.use_shared_memory = shared_memory;
+    options.use_streams = streamed;
+    std::unique_ptr<RemoteParameterShard> shard = RemoteParameterShard::Create(address_, options);
+    absl::Status waited;
+    std::thread call([&] { waited = exchange(shard.get(), streamed); });
+    absl::SleepFor(absl::Milliseconds(300));  // The call reaches the shard and waits there.
+    shard->CancelCalls();
+    call.join();
+    // Not DeadlineExceeded (the shard's answer a minute later).
+    EXPECT_EQ(waited.code(), absl::StatusCode::kCancelled) << waited;
+    EXPECT_THAT(std::string(waited.message()), StartsWith(absl::StrCat("shard ", address_)));
+    const absl::Status later = exchange(shard.get(), streamed);
+    EXPECT_EQ(later.code(), absl::StatusCode::kCancelled) << later;
+  }
+  // Worker 1 pushes: the shard's handlers of the cancelled calls stop
+  // waiting, and another client of the shard gets its answer.
+  ASSERT_TRUE(store_.Push(MakePush(kJob, 1, 1, 0, 0, {1.f, 1.f})).ok());
+  absl::StatusOr<PullResponse> pulled = shard_->Pull(pull, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(pulled.ok()) << pulled.status();
+}
+
 // A SYNC job of two workers with a sparse table "emb/table" (100 rows of 4)
 // read by fc (fc/weight: 8 elements, tensor 0; fc/bias: 2, tensor 1), all on
 // this one shard.

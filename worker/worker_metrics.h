@@ -67,6 +67,7 @@ class MeasuredShardClient final : public ParameterShard {
   absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
                                             const PullRequest& pull, absl::Time deadline,
                                             Payload* pull_payload) override;
+  void CancelCalls() override { shard_->CancelCalls(); }
 
  private:
   // What identifies a pull among those of one step: its first partition and

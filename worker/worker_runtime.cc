@@ -104,9 +104,8 @@ std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<
       }
     }
     if (replace) {
-      // The old run is cancelled and reaped once it returns: it may be
-      // waiting out a call to a shard that is gone.
-      run.trainer->Cancel(std::move(why));
+      // The old run is cancelled and reaped once it returns.
+      run.Cancel(std::move(why));
       retiring_.push_back(std::move(it->second));
       running_.erase(it);
       Start(next);
@@ -128,15 +127,21 @@ std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<
     if (jobs.count(key.first)) {
       // The job goes on here with other ranks: this one went to another
       // worker.
-      run->trainer->Cancel(absl::StrCat(
-          "rank ", key.second, " was handed to another worker; this worker stops its run"));
+      run->Cancel(absl::StrCat("rank ", key.second,
+                               " was handed to another worker; this worker stops its run"));
     } else {
       // A job gone from the list has ended for this worker: whether the job
       // ended or the rank went to another worker, the list does not say.
-      run->trainer->Cancel();
+      run->Cancel();
     }
   }
   return current;
+}
+
+void WorkerRuntime::RunningJob::Cancel(std::string why) {
+  // The trainer first: the calls' errors are then a cancelled run's.
+  trainer->Cancel(std::move(why));
+  for (const std::unique_ptr<ParameterShard>& shard : shards) shard->CancelCalls();
 }
 
 std::vector<std::unique_ptr<WorkerRuntime::RunningJob>> WorkerRuntime::ReapEnded(

@@ -98,6 +98,11 @@ class WorkerRuntime {
     std::thread thread;
     std::atomic<bool> done{false};
     absl::Time failed_seen = absl::InfiniteFuture();  // See OnTasks.
+
+    // Stops the run (JobTrainer::Cancel) and ends its calls to the shards
+    // at once: a call to a shard that is gone would otherwise hold the run
+    // until its deadline (30 s for a push), and with it a worker's exit.
+    void Cancel(std::string why = "");
   };
 
   void Start(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
