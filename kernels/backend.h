@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,8 @@
 
 namespace downpour {
 namespace kernels {
+
+class MemoryCaps;  // kernels/memory_cap.h
 
 // What a backend is created for (kernels/factory.h).
 struct BackendOptions {
@@ -58,6 +61,11 @@ struct BackendOptions {
   // --device_memory_limit, so that "does not fit one GPU" can be tried on a
   // large one. 0: no limit but the device's own.
   int64_t memory_limit = 0;
+  // Non-null: the backend counts its blocks against these caps' cap of its
+  // device, together with every other backend made with them, and
+  // memory_limit is unused (the caps hold the limit): a worker's replicas
+  // of several ranks on one device share its --device_memory_limit.
+  std::shared_ptr<MemoryCaps> shared_caps;
 };
 
 // Memory a backend allocated: host, page-locked host or device memory, freed

@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<StreamLink>> CreateGpuStreamLink(const std::vecto
 #endif  // DOWNPOUR_WITH_CUDA
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const BackendOptions& options) {
-  if (options.device < 0) return cpu::CreateCpuBackend(options.memory_limit);
+  if (options.device < 0) return cpu::CreateCpuBackend(options);
   RETURN_IF_ERROR(DescribeDevice(options.device).status());
   return CreateGpuBackend(options);
 }

@@ -19,6 +19,18 @@ std::string DescribeBytes(int64_t bytes) {
   return absl::StrCat(bytes, " bytes");
 }
 
+std::shared_ptr<MemoryCap> MemoryCaps::For(const std::string& device) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<MemoryCap>& cap = caps_[device];
+  if (cap == nullptr) cap = std::make_shared<MemoryCap>(limit_, device);
+  return cap;
+}
+
+std::shared_ptr<MemoryCap> CapFor(const BackendOptions& options, const std::string& device) {
+  if (options.shared_caps != nullptr) return options.shared_caps->For(device);
+  return std::make_shared<MemoryCap>(options.memory_limit, device);
+}
+
 absl::Status MemoryCap::Take(size_t bytes, int64_t others) {
   const int64_t want = static_cast<int64_t>(bytes);
   const int64_t before = held_.fetch_add(want);

@@ -5,17 +5,22 @@
 // the device's: it makes a GPU behave as a smaller one, so that "this model
 // does not fit one GPU" holds (and is tested) on a large card.
 //
-// Thread-safe (an atomic count): memory may be freed on any thread. Owned by
-// its backend; every DeviceMemory it counted must be gone before it is.
+// Thread-safe (an atomic count): memory may be freed on any thread. Held by
+// its backend (and by MemoryCaps, for backends that share it); every
+// DeviceMemory it counted must be gone before it is.
 #ifndef DOWNPOUR_KERNELS_MEMORY_CAP_H_
 #define DOWNPOUR_KERNELS_MEMORY_CAP_H_
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 
 namespace downpour {
@@ -55,6 +60,31 @@ class MemoryCap {
   const std::string device_;
   std::atomic<int64_t> held_{0};
 };
+
+// One cap per device, shared by every backend made with them
+// (BackendOptions::shared_caps): the limit bounds what those backends hold
+// together on each device. (What a GPU backend holds outside the count, its
+// workspace and weight copies, is its own only.) Thread-safe.
+class MemoryCaps {
+ public:
+  // `limit` <= 0: no limit (blocks are still counted).
+  explicit MemoryCaps(int64_t limit) : limit_(limit) {}
+  MemoryCaps(const MemoryCaps&) = delete;
+  MemoryCaps& operator=(const MemoryCaps&) = delete;
+
+  // The cap of `device` ("cpu", "cuda:1"), made at the first call.
+  std::shared_ptr<MemoryCap> For(const std::string& device);
+  int64_t limit() const { return limit_; }
+
+ private:
+  const int64_t limit_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<MemoryCap>> caps_ ABSL_GUARDED_BY(mu_);
+};
+
+// The cap a backend of `options` on `device` counts against: the shared
+// caps' for the device, or one of its own with options.memory_limit.
+std::shared_ptr<MemoryCap> CapFor(const BackendOptions& options, const std::string& device);
 
 // "512.0 MiB", "8.3 GiB", "100 bytes".
 std::string DescribeBytes(int64_t bytes);

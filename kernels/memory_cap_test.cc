@@ -56,6 +56,32 @@ TEST(MemoryCapTest, BackendRefusesAllocationsPastItsLimitAndFreesGiveBack) {
   EXPECT_TRUE((*backend)->Allocate(1 << 20).ok());
 }
 
+// Backends made with the same caps (a worker's replicas of two ranks) hold
+// the limit together; one made without them has its own.
+TEST(MemoryCapTest, BackendsOfSharedCapsHoldTheLimitTogether) {
+  BackendOptions options;
+  options.memory_limit = 1 << 30;  // Unused with shared caps.
+  options.shared_caps = std::make_shared<MemoryCaps>(1 << 20);
+  auto first = CreateBackend(options);
+  auto second = CreateBackend(options);
+  ASSERT_TRUE(first.ok() && second.ok());
+  auto held = (*first)->Allocate(700 << 10);
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto refused = (*second)->Allocate(400 << 10);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("would hold 1.1 MiB of compute memory, over the limit of 1.0 MiB"));
+  EXPECT_EQ(options.shared_caps->For("cpu")->held(), 700 << 10);
+  BackendOptions own;
+  own.memory_limit = 1 << 20;
+  auto alone = CreateBackend(own);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_TRUE((*alone)->Allocate(700 << 10).ok());
+  // The first's block freed gives back.
+  *held = DeviceMemory();
+  EXPECT_TRUE((*second)->Allocate(1 << 20).ok());
+}
+
 }  // namespace
 }  // namespace kernels
 }  // namespace downpour

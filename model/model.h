@@ -49,6 +49,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/memory_cap.h"
 #include "kernels/optimizer.h"
 #include "model/loss_scale.h"
 #include "proto/job.pb.h"
@@ -160,6 +161,11 @@ struct ModelOptions {
   // --device_memory_limit): past it, creation or a step fails with
   // ResourceExhausted naming the device, the size and the limit.
   int64_t memory_limit = 0;
+  // Non-null: the caps the model's backends count against, shared with
+  // every other model made with them (a worker's replicas of several ranks:
+  // --device_memory_limit bounds what they hold together on each device);
+  // memory_limit is then unused.
+  std::shared_ptr<kernels::MemoryCaps> shared_memory;
   // The job the model trains, named in the lines it logs (common/log.h) so
   // that a worker's node agent forwards them to the job's log (downpourctl
   // logs): why it computes in another precision than asked. Empty: the

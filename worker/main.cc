@@ -208,7 +208,7 @@ int Main() {
   // stage per listed GPU for a job whose model is split into stages.
   trainer_options.devices = *devices;
   // On GPUs "auto" caps nothing: the device's own size is the limit.
-  trainer_options.device_memory_limit = *memory_limit;
+  trainer_options.device_memory = std::make_shared<kernels::MemoryCaps>(*memory_limit);
   trainer_options.conv_graph = absl::GetFlag(FLAGS_conv_graph);
   trainer_options.data_dir = absl::GetFlag(FLAGS_data_dir);
   trainer_options.data_roots = data_roots;

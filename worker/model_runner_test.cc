@@ -241,5 +241,37 @@ TEST(ModelRunnerTest, TheMemoryLimitCapsReplicasAndStages) {
   }
 }
 
+// Replicas made with one worker's shared caps (two ranks on one worker) hold
+// its --device_memory_limit together: where one fits, two need twice.
+TEST(ModelRunnerTest, ReplicasOfSharedMemoryHoldTheLimitTogether) {
+  const Batch b = RandomBatch(64, 5);
+  auto train = [&](ModelRunner* runner) {
+    return runner->TrainStep(b.features.data(), b.labels.data(), b.size, 0, {}).status();
+  };
+  ModelOptions measure;
+  measure.shared_memory = std::make_shared<kernels::MemoryCaps>(0);
+  absl::StatusOr<std::unique_ptr<ModelRunner>> alone = ModelRunner::Create(Job(), {}, measure);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_TRUE(train(alone->get()).ok());
+  const int64_t one = measure.shared_memory->For("cpu")->held();
+  ASSERT_GT(one, 0);
+
+  ModelOptions options;
+  options.shared_memory = std::make_shared<kernels::MemoryCaps>(one + one / 2);
+  absl::StatusOr<std::unique_ptr<ModelRunner>> first = ModelRunner::Create(Job(), {}, options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(train(first->get()).ok());
+  absl::StatusOr<std::unique_ptr<ModelRunner>> second = ModelRunner::Create(Job(), {}, options);
+  absl::Status status = second.status();
+  if (second.ok()) status = train(second->get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("--device_memory_limit"));
+  // Each alone fits: the second trains once the first is gone.
+  *first = nullptr;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> again = ModelRunner::Create(Job(), {}, options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(train(again->get()).ok());
+}
+
 }  // namespace
 }  // namespace downpour

@@ -73,9 +73,11 @@ struct TrainerOptions {
   // (ModelSpec.pipeline) runs stage i on the i-th device listed, which must
   // be one per stage, or every stage on the CPU when empty.
   std::vector<int> devices;
-  // > 0: the most compute memory each replica or pipeline stage may hold on
-  // its device, in bytes (--device_memory_limit; ModelOptions::memory_limit).
-  int64_t device_memory_limit = 0;
+  // Non-null: the most compute memory the worker's replicas and pipeline
+  // stages may hold together on each device (--device_memory_limit;
+  // ModelOptions::shared_memory): two ranks on one worker share the limit
+  // rather than take it each. Null: no limit but the devices' own.
+  std::shared_ptr<kernels::MemoryCaps> device_memory;
   // GPU convolutions through cuDNN's graph API where faster (--conv_graph;
   // ModelOptions::conv_graph).
   bool conv_graph = true;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +32,7 @@ absl::StatusOr<DeviceMemory> AllocateAligned(size_t bytes) {
 
 class CpuBackend final : public ComputeBackend {
  public:
-  explicit CpuBackend(int64_t memory_limit) : cap_(memory_limit, "cpu") {}
+  explicit CpuBackend(const BackendOptions& options) : cap_(CapFor(options, "cpu")) {}
 
 #define DOWNPOUR_CPU_OP(name, params, args) \
   absl::Status name params override {       \
@@ -105,14 +106,14 @@ class CpuBackend final : public ComputeBackend {
   // Counted against the memory limit; AllocateHost's blocks (staging) are not.
   absl::StatusOr<DeviceMemory> Allocate(size_t bytes) override {
     if (bytes == 0) return DeviceMemory();
-    RETURN_IF_ERROR(cap_.Take(bytes, 0));
+    RETURN_IF_ERROR(cap_->Take(bytes, 0));
     void* ptr = AlignedOrNull(bytes);
     if (ptr == nullptr) {
-      cap_.Give(bytes);
+      cap_->Give(bytes);
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
     }
-    return cap_.Track(ptr, bytes, &std::free);
+    return cap_->Track(ptr, bytes, &std::free);
   }
   absl::StatusOr<DeviceMemory> AllocateHost(size_t bytes) override {
     return AllocateAligned(bytes);
@@ -164,7 +165,7 @@ class CpuBackend final : public ComputeBackend {
     return workspace_.data();
   }
 
-  MemoryCap cap_;
+  const std::shared_ptr<MemoryCap> cap_;
   CpuContext ctx_;
   std::vector<float> workspace_;  // im2col scratch, shared by every conv2d.
   LossStats loss_;
@@ -174,8 +175,8 @@ class CpuBackend final : public ComputeBackend {
 
 }  // namespace
 
-std::unique_ptr<ComputeBackend> CreateCpuBackend(int64_t memory_limit) {
-  return std::make_unique<CpuBackend>(memory_limit);
+std::unique_ptr<ComputeBackend> CreateCpuBackend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
 }
 
 }  // namespace cpu

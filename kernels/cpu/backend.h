@@ -14,8 +14,8 @@ namespace downpour {
 namespace kernels {
 namespace cpu {
 
-// `memory_limit`: BackendOptions::memory_limit (0: none).
-std::unique_ptr<ComputeBackend> CreateCpuBackend(int64_t memory_limit = 0);
+// Of `options`, only the memory cap is used (memory_limit, shared_caps).
+std::unique_ptr<ComputeBackend> CreateCpuBackend(const BackendOptions& options = BackendOptions());
 
 }  // namespace cpu
 }  // namespace kernels

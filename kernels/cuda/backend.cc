@@ -41,8 +41,7 @@ absl::Status ForActivationType(ComputePrecision precision, F&& f) {
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
   auto backend = std::unique_ptr<CudaBackend>(new CudaBackend());
-  backend->cap_ =
-      std::make_unique<MemoryCap>(options.memory_limit, absl::StrCat("cuda:", options.device));
+  backend->cap_ = CapFor(options, absl::StrCat("cuda:", options.device));
   // Small at first: convolutions grow it to what their fastest algorithms
   // need (conv_plan.h).
   ASSIGN_OR_RETURN(backend->ctx_, CudaContext::Create(options.device, size_t{16} << 20));

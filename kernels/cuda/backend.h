@@ -104,7 +104,7 @@ class CudaBackend final : public ComputeBackend {
 
   // BackendOptions::memory_limit's accounting; declared before every block
   // it counts.
-  std::unique_ptr<MemoryCap> cap_;
+  std::shared_ptr<MemoryCap> cap_;
   std::unique_ptr<CudaContext> ctx_;
   DeviceMemory counters_;       // double loss sum, uint64 correct, int non-finite flag.
   DeviceMemory counters_host_;  // Page-locked, for ReadLoss and ReadNonFinite.
