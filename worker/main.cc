@@ -46,9 +46,10 @@ ABSL_FLAG(std::string, devices, "auto",
           "job split into pipeline stages (model.pipeline), stage i on the i-th device (one per "
           "stage; 'cpu': every stage on the CPU)");
 ABSL_FLAG(std::string, device_memory_limit, "auto",
-          "The most compute memory, in bytes, that each model replica or pipeline stage may hold "
-          "on its device (parameters, gradients, activations, workspace, reduced weight copies); "
-          "a job that needs more fails naming the device. auto: on the CPU 80% of what the "
+          "The most compute memory, in bytes, that the worker's model replicas and pipeline "
+          "stages may hold on each device, together (parameters, gradients, activations, "
+          "workspace, reduced weight copies; two ranks trained on one worker share it); a job "
+          "that needs more fails naming the device. auto: on the CPU 80% of what the "
           "process may use (its cgroup's limit, else the machine's memory), on GPUs the device's "
           "own; 0: no limit. The coordinator places jobs only where they fit it. Tries on a large "
           "GPU whether a model fits a smaller one, whole or in pipeline stages");
