@@ -225,9 +225,10 @@ TEST_F(ModelGpuTest, TrainStepMatchesTheCpu) {
   EXPECT_EQ(c->correct, g->correct);
 }
 
-// Features written into the staging buffer (FeatureStaging) train exactly
-// as the same features handed over from elsewhere, through a larger batch's
-// growth too; the CPU has no staging.
+// Features written into the staging buffer (FeatureStaging) train as the
+// same features handed over from elsewhere, through a larger batch's growth
+// too; the CPU has no staging. (Within 1e-5, not bit for bit: two models may
+// time their way to different convolution algorithms.)
 TEST_F(ModelGpuTest, FeaturesWrittenIntoTheStagingBufferTrainAsCopiedOnes) {
   auto copied = MakeStrictModel(kSmallNet, 0);
   auto staged = MakeStrictModel(kSmallNet, 0);
@@ -249,9 +250,9 @@ TEST_F(ModelGpuTest, FeaturesWrittenIntoTheStagingBufferTrainAsCopiedOnes) {
     auto g = staged->TrainStep(*staging, b.labels.data(), n, step);
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE(g.ok()) << g.status();
-    EXPECT_EQ(c->loss, g->loss) << "step " << step;
+    EXPECT_NEAR(c->loss, g->loss, 1e-5 * (1 + std::abs(c->loss))) << "step " << step;
     for (const ParamInfo& p : copied->params()) {
-      ExpectClose(copied->grad(p.id), staged->grad(p.id), p.num_elements, 0,
+      ExpectClose(copied->grad(p.id), staged->grad(p.id), p.num_elements, 1e-5,
                   p.name + " grad, step " + std::to_string(step));
     }
   }
