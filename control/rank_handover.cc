@@ -14,6 +14,18 @@
 namespace downpour {
 namespace control {
 
+namespace {
+
+// The step a lost rank goes on from, as far as the coordinator knows: its
+// last report, or, when it has not reported since the job started again,
+// the checkpoint the job resumed from (its taker joins at the shards' step,
+// at or past either).
+int64_t StepOf(const JobStatus& job, const WorkerProgress& worker) {
+  return std::max(worker.step(), job.resumed_from_step());
+}
+
+}  // namespace
+
 RankHandover::RankHandover(Options options, JobHistory* history)
     : options_(std::move(options)), history_(history) {}
 
@@ -58,7 +70,7 @@ std::string RankHandover::Untrained(const JobStatus& job) {
   std::vector<std::string> lost;
   for (const WorkerProgress& worker : job.workers()) {
     if (Unclaimed(worker)) {
-      lost.push_back(absl::StrCat("rank ", worker.rank(), " from step ", worker.step()));
+      lost.push_back(absl::StrCat("rank ", worker.rank(), " from step ", StepOf(job, worker)));
     }
   }
   if (lost.empty()) return "";
@@ -105,7 +117,7 @@ bool RankHandover::AssignTakers(
     TakeOver(job, &worker, node);
     history_->AddEvent(
         job, absl::StrCat("worker rank ", worker.rank(), " taken over by worker node ", node,
-                          " from step ", worker.step()));
+                          " from step ", StepOf(*job, worker)));
   }
   RecordRestore(job, newest);
   job->set_message(WaitingFor(*job));
@@ -191,12 +203,12 @@ bool RankHandover::ShareWorkers(
     }
     TakeOver(job, &lost, taker);
     taken = true;
-    history_->AddEvent(job,
-                       absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
-                                    absl::FormatDuration(options_.handover_wait),
-                                    " (no worker free): worker node ", taker, ", which trains rank",
-                                    own.size() > 1 ? "s " : " ", absl::StrJoin(own, ", "),
-                                    ", takes it over from step ", lost.step(), " beside its own"));
+    history_->AddEvent(
+        job, absl::StrCat("worker rank ", lost.rank(), " not taken over within ",
+                          absl::FormatDuration(options_.handover_wait),
+                          " (no worker free): worker node ", taker, ", which trains rank",
+                          own.size() > 1 ? "s " : " ", absl::StrJoin(own, ", "),
+                          ", takes it over from step ", StepOf(*job, lost), " beside its own"));
   }
   std::string message = WaitingFor(*job);
   if (!message.empty() && !no_room.empty()) {

@@ -73,6 +73,28 @@ TEST_F(RankHandoverTest, ALostRankWaitsThenGoesToAFreeWorker) {
   EXPECT_FALSE(RankHandover::HasUnclaimed(job_));
 }
 
+// A rank lost before it reported in the job's new attempt (started again
+// from the checkpoint at step 200) goes on from there, and its events say so,
+// not "from step 0".
+TEST_F(RankHandoverTest, ARankLostBeforeItReportedGoesOnFromTheResumedStep) {
+  job_.mutable_spec()->mutable_consistency()->set_mode(ConsistencySpec::SYNC);
+  job_.set_resumed_from_step(200);
+  const RankHandover handover = Handover();
+  ASSERT_TRUE(handover.Lose(&job_, 1, "worker node w1 stopped heartbeating"));
+  EXPECT_THAT(RankHandover::Untrained(job_), ::testing::HasSubstr("rank 1 from step 200"));
+  std::deque<std::string> free = {"spare"};
+  ASSERT_TRUE(handover.AssignTakers(&job_, &free, [this] { return Newest(); }));
+  EXPECT_THAT(job_.events().rbegin()->message(),
+              ::testing::HasSubstr("taken over by worker node spare from step 200"));
+  // Lost again, with no worker free: one of the job's own takes it.
+  ASSERT_TRUE(handover.Lose(&job_, 1, "gone"));
+  now_ += absl::Seconds(31);
+  ASSERT_TRUE(handover.ShareWorkers(
+      &job_, [](const std::string&) { return std::nullopt; }, [this] { return Newest(); }));
+  EXPECT_THAT(job_.events().rbegin()->message(),
+              ::testing::HasSubstr("takes it over from step 200 beside its own"));
+}
+
 // A SYNC step that went on without a lost rank would skip its batch: the
 // shards wait for the rank, however long that takes, until a free worker
 // takes it over or, after the wait, one of the job's own. ASYNC/SSP steps
