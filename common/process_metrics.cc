@@ -2,12 +2,15 @@
 
 #include <dirent.h>
 #include <malloc.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -145,6 +148,52 @@ absl::StatusOr<double> ReadMemoryLimit(const std::string& proc_root, const std::
     limit = std::min(limit, bytes);
   }
   return limit;
+}
+
+int ReadCpuLimit(int cores, const std::string& proc_root, const std::string& cgroup_root,
+                 const std::string& pid) {
+  int limit = std::max(cores, 1);
+  // Quota and period, in microseconds; quota < 0 ("max", v1's -1): none.
+  auto apply = [&](double quota, double period) {
+    if (quota > 0 && period > 0) {
+      limit = std::min(limit, std::max(1, static_cast<int>(std::ceil(quota / period))));
+    }
+  };
+  auto groups = ReadWhole(absl::StrCat(proc_root, "/", pid, "/cgroup"));
+  if (groups.ok()) {
+    for (absl::string_view line : absl::StrSplit(*groups, '\n')) {
+      if (!absl::ConsumePrefix(&line, "0::")) continue;
+      auto text = ReadWhole(absl::StrCat(cgroup_root, line == "/" ? "" : line, "/cpu.max"));
+      if (!text.ok()) continue;
+      std::vector<absl::string_view> fields =
+          absl::StrSplit(absl::StripAsciiWhitespace(*text), ' ', absl::SkipEmpty());
+      double quota = 0, period = 0;
+      if (fields.size() == 2 && fields[0] != "max" && absl::SimpleAtod(fields[0], &quota) &&
+          absl::SimpleAtod(fields[1], &period)) {
+        apply(quota, period);
+      }
+    }
+  }
+  auto quota_text = ReadWhole(cgroup_root + "/cpu/cpu.cfs_quota_us");
+  auto period_text = ReadWhole(cgroup_root + "/cpu/cpu.cfs_period_us");
+  double quota = 0, period = 0;
+  if (quota_text.ok() && period_text.ok() &&
+      absl::SimpleAtod(absl::StripAsciiWhitespace(*quota_text), &quota) &&
+      absl::SimpleAtod(absl::StripAsciiWhitespace(*period_text), &period)) {
+    apply(quota, period);
+  }
+  return limit;
+}
+
+int UsableCores() {
+  static const int cores = [] {
+    int allowed = static_cast<int>(std::thread::hardware_concurrency());
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) allowed = CPU_COUNT(&set);
+    return ReadCpuLimit(allowed);
+  }();
+  return cores;
 }
 
 void AddMemoryLimit(MetricsRegistry* registry, const std::string& name, const std::string& help) {

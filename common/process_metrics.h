@@ -42,6 +42,21 @@ absl::StatusOr<double> ReadMemoryLimit(const std::string& proc_root = "/proc",
                                        const std::string& cgroup_root = "/sys/fs/cgroup",
                                        const std::string& pid = "self");
 
+// The cores process `pid` may keep busy: its cgroup's CPU quota where one
+// is set (v2: cpu.max "QUOTA PERIOD" of the cgroup PID/cgroup names under
+// `cgroup_root`; v1: cpu/cpu.cfs_quota_us over cpu.cfs_period_us), rounded
+// up, and at most `cores` (the CPUs it may run on). An unreadable or
+// malformed file counts as no quota: this sizes thread pools, it is not a
+// limit to enforce.
+int ReadCpuLimit(int cores, const std::string& proc_root = "/proc",
+                 const std::string& cgroup_root = "/sys/fs/cgroup",
+                 const std::string& pid = "self");
+
+// What this process's automatic thread counts are sized by: ReadCpuLimit of
+// the CPUs its affinity allows (a container's CPU limit, taskset, a Slurm
+// allocation), at least 1. Read once.
+int UsableCores();
+
 // What a daemon's memory budget is by default ("auto"): this share of what
 // its process may use; the rest is the process's own.
 inline constexpr double kAutoMemoryShare = 0.8;

@@ -48,6 +48,40 @@ std::string StatLine(const std::string& comm) {
   return out + "\n";
 }
 
+// A cgroup (v2 here, v1 below) whose quota is 1.5 CPUs of a 16-core machine:
+// 2 cores' worth of threads; no quota, a malformed file or a quota above the
+// cores: the cores.
+TEST(CpuLimitTest, TheCgroupsQuotaRoundedUpAndAtMostTheCores) {
+  FakeProc proc("cpu_cgroup");
+  proc.Write("4242/cgroup", "0::/kubepods/pod1\n");
+  const std::string cgroup = proc.root() + "/cgroup";
+  for (const std::string dir : {"", "/kubepods", "/kubepods/pod1"}) {
+    mkdir((cgroup + dir).c_str(), 0755);
+  }
+  const std::string cpu_max = cgroup + "/kubepods/pod1/cpu.max";
+  EXPECT_EQ(ReadCpuLimit(16, proc.root(), cgroup, "4242"), 16);  // No file.
+  std::ofstream(cpu_max) << "150000 100000\n";
+  EXPECT_EQ(ReadCpuLimit(16, proc.root(), cgroup, "4242"), 2);
+  std::ofstream(cpu_max) << "max 100000\n";
+  EXPECT_EQ(ReadCpuLimit(16, proc.root(), cgroup, "4242"), 16);
+  std::ofstream(cpu_max) << "3200000 100000\n";
+  EXPECT_EQ(ReadCpuLimit(16, proc.root(), cgroup, "4242"), 16);
+  std::ofstream(cpu_max) << "half\n";
+  EXPECT_EQ(ReadCpuLimit(16, proc.root(), cgroup, "4242"), 16);
+  EXPECT_EQ(ReadCpuLimit(0, proc.root(), cgroup, "4242"), 1);
+
+  FakeProc v1("cpu_cgroup_v1");
+  const std::string root = v1.root() + "/cgroup";
+  mkdir(root.c_str(), 0755);
+  mkdir((root + "/cpu").c_str(), 0755);
+  std::ofstream(root + "/cpu/cpu.cfs_quota_us") << "50000\n";
+  std::ofstream(root + "/cpu/cpu.cfs_period_us") << "100000\n";
+  EXPECT_EQ(ReadCpuLimit(8, v1.root(), root, "4242"), 1);
+  std::ofstream(root + "/cpu/cpu.cfs_quota_us") << "-1\n";
+  EXPECT_EQ(ReadCpuLimit(8, v1.root(), root, "4242"), 8);
+  EXPECT_GE(UsableCores(), 1);
+}
+
 TEST(MemoryLimitTest, MachineMemoryWithoutACgroupLimit) {
   FakeProc proc("mem_machine");
   proc.Write("meminfo", "MemTotal:       16384 kB\nMemFree:         1024 kB\n");

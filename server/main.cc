@@ -5,7 +5,6 @@
 // to other shards, then exits. Flags are parsed here once into options.
 #include <algorithm>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -44,7 +43,8 @@ ABSL_FLAG(int32_t, drain_timeout_s, 120,
 ABSL_FLAG(int32_t, sparse_threads, -1,
           "Threads that apply a push's dense partitions, complete a SYNC step of a job's "
           "sparse tables, and look up a pull's rows, table by table (with the thread of the "
-          "request); -1: a quarter of the cores, 1 to 16; 0: the request's thread alone");
+          "request); -1: a quarter of the cores this process may use (its CPU affinity and cgroup "
+          "quota), 1 to 16; 0: the request's thread alone");
 ABSL_FLAG(bool, shared_memory, true,
           "Workers on this host may exchange their tensor bytes through shared memory segments "
           "this shard maps (only the headers go over gRPC); false: everything over gRPC");
@@ -66,7 +66,7 @@ int Main() {
                      sparse_threads)));
   }
   if (sparse_threads < 0) {
-    sparse_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 16);
+    sparse_threads = std::clamp(UsableCores() / 4, 1, 16);
   }
   absl::StatusOr<int64_t> memory_limit =
       ParseMemoryLimitFlag("memory_limit", absl::GetFlag(FLAGS_memory_limit), kAutoMemoryShare);

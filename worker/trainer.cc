@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/binary_metrics.h"
 #include "common/log.h"
+#include "common/process_metrics.h"
 #include "common/status.h"
 #include "data/data_roots.h"
 #include "data/dataset.h"
@@ -55,11 +55,11 @@ void SetExampleFormat(const JobSpec& spec, const ModelShape& shape, BatchReaderO
   options->encoding = data.encoding() == DatasetSpec::RAW       ? data::FeatureEncoding::kRaw
                       : data.encoding() == DatasetSpec::ENCODED ? data::FeatureEncoding::kEncoded
                                                                 : data::FeatureEncoding::kBySize;
-  // Automatic: half the cores, up to 8 (the sparse tables' pooling, below,
-  // takes the other half in bursts while the shards apply a step). A click log's examples (26 lists
-  // of ids each) are dear to decode: on one H200 host (16 cores) the click job waited 1.1-1.6 ms a
-  // step for its input with 4 threads, 0.05-0.1 ms with 8.
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  // Automatic: half the cores the worker may use (UsableCores), up to 8 (the sparse tables'
+  // pooling, below, takes the other half in bursts while the shards apply a step). A click log's
+  // examples (26 lists of ids each) are dear to decode: on one H200 host (16 cores) the click job
+  // waited 1.1-1.6 ms a step for its input with 4 threads, 0.05-0.1 ms with 8.
+  const int cores = UsableCores();
   options->decode_threads =
       data.decode_threads() > 0 ? data.decode_threads() : std::clamp(cores / 2, 1, 8);
   options->compression = data.compression() == DatasetSpec::NONE   ? data::Compression::kNone
@@ -149,8 +149,7 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
     // shards wait, so they take what the machine has. On one H200 host (16
     // cores) the click job's step went from 9.4 ms with 2 threads to 7.4
     // with 6 (bench/ctr_session.sh).
-    const int table_threads =
-        std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 0, 16);
+    const int table_threads = std::clamp(UsableCores() / 2, 0, 16);
     input_stage_ = std::make_unique<InputStage>(
         shape_, exchange, shards_, stopped_, table_threads,
         /*sync=*/task_.spec().consistency().mode() == ConsistencySpec::SYNC);
