@@ -126,6 +126,7 @@ absl::Status JobTrainer::StartExchange(const ModelRunner& model) {
       absl::SimpleAtoi(stall[2], &step) && !task_.has_join()) {
     exchange.testing_stall_step = step;
     exchange.testing_stale_push = stall.size() == 4;
+    testing_pushes_after_cancel_.store(exchange.testing_stale_push);
   }
   // Messages keep ExchangeOptions' size (partitions are never split, so a
   // larger partition is a message of its own): a model of many small

@@ -163,6 +163,10 @@ class JobTrainer {
   // Steps completed (pushed) so far.
   int64_t steps_completed() const { return steps_completed_.load(); }
   bool cancelled() const { return cancelled_.load(); }
+  // Testing only: this run pushes a step after it is cancelled, as a worker
+  // cut off from the coordinator would (--testing_stall_mid_push=...:stale);
+  // its calls to the shards are left alone (WorkerRuntime).
+  bool testing_pushes_after_cancel() const { return testing_pushes_after_cancel_.load(); }
   // The worker process is exiting (SIGTERM): finish the step under way
   // (its push reaches every shard, whole; the next step's parameters are
   // not waited for), then hand the rank back to the coordinator (drained),
@@ -336,6 +340,7 @@ class JobTrainer {
   std::vector<DataPart> new_data_ ABSL_GUARDED_BY(data_mu_);
   int64_t new_data_step_ ABSL_GUARDED_BY(data_mu_) = 0;
   std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> testing_pushes_after_cancel_{false};
   // The steps the rank runs (Task.steps; may grow mid-run).
   std::atomic<int64_t> steps_{0};
   // Steps this worker has completed (pushed), for a drain's report.

@@ -12,6 +12,14 @@
 
 namespace downpour {
 
+namespace {
+
+// How long a run that replaces a cancelled one waits for it to return
+// before it creates its model anyway (WorkerRuntime::Start).
+constexpr absl::Duration kReplacedRunGrace = absl::Seconds(10);
+
+}  // namespace
+
 WorkerRuntime::WorkerRuntime(TrainerOptions options, ShardConnector connect,
                              absl::Duration failed_run_grace, absl::Duration metrics_grace,
                              MemoryReleaser release_memory)
@@ -70,7 +78,7 @@ std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<
     }
     bool replace = !why.empty() || run.trainer->cancelled();
     Task next = task;
-    if (!replace && run.done.load() && !run.trainer->failed() && task.evaluates() &&
+    if (!replace && run.done->load() && !run.trainer->failed() && task.evaluates() &&
         !run.trainer->evaluated()) {
       // Rank 0 was lost after this rank finished: it runs again, from where
       // it got to (never from step 0: SYNC pushes of steps the shards are
@@ -81,7 +89,7 @@ std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<
                        " evaluates the job now; running it again from step ", next.join().step()));
       replace = true;
     }
-    if (!replace && run.done.load() && !run.trainer->failed() && !run.trainer->cancelled() &&
+    if (!replace && run.done->load() && !run.trainer->failed() && !run.trainer->cancelled() &&
         task.steps() > run.trainer->steps_completed()) {
       // The rank's steps grew as its run finished (it took on a lost rank's
       // share): it runs again, from where it got to, for the rest.
@@ -90,7 +98,7 @@ std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<
       if (!next.has_join()) next.mutable_join()->set_step(run.trainer->steps_completed());
       replace = true;
     }
-    if (!replace && run.done.load() && run.trainer->failed()) {
+    if (!replace && run.done->load() && run.trainer->failed()) {
       // The run failed and said so, yet the job is still this worker's
       // task: the coordinator did not act on the report (it was down, or
       // took it for another run's). After a while the rank runs again, from
@@ -106,9 +114,10 @@ std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<
     if (replace) {
       // The old run is cancelled and reaped once it returns.
       run.Cancel(std::move(why));
+      std::shared_ptr<const std::atomic<bool>> replaced = run.done;
       retiring_.push_back(std::move(it->second));
       running_.erase(it);
-      Start(next);
+      Start(next, std::move(replaced));
       continue;
     }
     run.trainer->SetTakesCheckpoints(task.takes_checkpoints());
@@ -141,6 +150,9 @@ std::set<WorkerRuntime::RunKey> WorkerRuntime::StartAndCancel(const std::vector<
 void WorkerRuntime::RunningJob::Cancel(std::string why) {
   // The trainer first: the calls' errors are then a cancelled run's.
   trainer->Cancel(std::move(why));
+  // Testing: a run that pushes after it lost its rank, as one cut off from
+  // the coordinator would, keeps its calls (the shards must refuse them).
+  if (trainer->testing_pushes_after_cancel()) return;
   for (const std::unique_ptr<ParameterShard>& shard : shards) shard->CancelCalls();
 }
 
@@ -148,7 +160,7 @@ std::vector<std::unique_ptr<WorkerRuntime::RunningJob>> WorkerRuntime::ReapEnded
     const std::set<RunKey>& current) {
   std::vector<std::unique_ptr<RunningJob>> ended;
   for (auto it = retiring_.begin(); it != retiring_.end();) {
-    if ((*it)->done.load()) {
+    if ((*it)->done->load()) {
       (*it)->thread.join();
       ended.push_back(std::move(*it));
       it = retiring_.erase(it);
@@ -159,7 +171,7 @@ std::vector<std::unique_ptr<WorkerRuntime::RunningJob>> WorkerRuntime::ReapEnded
   // Forget ended runs whose thread has returned (their job's metric series
   // after the grace, once no run of the job is left).
   for (auto it = running_.begin(); it != running_.end();) {
-    if (!current.count(it->first) && it->second->done.load()) {
+    if (!current.count(it->first) && it->second->done->load()) {
       it->second->thread.join();
       forget_at_[it->first.first] = absl::Now() + metrics_grace_;
       ended.push_back(std::move(it->second));
@@ -197,8 +209,8 @@ bool WorkerRuntime::StopAll(absl::Duration retiring_grace) {
   const absl::Time give_up = absl::Now() + retiring_grace;
   bool all = true;
   for (auto& job : retiring_) {
-    while (!job->done.load() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
-    if (job->done.load()) {
+    while (!job->done->load() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
+    if (job->done->load()) {
       job->thread.join();
     } else {
       // Still in a call to a shard that is gone: left to the process's exit.
@@ -223,7 +235,7 @@ void WorkerRuntime::Forget(const std::string& job_id) {
   options_.metrics->RemoveSeries({{"job", job_id}});
 }
 
-void WorkerRuntime::Start(const Task& task) {
+void WorkerRuntime::Start(const Task& task, std::shared_ptr<const std::atomic<bool>> replaced) {
   auto job = std::make_unique<RunningJob>();
   job->job_id = task.job_id();
   // The job runs here again: its series go on.
@@ -258,14 +270,19 @@ void WorkerRuntime::Start(const Task& task) {
   RunningJob* raw = job.get();
   const std::string id = task.job_id();
   const RunKey key{id, task.rank()};
-  job->thread = std::thread([raw, id] {
+  job->thread = std::thread([raw, id, replaced = std::move(replaced)] {
+    const absl::Time give_up = absl::Now() + kReplacedRunGrace;
+    while (replaced != nullptr && !replaced->load() && !raw->trainer->cancelled() &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
     absl::Status status = raw->trainer->Run();
     // A stopped run's sentence says what happened (it is no failure).
     Log(absl::StrCat("job ", id, ": ",
                      status.ok()                 ? "finished"
                      : absl::IsCancelled(status) ? std::string(status.message())
                                                  : status.ToString()));
-    raw->done.store(true);
+    raw->done->store(true);
   });
   if (task.checkpoint_requested_ms() > 0) {
     job->trainer->RequestCheckpoint(task.checkpoint_requested_ms());

@@ -96,7 +96,9 @@ class WorkerRuntime {
     std::vector<std::unique_ptr<ParameterShard>> shards;
     std::unique_ptr<JobTrainer> trainer;
     std::thread thread;
-    std::atomic<bool> done{false};
+    // Set as the run's thread returns, its model freed (shared with a run
+    // that replaces it, which waits for it: Start).
+    std::shared_ptr<std::atomic<bool>> done = std::make_shared<std::atomic<bool>>(false);
     absl::Time failed_seen = absl::InfiniteFuture();  // See OnTasks.
 
     // Stops the run (JobTrainer::Cancel) and ends its calls to the shards
@@ -105,7 +107,13 @@ class WorkerRuntime {
     void Cancel(std::string why = "");
   };
 
-  void Start(const Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A run of `task`. `replaced`: the done flag of the cancelled run it
+  // replaces, which may still hold its model's memory; the new run counts
+  // against the same shared --device_memory_limit, so it creates its model
+  // once that run returned (soon: its calls are cancelled), or after
+  // kReplacedRunGrace.
+  void Start(const Task& task, std::shared_ptr<const std::atomic<bool>> replaced = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OnTasks' first half: starts, replaces and updates the runs of `tasks`
   // and cancels those of ranks no longer listed; returns the ranks listed.
   std::set<RunKey> StartAndCancel(const std::vector<Task>& tasks)

@@ -36,6 +36,7 @@ constexpr int kPixels = 16;
 struct Traffic {
   std::atomic<int> gradient_pushes{0};
   std::atomic<int> pulls{0};
+  std::atomic<int> cancels{0};  // CancelCalls of the shard clients.
 };
 
 // A ParameterShard that forwards to an in-process store (the daemon's
@@ -54,6 +55,7 @@ class InProcessShard final : public ParameterShard {
     ++traffic_->pulls;
     return store_->Pull(request, deadline, payload);
   }
+  void CancelCalls() override { ++traffic_->cancels; }
 
  private:
   ParameterShard* const store_;
@@ -456,17 +458,23 @@ TEST_F(WorkerRuntimeTest, AStoppedRunSaysWhatHappenedNotThatTheJobEnded) {
   rank1.set_rank(1);
   rank1.mutable_placement()->set_worker_nodes(0, "other@test");
   rank1.mutable_placement()->set_worker_nodes(1, kNode);
+  EXPECT_EQ(traffic_.cancels.load(), 0);
   coordinator_.SetTasks(kNode, {rank1});
   EXPECT_TRUE(
       AwaitLogLine("job j: rank 0 was handed to another worker; this worker stops its run"));
+  // Each stopped run's calls to its shard were cancelled (a call to a shard
+  // that is gone would hold it until its deadline).
+  EXPECT_GE(traffic_.cancels.load(), 1);
   ASSERT_TRUE(coordinator_.AwaitReport(
       [](const ReportProgressRequest& r) { return r.rank() == 1 && r.step() >= 2; }));
 
   Task again = rank1;
   again.set_attempt(2);
   coordinator_.SetTasks(kNode, {again});
+  const int cancels = traffic_.cancels.load();
   EXPECT_TRUE(AwaitLogLine(
       "job j: the job started again (attempt 2); this worker stops its run of attempt 1"));
+  EXPECT_GT(traffic_.cancels.load(), cancels);
   ASSERT_TRUE(coordinator_.AwaitReport(
       [](const ReportProgressRequest& r) { return r.attempt() == 2 && r.step() >= 2; }));
 
