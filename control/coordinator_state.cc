@@ -275,11 +275,12 @@ void CoordinatorState::AddTask(const JobStatus& job, const NodeInfo& node, int r
   }
   if (node.role() != WORKER) return;
   const WorkerProgress& worker = job.workers(task->rank());
-  // A worker that took its rank over continues where the rank had got to,
-  // with the workers' state of the checkpoint the job records (the
-  // hand-over made it the newest).
+  // A worker that took its rank over continues where the rank had got to
+  // (where the job resumed, if it had not reported since), with the
+  // workers' state of the checkpoint the job records (the hand-over made it
+  // the newest).
   if (worker.joined()) {
-    task->mutable_join()->set_step(worker.step());
+    task->mutable_join()->set_step(RankHandover::StepOf(job, worker));
     task->mutable_join()->set_worker_state(job.restore().worker_state());
   }
   *task->mutable_data() = worker.data();

@@ -14,18 +14,6 @@
 namespace downpour {
 namespace control {
 
-namespace {
-
-// The step a lost rank goes on from, as far as the coordinator knows: its
-// last report, or, when it has not reported since the job started again,
-// the checkpoint the job resumed from (its taker joins at the shards' step,
-// at or past either).
-int64_t StepOf(const JobStatus& job, const WorkerProgress& worker) {
-  return std::max(worker.step(), job.resumed_from_step());
-}
-
-}  // namespace
-
 RankHandover::RankHandover(Options options, JobHistory* history)
     : options_(std::move(options)), history_(history) {}
 
@@ -36,6 +24,10 @@ bool RankHandover::Unclaimed(const WorkerProgress& worker) {
 bool RankHandover::HasUnclaimed(const JobStatus& job) {
   return job.state() == RUNNING &&
          std::any_of(job.workers().begin(), job.workers().end(), Unclaimed);
+}
+
+int64_t RankHandover::StepOf(const JobStatus& job, const WorkerProgress& worker) {
+  return std::max(worker.step(), job.resumed_from_step());
 }
 
 int RankHandover::EvaluatingRank(const JobStatus& job) {
@@ -95,12 +87,12 @@ bool RankHandover::Lose(JobStatus* job, int rank, const std::string& why) const 
   lost->set_lost_ms(absl::ToUnixMillis(options_.now()));
   lost->set_examples_per_sec(0);
   job->mutable_placement()->set_worker_nodes(rank, "");
-  history_->AddEvent(job,
-                     absl::StrCat("worker rank ", rank, " lost at step ", lost->step(), ": ", why,
-                                  job->spec().consistency().mode() == ConsistencySpec::SYNC
-                                      ? "; its steps wait until a worker takes it over"
-                                      : "; the job goes on without it until a worker takes it "
-                                        "over"));
+  history_->AddEvent(
+      job, absl::StrCat("worker rank ", rank, " lost at step ", StepOf(*job, *lost), ": ", why,
+                        job->spec().consistency().mode() == ConsistencySpec::SYNC
+                            ? "; its steps wait until a worker takes it over"
+                            : "; the job goes on without it until a worker takes it "
+                              "over"));
   job->set_message(WaitingFor(*job));
   return true;
 }

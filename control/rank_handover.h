@@ -51,6 +51,11 @@ class RankHandover {
   // rank still training, or when none trains the lowest live one (which
   // runs again to do it: ReopenToEvaluate); -1 when every rank is lost.
   static int EvaluatingRank(const JobStatus& job);
+  // The step a lost rank goes on from, as far as the coordinator knows: its
+  // last report, or, when it has not reported since the job started again,
+  // the checkpoint the job resumed from (a SYNC taker joins at the shards'
+  // step, at or past either; an ASYNC/SSP one at this step).
+  static int64_t StepOf(const JobStatus& job, const WorkerProgress& worker);
   // The job's message while ranks are lost ("" when none is).
   std::string WaitingFor(const JobStatus& job) const;
   // What a job that ends with lost ranks did not train ("" when none is).

@@ -81,6 +81,10 @@ TEST_F(RankHandoverTest, ARankLostBeforeItReportedGoesOnFromTheResumedStep) {
   job_.set_resumed_from_step(200);
   const RankHandover handover = Handover();
   ASSERT_TRUE(handover.Lose(&job_, 1, "worker node w1 stopped heartbeating"));
+  EXPECT_THAT(job_.events().rbegin()->message(), ::testing::HasSubstr("lost at step 200"));
+  EXPECT_EQ(RankHandover::StepOf(job_, job_.workers(1)), 200);
+  job_.mutable_workers(2)->set_step(230);  // Reported since.
+  EXPECT_EQ(RankHandover::StepOf(job_, job_.workers(2)), 230);
   EXPECT_THAT(RankHandover::Untrained(job_), ::testing::HasSubstr("rank 1 from step 200"));
   std::deque<std::string> free = {"spare"};
   ASSERT_TRUE(handover.AssignTakers(&job_, &free, [this] { return Newest(); }));
