@@ -163,14 +163,23 @@ int ReadCpuLimit(int cores, const std::string& proc_root, const std::string& cgr
   if (groups.ok()) {
     for (absl::string_view line : absl::StrSplit(*groups, '\n')) {
       if (!absl::ConsumePrefix(&line, "0::")) continue;
-      auto text = ReadWhole(absl::StrCat(cgroup_root, line == "/" ? "" : line, "/cpu.max"));
-      if (!text.ok()) continue;
-      std::vector<absl::string_view> fields =
-          absl::StrSplit(absl::StripAsciiWhitespace(*text), ' ', absl::SkipEmpty());
-      double quota = 0, period = 0;
-      if (fields.size() == 2 && fields[0] != "max" && absl::SimpleAtod(fields[0], &quota) &&
-          absl::SimpleAtod(fields[1], &period)) {
-        apply(quota, period);
+      // The group's quota and every ancestor's (a slice's CPUQuota bounds
+      // the services under it).
+      std::string group(absl::StripSuffix(line, "/"));
+      while (true) {
+        auto text = ReadWhole(absl::StrCat(cgroup_root, group, "/cpu.max"));
+        std::vector<absl::string_view> fields;
+        if (text.ok()) {
+          fields = absl::StrSplit(absl::StripAsciiWhitespace(*text), ' ', absl::SkipEmpty());
+        }
+        double quota = 0, period = 0;
+        if (fields.size() == 2 && fields[0] != "max" && absl::SimpleAtod(fields[0], &quota) &&
+            absl::SimpleAtod(fields[1], &period)) {
+          apply(quota, period);
+        }
+        const size_t slash = group.rfind('/');
+        if (group.empty() || slash == std::string::npos) break;
+        group.resize(slash);
       }
     }
   }

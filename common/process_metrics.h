@@ -43,8 +43,9 @@ absl::StatusOr<double> ReadMemoryLimit(const std::string& proc_root = "/proc",
                                        const std::string& pid = "self");
 
 // The cores process `pid` may keep busy: its cgroup's CPU quota where one
-// is set (v2: cpu.max "QUOTA PERIOD" of the cgroup PID/cgroup names under
-// `cgroup_root`; v1: cpu/cpu.cfs_quota_us over cpu.cfs_period_us), rounded
+// is set (v2: the least cpu.max "QUOTA PERIOD" of the cgroup PID/cgroup
+// names under `cgroup_root` and its ancestors; v1: cpu/cpu.cfs_quota_us
+// over cpu.cfs_period_us of the hierarchy's root), rounded
 // up, and at most `cores` (the CPUs it may run on). An unreadable or
 // malformed file counts as no quota: this sizes thread pools, it is not a
 // limit to enforce.

@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::CreateFromShape(ModelShape shape, 
   backend_options.precision = gpu_precision.compute;
   backend_options.tf32 = gpu_precision.tf32;
   backend_options.memory_limit = options.memory_limit;
-  backend_options.shared_caps = options.shared_memory;
+  backend_options.shared_caps = options.memory_caps;
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
                    kernels::CreateBackend(backend_options));
   if (!(options.initial_loss_scale >= 1.0) || !std::isfinite(options.initial_loss_scale)) {

@@ -157,15 +157,14 @@ struct ModelOptions {
   // FP16's first loss scale (tests force an overflow with a huge one).
   double initial_loss_scale = DynamicLossScale::kDefaultInitial;
   // > 0: the most compute memory the model's backend may hold, in bytes
-  // (kernels::BackendOptions::memory_limit; a worker's
-  // --device_memory_limit): past it, creation or a step fails with
+  // (kernels::BackendOptions::memory_limit): past it, creation or a step fails with
   // ResourceExhausted naming the device, the size and the limit.
   int64_t memory_limit = 0;
   // Non-null: the caps the model's backends count against, shared with
   // every other model made with them (a worker's replicas of several ranks:
   // --device_memory_limit bounds what they hold together on each device);
   // memory_limit is then unused.
-  std::shared_ptr<kernels::MemoryCaps> shared_memory;
+  std::shared_ptr<kernels::MemoryCaps> memory_caps;
   // The job the model trains, named in the lines it logs (common/log.h) so
   // that a worker's node agent forwards them to the job's log (downpourctl
   // logs): why it computes in another precision than asked. Empty: the

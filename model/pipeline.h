@@ -61,8 +61,8 @@ class PipelineModel {
   // Model::Create's with `seed`. InvalidArgument when devices has not one
   // entry per stage or mixes the CPU and GPUs, or for FP16 on a GPU (loss
   // scaling across stages is not offered: use BF16); the stages' errors
-  // otherwise (ResourceExhausted past options.memory_limit, naming the
-  // device).
+  // otherwise (ResourceExhausted past options.memory_limit or the
+  // options.memory_caps every stage shares, naming the device).
   static absl::StatusOr<std::unique_ptr<PipelineModel>> Create(const ModelSpec& spec, uint64_t seed,
                                                                const std::vector<int>& devices,
                                                                const ModelOptions& options = {});

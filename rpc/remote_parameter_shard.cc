@@ -542,6 +542,14 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::PushPull(const PushReques
                                                                 const PullRequest& pull,
                                                                 absl::Time deadline,
                                                                 Payload* pull_payload) {
+  {
+    // Cancelled: no stream (nor segment) is opened only to be refused.
+    absl::MutexLock lock(&calls_mu_);
+    if (calls_cancelled_) {
+      return absl::CancelledError(
+          absl::StrCat("shard ", address_, ": calls cancelled (their caller stopped)"));
+    }
+  }
   if (options_.use_streams && !streams_unsupported_.load(std::memory_order_relaxed)) {
     bool unsupported;
     absl::StatusOr<PushPullResponse> response =

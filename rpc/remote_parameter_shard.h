@@ -125,8 +125,8 @@ class RemoteParameterShard final : public ParameterShard {
                     TensorMessage* response);
   class Stream;
   // Registers a call's context, which CancelCalls cancels, for the
-  // registration's lifetime; refused (status() Cancelled, nothing
-  // registered) once the calls are cancelled.
+  // registration's lifetime; refused() (nothing registered) once the calls
+  // are cancelled.
   class InFlight;
   // One exchange on an idle stream (or a new one); the stream goes back to
   // the idle list only if the exchange left it usable and its segment is

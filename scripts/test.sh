@@ -25,7 +25,7 @@ cpu_only_xml=$(mktemp -t downpour-cpu-only.XXXXXX)
 cpu_only_out=$(mktemp -t downpour-cpu-only-out.XXXXXX)
 fuzz_xml=$(mktemp -t downpour-fuzz.XXXXXX)
 venv_out=$(mktemp -t downpour-venv.XXXXXX)
-trap 'rm -f "$log" "$layering" "$export_xml" "$onnx_xml" "$tensorboard_xml" "$pyclient_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$cpu_only_out" "$fuzz_xml" "$venv_out"' EXIT
+trap '[[ -n ${cpu_only_pid:-} ]] && kill "$cpu_only_pid" 2>/dev/null; rm -f "$log" "$layering" "$export_xml" "$onnx_xml" "$tensorboard_xml" "$pyclient_xml" "$deploy_xml" "$slurm_xml" "$cpu_only_xml" "$cpu_only_out" "$fuzz_xml" "$venv_out"' EXIT
 # The pinned PyPI venv of the Python checks below is made while Bazel builds
 # (downloads, not CPU).
 "$ROOT/scripts/python-deps.sh" >"$venv_out" &

@@ -92,7 +92,7 @@ TEST_F(PipelineClusterTest, MlpsSplitIntoStagesTrainFashionMnistInSync) {
   }
 }
 
-// --device_memory_limit caps each stage's compute memory, and the worker
+// --device_memory_limit caps the stages' compute memory on each device, and the worker
 // registers it: a job whose model cannot fit it is refused at submit,
 // naming the worker and the flag (model_runner_test shows the cap reaching
 // each stage's device, which fails a job the estimate let through).

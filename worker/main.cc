@@ -261,9 +261,9 @@ int Main() {
   const bool joined = runtime.StopAll(absl::Seconds(2));
   (*daemon)->Shutdown();
   if (!joined) {
-    // A cancelled run is still in a call to a shard that is gone; its
-    // job has moved on, and the exit need not wait out the call.
-    Log("exiting with a cancelled run still waiting on an unreachable shard");
+    // A cancelled run has not returned yet; its job has moved on, and the
+    // exit need not wait for it.
+    Log("exiting with a cancelled run that has not returned yet");
     std::_Exit(0);
   }
   return 0;

@@ -45,7 +45,7 @@ class ModelRunner {
   //   (--devices)").
   // Every error is the job's (it would recur on another try): a bad spec,
   // a device that cannot hold the model (ResourceExhausted past
-  // options.memory_limit, naming the device).
+  // options.memory_limit or options.memory_caps, naming the device).
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const JobSpec& spec,
                                                              const std::vector<int>& devices,
                                                              const ModelOptions& options = {});

@@ -249,15 +249,15 @@ TEST(ModelRunnerTest, ReplicasOfSharedMemoryHoldTheLimitTogether) {
     return runner->TrainStep(b.features.data(), b.labels.data(), b.size, 0, {}).status();
   };
   ModelOptions measure;
-  measure.shared_memory = std::make_shared<kernels::MemoryCaps>(0);
+  measure.memory_caps = std::make_shared<kernels::MemoryCaps>(0);
   absl::StatusOr<std::unique_ptr<ModelRunner>> alone = ModelRunner::Create(Job(), {}, measure);
   ASSERT_TRUE(alone.ok()) << alone.status();
   ASSERT_TRUE(train(alone->get()).ok());
-  const int64_t one = measure.shared_memory->For("cpu")->held();
+  const int64_t one = measure.memory_caps->For("cpu")->held();
   ASSERT_GT(one, 0);
 
   ModelOptions options;
-  options.shared_memory = std::make_shared<kernels::MemoryCaps>(one + one / 2);
+  options.memory_caps = std::make_shared<kernels::MemoryCaps>(one + one / 2);
   absl::StatusOr<std::unique_ptr<ModelRunner>> first = ModelRunner::Create(Job(), {}, options);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_TRUE(train(first->get()).ok());

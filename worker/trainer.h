@@ -75,7 +75,7 @@ struct TrainerOptions {
   std::vector<int> devices;
   // Non-null: the most compute memory the worker's replicas and pipeline
   // stages may hold together on each device (--device_memory_limit;
-  // ModelOptions::shared_memory): two ranks on one worker share the limit
+  // ModelOptions::memory_caps): two ranks on one worker share the limit
   // rather than take it each. Null: no limit but the devices' own.
   std::shared_ptr<kernels::MemoryCaps> device_memory;
   // GPU convolutions through cuDNN's graph API where faster (--conv_graph;

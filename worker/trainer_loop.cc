@@ -267,7 +267,7 @@ absl::Status JobTrainer::StartRun(RunState* run) {
 
 absl::Status JobTrainer::CreateModel(RunState* run) {
   ModelOptions model_options;
-  model_options.shared_memory = options_.device_memory;
+  model_options.memory_caps = options_.device_memory;
   model_options.conv_graph = options_.conv_graph;
   model_options.job_id = task_.job_id();  // Its lines reach the job's log.
   absl::StatusOr<std::unique_ptr<ModelRunner>> created =

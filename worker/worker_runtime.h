@@ -78,10 +78,10 @@ class WorkerRuntime {
   void OnTasks(const std::vector<Task>& tasks);
 
   // Shuts every trainer down and joins it; no job starts afterwards. A
-  // cancelled earlier run still waiting on a shard that is gone (its call
-  // ends with the push timeout) is waited for at most `retiring_grace`;
-  // returns false when one was left running — the process may exit
-  // without it (std::_Exit), never destroy it.
+  // cancelled earlier run that has not returned yet (its calls to the
+  // shards are cancelled, but it may be mid-step) is waited for at most
+  // `retiring_grace`; returns false when one was left running — the
+  // process may exit without it (std::_Exit), never destroy it.
   bool StopAll(absl::Duration retiring_grace = absl::InfiniteDuration());
 
   // Jobs whose trainer is running or has not been forgotten yet, sorted.
