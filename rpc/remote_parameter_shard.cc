@@ -39,6 +39,11 @@ class RemoteParameterShard::InFlight {
   grpc::ClientContext* context_ = nullptr;
 };
 
+absl::Status RemoteParameterShard::CallsCancelled() const {
+  return absl::CancelledError(
+      absl::StrCat("shard ", address_, ": calls cancelled (their caller stopped)"));
+}
+
 void RemoteParameterShard::CancelCalls() {
   absl::MutexLock lock(&calls_mu_);
   calls_cancelled_ = true;
@@ -497,10 +502,7 @@ absl::Status RemoteParameterShard::Call(Method method, const TensorMessage& requ
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   const InFlight in_flight(this, &context);
-  if (in_flight.refused()) {
-    return absl::CancelledError(
-        absl::StrCat("shard ", address_, ": calls cancelled (their caller stopped)"));
-  }
+  if (in_flight.refused()) return CallsCancelled();
   const grpc::internal::RpcMethod& rpc = method == Method::kPush   ? c.push
                                          : method == Method::kPull ? c.pull
                                                                    : c.push_pull;
@@ -546,8 +548,7 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::PushPull(const PushReques
     // Cancelled: no stream (nor segment) is opened only to be refused.
     absl::MutexLock lock(&calls_mu_);
     if (calls_cancelled_) {
-      return absl::CancelledError(
-          absl::StrCat("shard ", address_, ": calls cancelled (their caller stopped)"));
+      return CallsCancelled();
     }
   }
   if (options_.use_streams && !streams_unsupported_.load(std::memory_order_relaxed)) {

@@ -128,6 +128,8 @@ class RemoteParameterShard final : public ParameterShard {
   // registration's lifetime; refused() (nothing registered) once the calls
   // are cancelled.
   class InFlight;
+  // What a call of this client says once its calls are cancelled.
+  absl::Status CallsCancelled() const;
   // One exchange on an idle stream (or a new one); the stream goes back to
   // the idle list only if the exchange left it usable and its segment is
   // large enough for the largest exchange seen. `*unsupported`: the shard
