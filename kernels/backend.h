@@ -233,6 +233,19 @@ class ComputeBackend {
   virtual absl::Status ResetNonFinite() = 0;
   virtual absl::StatusOr<bool> ReadNonFinite() = 0;
 
+  // Sparse embeddings pooled where the model computes (the worker's
+  // SparseBatch::Pool and RowGradients moved to the device; the same sums
+  // in the same order, so the results are the host's bit for bit): each
+  // table's slot of `features` (fp32, slot-major, `batch` examples), then
+  // after backward each row's gradient (PooledTable::grads) from the
+  // features' gradient. `tables`: num_tables PooledTable in the compute
+  // memory; `most_work`: the largest batch * dim (PoolRows) or rows * dim
+  // (PoolRowsBackward) among them.
+  virtual absl::Status PoolRows(int64_t batch, int num_tables, const PooledTable* tables,
+                                int64_t most_work, float* features) = 0;
+  virtual absl::Status PoolRowsBackward(int num_tables, const PooledTable* tables,
+                                        int64_t most_work, const float* features_grad) = 0;
+
   // -1 for the CPU, else the CUDA device.
   virtual int device() const = 0;
   bool gpu() const { return device() >= 0; }

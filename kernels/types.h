@@ -32,6 +32,31 @@ DOWNPOUR_HOST_DEVICE inline int64_t EmbeddingRow(float id, int64_t vocab) {
   return static_cast<float>(row) == id ? row : -1;
 }
 
+// One sparse table's reads in a batch of B examples, laid out for
+// ComputeBackend::PoolRows and PoolRowsBackward: the distinct rows the batch
+// reads, which row each id names, and (for the gradient) which examples
+// read each row. Pointers are in the compute memory (device memory on a
+// GPU); a kernel reads an array of these, one per table.
+struct PooledTable {
+  int64_t dim = 0;
+  // Where the table's slot starts in the features and in their gradient,
+  // in floats: B * the slot's offset (the input is slot-major).
+  int64_t slot = 0;
+  int32_t mean = 0;  // MEAN pooling (else SUM).
+  int32_t rows = 0;  // Distinct rows.
+  const float* values = nullptr;       // rows * dim.
+  const int32_t* offsets = nullptr;    // B + 1: example b reads ids [offsets[b], offsets[b + 1]).
+  const int32_t* index = nullptr;      // Per id: its row.
+  const int32_t* row_reads = nullptr;  // Per row: where its reads start in readers (rows + 1).
+  const int32_t* readers = nullptr;    // The example of each read, a row's in id order.
+  float* grads = nullptr;              // rows * dim: each row's gradient.
+};
+
+// An example of `reads` ids pooled with MEAN is scaled by this; SUM by 1.
+DOWNPOUR_HOST_DEVICE inline float PoolScale(bool mean, int64_t reads) {
+  return mean && reads > 1 ? 1.f / static_cast<float>(reads) : 1.f;
+}
+
 // How a kernel stores a result: replace what the output holds, or add to it.
 // Adding is how the gradient of a tensor read by several layers is summed, and
 // how gradients are accumulated over micro-batches.

@@ -512,14 +512,22 @@ absl::StatusOr<float*> Model::FeatureStaging(int64_t batch) {
   return storage_->features_host.as<float>();
 }
 
-absl::Status Model::StageBatch(const float* features, const int32_t* labels, int64_t batch) {
+int64_t Model::DenseInputFloats() const {
+  return shape_.sparse_tables.empty() ? shape_.input_size
+                                      : shape_.input_slots[shape_.sparse_tables[0].slot].offset;
+}
+
+absl::Status Model::StageBatch(const float* features, const int32_t* labels, int64_t batch,
+                               bool pooled) {
   if (!backend_->gpu()) {
     input_ = features;
     labels_ = labels;
     return absl::OkStatus();
   }
   model_internal::Storage& st = *storage_;
-  const size_t feature_bytes = sizeof(float) * batch * shape_.input_size;
+  // With pooled rows only the dense slots go up; the step pools the rest.
+  const size_t feature_bytes =
+      sizeof(float) * batch * (pooled ? DenseInputFloats() : shape_.input_size);
   const size_t label_bytes = sizeof(int32_t) * batch;
   // Features already in the staging buffer (FeatureStaging) leave it as it
   // is: it holds the batch.
@@ -534,7 +542,12 @@ absl::Status Model::StageBatch(const float* features, const int32_t* labels, int
       backend_->UploadAside(st.features.as<void>(), st.features_host.as<void>(), feature_bytes));
   RETURN_IF_ERROR(
       backend_->UploadAside(st.labels.as<void>(), st.labels_host.as<void>(), label_bytes));
+  if (pooled) {
+    RETURN_IF_ERROR(backend_->UploadAside(st.pooled.as<void>(), st.pooled_host.as<void>(),
+                                          pooled_bytes_));
+  }
   RETURN_IF_ERROR(backend_->JoinUploads());
+  if (pooled) RETURN_IF_ERROR(PoolStagedRows(batch));
   input_ = st.features.as<float>();
   labels_ = st.labels.as<int32_t>();
   return absl::OkStatus();
@@ -704,8 +717,14 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
                                             const TrainStepOptions& options) {
   RETURN_IF_ERROR(backend_->MakeCurrent());
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
+  if (options.pooled_rows && (!backend_->gpu() || pooled_batch_ != batch)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a step of ", batch, " examples with pooled rows, but ",
+                     backend_->gpu() ? "PooledStaging laid out no block for that batch"
+                                     : "the model is on the CPU (it reads pooled features)"));
+  }
   RETURN_IF_ERROR(Reserve(batch));
-  RETURN_IF_ERROR(StageBatch(features, labels, batch));
+  RETURN_IF_ERROR(StageBatch(features, labels, batch, options.pooled_rows));
   if (options.params_from_host) RETURN_IF_ERROR(ParamsToDevice());
   RETURN_IF_ERROR(BeginLossScaling());
   RETURN_IF_ERROR(Forward(batch, /*training=*/true, step, &options.await_layer_params));
@@ -728,7 +747,14 @@ absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t
     RETURN_IF_ERROR(backend_->ToHost(grad_host_, grad_compute_, sizeof(float) * param_total_));
   }
   RETURN_IF_ERROR(backend_->ToHost(state_host_, state_compute_, sizeof(float) * state_total_));
-  if (backend_->gpu() && !shape_.sparse_tables.empty()) {
+  if (options.pooled_rows) {
+    model_internal::Storage& st = *storage_;
+    RETURN_IF_ERROR(backend_->PoolRowsBackward(static_cast<int>(pooled_.size()),
+                                               st.pooled.as<kernels::PooledTable>(),
+                                               most_grad_work_, st.input_grad.as<float>()));
+    RETURN_IF_ERROR(backend_->ToHost(st.pooled_grads_host.as<void>(), st.pooled_grads.as<void>(),
+                                     pooled_grad_bytes_));
+  } else if (backend_->gpu() && !shape_.sparse_tables.empty()) {
     model_internal::Storage& st = *storage_;
     // Only the sparse embeddings' slots have a gradient: they come after
     // the dense inputs' (spec/model_shape.h), so the copy is their span.

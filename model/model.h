@@ -135,6 +135,23 @@ struct TrainStepOptions {
   // overlapped worker finishes the last step's exchange and starts this
   // one's there); an error ends the step.
   std::function<absl::Status()> before_backward;
+  // Sparse embeddings pooled on the device (Model::PooledStaging, written
+  // for this batch): the features' sparse slots are not read, and the rows'
+  // gradients come back instead of the input gradient.
+  bool pooled_rows = false;
+};
+
+// One sparse table's part of the block Model::PooledStaging lays out, in
+// page-locked host memory (kernels::PooledTable says what each array holds).
+struct PooledRows {
+  int32_t rows = 0, ids = 0;
+  float* values = nullptr;       // rows * dim
+  int32_t* offsets = nullptr;    // batch + 1
+  int32_t* index = nullptr;      // ids
+  int32_t* row_reads = nullptr;  // rows + 1
+  int32_t* readers = nullptr;    // ids
+  // After a TrainStep with pooled_rows: each row's gradient, rows * dim.
+  const float* grads = nullptr;
 };
 
 struct ModelOptions {
@@ -296,6 +313,21 @@ class Model {
   // embeddings.
   const float* input_grad() const;
 
+  // Sparse embeddings pooled on the GPU: a caller holding a batch's rows
+  // writes them, and which rows each example reads, into the block laid out
+  // here for `batch` examples reading rows[t] distinct rows through ids[t]
+  // ids of table t (shape().sparse_tables order), and trains with
+  // TrainStepOptions::pooled_rows: the step uploads the features' dense
+  // slots and the block, pools each table's slot on the device
+  // (kernels::ComputeBackend::PoolRows, the host's sums bit for bit) and
+  // brings each row's gradient back (PooledRows::grads) instead of
+  // input_grad: a quarter of the bytes both ways for the click model, and
+  // no pooling on the host. Valid until the next call; free to write once
+  // the last TrainStep returned. Null on the CPU and without sparse tables.
+  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(int64_t batch,
+                                                         const std::vector<int32_t>& rows,
+                                                         const std::vector<int32_t>& ids);
+
   // ---- Device-resident training: nothing is copied to or from the host.
   // The compute memory of param(id) / grad(id) (the same pointers on the CPU).
   float* device_param(int id);
@@ -440,7 +472,12 @@ class Model {
                         const model_internal::BackwardArgs* b);
   // Puts a host batch into the compute memory (a copy on the GPU) and points
   // input_/labels_ at it.
-  absl::Status StageBatch(const float* features, const int32_t* labels, int64_t batch);
+  absl::Status StageBatch(const float* features, const int32_t* labels, int64_t batch,
+                          bool pooled = false);
+  // Floats of an example's dense input slots (they precede the sparse ones).
+  int64_t DenseInputFloats() const;
+  // A pooled step: uploads PooledStaging's block and queues the pooling.
+  absl::Status PoolStagedRows(int64_t batch);
   // GPU: grows the staging buffers (host and device) to hold `batch`.
   absl::Status GrowStaging(int64_t batch);
   // Runs every layer's forward, adding the loss to the backend's counters; dropout
@@ -528,6 +565,13 @@ class Model {
   std::vector<int64_t> scratch_need_;
   std::vector<char*> scratch_at_;
   bool scratch_planned_ = false;
+  // PooledStaging's block: the tables' views, the batch it was laid out
+  // for (-1: none), its bytes in use, its descriptors (kernels::PooledTable,
+  // at the block's start) and the most work a table gives each kernel.
+  std::vector<PooledRows> pooled_;
+  int64_t pooled_batch_ = -1;
+  size_t pooled_bytes_ = 0, pooled_grad_bytes_ = 0;
+  int64_t most_pool_work_ = 0, most_grad_work_ = 0;
 };
 
 }  // namespace downpour

@@ -258,6 +258,168 @@ TEST_F(ModelGpuTest, FeaturesWrittenIntoTheStagingBufferTrainAsCopiedOnes) {
   }
 }
 
+// A dense input and two sparse tables (SUM of 3, MEAN of 2) read by a
+// small MLP: the worker's click-model shape in miniature.
+constexpr char kSparseNet[] = R"pb(
+  num_classes: 2
+  inputs { name: "d" shape: 2 }
+  inputs { name: "c" kind: SPARSE }
+  layer {
+    name: "sum"
+    inputs: "c"
+    embedding { sparse: true vocab_size: 100 dim: 3 }
+  }
+  layer {
+    name: "mean"
+    inputs: "c"
+    embedding { sparse: true hash_ids: true dim: 2 combiner: MEAN }
+  }
+  layer {
+    name: "j"
+    inputs: [ "d", "sum", "mean" ]
+    concat {}
+  }
+  layer { dense { units: 8 } }
+  layer { relu {} }
+  layer { dense { units: 2 } }
+  layer { softmax_cross_entropy {} }
+)pb";
+
+// Rows pooled on the device (PooledStaging, TrainStepOptions::pooled_rows)
+// train as the same rows pooled on the host into the features: the same
+// loss and parameter gradients, and each row's gradient as summed on the
+// host from input_grad, bit for bit; in FP32_STRICT and BF16.
+TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
+  for (Precision precision : {FP32_STRICT, BF16}) {
+    SCOPED_TRACE(Precision_Name(precision));
+    ModelOptions options;
+    options.device = 0;
+    options.precision = precision;
+    auto created = Model::Create(ParseModelSpec(kSparseNet), 3, options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    Model& model = **created;
+    const ModelShape& shape = model.shape();
+    ASSERT_EQ(shape.sparse_tables.size(), 2u);
+    for (int64_t batch : {40, 90}) {
+      std::mt19937 rng(static_cast<uint32_t>(batch));
+      // Per table: rows, and each example's reads of them (0-5).
+      std::vector<std::vector<float>> values(2);
+      std::vector<std::vector<int32_t>> offsets(2), index(2);
+      std::vector<int32_t> rows = {7, 12}, ids(2);
+      for (int t = 0; t < 2; ++t) {
+        const int64_t dim = shape.sparse_tables[t].dim;
+        for (int64_t i = 0; i < rows[t] * dim; ++i) {
+          values[t].push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
+        }
+        offsets[t] = {0};
+        for (int64_t b = 0; b < batch; ++b) {
+          for (int k = static_cast<int>(rng() % 6); k > 0; --k) {
+            index[t].push_back(static_cast<int32_t>(rng() % rows[t]));
+          }
+          offsets[t].push_back(static_cast<int32_t>(index[t].size()));
+        }
+        ids[t] = static_cast<int32_t>(index[t].size());
+      }
+      // On the host: the features pooled, the rows' gradients from
+      // input_grad, in id order.
+      const auto scale = [&](int t, int64_t b) {
+        const int32_t n = offsets[t][b + 1] - offsets[t][b];
+        return shape.sparse_tables[t].mean && n > 1 ? 1.f / static_cast<float>(n) : 1.f;
+      };
+      const auto slot = [&](int t) {
+        return batch * shape.input_slots[shape.sparse_tables[t].slot].offset;
+      };
+      std::vector<float> features(batch * shape.input_size, 0.f);
+      for (int64_t i = 0; i < batch * 2; ++i) features[i] = 0.01f * static_cast<float>(i % 17);
+      for (int t = 0; t < 2; ++t) {
+        const int64_t dim = shape.sparse_tables[t].dim;
+        for (int64_t b = 0; b < batch; ++b) {
+          float* out = features.data() + slot(t) + b * dim;
+          for (int32_t k = offsets[t][b]; k < offsets[t][b + 1]; ++k) {
+            for (int64_t d = 0; d < dim; ++d) out[d] += values[t][index[t][k] * dim + d];
+          }
+          if (scale(t, b) != 1.f) {
+            for (int64_t d = 0; d < dim; ++d) out[d] *= scale(t, b);
+          }
+        }
+      }
+      std::vector<int32_t> labels(batch);
+      for (int64_t b = 0; b < batch; ++b) labels[b] = static_cast<int32_t>(rng() % 2);
+      auto host = model.TrainStep(features.data(), labels.data(), batch, 0);
+      ASSERT_TRUE(host.ok()) << host.status();
+      std::vector<std::vector<float>> host_grads;
+      for (const ParamInfo& p : model.params()) {
+        host_grads.emplace_back(model.grad(p.id), model.grad(p.id) + p.num_elements);
+      }
+      std::vector<std::vector<float>> row_grads(2);
+      for (int t = 0; t < 2; ++t) {
+        const int64_t dim = shape.sparse_tables[t].dim;
+        row_grads[t].assign(rows[t] * dim, 0.f);
+        for (int64_t b = 0; b < batch; ++b) {
+          const float* g = model.input_grad() + slot(t) + b * dim;
+          for (int32_t k = offsets[t][b]; k < offsets[t][b + 1]; ++k) {
+            for (int64_t d = 0; d < dim; ++d) {
+              row_grads[t][index[t][k] * dim + d] += scale(t, b) * g[d];
+            }
+          }
+        }
+      }
+
+      // On the device: the block filled, the features' dense slots only.
+      auto block = model.PooledStaging(batch, rows, ids);
+      ASSERT_TRUE(block.ok()) << block.status();
+      ASSERT_NE(*block, nullptr);
+      for (int t = 0; t < 2; ++t) {
+        PooledRows& p = (**block)[t];
+        ASSERT_EQ(p.rows, rows[t]);
+        std::copy(values[t].begin(), values[t].end(), p.values);
+        std::copy(offsets[t].begin(), offsets[t].end(), p.offsets);
+        std::copy(index[t].begin(), index[t].end(), p.index);
+        std::fill(p.row_reads, p.row_reads + rows[t] + 1, 0);
+        for (int32_t r : index[t]) ++p.row_reads[r + 1];
+        for (int32_t r = 0; r < rows[t]; ++r) p.row_reads[r + 1] += p.row_reads[r];
+        std::vector<int32_t> at(p.row_reads, p.row_reads + rows[t]);
+        for (int64_t b = 0; b < batch; ++b) {
+          for (int32_t k = offsets[t][b]; k < offsets[t][b + 1]; ++k) {
+            p.readers[at[index[t][k]]++] = static_cast<int32_t>(b);
+          }
+        }
+      }
+      auto staging = model.FeatureStaging(batch);
+      ASSERT_TRUE(staging.ok()) << staging.status();
+      std::copy(features.begin(), features.begin() + batch * 2, *staging);
+      TrainStepOptions pooled;
+      pooled.pooled_rows = true;
+      auto device = model.TrainStep(*staging, labels.data(), batch, 0, pooled);
+      ASSERT_TRUE(device.ok()) << device.status();
+      EXPECT_EQ(host->loss, device->loss) << "batch " << batch;
+      for (const ParamInfo& p : model.params()) {
+        EXPECT_EQ(host_grads[p.id],
+                  std::vector<float>(model.grad(p.id), model.grad(p.id) + p.num_elements))
+            << p.name << ", batch " << batch;
+      }
+      for (int t = 0; t < 2; ++t) {
+        const PooledRows& p = (**block)[t];
+        EXPECT_EQ(row_grads[t], std::vector<float>(p.grads, p.grads + row_grads[t].size()))
+            << "table " << t << ", batch " << batch;
+      }
+    }
+    // A pooled step needs its batch's block.
+    TrainStepOptions pooled;
+    pooled.pooled_rows = true;
+    std::vector<float> features(5 * model.shape().input_size, 0.f);
+    std::vector<int32_t> labels(5, 0);
+    auto refused = model.TrainStep(features.data(), labels.data(), 5, 1, pooled);
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  }
+  // The CPU pools on the host.
+  auto cpu = Model::Create(ParseModelSpec(kSparseNet), 3, ModelOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto none = (*cpu)->PooledStaging(4, {1, 1}, {1, 1});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+}
+
 // The overlapped worker's step: gradients announced layer by layer as they
 // go down (each once, last layer first, waited for on another thread);
 // parameters queued up tensor by tensor (UploadParam) after the step, or,

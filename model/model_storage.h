@@ -58,6 +58,10 @@ struct Storage {
   // Sparse embeddings: the gradient of the loss with respect to the model
   // input (slot-major, as the input), and its host copy on a GPU.
   DeviceMemory input_grad, input_grad_host;
+  // GPU, rows pooled on the device (Model::PooledStaging): the block of
+  // rows and reads (host and device, the same layout) and the rows'
+  // gradients (device and host).
+  DeviceMemory pooled_host, pooled, pooled_grads, pooled_grads_host;
   // A pipeline stage's (current set's): the gradient of its boundary input
   // slots, and the gradients later stages sent back for its outputs.
   DeviceMemory boundary_grad, output_grad;

@@ -64,8 +64,18 @@ float* InputStage::Destination(const data::Batch& batch, float* staging,
   return features->data();
 }
 
-const float* InputStage::Pack(const data::Batch& batch, const SparseBatch* plan, float* staging) {
+absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const SparseBatch* plan,
+                                              float* staging,
+                                              const PoolOnDevice& pool_on_device) {
   float* features = Destination(batch, staging, &features_);
+  if (plan != nullptr && staging != nullptr && pool_on_device != nullptr) {
+    ASSIGN_OR_RETURN(pooled_, pool_on_device(batch.size, plan->table_rows(), plan->table_ids()));
+    if (pooled_ != nullptr) {
+      PackDenseInputs(shape_, batch.inputs, batch.size, features);
+      plan->WritePooled(TrainingRows(), pooled_, &tables_);
+      return features;
+    }
+  }
   PackInto(batch, plan, plan != nullptr ? TrainingRows() : Rows(), features);
   return features;
 }
@@ -137,7 +147,9 @@ absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
 
 absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batch& batch,
                                                   int64_t min_version, int64_t min_worker_steps,
-                                                  bool exact_version, float* staging) {
+                                                  bool exact_version, float* staging,
+                                                  const PoolOnDevice& pool_on_device) {
+  pooled_ = nullptr;
   if (exchange_ == nullptr) return Pack(batch, nullptr, staging);
   if (next_pulled_) {
     next_pulled_ = false;
@@ -152,7 +164,7 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
       return features_.data();
     }
     if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
-    return Pack(batch, current_.get(), staging);
+    return Pack(batch, current_.get(), staging, pool_on_device);
   }
   RETURN_IF_ERROR(exchange_->Finish());
   ASSIGN_OR_RETURN(SparseBatch plan,
@@ -168,7 +180,7 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
                    cancelled_, /*read_only=*/false, /*checkpoint_step=*/0, exact_version);
   if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
   RETURN_IF_ERROR(exchange_->Finish());
-  return Pack(batch, current_.get(), staging);
+  return Pack(batch, current_.get(), staging, pool_on_device);
 }
 
 InputStage::~InputStage() {
@@ -215,7 +227,12 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
   // The last push's answer (kept tables: the shards applied that step); it
   // sent grads_ and the plan now in next_.
   RETURN_IF_ERROR(exchange_->Finish());
-  current_->RowGradients(model.input_grad(), &grads_, &tables_);
+  if (pooled_ != nullptr) {
+    current_->RowGradientsFrom(*pooled_, &grads_, &tables_);
+    pooled_ = nullptr;
+  } else {
+    current_->RowGradients(model.input_grad(), &grads_, &tables_);
+  }
   next_.reset();
   next_packed_ = false;
   AwaitPlan();

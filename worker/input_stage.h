@@ -64,11 +64,20 @@ class InputStage {
   // keeps them. With `staging` (room for the batch's input; the model's,
   // ModelRunner::FeatureStaging) the input is packed there, not into the
   // stage's own buffer, unless it was packed ahead (then it is returned
-  // from there).
+  // from there). With `pool_on_device` too (a GPU model's PooledStaging),
+  // only the dense slots are packed there: the rows go into the block it
+  // gives and the step pools them (pooled_on_device() is then true until
+  // the next call; the step trains with TrainStepOptions::pooled_rows).
+  using PoolOnDevice = std::function<absl::StatusOr<std::vector<PooledRows>*>(
+      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids)>;
   absl::StatusOr<const float*> Features(int64_t step, const data::Batch& batch, int64_t min_version,
                                         int64_t min_worker_steps, bool exact_version = false,
-                                        float* staging = nullptr);
-  // After the step's backward on `model` (its input gradient): pushes the
+                                        float* staging = nullptr,
+                                        const PoolOnDevice& pool_on_device = nullptr);
+  // The last Features' rows go to the device to be pooled there.
+  bool pooled_on_device() const { return pooled_ != nullptr; }
+  // After the step's backward on `model` (its input gradient, or the rows'
+  // gradients it computed when pooled_on_device()): pushes the
   // rows' gradients as step `step`'s and, with `next`, pulls next's rows
   // (the next Features call must be for `next`). Returns at once.
   // `checkpoint_step` > 0: the push asks the shards for a checkpoint at
@@ -114,8 +123,10 @@ class InputStage {
                 float* features);
   // Where `batch`'s input goes: `staging`, or else `features` resized.
   float* Destination(const data::Batch& batch, float* staging, std::vector<float>* features);
-  // PackInto `staging` or features_ with TrainingRows().
-  const float* Pack(const data::Batch& batch, const SparseBatch* plan, float* staging);
+  // PackInto `staging` or features_ with TrainingRows(); with
+  // pool_on_device, only the dense slots, the rows into its block.
+  absl::StatusOr<const float*> Pack(const data::Batch& batch, const SparseBatch* plan,
+                                    float* staging, const PoolOnDevice& pool_on_device = nullptr);
   // The stamp a row read at `step` must have at least in kept table t.
   int64_t MinStamp(int t, int64_t step) const { return step - shape_.sparse_tables[t].staleness; }
   // Kept tables: starts pulling the rows `plan` (step `step`'s) lacks.
@@ -144,6 +155,9 @@ class InputStage {
   absl::StatusOr<SparseBatch> planned_;
   std::vector<std::vector<std::vector<float>>> grads_;
   std::vector<float> features_;
+  // The block the current step's rows were pooled from on the device, or
+  // null (pooled here).
+  std::vector<PooledRows>* pooled_ = nullptr;
 
   // Kept tables (staleness > 0): whether there are any, the least
   // staleness among them, their rows, the prefetch lane and what it pulls

@@ -85,6 +85,11 @@ class ReplicaRunner : public ModelRunner {
     if (replicas_->size() != 1) return nullptr;
     return primary_->FeatureStaging(batch);
   }
+  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(
+      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids) override {
+    if (replicas_->size() != 1) return nullptr;
+    return primary_->PooledStaging(batch, rows, ids);
+  }
   const Model* whole_model() const override { return primary_; }
 
  private:
@@ -139,6 +144,10 @@ class PipelineRunner : public ModelRunner {
     return pipeline_->RestoreLocalState(loss_scale);
   }
   absl::StatusOr<float*> FeatureStaging(int64_t) override { return nullptr; }
+  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(int64_t, const std::vector<int32_t>&,
+                                                         const std::vector<int32_t>&) override {
+    return nullptr;
+  }
   const Model* whole_model() const override { return nullptr; }
 
  private:

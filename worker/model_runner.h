@@ -118,6 +118,11 @@ class ModelRunner {
   // Evaluate to take without a copy (Model::FeatureStaging): one replica on
   // a GPU; null otherwise (the steps copy them, or read them in place).
   virtual absl::StatusOr<float*> FeatureStaging(int64_t batch) = 0;
+  // One replica on a GPU: the block a step's sparse rows are pooled from on
+  // the device (Model::PooledStaging, trained with
+  // TrainStepOptions::pooled_rows); null otherwise (the caller pools them).
+  virtual absl::StatusOr<std::vector<PooledRows>*> PooledStaging(
+      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids) = 0;
 
   // The whole model as one Model (replica 0), or null when it is split into
   // stages. Sparse embeddings read its input gradient; a pipeline has none

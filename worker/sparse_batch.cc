@@ -124,4 +124,73 @@ void SparseBatch::RowGradients(const float* input_grad,
   });
 }
 
+std::vector<int32_t> SparseBatch::table_rows() const {
+  std::vector<int32_t> rows;
+  for (const auto& table : rows_) {
+    int64_t n = 0;
+    for (const auto& shard : table) n += static_cast<int64_t>(shard.size());
+    rows.push_back(static_cast<int32_t>(n));
+  }
+  return rows;
+}
+
+std::vector<int32_t> SparseBatch::table_ids() const {
+  std::vector<int32_t> ids;
+  for (const Table& t : tables_) ids.push_back(static_cast<int32_t>(t.id_shard.size()));
+  return ids;
+}
+
+void SparseBatch::WritePooled(const std::vector<std::vector<const float*>>& values,
+                              std::vector<PooledRows>* pooled, WorkPool* pool) const {
+  WorkPool::ForEach(pool, num_tables(), [&](int t) {
+    const Table& table = tables_[t];
+    PooledRows& out = (*pooled)[t];
+    // Shard s's rows start at base[s] of the table's.
+    std::vector<int32_t> base(num_shards_ + 1, 0);
+    for (int s = 0; s < num_shards_; ++s) {
+      const size_t n = rows_[t][s].size();
+      base[s + 1] = base[s] + static_cast<int32_t>(n);
+      if (n > 0) {
+        std::memcpy(out.values + int64_t{base[s]} * table.dim, values[t][s],
+                    sizeof(float) * n * table.dim);
+      }
+    }
+    for (int64_t b = 0; b <= batch_; ++b) out.offsets[b] = static_cast<int32_t>(table.offsets[b]);
+    const int32_t rows = base[num_shards_];
+    const int64_t ids = static_cast<int64_t>(table.id_shard.size());
+    // Each row's readers in id order: counted, then placed (row_reads[r]
+    // advances to where row r + 1's start, and is moved back after).
+    std::fill(out.row_reads, out.row_reads + rows + 1, 0);
+    for (int64_t k = 0; k < ids; ++k) {
+      out.index[k] = base[table.id_shard[k]] + table.id_place[k];
+      ++out.row_reads[out.index[k] + 1];
+    }
+    for (int32_t r = 0; r < rows; ++r) out.row_reads[r + 1] += out.row_reads[r];
+    for (int64_t b = 0; b < batch_; ++b) {
+      for (int64_t k = table.offsets[b]; k < table.offsets[b + 1]; ++k) {
+        out.readers[out.row_reads[out.index[k]]++] = static_cast<int32_t>(b);
+      }
+    }
+    for (int32_t r = rows; r > 0; --r) out.row_reads[r] = out.row_reads[r - 1];
+    out.row_reads[0] = 0;
+  });
+}
+
+void SparseBatch::RowGradientsFrom(const std::vector<PooledRows>& pooled,
+                                   std::vector<std::vector<std::vector<float>>>* grads,
+                                   WorkPool* pool) const {
+  grads->resize(tables_.size());
+  WorkPool::ForEach(pool, num_tables(), [&](int t) {
+    const int64_t dim = tables_[t].dim;
+    std::vector<std::vector<float>>& out = (*grads)[t];
+    out.resize(num_shards_);
+    const float* from = pooled[t].grads;
+    for (int s = 0; s < num_shards_; ++s) {
+      const int64_t n = static_cast<int64_t>(rows_[t][s].size()) * dim;
+      out[s].assign(from, from + n);
+      from += n;
+    }
+  });
+}
+
 }  // namespace downpour

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "common/work_pool.h"
 #include "data/example.h"
+#include "model/model.h"
 #include "spec/model_shape.h"
 
 namespace downpour {
@@ -69,6 +70,21 @@ class SparseBatch {
   // shard).size() * dim floats, in the order of rows().
   void RowGradients(const float* input_grad, std::vector<std::vector<std::vector<float>>>* grads,
                     WorkPool* pool = nullptr) const;
+
+  // Pooling on the device instead (Model::PooledStaging): per table, the
+  // distinct rows and the ids the batch reads (the block's sizes), then
+  // WritePooled fills each table's block with what Pool reads — the rows
+  // of `values` shard after shard, the examples' ids, each id's row and
+  // each row's readers — and after the step RowGradientsFrom splits the
+  // rows' gradients the device computed (PooledRows::grads, in that row
+  // order) into RowGradients' [table][shard] (the same values bit for bit).
+  std::vector<int32_t> table_rows() const;
+  std::vector<int32_t> table_ids() const;
+  void WritePooled(const std::vector<std::vector<const float*>>& values,
+                   std::vector<PooledRows>* pooled, WorkPool* pool = nullptr) const;
+  void RowGradientsFrom(const std::vector<PooledRows>& pooled,
+                        std::vector<std::vector<std::vector<float>>>* grads,
+                        WorkPool* pool = nullptr) const;
 
  private:
   struct Table {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -219,6 +220,97 @@ TEST(SparseBatchTest, RowGradientsMatchFiniteDifferences) {
     }
   }
   EXPECT_EQ(checked, 3 * 3 + 3 * 2);
+}
+
+// A larger batch of both tables (an exact and a hashed vocabulary, SUM and
+// MEAN; examples of none to nine ids, rows read many times) over 3 shards.
+std::vector<data::InputBatch> RandomInputs(int64_t batch) {
+  std::mt19937 rng(7);
+  std::vector<data::InputBatch> inputs(2);
+  inputs[0].values.resize(batch * 2, 0.5f);
+  inputs[1].offsets.push_back(0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int n = static_cast<int>(rng() % 10);
+    for (int k = 0; k < n; ++k) inputs[1].ids.push_back(static_cast<int64_t>(rng() % 40));
+    inputs[1].offsets.push_back(static_cast<int64_t>(inputs[1].ids.size()));
+  }
+  return inputs;
+}
+
+// WritePooled's block read as kernels::PooledTable says (each example's
+// ids name their rows; each row's readers are the examples reading it, in
+// id order), summed in that order, gives Pool's features and, through
+// RowGradientsFrom, RowGradients' row gradients bit for bit: what the
+// device kernels compute (their own tests pin them to these sums).
+TEST(SparseBatchTest, ThePooledBlockGivesTheHostsBits) {
+  const ModelShape shape = Shape();
+  constexpr int64_t kBatch = 64;
+  const std::vector<data::InputBatch> inputs = RandomInputs(kBatch);
+  WorkPool pool(2);
+  auto plan = SparseBatch::Plan(shape, inputs, kBatch, 3, &pool);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const Pulled pulled = Pull(*plan, shape);
+  std::vector<float> input_grad(kBatch * shape.input_size);
+  for (size_t i = 0; i < input_grad.size(); ++i) input_grad[i] = std::cos(0.3f * i);
+  std::vector<float> expected(kBatch * shape.input_size, 0.f);
+  plan->Pool(pulled.pointers, expected.data());
+  std::vector<std::vector<std::vector<float>>> expected_grads;
+  plan->RowGradients(input_grad.data(), &expected_grads);
+
+  const std::vector<int32_t> rows = plan->table_rows(), ids = plan->table_ids();
+  const int tables = plan->num_tables();
+  EXPECT_EQ(std::accumulate(rows.begin(), rows.end(), int64_t{0}), plan->distinct_rows());
+  EXPECT_EQ(std::accumulate(ids.begin(), ids.end(), int64_t{0}), plan->ids_read());
+  std::vector<std::vector<float>> values(tables), grads(tables);
+  std::vector<std::vector<int32_t>> offsets(tables), index(tables), row_reads(tables),
+      readers(tables);
+  std::vector<PooledRows> pooled(tables);
+  for (int t = 0; t < tables; ++t) {
+    const int64_t dim = shape.sparse_tables[t].dim;
+    values[t].resize(rows[t] * dim);
+    offsets[t].resize(kBatch + 1);
+    index[t].resize(ids[t]);
+    row_reads[t].resize(rows[t] + 1);
+    readers[t].resize(ids[t]);
+    pooled[t] = {rows[t],         ids[t],          values[t].data(), offsets[t].data(),
+                 index[t].data(), row_reads[t].data(), readers[t].data()};
+  }
+  plan->WritePooled(pulled.pointers, &pooled, &pool);
+  std::vector<float> features(kBatch * shape.input_size, 0.f);
+  for (int t = 0; t < tables; ++t) {
+    const int64_t dim = shape.sparse_tables[t].dim;
+    const bool mean = shape.sparse_tables[t].mean;
+    const int64_t slot = kBatch * shape.input_slots[shape.sparse_tables[t].slot].offset;
+    const auto scale = [&](int64_t b) {
+      const int32_t n = offsets[t][b + 1] - offsets[t][b];
+      return mean && n > 1 ? 1.f / static_cast<float>(n) : 1.f;
+    };
+    for (int64_t b = 0; b < kBatch; ++b) {
+      for (int64_t d = 0; d < dim; ++d) {
+        float sum = 0.f;
+        for (int32_t k = offsets[t][b]; k < offsets[t][b + 1]; ++k) {
+          sum += values[t][index[t][k] * dim + d];
+        }
+        features[slot + b * dim + d] = scale(b) != 1.f ? sum * scale(b) : sum;
+      }
+    }
+    grads[t].resize(rows[t] * dim);
+    for (int32_t r = 0; r < rows[t]; ++r) {
+      for (int64_t d = 0; d < dim; ++d) {
+        float sum = 0.f;
+        for (int32_t k = row_reads[t][r]; k < row_reads[t][r + 1]; ++k) {
+          const int32_t b = readers[t][k];
+          sum += scale(b) * input_grad[slot + b * dim + d];
+        }
+        grads[t][r * dim + d] = sum;
+      }
+    }
+    pooled[t].grads = grads[t].data();
+  }
+  EXPECT_EQ(features, expected);
+  std::vector<std::vector<std::vector<float>>> got;
+  plan->RowGradientsFrom(pooled, &got, &pool);
+  EXPECT_EQ(got, expected_grads);
 }
 
 }  // namespace

@@ -455,13 +455,14 @@ JobTrainer::StepState JobTrainer::PlanStep(int64_t step, const RunState& run) {
 }
 
 absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
-  const TrainStepOptions step_options = ExchangeHooks(s, run);
+  TrainStepOptions step_options = ExchangeHooks(s, run);
   RETURN_IF_ERROR(ReadBatch(s, run));
   const double began = MonotonicSeconds();
   run->exchange_waited = 0;
   run->read_ahead = 0;
   if (!s->gated) RETURN_IF_ERROR(BeginExchange(*s, run));
   ASSIGN_OR_RETURN(const float* features, BatchFeatures(*s, run));
+  step_options.pooled_rows = input_stage_ != nullptr && input_stage_->pooled_on_device();
   RETURN_IF_ERROR(ReadAhead(*s, run));
   const Batch& batch = run->batch;
   ASSIGN_OR_RETURN(s->result, run->model->TrainStep(features, batch.labels.data(), batch.size,
@@ -507,15 +508,22 @@ absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunSt
   // On a GPU the input is pooled straight into the page-locked buffer it
   // goes up from (the last step, which read it, has returned).
   ASSIGN_OR_RETURN(float* staging, run->model->FeatureStaging(run->batch.size));
-  absl::StatusOr<const float*> packed = input_stage_->Features(
-      s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step), exact, staging);
+  // ... and its rows pooled there, on the GPU.
+  ModelRunner* model = run->model.get();
+  const InputStage::PoolOnDevice pool_on_device =
+      [model](int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids) {
+        return model->PooledStaging(batch, rows, ids);
+      };
+  absl::StatusOr<const float*> packed =
+      input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step), exact,
+                             staging, pool_on_device);
   if (exact && absl::IsFailedPrecondition(packed.status())) {
     // The tables went on (restored, or a shard from before exact rows):
     // the rows as they are now, the step no longer exactly the lost one's.
     Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(), " (taken over): ",
                      packed.status().message(), "; reading the rows as they are"));
     packed = input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step),
-                                    /*exact_version=*/false, staging);
+                                    /*exact_version=*/false, staging, pool_on_device);
   }
   RETURN_IF_ERROR(PermanentIfBadData(packed.status()));
   run->exchange_waited += MonotonicSeconds() - began;

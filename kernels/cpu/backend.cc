@@ -84,6 +84,16 @@ class CpuBackend final : public ComputeBackend {
   }
   absl::StatusOr<bool> ReadNonFinite() override { return non_finite_; }
 
+  absl::Status PoolRows(int64_t batch, int num_tables, const PooledTable* tables,
+                        int64_t /*most_work*/, float* features) override {
+    cpu::PoolRows(ctx_, batch, num_tables, tables, features);
+    return absl::OkStatus();
+  }
+  absl::Status PoolRowsBackward(int num_tables, const PooledTable* tables, int64_t /*most_work*/,
+                                const float* features_grad) override {
+    cpu::PoolRowsBackward(ctx_, num_tables, tables, features_grad);
+    return absl::OkStatus();
+  }
   int device() const override { return -1; }
   size_t activation_bytes() const override { return sizeof(float); }
   absl::Status ToActivations(int64_t n, const float* x, Act y) override {

@@ -493,6 +493,44 @@ void EmbeddingBackward(const CpuContext& /*ctx*/, int64_t num_ids, int64_t vocab
   }
 }
 
+void PoolRows(const CpuContext& /*ctx*/, int64_t batch, int num_tables, const PooledTable* tables,
+              float* features) {
+  for (int t = 0; t < num_tables; ++t) {
+    const PooledTable& table = tables[t];
+    const int64_t dim = table.dim;
+    for (int64_t b = 0; b < batch; ++b) {
+      float* out = features + table.slot + b * dim;
+      std::fill(out, out + dim, 0.f);
+      for (int32_t k = table.offsets[b]; k < table.offsets[b + 1]; ++k) {
+        const float* row = table.values + int64_t{table.index[k]} * dim;
+        for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
+      }
+      const float scale = PoolScale(table.mean != 0, table.offsets[b + 1] - table.offsets[b]);
+      if (scale != 1.f) {
+        for (int64_t d = 0; d < dim; ++d) out[d] *= scale;
+      }
+    }
+  }
+}
+
+void PoolRowsBackward(const CpuContext& /*ctx*/, int num_tables, const PooledTable* tables,
+                      const float* features_grad) {
+  for (int t = 0; t < num_tables; ++t) {
+    const PooledTable& table = tables[t];
+    const int64_t dim = table.dim;
+    for (int32_t r = 0; r < table.rows; ++r) {
+      float* out = table.grads + int64_t{r} * dim;
+      std::fill(out, out + dim, 0.f);
+      for (int32_t k = table.row_reads[r]; k < table.row_reads[r + 1]; ++k) {
+        const int32_t b = table.readers[k];
+        const float scale = PoolScale(table.mean != 0, table.offsets[b + 1] - table.offsets[b]);
+        const float* g = features_grad + table.slot + int64_t{b} * dim;
+        for (int64_t d = 0; d < dim; ++d) out[d] += scale * g[d];
+      }
+    }
+  }
+}
+
 void PairwiseDotForward(const CpuContext& /*ctx*/, int64_t batch, int64_t vectors, int64_t dim,
                         const float* x, float* y) {
   for (int64_t b = 0; b < batch; ++b) {

@@ -185,6 +185,17 @@ void EmbeddingForward(const CpuContext& ctx, int64_t num_ids, int64_t vocab, int
 void EmbeddingBackward(const CpuContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
                        const float* ids, const float* dy, float* dtable, Write param_write);
 
+// Sparse embeddings' pooling (kernels/types.h PooledTable): each table's
+// slot of `features` (slot-major, `batch` examples) is the sum of the rows
+// its examples read (times PoolScale), summed in id order from zero; and
+// each row's gradient the sum over its reads, in id order from zero, of
+// PoolScale times the reading example's slot gradient in `features_grad`.
+// The CUDA twins compute the same sums in the same order.
+void PoolRows(const CpuContext& ctx, int64_t batch, int num_tables, const PooledTable* tables,
+              float* features);
+void PoolRowsBackward(const CpuContext& ctx, int num_tables, const PooledTable* tables,
+                      const float* features_grad);
+
 // x is [batch, vectors, dim]; y [batch, vectors * (vectors - 1) / 2] holds
 // every pair's dot product <x_i, x_j>, i < j, in order (0,1), (0,2), ...,
 // (0,v-1), (1,2), ... (DLRM's interaction). Backward overwrites dx:

@@ -389,6 +389,36 @@ TEST(EmbeddingTest, GatherAndScatterAdd) {
   EXPECT_EQ(dtable, (std::vector<float>{3, 4, 0, 0, 6, 8}));
 }
 
+// Two examples of one table of 2 rows (dim 2): example 0 reads rows 1, 0,
+// 1; example 1 reads row 0. SUM, then MEAN.
+TEST(PoolRowsTest, SumsMeansAndRowGradients) {
+  const std::vector<float> values = {1, 2, 10, 20};
+  const std::vector<int32_t> offsets = {0, 3, 4}, index = {1, 0, 1, 0};
+  const std::vector<int32_t> row_reads = {0, 2, 4}, readers = {0, 1, 0, 0};
+  std::vector<float> grads(4, -1.f);
+  PooledTable table;
+  table.dim = 2;
+  table.slot = 2 * 1;  // A dense slot of width 1 first.
+  table.rows = 2;
+  table.values = values.data();
+  table.offsets = offsets.data();
+  table.index = index.data();
+  table.row_reads = row_reads.data();
+  table.readers = readers.data();
+  table.grads = grads.data();
+  std::vector<float> features(2 * 3, 7.f);
+  PoolRows(CpuContext{}, 2, 1, &table, features.data());
+  EXPECT_EQ(features, (std::vector<float>{7, 7, 21, 42, 1, 2}));
+  const std::vector<float> features_grad = {0, 0, 1, 2, 3, 4};
+  PoolRowsBackward(CpuContext{}, 1, &table, features_grad.data());
+  EXPECT_EQ(grads, (std::vector<float>{1 + 3, 2 + 4, 2, 4}));
+  table.mean = 1;
+  PoolRows(CpuContext{}, 2, 1, &table, features.data());
+  EXPECT_EQ(features, (std::vector<float>{7, 7, 7, 14, 1, 2}));
+  PoolRowsBackward(CpuContext{}, 1, &table, features_grad.data());
+  EXPECT_EQ(grads, (std::vector<float>{1.f / 3 + 3, 2.f / 3 + 4, 2.f / 3, 4.f / 3}));
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace kernels

@@ -171,6 +171,16 @@ absl::Status CudaBackend::ToActivations(int64_t n, const float* x, Act y) {
 
 absl::Status CudaBackend::ZeroFloats(int64_t n, float* x) { return cuda::Zero<float>(*ctx_, n, x); }
 
+absl::Status CudaBackend::PoolRows(int64_t batch, int num_tables, const PooledTable* tables,
+                                   int64_t most_work, float* features) {
+  return cuda::PoolRows(*ctx_, batch, num_tables, tables, most_work, features);
+}
+
+absl::Status CudaBackend::PoolRowsBackward(int num_tables, const PooledTable* tables,
+                                           int64_t most_work, const float* features_grad) {
+  return cuda::PoolRowsBackward(*ctx_, num_tables, tables, most_work, features_grad);
+}
+
 int64_t CudaBackend::workspace_bytes() const {
   return static_cast<int64_t>(ctx_->owned_workspace_bytes());
 }

@@ -66,6 +66,10 @@ class CudaBackend final : public ComputeBackend {
   size_t activation_bytes() const override;
   absl::Status ToActivations(int64_t n, const float* x, Act y) override;
   absl::Status ZeroFloats(int64_t n, float* x) override;
+  absl::Status PoolRows(int64_t batch, int num_tables, const PooledTable* tables, int64_t most_work,
+                        float* features) override;
+  absl::Status PoolRowsBackward(int num_tables, const PooledTable* tables, int64_t most_work,
+                                const float* features_grad) override;
   void ResetWorkspacePeak() override { ctx_->workspace_peak = 0; }
   int64_t WorkspacePeak() const override { return static_cast<int64_t>(ctx_->workspace_peak); }
   void LendWorkspace(void* memory, size_t bytes) override { ctx_->LendWorkspace(memory, bytes); }

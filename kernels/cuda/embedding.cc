@@ -41,6 +41,18 @@ absl::Status PairwiseDotBackward(const CudaContext& ctx, int64_t batch, int64_t 
                   "PairwiseDotBackward");
 }
 
+absl::Status PoolRows(const CudaContext& ctx, int64_t batch, int num_tables,
+                      const PooledTable* tables, int64_t most_work, float* features) {
+  return FromCuda(k::PoolRows(ctx.stream, batch, num_tables, tables, most_work, features),
+                  "PoolRows");
+}
+
+absl::Status PoolRowsBackward(const CudaContext& ctx, int num_tables, const PooledTable* tables,
+                              int64_t most_work, const float* features_grad) {
+  return FromCuda(k::PoolRowsBackward(ctx.stream, num_tables, tables, most_work, features_grad),
+                  "PoolRowsBackward");
+}
+
 #define DOWNPOUR_INSTANTIATE(T)                                                               \
   template absl::Status PairwiseDotForward<T>(const CudaContext&, int64_t, int64_t, int64_t,  \
                                               const T*, T*);                                  \

@@ -36,6 +36,39 @@ __global__ void EmbeddingBackwardKernel(int64_t num_ids, int64_t vocab, int64_t 
   }
 }
 
+// Grid row per table; thread per (example, column): the example's rows
+// summed in id order from zero, then scaled (cpu::PoolRows, no FMA).
+__global__ void PoolRowsKernel(int64_t batch, const PooledTable* tables, float* features) {
+  const PooledTable& table = tables[blockIdx.y];
+  const int64_t dim = table.dim;
+  GRID_STRIDE(i, batch * dim) {
+    const int64_t b = i / dim, d = i % dim;
+    const int32_t begin = table.offsets[b], end = table.offsets[b + 1];
+    float sum = 0.f;
+    for (int32_t k = begin; k < end; ++k) {
+      sum = __fadd_rn(sum, table.values[int64_t{table.index[k]} * dim + d]);
+    }
+    const float scale = PoolScale(table.mean != 0, end - begin);
+    features[table.slot + i] = scale != 1.f ? __fmul_rn(sum, scale) : sum;
+  }
+}
+
+// Grid row per table; thread per (row, column): the row's reads in id order.
+__global__ void PoolRowsBackwardKernel(const PooledTable* tables, const float* features_grad) {
+  const PooledTable& table = tables[blockIdx.y];
+  const int64_t dim = table.dim;
+  GRID_STRIDE(i, int64_t{table.rows} * dim) {
+    const int64_t r = i / dim, d = i % dim;
+    float sum = 0.f;
+    for (int32_t k = table.row_reads[r]; k < table.row_reads[r + 1]; ++k) {
+      const int32_t b = table.readers[k];
+      const float scale = PoolScale(table.mean != 0, table.offsets[b + 1] - table.offsets[b]);
+      sum = __fadd_rn(sum, __fmul_rn(scale, features_grad[table.slot + int64_t{b} * dim + d]));
+    }
+    table.grads[i] = sum;
+  }
+}
+
 // Thread per (example, i, j), j > i: one pair's dot product.
 template <typename T>
 __global__ void PairwiseDotForwardKernel(int64_t batch, int64_t vectors, int64_t dim, const T* x,
@@ -109,6 +142,22 @@ cudaError_t PairwiseDotBackward(cudaStream_t stream, int64_t batch, int64_t vect
   if (batch * vectors * dim == 0) return cudaSuccess;
   PairwiseDotBackwardKernel<<<Blocks(batch * vectors * dim), kThreads, 0, stream>>>(batch, vectors,
                                                                                     dim, x, dy, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t PoolRows(cudaStream_t stream, int64_t batch, int num_tables, const PooledTable* tables,
+                     int64_t most_work, float* features) {
+  if (num_tables == 0 || most_work == 0) return cudaSuccess;
+  PoolRowsKernel<<<dim3(Blocks(most_work), num_tables), kThreads, 0, stream>>>(batch, tables,
+                                                                               features);
+  return cudaGetLastError();
+}
+
+cudaError_t PoolRowsBackward(cudaStream_t stream, int num_tables, const PooledTable* tables,
+                             int64_t most_work, const float* features_grad) {
+  if (num_tables == 0 || most_work == 0) return cudaSuccess;
+  PoolRowsBackwardKernel<<<dim3(Blocks(most_work), num_tables), kThreads, 0, stream>>>(
+      tables, features_grad);
   return cudaGetLastError();
 }
 

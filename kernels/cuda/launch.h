@@ -174,6 +174,12 @@ cudaError_t EmbeddingForward(cudaStream_t stream, int64_t num_ids, int64_t vocab
 template <typename T>
 cudaError_t EmbeddingBackward(cudaStream_t stream, int64_t num_ids, int64_t vocab, int64_t dim,
                               const float* ids, const T* dy, float* dtable);
+// Sparse embeddings' pooling and its row gradients (see cpu::PoolRows):
+// one grid row per table.
+cudaError_t PoolRows(cudaStream_t stream, int64_t batch, int num_tables, const PooledTable* tables,
+                     int64_t most_work, float* features);
+cudaError_t PoolRowsBackward(cudaStream_t stream, int num_tables, const PooledTable* tables,
+                             int64_t most_work, const float* features_grad);
 // Pairwise dot products of [batch, vectors, dim] (see cpu::PairwiseDot*).
 template <typename T>
 cudaError_t PairwiseDotForward(cudaStream_t stream, int64_t batch, int64_t vectors, int64_t dim,

@@ -191,6 +191,13 @@ template <typename T>
 absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t vocab, int64_t dim,
                                const float* ids, const T* dy, float* dtable, Write param_write);
 
+// As cpu::PoolRows / PoolRowsBackward, the same sums in the same order (no
+// fused multiply-adds): bit for bit the CPU's. `tables` in device memory.
+absl::Status PoolRows(const CudaContext& ctx, int64_t batch, int num_tables,
+                      const PooledTable* tables, int64_t most_work, float* features);
+absl::Status PoolRowsBackward(const CudaContext& ctx, int num_tables, const PooledTable* tables,
+                              int64_t most_work, const float* features_grad);
+
 // As cpu::PairwiseDotForward / PairwiseDotBackward (accumulated in fp32).
 template <typename T>
 absl::Status PairwiseDotForward(const CudaContext& ctx, int64_t batch, int64_t vectors, int64_t dim,

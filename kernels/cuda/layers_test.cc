@@ -4,6 +4,7 @@
 // the reason, where there is no CUDA device.
 #include "kernels/cuda/layers.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -153,6 +154,76 @@ TEST_F(CudaKernelTest, ElementWise) {
   ASSERT_TRUE(cuda::PairwiseDotBackward(ctx(), examples, vectors, dim, x_, dy_, other_).ok());
   cpu::PairwiseDotBackward(cpu_, examples, vectors, dim, x.data(), dy.data(), back.data());
   ExpectClose(back, Download(other_, examples * vectors * dim), "pairwise dot backward");
+}
+
+// Sparse pooling of 3 tables (dims 16, 3, 8; SUM and MEAN; examples of 0-9
+// ids over up to 50 rows) and the rows' gradients: the CPU twin's bits.
+TEST_F(CudaKernelTest, PoolRowsAndTheirGradients) {
+  const int64_t batch = 300, dims[] = {16, 3, 8}, input_size = 2 + 16 + 3 + 8;
+  std::vector<PooledTable> on_cpu(3), on_gpu(3);
+  std::vector<std::vector<float>> values(3), grads(3);
+  std::vector<std::vector<int32_t>> offsets(3), index(3), row_reads(3), readers(3);
+  uint32_t state = 17;
+  const auto next = [&state](uint32_t n) {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<int32_t>((state >> 8) % n);
+  };
+  int64_t slot = 2, most_pool = 0, most_grad = 0;
+  for (int t = 0; t < 3; ++t) {
+    const int64_t dim = dims[t];
+    const int32_t rows = 50 - 10 * t;
+    values[t] = Random(rows * dim, 31 + t, -1.f, 1.f);
+    offsets[t] = {0};
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t n = next(10);
+      for (int32_t k = 0; k < n; ++k) index[t].push_back(next(rows));
+      offsets[t].push_back(static_cast<int32_t>(index[t].size()));
+    }
+    row_reads[t].assign(rows + 1, 0);
+    for (int32_t r : index[t]) ++row_reads[t][r + 1];
+    for (int32_t r = 0; r < rows; ++r) row_reads[t][r + 1] += row_reads[t][r];
+    std::vector<int32_t> at(row_reads[t].begin(), row_reads[t].end() - 1);
+    readers[t].resize(index[t].size());
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int32_t k = offsets[t][b]; k < offsets[t][b + 1]; ++k) readers[t][at[index[t][k]]++] = b;
+    }
+    grads[t].assign(rows * dim, 0.f);
+    PooledTable& c = on_cpu[t];
+    c.dim = dim;
+    c.slot = batch * slot;
+    c.mean = t == 1;
+    c.rows = rows;
+    c.values = values[t].data();
+    c.offsets = offsets[t].data();
+    c.index = index[t].data();
+    c.row_reads = row_reads[t].data();
+    c.readers = readers[t].data();
+    c.grads = grads[t].data();
+    PooledTable& g = on_gpu[t];
+    g = c;
+    g.values = Upload(values[t]);
+    g.offsets = Upload(offsets[t]);
+    g.index = Upload(index[t]);
+    g.row_reads = Upload(row_reads[t]);
+    g.readers = Upload(readers[t]);
+    g.grads = Upload(grads[t]);
+    slot += dim;
+    most_pool = std::max(most_pool, batch * dim);
+    most_grad = std::max(most_grad, rows * dim);
+  }
+  std::vector<float> features(batch * input_size, 0.f);
+  const auto features_grad = Random(batch * input_size, 5, -1.f, 1.f);
+  float* features_ = Upload(features);
+  const float* features_grad_ = Upload(features_grad);
+  const PooledTable* tables_ = Upload(on_gpu);
+  ASSERT_TRUE(cuda::PoolRows(ctx(), batch, 3, tables_, most_pool, features_).ok());
+  ASSERT_TRUE(cuda::PoolRowsBackward(ctx(), 3, tables_, most_grad, features_grad_).ok());
+  cpu::PoolRows(cpu_, batch, 3, on_cpu.data(), features.data());
+  cpu::PoolRowsBackward(cpu_, 3, on_cpu.data(), features_grad.data());
+  EXPECT_EQ(features, Download(features_, features.size()));
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(grads[t], Download(on_gpu[t].grads, grads[t].size())) << "table " << t;
+  }
 }
 
 TEST_F(CudaKernelTest, SoftmaxCrossEntropy) {
