@@ -234,13 +234,13 @@ class ComputeBackend {
   virtual absl::StatusOr<bool> ReadNonFinite() = 0;
 
   // Sparse embeddings pooled where the model computes (the worker's
-  // SparseBatch::Pool and RowGradients moved to the device; the same sums
-  // in the same order, so the results are the host's bit for bit): each
-  // table's slot of `features` (fp32, slot-major, `batch` examples), then
-  // after backward each row's gradient (PooledTable::grads) from the
-  // features' gradient. `tables`: num_tables PooledTable in the compute
-  // memory; `most_work`: the largest batch * dim (PoolRows) or rows * dim
-  // (PoolRowsBackward) among them.
+  // SparseBatch::Pool and RowGradients moved to the device): each table's
+  // slot of `features` (fp32, slot-major, `batch` examples; Pool's sums bit
+  // for bit), then after backward each row's gradient (PooledTable::grads)
+  // from the features' gradient (in kPoolLanes partial sums, so within
+  // rounding of RowGradients'). `tables`: num_tables PooledTable in the
+  // compute memory; `most_work`: the largest batch * dim (PoolRows) or the
+  // most rows (PoolRowsBackward) among them.
   virtual absl::Status PoolRows(int64_t batch, int num_tables, const PooledTable* tables,
                                 int64_t most_work, float* features) = 0;
   virtual absl::Status PoolRowsBackward(int num_tables, const PooledTable* tables,

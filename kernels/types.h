@@ -52,6 +52,12 @@ struct PooledTable {
   float* grads = nullptr;              // rows * dim: each row's gradient.
 };
 
+// A row's gradient is summed by this many lanes (a GPU warp), lane l over
+// the row's reads l, l + kPoolLanes, ..., the lanes' sums then halved in a
+// tree: lane i + h joins lane i for h = 16, 8, 4, 2, 1. The CPU twin sums
+// in the same order.
+constexpr int kPoolLanes = 32;
+
 // An example of `reads` ids pooled with MEAN is scaled by this; SUM by 1.
 DOWNPOUR_HOST_DEVICE inline float PoolScale(bool mean, int64_t reads) {
   return mean && reads > 1 ? 1.f / static_cast<float>(reads) : 1.f;

@@ -320,8 +320,8 @@ class Model {
   // TrainStepOptions::pooled_rows: the step uploads the features' dense
   // slots and the block, pools each table's slot on the device
   // (kernels::ComputeBackend::PoolRows, the host's sums bit for bit) and
-  // brings each row's gradient back (PooledRows::grads) instead of
-  // input_grad: a quarter of the bytes both ways for the click model, and
+  // brings each row's gradient back (PooledRows::grads, within rounding of
+  // the host's sums) instead of input_grad: a quarter of the bytes both ways for the click model, and
   // no pooling on the host. Valid until the next call; free to write once
   // the last TrainStep returned. Null on the CPU and without sparse tables.
   absl::StatusOr<std::vector<PooledRows>*> PooledStaging(int64_t batch,

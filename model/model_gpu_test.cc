@@ -287,8 +287,9 @@ constexpr char kSparseNet[] = R"pb(
 
 // Rows pooled on the device (PooledStaging, TrainStepOptions::pooled_rows)
 // train as the same rows pooled on the host into the features: the same
-// loss and parameter gradients, and each row's gradient as summed on the
-// host from input_grad, bit for bit; in FP32_STRICT and BF16.
+// parameter gradients bit for bit, and each row's gradient within
+// 1e-6 of the host's sum from input_grad (the device sums a row's reads in
+// 32 lanes); in FP32_STRICT and BF16.
 TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
   for (Precision precision : {FP32_STRICT, BF16}) {
     SCOPED_TRACE(Precision_Name(precision));
@@ -345,6 +346,9 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
       }
       std::vector<int32_t> labels(batch);
       for (int64_t b = 0; b < batch; ++b) labels[b] = static_cast<int32_t>(rng() % 2);
+      // A first step at this batch measures the layers' scratch, and the
+      // steps after it run planned: the two compared are both planned.
+      ASSERT_TRUE(model.TrainStep(features.data(), labels.data(), batch, 0).ok());
       auto host = model.TrainStep(features.data(), labels.data(), batch, 0);
       ASSERT_TRUE(host.ok()) << host.status();
       std::vector<std::vector<float>> host_grads;
@@ -392,7 +396,8 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
       pooled.pooled_rows = true;
       auto device = model.TrainStep(*staging, labels.data(), batch, 0, pooled);
       ASSERT_TRUE(device.ok()) << device.status();
-      EXPECT_EQ(host->loss, device->loss) << "batch " << batch;
+      // The loss is summed with atomics: equal within their order's rounding.
+      EXPECT_NEAR(host->loss, device->loss, 1e-6 * host->loss) << "batch " << batch;
       for (const ParamInfo& p : model.params()) {
         EXPECT_EQ(host_grads[p.id],
                   std::vector<float>(model.grad(p.id), model.grad(p.id) + p.num_elements))
@@ -400,8 +405,8 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
       }
       for (int t = 0; t < 2; ++t) {
         const PooledRows& p = (**block)[t];
-        EXPECT_EQ(row_grads[t], std::vector<float>(p.grads, p.grads + row_grads[t].size()))
-            << "table " << t << ", batch " << batch;
+        ExpectClose(row_grads[t].data(), p.grads, static_cast<int64_t>(row_grads[t].size()), 1e-6,
+                    "table " + std::to_string(t) + " row grads, batch " + std::to_string(batch));
       }
     }
     // A pooled step needs its batch's block.

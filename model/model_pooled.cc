@@ -50,7 +50,7 @@ absl::StatusOr<std::vector<PooledRows>*> Model::PooledStaging(int64_t batch,
     p.grads = grad_at;
     grad_at += aligned(sizeof(float) * rows[t] * dim);
     most_pool_work_ = std::max(most_pool_work_, batch * dim);
-    most_grad_work_ = std::max(most_grad_work_, rows[t] * dim);
+    most_grad_work_ = std::max<int64_t>(most_grad_work_, rows[t]);
   }
   model_internal::Storage& st = *storage_;
   if (at > st.pooled_host.bytes() || grad_at > st.pooled_grads.bytes()) {

@@ -240,8 +240,8 @@ std::vector<data::InputBatch> RandomInputs(int64_t batch) {
 // WritePooled's block read as kernels::PooledTable says (each example's
 // ids name their rows; each row's readers are the examples reading it, in
 // id order), summed in that order, gives Pool's features and, through
-// RowGradientsFrom, RowGradients' row gradients bit for bit: what the
-// device kernels compute (their own tests pin them to these sums).
+// RowGradientsFrom, RowGradients' row gradients bit for bit: the block
+// means what kernels::PooledTable says (the kernels' own tests pin them).
 TEST(SparseBatchTest, ThePooledBlockGivesTheHostsBits) {
   const ModelShape shape = Shape();
   constexpr int64_t kBatch = 64;

@@ -519,13 +519,18 @@ void PoolRowsBackward(const CpuContext& /*ctx*/, int num_tables, const PooledTab
     const PooledTable& table = tables[t];
     const int64_t dim = table.dim;
     for (int32_t r = 0; r < table.rows; ++r) {
-      float* out = table.grads + int64_t{r} * dim;
-      std::fill(out, out + dim, 0.f);
-      for (int32_t k = table.row_reads[r]; k < table.row_reads[r + 1]; ++k) {
-        const int32_t b = table.readers[k];
-        const float scale = PoolScale(table.mean != 0, table.offsets[b + 1] - table.offsets[b]);
-        const float* g = features_grad + table.slot + int64_t{b} * dim;
-        for (int64_t d = 0; d < dim; ++d) out[d] += scale * g[d];
+      for (int64_t d = 0; d < dim; ++d) {
+        float lanes[kPoolLanes] = {};
+        for (int32_t k = table.row_reads[r]; k < table.row_reads[r + 1]; ++k) {
+          const int32_t b = table.readers[k];
+          const float g = features_grad[table.slot + int64_t{b} * dim + d];
+          const float scale = PoolScale(table.mean != 0, table.offsets[b + 1] - table.offsets[b]);
+          lanes[(k - table.row_reads[r]) % kPoolLanes] += table.mean != 0 ? scale * g : g;
+        }
+        for (int h = kPoolLanes / 2; h > 0; h /= 2) {
+          for (int i = 0; i < h; ++i) lanes[i] += lanes[i + h];
+        }
+        table.grads[int64_t{r} * dim + d] = lanes[0];
       }
     }
   }

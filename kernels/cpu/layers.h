@@ -188,9 +188,9 @@ void EmbeddingBackward(const CpuContext& ctx, int64_t num_ids, int64_t vocab, in
 // Sparse embeddings' pooling (kernels/types.h PooledTable): each table's
 // slot of `features` (slot-major, `batch` examples) is the sum of the rows
 // its examples read (times PoolScale), summed in id order from zero; and
-// each row's gradient the sum over its reads, in id order from zero, of
-// PoolScale times the reading example's slot gradient in `features_grad`.
-// The CUDA twins compute the same sums in the same order.
+// each row's gradient the sum over its reads of PoolScale times the reading
+// example's slot gradient in `features_grad`, in kPoolLanes partial sums
+// (kernels/types.h). The CUDA twins compute the same sums in the same order.
 void PoolRows(const CpuContext& ctx, int64_t batch, int num_tables, const PooledTable* tables,
               float* features);
 void PoolRowsBackward(const CpuContext& ctx, int num_tables, const PooledTable* tables,

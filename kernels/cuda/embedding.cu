@@ -53,19 +53,32 @@ __global__ void PoolRowsKernel(int64_t batch, const PooledTable* tables, float* 
   }
 }
 
-// Grid row per table; thread per (row, column): the row's reads in id order.
+// Grid row per table; a warp per row (a hot row of a skewed table has
+// thousands of readers): lane l sums the reads l, l + 32, ... in order, and
+// the lanes' sums meet in a fixed tree (cpu::PoolRowsBackward's order).
 __global__ void PoolRowsBackwardKernel(const PooledTable* tables, const float* features_grad) {
   const PooledTable& table = tables[blockIdx.y];
   const int64_t dim = table.dim;
-  GRID_STRIDE(i, int64_t{table.rows} * dim) {
-    const int64_t r = i / dim, d = i % dim;
-    float sum = 0.f;
-    for (int32_t k = table.row_reads[r]; k < table.row_reads[r + 1]; ++k) {
-      const int32_t b = table.readers[k];
-      const float scale = PoolScale(table.mean != 0, table.offsets[b + 1] - table.offsets[b]);
-      sum = __fadd_rn(sum, __fmul_rn(scale, features_grad[table.slot + int64_t{b} * dim + d]));
+  const int lane = static_cast<int>(threadIdx.x % kPoolLanes);
+  const int64_t warps = static_cast<int64_t>(blockDim.x / kPoolLanes) * gridDim.x;
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kPoolLanes;
+       r < table.rows; r += warps) {
+    const int32_t begin = table.row_reads[r], end = table.row_reads[r + 1];
+    for (int64_t d = 0; d < dim; ++d) {
+      float sum = 0.f;
+      for (int32_t k = begin + lane; k < end; k += kPoolLanes) {
+        const int32_t b = table.readers[k];
+        const float g = features_grad[table.slot + int64_t{b} * dim + d];
+        sum = __fadd_rn(sum, table.mean != 0 ? __fmul_rn(PoolScale(true, table.offsets[b + 1] -
+                                                                              table.offsets[b]),
+                                                         g)
+                                             : g);
+      }
+      for (int offset = kPoolLanes / 2; offset > 0; offset /= 2) {
+        sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffu, sum, offset));
+      }
+      if (lane == 0) table.grads[r * dim + d] = sum;
     }
-    table.grads[i] = sum;
   }
 }
 
@@ -156,7 +169,7 @@ cudaError_t PoolRows(cudaStream_t stream, int64_t batch, int num_tables, const P
 cudaError_t PoolRowsBackward(cudaStream_t stream, int num_tables, const PooledTable* tables,
                              int64_t most_work, const float* features_grad) {
   if (num_tables == 0 || most_work == 0) return cudaSuccess;
-  PoolRowsBackwardKernel<<<dim3(Blocks(most_work), num_tables), kThreads, 0, stream>>>(
+  PoolRowsBackwardKernel<<<dim3(Blocks(most_work * kPoolLanes), num_tables), kThreads, 0, stream>>>(
       tables, features_grad);
   return cudaGetLastError();
 }

@@ -192,7 +192,8 @@ absl::Status EmbeddingBackward(const CudaContext& ctx, int64_t num_ids, int64_t 
                                const float* ids, const T* dy, float* dtable, Write param_write);
 
 // As cpu::PoolRows / PoolRowsBackward, the same sums in the same order (no
-// fused multiply-adds): bit for bit the CPU's. `tables` in device memory.
+// fused multiply-adds): bit for bit the CPU's. `tables` in device memory;
+// `most_work` as ComputeBackend's.
 absl::Status PoolRows(const CudaContext& ctx, int64_t batch, int num_tables,
                       const PooledTable* tables, int64_t most_work, float* features);
 absl::Status PoolRowsBackward(const CudaContext& ctx, int num_tables, const PooledTable* tables,

@@ -157,7 +157,8 @@ TEST_F(CudaKernelTest, ElementWise) {
 }
 
 // Sparse pooling of 3 tables (dims 16, 3, 8; SUM and MEAN; examples of 0-9
-// ids over up to 50 rows) and the rows' gradients: the CPU twin's bits.
+// ids over up to 50 rows, and one row read by most examples: more reads
+// than a warp has lanes) and the rows' gradients: the CPU twin's bits.
 TEST_F(CudaKernelTest, PoolRowsAndTheirGradients) {
   const int64_t batch = 300, dims[] = {16, 3, 8}, input_size = 2 + 16 + 3 + 8;
   std::vector<PooledTable> on_cpu(3), on_gpu(3);
@@ -176,7 +177,7 @@ TEST_F(CudaKernelTest, PoolRowsAndTheirGradients) {
     offsets[t] = {0};
     for (int64_t b = 0; b < batch; ++b) {
       const int32_t n = next(10);
-      for (int32_t k = 0; k < n; ++k) index[t].push_back(next(rows));
+      for (int32_t k = 0; k < n; ++k) index[t].push_back(k == 0 ? 0 : next(rows));
       offsets[t].push_back(static_cast<int32_t>(index[t].size()));
     }
     row_reads[t].assign(rows + 1, 0);
@@ -209,7 +210,7 @@ TEST_F(CudaKernelTest, PoolRowsAndTheirGradients) {
     g.grads = Upload(grads[t]);
     slot += dim;
     most_pool = std::max(most_pool, batch * dim);
-    most_grad = std::max(most_grad, rows * dim);
+    most_grad = std::max<int64_t>(most_grad, rows);
   }
   std::vector<float> features(batch * input_size, 0.f);
   const auto features_grad = Random(batch * input_size, 5, -1.f, 1.f);
