@@ -154,6 +154,66 @@ class DecodePool {
   std::vector<std::thread> threads_;
 };
 
+// Runs assemble(set) for each set handed to it, one at a time in the order
+// handed, on a thread of its own: a batch is decoded and queued while the
+// producer reads the next one's records. Thread-compatible (the producer's).
+class Assembler {
+ public:
+  explicit Assembler(std::function<absl::Status(int set)> assemble)
+      : assemble_(std::move(assemble)), thread_([this] { Loop(); }) {}
+  // Finishes the set handed last, then stops.
+  ~Assembler() {
+    {
+      absl::MutexLock lock(&mu_);
+      quit_ = true;
+      work_.Signal();
+    }
+    thread_.join();
+  }
+  Assembler(const Assembler&) = delete;
+  Assembler& operator=(const Assembler&) = delete;
+
+  // Waits until the set handed last is assembled; the first error any
+  // assembly returned (none is run after it).
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    while (handed_ >= 0) done_.Wait(&mu_);
+    return status_;
+  }
+  // REQUIRES: Wait() returned OK since the last Hand.
+  void Hand(int set) {
+    absl::MutexLock lock(&mu_);
+    handed_ = set;
+    work_.Signal();
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      int set;
+      {
+        absl::MutexLock lock(&mu_);
+        while (!quit_ && handed_ < 0) work_.Wait(&mu_);
+        if (handed_ < 0) return;
+        set = handed_;
+      }
+      absl::Status assembled = assemble_(set);
+      absl::MutexLock lock(&mu_);
+      status_ = std::move(assembled);
+      handed_ = -1;
+      done_.Signal();
+    }
+  }
+
+  const std::function<absl::Status(int)> assemble_;
+  absl::Mutex mu_;
+  absl::CondVar work_, done_;
+  int handed_ ABSL_GUARDED_BY(mu_) = -1;  // The set handed and not yet assembled.
+  bool quit_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // Last: started once the rest is.
+};
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ListRecordFiles(const std::string& pattern,
@@ -218,7 +278,7 @@ absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
 }
 
 BatchReader::BatchReader(const BatchReaderOptions& options)
-    : options_(options), compressed_(options.slices.size(), false) {
+    : options_(options) {
   std::seed_seq seq{static_cast<uint32_t>(options.seed), static_cast<uint32_t>(options.seed >> 32),
                     static_cast<uint32_t>(options.stream),
                     static_cast<uint32_t>(options.stream >> 32)};
@@ -288,14 +348,32 @@ bool BatchReader::PushBatch(Batch* batch) {
 
 void BatchReader::ProducerLoop() {
   const InputDecoder* const inputs = input_decoder_.get();
+  // A batch being filled with records (their augmentation drawn in batch
+  // order) or being assembled from them: decoded on the pool, the same
+  // batches whatever its size. With inputs, each example is decoded apart
+  // (sparse lengths vary), then placed once the batch's layout is known.
+  struct Work {
+    Batch batch;
+    std::vector<PendingRecord> pending;
+    std::vector<AugmentDraw> draws;
+    std::vector<absl::Status> errors;
+    std::vector<DecodedInputs> decoded;
+  };
   auto new_batch = [&](Batch* b) {
     b->size = 0;
     b->features.assign(inputs != nullptr ? 0 : options_.batch_size * options_.feature_size, 0.0f);
     b->labels.assign(options_.batch_size, 0);
     b->inputs.clear();  // Laid out once the batch is decoded.
   };
-  Batch batch;
-  new_batch(&batch);
+  // Two, so one is filled while the other is assembled.
+  Work sets[2];
+  for (Work& w : sets) {
+    new_batch(&w.batch);
+    w.pending.resize(options_.batch_size);
+    w.draws.resize(options_.batch_size);
+    w.errors.resize(options_.batch_size);
+    w.decoded.resize(inputs != nullptr ? options_.batch_size : 0);
+  }
   ExampleFormat format;
   format.feature_key = options_.feature_key;
   format.label_key = options_.label_key;
@@ -303,28 +381,22 @@ void BatchReader::ProducerLoop() {
   format.image = options_.image;
   format.encoding = options_.encoding;
   const bool augment = options_.augment.enabled();
-  // The batch's records, with their augmentation drawn in batch order, are
-  // decoded together on the pool: the same batches whatever its size.
-  std::vector<PendingRecord> pending(options_.batch_size);
-  std::vector<AugmentDraw> draws(options_.batch_size);
-  std::vector<absl::Status> errors(options_.batch_size);
-  // With inputs: each example decoded apart (sparse lengths vary), then
-  // placed in the batch once its layout is known.
-  std::vector<DecodedInputs> decoded(inputs != nullptr ? options_.batch_size : 0);
   DecodePool pool(options_.decode_threads - 1);
+  Work* assembling = nullptr;  // The set the pool's calls below work on.
   const std::function<void(int64_t)> decode = [&](int64_t slot) {
+    Work& w = *assembling;
     if (inputs != nullptr) {
-      errors[slot] = inputs->Decode(pending[slot].data, &decoded[slot]);
-      if (errors[slot].ok()) batch.labels[slot] = decoded[slot].label;
+      w.errors[slot] = inputs->Decode(w.pending[slot].data, &w.decoded[slot]);
+      if (w.errors[slot].ok()) w.batch.labels[slot] = w.decoded[slot].label;
       return;
     }
-    float* features = batch.features.data() + slot * options_.feature_size;
+    float* features = w.batch.features.data() + slot * options_.feature_size;
     thread_local std::vector<float> unaugmented;
     if (augment) unaugmented.resize(options_.feature_size);
-    errors[slot] = DecodeExample(pending[slot].data, format,
-                                 augment ? unaugmented.data() : features, &batch.labels[slot]);
-    if (augment && errors[slot].ok()) {
-      ApplyAugmentation(options_.augment, draws[slot], options_.image, unaugmented.data(),
+    w.errors[slot] = DecodeExample(w.pending[slot].data, format,
+                                   augment ? unaugmented.data() : features, &w.batch.labels[slot]);
+    if (augment && w.errors[slot].ok()) {
+      ApplyAugmentation(options_.augment, w.draws[slot], options_.image, unaugmented.data(),
                         features);
     }
   };
@@ -332,39 +404,58 @@ void BatchReader::ProducerLoop() {
   // call per example would cost more in hand-offs than the copy.
   constexpr int64_t kPlaceChunk = 256;
   const std::function<void(int64_t)> place = [&](int64_t chunk) {
-    const int64_t end = std::min(batch.size, (chunk + 1) * kPlaceChunk);
+    Work& w = *assembling;
+    const int64_t end = std::min(w.batch.size, (chunk + 1) * kPlaceChunk);
     for (int64_t e = chunk * kPlaceChunk; e < end; ++e) {
-      inputs->PlaceExample(decoded[e], e, &batch.inputs);
+      inputs->PlaceExample(w.decoded[e], e, &w.batch.inputs);
     }
   };
-  // Decodes the pending records into `batch`; the first bad one is the error.
-  auto decode_batch = [&]() -> absl::Status {
-    pool.Run(batch.size, decode);
-    for (int64_t slot = 0; slot < batch.size; ++slot) {
-      if (errors[slot].ok()) continue;
-      const PendingRecord& record = pending[slot];
-      return Annotate(
-          errors[slot],
-          absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset,
-                       compressed_[record.file] ? " of its uncompressed stream" : ""));
+  // Decodes a set's records into its batch (the first bad one is the
+  // error) and queues it; on the assembling thread.
+  Assembler assembler([&](int set) -> absl::Status {
+    Work& w = sets[set];
+    assembling = &w;
+    pool.Run(w.batch.size, decode);
+    for (int64_t slot = 0; slot < w.batch.size; ++slot) {
+      if (w.errors[slot].ok()) continue;
+      const PendingRecord& record = w.pending[slot];
+      return Annotate(w.errors[slot],
+                      absl::StrCat("bad example in ", PathOf(record.file), " at offset ",
+                                   record.offset,
+                                   record.compressed ? " of its uncompressed stream" : ""));
     }
     if (inputs != nullptr) {
-      inputs->LayOutBatch(decoded.data(), batch.size, &batch.inputs);
-      pool.Run((batch.size + kPlaceChunk - 1) / kPlaceChunk, place);
+      inputs->LayOutBatch(w.decoded.data(), w.batch.size, &w.batch.inputs);
+      pool.Run((w.batch.size + kPlaceChunk - 1) / kPlaceChunk, place);
     }
+    w.batch.features.resize(w.batch.size * options_.feature_size);
+    w.batch.labels.resize(w.batch.size);
+    if (!PushBatch(&w.batch)) return absl::CancelledError("BatchReader stopped");
+    new_batch(&w.batch);
+    return absl::OkStatus();
+  });
+  int filling = 0;
+  // Hands the set being filled over once the other is queued.
+  auto hand_over = [&]() -> absl::Status {
+    RETURN_IF_ERROR(assembler.Wait());
+    assembler.Hand(filling);
+    filling = 1 - filling;
     return absl::OkStatus();
   };
+  // Ends with `status`, after the batches handed over before it (or with
+  // their error, which came first).
+  auto end = [&](absl::Status status) {
+    absl::Status assembled = assembler.Wait();
+    Finish(assembled.ok() ? std::move(status) : std::move(assembled));
+  };
   // Takes `record` (leaving the caller an old string to reuse).
-  auto add = [&](PendingRecord& record) -> absl::StatusOr<bool> {
-    const int64_t slot = batch.size;
-    std::swap(pending[slot], record);
-    if (augment) draws[slot] = DrawAugmentation(options_.augment, &augment_rng_);
-    if (++batch.size == options_.batch_size) {
-      RETURN_IF_ERROR(decode_batch());
-      if (!PushBatch(&batch)) return false;
-      new_batch(&batch);
-    }
-    return true;
+  auto add = [&](PendingRecord& record) -> absl::Status {
+    Work& w = sets[filling];
+    const int64_t slot = w.batch.size;
+    std::swap(w.pending[slot], record);
+    if (augment) w.draws[slot] = DrawAugmentation(options_.augment, &augment_rng_);
+    if (++w.batch.size == options_.batch_size) return hand_over();
+    return absl::OkStatus();
   };
 
   std::vector<int> order(options_.slices.size());
@@ -375,24 +466,23 @@ void BatchReader::ProducerLoop() {
     if (shuffle) std::shuffle(order.begin(), order.end(), rng_);
     int64_t kept = 0;
     for (int f : order) {
-      if (StopRequested()) return Finish(absl::CancelledError("BatchReader stopped"));
+      if (StopRequested()) return end(absl::CancelledError("BatchReader stopped"));
       const FileSlice& slice = options_.slices[f];
       absl::StatusOr<std::unique_ptr<RecordReader>> reader =
           RecordReader::Open(PathOf(f), RecordReader::kDefaultBufferSize, options_.compression);
-      if (!reader.ok()) return Finish(reader.status());
-      compressed_[f] = (*reader)->compressed();
+      if (!reader.ok()) return end(reader.status());
+      const bool compressed = (*reader)->compressed();
       for (int64_t index = 0;; ++index) {
         absl::StatusOr<bool> got = (*reader)->Read(&record.data);
-        if (!got.ok()) return Finish(got.status());
+        if (!got.ok()) return end(got.status());
         if (!*got) break;
         if (index % slice.stride != slice.offset) continue;
         ++kept;
         record.file = f;
         record.offset = (*reader)->record_offset();
+        record.compressed = compressed;
         if (!shuffle) {
-          absl::StatusOr<bool> added = add(record);
-          if (!added.ok()) return Finish(added.status());
-          if (!*added) return Finish(absl::CancelledError("BatchReader stopped"));
+          if (absl::Status added = add(record); !added.ok()) return end(added);
         } else if (static_cast<int64_t>(shuffle_buffer_.size()) < options_.shuffle_buffer) {
           shuffle_buffer_.push_back(std::move(record));
           record = PendingRecord();
@@ -401,9 +491,7 @@ void BatchReader::ProducerLoop() {
           // the swap reuses the evicted record's string for the next read.
           std::uniform_int_distribution<size_t> pick(0, shuffle_buffer_.size() - 1);
           std::swap(shuffle_buffer_[pick(rng_)], record);
-          absl::StatusOr<bool> added = add(record);
-          if (!added.ok()) return Finish(added.status());
-          if (!*added) return Finish(absl::CancelledError("BatchReader stopped"));
+          if (absl::Status added = add(record); !added.ok()) return end(added);
         }
       }
     }
@@ -411,26 +499,23 @@ void BatchReader::ProducerLoop() {
     while (!shuffle_buffer_.empty()) {
       std::uniform_int_distribution<size_t> pick(0, shuffle_buffer_.size() - 1);
       std::swap(shuffle_buffer_[pick(rng_)], shuffle_buffer_.back());
-      absl::StatusOr<bool> added = add(shuffle_buffer_.back());
+      absl::Status added = add(shuffle_buffer_.back());
       shuffle_buffer_.pop_back();
-      if (!added.ok()) return Finish(added.status());
-      if (!*added) return Finish(absl::CancelledError("BatchReader stopped"));
+      if (!added.ok()) return end(added);
     }
     if (!options_.repeat) break;
     if (kept == 0) {
-      return Finish(absl::FailedPreconditionError(
+      return end(absl::FailedPreconditionError(
           absl::StrCat("the training data given to this worker (", options_.slices.size(), " file",
                        options_.slices.size() == 1 ? "" : "s", ", first ", PathOf(0),
                        ") holds no records; it cannot repeat forever")));
     }
   }
-  if (batch.size > 0) {
-    if (absl::Status s = decode_batch(); !s.ok()) return Finish(s);
-    batch.features.resize(batch.size * options_.feature_size);
-    batch.labels.resize(batch.size);
-    if (!PushBatch(&batch)) return Finish(absl::CancelledError("BatchReader stopped"));
+  // The last, short batch.
+  if (sets[filling].batch.size > 0) {
+    if (absl::Status handed = hand_over(); !handed.ok()) return end(handed);
   }
-  Finish(absl::OkStatus());
+  end(absl::OkStatus());
 }
 
 }  // namespace data

@@ -21,7 +21,8 @@
 //
 // Records may be GZIP-compressed files (data/record_io.h); feature values may
 // be PNG or JPEG images (data/image.h). The background thread reads a batch's
-// records, then decodes them on itself and decode_threads - 1 helpers.
+// records and hands them to an assembling thread, which decodes them on
+// itself and decode_threads - 1 helpers while the next batch's are read.
 //
 // With repeat = true (training) epochs follow one another forever and every
 // batch is full; with repeat = false (evaluation) one pass is made, the last
@@ -143,14 +144,16 @@ class BatchReader {
     std::string data;
     int file = 0;
     int64_t offset = 0;
+    bool compressed = false;  // Its file is: offset is in the uncompressed stream.
   };
 
   explicit BatchReader(const BatchReaderOptions& options);
   // Where slice `i`'s file is.
   std::string PathOf(int i) const;
 
-  // Runs on producer_: reads epochs, decodes, shuffles, batches, and ends
-  // with Finish().
+  // Runs on producer_: reads epochs, shuffles and batches the records, has
+  // each batch decoded and queued on a thread of its own, and ends with
+  // Finish().
   void ProducerLoop();
   // Blocks while the queue is full; returns false if asked to stop.
   bool PushBatch(Batch* batch);
@@ -162,7 +165,6 @@ class BatchReader {
   std::unique_ptr<const InputDecoder> input_decoder_;
   std::mt19937_64 rng_;                        // Used only by the producer thread.
   std::mt19937_64 augment_rng_;                // Used only by the producer thread.
-  std::vector<bool> compressed_;               // Per slice; used only by the producer thread.
   std::vector<PendingRecord> shuffle_buffer_;  // Used only by the producer thread.
 
   mutable absl::Mutex mu_;
