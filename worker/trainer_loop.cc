@@ -156,6 +156,9 @@ struct JobTrainer::RunState {
   // Where the run's time went (the summary at its end).
   double total_input_wait = 0, total_step_seconds = 0, total_compute = 0, total_exchange = 0;
   double total_plan = 0;   // Sparse rows: gradients gathered, plan, exchange begun.
+  // Sparse rows, inside total_exchange: the step's rows waited for and
+  // pooled (or laid out for the device), before its compute.
+  double total_rows = 0;
   int settled_window = 0;  // The exchange window last logged as settled.
 };
 
@@ -527,6 +530,7 @@ absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunSt
   }
   RETURN_IF_ERROR(PermanentIfBadData(packed.status()));
   run->exchange_waited += MonotonicSeconds() - began;
+  run->total_rows += MonotonicSeconds() - began;
   return packed;
 }
 
@@ -767,8 +771,10 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
                       task_.job_id(), task_.rank(), trained, total,
                       100 * run->total_input_wait / total, total * ms, run->total_input_wait * ms),
       run->sparse ? absl::StrFormat("plan %.3f, ", run->total_plan * ms) : "",
-      absl::StrFormat("compute %.3f, exchange %.3f, other %.3f", run->total_compute * ms,
-                      run->total_exchange * ms, other * ms),
+      absl::StrFormat("compute %.3f, exchange %.3f", run->total_compute * ms,
+                      run->total_exchange * ms),
+      run->sparse ? absl::StrFormat(" (rows %.3f)", run->total_rows * ms) : "",
+      absl::StrFormat(", other %.3f", other * ms),
       run->sparse ? absl::StrFormat("; sparse rows per step: pulled %.1f, read kept %.1f",
                                     static_cast<double>(input_stage_->rows_pulled()) / trained,
                                     static_cast<double>(input_stage_->rows_kept()) / trained)
