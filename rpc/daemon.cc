@@ -18,6 +18,7 @@
 #include "common/process_metrics.h"
 #include "common/status.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "rpc/keepalive.h"
 #include "rpc/server_metrics.h"
 
 namespace downpour {
@@ -41,6 +42,8 @@ absl::StatusOr<RunningServer> StartGrpcServer(
   // Large HTTP/2 frames and windows: tensor messages are megabytes.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  // A worker's shard channels ping while calls are open (rpc/keepalive.h).
+  AcceptClientKeepalive(&builder);
   for (grpc::Service* service : services) builder.RegisterService(service);
   if (metrics != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;

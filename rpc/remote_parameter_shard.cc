@@ -11,6 +11,7 @@
 #include "grpcpp/impl/client_unary_call.h"
 #include "grpcpp/support/async_stream.h"
 #include "rpc/grpc_status.h"
+#include "rpc/keepalive.h"
 #include "rpc/shared_segment.h"
 
 namespace downpour {
@@ -338,6 +339,9 @@ std::unique_ptr<RemoteParameterShard> RemoteParameterShard::Create(const std::st
     // drops the client's deadline filter, so a call to a frozen shard would
     // never end.)
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    // A shard whose host or link is gone ends its calls in about 4 s,
+    // cancelled ones too (rpc/keepalive.h).
+    SetClientKeepalive(&args);
     channels.push_back(grpc::CreateCustomChannel(
         address,
         options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(),

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "ps/parameter_store.h"
 #include "rpc/grpc_status.h"
+#include "rpc/keepalive.h"
 #include "rpc/remote_parameter_shard.h"
 #include "rpc/shared_segment.h"
 
@@ -107,6 +108,7 @@ class PsServiceTest : public ::testing::Test {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    AcceptClientKeepalive(&builder);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
@@ -305,6 +307,33 @@ TEST_F(PsServiceTest, CancelledCallsEndAtOnceAndLaterOnesAreRefused) {
   ASSERT_TRUE(store_.Push(MakePush(kJob, 1, 1, 0, 0, {1.f, 1.f})).ok());
   absl::StatusOr<PullResponse> pulled = shard_->Pull(pull, absl::Now() + absl::Seconds(10));
   EXPECT_TRUE(pulled.ok()) << pulled.status();
+}
+
+// A shard that never answers (a listener that accepts connections and
+// says nothing: the call is still connecting): a cancelled call ends at
+// once all the same.
+TEST_F(PsServiceTest, CancelledCallsToAShardThatNeverAnswersEnd) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  RemoteParameterShard::Options options;
+  options.push_attempt_timeout = absl::Seconds(60);
+  std::unique_ptr<RemoteParameterShard> shard =
+      RemoteParameterShard::Create(absl::StrCat("127.0.0.1:", ntohs(addr.sin_port)), options);
+  absl::Status pushed;
+  std::thread call([&] { pushed = shard->Push(MakePush(kJob, 0, 1, 0, 1, {1.f, 1.f})).status(); });
+  absl::SleepFor(absl::Milliseconds(500));
+  shard->CancelCalls();
+  call.join();
+  // Not DeadlineExceeded a minute later.
+  EXPECT_EQ(pushed.code(), absl::StatusCode::kCancelled) << pushed;
+  close(listener);
 }
 
 // A SYNC job of two workers with a sparse table "emb/table" (100 rows of 4)
@@ -643,6 +672,7 @@ struct OtherShard {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    AcceptClientKeepalive(&builder);
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
     address = absl::StrCat("127.0.0.1:", port);
