@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 
@@ -23,7 +24,15 @@ absl::Status CallShardWithRetries(absl::string_view what, absl::Time give_up, ab
     const absl::Time started = absl::Now();
     const absl::Status status = attempt(std::min(give_up, started + slice));
     if (status.ok()) return status;
-    if (!IsRetryableShardError(status) || absl::Now() >= give_up) return Annotate(status, what);
+    if (!IsRetryableShardError(status)) return Annotate(status, what);
+    if (absl::Now() >= give_up) {
+      // Out of time on an error that would pass (a connection the
+      // keepalive ended, a shard not hosting the job yet): the deadline is
+      // what ended the call, the last answer why.
+      if (absl::IsDeadlineExceeded(status)) return Annotate(status, what);
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": no answer before the deadline; the last: ", status.message()));
+    }
     if (absl::Now() - started < slice / 2) {
       absl::SleepFor(std::min(pause, give_up - absl::Now()));
       pause = std::min(pause * 2, absl::Seconds(1));

@@ -80,6 +80,16 @@ TEST(ShardRetryTest, ImmediateRefusalsArePaced) {
   EXPECT_EQ(shard.deadlines.size(), 4u);
 }
 
+// Out of time on an error that passes (the connection ended by keepalive):
+// the call ended at its deadline, which the error says, with the last answer.
+TEST(ShardRetryTest, OutOfTimeOnAPassingErrorIsTheDeadlines) {
+  const absl::Status status = CallShardWithRetries(
+      "pushing to shard 1", absl::Now() + absl::Milliseconds(100), absl::Seconds(2), kNever,
+      [&](absl::Time) { return absl::UnavailableError("recvmsg:Connection timed out"); });
+  EXPECT_EQ(status, absl::DeadlineExceededError("pushing to shard 1: no answer before the "
+                                                "deadline; the last: recvmsg:Connection timed out"));
+}
+
 TEST(ShardRetryTest, CancellationEndsTheCallBeforeTheNextAttempt) {
   int attempts = 0;
   const absl::Status status = CallShardWithRetries(
