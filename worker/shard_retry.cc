@@ -26,10 +26,11 @@ absl::Status CallShardWithRetries(absl::string_view what, absl::Time give_up, ab
     if (status.ok()) return status;
     if (!IsRetryableShardError(status)) return Annotate(status, what);
     if (absl::Now() >= give_up) {
-      // Out of time on an error that would pass (a connection the
-      // keepalive ended, a shard not hosting the job yet): the deadline is
-      // what ended the call, the last answer why.
-      if (absl::IsDeadlineExceeded(status)) return Annotate(status, what);
+      // Out of time on a connection that failed (one the keepalive ended:
+      // a frozen or cut-off shard): the deadline is what ended the call,
+      // the connection's error why. A shard's own refusal (NotFound,
+      // PermissionDenied) is said as it is.
+      if (!absl::IsUnavailable(status)) return Annotate(status, what);
       return absl::DeadlineExceededError(
           absl::StrCat(what, ": no answer before the deadline; the last: ", status.message()));
     }
