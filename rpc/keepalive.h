@@ -1,6 +1,7 @@
 // Keepalive between a worker and its shards: while calls are open the
-// client pings every 2 s, and a ping unanswered within 2 s ends the
-// connection and its calls. A shard whose host or link is gone sends no
+// client pings every 2 s, and a ping unanswered within 10 s ends the
+// connection and its calls (2 s was too short for a busy host: on a loaded
+// 2-core machine live shards' connections were ended mid-step). A shard whose host or link is gone sends no
 // reset; without the pings a call whose bytes sat unsent there lasted until
 // its deadline even once cancelled (gRPC completes a call only when its
 // write is done), holding a stopped run (and the worker's exit) for up to
@@ -18,7 +19,7 @@ namespace downpour {
 
 inline void SetClientKeepalive(grpc::ChannelArguments* args) {
   args->SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
-  args->SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args->SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   // Pings go on however long a call sends nothing.
   args->SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
 }

@@ -339,7 +339,7 @@ std::unique_ptr<RemoteParameterShard> RemoteParameterShard::Create(const std::st
     // drops the client's deadline filter, so a call to a frozen shard would
     // never end.)
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    // A shard whose host or link is gone ends its calls in about 4 s,
+    // A shard whose host or link is gone ends its calls in about 12 s,
     // cancelled ones too (rpc/keepalive.h).
     SetClientKeepalive(&args);
     channels.push_back(grpc::CreateCustomChannel(
