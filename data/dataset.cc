@@ -277,8 +277,7 @@ absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
   return reader;
 }
 
-BatchReader::BatchReader(const BatchReaderOptions& options)
-    : options_(options) {
+BatchReader::BatchReader(const BatchReaderOptions& options) : options_(options) {
   std::seed_seq seq{static_cast<uint32_t>(options.seed), static_cast<uint32_t>(options.seed >> 32),
                     static_cast<uint32_t>(options.stream),
                     static_cast<uint32_t>(options.stream >> 32)};
@@ -419,10 +418,10 @@ void BatchReader::ProducerLoop() {
     for (int64_t slot = 0; slot < w.batch.size; ++slot) {
       if (w.errors[slot].ok()) continue;
       const PendingRecord& record = w.pending[slot];
-      return Annotate(w.errors[slot],
-                      absl::StrCat("bad example in ", PathOf(record.file), " at offset ",
-                                   record.offset,
-                                   record.compressed ? " of its uncompressed stream" : ""));
+      return Annotate(
+          w.errors[slot],
+          absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset,
+                       record.compressed ? " of its uncompressed stream" : ""));
     }
     if (inputs != nullptr) {
       inputs->LayOutBatch(w.decoded.data(), w.batch.size, &w.batch.inputs);

@@ -42,8 +42,8 @@ struct PooledTable {
   // Where the table's slot starts in the features and in their gradient,
   // in floats: B * the slot's offset (the input is slot-major).
   int64_t slot = 0;
-  int32_t mean = 0;  // MEAN pooling (else SUM).
-  int32_t rows = 0;  // Distinct rows.
+  int32_t mean = 0;                    // MEAN pooling (else SUM).
+  int32_t rows = 0;                    // Distinct rows.
   const float* values = nullptr;       // rows * dim.
   const int32_t* offsets = nullptr;    // B + 1: example b reads ids [offsets[b], offsets[b + 1]).
   const int32_t* index = nullptr;      // Per id: its row.

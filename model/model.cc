@@ -543,8 +543,8 @@ absl::Status Model::StageBatch(const float* features, const int32_t* labels, int
   RETURN_IF_ERROR(
       backend_->UploadAside(st.labels.as<void>(), st.labels_host.as<void>(), label_bytes));
   if (pooled) {
-    RETURN_IF_ERROR(backend_->UploadAside(st.pooled.as<void>(), st.pooled_host.as<void>(),
-                                          pooled_bytes_));
+    RETURN_IF_ERROR(
+        backend_->UploadAside(st.pooled.as<void>(), st.pooled_host.as<void>(), pooled_bytes_));
   }
   RETURN_IF_ERROR(backend_->JoinUploads());
   if (pooled) RETURN_IF_ERROR(PoolStagedRows(batch));

@@ -321,9 +321,9 @@ class Model {
   // slots and the block, pools each table's slot on the device
   // (kernels::ComputeBackend::PoolRows, the host's sums bit for bit) and
   // brings each row's gradient back (PooledRows::grads, within rounding of
-  // the host's sums) instead of input_grad: a quarter of the bytes both ways for the click model, and
-  // no pooling on the host. Valid until the next call; free to write once
-  // the last TrainStep returned. Null on the CPU and without sparse tables.
+  // the host's sums) instead of input_grad: a quarter of the bytes both ways for the click model,
+  // and no pooling on the host. Valid until the next call; free to write once the last TrainStep
+  // returned. Null on the CPU and without sparse tables.
   absl::StatusOr<std::vector<PooledRows>*> PooledStaging(int64_t batch,
                                                          const std::vector<int32_t>& rows,
                                                          const std::vector<int32_t>& ids);

@@ -18,10 +18,9 @@ absl::StatusOr<std::vector<PooledRows>*> Model::PooledStaging(int64_t batch,
   const std::vector<SparseTableInfo>& tables = shape_.sparse_tables;
   if (!backend_->gpu() || tables.empty()) return nullptr;
   if (rows.size() != tables.size() || ids.size() != tables.size() || batch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pooled rows: ", rows.size(), " and ", ids.size(),
-                     " table sizes for a batch of ", batch, "; the model has ", tables.size(),
-                     " sparse tables"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pooled rows: ", rows.size(), " and ", ids.size(), " table sizes for a batch of ", batch,
+        "; the model has ", tables.size(), " sparse tables"));
   }
   RETURN_IF_ERROR(backend_->MakeCurrent());
   // The layout: the tables' descriptors, then each table's arrays, every

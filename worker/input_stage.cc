@@ -65,8 +65,7 @@ float* InputStage::Destination(const data::Batch& batch, float* staging,
 }
 
 absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const SparseBatch* plan,
-                                              float* staging,
-                                              const PoolOnDevice& pool_on_device) {
+                                              float* staging, const PoolOnDevice& pool_on_device) {
   float* features = Destination(batch, staging, &features_);
   if (plan != nullptr && staging != nullptr && pool_on_device != nullptr) {
     ASSIGN_OR_RETURN(pooled_, pool_on_device(batch.size, plan->table_rows(), plan->table_ids()));

@@ -85,8 +85,9 @@ class ReplicaRunner : public ModelRunner {
     if (replicas_->size() != 1) return nullptr;
     return primary_->FeatureStaging(batch);
   }
-  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(
-      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids) override {
+  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(int64_t batch,
+                                                         const std::vector<int32_t>& rows,
+                                                         const std::vector<int32_t>& ids) override {
     if (replicas_->size() != 1) return nullptr;
     return primary_->PooledStaging(batch, rows, ids);
   }

@@ -86,8 +86,9 @@ TEST(ShardRetryTest, OutOfTimeOnAPassingErrorIsTheDeadlines) {
   const absl::Status status = CallShardWithRetries(
       "pushing to shard 1", absl::Now() + absl::Milliseconds(100), absl::Seconds(2), kNever,
       [&](absl::Time) { return absl::UnavailableError("recvmsg:Connection timed out"); });
-  EXPECT_EQ(status, absl::DeadlineExceededError("pushing to shard 1: no answer before the "
-                                                "deadline; the last: recvmsg:Connection timed out"));
+  EXPECT_EQ(status,
+            absl::DeadlineExceededError("pushing to shard 1: no answer before the "
+                                        "deadline; the last: recvmsg:Connection timed out"));
 }
 
 TEST(ShardRetryTest, CancellationEndsTheCallBeforeTheNextAttempt) {

@@ -272,8 +272,9 @@ TEST(SparseBatchTest, ThePooledBlockGivesTheHostsBits) {
     index[t].resize(ids[t]);
     row_reads[t].resize(rows[t] + 1);
     readers[t].resize(ids[t]);
-    pooled[t] = {rows[t],         ids[t],          values[t].data(), offsets[t].data(),
-                 index[t].data(), row_reads[t].data(), readers[t].data()};
+    pooled[t] = {rows[t],           ids[t],          values[t].data(),
+                 offsets[t].data(), index[t].data(), row_reads[t].data(),
+                 readers[t].data()};
   }
   plan->WritePooled(pulled.pointers, &pooled, &pool);
   std::vector<float> features(kBatch * shape.input_size, 0.f);

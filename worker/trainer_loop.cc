@@ -155,7 +155,7 @@ struct JobTrainer::RunState {
   double last_loss = 0, last_rate = 0;
   // Where the run's time went (the summary at its end).
   double total_input_wait = 0, total_step_seconds = 0, total_compute = 0, total_exchange = 0;
-  double total_plan = 0;   // Sparse rows: gradients gathered, plan, exchange begun.
+  double total_plan = 0;  // Sparse rows: gradients gathered, plan, exchange begun.
   // Sparse rows, inside total_exchange: the step's rows waited for and
   // pooled (or laid out for the device), before its compute.
   double total_rows = 0;

@@ -69,10 +69,10 @@ __global__ void PoolRowsBackwardKernel(const PooledTable* tables, const float* f
       for (int32_t k = begin + lane; k < end; k += kPoolLanes) {
         const int32_t b = table.readers[k];
         const float g = features_grad[table.slot + int64_t{b} * dim + d];
-        sum = __fadd_rn(sum, table.mean != 0 ? __fmul_rn(PoolScale(true, table.offsets[b + 1] -
-                                                                              table.offsets[b]),
-                                                         g)
-                                             : g);
+        sum = __fadd_rn(sum,
+                        table.mean != 0
+                            ? __fmul_rn(PoolScale(true, table.offsets[b + 1] - table.offsets[b]), g)
+                            : g);
       }
       for (int offset = kPoolLanes / 2; offset > 0; offset /= 2) {
         sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffu, sum, offset));
