@@ -55,6 +55,7 @@ absl::StatusOr<std::vector<PooledRows>*> Model::PooledStaging(int64_t batch,
   if (at > st.pooled_host.bytes() || grad_at > st.pooled_grads.bytes()) {
     // Room for a quarter more: the rows a batch reads vary a little.
     RETURN_IF_ERROR(backend_->Synchronize());
+    pooled_batch_ = -1;  // No block until this one is laid out.
     st.pooled_host = {};
     st.pooled = {};
     st.pooled_grads = {};

@@ -68,7 +68,11 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
                                               float* staging, const PoolOnDevice& pool_on_device) {
   float* features = Destination(batch, staging, &features_);
   if (plan != nullptr && staging != nullptr && pool_on_device != nullptr) {
-    ASSIGN_OR_RETURN(pooled_, pool_on_device(batch.size, plan->table_rows(), plan->table_ids()));
+    absl::StatusOr<std::vector<PooledRows>*> block =
+        pool_on_device(batch.size, plan->table_rows(), plan->table_ids());
+    // No room on the device for the block: this step pools here.
+    if (!block.ok() && !absl::IsResourceExhausted(block.status())) return block.status();
+    pooled_ = block.ok() ? *block : nullptr;
     if (pooled_ != nullptr) {
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
       plan->WritePooled(TrainingRows(), pooled_, &tables_);

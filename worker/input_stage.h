@@ -67,7 +67,8 @@ class InputStage {
   // from there). With `pool_on_device` too (a GPU model's PooledStaging),
   // only the dense slots are packed there: the rows go into the block it
   // gives and the step pools them (pooled_on_device() is then true until
-  // the next call; the step trains with TrainStepOptions::pooled_rows).
+  // the step's Exchange; the step trains with TrainStepOptions::pooled_rows).
+  // A block the device has no room for (ResourceExhausted): pooled here.
   using PoolOnDevice = std::function<absl::StatusOr<std::vector<PooledRows>*>(
       int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids)>;
   absl::StatusOr<const float*> Features(int64_t step, const data::Batch& batch, int64_t min_version,

@@ -157,6 +157,38 @@ TEST_F(InputStageTest, WithoutStalenessEveryStepReadsTheRowsOfTheStepBefore) {
   EXPECT_EQ(stage_->rows_kept(), 0);
 }
 
+// A device with no room for the pooled block (ResourceExhausted) leaves the
+// step pooled here, into the staging buffer, as without one; any other
+// error of the block is the step's.
+TEST_F(InputStageTest, ABlockTheDeviceHasNoRoomForIsPooledHere) {
+  Host(0);
+  const data::Batch batch = MakeBatch({{1}, {2}, {1, 2}, {3}});
+  std::vector<float> staging(batch.size * model_->shape().input_size, -1.f);
+  int asked = 0;
+  const InputStage::PoolOnDevice no_room = [&](int64_t, const std::vector<int32_t>&,
+                                               const std::vector<int32_t>&) {
+    ++asked;
+    return absl::StatusOr<std::vector<PooledRows>*>(
+        absl::ResourceExhaustedError("device 0: no room for the block"));
+  };
+  absl::StatusOr<const float*> features =
+      stage_->Features(0, batch, 0, 0, false, staging.data(), no_room);
+  ASSERT_TRUE(features.ok()) << features.status();
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(*features, staging.data());
+  EXPECT_FALSE(stage_->pooled_on_device());
+  const std::vector<float> pooled_here(staging);
+  absl::StatusOr<const float*> again = stage_->Features(0, batch, 0, 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(std::vector<float>(*again, *again + staging.size()), pooled_here);
+  const InputStage::PoolOnDevice broken = [](int64_t, const std::vector<int32_t>&,
+                                             const std::vector<int32_t>&) {
+    return absl::StatusOr<std::vector<PooledRows>*>(absl::InternalError("block broken"));
+  };
+  EXPECT_EQ(stage_->Features(0, batch, 0, 0, false, staging.data(), broken).status(),
+            absl::InternalError("block broken"));
+}
+
 TEST_F(InputStageTest, AStaleTableReadsRowsAtMostItsStalenessBehindAndPullsFewer) {
   Host(3);
   const std::vector<std::vector<float>> read = Train(12, /*evaluate=*/true);

@@ -77,7 +77,8 @@ class SparseBatch {
   // of `values` shard after shard, the examples' ids, each id's row and
   // each row's readers — and after the step RowGradientsFrom splits the
   // rows' gradients the device computed (PooledRows::grads, in that row
-  // order) into RowGradients' [table][shard] (the same values bit for bit).
+  // order) into RowGradients' [table][shard] (within rounding of RowGradients'
+  // sums: the device sums a row's reads in kPoolLanes partial sums).
   std::vector<int32_t> table_rows() const;
   std::vector<int32_t> table_ids() const;
   void WritePooled(const std::vector<std::vector<const float*>>& values,
