@@ -258,33 +258,6 @@ TEST_F(ModelGpuTest, FeaturesWrittenIntoTheStagingBufferTrainAsCopiedOnes) {
   }
 }
 
-// A dense input and two sparse tables (SUM of 3, MEAN of 2) read by a
-// small MLP: the worker's click-model shape in miniature.
-constexpr char kSparseNet[] = R"pb(
-  num_classes: 2
-  inputs { name: "d" shape: 2 }
-  inputs { name: "c" kind: SPARSE }
-  layer {
-    name: "sum"
-    inputs: "c"
-    embedding { sparse: true vocab_size: 100 dim: 3 }
-  }
-  layer {
-    name: "mean"
-    inputs: "c"
-    embedding { sparse: true hash_ids: true dim: 2 combiner: MEAN }
-  }
-  layer {
-    name: "j"
-    inputs: [ "d", "sum", "mean" ]
-    concat {}
-  }
-  layer { dense { units: 8 } }
-  layer { relu {} }
-  layer { dense { units: 2 } }
-  layer { softmax_cross_entropy {} }
-)pb";
-
 // Rows pooled on the device (PooledStaging, TrainStepOptions::pooled_rows)
 // train as the same rows pooled on the host into the features: the same
 // parameter gradients bit for bit, and each row's gradient within
@@ -296,7 +269,7 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
     ModelOptions options;
     options.device = 0;
     options.precision = precision;
-    auto created = Model::Create(ParseModelSpec(kSparseNet), 3, options);
+    auto created = Model::Create(ParseModelSpec(kTwoSparseTablesSpec), 3, options);
     ASSERT_TRUE(created.ok()) << created.status();
     Model& model = **created;
     const ModelShape& shape = model.shape();
@@ -418,7 +391,7 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
     EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   }
   // The CPU pools on the host.
-  auto cpu = Model::Create(ParseModelSpec(kSparseNet), 3, ModelOptions{});
+  auto cpu = Model::Create(ParseModelSpec(kTwoSparseTablesSpec), 3, ModelOptions{});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto none = (*cpu)->PooledStaging(4, {1, 1}, {1, 1});
   ASSERT_TRUE(none.ok()) << none.status();

@@ -17,6 +17,37 @@
 
 namespace downpour {
 
+// A dense input "d" of 2 and a sparse input "c" read by two sparse tables
+// ("sum": SUM of 3 over an exact vocabulary of 100; "mean": MEAN of 2 over
+// hashed ids), concatenated under a small MLP: the click model in miniature.
+inline constexpr char kTwoSparseTablesSpec[] = R"pb(
+  num_classes: 2
+  inputs { name: "d" shape: 2 }
+  inputs { name: "c" kind: SPARSE }
+  layer {
+    name: "sum"
+    inputs: "c"
+    embedding { sparse: true vocab_size: 100 dim: 3 }
+  }
+  layer {
+    name: "mean"
+    inputs: "c"
+    embedding { sparse: true hash_ids: true dim: 2 combiner: MEAN }
+  }
+  layer {
+    name: "j"
+    inputs: [ "d", "sum", "mean" ]
+    concat {}
+  }
+  layer {
+    name: "fc"
+    dense { units: 4 }
+  }
+  layer { relu {} }
+  layer { dense { units: 2 } }
+  layer { softmax_cross_entropy {} }
+)pb";
+
 // `text`, a ModelSpec in text format.
 ModelSpec ParseModelSpec(const std::string& text);
 

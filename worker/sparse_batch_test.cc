@@ -12,42 +12,15 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
+#include "model/model_testing.h"
 #include "spec/sparse_ids.h"
 
 namespace downpour {
 namespace {
 
-constexpr char kSpec[] = R"pb(
-  num_classes: 2
-  inputs { name: "d" shape: 2 }
-  inputs { name: "c" kind: SPARSE }
-  layer {
-    name: "sum"
-    inputs: "c"
-    embedding { sparse: true vocab_size: 100 dim: 3 }
-  }
-  layer {
-    name: "mean"
-    inputs: "c"
-    embedding { sparse: true hash_ids: true dim: 2 combiner: MEAN }
-  }
-  layer {
-    name: "j"
-    inputs: [ "d", "sum", "mean" ]
-    concat {}
-  }
-  layer {
-    name: "fc"
-    dense { units: 4 }
-  }
-  layer { relu {} }
-  layer { dense { units: 2 } }
-  layer { softmax_cross_entropy {} }
-)pb";
-
 ModelShape Shape() {
   ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kSpec, &spec));
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kTwoSparseTablesSpec, &spec));
   auto shape = InferModel(spec);
   EXPECT_TRUE(shape.ok()) << shape.status();
   return *shape;
@@ -174,7 +147,7 @@ TEST(SparseBatchTest, OutsideAnExactVocabularyIsRefused) {
 TEST(SparseBatchTest, RowGradientsMatchFiniteDifferences) {
   const ModelShape shape = Shape();
   ModelSpec spec;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kSpec, &spec));
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kTwoSparseTablesSpec, &spec));
   auto created = Model::Create(spec, 5);
   ASSERT_TRUE(created.ok());
   Model& model = **created;
