@@ -309,23 +309,45 @@ TEST_F(PsServiceTest, CancelledCallsEndAtOnceAndLaterOnesAreRefused) {
   EXPECT_TRUE(pulled.ok()) << pulled.status();
 }
 
+// A listening socket on loopback that nobody accepts from: connections
+// open (the kernel completes them) and nothing ever answers.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd_, 16) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return;
+    }
+    address_ = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  }
+  ~SilentListener() {
+    if (fd_ >= 0) close(fd_);
+  }
+  SilentListener(const SilentListener&) = delete;
+  SilentListener& operator=(const SilentListener&) = delete;
+  // Empty when the socket could not be set up.
+  const std::string& address() const { return address_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
 // A shard that never answers (a listener that accepts connections and
 // says nothing: the call is still connecting): a cancelled call ends at
 // once all the same.
 TEST_F(PsServiceTest, CancelledCallsToAShardThatNeverAnswersEnd) {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 8), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const SilentListener listener;
+  ASSERT_FALSE(listener.address().empty());
   RemoteParameterShard::Options options;
   options.push_attempt_timeout = absl::Seconds(60);
   std::unique_ptr<RemoteParameterShard> shard =
-      RemoteParameterShard::Create(absl::StrCat("127.0.0.1:", ntohs(addr.sin_port)), options);
+      RemoteParameterShard::Create(listener.address(), options);
   absl::Status pushed;
   std::thread call([&] { pushed = shard->Push(MakePush(kJob, 0, 1, 0, 1, {1.f, 1.f})).status(); });
   absl::SleepFor(absl::Milliseconds(500));
@@ -333,7 +355,6 @@ TEST_F(PsServiceTest, CancelledCallsToAShardThatNeverAnswersEnd) {
   call.join();
   // Not DeadlineExceeded a minute later.
   EXPECT_EQ(pushed.code(), absl::StatusCode::kCancelled) << pushed;
-  close(listener);
 }
 
 // A SYNC job of two workers with a sparse table "emb/table" (100 rows of 4)
@@ -469,17 +490,9 @@ TEST_F(PsServiceTest, StreamedPushPullToAnUnreachableShardFailsWithinTheDeadline
 }
 
 TEST_F(PsServiceTest, StreamedPushPullToAFrozenShardFailsWithinTheDeadline) {
-  // A listening socket nobody accepts from: connections open, nothing answers.
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(listener, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 16), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string frozen_address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  const SilentListener listener;
+  ASSERT_FALSE(listener.address().empty());
+  const std::string& frozen_address = listener.address();
   std::vector<float> big(1 << 20, 1.f);  // More than the socket buffers take.
   PushRequest push = MakePush(kJob, 0, 1, 0, 0, {});
   Payload grads, params;
@@ -498,7 +511,6 @@ TEST_F(PsServiceTest, StreamedPushPullToAFrozenShardFailsWithinTheDeadline) {
       EXPECT_LT(absl::Now() - start, absl::Seconds(3));
     }
   }
-  close(listener);
 }
 
 // A worker frozen as its exchange's deadline passes (SIGSTOP, a paused VM)
