@@ -529,8 +529,9 @@ absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunSt
                                     /*exact_version=*/false, staging, pool_on_device);
   }
   RETURN_IF_ERROR(PermanentIfBadData(packed.status()));
-  run->exchange_waited += MonotonicSeconds() - began;
-  run->total_rows += MonotonicSeconds() - began;
+  const double waited = MonotonicSeconds() - began;
+  run->exchange_waited += waited;
+  run->total_rows += waited;
   return packed;
 }
 
