@@ -186,6 +186,15 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
   return Pack(batch, current_.get(), staging, pool_on_device);
 }
 
+absl::StatusOr<int64_t> InputStage::TablesVersion() {
+  RETURN_IF_ERROR(exchange_->Finish());
+  const RowIds none(shape_.sparse_tables.size(), std::vector<std::vector<int64_t>>(num_shards_));
+  exchange_->Begin(0, nullptr, nullptr, &none, /*min_version=*/0, /*min_worker_steps=*/0,
+                   cancelled_, /*read_only=*/true);
+  RETURN_IF_ERROR(exchange_->Finish());
+  return exchange_->pulled_version();
+}
+
 InputStage::~InputStage() {
   AwaitPlan();
   // An exchange still in flight reads the plans and gradients destroyed

@@ -100,6 +100,9 @@ class InputStage {
   void AwaitPlan();
   // Waits for the exchange in flight, if any.
   absl::Status Finish();
+  // The version the sparse tables are at, the least over the shards (a pull
+  // of no rows; a sparse() stage only).
+  absl::StatusOr<int64_t> TablesVersion();
   // The input of a test batch, its rows read without creating any.
   absl::StatusOr<const float*> EvalFeatures(const data::Batch& batch, int64_t min_version,
                                             int64_t min_worker_steps);

@@ -295,6 +295,14 @@ absl::Status JobTrainer::FindFirstStep(RunState* run) {
     if (task_.spec().consistency().mode() == ConsistencySpec::SYNC) {
       RETURN_IF_ERROR(PullParameters(run->model.get(), 0, 0));
       run->first_step = exchange_->min_pulled_version();
+      if (input_stage_ != nullptr && input_stage_->sparse()) {
+        // ... and the sparse tables: the lost worker may have pushed a
+        // step's dense gradients and not its rows (which go apart). The
+        // tables wait for that step's rows; the partitions keep their
+        // version of before it.
+        ASSIGN_OR_RETURN(const int64_t tables, input_stage_->TablesVersion());
+        run->first_step = std::min(run->first_step, tables);
+      }
     } else {
       run->first_step = task_.join().step();
     }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -182,10 +183,11 @@ class TrainerTest : public ::testing::Test {
     return values;
   }
 
-  // Rank 0's worker lost halfway through a pushed step: `whole` whole
-  // steps, then the next one's last layers only (backward got past them,
-  // not the first: messages holding only their partitions went).
-  void LoseRankZeroMidPush(int64_t whole) {
+  // Rank 0's worker's dense pushes before it was lost: steps [from, to)
+  // whole, then, with `half_step`, step `to`'s last layers only (backward
+  // got past them, not the first: messages holding only their partitions
+  // went).
+  void LoseRankZero(int64_t from, int64_t to, bool half_step) {
     ExchangeOptions options;
     options.job_id = "j";
     options.worker_id = "lost";
@@ -203,10 +205,11 @@ class TrainerTest : public ::testing::Test {
       v.push_back(values.back().data());
     }
     const auto never = [] { return false; };
-    for (int64_t step = 0; step < whole; ++step) {
+    for (int64_t step = from; step < to; ++step) {
       ASSERT_TRUE(lost.PushPull(step, g, step + 1, 0, v, never).ok());
     }
-    lost.BeginPushPull(whole, g, whole + 1, 0, v, never);
+    if (!half_step) return;
+    lost.BeginPushPull(to, g, to + 1, 0, v, never);
     for (int id = static_cast<int>(params_.size()) - 1; id >= 2; --id) {
       lost.GradientReady(id, [] { return absl::OkStatus(); });
     }
@@ -238,6 +241,45 @@ class TrainerTest : public ::testing::Test {
     const std::string values = Values(&versions);
     for (int64_t v : versions) EXPECT_EQ(v, spec_.steps());
     return values;
+  }
+
+  // A one-table click model (its table's vocabulary `vocabulary`, an
+  // EmbeddingLayer's fields) of `steps` SYNC steps, reading a generated click log.
+  JobSpec ClickSpec(absl::string_view vocabulary, int64_t steps) {
+    data::CtrDatasetOptions generated;
+    generated.out_dir = data_dir_ + "/ctr";
+    generated.name = "ctr";
+    generated.train_examples = 64;
+    generated.test_examples = 16;
+    EXPECT_TRUE(data::WriteCtrDataset(generated).ok());
+    JobSpec spec;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+        absl::StrCat(R"pb(
+                       name: "ids"
+                       model { num_classes: 2
+                               inputs { name: "C1" kind: SPARSE }
+                               layer { name: "e" inputs: "C1"
+                                       embedding { sparse: true dim: 2)pb",
+                     vocabulary, R"pb(}
+                                      }
+                         layer { dense { units: 2 } }
+                         layer { softmax_cross_entropy {} }
+                       }
+                       dataset {
+                         train_files: "ctr/ctr-train-*"
+                         test_files: "ctr/ctr-test-*"
+                         batch_size: 8
+                       }
+                       optimizer { kind: SGD learning_rate: 0.1 }
+                       consistency { mode: SYNC }
+                       num_workers: 1
+                       num_shards: 2
+                       seed: 1
+                       steps: )pb",
+                     steps),
+        &spec));
+    ApplyJobDefaults(&spec);
+    return spec;
   }
 
   std::string data_dir_;
@@ -427,36 +469,7 @@ TEST_F(TrainerTest, ATaskWithoutAStepTargetIsRefusedNamingTheJob) {
 // job fails at its first step, permanently (the data would fail a restart
 // too), naming the table and the id.
 TEST_F(TrainerTest, AnIdOutsideASparseTablesVocabularyFailsTheJobPermanently) {
-  data::CtrDatasetOptions generated;
-  generated.out_dir = data_dir_ + "/ctr";
-  generated.name = "ctr";
-  generated.train_examples = 64;
-  generated.test_examples = 16;
-  ASSERT_TRUE(data::WriteCtrDataset(generated).ok());
-  JobSpec spec;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
-      R"pb(
-        name: "ids"
-        model {
-          num_classes: 2
-          inputs { name: "C1" kind: SPARSE }
-          layer {
-            name: "e"
-            inputs: "C1"
-            embedding { sparse: true vocab_size: 10 dim: 2 }
-          }
-          layer { dense { units: 2 } }
-          layer { softmax_cross_entropy {} }
-        }
-        dataset { train_files: "ctr/ctr-train-*" test_files: "ctr/ctr-test-*" batch_size: 8 }
-        optimizer { kind: SGD learning_rate: 0.1 }
-        num_workers: 1
-        num_shards: 2
-        steps: 3
-        seed: 1
-      )pb",
-      &spec));
-  ApplyJobDefaults(&spec);
+  const JobSpec spec = ClickSpec("vocab_size: 10", /*steps=*/3);
   HostJob(1, spec);
   Task task = RankTask(0, 1);
   task.mutable_data(0)->set_file("ctr/ctr-train-00000-of-00001.tfrecord");
@@ -599,7 +612,7 @@ TEST_F(TrainerTest, ADivergenceIsReportedFromTheErrorsMarkNotItsWords) {
 TEST_F(TrainerTest, ARankTakenOverAfterAHalfPushedStepAppliesEveryStepOnce) {
   HostJob(1);
   const int64_t steps = spec_.steps();
-  LoseRankZeroMidPush(5);
+  LoseRankZero(0, 5, /*half_step=*/true);
   std::vector<int64_t> versions;
   Values(&versions);
   ASSERT_EQ(*std::min_element(versions.begin(), versions.end()), 5);
@@ -613,6 +626,58 @@ TEST_F(TrainerTest, ARankTakenOverAfterAHalfPushedStepAppliesEveryStepOnce) {
   versions.clear();
   Values(&versions);
   for (int64_t version : versions) EXPECT_EQ(version, steps);
+}
+
+// A click-model rank lost after it pushed a step's dense gradients and
+// before it pushed the step's rows (they go apart): the partitions are a
+// step ahead of the sparse tables, which wait for that step's rows. The rank
+// taken over starts at the tables' step (the partitions keep their values of
+// before the step), so every step is applied once and the job ends, rather
+// than its first pull waiting for rows no one would push.
+TEST_F(TrainerTest, ARankLostBetweenAStepsGradientsAndItsRowsGoesOnFromTheTablesStep) {
+  const int64_t steps = 12;
+  HostJob(1, ClickSpec("vocab_size: 1000 hash_ids: true", steps));
+  Task task = RankTask(0, 1);
+  task.mutable_data(0)->set_file("ctr/ctr-train-00000-of-00001.tfrecord");
+  // The worker lost trained 5 steps, then pushed step 5's gradients alone.
+  Task lost = task;
+  lost.set_steps(5);
+  lost.mutable_spec()->set_steps(5);
+  lost.set_evaluates(false);
+  const absl::Status trained = Trainer(lost, Options(0, /*overlap=*/true))->Run();
+  ASSERT_TRUE(trained.ok()) << trained;
+  LoseRankZero(5, 6, /*half_step=*/false);
+  // The versions the partitions are at, and those the tables are at.
+  auto partitions = [&] {
+    std::vector<int64_t> versions;
+    Values(&versions);
+    return std::set<int64_t>(versions.begin(), versions.end());
+  };
+  auto tables = [&] {
+    std::set<int64_t> versions;
+    for (auto& store : stores_) {
+      PullRequest pull;
+      pull.set_job_id("j");
+      pull.add_sparse()->set_table(0);
+      Payload payload;
+      absl::StatusOr<PullResponse> pulled = store->Pull(pull, absl::Now(), &payload);
+      EXPECT_TRUE(pulled.ok()) << pulled.status();
+      if (pulled.ok()) versions.insert(pulled->sparse(0).version());
+    }
+    return versions;
+  };
+  ASSERT_THAT(partitions(), ::testing::ElementsAre(6));
+  ASSERT_THAT(tables(), ::testing::ElementsAre(5));
+
+  task.mutable_join()->set_step(5);
+  TrainerOptions options = Options(0, /*overlap=*/true);
+  options.node_id = "taker";
+  // Long enough for every pull that will be answered.
+  options.exchange.pull_timeout = absl::Seconds(5);
+  const absl::Status status = Trainer(task, options)->Run();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_THAT(partitions(), ::testing::ElementsAre(steps));
+  EXPECT_THAT(tables(), ::testing::ElementsAre(steps));
 }
 
 // SYNC with a rank lost halfway through a pushed step: the other rank goes
@@ -630,7 +695,7 @@ TEST_F(TrainerTest, PartitionsKeepInStepWhileALostRankIsAbsentAndTakenOver) {
   std::unique_ptr<JobTrainer> rank1 = Trainer(RankTask(1, 2), Options(1, /*overlap=*/true));
   absl::Status rank1_status;
   std::thread rank1_thread([&] { rank1_status = rank1->Run(); });
-  LoseRankZeroMidPush(20);
+  LoseRankZero(0, 20, /*half_step=*/true);
   // The coordinator gives the lost rank up: rank 1 goes on alone.
   for (auto& store : stores_) store->SetWorkers("j", {0}, /*rank_nodes=*/{});
   // The shards are read one after another while rank 1 goes on, so one pass
