@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -105,29 +106,41 @@ TEST_F(ClusterTest, Int8OnTheWireTrainsAsFloat32DoesWithAQuarterOfTheBytes) {
   const std::string spec = FashionMlpSpec("SYNC", 2, 2, 300);
   const std::string int8 =
       absl::StrCat(spec, "gradient_wire_dtype: INT8\nparameter_wire_dtype: INT8\n");
-  // Bytes each way per step, over the workers, read from their metrics at
-  // step 150 or later (a job's series go when it ends).
+  // Bytes each way per step, over the workers, between their metrics at
+  // step 50 and at step 150 or later (a job's series go when it ends): the
+  // first pulls (the copy whole, in float32) before, and each worker's steps
+  // counted in the same scrape as its bytes.
   auto run = [&](const std::string& text, const std::string& id, double* pushed, double* pulled) {
     CommandResult submitted = cluster_->Ctl({"submit", WriteSpec(text), "--job_id=" + id});
     ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
-    for (int i = 0; i < 600 && GetJob(id).step() < 150; ++i) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    const int64_t step = GetJob(id).step();
-    ASSERT_GE(step, 150) << cluster_->Logs();
-    *pushed = *pulled = 0;
-    for (int w = 0; w < 3; ++w) {
-      absl::StatusOr<std::string> metrics =
-          HttpGet(cluster_->MetricsAddressOf(absl::StrCat("worker", w)), "/metrics");
-      ASSERT_TRUE(metrics.ok()) << metrics.status();
-      for (int shard = 0; shard < 2; ++shard) {
-        const std::string labels = absl::StrCat("{job=\"", id, "\",shard=\"", shard, "\"}");
-        *pushed += MetricValue(*metrics, "downpour_worker_pushed_bytes_total" + labels);
-        *pulled += MetricValue(*metrics, "downpour_worker_pulled_bytes_total" + labels);
+    // Pushed bytes, pulled bytes and steps, over the workers, at step `at`.
+    auto counts = [&](int64_t at) -> std::array<double, 3> {
+      for (int i = 0; i < 600 && GetJob(id).step() < at; ++i) {
+        absl::SleepFor(absl::Milliseconds(50));
       }
-    }
-    *pushed /= static_cast<double>(step);
-    *pulled /= static_cast<double>(step);
+      EXPECT_GE(GetJob(id).step(), at) << cluster_->Logs();
+      std::array<double, 3> sums = {0, 0, 0};
+      for (int w = 0; w < 3; ++w) {
+        absl::StatusOr<std::string> metrics =
+            HttpGet(cluster_->MetricsAddressOf(absl::StrCat("worker", w)), "/metrics");
+        EXPECT_TRUE(metrics.ok()) << metrics.status();
+        if (!metrics.ok()) continue;
+        for (int shard = 0; shard < 2; ++shard) {
+          const std::string labels = absl::StrCat("{job=\"", id, "\",shard=\"", shard, "\"}");
+          sums[0] += MetricValue(*metrics, "downpour_worker_pushed_bytes_total" + labels);
+          sums[1] += MetricValue(*metrics, "downpour_worker_pulled_bytes_total" + labels);
+        }
+        sums[2] +=
+            MetricValue(*metrics, absl::StrCat("downpour_worker_steps_total{job=\"", id, "\"}"));
+      }
+      return sums;
+    };
+    const std::array<double, 3> before = counts(50);
+    const std::array<double, 3> after = counts(150);
+    const double steps = after[2] - before[2];
+    ASSERT_GT(steps, 0) << cluster_->Logs();
+    *pushed = (after[0] - before[0]) / steps;
+    *pulled = (after[1] - before[1]) / steps;
     JobStatus job = GetJob(id);
     for (int i = 0; i < 1200 && job.state() == RUNNING; ++i, job = GetJob(id)) {
       absl::SleepFor(absl::Milliseconds(50));
@@ -137,8 +150,7 @@ TEST_F(ClusterTest, Int8OnTheWireTrainsAsFloat32DoesWithAQuarterOfTheBytes) {
   double pushed[2], pulled[2];
   run(spec, "float32", &pushed[0], &pulled[0]);
   run(int8, "int8", &pushed[1], &pulled[1]);
-  // An element is a byte and a block of 256 adds a 4-byte scale; each
-  // worker's first pull is the copy whole, in float32.
+  // An element is a byte and a block of 256 adds a 4-byte scale.
   EXPECT_GT(pushed[0], 0);
   EXPECT_LT(pushed[1], 0.27 * pushed[0]) << pushed[1] << " " << pushed[0];
   EXPECT_LT(pulled[1], 0.27 * pulled[0]) << pulled[1] << " " << pulled[0];
