@@ -85,16 +85,20 @@ struct Bucket {
 struct RowShape {
   int64_t dim = 0;
   int num_slots = 0;
-  bool lfu = false;
+  // Whether rows are kept in an eviction order (a table that evicts: one of
+  // max_rows); one that never evicts only counts its rows' touches.
+  bool ordered = true;
+  bool lfu = false;          // The order is LFU's (else LRU's).
   size_t values_offset = 0;  // After RowMeta (and the Bucket for LFU).
   size_t stride = 0;         // Record bytes, a multiple of 8.
 
   RowShape() = default;
-  RowShape(int64_t dim, int num_slots, bool lfu)
+  RowShape(int64_t dim, int num_slots, bool ordered, bool lfu)
       : dim(dim),
         num_slots(num_slots),
-        lfu(lfu),
-        values_offset(sizeof(RowMeta) + (lfu ? sizeof(Bucket) : 0)),
+        ordered(ordered),
+        lfu(ordered && lfu),
+        values_offset(sizeof(RowMeta) + (this->lfu ? sizeof(Bucket) : 0)),
         stride((values_offset + sizeof(float) * dim * (1 + num_slots) + 7) / 8 * 8) {}
 };
 
@@ -151,6 +155,7 @@ class StripeRows {
       for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(record + line);
       return;
     }
+    if (!shape_.ordered) return;
     const RowMeta& meta = Meta(slot);
     if (shape_.lfu) {
       __builtin_prefetch(&BucketAt(meta.bucket));
@@ -232,6 +237,7 @@ class StripeRows {
     while (index_[pos] != 0) pos = (pos + 1) & index_mask_;
     index_[pos] = ((static_cast<uint32_t>(hash >> kTagShift) & 0xff) << kSlotBits) | (slot + 1);
     ++rows_;
+    if (!shape_.ordered) return;
     if (!shape_.lfu) {
       ListPushBack(&lru_head_, &lru_tail_, slot);
     } else {
@@ -252,6 +258,8 @@ class StripeRows {
     RowMeta& meta = Meta(slot);
     EraseFromIndex(meta.id, slot);
     --rows_;
+    meta.pinned = 0;
+    if (!shape_.ordered) return;
     if (!shape_.lfu) {
       ListRemove(&lru_head_, &lru_tail_, slot);
     } else {
@@ -260,7 +268,6 @@ class StripeRows {
       ListRemove(&node.head, &node.tail, slot);
       if (node.head == kNone) FreeBucket(bucket);
     }
-    meta.pinned = 0;
   }
 
   // One more touch of the row in `slot`: it becomes the most recently
@@ -269,6 +276,7 @@ class StripeRows {
     RowMeta& meta = Meta(slot);
     const bool saturated = meta.touches == kMaxTouches;
     if (!saturated) ++meta.touches;
+    if (!shape_.ordered) return;
     if (!shape_.lfu) {
       if (lru_tail_ == slot) return;
       ListRemove(&lru_head_, &lru_tail_, slot);
@@ -301,6 +309,7 @@ class StripeRows {
   // so they are the most recent of their list: a list whose first row is
   // pinned has no other.
   uint32_t Victim() const {
+    if (!shape_.ordered) return kNone;
     if (!shape_.lfu) return lru_head_ != kNone && !Meta(lru_head_).pinned ? lru_head_ : kNone;
     for (uint32_t bucket = bucket_head_; bucket != kNone; bucket = BucketAt(bucket).next) {
       const uint32_t slot = BucketAt(bucket).head;

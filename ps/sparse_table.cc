@@ -138,7 +138,9 @@ SparseTable::SparseTable(const SparseTableOptions& options, int stripe_bits)
       num_slots_(NumOptimizerSlots(options.optimizer)),
       fixed_bytes_(static_cast<int64_t>(sizeof(SparseTable) + (sizeof(Stripe) << stripe_bits))),
       stripes_(std::make_unique<Stripe[]>(size_t{1} << stripe_bits)) {
-  const RowShape shape(dim_, num_slots_, eviction_ == EvictionPolicy::kLfu);
+  // A table without max_rows never evicts: it keeps no eviction order.
+  const RowShape shape(dim_, num_slots_, /*ordered=*/max_rows_ > 0,
+                       eviction_ == EvictionPolicy::kLfu);
   const int num_stripes = 1 << stripe_bits_;
   for (int s = 0; s < num_stripes; ++s) {
     uint32_t max_slots = kMaxStripeSlots;
@@ -528,7 +530,9 @@ absl::Status SparseTable::Restore(const Snapshot& snapshot) {
     const uint32_t max_slots = stripes_[s].rows.max_slots();
     if (rows.size() > max_slots) first[s] = rows.size() - max_slots;
     dropped += static_cast<int64_t>(first[s]);
-    const RowShape shape(dim_, num_slots_, eviction_ == EvictionPolicy::kLfu);
+    // A table without max_rows never evicts: it keeps no eviction order.
+    const RowShape shape(dim_, num_slots_, /*ordered=*/max_rows_ > 0,
+                         eviction_ == EvictionPolicy::kLfu);
     new_bytes +=
         StripeRows::BytesFor(shape, max_slots, static_cast<uint32_t>(rows.size() - first[s]));
   }

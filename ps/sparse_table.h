@@ -29,10 +29,12 @@
 //   frequency buckets of Shah, Mitra and Matani: one node per distinct touch
 //   count in increasing order, each with the list of its rows in the order of
 //   their last touch, so the evicted row is the exact minimum of
-//   (touches, last touch) of its stripe, found without a scan.
+//   (touches, last touch) of its stripe, found without a scan. A table
+//   without max_rows never evicts and keeps neither (a touch then only counts:
+//   relinking a row's neighbours was a tenth of a shard's CPU per row).
 //
-// Per row, with Adam: dim 16: 224 bytes of record (LFU 248), dim 64: 800
-// (LFU 824), plus 5.3 to 10.7 bytes of index (4 bytes per entry at 3/8 to 3/4
+// Per row, with Adam: dim 16: 224 bytes of record (LFU with max_rows 248),
+// dim 64: 800 (824), plus 5.3 to 10.7 bytes of index (4 bytes per entry at 3/8 to 3/4
 // full); the values alone are 64 and 256 bytes. A stripe's last block may
 // hold up to 4096 free slots, reserved but unused.
 //

@@ -258,6 +258,31 @@ TEST(SparseTableTest, LfuEvictsTheLeastOftenTouchedTiesLeastRecently) {
   EXPECT_EQ(table->TakeSnapshot().touches, (std::vector<int64_t>{3, 4, 1}));
 }
 
+// A table without max_rows never evicts: it keeps each row's touch count
+// (which a checkpoint keeps) but no eviction order, and for LFU no
+// frequency buckets, so its rows take the bytes an LRU table's do; with
+// max_rows an LFU row holds its bucket node too.
+TEST(SparseTableTest, ATableThatNeverEvictsCountsTouchesAndKeepsNoOrder) {
+  std::unique_ptr<SparseTable> lfu =
+      MakeTable(Options(4, OptimizerKind::kSgd, 0, EvictionPolicy::kLfu));
+  std::unique_ptr<SparseTable> lru =
+      MakeTable(Options(4, OptimizerKind::kSgd, 0, EvictionPolicy::kLru));
+  for (SparseTable* table : {lfu.get(), lru.get()}) {
+    LookupOk(*table, {1, 1, 1, 2});
+    LookupOk(*table, {2, 3});
+    EXPECT_EQ(table->TakeSnapshot().touches, (std::vector<int64_t>{3, 2, 1}));
+    EXPECT_EQ(table->evictions(), 0);
+  }
+  EXPECT_EQ(lfu->bytes(), lru->bytes());
+  std::unique_ptr<SparseTable> bounded_lfu =
+      MakeTable(Options(4, OptimizerKind::kSgd, 1000, EvictionPolicy::kLfu));
+  std::unique_ptr<SparseTable> bounded_lru =
+      MakeTable(Options(4, OptimizerKind::kSgd, 1000, EvictionPolicy::kLru));
+  LookupOk(*bounded_lfu, {1});
+  LookupOk(*bounded_lru, {1});
+  EXPECT_GT(bounded_lfu->bytes(), bounded_lru->bytes());
+}
+
 // A row the call reads is never the one evicted for a row it creates, even
 // when it is the least recently touched and comes later in the call.
 TEST(SparseTableTest, NeverEvictsARowTheSameCallReads) {
