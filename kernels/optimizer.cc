@@ -1,5 +1,6 @@
 #include "kernels/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace downpour {
@@ -17,10 +18,55 @@ int NumOptimizerSlots(OptimizerKind kind) {
   return 0;
 }
 
+namespace {
+
+// 1 - beta1^t, in double.
+double FirstBias(float beta1, int64_t step) {
+  return 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step < 1 ? 1 : step));
+}
+
+// 1 / sqrt(1 - beta2^t).
+float InvSqrtSecondBias(float beta2, int64_t step) {
+  return static_cast<float>(1.0 /
+                            std::sqrt(1.0 - std::pow(static_cast<double>(beta2),
+                                                     static_cast<double>(step < 1 ? 1 : step))));
+}
+
+}  // namespace
+
 AdamCorrections AdamBiasCorrections(const OptimizerHyperparams& hp) {
-  const double t = static_cast<double>(hp.step < 1 ? 1 : hp.step);
-  return {static_cast<float>(hp.learning_rate / (1.0 - std::pow(static_cast<double>(hp.beta1), t))),
-          static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), t)))};
+  return {static_cast<float>(hp.learning_rate / FirstBias(hp.beta1, hp.step)),
+          InvSqrtSecondBias(hp.beta2, hp.step)};
+}
+
+struct AdamBiasTable::Powers {
+  double first_bias;
+  float inv_sqrt_second_bias;
+};
+
+AdamBiasTable::AdamBiasTable(float beta1, float beta2)
+    // Not value-initialised: a page is touched once a step count on it is.
+    : beta1_(beta1), beta2_(beta2), powers_(new Powers[kSteps]) {}
+
+AdamBiasTable::~AdamBiasTable() { delete[] powers_; }
+
+void AdamBiasTable::FillTo(int64_t step) {
+  std::lock_guard<std::mutex> lock(fill_mu_);
+  int64_t filled = filled_.load(std::memory_order_relaxed);
+  // A page's worth at a time.
+  const int64_t to = std::min(kSteps, std::max(step, filled + 256));
+  for (; filled < to; ++filled) {
+    powers_[filled] = {FirstBias(beta1_, filled + 1), InvSqrtSecondBias(beta2_, filled + 1)};
+  }
+  filled_.store(filled, std::memory_order_release);
+}
+
+AdamCorrections AdamBiasTable::At(const OptimizerHyperparams& hp) {
+  const int64_t step = hp.step < 1 ? 1 : hp.step;
+  if (step > kSteps) return AdamBiasCorrections(hp);
+  if (step > filled_.load(std::memory_order_acquire)) FillTo(step);
+  const Powers& p = powers_[step - 1];
+  return {static_cast<float>(hp.learning_rate / p.first_bias), p.inv_sqrt_second_bias};
 }
 
 }  // namespace downpour

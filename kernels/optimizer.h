@@ -7,7 +7,9 @@
 #ifndef DOWNPOUR_KERNELS_OPTIMIZER_H_
 #define DOWNPOUR_KERNELS_OPTIMIZER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 
 namespace downpour {
 
@@ -37,6 +39,35 @@ struct AdamCorrections {
   float inv_sqrt_bc2;
 };
 AdamCorrections AdamBiasCorrections(const OptimizerHyperparams& hp);
+
+// AdamBiasCorrections for many updates of one beta1 and beta2 with their
+// own step counts (a sparse table's rows: each row's t), the same bits,
+// the powers computed once per step count rather than twice per update.
+// Thread-safe; filled as far as the largest step asked (up to kSteps, past
+// which each call computes its own), so it holds 16 bytes per step count
+// reached.
+class AdamBiasTable {
+ public:
+  AdamBiasTable(float beta1, float beta2);
+  AdamBiasTable(const AdamBiasTable&) = delete;
+  AdamBiasTable& operator=(const AdamBiasTable&) = delete;
+  ~AdamBiasTable();
+
+  // hp's corrections (hp.beta1 and hp.beta2 must be the table's).
+  AdamCorrections At(const OptimizerHyperparams& hp);
+
+  static constexpr int64_t kSteps = int64_t{1} << 16;
+
+ private:
+  struct Powers;
+  void FillTo(int64_t step);
+
+  const float beta1_;
+  const float beta2_;
+  Powers* const powers_;  // kSteps, [0, filled_) written.
+  std::atomic<int64_t> filled_{0};
+  std::mutex fill_mu_;
+};
 
 namespace kernels {
 

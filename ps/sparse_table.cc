@@ -129,6 +129,9 @@ SparseTable::SparseTable(const SparseTableOptions& options, int stripe_bits)
       dim_(options.dim),
       optimizer_(options.optimizer),
       hyper_(options.hyper),
+      adam_bias_(options.optimizer == OptimizerKind::kAdam
+                     ? std::make_unique<AdamBiasTable>(options.hyper.beta1, options.hyper.beta2)
+                     : nullptr),
       init_scale_(options.init_scale),
       seed_(options.seed),
       max_rows_(options.max_rows),
@@ -424,6 +427,11 @@ absl::Status SparseTable::Apply(const int64_t* ids, int64_t n, const float* grad
       float* values = stripe.rows.Values(slots[k]);
       if (before != nullptr) std::memcpy(before + i * dim_, values, dim_ * sizeof(float));
       float* const row_slots[2] = {values + dim_, values + 2 * dim_};
+      if (adam_bias_ != nullptr) {
+        kernels::cpu::AdamUpdate(hyper, adam_bias_->At(hyper), grads + i * dim_, dim_, values,
+                                 row_slots[0], row_slots[1]);
+        continue;
+      }
       kernels::cpu::ApplyOptimizer(optimizer_, hyper, grads + i * dim_, dim_, values, row_slots);
     }
     Unpin(stripe, &slots[begin], end - begin);

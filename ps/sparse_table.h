@@ -224,6 +224,8 @@ class SparseTable {
   const int64_t dim_;
   const OptimizerKind optimizer_;
   const OptimizerHyperparams hyper_;
+  // Adam's corrections by a row's update count (null for another optimizer).
+  const std::unique_ptr<AdamBiasTable> adam_bias_;
   const float init_scale_;
   const uint64_t seed_;
   const int64_t max_rows_;

@@ -1,9 +1,11 @@
 #include "kernels/cpu/optimizer.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -176,6 +178,53 @@ TEST(OptimizerTest, AdamFirstStepMovesByLearningRate) {
   AdamUpdate(hp, g, 2, p, m, v);
   EXPECT_NEAR(p[0], -0.1f, 1e-6);
   EXPECT_NEAR(p[1], 0.1f, 1e-4);
+}
+
+// A table of bias corrections gives AdamBiasCorrections' bits at every
+// step count, its own and past it, for any learning rate, whichever
+// threads fill it in whatever order; and the update with them given is the
+// update that computes them.
+TEST(AdamBiasTableTest, GivesTheComputedCorrectionsBitForBit) {
+  AdamBiasTable table(0.8f, 0.95f);
+  auto same = [](const AdamCorrections& a, const AdamCorrections& b) {
+    return std::memcmp(&a.step_size, &b.step_size, sizeof(float)) == 0 &&
+           std::memcmp(&a.inv_sqrt_bc2, &b.inv_sqrt_bc2, sizeof(float)) == 0;
+  };
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      OptimizerHyperparams hp;
+      hp.beta1 = 0.8f;
+      hp.beta2 = 0.95f;
+      // Each thread its own learning rate and order of steps.
+      hp.learning_rate = 0.001f * static_cast<float>(t + 1) / 3.f;
+      for (int64_t k = 0; k < 5000; ++k) {
+        hp.step = t % 2 == 0 ? k + 1 : 5000 - k;
+        if (!same(table.At(hp), AdamBiasCorrections(hp))) ++mismatches;
+      }
+      for (int64_t step : {AdamBiasTable::kSteps, AdamBiasTable::kSteps + 1, int64_t{1} << 40}) {
+        hp.step = step;
+        if (!same(table.At(hp), AdamBiasCorrections(hp))) ++mismatches;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+
+  OptimizerHyperparams hp;
+  hp.beta1 = 0.8f;
+  hp.beta2 = 0.95f;
+  hp.learning_rate = 0.01f;
+  hp.step = 7;
+  std::vector<float> grad = {0.5f, -1.f, 2.f, 1e-3f};
+  std::vector<float> computed = {1.f, 2.f, -3.f, 0.25f}, m(4, 0.1f), v(4, 0.2f);
+  std::vector<float> given = computed, m_given = m, v_given = v;
+  AdamUpdate(hp, grad.data(), 4, computed.data(), m.data(), v.data());
+  AdamUpdate(hp, table.At(hp), grad.data(), 4, given.data(), m_given.data(), v_given.data());
+  EXPECT_EQ(std::memcmp(computed.data(), given.data(), 4 * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(m.data(), m_given.data(), 4 * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(v.data(), v_given.data(), 4 * sizeof(float)), 0);
 }
 
 TEST(OptimizerTest, ZeroLengthIsANoOp) {
