@@ -254,30 +254,30 @@ class TrainerTest : public ::testing::Test {
     EXPECT_TRUE(data::WriteCtrDataset(generated).ok());
     JobSpec spec;
     EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
-        absl::StrCat(R"pb(
-                       name: "ids"
-                       model { num_classes: 2
-                               inputs { name: "C1" kind: SPARSE }
-                               layer { name: "e" inputs: "C1"
-                                       embedding { sparse: true dim: 2)pb",
-                     vocabulary, R"pb(}
-                                      }
-                         layer { dense { units: 2 } }
-                         layer { softmax_cross_entropy {} }
-                       }
-                       dataset {
-                         train_files: "ctr/ctr-train-*"
-                         test_files: "ctr/ctr-test-*"
-                         batch_size: 8
-                       }
-                       optimizer { kind: SGD learning_rate: 0.1 }
-                       consistency { mode: SYNC }
-                       num_workers: 1
-                       num_shards: 2
-                       seed: 1
-                       steps: )pb",
-                     steps),
+        R"pb(
+          name: "ids"
+          model {
+            num_classes: 2
+            inputs { name: "C1" kind: SPARSE }
+            layer {
+              name: "e"
+              inputs: "C1"
+              embedding { sparse: true dim: 2 }
+            }
+            layer { dense { units: 2 } }
+            layer { softmax_cross_entropy {} }
+          }
+          dataset { train_files: "ctr/ctr-train-*" test_files: "ctr/ctr-test-*" batch_size: 8 }
+          optimizer { kind: SGD learning_rate: 0.1 }
+          consistency { mode: SYNC }
+          num_workers: 1
+          num_shards: 2
+          seed: 1
+        )pb",
         &spec));
+    EXPECT_TRUE(google::protobuf::TextFormat::MergeFromString(
+        std::string(vocabulary), spec.mutable_model()->mutable_layer(0)->mutable_embedding()));
+    spec.set_steps(steps);
     ApplyJobDefaults(&spec);
     return spec;
   }
