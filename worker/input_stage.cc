@@ -280,17 +280,30 @@ absl::Status InputStage::Finish() {
   return status;
 }
 
-absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, int64_t min_version,
-                                                      int64_t min_worker_steps) {
-  if (exchange_ == nullptr) return Pack(batch, nullptr, nullptr);
+absl::Status InputStage::BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
+                                           int64_t min_worker_steps) {
+  if (exchange_ == nullptr) return absl::OkStatus();
+  // A pull left by an evaluation that failed midway is not waited for.
+  (void)eval_->Finish();
+  eval_plan_.reset();
   ASSIGN_OR_RETURN(SparseBatch plan,
                    SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
-  eval_->Begin(0, nullptr, nullptr, &plan.row_ids(), min_version, min_worker_steps, cancelled_,
-               /*read_only=*/true);
+  eval_plan_ = std::make_unique<SparseBatch>(std::move(plan));
+  eval_->Begin(0, nullptr, nullptr, &eval_plan_->row_ids(), min_version, min_worker_steps,
+               cancelled_, /*read_only=*/true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch) {
+  if (exchange_ == nullptr) return Pack(batch, nullptr, nullptr);
+  if (eval_plan_ == nullptr) {
+    return absl::FailedPreconditionError("EvalFeatures without BeginEvalFeatures");
+  }
+  const std::unique_ptr<SparseBatch> plan = std::move(eval_plan_);
   RETURN_IF_ERROR(eval_->Finish());
   // Every row pulled, kept tables' too: pooled as pulled.
   float* features = Destination(batch, nullptr, &features_);
-  PackInto(batch, &plan, eval_->rows(), features);
+  PackInto(batch, plan.get(), eval_->rows(), features);
   return features;
 }
 

@@ -103,9 +103,15 @@ class InputStage {
   // The version the sparse tables are at, the least over the shards (a pull
   // of no rows; a sparse() stage only).
   absl::StatusOr<int64_t> TablesVersion();
-  // The input of a test batch, its rows read without creating any.
-  absl::StatusOr<const float*> EvalFeatures(const data::Batch& batch, int64_t min_version,
-                                            int64_t min_worker_steps);
+  // The input of a test batch, its rows read without creating any (once the
+  // tables have had min_version steps and every worker min_worker_steps):
+  // BeginEvalFeatures plans the batch and starts pulling its rows, returning
+  // at once; EvalFeatures waits for them and pools the input (valid until
+  // the next call). So the next batch's rows come while the model evaluates
+  // this one. `batch` must stay as it is until its EvalFeatures.
+  absl::Status BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
+                                 int64_t min_worker_steps);
+  absl::StatusOr<const float*> EvalFeatures(const data::Batch& batch);
 
   bool sparse() const { return exchange_ != nullptr; }
   int64_t rows_pushed() const { return exchange_ ? exchange_->rows_pushed() : 0; }
@@ -148,6 +154,7 @@ class InputStage {
   std::function<bool()> cancelled_;
   std::unique_ptr<SparseExchange> exchange_;  // Null without sparse tables.
   std::unique_ptr<SparseExchange> eval_;      // EvalFeatures' pulls.
+  std::unique_ptr<SparseBatch> eval_plan_;    // Of the test batch eval_ pulls for.
   // The plan of the batch being trained (current_) and of the one whose rows
   // are coming (next_); swapped as steps go.
   std::unique_ptr<SparseBatch> current_, next_;

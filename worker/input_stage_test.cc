@@ -114,7 +114,9 @@ class InputStageTest : public ::testing::Test {
       versions_.push_back(now);
       if (evaluate && step > 0) {
         // A batch of other rows between two steps.
-        EXPECT_TRUE(stage_->EvalFeatures(MakeBatch({{50}, {51}, {52}, {53}}), 0, 0).ok());
+        const data::Batch test = MakeBatch({{50}, {51}, {52}, {53}});
+        EXPECT_TRUE(stage_->BeginEvalFeatures(test, 0, 0).ok());
+        EXPECT_TRUE(stage_->EvalFeatures(test).ok());
       }
       const data::Batch& batch = batches[step];
       absl::StatusOr<const float*> features = stage_->Features(step, batch, step, 0);

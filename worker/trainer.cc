@@ -391,28 +391,42 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
     auc |= metric == AUC;
     log_loss |= metric == LOG_LOSS;
   }
-  Batch batch;
   int64_t correct = 0, total = 0;
   BinaryMetrics binary;
   std::vector<float> logits;
-  while (true) {
+  // InvalidArgument from the input stage is the batch's (an id outside its
+  // table's exact vocabulary), which knows its files by the spec's pattern
+  // only.
+  auto bad_ids = [&](const absl::Status& status) {
+    return absl::IsInvalidArgument(status)
+               ? BadTestData(
+                     Annotate(status, absl::StrCat("test set ", spec.dataset().test_files())))
+               : status;
+  };
+  // Reads the next batch into `batch` and starts pulling its rows, which
+  // come while the model evaluates the batch before.
+  auto read = [&](Batch* batch) -> absl::StatusOr<bool> {
     // The reader's errors name the file (and the record's offset).
-    absl::StatusOr<bool> more = reader->Next(&batch);
+    absl::StatusOr<bool> more = reader->Next(batch);
     if (!more.ok()) return BadTestData(more.status());
-    if (!*more) break;
+    if (*more && input_stage_ != nullptr) {
+      RETURN_IF_ERROR(
+          bad_ids(input_stage_->BeginEvalFeatures(*batch, min_version, min_worker_steps)));
+    }
+    return *more;
+  };
+  Batch batches[2];
+  int current = 0;
+  ASSIGN_OR_RETURN(bool more, read(&batches[current]));
+  while (more) {
+    const Batch& batch = batches[current];
     const float* features = batch.features.data();
     if (input_stage_ != nullptr) {
-      absl::StatusOr<const float*> packed =
-          input_stage_->EvalFeatures(batch, min_version, min_worker_steps);
-      // InvalidArgument is the batch's (an id outside its table's exact
-      // vocabulary), which knows its files by the spec's pattern only.
-      if (absl::IsInvalidArgument(packed.status())) {
-        return BadTestData(
-            Annotate(packed.status(), absl::StrCat("test set ", spec.dataset().test_files())));
-      }
-      RETURN_IF_ERROR(packed.status());
+      absl::StatusOr<const float*> packed = input_stage_->EvalFeatures(batch);
+      RETURN_IF_ERROR(bad_ids(packed.status()));
       features = *packed;
     }
+    ASSIGN_OR_RETURN(more, read(&batches[1 - current]));
     ASSIGN_OR_RETURN(EvalResult result, model->Evaluate(features, batch.labels.data(), batch.size,
                                                         auc || log_loss ? &logits : nullptr));
     if (auc || log_loss) {
@@ -424,6 +438,7 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
     }
     correct += result.correct;
     total += batch.size;
+    current = 1 - current;
   }
   if (total == 0) {
     return BadTestData(absl::FailedPreconditionError(
