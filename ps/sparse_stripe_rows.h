@@ -270,6 +270,16 @@ class StripeRows {
     }
   }
 
+  // The row in `slot` may not be evicted until unpinned (by the call that
+  // reads it); nothing to mark where nothing is evicted.
+  void Pin(uint32_t slot) {
+    if (shape_.ordered) Meta(slot).pinned = 1;
+  }
+  void Unpin(uint32_t slot) {
+    if (shape_.ordered) Meta(slot).pinned = 0;
+  }
+  bool ordered() const { return shape_.ordered; }
+
   // One more touch of the row in `slot`: it becomes the most recently
   // touched (of its new count, for LFU).
   void Touch(uint32_t slot) {

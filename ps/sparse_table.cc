@@ -264,7 +264,7 @@ bool SparseTable::ResolveRows(Stripe& stripe, const int64_t* ids, const Grouping
       continue;
     }
     rows.Touch(slot);
-    rows.Meta(slot).pinned = 1;
+    rows.Pin(slot);
     if (out != nullptr) std::memcpy(out + i * dim_, rows.Values(slot), row_bytes);
   }
   if (!missing) return true;
@@ -290,7 +290,7 @@ bool SparseTable::ResolveRows(Stripe& stripe, const int64_t* ids, const Grouping
       std::memset(values + dim_, 0, row_bytes * num_slots_);
       rows.Meta(slot).updates = 0;
       rows.Insert(slot, id, hash, /*touches=*/1);
-      rows.Meta(slot).pinned = 1;
+      rows.Pin(slot);
       rows_.fetch_add(1, std::memory_order_relaxed);
       created->push_back(id);
     }
@@ -307,13 +307,14 @@ bool SparseTable::ResolveRows(Stripe& stripe, const int64_t* ids, const Grouping
   }
   created->resize(first_created);
   for (uint32_t k = begin; k < end; ++k) {
-    if (slots[k - begin] != kNone) rows.Meta(slots[k - begin]).pinned = 0;
+    if (slots[k - begin] != kNone) rows.Unpin(slots[k - begin]);
   }
   return false;
 }
 
 void SparseTable::Unpin(Stripe& stripe, const uint32_t* slots, uint32_t count) {
-  for (uint32_t c = 0; c < count; ++c) stripe.rows.Meta(slots[c]).pinned = 0;
+  if (!stripe.rows.ordered()) return;
+  for (uint32_t c = 0; c < count; ++c) stripe.rows.Unpin(slots[c]);
 }
 
 void SparseTable::RemoveCreatedRows(const std::vector<int64_t>& ids) {
