@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <map>
+#include <utility>
 
 namespace downpour {
 
@@ -43,6 +46,23 @@ struct AdamBiasTable::Powers {
   double first_bias;
   float inv_sqrt_second_bias;
 };
+
+std::shared_ptr<AdamBiasTable> AdamBiasTable::Shared(float beta1, float beta2) {
+  static std::mutex mu;
+  static auto* tables = new std::map<std::pair<float, float>, std::weak_ptr<AdamBiasTable>>();
+  std::lock_guard<std::mutex> lock(mu);
+  // Those no one holds any more go first.
+  for (auto it = tables->begin(); it != tables->end();) {
+    it = it->second.expired() ? tables->erase(it) : std::next(it);
+  }
+  std::weak_ptr<AdamBiasTable>& held = (*tables)[{beta1, beta2}];
+  std::shared_ptr<AdamBiasTable> table = held.lock();
+  if (table == nullptr) {
+    table = std::make_shared<AdamBiasTable>(beta1, beta2);
+    held = table;
+  }
+  return table;
+}
 
 AdamBiasTable::AdamBiasTable(float beta1, float beta2)
     // Not value-initialised: a page is touched once a step count on it is.

@@ -2,13 +2,15 @@
 // Adagrad, Adam, each with optional L2 weight decay added to the gradient),
 // their resolved hyperparameters, the slots each keeps, and Adam's bias
 // corrections computed once, so the CPU reference (kernels/cpu/optimizer.h)
-// and the fused CUDA update round alike. Plain values and pure functions;
-// thread-safe.
+// and the fused CUDA update round alike, and a thread-safe table of those
+// corrections by step count (AdamBiasTable). Otherwise plain values and pure
+// functions; thread-safe.
 #ifndef DOWNPOUR_KERNELS_OPTIMIZER_H_
 #define DOWNPOUR_KERNELS_OPTIMIZER_H_
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 
 namespace downpour {
@@ -45,9 +47,13 @@ AdamCorrections AdamBiasCorrections(const OptimizerHyperparams& hp);
 // the powers computed once per step count rather than twice per update.
 // Thread-safe; filled as far as the largest step asked (up to kSteps, past
 // which each call computes its own), so it holds 16 bytes per step count
-// reached.
+// reached, at most 1 MiB.
 class AdamBiasTable {
  public:
+  // The process's table of (beta1, beta2), shared by whoever holds it (the
+  // sparse tables of every job with those betas), made when none does.
+  static std::shared_ptr<AdamBiasTable> Shared(float beta1, float beta2);
+
   AdamBiasTable(float beta1, float beta2);
   AdamBiasTable(const AdamBiasTable&) = delete;
   AdamBiasTable& operator=(const AdamBiasTable&) = delete;

@@ -130,7 +130,7 @@ SparseTable::SparseTable(const SparseTableOptions& options, int stripe_bits)
       optimizer_(options.optimizer),
       hyper_(options.hyper),
       adam_bias_(options.optimizer == OptimizerKind::kAdam
-                     ? std::make_unique<AdamBiasTable>(options.hyper.beta1, options.hyper.beta2)
+                     ? AdamBiasTable::Shared(options.hyper.beta1, options.hyper.beta2)
                      : nullptr),
       init_scale_(options.init_scale),
       seed_(options.seed),

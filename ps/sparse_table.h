@@ -43,6 +43,8 @@
 // what it holds, all reserved: the fixed part, blocks (free slots included)
 // and indexes. Blocks and indexes grow but are not shrunk until destruction
 // or Restore: an evicted row's slot is reused by the next row created.
+// Not counted: an Adam table's bias corrections by step count, shared by
+// the process's tables of the same betas (AdamBiasTable, at most 1 MiB).
 //
 // A call that cannot get a slot (max_rows == 0, so the table does not evict,
 // and the budget refuses; or every row its stripe could evict is one this
@@ -224,8 +226,9 @@ class SparseTable {
   const int64_t dim_;
   const OptimizerKind optimizer_;
   const OptimizerHyperparams hyper_;
-  // Adam's corrections by a row's update count (null for another optimizer).
-  const std::unique_ptr<AdamBiasTable> adam_bias_;
+  // Adam's corrections by a row's update count, shared with the process's
+  // other tables of the same betas (null for another optimizer).
+  const std::shared_ptr<AdamBiasTable> adam_bias_;
   const float init_scale_;
   const uint64_t seed_;
   const int64_t max_rows_;

@@ -190,6 +190,13 @@ TEST(AdamBiasTableTest, GivesTheComputedCorrectionsBitForBit) {
     return std::memcmp(&a.step_size, &b.step_size, sizeof(float)) == 0 &&
            std::memcmp(&a.inv_sqrt_bc2, &b.inv_sqrt_bc2, sizeof(float)) == 0;
   };
+  // The corrections as Adam defines them, in double.
+  auto defined = [](const OptimizerHyperparams& hp) {
+    const double t = static_cast<double>(hp.step);
+    return AdamCorrections{
+        static_cast<float>(hp.learning_rate / (1.0 - std::pow(double{hp.beta1}, t))),
+        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(double{hp.beta2}, t)))};
+  };
   std::vector<std::thread> threads;
   std::atomic<int> mismatches{0};
   for (int t = 0; t < 4; ++t) {
@@ -201,11 +208,15 @@ TEST(AdamBiasTableTest, GivesTheComputedCorrectionsBitForBit) {
       hp.learning_rate = 0.001f * static_cast<float>(t + 1) / 3.f;
       for (int64_t k = 0; k < 5000; ++k) {
         hp.step = t % 2 == 0 ? k + 1 : 5000 - k;
-        if (!same(table.At(hp), AdamBiasCorrections(hp))) ++mismatches;
+        if (!same(table.At(hp), defined(hp)) || !same(AdamBiasCorrections(hp), defined(hp))) {
+          ++mismatches;
+        }
       }
       for (int64_t step : {AdamBiasTable::kSteps, AdamBiasTable::kSteps + 1, int64_t{1} << 40}) {
         hp.step = step;
-        if (!same(table.At(hp), AdamBiasCorrections(hp))) ++mismatches;
+        if (!same(table.At(hp), defined(hp)) || !same(AdamBiasCorrections(hp), defined(hp))) {
+          ++mismatches;
+        }
       }
     });
   }
@@ -225,6 +236,13 @@ TEST(AdamBiasTableTest, GivesTheComputedCorrectionsBitForBit) {
   EXPECT_EQ(std::memcmp(computed.data(), given.data(), 4 * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(m.data(), m_given.data(), 4 * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(v.data(), v_given.data(), 4 * sizeof(float)), 0);
+}
+
+// Tables of the same betas are one table while anyone holds it.
+TEST(AdamBiasTableTest, SharedByBetas) {
+  std::shared_ptr<AdamBiasTable> a = AdamBiasTable::Shared(0.9f, 0.999f);
+  EXPECT_EQ(AdamBiasTable::Shared(0.9f, 0.999f), a);
+  EXPECT_NE(AdamBiasTable::Shared(0.9f, 0.99f), a);
 }
 
 TEST(OptimizerTest, ZeroLengthIsANoOp) {
