@@ -35,11 +35,15 @@ float InvSqrtSecondBias(float beta2, int64_t step) {
                                                      static_cast<double>(step < 1 ? 1 : step))));
 }
 
+AdamCorrections Computed(const OptimizerHyperparams& hp) {
+  return {static_cast<float>(hp.learning_rate / FirstBias(hp.beta1, hp.step)),
+          InvSqrtSecondBias(hp.beta2, hp.step)};
+}
+
 }  // namespace
 
 AdamCorrections AdamBiasCorrections(const OptimizerHyperparams& hp) {
-  return {static_cast<float>(hp.learning_rate / FirstBias(hp.beta1, hp.step)),
-          InvSqrtSecondBias(hp.beta2, hp.step)};
+  return hp.adam_bias != nullptr ? hp.adam_bias->At(hp) : Computed(hp);
 }
 
 struct AdamBiasTable::Powers {
@@ -83,7 +87,7 @@ void AdamBiasTable::FillTo(int64_t step) {
 
 AdamCorrections AdamBiasTable::At(const OptimizerHyperparams& hp) {
   const int64_t step = hp.step < 1 ? 1 : hp.step;
-  if (step > kSteps) return AdamBiasCorrections(hp);
+  if (step > kSteps) return Computed(hp);
   if (step > filled_.load(std::memory_order_acquire)) FillTo(step);
   const Powers& p = powers_[step - 1];
   return {static_cast<float>(hp.learning_rate / p.first_bias), p.inv_sqrt_second_bias};

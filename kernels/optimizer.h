@@ -17,6 +17,8 @@ namespace downpour {
 
 enum class OptimizerKind { kSgd, kMomentum, kAdagrad, kAdam };
 
+class AdamBiasTable;
+
 // Hyperparameters of one update, already resolved (no zero-means-default
 // here; see ps/lr_schedule for the defaults of a job spec).
 struct OptimizerHyperparams {
@@ -28,6 +30,9 @@ struct OptimizerHyperparams {
   float weight_decay = 0.f;   // L2: grad += weight_decay * param.
   // 1-based count of updates including this one (Adam's bias correction).
   int64_t step = 1;
+  // Adam: where the bias corrections of beta1, beta2 are kept by step count
+  // (a sparse table's rows, each at its own step), or null: computed.
+  AdamBiasTable* adam_bias = nullptr;
 };
 
 // Number of float slots of `n` elements the optimizer keeps per parameter
@@ -35,7 +40,8 @@ struct OptimizerHyperparams {
 int NumOptimizerSlots(OptimizerKind kind);
 
 // Adam's bias corrections at hp.step (1 at the least), in double once per
-// update: step_size = lr / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t).
+// update: step_size = lr / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t);
+// from hp.adam_bias when it is given (the same bits).
 struct AdamCorrections {
   float step_size;
   float inv_sqrt_bc2;
@@ -43,8 +49,9 @@ struct AdamCorrections {
 AdamCorrections AdamBiasCorrections(const OptimizerHyperparams& hp);
 
 // AdamBiasCorrections for many updates of one beta1 and beta2 with their
-// own step counts (a sparse table's rows: each row's t), the same bits,
-// the powers computed once per step count rather than twice per update.
+// own step counts (a sparse table's rows: each row's t; an update's
+// OptimizerHyperparams::adam_bias), the same bits, the powers computed
+// once per step count rather than twice per update.
 // Thread-safe; filled as far as the largest step asked (up to kSteps, past
 // which each call computes its own), so it holds 16 bytes per step count
 // reached, at most 1 MiB.

@@ -64,6 +64,12 @@ absl::Status CheckCount(const std::string& table, int64_t n) {
   return absl::OkStatus();
 }
 
+// A row's record in the table's stripes. A table without max_rows never
+// evicts: it keeps no eviction order.
+RowShape ShapeOf(int64_t dim, int num_slots, int64_t max_rows, EvictionPolicy eviction) {
+  return RowShape(dim, num_slots, /*ordered=*/max_rows > 0, eviction == EvictionPolicy::kLfu);
+}
+
 }  // namespace
 
 void InitSparseRow(uint64_t seed, const std::string& table_name, int64_t id, float scale,
@@ -141,9 +147,7 @@ SparseTable::SparseTable(const SparseTableOptions& options, int stripe_bits)
       num_slots_(NumOptimizerSlots(options.optimizer)),
       fixed_bytes_(static_cast<int64_t>(sizeof(SparseTable) + (sizeof(Stripe) << stripe_bits))),
       stripes_(std::make_unique<Stripe[]>(size_t{1} << stripe_bits)) {
-  // A table without max_rows never evicts: it keeps no eviction order.
-  const RowShape shape(dim_, num_slots_, /*ordered=*/max_rows_ > 0,
-                       eviction_ == EvictionPolicy::kLfu);
+  const RowShape shape = ShapeOf(dim_, num_slots_, max_rows_, eviction_);
   const int num_stripes = 1 << stripe_bits_;
   for (int s = 0; s < num_stripes; ++s) {
     uint32_t max_slots = kMaxStripeSlots;
@@ -408,6 +412,7 @@ absl::Status SparseTable::Apply(const int64_t* ids, int64_t n, const float* grad
   std::vector<int64_t> created;
   OptimizerHyperparams hyper = hyper_;
   hyper.learning_rate = learning_rate;
+  hyper.adam_bias = adam_bias_.get();
   const int num_stripes = 1 << stripe_bits_;
   for (int s = 0; s < num_stripes; ++s) {
     const uint32_t begin = grouping.begin[s];
@@ -428,11 +433,6 @@ absl::Status SparseTable::Apply(const int64_t* ids, int64_t n, const float* grad
       float* values = stripe.rows.Values(slots[k]);
       if (before != nullptr) std::memcpy(before + i * dim_, values, dim_ * sizeof(float));
       float* const row_slots[2] = {values + dim_, values + 2 * dim_};
-      if (adam_bias_ != nullptr) {
-        kernels::cpu::AdamUpdate(hyper, adam_bias_->At(hyper), grads + i * dim_, dim_, values,
-                                 row_slots[0], row_slots[1]);
-        continue;
-      }
       kernels::cpu::ApplyOptimizer(optimizer_, hyper, grads + i * dim_, dim_, values, row_slots);
     }
     Unpin(stripe, &slots[begin], end - begin);
@@ -539,9 +539,7 @@ absl::Status SparseTable::Restore(const Snapshot& snapshot) {
     const uint32_t max_slots = stripes_[s].rows.max_slots();
     if (rows.size() > max_slots) first[s] = rows.size() - max_slots;
     dropped += static_cast<int64_t>(first[s]);
-    // A table without max_rows never evicts: it keeps no eviction order.
-    const RowShape shape(dim_, num_slots_, /*ordered=*/max_rows_ > 0,
-                         eviction_ == EvictionPolicy::kLfu);
+    const RowShape shape = ShapeOf(dim_, num_slots_, max_rows_, eviction_);
     new_bytes +=
         StripeRows::BytesFor(shape, max_slots, static_cast<uint32_t>(rows.size() - first[s]));
   }

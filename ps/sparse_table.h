@@ -34,9 +34,9 @@
 //   relinking a row's neighbours was a tenth of a shard's CPU per row).
 //
 // Per row, with Adam: dim 16: 224 bytes of record (LFU with max_rows 248),
-// dim 64: 800 (824), plus 5.3 to 10.7 bytes of index (4 bytes per entry at 3/8 to 3/4
-// full); the values alone are 64 and 256 bytes. A stripe's last block may
-// hold up to 4096 free slots, reserved but unused.
+// dim 64: 800 (824), plus 5.3 to 10.7 bytes of index (4 bytes per entry at
+// 3/8 to 3/4 full); the values alone are 64 and 256 bytes. A stripe's last
+// block may hold up to 4096 free slots, reserved but unused.
 //
 // Memory: the table reserves from the budget what it allocates, a block and
 // any index growth at a time, and releases it all when destroyed; bytes() is

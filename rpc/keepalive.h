@@ -1,12 +1,13 @@
 // Keepalive between a worker and its shards: while calls are open the
 // client pings every 2 s, and a ping unanswered within 10 s ends the
-// connection and its calls (2 s was too short for a busy host: on a loaded
-// 2-core machine live shards' connections were ended mid-step). A shard whose host or link is gone
-// sends no reset; without the pings a call whose bytes sat unsent there lasted until its deadline
-// even once cancelled (gRPC completes a call only when its write is done), holding a stopped run
-// (and the worker's exit) for up to the push timeout. Servers must accept pings that often: by
-// default gRPC closes a connection that pings more than every 5 minutes while the server sends
-// nothing (a pull waiting for other workers).
+// connection and its calls (10 s, not less: a busy host may answer late). A
+// shard whose host or link is gone sends no reset; without the pings a call
+// whose bytes sat unsent there lasted until its deadline even once
+// cancelled (gRPC completes a call only when its write is done), holding a
+// stopped run (and the worker's exit) for up to the push timeout. Servers
+// must accept pings that often: by default gRPC closes a connection that
+// pings more than every 5 minutes while the server sends nothing (a pull
+// waiting for other workers).
 //
 // Functions only; thread-safe.
 #ifndef DOWNPOUR_RPC_KEEPALIVE_H_

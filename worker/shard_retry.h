@@ -33,9 +33,9 @@ bool IsRetryableShardError(const absl::Status& status);
 // returns OK, an error that does not pass, or an error once give_up has
 // passed; that error comes back annotated with `what` ("pulling from shard
 // 2"); an Unavailable one (a connection lost) as DeadlineExceeded once
-// give_up has passed. Before each attempt, cancelled() returning true ends the call with
-// Cancelled("job ended"). An attempt that keeps its own deadline (a push:
-// the shard client's) may ignore the one it is given.
+// give_up has passed. Before each attempt, cancelled() returning true ends
+// the call with Cancelled("job ended"). An attempt that keeps its own
+// deadline (a push: the shard client's) may ignore the one it is given.
 absl::Status CallShardWithRetries(absl::string_view what, absl::Time give_up, absl::Duration slice,
                                   const std::function<bool()>& cancelled,
                                   const std::function<absl::Status(absl::Time deadline)>& attempt);

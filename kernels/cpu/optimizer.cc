@@ -107,17 +107,10 @@ DOWNPOUR_VECTOR_CLONES void AdagradUpdate(const OptimizerHyperparams& hp,
   }
 }
 
-void AdamUpdate(const OptimizerHyperparams& hp, const float* grad, int64_t n, float* param,
-                float* m, float* v) {
-  AdamUpdate(hp, AdamBiasCorrections(hp), grad, n, param, m, v);
-}
-
-DOWNPOUR_VECTOR_CLONES void AdamUpdate(const OptimizerHyperparams& hp,
-                                       const AdamCorrections& corrections,
-                                       const float* __restrict grad, int64_t n,
-                                       float* __restrict param, float* __restrict m,
+DOWNPOUR_VECTOR_CLONES void AdamUpdate(const OptimizerHyperparams& hp, const float* __restrict grad,
+                                       int64_t n, float* __restrict param, float* __restrict m,
                                        float* __restrict v) {
-  const AdamConstants k(hp, corrections);
+  const AdamConstants k(hp);
   for (int64_t i = 0; i < n; ++i) {
     param[i] = AdamStep(k, grad[i], param[i], m[i], v[i], &m[i], &v[i]);
   }

@@ -36,9 +36,6 @@ void AdagradUpdate(const OptimizerHyperparams& hp, const float* grad, int64_t n,
 // REQUIRES: hp.step >= 1.
 void AdamUpdate(const OptimizerHyperparams& hp, const float* grad, int64_t n, float* param,
                 float* m, float* v);
-// The same with hp's bias corrections given (AdamBiasTable::At's).
-void AdamUpdate(const OptimizerHyperparams& hp, const AdamCorrections& corrections,
-                const float* grad, int64_t n, float* param, float* m, float* v);
 
 // Dispatches on `kind`; `slots` holds NumOptimizerSlots(kind) arrays of `n`
 // elements in the order listed above (may be null for SGD).

@@ -182,7 +182,7 @@ TEST(OptimizerTest, AdamFirstStepMovesByLearningRate) {
 
 // A table of bias corrections gives AdamBiasCorrections' bits at every
 // step count, its own and past it, for any learning rate, whichever
-// threads fill it in whatever order; and the update with them given is the
+// threads fill it in whatever order; and an update given the table is the
 // update that computes them.
 TEST(AdamBiasTableTest, GivesTheComputedCorrectionsBitForBit) {
   AdamBiasTable table(0.8f, 0.95f);
@@ -208,13 +208,19 @@ TEST(AdamBiasTableTest, GivesTheComputedCorrectionsBitForBit) {
       hp.learning_rate = 0.001f * static_cast<float>(t + 1) / 3.f;
       for (int64_t k = 0; k < 5000; ++k) {
         hp.step = t % 2 == 0 ? k + 1 : 5000 - k;
-        if (!same(table.At(hp), defined(hp)) || !same(AdamBiasCorrections(hp), defined(hp))) {
+        OptimizerHyperparams from_table = hp;
+        from_table.adam_bias = &table;
+        if (!same(table.At(hp), defined(hp)) || !same(AdamBiasCorrections(hp), defined(hp)) ||
+            !same(AdamBiasCorrections(from_table), defined(hp))) {
           ++mismatches;
         }
       }
       for (int64_t step : {AdamBiasTable::kSteps, AdamBiasTable::kSteps + 1, int64_t{1} << 40}) {
         hp.step = step;
-        if (!same(table.At(hp), defined(hp)) || !same(AdamBiasCorrections(hp), defined(hp))) {
+        OptimizerHyperparams from_table = hp;
+        from_table.adam_bias = &table;
+        if (!same(table.At(hp), defined(hp)) || !same(AdamBiasCorrections(hp), defined(hp)) ||
+            !same(AdamBiasCorrections(from_table), defined(hp))) {
           ++mismatches;
         }
       }
@@ -232,7 +238,9 @@ TEST(AdamBiasTableTest, GivesTheComputedCorrectionsBitForBit) {
   std::vector<float> computed = {1.f, 2.f, -3.f, 0.25f}, m(4, 0.1f), v(4, 0.2f);
   std::vector<float> given = computed, m_given = m, v_given = v;
   AdamUpdate(hp, grad.data(), 4, computed.data(), m.data(), v.data());
-  AdamUpdate(hp, table.At(hp), grad.data(), 4, given.data(), m_given.data(), v_given.data());
+  OptimizerHyperparams from_table = hp;
+  from_table.adam_bias = &table;
+  AdamUpdate(from_table, grad.data(), 4, given.data(), m_given.data(), v_given.data());
   EXPECT_EQ(std::memcmp(computed.data(), given.data(), 4 * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(m.data(), m_given.data(), 4 * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(v.data(), v_given.data(), 4 * sizeof(float)), 0);
