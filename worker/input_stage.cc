@@ -160,13 +160,14 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
     // next push, not by this step.
     if (!all_kept_) RETURN_IF_ERROR(exchange_->Finish());
     std::swap(current_, next_);
-    if (next_packed_) {
+    const Ahead ahead = next_ahead_;
+    next_ahead_ = Ahead::kPlanned;
+    if (ahead == Ahead::kPooled) {
       // PlanAhead's task pooled the rows already.
-      next_packed_ = false;
       std::swap(features_, next_features_);
       return features_.data();
     }
-    if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
+    if (keeps_rows_ && ahead != Ahead::kTaken) RETURN_IF_ERROR(TakePrefetched(*current_, step));
     return Pack(batch, current_.get(), staging, pool_on_device);
   }
   RETURN_IF_ERROR(exchange_->Finish());
@@ -216,19 +217,27 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
   if (exchange_ == nullptr) return;
   AwaitPlan();
   planning_for_ = next;
-  planning_ = planner_.Start(1, [this, next, step, min_version, min_worker_steps](int) {
+  planned_ahead_ = Ahead::kPlanned;
+  // A step whose rows went to the device for pooling: the next one's will
+  // too (laid out in the block once this step has uploaded it).
+  const bool pool_here = pooled_ == nullptr;
+  planning_ = planner_.Start(1, [this, next, step, min_version, min_worker_steps, pool_here](int) {
     planned_ = SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_);
     if (!planned_.ok() || !keeps_rows_) return;
     Prefetch(*planned_, step, min_version, min_worker_steps);
     if (!all_kept_) return;
     // Every table kept: next's rows are all on the prefetch lane, so they
-    // are taken and pooled here too, while the step computes.
+    // are taken here too, while the step computes, and pooled unless the
+    // device pools them.
     absl::Status taken = TakePrefetched(*planned_, step);
     if (!taken.ok()) {
       planned_ = taken;
       return;
     }
+    planned_ahead_ = Ahead::kTaken;
+    if (!pool_here) return;
     PackInto(*next, &*planned_, TrainingRows(), Destination(*next, nullptr, &next_features_));
+    planned_ahead_ = Ahead::kPooled;
   });
 }
 
@@ -246,15 +255,14 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
     current_->RowGradients(model.input_grad(), &grads_, &tables_);
   }
   next_.reset();
-  next_packed_ = false;
+  next_ahead_ = Ahead::kPlanned;
   AwaitPlan();
   if (next != nullptr) {
     if (planning_ != nullptr && planning_for_ == next) {
       RETURN_IF_ERROR(planned_.status());
       next_ = std::make_unique<SparseBatch>(*std::move(planned_));
-      // Its task pooled the input too when every table is kept (a failure
-      // to is planned_'s error).
-      next_packed_ = all_kept_;
+      // What else its task did (a failure to is planned_'s error).
+      next_ahead_ = planned_ahead_;
     } else {
       ASSIGN_OR_RETURN(SparseBatch plan,
                        SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));

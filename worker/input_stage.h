@@ -21,9 +21,11 @@
 // next's step - k steps, while the step computes; the push of a step then
 // asks for no rows of those tables, and the next step's input waits only
 // for that pull (when every table is kept, PlanAhead's task also takes the
-// rows and pools next's input while the step computes). The push lane's answer still comes once the
-// shards have applied the step (its pull asks for no rows at the step's version), and the next push
-// waits for it, so no push reaches a shard a step early.
+// rows while the step computes, and pools next's input too unless the
+// device pools it: then the step only lays the rows into the device's
+// block). The push lane's answer still comes once the shards have applied
+// the step (its pull asks for no rows at the step's version), and the next
+// push waits for it, so no push reaches a shard a step early.
 //
 // Thread-compatible: one trainer drives it.
 #ifndef DOWNPOUR_WORKER_INPUT_STAGE_H_
@@ -177,10 +179,13 @@ class InputStage {
   const bool sync_;
   bool keeps_rows_ = false;
   bool all_kept_ = false;  // Every table kept.
-  // Every table kept: PlanAhead's task also takes the prefetched rows and
-  // pools next's input into next_features_ (next_packed_: next_ was so
-  // packed).
-  bool next_packed_ = false;
+  // How far PlanAhead's task took its batch (planned_ahead_) and so next_:
+  // planned (and its missing rows' pull begun); with every table kept, its
+  // rows taken from the prefetch lane into kept_values_ too, and unless the
+  // step before pooled on the device, its input pooled into next_features_.
+  enum class Ahead { kPlanned, kTaken, kPooled };
+  Ahead planned_ahead_ = Ahead::kPlanned;
+  Ahead next_ahead_ = Ahead::kPlanned;
   std::vector<float> next_features_;
   int min_staleness_ = 0;
   std::unique_ptr<RowCache> cache_;

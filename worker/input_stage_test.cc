@@ -211,5 +211,99 @@ TEST_F(InputStageTest, AStaleTableReadsRowsAtMostItsStalenessBehindAndPullsFewer
   EXPECT_LT(stage_->rows_pulled(), 30);
 }
 
+// A block in host memory standing in for the model's (Model::PooledStaging):
+// laid out for what it is asked, each row's gradient `grad` in every column.
+class FakeDeviceBlock {
+ public:
+  explicit FakeDeviceBlock(float grad) : grad_(grad) {}
+
+  InputStage::PoolOnDevice Lay() {
+    return [this](int64_t batch, const std::vector<int32_t>& rows,
+                  const std::vector<int32_t>& ids) -> absl::StatusOr<std::vector<PooledRows>*> {
+      ++asked_;
+      tables_.assign(rows.size(), Table());
+      blocks_.assign(rows.size(), PooledRows());
+      for (size_t t = 0; t < rows.size(); ++t) {
+        Table& table = tables_[t];
+        table.values.assign(rows[t] * kDim, 0.f);
+        table.grads.assign(rows[t] * kDim, grad_);
+        table.offsets.assign(batch + 1, 0);
+        table.index.assign(ids[t], 0);
+        table.row_reads.assign(rows[t] + 1, 0);
+        table.readers.assign(ids[t], 0);
+        blocks_[t] = PooledRows{rows[t],
+                                ids[t],
+                                table.values.data(),
+                                table.offsets.data(),
+                                table.index.data(),
+                                table.row_reads.data(),
+                                table.readers.data(),
+                                table.grads.data()};
+      }
+      return &blocks_;
+    };
+  }
+
+  // The values of the first row example `example` reads from table 0.
+  std::vector<float> FirstRowOf(int64_t example) const {
+    const PooledRows& block = blocks_[0];
+    const float* row = block.values + int64_t{block.index[block.offsets[example]]} * kDim;
+    return {row, row + kDim};
+  }
+  int asked() const { return asked_; }
+
+ private:
+  struct Table {
+    std::vector<float> values, grads;
+    std::vector<int32_t> offsets, index, row_reads, readers;
+  };
+  const float grad_;
+  int asked_ = 0;
+  std::vector<Table> tables_;
+  std::vector<PooledRows> blocks_;
+};
+
+// Every table kept and the rows pooled on the device: each step's rows are
+// laid into the device's block (the step before's task only took them from
+// the prefetch lane), none pooled here, and they are at most the staleness
+// behind.
+TEST_F(InputStageTest, EveryTableKeptLaysItsRowsIntoTheDevicesBlockEachStep) {
+  Host(3);
+  FakeDeviceBlock device(/*grad=*/0.25f);
+  const InputStage::PoolOnDevice lay = device.Lay();
+  constexpr int kSteps = 10;
+  std::vector<data::Batch> batches;
+  for (int step = 0; step <= kSteps; ++step) {
+    batches.push_back(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
+  }
+  std::vector<float> staging(4 * model_->shape().input_size);
+  int behind = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    ASSERT_TRUE(stage_->Finish().ok());
+    std::vector<float> now = ShardRow(1);
+    const std::vector<float> two = ShardRow(2);
+    now.insert(now.end(), two.begin(), two.end());
+    versions_.push_back(now);
+    absl::StatusOr<const float*> features =
+        stage_->Features(step, batches[step], step, 0, false, staging.data(), lay);
+    ASSERT_TRUE(features.ok()) << features.status();
+    EXPECT_EQ(*features, staging.data()) << "step " << step;
+    ASSERT_TRUE(stage_->pooled_on_device()) << "step " << step;
+    std::vector<float> read = device.FirstRowOf(0);
+    const std::vector<float> second = device.FirstRowOf(1);
+    read.insert(read.end(), second.begin(), second.end());
+    const int64_t version = VersionOf(read);
+    EXPECT_GE(version, step - 3) << "step " << step;
+    EXPECT_LE(version, step) << "step " << step;
+    behind += version < step;
+    stage_->PlanAhead(step + 1, &batches[step + 1], step + 1, 0);
+    ASSERT_TRUE(stage_->Exchange(step, *model_, &batches[step + 1], step + 1, 0).ok());
+  }
+  ASSERT_TRUE(stage_->Finish().ok());
+  EXPECT_EQ(device.asked(), kSteps);
+  EXPECT_GT(behind, 0);
+  EXPECT_GT(stage_->rows_kept(), 0);
+}
+
 }  // namespace
 }  // namespace downpour
