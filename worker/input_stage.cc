@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace downpour {
@@ -222,14 +223,27 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
   // too (laid out in the block once this step has uploaded it).
   const bool pool_here = pooled_ == nullptr;
   planning_ = planner_.Start(1, [this, next, step, min_version, min_worker_steps, pool_here](int) {
+    double began = MonotonicSeconds();
+    // Adds the time since the last lap to `part`.
+    auto lap = [&began](double* part) {
+      const double now = MonotonicSeconds();
+      *part += now - began;
+      began = now;
+    };
     planned_ = SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_);
+    lap(&ahead_.plan);
+    ++ahead_.batches;
     if (!planned_.ok() || !keeps_rows_) return;
     Prefetch(*planned_, step, min_version, min_worker_steps);
+    lap(&ahead_.cache);
     if (!all_kept_) return;
     // Every table kept: next's rows are all on the prefetch lane, so they
     // are taken here too, while the step computes, and pooled unless the
     // device pools them.
-    absl::Status taken = TakePrefetched(*planned_, step);
+    absl::Status taken = prefetch_->Finish();
+    lap(&ahead_.pull);
+    if (taken.ok()) taken = TakePrefetched(*planned_, step);
+    lap(&ahead_.cache);
     if (!taken.ok()) {
       planned_ = taken;
       return;
@@ -237,6 +251,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
     planned_ahead_ = Ahead::kTaken;
     if (!pool_here) return;
     PackInto(*next, &*planned_, TrainingRows(), Destination(*next, nullptr, &next_features_));
+    lap(&ahead_.pool);
     planned_ahead_ = Ahead::kPooled;
   });
 }

@@ -123,6 +123,16 @@ class InputStage {
   // Rows of kept tables read from the cache instead of pulled.
   int64_t rows_kept() const { return rows_kept_; }
 
+  // Where PlanAhead's tasks spent their time, in all, beside the steps:
+  // planning their batches, looking rows up in and taking them into the
+  // cache, waiting for the missing rows' pull, pooling the input. Read
+  // once no task runs (after Finish or AwaitPlan).
+  struct AheadSeconds {
+    int64_t batches = 0;
+    double plan = 0, cache = 0, pull = 0, pool = 0;
+  };
+  const AheadSeconds& ahead_seconds() const { return ahead_; }
+
  private:
   using Rows = std::vector<std::vector<const float*>>;  // [table][shard]
   // The rows a training step pools: kept tables' from kept_values_, the
@@ -195,6 +205,7 @@ class InputStage {
   std::vector<std::vector<std::vector<float>>> kept_values_;
   RowIds push_pull_ids_;
   int64_t rows_kept_ = 0;
+  AheadSeconds ahead_;  // Written by PlanAhead's tasks.
 };
 
 }  // namespace downpour

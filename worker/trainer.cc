@@ -5,8 +5,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/binary_metrics.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/process_metrics.h"
 #include "common/status.h"
@@ -263,7 +265,12 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenTestSet() const {
   options.slices = data::WholeFiles(files);
   options.data_dir = options_.data_dir;
   SetExampleFormat(spec, shape_, &options);
-  options.batch_size = 1000;
+  // Batches of at least 1,000 test examples, or of the training batch where
+  // that is larger: the device holds a batch that large already, and each
+  // batch has fixed costs (its rows' pull, launches, reading its logits
+  // back). A click model of 4,096 examples a step evaluated a million test
+  // examples in 1.65 s on one H200 with batches of 1,000.
+  options.batch_size = std::max<int64_t>(1000, spec.dataset().batch_size());
   options.repeat = false;
   return BatchReader::Create(options);
 }
@@ -415,9 +422,19 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
     }
     return *more;
   };
+  // Where the evaluation's time goes, said in the log with its size.
+  const double began = MonotonicSeconds();
+  double reading = 0, rows = 0, evaluating = 0;
+  double lap = began;
+  auto time = [&lap](double* part) {
+    const double now = MonotonicSeconds();
+    *part += now - lap;
+    lap = now;
+  };
   Batch batches[2];
   int current = 0;
   ASSIGN_OR_RETURN(bool more, read(&batches[current]));
+  time(&reading);
   while (more) {
     const Batch& batch = batches[current];
     const float* features = batch.features.data();
@@ -426,7 +443,9 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
       RETURN_IF_ERROR(bad_ids(packed.status()));
       features = *packed;
     }
+    time(&rows);
     ASSIGN_OR_RETURN(more, read(&batches[1 - current]));
+    time(&reading);
     ASSIGN_OR_RETURN(EvalResult result, model->Evaluate(features, batch.labels.data(), batch.size,
                                                         auc || log_loss ? &logits : nullptr));
     if (auc || log_loss) {
@@ -436,6 +455,7 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
         binary.Add(1.0 / (1.0 + std::exp(-margin)), batch.labels[i]);
       }
     }
+    time(&evaluating);
     correct += result.correct;
     total += batch.size;
     current = 1 - current;
@@ -448,6 +468,10 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
   metrics.accuracy = static_cast<double>(correct) / total;
   if (auc) metrics.auc = binary.Auc();
   if (log_loss) metrics.log_loss = binary.LogLoss();
+  Log(absl::StrFormat(
+      "job %s: evaluated %d test examples in %.3f s (reading and planning batches %.3f, "
+      "waiting for and pooling their rows %.3f, the model and metrics %.3f)",
+      task_.job_id(), total, MonotonicSeconds() - began, reading, rows, evaluating));
   return metrics;
 }
 

@@ -99,6 +99,16 @@ void LogEvaluation(const std::string& job_id, const TestMetrics& tested, absl::s
   Log(absl::StrCat(said, suffix));
 }
 
+// The next batches' preparation beside the steps, per batch (the step's
+// "plan" is the wait for it).
+std::string AheadSplit(const InputStage::AheadSeconds& ahead) {
+  if (ahead.batches == 0) return "";
+  const double ms = 1000.0 / static_cast<double>(ahead.batches);
+  return absl::StrFormat(
+      "; ahead of the step, per batch: plan %.3f, cache %.3f, pull %.3f, pool %.3f ms",
+      ahead.plan * ms, ahead.cache * ms, ahead.pull * ms, ahead.pool * ms);
+}
+
 }  // namespace
 
 struct JobTrainer::RunState {
@@ -787,7 +797,8 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
       run->sparse ? absl::StrFormat("; sparse rows per step: pulled %.1f, read kept %.1f",
                                     static_cast<double>(input_stage_->rows_pulled()) / trained,
                                     static_cast<double>(input_stage_->rows_kept()) / trained)
-                  : ""));
+                  : "",
+      run->sparse ? AheadSplit(input_stage_->ahead_seconds()) : ""));
   return absl::OkStatus();
 }
 
