@@ -301,6 +301,8 @@ TEST_F(InputStageTest, EveryTableKeptLaysItsRowsIntoTheDevicesBlockEachStep) {
   }
   ASSERT_TRUE(stage_->Finish().ok());
   EXPECT_EQ(device.asked(), kSteps);
+  // Each batch after the first was planned beside the step before.
+  EXPECT_EQ(stage_->ahead_seconds().batches, kSteps);
   EXPECT_GT(behind, 0);
   EXPECT_GT(stage_->rows_kept(), 0);
 }

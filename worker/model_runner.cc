@@ -66,6 +66,10 @@ class ReplicaRunner : public ModelRunner {
                                       std::vector<float>* logits) override {
     return primary_->Evaluate(features, labels, batch, logits);
   }
+  int64_t EvaluateBatch(int64_t batch) const override {
+    // ReplicaSet's largest slice.
+    return (batch + replicas_->size() - 1) / replicas_->size();
+  }
   absl::Status UploadParam(int id, int64_t offset, int64_t count) override {
     return replicas_->UploadParam(id, offset, count);
   }
@@ -133,6 +137,7 @@ class PipelineRunner : public ModelRunner {
                                       std::vector<float>* logits) override {
     return pipeline_->Evaluate(features, labels, batch, logits);
   }
+  int64_t EvaluateBatch(int64_t batch) const override { return batch; }
   absl::Status UploadParam(int id, int64_t offset, int64_t count) override {
     return pipeline_->UploadParam(id, offset, count);
   }

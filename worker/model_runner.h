@@ -101,6 +101,11 @@ class ModelRunner {
   // Inference on `batch` examples from the host parameters (Model::Evaluate).
   virtual absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels,
                                               int64_t batch, std::vector<float>* logits) = 0;
+  // The most examples an Evaluate may take and hold no more device memory
+  // than a training step of `batch`: the slice one replica trains (replica 0
+  // evaluates the whole batch), or the batch (a pipeline evaluates in
+  // micro-batches).
+  virtual int64_t EvaluateBatch(int64_t batch) const = 0;
   // Queues elements [offset, offset + count) of param(id) to the device
   // that reads them. Only where uploads_pulled_params().
   virtual absl::Status UploadParam(int id, int64_t offset, int64_t count) = 0;

@@ -256,7 +256,7 @@ class JobTrainer {
   absl::Status PushGradientsAndPull(ModelRunner* model, int64_t step,
                                     const std::vector<const float*>& grads, int64_t min_version,
                                     int64_t min_worker_steps);
-  absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet() const;
+  absl::StatusOr<std::unique_ptr<data::BatchReader>> OpenTestSet(const ModelRunner& model) const;
   // OK when every one of `files` (as the job names them) is inside the
   // worker's data directories (TrainerOptions::data_roots).
   absl::Status CheckDataFiles(const std::vector<std::string>& files) const;

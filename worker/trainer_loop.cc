@@ -104,6 +104,10 @@ void LogEvaluation(const std::string& job_id, const TestMetrics& tested, absl::s
 std::string AheadSplit(const InputStage::AheadSeconds& ahead) {
   if (ahead.batches == 0) return "";
   const double ms = 1000.0 / static_cast<double>(ahead.batches);
+  // Only the plan where no table keeps its rows.
+  if (ahead.cache + ahead.pull + ahead.pool == 0) {
+    return absl::StrFormat("; ahead of the step, per batch: plan %.3f ms", ahead.plan * ms);
+  }
   return absl::StrFormat(
       "; ahead of the step, per batch: plan %.3f, cache %.3f, pull %.3f, pool %.3f ms",
       ahead.plan * ms, ahead.cache * ms, ahead.pull * ms, ahead.pool * ms);
@@ -272,7 +276,7 @@ absl::Status JobTrainer::StartRun(RunState* run) {
     // The evaluating rank: a wrong test-set path fails the job now, not
     // after the last step (a rank that comes to evaluate later opens it
     // then).
-    ASSIGN_OR_RETURN(run->test_reader, OpenTestSet());
+    ASSIGN_OR_RETURN(run->test_reader, OpenTestSet(*run->model));
   }
   permanent_ = false;
   return StartLoop(run);
@@ -751,7 +755,7 @@ absl::Status JobTrainer::EvaluatePeriodically(const StepState& s, bool last, Run
   RETURN_IF_ERROR(FinishPendingExchange(run));
   RETURN_IF_ERROR(input_stage_ ? input_stage_->Finish() : absl::OkStatus());
   // Opened again for each evaluation: a file gone since the start is the data's.
-  absl::StatusOr<std::unique_ptr<BatchReader>> opened = OpenTestSet();
+  absl::StatusOr<std::unique_ptr<BatchReader>> opened = OpenTestSet(*run->model);
   if (!opened.ok()) return BadTestData(opened.status());
   std::unique_ptr<BatchReader> test_set = *std::move(opened);
   // The rows as of the parameters pulled: no wait.
@@ -810,7 +814,7 @@ absl::Status JobTrainer::EvaluateFinalModel(RunState* run) {
   RETURN_IF_ERROR(PullParameters(run->model.get(), final_version, final_worker_steps));
   if (run->test_reader == nullptr) {
     // This rank came to evaluate after it started (rank 0 was lost).
-    absl::StatusOr<std::unique_ptr<BatchReader>> opened = OpenTestSet();
+    absl::StatusOr<std::unique_ptr<BatchReader>> opened = OpenTestSet(*run->model);
     if (!opened.ok()) return BadTestData(opened.status());
     run->test_reader = *std::move(opened);
   }
