@@ -95,6 +95,14 @@ class InputStageTest : public ::testing::Test {
     return {};
   }
 
+  // Records rows 1 and 2 as the shards hold them now (versions_).
+  void RecordVersion() {
+    std::vector<float> now = ShardRow(1);
+    const std::vector<float> two = ShardRow(2);
+    now.insert(now.end(), two.begin(), two.end());
+    versions_.push_back(now);
+  }
+
   // Trains `steps` steps on batches of the ids {1}, {2}, {1, 2}, {3 + step}
   // (rows 1 and 2 read every step). Before each step, records rows 1 and
   // 2 as the shards hold them (versions_[v]: after v steps); returns what
@@ -108,10 +116,7 @@ class InputStageTest : public ::testing::Test {
     for (int step = 0; step < steps; ++step) {
       // The last step's update applied (the push lane's answer), then read.
       EXPECT_TRUE(stage_->Finish().ok());
-      std::vector<float> now = ShardRow(1);
-      const std::vector<float> two = ShardRow(2);
-      now.insert(now.end(), two.begin(), two.end());
-      versions_.push_back(now);
+      RecordVersion();
       if (evaluate && step > 0) {
         // A batch of other rows between two steps.
         const data::Batch test = MakeBatch({{50}, {51}, {52}, {53}});
@@ -280,10 +285,7 @@ TEST_F(InputStageTest, EveryTableKeptLaysItsRowsIntoTheDevicesBlockEachStep) {
   int behind = 0;
   for (int step = 0; step < kSteps; ++step) {
     ASSERT_TRUE(stage_->Finish().ok());
-    std::vector<float> now = ShardRow(1);
-    const std::vector<float> two = ShardRow(2);
-    now.insert(now.end(), two.begin(), two.end());
-    versions_.push_back(now);
+    RecordVersion();
     absl::StatusOr<const float*> features =
         stage_->Features(step, batches[step], step, 0, false, staging.data(), lay);
     ASSERT_TRUE(features.ok()) << features.status();
