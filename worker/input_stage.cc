@@ -168,9 +168,20 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
       std::swap(features_, next_features_);
       return features_.data();
     }
-    if (keeps_rows_ && ahead != Ahead::kTaken) RETURN_IF_ERROR(TakePrefetched(*current_, step));
+    if (keeps_rows_ && ahead != Ahead::kTaken) {
+      // Two ahead, the task of the batch after this one took its rows
+      // (unless none was planned: then they are taken here).
+      AwaitPlan();
+      if (taken_step_ == step) {
+        taken_step_ = -1;
+        RETURN_IF_ERROR(taken_status_);
+      } else {
+        RETURN_IF_ERROR(TakePrefetched(*current_, step));
+      }
+    }
     return Pack(batch, current_.get(), staging, pool_on_device);
   }
+  AwaitPlan();
   RETURN_IF_ERROR(exchange_->Finish());
   ASSIGN_OR_RETURN(SparseBatch plan,
                    SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
@@ -210,19 +221,35 @@ InputStage::~InputStage() {
 }
 
 void InputStage::AwaitPlan() {
-  if (planning_ != nullptr) planning_->Wait();
+  // The planner runs its tasks in turn: the last one started is the last
+  // to end.
+  if (last_planned_ != nullptr) last_planned_->task->Wait();
+}
+
+int InputStage::plan_depth() const {
+  if (depth_ > 0) return depth_;
+  return all_kept_ && pooled_ != nullptr ? 2 : 1;
 }
 
 void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_version,
                            int64_t min_worker_steps) {
   if (exchange_ == nullptr) return;
-  AwaitPlan();
-  planning_for_ = next;
-  planned_ahead_ = Ahead::kPlanned;
+  if (depth_ == 0) depth_ = plan_depth();
+  // One batch ahead: the last one's task is done first, as its plan is.
+  if (depth_ == 1) AwaitPlan();
+  auto planned = std::make_shared<Planned>();
+  planned->step = step;
+  planned->batch = next;
+  // Two ahead, the task also takes the rows of the batch planned before
+  // this one (their pull begun by its task, a step earlier).
+  std::shared_ptr<Planned> before = depth_ == 2 ? last_planned_ : nullptr;
   // A step whose rows went to the device for pooling: the next one's will
   // too (laid out in the block once this step has uploaded it).
   const bool pool_here = pooled_ == nullptr;
-  planning_ = planner_.Start(1, [this, next, step, min_version, min_worker_steps, pool_here](int) {
+  planned->task = planner_.Start(1, [this, planned, before, min_version, min_worker_steps,
+                                     pool_here](int) {
+    const int64_t step = planned->step;
+    const data::Batch& batch = *planned->batch;
     double began = MonotonicSeconds();
     // Adds the time since the last lap to `part`.
     auto lap = [&began](double* part) {
@@ -230,30 +257,50 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       *part += now - began;
       began = now;
     };
-    planned_ = SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_);
+    absl::StatusOr<SparseBatch> plan =
+        SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_);
     lap(&ahead_.plan);
     ++ahead_.batches;
-    if (!planned_.ok() || !keeps_rows_) return;
-    Prefetch(*planned_, step, min_version, min_worker_steps);
+    if (plan.ok()) {
+      planned->plan = std::make_unique<SparseBatch>(*std::move(plan));
+      planned->planned = planned->plan.get();
+    } else {
+      planned->status = plan.status();
+    }
+    if (!keeps_rows_) return;
+    if (before != nullptr && before->planned != nullptr && prefetch_step_ == before->step) {
+      absl::Status taken = prefetch_->Finish();
+      lap(&ahead_.pull);
+      if (taken.ok()) taken = TakePrefetched(*before->planned, before->step);
+      lap(&ahead_.cache);
+      taken_step_ = before->step;
+      taken_status_ = taken;
+      ++ahead_.taken;
+    }
+    if (planned->planned == nullptr) return;
+    Prefetch(*planned->planned, step, min_version, min_worker_steps);
     lap(&ahead_.cache);
-    if (!all_kept_) return;
+    if (!all_kept_ || depth_ == 2) return;
     // Every table kept: next's rows are all on the prefetch lane, so they
     // are taken here too, while the step computes, and pooled unless the
     // device pools them.
     absl::Status taken = prefetch_->Finish();
     lap(&ahead_.pull);
-    if (taken.ok()) taken = TakePrefetched(*planned_, step);
+    if (taken.ok()) taken = TakePrefetched(*planned->planned, step);
     lap(&ahead_.cache);
     if (!taken.ok()) {
-      planned_ = taken;
+      planned->status = taken;
       return;
     }
-    planned_ahead_ = Ahead::kTaken;
+    planned->ahead = Ahead::kTaken;
+    ++ahead_.taken;
     if (!pool_here) return;
-    PackInto(*next, &*planned_, TrainingRows(), Destination(*next, nullptr, &next_features_));
+    PackInto(batch, planned->planned, TrainingRows(), Destination(batch, nullptr, &next_features_));
     lap(&ahead_.pool);
-    planned_ahead_ = Ahead::kPooled;
+    planned->ahead = Ahead::kPooled;
   });
+  last_planned_ = planned;
+  planned_.push_back(std::move(planned));
 }
 
 absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::Batch* next,
@@ -271,14 +318,25 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
   }
   next_.reset();
   next_ahead_ = Ahead::kPlanned;
-  AwaitPlan();
-  if (next != nullptr) {
-    if (planning_ != nullptr && planning_for_ == next) {
-      RETURN_IF_ERROR(planned_.status());
-      next_ = std::make_unique<SparseBatch>(*std::move(planned_));
-      // What else its task did (a failure to is planned_'s error).
-      next_ahead_ = planned_ahead_;
-    } else {
+  // The plan of `next` (step + 1's), made ahead: the oldest not yet taken.
+  std::shared_ptr<Planned> planned;
+  if (next != nullptr && !planned_.empty() && planned_.front()->batch == next &&
+      planned_.front()->step == step + 1) {
+    planned = std::move(planned_.front());
+    planned_.pop_front();
+  }
+  if (planned != nullptr) {
+    // Its task, not the ones after it (they run beside the steps).
+    planned->task->Wait();
+    RETURN_IF_ERROR(planned->status);
+    next_ = std::move(planned->plan);
+    // What else its task did (a failure to is its status).
+    next_ahead_ = planned->ahead;
+  } else {
+    // Nothing (or another batch) planned ahead: every task ends first.
+    AwaitPlan();
+    planned_.clear();
+    if (next != nullptr) {
       ASSIGN_OR_RETURN(SparseBatch plan,
                        SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));
       next_ = std::make_unique<SparseBatch>(std::move(plan));
@@ -288,8 +346,6 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
       }
     }
   }
-  planning_.reset();
-  planning_for_ = nullptr;
   exchange_->Begin(step, current_.get(), &grads_, PushLaneRows(next_.get()), min_version,
                    min_worker_steps, cancelled_, /*read_only=*/false, checkpoint_step);
   next_pulled_ = next != nullptr;

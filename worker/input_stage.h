@@ -32,6 +32,7 @@
 #define DOWNPOUR_WORKER_INPUT_STAGE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -94,11 +95,18 @@ class InputStage {
   // Starts working out which rows `next` (step `step`'s batch) reads, and
   // pulling those of kept tables it lacks (min_version and min_worker_steps
   // as Exchange's for `next`); Exchange(..., next) for the same batch takes
-  // the plan. Returns at once. `next` must stay as it is until that Exchange
-  // or AwaitPlan.
+  // the plan. Returns at once. `next` must stay as it is until its step's
+  // Features (or AwaitPlan).
   void PlanAhead(int64_t step, const data::Batch* next, int64_t min_version,
                  int64_t min_worker_steps);
-  // Waits for the plan PlanAhead started, if any (before its batch goes).
+  // How many batches ahead of the step PlanAhead may be given (each once
+  // the step before it has had its Features): 2 where every table keeps
+  // its rows and the steps pool them on the device (the step's batch s
+  // computes while s + 1's rows are taken into the cache and s + 2 is
+  // planned and its missing rows pulled), else 1. Fixed by the first
+  // PlanAhead.
+  int plan_depth() const;
+  // Waits for every plan PlanAhead started (before their batches go).
   void AwaitPlan();
   // Waits for the exchange in flight, if any.
   absl::Status Finish();
@@ -128,7 +136,8 @@ class InputStage {
   // cache, waiting for the missing rows' pull, pooling the input. Read
   // once no task runs (after Finish or AwaitPlan).
   struct AheadSeconds {
-    int64_t batches = 0;
+    int64_t batches = 0;  // Planned.
+    int64_t taken = 0;    // Whose rows a task took into the cache.
     double plan = 0, cache = 0, pull = 0, pool = 0;
   };
   const AheadSeconds& ahead_seconds() const { return ahead_; }
@@ -172,10 +181,7 @@ class InputStage {
   std::unique_ptr<SparseBatch> current_, next_;
   bool next_pulled_ = false;
   WorkPool tables_;   // Plans, pools and row gradients, table by table.
-  WorkPool planner_;  // One thread: PlanAhead's plan.
-  const data::Batch* planning_for_ = nullptr;
-  std::shared_ptr<WorkPool::Batch> planning_;
-  absl::StatusOr<SparseBatch> planned_;
+  WorkPool planner_;  // One thread: PlanAhead's tasks, in turn.
   std::vector<std::vector<std::vector<float>>> grads_;
   std::vector<float> features_;
   // The block the current step's rows were pooled from on the device, or
@@ -189,14 +195,34 @@ class InputStage {
   const bool sync_;
   bool keeps_rows_ = false;
   bool all_kept_ = false;  // Every table kept.
-  // How far PlanAhead's task took its batch (planned_ahead_) and so next_:
-  // planned (and its missing rows' pull begun); with every table kept, its
-  // rows taken from the prefetch lane into kept_values_ too, and unless the
-  // step before pooled on the device, its input pooled into next_features_.
+  // How far PlanAhead's task took its batch (Planned::ahead) and so next_:
+  // planned (and its missing rows' pull begun); with every table kept and
+  // one batch ahead, its rows taken from the prefetch lane into
+  // kept_values_ too, and unless the step before pooled on the device, its
+  // input pooled into next_features_. Two ahead, the next batch's task
+  // takes the rows (taken_step_).
   enum class Ahead { kPlanned, kTaken, kPooled };
-  Ahead planned_ahead_ = Ahead::kPlanned;
   Ahead next_ahead_ = Ahead::kPlanned;
   std::vector<float> next_features_;
+  // A batch PlanAhead was given, and what its task made of it (written by
+  // the task; read once it is done).
+  struct Planned {
+    int64_t step = 0;
+    const data::Batch* batch = nullptr;
+    std::shared_ptr<WorkPool::Batch> task;
+    absl::Status status;                // Of its plan, or of taking its rows.
+    std::unique_ptr<SparseBatch> plan;  // Until Exchange takes it (into next_).
+    SparseBatch* planned = nullptr;     // The plan, for the next batch's task.
+    Ahead ahead = Ahead::kPlanned;
+  };
+  int depth_ = 0;  // plan_depth(), once fixed.
+  // Planned batches not yet taken by Exchange, oldest first; the last one.
+  std::deque<std::shared_ptr<Planned>> planned_;
+  std::shared_ptr<Planned> last_planned_;
+  // Two ahead: the step whose rows a task took into kept_values_ (-1:
+  // none), and how that went.
+  int64_t taken_step_ = -1;
+  absl::Status taken_status_;
   int min_staleness_ = 0;
   std::unique_ptr<RowCache> cache_;
   std::unique_ptr<SparseExchange> prefetch_;

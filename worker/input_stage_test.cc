@@ -268,11 +268,12 @@ class FakeDeviceBlock {
   std::vector<PooledRows> blocks_;
 };
 
-// Every table kept and the rows pooled on the device: each step's rows are
-// laid into the device's block (the step before's task only took them from
-// the prefetch lane), none pooled here, and they are at most the staleness
+// Every table kept and the rows pooled on the device: the stage is given
+// batches two ahead (as the trainer does), each step's rows are taken into
+// the cache by the task of the batch after it and laid into the device's
+// block by the step, none pooled here, and they are at most the staleness
 // behind.
-TEST_F(InputStageTest, EveryTableKeptLaysItsRowsIntoTheDevicesBlockEachStep) {
+TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndLaysItsRowsIntoTheDevicesBlock) {
   Host(3);
   FakeDeviceBlock device(/*grad=*/0.25f);
   const InputStage::PoolOnDevice lay = device.Lay();
@@ -283,7 +284,9 @@ TEST_F(InputStageTest, EveryTableKeptLaysItsRowsIntoTheDevicesBlockEachStep) {
   }
   std::vector<float> staging(4 * model_->shape().input_size);
   int behind = 0;
+  int64_t planned = 0;  // The last step planned ahead.
   for (int step = 0; step < kSteps; ++step) {
+    // The shards' rows between steps: the pushes so far applied.
     ASSERT_TRUE(stage_->Finish().ok());
     RecordVersion();
     absl::StatusOr<const float*> features =
@@ -291,6 +294,7 @@ TEST_F(InputStageTest, EveryTableKeptLaysItsRowsIntoTheDevicesBlockEachStep) {
     ASSERT_TRUE(features.ok()) << features.status();
     EXPECT_EQ(*features, staging.data()) << "step " << step;
     ASSERT_TRUE(stage_->pooled_on_device()) << "step " << step;
+    EXPECT_EQ(stage_->plan_depth(), 2);
     std::vector<float> read = device.FirstRowOf(0);
     const std::vector<float> second = device.FirstRowOf(1);
     read.insert(read.end(), second.begin(), second.end());
@@ -298,13 +302,16 @@ TEST_F(InputStageTest, EveryTableKeptLaysItsRowsIntoTheDevicesBlockEachStep) {
     EXPECT_GE(version, step - 3) << "step " << step;
     EXPECT_LE(version, step) << "step " << step;
     behind += version < step;
-    stage_->PlanAhead(step + 1, &batches[step + 1], step + 1, 0);
+    for (; planned < std::min<int64_t>(step + stage_->plan_depth(), kSteps); ++planned) {
+      stage_->PlanAhead(planned + 1, &batches[planned + 1], planned + 1, 0);
+    }
     ASSERT_TRUE(stage_->Exchange(step, *model_, &batches[step + 1], step + 1, 0).ok());
   }
   ASSERT_TRUE(stage_->Finish().ok());
   EXPECT_EQ(device.asked(), kSteps);
-  // Each batch after the first was planned beside the step before.
+  // Steps 1 to kSteps - 1 had their rows taken beside the step before.
   EXPECT_EQ(stage_->ahead_seconds().batches, kSteps);
+  EXPECT_EQ(stage_->ahead_seconds().taken, kSteps - 1);
   EXPECT_GT(behind, 0);
   EXPECT_GT(stage_->rows_kept(), 0);
 }

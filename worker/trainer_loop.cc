@@ -2,6 +2,7 @@
 // of a step it runs, over the run's RunState and each step's StepState.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -141,9 +142,13 @@ struct JobTrainer::RunState {
   // as the step computes (its rows' plan is made meanwhile) and before the
   // step's exchange (which pulls its rows).
   bool sparse = false;
-  Batch batch, next_batch;
-  bool have_next = false;
-  bool next_read = false;  // This step has read the next batch (or found none).
+  Batch batch;
+  // Sparse tables: the batches read (and planned) ahead of the step, the
+  // next one first (InputStage::plan_depth() of them at most), and whether
+  // the reader had no more.
+  std::deque<std::unique_ptr<Batch>> ahead;
+  bool ahead_ended = false;
+  bool next_read = false;  // This step has read ahead (or found nothing more).
 
   // An overlapped step's exchange goes on into the next step: its forward
   // waits layer by layer for the parameters coming back (and, on a GPU,
@@ -436,6 +441,7 @@ absl::StatusOr<JobTrainer::StepState> JobTrainer::BeginStep(int64_t step, RunSta
 absl::Status JobTrainer::SwitchData(int64_t step, RunState* run) {
   absl::MutexLock lock(&data_mu_);
   ASSIGN_OR_RETURN(run->reader, OpenTrainingData(new_data_, new_data_step_));
+  run->ahead_ended = false;  // A new stream.
   data_ = new_data_;
   data_step_ = new_data_step_;
   Log(absl::StrCat("job ", task_.job_id(), ": rank ", task_.rank(), " reads ", data_.size(),
@@ -511,9 +517,10 @@ absl::Status JobTrainer::ReadBatch(StepState* s, RunState* run) {
   permanent_ = true;  // A bad record recurs on a restart.
   const double began = MonotonicSeconds();
   bool have_batch = true;
-  if (run->have_next) {
-    run->batch = std::move(run->next_batch);
-    run->have_next = false;
+  if (!run->ahead.empty()) {
+    // Its plan is made (the last Exchange took it): no task reads it.
+    run->batch = std::move(*run->ahead.front());
+    run->ahead.pop_front();
   } else {
     ASSIGN_OR_RETURN(have_batch, run->reader->Next(&run->batch));
   }
@@ -617,15 +624,24 @@ absl::Status JobTrainer::ReadAhead(const StepState& s, RunState* run) {
   // A bad record recurs on a restart (as ReadBatch's).
   permanent_ = true;
   const double began = MonotonicSeconds();
-  ASSIGN_OR_RETURN(run->have_next, run->reader->Next(&run->next_batch));
+  // Up to plan_depth() batches ahead, none past the rank's last step.
+  const size_t depth = static_cast<size_t>(input_stage_->plan_depth());
+  while (!run->ahead_ended && run->ahead.size() < depth &&
+         s.step + 1 + static_cast<int64_t>(run->ahead.size()) < steps_.load()) {
+    auto batch = std::make_unique<Batch>();
+    ASSIGN_OR_RETURN(const bool read, run->reader->Next(batch.get()));
+    if (!read) {
+      run->ahead_ended = true;
+      break;
+    }
+    const int64_t step = s.step + 1 + static_cast<int64_t>(run->ahead.size());
+    input_stage_->PlanAhead(step, batch.get(), MinVersion(step), MinWorkerSteps(step));
+    run->ahead.push_back(std::move(batch));
+  }
   run->read_ahead = MonotonicSeconds() - began;
   run->total_input_wait += run->read_ahead;
   permanent_ = false;
   run->next_read = true;
-  if (run->have_next) {
-    input_stage_->PlanAhead(s.step + 1, &run->next_batch, MinVersion(s.step + 1),
-                            MinWorkerSteps(s.step + 1));
-  }
   return absl::OkStatus();
 }
 
@@ -637,8 +653,8 @@ absl::Status JobTrainer::ExchangeSparseRows(const StepState& s, RunState* run) {
   if (!s.final_step) {
     RETURN_IF_ERROR(ReadAhead(s, run));
     run->next_read = false;
-    if (!run->have_next) return DataEnded();
-    next = &run->next_batch;
+    if (run->ahead.empty()) return DataEnded();
+    next = run->ahead.front().get();
   }
   // "plan" in the step's split: the rows' gradients gathered, the next
   // batch's plan waited for, their exchange begun.
