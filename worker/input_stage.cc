@@ -223,7 +223,7 @@ InputStage::~InputStage() {
 void InputStage::AwaitPlan() {
   // The planner runs its tasks in turn: the last one started is the last
   // to end.
-  if (last_planned_ != nullptr) last_planned_->task->Wait();
+  if (last_planned_ != nullptr) last_planned_->done.WaitForNotification();
 }
 
 int InputStage::plan_depth() const {
@@ -246,8 +246,8 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
   // A step whose rows went to the device for pooling: the next one's will
   // too (laid out in the block once this step has uploaded it).
   const bool pool_here = pooled_ == nullptr;
-  planned->task = planner_.Start(1, [this, planned, before, min_version, min_worker_steps,
-                                     pool_here](int) {
+  const auto work = [this, planned = planned.get(), before, min_version, min_worker_steps,
+                     pool_here] {
     const int64_t step = planned->step;
     const data::Batch& batch = *planned->batch;
     double began = MonotonicSeconds();
@@ -278,6 +278,9 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       ++ahead_.taken;
     }
     if (planned->planned == nullptr) return;
+    // A pull no step will take (none should be left): ended, not
+    // overlapped by a second on the same lane.
+    if (prefetch_step_ >= 0) (void)prefetch_->Finish();
     Prefetch(*planned->planned, step, min_version, min_worker_steps);
     lap(&ahead_.cache);
     if (!all_kept_ || depth_ == 2) return;
@@ -298,6 +301,10 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
     PackInto(batch, planned->planned, TrainingRows(), Destination(batch, nullptr, &next_features_));
     lap(&ahead_.pool);
     planned->ahead = Ahead::kPooled;
+  };
+  (void)planner_.Start(1, [work, planned](int) {
+    work();
+    planned->done.Notify();
   });
   last_planned_ = planned;
   planned_.push_back(std::move(planned));
@@ -327,15 +334,18 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
   }
   if (planned != nullptr) {
     // Its task, not the ones after it (they run beside the steps).
-    planned->task->Wait();
+    planned->done.WaitForNotification();
     RETURN_IF_ERROR(planned->status);
     next_ = std::move(planned->plan);
     // What else its task did (a failure to is its status).
     next_ahead_ = planned->ahead;
   } else {
-    // Nothing (or another batch) planned ahead: every task ends first.
+    // Nothing (or another batch) planned ahead: every task ends first, and
+    // what they took is not next's.
     AwaitPlan();
     planned_.clear();
+    last_planned_.reset();
+    taken_step_ = -1;
     if (next != nullptr) {
       ASSIGN_OR_RETURN(SparseBatch plan,
                        SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "data/dataset.h"
 #include "model/model.h"
 #include "ps/parameter_shard.h"
@@ -209,7 +210,11 @@ class InputStage {
   struct Planned {
     int64_t step = 0;
     const data::Batch* batch = nullptr;
-    std::shared_ptr<WorkPool::Batch> task;
+    // Set as its task's last act. (Waited on, not the task's WorkPool
+    // batch: a Wait on that runs the call itself if the planner has not
+    // started it, beside the task before it; nor is the batch kept here,
+    // which holds the task, which holds this.)
+    absl::Notification done;
     absl::Status status;                // Of its plan, or of taking its rows.
     std::unique_ptr<SparseBatch> plan;  // Until Exchange takes it (into next_).
     SparseBatch* planned = nullptr;     // The plan, for the next batch's task.

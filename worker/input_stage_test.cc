@@ -5,6 +5,7 @@
 // them, and an evaluation between steps changes neither.
 #include "worker/input_stage.h"
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -314,6 +315,51 @@ TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndLaysItsRowsIntoTheDevicesBl
   EXPECT_EQ(stage_->ahead_seconds().taken, kSteps - 1);
   EXPECT_GT(behind, 0);
   EXPECT_GT(stage_->rows_kept(), 0);
+}
+
+// Two ahead as the trainer drives it: nothing waited for between steps
+// (each batch's pull still in flight when the next step's task takes it),
+// each batch freed once its step has its input, the last step given no
+// next batch (it takes its own rows).
+TEST_F(InputStageTest, TwoAheadRunsToTheLastStepWithPullsInFlight) {
+  Host(2);
+  FakeDeviceBlock device(/*grad=*/0.5f);
+  const InputStage::PoolOnDevice lay = device.Lay();
+  constexpr int kSteps = 12;
+  std::deque<std::unique_ptr<data::Batch>> ahead;
+  auto batch_of = [](int64_t step) {
+    return std::make_unique<data::Batch>(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
+  };
+  std::vector<float> staging(4 * model_->shape().input_size);
+  int64_t read = 0;  // Batches read: steps 0 .. read - 1.
+  std::unique_ptr<data::Batch> current = batch_of(read++);
+  for (int step = 0; step < kSteps; ++step) {
+    if (step > 0) {
+      current = std::move(ahead.front());
+      ahead.pop_front();
+    }
+    absl::StatusOr<const float*> features =
+        stage_->Features(step, *current, step, 0, false, staging.data(), lay);
+    ASSERT_TRUE(features.ok()) << "step " << step << ": " << features.status();
+    ASSERT_TRUE(stage_->pooled_on_device()) << "step " << step;
+    while (static_cast<int64_t>(ahead.size()) < stage_->plan_depth() && read < kSteps) {
+      ahead.push_back(batch_of(read));
+      stage_->PlanAhead(read, ahead.back().get(), read, 0);
+      ++read;
+    }
+    const data::Batch* next = step + 1 < kSteps ? ahead.front().get() : nullptr;
+    ASSERT_TRUE(stage_->Exchange(step, *model_, next, step + 1, 0).ok()) << "step " << step;
+  }
+  ASSERT_TRUE(stage_->Finish().ok());
+  EXPECT_EQ(stage_->plan_depth(), 2);
+  EXPECT_EQ(device.asked(), kSteps);
+  // Steps 1 .. kSteps - 2 taken beside the step before; 0 and the last by
+  // their own step.
+  EXPECT_EQ(stage_->ahead_seconds().batches, kSteps - 1);
+  EXPECT_EQ(stage_->ahead_seconds().taken, kSteps - 2);
+  EXPECT_GT(stage_->rows_kept(), 0);
+  // Every step pushed its 3 rows' gradients once.
+  EXPECT_EQ(stage_->rows_pushed(), 3 * kSteps);
 }
 
 }  // namespace
