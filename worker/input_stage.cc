@@ -175,6 +175,10 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
       if (taken_step_ == step) {
         taken_step_ = -1;
         RETURN_IF_ERROR(taken_status_);
+        if (taken_pooled_) {
+          std::swap(features_, next_features_);
+          return features_.data();
+        }
       } else {
         RETURN_IF_ERROR(TakePrefetched(*current_, step));
       }
@@ -228,7 +232,11 @@ void InputStage::AwaitPlan() {
 
 int InputStage::plan_depth() const {
   if (depth_ > 0) return depth_;
-  return all_kept_ && pooled_ != nullptr ? 2 : 1;
+  return all_kept_ ? 2 : 1;
+}
+
+void InputStage::AwaitBatch() {
+  if (depth_ == 2 && last_pool_here_) AwaitPlan();
 }
 
 void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_version,
@@ -246,6 +254,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
   // A step whose rows went to the device for pooling: the next one's will
   // too (laid out in the block once this step has uploaded it).
   const bool pool_here = pooled_ == nullptr;
+  last_pool_here_ = pool_here;
   const auto work = [this, planned = planned.get(), before, min_version, min_worker_steps,
                      pool_here] {
     const int64_t step = planned->step;
@@ -276,6 +285,14 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       taken_step_ = before->step;
       taken_status_ = taken;
       ++ahead_.taken;
+      // Unless the device pools them, that batch's input pooled here too.
+      taken_pooled_ = taken.ok() && pool_here;
+      if (taken_pooled_) {
+        PackInto(*before->batch, before->planned, TrainingRows(),
+                 Destination(*before->batch, nullptr, &next_features_));
+        lap(&ahead_.pool);
+        ++ahead_.pooled;
+      }
     }
     if (planned->planned == nullptr) return;
     // A pull no step will take (none should be left): ended, not
@@ -300,6 +317,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
     if (!pool_here) return;
     PackInto(batch, planned->planned, TrainingRows(), Destination(batch, nullptr, &next_features_));
     lap(&ahead_.pool);
+    ++ahead_.pooled;
     planned->ahead = Ahead::kPooled;
   };
   (void)planner_.Start(1, [work, planned](int) {

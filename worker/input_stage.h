@@ -102,11 +102,15 @@ class InputStage {
                  int64_t min_worker_steps);
   // How many batches ahead of the step PlanAhead may be given (each once
   // the step before it has had its Features): 2 where every table keeps
-  // its rows and the steps pool them on the device (the step's batch s
-  // computes while s + 1's rows are taken into the cache and s + 2 is
+  // its rows (while step s computes, batch s + 1's rows are taken into the
+  // cache, and its input pooled unless the device pools it, and s + 2 is
   // planned and its missing rows pulled), else 1. Fixed by the first
   // PlanAhead.
   int plan_depth() const;
+  // Waits until no task reads the batches PlanAhead was given (two ahead, a
+  // task pooling the batch before its own on the host): before the caller
+  // moves the next one out.
+  void AwaitBatch();
   // Waits for every plan PlanAhead started (before their batches go).
   void AwaitPlan();
   // Waits for the exchange in flight, if any.
@@ -138,7 +142,8 @@ class InputStage {
   // once no task runs (after Finish or AwaitPlan).
   struct AheadSeconds {
     int64_t batches = 0;  // Planned.
-    int64_t taken = 0;    // Whose rows a task took into the cache.
+    int64_t taken = 0;    // Whose rows a task took into the cache,
+    int64_t pooled = 0;   // and whose input it pooled.
     double plan = 0, cache = 0, pull = 0, pool = 0;
   };
   const AheadSeconds& ahead_seconds() const { return ahead_; }
@@ -228,6 +233,8 @@ class InputStage {
   // none), and how that went.
   int64_t taken_step_ = -1;
   absl::Status taken_status_;
+  bool taken_pooled_ = false;    // Its input pooled into next_features_ too.
+  bool last_pool_here_ = false;  // The last task pools on the host.
   int min_staleness_ = 0;
   std::unique_ptr<RowCache> cache_;
   std::unique_ptr<SparseExchange> prefetch_;

@@ -114,6 +114,7 @@ class InputStageTest : public ::testing::Test {
     for (int step = 0; step <= steps; ++step) {
       batches.push_back(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
     }
+    int64_t planned = 0;  // The last step planned ahead.
     for (int step = 0; step < steps; ++step) {
       // The last step's update applied (the push lane's answer), then read.
       EXPECT_TRUE(stage_->Finish().ok());
@@ -130,7 +131,10 @@ class InputStageTest : public ::testing::Test {
       if (!features.ok()) return read;
       // The slot is the model's whole input: [example][kDim].
       read.push_back({*features, *features + 2 * kDim});
-      stage_->PlanAhead(step + 1, &batches[step + 1], step + 1, 0);
+      // As the trainer does: plan_depth() batches ahead.
+      for (; planned < std::min<int64_t>(step + stage_->plan_depth(), steps); ++planned) {
+        stage_->PlanAhead(planned + 1, &batches[planned + 1], planned + 1, 0);
+      }
       EXPECT_TRUE(model_->TrainStep(*features, batch.labels.data(), batch.size, step).ok());
       EXPECT_TRUE(stage_->Exchange(step, *model_, &batches[step + 1], step + 1, 0).ok());
     }
@@ -200,6 +204,11 @@ TEST_F(InputStageTest, ABlockTheDeviceHasNoRoomForIsPooledHere) {
 TEST_F(InputStageTest, AStaleTableReadsRowsAtMostItsStalenessBehindAndPullsFewer) {
   Host(3);
   const std::vector<std::vector<float>> read = Train(12, /*evaluate=*/true);
+  // Two ahead (every table is kept), each batch's input pooled here by
+  // the task beside the step before it.
+  EXPECT_EQ(stage_->plan_depth(), 2);
+  EXPECT_EQ(stage_->ahead_seconds().taken, 11);
+  EXPECT_EQ(stage_->ahead_seconds().pooled, 11);
   ASSERT_EQ(read.size(), 12u);
   int behind = 0;
   for (int64_t step = 0; step < 12; ++step) {

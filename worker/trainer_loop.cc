@@ -515,10 +515,16 @@ absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
 
 absl::Status JobTrainer::ReadBatch(StepState* s, RunState* run) {
   permanent_ = true;  // A bad record recurs on a restart.
+  if (!run->ahead.empty()) {
+    // Its plan is made (the last Exchange took it); a task may still pool
+    // it (two ahead, on a CPU): "plan" in the step's split.
+    const double pooled = MonotonicSeconds();
+    input_stage_->AwaitBatch();
+    run->total_plan += MonotonicSeconds() - pooled;
+  }
   const double began = MonotonicSeconds();
   bool have_batch = true;
   if (!run->ahead.empty()) {
-    // Its plan is made (the last Exchange took it): no task reads it.
     run->batch = std::move(*run->ahead.front());
     run->ahead.pop_front();
   } else {
