@@ -5,6 +5,7 @@
 // them, and an evaluation between steps changes neither.
 #include "worker/input_stage.h"
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -369,6 +370,83 @@ TEST_F(InputStageTest, TwoAheadRunsToTheLastStepWithPullsInFlight) {
   EXPECT_GT(stage_->rows_kept(), 0);
   // Every step pushed its 3 rows' gradients once.
   EXPECT_EQ(stage_->rows_pushed(), 3 * kSteps);
+}
+
+// A store whose lone pulls (the prefetch lane's) can be made to fail, with
+// an error not retried.
+class FailablePulls : public ParameterShard {
+ public:
+  explicit FailablePulls(ParameterShard* shard) : shard_(shard) {}
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    return shard_->Push(request, payload);
+  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    if (fail.load()) return absl::FailedPreconditionError("shard refuses (test)");
+    return shard_->Pull(request, deadline, payload);
+  }
+  // The push lane's calls go through (only the prefetch lane pulls alone).
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
+                                            const PullRequest& pull, absl::Time deadline,
+                                            Payload* pull_payload) override {
+    return shard_->PushPull(push, push_payload, pull, deadline, pull_payload);
+  }
+  std::atomic<bool> fail{false};
+
+ private:
+  ParameterShard* const shard_;
+};
+
+// Two ahead, a pull that fails beside the steps ends a later step with its
+// error (no hang, no step trained on rows it lacks), and the stage still
+// finishes and goes.
+TEST_F(InputStageTest, TwoAheadAFailedPullEndsAStepWithItsError) {
+  Host(3);
+  std::vector<std::unique_ptr<FailablePulls>> failable;
+  std::vector<ParameterShard*> shards;
+  for (ParameterShard* shard : shards_) {
+    failable.push_back(std::make_unique<FailablePulls>(shard));
+    shards.push_back(failable.back().get());
+  }
+  ExchangeOptions options;
+  options.job_id = "j";
+  options.worker_id = "worker0";
+  options.pull_timeout = absl::Seconds(20);
+  auto stage = std::make_unique<InputStage>(model_->shape(), options, shards, kNever);
+  FakeDeviceBlock device(/*grad=*/0.5f);
+  const InputStage::PoolOnDevice lay = device.Lay();
+  constexpr int kSteps = 12;
+  std::vector<data::Batch> batches;
+  for (int step = 0; step <= kSteps; ++step) {
+    batches.push_back(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
+  }
+  std::vector<float> staging(4 * model_->shape().input_size);
+  int64_t planned = 0;
+  absl::Status failed;
+  int step = 0;
+  for (; step < kSteps && failed.ok(); ++step) {
+    if (step == 4) {
+      for (auto& shard : failable) shard->fail.store(true);
+    }
+    absl::StatusOr<const float*> features =
+        stage->Features(step, batches[step], step, 0, false, staging.data(), lay);
+    if (!features.ok()) {
+      failed = features.status();
+      break;
+    }
+    for (; planned < std::min<int64_t>(step + stage->plan_depth(), kSteps); ++planned) {
+      stage->PlanAhead(planned + 1, &batches[planned + 1], planned + 1, 0);
+    }
+    failed = stage->Exchange(step, *model_, &batches[step + 1], step + 1, 0);
+  }
+  // From step 4 on, a step whose pull went out after the failure (the
+  // planner's tasks may lag the steps: 4, 5 or 6) ends with it.
+  EXPECT_GE(step, 4);
+  EXPECT_LE(step, 6);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kFailedPrecondition) << failed << " at step " << step;
+  EXPECT_NE(failed.message().find("shard refuses"), std::string::npos) << failed;
+  (void)stage->Finish();
+  stage.reset();
 }
 
 }  // namespace
