@@ -62,10 +62,7 @@ class InputStageTest : public ::testing::Test {
     auto model = Model::Create(spec_.model(), spec_.seed());
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = *std::move(model);
-    ExchangeOptions options;
-    options.job_id = "j";
-    options.worker_id = "worker0";
-    options.pull_timeout = absl::Seconds(20);
+    const ExchangeOptions options = Options();
     stage_ = std::make_unique<InputStage>(model_->shape(), options, shards_, kNever);
     reader_ = std::make_unique<SparseExchange>(model_->shape(), options, shards_);
   }
@@ -82,6 +79,24 @@ class InputStageTest : public ::testing::Test {
       batch.labels.push_back(static_cast<int32_t>(ids.size() % 2));
     }
     return batch;
+  }
+
+  // The batches of steps 0 .. steps (one more than trained): the ids {1},
+  // {2}, {1, 2}, {3 + step} (rows 1 and 2 read every step).
+  static std::vector<data::Batch> Batches(int steps) {
+    std::vector<data::Batch> batches;
+    for (int step = 0; step <= steps; ++step) {
+      batches.push_back(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
+    }
+    return batches;
+  }
+
+  static ExchangeOptions Options() {
+    ExchangeOptions options;
+    options.job_id = "j";
+    options.worker_id = "worker0";
+    options.pull_timeout = absl::Seconds(20);
+    return options;
   }
 
   // Row `row` as the shards hold it now (read without creating).
@@ -111,10 +126,7 @@ class InputStageTest : public ::testing::Test {
   // each step's input held for them (example 0: row 1, example 1: row 2).
   std::vector<std::vector<float>> Train(int steps, bool evaluate = false) {
     std::vector<std::vector<float>> read;
-    std::vector<data::Batch> batches;
-    for (int step = 0; step <= steps; ++step) {
-      batches.push_back(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
-    }
+    const std::vector<data::Batch> batches = Batches(steps);
     int64_t planned = 0;  // The last step planned ahead.
     for (int step = 0; step < steps; ++step) {
       // The last step's update applied (the push lane's answer), then read.
@@ -289,10 +301,7 @@ TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndLaysItsRowsIntoTheDevicesBl
   FakeDeviceBlock device(/*grad=*/0.25f);
   const InputStage::PoolOnDevice lay = device.Lay();
   constexpr int kSteps = 10;
-  std::vector<data::Batch> batches;
-  for (int step = 0; step <= kSteps; ++step) {
-    batches.push_back(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
-  }
+  const std::vector<data::Batch> batches = Batches(kSteps);
   std::vector<float> staging(4 * model_->shape().input_size);
   int behind = 0;
   int64_t planned = 0;  // The last step planned ahead.
@@ -408,18 +417,11 @@ TEST_F(InputStageTest, TwoAheadAFailedPullEndsAStepWithItsError) {
     failable.push_back(std::make_unique<FailablePulls>(shard));
     shards.push_back(failable.back().get());
   }
-  ExchangeOptions options;
-  options.job_id = "j";
-  options.worker_id = "worker0";
-  options.pull_timeout = absl::Seconds(20);
-  auto stage = std::make_unique<InputStage>(model_->shape(), options, shards, kNever);
+  auto stage = std::make_unique<InputStage>(model_->shape(), Options(), shards, kNever);
   FakeDeviceBlock device(/*grad=*/0.5f);
   const InputStage::PoolOnDevice lay = device.Lay();
   constexpr int kSteps = 12;
-  std::vector<data::Batch> batches;
-  for (int step = 0; step <= kSteps; ++step) {
-    batches.push_back(MakeBatch({{1}, {2}, {1, 2}, {3 + step}}));
-  }
+  const std::vector<data::Batch> batches = Batches(kSteps);
   std::vector<float> staging(4 * model_->shape().input_size);
   int64_t planned = 0;
   absl::Status failed;
