@@ -1,6 +1,9 @@
 #include "common/work_pool.h"
 
+#include <string>
 #include <utility>
+
+#include "common/thread_name.h"
 
 namespace downpour {
 
@@ -27,9 +30,14 @@ void WorkPool::Batch::Wait() {
       +[](Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu_) { return b->done_ == b->n_; }, this));
 }
 
-WorkPool::WorkPool(int threads) {
+WorkPool::WorkPool(int threads, absl::string_view name) {
   threads_.reserve(threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < threads; ++i) {
+    threads_.emplace_back([this, name = std::string(name)] {
+      NameThisThread(name);
+      Loop();
+    });
+  }
 }
 
 WorkPool::~WorkPool() {

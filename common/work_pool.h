@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace downpour {
@@ -47,8 +48,8 @@ class WorkPool {
   };
 
   // `threads` >= 0 threads (0: ParallelFor runs on the caller; Start's
-  // calls run in Wait).
-  explicit WorkPool(int threads);
+  // calls run in Wait), named `name` (common/thread_name.h) where given.
+  explicit WorkPool(int threads, absl::string_view name = "");
   ~WorkPool();
   WorkPool(const WorkPool&) = delete;
   WorkPool& operator=(const WorkPool&) = delete;

@@ -1,7 +1,10 @@
 #include "common/work_pool.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -68,6 +71,36 @@ TEST(WorkPoolTest, AnEmptyBatchIsDoneAndTheDestructorFinishesQueuedWork) {
     pool.Start(5, [&](int) { calls.fetch_add(1); });
   }
   EXPECT_EQ(calls.load(), 5);
+}
+
+// The pool's threads carry its name (what top -H and perf show), cut to
+// Linux's 15 characters; the caller's own name is left alone.
+TEST(WorkPoolTest, ItsThreadsCarryItsName) {
+  auto name_of_this_thread = [] {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    return std::string(name);
+  };
+  const std::string caller = name_of_this_thread();
+  for (const std::string& given :
+       {std::string("unit-pool"), std::string("a-much-longer-pool-name")}) {
+    WorkPool pool(2, given);
+    absl::Mutex mu;
+    std::set<std::string> names;
+    // Started, not waited for: only the pool's threads run the calls.
+    absl::Notification done;
+    std::atomic<int> left{8};
+    pool.Start(8, [&](int) {
+      {
+        absl::MutexLock lock(&mu);
+        names.insert(name_of_this_thread());
+      }
+      if (left.fetch_sub(1) == 1) done.Notify();
+    });
+    done.WaitForNotification();
+    EXPECT_EQ(names, std::set<std::string>{given.substr(0, 15)});
+  }
+  EXPECT_EQ(name_of_this_thread(), caller);
 }
 
 }  // namespace

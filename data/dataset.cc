@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/thread_name.h"
 #include "data/example.h"
 #include "data/record_io.h"
 
@@ -85,7 +86,12 @@ std::string Resolve(const std::string& data_dir, const std::string& name) {
 class DecodePool {
  public:
   explicit DecodePool(int helpers) {
-    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { HelperLoop(); });
+    for (int i = 0; i < helpers; ++i) {
+      threads_.emplace_back([this] {
+        NameThisThread("data-decode");
+        HelperLoop();
+      });
+    }
   }
   ~DecodePool() {
     {
@@ -160,7 +166,10 @@ class DecodePool {
 class Assembler {
  public:
   explicit Assembler(std::function<absl::Status(int set)> assemble)
-      : assemble_(std::move(assemble)), thread_([this] { Loop(); }) {}
+      : assemble_(std::move(assemble)), thread_([this] {
+          NameThisThread("data-assemble");
+          Loop();
+        }) {}
   // Finishes the set handed last, then stops.
   ~Assembler() {
     {
@@ -273,7 +282,10 @@ absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
   }
   std::unique_ptr<BatchReader> reader(new BatchReader(options));
   reader->input_decoder_ = std::move(input_decoder);
-  reader->producer_ = std::thread([r = reader.get()] { r->ProducerLoop(); });
+  reader->producer_ = std::thread([r = reader.get()] {
+    NameThisThread("data-read");
+    r->ProducerLoop();
+  });
   return reader;
 }
 

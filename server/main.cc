@@ -86,7 +86,7 @@ int Main() {
                  "Memory the shard may use: its cgroup's limit, else the machine's.");
   MemoryBudget budget(*memory_limit);
   AddMemoryBudgetMetrics(&budget, &metrics);
-  WorkPool sparse_pool(sparse_threads);
+  WorkPool sparse_pool(sparse_threads, "shard-sparse");
   ParameterStore store(&budget, &sparse_pool);
   if (writer != nullptr) {
     store.SetCheckpointSink([w = writer.get()](ShardCapture c) { w->Write(std::move(c)); });

@@ -15,8 +15,8 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
     : shape_(shape),
       num_shards_(static_cast<int>(shards.size())),
       cancelled_(std::move(cancelled)),
-      tables_(shape.sparse_tables.empty() ? 0 : table_threads),
-      planner_(shape.sparse_tables.empty() ? 0 : 1),
+      tables_(shape.sparse_tables.empty() ? 0 : table_threads, "input-tables"),
+      planner_(shape.sparse_tables.empty() ? 0 : 1, "input-planner"),
       sync_(sync) {
   if (shape.sparse_tables.empty()) return;
   std::vector<int64_t> dims;  // Of the kept tables' rows (0: not kept).

@@ -17,7 +17,7 @@ SparseExchange::SparseExchange(const ModelShape& shape, ExchangeOptions options,
       options_(std::move(options)),
       shards_(std::move(shards)),
       sequence_(options_.first_sequence),
-      pool_(static_cast<int>(shards_.size())) {
+      pool_(static_cast<int>(shards_.size()), "sparse-rows") {
   const size_t tables = shape_.sparse_tables.size();
   pulled_.assign(tables, std::vector<std::vector<float>>(shards_.size()));
   row_pointers_.assign(tables, std::vector<const float*>(shards_.size(), nullptr));
