@@ -3,7 +3,8 @@
 Starts a local cluster with a checkpoint root (one coordinator, --shards
 shards, --workers workers) and keeps --concurrent jobs training, up to --jobs
 in all, until --minutes have passed: Fashion-MNIST MLP jobs alternately SYNC
-and ASYNC and, with --ctr, a SYNC click model (sparse tables), each with
+and ASYNC and, with --ctr, a SYNC click model (sparse tables) exact and
+with rows read up to two steps old (ctr_stale), each with
 checkpoints every 100 steps and up to 10 restarts in a row without progress.
 Meanwhile a fault every --fault_every (3-8) s hits a random shard or worker:
 
@@ -361,6 +362,12 @@ def job_specs(work, steps, ctr):
         paths["ctr_sync"] = os.path.join(work, "ctr_sync.pbtxt")
         with open(paths["ctr_sync"], "w") as f:
             f.write(text)
+        # The same job reading rows up to two steps old (every table keeps
+        # its rows: the workers plan two batches ahead). Not exact, so not
+        # held to a reference run: it must end SUCCEEDED.
+        paths["ctr_stale"] = os.path.join(work, "ctr_stale.pbtxt")
+        with open(paths["ctr_stale"], "w") as f:
+            f.write(text.replace("sparse: true", "sparse: true embedding_staleness: 2"))
     return paths
 
 
@@ -607,7 +614,8 @@ def main():
                              "memory pressure")
     parser.add_argument("--kinds", default="",
                         help="submit only these kinds of job, a comma-separated list of: "
-                             "mlp_sync, mlp_async, ctr_sync (with --ctr); all by default")
+                             "mlp_sync, mlp_async, ctr_sync, ctr_stale (with --ctr); all by "
+                             "default")
     parser.add_argument("--reference", action="store_true",
                         help="run each SYNC kind once without faults first")
     parser.add_argument("--accuracy_tolerance", type=float, default=0.005)
@@ -616,11 +624,11 @@ def main():
                         help="seconds between faults: a range MIN-MAX drawn uniformly")
     args = parser.parse_args()
     if args.kinds:
-        known = ["mlp_sync", "mlp_async"] + (["ctr_sync"] if args.ctr else [])
+        known = ["mlp_sync", "mlp_async"] + (["ctr_sync", "ctr_stale"] if args.ctr else [])
         unknown = sorted(set(args.kinds.split(",")) - set(known))
         if unknown:
             parser.error(f"--kinds: no job kind {', '.join(unknown)} here "
-                         f"(there are: {', '.join(known)}; ctr_sync needs --ctr)")
+                         f"(there are: {', '.join(known)}; ctr_sync and ctr_stale need --ctr)")
     # A SIGTERM ends the run as Ctrl-C does: through the cleanup below (the
     # daemons stopped, namespaces and the tmpfs removed, CHAOS_KEEP copied).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
