@@ -161,25 +161,19 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
     // next push, not by this step.
     if (!all_kept_) RETURN_IF_ERROR(exchange_->Finish());
     std::swap(current_, next_);
-    const Ahead ahead = next_ahead_;
-    next_ahead_ = Ahead::kPlanned;
-    if (ahead == Ahead::kPooled) {
-      // PlanAhead's task pooled the rows already.
-      std::swap(features_, next_features_);
-      return features_.data();
-    }
-    if (keeps_rows_ && ahead != Ahead::kTaken) {
-      // Two ahead, the task of the batch after this one took its rows
-      // (unless none was planned: then they are taken here).
-      AwaitPlan();
-      if (taken_step_ == step) {
-        taken_step_ = -1;
-        RETURN_IF_ERROR(taken_status_);
-        if (taken_pooled_) {
+    const std::shared_ptr<Planned> planned = std::move(next_planned_);
+    if (keeps_rows_) {
+      if (planned != nullptr) {
+        // Its rows may have been taken by its own task (one ahead) or by
+        // the next batch's (two ahead: that one is waited for).
+        if (depth_ == 2) AwaitPlan();
+        RETURN_IF_ERROR(planned->taken);
+        if (planned->ahead == Ahead::kPooled) {
           std::swap(features_, next_features_);
           return features_.data();
         }
-      } else {
+      }
+      if (planned == nullptr || planned->ahead == Ahead::kPlanned) {
         RETURN_IF_ERROR(TakePrefetched(*current_, step));
       }
     }
@@ -277,22 +271,27 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       planned->status = plan.status();
     }
     if (!keeps_rows_) return;
-    if (before != nullptr && before->planned != nullptr && prefetch_step_ == before->step) {
+    // Takes p's rows from the prefetch lane into the cache and, unless the
+    // device pools them, pools p's input.
+    auto take = [&](Planned* p) {
       absl::Status taken = prefetch_->Finish();
       lap(&ahead_.pull);
-      if (taken.ok()) taken = TakePrefetched(*before->planned, before->step);
+      if (taken.ok()) taken = TakePrefetched(*p->planned, p->step);
       lap(&ahead_.cache);
-      taken_step_ = before->step;
-      taken_status_ = taken;
+      p->taken = taken;
+      if (!taken.ok()) return;
       ++ahead_.taken;
-      // Unless the device pools them, that batch's input pooled here too.
-      taken_pooled_ = taken.ok() && pool_here;
-      if (taken_pooled_) {
-        PackInto(*before->batch, before->planned, TrainingRows(),
-                 Destination(*before->batch, nullptr, &next_features_));
-        lap(&ahead_.pool);
-        ++ahead_.pooled;
-      }
+      p->ahead = Ahead::kTaken;
+      if (!pool_here) return;
+      PackInto(*p->batch, p->planned, TrainingRows(),
+               Destination(*p->batch, nullptr, &next_features_));
+      lap(&ahead_.pool);
+      ++ahead_.pooled;
+      p->ahead = Ahead::kPooled;
+    };
+    // Two ahead: the batch before's rows, pulled beside the step before.
+    if (before != nullptr && before->planned != nullptr && prefetch_step_ == before->step) {
+      take(before.get());
     }
     if (planned->planned == nullptr) return;
     // A pull no step will take (none should be left): ended, not
@@ -300,25 +299,9 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
     if (prefetch_step_ >= 0) (void)prefetch_->Finish();
     Prefetch(*planned->planned, step, min_version, min_worker_steps);
     lap(&ahead_.cache);
-    if (!all_kept_ || depth_ == 2) return;
-    // Every table kept: next's rows are all on the prefetch lane, so they
-    // are taken here too, while the step computes, and pooled unless the
-    // device pools them.
-    absl::Status taken = prefetch_->Finish();
-    lap(&ahead_.pull);
-    if (taken.ok()) taken = TakePrefetched(*planned->planned, step);
-    lap(&ahead_.cache);
-    if (!taken.ok()) {
-      planned->status = taken;
-      return;
-    }
-    planned->ahead = Ahead::kTaken;
-    ++ahead_.taken;
-    if (!pool_here) return;
-    PackInto(batch, planned->planned, TrainingRows(), Destination(batch, nullptr, &next_features_));
-    lap(&ahead_.pool);
-    ++ahead_.pooled;
-    planned->ahead = Ahead::kPooled;
+    // One ahead with every table kept: this batch's rows are all on the
+    // prefetch lane, taken here while the step computes.
+    if (all_kept_ && depth_ == 1) take(planned);
   };
   (void)planner_.Start(1, [work, planned](int) {
     work();
@@ -342,7 +325,7 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
     current_->RowGradients(model.input_grad(), &grads_, &tables_);
   }
   next_.reset();
-  next_ahead_ = Ahead::kPlanned;
+  next_planned_.reset();
   // The plan of `next` (step + 1's), made ahead: the oldest not yet taken.
   std::shared_ptr<Planned> planned;
   if (next != nullptr && !planned_.empty() && planned_.front()->batch == next &&
@@ -355,15 +338,13 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
     planned->done.WaitForNotification();
     RETURN_IF_ERROR(planned->status);
     next_ = std::move(planned->plan);
-    // What else its task did (a failure to is its status).
-    next_ahead_ = planned->ahead;
+    next_planned_ = std::move(planned);
   } else {
     // Nothing (or another batch) planned ahead: every task ends first, and
     // what they took is not next's.
     AwaitPlan();
     planned_.clear();
     last_planned_.reset();
-    taken_step_ = -1;
     if (next != nullptr) {
       ASSIGN_OR_RETURN(SparseBatch plan,
                        SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));

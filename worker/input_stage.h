@@ -201,17 +201,15 @@ class InputStage {
   const bool sync_;
   bool keeps_rows_ = false;
   bool all_kept_ = false;  // Every table kept.
-  // How far PlanAhead's task took its batch (Planned::ahead) and so next_:
-  // planned (and its missing rows' pull begun); with every table kept and
-  // one batch ahead, its rows taken from the prefetch lane into
-  // kept_values_ too, and unless the step before pooled on the device, its
-  // input pooled into next_features_. Two ahead, the next batch's task
-  // takes the rows (taken_step_).
+  // How far its batch was taken ahead of its step: planned (and its
+  // missing rows' pull begun); its rows taken from the prefetch lane into
+  // kept_values_ (with every table kept: by its own task one batch ahead,
+  // by the next batch's two ahead); and its input pooled into
+  // next_features_ too, unless the device pools it.
   enum class Ahead { kPlanned, kTaken, kPooled };
-  Ahead next_ahead_ = Ahead::kPlanned;
   std::vector<float> next_features_;
-  // A batch PlanAhead was given, and what its task made of it (written by
-  // the task; read once it is done).
+  // A batch PlanAhead was given, and what the tasks made of it (written by
+  // them; read once they are done).
   struct Planned {
     int64_t step = 0;
     const data::Batch* batch = nullptr;
@@ -220,20 +218,18 @@ class InputStage {
     // started it, beside the task before it; nor is the batch kept here,
     // which holds the task, which holds this.)
     absl::Notification done;
-    absl::Status status;                // Of its plan, or of taking its rows.
+    absl::Status status;                // Of its plan.
     std::unique_ptr<SparseBatch> plan;  // Until Exchange takes it (into next_).
     SparseBatch* planned = nullptr;     // The plan, for the next batch's task.
+    absl::Status taken;                 // Of taking its rows ahead.
     Ahead ahead = Ahead::kPlanned;
   };
   int depth_ = 0;  // plan_depth(), once fixed.
-  // Planned batches not yet taken by Exchange, oldest first; the last one.
+  // Planned batches not yet taken by Exchange, oldest first; the last one;
+  // the one whose plan is in next_ (null: planned by Exchange itself).
   std::deque<std::shared_ptr<Planned>> planned_;
   std::shared_ptr<Planned> last_planned_;
-  // Two ahead: the step whose rows a task took into kept_values_ (-1:
-  // none), and how that went.
-  int64_t taken_step_ = -1;
-  absl::Status taken_status_;
-  bool taken_pooled_ = false;    // Its input pooled into next_features_ too.
+  std::shared_ptr<Planned> next_planned_;
   bool last_pool_here_ = false;  // The last task pools on the host.
   int min_staleness_ = 0;
   std::unique_ptr<RowCache> cache_;
