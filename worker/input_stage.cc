@@ -28,6 +28,7 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
   }
   keeps_rows_ = kept > 0;
   all_kept_ = kept == shape.sparse_tables.size();
+  depth_ = all_kept_ ? 2 : 1;
   if (keeps_rows_) {
     cache_ = std::make_unique<RowCache>(std::move(dims));
     prefetch_ = std::make_unique<SparseExchange>(shape, options, shards);
@@ -220,13 +221,8 @@ InputStage::~InputStage() {
 
 void InputStage::AwaitPlan() {
   // The planner runs its tasks in turn: the last one started is the last
-  // to end.
-  if (last_planned_ != nullptr) last_planned_->done.WaitForNotification();
-}
-
-int InputStage::plan_depth() const {
-  if (depth_ > 0) return depth_;
-  return all_kept_ ? 2 : 1;
+  // to end (a task no longer queued here is done: Exchange waited for it).
+  if (!planned_.empty()) planned_.back()->done.WaitForNotification();
 }
 
 void InputStage::AwaitBatch() {
@@ -236,7 +232,6 @@ void InputStage::AwaitBatch() {
 void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_version,
                            int64_t min_worker_steps) {
   if (exchange_ == nullptr) return;
-  if (depth_ == 0) depth_ = plan_depth();
   // One batch ahead: the last one's task is done first, as its plan is.
   if (depth_ == 1) AwaitPlan();
   auto planned = std::make_shared<Planned>();
@@ -244,7 +239,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
   planned->batch = next;
   // Two ahead, the task also takes the rows of the batch planned before
   // this one (their pull begun by its task, a step earlier).
-  std::shared_ptr<Planned> before = depth_ == 2 ? last_planned_ : nullptr;
+  std::shared_ptr<Planned> before = depth_ == 2 && !planned_.empty() ? planned_.back() : nullptr;
   // A step whose rows went to the device for pooling: the next one's will
   // too (laid out in the block once this step has uploaded it).
   const bool pool_here = pooled_ == nullptr;
@@ -253,16 +248,10 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
                      pool_here] {
     const int64_t step = planned->step;
     const data::Batch& batch = *planned->batch;
-    double began = MonotonicSeconds();
-    // Adds the time since the last lap to `part`.
-    auto lap = [&began](double* part) {
-      const double now = MonotonicSeconds();
-      *part += now - began;
-      began = now;
-    };
+    Laps laps;
     absl::StatusOr<SparseBatch> plan =
         SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_);
-    lap(&ahead_.plan);
+    laps.Add(&ahead_.plan);
     ++ahead_.batches;
     if (plan.ok()) {
       planned->plan = std::make_unique<SparseBatch>(*std::move(plan));
@@ -275,9 +264,9 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
     // device pools them, pools p's input.
     auto take = [&](Planned* p) {
       absl::Status taken = prefetch_->Finish();
-      lap(&ahead_.pull);
+      laps.Add(&ahead_.pull);
       if (taken.ok()) taken = TakePrefetched(*p->planned, p->step);
-      lap(&ahead_.cache);
+      laps.Add(&ahead_.cache);
       p->taken = taken;
       if (!taken.ok()) return;
       ++ahead_.taken;
@@ -285,7 +274,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       if (!pool_here) return;
       PackInto(*p->batch, p->planned, TrainingRows(),
                Destination(*p->batch, nullptr, &next_features_));
-      lap(&ahead_.pool);
+      laps.Add(&ahead_.pool);
       ++ahead_.pooled;
       p->ahead = Ahead::kPooled;
     };
@@ -298,7 +287,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
     // overlapped by a second on the same lane.
     if (prefetch_step_ >= 0) (void)prefetch_->Finish();
     Prefetch(*planned->planned, step, min_version, min_worker_steps);
-    lap(&ahead_.cache);
+    laps.Add(&ahead_.cache);
     // One ahead with every table kept: this batch's rows are all on the
     // prefetch lane, taken here while the step computes.
     if (all_kept_ && depth_ == 1) take(planned);
@@ -307,7 +296,6 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
     work();
     planned->done.Notify();
   });
-  last_planned_ = planned;
   planned_.push_back(std::move(planned));
 }
 
@@ -344,7 +332,6 @@ absl::Status InputStage::Exchange(int64_t step, const Model& model, const data::
     // what they took is not next's.
     AwaitPlan();
     planned_.clear();
-    last_planned_.reset();
     if (next != nullptr) {
       ASSIGN_OR_RETURN(SparseBatch plan,
                        SparseBatch::Plan(shape_, next->inputs, next->size, num_shards_, &tables_));

@@ -104,9 +104,8 @@ class InputStage {
   // the step before it has had its Features): 2 where every table keeps
   // its rows (while step s computes, batch s + 1's rows are taken into the
   // cache, and its input pooled unless the device pools it, and s + 2 is
-  // planned and its missing rows pulled), else 1. Fixed by the first
-  // PlanAhead.
-  int plan_depth() const;
+  // planned and its missing rows pulled), else 1.
+  int plan_depth() const { return depth_; }
   // Waits until no task reads the batches PlanAhead was given (two ahead, a
   // task pooling the batch before its own on the host): before the caller
   // moves the next one out.
@@ -224,11 +223,11 @@ class InputStage {
     absl::Status taken;                 // Of taking its rows ahead.
     Ahead ahead = Ahead::kPlanned;
   };
-  int depth_ = 0;  // plan_depth(), once fixed.
-  // Planned batches not yet taken by Exchange, oldest first; the last one;
-  // the one whose plan is in next_ (null: planned by Exchange itself).
+  int depth_ = 1;  // plan_depth().
+  // Planned batches not yet taken by Exchange, oldest first (the last one's
+  // task is the last to end), and the one whose plan is in next_ (null:
+  // planned by Exchange itself).
   std::deque<std::shared_ptr<Planned>> planned_;
-  std::shared_ptr<Planned> last_planned_;
   std::shared_ptr<Planned> next_planned_;
   bool last_pool_here_ = false;  // The last task pools on the host.
   int min_staleness_ = 0;

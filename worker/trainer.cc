@@ -426,16 +426,11 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
   // Where the evaluation's time goes, said in the log with its size.
   const double began = MonotonicSeconds();
   double reading = 0, rows = 0, evaluating = 0;
-  double lap = began;
-  auto time = [&lap](double* part) {
-    const double now = MonotonicSeconds();
-    *part += now - lap;
-    lap = now;
-  };
+  Laps laps;
   Batch batches[2];
   int current = 0;
   ASSIGN_OR_RETURN(bool more, read(&batches[current]));
-  time(&reading);
+  laps.Add(&reading);
   while (more) {
     const Batch& batch = batches[current];
     const float* features = batch.features.data();
@@ -444,9 +439,9 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
       RETURN_IF_ERROR(bad_ids(packed.status()));
       features = *packed;
     }
-    time(&rows);
+    laps.Add(&rows);
     ASSIGN_OR_RETURN(more, read(&batches[1 - current]));
-    time(&reading);
+    laps.Add(&reading);
     ASSIGN_OR_RETURN(EvalResult result, model->Evaluate(features, batch.labels.data(), batch.size,
                                                         auc || log_loss ? &logits : nullptr));
     if (auc || log_loss) {
@@ -456,7 +451,7 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
         binary.Add(1.0 / (1.0 + std::exp(-margin)), batch.labels[i]);
       }
     }
-    time(&evaluating);
+    laps.Add(&evaluating);
     correct += result.correct;
     total += batch.size;
     current = 1 - current;
