@@ -50,7 +50,23 @@ struct PooledTable {
   const int32_t* row_reads = nullptr;  // Per row: where its reads start in readers (rows + 1).
   const int32_t* readers = nullptr;    // The example of each read, a row's in id order.
   float* grads = nullptr;              // rows * dim: each row's gradient.
+  // A table whose rows stay in the compute memory between steps: `store`
+  // holds them by place and row r is at places[r] (values unused); before
+  // pooling, the `fresh` rows at fresh_values (fresh * dim) are written to
+  // their places (fresh_places).
+  float* store = nullptr;
+  const int32_t* places = nullptr;
+  int32_t fresh = 0;
+  const int32_t* fresh_places = nullptr;
+  const float* fresh_values = nullptr;
 };
+
+// Where row r of `table` is read from: its values, or its place in the
+// store.
+DOWNPOUR_HOST_DEVICE inline const float* PooledRow(const PooledTable& table, int32_t r) {
+  return table.store != nullptr ? table.store + int64_t{table.places[r]} * table.dim
+                                : table.values + int64_t{r} * table.dim;
+}
 
 // A row's gradient is summed by this many lanes (a GPU warp), lane l over
 // the row's reads l, l + kPoolLanes, ..., the lanes' sums then halved in a

@@ -152,6 +152,21 @@ struct PooledRows {
   int32_t* readers = nullptr;    // ids
   // After a TrainStep with pooled_rows: each row's gradient, rows * dim.
   const float* grads = nullptr;
+  // A stored table's (StoredRows): no values; each row's place in the
+  // store, and the rows to write there first (their places and values,
+  // fresh * dim).
+  int32_t* places = nullptr;  // rows
+  int32_t fresh = 0;
+  int32_t* fresh_places = nullptr;
+  float* fresh_values = nullptr;
+};
+
+// A table whose rows stay on the device between steps (Model::PooledStaging):
+// its store holds `places` rows (grown, keeping what it holds), of which a
+// step writes `fresh` before pooling. places 0: the rows come in the block.
+struct StoredRows {
+  int64_t places = 0;
+  int32_t fresh = 0;
 };
 
 struct ModelOptions {
@@ -323,10 +338,13 @@ class Model {
   // brings each row's gradient back (PooledRows::grads, within rounding of
   // the host's sums) instead of input_grad: a quarter of the bytes both ways for the click model,
   // and no pooling on the host. Valid until the next call; free to write once the last TrainStep
-  // returned. Null on the CPU and without sparse tables.
-  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(int64_t batch,
-                                                         const std::vector<int32_t>& rows,
-                                                         const std::vector<int32_t>& ids);
+  // returned. Null on the CPU and without sparse tables. With `stored`
+  // (per table, or empty), a table with stored places keeps its rows in a
+  // store on the device between steps: the block carries each row's place
+  // there and the step's fresh rows, not every row's values.
+  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(
+      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+      const std::vector<StoredRows>& stored = {});
 
   // ---- Device-resident training: nothing is copied to or from the host.
   // The compute memory of param(id) / grad(id) (the same pointers on the CPU).
@@ -476,6 +494,9 @@ class Model {
                           bool pooled = false);
   // Floats of an example's dense input slots (they precede the sparse ones).
   int64_t DenseInputFloats() const;
+  // Table `table`'s row store (PooledStaging's StoredRows), grown to hold
+  // at least `places` rows, keeping what it holds.
+  absl::Status GrowRowStore(int table, int64_t places);
   // A pooled step: uploads PooledStaging's block and queues the pooling.
   absl::Status PoolStagedRows(int64_t batch);
   // GPU: grows the staging buffers (host and device) to hold `batch`.

@@ -342,44 +342,67 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
         }
       }
 
-      // On the device: the block filled, the features' dense slots only.
-      auto block = model.PooledStaging(batch, rows, ids);
-      ASSERT_TRUE(block.ok()) << block.status();
-      ASSERT_NE(*block, nullptr);
-      for (int t = 0; t < 2; ++t) {
-        PooledRows& p = (**block)[t];
-        ASSERT_EQ(p.rows, rows[t]);
-        std::copy(values[t].begin(), values[t].end(), p.values);
-        std::copy(offsets[t].begin(), offsets[t].end(), p.offsets);
-        std::copy(index[t].begin(), index[t].end(), p.index);
-        std::fill(p.row_reads, p.row_reads + rows[t] + 1, 0);
-        for (int32_t r : index[t]) ++p.row_reads[r + 1];
-        for (int32_t r = 0; r < rows[t]; ++r) p.row_reads[r + 1] += p.row_reads[r];
-        std::vector<int32_t> at(p.row_reads, p.row_reads + rows[t]);
-        for (int64_t b = 0; b < batch; ++b) {
-          for (int32_t k = offsets[t][b]; k < offsets[t][b + 1]; ++k) {
-            p.readers[at[index[t][k]]++] = static_cast<int32_t>(b);
+      // On the device: the block filled, the features' dense slots only;
+      // then with table 1's rows kept in a store on the device (row r at
+      // place rows + 2 - r): all of them sent fresh, then none (read as
+      // the step before left them, the store grown to 100 places).
+      const auto place = [&](int32_t r) { return rows[1] + 2 - r; };
+      const std::vector<std::vector<StoredRows>> layouts = {
+          {}, {{}, {rows[1] + 3, rows[1]}}, {{}, {100, 0}}};
+      for (const std::vector<StoredRows>& stored : layouts) {
+        const bool stores = !stored.empty();
+        auto block = model.PooledStaging(batch, rows, ids, stored);
+        ASSERT_TRUE(block.ok()) << block.status();
+        ASSERT_NE(*block, nullptr);
+        for (int t = 0; t < 2; ++t) {
+          PooledRows& p = (**block)[t];
+          ASSERT_EQ(p.rows, rows[t]);
+          if (stores && t == 1) {
+            ASSERT_EQ(p.values, nullptr);
+            ASSERT_EQ(p.fresh, stored[1].fresh);
+            const int64_t dim = shape.sparse_tables[t].dim;
+            for (int32_t r = 0; r < rows[t]; ++r) p.places[r] = place(r);
+            for (int32_t i = 0; i < p.fresh; ++i) {
+              p.fresh_places[i] = place(i);
+              std::copy_n(values[t].begin() + i * dim, dim, p.fresh_values + i * dim);
+            }
+          } else {
+            std::copy(values[t].begin(), values[t].end(), p.values);
+          }
+          std::copy(offsets[t].begin(), offsets[t].end(), p.offsets);
+          std::copy(index[t].begin(), index[t].end(), p.index);
+          std::fill(p.row_reads, p.row_reads + rows[t] + 1, 0);
+          for (int32_t r : index[t]) ++p.row_reads[r + 1];
+          for (int32_t r = 0; r < rows[t]; ++r) p.row_reads[r + 1] += p.row_reads[r];
+          std::vector<int32_t> at(p.row_reads, p.row_reads + rows[t]);
+          for (int64_t b = 0; b < batch; ++b) {
+            for (int32_t k = offsets[t][b]; k < offsets[t][b + 1]; ++k) {
+              p.readers[at[index[t][k]]++] = static_cast<int32_t>(b);
+            }
           }
         }
-      }
-      auto staging = model.FeatureStaging(batch);
-      ASSERT_TRUE(staging.ok()) << staging.status();
-      std::copy(features.begin(), features.begin() + batch * 2, *staging);
-      TrainStepOptions pooled;
-      pooled.pooled_rows = true;
-      auto device = model.TrainStep(*staging, labels.data(), batch, 0, pooled);
-      ASSERT_TRUE(device.ok()) << device.status();
-      // The loss is summed with atomics: equal within their order's rounding.
-      EXPECT_NEAR(host->loss, device->loss, 1e-6 * host->loss) << "batch " << batch;
-      for (const ParamInfo& p : model.params()) {
-        EXPECT_EQ(host_grads[p.id],
-                  std::vector<float>(model.grad(p.id), model.grad(p.id) + p.num_elements))
-            << p.name << ", batch " << batch;
-      }
-      for (int t = 0; t < 2; ++t) {
-        const PooledRows& p = (**block)[t];
-        ExpectClose(row_grads[t].data(), p.grads, static_cast<int64_t>(row_grads[t].size()), 1e-6,
-                    "table " + std::to_string(t) + " row grads, batch " + std::to_string(batch));
+        const std::string which =
+            "batch " + std::to_string(batch) +
+            (stores ? ", stored, " + std::to_string(stored[1].fresh) + " fresh" : "");
+        auto staging = model.FeatureStaging(batch);
+        ASSERT_TRUE(staging.ok()) << staging.status();
+        std::copy(features.begin(), features.begin() + batch * 2, *staging);
+        TrainStepOptions pooled;
+        pooled.pooled_rows = true;
+        auto device = model.TrainStep(*staging, labels.data(), batch, 0, pooled);
+        ASSERT_TRUE(device.ok()) << device.status();
+        // The loss is summed with atomics: equal within their order's rounding.
+        EXPECT_NEAR(host->loss, device->loss, 1e-6 * host->loss) << which;
+        for (const ParamInfo& p : model.params()) {
+          EXPECT_EQ(host_grads[p.id],
+                    std::vector<float>(model.grad(p.id), model.grad(p.id) + p.num_elements))
+              << p.name << ", " << which;
+        }
+        for (int t = 0; t < 2; ++t) {
+          const PooledRows& p = (**block)[t];
+          ExpectClose(row_grads[t].data(), p.grads, static_cast<int64_t>(row_grads[t].size()), 1e-6,
+                      "table " + std::to_string(t) + " row grads, " + which);
+        }
       }
     }
     // A pooled step needs its batch's block.

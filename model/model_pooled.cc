@@ -12,22 +12,51 @@
 
 namespace downpour {
 
-absl::StatusOr<std::vector<PooledRows>*> Model::PooledStaging(int64_t batch,
-                                                              const std::vector<int32_t>& rows,
-                                                              const std::vector<int32_t>& ids) {
+absl::Status Model::GrowRowStore(int table, int64_t places) {
+  model_internal::Storage& st = *storage_;
+  st.row_stores.resize(shape_.sparse_tables.size());
+  kernels::DeviceMemory& store = st.row_stores[table];
+  const size_t row_bytes = sizeof(float) * shape_.sparse_tables[table].dim;
+  if (store.bytes() >= row_bytes * places) return absl::OkStatus();
+  // Room for a quarter more: the cache takes a few more places as steps go.
+  ASSIGN_OR_RETURN(kernels::DeviceMemory grown,
+                   backend_->Allocate(row_bytes * (places + places / 4)));
+  if (store.bytes() > 0) {
+    // What it holds, moved (through the host: rare, a store grows a few
+    // times in a run) once the steps reading it are done.
+    std::vector<char> held(store.bytes());
+    RETURN_IF_ERROR(backend_->Synchronize());
+    RETURN_IF_ERROR(backend_->ToHost(held.data(), store.as<void>(), held.size()));
+    RETURN_IF_ERROR(backend_->ToDevice(grown.as<void>(), held.data(), held.size()));
+    RETURN_IF_ERROR(backend_->Synchronize());
+  }
+  store = std::move(grown);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<PooledRows>*> Model::PooledStaging(
+    int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+    const std::vector<StoredRows>& stored) {
   const std::vector<SparseTableInfo>& tables = shape_.sparse_tables;
   if (!backend_->gpu() || tables.empty()) return nullptr;
-  if (rows.size() != tables.size() || ids.size() != tables.size() || batch < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pooled rows: ", rows.size(), " and ", ids.size(), " table sizes for a batch of ", batch,
-        "; the model has ", tables.size(), " sparse tables"));
+  if (rows.size() != tables.size() || ids.size() != tables.size() || batch < 1 ||
+      (!stored.empty() && stored.size() != tables.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pooled rows: ", rows.size(), ", ", ids.size(), " and ", stored.size(),
+                     " table sizes for a batch of ", batch, "; the model has ", tables.size(),
+                     " sparse tables"));
   }
   RETURN_IF_ERROR(backend_->MakeCurrent());
+  const auto stores = [&](size_t t) { return !stored.empty() && stored[t].places > 0; };
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (stores(t)) RETURN_IF_ERROR(GrowRowStore(static_cast<int>(t), stored[t].places));
+  }
   // The layout: the tables' descriptors, then each table's arrays, every
   // one 16-byte aligned; the gradients in a block of their own.
   const auto aligned = [](size_t n) { return (n + 15) & ~size_t{15}; };
   struct Place {
     size_t values, offsets, index, row_reads, readers, grads;
+    size_t places, fresh_places, fresh_values;  // Stored tables'.
   };
   std::vector<Place> places(tables.size());
   size_t at = aligned(sizeof(kernels::PooledTable) * tables.size());
@@ -36,8 +65,17 @@ absl::StatusOr<std::vector<PooledRows>*> Model::PooledStaging(int64_t batch,
   for (size_t t = 0; t < tables.size(); ++t) {
     const int64_t dim = tables[t].dim;
     Place& p = places[t];
-    p.values = at;
-    at += aligned(sizeof(float) * rows[t] * dim);
+    if (stores(t)) {
+      p.places = at;
+      at += aligned(sizeof(int32_t) * rows[t]);
+      p.fresh_places = at;
+      at += aligned(sizeof(int32_t) * stored[t].fresh);
+      p.fresh_values = at;
+      at += aligned(sizeof(float) * stored[t].fresh * dim);
+    } else {
+      p.values = at;
+      at += aligned(sizeof(float) * rows[t] * dim);
+    }
     p.offsets = at;
     at += aligned(sizeof(int32_t) * (batch + 1));
     p.index = at;
@@ -75,7 +113,6 @@ absl::StatusOr<std::vector<PooledRows>*> Model::PooledStaging(int64_t batch,
     PooledRows& view = pooled_[t];
     view.rows = rows[t];
     view.ids = ids[t];
-    view.values = reinterpret_cast<float*>(host + p.values);
     view.offsets = reinterpret_cast<int32_t*>(host + p.offsets);
     view.index = reinterpret_cast<int32_t*>(host + p.index);
     view.row_reads = reinterpret_cast<int32_t*>(host + p.row_reads);
@@ -87,7 +124,20 @@ absl::StatusOr<std::vector<PooledRows>*> Model::PooledStaging(int64_t batch,
     d.slot = batch * shape_.input_slots[tables[t].slot].offset;
     d.mean = tables[t].mean ? 1 : 0;
     d.rows = rows[t];
-    d.values = reinterpret_cast<const float*>(device + p.values);
+    if (stores(t)) {
+      view.places = reinterpret_cast<int32_t*>(host + p.places);
+      view.fresh = stored[t].fresh;
+      view.fresh_places = reinterpret_cast<int32_t*>(host + p.fresh_places);
+      view.fresh_values = reinterpret_cast<float*>(host + p.fresh_values);
+      d.store = st.row_stores[t].as<float>();
+      d.places = reinterpret_cast<const int32_t*>(device + p.places);
+      d.fresh = stored[t].fresh;
+      d.fresh_places = reinterpret_cast<const int32_t*>(device + p.fresh_places);
+      d.fresh_values = reinterpret_cast<const float*>(device + p.fresh_values);
+    } else {
+      view.values = reinterpret_cast<float*>(host + p.values);
+      d.values = reinterpret_cast<const float*>(device + p.values);
+    }
     d.offsets = reinterpret_cast<const int32_t*>(device + p.offsets);
     d.index = reinterpret_cast<const int32_t*>(device + p.index);
     d.row_reads = reinterpret_cast<const int32_t*>(device + p.row_reads);

@@ -62,6 +62,9 @@ struct Storage {
   // rows and reads (host and device, the same layout) and the rows'
   // gradients (device and host).
   DeviceMemory pooled_host, pooled, pooled_grads, pooled_grads_host;
+  // Per sparse table: its rows kept on the device between steps (StoredRows),
+  // by place.
+  std::vector<DeviceMemory> row_stores;
   // A pipeline stage's (current set's): the gradient of its boundary input
   // slots, and the gradients later stages sent back for its outputs.
   DeviceMemory boundary_grad, output_grad;

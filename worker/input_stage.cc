@@ -1,6 +1,7 @@
 #include "worker/input_stage.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,17 +41,45 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
   eval_ = std::make_unique<SparseExchange>(shape, std::move(options), std::move(shards));
 }
 
-InputStage::Rows InputStage::TrainingRows() const {
+InputStage::Rows InputStage::TrainingRows(const SparseBatch& plan, bool gather) {
   if (!keeps_rows_) return exchange_->rows();
   Rows rows(shape_.sparse_tables.size());
-  for (size_t t = 0; t < rows.size(); ++t) {
+  WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
     if (shape_.sparse_tables[t].staleness <= 0) {
       rows[t] = exchange_->rows()[t];
-      continue;
+      return;
     }
-    for (const std::vector<float>& values : kept_values_[t]) rows[t].push_back(values.data());
-  }
+    if (!gather) return;
+    const int64_t dim = shape_.sparse_tables[t].dim;
+    kept_values_[t].resize(num_shards_);
+    for (int s = 0; s < num_shards_; ++s) {
+      const std::vector<int64_t>& ids = plan.rows(t, s);
+      kept_values_[t][s].resize(ids.size() * dim);
+      cache_->Get(t, ids, kept_values_[t][s].data());
+      rows[t].push_back(kept_values_[t][s].data());
+    }
+  });
   return rows;
+}
+
+void InputStage::WriteStored(const SparseBatch& plan, std::vector<PooledRows>* block) {
+  written_.resize(shape_.sparse_tables.size());
+  WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
+    if (shape_.sparse_tables[t].staleness <= 0) return;
+    PooledRows& out = (*block)[t];
+    int32_t* places = out.places;
+    for (int s = 0; s < num_shards_; ++s) {
+      cache_->Places(t, plan.rows(t, s), places);
+      places += plan.rows(t, s).size();
+    }
+    const int64_t dim = shape_.sparse_tables[t].dim;
+    cache_->TakeWritten(t, &written_[t]);
+    for (int32_t i = 0; i < out.fresh; ++i) {
+      out.fresh_places[i] = written_[t][i];
+      std::memcpy(out.fresh_values + i * dim, cache_->values(t) + written_[t][i] * dim,
+                  sizeof(float) * dim);
+    }
+  });
 }
 
 void InputStage::PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
@@ -70,18 +99,31 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
                                               float* staging, const PoolOnDevice& pool_on_device) {
   float* features = Destination(batch, staging, &features_);
   if (plan != nullptr && staging != nullptr && pool_on_device != nullptr) {
+    // Kept tables' rows stay on the device: the block carries the rows
+    // written since the last one.
+    std::vector<StoredRows> stored;
+    if (keeps_rows_) {
+      stored.resize(shape_.sparse_tables.size());
+      for (size_t t = 0; t < stored.size(); ++t) {
+        if (shape_.sparse_tables[t].staleness <= 0) continue;
+        stored[t].places = cache_->places(t);
+        stored[t].fresh = static_cast<int32_t>(cache_->written(t));
+      }
+    }
     absl::StatusOr<std::vector<PooledRows>*> block =
-        pool_on_device(batch.size, plan->table_rows(), plan->table_ids());
-    // No room on the device for the block: this step pools here.
+        pool_on_device(batch.size, plan->table_rows(), plan->table_ids(), stored);
+    // No room on the device for the block: this step pools here (the rows
+    // written stay to be sent with the next block).
     if (!block.ok() && !absl::IsResourceExhausted(block.status())) return block.status();
     pooled_ = block.ok() ? *block : nullptr;
     if (pooled_ != nullptr) {
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
-      plan->WritePooled(TrainingRows(), pooled_, &tables_);
+      plan->WritePooled(TrainingRows(*plan, /*gather=*/false), pooled_, &tables_);
+      if (keeps_rows_) WriteStored(*plan, pooled_);
       return features;
     }
   }
-  PackInto(batch, plan, plan != nullptr ? TrainingRows() : Rows(), features);
+  PackInto(batch, plan, plan != nullptr ? TrainingRows(*plan, /*gather=*/true) : Rows(), features);
   return features;
 }
 
@@ -133,17 +175,13 @@ absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
   std::vector<int64_t> kept(plan.num_tables(), 0);
   WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
     if (shape_.sparse_tables[t].staleness <= 0) return;
-    const int64_t dim = shape_.sparse_tables[t].dim;
-    kept_values_[t].resize(num_shards_);
+    // No step from this one on reads a row older than its limit; the step
+    // before (whose rows may be read until this one's are) is pooled.
+    cache_->Drop(t, MinStamp(t, step));
     for (int s = 0; s < num_shards_; ++s) {
       cache_->Put(t, prefetched_[t][s], pulled[t][s], stamp);
-      const std::vector<int64_t>& rows = plan.rows(t, s);
-      kept_values_[t][s].resize(rows.size() * dim);
-      cache_->Get(t, rows, kept_values_[t][s].data());
-      kept[t] += static_cast<int64_t>(rows.size() - prefetched_[t][s].size());
+      kept[t] += static_cast<int64_t>(plan.rows(t, s).size() - prefetched_[t][s].size());
     }
-    // No later step reads a row older than this one's limit.
-    cache_->Drop(t, MinStamp(t, step + 1));
   });
   for (int64_t n : kept) rows_kept_ += n;
   prefetch_step_ = -1;
@@ -272,7 +310,7 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       ++ahead_.taken;
       p->ahead = Ahead::kTaken;
       if (!pool_here) return;
-      PackInto(*p->batch, p->planned, TrainingRows(),
+      PackInto(*p->batch, p->planned, TrainingRows(*p->planned, /*gather=*/true),
                Destination(*p->batch, nullptr, &next_features_));
       laps.Add(&ahead_.pool);
       ++ahead_.pooled;

@@ -23,7 +23,10 @@
 // for that pull (when every table is kept, PlanAhead's task also takes the
 // rows while the step computes, and pools next's input too unless the
 // device pools it: then the step only lays the rows into the device's
-// block). The push lane's answer still comes once the shards have applied
+// block). Where the device pools a step's rows, kept tables' rows stay on
+// it between steps, by their place in the cache: a block carries each
+// row's place and the rows the cache took since the block before, not
+// every row the batch reads. The push lane's answer still comes once the shards have applied
 // the step (its pull asks for no rows at the step's version), and the next
 // push waits for it, so no push reaches a shard a step early.
 //
@@ -73,8 +76,13 @@ class InputStage {
   // gives and the step pools them (pooled_on_device() is then true until
   // the step's Exchange; the step trains with TrainStepOptions::pooled_rows).
   // A block the device has no room for (ResourceExhausted): pooled here.
+  // Kept tables' rows stay on the device between steps where it pools
+  // them (`stored`: per table the cache's places and the rows written since
+  // the last block; the block then carries each row's place and those
+  // rows, not every row).
   using PoolOnDevice = std::function<absl::StatusOr<std::vector<PooledRows>*>(
-      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids)>;
+      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+      const std::vector<StoredRows>& stored)>;
   absl::StatusOr<const float*> Features(int64_t step, const data::Batch& batch, int64_t min_version,
                                         int64_t min_worker_steps, bool exact_version = false,
                                         float* staging = nullptr,
@@ -149,10 +157,13 @@ class InputStage {
 
  private:
   using Rows = std::vector<std::vector<const float*>>;  // [table][shard]
-  // The rows a training step pools: kept tables' from kept_values_, the
-  // others' from the push lane's last pull (not read for kept tables: that
-  // pull may be in flight).
-  Rows TrainingRows() const;
+  // The rows `plan`'s step pools: the others' from the push lane's last
+  // pull and, with `gather`, kept tables' gathered from the cache into
+  // kept_values_ (else none: the push lane's pull may be in flight).
+  Rows TrainingRows(const SparseBatch& plan, bool gather);
+  // Kept tables' part of a block the device keeps their rows for: each
+  // row's place in the cache and the places written since the last block.
+  void WriteStored(const SparseBatch& plan, std::vector<PooledRows>* block);
   // Packs `batch` into `features` (batch.size * input_size floats): its
   // dense inputs and, with `plan`, its sparse slots pooled from `rows`.
   void PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
@@ -168,8 +179,8 @@ class InputStage {
   // Kept tables: starts pulling the rows `plan` (step `step`'s) lacks.
   void Prefetch(const SparseBatch& plan, int64_t step, int64_t min_version,
                 int64_t min_worker_steps);
-  // Kept tables: takes the prefetched rows into the cache and gathers
-  // `plan`'s rows (step `step`'s) from it into kept_values_.
+  // Kept tables: takes the prefetched rows of `plan` (step `step`'s) into
+  // the cache, first forgetting the rows no step from `step` on reads.
   absl::Status TakePrefetched(const SparseBatch& plan, int64_t step);
   // The rows the push lane pulls for `plan`: all of them, or with kept
   // tables only the others' (push_pull_ids_).
@@ -236,6 +247,7 @@ class InputStage {
   RowIds prefetched_;
   int64_t prefetch_step_ = -1;
   std::vector<std::vector<std::vector<float>>> kept_values_;
+  std::vector<std::vector<int32_t>> written_;  // WriteStored's, per table.
   RowIds push_pull_ids_;
   int64_t rows_kept_ = 0;
   AheadSeconds ahead_;  // Written by PlanAhead's tasks.

@@ -5,10 +5,13 @@
 // them, and an evaluation between steps changes neither.
 #include "worker/input_stage.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -191,7 +194,8 @@ TEST_F(InputStageTest, ABlockTheDeviceHasNoRoomForIsPooledHere) {
   std::vector<float> staging(batch.size * model_->shape().input_size, -1.f);
   int asked = 0;
   const InputStage::PoolOnDevice no_room = [&](int64_t, const std::vector<int32_t>&,
-                                               const std::vector<int32_t>&) {
+                                               const std::vector<int32_t>&,
+                                               const std::vector<StoredRows>&) {
     ++asked;
     return absl::StatusOr<std::vector<PooledRows>*>(
         absl::ResourceExhaustedError("device 0: no room for the block"));
@@ -207,7 +211,8 @@ TEST_F(InputStageTest, ABlockTheDeviceHasNoRoomForIsPooledHere) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(std::vector<float>(*again, *again + staging.size()), pooled_here);
   const InputStage::PoolOnDevice broken = [](int64_t, const std::vector<int32_t>&,
-                                             const std::vector<int32_t>&) {
+                                             const std::vector<int32_t>&,
+                                             const std::vector<StoredRows>&) {
     return absl::StatusOr<std::vector<PooledRows>*>(absl::InternalError("block broken"));
   };
   EXPECT_EQ(stage_->Features(0, batch, 0, 0, false, staging.data(), broken).status(),
@@ -241,66 +246,114 @@ TEST_F(InputStageTest, AStaleTableReadsRowsAtMostItsStalenessBehindAndPullsFewer
 
 // A block in host memory standing in for the model's (Model::PooledStaging):
 // laid out for what it is asked, each row's gradient `grad` in every column.
+// A stored table's rows stay here by place between blocks, as on the
+// device: Land() writes the block's fresh rows there, as a step does before
+// pooling. Blocks numbered in `no_room` are refused (ResourceExhausted).
 class FakeDeviceBlock {
  public:
-  explicit FakeDeviceBlock(float grad) : grad_(grad) {}
+  explicit FakeDeviceBlock(float grad, std::set<int> no_room = {})
+      : grad_(grad), no_room_(std::move(no_room)) {}
 
   InputStage::PoolOnDevice Lay() {
-    return [this](int64_t batch, const std::vector<int32_t>& rows,
-                  const std::vector<int32_t>& ids) -> absl::StatusOr<std::vector<PooledRows>*> {
-      ++asked_;
-      tables_.assign(rows.size(), Table());
-      blocks_.assign(rows.size(), PooledRows());
-      for (size_t t = 0; t < rows.size(); ++t) {
-        Table& table = tables_[t];
-        table.values.assign(rows[t] * kDim, 0.f);
-        table.grads.assign(rows[t] * kDim, grad_);
-        table.offsets.assign(batch + 1, 0);
-        table.index.assign(ids[t], 0);
-        table.row_reads.assign(rows[t] + 1, 0);
-        table.readers.assign(ids[t], 0);
-        blocks_[t] = PooledRows{rows[t],
-                                ids[t],
-                                table.values.data(),
-                                table.offsets.data(),
-                                table.index.data(),
-                                table.row_reads.data(),
-                                table.readers.data(),
-                                table.grads.data()};
-      }
-      return &blocks_;
-    };
+    return
+        [this](int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+               const std::vector<StoredRows>& stored) -> absl::StatusOr<std::vector<PooledRows>*> {
+          if (no_room_.count(asked_++) > 0) return absl::ResourceExhaustedError("no room (test)");
+          tables_.assign(rows.size(), Table());
+          blocks_.assign(rows.size(), PooledRows());
+          stores_.resize(rows.size());
+          for (size_t t = 0; t < rows.size(); ++t) {
+            Table& table = tables_[t];
+            PooledRows& block = blocks_[t];
+            table.grads.assign(rows[t] * kDim, grad_);
+            table.offsets.assign(batch + 1, 0);
+            table.index.assign(ids[t], 0);
+            table.row_reads.assign(rows[t] + 1, 0);
+            table.readers.assign(ids[t], 0);
+            block = PooledRows{rows[t],
+                               ids[t],
+                               nullptr,
+                               table.offsets.data(),
+                               table.index.data(),
+                               table.row_reads.data(),
+                               table.readers.data(),
+                               table.grads.data()};
+            if (!stored.empty() && stored[t].places > 0) {
+              ++stored_blocks_;
+              if (static_cast<int64_t>(stores_[t].size()) < stored[t].places * kDim) {
+                stores_[t].resize(stored[t].places * kDim);
+              }
+              table.places.assign(rows[t], -1);
+              table.fresh_places.assign(stored[t].fresh, -1);
+              table.fresh_values.assign(stored[t].fresh * kDim, 0.f);
+              block.places = table.places.data();
+              block.fresh = stored[t].fresh;
+              block.fresh_places = table.fresh_places.data();
+              block.fresh_values = table.fresh_values.data();
+              rows_read_ += rows[t];
+              rows_sent_ += stored[t].fresh;
+            } else {
+              table.values.assign(rows[t] * kDim, 0.f);
+              block.values = table.values.data();
+            }
+          }
+          return &blocks_;
+        };
   }
 
-  // The values of the first row example `example` reads from table 0.
+  // The last block's fresh rows, written to their places.
+  void Land() {
+    for (size_t t = 0; t < blocks_.size(); ++t) {
+      const PooledRows& block = blocks_[t];
+      for (int32_t i = 0; i < block.fresh; ++i) {
+        ASSERT_GE(block.fresh_places[i], 0);
+        ASSERT_LE((block.fresh_places[i] + 1) * kDim, static_cast<int64_t>(stores_[t].size()));
+        std::copy_n(block.fresh_values + i * kDim, kDim,
+                    stores_[t].begin() + block.fresh_places[i] * kDim);
+      }
+    }
+  }
+  // The values of the first row example `example` reads from table 0, as
+  // the device would pool them (after Land).
   std::vector<float> FirstRowOf(int64_t example) const {
     const PooledRows& block = blocks_[0];
-    const float* row = block.values + int64_t{block.index[block.offsets[example]]} * kDim;
-    return {row, row + kDim};
+    const int32_t row = block.index[block.offsets[example]];
+    const float* values = block.places != nullptr ? stores_[0].data() + block.places[row] * kDim
+                                                  : block.values + row * kDim;
+    return {values, values + kDim};
   }
   int asked() const { return asked_; }
+  // Blocks of stored tables, the rows they read and those sent with them.
+  int stored_blocks() const { return stored_blocks_; }
+  int64_t rows_read() const { return rows_read_; }
+  int64_t rows_sent() const { return rows_sent_; }
 
  private:
   struct Table {
-    std::vector<float> values, grads;
-    std::vector<int32_t> offsets, index, row_reads, readers;
+    std::vector<float> values, grads, fresh_values;
+    std::vector<int32_t> offsets, index, row_reads, readers, places, fresh_places;
   };
   const float grad_;
+  const std::set<int> no_room_;
   int asked_ = 0;
+  int stored_blocks_ = 0;
+  int64_t rows_read_ = 0, rows_sent_ = 0;
   std::vector<Table> tables_;
   std::vector<PooledRows> blocks_;
+  std::vector<std::vector<float>> stores_;  // Per table, by place.
 };
 
 // Every table kept and the rows pooled on the device: the stage is given
 // batches two ahead (as the trainer does), each step's rows are taken into
-// the cache by the task of the batch after it and laid into the device's
-// block by the step, none pooled here, and they are at most the staleness
-// behind.
-TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndLaysItsRowsIntoTheDevicesBlock) {
+// the cache by the task of the batch after it and stay on the device,
+// which is sent only the rows taken since the block before; they are at
+// most the staleness behind. A block the device has no room for leaves
+// that step and the ones after it pooled here, still within the staleness.
+TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndKeepsItsRowsOnTheDevice) {
   Host(3);
-  FakeDeviceBlock device(/*grad=*/0.25f);
+  constexpr int kSteps = 12, kNoRoom = 8;
+  FakeDeviceBlock device(/*grad=*/0.25f, /*no_room=*/{kNoRoom});
   const InputStage::PoolOnDevice lay = device.Lay();
-  constexpr int kSteps = 10;
   const std::vector<data::Batch> batches = Batches(kSteps);
   std::vector<float> staging(4 * model_->shape().input_size);
   int behind = 0;
@@ -312,12 +365,21 @@ TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndLaysItsRowsIntoTheDevicesBl
     absl::StatusOr<const float*> features =
         stage_->Features(step, batches[step], step, 0, false, staging.data(), lay);
     ASSERT_TRUE(features.ok()) << features.status();
-    EXPECT_EQ(*features, staging.data()) << "step " << step;
-    ASSERT_TRUE(stage_->pooled_on_device()) << "step " << step;
     EXPECT_EQ(stage_->plan_depth(), 2);
-    std::vector<float> read = device.FirstRowOf(0);
-    const std::vector<float> second = device.FirstRowOf(1);
-    read.insert(read.end(), second.begin(), second.end());
+    std::vector<float> read;
+    if (step < kNoRoom) {
+      EXPECT_EQ(*features, staging.data()) << "step " << step;
+      ASSERT_TRUE(stage_->pooled_on_device()) << "step " << step;
+      device.Land();
+      read = device.FirstRowOf(0);
+      const std::vector<float> second = device.FirstRowOf(1);
+      read.insert(read.end(), second.begin(), second.end());
+    } else {
+      ASSERT_FALSE(stage_->pooled_on_device()) << "step " << step;
+      read.assign(*features, *features + 2 * kDim);
+      // The input gradient the push reads.
+      ASSERT_TRUE(model_->TrainStep(*features, batches[step].labels.data(), 4, step).ok());
+    }
     const int64_t version = VersionOf(read);
     EXPECT_GE(version, step - 3) << "step " << step;
     EXPECT_LE(version, step) << "step " << step;
@@ -328,10 +390,16 @@ TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndLaysItsRowsIntoTheDevicesBl
     ASSERT_TRUE(stage_->Exchange(step, *model_, &batches[step + 1], step + 1, 0).ok());
   }
   ASSERT_TRUE(stage_->Finish().ok());
-  EXPECT_EQ(device.asked(), kSteps);
+  // Asked until it had no room; then the task before each step pooled it.
+  EXPECT_EQ(device.asked(), kNoRoom + 1);
+  EXPECT_EQ(device.stored_blocks(), kNoRoom);
+  // Rows 1 and 2, read every step, went to the device only when pulled
+  // again (at most every third step): fewer rows sent than read.
+  EXPECT_LT(device.rows_sent(), device.rows_read() - kNoRoom);
   // Steps 1 to kSteps - 1 had their rows taken beside the step before.
   EXPECT_EQ(stage_->ahead_seconds().batches, kSteps);
   EXPECT_EQ(stage_->ahead_seconds().taken, kSteps - 1);
+  EXPECT_EQ(stage_->ahead_seconds().pooled, kSteps - 1 - kNoRoom);
   EXPECT_GT(behind, 0);
   EXPECT_GT(stage_->rows_kept(), 0);
 }

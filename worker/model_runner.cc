@@ -89,11 +89,11 @@ class ReplicaRunner : public ModelRunner {
     if (replicas_->size() != 1) return nullptr;
     return primary_->FeatureStaging(batch);
   }
-  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(int64_t batch,
-                                                         const std::vector<int32_t>& rows,
-                                                         const std::vector<int32_t>& ids) override {
+  absl::StatusOr<std::vector<PooledRows>*> PooledStaging(
+      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+      const std::vector<StoredRows>& stored) override {
     if (replicas_->size() != 1) return nullptr;
-    return primary_->PooledStaging(batch, rows, ids);
+    return primary_->PooledStaging(batch, rows, ids, stored);
   }
   const Model* whole_model() const override { return primary_; }
 
@@ -151,7 +151,8 @@ class PipelineRunner : public ModelRunner {
   }
   absl::StatusOr<float*> FeatureStaging(int64_t) override { return nullptr; }
   absl::StatusOr<std::vector<PooledRows>*> PooledStaging(int64_t, const std::vector<int32_t>&,
-                                                         const std::vector<int32_t>&) override {
+                                                         const std::vector<int32_t>&,
+                                                         const std::vector<StoredRows>&) override {
     return nullptr;
   }
   const Model* whole_model() const override { return nullptr; }

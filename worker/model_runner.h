@@ -127,7 +127,8 @@ class ModelRunner {
   // the device (Model::PooledStaging, trained with
   // TrainStepOptions::pooled_rows); null otherwise (the caller pools them).
   virtual absl::StatusOr<std::vector<PooledRows>*> PooledStaging(
-      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids) = 0;
+      int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+      const std::vector<StoredRows>& stored) = 0;
 
   // The whole model as one Model (replica 0), or null when it is split into
   // stages. Sparse embeddings read its input gradient; a pipeline has none

@@ -33,10 +33,15 @@ void RowCache::Put(int table, const std::vector<int64_t>& rows, const float* val
         kept.stamps.push_back(0);
         kept.ids.push_back(0);
         kept.values.resize(kept.values.size() + dim);
+        kept.is_written.push_back(false);
       }
       kept.ids[it->second] = rows[i];
     }
     kept.stamps[it->second] = stamp;
+    if (!kept.is_written[it->second]) {
+      kept.is_written[it->second] = true;
+      kept.written.push_back(static_cast<int32_t>(it->second));
+    }
     std::memcpy(kept.values.data() + it->second * dim, values + i * dim, sizeof(float) * dim);
   }
 }
@@ -48,6 +53,18 @@ void RowCache::Get(int table, const std::vector<int64_t>& rows, float* out) cons
     const int64_t place = kept.where.at(rows[i]);
     std::memcpy(out + i * dim, kept.values.data() + place * dim, sizeof(float) * dim);
   }
+}
+
+void RowCache::Places(int table, const std::vector<int64_t>& rows, int32_t* out) const {
+  const Table& kept = tables_[table];
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = static_cast<int32_t>(kept.where.at(rows[i]));
+}
+
+void RowCache::TakeWritten(int table, std::vector<int32_t>* places) {
+  Table& kept = tables_[table];
+  places->swap(kept.written);
+  kept.written.clear();
+  for (int32_t place : *places) kept.is_written[place] = false;
 }
 
 void RowCache::Drop(int table, int64_t min_stamp) {

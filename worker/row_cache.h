@@ -6,6 +6,11 @@
 // dropped once no later step may read them (Drop), so a table keeps the
 // rows of about its last k steps.
 //
+// A device may hold a copy of the kept rows by place (Model::PooledStaging's
+// stored tables): Place says where each row is, and TakeWritten the places
+// written since it was last called, whose values (values(table) + place *
+// dim) the copy lacks.
+//
 // Thread-compatible; calls for different tables may run concurrently.
 #ifndef DOWNPOUR_WORKER_ROW_CACHE_H_
 #define DOWNPOUR_WORKER_ROW_CACHE_H_
@@ -32,8 +37,19 @@ class RowCache {
   // Writes the kept values of `rows` to `out` (rows.size() * dim floats).
   // REQUIRES: every row is kept.
   void Get(int table, const std::vector<int64_t>& rows, float* out) const;
-  // Forgets the rows stamped before `min_stamp`.
+  // Forgets the rows stamped before `min_stamp` (their places are taken by
+  // later Puts; until then they keep their values).
   void Drop(int table, int64_t min_stamp);
+
+  // Writes the place of each of `rows` to `out`. REQUIRES: every row is kept.
+  void Places(int table, const std::vector<int64_t>& rows, int32_t* out) const;
+  // The places Put wrote since the last TakeWritten (each once), moved to
+  // `places` (cleared first).
+  void TakeWritten(int table, std::vector<int32_t>* places);
+  int64_t written(int table) const { return static_cast<int64_t>(tables_[table].written.size()); }
+  // Every place there is (kept or free), and their values (places * dim).
+  int64_t places(int table) const { return static_cast<int64_t>(tables_[table].stamps.size()); }
+  const float* values(int table) const { return tables_[table].values.data(); }
 
   int64_t size(int table) const { return static_cast<int64_t>(tables_[table].where.size()); }
 
@@ -46,6 +62,9 @@ class RowCache {
     std::vector<int64_t> stamps;
     std::vector<int64_t> ids;
     std::vector<int64_t> free;
+    // The places written since TakeWritten, and which those are.
+    std::vector<int32_t> written;
+    std::vector<bool> is_written;
   };
   std::vector<Table> tables_;
 };

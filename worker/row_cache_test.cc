@@ -1,5 +1,6 @@
 #include "worker/row_cache.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -62,6 +63,47 @@ TEST(RowCacheTest, DroppedRowsAreForgottenAndTheirPlacesReused) {
   missing.clear();
   cache.Missing(0, {2, 10, 11}, 7, &missing);
   EXPECT_THAT(missing, IsEmpty());
+}
+
+// A copy by place (a device's) follows the cache with the places written
+// since it last looked: a place written twice is listed once, a freed place
+// taken by a new row is listed again, and Places finds each row's.
+TEST(RowCacheTest, ACopyByPlaceGetsThePlacesWrittenSinceItLastLooked) {
+  RowCache cache({2});
+  std::vector<float> copy;  // The copy, by place.
+  std::vector<int32_t> written;
+  auto follow = [&] {
+    cache.TakeWritten(0, &written);
+    copy.resize(cache.places(0) * 2);
+    for (int32_t place : written) {
+      std::copy_n(cache.values(0) + place * 2, 2, copy.begin() + place * 2);
+    }
+  };
+  auto read = [&](const std::vector<int64_t>& rows) {
+    std::vector<int32_t> places(rows.size());
+    cache.Places(0, rows, places.data());
+    std::vector<float> out;
+    for (int32_t place : places) out.insert(out.end(), {copy[place * 2], copy[place * 2 + 1]});
+    return out;
+  };
+  const std::vector<float> a = {1, 2, 3, 4};
+  cache.Put(0, {7, 8}, a.data(), 1);
+  const std::vector<float> b = {5, 6};
+  cache.Put(0, {8}, b.data(), 2);
+  EXPECT_EQ(cache.written(0), 2);
+  follow();
+  EXPECT_THAT(written, ElementsAre(0, 1));
+  EXPECT_THAT(read({8, 7}), ElementsAre(5, 6, 1, 2));
+  cache.TakeWritten(0, &written);
+  EXPECT_THAT(written, IsEmpty());
+  // Row 7 dropped; row 9 takes its place.
+  cache.Drop(0, 2);
+  const std::vector<float> c = {9, 10};
+  cache.Put(0, {9}, c.data(), 3);
+  follow();
+  EXPECT_THAT(written, ElementsAre(0));
+  EXPECT_EQ(cache.places(0), 2);
+  EXPECT_THAT(read({9, 8}), ElementsAre(9, 10, 5, 6));
 }
 
 }  // namespace

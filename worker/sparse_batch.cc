@@ -150,7 +150,7 @@ void SparseBatch::WritePooled(const std::vector<std::vector<const float*>>& valu
     for (int s = 0; s < num_shards_; ++s) {
       const size_t n = rows_[t][s].size();
       base[s + 1] = base[s] + static_cast<int32_t>(n);
-      if (n > 0) {
+      if (n > 0 && out.values != nullptr) {
         std::memcpy(out.values + int64_t{base[s]} * table.dim, values[t][s],
                     sizeof(float) * n * table.dim);
       }

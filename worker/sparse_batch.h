@@ -74,8 +74,9 @@ class SparseBatch {
   // Pooling on the device instead (Model::PooledStaging): per table, the
   // distinct rows and the ids the batch reads (the block's sizes), then
   // WritePooled fills each table's block with what Pool reads — the rows
-  // of `values` shard after shard, the examples' ids, each id's row and
-  // each row's readers — and after the step RowGradientsFrom splits the
+  // of `values` shard after shard (none for a table whose block has no
+  // values: the device keeps its rows), the examples' ids, each id's row
+  // and each row's readers — and after the step RowGradientsFrom splits the
   // rows' gradients the device computed (PooledRows::grads, in that row
   // order) into RowGradients' [table][shard] (within rounding of RowGradients'
   // sums: the device sums a row's reads in kPoolLanes partial sums).

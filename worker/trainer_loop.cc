@@ -549,8 +549,9 @@ absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunSt
   // ... and its rows pooled there, on the GPU.
   ModelRunner* model = run->model.get();
   const InputStage::PoolOnDevice pool_on_device =
-      [model](int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids) {
-        return model->PooledStaging(batch, rows, ids);
+      [model](int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+              const std::vector<StoredRows>& stored) {
+        return model->PooledStaging(batch, rows, ids, stored);
       };
   absl::StatusOr<const float*> packed =
       input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step), exact,

@@ -498,11 +498,15 @@ void PoolRows(const CpuContext& /*ctx*/, int64_t batch, int num_tables, const Po
   for (int t = 0; t < num_tables; ++t) {
     const PooledTable& table = tables[t];
     const int64_t dim = table.dim;
+    for (int32_t i = 0; i < table.fresh; ++i) {
+      std::copy_n(table.fresh_values + int64_t{i} * dim, dim,
+                  table.store + int64_t{table.fresh_places[i]} * dim);
+    }
     for (int64_t b = 0; b < batch; ++b) {
       float* out = features + table.slot + b * dim;
       std::fill(out, out + dim, 0.f);
       for (int32_t k = table.offsets[b]; k < table.offsets[b + 1]; ++k) {
-        const float* row = table.values + int64_t{table.index[k]} * dim;
+        const float* row = PooledRow(table, table.index[k]);
         for (int64_t d = 0; d < dim; ++d) out[d] += row[d];
       }
       const float scale = PoolScale(table.mean != 0, table.offsets[b + 1] - table.offsets[b]);

@@ -36,6 +36,16 @@ __global__ void EmbeddingBackwardKernel(int64_t num_ids, int64_t vocab, int64_t 
   }
 }
 
+// Grid row per table; thread per (fresh row, column): a stored table's
+// fresh rows written to their places.
+__global__ void StoreFreshRowsKernel(const PooledTable* tables) {
+  const PooledTable& table = tables[blockIdx.y];
+  const int64_t dim = table.dim;
+  GRID_STRIDE(i, int64_t{table.fresh} * dim) {
+    table.store[int64_t{table.fresh_places[i / dim]} * dim + i % dim] = table.fresh_values[i];
+  }
+}
+
 // Grid row per table; thread per (example, column): the example's rows
 // summed in id order from zero, then scaled (cpu::PoolRows, no FMA).
 __global__ void PoolRowsKernel(int64_t batch, const PooledTable* tables, float* features) {
@@ -46,7 +56,7 @@ __global__ void PoolRowsKernel(int64_t batch, const PooledTable* tables, float* 
     const int32_t begin = table.offsets[b], end = table.offsets[b + 1];
     float sum = 0.f;
     for (int32_t k = begin; k < end; ++k) {
-      sum = __fadd_rn(sum, table.values[int64_t{table.index[k]} * dim + d]);
+      sum = __fadd_rn(sum, PooledRow(table, table.index[k])[d]);
     }
     const float scale = PoolScale(table.mean != 0, end - begin);
     features[table.slot + i] = scale != 1.f ? __fmul_rn(sum, scale) : sum;
@@ -161,6 +171,8 @@ cudaError_t PairwiseDotBackward(cudaStream_t stream, int64_t batch, int64_t vect
 cudaError_t PoolRows(cudaStream_t stream, int64_t batch, int num_tables, const PooledTable* tables,
                      int64_t most_work, float* features) {
   if (num_tables == 0 || most_work == 0) return cudaSuccess;
+  // Grid-strided: a table's fresh rows may outnumber the batch's columns.
+  StoreFreshRowsKernel<<<dim3(Blocks(most_work), num_tables), kThreads, 0, stream>>>(tables);
   PoolRowsKernel<<<dim3(Blocks(most_work), num_tables), kThreads, 0, stream>>>(batch, tables,
                                                                                features);
   return cudaGetLastError();
