@@ -119,7 +119,10 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
     if (pooled_ != nullptr) {
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
       plan->WritePooled(TrainingRows(*plan, /*gather=*/false), pooled_, &tables_);
-      if (keeps_rows_) WriteStored(*plan, pooled_);
+      if (keeps_rows_) {
+        WriteStored(*plan, pooled_);
+        for (const StoredRows& table : stored) rows_to_device_ += table.fresh;
+      }
       return features;
     }
   }

@@ -142,6 +142,9 @@ class InputStage {
   }
   // Rows of kept tables read from the cache instead of pulled.
   int64_t rows_kept() const { return rows_kept_; }
+  // Rows of kept tables sent to the device's store (the others it read
+  // there as earlier steps left them).
+  int64_t rows_to_device() const { return rows_to_device_; }
 
   // Where PlanAhead's tasks spent their time, in all, beside the steps:
   // planning their batches, looking rows up in and taking them into the
@@ -250,6 +253,7 @@ class InputStage {
   std::vector<std::vector<int32_t>> written_;  // WriteStored's, per table.
   RowIds push_pull_ids_;
   int64_t rows_kept_ = 0;
+  int64_t rows_to_device_ = 0;
   AheadSeconds ahead_;  // Written by PlanAhead's tasks.
 };
 

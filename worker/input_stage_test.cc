@@ -396,6 +396,7 @@ TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndKeepsItsRowsOnTheDevice) {
   // Rows 1 and 2, read every step, went to the device only when pulled
   // again (at most every third step): fewer rows sent than read.
   EXPECT_LT(device.rows_sent(), device.rows_read() - kNoRoom);
+  EXPECT_EQ(stage_->rows_to_device(), device.rows_sent());
   // Steps 1 to kSteps - 1 had their rows taken beside the step before.
   EXPECT_EQ(stage_->ahead_seconds().batches, kSteps);
   EXPECT_EQ(stage_->ahead_seconds().taken, kSteps - 1);

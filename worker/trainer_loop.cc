@@ -821,10 +821,13 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
                       run->total_exchange * ms),
       run->sparse ? absl::StrFormat(" (rows %.3f)", run->total_rows * ms) : "",
       absl::StrFormat(", other %.3f", other * ms),
-      run->sparse ? absl::StrFormat("; sparse rows per step: pulled %.1f, read kept %.1f",
-                                    static_cast<double>(input_stage_->rows_pulled()) / trained,
-                                    static_cast<double>(input_stage_->rows_kept()) / trained)
-                  : "",
+      run->sparse
+          ? absl::StrFormat("; sparse rows per step: pulled %.1f, read kept %.1f, kept sent to "
+                            "the device %.1f",
+                            static_cast<double>(input_stage_->rows_pulled()) / trained,
+                            static_cast<double>(input_stage_->rows_kept()) / trained,
+                            static_cast<double>(input_stage_->rows_to_device()) / trained)
+          : "",
       run->sparse ? AheadSplit(input_stage_->ahead_seconds()) : ""));
   return absl::OkStatus();
 }
