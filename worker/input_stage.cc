@@ -34,6 +34,8 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
     cache_ = std::make_unique<RowCache>(std::move(dims));
     prefetch_ = std::make_unique<SparseExchange>(shape, options, shards);
     kept_values_.resize(shape.sparse_tables.size());
+    kept_places_.resize(shape.sparse_tables.size());
+    written_.resize(shape.sparse_tables.size());
   }
   exchange_ = std::make_unique<SparseExchange>(shape, options, shards);
   // Evaluations pull on a lane of their own: the push lane may hold the
@@ -51,27 +53,27 @@ InputStage::Rows InputStage::TrainingRows(const SparseBatch& plan, bool gather) 
     }
     if (!gather) return;
     const int64_t dim = shape_.sparse_tables[t].dim;
+    const float* values = cache_->values(t);
+    const int32_t* place = kept_places_[t].data();
     kept_values_[t].resize(num_shards_);
     for (int s = 0; s < num_shards_; ++s) {
-      const std::vector<int64_t>& ids = plan.rows(t, s);
-      kept_values_[t][s].resize(ids.size() * dim);
-      cache_->Get(t, ids, kept_values_[t][s].data());
-      rows[t].push_back(kept_values_[t][s].data());
+      const size_t n = plan.rows(t, s).size();
+      std::vector<float>& out = kept_values_[t][s];
+      out.resize(n * dim);
+      for (size_t i = 0; i < n; ++i) {
+        std::memcpy(out.data() + i * dim, values + int64_t{*place++} * dim, sizeof(float) * dim);
+      }
+      rows[t].push_back(out.data());
     }
   });
   return rows;
 }
 
 void InputStage::WriteStored(const SparseBatch& plan, std::vector<PooledRows>* block) {
-  written_.resize(shape_.sparse_tables.size());
   WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
     if (shape_.sparse_tables[t].staleness <= 0) return;
     PooledRows& out = (*block)[t];
-    int32_t* places = out.places;
-    for (int s = 0; s < num_shards_; ++s) {
-      cache_->Places(t, plan.rows(t, s), places);
-      places += plan.rows(t, s).size();
-    }
+    std::memcpy(out.places, kept_places_[t].data(), sizeof(int32_t) * kept_places_[t].size());
     const int64_t dim = shape_.sparse_tables[t].dim;
     cache_->TakeWritten(t, &written_[t]);
     for (int32_t i = 0; i < out.fresh; ++i) {
@@ -181,9 +183,14 @@ absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
     // No step from this one on reads a row older than its limit; the step
     // before (whose rows may be read until this one's are) is pooled.
     cache_->Drop(t, MinStamp(t, step));
+    std::vector<int32_t>& places = kept_places_[t];
+    places.resize(0);
     for (int s = 0; s < num_shards_; ++s) {
       cache_->Put(t, prefetched_[t][s], pulled[t][s], stamp);
-      kept[t] += static_cast<int64_t>(plan.rows(t, s).size() - prefetched_[t][s].size());
+      const std::vector<int64_t>& rows = plan.rows(t, s);
+      kept[t] += static_cast<int64_t>(rows.size() - prefetched_[t][s].size());
+      places.resize(places.size() + rows.size());
+      cache_->Places(t, rows, places.data() + places.size() - rows.size());
     }
   });
   for (int64_t n : kept) rows_kept_ += n;

@@ -163,6 +163,7 @@ class InputStage {
   // The rows `plan`'s step pools: the others' from the push lane's last
   // pull and, with `gather`, kept tables' gathered from the cache into
   // kept_values_ (else none: the push lane's pull may be in flight).
+  // `plan` was the last one taken.
   Rows TrainingRows(const SparseBatch& plan, bool gather);
   // Kept tables' part of a block the device keeps their rows for: each
   // row's place in the cache and the places written since the last block.
@@ -183,7 +184,8 @@ class InputStage {
   void Prefetch(const SparseBatch& plan, int64_t step, int64_t min_version,
                 int64_t min_worker_steps);
   // Kept tables: takes the prefetched rows of `plan` (step `step`'s) into
-  // the cache, first forgetting the rows no step from `step` on reads.
+  // the cache, first forgetting the rows no step from `step` on reads, and
+  // finds where its rows are there (kept_places_).
   absl::Status TakePrefetched(const SparseBatch& plan, int64_t step);
   // The rows the push lane pulls for `plan`: all of them, or with kept
   // tables only the others' (push_pull_ids_).
@@ -250,7 +252,11 @@ class InputStage {
   RowIds prefetched_;
   int64_t prefetch_step_ = -1;
   std::vector<std::vector<std::vector<float>>> kept_values_;
-  std::vector<std::vector<int32_t>> written_;  // WriteStored's, per table.
+  // Per kept table: the places of the taken plan's rows in the cache,
+  // shard after shard (TakePrefetched's, until the next take), and the
+  // places written since the last device block (WriteStored's).
+  std::vector<std::vector<int32_t>> kept_places_;
+  std::vector<std::vector<int32_t>> written_;
   RowIds push_pull_ids_;
   int64_t rows_kept_ = 0;
   int64_t rows_to_device_ = 0;

@@ -46,15 +46,6 @@ void RowCache::Put(int table, const std::vector<int64_t>& rows, const float* val
   }
 }
 
-void RowCache::Get(int table, const std::vector<int64_t>& rows, float* out) const {
-  const Table& kept = tables_[table];
-  const int64_t dim = kept.dim;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int64_t place = kept.where.at(rows[i]);
-    std::memcpy(out + i * dim, kept.values.data() + place * dim, sizeof(float) * dim);
-  }
-}
-
 void RowCache::Places(int table, const std::vector<int64_t>& rows, int32_t* out) const {
   const Table& kept = tables_[table];
   for (size_t i = 0; i < rows.size(); ++i) out[i] = static_cast<int32_t>(kept.where.at(rows[i]));

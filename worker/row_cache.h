@@ -34,14 +34,12 @@ class RowCache {
   // Keeps `rows` with their `values` (rows.size() * dim floats) and `stamp`,
   // replacing older copies.
   void Put(int table, const std::vector<int64_t>& rows, const float* values, int64_t stamp);
-  // Writes the kept values of `rows` to `out` (rows.size() * dim floats).
-  // REQUIRES: every row is kept.
-  void Get(int table, const std::vector<int64_t>& rows, float* out) const;
   // Forgets the rows stamped before `min_stamp` (their places are taken by
   // later Puts; until then they keep their values).
   void Drop(int table, int64_t min_stamp);
 
-  // Writes the place of each of `rows` to `out`. REQUIRES: every row is kept.
+  // Writes the place of each of `rows` to `out` (its values are at
+  // values(table) + place * dim). REQUIRES: every row is kept.
   void Places(int table, const std::vector<int64_t>& rows, int32_t* out) const;
   // The places Put wrote since the last TakeWritten (each once), moved to
   // `places` (cleared first).

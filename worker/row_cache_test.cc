@@ -12,6 +12,17 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
+// The kept values of `rows` (every one kept) in table 0.
+std::vector<float> Get(const RowCache& cache, const std::vector<int64_t>& rows, int64_t dim) {
+  std::vector<int32_t> places(rows.size());
+  cache.Places(0, rows, places.data());
+  std::vector<float> out;
+  for (int32_t place : places) {
+    out.insert(out.end(), cache.values(0) + place * dim, cache.values(0) + (place + 1) * dim);
+  }
+  return out;
+}
+
 TEST(RowCacheTest, ARowIsReadWhileItsStampIsRecentEnough) {
   RowCache cache({2, 0});
   std::vector<int64_t> missing;
@@ -27,9 +38,7 @@ TEST(RowCacheTest, ARowIsReadWhileItsStampIsRecentEnough) {
   cache.Missing(0, {9, 7}, 11, &missing);  // Too old for a step that needs 11.
   EXPECT_THAT(missing, ElementsAre(9, 7));
 
-  std::vector<float> out(4);
-  cache.Get(0, {9, 7}, out.data());
-  EXPECT_THAT(out, ElementsAre(3, 4, 1, 2));
+  EXPECT_THAT(Get(cache, {9, 7}, 2), ElementsAre(3, 4, 1, 2));
 
   // A fresher copy replaces the row's values and stamp.
   const std::vector<float> fresher = {5, 6};
@@ -37,9 +46,7 @@ TEST(RowCacheTest, ARowIsReadWhileItsStampIsRecentEnough) {
   missing.clear();
   cache.Missing(0, {7, 9}, 11, &missing);
   EXPECT_THAT(missing, ElementsAre(9));
-  cache.Get(0, {7}, out.data());
-  EXPECT_EQ(out[0], 5);
-  EXPECT_EQ(out[1], 6);
+  EXPECT_THAT(Get(cache, {7}, 2), ElementsAre(5, 6));
 }
 
 TEST(RowCacheTest, DroppedRowsAreForgottenAndTheirPlacesReused) {
@@ -57,9 +64,7 @@ TEST(RowCacheTest, DroppedRowsAreForgottenAndTheirPlacesReused) {
   const std::vector<float> c = {8, 9};
   cache.Put(0, {10, 11}, c.data(), 8);
   EXPECT_EQ(cache.size(0), 3);
-  std::vector<float> out(3);
-  cache.Get(0, {11, 2, 10}, out.data());
-  EXPECT_THAT(out, ElementsAre(9, 4, 8));
+  EXPECT_THAT(Get(cache, {11, 2, 10}, 1), ElementsAre(9, 4, 8));
   missing.clear();
   cache.Missing(0, {2, 10, 11}, 7, &missing);
   EXPECT_THAT(missing, IsEmpty());
@@ -79,6 +84,7 @@ TEST(RowCacheTest, ACopyByPlaceGetsThePlacesWrittenSinceItLastLooked) {
       std::copy_n(cache.values(0) + place * 2, 2, copy.begin() + place * 2);
     }
   };
+  // Rows as the copy holds them: at their places.
   auto read = [&](const std::vector<int64_t>& rows) {
     std::vector<int32_t> places(rows.size());
     cache.Places(0, rows, places.data());
