@@ -368,6 +368,7 @@ void BatchReader::ProducerLoop() {
     std::vector<PendingRecord> pending;
     std::vector<AugmentDraw> draws;
     std::vector<absl::Status> errors;
+    std::vector<char> corrupt;  // Its error is the record's checksum's.
     std::vector<DecodedInputs> decoded;
   };
   auto new_batch = [&](Batch* b) {
@@ -383,6 +384,7 @@ void BatchReader::ProducerLoop() {
     w.pending.resize(options_.batch_size);
     w.draws.resize(options_.batch_size);
     w.errors.resize(options_.batch_size);
+    w.corrupt.resize(options_.batch_size);
     w.decoded.resize(inputs != nullptr ? options_.batch_size : 0);
   }
   ExampleFormat format;
@@ -396,6 +398,15 @@ void BatchReader::ProducerLoop() {
   Work* assembling = nullptr;  // The set the pool's calls below work on.
   const std::function<void(int64_t)> decode = [&](int64_t slot) {
     Work& w = *assembling;
+    // The payload's checksum, checked here rather than by the reading
+    // thread (a click log's batch of records takes a millisecond).
+    const PendingRecord& record = w.pending[slot];
+    w.corrupt[slot] = !RecordReader::PayloadIntact(record.data, record.crc);
+    if (w.corrupt[slot]) {
+      w.errors[slot] =
+          RecordReader::PayloadCorrupt(PathOf(record.file), record.offset, record.compressed);
+      return;
+    }
     if (inputs != nullptr) {
       w.errors[slot] = inputs->Decode(w.pending[slot].data, &w.decoded[slot]);
       if (w.errors[slot].ok()) w.batch.labels[slot] = w.decoded[slot].label;
@@ -429,6 +440,7 @@ void BatchReader::ProducerLoop() {
     pool.Run(w.batch.size, decode);
     for (int64_t slot = 0; slot < w.batch.size; ++slot) {
       if (w.errors[slot].ok()) continue;
+      if (w.corrupt[slot]) return w.errors[slot];
       const PendingRecord& record = w.pending[slot];
       return Annotate(
           w.errors[slot],
@@ -484,7 +496,7 @@ void BatchReader::ProducerLoop() {
       if (!reader.ok()) return end(reader.status());
       const bool compressed = (*reader)->compressed();
       for (int64_t index = 0;; ++index) {
-        absl::StatusOr<bool> got = (*reader)->Read(&record.data);
+        absl::StatusOr<bool> got = (*reader)->Read(&record.data, &record.crc);
         if (!got.ok()) return end(got.status());
         if (!*got) break;
         if (index % slice.stride != slice.offset) continue;

@@ -142,6 +142,7 @@ class BatchReader {
   // A record waiting in the shuffle buffer, with where it came from for errors.
   struct PendingRecord {
     std::string data;
+    uint32_t crc = 0;  // Its payload's, checked as it is decoded.
     int file = 0;
     int64_t offset = 0;
     bool compressed = false;  // Its file is: offset is in the uncompressed stream.

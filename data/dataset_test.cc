@@ -229,6 +229,9 @@ TEST(BatchReaderTest, CorruptRecordSurfacesFromNextWithFileAndOffset) {
   EXPECT_EQ(error.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(error.message(), HasSubstr(path));
   EXPECT_THAT(error.message(), HasSubstr("offset " + std::to_string(bad_offset)));
+  // Checked as the batch is decoded, said as the record reader says it.
+  EXPECT_THAT(error.message(), HasSubstr("corrupt record in " + path));
+  EXPECT_THAT(error.message(), HasSubstr("payload checksum mismatch"));
   EXPECT_EQ((*reader)->Next(&batch).status(), error);  // Sticky.
 }
 

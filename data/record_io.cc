@@ -206,10 +206,15 @@ RecordReader::RecordReader(std::string path, int fd, size_t buffer_size,
 
 RecordReader::~RecordReader() { close(fd_); }
 
+absl::Status RecordReader::Corrupt(absl::string_view path, int64_t offset, bool compressed,
+                                   absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("corrupt record in ", path, " at offset ", offset,
+                                          compressed ? " of its uncompressed stream" : "", ": ",
+                                          what));
+}
+
 absl::Status RecordReader::Corrupt(absl::string_view what) const {
-  return absl::DataLossError(
-      absl::StrCat("corrupt record in ", path_, " at offset ", record_offset_,
-                   gzip_ != nullptr ? " of its uncompressed stream" : "", ": ", what));
+  return Corrupt(path_, record_offset_, gzip_ != nullptr, what);
 }
 
 absl::StatusOr<size_t> RecordReader::Fill(char* target, size_t want) {
@@ -301,6 +306,20 @@ absl::StatusOr<size_t> RecordReader::ReadBytes(char* dst, size_t n) {
 }
 
 absl::StatusOr<bool> RecordReader::Read(std::string* record) {
+  uint32_t payload_crc = 0;
+  absl::StatusOr<bool> got = Read(record, &payload_crc);
+  if (got.ok() && *got && !PayloadIntact(*record, payload_crc)) {
+    status_ = Corrupt("payload checksum mismatch");
+    return status_;
+  }
+  return got;
+}
+
+bool RecordReader::PayloadIntact(absl::string_view payload, uint32_t payload_crc) {
+  return UnmaskCrc(payload_crc) == Crc32c(payload.data(), payload.size());
+}
+
+absl::StatusOr<bool> RecordReader::Read(std::string* record, uint32_t* payload_crc) {
   if (!status_.ok()) return status_;
   record_offset_ = offset_;
   auto fail = [this](absl::Status s) {
@@ -335,9 +354,7 @@ absl::StatusOr<bool> RecordReader::Read(std::string* record) {
   got = ReadBytes(footer, sizeof(footer));
   if (!got.ok()) return fail(got.status());
   if (*got < sizeof(footer)) return fail(Corrupt("truncated payload checksum"));
-  if (UnmaskCrc(DecodeFixed32(footer)) != Crc32c(record->data(), record->size())) {
-    return fail(Corrupt("payload checksum mismatch"));
-  }
+  *payload_crc = DecodeFixed32(footer);
   return true;
 }
 

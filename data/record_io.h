@@ -109,6 +109,18 @@ class RecordReader {
   // clean end of file (exactly at a record boundary), DataLossError for a
   // damaged record. Errors are sticky: later calls return the same error.
   absl::StatusOr<bool> Read(std::string* record);
+  // As Read, leaving the payload's checksum to the caller (a thread of its
+  // own may check it): `*payload_crc` is what the record's footer holds,
+  // for PayloadIntact; a record that fails it is PayloadCorrupt.
+  absl::StatusOr<bool> Read(std::string* record, uint32_t* payload_crc);
+  static bool PayloadIntact(absl::string_view payload, uint32_t payload_crc);
+  // The error of a damaged record that started at `offset` of `path` (of
+  // its uncompressed stream when `compressed`): Read's and PayloadCorrupt's.
+  static absl::Status Corrupt(absl::string_view path, int64_t offset, bool compressed,
+                              absl::string_view what);
+  static absl::Status PayloadCorrupt(absl::string_view path, int64_t offset, bool compressed) {
+    return Corrupt(path, offset, compressed, "payload checksum mismatch");
+  }
 
   bool compressed() const { return gzip_ != nullptr; }
   // After Read() returns a record, the offset that record started at (in the

@@ -101,6 +101,21 @@ TEST(RecordIoTest, FlippedPayloadByteNamesFileAndOffset) {
   EXPECT_THAT(got.status().message(), HasSubstr("payload checksum mismatch"));
   // Sticky.
   EXPECT_FALSE((*reader)->Read(&record).ok());
+
+  // Read with the payload's checksum left to the caller: the record comes
+  // as it is, and PayloadIntact tells it is damaged.
+  auto unchecked = RecordReader::Open(path);
+  ASSERT_TRUE(unchecked.ok());
+  uint32_t crc = 0;
+  ASSERT_TRUE(*(*unchecked)->Read(&record, &crc));
+  EXPECT_TRUE(RecordReader::PayloadIntact(record, crc));
+  ASSERT_TRUE(*(*unchecked)->Read(&record, &crc));
+  EXPECT_EQ(record.size(), 6u);
+  EXPECT_FALSE(RecordReader::PayloadIntact(record, crc));
+  ASSERT_TRUE(*(*unchecked)->Read(&record, &crc));
+  EXPECT_EQ(record, "third");
+  EXPECT_TRUE(RecordReader::PayloadIntact(record, crc));
+  EXPECT_EQ(RecordReader::PayloadCorrupt(path, second_offset, false), got.status());
 }
 
 TEST(RecordIoTest, FlippedLengthByteIsDetected) {
