@@ -97,6 +97,15 @@ float* InputStage::Destination(const data::Batch& batch, float* staging,
   return features->data();
 }
 
+absl::StatusOr<const float*> InputStage::TimedPack(const data::Batch& batch,
+                                                   const SparseBatch* plan, float* staging,
+                                                   const PoolOnDevice& pool_on_device) {
+  const double began = MonotonicSeconds();
+  absl::StatusOr<const float*> packed = Pack(batch, plan, staging, pool_on_device);
+  lay_seconds_ += MonotonicSeconds() - began;
+  return packed;
+}
+
 absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const SparseBatch* plan,
                                               float* staging, const PoolOnDevice& pool_on_device) {
   float* features = Destination(batch, staging, &features_);
@@ -226,7 +235,7 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
         RETURN_IF_ERROR(TakePrefetched(*current_, step));
       }
     }
-    return Pack(batch, current_.get(), staging, pool_on_device);
+    return TimedPack(batch, current_.get(), staging, pool_on_device);
   }
   AwaitPlan();
   RETURN_IF_ERROR(exchange_->Finish());
@@ -243,7 +252,7 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
                    cancelled_, /*read_only=*/false, /*checkpoint_step=*/0, exact_version);
   if (keeps_rows_) RETURN_IF_ERROR(TakePrefetched(*current_, step));
   RETURN_IF_ERROR(exchange_->Finish());
-  return Pack(batch, current_.get(), staging, pool_on_device);
+  return TimedPack(batch, current_.get(), staging, pool_on_device);
 }
 
 absl::StatusOr<int64_t> InputStage::TablesVersion() {

@@ -157,6 +157,10 @@ class InputStage {
     double plan = 0, cache = 0, pull = 0, pool = 0;
   };
   const AheadSeconds& ahead_seconds() const { return ahead_; }
+  // Of the steps' Features, the time spent laying their input out (the
+  // dense inputs packed and the rows pooled, or laid into the device's
+  // block); the rest waited for rows and plans.
+  double lay_seconds() const { return lay_seconds_; }
 
  private:
   using Rows = std::vector<std::vector<const float*>>;  // [table][shard]
@@ -178,6 +182,9 @@ class InputStage {
   // pool_on_device, only the dense slots, the rows into its block.
   absl::StatusOr<const float*> Pack(const data::Batch& batch, const SparseBatch* plan,
                                     float* staging, const PoolOnDevice& pool_on_device = nullptr);
+  // Pack, timed into lay_seconds_ (a training step's).
+  absl::StatusOr<const float*> TimedPack(const data::Batch& batch, const SparseBatch* plan,
+                                         float* staging, const PoolOnDevice& pool_on_device);
   // The stamp a row read at `step` must have at least in kept table t.
   int64_t MinStamp(int t, int64_t step) const { return step - shape_.sparse_tables[t].staleness; }
   // Kept tables: starts pulling the rows `plan` (step `step`'s) lacks.
@@ -261,6 +268,7 @@ class InputStage {
   int64_t rows_kept_ = 0;
   int64_t rows_to_device_ = 0;
   AheadSeconds ahead_;  // Written by PlanAhead's tasks.
+  double lay_seconds_ = 0;
 };
 
 }  // namespace downpour
