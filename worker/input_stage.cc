@@ -46,12 +46,12 @@ InputStage::InputStage(const ModelShape& shape, ExchangeOptions options,
 InputStage::Rows InputStage::TrainingRows(const SparseBatch& plan, bool gather) {
   if (!keeps_rows_) return exchange_->rows();
   Rows rows(shape_.sparse_tables.size());
+  for (size_t t = 0; t < rows.size(); ++t) {
+    if (shape_.sparse_tables[t].staleness <= 0) rows[t] = exchange_->rows()[t];
+  }
+  if (!gather) return rows;
   WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
-    if (shape_.sparse_tables[t].staleness <= 0) {
-      rows[t] = exchange_->rows()[t];
-      return;
-    }
-    if (!gather) return;
+    if (shape_.sparse_tables[t].staleness <= 0) return;
     const int64_t dim = shape_.sparse_tables[t].dim;
     const float* values = cache_->values(t);
     const int32_t* place = kept_places_[t].data();
@@ -69,19 +69,15 @@ InputStage::Rows InputStage::TrainingRows(const SparseBatch& plan, bool gather) 
   return rows;
 }
 
-void InputStage::WriteStored(const SparseBatch& plan, std::vector<PooledRows>* block) {
-  WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
-    if (shape_.sparse_tables[t].staleness <= 0) return;
-    PooledRows& out = (*block)[t];
-    std::memcpy(out.places, kept_places_[t].data(), sizeof(int32_t) * kept_places_[t].size());
-    const int64_t dim = shape_.sparse_tables[t].dim;
-    cache_->TakeWritten(t, &written_[t]);
-    for (int32_t i = 0; i < out.fresh; ++i) {
-      out.fresh_places[i] = written_[t][i];
-      std::memcpy(out.fresh_values + i * dim, cache_->values(t) + written_[t][i] * dim,
-                  sizeof(float) * dim);
-    }
-  });
+void InputStage::WriteStored(int t, PooledRows* block) {
+  std::memcpy(block->places, kept_places_[t].data(), sizeof(int32_t) * kept_places_[t].size());
+  const int64_t dim = shape_.sparse_tables[t].dim;
+  cache_->TakeWritten(t, &written_[t]);
+  for (int32_t i = 0; i < block->fresh; ++i) {
+    block->fresh_places[i] = written_[t][i];
+    std::memcpy(block->fresh_values + i * dim, cache_->values(t) + written_[t][i] * dim,
+                sizeof(float) * dim);
+  }
 }
 
 void InputStage::PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
@@ -129,11 +125,12 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
     pooled_ = block.ok() ? *block : nullptr;
     if (pooled_ != nullptr) {
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
-      plan->WritePooled(TrainingRows(*plan, /*gather=*/false), pooled_, &tables_);
-      if (keeps_rows_) {
-        WriteStored(*plan, pooled_);
-        for (const StoredRows& table : stored) rows_to_device_ += table.fresh;
-      }
+      const Rows rows = TrainingRows(*plan, /*gather=*/false);
+      WorkPool::ForEach(&tables_, plan->num_tables(), [&](int t) {
+        plan->WritePooled(t, rows[t], &(*pooled_)[t]);
+        if (shape_.sparse_tables[t].staleness > 0) WriteStored(t, &(*pooled_)[t]);
+      });
+      for (const StoredRows& table : stored) rows_to_device_ += table.fresh;
       return features;
     }
   }

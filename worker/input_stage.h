@@ -169,9 +169,9 @@ class InputStage {
   // kept_values_ (else none: the push lane's pull may be in flight).
   // `plan` was the last one taken.
   Rows TrainingRows(const SparseBatch& plan, bool gather);
-  // Kept tables' part of a block the device keeps their rows for: each
+  // Kept table t's part of a block the device keeps its rows for: each
   // row's place in the cache and the places written since the last block.
-  void WriteStored(const SparseBatch& plan, std::vector<PooledRows>* block);
+  void WriteStored(int t, PooledRows* block);
   // Packs `batch` into `features` (batch.size * input_size floats): its
   // dense inputs and, with `plan`, its sparse slots pooled from `rows`.
   void PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,

@@ -140,40 +140,38 @@ std::vector<int32_t> SparseBatch::table_ids() const {
   return ids;
 }
 
-void SparseBatch::WritePooled(const std::vector<std::vector<const float*>>& values,
-                              std::vector<PooledRows>* pooled, WorkPool* pool) const {
-  WorkPool::ForEach(pool, num_tables(), [&](int t) {
-    const Table& table = tables_[t];
-    PooledRows& out = (*pooled)[t];
-    // Shard s's rows start at base[s] of the table's.
-    std::vector<int32_t> base(num_shards_ + 1, 0);
-    for (int s = 0; s < num_shards_; ++s) {
-      const size_t n = rows_[t][s].size();
-      base[s + 1] = base[s] + static_cast<int32_t>(n);
-      if (n > 0 && out.values != nullptr) {
-        std::memcpy(out.values + int64_t{base[s]} * table.dim, values[t][s],
-                    sizeof(float) * n * table.dim);
-      }
+void SparseBatch::WritePooled(int t, const std::vector<const float*>& values,
+                              PooledRows* pooled) const {
+  const Table& table = tables_[t];
+  PooledRows& out = *pooled;
+  // Shard s's rows start at base[s] of the table's.
+  std::vector<int32_t> base(num_shards_ + 1, 0);
+  for (int s = 0; s < num_shards_; ++s) {
+    const size_t n = rows_[t][s].size();
+    base[s + 1] = base[s] + static_cast<int32_t>(n);
+    if (n > 0 && out.values != nullptr) {
+      std::memcpy(out.values + int64_t{base[s]} * table.dim, values[s],
+                  sizeof(float) * n * table.dim);
     }
-    for (int64_t b = 0; b <= batch_; ++b) out.offsets[b] = static_cast<int32_t>(table.offsets[b]);
-    const int32_t rows = base[num_shards_];
-    const int64_t ids = static_cast<int64_t>(table.id_shard.size());
-    // Each row's readers in id order: counted, then placed (row_reads[r]
-    // advances to where row r + 1's start, and is moved back after).
-    std::fill(out.row_reads, out.row_reads + rows + 1, 0);
-    for (int64_t k = 0; k < ids; ++k) {
-      out.index[k] = base[table.id_shard[k]] + table.id_place[k];
-      ++out.row_reads[out.index[k] + 1];
+  }
+  for (int64_t b = 0; b <= batch_; ++b) out.offsets[b] = static_cast<int32_t>(table.offsets[b]);
+  const int32_t rows = base[num_shards_];
+  const int64_t ids = static_cast<int64_t>(table.id_shard.size());
+  // Each row's readers in id order: counted, then placed (row_reads[r]
+  // advances to where row r + 1's start, and is moved back after).
+  std::fill(out.row_reads, out.row_reads + rows + 1, 0);
+  for (int64_t k = 0; k < ids; ++k) {
+    out.index[k] = base[table.id_shard[k]] + table.id_place[k];
+    ++out.row_reads[out.index[k] + 1];
+  }
+  for (int32_t r = 0; r < rows; ++r) out.row_reads[r + 1] += out.row_reads[r];
+  for (int64_t b = 0; b < batch_; ++b) {
+    for (int64_t k = table.offsets[b]; k < table.offsets[b + 1]; ++k) {
+      out.readers[out.row_reads[out.index[k]]++] = static_cast<int32_t>(b);
     }
-    for (int32_t r = 0; r < rows; ++r) out.row_reads[r + 1] += out.row_reads[r];
-    for (int64_t b = 0; b < batch_; ++b) {
-      for (int64_t k = table.offsets[b]; k < table.offsets[b + 1]; ++k) {
-        out.readers[out.row_reads[out.index[k]]++] = static_cast<int32_t>(b);
-      }
-    }
-    for (int32_t r = rows; r > 0; --r) out.row_reads[r] = out.row_reads[r - 1];
-    out.row_reads[0] = 0;
-  });
+  }
+  for (int32_t r = rows; r > 0; --r) out.row_reads[r] = out.row_reads[r - 1];
+  out.row_reads[0] = 0;
 }
 
 void SparseBatch::RowGradientsFrom(const std::vector<PooledRows>& pooled,

@@ -73,17 +73,17 @@ class SparseBatch {
 
   // Pooling on the device instead (Model::PooledStaging): per table, the
   // distinct rows and the ids the batch reads (the block's sizes), then
-  // WritePooled fills each table's block with what Pool reads — the rows
-  // of `values` shard after shard (none for a table whose block has no
+  // WritePooled fills a table's block with what Pool reads — its rows,
+  // `values` shard after shard (none for a table whose block has no
   // values: the device keeps its rows), the examples' ids, each id's row
-  // and each row's readers — and after the step RowGradientsFrom splits the
-  // rows' gradients the device computed (PooledRows::grads, in that row
-  // order) into RowGradients' [table][shard] (within rounding of RowGradients'
-  // sums: the device sums a row's reads in kPoolLanes partial sums).
+  // and each row's readers; tables may be written concurrently — and
+  // after the step RowGradientsFrom splits the rows' gradients the device
+  // computed (PooledRows::grads, in that row order) into RowGradients'
+  // [table][shard] (within rounding of RowGradients' sums: the device sums
+  // a row's reads in kPoolLanes partial sums).
   std::vector<int32_t> table_rows() const;
   std::vector<int32_t> table_ids() const;
-  void WritePooled(const std::vector<std::vector<const float*>>& values,
-                   std::vector<PooledRows>* pooled, WorkPool* pool = nullptr) const;
+  void WritePooled(int table, const std::vector<const float*>& values, PooledRows* pooled) const;
   void RowGradientsFrom(const std::vector<PooledRows>& pooled,
                         std::vector<std::vector<std::vector<float>>>* grads,
                         WorkPool* pool = nullptr) const;

@@ -249,7 +249,8 @@ TEST(SparseBatchTest, ThePooledBlockGivesTheHostsBits) {
                  offsets[t].data(), index[t].data(), row_reads[t].data(),
                  readers[t].data()};
   }
-  plan->WritePooled(pulled.pointers, &pooled, &pool);
+  WorkPool::ForEach(&pool, plan->num_tables(),
+                    [&](int t) { plan->WritePooled(t, pulled.pointers[t], &pooled[t]); });
   std::vector<float> features(kBatch * shape.input_size, 0.f);
   for (int t = 0; t < tables; ++t) {
     const int64_t dim = shape.sparse_tables[t].dim;
