@@ -117,8 +117,10 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
         stored[t].fresh = static_cast<int32_t>(cache_->written(t));
       }
     }
+    const double began = MonotonicSeconds();
     absl::StatusOr<std::vector<PooledRows>*> block =
         pool_on_device(batch.size, plan->table_rows(), plan->table_ids(), stored);
+    block_seconds_ += MonotonicSeconds() - began;
     // No room on the device for the block: this step pools here (the rows
     // written stay to be sent with the next block).
     if (!block.ok() && !absl::IsResourceExhausted(block.status())) return block.status();

@@ -161,6 +161,8 @@ class InputStage {
   // dense inputs packed and the rows pooled, or laid into the device's
   // block); the rest waited for rows and plans.
   double lay_seconds() const { return lay_seconds_; }
+  // Of lay_seconds, asking the device for its block (Model::PooledStaging).
+  double block_seconds() const { return block_seconds_; }
 
  private:
   using Rows = std::vector<std::vector<const float*>>;  // [table][shard]
@@ -268,7 +270,7 @@ class InputStage {
   int64_t rows_kept_ = 0;
   int64_t rows_to_device_ = 0;
   AheadSeconds ahead_;  // Written by PlanAhead's tasks.
-  double lay_seconds_ = 0;
+  double lay_seconds_ = 0, block_seconds_ = 0;
 };
 
 }  // namespace downpour

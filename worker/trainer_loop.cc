@@ -819,8 +819,10 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
       run->sparse ? absl::StrFormat("plan %.3f, ", run->total_plan * ms) : "",
       absl::StrFormat("compute %.3f, exchange %.3f", run->total_compute * ms,
                       run->total_exchange * ms),
-      run->sparse ? absl::StrFormat(" (rows %.3f, of it laying the input out %.3f)",
-                                    run->total_rows * ms, input_stage_->lay_seconds() * ms)
+      run->sparse ? absl::StrFormat(
+                        " (rows %.3f, of it laying the input out %.3f, the device's block %.3f)",
+                        run->total_rows * ms, input_stage_->lay_seconds() * ms,
+                        input_stage_->block_seconds() * ms)
                   : "",
       absl::StrFormat(", other %.3f", other * ms),
       run->sparse
