@@ -95,15 +95,38 @@ float* InputStage::Destination(const data::Batch& batch, float* staging,
 
 absl::StatusOr<const float*> InputStage::TimedPack(const data::Batch& batch,
                                                    const SparseBatch* plan, float* staging,
-                                                   const PoolOnDevice& pool_on_device) {
+                                                   const PoolOnDevice& pool_on_device,
+                                                   const Planned* ahead) {
   const double began = MonotonicSeconds();
-  absl::StatusOr<const float*> packed = Pack(batch, plan, staging, pool_on_device);
+  absl::StatusOr<const float*> packed = Pack(batch, plan, staging, pool_on_device, ahead);
   lay_seconds_ += MonotonicSeconds() - began;
   return packed;
 }
 
+void InputStage::LayReads(Planned* p) {
+  const SparseBatch& plan = *p->planned;
+  const std::vector<int32_t> rows = plan.table_rows(), ids = plan.table_ids();
+  p->reads.resize(plan.num_tables());
+  WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
+    Planned::Reads& reads = p->reads[t];
+    reads.offsets.resize(plan.batch() + 1);
+    reads.index.resize(ids[t]);
+    reads.row_reads.resize(rows[t] + 1);
+    reads.readers.resize(ids[t]);
+    PooledRows view;
+    view.rows = rows[t];
+    view.ids = ids[t];
+    view.offsets = reads.offsets.data();
+    view.index = reads.index.data();
+    view.row_reads = reads.row_reads.data();
+    view.readers = reads.readers.data();
+    plan.WritePooled(t, {}, &view);
+  });
+}
+
 absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const SparseBatch* plan,
-                                              float* staging, const PoolOnDevice& pool_on_device) {
+                                              float* staging, const PoolOnDevice& pool_on_device,
+                                              const Planned* ahead) {
   float* features = Destination(batch, staging, &features_);
   if (plan != nullptr && staging != nullptr && pool_on_device != nullptr) {
     // Kept tables' rows stay on the device: the block carries the rows
@@ -128,9 +151,23 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
     if (pooled_ != nullptr) {
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
       const Rows rows = TrainingRows(*plan, /*gather=*/false);
+      const bool laid = ahead != nullptr && !ahead->reads.empty();
       WorkPool::ForEach(&tables_, plan->num_tables(), [&](int t) {
-        plan->WritePooled(t, rows[t], &(*pooled_)[t]);
-        if (shape_.sparse_tables[t].staleness > 0) WriteStored(t, &(*pooled_)[t]);
+        PooledRows& out = (*pooled_)[t];
+        if (laid) {
+          // Every table keeps its rows (no values to write).
+          const Planned::Reads& reads = ahead->reads[t];
+          const auto copy = [](const std::vector<int32_t>& from, int32_t* to) {
+            std::memcpy(to, from.data(), sizeof(int32_t) * from.size());
+          };
+          copy(reads.offsets, out.offsets);
+          copy(reads.index, out.index);
+          copy(reads.row_reads, out.row_reads);
+          copy(reads.readers, out.readers);
+        } else {
+          plan->WritePooled(t, rows[t], &out);
+        }
+        if (shape_.sparse_tables[t].staleness > 0) WriteStored(t, &out);
       });
       for (const StoredRows& table : stored) rows_to_device_ += table.fresh;
       return features;
@@ -234,7 +271,7 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
         RETURN_IF_ERROR(TakePrefetched(*current_, step));
       }
     }
-    return TimedPack(batch, current_.get(), staging, pool_on_device);
+    return TimedPack(batch, current_.get(), staging, pool_on_device, planned.get());
   }
   AwaitPlan();
   RETURN_IF_ERROR(exchange_->Finish());
@@ -327,7 +364,12 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       if (!taken.ok()) return;
       ++ahead_.taken;
       p->ahead = Ahead::kTaken;
-      if (!pool_here) return;
+      if (!pool_here) {
+        // The device pools it: its block's reads laid out here.
+        LayReads(p);
+        laps.Add(&ahead_.pool);
+        return;
+      }
       PackInto(*p->batch, p->planned, TrainingRows(*p->planned, /*gather=*/true),
                Destination(*p->batch, nullptr, &next_features_));
       laps.Add(&ahead_.pool);

@@ -22,8 +22,8 @@
 // asks for no rows of those tables, and the next step's input waits only
 // for that pull (when every table is kept, PlanAhead's task also takes the
 // rows while the step computes, and pools next's input too unless the
-// device pools it: then the step only lays the rows into the device's
-// block). Where the device pools a step's rows, kept tables' rows stay on
+// device pools it: then the task lays out the reads of the device's block
+// and the step copies them there). Where the device pools a step's rows, kept tables' rows stay on
 // it between steps, by their place in the cache: a block carries each
 // row's place and the rows the cache took since the block before, not
 // every row the batch reads. The push lane's answer still comes once the shards have applied
@@ -182,11 +182,19 @@ class InputStage {
   float* Destination(const data::Batch& batch, float* staging, std::vector<float>* features);
   // PackInto `staging` or features_ with TrainingRows(); with
   // pool_on_device, only the dense slots, the rows into its block.
+  // `reads`: the plan's reads laid out ahead (LayReads), copied into the
+  // block rather than laid out here.
+  struct Planned;
   absl::StatusOr<const float*> Pack(const data::Batch& batch, const SparseBatch* plan,
-                                    float* staging, const PoolOnDevice& pool_on_device = nullptr);
+                                    float* staging, const PoolOnDevice& pool_on_device = nullptr,
+                                    const Planned* ahead = nullptr);
   // Pack, timed into lay_seconds_ (a training step's).
   absl::StatusOr<const float*> TimedPack(const data::Batch& batch, const SparseBatch* plan,
-                                         float* staging, const PoolOnDevice& pool_on_device);
+                                         float* staging, const PoolOnDevice& pool_on_device,
+                                         const Planned* ahead = nullptr);
+  // Lays out the reads of p's plan for the device's block (what
+  // SparseBatch::WritePooled writes but the rows), beside the step before.
+  void LayReads(Planned* p);
   // The stamp a row read at `step` must have at least in kept table t.
   int64_t MinStamp(int t, int64_t step) const { return step - shape_.sparse_tables[t].staleness; }
   // Kept tables: starts pulling the rows `plan` (step `step`'s) lacks.
@@ -247,6 +255,12 @@ class InputStage {
     SparseBatch* planned = nullptr;     // The plan, for the next batch's task.
     absl::Status taken;                 // Of taking its rows ahead.
     Ahead ahead = Ahead::kPlanned;
+    // Taken and to be pooled on the device: its block's reads, per table
+    // (LayReads; offsets, index, row_reads, readers as PooledRows's).
+    struct Reads {
+      std::vector<int32_t> offsets, index, row_reads, readers;
+    };
+    std::vector<Reads> reads;
   };
   int depth_ = 1;  // plan_depth().
   // Planned batches not yet taken by Exchange, oldest first (the last one's
