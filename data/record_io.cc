@@ -343,9 +343,18 @@ absl::StatusOr<bool> RecordReader::Read(std::string* record, uint32_t* payload_c
     return fail(Corrupt(
         absl::StrCat("length ", length, " exceeds the limit of ", kMaxRecordLength, " bytes")));
   }
-  record->resize(length);
-  got = ReadBytes(record->data(), length);
-  if (!got.ok()) return fail(got.status());
+  if (buffer_end_ - buffer_pos_ >= length) {
+    // All in the buffer (nearly every record): copied once, where resize
+    // would first fill the string with zeros.
+    record->assign(buffer_.get() + buffer_pos_, length);
+    buffer_pos_ += length;
+    offset_ += static_cast<int64_t>(length);
+    got = length;
+  } else {
+    record->resize(length);
+    got = ReadBytes(record->data(), length);
+    if (!got.ok()) return fail(got.status());
+  }
   if (*got < length) {
     return fail(Corrupt(
         absl::StrCat("truncated payload (", *got, " of ", length, " bytes before end of file)")));
