@@ -484,6 +484,12 @@ void BatchReader::ProducerLoop() {
   std::vector<int> order(options_.slices.size());
   std::iota(order.begin(), order.end(), 0);
   const bool shuffle = options_.shuffle_buffer > 0;
+  // A place in the shuffle buffer, drawn at random; and the one drawn for
+  // the next record (-1: none yet), always while the buffer is full.
+  auto draw_pick = [&] {
+    return std::uniform_int_distribution<size_t>(0, shuffle_buffer_.size() - 1)(rng_);
+  };
+  int64_t next_pick = -1;
   PendingRecord record;
   while (true) {
     if (shuffle) std::shuffle(order.begin(), order.end(), rng_);
@@ -512,16 +518,25 @@ void BatchReader::ProducerLoop() {
         } else {
           // Emit a random buffered record and keep the new one in its place;
           // the swap reuses the evicted record's string for the next read.
-          std::uniform_int_distribution<size_t> pick(0, shuffle_buffer_.size() - 1);
-          std::swap(shuffle_buffer_[pick(rng_)], record);
+          // The next record's pick is drawn now and its place fetched into
+          // the cache while that record is read (a 100,000-record buffer
+          // does not fit it); the draws are the same, in the same order.
+          const size_t at = next_pick >= 0 ? static_cast<size_t>(next_pick) : draw_pick();
+          next_pick = static_cast<int64_t>(draw_pick());
+          const PendingRecord* next = &shuffle_buffer_[next_pick];
+          __builtin_prefetch(next);
+          __builtin_prefetch(reinterpret_cast<const char*>(next + 1) - 1);
+          std::swap(shuffle_buffer_[at], record);
           if (absl::Status added = add(record); !added.ok()) return end(added);
         }
       }
     }
-    // Drain the buffer so that each epoch is exactly one permutation of the shard.
+    // Drain the buffer so that each epoch is exactly one permutation of the
+    // shard (the first pick drawn already if the buffer was full).
     while (!shuffle_buffer_.empty()) {
-      std::uniform_int_distribution<size_t> pick(0, shuffle_buffer_.size() - 1);
-      std::swap(shuffle_buffer_[pick(rng_)], shuffle_buffer_.back());
+      const size_t at = next_pick >= 0 ? static_cast<size_t>(next_pick) : draw_pick();
+      next_pick = -1;
+      std::swap(shuffle_buffer_[at], shuffle_buffer_.back());
       absl::Status added = add(shuffle_buffer_.back());
       shuffle_buffer_.pop_back();
       if (!added.ok()) return end(added);
