@@ -490,6 +490,27 @@ void BatchReader::ProducerLoop() {
     return std::uniform_int_distribution<size_t>(0, shuffle_buffer_.size() - 1)(rng_);
   };
   int64_t next_pick = -1;
+  int64_t records_kept = 0;
+  // A reading error ends the run, unless a record read before it is
+  // corrupt: its checksum is checked only once its batch is decoded, and
+  // it may still wait in the batch being filled or the shuffle buffer.
+  // Then that record's error, as if checked when it was read.
+  auto read_failed = [&](absl::Status status) {
+    const PendingRecord* first = nullptr;
+    auto check = [&](const PendingRecord& r) {
+      if ((first == nullptr || r.read < first->read) &&
+          !RecordReader::PayloadIntact(r.data, r.crc)) {
+        first = &r;
+      }
+    };
+    const Work& w = sets[filling];
+    for (int64_t slot = 0; slot < w.batch.size; ++slot) check(w.pending[slot]);
+    for (const PendingRecord& r : shuffle_buffer_) check(r);
+    if (first != nullptr) {
+      status = RecordReader::PayloadCorrupt(PathOf(first->file), first->offset, first->compressed);
+    }
+    end(std::move(status));
+  };
   PendingRecord record;
   while (true) {
     if (shuffle) std::shuffle(order.begin(), order.end(), rng_);
@@ -499,14 +520,15 @@ void BatchReader::ProducerLoop() {
       const FileSlice& slice = options_.slices[f];
       absl::StatusOr<std::unique_ptr<RecordReader>> reader =
           RecordReader::Open(PathOf(f), RecordReader::kDefaultBufferSize, options_.compression);
-      if (!reader.ok()) return end(reader.status());
+      if (!reader.ok()) return read_failed(reader.status());
       const bool compressed = (*reader)->compressed();
       for (int64_t index = 0;; ++index) {
         absl::StatusOr<bool> got = (*reader)->Read(&record.data, &record.crc);
-        if (!got.ok()) return end(got.status());
+        if (!got.ok()) return read_failed(got.status());
         if (!*got) break;
         if (index % slice.stride != slice.offset) continue;
         ++kept;
+        record.read = records_kept++;
         record.file = f;
         record.offset = (*reader)->record_offset();
         record.compressed = compressed;

@@ -23,6 +23,10 @@
 // be PNG or JPEG images (data/image.h). The background thread reads a batch's
 // records and hands them to an assembling thread, which decodes them on
 // itself and decode_threads - 1 helpers while the next batch's are read.
+// A record's payload checksum is checked there too, as its batch is decoded
+// (records another reader's stride takes are that reader's to check): a
+// damaged record ends the run with DataLoss naming its file and offset,
+// after the batches before its own, and before any error of a later read.
 //
 // With repeat = true (training) epochs follow one another forever and every
 // batch is full; with repeat = false (evaluation) one pass is made, the last
@@ -143,6 +147,7 @@ class BatchReader {
   struct PendingRecord {
     std::string data;
     uint32_t crc = 0;  // Its payload's, checked as it is decoded.
+    int64_t read = 0;  // How many records this reader kept before it.
     int file = 0;
     int64_t offset = 0;
     bool compressed = false;  // Its file is: offset is in the uncompressed stream.

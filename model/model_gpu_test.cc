@@ -345,10 +345,12 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
       // On the device: the block filled, the features' dense slots only;
       // then with table 1's rows kept in a store on the device (row r at
       // place rows + 2 - r): all of them sent fresh, then none (read as
-      // the step before left them, the store grown to 100 places).
-      const auto place = [&](int32_t r) { return rows[1] + 2 - r; };
+      // the step before left them, the store grown to 100 places), then
+      // them and 300 rows the batch does not read (more fresh rows than
+      // the pooling has threads for the batch) at the places after them.
+      const auto place = [&](int32_t r) { return r < rows[1] ? rows[1] + 2 - r : r + 3; };
       const std::vector<std::vector<StoredRows>> layouts = {
-          {}, {{}, {rows[1] + 3, rows[1]}}, {{}, {100, 0}}};
+          {}, {{}, {rows[1] + 3, rows[1]}}, {{}, {100, 0}}, {{}, {rows[1] + 303, rows[1] + 300}}};
       for (const std::vector<StoredRows>& stored : layouts) {
         const bool stores = !stored.empty();
         auto block = model.PooledStaging(batch, rows, ids, stored);
@@ -364,7 +366,11 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
             for (int32_t r = 0; r < rows[t]; ++r) p.places[r] = place(r);
             for (int32_t i = 0; i < p.fresh; ++i) {
               p.fresh_places[i] = place(i);
-              std::copy_n(values[t].begin() + i * dim, dim, p.fresh_values + i * dim);
+              if (i < rows[t]) {
+                std::copy_n(values[t].begin() + i * dim, dim, p.fresh_values + i * dim);
+              } else {
+                std::fill_n(p.fresh_values + i * dim, dim, 1e6f);  // Never read.
+              }
             }
           } else {
             std::copy(values[t].begin(), values[t].end(), p.values);

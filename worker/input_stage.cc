@@ -69,8 +69,15 @@ InputStage::Rows InputStage::TrainingRows(const SparseBatch& plan, bool gather) 
   return rows;
 }
 
-void InputStage::WriteStored(int t, PooledRows* block) {
-  std::memcpy(block->places, kept_places_[t].data(), sizeof(int32_t) * kept_places_[t].size());
+absl::Status InputStage::WriteStored(int t, PooledRows* block) {
+  if (static_cast<int64_t>(kept_places_[t].size()) != block->rows ||
+      cache_->written(t) != block->fresh) {
+    return absl::InternalError(
+        absl::StrCat("table ", shape_.sparse_tables[t].name, ": a block for ", block->rows,
+                     " rows and ", block->fresh, " written, but the step reads ",
+                     kept_places_[t].size(), " and ", cache_->written(t), " were written"));
+  }
+  std::copy(kept_places_[t].begin(), kept_places_[t].end(), block->places);
   const int64_t dim = shape_.sparse_tables[t].dim;
   cache_->TakeWritten(t, &written_[t]);
   for (int32_t i = 0; i < block->fresh; ++i) {
@@ -78,6 +85,7 @@ void InputStage::WriteStored(int t, PooledRows* block) {
     std::memcpy(block->fresh_values + i * dim, cache_->values(t) + written_[t][i] * dim,
                 sizeof(float) * dim);
   }
+  return absl::OkStatus();
 }
 
 void InputStage::PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
@@ -152,6 +160,7 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
       const Rows rows = TrainingRows(*plan, /*gather=*/false);
       const bool laid = ahead != nullptr && !ahead->reads.empty();
+      std::vector<absl::Status> written(plan->num_tables());
       WorkPool::ForEach(&tables_, plan->num_tables(), [&](int t) {
         PooledRows& out = (*pooled_)[t];
         if (laid) {
@@ -167,8 +176,9 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
         } else {
           plan->WritePooled(t, rows[t], &out);
         }
-        if (shape_.sparse_tables[t].staleness > 0) WriteStored(t, &out);
+        if (shape_.sparse_tables[t].staleness > 0) written[t] = WriteStored(t, &out);
       });
+      for (absl::Status& status : written) RETURN_IF_ERROR(status);
       for (const StoredRows& table : stored) rows_to_device_ += table.fresh;
       return features;
     }
@@ -226,7 +236,10 @@ absl::Status InputStage::TakePrefetched(const SparseBatch& plan, int64_t step) {
   WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
     if (shape_.sparse_tables[t].staleness <= 0) return;
     // No step from this one on reads a row older than its limit; the step
-    // before (whose rows may be read until this one's are) is pooled.
+    // before (which may read older ones) has its input: pooled, or its
+    // block laid out with the rows the device lacked (a place freed here
+    // changes on the device only with this step's block, after that
+    // step's pooling).
     cache_->Drop(t, MinStamp(t, step));
     std::vector<int32_t>& places = kept_places_[t];
     places.resize(0);

@@ -173,18 +173,19 @@ class InputStage {
   Rows TrainingRows(const SparseBatch& plan, bool gather);
   // Kept table t's part of a block the device keeps its rows for: each
   // row's place in the cache and the places written since the last block.
-  void WriteStored(int t, PooledRows* block);
+  absl::Status WriteStored(int t, PooledRows* block);
   // Packs `batch` into `features` (batch.size * input_size floats): its
   // dense inputs and, with `plan`, its sparse slots pooled from `rows`.
   void PackInto(const data::Batch& batch, const SparseBatch* plan, const Rows& rows,
                 float* features);
   // Where `batch`'s input goes: `staging`, or else `features` resized.
   float* Destination(const data::Batch& batch, float* staging, std::vector<float>* features);
-  // PackInto `staging` or features_ with TrainingRows(); with
-  // pool_on_device, only the dense slots, the rows into its block.
-  // `reads`: the plan's reads laid out ahead (LayReads), copied into the
-  // block rather than laid out here.
   struct Planned;
+  // PackInto `staging` or features_ with the plan's TrainingRows; with
+  // pool_on_device, only the dense slots, the rows into its block (kept
+  // tables' by place: WriteStored). `ahead`: the batch as planned ahead;
+  // its block's reads, if laid out there (LayReads), are copied into the
+  // block rather than laid out here.
   absl::StatusOr<const float*> Pack(const data::Batch& batch, const SparseBatch* plan,
                                     float* staging, const PoolOnDevice& pool_on_device = nullptr,
                                     const Planned* ahead = nullptr);
@@ -229,15 +230,16 @@ class InputStage {
   // Kept tables (staleness > 0): whether there are any, the least
   // staleness among them, their rows, the prefetch lane and what it pulls
   // (for step prefetch_step_), the current plan's rows gathered [table]
-  // [shard], the push lane's rows when kept tables are left out.
+  // [shard] when they are pooled here, the push lane's rows when kept
+  // tables are left out.
   const bool sync_;
   bool keeps_rows_ = false;
   bool all_kept_ = false;  // Every table kept.
   // How far its batch was taken ahead of its step: planned (and its
   // missing rows' pull begun); its rows taken from the prefetch lane into
-  // kept_values_ (with every table kept: by its own task one batch ahead,
-  // by the next batch's two ahead); and its input pooled into
-  // next_features_ too, unless the device pools it.
+  // the cache (with every table kept: by its own task one batch ahead, by
+  // the next batch's two ahead); and its input pooled into next_features_
+  // too, unless the device pools it (then its block's reads laid out).
   enum class Ahead { kPlanned, kTaken, kPooled };
   std::vector<float> next_features_;
   // A batch PlanAhead was given, and what the tasks made of it (written by
@@ -276,8 +278,8 @@ class InputStage {
   int64_t prefetch_step_ = -1;
   std::vector<std::vector<std::vector<float>>> kept_values_;
   // Per kept table: the places of the taken plan's rows in the cache,
-  // shard after shard (TakePrefetched's, until the next take), and the
-  // places written since the last device block (WriteStored's).
+  // shard after shard (TakePrefetched's, until the next take), and
+  // WriteStored's room for the places written since the last block.
   std::vector<std::vector<int32_t>> kept_places_;
   std::vector<std::vector<int32_t>> written_;
   RowIds push_pull_ids_;

@@ -384,6 +384,12 @@ TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndKeepsItsRowsOnTheDevice) {
     EXPECT_GE(version, step - 3) << "step " << step;
     EXPECT_LE(version, step) << "step " << step;
     behind += version < step;
+    // Example 3's row is new every step (pulled ahead, at a place another
+    // row may have left): as the shards hold it, no step has pushed it.
+    const std::vector<float> fourth =
+        step < kNoRoom ? device.FirstRowOf(3)
+                       : std::vector<float>(*features + 3 * kDim, *features + 4 * kDim);
+    EXPECT_EQ(fourth, ShardRow(3 + step)) << "step " << step;
     for (; planned < std::min<int64_t>(step + stage_->plan_depth(), kSteps); ++planned) {
       stage_->PlanAhead(planned + 1, &batches[planned + 1], planned + 1, 0);
     }

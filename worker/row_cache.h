@@ -7,7 +7,7 @@
 // rows of about its last k steps.
 //
 // A device may hold a copy of the kept rows by place (Model::PooledStaging's
-// stored tables): Place says where each row is, and TakeWritten the places
+// stored tables): Places says where each row is, and TakeWritten the places
 // written since it was last called, whose values (values(table) + place *
 // dim) the copy lacks.
 //

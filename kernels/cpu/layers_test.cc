@@ -390,66 +390,65 @@ TEST(EmbeddingTest, GatherAndScatterAdd) {
 }
 
 // Two examples of one table of 2 rows (dim 2): example 0 reads rows 1, 0,
-// 1; example 1 reads row 0. SUM, then MEAN.
-TEST(PoolRowsTest, SumsMeansAndRowGradients) {
-  const std::vector<float> values = {1, 2, 10, 20};
+// 1; example 1 reads row 0. The table's slot follows a dense slot of
+// width 1.
+struct TwoExamples {
   const std::vector<int32_t> offsets = {0, 3, 4}, index = {1, 0, 1, 0};
   const std::vector<int32_t> row_reads = {0, 2, 4}, readers = {0, 1, 0, 0};
-  std::vector<float> grads(4, -1.f);
-  PooledTable table;
-  table.dim = 2;
-  table.slot = 2 * 1;  // A dense slot of width 1 first.
-  table.rows = 2;
-  table.values = values.data();
-  table.offsets = offsets.data();
-  table.index = index.data();
-  table.row_reads = row_reads.data();
-  table.readers = readers.data();
-  table.grads = grads.data();
-  std::vector<float> features(2 * 3, 7.f);
-  PoolRows(CpuContext{}, 2, 1, &table, features.data());
-  EXPECT_EQ(features, (std::vector<float>{7, 7, 21, 42, 1, 2}));
+  std::vector<float> grads = std::vector<float>(4, -1.f);
+  std::vector<float> features = std::vector<float>(2 * 3, 7.f);
   const std::vector<float> features_grad = {0, 0, 1, 2, 3, 4};
-  PoolRowsBackward(CpuContext{}, 1, &table, features_grad.data());
-  EXPECT_EQ(grads, (std::vector<float>{1 + 3, 2 + 4, 2, 4}));
+
+  PooledTable Table() {
+    PooledTable table;
+    table.dim = 2;
+    table.slot = 2 * 1;
+    table.rows = 2;
+    table.offsets = offsets.data();
+    table.index = index.data();
+    table.row_reads = row_reads.data();
+    table.readers = readers.data();
+    table.grads = grads.data();
+    return table;
+  }
+};
+
+// SUM, then MEAN.
+TEST(PoolRowsTest, SumsMeansAndRowGradients) {
+  TwoExamples reads;
+  const std::vector<float> values = {1, 2, 10, 20};
+  PooledTable table = reads.Table();
+  table.values = values.data();
+  PoolRows(CpuContext{}, 2, 1, &table, reads.features.data());
+  EXPECT_EQ(reads.features, (std::vector<float>{7, 7, 21, 42, 1, 2}));
+  PoolRowsBackward(CpuContext{}, 1, &table, reads.features_grad.data());
+  EXPECT_EQ(reads.grads, (std::vector<float>{1 + 3, 2 + 4, 2, 4}));
   table.mean = 1;
-  PoolRows(CpuContext{}, 2, 1, &table, features.data());
-  EXPECT_EQ(features, (std::vector<float>{7, 7, 7, 14, 1, 2}));
-  PoolRowsBackward(CpuContext{}, 1, &table, features_grad.data());
-  EXPECT_EQ(grads, (std::vector<float>{1.f / 3 + 3, 2.f / 3 + 4, 2.f / 3, 4.f / 3}));
+  PoolRows(CpuContext{}, 2, 1, &table, reads.features.data());
+  EXPECT_EQ(reads.features, (std::vector<float>{7, 7, 7, 14, 1, 2}));
+  PoolRowsBackward(CpuContext{}, 1, &table, reads.features_grad.data());
+  EXPECT_EQ(reads.grads, (std::vector<float>{1.f / 3 + 3, 2.f / 3 + 4, 2.f / 3, 4.f / 3}));
 }
 
 // The same reads from a store: rows 0 and 1 at places 2 and 0 of a store
 // of 3, row 1's values written there as fresh before pooling, row 0's
 // already there (place 1 is another row's, not read).
 TEST(PoolRowsTest, AStoredTableReadsItsRowsByPlaceAfterItsFreshOnesAreWritten) {
+  TwoExamples reads;
   std::vector<float> store = {-1, -1, 50, 60, 1, 2};
   const std::vector<int32_t> places = {2, 0}, fresh_places = {0};
   const std::vector<float> fresh_values = {10, 20};
-  const std::vector<int32_t> offsets = {0, 3, 4}, index = {1, 0, 1, 0};
-  const std::vector<int32_t> row_reads = {0, 2, 4}, readers = {0, 1, 0, 0};
-  std::vector<float> grads(4, -1.f);
-  PooledTable table;
-  table.dim = 2;
-  table.slot = 2 * 1;
-  table.rows = 2;
-  table.offsets = offsets.data();
-  table.index = index.data();
-  table.row_reads = row_reads.data();
-  table.readers = readers.data();
-  table.grads = grads.data();
+  PooledTable table = reads.Table();
   table.store = store.data();
   table.places = places.data();
   table.fresh = 1;
   table.fresh_places = fresh_places.data();
   table.fresh_values = fresh_values.data();
-  std::vector<float> features(2 * 3, 7.f);
-  PoolRows(CpuContext{}, 2, 1, &table, features.data());
-  EXPECT_EQ(features, (std::vector<float>{7, 7, 21, 42, 1, 2}));
+  PoolRows(CpuContext{}, 2, 1, &table, reads.features.data());
+  EXPECT_EQ(reads.features, (std::vector<float>{7, 7, 21, 42, 1, 2}));
   EXPECT_EQ(store, (std::vector<float>{10, 20, 50, 60, 1, 2}));
-  const std::vector<float> features_grad = {0, 0, 1, 2, 3, 4};
-  PoolRowsBackward(CpuContext{}, 1, &table, features_grad.data());
-  EXPECT_EQ(grads, (std::vector<float>{1 + 3, 2 + 4, 2, 4}));
+  PoolRowsBackward(CpuContext{}, 1, &table, reads.features_grad.data());
+  EXPECT_EQ(reads.grads, (std::vector<float>{1 + 3, 2 + 4, 2, 4}));
 }
 
 }  // namespace
