@@ -158,12 +158,31 @@ class InputStageTest : public ::testing::Test {
     return read;
   }
 
-  // The version (steps applied) whose rows 1 and 2 `read` holds, or -1.
-  int64_t VersionOf(const std::vector<float>& read) const {
-    for (int64_t v = static_cast<int64_t>(versions_.size()) - 1; v >= 0; --v) {
-      if (versions_[v] == read) return v;
+  // The versions (steps applied) whose rows 1 and 2 `read` holds, the
+  // older and the newer (-1: none). The two rows live on different shards,
+  // so one pull may find them a step apart (one shard has applied a push
+  // the other has not yet).
+  std::pair<int64_t, int64_t> VersionsOf(const std::vector<float>& read) const {
+    int64_t of[2] = {-1, -1};
+    for (int row = 0; row < 2; ++row) {
+      const auto half = [&](const std::vector<float>& rows) {
+        return std::vector<float>(rows.begin() + row * kDim, rows.begin() + (row + 1) * kDim);
+      };
+      for (int64_t v = static_cast<int64_t>(versions_.size()) - 1; v >= 0 && of[row] < 0; --v) {
+        if (half(versions_[v]) == half(read)) of[row] = v;
+      }
     }
-    return -1;
+    if (of[0] < 0 || of[1] < 0) return {-1, -1};
+    return {std::min(of[0], of[1]), std::max(of[0], of[1])};
+  }
+
+  // Both rows of `read` at most `staleness` steps behind step `step`;
+  // true if either is behind.
+  bool ExpectWithin(const std::vector<float>& read, int64_t step, int64_t staleness) const {
+    const auto [older, newer] = VersionsOf(read);
+    EXPECT_GE(older, step - staleness) << "step " << step;
+    EXPECT_LE(newer, step) << "step " << step;
+    return older < step;
   }
 
   JobSpec spec_;
@@ -180,7 +199,7 @@ TEST_F(InputStageTest, WithoutStalenessEveryStepReadsTheRowsOfTheStepBefore) {
   const std::vector<std::vector<float>> read = Train(8, /*evaluate=*/true);
   ASSERT_EQ(read.size(), 8u);
   for (int64_t step = 0; step < 8; ++step) {
-    EXPECT_EQ(VersionOf(read[step]), step) << "step " << step;
+    EXPECT_EQ(VersionsOf(read[step]), std::make_pair(step, step)) << "step " << step;
   }
   EXPECT_EQ(stage_->rows_kept(), 0);
 }
@@ -229,12 +248,7 @@ TEST_F(InputStageTest, AStaleTableReadsRowsAtMostItsStalenessBehindAndPullsFewer
   EXPECT_EQ(stage_->ahead_seconds().pooled, 11);
   ASSERT_EQ(read.size(), 12u);
   int behind = 0;
-  for (int64_t step = 0; step < 12; ++step) {
-    const int64_t version = VersionOf(read[step]);
-    EXPECT_GE(version, step - 3) << "step " << step;
-    EXPECT_LE(version, step) << "step " << step;
-    behind += version < step;
-  }
+  for (int64_t step = 0; step < 12; ++step) behind += ExpectWithin(read[step], step, 3);
   // Rows were read from the cache, some of them behind.
   EXPECT_GT(behind, 0);
   EXPECT_GT(stage_->rows_kept(), 0);
@@ -380,10 +394,7 @@ TEST_F(InputStageTest, EveryTableKeptPlansTwoAheadAndKeepsItsRowsOnTheDevice) {
       // The input gradient the push reads.
       ASSERT_TRUE(model_->TrainStep(*features, batches[step].labels.data(), 4, step).ok());
     }
-    const int64_t version = VersionOf(read);
-    EXPECT_GE(version, step - 3) << "step " << step;
-    EXPECT_LE(version, step) << "step " << step;
-    behind += version < step;
+    behind += ExpectWithin(read, step, 3);
     // Example 3's row is new every step (pulled ahead, at a place another
     // row may have left): as the shards hold it, no step has pushed it.
     const std::vector<float> fourth =
