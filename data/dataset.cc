@@ -368,7 +368,6 @@ void BatchReader::ProducerLoop() {
     std::vector<PendingRecord> pending;
     std::vector<AugmentDraw> draws;
     std::vector<absl::Status> errors;
-    std::vector<char> corrupt;  // Its error is the record's checksum's.
     std::vector<DecodedInputs> decoded;
   };
   auto new_batch = [&](Batch* b) {
@@ -384,7 +383,6 @@ void BatchReader::ProducerLoop() {
     w.pending.resize(options_.batch_size);
     w.draws.resize(options_.batch_size);
     w.errors.resize(options_.batch_size);
-    w.corrupt.resize(options_.batch_size);
     w.decoded.resize(inputs != nullptr ? options_.batch_size : 0);
   }
   ExampleFormat format;
@@ -396,30 +394,44 @@ void BatchReader::ProducerLoop() {
   const bool augment = options_.augment.enabled();
   DecodePool pool(options_.decode_threads - 1);
   Work* assembling = nullptr;  // The set the pool's calls below work on.
-  const std::function<void(int64_t)> decode = [&](int64_t slot) {
-    Work& w = *assembling;
-    // The payload's checksum, checked here rather than by the reading
-    // thread (a click log's batch of records takes a millisecond).
-    const PendingRecord& record = w.pending[slot];
-    w.corrupt[slot] = !RecordReader::PayloadIntact(record.data, record.crc);
-    if (w.corrupt[slot]) {
-      w.errors[slot] =
-          RecordReader::PayloadCorrupt(PathOf(record.file), record.offset, record.compressed);
-      return;
-    }
+  // A record's payload checksum, checked as its batch is decoded rather
+  // than by the reading thread (a click log's batch of records takes it a
+  // millisecond); the error names the record as RecordReader's would.
+  const auto damaged = [&](const PendingRecord& record) {
+    return RecordReader::PayloadIntact(record.data, record.crc)
+               ? absl::OkStatus()
+               : RecordReader::PayloadCorrupt(PathOf(record.file), record.offset,
+                                              record.compressed);
+  };
+  // The example in `slot` decoded into its batch.
+  const auto decode_example = [&](Work& w, int64_t slot) -> absl::Status {
     if (inputs != nullptr) {
-      w.errors[slot] = inputs->Decode(w.pending[slot].data, &w.decoded[slot]);
-      if (w.errors[slot].ok()) w.batch.labels[slot] = w.decoded[slot].label;
-      return;
+      RETURN_IF_ERROR(inputs->Decode(w.pending[slot].data, &w.decoded[slot]));
+      w.batch.labels[slot] = w.decoded[slot].label;
+      return absl::OkStatus();
     }
     float* features = w.batch.features.data() + slot * options_.feature_size;
     thread_local std::vector<float> unaugmented;
     if (augment) unaugmented.resize(options_.feature_size);
-    w.errors[slot] = DecodeExample(w.pending[slot].data, format,
-                                   augment ? unaugmented.data() : features, &w.batch.labels[slot]);
-    if (augment && w.errors[slot].ok()) {
+    RETURN_IF_ERROR(DecodeExample(w.pending[slot].data, format,
+                                  augment ? unaugmented.data() : features, &w.batch.labels[slot]));
+    if (augment) {
       ApplyAugmentation(options_.augment, w.draws[slot], options_.image, unaugmented.data(),
                         features);
+    }
+    return absl::OkStatus();
+  };
+  const std::function<void(int64_t)> decode = [&](int64_t slot) {
+    Work& w = *assembling;
+    const PendingRecord& record = w.pending[slot];
+    w.errors[slot] = damaged(record);
+    if (!w.errors[slot].ok()) return;
+    absl::Status decoded = decode_example(w, slot);
+    if (!decoded.ok()) {
+      w.errors[slot] =
+          Annotate(decoded, absl::StrCat("bad example in ", PathOf(record.file), " at offset ",
+                                         record.offset,
+                                         record.compressed ? " of its uncompressed stream" : ""));
     }
   };
   // Copies decoded examples to their places, a chunk of them per call: a
@@ -438,15 +450,7 @@ void BatchReader::ProducerLoop() {
     Work& w = sets[set];
     assembling = &w;
     pool.Run(w.batch.size, decode);
-    for (int64_t slot = 0; slot < w.batch.size; ++slot) {
-      if (w.errors[slot].ok()) continue;
-      if (w.corrupt[slot]) return w.errors[slot];
-      const PendingRecord& record = w.pending[slot];
-      return Annotate(
-          w.errors[slot],
-          absl::StrCat("bad example in ", PathOf(record.file), " at offset ", record.offset,
-                       record.compressed ? " of its uncompressed stream" : ""));
-    }
+    for (int64_t slot = 0; slot < w.batch.size; ++slot) RETURN_IF_ERROR(w.errors[slot]);
     if (inputs != nullptr) {
       inputs->LayOutBatch(w.decoded.data(), w.batch.size, &w.batch.inputs);
       pool.Run((w.batch.size + kPlaceChunk - 1) / kPlaceChunk, place);
@@ -496,19 +500,17 @@ void BatchReader::ProducerLoop() {
   // it may still wait in the batch being filled or the shuffle buffer.
   // Then that record's error, as if checked when it was read.
   auto read_failed = [&](absl::Status status) {
-    const PendingRecord* first = nullptr;
+    int64_t first = -1;  // The read index of the earliest damaged one.
     auto check = [&](const PendingRecord& r) {
-      if ((first == nullptr || r.read < first->read) &&
-          !RecordReader::PayloadIntact(r.data, r.crc)) {
-        first = &r;
+      if (first >= 0 && r.read > first) return;
+      if (absl::Status bad = damaged(r); !bad.ok()) {
+        first = r.read;
+        status = std::move(bad);
       }
     };
     const Work& w = sets[filling];
     for (int64_t slot = 0; slot < w.batch.size; ++slot) check(w.pending[slot]);
     for (const PendingRecord& r : shuffle_buffer_) check(r);
-    if (first != nullptr) {
-      status = RecordReader::PayloadCorrupt(PathOf(first->file), first->offset, first->compressed);
-    }
     end(std::move(status));
   };
   PendingRecord record;

@@ -158,21 +158,19 @@ absl::StatusOr<const float*> InputStage::Pack(const data::Batch& batch, const Sp
     pooled_ = block.ok() ? *block : nullptr;
     if (pooled_ != nullptr) {
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
-      const Rows rows = TrainingRows(*plan, /*gather=*/false);
+      // Laid out ahead only where every table keeps its rows (no values
+      // to write).
       const bool laid = ahead != nullptr && !ahead->reads.empty();
+      const Rows rows = laid ? Rows() : TrainingRows(*plan, /*gather=*/false);
       std::vector<absl::Status> written(plan->num_tables());
       WorkPool::ForEach(&tables_, plan->num_tables(), [&](int t) {
         PooledRows& out = (*pooled_)[t];
         if (laid) {
-          // Every table keeps its rows (no values to write).
           const Planned::Reads& reads = ahead->reads[t];
-          const auto copy = [](const std::vector<int32_t>& from, int32_t* to) {
-            std::memcpy(to, from.data(), sizeof(int32_t) * from.size());
-          };
-          copy(reads.offsets, out.offsets);
-          copy(reads.index, out.index);
-          copy(reads.row_reads, out.row_reads);
-          copy(reads.readers, out.readers);
+          std::copy(reads.offsets.begin(), reads.offsets.end(), out.offsets);
+          std::copy(reads.index.begin(), reads.index.end(), out.index);
+          std::copy(reads.row_reads.begin(), reads.row_reads.end(), out.row_reads);
+          std::copy(reads.readers.begin(), reads.readers.end(), out.readers);
         } else {
           plan->WritePooled(t, rows[t], &out);
         }

@@ -148,8 +148,9 @@ class InputStage {
 
   // Where PlanAhead's tasks spent their time, in all, beside the steps:
   // planning their batches, looking rows up in and taking them into the
-  // cache, waiting for the missing rows' pull, pooling the input. Read
-  // once no task runs (after Finish or AwaitPlan).
+  // cache, waiting for the missing rows' pull, pooling the input (or, where
+  // the device pools it, laying out its block's reads). Read once no task
+  // runs (after Finish or AwaitPlan).
   struct AheadSeconds {
     int64_t batches = 0;  // Planned.
     int64_t taken = 0;    // Whose rows a task took into the cache,

@@ -100,8 +100,8 @@ void LogEvaluation(const std::string& job_id, const TestMetrics& tested, absl::s
   Log(absl::StrCat(said, suffix));
 }
 
-// The next batches' preparation beside the steps, per batch (the step's
-// "plan" is the wait for it).
+// The next batches' preparation beside the steps, per batch (a step waits
+// for it in its "rows" and its "plan").
 std::string AheadSplit(const InputStage::AheadSeconds& ahead) {
   if (ahead.batches == 0) return "";
   const double ms = 1000.0 / static_cast<double>(ahead.batches);
