@@ -712,17 +712,20 @@ absl::Status Model::ParamsToDevice() {
   return backend_->ToDevice(param_compute_, param_host_, sizeof(float) * param_total_);
 }
 
+absl::Status Model::CheckPooled(int64_t batch, bool pooled_rows) const {
+  if (!pooled_rows || (backend_->gpu() && pooled_batch_ == batch)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("a step of ", batch, " examples with pooled rows, but ",
+                   backend_->gpu() ? "PooledStaging laid out no block for that batch"
+                                   : "the model is on the CPU (it reads pooled features)"));
+}
+
 absl::StatusOr<StepResult> Model::TrainStep(const float* features, const int32_t* labels,
                                             int64_t batch, int64_t step,
                                             const TrainStepOptions& options) {
   RETURN_IF_ERROR(backend_->MakeCurrent());
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
-  if (options.pooled_rows && (!backend_->gpu() || pooled_batch_ != batch)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("a step of ", batch, " examples with pooled rows, but ",
-                     backend_->gpu() ? "PooledStaging laid out no block for that batch"
-                                     : "the model is on the CPU (it reads pooled features)"));
-  }
+  RETURN_IF_ERROR(CheckPooled(batch, options.pooled_rows));
   RETURN_IF_ERROR(Reserve(batch));
   RETURN_IF_ERROR(StageBatch(features, labels, batch, options.pooled_rows));
   if (options.params_from_host) RETURN_IF_ERROR(ParamsToDevice());
@@ -802,11 +805,13 @@ absl::StatusOr<bool> Model::FinishLossScaling() {
 }
 
 absl::StatusOr<EvalResult> Model::Evaluate(const float* features, const int32_t* labels,
-                                           int64_t batch, std::vector<float>* logits) {
+                                           int64_t batch, std::vector<float>* logits,
+                                           bool pooled_rows) {
   RETURN_IF_ERROR(backend_->MakeCurrent());
   RETURN_IF_ERROR(CheckBatch(features, labels, batch));
+  RETURN_IF_ERROR(CheckPooled(batch, pooled_rows));
   RETURN_IF_ERROR(Reserve(batch));
-  RETURN_IF_ERROR(StageBatch(features, labels, batch));
+  RETURN_IF_ERROR(StageBatch(features, labels, batch, pooled_rows));
   RETURN_IF_ERROR(ParamsToDevice());
   RETURN_IF_ERROR(Forward(batch, /*training=*/false, /*step=*/0));
   if (logits != nullptr) RETURN_IF_ERROR(ReadLogits(batch, logits));

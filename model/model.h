@@ -307,9 +307,12 @@ class Model {
 
   // Forward in inference mode (dropout is the identity, batch norm uses the
   // running statistics); grads untouched. With `logits`, also the loss
-  // layer's input, [batch, num_classes()] (for AUC and the like).
+  // layer's input, [batch, num_classes()] (for AUC and the like). With
+  // `pooled_rows`, the sparse slots are pooled on the device from
+  // PooledStaging's block, as TrainStepOptions::pooled_rows has a step do.
   absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch,
-                                      std::vector<float>* logits = nullptr);
+                                      std::vector<float>* logits = nullptr,
+                                      bool pooled_rows = false);
 
   // On a GPU: the page-locked host buffer a TrainStep or Evaluate of up to
   // `batch` examples copies its features into before they go up (grown to
@@ -474,6 +477,9 @@ class Model {
   absl::StatusOr<bool> FinishLossScaling();
   absl::Status Init(std::unique_ptr<kernels::ComputeBackend> backend);
   absl::Status CheckBatch(const float* features, const int32_t* labels, int64_t batch) const;
+  // A step or evaluation of `batch` examples with pooled rows needs a GPU
+  // and PooledStaging's block laid out for that batch.
+  absl::Status CheckPooled(int64_t batch, bool pooled_rows) const;
   absl::Status Reserve(int64_t batch);
   // Places the activation arena for `batch` examples, with each layer's
   // measured scratch (scratch_need_) as blocks of their own.

@@ -409,15 +409,30 @@ TEST_F(ModelGpuTest, RowsPooledOnTheDeviceTrainAsPooledOnTheHost) {
           ExpectClose(row_grads[t].data(), p.grads, static_cast<int64_t>(row_grads[t].size()), 1e-6,
                       "table " + std::to_string(t) + " row grads, " + which);
         }
+        // An evaluation pooled from the same block: the logits of the
+        // features pooled on the host, bit for bit.
+        std::copy(features.begin(), features.begin() + batch * 2, *staging);
+        std::vector<float> device_logits, host_logits;
+        auto evaluated =
+            model.Evaluate(*staging, labels.data(), batch, &device_logits, /*pooled_rows=*/true);
+        ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+        auto host_evaluated = model.Evaluate(features.data(), labels.data(), batch, &host_logits);
+        ASSERT_TRUE(host_evaluated.ok()) << host_evaluated.status();
+        EXPECT_EQ(host_logits, device_logits) << which;
+        EXPECT_EQ(host_evaluated->correct, evaluated->correct) << which;
       }
     }
-    // A pooled step needs its batch's block.
+    // A pooled step or evaluation needs its batch's block.
     TrainStepOptions pooled;
     pooled.pooled_rows = true;
     std::vector<float> features(5 * model.shape().input_size, 0.f);
     std::vector<int32_t> labels(5, 0);
     auto refused = model.TrainStep(features.data(), labels.data(), 5, 1, pooled);
     EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+    auto refused_evaluation =
+        model.Evaluate(features.data(), labels.data(), 5, nullptr, /*pooled_rows=*/true);
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused_evaluation.status()))
+        << refused_evaluation.status();
   }
   // The CPU pools on the host.
   auto cpu = Model::Create(ParseModelSpec(kTwoSparseTablesSpec), 3, ModelOptions{});

@@ -485,15 +485,38 @@ absl::Status InputStage::BeginEvalFeatures(const data::Batch& batch, int64_t min
   return absl::OkStatus();
 }
 
-absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch) {
-  if (exchange_ == nullptr) return Pack(batch, nullptr, nullptr);
+absl::Status InputStage::AwaitEvalRows() {
+  if (exchange_ == nullptr) return absl::OkStatus();
+  return eval_->Finish();
+}
+
+absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, float* staging,
+                                                      std::vector<float>* storage,
+                                                      const PoolOnDevice& pool_on_device,
+                                                      bool* on_device) {
+  if (on_device != nullptr) *on_device = false;
+  float* features = Destination(batch, staging, storage);
+  if (exchange_ == nullptr) return Pack(batch, nullptr, features);
   if (eval_plan_ == nullptr) {
     return absl::FailedPreconditionError("EvalFeatures without BeginEvalFeatures");
   }
   const std::unique_ptr<SparseBatch> plan = std::move(eval_plan_);
   RETURN_IF_ERROR(eval_->Finish());
-  // Every row pulled, kept tables' too: pooled as pulled.
-  float* features = Destination(batch, nullptr, &features_);
+  // Every row pulled, kept tables' too: pooled as pulled, on the device
+  // where it has room for the block.
+  if (staging != nullptr && pool_on_device != nullptr && on_device != nullptr) {
+    absl::StatusOr<std::vector<PooledRows>*> block =
+        pool_on_device(batch.size, plan->table_rows(), plan->table_ids(), {});
+    if (!block.ok() && !absl::IsResourceExhausted(block.status())) return block.status();
+    if (block.ok() && *block != nullptr) {
+      PackDenseInputs(shape_, batch.inputs, batch.size, features);
+      const Rows& rows = eval_->rows();
+      WorkPool::ForEach(&tables_, plan->num_tables(),
+                        [&](int t) { plan->WritePooled(t, rows[t], &(**block)[t]); });
+      *on_device = true;
+      return features;
+    }
+  }
   PackInto(batch, plan.get(), eval_->rows(), features);
   return features;
 }

@@ -128,12 +128,24 @@ class InputStage {
   // The input of a test batch, its rows read without creating any (once the
   // tables have had min_version steps and every worker min_worker_steps):
   // BeginEvalFeatures plans the batch and starts pulling its rows, returning
-  // at once; EvalFeatures waits for them and pools the input (valid until
-  // the next call). So the next batch's rows come while the model evaluates
-  // this one. `batch` must stay as it is until its EvalFeatures.
+  // at once; AwaitEvalRows waits for them; EvalFeatures (which waits for
+  // them too, where AwaitEvalRows was not called) lays the input out into
+  // `staging` where not null, else into `storage` (resized). With
+  // pool_on_device and `on_device`, the rows go into the device's block
+  // (as a training step's; *on_device says they did: not where the device
+  // has no room for it) and only the dense inputs into `staging`. `batch`
+  // must stay as it is until its EvalFeatures. BeginEvalFeatures and
+  // AwaitEvalRows touch nothing a training step uses, nor the input an
+  // EvalFeatures returned: once a batch's EvalFeatures has returned, the
+  // next batch may be begun and awaited on another thread while the model
+  // evaluates this one (not while it trains).
   absl::Status BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
                                  int64_t min_worker_steps);
-  absl::StatusOr<const float*> EvalFeatures(const data::Batch& batch);
+  absl::Status AwaitEvalRows();
+  absl::StatusOr<const float*> EvalFeatures(const data::Batch& batch, float* staging,
+                                            std::vector<float>* storage,
+                                            const PoolOnDevice& pool_on_device = nullptr,
+                                            bool* on_device = nullptr);
 
   bool sparse() const { return exchange_ != nullptr; }
   int64_t rows_pushed() const { return exchange_ ? exchange_->rows_pushed() : 0; }

@@ -139,7 +139,8 @@ class InputStageTest : public ::testing::Test {
         // A batch of other rows between two steps.
         const data::Batch test = MakeBatch({{50}, {51}, {52}, {53}});
         EXPECT_TRUE(stage_->BeginEvalFeatures(test, 0, 0).ok());
-        EXPECT_TRUE(stage_->EvalFeatures(test).ok());
+        std::vector<float> pooled;
+        EXPECT_TRUE(stage_->EvalFeatures(test, nullptr, &pooled).ok());
       }
       const data::Batch& batch = batches[step];
       absl::StatusOr<const float*> features = stage_->Features(step, batch, step, 0);

@@ -63,8 +63,8 @@ class ReplicaRunner : public ModelRunner {
     return replicas_->TrainStep(features, labels, batch, step, options);
   }
   absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch,
-                                      std::vector<float>* logits) override {
-    return primary_->Evaluate(features, labels, batch, logits);
+                                      std::vector<float>* logits, bool pooled_rows) override {
+    return primary_->Evaluate(features, labels, batch, logits, pooled_rows);
   }
   int64_t EvaluateBatch(int64_t batch) const override {
     // ReplicaSet's largest slice.
@@ -134,7 +134,9 @@ class PipelineRunner : public ModelRunner {
     return pipeline_->TrainStep(features, labels, batch, step, options);
   }
   absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels, int64_t batch,
-                                      std::vector<float>* logits) override {
+                                      std::vector<float>* logits, bool pooled_rows) override {
+    // PooledStaging gives a pipeline no block.
+    if (pooled_rows) return absl::InternalError("a pipeline's evaluation with pooled rows");
     return pipeline_->Evaluate(features, labels, batch, logits);
   }
   int64_t EvaluateBatch(int64_t batch) const override { return batch; }

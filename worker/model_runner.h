@@ -98,9 +98,11 @@ class ModelRunner {
   virtual absl::StatusOr<StepResult> TrainStep(const float* features, const int32_t* labels,
                                                int64_t batch, int64_t step,
                                                const TrainStepOptions& options) = 0;
-  // Inference on `batch` examples from the host parameters (Model::Evaluate).
+  // Inference on `batch` examples from the host parameters (Model::Evaluate;
+  // `pooled_rows` only after PooledStaging gave a block).
   virtual absl::StatusOr<EvalResult> Evaluate(const float* features, const int32_t* labels,
-                                              int64_t batch, std::vector<float>* logits) = 0;
+                                              int64_t batch, std::vector<float>* logits,
+                                              bool pooled_rows) = 0;
   // The most examples an Evaluate may take and hold no more device memory
   // than a training step of `batch`: the slice one replica trains (replica 0
   // evaluates the whole batch), or the batch (a pipeline evaluates in

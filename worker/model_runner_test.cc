@@ -177,8 +177,8 @@ TEST(ModelRunnerTest, StagesInOneMicroBatchComputeTheWholeModelsSteps) {
   }
   const Batch test = RandomBatch(7, 99);
   std::vector<float> wl, sl;
-  auto we = whole->Evaluate(test.features.data(), test.labels.data(), test.size, &wl);
-  auto se = split->Evaluate(test.features.data(), test.labels.data(), test.size, &sl);
+  auto we = whole->Evaluate(test.features.data(), test.labels.data(), test.size, &wl, false);
+  auto se = split->Evaluate(test.features.data(), test.labels.data(), test.size, &sl, false);
   ASSERT_TRUE(we.ok()) << we.status();
   ASSERT_TRUE(se.ok()) << se.status();
   EXPECT_NEAR(se->loss_sum, we->loss_sum, 1e-5);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -12,6 +13,7 @@
 #include "common/log.h"
 #include "common/process_metrics.h"
 #include "common/status.h"
+#include "common/work_pool.h"
 #include "data/data_roots.h"
 #include "data/dataset.h"
 #include "spec/proto_dtype.h"
@@ -411,49 +413,87 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
                      Annotate(status, absl::StrCat("test set ", spec.dataset().test_files())))
                : status;
   };
-  // Reads the next batch into `batch` and starts pulling its rows, which
-  // come while the model evaluates the batch before.
-  auto read = [&](Batch* batch) -> absl::StatusOr<bool> {
-    // The reader's errors name the file (and the record's offset).
-    absl::StatusOr<bool> more = reader->Next(batch);
-    if (!more.ok()) return BadTestData(more.status());
-    if (*more && input_stage_ != nullptr) {
-      RETURN_IF_ERROR(
-          bad_ids(input_stage_->BeginEvalFeatures(*batch, min_version, min_worker_steps)));
-    }
-    return *more;
+  // A test batch read and its rows pulled, on `prep`'s thread while the
+  // model evaluates the batch before.
+  struct Ready {
+    Batch batch;
+    bool more = false;
+    double reading = 0, rows = 0;  // Seconds, on the thread that read it.
+    absl::Status status;
   };
+  auto make_ready = [&](Ready* ready) {
+    ready->reading = ready->rows = 0;
+    Laps laps;
+    // The reader's errors name the file (and the record's offset).
+    absl::StatusOr<bool> more = reader->Next(&ready->batch);
+    ready->status = more.ok() ? absl::OkStatus() : BadTestData(more.status());
+    ready->more = more.ok() && *more;
+    if (ready->more && input_stage_ != nullptr) {
+      ready->status =
+          bad_ids(input_stage_->BeginEvalFeatures(ready->batch, min_version, min_worker_steps));
+      laps.Add(&ready->reading);
+      if (ready->status.ok()) ready->status = bad_ids(input_stage_->AwaitEvalRows());
+      laps.Add(&ready->rows);
+    } else {
+      laps.Add(&ready->reading);
+    }
+  };
+  // A sparse model's rows are pooled on the device where it can (as a
+  // step's), its input laid out in the buffer it goes up from.
+  const InputStage::PoolOnDevice pool_on_device =
+      [model](int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+              const std::vector<StoredRows>& stored) {
+        return model->PooledStaging(batch, rows, ids, stored);
+      };
+  std::vector<float> pooled;  // The input, where not in the staging buffer.
   // Where the evaluation's time goes, said in the log with its size.
   const double began = MonotonicSeconds();
-  double reading = 0, rows = 0, evaluating = 0;
-  Laps laps;
-  Batch batches[2];
+  double reading = 0, rows = 0, laying = 0, evaluating = 0, waiting = 0;
+  WorkPool prep(1, "eval-input");
+  Ready ready[2];
   int current = 0;
-  ASSIGN_OR_RETURN(bool more, read(&batches[current]));
-  laps.Add(&reading);
-  while (more) {
-    const Batch& batch = batches[current];
-    const float* features = batch.features.data();
+  make_ready(&ready[current]);
+  std::shared_ptr<WorkPool::Batch> next;
+  // On every way out, the batch being read is waited for: it reads the
+  // reader and the input stage.
+  absl::Cleanup await_next = [&next] {
+    if (next != nullptr) next->Wait();
+  };
+  while (true) {
+    Ready& batch = ready[current];
+    reading += batch.reading;
+    rows += batch.rows;
+    RETURN_IF_ERROR(batch.status);
+    if (!batch.more) break;
+    Laps laps;
+    const float* features = batch.batch.features.data();
+    bool on_device = false;
     if (input_stage_ != nullptr) {
-      absl::StatusOr<const float*> packed = input_stage_->EvalFeatures(batch);
+      ASSIGN_OR_RETURN(float* staging, model->FeatureStaging(batch.batch.size));
+      absl::StatusOr<const float*> packed =
+          input_stage_->EvalFeatures(batch.batch, staging, &pooled, pool_on_device, &on_device);
       RETURN_IF_ERROR(bad_ids(packed.status()));
       features = *packed;
     }
-    laps.Add(&rows);
-    ASSIGN_OR_RETURN(more, read(&batches[1 - current]));
-    laps.Add(&reading);
-    ASSIGN_OR_RETURN(EvalResult result, model->Evaluate(features, batch.labels.data(), batch.size,
-                                                        auc || log_loss ? &logits : nullptr));
+    laps.Add(&laying);
+    Ready* following = &ready[1 - current];
+    next = prep.Start(1, [&make_ready, following](int) { make_ready(following); });
+    ASSIGN_OR_RETURN(EvalResult result,
+                     model->Evaluate(features, batch.batch.labels.data(), batch.batch.size,
+                                     auc || log_loss ? &logits : nullptr, on_device));
     if (auc || log_loss) {
       // Two classes: P(class 1) = sigmoid(logit 1 - logit 0).
-      for (int64_t i = 0; i < batch.size; ++i) {
+      for (int64_t i = 0; i < batch.batch.size; ++i) {
         const double margin = logits[2 * i + 1] - logits[2 * i];
-        binary.Add(1.0 / (1.0 + std::exp(-margin)), batch.labels[i]);
+        binary.Add(1.0 / (1.0 + std::exp(-margin)), batch.batch.labels[i]);
       }
     }
     laps.Add(&evaluating);
     correct += result.correct;
-    total += batch.size;
+    total += batch.batch.size;
+    next->Wait();
+    next.reset();
+    laps.Add(&waiting);
     current = 1 - current;
   }
   if (total == 0) {
@@ -465,9 +505,11 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
   if (auc) metrics.auc = binary.Auc();
   if (log_loss) metrics.log_loss = binary.LogLoss();
   Log(absl::StrFormat(
-      "job %s: evaluated %d test examples in %.3f s (reading and planning batches %.3f, "
-      "waiting for and pooling their rows %.3f, the model and metrics %.3f)",
-      task_.job_id(), total, MonotonicSeconds() - began, reading, rows, evaluating));
+      "job %s: evaluated %d test examples in %.3f s (laying the input out %.3f, the model and "
+      "metrics %.3f, waiting for the next batch %.3f; beside the model, reading and planning "
+      "batches %.3f, waiting for their rows %.3f)",
+      task_.job_id(), total, MonotonicSeconds() - began, laying, evaluating, waiting, reading,
+      rows));
   return metrics;
 }
 
