@@ -471,23 +471,89 @@ absl::Status InputStage::Finish() {
   return status;
 }
 
+void InputStage::NewEvaluation() {
+  eval_cache_.reset();
+  eval_rows_read_ = eval_rows_pulled_ = 0;
+}
+
 absl::Status InputStage::BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
                                            int64_t min_worker_steps) {
   if (exchange_ == nullptr) return absl::OkStatus();
   // A pull left by an evaluation that failed midway is not waited for.
   (void)eval_->Finish();
   eval_plan_.reset();
+  eval_awaited_ = false;
   ASSIGN_OR_RETURN(SparseBatch plan,
                    SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
   eval_plan_ = std::make_unique<SparseBatch>(std::move(plan));
-  eval_->Begin(0, nullptr, nullptr, &eval_plan_->row_ids(), min_version, min_worker_steps,
-               cancelled_, /*read_only=*/true);
+  const int tables = eval_plan_->num_tables();
+  // The model does not change while it is evaluated: a row pulled for one
+  // test batch serves the ones after it. Past kEvalCacheBytes the kept rows
+  // go (a table larger than that is pulled again, batch by batch).
+  int64_t kept_bytes = 0;
+  if (eval_cache_ != nullptr) {
+    for (int t = 0; t < tables; ++t) {
+      kept_bytes += eval_cache_->places(t) * shape_.sparse_tables[t].dim *
+                    static_cast<int64_t>(sizeof(float));
+    }
+  }
+  if (eval_cache_ == nullptr || kept_bytes > kEvalCacheBytes) {
+    std::vector<int64_t> dims;
+    for (const SparseTableInfo& table : shape_.sparse_tables) dims.push_back(table.dim);
+    eval_cache_ = std::make_unique<RowCache>(std::move(dims));
+  }
+  eval_missing_.assign(tables, std::vector<std::vector<int64_t>>(num_shards_));
+  WorkPool::ForEach(&tables_, tables, [&](int t) {
+    for (int s = 0; s < num_shards_; ++s) {
+      eval_cache_->Missing(t, eval_plan_->rows(t, s), /*min_stamp=*/0, &eval_missing_[t][s]);
+    }
+  });
+  for (int t = 0; t < tables; ++t) {
+    for (int s = 0; s < num_shards_; ++s) {
+      eval_rows_read_ += static_cast<int64_t>(eval_plan_->rows(t, s).size());
+      eval_rows_pulled_ += static_cast<int64_t>(eval_missing_[t][s].size());
+    }
+  }
+  eval_->Begin(0, nullptr, nullptr, &eval_missing_, min_version, min_worker_steps, cancelled_,
+               /*read_only=*/true);
   return absl::OkStatus();
 }
 
 absl::Status InputStage::AwaitEvalRows() {
-  if (exchange_ == nullptr) return absl::OkStatus();
-  return eval_->Finish();
+  if (exchange_ == nullptr || eval_awaited_) return absl::OkStatus();
+  if (eval_plan_ == nullptr) {
+    return absl::FailedPreconditionError("AwaitEvalRows without BeginEvalFeatures");
+  }
+  RETURN_IF_ERROR(eval_->Finish());
+  // The rows pulled are kept; then the batch's rows, each table's by shard
+  // in the plan's order, are copied out of the kept ones.
+  const SparseBatch& plan = *eval_plan_;
+  const int tables = plan.num_tables();
+  eval_rows_.resize(tables);
+  eval_values_.resize(tables);
+  std::vector<std::vector<int32_t>> places(tables);
+  WorkPool::ForEach(&tables_, tables, [&](int t) {
+    const int64_t dim = shape_.sparse_tables[t].dim;
+    eval_rows_[t].resize(num_shards_);
+    eval_values_[t].resize(num_shards_);
+    for (int s = 0; s < num_shards_; ++s) {
+      eval_cache_->Put(t, eval_missing_[t][s], eval_->rows()[t][s], /*stamp=*/0);
+    }
+    for (int s = 0; s < num_shards_; ++s) {
+      const std::vector<int64_t>& rows = plan.rows(t, s);
+      places[t].resize(rows.size());
+      eval_cache_->Places(t, rows, places[t].data());
+      std::vector<float>& values = eval_values_[t][s];
+      values.resize(rows.size() * dim);
+      const float* kept = eval_cache_->values(t);
+      for (size_t r = 0; r < rows.size(); ++r) {
+        std::copy_n(kept + places[t][r] * dim, dim, values.data() + r * dim);
+      }
+      eval_rows_[t][s] = values.data();
+    }
+  });
+  eval_awaited_ = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, float* staging,
@@ -500,24 +566,22 @@ absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, 
   if (eval_plan_ == nullptr) {
     return absl::FailedPreconditionError("EvalFeatures without BeginEvalFeatures");
   }
+  RETURN_IF_ERROR(AwaitEvalRows());
   const std::unique_ptr<SparseBatch> plan = std::move(eval_plan_);
-  RETURN_IF_ERROR(eval_->Finish());
-  // Every row pulled, kept tables' too: pooled as pulled, on the device
-  // where it has room for the block.
+  // Pooled on the device where it has room for the block.
   if (staging != nullptr && pool_on_device != nullptr && on_device != nullptr) {
     absl::StatusOr<std::vector<PooledRows>*> block =
         pool_on_device(batch.size, plan->table_rows(), plan->table_ids(), {});
     if (!block.ok() && !absl::IsResourceExhausted(block.status())) return block.status();
     if (block.ok() && *block != nullptr) {
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
-      const Rows& rows = eval_->rows();
       WorkPool::ForEach(&tables_, plan->num_tables(),
-                        [&](int t) { plan->WritePooled(t, rows[t], &(**block)[t]); });
+                        [&](int t) { plan->WritePooled(t, eval_rows_[t], &(**block)[t]); });
       *on_device = true;
       return features;
     }
   }
-  PackInto(batch, plan.get(), eval_->rows(), features);
+  PackInto(batch, plan.get(), eval_rows_, features);
   return features;
 }
 

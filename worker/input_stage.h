@@ -139,6 +139,10 @@ class InputStage {
   // EvalFeatures returned: once a batch's EvalFeatures has returned, the
   // next batch may be begun and awaited on another thread while the model
   // evaluates this one (not while it trains).
+  // NewEvaluation starts an evaluation of a model trained since the last:
+  // rows read for its batches serve the batches after them (up to 256 MiB
+  // of them; pulled again after that), not the next evaluation's.
+  void NewEvaluation();
   absl::Status BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
                                  int64_t min_worker_steps);
   absl::Status AwaitEvalRows();
@@ -148,6 +152,10 @@ class InputStage {
                                             bool* on_device = nullptr);
 
   bool sparse() const { return exchange_ != nullptr; }
+  // Since NewEvaluation: rows the test batches read (per batch, each once)
+  // and rows pulled for them.
+  int64_t eval_rows_read() const { return eval_rows_read_; }
+  int64_t eval_rows_pulled() const { return eval_rows_pulled_; }
   int64_t rows_pushed() const { return exchange_ ? exchange_->rows_pushed() : 0; }
   int64_t rows_pulled() const {
     return (exchange_ ? exchange_->rows_pulled() : 0) + (prefetch_ ? prefetch_->rows_pulled() : 0);
@@ -228,6 +236,17 @@ class InputStage {
   std::unique_ptr<SparseExchange> exchange_;  // Null without sparse tables.
   std::unique_ptr<SparseExchange> eval_;      // EvalFeatures' pulls.
   std::unique_ptr<SparseBatch> eval_plan_;    // Of the test batch eval_ pulls for.
+  // An evaluation's rows, kept from batch to batch (the model is not
+  // trained meanwhile) up to kEvalCacheBytes; what eval_ pulls, the rows of
+  // eval_plan_ the cache lacks; and, once AwaitEvalRows has them, the
+  // batch's rows per table and shard in the plan's order.
+  static constexpr int64_t kEvalCacheBytes = int64_t{256} << 20;
+  std::unique_ptr<RowCache> eval_cache_;
+  RowIds eval_missing_;
+  bool eval_awaited_ = false;
+  std::vector<std::vector<std::vector<float>>> eval_values_;
+  Rows eval_rows_;
+  int64_t eval_rows_read_ = 0, eval_rows_pulled_ = 0;
   // The plan of the batch being trained (current_) and of the one whose rows
   // are coming (next_); swapped as steps go.
   std::unique_ptr<SparseBatch> current_, next_;

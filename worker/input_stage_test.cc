@@ -138,6 +138,7 @@ class InputStageTest : public ::testing::Test {
       if (evaluate && step > 0) {
         // A batch of other rows between two steps.
         const data::Batch test = MakeBatch({{50}, {51}, {52}, {53}});
+        stage_->NewEvaluation();
         EXPECT_TRUE(stage_->BeginEvalFeatures(test, 0, 0).ok());
         std::vector<float> pooled;
         EXPECT_TRUE(stage_->EvalFeatures(test, nullptr, &pooled).ok());
@@ -208,6 +209,56 @@ TEST_F(InputStageTest, WithoutStalenessEveryStepReadsTheRowsOfTheStepBefore) {
 // A device with no room for the pooled block (ResourceExhausted) leaves the
 // step pooled here, into the staging buffer, as without one; any other
 // error of the block is the step's.
+// An evaluation pulls each row once, the first test batch that reads it;
+// the next evaluation (after training) pulls them again, as trained. The
+// rows of a batch are awaited apart from laying its input out, as the
+// trainer does on two threads.
+TEST_F(InputStageTest, AnEvaluationPullsEachRowOnceAndTheNextReadsThemAsTrained) {
+  Host(0);
+  // The test batch's input as EvalFeatures lays it out: [example][kDim].
+  const auto evaluate = [&](const data::Batch& test) {
+    EXPECT_TRUE(stage_->BeginEvalFeatures(test, 0, 0).ok());
+    EXPECT_TRUE(stage_->AwaitEvalRows().ok());
+    std::vector<float> pooled;
+    absl::StatusOr<const float*> features = stage_->EvalFeatures(test, nullptr, &pooled);
+    EXPECT_TRUE(features.ok()) << features.status();
+    if (!features.ok()) return std::vector<float>();
+    return std::vector<float>(*features, *features + test.size * kDim);
+  };
+  // Example e's row, as the shards hold `row` now.
+  const auto expect_row = [&](const std::vector<float>& input, int e, int64_t row) {
+    ASSERT_GE(input.size(), static_cast<size_t>((e + 1) * kDim));
+    EXPECT_EQ(std::vector<float>(input.begin() + e * kDim, input.begin() + (e + 1) * kDim),
+              ShardRow(row))
+        << "example " << e << ", row " << row;
+  };
+  stage_->NewEvaluation();
+  std::vector<float> input = evaluate(MakeBatch({{1}, {2}, {50}}));
+  expect_row(input, 0, 1);
+  expect_row(input, 1, 2);
+  expect_row(input, 2, 50);
+  EXPECT_EQ(stage_->eval_rows_read(), 3);
+  EXPECT_EQ(stage_->eval_rows_pulled(), 3);
+  // Rows 1, 2 and 50 come from the first batch's pull.
+  input = evaluate(MakeBatch({{51}, {2}, {1}, {50}}));
+  expect_row(input, 0, 51);
+  expect_row(input, 1, 2);
+  expect_row(input, 2, 1);
+  expect_row(input, 3, 50);
+  EXPECT_EQ(stage_->eval_rows_read(), 7);
+  EXPECT_EQ(stage_->eval_rows_pulled(), 4);
+
+  // Training changes rows 1 and 2; the next evaluation reads them so.
+  const std::vector<float> before = ShardRow(1);
+  Train(2);
+  ASSERT_NE(ShardRow(1), before);
+  stage_->NewEvaluation();
+  input = evaluate(MakeBatch({{1}, {2}}));
+  expect_row(input, 0, 1);
+  expect_row(input, 1, 2);
+  EXPECT_EQ(stage_->eval_rows_pulled(), 2);
+}
+
 TEST_F(InputStageTest, ABlockTheDeviceHasNoRoomForIsPooledHere) {
   Host(0);
   const data::Batch batch = MakeBatch({{1}, {2}, {1, 2}, {3}});

@@ -446,6 +446,7 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
         return model->PooledStaging(batch, rows, ids, stored);
       };
   std::vector<float> pooled;  // The input, where not in the staging buffer.
+  if (input_stage_ != nullptr) input_stage_->NewEvaluation();
   // Where the evaluation's time goes, said in the log with its size.
   const double began = MonotonicSeconds();
   double reading = 0, rows = 0, laying = 0, evaluating = 0, waiting = 0;
@@ -504,12 +505,17 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
   metrics.accuracy = static_cast<double>(correct) / total;
   if (auc) metrics.auc = binary.Auc();
   if (log_loss) metrics.log_loss = binary.LogLoss();
+  const std::string rows_read =
+      input_stage_ != nullptr && input_stage_->sparse()
+          ? absl::StrFormat("; sparse rows: read %d, pulled %d", input_stage_->eval_rows_read(),
+                            input_stage_->eval_rows_pulled())
+          : "";
   Log(absl::StrFormat(
       "job %s: evaluated %d test examples in %.3f s (laying the input out %.3f, the model and "
       "metrics %.3f, waiting for the next batch %.3f; beside the model, reading and planning "
-      "batches %.3f, waiting for their rows %.3f)",
-      task_.job_id(), total, MonotonicSeconds() - began, laying, evaluating, waiting, reading,
-      rows));
+      "batches %.3f, waiting for their rows %.3f%s)",
+      task_.job_id(), total, MonotonicSeconds() - began, laying, evaluating, waiting, reading, rows,
+      rows_read));
   return metrics;
 }
 
