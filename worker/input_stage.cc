@@ -270,13 +270,8 @@ absl::StatusOr<const float*> InputStage::Features(int64_t step, const data::Batc
     if (keeps_rows_) {
       if (planned != nullptr) {
         // Its rows may have been taken by its own task (one ahead) or by
-        // the next batch's (two ahead: that task takes them first, and
-        // plans the batch after beside this step; if it did not take them,
-        // the prefetch lane is this step's once that task is done).
-        if (depth_ == 2) {
-          if (!planned_.empty()) planned_.back()->before_taken.WaitForNotification();
-          if (planned->ahead == Ahead::kPlanned) AwaitPlan();
-        }
+        // the next batch's (two ahead: that one is waited for).
+        if (depth_ == 2) AwaitPlan();
         RETURN_IF_ERROR(planned->taken);
         if (planned->ahead == Ahead::kPooled) {
           std::swap(features_, next_features_);
@@ -358,6 +353,17 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
     const int64_t step = planned->step;
     const data::Batch& batch = *planned->batch;
     Laps laps;
+    absl::StatusOr<SparseBatch> plan =
+        SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_);
+    laps.Add(&ahead_.plan);
+    ++ahead_.batches;
+    if (plan.ok()) {
+      planned->plan = std::make_unique<SparseBatch>(*std::move(plan));
+      planned->planned = planned->plan.get();
+    } else {
+      planned->status = plan.status();
+    }
+    if (!keeps_rows_) return;
     // Takes p's rows from the prefetch lane into the cache and, unless the
     // device pools them, pools p's input.
     auto take = [&](Planned* p) {
@@ -381,24 +387,11 @@ void InputStage::PlanAhead(int64_t step, const data::Batch* next, int64_t min_ve
       ++ahead_.pooled;
       p->ahead = Ahead::kPooled;
     };
-    // Two ahead: first the batch before's rows, pulled beside the step
-    // before: that batch's step waits for them, not for the rest.
-    if (keeps_rows_ && before != nullptr && before->planned != nullptr &&
-        prefetch_step_ == before->step) {
+    // Two ahead: the batch before's rows, pulled beside the step before.
+    if (before != nullptr && before->planned != nullptr && prefetch_step_ == before->step) {
       take(before.get());
     }
-    planned->before_taken.Notify();
-    absl::StatusOr<SparseBatch> plan =
-        SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_);
-    laps.Add(&ahead_.plan);
-    ++ahead_.batches;
-    if (plan.ok()) {
-      planned->plan = std::make_unique<SparseBatch>(*std::move(plan));
-      planned->planned = planned->plan.get();
-    } else {
-      planned->status = plan.status();
-    }
-    if (!keeps_rows_ || planned->planned == nullptr) return;
+    if (planned->planned == nullptr) return;
     // A pull no step will take (none should be left): ended, not
     // overlapped by a second on the same lane.
     if (prefetch_step_ >= 0) (void)prefetch_->Finish();

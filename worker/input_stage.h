@@ -284,10 +284,6 @@ class InputStage {
     // started it, beside the task before it; nor is the batch kept here,
     // which holds the task, which holds this.)
     absl::Notification done;
-    // Set once its task has taken the rows of the batch before (two
-    // ahead), its first work; the rest (planning this batch, beginning its
-    // pull) runs on beside that batch's step.
-    absl::Notification before_taken;
     absl::Status status;                // Of its plan.
     std::unique_ptr<SparseBatch> plan;  // Until Exchange takes it (into next_).
     SparseBatch* planned = nullptr;     // The plan, for the next batch's task.

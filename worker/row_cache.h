@@ -11,9 +11,7 @@
 // written since it was last called, whose values (values(table) + place *
 // dim) the copy lacks.
 //
-// Thread-compatible; calls for different tables may run concurrently, and
-// for one table Missing beside Places, TakeWritten and reads of values
-// (they touch nothing Missing reads; Put and Drop run alone).
+// Thread-compatible; calls for different tables may run concurrently.
 #ifndef DOWNPOUR_WORKER_ROW_CACHE_H_
 #define DOWNPOUR_WORKER_ROW_CACHE_H_
 
