@@ -124,6 +124,7 @@ if stage ctr; then
   for _ in $(seq 100); do [[ -s $W/c.port ]] && break; sleep 0.1; done
   C=$(cat "$W/c.port")
   SHARD_PIDS=()
+  WORKER_PIDS=()
   for ((i = 0; i < SHARDS; i++)); do
     "$PS" --listen=127.0.0.1:0 --port_file="$W/ps$i.port" --coordinator="$C" \
       --memory_limit="${SHARD_LIMIT:-0}" ${PS_FLAGS:-} >"$W/ps$i.log" 2>&1 &
@@ -134,6 +135,7 @@ if stage ctr; then
     "$WORKER" --listen=127.0.0.1:0 --port_file="$W/w$i.port" --coordinator="$C" \
       --data_dir="$D" --devices="${DEVICES[i % ${#DEVICES[@]}]}" ${WORKER_FLAGS:-} >"$W/w$i.log" 2>&1 &
     PIDS+=($!)
+    WORKER_PIDS+=($!)
   done
   sleep 3
   "$CTL" --coordinator="$C" nodes 2>&1 | tee "$OUT/nodes.txt"
@@ -147,9 +149,14 @@ if stage ctr; then
   grep -iE "AUC|log loss|step" "$OUT/get.txt" | head -20
   # What the shards hold once the job has trained (its rows, before it ends
   # and they are dropped: the job is still theirs until the coordinator says).
+  # With the CPU seconds each shard and worker has spent since it started
+  # (user + system, every thread): over the job's steps, what a step cost
+  # each process.
+  cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' /proc/"$1"/stat 2>/dev/null; }
   for pid in "${SHARD_PIDS[@]}"; do
-    echo "shard pid $pid $(grep -E 'VmRSS|VmHWM' /proc/"$pid"/status 2>/dev/null | tr -s ' \n' ' ')"
+    echo "shard pid $pid cpu_s $(cpu_s "$pid") $(grep -E 'VmRSS|VmHWM' /proc/"$pid"/status 2>/dev/null | tr -s ' \n' ' ')"
   done | tee "$OUT/shards.txt"
+  for pid in "${WORKER_PIDS[@]}"; do echo "worker pid $pid cpu_s $(cpu_s "$pid")"; done | tee -a "$OUT/shards.txt"
   cp "$W"/*.log "$OUT/" 2>/dev/null
   grep -h "trained\|AUC" "$W"/w*.log | tail -8
   kill "${PIDS[@]}" 2>/dev/null; wait
