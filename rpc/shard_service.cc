@@ -58,6 +58,7 @@ class ParameterServerService::PushPullStreamReactor final
       return;
     }
     const absl::Time received = absl::Now();
+    received_ = received;
     PushPullStreamRequest header;
     if (!header.ParseFromString(request_.header)) {
       Finish(BadHeader("PushPullStreamRequest"));
@@ -211,6 +212,7 @@ class ParameterServerService::PushPullStreamReactor final
       reply.mutable_segment()->set_pull_in_segment(true);
       reply.mutable_segment()->set_pull_bytes(bytes);
     }
+    reply.mutable_exchange()->set_handled_us(absl::ToInt64Microseconds(absl::Now() - received_));
     response_.header = reply.SerializeAsString();
     StartWrite(&response_);
   }
@@ -231,6 +233,7 @@ class ParameterServerService::PushPullStreamReactor final
   const std::string peer_;  // The caller's node certificate names it.
   TensorMessage request_;
   TensorMessage response_;
+  absl::Time received_;  // The exchange being answered arrived then.
   absl::Mutex waiter_mu_;
   std::thread waiter_;
   // The first message is to attach a segment (a shared-memory stream).
@@ -373,6 +376,7 @@ grpc::Status ParameterServerService::Pull(grpc::ServerContext* context,
 grpc::Status ParameterServerService::PushPull(grpc::ServerContext* context,
                                               const TensorMessage* request,
                                               TensorMessage* response) {
+  const absl::Time received = absl::Now();
   PushPullRequest header;
   if (!header.ParseFromString(request->header)) return BadHeader("PushPullRequest");
   if (absl::Status denied = AdmitExchange(CallerOf(*context), header); !denied.ok()) {
@@ -381,6 +385,7 @@ grpc::Status ParameterServerService::PushPull(grpc::ServerContext* context,
   absl::StatusOr<PushPullResponse> result = shard_->PushPull(
       header.push(), request->payload, header.pull(), PullDeadline(*context), &response->payload);
   if (!result.ok()) return ToGrpcStatus(result.status());
+  result->set_handled_us(absl::ToInt64Microseconds(absl::Now() - received));
   response->header = result->SerializeAsString();
   return grpc::Status::OK;
 }

@@ -169,6 +169,7 @@ TEST_F(PsServiceTest, PushPullIsOneCallThatAppliesOnce) {
         attempts[attempt]->PushPull(push, grads, pull, absl::Now() + absl::Seconds(10), &params);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->push().duplicate(), attempt > 0);
+    EXPECT_GE(result->handled_us(), 0);  // Said by streams and unary calls alike.
     ASSERT_EQ(result->pull().partitions_size(), 2);
     EXPECT_EQ(result->pull().partitions(1).version(), 1);
     EXPECT_THAT(Floats(params.ToString()), ::testing::ElementsAre(1.f, 1.f, 0.5f, 2.f));
@@ -259,11 +260,17 @@ TEST_F(PsServiceTest, StreamedPushPullWaitsForOtherWorkersAndStaysUsable) {
     absl::SleepFor(absl::Milliseconds(100));
     EXPECT_TRUE(store_.Push(MakePush(kJob, 1, 1, 0, 0, {1.f, 1.f})).ok());
   });
+  const absl::Time retried = absl::Now();
   absl::StatusOr<PushPullResponse> done = exchange(1, absl::Seconds(10));
+  const absl::Duration round_trip = absl::Now() - retried;
   other.join();
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_TRUE(done->push().duplicate());
   EXPECT_EQ(done->pull().partitions_size(), 2);
+  // The shard says how long it held the exchange: the wait for worker 1
+  // included, no longer than the round trip.
+  EXPECT_GE(done->handled_us(), 50'000);
+  EXPECT_LE(done->handled_us(), absl::ToInt64Microseconds(round_trip));
 }
 
 // A worker's run that was cancelled ends its calls to a shard at once

@@ -465,8 +465,15 @@ absl::Status InputStage::Finish() {
 }
 
 void InputStage::NewEvaluation() {
-  eval_cache_.reset();
+  EndEvaluation();
   eval_rows_read_ = eval_rows_pulled_ = 0;
+}
+
+void InputStage::EndEvaluation() {
+  eval_cache_.reset();
+  eval_values_ = {};
+  eval_rows_ = {};
+  eval_missing_ = {};
 }
 
 absl::Status InputStage::BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
@@ -480,14 +487,16 @@ absl::Status InputStage::BeginEvalFeatures(const data::Batch& batch, int64_t min
                    SparseBatch::Plan(shape_, batch.inputs, batch.size, num_shards_, &tables_));
   eval_plan_ = std::make_unique<SparseBatch>(std::move(plan));
   const int tables = eval_plan_->num_tables();
-  // The model does not change while it is evaluated: a row pulled for one
-  // test batch serves the ones after it. Past kEvalCacheBytes the kept rows
-  // go (a table larger than that is pulled again, batch by batch).
+  // A row pulled for one test batch serves the evaluation's later ones.
+  // Past kEvalCacheBytes (its values and about kEvalRowBytes more a row of
+  // the cache's own) the kept rows go: tables larger than that are pulled
+  // again, batch by batch.
   int64_t kept_bytes = 0;
   if (eval_cache_ != nullptr) {
     for (int t = 0; t < tables; ++t) {
-      kept_bytes += eval_cache_->places(t) * shape_.sparse_tables[t].dim *
-                    static_cast<int64_t>(sizeof(float));
+      kept_bytes +=
+          eval_cache_->places(t) *
+          (shape_.sparse_tables[t].dim * static_cast<int64_t>(sizeof(float)) + kEvalRowBytes);
     }
   }
   if (eval_cache_ == nullptr || kept_bytes > kEvalCacheBytes) {
@@ -517,7 +526,12 @@ absl::Status InputStage::AwaitEvalRows() {
   if (eval_plan_ == nullptr) {
     return absl::FailedPreconditionError("AwaitEvalRows without BeginEvalFeatures");
   }
-  RETURN_IF_ERROR(eval_->Finish());
+  if (absl::Status pulled = eval_->Finish(); !pulled.ok()) {
+    // The batch is not to be laid out (nor its pull awaited again: a second
+    // Finish would find nothing in flight and no rows).
+    eval_plan_.reset();
+    return pulled;
+  }
   // The rows pulled are kept; then the batch's rows, each table's by shard
   // in the plan's order, are copied out of the kept ones.
   const SparseBatch& plan = *eval_plan_;
@@ -565,7 +579,11 @@ absl::StatusOr<const float*> InputStage::EvalFeatures(const data::Batch& batch, 
   if (staging != nullptr && pool_on_device != nullptr && on_device != nullptr) {
     absl::StatusOr<std::vector<PooledRows>*> block =
         pool_on_device(batch.size, plan->table_rows(), plan->table_ids(), {});
-    if (!block.ok() && !absl::IsResourceExhausted(block.status())) return block.status();
+    if (!block.ok() && !absl::IsResourceExhausted(block.status())) {
+      // The device's, not the test data's (whose errors are InvalidArgument).
+      return absl::InternalError(
+          absl::StrCat("laying out a test batch's rows: ", block.status().message()));
+    }
     if (block.ok() && *block != nullptr) {
       PackDenseInputs(shape_, batch.inputs, batch.size, features);
       WorkPool::ForEach(&tables_, plan->num_tables(),

@@ -134,15 +134,17 @@ class InputStage {
   // pool_on_device and `on_device`, the rows go into the device's block
   // (as a training step's; *on_device says they did: not where the device
   // has no room for it) and only the dense inputs into `staging`. `batch`
-  // must stay as it is until its EvalFeatures. BeginEvalFeatures and
-  // AwaitEvalRows touch nothing a training step uses, nor the input an
-  // EvalFeatures returned: once a batch's EvalFeatures has returned, the
-  // next batch may be begun and awaited on another thread while the model
-  // evaluates this one (not while it trains).
-  // NewEvaluation starts an evaluation of a model trained since the last:
-  // rows read for its batches serve the batches after them (up to 256 MiB
-  // of them; pulled again after that), not the next evaluation's.
+  // must stay as it is until its EvalFeatures; pooling on the device needs
+  // `staging`. BeginEvalFeatures and AwaitEvalRows touch nothing a training
+  // step uses, nor the input an EvalFeatures returned: once a batch's
+  // EvalFeatures has returned, the next batch may be begun and awaited on
+  // another thread while the model evaluates this one (not while it trains;
+  // nor beside NewEvaluation, EndEvaluation or the eval_rows counts).
+  // NewEvaluation starts an evaluation: rows read for its batches serve the
+  // batches after them (up to about 256 MiB of them; pulled again after
+  // that), not the next evaluation's; EndEvaluation lets them go.
   void NewEvaluation();
+  void EndEvaluation();
   absl::Status BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
                                  int64_t min_worker_steps);
   absl::Status AwaitEvalRows();
@@ -184,6 +186,13 @@ class InputStage {
   double lay_seconds() const { return lay_seconds_; }
   // Of lay_seconds, asking the device for its block (Model::PooledStaging).
   double block_seconds() const { return block_seconds_; }
+  // The push lane's exchanges (each step's row gradients, with the next
+  // batch's rows where they are not kept): their round trips and the
+  // shards' part of them (SparseExchange::round_trip_seconds).
+  double round_trip_seconds() const {
+    return exchange_ != nullptr ? exchange_->round_trip_seconds() : 0;
+  }
+  double shard_seconds() const { return exchange_ != nullptr ? exchange_->shard_seconds() : 0; }
 
  private:
   using Rows = std::vector<std::vector<const float*>>;  // [table][shard]
@@ -236,11 +245,12 @@ class InputStage {
   std::unique_ptr<SparseExchange> exchange_;  // Null without sparse tables.
   std::unique_ptr<SparseExchange> eval_;      // EvalFeatures' pulls.
   std::unique_ptr<SparseBatch> eval_plan_;    // Of the test batch eval_ pulls for.
-  // An evaluation's rows, kept from batch to batch (the model is not
-  // trained meanwhile) up to kEvalCacheBytes; what eval_ pulls, the rows of
+  // An evaluation's rows, kept from batch to batch (each as of its first
+  // read) up to kEvalCacheBytes; what eval_ pulls, the rows of
   // eval_plan_ the cache lacks; and, once AwaitEvalRows has them, the
   // batch's rows per table and shard in the plan's order.
   static constexpr int64_t kEvalCacheBytes = int64_t{256} << 20;
+  static constexpr int64_t kEvalRowBytes = 64;  // The cache's own, a row.
   std::unique_ptr<RowCache> eval_cache_;
   RowIds eval_missing_;
   bool eval_awaited_ = false;

@@ -206,13 +206,10 @@ TEST_F(InputStageTest, WithoutStalenessEveryStepReadsTheRowsOfTheStepBefore) {
   EXPECT_EQ(stage_->rows_kept(), 0);
 }
 
-// A device with no room for the pooled block (ResourceExhausted) leaves the
-// step pooled here, into the staging buffer, as without one; any other
-// error of the block is the step's.
 // An evaluation pulls each row once, the first test batch that reads it;
 // the next evaluation (after training) pulls them again, as trained. The
 // rows of a batch are awaited apart from laying its input out, as the
-// trainer does on two threads.
+// trainer does (there on the evaluation's own thread).
 TEST_F(InputStageTest, AnEvaluationPullsEachRowOnceAndTheNextReadsThemAsTrained) {
   Host(0);
   // The test batch's input as EvalFeatures lays it out: [example][kDim].
@@ -259,6 +256,9 @@ TEST_F(InputStageTest, AnEvaluationPullsEachRowOnceAndTheNextReadsThemAsTrained)
   EXPECT_EQ(stage_->eval_rows_pulled(), 2);
 }
 
+// A device with no room for the pooled block (ResourceExhausted) leaves the
+// step pooled here, into the staging buffer, as without one; any other
+// error of the block is the step's.
 TEST_F(InputStageTest, ABlockTheDeviceHasNoRoomForIsPooledHere) {
   Host(0);
   const data::Batch batch = MakeBatch({{1}, {2}, {1, 2}, {3}});

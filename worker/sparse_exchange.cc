@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "common/wire_dtype.h"
 #include "spec/proto_dtype.h"
@@ -23,6 +24,8 @@ SparseExchange::SparseExchange(const ModelShape& shape, ExchangeOptions options,
   row_pointers_.assign(tables, std::vector<const float*>(shards_.size(), nullptr));
   encoded_.resize(shards_.size());
   versions_.assign(shards_.size(), 0);
+  answered_.assign(shards_.size(), 0);
+  handled_.assign(shards_.size(), 0);
 }
 
 SparseExchange::~SparseExchange() { (void)Finish(); }
@@ -43,6 +46,9 @@ void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
   min_worker_steps_ = min_worker_steps;
   cancelled_ = std::move(cancelled);
   results_.assign(shards_.size(), absl::OkStatus());
+  std::fill(answered_.begin(), answered_.end(), 0);
+  std::fill(handled_.begin(), handled_.end(), 0);
+  begun_ = MonotonicSeconds();
   in_flight_ = true;
   const int64_t first = sequence_ + 1;
   if (pushed_ != nullptr) sequence_ += static_cast<int64_t>(shards_.size());
@@ -58,6 +64,13 @@ absl::Status SparseExchange::Finish() {
   absl::Status first;
   for (const absl::Status& s : results_) first.Update(s);
   results_.clear();
+  if (first.ok()) {
+    const size_t slowest = std::max_element(answered_.begin(), answered_.end()) - answered_.begin();
+    if (answered_[slowest] > 0) {
+      round_trip_seconds_ += answered_[slowest] - begun_;
+      shard_seconds_ += handled_[slowest];
+    }
+  }
   if (first.ok() && next_ != nullptr) {
     for (size_t t = 0; t < pulled_.size(); ++t) {
       for (size_t s = 0; s < shards_.size(); ++s) {
@@ -142,7 +155,10 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
         if (pushed_ != nullptr && next_ != nullptr) {
           absl::StatusOr<PushPullResponse> answer =
               shards_[s]->PushPull(push, push_payload, pull, deadline, &pulled);
-          if (answer.ok()) response = std::move(*answer->mutable_pull());
+          if (answer.ok()) {
+            handled_[s] = static_cast<double>(answer->handled_us()) * 1e-6;
+            response = std::move(*answer->mutable_pull());
+          }
           return answer.status();
         }
         if (pushed_ != nullptr) return shards_[s]->Push(push, push_payload).status();
@@ -160,6 +176,7 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
         [&](absl::Time) { return shards_[s]->Push(push, push_payload).status(); }));
   }
   RETURN_IF_ERROR(exchanged);
+  answered_[s] = MonotonicSeconds();
   if (next_ == nullptr) return absl::OkStatus();
   // The rows, table after table, as asked.
   if (response.sparse_size() != tables) {

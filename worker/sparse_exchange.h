@@ -76,6 +76,11 @@ class SparseExchange {
   // Rows pushed and pulled so far (for metrics).
   int64_t rows_pushed() const { return rows_pushed_; }
   int64_t rows_pulled() const { return rows_pulled_; }
+  // Over the exchanges finished so far, each one's round trip from Begin to
+  // its slowest shard's answer, and the part of it that shard's service
+  // spent on it (PushPullResponse.handled_us; 0 for an in-process shard).
+  double round_trip_seconds() const { return round_trip_seconds_; }
+  double shard_seconds() const { return shard_seconds_; }
 
  private:
   // Shard s's part of the exchange Begin started.
@@ -106,6 +111,11 @@ class SparseExchange {
   int64_t pulled_version_ = 0;
   std::vector<std::vector<char>> encoded_;  // Per shard: 16-bit gradients.
   int64_t rows_pushed_ = 0, rows_pulled_ = 0;
+  // The exchange in flight: begun then; per shard, answered then (0: no
+  // answer) and the shard's own seconds of it.
+  double begun_ = 0;
+  std::vector<double> answered_, handled_;
+  double round_trip_seconds_ = 0, shard_seconds_ = 0;
 };
 
 }  // namespace downpour

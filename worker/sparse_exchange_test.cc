@@ -227,6 +227,58 @@ TEST_F(SparseExchangeTest, AShardThatRefusesFailsTheStepWithItsReason) {
   EXPECT_NE(refused.message().find("exchanging sparse rows with shard"), std::string::npos);
 }
 
+// A shard in front of another that answers an exchange `delay` late and
+// says it spent `handled` on it (as a remote shard's service does).
+class SlowShard : public ParameterShard {
+ public:
+  SlowShard(ParameterShard* inner, absl::Duration delay, absl::Duration handled)
+      : inner_(inner), delay_(delay), handled_(handled) {}
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    return inner_->Push(request, payload);
+  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    return inner_->Pull(request, deadline, payload);
+  }
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
+                                            const PullRequest& pull, absl::Time deadline,
+                                            Payload* pull_payload) override {
+    absl::SleepFor(delay_);
+    absl::StatusOr<PushPullResponse> answer =
+        inner_->PushPull(push, push_payload, pull, deadline, pull_payload);
+    if (answer.ok()) answer->set_handled_us(absl::ToInt64Microseconds(handled_));
+    return answer;
+  }
+
+ private:
+  ParameterShard* const inner_;
+  const absl::Duration delay_, handled_;
+};
+
+// An exchange's round trip runs from Begin to its slowest shard's answer,
+// and the shards' part of it is that shard's own account.
+TEST_F(SparseExchangeTest, AnExchangesRoundTripIsItsSlowestShardsAndSaysWhatThatShardSpent) {
+  Host("ASYNC");
+  SlowShard fast(stores_[0].get(), absl::ZeroDuration(), absl::Milliseconds(1));
+  SlowShard slow(stores_[1].get(), absl::Milliseconds(60), absl::Milliseconds(40));
+  shards_ = {&fast, &slow};
+  auto w0 = Exchange(0);
+  // Rows on both shards (ids are spread over them).
+  const SparseBatch plan = Plan({{1}, {2}, {3}, {4}, {5}, {6}});
+  ASSERT_FALSE(plan.rows(0, 0).empty());
+  ASSERT_FALSE(plan.rows(0, 1).empty());
+  w0->Begin(0, nullptr, nullptr, &plan.row_ids(), 0, 0, kNever);
+  ASSERT_TRUE(w0->Finish().ok());
+  const auto grads = Grads(plan, 0.1f);
+  const absl::Time began = absl::Now();
+  w0->Begin(0, &plan, &grads, &plan.row_ids(), 0, 0, kNever);
+  ASSERT_TRUE(w0->Finish().ok());
+  const double waited = absl::ToDoubleSeconds(absl::Now() - began);
+  EXPECT_GE(w0->round_trip_seconds(), 0.06);
+  EXPECT_LE(w0->round_trip_seconds(), waited);
+  EXPECT_DOUBLE_EQ(w0->shard_seconds(), 0.04);
+}
+
 TEST_F(SparseExchangeTest, APushCarryingACheckpointStepStartsACaptureOnEveryShard) {
   Host("ASYNC");
   auto w0 = Exchange(0);

@@ -415,24 +415,27 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
   };
   // A test batch read and its rows pulled, on `prep`'s thread while the
   // model evaluates the batch before.
+  // Its errors as they came; the trainer's thread says what they are (a
+  // read's: the test data's; the rows': bad ids or the shards').
   struct Ready {
     Batch batch;
     bool more = false;
     double reading = 0, rows = 0;  // Seconds, on the thread that read it.
-    absl::Status status;
+    absl::Status read, rows_status;
   };
   auto make_ready = [&](Ready* ready) {
     ready->reading = ready->rows = 0;
+    ready->rows_status = absl::OkStatus();
     Laps laps;
     // The reader's errors name the file (and the record's offset).
     absl::StatusOr<bool> more = reader->Next(&ready->batch);
-    ready->status = more.ok() ? absl::OkStatus() : BadTestData(more.status());
+    ready->read = more.status();
     ready->more = more.ok() && *more;
     if (ready->more && input_stage_ != nullptr) {
-      ready->status =
-          bad_ids(input_stage_->BeginEvalFeatures(ready->batch, min_version, min_worker_steps));
+      ready->rows_status =
+          input_stage_->BeginEvalFeatures(ready->batch, min_version, min_worker_steps);
       laps.Add(&ready->reading);
-      if (ready->status.ok()) ready->status = bad_ids(input_stage_->AwaitEvalRows());
+      if (ready->rows_status.ok()) ready->rows_status = input_stage_->AwaitEvalRows();
       laps.Add(&ready->rows);
     } else {
       laps.Add(&ready->reading);
@@ -447,6 +450,9 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
       };
   std::vector<float> pooled;  // The input, where not in the staging buffer.
   if (input_stage_ != nullptr) input_stage_->NewEvaluation();
+  absl::Cleanup end_evaluation = [this] {
+    if (input_stage_ != nullptr) input_stage_->EndEvaluation();
+  };
   // Where the evaluation's time goes, said in the log with its size.
   const double began = MonotonicSeconds();
   double reading = 0, rows = 0, laying = 0, evaluating = 0, waiting = 0;
@@ -464,7 +470,8 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
     Ready& batch = ready[current];
     reading += batch.reading;
     rows += batch.rows;
-    RETURN_IF_ERROR(batch.status);
+    if (!batch.read.ok()) return BadTestData(batch.read);
+    RETURN_IF_ERROR(bad_ids(batch.rows_status));
     if (!batch.more) break;
     Laps laps;
     const float* features = batch.batch.features.data();

@@ -820,9 +820,11 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
       absl::StrFormat("compute %.3f, exchange %.3f", run->total_compute * ms,
                       run->total_exchange * ms),
       run->sparse ? absl::StrFormat(
-                        " (rows %.3f, of it laying the input out %.3f, the device's block %.3f)",
+                        " (rows %.3f, of it laying the input out %.3f, the device's block %.3f; "
+                        "the rows' round trip %.3f, of it on the shards %.3f)",
                         run->total_rows * ms, input_stage_->lay_seconds() * ms,
-                        input_stage_->block_seconds() * ms)
+                        input_stage_->block_seconds() * ms, input_stage_->round_trip_seconds() * ms,
+                        input_stage_->shard_seconds() * ms)
                   : "",
       absl::StrFormat(", other %.3f", other * ms),
       run->sparse
