@@ -225,6 +225,10 @@ TEST_F(SparseExchangeTest, AShardThatRefusesFailsTheStepWithItsReason) {
   EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
   EXPECT_NE(refused.message().find("shard memory limit"), std::string::npos) << refused;
   EXPECT_NE(refused.message().find("exchanging sparse rows with shard"), std::string::npos);
+  // The stores give their reservations back to the budgets, which go first.
+  w0.reset();
+  shards_.clear();
+  stores_.clear();
 }
 
 // A shard in front of another that answers an exchange `delay` late and
