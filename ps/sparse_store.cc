@@ -97,42 +97,14 @@ absl::Status SparseStore::CheckRow(const Table& table, int64_t id, const std::st
   return absl::OkStatus();
 }
 
-absl::Status SparseStore::CheckIds(const Table& table, const SparseRows& rows,
-                                   const std::string& where, bool unique) const {
-  // Reused by the thread: a push's ids are checked table by table.
-  thread_local absl::flat_hash_set<int64_t> seen;
-  if (unique) {
-    seen.clear();
-    seen.reserve(rows.ids_size());
-  }
-  for (int64_t id : rows.ids()) {
-    RETURN_IF_ERROR(CheckRow(table, id, where));
-    if (unique && !seen.insert(id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": table ", table.info.name, ": row ", id, " is listed twice"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SparseStore::CheckAllIds(const google::protobuf::RepeatedPtrField<SparseRows>& sparse,
-                                      const std::string& where, bool unique) const {
-  // A shard's tables are checked side by side (on its sparse threads): the
-  // ids are most of a request's checking, on the path of every exchange.
-  // The first table in the request's order with a bad id is the one named.
-  std::vector<absl::Status> checked(sparse.size());
-  WorkPool::ForEach(pool_, sparse.size(), [&](int i) {
-    checked[i] = CheckIds(tables_[sparse[i].table()], sparse[i], where, unique);
-  });
-  for (absl::Status& status : checked) RETURN_IF_ERROR(status);
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::vector<SparseStore::PushPiece>> SparseStore::ParsePush(
     const PushRequest& request, const Payload& payload, size_t offset, size_t* end) const {
   std::vector<PushPiece> pieces;
   pieces.reserve(request.sparse_size());
   std::vector<bool> listed(tables_.size(), false);
+  absl::flat_hash_set<int64_t> seen;
+  // Made once: CheckRow takes it for every id.
+  const std::string push_where = absl::StrCat("push to job ", job_id_);
   for (const SparseRows& rows : request.sparse()) {
     if (rows.table() < 0 || rows.table() >= num_tables()) {
       return absl::InvalidArgumentError(absl::StrCat("push to job ", job_id_, ": sparse table ",
@@ -151,6 +123,14 @@ absl::StatusOr<std::vector<SparseStore::PushPiece>> SparseStore::ParsePush(
     if (*dtype == WireDtype::kInt8) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": rows cannot travel as INT8"));
     }
+    seen.clear();
+    seen.reserve(rows.ids_size());
+    for (int64_t id : rows.ids()) {
+      RETURN_IF_ERROR(CheckRow(table, id, push_where));
+      if (!seen.insert(id).second) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": row ", id, " is listed twice"));
+      }
+    }
     const int64_t size =
         request.skipped() ? 0 : WireBytes(*dtype, rows.ids_size() * table.info.dim);
     if (static_cast<int64_t>(offset) + size > static_cast<int64_t>(payload.size())) {
@@ -161,9 +141,6 @@ absl::StatusOr<std::vector<SparseStore::PushPiece>> SparseStore::ParsePush(
     pieces.push_back({rows.table(), &rows, offset, *dtype});
     offset += size;
   }
-  // Then the ids: each in its table, on this shard, listed once.
-  RETURN_IF_ERROR(
-      CheckAllIds(request.sparse(), absl::StrCat("push to job ", job_id_), /*unique=*/true));
   *end = offset;
   return pieces;
 }
@@ -458,10 +435,11 @@ absl::StatusOr<int64_t> SparseStore::PullBytes(const PullRequest& request) const
                                                      rows.table(), " is outside the job's ",
                                                      num_tables()));
     }
-    bytes += rows.ids_size() * tables_[rows.table()].info.dim * kFloatBytes;
+    const Table& table = tables_[rows.table()];
+    const std::string where = absl::StrCat("pull from job ", job_id_);
+    for (int64_t id : rows.ids()) RETURN_IF_ERROR(CheckRow(table, id, where));
+    bytes += rows.ids_size() * table.info.dim * kFloatBytes;
   }
-  RETURN_IF_ERROR(
-      CheckAllIds(request.sparse(), absl::StrCat("pull from job ", job_id_), /*unique=*/false));
   return bytes;
 }
 

@@ -270,12 +270,6 @@ class SparseStore {
   // Checks one row id of `table` against its vocabulary and this shard.
   // `where` starts the message ("push to job J").
   absl::Status CheckRow(const Table& table, int64_t id, const std::string& where) const;
-  // Every id of `rows` (of `table`): CheckRow, and with `unique` listed once.
-  absl::Status CheckIds(const Table& table, const SparseRows& rows, const std::string& where,
-                        bool unique) const;
-  // CheckIds for each of `sparse` (known tables), side by side on pool_.
-  absl::Status CheckAllIds(const google::protobuf::RepeatedPtrField<SparseRows>& sparse,
-                           const std::string& where, bool unique) const;
   // Decodes piece `piece`'s gradients (ids_size() * dim floats) into `out`.
   void Decode(const Payload& payload, const PushPiece& piece, std::vector<float>* out) const;
   // Applies `n` rows to table `t` at the learning rate of `progress`; rows

@@ -431,39 +431,6 @@ TEST_F(SparseStoreTest, RefusesRowsOfOtherShardsAndMalformedRows) {
   EXPECT_EQ(PullRows(0, {mine})[mine], InitialRow(0, mine));
 }
 
-// The ids of a request's tables are checked side by side on the shard's
-// threads; whichever thread finds its table's bad id first, the error names
-// the first table with one in the request's order, as a check table by
-// table would.
-TEST_F(SparseStoreTest, IdsCheckedOnAPoolNameTheFirstBadTableInTheRequest) {
-  WorkPool pool(4);
-  MemoryBudget budget(0);
-  ParameterStore store(&budget, &pool);
-  ASSERT_TRUE(store.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements(1)).ok());
-  const int64_t mine = RowsOf(0, 1)[0], theirs = RowsOf(1, 1)[0];
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    // Table 1 listed first with an id of shard 1, then table 0 with a
-    // repeated id.
-    absl::Status status = store
-                              .Push(MakePush(0, 1 + attempt, 0,
-                                             {{1, {mine, theirs}, std::vector<float>(8)},
-                                              {0, {mine, mine}, std::vector<float>(8)}}))
-                              .status();
-    ASSERT_TRUE(absl::IsInvalidArgument(status)) << status;
-    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("row ", theirs, " of table "))) << status;
-    EXPECT_THAT(status.message(), HasSubstr("belongs to shard 1, not 0")) << status;
-    // A pull may repeat ids; table 1's (second in the request) is not ours.
-    PullRequest pull = MakePull(0, {mine, mine});
-    SparseRows* second = pull.add_sparse();
-    second->set_table(1);
-    second->add_ids(theirs);
-    status = store.Pull(pull, Soon()).status();
-    ASSERT_TRUE(absl::IsInvalidArgument(status)) << status;
-    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("pull from job job-s: row ", theirs)))
-        << status;
-  }
-}
-
 // The rows' bytes follow the partitions' in a push and in a pull's answer.
 TEST_F(SparseStoreTest, RowsFollowThePartitionsBytes) {
   Host(Spec(ConsistencySpec::ASYNC, 1), /*dense_shard=*/0);
