@@ -414,9 +414,9 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
                : status;
   };
   // A test batch read and its rows pulled, on `prep`'s thread while the
-  // model evaluates the batch before.
-  // Its errors as they came; the trainer's thread says what they are (a
-  // read's: the test data's; the rows': bad ids or the shards').
+  // model evaluates the batch before; its errors kept as they came, for the
+  // trainer's thread to say what they are (a read's: the test data's; the
+  // rows': bad ids or the shards').
   struct Ready {
     Batch batch;
     bool more = false;
