@@ -488,7 +488,7 @@ absl::Status InputStage::BeginEvalFeatures(const data::Batch& batch, int64_t min
   eval_plan_ = std::make_unique<SparseBatch>(std::move(plan));
   const int tables = eval_plan_->num_tables();
   // A row pulled for one test batch serves the evaluation's later ones.
-  // Past kEvalCacheBytes (its values and about kEvalRowBytes more a row of
+  // Past eval_cache_bytes_ (its values and about kEvalRowBytes more a row of
   // the cache's own) the kept rows go: tables larger than that are pulled
   // again, batch by batch.
   int64_t kept_bytes = 0;
@@ -499,7 +499,7 @@ absl::Status InputStage::BeginEvalFeatures(const data::Batch& batch, int64_t min
           (shape_.sparse_tables[t].dim * static_cast<int64_t>(sizeof(float)) + kEvalRowBytes);
     }
   }
-  if (eval_cache_ == nullptr || kept_bytes > kEvalCacheBytes) {
+  if (eval_cache_ == nullptr || kept_bytes > eval_cache_bytes_) {
     std::vector<int64_t> dims;
     for (const SparseTableInfo& table : shape_.sparse_tables) dims.push_back(table.dim);
     eval_cache_ = std::make_unique<RowCache>(std::move(dims));

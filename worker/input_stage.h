@@ -145,6 +145,8 @@ class InputStage {
   // that), not the next evaluation's; EndEvaluation lets them go.
   void NewEvaluation();
   void EndEvaluation();
+  // Tests: the evaluation's rows kept up to `bytes` (kEvalCacheBytes).
+  void SetEvalCacheBytesForTesting(int64_t bytes) { eval_cache_bytes_ = bytes; }
   absl::Status BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
                                  int64_t min_worker_steps);
   absl::Status AwaitEvalRows();
@@ -251,6 +253,7 @@ class InputStage {
   // batch's rows per table and shard in the plan's order.
   static constexpr int64_t kEvalCacheBytes = int64_t{256} << 20;
   static constexpr int64_t kEvalRowBytes = 64;  // The cache's own, a row.
+  int64_t eval_cache_bytes_ = kEvalCacheBytes;
   std::unique_ptr<RowCache> eval_cache_;
   RowIds eval_missing_;
   bool eval_awaited_ = false;

@@ -206,8 +206,9 @@ TEST_F(InputStageTest, WithoutStalenessEveryStepReadsTheRowsOfTheStepBefore) {
   EXPECT_EQ(stage_->rows_kept(), 0);
 }
 
-// An evaluation pulls each row once, the first test batch that reads it;
-// the next evaluation (after training) pulls them again, as trained. The
+// An evaluation pulls each row once, the first test batch that reads it
+// (past the bytes it may keep, once more); the next evaluation (after
+// training) pulls them again, as trained. The
 // rows of a batch are awaited apart from laying its input out, as the
 // trainer does (there on the evaluation's own thread).
 TEST_F(InputStageTest, AnEvaluationPullsEachRowOnceAndTheNextReadsThemAsTrained) {
@@ -245,6 +246,20 @@ TEST_F(InputStageTest, AnEvaluationPullsEachRowOnceAndTheNextReadsThemAsTrained)
   EXPECT_EQ(stage_->eval_rows_read(), 7);
   EXPECT_EQ(stage_->eval_rows_pulled(), 4);
 
+  // An evaluation whose kept rows outgrow the cache's bytes lets them go
+  // and pulls each batch's again: the same rows, pulled once more.
+  stage_->NewEvaluation();
+  stage_->SetEvalCacheBytesForTesting(1);
+  input = evaluate(MakeBatch({{1}, {2}}));
+  expect_row(input, 0, 1);
+  expect_row(input, 1, 2);
+  input = evaluate(MakeBatch({{2}, {1}}));
+  expect_row(input, 0, 2);
+  expect_row(input, 1, 1);
+  EXPECT_EQ(stage_->eval_rows_read(), 4);
+  EXPECT_EQ(stage_->eval_rows_pulled(), 4);
+  stage_->SetEvalCacheBytesForTesting(int64_t{256} << 20);
+
   // Training changes rows 1 and 2; the next evaluation reads them so.
   const std::vector<float> before = ShardRow(1);
   Train(2);
@@ -254,6 +269,93 @@ TEST_F(InputStageTest, AnEvaluationPullsEachRowOnceAndTheNextReadsThemAsTrained)
   expect_row(input, 0, 1);
   expect_row(input, 1, 2);
   EXPECT_EQ(stage_->eval_rows_pulled(), 2);
+}
+
+// A test batch's rows go into the device's block as a step's do (each
+// example's sums from the block are the input pooled here), or, where the
+// device has no room, are pooled here into the staging buffer; any other
+// error of the block is the device's (Internal), not the test data's.
+TEST_F(InputStageTest, ATestBatchIsLaidIntoTheDevicesBlockOrPooledHere) {
+  Host(0);
+  const data::Batch test = MakeBatch({{1}, {2}, {1, 2}, {50}});
+  const int64_t input_size = model_->shape().input_size;
+  ASSERT_EQ(input_size, kDim);  // The slot is the whole input.
+  // The input pooled here, as a CPU worker's evaluation has it.
+  stage_->NewEvaluation();
+  ASSERT_TRUE(stage_->BeginEvalFeatures(test, 0, 0).ok());
+  std::vector<float> host;
+  absl::StatusOr<const float*> pooled_here = stage_->EvalFeatures(test, nullptr, &host);
+  ASSERT_TRUE(pooled_here.ok()) << pooled_here.status();
+  const std::vector<float> expected(*pooled_here, *pooled_here + test.size * input_size);
+
+  // A device that lays out a block for one table, as Model::PooledStaging.
+  std::vector<float> values;
+  std::vector<int32_t> offsets, index, row_reads, readers;
+  std::vector<PooledRows> block(1);
+  int asked = 0;
+  const InputStage::PoolOnDevice device = [&](int64_t batch, const std::vector<int32_t>& rows,
+                                              const std::vector<int32_t>& ids,
+                                              const std::vector<StoredRows>& stored) {
+    ++asked;
+    EXPECT_TRUE(stored.empty());  // A test batch's rows are all in the block.
+    values.assign(rows[0] * kDim, 0.f);
+    offsets.assign(batch + 1, 0);
+    index.assign(ids[0], 0);
+    row_reads.assign(rows[0] + 1, 0);
+    readers.assign(ids[0], 0);
+    block[0] = PooledRows{rows[0],      ids[0],           values.data(), offsets.data(),
+                          index.data(), row_reads.data(), readers.data()};
+    return absl::StatusOr<std::vector<PooledRows>*>(&block);
+  };
+  std::vector<float> staging(test.size * input_size, -1.f), unused;
+  bool on_device = false;
+  ASSERT_TRUE(stage_->BeginEvalFeatures(test, 0, 0).ok());
+  absl::StatusOr<const float*> laid =
+      stage_->EvalFeatures(test, staging.data(), &unused, device, &on_device);
+  ASSERT_TRUE(laid.ok()) << laid.status();
+  EXPECT_EQ(asked, 1);
+  EXPECT_TRUE(on_device);
+  EXPECT_EQ(*laid, staging.data());
+  EXPECT_TRUE(unused.empty());
+  ASSERT_EQ(block[0].rows, 3);  // Rows 1, 2 and 50, each once.
+  for (int64_t b = 0; b < test.size; ++b) {
+    std::vector<float> sum(kDim, 0.f);
+    for (int32_t k = offsets[b]; k < offsets[b + 1]; ++k) {
+      for (int d = 0; d < kDim; ++d) sum[d] += values[index[k] * kDim + d];
+    }
+    EXPECT_EQ(sum,
+              std::vector<float>(expected.begin() + b * kDim, expected.begin() + (b + 1) * kDim))
+        << "example " << b;
+  }
+
+  // No room on the device: pooled here, into the staging buffer.
+  const InputStage::PoolOnDevice no_room = [](int64_t, const std::vector<int32_t>&,
+                                              const std::vector<int32_t>&,
+                                              const std::vector<StoredRows>&) {
+    return absl::StatusOr<std::vector<PooledRows>*>(
+        absl::ResourceExhaustedError("device 0: no room for the block"));
+  };
+  std::fill(staging.begin(), staging.end(), -1.f);
+  ASSERT_TRUE(stage_->BeginEvalFeatures(test, 0, 0).ok());
+  laid = stage_->EvalFeatures(test, staging.data(), &unused, no_room, &on_device);
+  ASSERT_TRUE(laid.ok()) << laid.status();
+  EXPECT_FALSE(on_device);
+  EXPECT_EQ(staging, expected);
+
+  // A block refused for another reason (even one that reads as a bad
+  // argument) is the device's error.
+  const InputStage::PoolOnDevice refusing = [](int64_t, const std::vector<int32_t>&,
+                                               const std::vector<int32_t>&,
+                                               const std::vector<StoredRows>&) {
+    return absl::StatusOr<std::vector<PooledRows>*>(
+        absl::InvalidArgumentError("pooled rows: 2 table sizes; the model has 1"));
+  };
+  ASSERT_TRUE(stage_->BeginEvalFeatures(test, 0, 0).ok());
+  laid = stage_->EvalFeatures(test, staging.data(), &unused, refusing, &on_device);
+  EXPECT_TRUE(absl::IsInternal(laid.status())) << laid.status();
+  EXPECT_NE(laid.status().message().find("laying out a test batch's rows"), std::string::npos)
+      << laid.status();
+  stage_->EndEvaluation();
 }
 
 // A device with no room for the pooled block (ResourceExhausted) leaves the
