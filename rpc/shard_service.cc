@@ -58,7 +58,6 @@ class ParameterServerService::PushPullStreamReactor final
       return;
     }
     const absl::Time received = absl::Now();
-    received_ = received;
     PushPullStreamRequest header;
     if (!header.ParseFromString(request_.header)) {
       Finish(BadHeader("PushPullStreamRequest"));
@@ -110,18 +109,18 @@ class ParameterServerService::PushPullStreamReactor final
     absl::StatusOr<PullResponse> pulled =
         shard->Pull(header.exchange().pull(), absl::InfinitePast(), &response_.payload);
     if (pulled.ok() || !absl::IsDeadlineExceeded(pulled.status())) {
-      Answer(*pushed, std::move(pulled));
+      Answer(*pushed, std::move(pulled), received);
       return;
     }
     // The new waiter may answer, and the worker send its next request, before
     // `waiter_` holds it: it answers only once this has stored its handle.
     absl::MutexLock lock(&waiter_mu_);
     ReapWaiter();  // Ended with the previous answer.
-    waiter_ = std::thread([this, shard, pull = header.exchange().pull(), deadline,
+    waiter_ = std::thread([this, shard, pull = header.exchange().pull(), deadline, received,
                            push = *std::move(pushed)]() mutable {
       absl::StatusOr<PullResponse> pulled = shard->Pull(pull, deadline, &response_.payload);
       { absl::MutexLock stored(&waiter_mu_); }
-      Answer(push, std::move(pulled));
+      Answer(push, std::move(pulled), received);
     });
   }
 
@@ -197,7 +196,9 @@ class ParameterServerService::PushPullStreamReactor final
 
   // Writes the exchange's answer (response_.payload holds the pull's bytes,
   // copied into the segment's pull area when they fit).
-  void Answer(const PushResponse& push, absl::StatusOr<PullResponse> pull) {
+  // `received`: when the exchange's request arrived (the answer says how
+  // long the shard held it).
+  void Answer(const PushResponse& push, absl::StatusOr<PullResponse> pull, absl::Time received) {
     if (!pull.ok()) {
       AnswerError(pull.status());
       return;
@@ -212,7 +213,7 @@ class ParameterServerService::PushPullStreamReactor final
       reply.mutable_segment()->set_pull_in_segment(true);
       reply.mutable_segment()->set_pull_bytes(bytes);
     }
-    reply.mutable_exchange()->set_handled_us(absl::ToInt64Microseconds(absl::Now() - received_));
+    reply.mutable_exchange()->set_handled_us(absl::ToInt64Microseconds(absl::Now() - received));
     response_.header = reply.SerializeAsString();
     StartWrite(&response_);
   }
@@ -233,7 +234,6 @@ class ParameterServerService::PushPullStreamReactor final
   const std::string peer_;  // The caller's node certificate names it.
   TensorMessage request_;
   TensorMessage response_;
-  absl::Time received_;  // The exchange being answered arrived then.
   absl::Mutex waiter_mu_;
   std::thread waiter_;
   // The first message is to attach a segment (a shared-memory stream).

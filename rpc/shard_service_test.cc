@@ -169,7 +169,7 @@ TEST_F(PsServiceTest, PushPullIsOneCallThatAppliesOnce) {
         attempts[attempt]->PushPull(push, grads, pull, absl::Now() + absl::Seconds(10), &params);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->push().duplicate(), attempt > 0);
-    EXPECT_GE(result->handled_us(), 0);  // Said by streams and unary calls alike.
+    EXPECT_GT(result->handled_us(), 0);  // Said by streams and unary calls alike.
     ASSERT_EQ(result->pull().partitions_size(), 2);
     EXPECT_EQ(result->pull().partitions(1).version(), 1);
     EXPECT_THAT(Floats(params.ToString()), ::testing::ElementsAre(1.f, 1.f, 0.5f, 2.f));
@@ -257,7 +257,7 @@ TEST_F(PsServiceTest, StreamedPushPullWaitsForOtherWorkersAndStaysUsable) {
   // The same stream carries the retry, which is answered once worker 1
   // pushes; the push is not applied again.
   std::thread other([&] {
-    absl::SleepFor(absl::Milliseconds(100));
+    absl::SleepFor(absl::Milliseconds(500));
     EXPECT_TRUE(store_.Push(MakePush(kJob, 1, 1, 0, 0, {1.f, 1.f})).ok());
   });
   const absl::Time retried = absl::Now();
@@ -269,7 +269,7 @@ TEST_F(PsServiceTest, StreamedPushPullWaitsForOtherWorkersAndStaysUsable) {
   EXPECT_EQ(done->pull().partitions_size(), 2);
   // The shard says how long it held the exchange: the wait for worker 1
   // included, no longer than the round trip.
-  EXPECT_GE(done->handled_us(), 50'000);
+  EXPECT_GE(done->handled_us(), 200'000);
   EXPECT_LE(done->handled_us(), absl::ToInt64Microseconds(round_trip));
 }
 

@@ -189,8 +189,9 @@ class InputStage {
   // Of lay_seconds, asking the device for its block (Model::PooledStaging).
   double block_seconds() const { return block_seconds_; }
   // The push lane's exchanges (each step's row gradients, with the next
-  // batch's rows where they are not kept): their round trips and the
-  // shards' part of them (SparseExchange::round_trip_seconds).
+  // batch's rows where they are not kept): their round trips with their
+  // slowest shards and those shards' part of them
+  // (SparseExchange::round_trip_seconds).
   double round_trip_seconds() const {
     return exchange_ != nullptr ? exchange_->round_trip_seconds() : 0;
   }

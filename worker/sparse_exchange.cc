@@ -24,6 +24,7 @@ SparseExchange::SparseExchange(const ModelShape& shape, ExchangeOptions options,
   row_pointers_.assign(tables, std::vector<const float*>(shards_.size(), nullptr));
   encoded_.resize(shards_.size());
   versions_.assign(shards_.size(), 0);
+  asked_.assign(shards_.size(), 0);
   answered_.assign(shards_.size(), 0);
   handled_.assign(shards_.size(), 0);
 }
@@ -46,9 +47,9 @@ void SparseExchange::Begin(int64_t step, const SparseBatch* pushed,
   min_worker_steps_ = min_worker_steps;
   cancelled_ = std::move(cancelled);
   results_.assign(shards_.size(), absl::OkStatus());
+  std::fill(asked_.begin(), asked_.end(), 0);
   std::fill(answered_.begin(), answered_.end(), 0);
   std::fill(handled_.begin(), handled_.end(), 0);
-  begun_ = MonotonicSeconds();
   in_flight_ = true;
   const int64_t first = sequence_ + 1;
   if (pushed_ != nullptr) sequence_ += static_cast<int64_t>(shards_.size());
@@ -65,9 +66,11 @@ absl::Status SparseExchange::Finish() {
   for (const absl::Status& s : results_) first.Update(s);
   results_.clear();
   if (first.ok()) {
+    // The shard whose answer came last, and its last attempt: what the
+    // exchange waited for, and what of it that shard says it held.
     const size_t slowest = std::max_element(answered_.begin(), answered_.end()) - answered_.begin();
-    if (answered_[slowest] > 0) {
-      round_trip_seconds_ += answered_[slowest] - begun_;
+    if (handled_[slowest] > 0) {
+      round_trip_seconds_ += answered_[slowest] - asked_[slowest];
       shard_seconds_ += handled_[slowest];
     }
   }
@@ -153,9 +156,11 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
       absl::StrCat("exchanging sparse rows with shard ", s), absl::Now() + timeout,
       options_.pull_slice, cancelled_, [&](absl::Time deadline) -> absl::Status {
         if (pushed_ != nullptr && next_ != nullptr) {
+          asked_[s] = MonotonicSeconds();
           absl::StatusOr<PushPullResponse> answer =
               shards_[s]->PushPull(push, push_payload, pull, deadline, &pulled);
           if (answer.ok()) {
+            answered_[s] = MonotonicSeconds();
             handled_[s] = static_cast<double>(answer->handled_us()) * 1e-6;
             response = std::move(*answer->mutable_pull());
           }
@@ -176,7 +181,6 @@ absl::Status SparseExchange::ExchangeWithShard(int s, int64_t sequence) {
         [&](absl::Time) { return shards_[s]->Push(push, push_payload).status(); }));
   }
   RETURN_IF_ERROR(exchanged);
-  answered_[s] = MonotonicSeconds();
   if (next_ == nullptr) return absl::OkStatus();
   // The rows, table after table, as asked.
   if (response.sparse_size() != tables) {

@@ -76,9 +76,11 @@ class SparseExchange {
   // Rows pushed and pulled so far (for metrics).
   int64_t rows_pushed() const { return rows_pushed_; }
   int64_t rows_pulled() const { return rows_pulled_; }
-  // Over the exchanges finished so far, each one's round trip from Begin to
-  // its slowest shard's answer, and the part of it that shard's service
-  // spent on it (PushPullResponse.handled_us; 0 for an in-process shard).
+  // Over the push-and-pull exchanges finished so far whose shards say how
+  // long they held them (PushPullResponse.handled_us; not an in-process
+  // shard's): each one's round trip with its slowest shard (its last
+  // attempt, from the request's sending to its answer) and the part of it
+  // that shard's service held it.
   double round_trip_seconds() const { return round_trip_seconds_; }
   double shard_seconds() const { return shard_seconds_; }
 
@@ -111,10 +113,9 @@ class SparseExchange {
   int64_t pulled_version_ = 0;
   std::vector<std::vector<char>> encoded_;  // Per shard: 16-bit gradients.
   int64_t rows_pushed_ = 0, rows_pulled_ = 0;
-  // The exchange in flight: begun then; per shard, answered then (0: no
-  // answer) and the shard's own seconds of it.
-  double begun_ = 0;
-  std::vector<double> answered_, handled_;
+  // The exchange in flight, per shard: its last push-and-pull sent and
+  // answered then (0: none), and the shard's own seconds of it.
+  std::vector<double> asked_, answered_, handled_;
   double round_trip_seconds_ = 0, shard_seconds_ = 0;
 };
 
