@@ -20,9 +20,12 @@ Downpour's figures:
                    T being the rank's time in training steps (warm-up
                    included, its own evaluations not).
   AUC, log loss    the job's final ones (`downpourctl -o json get`).
+  evaluations      each worker's "evaluated N test examples in S s" lines:
+                   how many and their seconds in all.
 PyTorch's: the final JSON line of bench/pytorch_ctr.py (examples_per_s,
-examples_per_s_all_steps, auc, log_loss). The ratio is Downpour / PyTorch
-of the steady-state rates (and of the all-steps ones beside it).
+examples_per_s_all_steps, auc, log_loss, eval_s) and its per-evaluation
+lines. The ratio is Downpour / PyTorch of the steady-state rates (and of
+the all-steps ones beside it).
 """
 import argparse
 import json
@@ -32,6 +35,7 @@ import sys
 
 PROGRESS = re.compile(r'\bstep (\d+)/(\d+) loss \S+ ([\d.]+) ex/s')
 TRAINED = re.compile(r'rank (\d+) trained (\d+) steps in ([\d.]+) s')
+EVALUATED = re.compile(r'evaluated \d+ test examples in ([\d.]+) s')
 
 
 def load_json(path, what):
@@ -69,11 +73,13 @@ def downpour_figures(a):
         pass
     rates = [r for step, r in last_rate.items() if step > log_every and r > 0]
     all_steps = 0.0
+    evaluations = []
     for path in a.worker_logs:
         try:
             text = open(path).read()
         except OSError:
             continue
+        evaluations += [float(seconds) for seconds in EVALUATED.findall(text)]
         found = TRAINED.findall(text)
         if found and batch:
             _, steps, seconds = found[-1]
@@ -86,7 +92,21 @@ def downpour_figures(a):
         'auc': job.get('test_auc'), 'log_loss': job.get('test_log_loss'),
         'state': job.get('state'), 'steps': int(job.get('step', 0) or 0),
         'rate_windows': len(rates),
+        'evaluations': len(evaluations), 'eval_s': round(sum(evaluations), 3),
     }
+
+
+def pytorch_evaluations(path):
+    """How many per-evaluation lines bench/pytorch_ctr.py printed."""
+    count = 0
+    try:
+        for line in open(path):
+            line = line.strip()
+            if line.startswith('{') and '"eval"' in line:
+                count += 1
+    except OSError:
+        pass
+    return count
 
 
 def fmt(value, digits):
@@ -120,9 +140,14 @@ def main():
     print(f'\nDownpour / PyTorch examples/s: {fmt(steady, 3)} steady, {fmt(whole, 3)} all steps; '
           f'Bayes AUC {fmt(theirs.get("bayes_auc"), 4)}, '
           f'log loss {fmt(theirs.get("bayes_log_loss"), 4)}')
+    their_evaluations = pytorch_evaluations(a.pytorch)
+    print(f'Evaluations of the test set: Downpour {ours["evaluations"]} in '
+          f'{fmt(ours["eval_s"], 3)} s, PyTorch {their_evaluations} in '
+          f'{fmt(theirs.get("eval_s"), 3)} s')
     print(json.dumps({'downpour': ours, 'pytorch': {k: theirs.get(k) for k in (
         'examples_per_s', 'examples_per_s_all_steps', 'auc', 'log_loss', 'device', 'precision',
-        'steps', 'batch')}, 'ratio_steady': steady, 'ratio_all_steps': whole}))
+        'steps', 'batch', 'eval_s')}, 'pytorch_evaluations': their_evaluations,
+        'ratio_steady': steady, 'ratio_all_steps': whole}))
 
 
 if __name__ == '__main__':

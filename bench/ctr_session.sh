@@ -26,7 +26,8 @@
 #          it parses the records once and caches them beside the data
 #          (pytorch_ctr.cache/), before its clock starts: $OUT/pytorch.txt
 #   compare  the two side by side (bench/ctr_compare.py: steady-state
-#          examples/s, their ratio Downpour / PyTorch, AUC, log loss):
+#          examples/s, their ratio Downpour / PyTorch, AUC, log loss, and
+#          the evaluations of the test set, how many and their seconds):
 #          $OUT/compare.txt; needs both stages' output in $OUT
 # ctr and pytorch train CTR_SPEC (default examples/ctr_dlrm.pbtxt; one of
 # fewer steps checks the stages on a CPU, with WORKER_DEVICES=auto and
