@@ -1,7 +1,6 @@
 #include "worker/input_stage.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -53,16 +52,14 @@ InputStage::Rows InputStage::TrainingRows(const SparseBatch& plan, bool gather) 
   WorkPool::ForEach(&tables_, plan.num_tables(), [&](int t) {
     if (shape_.sparse_tables[t].staleness <= 0) return;
     const int64_t dim = shape_.sparse_tables[t].dim;
-    const float* values = cache_->values(t);
     const int32_t* place = kept_places_[t].data();
     kept_values_[t].resize(num_shards_);
     for (int s = 0; s < num_shards_; ++s) {
-      const size_t n = plan.rows(t, s).size();
+      const int64_t n = static_cast<int64_t>(plan.rows(t, s).size());
       std::vector<float>& out = kept_values_[t][s];
       out.resize(n * dim);
-      for (size_t i = 0; i < n; ++i) {
-        std::memcpy(out.data() + i * dim, values + int64_t{*place++} * dim, sizeof(float) * dim);
-      }
+      cache_->CopyRows(t, place, n, out.data());
+      place += n;
       rows[t].push_back(out.data());
     }
   });
@@ -78,13 +75,9 @@ absl::Status InputStage::WriteStored(int t, PooledRows* block) {
                      kept_places_[t].size(), " and ", cache_->written(t), " were written"));
   }
   std::copy(kept_places_[t].begin(), kept_places_[t].end(), block->places);
-  const int64_t dim = shape_.sparse_tables[t].dim;
   cache_->TakeWritten(t, &written_[t]);
-  for (int32_t i = 0; i < block->fresh; ++i) {
-    block->fresh_places[i] = written_[t][i];
-    std::memcpy(block->fresh_values + i * dim, cache_->values(t) + written_[t][i] * dim,
-                sizeof(float) * dim);
-  }
+  std::copy(written_[t].begin(), written_[t].end(), block->fresh_places);
+  cache_->CopyRows(t, written_[t].data(), block->fresh, block->fresh_values);
   return absl::OkStatus();
 }
 
@@ -548,14 +541,12 @@ absl::Status InputStage::AwaitEvalRows() {
     }
     for (int s = 0; s < num_shards_; ++s) {
       const std::vector<int64_t>& rows = plan.rows(t, s);
-      places[t].resize(rows.size());
+      const int64_t n = static_cast<int64_t>(rows.size());
+      places[t].resize(n);
       eval_cache_->Places(t, rows, places[t].data());
       std::vector<float>& values = eval_values_[t][s];
-      values.resize(rows.size() * dim);
-      const float* kept = eval_cache_->values(t);
-      for (size_t r = 0; r < rows.size(); ++r) {
-        std::copy_n(kept + places[t][r] * dim, dim, values.data() + r * dim);
-      }
+      values.resize(n * dim);
+      eval_cache_->CopyRows(t, places[t].data(), n, values.data());
       eval_rows_[t][s] = values.data();
     }
   });

@@ -51,6 +51,14 @@ void RowCache::Places(int table, const std::vector<int64_t>& rows, int32_t* out)
   for (size_t i = 0; i < rows.size(); ++i) out[i] = static_cast<int32_t>(kept.where.at(rows[i]));
 }
 
+void RowCache::CopyRows(int table, const int32_t* places, int64_t n, float* out) const {
+  const Table& kept = tables_[table];
+  const size_t row_bytes = sizeof(float) * kept.dim;
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(out + i * kept.dim, kept.values.data() + int64_t{places[i]} * kept.dim, row_bytes);
+  }
+}
+
 void RowCache::TakeWritten(int table, std::vector<int32_t>* places) {
   Table& kept = tables_[table];
   places->swap(kept.written);

@@ -41,6 +41,9 @@ class RowCache {
   // Writes the place of each of `rows` to `out` (its values are at
   // values(table) + place * dim). REQUIRES: every row is kept.
   void Places(int table, const std::vector<int64_t>& rows, int32_t* out) const;
+  // Copies the values at `n` places, one row after another, to `out`
+  // (n * dim floats).
+  void CopyRows(int table, const int32_t* places, int64_t n, float* out) const;
   // The places Put wrote since the last TakeWritten (each once), moved to
   // `places` (cleared first).
   void TakeWritten(int table, std::vector<int32_t>* places);

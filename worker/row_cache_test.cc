@@ -100,6 +100,12 @@ TEST(RowCacheTest, ACopyByPlaceGetsThePlacesWrittenSinceItLastLooked) {
   follow();
   EXPECT_THAT(written, ElementsAre(0, 1));
   EXPECT_THAT(read({8, 7}), ElementsAre(5, 6, 1, 2));
+  // The cache's own values, copied by place.
+  std::vector<int32_t> places(2);
+  cache.Places(0, {8, 7}, places.data());
+  std::vector<float> copied(4);
+  cache.CopyRows(0, places.data(), 2, copied.data());
+  EXPECT_THAT(copied, ElementsAre(5, 6, 1, 2));
   cache.TakeWritten(0, &written);
   EXPECT_THAT(written, IsEmpty());
   // Row 7 dropped; row 9 takes its place.
