@@ -309,7 +309,7 @@ absl::StatusOr<bool> RecordReader::Read(std::string* record) {
   uint32_t payload_crc = 0;
   absl::StatusOr<bool> got = Read(record, &payload_crc);
   if (got.ok() && *got && !PayloadIntact(*record, payload_crc)) {
-    status_ = Corrupt("payload checksum mismatch");
+    status_ = PayloadCorrupt(path_, record_offset_, gzip_ != nullptr);
     return status_;
   }
   return got;

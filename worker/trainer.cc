@@ -392,6 +392,13 @@ absl::StatusOr<std::unique_ptr<BatchReader>> JobTrainer::OpenData(int64_t* data_
   return reader;
 }
 
+InputStage::PoolOnDevice JobTrainer::DevicePooling(ModelRunner* model) {
+  return [model](int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
+                 const std::vector<StoredRows>& stored) {
+    return model->PooledStaging(batch, rows, ids, stored);
+  };
+}
+
 absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, BatchReader* reader,
                                                         int64_t min_version,
                                                         int64_t min_worker_steps) {
@@ -443,11 +450,7 @@ absl::StatusOr<TestMetrics> JobTrainer::EvaluateTestSet(ModelRunner* model, Batc
   };
   // A sparse model's rows are pooled on the device where it can (as a
   // step's), its input laid out in the buffer it goes up from.
-  const InputStage::PoolOnDevice pool_on_device =
-      [model](int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
-              const std::vector<StoredRows>& stored) {
-        return model->PooledStaging(batch, rows, ids, stored);
-      };
+  const InputStage::PoolOnDevice pool_on_device = DevicePooling(model);
   std::vector<float> pooled;  // The input, where not in the staging buffer.
   if (input_stage_ != nullptr) input_stage_->NewEvaluation();
   absl::Cleanup end_evaluation = [this] {

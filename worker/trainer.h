@@ -280,6 +280,9 @@ class JobTrainer {
   // has the final checkpoint instead): at the spec's every_steps, or when
   // the coordinator has asked since the last one.
   bool CheckpointDue(int64_t step);
+  // `model`'s block for a batch's rows pooled on its device
+  // (ModelRunner::PooledStaging), as the input stage asks for it.
+  static InputStage::PoolOnDevice DevicePooling(ModelRunner* model);
   // The test set's metrics; a model with sparse tables reads their rows
   // once the tables have had min_version steps and every worker
   // min_worker_steps.

@@ -547,12 +547,7 @@ absl::StatusOr<const float*> JobTrainer::BatchFeatures(const StepState& s, RunSt
   // goes up from (the last step, which read it, has returned).
   ASSIGN_OR_RETURN(float* staging, run->model->FeatureStaging(run->batch.size));
   // ... and its rows pooled there, on the GPU.
-  ModelRunner* model = run->model.get();
-  const InputStage::PoolOnDevice pool_on_device =
-      [model](int64_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& ids,
-              const std::vector<StoredRows>& stored) {
-        return model->PooledStaging(batch, rows, ids, stored);
-      };
+  const InputStage::PoolOnDevice pool_on_device = DevicePooling(run->model.get());
   absl::StatusOr<const float*> packed =
       input_stage_->Features(s.step, run->batch, MinVersion(s.step), MinWorkerSteps(s.step), exact,
                              staging, pool_on_device);
