@@ -12,6 +12,7 @@
 #include "grpcpp/support/async_stream.h"
 #include "rpc/grpc_status.h"
 #include "rpc/keepalive.h"
+#include "rpc/segment_doorbell.h"
 #include "rpc/shared_segment.h"
 
 namespace downpour {
@@ -66,9 +67,12 @@ void RemoteParameterShard::CancelCalls() {
 // unmapped once the last payload into it is gone.
 class RemoteParameterShard::Stream {
  public:
+  // With a segment: its push area (from kHeaderBytes), then its pull area,
+  // then its doorbell (SegmentDoorbell::kBytes).
   Stream(RemoteParameterShard* owner, grpc::ChannelInterface* channel,
          const grpc::internal::RpcMethod& method, absl::Duration stall_at_deadline,
-         std::shared_ptr<SharedSegment> segment = nullptr, int64_t push_area = 0)
+         std::shared_ptr<SharedSegment> segment = nullptr, int64_t push_area = 0,
+         int64_t pull_area = 0)
       : context_(std::make_unique<grpc::ClientContext>()),
         in_flight_(std::in_place, owner, context_.get()),
         stall_at_deadline_(stall_at_deadline),
@@ -76,7 +80,8 @@ class RemoteParameterShard::Stream {
     if (segment_ != nullptr) {
       push_area_ = push_area;
       pull_offset_ = SharedSegment::kHeaderBytes + push_area;
-      pull_area_ = segment_->size() - pull_offset_;
+      pull_area_ = pull_area;
+      doorbell_offset_ = pull_offset_ + pull_area;
     }
     // The call's metadata goes out with the first exchange (starting it
     // apart would use the write's operation slot, and cost a wait).
@@ -113,6 +118,7 @@ class RemoteParameterShard::Stream {
   absl::Status Attach(absl::Time deadline) {
     PushPullStreamRequest header;
     *header.mutable_attach() = segment_->attach();
+    header.mutable_attach()->set_doorbell_offset(doorbell_offset_);
     TensorMessage request;
     request.header = header.SerializeAsString();
     ASSIGN_OR_RETURN(TensorMessage response, Exchange(request, deadline));
@@ -125,8 +131,16 @@ class RemoteParameterShard::Stream {
       broken_ = true;
       return absl::Status(static_cast<absl::StatusCode>(answer.code()), answer.message());
     }
+    if (answer.doorbell()) {
+      doorbell_.emplace(segment_->data() + doorbell_offset_);
+      // A read kept pending from now on: it ends when the stream does (the
+      // shard gone), which a wait for the doorbell notices.
+      ArmRead();
+    }
     return absl::OkStatus();
   }
+
+  bool has_doorbell() const { return doorbell_.has_value(); }
 
   // One push-pull. The push's bytes go through the segment when there is
   // one and they fit, the pull's come back through it when they fit and the
@@ -136,8 +150,10 @@ class RemoteParameterShard::Stream {
   absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
                                             const PullRequest& pull, absl::Time deadline,
                                             Payload* pull_payload, int64_t* segment_push_bytes,
-                                            int64_t* segment_pull_bytes) {
-    *segment_push_bytes = *segment_pull_bytes = 0;
+                                            int64_t* segment_pull_bytes, int64_t* signalled,
+                                            int64_t* pull_not_sent) {
+    *segment_push_bytes = *segment_pull_bytes = *pull_not_sent = 0;
+    *pull_payload = Payload();
     PushPullStreamRequest header;
     *header.mutable_exchange()->mutable_push() = push;
     *header.mutable_exchange()->mutable_pull() = pull;
@@ -167,20 +183,41 @@ class RemoteParameterShard::Stream {
       request.payload = push_payload;
     }
     request.header = header.SerializeAsString();
-    ASSIGN_OR_RETURN(TensorMessage reply, Exchange(request, deadline));
     PushPullStreamResponse answer;
-    if (!answer.ParseFromString(reply.header)) {
-      broken_ = true;
-      return absl::InternalError("malformed PushPullStreamResponse");
+    // Through the doorbell where its push is in the segment, its header
+    // fits, and the pull area is free for the answer.
+    if (doorbell_.has_value() && header.segment().push_in_segment() && pull_capacity > 0 &&
+        static_cast<int64_t>(request.header.size()) <= SegmentDoorbell::kRequestBytes) {
+      ASSIGN_OR_RETURN(std::string reply, Signal(request.header, deadline));
+      if (!answer.ParseFromString(reply)) {
+        broken_ = true;
+        return absl::InternalError("malformed PushPullStreamResponse in the doorbell");
+      }
+      ++*signalled;
+    } else {
+      ASSIGN_OR_RETURN(TensorMessage reply, Exchange(request, deadline));
+      if (!answer.ParseFromString(reply.header)) {
+        broken_ = true;
+        return absl::InternalError("malformed PushPullStreamResponse");
+      }
+      if (reply.payload.size() != 0 && answer.segment().pull_in_segment()) {
+        broken_ = true;
+        return absl::InternalError("the shard answered pull bytes both in the segment and beside");
+      }
+      *pull_payload = std::move(reply.payload);
     }
     if (answer.code() != 0) {
       const grpc::Status error(static_cast<grpc::StatusCode>(answer.code()), answer.message(),
                                answer.details());
       return FromGrpcStatus(error);
     }
-    if (answer.segment().pull_in_segment()) {
+    if (answer.segment().pull_not_sent()) {
+      // Through the doorbell, too large for the pull area: the caller pulls
+      // again, and a segment of its size follows.
+      *pull_not_sent = std::max<int64_t>(1, answer.segment().pull_bytes());
+    } else if (answer.segment().pull_in_segment()) {
       const int64_t bytes = answer.segment().pull_bytes();
-      if (pull_capacity == 0 || bytes < 0 || bytes > pull_capacity || reply.payload.size() != 0) {
+      if (pull_capacity == 0 || bytes < 0 || bytes > pull_capacity) {
         broken_ = true;
         return absl::InternalError(absl::StrCat(
             "the shard answered ", bytes, " bytes in a shared memory area of ", pull_capacity));
@@ -192,8 +229,6 @@ class RemoteParameterShard::Stream {
       *pull_payload = Payload();
       pull_payload->Append(segment_->data() + pull_offset_, bytes, std::move(lease));
       *segment_pull_bytes = bytes;
-    } else {
-      *pull_payload = std::move(reply.payload);
     }
     return std::move(*answer.mutable_exchange());
   }
@@ -202,30 +237,71 @@ class RemoteParameterShard::Stream {
   // is read into the stream's own reply_: a read still pending when this
   // gives up may complete as the stream closes, after the caller is gone.
   absl::StatusOr<TensorMessage> Exchange(const TensorMessage& request, absl::Time deadline) {
-    pending_[kWrite] = pending_[kRead] = true;
+    pending_[kWrite] = true;
     stream_->Write(request, Tag(kWrite));
-    stream_->Read(&reply_, Tag(kRead));
+    // With a doorbell the read is pending already.
+    if (!pending_[kRead]) ArmRead();
     const auto wait_until = absl::ToChronoTime(deadline);
     while (pending_[kWrite] || pending_[kRead]) {
       void* tag;
       bool ok = false;
       if (cq_.AsyncNext(&tag, &ok, wait_until) != grpc::CompletionQueue::GOT_EVENT) {
-        broken_ = true;
-        if (stall_at_deadline_ > absl::ZeroDuration()) absl::SleepFor(stall_at_deadline_);
-        context_->TryCancel();
-        return absl::DeadlineExceededError(
-            "Deadline Exceeded waiting for the shard's answer on its stream");
+        return GiveUp("Deadline Exceeded waiting for the shard's answer on its stream");
       }
       pending_[reinterpret_cast<intptr_t>(tag)] = false;
-      if (!ok) {
-        // The call is over: its status says why.
+      if (!ok) return Ended(deadline);
+    }
+    TensorMessage reply = std::exchange(reply_, TensorMessage());
+    if (doorbell_.has_value()) ArmRead();
+    return reply;
+  }
+
+  // Signals the exchange whose header is `header` through the doorbell and
+  // waits until `deadline` for its answer's header, watching the stream:
+  // should it end (the shard gone), so does the wait.
+  absl::StatusOr<std::string> Signal(const std::string& header, absl::Time deadline) {
+    const uint32_t sequence = doorbell_->Ring(header);
+    while (!doorbell_->AwaitAnswer(sequence,
+                                   std::min(absl::Milliseconds(20), deadline - absl::Now()))) {
+      void* tag;
+      bool ok = false;
+      const auto now = std::chrono::system_clock::now();
+      if (cq_.AsyncNext(&tag, &ok, now) == grpc::CompletionQueue::GOT_EVENT) {
+        pending_[reinterpret_cast<intptr_t>(tag)] = false;
+        if (!ok) return Ended(deadline);
+        // The shard writes nothing on a stream it answers through the
+        // doorbell.
         broken_ = true;
-        const grpc::Status status = Finish(deadline);
-        if (!status.ok()) return FromGrpcStatus(status);
-        return absl::UnavailableError("the shard closed the stream");
+        context_->TryCancel();
+        return absl::InternalError("the shard wrote on a stream it answers through shared memory");
+      }
+      if (absl::Now() >= deadline) {
+        return GiveUp("Deadline Exceeded waiting for the shard's answer through shared memory");
       }
     }
-    return std::exchange(reply_, TensorMessage());
+    absl::StatusOr<std::string> answer = doorbell_->Answer();
+    if (!answer.ok()) broken_ = true;
+    return answer;
+  }
+
+  void ArmRead() {
+    pending_[kRead] = true;
+    stream_->Read(&reply_, Tag(kRead));
+  }
+  // The stream is given up at its deadline (the shard may still answer the
+  // exchange, to no one).
+  absl::Status GiveUp(absl::string_view why) {
+    broken_ = true;
+    if (stall_at_deadline_ > absl::ZeroDuration()) absl::SleepFor(stall_at_deadline_);
+    context_->TryCancel();
+    return absl::DeadlineExceededError(why);
+  }
+  // The call is over: its status says why.
+  absl::Status Ended(absl::Time deadline) {
+    broken_ = true;
+    const grpc::Status status = Finish(deadline);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return absl::UnavailableError("the shard closed the stream");
   }
 
  private:
@@ -281,6 +357,9 @@ class RemoteParameterShard::Stream {
   int64_t push_area_ = 0;  // At kHeaderBytes.
   int64_t pull_offset_ = 0;
   int64_t pull_area_ = 0;
+  int64_t doorbell_offset_ = 0;
+  // Once the shard took the doorbell.
+  std::optional<SegmentDoorbell> doorbell_;
   // Held by the last pull payload handed out from the pull area.
   std::weak_ptr<std::shared_ptr<SharedSegment>> pull_lease_;
 };
@@ -375,6 +454,7 @@ RemoteParameterShard::SharedMemoryStats RemoteParameterShard::shared_memory_stat
   stats.segments = segments_attached_.load(std::memory_order_relaxed);
   stats.push_bytes = segment_push_bytes_.load(std::memory_order_relaxed);
   stats.pull_bytes = segment_pull_bytes_.load(std::memory_order_relaxed);
+  stats.signalled = signalled_.load(std::memory_order_relaxed);
   return stats;
 }
 
@@ -403,16 +483,19 @@ absl::StatusOr<std::unique_ptr<RemoteParameterShard::Stream>> RemoteParameterSha
         std::min(cap, AreaFor(std::max({largest_pull_.load(std::memory_order_relaxed),
                                         2 * push_bytes, kMinPullArea})));
     absl::Status attached;
-    absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
-        SharedSegment::Create(SharedSegment::kHeaderBytes + push_area + pull_area);
+    absl::StatusOr<std::shared_ptr<SharedSegment>> segment = SharedSegment::Create(
+        SharedSegment::kHeaderBytes + push_area + pull_area + SegmentDoorbell::kBytes);
     if (segment.ok()) {
       auto stream = std::make_unique<Stream>(
           this, c.channel.get(), c.push_pull_shared_memory_stream,
-          options_.testing_stall_at_deadline, *std::move(segment), push_area);
+          options_.testing_stall_at_deadline, *std::move(segment), push_area, pull_area);
       attached = stream->Attach(deadline);
       if (attached.ok()) {
         segments_attached_.fetch_add(1, std::memory_order_relaxed);
-        ReportTransport("tensors go through shared memory (same host)");
+        ReportTransport(stream->has_doorbell()
+                            ? "tensors go through shared memory (same host), and the exchanges "
+                              "are signalled through it"
+                            : "tensors go through shared memory (same host)");
         return stream;
       }
     } else {
@@ -450,15 +533,15 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
   }
   const bool reused = stream != nullptr;
   absl::StatusOr<PushPullResponse> result = absl::UnavailableError("no stream");
-  int64_t via_push = 0, via_pull = 0;
+  int64_t via_push = 0, via_pull = 0, signalled = 0, pull_not_sent = 0;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (stream == nullptr) {
       absl::StatusOr<std::unique_ptr<Stream>> opened = OpenStream(push_bytes, deadline);
       if (!opened.ok()) return Annotate(opened.status(), absl::StrCat("shard ", address_));
       stream = *std::move(opened);
     }
-    result =
-        stream->PushPull(push, push_payload, pull, deadline, pull_payload, &via_push, &via_pull);
+    result = stream->PushPull(push, push_payload, pull, deadline, pull_payload, &via_push,
+                              &via_pull, &signalled, &pull_not_sent);
     // An idle stream whose connection went away (a restarted shard): once
     // more on a new one. The push keeps its request id, so it is applied
     // once either way.
@@ -468,13 +551,24 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
     }
     stream.reset();
   }
+  if (result.ok() && pull_not_sent > 0) {
+    // The push is applied; the pull, too large for the stream's pull area,
+    // comes again over the connection.
+    absl::StatusOr<PullResponse> pulled = Pull(pull, deadline, pull_payload);
+    if (pulled.ok()) {
+      *result->mutable_pull() = *std::move(pulled);
+    } else {
+      result = pulled.status();
+    }
+  }
   if (result.ok()) {
     segment_push_bytes_.fetch_add(via_push, std::memory_order_relaxed);
     segment_pull_bytes_.fetch_add(via_pull, std::memory_order_relaxed);
+    signalled_.fetch_add(signalled, std::memory_order_relaxed);
     int64_t seen = largest_push_.load(std::memory_order_relaxed);
     while (push_bytes > seen && !largest_push_.compare_exchange_weak(seen, push_bytes)) {
     }
-    const int64_t pulled = static_cast<int64_t>(pull_payload->size());
+    const int64_t pulled = std::max(static_cast<int64_t>(pull_payload->size()), pull_not_sent);
     seen = largest_pull_.load(std::memory_order_relaxed);
     while (pulled > seen && !largest_pull_.compare_exchange_weak(seen, pulled)) {
     }

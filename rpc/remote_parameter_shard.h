@@ -106,6 +106,9 @@ class RemoteParameterShard final : public ParameterShard {
     int64_t segments = 0;  // Attached.
     int64_t push_bytes = 0;
     int64_t pull_bytes = 0;
+    // Exchanges signalled through a segment's doorbell (not sent over the
+    // connection).
+    int64_t signalled = 0;
   };
   SharedMemoryStats shared_memory_stats() const;
 
@@ -157,6 +160,7 @@ class RemoteParameterShard final : public ParameterShard {
   std::atomic<int64_t> segments_attached_{0};
   std::atomic<int64_t> segment_push_bytes_{0};
   std::atomic<int64_t> segment_pull_bytes_{0};
+  std::atomic<int64_t> signalled_{0};
   // Before the idle streams: a stream is registered while it exists.
   absl::Mutex calls_mu_;
   bool calls_cancelled_ ABSL_GUARDED_BY(calls_mu_) = false;

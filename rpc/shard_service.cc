@@ -1,6 +1,8 @@
 #include "rpc/shard_service.h"
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -9,11 +11,13 @@
 #include "absl/synchronization/mutex.h"
 #include "common/net_address.h"
 #include "common/status.h"
+#include "common/thread_name.h"
 #include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/impl/rpc_service_method.h"
 #include "grpcpp/support/method_handler.h"
 #include "rpc/auth.h"
 #include "rpc/grpc_status.h"
+#include "rpc/segment_doorbell.h"
 
 namespace downpour {
 namespace {
@@ -75,8 +79,16 @@ class ParameterServerService::PushPullStreamReactor final
         return;
       }
       segment_ = *std::move(segment);
+      PushPullStreamResponse attached;
+      if (header.attach().doorbell_offset() > 0 && service_->options_.doorbell) {
+        if (absl::Status rung = StartDoorbell(header.attach().doorbell_offset()); !rung.ok()) {
+          Finish(ToGrpcStatus(rung));
+          return;
+        }
+        attached.set_doorbell(true);
+      }
       response_ = TensorMessage();
-      response_.header = PushPullStreamResponse().SerializeAsString();
+      response_.header = attached.SerializeAsString();
       StartWrite(&response_);
       return;
     }
@@ -89,7 +101,9 @@ class ParameterServerService::PushPullStreamReactor final
       return;
     }
     Payload push_payload;
-    if (absl::Status placed = PlaceInSegment(header, &push_payload); !placed.ok()) {
+    if (absl::Status placed =
+            PlaceInSegment(header, request_.payload, &push_payload, &pull_area_, &pull_capacity_);
+        !placed.ok()) {
       request_ = TensorMessage();
       AnswerError(placed);
       return;
@@ -135,6 +149,7 @@ class ParameterServerService::PushPullStreamReactor final
 
   void OnDone() override {
     ReapWaiter();
+    StopDoorbell();
     delete this;
   }
 
@@ -153,17 +168,20 @@ class ParameterServerService::PushPullStreamReactor final
     }
   }
 
-  // The push's payload of the exchange `header`: the bytes of the request,
-  // or those it names in the segment. Notes where the pull's bytes may go.
-  absl::Status PlaceInSegment(const PushPullStreamRequest& header, Payload* push_payload) {
-    pull_area_ = nullptr;
-    pull_capacity_ = 0;
+  // The push's payload of the exchange `header`: the bytes of its message
+  // (`message_payload`), or those it names in the segment; and where the
+  // pull's bytes may go (`*pull_area`, null: in the answer's message).
+  absl::Status PlaceInSegment(const PushPullStreamRequest& header, const Payload& message_payload,
+                              Payload* push_payload, char** pull_area,
+                              int64_t* pull_capacity) const {
+    *pull_area = nullptr;
+    *pull_capacity = 0;
     if (header.has_attach()) {
       return absl::InvalidArgumentError(
           "attach belongs in a shared memory stream's first message only");
     }
     if (!header.has_segment()) {
-      *push_payload = request_.payload;
+      *push_payload = message_payload;
       return absl::OkStatus();
     }
     if (segment_ == nullptr) {
@@ -172,18 +190,18 @@ class ParameterServerService::PushPullStreamReactor final
     }
     const SharedSegmentExchange& place = header.segment();
     if (place.pull_capacity() > 0) {
-      ASSIGN_OR_RETURN(pull_area_, segment_->Range(place.pull_offset(), place.pull_capacity(),
+      ASSIGN_OR_RETURN(*pull_area, segment_->Range(place.pull_offset(), place.pull_capacity(),
                                                    "segment.pull_offset", "segment.pull_capacity"));
-      pull_capacity_ = place.pull_capacity();
+      *pull_capacity = place.pull_capacity();
     }
     if (!place.push_in_segment()) {
-      *push_payload = request_.payload;
+      *push_payload = message_payload;
       return absl::OkStatus();
     }
-    if (request_.payload.size() != 0) {
+    if (message_payload.size() != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("segment.push_in_segment is set, yet the message carries ",
-                       request_.payload.size(), " bytes of its own"));
+                       message_payload.size(), " bytes of its own"));
     }
     ASSIGN_OR_RETURN(const char* bytes,
                      segment_->Range(place.push_offset(), place.push_bytes(), "segment.push_offset",
@@ -218,15 +236,104 @@ class ParameterServerService::PushPullStreamReactor final
     StartWrite(&response_);
   }
   void AnswerError(const absl::Status& error) {
-    // The status a unary call would end with, in the stream's answer.
+    response_ = TensorMessage();
+    response_.header = ErrorReply(error).SerializeAsString();
+    StartWrite(&response_);
+  }
+  // The status a unary call would end with, in the stream's answer.
+  static PushPullStreamResponse ErrorReply(const absl::Status& error) {
     const grpc::Status status = ToGrpcStatus(error);
     PushPullStreamResponse reply;
     reply.set_code(static_cast<int>(status.error_code()));
     reply.set_message(status.error_message());
     reply.set_details(status.error_details());
-    response_ = TensorMessage();
-    response_.header = reply.SerializeAsString();
-    StartWrite(&response_);
+    return reply;
+  }
+
+  // The doorbell at `offset` of the segment (rpc/segment_doorbell.h): a
+  // thread of this stream's answers the exchanges signalled there.
+  absl::Status StartDoorbell(int64_t offset) {
+    if (offset % 64 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attach.doorbell_offset ", offset, " is not a multiple of 64"));
+    }
+    ASSIGN_OR_RETURN(char* at, segment_->Range(offset, SegmentDoorbell::kBytes,
+                                               "attach.doorbell_offset", "its doorbell's bytes"));
+    doorbell_.emplace(at);
+    doorbell_thread_ = std::thread([this] {
+      NameThisThread("shard-doorbell");
+      uint32_t seen = 0;
+      while (!stopping_.load(std::memory_order_acquire)) {
+        const uint32_t sequence = doorbell_->AwaitRequest(seen, absl::Milliseconds(100));
+        if (sequence == seen || stopping_.load(std::memory_order_acquire)) continue;
+        seen = sequence;
+        doorbell_->Answer(sequence, AnswerSignalled(absl::Now()).SerializeAsString());
+      }
+    });
+    return absl::OkStatus();
+  }
+  void StopDoorbell() {
+    if (!doorbell_thread_.joinable()) return;
+    stopping_.store(true, std::memory_order_release);
+    doorbell_->WakeRequestWaiter();
+    doorbell_thread_.join();
+  }
+
+  // The answer to the exchange signalled through the doorbell, `received`
+  // then: as the stream's, its push in the segment and its pull waited for
+  // here (this thread is the stream's own).
+  PushPullStreamResponse AnswerSignalled(absl::Time received) {
+    absl::StatusOr<std::string> bytes = doorbell_->Request();
+    if (!bytes.ok()) return ErrorReply(bytes.status());
+    PushPullStreamRequest header;
+    if (!header.ParseFromString(*bytes)) {
+      return ErrorReply(absl::InvalidArgumentError("malformed PushPullStreamRequest header"));
+    }
+    if (!header.has_exchange() || !header.segment().push_in_segment()) {
+      return ErrorReply(absl::InvalidArgumentError(
+          "an exchange signalled through the doorbell carries its push in the segment"));
+    }
+    const absl::Time deadline = service_->PullDeadline(
+        std::min(absl::FromChrono(context_->deadline()),
+                 header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
+                                         : absl::InfiniteFuture()));
+    if (absl::Status denied = service_->AdmitExchange(peer_, header.exchange()); !denied.ok()) {
+      return ErrorReply(denied);
+    }
+    Payload push_payload;
+    char* pull_area = nullptr;
+    int64_t pull_capacity = 0;
+    if (absl::Status placed =
+            PlaceInSegment(header, Payload(), &push_payload, &pull_area, &pull_capacity);
+        !placed.ok()) {
+      return ErrorReply(placed);
+    }
+    ParameterShard* shard = service_->shard_;
+    absl::StatusOr<PushResponse> pushed = shard->Push(header.exchange().push(), push_payload);
+    if (!pushed.ok()) return ErrorReply(pushed.status());
+    Payload pull_payload;
+    absl::StatusOr<PullResponse> pulled =
+        shard->Pull(header.exchange().pull(), deadline, &pull_payload);
+    if (!pulled.ok()) return ErrorReply(pulled.status());
+    PushPullStreamResponse reply;
+    *reply.mutable_exchange()->mutable_push() = *std::move(pushed);
+    const int64_t pull_bytes = static_cast<int64_t>(pull_payload.size());
+    reply.mutable_segment()->set_pull_bytes(pull_bytes);
+    if (pull_bytes <= pull_capacity) {
+      if (pull_bytes > 0) pull_payload.CopyTo(0, pull_bytes, pull_area);
+      *reply.mutable_exchange()->mutable_pull() = *std::move(pulled);
+      reply.mutable_segment()->set_pull_in_segment(true);
+    } else {
+      // Pulled again over the connection (the push stays applied once).
+      reply.mutable_segment()->set_pull_not_sent(true);
+    }
+    reply.mutable_exchange()->set_handled_us(absl::ToInt64Microseconds(absl::Now() - received));
+    if (static_cast<int64_t>(reply.ByteSizeLong()) > SegmentDoorbell::kAnswerBytes) {
+      return ErrorReply(absl::InternalError(absl::StrCat(
+          "the answer's header of ", reply.ByteSizeLong(),
+          " bytes exceeds the doorbell's answer area of ", SegmentDoorbell::kAnswerBytes)));
+    }
+    return reply;
   }
 
   ParameterServerService* const service_;
@@ -245,6 +352,11 @@ class ParameterServerService::PushPullStreamReactor final
   // message).
   char* pull_area_ = nullptr;
   int64_t pull_capacity_ = 0;
+  // The segment's doorbell, once the attach named one, and the thread that
+  // answers it until the stream is done.
+  std::optional<SegmentDoorbell> doorbell_;
+  std::thread doorbell_thread_;
+  std::atomic<bool> stopping_{false};
 };
 
 ParameterServerService::ParameterServerService(ParameterShard* shard, Options options)

@@ -611,10 +611,13 @@ TEST_F(PsServiceTest, StreamedPushPullMovesItsBytesThroughSharedMemory) {
   EXPECT_EQ(stats.segments, 1);
   EXPECT_EQ(stats.push_bytes, 5 * 16);
   EXPECT_EQ(stats.pull_bytes, 5 * 16);
+  // ... and every exchange was signalled through it, not sent.
+  EXPECT_EQ(stats.signalled, 5);
   EXPECT_EQ(wire->shared_memory_stats().segments, 0);
   EXPECT_EQ(wire->shared_memory_stats().push_bytes, 0);
   EXPECT_EQ(service_.shared_segments().segments(), 1);
-  EXPECT_THAT(said, ::testing::ElementsAre(HasSubstr("tensors go through shared memory")));
+  EXPECT_THAT(said, ::testing::ElementsAre(AllOf(HasSubstr("tensors go through shared memory"),
+                                                 HasSubstr("signalled through it"))));
   // The stream's end unmaps the segment.
   shm.reset();
   EXPECT_TRUE(service_.shared_segments().AwaitSegments(0, absl::Seconds(10)));
@@ -721,6 +724,105 @@ TEST_F(PsServiceTest, AShardWithSharedMemoryOffIsAskedOnceAndServesOverTheConnec
   EXPECT_EQ(off.service.shared_segments().segments(), 0);
   EXPECT_THAT(said, ::testing::ElementsAre(AllOf(HasSubstr("shared memory not used"),
                                                  HasSubstr("shared memory is off"))));
+}
+
+TEST_F(PsServiceTest, AShardWithoutTheDoorbellGetsTheHeadersOverTheConnection) {
+  ParameterServerService::Options options;
+  options.doorbell = false;  // As a shard from before it.
+  OtherShard older(options);
+  ASSERT_NE(older.server, nullptr);
+  ASSERT_TRUE(older.store.AddJob("older", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
+  ASSERT_TRUE(store_.AddJob("newer", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
+  std::vector<std::string> said;
+  RemoteParameterShard::Options client_options;
+  client_options.log = [&said](const std::string& line) { said.push_back(line); };
+  auto shard = RemoteParameterShard::Create(older.address, client_options);
+  EXPECT_EQ(Steps(shard.get(), "older", 3), Steps(shard_.get(), "newer", 3));
+  const RemoteParameterShard::SharedMemoryStats stats = shard->shared_memory_stats();
+  EXPECT_EQ(stats.segments, 1);
+  EXPECT_EQ(stats.push_bytes, 3 * 16);
+  EXPECT_EQ(stats.signalled, 0);
+  EXPECT_EQ(shard_->shared_memory_stats().signalled, 3);
+  EXPECT_THAT(said, ::testing::ElementsAre(AllOf(HasSubstr("tensors go through shared memory"),
+                                                 ::testing::Not(HasSubstr("signalled")))));
+}
+
+// A pull answered through the doorbell that outgrew the segment's pull area
+// comes again over the connection (its push applied once), and the next
+// exchange gets a segment of its size.
+TEST_F(PsServiceTest, ASignalledPullTooLargeForItsAreaIsPulledAgain) {
+  // bn/gamma of 20,002 elements: partition 0 [0, 2), partition 1 [2, 20002):
+  // 80 KB pulled, past a new segment's 64 KiB pull area for an 8-byte push.
+  std::vector<PartitionPlacement> placements = Placements();
+  placements[1].set_num_elements(20000);
+  for (const char* job : {"shm", "wire"}) {
+    ASSERT_TRUE(store_.AddJob(job, Spec(ConsistencySpec::ASYNC, 1, 20002), 0, placements).ok());
+  }
+  RemoteParameterShard::Options wire_options;
+  wire_options.use_shared_memory = false;
+  auto wire = RemoteParameterShard::Create(address_, wire_options);
+  std::vector<std::string> pulled[2];
+  for (RemoteParameterShard* shard : {shard_.get(), wire.get()}) {
+    const std::string job = shard == wire.get() ? "wire" : "shm";
+    PullRequest pull;
+    pull.set_job_id(job);
+    for (int64_t seq = 1; seq <= 3; ++seq) {
+      const PushRequest push = MakePush(job, 0, seq, 0, 0, {1.f, 2.f});
+      Payload grads, params;
+      grads.Append(push.payload().data(), push.payload().size());
+      absl::StatusOr<PushPullResponse> result =
+          shard->PushPull(push, grads, pull, absl::Now() + absl::Seconds(10), &params);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_FALSE(result->push().duplicate());
+      EXPECT_EQ(result->pull().partitions_size(), 2);
+      pulled[shard == wire.get()].push_back(params.ToString());
+    }
+  }
+  EXPECT_EQ(pulled[0], pulled[1]);
+  ASSERT_EQ(pulled[0].size(), 3u);
+  EXPECT_EQ(pulled[0][0].size(), 20002 * sizeof(float));
+  EXPECT_NE(pulled[0][0], pulled[0][2]);
+  // The first pull came over the connection; the later two through a new,
+  // larger segment.
+  const RemoteParameterShard::SharedMemoryStats stats = shard_->shared_memory_stats();
+  EXPECT_EQ(stats.segments, 2);
+  EXPECT_EQ(stats.pull_bytes, 2 * 20002 * sizeof(float));
+  EXPECT_EQ(stats.signalled, 3);
+}
+
+// A shard that goes away while a signalled exchange waits (SYNC, for a
+// worker that never pushes) ends the exchange then, not at its deadline.
+TEST_F(PsServiceTest, ASignalledExchangeEndsWhenItsShardGoesAway) {
+  ParameterServerService::Options options;
+  // Its thread for the stream waits out the pull (as the stream's waiter
+  // would) before the server is gone.
+  options.max_pull_wait = absl::Seconds(3);
+  auto going = std::make_unique<OtherShard>(options);
+  ASSERT_NE(going->server, nullptr);
+  ASSERT_TRUE(going->store.AddJob(kJob, Spec(ConsistencySpec::SYNC, 2), 0, Placements()).ok());
+  auto shard = RemoteParameterShard::Create(going->address);
+  PullRequest pull;
+  pull.set_job_id(kJob);
+  pull.set_min_version(1);
+  const PushRequest push = MakePush(kJob, 0, 1, 0, 0, {1.f, 1.f});
+  Payload grads, params;
+  grads.Append(push.payload().data(), push.payload().size());
+  std::thread stop([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    going->server->Shutdown(std::chrono::system_clock::now());
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<PushPullResponse> result =
+      shard->PushPull(push, grads, pull, start + absl::Seconds(30), &params);
+  const absl::Duration took = absl::Now() - start;
+  stop.join();
+  // The stream's end, not the shard's answer at its pull's end (a
+  // DeadlineExceeded naming worker 1, 3 s on).
+  EXPECT_FALSE(result.ok());
+  EXPECT_NE(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+  EXPECT_LT(took, absl::Seconds(2)) << result.status();
+  EXPECT_EQ(shard->shared_memory_stats().segments, 1);
+  going.reset();
 }
 
 TEST_F(PsServiceTest, StreamsPastTheShardsBoundPerWorkerGoOverTheConnection) {

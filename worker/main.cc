@@ -237,10 +237,9 @@ int Main() {
   shard_options.credentials = *std::move(shard_credentials);
   WorkerRuntime runtime(
       trainer_options,
-      [shard_options](const std::string& address, bool shared_memory) {
-        RemoteParameterShard::Options options = shard_options;
-        options.use_shared_memory = options.use_shared_memory && shared_memory;
-        return std::unique_ptr<ParameterShard>(RemoteParameterShard::Create(address, options));
+      [shard_options](const std::string& address) {
+        return std::unique_ptr<ParameterShard>(
+            RemoteParameterShard::Create(address, shard_options));
       },
       /*failed_run_grace=*/absl::Seconds(10),
       /*metrics_grace=*/absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s)),

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "spec/proto_dtype.h"
@@ -156,6 +157,11 @@ void ParameterExchange::PoolLoop() {
 void ParameterExchange::SetWindow(int depth) {
   absl::MutexLock lock(&mu_);
   window_ = std::clamp(depth, 1, static_cast<int>(pool_.size()));
+}
+
+ParameterExchange::StreamedSeconds ParameterExchange::streamed_seconds() const {
+  absl::MutexLock lock(&mu_);
+  return streamed_;
 }
 
 int ParameterExchange::window() const {
@@ -449,7 +455,7 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
                                                 absl::Time push_give_up, absl::Time pull_give_up,
                                                 const std::vector<float*>& params,
                                                 const std::function<bool()>& cancelled,
-                                                const PulledFn* pulled) {
+                                                const PulledFn* pulled, MessageTimes* times) {
   // Tells `pulled` of the message's partitions once they are in params.
   auto landed = [&](absl::Status copied) -> absl::Status {
     if (!copied.ok() || pulled == nullptr || *pulled == nullptr) return copied;
@@ -496,9 +502,15 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
     return SendPush(i, push, payload, push_give_up, cancelled);
   }
   Payload values;
+  const double sent = MonotonicSeconds();
   absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
       push, payload, pull,
       std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &values);
+  if (times != nullptr) {
+    times->sent = sent;
+    times->answered = MonotonicSeconds();
+    times->handled = response.ok() ? static_cast<double>(response->handled_us()) * 1e-6 : 0;
+  }
   if (response.ok()) return testing_done(landed(CopyPulled(i, response->pull(), values, params)));
   if (!IsRetryableShardError(response.status())) {
     return Annotate(response.status(), absl::StrCat("exchanging with shard ", messages_[i].shard));
@@ -554,6 +566,9 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
   unreleased_ = n;
   pending_ = n;
   first_error_ = absl::OkStatus();
+  stream_first_ready_ = std::numeric_limits<double>::infinity();
+  stream_last_ready_ = stream_last_done_ = 0;
+  stream_last_sent_ = stream_last_answered_ = stream_last_handled_ = 0;
   // Copies: the step's pointers, for tasks that run after this returns.
   task_ = std::make_shared<const std::function<absl::Status(int)>>(
       [this, step, first_sequence, grads, min_version, min_worker_steps, push_give_up, pull_give_up,
@@ -564,8 +579,22 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
           wait = std::move(ready_wait_[i]);
         }
         if (wait) RETURN_IF_ERROR(Annotate(wait(), "waiting for the gradients to push"));
-        return ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
-                               push_give_up, pull_give_up, params, cancelled, &pulled);
+        const double ready = MonotonicSeconds();
+        MessageTimes times;
+        absl::Status exchanged =
+            ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
+                            push_give_up, pull_give_up, params, cancelled, &pulled, &times);
+        const double done = MonotonicSeconds();
+        absl::MutexLock lock(&mu_);
+        stream_first_ready_ = std::min(stream_first_ready_, ready);
+        stream_last_ready_ = std::max(stream_last_ready_, ready);
+        if (done > stream_last_done_) {
+          stream_last_done_ = done;
+          stream_last_sent_ = times.sent;
+          stream_last_answered_ = times.answered;
+          stream_last_handled_ = times.handled;
+        }
+        return exchanged;
       });
   // A model without tensors has nothing to wait for.
   for (int i = 0; i < n; ++i) {
@@ -631,6 +660,18 @@ absl::Status ParameterExchange::FinishPushPull(bool abandon) {
     }
   }
   absl::Status status = Drain();
+  if (status.ok() && !abandon) {
+    absl::MutexLock lock(&mu_);
+    if (stream_last_done_ > 0) {
+      streamed_.steps += 1;
+      streamed_.from_first_ready += stream_last_done_ - stream_first_ready_;
+      streamed_.from_last_ready += stream_last_done_ - stream_last_ready_;
+      if (stream_last_sent_ > 0) {
+        streamed_.last_round_trip += stream_last_answered_ - stream_last_sent_;
+        streamed_.last_on_shard += stream_last_handled_;
+      }
+    }
+  }
   abandoning_.store(false);
   checkpoint_step_ = 0;
   return status;

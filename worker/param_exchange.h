@@ -202,6 +202,20 @@ class ParameterExchange {
   // the repeated push as late: each partition applies each step once.
   int64_t min_pulled_version() const { return min_pulled_version_.load(); }
 
+  // The streamed steps' exchanges, summed over those that completed: from
+  // the first message's gradients ready (its wait returned) to the last
+  // message's parameters back, and from the last message's gradients ready
+  // (backward's last) to then: what of the round trip the next forward may
+  // find still under way.
+  struct StreamedSeconds {
+    int64_t steps = 0;
+    double from_first_ready = 0, from_last_ready = 0;
+    // The message done last: its round trip (from its request's sending to
+    // its answer) and how long its shard held it (PushPullResponse.handled_us).
+    double last_round_trip = 0, last_on_shard = 0;
+  };
+  StreamedSeconds streamed_seconds() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Message {
     int shard;
@@ -245,6 +259,11 @@ class ParameterExchange {
   absl::Status CopyPulled(int i, const PullResponse& response, const Payload& payload,
                           const std::vector<float*>& params, int64_t exact_version = -1);
 
+  // When a message went and came back (MonotonicSeconds) and how long its
+  // shard held it.
+  struct MessageTimes {
+    double sent = 0, answered = 0, handled = 0;
+  };
   // Message i's push and pull in one round trip (PushPull's and a streamed
   // step's), falling back to separate calls on a timeout or lost connection.
   absl::Status ExchangeMessage(int i, int64_t step, int64_t sequence,
@@ -252,7 +271,7 @@ class ParameterExchange {
                                int64_t min_worker_steps, absl::Time push_give_up,
                                absl::Time pull_give_up, const std::vector<float*>& params,
                                const std::function<bool()>& cancelled,
-                               const PulledFn* pulled = nullptr);
+                               const PulledFn* pulled = nullptr, MessageTimes* times = nullptr);
   // Runs task(i) for every i in [0, n) on the pool (and the calling thread),
   // starting them in order of i; returns the first error.
   absl::Status RunAll(int n, const std::function<absl::Status(int)>& task);
@@ -317,6 +336,16 @@ class ParameterExchange {
   std::vector<std::function<absl::Status()>> ready_wait_ ABSL_GUARDED_BY(mu_);
   int unreleased_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The streamed step in flight: its first and last message's gradients
+  // ready, its last message done (MonotonicSeconds); and the sums.
+  double stream_first_ready_ ABSL_GUARDED_BY(mu_) = 0;
+  double stream_last_ready_ ABSL_GUARDED_BY(mu_) = 0;
+  double stream_last_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // The message done last's times (MessageTimes).
+  double stream_last_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  double stream_last_answered_ ABSL_GUARDED_BY(mu_) = 0;
+  double stream_last_handled_ ABSL_GUARDED_BY(mu_) = 0;
+  StreamedSeconds streamed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> pool_;
 };
 

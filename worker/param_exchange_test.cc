@@ -515,6 +515,69 @@ TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
   EXPECT_EQ(shard.pushes(), before + 1);
 }
 
+// A shard that takes `held` over each exchange and says so in its answer
+// (PushPullResponse.handled_us), as the shard's service does.
+class HoldingShard final : public ParameterShard {
+ public:
+  HoldingShard(ParameterShard* inner, absl::Duration held) : inner_(inner), held_(held) {}
+  using ParameterShard::Pull;
+  using ParameterShard::Push;
+  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
+    return inner_->Push(request, payload);
+  }
+  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
+                                    Payload* payload) override {
+    return inner_->Pull(request, deadline, payload);
+  }
+  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
+                                            const PullRequest& pull, absl::Time deadline,
+                                            Payload* pull_payload) override {
+    absl::SleepFor(held_);
+    absl::StatusOr<PushPullResponse> answer =
+        inner_->PushPull(push, push_payload, pull, deadline, pull_payload);
+    if (answer.ok()) answer->set_handled_us(absl::ToInt64Microseconds(held_));
+    return answer;
+  }
+
+ private:
+  ParameterShard* const inner_;
+  const absl::Duration held_;
+};
+
+// A streamed step's exchange is timed from its first and its last
+// message's gradients to its last message's answer, with that message's
+// round trip and its shard's part; a failed step is not counted.
+TEST(ParameterExchangeTest, AStreamedStepSaysWhatItsExchangeTookAfterItsGradients) {
+  const OneShardJob job;
+  ParameterStore store;
+  ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
+  HoldingShard shard(&store, absl::Milliseconds(30));
+  ParameterExchange exchange(OnePartitionAMessage(), job.placed, {&shard});
+  StepBuffers buffers(job.params);
+  const auto never = [] { return false; };
+  EXPECT_EQ(exchange.streamed_seconds().steps, 0);
+
+  // The bias's gradient first, the weight's 100 ms later.
+  exchange.BeginPushPull(0, buffers.g, 0, 0, buffers.v, never);
+  exchange.GradientReady(1, [] { return absl::OkStatus(); });
+  absl::SleepFor(absl::Milliseconds(100));
+  exchange.GradientReady(0, [] { return absl::OkStatus(); });
+  ASSERT_TRUE(exchange.FinishPushPull().ok());
+  const ParameterExchange::StreamedSeconds took = exchange.streamed_seconds();
+  EXPECT_EQ(took.steps, 1);
+  EXPECT_GE(took.from_first_ready, 0.130);
+  EXPECT_GE(took.from_last_ready, 0.030);
+  EXPECT_LT(took.from_last_ready, took.from_first_ready - 0.09);
+  EXPECT_DOUBLE_EQ(took.last_on_shard, 0.030);
+  EXPECT_GE(took.last_round_trip, took.last_on_shard);
+
+  exchange.BeginPushPull(1, buffers.g, 0, 0, buffers.v, never);
+  exchange.GradientReady(1, [] { return absl::InternalError("the device is gone"); });
+  exchange.GradientReady(0, [] { return absl::OkStatus(); });
+  EXPECT_FALSE(exchange.FinishPushPull().ok());
+  EXPECT_EQ(exchange.streamed_seconds().steps, 1);
+}
+
 // A step stopped after its first message went: by default the rest are
 // given up (a part of the step reached the shard); with push_cancelled (a
 // draining worker's exchange) every message is still pushed, and only the

@@ -114,6 +114,22 @@ std::string AheadSplit(const InputStage::AheadSeconds& ahead) {
       ahead.plan * ms, ahead.cache * ms, ahead.pull * ms, ahead.pool * ms);
 }
 
+// The dense partitions' part of a streamed step's exchange: what the next
+// forward waited for layer by layer and before its backward, and the
+// exchange's own time per step from its first and from its last message's
+// gradients ready to its last parameters back.
+std::string DenseSplit(double layer_ms, double before_backward_ms,
+                       const ParameterExchange::StreamedSeconds& streamed) {
+  if (streamed.steps == 0) return "";
+  const double ms = 1000.0 / static_cast<double>(streamed.steps);
+  return absl::StrFormat(
+      "; the dense partitions waited for layer by layer %.3f, before backward %.3f; their "
+      "exchange from the first gradients ready %.3f, from the last %.3f (its last message's "
+      "round trip %.3f, of it on the shard %.3f)",
+      layer_ms, before_backward_ms, streamed.from_first_ready * ms, streamed.from_last_ready * ms,
+      streamed.last_round_trip * ms, streamed.last_on_shard * ms);
+}
+
 }  // namespace
 
 struct JobTrainer::RunState {
@@ -178,6 +194,9 @@ struct JobTrainer::RunState {
   // Sparse rows, inside total_exchange: the step's rows waited for and
   // pooled (or laid out for the device), before its compute.
   double total_rows = 0;
+  // Dense partitions, inside total_exchange: a gated forward's waits for its
+  // layers' parameters, and the wait for the rest before backward.
+  double total_layer_wait = 0, total_before_backward = 0;
   int settled_window = 0;  // The exchange window last logged as settled.
 };
 
@@ -576,10 +595,17 @@ TrainStepOptions JobTrainer::ExchangeHooks(StepState* s, RunState* run) {
     options.await_layer_params = [this, model, run](int layer) -> absl::Status {
       const double began = MonotonicSeconds();
       absl::Status arrived = exchange_->AwaitTensors(model->shape().layers[layer].param_ids);
-      run->exchange_waited += MonotonicSeconds() - began;
+      const double waited = MonotonicSeconds() - began;
+      run->exchange_waited += waited;
+      run->total_layer_wait += waited;
       return arrived;
     };
-    options.before_backward = [this, s, run] { return BeginExchange(*s, run); };
+    options.before_backward = [this, s, run] {
+      const double began = MonotonicSeconds();
+      absl::Status begun = BeginExchange(*s, run);
+      run->total_before_backward += MonotonicSeconds() - began;
+      return begun;
+    };
   }
   if (s->stream) {
     // Each gradient goes to the exchange as backward finishes it.
@@ -822,6 +848,8 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
                         input_stage_->shard_seconds() * ms)
                   : "",
       absl::StrFormat(", other %.3f", other * ms),
+      DenseSplit(run->total_layer_wait * ms, run->total_before_backward * ms,
+                 exchange_->streamed_seconds()),
       run->sparse
           ? absl::StrFormat("; sparse rows per step: pulled %.1f, read kept %.1f, kept sent to "
                             "the device %.1f",

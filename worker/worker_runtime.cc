@@ -7,7 +7,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "spec/model_shape.h"
 #include "worker/worker_metrics.h"
 
 namespace downpour {
@@ -241,10 +240,9 @@ void WorkerRuntime::Start(const Task& task, std::shared_ptr<const std::atomic<bo
   // The job runs here again: its series go on.
   forget_at_.erase(task.job_id());
   std::vector<ParameterShard*> shards;
-  const bool shared_memory = !HasSparseTables(task.spec().model());
   for (const std::string& address : task.shard_addresses()) {
     job->shard_addresses.push_back(address);
-    std::unique_ptr<ParameterShard> shard = connect_(address, shared_memory);
+    std::unique_ptr<ParameterShard> shard = connect_(address);
     if (options_.metrics != nullptr) {
       shard = std::make_unique<MeasuredShardClient>(
           std::move(shard), options_.metrics, task.job_id(), static_cast<int>(job->shards.size()));

@@ -40,15 +40,8 @@ namespace downpour {
 
 class WorkerRuntime {
  public:
-  // A client of the job's shard at `address` (HOST:PORT from the task);
-  // `shared_memory`: whether the job's exchanges may go through shared
-  // memory with a shard on this host (rpc/remote_parameter_shard.h). Not
-  // for a job with sparse tables: on one GPU host the click model trained
-  // at 0.384x of PyTorch through shared memory against 0.438x over gRPC in
-  // the same session (BENCHMARKS.md), its dense part small and its rows'
-  // exchange bound by the shards' CPU, not by copies.
-  using ShardConnector = std::function<std::unique_ptr<ParameterShard>(const std::string& address,
-                                                                       bool shared_memory)>;
+  // A client of the job's shard at `address` (HOST:PORT from the task).
+  using ShardConnector = std::function<std::unique_ptr<ParameterShard>(const std::string& address)>;
   // Runs `free_memory`, which destroys ended runs, and hands what it freed
   // back to the kernel (common/platform/malloc_tuning.h's
   // ReleaseMemoryFreedBy in the daemon).

@@ -21,7 +21,6 @@
 #include "ps/parameter_store.h"
 #include "spec/job_validation.h"
 #include "spec/shard_map.h"
-#include "spec/test_jobs.h"
 
 namespace downpour {
 namespace {
@@ -114,9 +113,7 @@ class WorkerRuntimeTest : public ::testing::Test {
     options.exchange.pull_slice = absl::Milliseconds(200);
     runtime_ = std::make_unique<WorkerRuntime>(
         options,
-        [this](const std::string& address, bool shared_memory) {
-          absl::MutexLock lock(&connected_mu_);
-          connected_shared_memory_.push_back(shared_memory);
+        [this](const std::string& address) {
           return std::make_unique<InProcessShard>(&stores_[address], &traffic_);
         },
         /*failed_run_grace=*/absl::Milliseconds(300), MetricsGrace(),
@@ -210,9 +207,6 @@ class WorkerRuntimeTest : public ::testing::Test {
   std::unique_ptr<NodeAgent> agent_;
   absl::Mutex log_mu_;
   std::vector<std::string> log_ ABSL_GUARDED_BY(log_mu_);
-  // What the connector was told of each shard client it made.
-  absl::Mutex connected_mu_;
-  std::vector<bool> connected_shared_memory_ ABSL_GUARDED_BY(connected_mu_);
 };
 
 // A SYNC job's lost rank that no free worker took goes to a worker of the
@@ -273,37 +267,6 @@ TEST_F(WorkerRuntimeTest, TrainsItsTaskAndReportsTheResult) {
   // Its shard clients' too: rank 0's pulls and pushes to shard 0.
   EXPECT_TRUE(Exported("downpour_worker_pull_seconds_count{job=\"j\",shard=\"0\"} "));
   EXPECT_TRUE(Exported("downpour_worker_pushed_bytes_total{job=\"j\",shard=\"0\"} "));
-}
-
-// A dense job's shard clients may use shared memory; a job with sparse
-// tables exchanges over gRPC (its rows' exchange is bound by the shards'
-// CPU, and measured slower through shared memory).
-TEST_F(WorkerRuntimeTest, OnlyAJobWithoutSparseTablesMayUseSharedMemory) {
-  auto connected = [this]() {
-    absl::MutexLock lock(&connected_mu_);
-    return connected_shared_memory_;
-  };
-  coordinator_.SetTasks(kNode, {HostedTask("dense", Spec(5))});
-  ASSERT_TRUE(coordinator_.AwaitReport(
-      [](const ReportProgressRequest& r) { return r.job_id() == "dense" && r.finished(); }));
-  EXPECT_EQ(connected(), std::vector<bool>{true});
-  coordinator_.SetTasks(kNode, {});
-  ASSERT_TRUE(AwaitNoJobs());
-
-  JobSpec sparse = Spec(5);
-  *sparse.mutable_model() = SmallSparseModel();
-  coordinator_.SetTasks(kNode, {HostedTask("sparse", sparse)});
-  {
-    absl::MutexLock lock(&connected_mu_);
-    ASSERT_TRUE(connected_mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](std::vector<bool>* flags) { return flags->size() >= 2; },
-            &connected_shared_memory_),
-        absl::Seconds(30)));
-    EXPECT_FALSE(connected_shared_memory_[1]);
-  }
-  coordinator_.SetTasks(kNode, {});
-  EXPECT_TRUE(AwaitNoJobs());
 }
 
 // A worker whose ended jobs' series go at once.
