@@ -260,21 +260,12 @@ class RemoteParameterShard::Stream {
   // waits until `deadline` for its answer's header, watching the stream:
   // should it end (the shard gone), so does the wait.
   absl::StatusOr<std::string> Signal(const std::string& header, absl::Time deadline) {
+    // A stream that ended while idle (its shard gone) is not rung.
+    RETURN_IF_ERROR(CheckStream(deadline));
     const uint32_t sequence = doorbell_->Ring(header);
     while (!doorbell_->AwaitAnswer(sequence,
                                    std::min(absl::Milliseconds(20), deadline - absl::Now()))) {
-      void* tag;
-      bool ok = false;
-      const auto now = std::chrono::system_clock::now();
-      if (cq_.AsyncNext(&tag, &ok, now) == grpc::CompletionQueue::GOT_EVENT) {
-        pending_[reinterpret_cast<intptr_t>(tag)] = false;
-        if (!ok) return Ended(deadline);
-        // The shard writes nothing on a stream it answers through the
-        // doorbell.
-        broken_ = true;
-        context_->TryCancel();
-        return absl::InternalError("the shard wrote on a stream it answers through shared memory");
-      }
+      RETURN_IF_ERROR(CheckStream(deadline));
       if (absl::Now() >= deadline) {
         return GiveUp("Deadline Exceeded waiting for the shard's answer through shared memory");
       }
@@ -282,6 +273,22 @@ class RemoteParameterShard::Stream {
     absl::StatusOr<std::string> answer = doorbell_->Answer();
     if (!answer.ok()) broken_ = true;
     return answer;
+  }
+  // A doorbell stream's pending read, looked at without waiting: it ends
+  // only with the stream (the shard writes nothing on a stream it answers
+  // through the doorbell).
+  absl::Status CheckStream(absl::Time deadline) {
+    void* tag;
+    bool ok = false;
+    if (cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now()) !=
+        grpc::CompletionQueue::GOT_EVENT) {
+      return absl::OkStatus();
+    }
+    pending_[reinterpret_cast<intptr_t>(tag)] = false;
+    if (!ok) return Ended(deadline);
+    broken_ = true;
+    context_->TryCancel();
+    return absl::InternalError("the shard wrote on a stream it answers through shared memory");
   }
 
   void ArmRead() {
@@ -555,11 +562,8 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
     // The push is applied; the pull, too large for the stream's pull area,
     // comes again over the connection.
     absl::StatusOr<PullResponse> pulled = Pull(pull, deadline, pull_payload);
-    if (pulled.ok()) {
-      *result->mutable_pull() = *std::move(pulled);
-    } else {
-      result = pulled.status();
-    }
+    if (!pulled.ok()) return pulled.status();  // Named the shard already.
+    *result->mutable_pull() = *std::move(pulled);
   }
   if (result.ok()) {
     segment_push_bytes_.fetch_add(via_push, std::memory_order_relaxed);

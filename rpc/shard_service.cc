@@ -4,6 +4,7 @@
 #include <atomic>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -149,8 +150,15 @@ class ParameterServerService::PushPullStreamReactor final
 
   void OnDone() override {
     ReapWaiter();
-    StopDoorbell();
-    delete this;
+    // A doorbell thread in the middle of an exchange answers it first (a
+    // pull's wait cut short: PullSlices); the last of the two deletes the
+    // reactor, so no gRPC thread waits for it.
+    if (doorbell_thread_.joinable()) {
+      stopping_.store(true, std::memory_order_release);
+      doorbell_->WakeRequestWaiter();
+      doorbell_thread_.detach();
+    }
+    Release();
   }
 
  private:
@@ -260,23 +268,46 @@ class ParameterServerService::PushPullStreamReactor final
     ASSIGN_OR_RETURN(char* at, segment_->Range(offset, SegmentDoorbell::kBytes,
                                                "attach.doorbell_offset", "its doorbell's bytes"));
     doorbell_.emplace(at);
-    doorbell_thread_ = std::thread([this] {
-      NameThisThread("shard-doorbell");
-      uint32_t seen = 0;
-      while (!stopping_.load(std::memory_order_acquire)) {
-        const uint32_t sequence = doorbell_->AwaitRequest(seen, absl::Milliseconds(100));
-        if (sequence == seen || stopping_.load(std::memory_order_acquire)) continue;
-        seen = sequence;
-        doorbell_->Answer(sequence, AnswerSignalled(absl::Now()).SerializeAsString());
-      }
-    });
+    owners_.store(2);
+    service_->doorbells_->Add(1);
+    try {
+      doorbell_thread_ = std::thread([this, running = service_->doorbells_] {
+        NameThisThread("shard-doorbell");
+        uint32_t seen = 0;
+        while (!stopping_.load(std::memory_order_acquire)) {
+          const uint32_t sequence = doorbell_->AwaitRequest(seen, absl::Milliseconds(100));
+          if (sequence == seen || stopping_.load(std::memory_order_acquire)) continue;
+          seen = sequence;
+          doorbell_->Answer(sequence, AnswerSignalled(absl::Now()).SerializeAsString());
+        }
+        Release();
+        running->Add(-1);
+      });
+    } catch (const std::system_error&) {
+      // No thread for it: the stream's exchanges come over the connection.
+      owners_.store(1);
+      service_->doorbells_->Add(-1);
+      doorbell_.reset();
+    }
     return absl::OkStatus();
   }
-  void StopDoorbell() {
-    if (!doorbell_thread_.joinable()) return;
-    stopping_.store(true, std::memory_order_release);
-    doorbell_->WakeRequestWaiter();
-    doorbell_thread_.join();
+  // The stream's end (OnDone) and its doorbell thread each release the
+  // reactor; the last deletes it.
+  void Release() {
+    if (owners_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  // Pulls in slices of at most 200 ms up to `deadline`, so that a pull
+  // waiting for other workers is given up soon once the stream is gone.
+  absl::StatusOr<PullResponse> PullSlices(const PullRequest& pull, absl::Time deadline,
+                                          Payload* payload) {
+    while (true) {
+      const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(200));
+      absl::StatusOr<PullResponse> pulled = service_->shard_->Pull(pull, slice, payload);
+      if (pulled.ok() || !absl::IsDeadlineExceeded(pulled.status()) || slice >= deadline ||
+          stopping_.load(std::memory_order_acquire)) {
+        return pulled;
+      }
+    }
   }
 
   // The answer to the exchange signalled through the doorbell, `received`
@@ -308,31 +339,30 @@ class ParameterServerService::PushPullStreamReactor final
         !placed.ok()) {
       return ErrorReply(placed);
     }
-    ParameterShard* shard = service_->shard_;
-    absl::StatusOr<PushResponse> pushed = shard->Push(header.exchange().push(), push_payload);
+    absl::StatusOr<PushResponse> pushed =
+        service_->shard_->Push(header.exchange().push(), push_payload);
     if (!pushed.ok()) return ErrorReply(pushed.status());
     Payload pull_payload;
     absl::StatusOr<PullResponse> pulled =
-        shard->Pull(header.exchange().pull(), deadline, &pull_payload);
+        PullSlices(header.exchange().pull(), deadline, &pull_payload);
     if (!pulled.ok()) return ErrorReply(pulled.status());
     PushPullStreamResponse reply;
     *reply.mutable_exchange()->mutable_push() = *std::move(pushed);
     const int64_t pull_bytes = static_cast<int64_t>(pull_payload.size());
     reply.mutable_segment()->set_pull_bytes(pull_bytes);
-    if (pull_bytes <= pull_capacity) {
+    // (The answer's framing past its parts: a few bytes a field.)
+    if (pull_bytes <= pull_capacity &&
+        static_cast<int64_t>(reply.ByteSizeLong() + pulled->ByteSizeLong()) + 64 <=
+            SegmentDoorbell::kAnswerBytes) {
       if (pull_bytes > 0) pull_payload.CopyTo(0, pull_bytes, pull_area);
       *reply.mutable_exchange()->mutable_pull() = *std::move(pulled);
       reply.mutable_segment()->set_pull_in_segment(true);
     } else {
-      // Pulled again over the connection (the push stays applied once).
+      // Its bytes or its header too large for their areas: pulled again
+      // over the connection (the push stays applied once).
       reply.mutable_segment()->set_pull_not_sent(true);
     }
     reply.mutable_exchange()->set_handled_us(absl::ToInt64Microseconds(absl::Now() - received));
-    if (static_cast<int64_t>(reply.ByteSizeLong()) > SegmentDoorbell::kAnswerBytes) {
-      return ErrorReply(absl::InternalError(absl::StrCat(
-          "the answer's header of ", reply.ByteSizeLong(),
-          " bytes exceeds the doorbell's answer area of ", SegmentDoorbell::kAnswerBytes)));
-    }
     return reply;
   }
 
@@ -357,6 +387,9 @@ class ParameterServerService::PushPullStreamReactor final
   std::optional<SegmentDoorbell> doorbell_;
   std::thread doorbell_thread_;
   std::atomic<bool> stopping_{false};
+  // Who holds the reactor: the stream (until OnDone) and, once started,
+  // the doorbell's thread.
+  std::atomic<int> owners_{1};
 };
 
 ParameterServerService::ParameterServerService(ParameterShard* shard, Options options)
@@ -386,6 +419,14 @@ ParameterServerService::ParameterServerService(ParameterShard* shard, Options op
                              return new PushPullStreamReactor(this, context, shared_memory);
                            }));
   }
+}
+
+ParameterServerService::~ParameterServerService() {
+  absl::MutexLock lock(&doorbells_->mu);
+  doorbells_->mu.Await(absl::Condition(
+      +[](Running* running)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(running->mu) { return running->threads == 0; },
+      doorbells_.get()));
 }
 
 absl::StatusOr<std::shared_ptr<SharedSegment>> ParameterServerService::AttachSegment(

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/service_type.h"
@@ -60,6 +61,9 @@ class ParameterServerService final : public grpc::Service {
 
   explicit ParameterServerService(ParameterShard* shard) : ParameterServerService(shard, {}) {}
   ParameterServerService(ParameterShard* shard, Options options);
+  // Waits for the streams' doorbell threads, which outlive their streams
+  // until their exchange in hand is answered (a pull's wait is cut short).
+  ~ParameterServerService() override;
 
   grpc::Status Push(grpc::ServerContext* context, const TensorMessage* request,
                     TensorMessage* response);
@@ -101,9 +105,22 @@ class ParameterServerService final : public grpc::Service {
       const std::string& peer, const std::string& address, const PushPullStreamRequest& request,
       std::unique_ptr<SharedSegmentQuota::Reservation>* reservation);
 
+  // The streams' doorbell threads running (of streams ended or not), which
+  // the destructor waits for; each holds the count until it has said it
+  // ended.
+  struct Running {
+    absl::Mutex mu;
+    int threads ABSL_GUARDED_BY(mu) = 0;
+    void Add(int n) ABSL_LOCKS_EXCLUDED(mu) {
+      absl::MutexLock lock(&mu);
+      threads += n;
+    }
+  };
+
   ParameterShard* const shard_;
   const Options options_;
   SharedSegmentQuota segment_quota_;
+  const std::shared_ptr<Running> doorbells_ = std::make_shared<Running>();
 };
 
 }  // namespace downpour
