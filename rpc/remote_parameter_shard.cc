@@ -150,7 +150,7 @@ class RemoteParameterShard::Stream {
   absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
                                             const PullRequest& pull, absl::Time deadline,
                                             Payload* pull_payload, int64_t* segment_push_bytes,
-                                            int64_t* segment_pull_bytes, int64_t* signalled,
+                                            int64_t* segment_pull_bytes, int* why_not,
                                             int64_t* pull_not_sent) {
     *segment_push_bytes = *segment_pull_bytes = *pull_not_sent = 0;
     *pull_payload = Payload();
@@ -186,14 +186,18 @@ class RemoteParameterShard::Stream {
     PushPullStreamResponse answer;
     // Through the doorbell where its push is in the segment, its header
     // fits, and the pull area is free for the answer.
-    if (doorbell_.has_value() && header.segment().push_in_segment() && pull_capacity > 0 &&
-        static_cast<int64_t>(request.header.size()) <= SegmentDoorbell::kRequestBytes) {
+    *why_not = !doorbell_.has_value()                ? kNoDoorbell
+               : !header.segment().push_in_segment() ? kPushTooLarge
+               : pull_capacity == 0                  ? kPullAreaHeld
+               : static_cast<int64_t>(request.header.size()) > SegmentDoorbell::kRequestBytes
+                   ? kHeaderTooLarge
+                   : kSignalled;
+    if (*why_not == kSignalled) {
       ASSIGN_OR_RETURN(std::string reply, Signal(request.header, deadline));
       if (!answer.ParseFromString(reply)) {
         broken_ = true;
         return absl::InternalError("malformed PushPullStreamResponse in the doorbell");
       }
-      ++*signalled;
     } else {
       ASSIGN_OR_RETURN(TensorMessage reply, Exchange(request, deadline));
       if (!answer.ParseFromString(reply.header)) {
@@ -454,14 +458,27 @@ RemoteParameterShard::RemoteParameterShard(std::string address,
   }
 }
 
-RemoteParameterShard::~RemoteParameterShard() = default;
+RemoteParameterShard::~RemoteParameterShard() {
+  // What the streams did, said once the client goes (a job's end).
+  int64_t exchanges = 0;
+  for (const auto& way : ways_) exchanges += way.load(std::memory_order_relaxed);
+  if (options_.log == nullptr || exchanges == 0) return;
+  auto n = [this](int way) { return ways_[way].load(std::memory_order_relaxed); };
+  options_.log(absl::StrCat(
+      "shard ", address_, ": ", exchanges, " exchanges on streams, ", n(kSignalled),
+      " signalled through shared memory; over the connection ", n(kNoDoorbell),
+      " on streams without a doorbell, ", n(kPullAreaHeld), " with the pull area still held, ",
+      n(kPushTooLarge), " with a push too large for the segment, ", n(kHeaderTooLarge),
+      " with a header too large; ", pulled_again_.load(), " pulls too large, pulled again; ",
+      segments_attached_.load(), " segments mapped"));
+}
 
 RemoteParameterShard::SharedMemoryStats RemoteParameterShard::shared_memory_stats() const {
   SharedMemoryStats stats;
   stats.segments = segments_attached_.load(std::memory_order_relaxed);
   stats.push_bytes = segment_push_bytes_.load(std::memory_order_relaxed);
   stats.pull_bytes = segment_pull_bytes_.load(std::memory_order_relaxed);
-  stats.signalled = signalled_.load(std::memory_order_relaxed);
+  stats.signalled = ways_[kSignalled].load(std::memory_order_relaxed);
   return stats;
 }
 
@@ -540,7 +557,8 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
   }
   const bool reused = stream != nullptr;
   absl::StatusOr<PushPullResponse> result = absl::UnavailableError("no stream");
-  int64_t via_push = 0, via_pull = 0, signalled = 0, pull_not_sent = 0;
+  int64_t via_push = 0, via_pull = 0, pull_not_sent = 0;
+  int why_not = kNoDoorbell;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (stream == nullptr) {
       absl::StatusOr<std::unique_ptr<Stream>> opened = OpenStream(push_bytes, deadline);
@@ -548,7 +566,7 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
       stream = *std::move(opened);
     }
     result = stream->PushPull(push, push_payload, pull, deadline, pull_payload, &via_push,
-                              &via_pull, &signalled, &pull_not_sent);
+                              &via_pull, &why_not, &pull_not_sent);
     // An idle stream whose connection went away (a restarted shard): once
     // more on a new one. The push keeps its request id, so it is applied
     // once either way.
@@ -568,7 +586,8 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
   if (result.ok()) {
     segment_push_bytes_.fetch_add(via_push, std::memory_order_relaxed);
     segment_pull_bytes_.fetch_add(via_pull, std::memory_order_relaxed);
-    signalled_.fetch_add(signalled, std::memory_order_relaxed);
+    ways_[why_not].fetch_add(1, std::memory_order_relaxed);
+    if (pull_not_sent > 0) pulled_again_.fetch_add(1, std::memory_order_relaxed);
     int64_t seen = largest_push_.load(std::memory_order_relaxed);
     while (push_bytes > seen && !largest_push_.compare_exchange_weak(seen, push_bytes)) {
     }

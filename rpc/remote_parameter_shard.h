@@ -160,7 +160,10 @@ class RemoteParameterShard final : public ParameterShard {
   std::atomic<int64_t> segments_attached_{0};
   std::atomic<int64_t> segment_push_bytes_{0};
   std::atomic<int64_t> segment_pull_bytes_{0};
-  std::atomic<int64_t> signalled_{0};
+  // Streamed exchanges by the way they went, and pulls done again.
+  enum Way { kSignalled, kNoDoorbell, kPullAreaHeld, kPushTooLarge, kHeaderTooLarge, kNumWays };
+  std::atomic<int64_t> ways_[kNumWays] = {};
+  std::atomic<int64_t> pulled_again_{0};
   // Before the idle streams: a stream is registered while it exists.
   absl::Mutex calls_mu_;
   bool calls_cancelled_ ABSL_GUARDED_BY(calls_mu_) = false;

@@ -64,9 +64,14 @@ TEST_F(PsServiceTest, StreamedPushPullMovesItsBytesThroughSharedMemory) {
   EXPECT_EQ(service_.shared_segments().segments(), 1);
   EXPECT_THAT(said, ::testing::ElementsAre(AllOf(HasSubstr("tensors go through shared memory"),
                                                  HasSubstr("signalled through it"))));
-  // The stream's end unmaps the segment.
+  // The stream's end unmaps the segment; the client's end says how its
+  // exchanges went.
   shm.reset();
   EXPECT_TRUE(service_.shared_segments().AwaitSegments(0, absl::Seconds(10)));
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_THAT(said[1], AllOf(HasSubstr(": 5 exchanges on streams, 5 signalled through shared "
+                                       "memory; over the connection 0 on streams without"),
+                             HasSubstr("1 segments mapped")));
 }
 
 TEST_F(PsServiceTest, ASegmentTooSmallForAPushIsReplacedByALargerOne) {
