@@ -284,7 +284,9 @@ class RemoteParameterShard::Stream {
   absl::Status CheckStream(absl::Time deadline) {
     void* tag;
     bool ok = false;
-    if (cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now()) !=
+    // A deadline in the past, not now: gRPC rounds deadlines up to its
+    // millisecond clock, and `now` would wait up to a millisecond.
+    if (cq_.AsyncNext(&tag, &ok, gpr_inf_past(GPR_CLOCK_MONOTONIC)) !=
         grpc::CompletionQueue::GOT_EVENT) {
       return absl::OkStatus();
     }
