@@ -50,8 +50,9 @@ class ParameterServerService final : public grpc::Service {
     // workers send their bytes over the connection.
     bool shared_memory = true;
     // Answer the exchanges a worker signals through its segment's doorbell
-    // (rpc/segment_doorbell.h) on a thread of the stream's; false (tests:
-    // a shard from before the doorbell): its headers go over the connection.
+    // (rpc/segment_doorbell.h) on a thread of the stream's; false (the
+    // shard's --doorbell=false, as a shard from before the doorbell): their
+    // headers go over the connection.
     bool doorbell = true;
     // What one worker process may have mapped at once; a stream past it
     // carries its bytes over the connection.

@@ -47,7 +47,10 @@ ABSL_FLAG(int32_t, sparse_threads, -1,
           "quota), 1 to 16; 0: the request's thread alone");
 ABSL_FLAG(bool, shared_memory, true,
           "Workers on this host may exchange their tensor bytes through shared memory segments "
-          "this shard maps (only the headers go over gRPC); false: everything over gRPC");
+          "this shard maps; false: everything over gRPC");
+ABSL_FLAG(bool, doorbell, true,
+          "With --shared_memory: a worker's exchanges are signalled through its segment's "
+          "doorbell and answered on a thread of the stream's; false: their headers go over gRPC");
 
 namespace downpour {
 namespace {
@@ -94,6 +97,7 @@ int Main() {
   ShardRuntime runtime(&store, writer.get(), &metrics, ReleaseMemoryFreedBy);
   ParameterServerService::Options service_options;
   service_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  service_options.doorbell = absl::GetFlag(FLAGS_doorbell);
   if (options.security.tls.enabled()) {
     service_options.authorize = [&runtime](const std::string& peer, const std::string& job_id,
                                            int rank) {
