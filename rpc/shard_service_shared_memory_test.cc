@@ -1,4 +1,5 @@
 // The shard service's shared-memory streams: segments, their doorbells, their bounds.
+#include "rpc/segment_doorbell.h"
 #include "rpc/shard_service_fixture.h"
 
 namespace downpour {
@@ -378,6 +379,43 @@ PushPullStreamRequest AttachOf(const SharedSegmentAttach& attach) {
   PushPullStreamRequest request;
   *request.mutable_attach() = attach;
   return request;
+}
+
+// A doorbell the attach places off the segment or misaligned ends the
+// stream naming the field; one it places well is taken, and a header
+// signalled there that is not an exchange with its push in the segment is
+// answered as refused.
+TEST_F(PsServiceTest, ADoorbellOutsideTheSegmentIsRefusedNamingTheField) {
+  const int64_t size = SharedSegment::kHeaderBytes + 4096 + SegmentDoorbell::kBytes;
+  absl::StatusOr<std::shared_ptr<SharedSegment>> segment = SharedSegment::Create(size);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  for (const int64_t offset : {size - SegmentDoorbell::kBytes + 64, int64_t{4096 + 8}}) {
+    SharedSegmentAttach attach = (*segment)->attach();
+    attach.set_doorbell_offset(offset);
+    absl::StatusOr<PushPullStreamResponse> answer =
+        RawSharedMemoryStream(address_).Send(AttachOf(attach));
+    EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument) << offset;
+    EXPECT_THAT(std::string(answer.status().message()), HasSubstr("attach.doorbell_offset"));
+  }
+  SharedSegmentAttach attach = (*segment)->attach();
+  attach.set_doorbell_offset(size - SegmentDoorbell::kBytes);
+  RawSharedMemoryStream stream(address_);
+  absl::StatusOr<PushPullStreamResponse> answer = stream.Send(AttachOf(attach));
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_TRUE(answer->doorbell());
+  SegmentDoorbell doorbell((*segment)->data() + size - SegmentDoorbell::kBytes);
+  PushPullStreamRequest pull_only;
+  pull_only.mutable_exchange()->mutable_pull()->set_job_id(kJob);
+  for (const std::string& header :
+       {std::string("not a header \xff"), pull_only.SerializeAsString()}) {
+    const uint32_t sequence = doorbell.Ring(header);
+    ASSERT_TRUE(doorbell.AwaitAnswer(sequence, absl::Seconds(10)));
+    absl::StatusOr<std::string> bytes = doorbell.Answer();
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    PushPullStreamResponse refused;
+    ASSERT_TRUE(refused.ParseFromString(*bytes));
+    EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
 }
 
 TEST_F(PsServiceTest, TheShardRefusesAnUnsealedSegmentOrAWrongToken) {
