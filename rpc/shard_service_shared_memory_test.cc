@@ -37,12 +37,18 @@ std::vector<std::string> Steps(RemoteParameterShard* shard, const std::string& j
   return pulled;
 }
 
+// Client options whose log lines go to `said`.
+RemoteParameterShard::Options Saying(std::vector<std::string>* said) {
+  RemoteParameterShard::Options options;
+  options.log = [said](const std::string& line) { said->push_back(line); };
+  return options;
+}
+
 TEST_F(PsServiceTest, StreamedPushPullMovesItsBytesThroughSharedMemory) {
   ASSERT_TRUE(store_.AddJob("shm", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   ASSERT_TRUE(store_.AddJob("wire", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   std::vector<std::string> said;
-  RemoteParameterShard::Options shm_options;
-  shm_options.log = [&said](const std::string& line) { said.push_back(line); };
+  const RemoteParameterShard::Options shm_options = Saying(&said);
   RemoteParameterShard::Options wire_options;
   wire_options.use_shared_memory = false;
   auto shm = RemoteParameterShard::Create(address_, shm_options);
@@ -75,16 +81,25 @@ TEST_F(PsServiceTest, StreamedPushPullMovesItsBytesThroughSharedMemory) {
                              HasSubstr("1 segments mapped")));
 }
 
-TEST_F(PsServiceTest, ASegmentTooSmallForAPushIsReplacedByALargerOne) {
-  // bn/gamma of 2050 elements: partition 0 [0, 2), partition 1 [2, 2050).
+// Jobs "shm" and "wire" (ASYNC, one worker) of bn/gamma with partition 1
+// of `second` elements after partition 0's 2, on the fixture's shard; a
+// client of it that sends everything over the connection.
+std::unique_ptr<RemoteParameterShard> ShmAndWireJobs(ParameterStore* store,
+                                                     const std::string& address, int second) {
   std::vector<PartitionPlacement> placements = Placements();
-  placements[1].set_num_elements(2048);
+  placements[1].set_num_elements(second);
   for (const char* job : {"shm", "wire"}) {
-    ASSERT_TRUE(store_.AddJob(job, Spec(ConsistencySpec::ASYNC, 1, 2050), 0, placements).ok());
+    EXPECT_TRUE(
+        store->AddJob(job, Spec(ConsistencySpec::ASYNC, 1, 2 + second), 0, placements).ok());
   }
   RemoteParameterShard::Options wire_options;
   wire_options.use_shared_memory = false;
-  auto wire = RemoteParameterShard::Create(address_, wire_options);
+  return RemoteParameterShard::Create(address, wire_options);
+}
+
+TEST_F(PsServiceTest, ASegmentTooSmallForAPushIsReplacedByALargerOne) {
+  // bn/gamma of 2050 elements: partition 0 [0, 2), partition 1 [2, 2050).
+  std::unique_ptr<RemoteParameterShard> wire = ShmAndWireJobs(&store_, address_, 2048);
   const std::vector<float> small = {1.f, 2.f};
   const std::vector<float> large(2048, 0.5f);
   std::string pulled[2];
@@ -167,8 +182,7 @@ TEST_F(PsServiceTest, AShardWithSharedMemoryOffIsAskedOnceAndServesOverTheConnec
   ASSERT_TRUE(off.store.AddJob("off", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   ASSERT_TRUE(store_.AddJob("on", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   std::vector<std::string> said;
-  RemoteParameterShard::Options client_options;
-  client_options.log = [&said](const std::string& line) { said.push_back(line); };
+  const RemoteParameterShard::Options client_options = Saying(&said);
   auto shard = RemoteParameterShard::Create(off.address, client_options);
   EXPECT_EQ(Steps(shard.get(), "off", 3), Steps(shard_.get(), "on", 3));
   EXPECT_EQ(shard->shared_memory_stats().segments, 0);
@@ -186,8 +200,7 @@ TEST_F(PsServiceTest, AShardWithoutTheDoorbellGetsTheHeadersOverTheConnection) {
   ASSERT_TRUE(older.store.AddJob("older", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   ASSERT_TRUE(store_.AddJob("newer", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   std::vector<std::string> said;
-  RemoteParameterShard::Options client_options;
-  client_options.log = [&said](const std::string& line) { said.push_back(line); };
+  const RemoteParameterShard::Options client_options = Saying(&said);
   auto shard = RemoteParameterShard::Create(older.address, client_options);
   EXPECT_EQ(Steps(shard.get(), "older", 3), Steps(shard_.get(), "newer", 3));
   const RemoteParameterShard::SharedMemoryStats stats = shard->shared_memory_stats();
@@ -205,14 +218,7 @@ TEST_F(PsServiceTest, AShardWithoutTheDoorbellGetsTheHeadersOverTheConnection) {
 TEST_F(PsServiceTest, ASignalledPullTooLargeForItsAreaIsPulledAgain) {
   // bn/gamma of 20,002 elements: partition 0 [0, 2), partition 1 [2, 20002):
   // 80 KB pulled, past a new segment's 64 KiB pull area for an 8-byte push.
-  std::vector<PartitionPlacement> placements = Placements();
-  placements[1].set_num_elements(20000);
-  for (const char* job : {"shm", "wire"}) {
-    ASSERT_TRUE(store_.AddJob(job, Spec(ConsistencySpec::ASYNC, 1, 20002), 0, placements).ok());
-  }
-  RemoteParameterShard::Options wire_options;
-  wire_options.use_shared_memory = false;
-  auto wire = RemoteParameterShard::Create(address_, wire_options);
+  std::unique_ptr<RemoteParameterShard> wire = ShmAndWireJobs(&store_, address_, 20000);
   std::vector<std::string> pulled[2];
   for (RemoteParameterShard* shard : {shard_.get(), wire.get()}) {
     const std::string job = shard == wire.get() ? "wire" : "shm";
@@ -315,8 +321,7 @@ TEST_F(PsServiceTest, StreamsPastTheShardsBoundPerWorkerGoOverTheConnection) {
   ASSERT_TRUE(store_.AddJob("alone", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
   // Two clients in one process: one worker process to the shard.
   std::vector<std::string> said;
-  RemoteParameterShard::Options client_options;
-  client_options.log = [&said](const std::string& line) { said.push_back(line); };
+  const RemoteParameterShard::Options client_options = Saying(&said);
   auto first = RemoteParameterShard::Create(bounded.address);
   auto second = RemoteParameterShard::Create(bounded.address, client_options);
   const std::vector<std::string> expected = Steps(shard_.get(), "alone", 3);

@@ -12,6 +12,7 @@
 #include "ps/parameter_store.h"
 #include "spec/job_validation.h"
 #include "spec/shard_map.h"
+#include "worker/slow_shard_for_tests.h"
 
 namespace downpour {
 namespace {
@@ -515,35 +516,6 @@ TEST(ParameterExchangeTest, StreamedMessagesGoAsTheirGradientsAreAnnounced) {
   EXPECT_EQ(shard.pushes(), before + 1);
 }
 
-// A shard that takes `held` over each exchange and says so in its answer
-// (PushPullResponse.handled_us), as the shard's service does.
-class HoldingShard final : public ParameterShard {
- public:
-  HoldingShard(ParameterShard* inner, absl::Duration held) : inner_(inner), held_(held) {}
-  using ParameterShard::Pull;
-  using ParameterShard::Push;
-  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
-    return inner_->Push(request, payload);
-  }
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
-                                    Payload* payload) override {
-    return inner_->Pull(request, deadline, payload);
-  }
-  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
-                                            const PullRequest& pull, absl::Time deadline,
-                                            Payload* pull_payload) override {
-    absl::SleepFor(held_);
-    absl::StatusOr<PushPullResponse> answer =
-        inner_->PushPull(push, push_payload, pull, deadline, pull_payload);
-    if (answer.ok()) answer->set_handled_us(absl::ToInt64Microseconds(held_));
-    return answer;
-  }
-
- private:
-  ParameterShard* const inner_;
-  const absl::Duration held_;
-};
-
 // A streamed step's exchange is timed from its first and its last
 // message's gradients to its last message's answer, with that message's
 // round trip and its shard's part; a failed step is not counted.
@@ -551,7 +523,7 @@ TEST(ParameterExchangeTest, AStreamedStepSaysWhatItsExchangeTookAfterItsGradient
   const OneShardJob job;
   ParameterStore store;
   ASSERT_TRUE(store.AddJob("j", job.spec, 0, job.placed).ok());
-  HoldingShard shard(&store, absl::Milliseconds(30));
+  SlowShard shard(&store, absl::Milliseconds(30), absl::Milliseconds(30));
   ParameterExchange exchange(OnePartitionAMessage(), job.placed, {&shard});
   StepBuffers buffers(job.params);
   const auto never = [] { return false; };

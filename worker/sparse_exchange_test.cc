@@ -18,6 +18,7 @@
 #include "spec/job_validation.h"
 #include "spec/shard_map.h"
 #include "spec/sparse_ids.h"
+#include "worker/slow_shard_for_tests.h"
 
 namespace downpour {
 namespace {
@@ -230,34 +231,6 @@ TEST_F(SparseExchangeTest, AShardThatRefusesFailsTheStepWithItsReason) {
   shards_.clear();
   stores_.clear();
 }
-
-// A shard in front of another that answers an exchange `delay` late and
-// says it spent `handled` on it (as a remote shard's service does).
-class SlowShard : public ParameterShard {
- public:
-  SlowShard(ParameterShard* inner, absl::Duration delay, absl::Duration handled)
-      : inner_(inner), delay_(delay), handled_(handled) {}
-  absl::StatusOr<PushResponse> Push(const PushRequest& request, const Payload& payload) override {
-    return inner_->Push(request, payload);
-  }
-  absl::StatusOr<PullResponse> Pull(const PullRequest& request, absl::Time deadline,
-                                    Payload* payload) override {
-    return inner_->Pull(request, deadline, payload);
-  }
-  absl::StatusOr<PushPullResponse> PushPull(const PushRequest& push, const Payload& push_payload,
-                                            const PullRequest& pull, absl::Time deadline,
-                                            Payload* pull_payload) override {
-    absl::SleepFor(delay_);
-    absl::StatusOr<PushPullResponse> answer =
-        inner_->PushPull(push, push_payload, pull, deadline, pull_payload);
-    if (answer.ok()) answer->set_handled_us(absl::ToInt64Microseconds(handled_));
-    return answer;
-  }
-
- private:
-  ParameterShard* const inner_;
-  const absl::Duration delay_, handled_;
-};
 
 // An exchange's round trip is its slowest shard's (from the request's
 // sending to its answer), and the shards' part of it that shard's own
