@@ -268,6 +268,9 @@ class ParameterServerService::PushPullStreamReactor final
     ASSIGN_OR_RETURN(char* at, segment_->Range(offset, SegmentDoorbell::kBytes,
                                                "attach.doorbell_offset", "its doorbell's bytes"));
     doorbell_.emplace(at);
+    // Read here: the context goes with the stream, which the thread may
+    // outlive by the exchange in hand.
+    call_deadline_ = absl::FromChrono(context_->deadline());
     owners_.store(2);
     service_->doorbells_->Add(1);
     try {
@@ -324,10 +327,9 @@ class ParameterServerService::PushPullStreamReactor final
       return ErrorReply(absl::InvalidArgumentError(
           "an exchange signalled through the doorbell carries its push in the segment"));
     }
-    const absl::Time deadline = service_->PullDeadline(
-        std::min(absl::FromChrono(context_->deadline()),
-                 header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
-                                         : absl::InfiniteFuture()));
+    const absl::Time deadline = service_->PullDeadline(std::min(
+        call_deadline_, header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
+                                                : absl::InfiniteFuture()));
     if (absl::Status denied = service_->AdmitExchange(peer_, header.exchange()); !denied.ok()) {
       return ErrorReply(denied);
     }
@@ -390,6 +392,8 @@ class ParameterServerService::PushPullStreamReactor final
   // Who holds the reactor: the stream (until OnDone) and, once started,
   // the doorbell's thread.
   std::atomic<int> owners_{1};
+  // The stream's deadline, for the doorbell thread's exchanges.
+  absl::Time call_deadline_ = absl::InfiniteFuture();
 };
 
 ParameterServerService::ParameterServerService(ParameterShard* shard, Options options)
