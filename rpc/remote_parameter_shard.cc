@@ -578,12 +578,17 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
     }
     stream.reset();
   }
+  // The push is applied; a pull too large for the stream's pull area comes
+  // again over the connection (its error, which names the shard, is the
+  // exchange's; the stream is sound).
+  absl::Status pulled_again;
   if (result.ok() && pull_not_sent > 0) {
-    // The push is applied; the pull, too large for the stream's pull area,
-    // comes again over the connection.
     absl::StatusOr<PullResponse> pulled = Pull(pull, deadline, pull_payload);
-    if (!pulled.ok()) return pulled.status();  // Named the shard already.
-    *result->mutable_pull() = *std::move(pulled);
+    if (pulled.ok()) {
+      *result->mutable_pull() = *std::move(pulled);
+    } else {
+      pulled_again = pulled.status();
+    }
   }
   if (result.ok()) {
     segment_push_bytes_.fetch_add(via_push, std::memory_order_relaxed);
@@ -615,6 +620,7 @@ absl::StatusOr<PushPullResponse> RemoteParameterShard::StreamPushPull(
     *unsupported = broken && absl::IsUnimplemented(result.status());
     return Annotate(result.status(), absl::StrCat("shard ", address_));
   }
+  if (!pulled_again.ok()) return pulled_again;
   return result;
 }
 

@@ -86,7 +86,8 @@ class ParameterServerService::PushPullStreamReactor final
           Finish(ToGrpcStatus(rung));
           return;
         }
-        attached.set_doorbell(true);
+        // (No thread for it: the exchanges come over the stream.)
+        attached.set_doorbell(doorbell_.has_value());
       }
       response_ = TensorMessage();
       response_.header = attached.SerializeAsString();
@@ -281,7 +282,15 @@ class ParameterServerService::PushPullStreamReactor final
           const uint32_t sequence = doorbell_->AwaitRequest(seen, absl::Milliseconds(100));
           if (sequence == seen || stopping_.load(std::memory_order_acquire)) continue;
           seen = sequence;
-          doorbell_->Answer(sequence, AnswerSignalled(absl::Now()).SerializeAsString());
+          std::string answer = AnswerSignalled(absl::Now()).SerializeAsString();
+          if (static_cast<int64_t>(answer.size()) > SegmentDoorbell::kAnswerBytes) {
+            // Never written past the area (an error's own sentence, say).
+            answer = ErrorReply(absl::InternalError(
+                                    absl::StrCat("the exchange's answer of ", answer.size(),
+                                                 " bytes exceeds the doorbell's answer area")))
+                         .SerializeAsString();
+          }
+          doorbell_->Answer(sequence, answer);
         }
         Release();
         running->Add(-1);
@@ -303,12 +312,18 @@ class ParameterServerService::PushPullStreamReactor final
   // waiting for other workers is given up soon once the stream is gone.
   absl::StatusOr<PullResponse> PullSlices(const PullRequest& pull, absl::Time deadline,
                                           Payload* payload) {
+    const absl::Time began = absl::Now();
     while (true) {
       const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(200));
       absl::StatusOr<PullResponse> pulled = service_->shard_->Pull(pull, slice, payload);
-      if (pulled.ok() || !absl::IsDeadlineExceeded(pulled.status()) || slice >= deadline ||
-          stopping_.load(std::memory_order_acquire)) {
-        return pulled;
+      if (pulled.ok() || !absl::IsDeadlineExceeded(pulled.status())) return pulled;
+      if (slice >= deadline || stopping_.load(std::memory_order_acquire)) {
+        // The store's sentence times its last slice only.
+        return Annotate(pulled.status(),
+                        absl::StrCat("waited ",
+                                     absl::FormatDuration(
+                                         absl::Trunc(absl::Now() - began, absl::Milliseconds(1))),
+                                     " in all"));
       }
     }
   }
