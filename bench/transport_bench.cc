@@ -343,12 +343,14 @@ std::string ToJson(const BenchResult& r) {
       "\"rtt_p50_us\": %.0f, \"rtt_p99_us\": %.0f, \"raw_rtt_p50_us\": %.0f, "
       "\"raw_rtt_p99_us\": %.0f, \"naive_rtt_p50_us\": %.0f, \"apply_gbps\": %.3f, "
       "\"memcpy_gbps\": %.3f, \"apply_1t_gbps\": %.3f, \"memcpy_1t_gbps\": %.3f, "
-      "\"max_abs_diff_vs_local\": %g, \"transport\": \"%s\", \"wire_gbps\": %.3f, "
+      "\"max_abs_diff_vs_local\": %g, \"transport\": \"%s\", \"signalled\": %lld, "
+      "\"wire_gbps\": %.3f, "
       "\"wire_rtt_p50_us\": %.0f}",
       r.config.size_bytes, r.config.workers, r.config.shards, r.config.steps, r.raw_tcp_gbps,
       r.naive_grpc_gbps, r.downpour_gbps, r.rtt_p50_us, r.rtt_p99_us, r.raw_rtt_p50_us,
       r.raw_rtt_p99_us, r.naive_rtt_p50_us, r.apply_gbps, r.memcpy_gbps, r.apply_1t_gbps,
-      r.memcpy_1t_gbps, r.max_abs_diff_vs_local, r.transport, r.wire_gbps, r.wire_rtt_p50_us);
+      r.memcpy_1t_gbps, r.max_abs_diff_vs_local, r.transport, static_cast<long long>(r.signalled),
+      r.wire_gbps, r.wire_rtt_p50_us);
 }
 
 int DefaultSteps(int64_t size_bytes, int workers) {
@@ -541,6 +543,7 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
   struct Pass {
     Timing timing;
     int64_t segment_bytes = 0;
+    int64_t signalled = 0;
   };
   auto run_pass = [&](bool shared_memory, int incarnation) -> absl::StatusOr<Pass> {
     std::vector<std::vector<double>> rtts(config.workers);
@@ -590,6 +593,7 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
       for (const auto& remote : of_worker) {
         const RemoteParameterShard::SharedMemoryStats stats = remote->shared_memory_stats();
         pass.segment_bytes += stats.push_bytes + stats.pull_bytes;
+        pass.signalled += stats.signalled;
       }
     }
     return pass;
@@ -607,6 +611,7 @@ absl::StatusOr<BenchResult> TransportBench::Run(const BenchConfig& config) {
     result.rtt_p50_us = pass.timing.p50_us;
     result.rtt_p99_us = pass.timing.p99_us;
     result.transport = pass.segment_bytes > 0 ? "shared_memory" : "wire";
+    result.signalled = pass.signalled;
   }
 
   if (config.workers == 1) {

@@ -44,6 +44,10 @@ struct BenchResult {
   // How Downpour's tensor bytes went: "shared_memory" (segments shared with
   // the shards, rpc/shared_segment.h) or "wire" (gRPC over loopback TCP).
   std::string transport;
+  // Of the timed exchanges through shared memory, those signalled through
+  // their segments' doorbells (rpc/segment_doorbell.h) rather than sent
+  // over the stream.
+  int64_t signalled = 0;
   // With shared memory on, the same steps measured over the wire in the same
   // run (the figures above are then the shared memory's); 0 otherwise.
   double wire_gbps = 0;

@@ -31,6 +31,7 @@ TEST(TransportSmokeTest, SmallConfigurationsRunAndAreExact) {
     EXPECT_GT(result->rtt_p50_us, 0);
     // Measured over the wire, then through shared memory.
     EXPECT_EQ(result->transport, "shared_memory");
+    EXPECT_GT(result->signalled, 0);  // Through the segments' doorbells.
     EXPECT_GT(result->wire_gbps, 0);
     if (workers == 1) {
       EXPECT_EQ(result->max_abs_diff_vs_local, 0) << ToJson(*result);
