@@ -52,6 +52,7 @@ class ParameterServerService::PushPullStreamReactor final
       : service_(service),
         context_(context),
         peer_(service->CallerOf(*context)),
+        call_deadline_(absl::FromChrono(context->deadline())),
         awaiting_segment_(shared_memory) {
     StartRead(&request_);
   }
@@ -94,38 +95,24 @@ class ParameterServerService::PushPullStreamReactor final
       StartWrite(&response_);
       return;
     }
-    const absl::Time deadline = service_->PullDeadline(
-        std::min(absl::FromChrono(context_->deadline()),
-                 header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
-                                         : absl::InfiniteFuture()));
-    if (absl::Status denied = service_->AdmitExchange(peer_, header.exchange()); !denied.ok()) {
-      AnswerError(denied);
-      return;
-    }
-    Payload push_payload;
-    if (absl::Status placed =
-            PlaceInSegment(header, request_.payload, &push_payload, &pull_area_, &pull_capacity_);
-        !placed.ok()) {
-      request_ = TensorMessage();
-      AnswerError(placed);
-      return;
-    }
-    ParameterShard* shard = service_->shard_;
-    absl::StatusOr<PushResponse> pushed = shard->Push(header.exchange().push(), push_payload);
+    absl::StatusOr<Pushed> pushed = AdmitAndPush(header, request_.payload, received);
     // The request's buffers go back to gRPC before the answer is written.
-    push_payload = Payload();
     request_ = TensorMessage();
     if (!pushed.ok()) {
       AnswerError(pushed.status());
       return;
     }
+    pull_area_ = pushed->pull_area;
+    pull_capacity_ = pushed->pull_capacity;
+    const absl::Time deadline = pushed->deadline;
     // A pull that is ready now is answered here; one that has to wait for
     // other workers waits on its own thread, never blocking gRPC's.
+    ParameterShard* shard = service_->shard_;
     response_ = TensorMessage();
     absl::StatusOr<PullResponse> pulled =
         shard->Pull(header.exchange().pull(), absl::InfinitePast(), &response_.payload);
     if (pulled.ok() || !absl::IsDeadlineExceeded(pulled.status())) {
-      Answer(*pushed, std::move(pulled), received);
+      Answer(pushed->push, std::move(pulled), received);
       return;
     }
     // The new waiter may answer, and the worker send its next request, before
@@ -133,7 +120,7 @@ class ParameterServerService::PushPullStreamReactor final
     absl::MutexLock lock(&waiter_mu_);
     ReapWaiter();  // Ended with the previous answer.
     waiter_ = std::thread([this, shard, pull = header.exchange().pull(), deadline, received,
-                           push = *std::move(pushed)]() mutable {
+                           push = std::move(pushed->push)]() mutable {
       absl::StatusOr<PullResponse> pulled = shard->Pull(pull, deadline, &response_.payload);
       { absl::MutexLock stored(&waiter_mu_); }
       Answer(push, std::move(pulled), received);
@@ -175,6 +162,33 @@ class ParameterServerService::PushPullStreamReactor final
     } else {
       waiter_.join();
     }
+  }
+
+  // An exchange's push, applied: when its pull must be answered by, where
+  // the pull's bytes may go (null: in the answer's message) and the push's
+  // answer.
+  struct Pushed {
+    absl::Time deadline;
+    char* pull_area = nullptr;
+    int64_t pull_capacity = 0;
+    PushResponse push;
+  };
+  // Admits the exchange `header` (arrived at `received`, its push's bytes
+  // in its message's `message_payload` or in the segment) and applies its
+  // push: what both ways of an exchange, the stream's and the doorbell's,
+  // do first.
+  absl::StatusOr<Pushed> AdmitAndPush(const PushPullStreamRequest& header,
+                                      const Payload& message_payload, absl::Time received) {
+    Pushed pushed;
+    pushed.deadline = service_->PullDeadline(std::min(
+        call_deadline_, header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
+                                                : absl::InfiniteFuture()));
+    RETURN_IF_ERROR(service_->AdmitExchange(peer_, header.exchange()));
+    Payload push_payload;
+    RETURN_IF_ERROR(PlaceInSegment(header, message_payload, &push_payload, &pushed.pull_area,
+                                   &pushed.pull_capacity));
+    ASSIGN_OR_RETURN(pushed.push, service_->shard_->Push(header.exchange().push(), push_payload));
+    return pushed;
   }
 
   // The push's payload of the exchange `header`: the bytes of its message
@@ -269,9 +283,6 @@ class ParameterServerService::PushPullStreamReactor final
     ASSIGN_OR_RETURN(char* at, segment_->Range(offset, SegmentDoorbell::kBytes,
                                                "attach.doorbell_offset", "its doorbell's bytes"));
     doorbell_.emplace(at);
-    // Read here: the context goes with the stream, which the thread may
-    // outlive by the exchange in hand.
-    call_deadline_ = absl::FromChrono(context_->deadline());
     owners_.store(2);
     service_->doorbells_->Add(1);
     try {
@@ -342,36 +353,21 @@ class ParameterServerService::PushPullStreamReactor final
       return ErrorReply(absl::InvalidArgumentError(
           "an exchange signalled through the doorbell carries its push in the segment"));
     }
-    const absl::Time deadline = service_->PullDeadline(std::min(
-        call_deadline_, header.timeout_us() > 0 ? received + absl::Microseconds(header.timeout_us())
-                                                : absl::InfiniteFuture()));
-    if (absl::Status denied = service_->AdmitExchange(peer_, header.exchange()); !denied.ok()) {
-      return ErrorReply(denied);
-    }
-    Payload push_payload;
-    char* pull_area = nullptr;
-    int64_t pull_capacity = 0;
-    if (absl::Status placed =
-            PlaceInSegment(header, Payload(), &push_payload, &pull_area, &pull_capacity);
-        !placed.ok()) {
-      return ErrorReply(placed);
-    }
-    absl::StatusOr<PushResponse> pushed =
-        service_->shard_->Push(header.exchange().push(), push_payload);
+    absl::StatusOr<Pushed> pushed = AdmitAndPush(header, Payload(), received);
     if (!pushed.ok()) return ErrorReply(pushed.status());
     Payload pull_payload;
     absl::StatusOr<PullResponse> pulled =
-        PullSlices(header.exchange().pull(), deadline, &pull_payload);
+        PullSlices(header.exchange().pull(), pushed->deadline, &pull_payload);
     if (!pulled.ok()) return ErrorReply(pulled.status());
     PushPullStreamResponse reply;
-    *reply.mutable_exchange()->mutable_push() = *std::move(pushed);
+    *reply.mutable_exchange()->mutable_push() = std::move(pushed->push);
     const int64_t pull_bytes = static_cast<int64_t>(pull_payload.size());
     reply.mutable_segment()->set_pull_bytes(pull_bytes);
     // (The answer's framing past its parts: a few bytes a field.)
-    if (pull_bytes <= pull_capacity &&
+    if (pull_bytes <= pushed->pull_capacity &&
         static_cast<int64_t>(reply.ByteSizeLong() + pulled->ByteSizeLong()) + 64 <=
             SegmentDoorbell::kAnswerBytes) {
-      if (pull_bytes > 0) pull_payload.CopyTo(0, pull_bytes, pull_area);
+      if (pull_bytes > 0) pull_payload.CopyTo(0, pull_bytes, pushed->pull_area);
       *reply.mutable_exchange()->mutable_pull() = *std::move(pulled);
       reply.mutable_segment()->set_pull_in_segment(true);
     } else {
@@ -386,6 +382,9 @@ class ParameterServerService::PushPullStreamReactor final
   ParameterServerService* const service_;
   grpc::CallbackServerContext* const context_;
   const std::string peer_;  // The caller's node certificate names it.
+  // The stream's deadline (read once: the doorbell thread may outlive the
+  // context by the exchange in hand).
+  const absl::Time call_deadline_;
   TensorMessage request_;
   TensorMessage response_;
   absl::Mutex waiter_mu_;
@@ -407,8 +406,6 @@ class ParameterServerService::PushPullStreamReactor final
   // Who holds the reactor: the stream (until OnDone) and, once started,
   // the doorbell's thread.
   std::atomic<int> owners_{1};
-  // The stream's deadline, for the doorbell thread's exchanges.
-  absl::Time call_deadline_ = absl::InfiniteFuture();
 };
 
 ParameterServerService::ParameterServerService(ParameterShard* shard, Options options)

@@ -862,13 +862,6 @@ absl::Status InferPipeline(const ModelSpec& spec, const IndexOfName& index_of_na
 
 }  // namespace
 
-bool HasSparseTables(const ModelSpec& spec) {
-  for (const LayerSpec& layer : spec.layer()) {
-    if (layer.has_embedding() && layer.embedding().sparse()) return true;
-  }
-  return false;
-}
-
 absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec) {
   ModelShape model;
   IndexOfName input_of_name;

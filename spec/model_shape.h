@@ -193,10 +193,6 @@ absl::StatusOr<ModelShape> InferModel(const ModelSpec& spec);
 // of spec/onnx_export.h, which must agree on it).
 std::vector<int64_t> FlattenedImage(const ModelShape& shape, const LayerShape& dense);
 
-// Whether `spec` has a sparse embedding (a table on the shards), without
-// inferring the rest.
-bool HasSparseTables(const ModelSpec& spec);
-
 }  // namespace downpour
 
 #endif  // DOWNPOUR_SPEC_MODEL_SHAPE_H_

@@ -568,7 +568,7 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
   first_error_ = absl::OkStatus();
   stream_first_ready_ = std::numeric_limits<double>::infinity();
   stream_last_ready_ = stream_last_done_ = 0;
-  stream_last_sent_ = stream_last_answered_ = stream_last_handled_ = 0;
+  stream_last_ = MessageTimes();
   // Copies: the step's pointers, for tasks that run after this returns.
   task_ = std::make_shared<const std::function<absl::Status(int)>>(
       [this, step, first_sequence, grads, min_version, min_worker_steps, push_give_up, pull_give_up,
@@ -590,9 +590,7 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
         stream_last_ready_ = std::max(stream_last_ready_, ready);
         if (done > stream_last_done_) {
           stream_last_done_ = done;
-          stream_last_sent_ = times.sent;
-          stream_last_answered_ = times.answered;
-          stream_last_handled_ = times.handled;
+          stream_last_ = times;
         }
         return exchanged;
       });
@@ -666,9 +664,9 @@ absl::Status ParameterExchange::FinishPushPull(bool abandon) {
       streamed_.steps += 1;
       streamed_.from_first_ready += stream_last_done_ - stream_first_ready_;
       streamed_.from_last_ready += stream_last_done_ - stream_last_ready_;
-      if (stream_last_sent_ > 0) {
-        streamed_.last_round_trip += stream_last_answered_ - stream_last_sent_;
-        streamed_.last_on_shard += stream_last_handled_;
+      if (stream_last_.sent > 0) {
+        streamed_.last_round_trip += stream_last_.answered - stream_last_.sent;
+        streamed_.last_on_shard += stream_last_.handled;
       }
     }
   }

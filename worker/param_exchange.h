@@ -341,10 +341,7 @@ class ParameterExchange {
   double stream_first_ready_ ABSL_GUARDED_BY(mu_) = 0;
   double stream_last_ready_ ABSL_GUARDED_BY(mu_) = 0;
   double stream_last_done_ ABSL_GUARDED_BY(mu_) = 0;
-  // The message done last's times (MessageTimes).
-  double stream_last_sent_ ABSL_GUARDED_BY(mu_) = 0;
-  double stream_last_answered_ ABSL_GUARDED_BY(mu_) = 0;
-  double stream_last_handled_ ABSL_GUARDED_BY(mu_) = 0;
+  MessageTimes stream_last_ ABSL_GUARDED_BY(mu_);  // The message done last's.
   StreamedSeconds streamed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> pool_;
 };
