@@ -127,6 +127,11 @@ TEST_F(NetworkFaultTest, AShardCutOffForLongerIsReplacedFromTheCheckpoint) {
   const std::string spec =
       absl::StrCat(FashionMlpSpec("SYNC", 2, 2, 1500), "checkpoint { every_steps: 100 }\n");
   SubmitAndAwaitStep(spec, "j", 250);
+  // The checkpoint at step 200 complete (on a loaded machine it can still
+  // be writing at step 250): the replacement must resume from it.
+  ASSERT_TRUE(AwaitJob("j", [](const JobStatus& job) {
+    return !job.checkpoints().empty() && job.checkpoints().rbegin()->step() >= 200;
+  })) << cluster_->Logs();
   // Which two shards the job is on is the scheduler's choice: cut the
   // first of its placement.
   const JobStatus running = cluster_->GetJob("j");
