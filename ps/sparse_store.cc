@@ -190,21 +190,32 @@ absl::Status SparseStore::ApplyNow(const PushRequest& request, const Payload& pa
   const int64_t version = version_.load(std::memory_order_acquire);
   if (!request.skipped()) {
     const int64_t progress = version * steps_per_push_ / num_workers_;
-    thread_local std::vector<float> grads;
-    for (const PushPiece& piece : pieces) {
+    // Tables are independent: each is decoded and applied on its own
+    // thread, as a SYNC step's are.
+    std::vector<absl::Status> applied(pieces.size());
+    std::vector<std::string> diverged(pieces.size());
+    WorkPool::ForEach(pool_, static_cast<int>(pieces.size()), [&](int p) {
+      const PushPiece& piece = pieces[p];
       const int64_t n = piece.rows->ids_size();
-      if (n == 0) continue;
+      if (n == 0) return;
+      // The thread's own, kept across pushes.
+      thread_local std::vector<float> grads;
       Decode(payload, piece, &grads);
-      std::string diverged;
-      absl::Status applied = ApplyRows(piece.table, piece.rows->ids().data(), n, grads.data(),
-                                       progress, request.step(), request.worker_rank(), &diverged);
-      if (!applied.ok()) {
+      applied[p] = ApplyRows(piece.table, piece.rows->ids().data(), n, grads.data(), progress,
+                             request.step(), request.worker_rank(), &diverged[p]);
+    });
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      if (!applied[p].ok()) {
         absl::MutexLock lock(&mu_);
-        Fail(applied);
-        return applied;
+        Fail(applied[p]);
+        return applied[p];
       }
-      if (!diverged.empty()) {
-        diverged_(diverged);
+    }
+    // The first table found not finite names the divergence (the others
+    // were applied; the job fails on it).
+    for (const std::string& reason : diverged) {
+      if (!reason.empty()) {
+        diverged_(reason);
         break;
       }
     }

@@ -122,46 +122,56 @@ TEST_F(SparseStoreTest, SyncAppliesTheRankOrderedMeanWhateverTheArrivalOrder) {
   EXPECT_EQ(results[0].at(c), AfterSgd(InitialRow(0, c), {mean({-1, -2, -3, -4})}));
 }
 
-TEST_F(SparseStoreTest, SyncStepsCompletedTableByTableOnAPoolGiveTheSameBits) {
-  // Three ranks push overlapping rows of both tables for ten steps; each
-  // step's rows are pulled (both tables in one request). A store whose
-  // steps and pulls run table by table on a pool's threads answers the
-  // same bytes as one that runs them on the request's thread.
+// Three ranks push overlapping rows of both tables for ten steps; each
+// step's rows are pulled (both tables in one request). Returns the pulled
+// bytes of a store in `mode` on `pool` (null: the request's thread alone).
+std::string PushAndPullTenSteps(ConsistencySpec::Mode mode, WorkPool* pool) {
   const std::vector<int64_t> rows = RowsOf(0, 12);
   const std::vector<int64_t> tags = RowsOf(0, 6);
-  auto run = [&](WorkPool* pool) {
-    MemoryBudget budget(0);
-    ParameterStore store(&budget, pool);
-    EXPECT_TRUE(store.AddJob(kJob, Spec(ConsistencySpec::SYNC, 3), 0, Placements(1)).ok());
-    std::string pulled;
-    for (int64_t step = 0; step < 10; ++step) {
-      for (int rank = 0; rank < 3; ++rank) {
-        Rows emb{0, {}, {}}, tag{1, {}, {}};
-        for (int i = 0; i < 5; ++i) {
-          emb.ids.push_back(rows[(step + rank * 3 + i) % rows.size()]);
-          for (int k = 0; k < kDim[0]; ++k)
-            emb.grads.push_back(0.01f * (rank + 1) * (i - k) + step);
-        }
-        for (int i = 0; i < 3; ++i) {
-          tag.ids.push_back(tags[(step + rank + i) % tags.size()]);
-          for (int k = 0; k < kDim[1]; ++k) tag.grads.push_back(0.1f * (rank - i) + 0.01f * k);
-        }
-        EXPECT_TRUE(store.Push(MakePush(rank, step + 1, step, {emb, tag})).ok());
+  MemoryBudget budget(0);
+  ParameterStore store(&budget, pool);
+  EXPECT_TRUE(store.AddJob(kJob, Spec(mode, 3), 0, Placements(1)).ok());
+  std::string pulled;
+  for (int64_t step = 0; step < 10; ++step) {
+    for (int rank = 0; rank < 3; ++rank) {
+      Rows emb{0, {}, {}}, tag{1, {}, {}};
+      for (int i = 0; i < 5; ++i) {
+        emb.ids.push_back(rows[(step + rank * 3 + i) % rows.size()]);
+        for (int k = 0; k < kDim[0]; ++k) emb.grads.push_back(0.01f * (rank + 1) * (i - k) + step);
       }
-      PullRequest pull = MakePull(0, rows, /*min_version=*/step + 1);
-      SparseRows* more = pull.add_sparse();
-      more->set_table(1);
-      more->mutable_ids()->Assign(tags.begin(), tags.end());
-      absl::StatusOr<PullResponse> response = store.Pull(pull, Soon());
-      EXPECT_TRUE(response.ok()) << response.status();
-      if (response.ok()) pulled += response->payload();
+      for (int i = 0; i < 3; ++i) {
+        tag.ids.push_back(tags[(step + rank + i) % tags.size()]);
+        for (int k = 0; k < kDim[1]; ++k) tag.grads.push_back(0.1f * (rank - i) + 0.01f * k);
+      }
+      EXPECT_TRUE(store.Push(MakePush(rank, step + 1, step, {emb, tag})).ok());
     }
-    return pulled;
-  };
-  const std::string alone = run(nullptr);
+    PullRequest pull =
+        MakePull(0, rows, /*min_version=*/mode == ConsistencySpec::SYNC ? step + 1 : 0);
+    SparseRows* more = pull.add_sparse();
+    more->set_table(1);
+    more->mutable_ids()->Assign(tags.begin(), tags.end());
+    absl::StatusOr<PullResponse> response = store.Pull(pull, Soon());
+    EXPECT_TRUE(response.ok()) << response.status();
+    if (response.ok()) pulled += response->payload();
+  }
+  return pulled;
+}
+
+TEST_F(SparseStoreTest, SyncStepsCompletedTableByTableOnAPoolGiveTheSameBits) {
+  // A store whose steps and pulls run table by table on a pool's threads
+  // answers the same bytes as one that runs them on the request's thread.
+  const std::string alone = PushAndPullTenSteps(ConsistencySpec::SYNC, nullptr);
   WorkPool pool(3);
   EXPECT_FALSE(alone.empty());
-  EXPECT_EQ(run(&pool), alone);
+  EXPECT_EQ(PushAndPullTenSteps(ConsistencySpec::SYNC, &pool), alone);
+}
+
+TEST_F(SparseStoreTest, AsyncPushesAppliedTableByTableOnAPoolGiveTheSameBits) {
+  const std::string alone = PushAndPullTenSteps(ConsistencySpec::ASYNC, nullptr);
+  WorkPool pool(3);
+  EXPECT_FALSE(alone.empty());
+  EXPECT_EQ(PushAndPullTenSteps(ConsistencySpec::ASYNC, &pool), alone);
+  EXPECT_NE(PushAndPullTenSteps(ConsistencySpec::SYNC, &pool), alone);
 }
 
 TEST_F(SparseStoreTest, SyncPullWaitsForTheStepAndTimesOutSayingWhy) {
@@ -536,6 +546,20 @@ TEST_F(SparseStoreTest, NonFiniteGradientsFailTheJob) {
               HasSubstr("training diverged at step 3: worker rank 0's gradient for sparse table "
                         "emb/table is not finite"));
   EXPECT_TRUE(IsDiverged(pulled.status()));
+}
+
+TEST_F(SparseStoreTest, AnAsyncPushAppliedOnAPoolNamesItsFirstNonFiniteTable) {
+  WorkPool pool(2);
+  MemoryBudget budget(0);
+  ParameterStore store(&budget, &pool);
+  ASSERT_TRUE(store.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements(1)).ok());
+  const int64_t id = RowsOf(0, 1)[0];
+  const int64_t tag = RowsOf(0, 1)[0];
+  ASSERT_TRUE(store.Push(MakePush(0, 1, 3, {{0, {id}, {1, 1, NAN, 1}}, {1, {tag}, {NAN, 1}}})).ok());
+  auto pulled = store.Pull(MakePull(0, {id}), Soon());
+  EXPECT_TRUE(IsDiverged(pulled.status())) << pulled.status();
+  EXPECT_THAT(pulled.status().message(),
+              HasSubstr("worker rank 0's gradient for sparse table emb/table is not finite"));
 }
 
 }  // namespace
