@@ -278,6 +278,8 @@ class SparseStore {
   // SparseTable::Apply's.
   absl::Status ApplyRows(int t, const int64_t* ids, int64_t n, const float* grads, int64_t progress,
                          int64_t step, int rank, std::string* diverged, float* before = nullptr);
+  // ASYNC/SSP: decodes and applies the push's tables (each on the pool's
+  // threads or the caller's), then counts the push in version().
   absl::Status ApplyNow(const PushRequest& request, const Payload& payload,
                         const std::vector<PushPiece>& pieces);
   // SYNC: applies the step if its quorum has arrived, and starts the next.
