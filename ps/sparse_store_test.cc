@@ -555,7 +555,8 @@ TEST_F(SparseStoreTest, AnAsyncPushAppliedOnAPoolNamesItsFirstNonFiniteTable) {
   ASSERT_TRUE(store.AddJob(kJob, Spec(ConsistencySpec::ASYNC, 1), 0, Placements(1)).ok());
   const int64_t id = RowsOf(0, 1)[0];
   const int64_t tag = RowsOf(0, 1)[0];
-  ASSERT_TRUE(store.Push(MakePush(0, 1, 3, {{0, {id}, {1, 1, NAN, 1}}, {1, {tag}, {NAN, 1}}})).ok());
+  ASSERT_TRUE(
+      store.Push(MakePush(0, 1, 3, {{0, {id}, {1, 1, NAN, 1}}, {1, {tag}, {NAN, 1}}})).ok());
   auto pulled = store.Pull(MakePull(0, {id}), Soon());
   EXPECT_TRUE(IsDiverged(pulled.status())) << pulled.status();
   EXPECT_THAT(pulled.status().message(),

@@ -119,6 +119,7 @@ class RemoteParameterShard::Stream {
     PushPullStreamRequest header;
     *header.mutable_attach() = segment_->attach();
     header.mutable_attach()->set_doorbell_offset(doorbell_offset_);
+    header.mutable_attach()->set_doorbell_layout(SegmentDoorbell::kLayout);
     TensorMessage request;
     request.header = header.SerializeAsString();
     ASSIGN_OR_RETURN(TensorMessage response, Exchange(request, deadline));
@@ -131,7 +132,7 @@ class RemoteParameterShard::Stream {
       broken_ = true;
       return absl::Status(static_cast<absl::StatusCode>(answer.code()), answer.message());
     }
-    if (answer.doorbell()) {
+    if (answer.doorbell() && answer.doorbell_layout() == SegmentDoorbell::kLayout) {
       doorbell_.emplace(segment_->data() + doorbell_offset_);
       // A read kept pending from now on: it ends when the stream does (the
       // shard gone), which a wait for the doorbell notices.

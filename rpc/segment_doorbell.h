@@ -38,6 +38,10 @@ class SegmentDoorbell {
   static constexpr int64_t kRequestBytes = (1 << 20) - kControlBytes;
   static constexpr int64_t kAnswerBytes = 1 << 20;
   static constexpr int64_t kBytes = kControlBytes + kRequestBytes + kAnswerBytes;
+  // Named in the attach and its answer; a new one for any change to the
+  // sizes above or the control words, so that a worker and a shard of
+  // different layouts exchange over the stream instead.
+  static constexpr int32_t kLayout = 1;
 
   // Over the kBytes at `at` (4-byte aligned, in a mapping both ends share).
   explicit SegmentDoorbell(char* at);

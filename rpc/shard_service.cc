@@ -82,13 +82,15 @@ class ParameterServerService::PushPullStreamReactor final
       }
       segment_ = *std::move(segment);
       PushPullStreamResponse attached;
-      if (header.attach().doorbell_offset() > 0 && service_->options_.doorbell) {
+      if (header.attach().doorbell_offset() > 0 && service_->options_.doorbell &&
+          header.attach().doorbell_layout() == SegmentDoorbell::kLayout) {
         if (absl::Status rung = StartDoorbell(header.attach().doorbell_offset()); !rung.ok()) {
           Finish(ToGrpcStatus(rung));
           return;
         }
         // (No thread for it: the exchanges come over the stream.)
         attached.set_doorbell(doorbell_.has_value());
+        attached.set_doorbell_layout(SegmentDoorbell::kLayout);
       }
       response_ = TensorMessage();
       response_.header = attached.SerializeAsString();

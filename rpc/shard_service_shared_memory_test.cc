@@ -387,16 +387,19 @@ PushPullStreamRequest AttachOf(const SharedSegmentAttach& attach) {
 }
 
 // A doorbell the attach places off the segment or misaligned ends the
-// stream naming the field; one it places well is taken, and a header
+// stream naming the field; one of another layout is not taken; one of this
+// layout placed well is taken, and a header
 // signalled there that is not an exchange with its push in the segment is
 // answered as refused.
-TEST_F(PsServiceTest, ADoorbellOutsideTheSegmentIsRefusedNamingTheField) {
+TEST_F(PsServiceTest,
+       ADoorbellOutsideTheSegmentIsRefusedNamingTheFieldAndOneOfAnotherLayoutNotTaken) {
   const int64_t size = SharedSegment::kHeaderBytes + 4096 + SegmentDoorbell::kBytes;
   absl::StatusOr<std::shared_ptr<SharedSegment>> segment = SharedSegment::Create(size);
   ASSERT_TRUE(segment.ok()) << segment.status();
   for (const int64_t offset : {size - SegmentDoorbell::kBytes + 64, int64_t{4096 + 8}}) {
     SharedSegmentAttach attach = (*segment)->attach();
     attach.set_doorbell_offset(offset);
+    attach.set_doorbell_layout(SegmentDoorbell::kLayout);
     absl::StatusOr<PushPullStreamResponse> answer =
         RawSharedMemoryStream(address_).Send(AttachOf(attach));
     EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument) << offset;
@@ -404,10 +407,21 @@ TEST_F(PsServiceTest, ADoorbellOutsideTheSegmentIsRefusedNamingTheField) {
   }
   SharedSegmentAttach attach = (*segment)->attach();
   attach.set_doorbell_offset(size - SegmentDoorbell::kBytes);
+  // A worker writing another layout (or none: one from before the field)
+  // gets no doorbell; its exchanges would come over the stream.
+  for (const int32_t layout : {0, SegmentDoorbell::kLayout + 1}) {
+    attach.set_doorbell_layout(layout);
+    RawSharedMemoryStream other(address_);
+    absl::StatusOr<PushPullStreamResponse> answer = other.Send(AttachOf(attach));
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_FALSE(answer->doorbell()) << layout;
+  }
+  attach.set_doorbell_layout(SegmentDoorbell::kLayout);
   RawSharedMemoryStream stream(address_);
   absl::StatusOr<PushPullStreamResponse> answer = stream.Send(AttachOf(attach));
   ASSERT_TRUE(answer.ok()) << answer.status();
   EXPECT_TRUE(answer->doorbell());
+  EXPECT_EQ(answer->doorbell_layout(), SegmentDoorbell::kLayout);
   SegmentDoorbell doorbell((*segment)->data() + size - SegmentDoorbell::kBytes);
   PushPullStreamRequest pull_only;
   pull_only.mutable_exchange()->mutable_pull()->set_job_id(kJob);
