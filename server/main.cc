@@ -44,8 +44,8 @@ ABSL_FLAG(int32_t, sparse_threads, -1,
           "Threads that apply a push's dense partitions, apply a push's sparse tables (an "
           "ASYNC/SSP push, or the push that completes a SYNC step), and look up a pull's rows, "
           "table by table (with the thread of the request); -1: a quarter of the cores this "
-          "process may use (its CPU affinity and cgroup "
-          "quota), 1 to 16; 0: the request's thread alone");
+          "process may use (its CPU affinity and cgroup quota), 1 to 16; 0: the request's "
+          "thread alone");
 ABSL_FLAG(bool, shared_memory, true,
           "Workers on this host may exchange their tensor bytes through shared memory segments "
           "this shard maps; false: everything over gRPC");
