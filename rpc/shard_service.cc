@@ -295,7 +295,8 @@ class ParameterServerService::PushPullStreamReactor final
           const uint32_t sequence = doorbell_->AwaitRequest(seen, absl::Milliseconds(100));
           if (sequence == seen || stopping_.load(std::memory_order_acquire)) continue;
           seen = sequence;
-          std::string answer = AnswerSignalled(absl::Now()).SerializeAsString();
+          const absl::Time received = absl::Now();
+          std::string answer = AnswerSignalled(received).SerializeAsString();
           if (static_cast<int64_t>(answer.size()) > SegmentDoorbell::kAnswerBytes) {
             // Never written past the area (an error's own sentence, say).
             answer = ErrorReply(absl::InternalError(
@@ -304,6 +305,9 @@ class ParameterServerService::PushPullStreamReactor final
                          .SerializeAsString();
           }
           doorbell_->Answer(sequence, answer);
+          if (Histogram* seconds = service_->options_.signalled_seconds) {
+            seconds->Observe(absl::ToDoubleSeconds(absl::Now() - received));
+          }
         }
         Release();
         running->Add(-1);

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/service_type.h"
 #include "proto/parameter_server.pb.h"
@@ -54,6 +55,10 @@ class ParameterServerService final : public grpc::Service {
     // shard's --doorbell=false, as a shard from before the doorbell): their
     // headers go over the connection.
     bool doorbell = true;
+    // Observes each exchange answered through a doorbell, from its signal to
+    // its answer (such exchanges pass through no gRPC handler, so the
+    // server's handling histogram does not see them); null: not observed.
+    Histogram* signalled_seconds = nullptr;
     // What one worker process may have mapped at once; a stream past it
     // carries its bytes over the connection.
     int max_segments_per_worker = 64;

@@ -1,4 +1,5 @@
 // The shard service's shared-memory streams: segments, their doorbells, their bounds.
+#include "common/metrics.h"
 #include "rpc/segment_doorbell.h"
 #include "rpc/shard_service_fixture.h"
 
@@ -210,6 +211,27 @@ TEST_F(PsServiceTest, AShardWithoutTheDoorbellGetsTheHeadersOverTheConnection) {
   EXPECT_EQ(shard_->shared_memory_stats().signalled, 3);
   EXPECT_THAT(said, ::testing::ElementsAre(AllOf(HasSubstr("tensors go through shared memory"),
                                                  ::testing::Not(HasSubstr("signalled")))));
+}
+
+// The shard observes each exchange answered through a doorbell (they pass
+// no gRPC handler); one without the doorbell observes none.
+TEST_F(PsServiceTest, TheShardTimesTheExchangesItAnswersThroughTheDoorbell) {
+  for (const bool doorbell : {true, false}) {
+    Histogram seconds(SecondsBuckets());
+    ParameterServerService::Options options;
+    options.doorbell = doorbell;
+    options.signalled_seconds = &seconds;
+    OtherShard other(options);
+    ASSERT_NE(other.server, nullptr);
+    ASSERT_TRUE(other.store.AddJob("j", Spec(ConsistencySpec::ASYNC, 1), 0, Placements()).ok());
+    auto shard = RemoteParameterShard::Create(other.address);
+    EXPECT_EQ(Steps(shard.get(), "j", 4).size(), 4u);
+    EXPECT_EQ(shard->shared_memory_stats().signalled, doorbell ? 4 : 0);
+    const Histogram::Snapshot observed = seconds.Read();
+    EXPECT_EQ(observed.count, doorbell ? 4u : 0u) << doorbell;
+    EXPECT_GE(observed.sum, 0.0);
+    EXPECT_LT(observed.sum, 60.0);
+  }
 }
 
 // A pull answered through the doorbell that outgrew the segment's pull area
