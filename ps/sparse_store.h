@@ -126,8 +126,8 @@ class SparseStore {
   // (spec/job_validation.h) refuses, as ValidateJobSpec did; ResourceExhausted
   // when the budget cannot hold a table's fixed part. `budget` may be null (no
   // limit). With `pool` (may be null; not owned, outlives the store), a SYNC
-  // step's tables are summed and applied, and a pull's rows looked up, table
-  // by table on its threads.
+  // step's tables are summed and applied, an ASYNC/SSP push's tables
+  // applied, and a pull's rows looked up, table by table on its threads.
   static absl::StatusOr<std::unique_ptr<SparseStore>> Create(const std::string& job_id,
                                                              const JobSpec& spec, int shard_index,
                                                              MemoryBudget* budget,
@@ -279,7 +279,9 @@ class SparseStore {
   absl::Status ApplyRows(int t, const int64_t* ids, int64_t n, const float* grads, int64_t progress,
                          int64_t step, int rank, std::string* diverged, float* before = nullptr);
   // ASYNC/SSP: decodes and applies the push's tables (each on the pool's
-  // threads or the caller's), then counts the push in version().
+  // threads or the caller's), then counts the push in version(). A table
+  // that fails (memory) or is not finite does not stop the others: the job
+  // fails on it either way.
   absl::Status ApplyNow(const PushRequest& request, const Payload& payload,
                         const std::vector<PushPiece>& pieces);
   // SYNC: applies the step if its quorum has arrived, and starts the next.

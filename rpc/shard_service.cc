@@ -304,10 +304,12 @@ class ParameterServerService::PushPullStreamReactor final
                                                  " bytes exceeds the doorbell's answer area")))
                          .SerializeAsString();
           }
-          doorbell_->Answer(sequence, answer);
+          // Observed before the worker is woken: once it has the answer,
+          // the exchange is counted.
           if (Histogram* seconds = service_->options_.signalled_seconds) {
             seconds->Observe(absl::ToDoubleSeconds(absl::Now() - received));
           }
+          doorbell_->Answer(sequence, answer);
         }
         Release();
         running->Add(-1);

@@ -55,8 +55,8 @@ class ParameterServerService final : public grpc::Service {
     // shard's --doorbell=false, as a shard from before the doorbell): their
     // headers go over the connection.
     bool doorbell = true;
-    // Observes each exchange answered through a doorbell, from its signal to
-    // its answer (such exchanges pass through no gRPC handler, so the
+    // Observes each exchange answered through a doorbell, from the shard's
+    // thread taking its signal to its answer (such exchanges pass through no gRPC handler, so the
     // server's handling histogram does not see them); null: not observed.
     Histogram* signalled_seconds = nullptr;
     // What one worker process may have mapped at once; a stream past it

@@ -102,8 +102,9 @@ int Main() {
   service_options.signalled_seconds = metrics.GetHistogram(
       "downpour_rpc_server_signalled_handling_seconds",
       "Time the shard took to answer an exchange a worker on this host signalled through its "
-      "shared memory segment's doorbell, from the signal to the answer (these pass through no "
-      "gRPC handler: downpour_rpc_server_handling_seconds does not see them).");
+      "shared memory segment's doorbell, from the shard's thread taking the signal to the answer "
+      "(these pass through no gRPC handler: downpour_rpc_server_handling_seconds does not see "
+      "them).");
   if (options.security.tls.enabled()) {
     service_options.authorize = [&runtime](const std::string& peer, const std::string& job_id,
                                            int rank) {
