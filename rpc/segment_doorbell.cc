@@ -35,14 +35,30 @@ SegmentDoorbell::SegmentDoorbell(char* at)
       request_(at + kControlBytes),
       answer_(at + kControlBytes + kRequestBytes) {}
 
+void SegmentDoorbell::Post(int size_word, int sequence_word, char* area, absl::string_view header,
+                           uint32_t sequence) {
+  std::memcpy(area, header.data(), header.size());
+  word(size_word).store(static_cast<uint32_t>(header.size()), std::memory_order_relaxed);
+  word(sequence_word).store(sequence, std::memory_order_release);
+  FutexWake(&word(sequence_word));
+}
+
+absl::StatusOr<std::string> SegmentDoorbell::Take(int size_word, const char* area, int64_t capacity,
+                                                  absl::StatusCode code,
+                                                  absl::string_view what) const {
+  const uint32_t size = word(size_word).load(std::memory_order_relaxed);
+  if (size > capacity) {
+    return absl::Status(code,
+                        absl::StrCat(what, " of ", size, " bytes; its area holds ", capacity));
+  }
+  return std::string(area, size);
+}
+
 uint32_t SegmentDoorbell::Ring(absl::string_view header) {
-  std::memcpy(request_, header.data(), header.size());
-  word(kRequestSize).store(static_cast<uint32_t>(header.size()), std::memory_order_relaxed);
   // Never 0: the sequence nothing has been answered at.
   uint32_t sequence = word(kRequestSequence).load(std::memory_order_relaxed) + 1;
   if (sequence == 0) sequence = 1;
-  word(kRequestSequence).store(sequence, std::memory_order_release);
-  FutexWake(&word(kRequestSequence));
+  Post(kRequestSize, kRequestSequence, request_, header, sequence);
   return sequence;
 }
 
@@ -54,12 +70,8 @@ bool SegmentDoorbell::AwaitAnswer(uint32_t sequence, absl::Duration timeout) {
 }
 
 absl::StatusOr<std::string> SegmentDoorbell::Answer() const {
-  const uint32_t size = word(kAnswerSize).load(std::memory_order_relaxed);
-  if (size > kAnswerBytes) {
-    return absl::InternalError(absl::StrCat("the shard answered a header of ", size,
-                                            " bytes in a doorbell area of ", kAnswerBytes));
-  }
-  return std::string(answer_, size);
+  return Take(kAnswerSize, answer_, kAnswerBytes, absl::StatusCode::kInternal,
+              "the shard answered a header");
 }
 
 uint32_t SegmentDoorbell::AwaitRequest(uint32_t seen, absl::Duration timeout) {
@@ -70,19 +82,12 @@ uint32_t SegmentDoorbell::AwaitRequest(uint32_t seen, absl::Duration timeout) {
 }
 
 absl::StatusOr<std::string> SegmentDoorbell::Request() const {
-  const uint32_t size = word(kRequestSize).load(std::memory_order_relaxed);
-  if (size > kRequestBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a doorbell request names a header of ", size,
-                                                   " bytes; its area holds ", kRequestBytes));
-  }
-  return std::string(request_, size);
+  return Take(kRequestSize, request_, kRequestBytes, absl::StatusCode::kInvalidArgument,
+              "a doorbell request names a header");
 }
 
 void SegmentDoorbell::Answer(uint32_t sequence, absl::string_view header) {
-  std::memcpy(answer_, header.data(), header.size());
-  word(kAnswerSize).store(static_cast<uint32_t>(header.size()), std::memory_order_relaxed);
-  word(kAnswerSequence).store(sequence, std::memory_order_release);
-  FutexWake(&word(kAnswerSequence));
+  Post(kAnswerSize, kAnswerSequence, answer_, header, sequence);
 }
 
 void SegmentDoorbell::WakeRequestWaiter() { FutexWake(&word(kRequestSequence)); }

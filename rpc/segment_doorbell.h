@@ -71,6 +71,15 @@ class SegmentDoorbell {
 
  private:
   std::atomic<uint32_t>& word(int i) const { return words_[i]; }
+  // Writes `header` into `area`, its size into word `size_word`, then
+  // `sequence` into word `sequence_word`, and wakes the other end.
+  void Post(int size_word, int sequence_word, char* area, absl::string_view header,
+            uint32_t sequence);
+  // The header in `area` whose size word `size_word` holds, copied out; an
+  // error of `code` ("`what` of N bytes; its area holds C") when that size
+  // is past `capacity`.
+  absl::StatusOr<std::string> Take(int size_word, const char* area, int64_t capacity,
+                                   absl::StatusCode code, absl::string_view what) const;
 
   std::atomic<uint32_t>* const words_;
   char* const request_;

@@ -359,7 +359,9 @@ class ParameterServerService::PushPullStreamReactor final
     }
     if (!header.has_exchange() || !header.segment().push_in_segment()) {
       return ErrorReply(absl::InvalidArgumentError(
-          "an exchange signalled through the doorbell carries its push in the segment"));
+          absl::StrCat("a header signalled through the doorbell must be an exchange with its push "
+                       "in the segment; this one ",
+                       !header.has_exchange() ? "has no exchange" : "carries no push there")));
     }
     absl::StatusOr<Pushed> pushed = AdmitAndPush(header, Payload(), received);
     if (!pushed.ok()) return ErrorReply(pushed.status());

@@ -56,8 +56,9 @@ class ParameterServerService final : public grpc::Service {
     // headers go over the connection.
     bool doorbell = true;
     // Observes each exchange answered through a doorbell, from the shard's
-    // thread taking its signal to its answer (such exchanges pass through no gRPC handler, so the
-    // server's handling histogram does not see them); null: not observed.
+    // thread taking its signal to its answer (such exchanges pass through no
+    // gRPC handler, so the server's handling histogram does not see them);
+    // null: not observed.
     Histogram* signalled_seconds = nullptr;
     // What one worker process may have mapped at once; a stream past it
     // carries its bytes over the connection.

@@ -145,7 +145,9 @@ class InputStage {
   // that), not the next evaluation's; EndEvaluation lets them go.
   void NewEvaluation();
   void EndEvaluation();
-  // Tests: the evaluation's rows kept up to `bytes` (kEvalCacheBytes).
+  // Tests: the evaluation's rows kept up to `bytes` (kEvalCacheBytes, the
+  // default).
+  static constexpr int64_t kEvalCacheBytes = int64_t{256} << 20;
   void SetEvalCacheBytesForTesting(int64_t bytes) { eval_cache_bytes_ = bytes; }
   absl::Status BeginEvalFeatures(const data::Batch& batch, int64_t min_version,
                                  int64_t min_worker_steps);
@@ -252,7 +254,6 @@ class InputStage {
   // read) up to kEvalCacheBytes; what eval_ pulls, the rows of
   // eval_plan_ the cache lacks; and, once AwaitEvalRows has them, the
   // batch's rows per table and shard in the plan's order.
-  static constexpr int64_t kEvalCacheBytes = int64_t{256} << 20;
   static constexpr int64_t kEvalRowBytes = 64;  // The cache's own, a row.
   int64_t eval_cache_bytes_ = kEvalCacheBytes;
   std::unique_ptr<RowCache> eval_cache_;

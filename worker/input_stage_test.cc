@@ -258,7 +258,7 @@ TEST_F(InputStageTest, AnEvaluationPullsEachRowOnceAndTheNextReadsThemAsTrained)
   expect_row(input, 1, 1);
   EXPECT_EQ(stage_->eval_rows_read(), 4);
   EXPECT_EQ(stage_->eval_rows_pulled(), 4);
-  stage_->SetEvalCacheBytesForTesting(int64_t{256} << 20);
+  stage_->SetEvalCacheBytesForTesting(InputStage::kEvalCacheBytes);
 
   // Training changes rows 1 and 2; the next evaluation reads them so.
   const std::vector<float> before = ShardRow(1);

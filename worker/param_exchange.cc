@@ -506,10 +506,12 @@ absl::Status ParameterExchange::ExchangeMessage(int i, int64_t step, int64_t seq
   absl::StatusOr<PushPullResponse> response = shards_[messages_[i].shard]->PushPull(
       push, payload, pull,
       std::min({push_give_up, pull_give_up, absl::Now() + options_.pull_slice}), &values);
-  if (times != nullptr) {
+  // An answered round trip only (a retried one's wait is no round trip),
+  // from a shard that says how long it held it (as SparseExchange counts).
+  if (times != nullptr && response.ok() && response->handled_us() > 0) {
     times->sent = sent;
     times->answered = MonotonicSeconds();
-    times->handled = response.ok() ? static_cast<double>(response->handled_us()) * 1e-6 : 0;
+    times->handled = static_cast<double>(response->handled_us()) * 1e-6;
   }
   if (response.ok()) return testing_done(landed(CopyPulled(i, response->pull(), values, params)));
   if (!IsRetryableShardError(response.status())) {
@@ -566,9 +568,7 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
   unreleased_ = n;
   pending_ = n;
   first_error_ = absl::OkStatus();
-  stream_first_ready_ = std::numeric_limits<double>::infinity();
-  stream_last_ready_ = stream_last_done_ = 0;
-  stream_last_ = MessageTimes();
+  message_times_.assign(n, MessageTimes());
   // Copies: the step's pointers, for tasks that run after this returns.
   task_ = std::make_shared<const std::function<absl::Status(int)>>(
       [this, step, first_sequence, grads, min_version, min_worker_steps, push_give_up, pull_give_up,
@@ -579,19 +579,12 @@ void ParameterExchange::BeginPushPull(int64_t step, const std::vector<const floa
           wait = std::move(ready_wait_[i]);
         }
         if (wait) RETURN_IF_ERROR(Annotate(wait(), "waiting for the gradients to push"));
-        const double ready = MonotonicSeconds();
-        MessageTimes times;
+        MessageTimes& times = message_times_[i];
+        times.ready = MonotonicSeconds();
         absl::Status exchanged =
             ExchangeMessage(i, step, first_sequence + i, grads, min_version, min_worker_steps,
                             push_give_up, pull_give_up, params, cancelled, &pulled, &times);
-        const double done = MonotonicSeconds();
-        absl::MutexLock lock(&mu_);
-        stream_first_ready_ = std::min(stream_first_ready_, ready);
-        stream_last_ready_ = std::max(stream_last_ready_, ready);
-        if (done > stream_last_done_) {
-          stream_last_done_ = done;
-          stream_last_ = times;
-        }
+        times.done = MonotonicSeconds();
         return exchanged;
       });
   // A model without tensors has nothing to wait for.
@@ -659,14 +652,23 @@ absl::Status ParameterExchange::FinishPushPull(bool abandon) {
   }
   absl::Status status = Drain();
   if (status.ok() && !abandon) {
+    // Every task has returned (Drain): their times are theirs no more.
+    double first_ready = std::numeric_limits<double>::infinity(), last_ready = 0;
+    const MessageTimes* last = nullptr;
+    for (const MessageTimes& times : message_times_) {
+      if (times.done == 0) continue;  // Never run.
+      first_ready = std::min(first_ready, times.ready);
+      last_ready = std::max(last_ready, times.ready);
+      if (last == nullptr || times.done > last->done) last = &times;
+    }
     absl::MutexLock lock(&mu_);
-    if (stream_last_done_ > 0) {
+    if (last != nullptr) {
       streamed_.steps += 1;
-      streamed_.from_first_ready += stream_last_done_ - stream_first_ready_;
-      streamed_.from_last_ready += stream_last_done_ - stream_last_ready_;
-      if (stream_last_.sent > 0) {
-        streamed_.last_round_trip += stream_last_.answered - stream_last_.sent;
-        streamed_.last_on_shard += stream_last_.handled;
+      streamed_.from_first_ready += last->done - first_ready;
+      streamed_.from_last_ready += last->done - last_ready;
+      if (last->sent > 0) {
+        streamed_.last_round_trip += last->answered - last->sent;
+        streamed_.last_on_shard += last->handled;
       }
     }
   }

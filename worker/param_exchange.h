@@ -202,16 +202,17 @@ class ParameterExchange {
   // the repeated push as late: each partition applies each step once.
   int64_t min_pulled_version() const { return min_pulled_version_.load(); }
 
-  // The streamed steps' exchanges, summed over those that completed: from
-  // the first message's gradients ready (its wait returned) to the last
-  // message's parameters back, and from the last message's gradients ready
-  // (backward's last) to then: what of the round trip the next forward may
-  // find still under way.
+  // The push-and-pull exchanges (a streamed step's, or PushPull's), summed
+  // over those that completed: from the first message's gradients ready
+  // (its wait returned) to the last message's parameters back, and from the
+  // last message's gradients ready (backward's last) to then: what of the
+  // round trip the next forward may find still under way.
   struct StreamedSeconds {
-    int64_t steps = 0;
+    int64_t steps = 0;  // Exchanges summed.
     double from_first_ready = 0, from_last_ready = 0;
     // The message done last: its round trip (from its request's sending to
-    // its answer) and how long its shard held it (PushPullResponse.handled_us).
+    // its answer) and how long its shard held it (PushPullResponse.handled_us),
+    // where it was answered in one round trip by a shard that says so.
     double last_round_trip = 0, last_on_shard = 0;
   };
   StreamedSeconds streamed_seconds() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -261,7 +262,11 @@ class ParameterExchange {
 
   // When a message went and came back (MonotonicSeconds) and how long its
   // shard held it.
+  // A message's exchange (MonotonicSeconds; 0: not known): its gradients
+  // ready and its parameters back (`done`), and, of an answered push-pull,
+  // its request's sending, its answer and how long its shard held it.
   struct MessageTimes {
+    double ready = 0, done = 0;
     double sent = 0, answered = 0, handled = 0;
   };
   // Message i's push and pull in one round trip (PushPull's and a streamed
@@ -336,12 +341,10 @@ class ParameterExchange {
   std::vector<std::function<absl::Status()>> ready_wait_ ABSL_GUARDED_BY(mu_);
   int unreleased_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // The streamed step in flight: its first and last message's gradients
-  // ready, its last message done (MonotonicSeconds); and the sums.
-  double stream_first_ready_ ABSL_GUARDED_BY(mu_) = 0;
-  double stream_last_ready_ ABSL_GUARDED_BY(mu_) = 0;
-  double stream_last_done_ ABSL_GUARDED_BY(mu_) = 0;
-  MessageTimes stream_last_ ABSL_GUARDED_BY(mu_);  // The message done last's.
+  // The streamed step in flight: per message, its times, written by its
+  // own task only (sized by BeginPushPull, read once Drain has seen every
+  // task return); and the sums.
+  std::vector<MessageTimes> message_times_;
   StreamedSeconds streamed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> pool_;
 };

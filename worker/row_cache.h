@@ -8,8 +8,8 @@
 //
 // A device may hold a copy of the kept rows by place (Model::PooledStaging's
 // stored tables): Places says where each row is, and TakeWritten the places
-// written since it was last called, whose values (values(table) + place *
-// dim) the copy lacks.
+// written since it was last called, whose values (CopyRows) the copy
+// lacks.
 //
 // Thread-compatible; calls for different tables may run concurrently.
 #ifndef DOWNPOUR_WORKER_ROW_CACHE_H_
@@ -38,8 +38,8 @@ class RowCache {
   // later Puts; until then they keep their values).
   void Drop(int table, int64_t min_stamp);
 
-  // Writes the place of each of `rows` to `out` (its values are at
-  // values(table) + place * dim). REQUIRES: every row is kept.
+  // Writes the place of each of `rows` to `out` (CopyRows reads their
+  // values). REQUIRES: every row is kept.
   void Places(int table, const std::vector<int64_t>& rows, int32_t* out) const;
   // Copies the values at `n` places, one row after another, to `out`
   // (n * dim floats).
@@ -48,9 +48,8 @@ class RowCache {
   // `places` (cleared first).
   void TakeWritten(int table, std::vector<int32_t>* places);
   int64_t written(int table) const { return static_cast<int64_t>(tables_[table].written.size()); }
-  // Every place there is (kept or free), and their values (places * dim).
+  // Every place there is (kept or free).
   int64_t places(int table) const { return static_cast<int64_t>(tables_[table].stamps.size()); }
-  const float* values(int table) const { return tables_[table].values.data(); }
 
   int64_t size(int table) const { return static_cast<int64_t>(tables_[table].where.size()); }
 

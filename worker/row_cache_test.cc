@@ -16,10 +16,8 @@ using ::testing::IsEmpty;
 std::vector<float> Get(const RowCache& cache, const std::vector<int64_t>& rows, int64_t dim) {
   std::vector<int32_t> places(rows.size());
   cache.Places(0, rows, places.data());
-  std::vector<float> out;
-  for (int32_t place : places) {
-    out.insert(out.end(), cache.values(0) + place * dim, cache.values(0) + (place + 1) * dim);
-  }
+  std::vector<float> out(rows.size() * dim);
+  cache.CopyRows(0, places.data(), static_cast<int64_t>(places.size()), out.data());
   return out;
 }
 
@@ -80,9 +78,7 @@ TEST(RowCacheTest, ACopyByPlaceGetsThePlacesWrittenSinceItLastLooked) {
   auto follow = [&] {
     cache.TakeWritten(0, &written);
     copy.resize(cache.places(0) * 2);
-    for (int32_t place : written) {
-      std::copy_n(cache.values(0) + place * 2, 2, copy.begin() + place * 2);
-    }
+    for (int32_t place : written) cache.CopyRows(0, &place, 1, copy.data() + place * 2);
   };
   // Rows as the copy holds them: at their places.
   auto read = [&](const std::vector<int64_t>& rows) {

@@ -114,20 +114,21 @@ std::string AheadSplit(const InputStage::AheadSeconds& ahead) {
       ahead.plan * ms, ahead.cache * ms, ahead.pull * ms, ahead.pool * ms);
 }
 
-// The dense partitions' part of a streamed step's exchange: what the next
-// forward waited for layer by layer and before its backward, and the
-// exchange's own time per step from its first and from its last message's
-// gradients ready to its last parameters back.
-std::string DenseSplit(double layer_ms, double before_backward_ms,
-                       const ParameterExchange::StreamedSeconds& streamed) {
+// The dense partitions' part of the exchange, per step (`ms`: 1000 over
+// the steps trained): what the steps waited for them, layer by layer in a
+// gated forward and for the rest of an exchange (before a gated step's
+// backward, before another's forward), and the push-and-pull exchanges'
+// own time from their first and from their last message's gradients ready
+// to their last parameters back.
+std::string DenseSplit(double layer_wait, double rest_wait,
+                       const ParameterExchange::StreamedSeconds& streamed, double ms) {
   if (streamed.steps == 0) return "";
-  const double ms = 1000.0 / static_cast<double>(streamed.steps);
   return absl::StrFormat(
-      "; the dense partitions waited for layer by layer %.3f, before backward %.3f; their "
-      "exchange from the first gradients ready %.3f, from the last %.3f (its last message's "
-      "round trip %.3f, of it on the shard %.3f)",
-      layer_ms, before_backward_ms, streamed.from_first_ready * ms, streamed.from_last_ready * ms,
-      streamed.last_round_trip * ms, streamed.last_on_shard * ms);
+      "; the dense partitions waited for layer by layer %.3f, the rest of an exchange %.3f; "
+      "their exchange from the first gradients ready %.3f, from the last %.3f (its last "
+      "message's round trip %.3f, of it on the shard %.3f)",
+      layer_wait * ms, rest_wait * ms, streamed.from_first_ready * ms,
+      streamed.from_last_ready * ms, streamed.last_round_trip * ms, streamed.last_on_shard * ms);
 }
 
 }  // namespace
@@ -195,8 +196,11 @@ struct JobTrainer::RunState {
   // pooled (or laid out for the device), before its compute.
   double total_rows = 0;
   // Dense partitions, inside total_exchange: a gated forward's waits for its
-  // layers' parameters, and the wait for the rest before backward.
-  double total_layer_wait = 0, total_before_backward = 0;
+  // layers' parameters, and the waits for the rest of an exchange
+  // (FinishPendingExchange's within a step: `pending_waited` the current
+  // one's).
+  double total_layer_wait = 0, total_pending_wait = 0;
+  double pending_waited = 0;
   int settled_window = 0;  // The exchange window last logged as settled.
 };
 
@@ -509,6 +513,7 @@ absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
   RETURN_IF_ERROR(ReadBatch(s, run));
   const double began = MonotonicSeconds();
   run->exchange_waited = 0;
+  run->pending_waited = 0;
   run->read_ahead = 0;
   if (!s->gated) RETURN_IF_ERROR(BeginExchange(*s, run));
   ASSIGN_OR_RETURN(const float* features, BatchFeatures(*s, run));
@@ -520,6 +525,7 @@ absl::Status JobTrainer::ComputeStep(StepState* s, RunState* run) {
   const double computed = MonotonicSeconds() - began - run->exchange_waited - run->read_ahead;
   run->total_compute += computed;
   run->total_exchange += run->exchange_waited;
+  run->total_pending_wait += run->pending_waited;
   s->compute += computed;
   s->exchange += run->exchange_waited;
   if (!s->result.skipped && !std::isfinite(s->result.loss)) {
@@ -600,12 +606,7 @@ TrainStepOptions JobTrainer::ExchangeHooks(StepState* s, RunState* run) {
       run->total_layer_wait += waited;
       return arrived;
     };
-    options.before_backward = [this, s, run] {
-      const double began = MonotonicSeconds();
-      absl::Status begun = BeginExchange(*s, run);
-      run->total_before_backward += MonotonicSeconds() - began;
-      return begun;
-    };
+    options.before_backward = [this, s, run] { return BeginExchange(*s, run); };
   }
   if (s->stream) {
     // Each gradient goes to the exchange as backward finishes it.
@@ -632,7 +633,9 @@ absl::Status JobTrainer::FinishPendingExchange(RunState* run) {
   const double began = MonotonicSeconds();
   run->pending = false;
   absl::Status finished = exchange_->FinishPushPull();
-  run->exchange_waited += MonotonicSeconds() - began;
+  const double waited = MonotonicSeconds() - began;
+  run->exchange_waited += waited;
+  run->pending_waited += waited;
   RETURN_IF_ERROR(finished);
   run->pulled_version = exchange_->min_pulled_version();
   steps_completed_.store(run->pending_step + 1);
@@ -848,8 +851,7 @@ absl::Status JobTrainer::FinishRun(RunState* run) {
                         input_stage_->shard_seconds() * ms)
                   : "",
       absl::StrFormat(", other %.3f", other * ms),
-      DenseSplit(run->total_layer_wait * ms, run->total_before_backward * ms,
-                 exchange_->streamed_seconds()),
+      DenseSplit(run->total_layer_wait, run->total_pending_wait, exchange_->streamed_seconds(), ms),
       run->sparse
           ? absl::StrFormat("; sparse rows per step: pulled %.1f, read kept %.1f, kept sent to "
                             "the device %.1f",
