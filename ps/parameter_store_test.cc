@@ -238,6 +238,23 @@ TEST_F(ParameterStoreTest, MinWorkerStepsWaitsForTheSlowestWorker) {
   waiter.join();
 }
 
+// A pull waits for the other workers' steps, never for its caller's own
+// (its pushes are in before it pulls; a shard restored from a checkpoint
+// counts them from there, and a rank taken over at its last step has
+// nothing left to push).
+TEST_F(ParameterStoreTest, MinWorkerStepsNeverWaitsForTheCallersOwnSteps) {
+  AddJob(Spec(ConsistencySpec::ASYNC, 2));
+  PushOk(MakePush(1, 1, 0, {{{1, 0}, {0, 0}}}));
+  PullRequest own = MakePull({{1, 0}}, 0, 1);
+  own.set_worker_rank(0);
+  EXPECT_TRUE(store_.Pull(own, absl::Now() + absl::Seconds(10)).ok());
+  PullRequest other = MakePull({{1, 0}}, 0, 1);
+  other.set_worker_rank(1);
+  absl::StatusOr<PullResponse> timed_out = store_.Pull(other, absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(timed_out.status().message(), HasSubstr("worker 0 has pushed 0 steps < 1"));
+}
+
 // A rank whose last push is in and which then finishes (absent from then
 // on) does not complete the step alone: it waits for the rank that still
 // counts and takes the mean of both.
