@@ -925,10 +925,7 @@ absl::StatusOr<PullResponse> ParameterStore::Pull(const PullRequest& request, ab
         if (!tables.empty()) return tables;
       }
       for (int rank = 0; rank < job->num_workers; ++rank) {
-        // Nor for the caller's own steps: a worker's pushes are in before
-        // it pulls, and a shard restored from a checkpoint counts them from
-        // there until it pushes again (a rank taken over at its last step,
-        // with nothing left to push, would wait for itself to its deadline).
+        // Nor the caller's own steps: its pushes are in before it pulls.
         if (!job->Counts(rank) || rank == request.worker_rank()) continue;
         if (job->worker_steps[rank] < min_steps) {
           return absl::StrCat("worker ", rank, " has pushed ", job->worker_steps[rank], " steps < ",
